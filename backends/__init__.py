@@ -1,0 +1,1 @@
+"""Storage backends, installed as ``vcasync.backends``; chosen by URL scheme."""

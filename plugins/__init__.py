@@ -1,0 +1,1 @@
+"""Built-in merge policies, installed as ``vcasync.plugins``; registered by entry point."""

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from vcasync import ModelSpec, ModelState
+from vcasync.errors import SpecMismatchError, ValidationError
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 6 * 6, 10))
+
+
+def test_from_module_keeps_parameters_and_buffers() -> None:
+    net = _net()
+    state = ModelState.from_module(net, version=3)
+    assert state.version == 3
+    assert list(state) == list(net.state_dict())
+    assert state["1.num_batches_tracked"].dtype == torch.int64
+    assert "1.running_mean" in state
+    # a copy: changing the module does not change the state
+    with torch.no_grad():
+        net[0].weight.add_(1.0)
+    assert not torch.equal(state["0.weight"], net[0].weight)
+
+
+def test_load_into_round_trip_and_digest() -> None:
+    a, b = _net(), _net()
+    with torch.no_grad():
+        b[0].weight.zero_()
+    state = ModelState.from_module(a)
+    state.load_into(b)
+    assert ModelState.from_module(b).digest() == state.digest()
+    assert ModelState.from_module(b).equal(state)
+    c = state.clone()
+    c["0.weight"].add_(1e-3)
+    assert c.digest() != state.digest()
+
+
+def test_spec_check_names_the_problem() -> None:
+    state = ModelState.from_module(_net())
+    spec = state.spec
+    assert isinstance(spec, ModelSpec)
+    assert spec == ModelSpec.of(state)
+    good = {k: v.clone() for k, v in state.items()}
+    spec.check(good, require_finite=True)
+
+    missing = dict(good)
+    missing.pop("0.bias")
+    with pytest.raises(SpecMismatchError, match=r"0\.bias"):
+        spec.check(missing)
+    with pytest.raises(SpecMismatchError, match="unknown tensor 'x'"):
+        spec.check({**good, "x": torch.zeros(1)})
+    with pytest.raises(SpecMismatchError, match="dtype"):
+        spec.check({**good, "0.bias": good["0.bias"].double()})
+    with pytest.raises(SpecMismatchError, match="shape"):
+        spec.check({**good, "0.bias": torch.zeros(5)})
+    bad = {**good, "0.bias": torch.tensor([0.0, float("nan"), 0.0, 0.0])}
+    with pytest.raises(ValidationError, match="NaN") as exc:
+        spec.check(bad, require_finite=True)
+    assert exc.value.reason == "non_finite"

@@ -1,0 +1,71 @@
+"""A small registry of named plugins fed by an entry-point group.
+
+Built-ins register through the same entry-point groups third parties use (see pyproject.toml), so
+ours get no special path. Entries load lazily; a validator runs when an entry is registered or first
+loaded, and a missing optional dependency turns into an error with the install hint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from importlib.metadata import entry_points
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+__all__ = ["Registry"]
+
+
+class Registry(Generic[T]):
+    """Names -> plugins of one kind, from ``group`` entry points plus explicit ``register`` calls."""
+
+    def __init__(self, group: str, *, validate: Callable[[str, object], T],
+                 missing: Callable[[str, str, ImportError], Exception],
+                 unknown: Callable[[str, list[str]], Exception]) -> None:
+        self.group = group
+        self._validate = validate
+        self._missing = missing
+        self._unknown = unknown
+        self._loaded: dict[str, T] = {}
+        self._paths: dict[str, str] | None = None
+
+    def _entry_points(self) -> dict[str, str]:
+        if self._paths is None:
+            self._paths = {ep.name: ep.value for ep in entry_points(group=self.group)}
+        return self._paths
+
+    def register(self, name: str, obj: object, *, replace: bool = False) -> T:
+        """Validate and register ``obj`` under ``name``; returns it (validated)."""
+        if not replace and (name in self._loaded):
+            raise self._unknown(f"{name!r} is already registered in {self.group}", [])
+        checked = self._validate(name, obj)
+        self._loaded[name] = checked
+        return checked
+
+    def unregister(self, name: str) -> None:
+        self._loaded.pop(name, None)
+
+    def names(self) -> list[str]:
+        return sorted(set(self._loaded) | set(self._entry_points()))
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self.names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def get(self, name: str) -> T:
+        if name in self._loaded:
+            return self._loaded[name]
+        path = self._entry_points().get(name)
+        if path is None:
+            raise self._unknown(name, self.names())
+        for ep in entry_points(group=self.group, name=name):
+            try:
+                obj = ep.load()
+            except ImportError as exc:
+                raise self._missing(name, path, exc) from exc
+            checked = self._validate(name, obj)
+            self._loaded[name] = checked
+            return checked
+        raise self._unknown(name, self.names())  # pragma: no cover - entry point vanished

@@ -1,0 +1,243 @@
+"""The one exception tree of vcasync.
+
+Every error vcasync raises on purpose derives from :class:`VCAsyncError`, so a caller can catch
+everything with one clause, or exactly one failure with a leaf class::
+
+    VCAsyncError
+    ├── ConfigError                   bad configuration: unknown option, wrong type, missing value
+    ├── ClosedError                   *we* closed the resource (contrast: the peer broke it)
+    ├── WireError                     anything wrong with bytes that came off the network
+    │   ├── FrameError                malformed, truncated or mis-ordered frames / messages
+    │   ├── ProtocolVersionError      a protocol version this build does not speak
+    │   ├── LimitExceededError        a declared size is over a configured limit
+    │   ├── UnsupportedDtypeError     a dtype (or codec) outside the allow-list
+    │   └── ChecksumError             payload bytes do not match their checksum
+    ├── ValidationError               a well-formed update that does not fit the model
+    │   └── SpecMismatchError         names, shapes or dtypes differ from the model's spec
+    ├── StorageError                  a storage backend failed (``.key`` names the object)
+    │   ├── ObjectNotFoundError       no object under that key
+    │   ├── PreconditionFailedError   if-absent / generation precondition failed (someone else won)
+    │   ├── AccessDeniedError         the backend refused our credentials
+    │   ├── TransientStorageError     timeout, 5xx, throttling: retried, then raised
+    │   ├── CorruptObjectError        an object's digest does not match what its manifest promised
+    │   └── BackendUnavailableError   unknown URL scheme, or an optional dependency is missing
+    ├── PolicyError                   merge-policy problems
+    │   ├── PluginValidationError     a plugin failed validation when registered (``.plugin``)
+    │   ├── UnknownPolicyError        no policy registered under that name
+    │   └── UpdateRejectedError       the policy refused an update (``.reason``)
+    ├── LedgerError                   work-unit bookkeeping (``.unit_id``, ``.lease_id``)
+    │   ├── LeaseNotFoundError        no such lease (never issued, or forgotten)
+    │   ├── LeaseExpiredError         the lease's deadline passed; the unit went back to the queue
+    │   ├── UnitClosedError           the unit already has a merged result: never merged twice
+    │   ├── NotLeaseHolderError       the lease belongs to another worker
+    │   └── NoWorkAvailableError      nothing to lease right now (or the run is finished)
+    └── AuthError                     missing, malformed, forged, expired or revoked credentials
+
+Errors carry context as attributes and say what to do in their message.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AccessDeniedError",
+    "AuthError",
+    "BackendUnavailableError",
+    "ChecksumError",
+    "ClosedError",
+    "ConfigError",
+    "CorruptObjectError",
+    "FrameError",
+    "LeaseExpiredError",
+    "LeaseNotFoundError",
+    "LedgerError",
+    "LimitExceededError",
+    "NoWorkAvailableError",
+    "NotLeaseHolderError",
+    "ObjectNotFoundError",
+    "PluginValidationError",
+    "PolicyError",
+    "PreconditionFailedError",
+    "ProtocolVersionError",
+    "SpecMismatchError",
+    "StorageError",
+    "TransientStorageError",
+    "UnitClosedError",
+    "UnknownPolicyError",
+    "UnsupportedDtypeError",
+    "UpdateRejectedError",
+    "VCAsyncError",
+    "ValidationError",
+    "WireError",
+]
+
+
+class VCAsyncError(Exception):
+    """Root of every error vcasync raises on purpose."""
+
+
+class ConfigError(VCAsyncError):
+    """The configuration is wrong: an unknown option, a wrong type, a missing value."""
+
+
+class ClosedError(VCAsyncError):
+    """The resource was closed by its owner; create a new one instead of reusing it."""
+
+
+# --- wire -----------------------------------------------------------------------------------
+
+
+class WireError(VCAsyncError):
+    """Bytes from the network could not be decoded safely. ``field`` names what was wrong."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class FrameError(WireError):
+    """Malformed, truncated or out-of-order frames or messages."""
+
+
+class ProtocolVersionError(WireError):
+    """The peer speaks a protocol version this build does not."""
+
+
+class LimitExceededError(WireError):
+    """A declared size exceeds a configured limit; nothing was allocated."""
+
+    def __init__(self, message: str, *, field: str | None = None, limit: int | None = None,
+                 value: int | None = None) -> None:
+        super().__init__(message, field=field)
+        self.limit = limit
+        self.value = value
+
+
+class UnsupportedDtypeError(WireError):
+    """A dtype or codec outside the allow-list."""
+
+
+class ChecksumError(WireError):
+    """Payload bytes do not match their declared checksum."""
+
+
+# --- validation -----------------------------------------------------------------------------
+
+
+class ValidationError(VCAsyncError):
+    """A well-formed update that cannot be merged into this model."""
+
+    def __init__(self, message: str, *, reason: str = "invalid", name: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.name = name
+
+
+class SpecMismatchError(ValidationError):
+    """Tensor names, shapes or dtypes differ from the model's spec."""
+
+
+# --- storage --------------------------------------------------------------------------------
+
+
+class StorageError(VCAsyncError):
+    """A storage backend failed. ``key`` names the object when there is one."""
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class ObjectNotFoundError(StorageError):
+    """No object exists under the key."""
+
+
+class PreconditionFailedError(StorageError):
+    """A conditional write lost: the object already exists or its generation changed."""
+
+
+class AccessDeniedError(StorageError):
+    """The backend refused the credentials in use."""
+
+
+class TransientStorageError(StorageError):
+    """A timeout, 5xx or throttling answer that persisted through every retry."""
+
+
+class CorruptObjectError(StorageError):
+    """An object's bytes do not match the digest its manifest recorded."""
+
+
+class BackendUnavailableError(StorageError):
+    """No backend for the URL scheme, or its optional dependency is not installed."""
+
+
+# --- policies -------------------------------------------------------------------------------
+
+
+class PolicyError(VCAsyncError):
+    """A merge-policy problem."""
+
+
+class PluginValidationError(PolicyError):
+    """A plugin did not pass validation when it was registered. ``plugin`` names it."""
+
+    def __init__(self, message: str, *, plugin: str) -> None:
+        super().__init__(f"plugin {plugin!r}: {message}")
+        self.plugin = plugin
+
+
+class UnknownPolicyError(PolicyError):
+    """No policy is registered under the requested name."""
+
+
+class UpdateRejectedError(PolicyError):
+    """The policy refused an update; ``reason`` is short and machine-readable."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+# --- ledger ---------------------------------------------------------------------------------
+
+
+class LedgerError(VCAsyncError):
+    """Work-unit bookkeeping failed. ``unit_id`` and ``lease_id`` give the context."""
+
+    def __init__(self, message: str, *, unit_id: str | None = None,
+                 lease_id: str | None = None) -> None:
+        super().__init__(message)
+        self.unit_id = unit_id
+        self.lease_id = lease_id
+
+
+class LeaseNotFoundError(LedgerError):
+    """No such lease: it was never issued, or it was forgotten."""
+
+
+class LeaseExpiredError(LedgerError):
+    """The lease's deadline passed; its unit went back to the queue. Lease again."""
+
+
+class UnitClosedError(LedgerError):
+    """The unit already has a merged result; a second one is never merged."""
+
+
+class NotLeaseHolderError(LedgerError):
+    """The lease belongs to another worker."""
+
+
+class NoWorkAvailableError(LedgerError):
+    """Nothing to lease now; ``retry_after`` seconds is a hint, ``finished`` ends the run."""
+
+    def __init__(self, message: str, *, retry_after: float = 1.0, finished: bool = False) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.finished = finished
+
+
+# --- auth -----------------------------------------------------------------------------------
+
+
+class AuthError(VCAsyncError):
+    """Missing, malformed, forged, expired or revoked credentials."""

@@ -1,0 +1,220 @@
+"""Model state and updates: the small public types every room of vcasync shares.
+
+``ModelState`` is an ordered mapping of names to tensors plus a version number, built from and loaded
+into an ``nn.Module``'s ``state_dict()`` (parameters *and* buffers: BatchNorm running statistics and
+integer counters included). Its :class:`ModelSpec` (names, shapes, dtypes) is what every incoming
+result is validated against. ``Update`` is one worker's result as a merge policy sees it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from .errors import SpecMismatchError, ValidationError
+
+__all__ = ["ModelSpec", "ModelState", "TensorSpec", "Update", "UpdateKind", "tensor_bytes"]
+
+UpdateKind = Literal["delta", "weights"]
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The tensor's elements as little-endian bytes, without a copy when it is contiguous on CPU."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    flat = t.reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    arr: Any = flat.view(torch.uint8).numpy()
+    return memoryview(arr).cast("B")
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """What one named tensor must look like."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> TensorSpec:
+        return cls(tuple(int(d) for d in t.shape), t.dtype)
+
+
+class ModelSpec(Mapping[str, TensorSpec]):
+    """Ordered names -> :class:`TensorSpec`; validates incoming tensors against the model."""
+
+    __slots__ = ("_specs",)
+
+    def __init__(self, specs: Mapping[str, TensorSpec]) -> None:
+        self._specs: dict[str, TensorSpec] = dict(specs)
+
+    @classmethod
+    def of(cls, tensors: Mapping[str, torch.Tensor]) -> ModelSpec:
+        return cls({name: TensorSpec.of(t) for name, t in tensors.items()})
+
+    def __getitem__(self, name: str) -> TensorSpec:
+        return self._specs[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ModelSpec):
+            return list(self._specs.items()) == list(other._specs.items())
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self._specs.values())
+
+    def __repr__(self) -> str:
+        return f"ModelSpec({len(self)} tensors, {self.nbytes} bytes)"
+
+    def check(self, tensors: Mapping[str, torch.Tensor], *, require_finite: bool = False) -> None:
+        """Raise :class:`SpecMismatchError` (or :class:`ValidationError`) naming the first problem."""
+        missing = [n for n in self._specs if n not in tensors]
+        if missing:
+            raise SpecMismatchError(f"update lacks tensor {missing[0]!r} ({len(missing)} missing)",
+                                    reason="missing_tensor", name=missing[0])
+        extra = [n for n in tensors if n not in self._specs]
+        if extra:
+            raise SpecMismatchError(f"update has unknown tensor {extra[0]!r}",
+                                    reason="unknown_tensor", name=extra[0])
+        for name, spec in self._specs.items():
+            t = tensors[name]
+            if t.dtype != spec.dtype:
+                raise SpecMismatchError(
+                    f"tensor {name!r} has dtype {t.dtype}, the model has {spec.dtype}",
+                    reason="dtype_mismatch", name=name)
+            if tuple(t.shape) != spec.shape:
+                raise SpecMismatchError(
+                    f"tensor {name!r} has shape {tuple(t.shape)}, the model has {spec.shape}",
+                    reason="shape_mismatch", name=name)
+            floating = t.is_floating_point() or t.is_complex()
+            if require_finite and floating and not bool(torch.isfinite(t).all()):
+                raise ValidationError(f"tensor {name!r} holds NaN or Inf",
+                                      reason="non_finite", name=name)
+
+
+class ModelState(Mapping[str, torch.Tensor]):
+    """Ordered named tensors plus a version; ``digest()`` hashes names, specs and bytes.
+
+    The mapping is the model: merge policies may update its tensors in place (the owner decides),
+    so ``clone()`` before handing out a copy that must not change.
+    """
+
+    __slots__ = ("_tensors", "version")
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor], version: int = 0) -> None:
+        self._tensors: dict[str, torch.Tensor] = dict(tensors)
+        self.version = int(version)
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_module(cls, module: torch.nn.Module, version: int = 0) -> ModelState:
+        """Detached CPU copies of every parameter and buffer in ``module.state_dict()``."""
+        sd = module.state_dict()
+        return cls({k: v.detach().to("cpu", copy=True).contiguous() for k, v in sd.items()},
+                   version)
+
+    def load_into(self, module: torch.nn.Module, *, strict: bool = True) -> None:
+        """Copy these tensors into ``module`` (parameters and buffers)."""
+        module.load_state_dict(dict(self._tensors), strict=strict)
+
+    def clone(self, version: int | None = None) -> ModelState:
+        return ModelState({k: v.clone() for k, v in self._tensors.items()},
+                          self.version if version is None else version)
+
+    # -- mapping ------------------------------------------------------------------------------
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._tensors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def __repr__(self) -> str:
+        return f"ModelState(version={self.version}, {len(self)} tensors, {self.nbytes} bytes)"
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The underlying dict (not a copy)."""
+        return self._tensors
+
+    @property
+    def spec(self) -> ModelSpec:
+        return ModelSpec.of(self._tensors)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._tensors.values())
+
+    def digest(self) -> str:
+        """BLAKE2b-128 over names, dtypes, shapes and raw bytes, in order (hex)."""
+        h = hashlib.blake2b(digest_size=16)
+        for name, t in self._tensors.items():
+            h.update(name.encode())
+            h.update(b"\0")
+            h.update(str(t.dtype).encode())
+            h.update(repr(tuple(t.shape)).encode())
+            h.update(tensor_bytes(t))
+        return h.hexdigest()
+
+    def equal(self, other: Mapping[str, torch.Tensor]) -> bool:
+        """Bit-for-bit equality of names, dtypes, shapes and values (NaN payloads included)."""
+        if list(self._tensors) != list(other):
+            return False
+        for name, t in self._tensors.items():
+            o = other[name]
+            if t.dtype != o.dtype or t.shape != o.shape:
+                return False
+            if bytes(tensor_bytes(t)) != bytes(tensor_bytes(o)):
+                return False
+        return True
+
+
+@dataclass(slots=True)
+class Update:
+    """One worker's result, as a merge policy sees it.
+
+    ``tensors`` is a delta (``w_c - w_base``) when ``kind == "delta"``, else the full weights
+    ``w_c``. ``staleness`` is ``v_now - base_version``, set by the coordinator before merging.
+    ``base`` is the model at ``base_version`` when the coordinator still has it (policies that need
+    ``w_c`` from a delta use it); it is never mutated.
+    """
+
+    tensors: dict[str, torch.Tensor]
+    kind: UpdateKind = "delta"
+    base_version: int = 0
+    staleness: int = 0
+    samples: int = 0
+    steps: int = 0
+    worker_id: str = ""
+    unit_id: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+    base: ModelState | None = None

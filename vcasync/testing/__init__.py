@@ -1,0 +1,1 @@
+"""Public test kit: hypothesis strategies, policy laws, storage conformance."""

@@ -1,0 +1,1 @@
+"""msgpack + zstd tensor transport."""
