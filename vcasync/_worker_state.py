@@ -6,6 +6,8 @@ Layout (every write is write-to-temp then rename, so a SIGKILL never leaves half
     lease.json             the lease being worked on (resumed after a restart if still valid)
     checkpoints/<lease>.pt the trainer's checkpoints for that lease (torch.save / weights_only load)
     results/<lease>.vca    a result payload written before upload, re-sent after a restart
+    receipts.jsonl         every receipt the coordinator answered with, one JSON line each, in order
+                           (the worker's own audit trail: what it was told was accepted)
     models/v<N>.vca        downloaded model payloads, the newest few kept
 """
 
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _protocol as P
-from ._units import LeaseGrant
+from ._units import LeaseGrant, Receipt
 from .errors import ConfigError, FrameError
 
 __all__ = ["Identity", "StateDir"]
@@ -92,6 +94,31 @@ class StateDir:
             (self.root / "lease.json").unlink(missing_ok=True)
         self.checkpoint_path(lease_id).unlink(missing_ok=True)
         self.result_path(lease_id).unlink(missing_ok=True)
+
+    # -- receipts ----------------------------------------------------------------------------------
+    def record_receipt(self, receipt: Receipt) -> None:
+        """Append ``receipt`` to ``receipts.jsonl`` and fsync it: a crash never loses a recorded line."""
+        line = json.dumps(P.receipt_to_body(receipt), separators=(",", ":")).encode() + b"\n"
+        fd = os.open(self.root / "receipts.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def receipts(self) -> list[Receipt]:
+        """Every receipt recorded so far (a torn last line, cut by a crash mid-write, is skipped)."""
+        try:
+            lines = (self.root / "receipts.jsonl").read_bytes().splitlines()
+        except FileNotFoundError:
+            return []
+        out: list[Receipt] = []
+        for line in lines:
+            try:
+                out.append(P.receipt_from_body(json.loads(line)))
+            except (ValueError, FrameError):
+                continue
+        return out
 
     # -- checkpoints and results -------------------------------------------------------------------
     def checkpoint_path(self, lease_id: str) -> Path:

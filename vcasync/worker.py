@@ -451,6 +451,7 @@ class Worker:
             log.warning("result for lease %s refused: %s", lease_id, exc)
             self._refused += 1
         else:
+            await asyncio.to_thread(self.state.record_receipt, receipt)
             if receipt.status == "rejected":
                 log.warning("result for lease %s rejected: %s", lease_id, receipt.reason)
                 self._refused += 1

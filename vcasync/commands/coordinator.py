@@ -15,10 +15,13 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..cli import Command, read_secret
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..testing.pauses import PausePoints
 
 log = logging.getLogger("vcasync.cli")
 
@@ -123,13 +126,23 @@ def _run(a: argparse.Namespace) -> int:
     if not secret and not tokens:
         raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET (or --join-secret-file, "
                           "VCASYNC_JOIN_TOKENS, --join-tokens-file)")
-    return run(serve(cfg, secret, tokens, port_file=a.port_file, app_dir=a.app_dir),
+    pauses = None
+    if os.environ.get("VCASYNC_PAUSE_AT"):  # chaos tests only: see vcasync.testing.pauses
+        from ..testing.pauses import PausePlan, PausePoints
+
+        plan = PausePlan.from_env(os.environ)
+        pauses = PausePoints(plan) if plan is not None else None
+    return run(serve(cfg, secret, tokens, port_file=a.port_file, app_dir=a.app_dir, pauses=pauses),
                use_uvloop=False if a.no_uvloop else None)
 
 
 async def serve(cfg: Any, secret: str | None, tokens: dict[str, str], *, port_file: Path | None = None,
-                app_dir: Path | None = None) -> int:
-    """Run the coordinator described by ``cfg`` (a :class:`~vcasync.runconfig.RunConfig`)."""
+                app_dir: Path | None = None, pauses: PausePoints | None = None) -> int:
+    """Run the coordinator described by ``cfg`` (a :class:`~vcasync.runconfig.RunConfig`).
+
+    ``pauses`` (a :class:`vcasync.testing.pauses.PausePoints`, chaos tests only) wraps the policy and
+    the storage so a test can kill the process at a known step; None adds nothing to any path.
+    """
     import torch
 
     from .._imports import import_object
@@ -155,6 +168,9 @@ async def serve(cfg: Any, secret: str | None, tokens: dict[str, str], *, port_fi
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with open_storage(cfg.storage) as storage:
+        if pauses is not None:
+            policy = pauses.wrap_policy(policy)
+            storage = pauses.wrap_storage(storage, coord_cfg.state_prefix)
         authority = TokenAuthority(join_secret=secret, join_tokens=tokens, store=StorageTokenStore(storage))
         async with Coordinator(model, units, policy=policy, storage=storage, config=coord_cfg) as coord, \
                 Server(coord, authority, cfg.server) as server:
