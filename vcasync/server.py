@@ -45,8 +45,8 @@ log = logging.getLogger("vcasync.server")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "limit_exceeded",
-               415: "unsupported_media_type"}
+_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
+               413: "limit_exceeded", 415: "unsupported_media_type"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +63,11 @@ class ServerConfig:
     access_log: bool = True
     backlog: int = 2048
     shutdown_timeout_s: float = 5.0
+    #: A request body that sends nothing for this long is cut off with 408 ...
+    body_idle_timeout_s: float = 30.0
+    #: ... and so is an upload slower than this on average once it ran ``upload_rate_grace_s``.
+    min_upload_bytes_per_s: float = 16 * 1024
+    upload_rate_grace_s: float = 30.0
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -71,6 +76,10 @@ class ServerConfig:
             raise ConfigError(f"port {self.port} is out of range")
         if self.max_result_bytes is not None and self.max_result_bytes <= 0:
             raise ConfigError("max_result_bytes must be positive")
+        if not (self.body_idle_timeout_s > 0 and self.upload_rate_grace_s >= 0
+                and self.min_upload_bytes_per_s >= 0):
+            raise ConfigError("body_idle_timeout_s must be > 0, upload_rate_grace_s and "
+                              "min_upload_bytes_per_s >= 0")
 
 
 def server_ssl_context(cert: Path, key: Path) -> ssl.SSLContext:
@@ -166,6 +175,8 @@ def build_app(coordinator: Coordinator, authority: TokenAuthority,
     app[R.HTTP_METRICS] = HttpMetrics()
     app[R.MAX_RESULT] = config.max_result_bytes or Limits().max_message_bytes
     app[R.CHUNK] = config.chunk_size
+    app[R.BODY_TIMEOUTS] = R.BodyTimeouts(config.body_idle_timeout_s, config.min_upload_bytes_per_s,
+                                          config.upload_rate_grace_s)
     app.add_routes(R.routes())
     app.router.add_get("/metrics", _metrics_page, name="metrics")
     return app

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from ..wire import decode_payload_bytes, encode_message
+from ..errors import VCAsyncError
+from ..wire import decode_message, decode_payload_bytes, encode_message
 from .fleet import free_port, process_memory, toml_text
 
 __all__ = ["CoordinatorProcess", "HttpProbe", "Reply", "fingerprint"]
@@ -45,6 +46,15 @@ class Reply:
             return json.loads(self.body)
         except ValueError:
             return None
+
+    def message(self) -> Any:
+        """The body as a control message's map (msgpack or JSON), or None."""
+        if self.content_type == MSGPACK:
+            try:
+                return decode_message(self.body).body
+            except VCAsyncError:
+                return None
+        return self.json()
 
     @property
     def content_type(self) -> str:
