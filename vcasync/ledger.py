@@ -329,9 +329,16 @@ class Ledger:
                                       unit_id=lease.unit_id, lease_id=lease.lease_id)
 
     def resume(self, worker_id: str, lease_id: str) -> LeaseGrant:
-        """Pick up a lease again after a worker restart; the caller becomes its holder."""
+        """Pick up a lease again after a worker restart; the caller becomes its holder.
+
+        Another worker's lease is taken over only once it is no longer live (expired, or unknown
+        after a restart and adopted): a live lease stays its holder's, whoever knows its id.
+        """
         w = self._touch(worker_id)
         lease = self._find(lease_id, worker_id)
+        if lease.worker_id != worker_id and lease.state is LeaseState.ACTIVE \
+                and lease.deadline >= self._clock():
+            self._holder(lease, worker_id)
         self._live(lease, action="resume")
         lease.worker_id = worker_id
         lease.deadline = max(lease.deadline, self._clock() + self._window(w))
