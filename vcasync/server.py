@@ -33,6 +33,7 @@ from aiohttp import web
 
 from . import _routes as R
 from ._errmap import error_fields, spec_for
+from ._http_errors import JsonErrorRunner
 from .auth import TokenAuthority
 from .coordinator import Coordinator
 from .errors import AuthError, ClosedError, ConfigError, NoWorkAvailableError, VCAsyncError
@@ -213,7 +214,8 @@ class Server:
         await self._authority.load()
         app = build_app(self._coordinator, self._authority, cfg)
         kwargs: dict[str, Any] = {} if cfg.access_log else {"access_log": None}
-        runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=cfg.shutdown_timeout_s, **kwargs)
+        runner = JsonErrorRunner(app, handle_signals=False, shutdown_timeout=cfg.shutdown_timeout_s,
+                                 **kwargs)
         await runner.setup()
         try:
             site = web.TCPSite(runner, cfg.host, cfg.port, ssl_context=ctx, backlog=cfg.backlog)

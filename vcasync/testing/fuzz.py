@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
 from . import hostile_payloads as HP
-from .hostile import FAMILIES, Hostile, HostileContext, check_reply, hostile_requests
+from .hostile import FAMILIES, Hostile, HostileContext, LeaseInfo, check_reply, hostile_requests
 from .probe import MSGPACK, PAYLOAD, HttpProbe, fingerprint
 
 __all__ = ["FuzzReport", "SlowLorisReport", "fuzz", "slow_loris"]
@@ -223,7 +223,11 @@ def _heartbeat(ctx: HostileContext) -> Callable[[HttpProbe], None]:
 
 
 def _honest_upload(probe: HttpProbe, ctx: HostileContext) -> None:
-    lease = ctx.open_v
+    r = probe.control("/v1/leases", "lease_request", {}, ctx.victim)
+    g = r.message()
+    if r.status != 201 or not isinstance(g, dict):
+        raise RuntimeError(f"honest lease answered {r.status}: {r.body[:160]!r}")
+    lease = LeaseInfo(g["lease_id"], int(g["unit"]["steps"]), int(g["base_version"]))
     body = HP.valid_result(ctx.model, lease.lease_id, lease.base_version, steps=lease.steps)
     r = probe.request("PUT", f"/v1/leases/{lease.lease_id}/result", body=body,
                       headers={"Authorization": f"Bearer {ctx.victim}", "Content-Type": PAYLOAD})

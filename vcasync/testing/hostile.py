@@ -465,7 +465,8 @@ def replay_attacks(ctx: HostileContext) -> st.SearchStrategy[Hostile]:
         put(ctx.open_v.lease_id, a, victim_fresh, "a valid result for the victim's open lease"),
         put(ctx.open_a.lease_id, a, ctx.closed_v.payload, "victim's result to the attacker's lease"),
         put(ctx.open_a.lease_id, a, ctx.closed_a.payload, "an old result to a new lease"),
-        put(ctx.closed_v.lease_id, v, ctx.closed_a.payload, "attacker's result to the victim's closed lease"),
+        put(ctx.closed_v.lease_id, v, ctx.closed_a.payload, "another result to the owner's closed lease "
+            "(the lease id is the idempotency key: the first receipt again, body unread)", "duplicate"),
         put(ctx.closed_a.lease_id, a, ctx.closed_a.payload, "owner re-sends its accepted result",
             "duplicate"),
     ]
