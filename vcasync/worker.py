@@ -455,8 +455,8 @@ class Worker:
                 log.warning("result for lease %s rejected: %s", lease_id, receipt.reason)
                 self._refused += 1
             else:
-                log.info("result for lease %s %s; model is now v%d", lease_id, receipt.status,
-                         receipt.version)
+                log.info("result for lease %s (unit %s) %s; model is now v%d", lease_id, receipt.unit_id,
+                         receipt.status, receipt.version)
                 self._accepted += 1
         await asyncio.to_thread(self.state.finish_lease, lease_id)
 
