@@ -74,7 +74,7 @@ def get_field(body: Mapping[str, Any], name: str, kind: type[T], *, default: T |
     value: Any = body[name]
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    if type(value) is bool and kind is not bool or not isinstance(value, kind):
+    if (type(value) is bool and kind is not bool) or not isinstance(value, kind):
         raise FrameError(f"field {name!r} must be {kind.__name__}, got {type(value).__name__}", field=name)
     if minimum is not None and _as_number(value) < minimum:
         raise FrameError(f"field {name!r} must be >= {minimum}, got {value}", field=name)
