@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import tempfile
 from pathlib import Path
@@ -72,7 +73,7 @@ async def _serve(app: web.Application, port_file: Path, stop: asyncio.Event, *, 
     site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
     await site.start()
     port = runner.addresses[0][1]
-    port_file.write_text(f"http://127.0.0.1:{port}\n")
+    await asyncio.to_thread(port_file.write_text, f"http://127.0.0.1:{port}\n")
     try:
         await stop.wait()
     finally:
@@ -86,15 +87,18 @@ async def coordinator(a: argparse.Namespace, stop: asyncio.Event) -> None:
     with tempfile.TemporaryDirectory(prefix="vcasync-bench-") as tmp:
         url = f"file://{tmp}/store" if a.durability != "none" else "memory://bench"
         cfg = CoordinatorConfig(durability=a.durability, lease_timeout_s=a.lease_timeout)
+        policy = build_policy("vcasgd")
         async with open_storage(url) as storage, \
-                Coordinator(model, units, policy=build_policy("vcasgd"), storage=storage, config=cfg) as coord:
+                Coordinator(model, units, policy=policy, storage=storage, config=cfg) as coord:
             app = build_app(coord, TokenAuthority(join_secret=SECRET))
 
             async def stall(request: web.Request) -> web.Response:
                 return web.json_response({"samples": monitor.take()})
 
             async def rss(request: web.Request) -> web.Response:
-                return web.json_response({"rss": _rss_bytes(), "version": coord.version})
+                cpu = os.times()
+                return web.json_response({"rss": _rss_bytes(), "version": coord.version,
+                                          "cpu_s": cpu.user + cpu.system})
 
             app.router.add_get("/bench/stall", stall)
             app.router.add_get("/bench/rss", rss)

@@ -77,34 +77,37 @@ class Fleet:
                 tg.create_task(one(i))
         return tokens
 
-    async def simulate(self, http: aiohttp.ClientSession, token: str, start: float, rng: random.Random) -> None:
+    async def simulate(self, http: aiohttp.ClientSession, token: str, start: float,
+                       rng: random.Random) -> None:
         loop = asyncio.get_running_loop()
         phase = rng.uniform(0, self.interval)
         due = start + phase
         await asyncio.sleep(max(0.0, due - loop.time()))
         self.lag_ms.append((loop.time() - due) * 1000)
-        t0 = loop.time()
+        t0 = time.perf_counter()
         try:
             grant = await self._post(http, "/v1/leases", "lease_request", {}, "lease", token)
         except RuntimeError:
             return
-        self.lease_ms.append((loop.time() - t0) * 1000)
+        self.lease_ms.append((time.perf_counter() - t0) * 1000)
         path = f"/v1/leases/{grant['lease_id']}/heartbeat"
         for k in range(1, self.rounds + 1):
             due = start + phase + k * self.interval
             await asyncio.sleep(max(0.0, due - loop.time()))
             self.lag_ms.append((loop.time() - due) * 1000)
-            t0 = loop.time()
+            t0 = time.perf_counter()
             try:
                 await self._post(http, path, "heartbeat", {"steps_done": k}, "lease", token)
             except RuntimeError:
                 continue
-            self.beat_ms.append((loop.time() - t0) * 1000)
+            self.beat_ms.append((time.perf_counter() - t0) * 1000)
 
 
-async def rss(http: aiohttp.ClientSession, url: str) -> int:
+async def probe(http: aiohttp.ClientSession, url: str) -> tuple[int, float]:
+    """The coordinator process's resident bytes and CPU seconds so far."""
     async with http.get(f"{url}/bench/rss") as r:
-        return int((await r.json())["rss"])
+        body = await r.json()
+        return int(body["rss"]), float(body["cpu_s"])
 
 
 async def measure(url: str, n: int, interval: float, rounds: int, connections: int) -> dict[str, Any]:
@@ -112,22 +115,24 @@ async def measure(url: str, n: int, interval: float, rounds: int, connections: i
     conn = aiohttp.TCPConnector(limit=connections, limit_per_host=connections)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
-        before = await rss(http, url)
+        before, _ = await probe(http, url)
         t0 = time.perf_counter()
         tokens = await fleet.join_all(http)
         join_s = time.perf_counter() - t0
         rng = random.Random(n)
         start = asyncio.get_running_loop().time() + 0.5
+        _, cpu0 = await probe(http, url)
         async with asyncio.TaskGroup() as tg:
             for token in tokens:
                 tg.create_task(fleet.simulate(http, token, start, rng))
-        after = await rss(http, url)
+        after, cpu1 = await probe(http, url)
     both = fleet.lease_ms + fleet.beat_ms
     return {"workers": n, "requests": len(both), "errors": fleet.errors,
             "p50_ms": _pct(both, 0.5), "p99_ms": _pct(both, 0.99),
             "lease_p99_ms": _pct(fleet.lease_ms, 0.99), "heartbeat_p99_ms": _pct(fleet.beat_ms, 0.99),
             "client_lag_ms_p99": _pct(fleet.lag_ms, 0.99), "join_per_s": n / join_s,
-            "bytes_per_worker": (after - before) / n, "rate_per_s": n / interval}
+            "bytes_per_worker": (after - before) / n, "rate_per_s": n / interval,
+            "server_cpu_us_per_request": (cpu1 - cpu0) / max(1, len(both)) * 1e6}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,11 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"simulated workers over HTTP: heartbeat every {a.interval:.0f}s for {a.rounds} round(s), "
           f"{a.connections} pooled connections, open-loop arrivals")
     print(f"{'workers':>8}{'req/s':>8}{'requests':>10}{'p50 ms':>9}{'p99 ms':>9}{'lease p99':>11}"
-          f"{'beat p99':>10}{'client lag p99':>16}{'bytes/worker':>14}{'joins/s':>9}")
+          f"{'beat p99':>10}{'client lag p99':>16}{'bytes/worker':>14}{'joins/s':>9}{'srv us/req':>11}")
     for r in rows:
         print(f"{r['workers']:>8}{r['rate_per_s']:>8.0f}{r['requests']:>10}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
               f"{r['lease_p99_ms']:>11.2f}{r['heartbeat_p99_ms']:>10.2f}{r['client_lag_ms_p99']:>16.2f}"
-              f"{r['bytes_per_worker']:>14.0f}{r['join_per_s']:>9.0f}")
+              f"{r['bytes_per_worker']:>14.0f}{r['join_per_s']:>9.0f}"
+              f"{r['server_cpu_us_per_request']:>11.0f}")
         if r["errors"]:
             print(f"  errors: {r['errors']}")
     figures: dict[str, Any] = {}

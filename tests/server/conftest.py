@@ -17,7 +17,6 @@ import torch
 from vcasync._units import WorkUnit, make_units
 from vcasync.auth import TokenAuthority
 from vcasync.coordinator import Coordinator, CoordinatorConfig
-
 from vcasync.policy import build_policy
 from vcasync.server import Server, ServerConfig
 from vcasync.storage import open_storage
