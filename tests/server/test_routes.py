@@ -335,3 +335,31 @@ async def test_unknown_routes_and_methods_are_json(served: Any, http: aiohttp.Cl
         await error_of(r, 404, "not_found")
     async with http.delete(f"{server.url}/v1/status") as r:
         await error_of(r, 405, "method_not_allowed")
+
+
+async def test_metrics_cover_the_run(served: Any, http: aiohttp.ClientSession) -> None:
+    coord, server = served
+    _, token = await join(http, server.url)
+    grant = await lease(http, server.url, token)
+    lid = grant["lease_id"]
+    model = await current_model(coord)
+    headers = {**bearer(token), "Content-Type": PAYLOAD}
+    bad = {k: torch.full_like(v, float("inf")) for k, v in model.items()}
+    data = result_payload(model, lid, grant["base_version"], tensors=bad)
+    async with http.put(f"{server.url}/v1/leases/{lid}/result", data=data, headers=headers) as r:
+        assert r.status == 422
+    async with http.put(f"{server.url}/v1/leases/{lid}/result",
+                        data=result_payload(model, lid, grant["base_version"]), headers=headers) as r:
+        assert r.status == 200
+    async with http.get(f"{server.url}/metrics") as r:
+        text = await r.text()
+    lines = set(text.splitlines())
+    for needle in ("vcasync_merges_total 1", "vcasync_version 1", "vcasync_leases_issued_total 1",
+                   "vcasync_workers_alive 1", 'vcasync_staleness_bucket{le="+Inf"} 1',
+                   "vcasync_http_auth_failures_total 0"):
+        assert needle in lines, needle
+    assert any(line.startswith("vcasync_rejects_total{reason=") for line in lines)
+    assert any(line.startswith("vcasync_bytes_in_total ") and not line.endswith(" 0") for line in lines)
+    assert 'vcasync_http_requests_total{route="result",method="PUT",status="422"} 1' in lines
+    names = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
+    assert len(names) == len(set(names)), "a metric family is declared twice"
