@@ -103,7 +103,7 @@ async def coordinator(a: argparse.Namespace, stop: asyncio.Event) -> None:
             app.router.add_get("/bench/stall", stall)
             app.router.add_get("/bench/rss", rss)
             async with asyncio.TaskGroup() as tg:
-                ticker = tg.create_task(monitor.run())
+                ticker = tg.create_task(monitor.run() if a.stall_monitor else asyncio.sleep(0))
                 try:
                     await _serve(app, a.port_file, stop, access_log=False)
                 finally:
@@ -183,6 +183,7 @@ if __name__ == "__main__":
     p.add_argument("--durability", default="none", choices=["none", "snapshot", "journal"])
     p.add_argument("--lease-timeout", type=float, default=600.0)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--stall-monitor", action="store_true", help="sample the loop's lateness every 1 ms")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     run(main(args))

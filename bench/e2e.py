@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         a.params, a.reps = 5_000_000, 3
     runs = a.reps + 1
     with peer("coordinator", "--params", str(a.params), "--units", str(runs + 2),
-              "--durability", a.durability) as curl:
+              "--durability", a.durability, "--stall-monitor") as curl:
         e2e = run(measure_e2e(curl, a.params, runs))
     data = bytes(e2e["bytes"])  # same length; these sinks never look inside
     with peer("post") as purl:

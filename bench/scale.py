@@ -26,11 +26,10 @@ import sys
 import time
 from typing import Any
 
-import aiohttp
-
 from vcasync import _protocol as P
 from vcasync._loop import run
 
+from ._http import LeanPool
 from ._peers import SECRET
 from ._proc import peer
 
@@ -51,19 +50,17 @@ class Fleet:
         self.lag_ms: list[float] = []
         self.errors: dict[str, int] = {}
 
-    async def _post(self, http: aiohttp.ClientSession, path: str, kind: str, body: dict[str, Any],
+    async def _post(self, http: LeanPool, path: str, kind: str, body: dict[str, Any],
                     reply: str, credential: str) -> dict[str, Any]:
         headers = {"Authorization": f"Bearer {credential}", "Content-Type": P.MSGPACK, "Accept": P.MSGPACK}
-        async with http.post(self.url + path, data=P.encode_control(kind, body, P.MSGPACK),
-                             headers=headers) as r:
-            data = await r.read()
-            if r.status >= 400:
-                code = f"{r.status} {json.loads(data).get('error', '?')}"
-                self.errors[code] = self.errors.get(code, 0) + 1
-                raise RuntimeError(code)
-            return P.decode_control(data, r.content_type, reply)
+        status, data = await http.request("POST", path, headers, P.encode_control(kind, body, P.MSGPACK))
+        if status >= 400:
+            code = f"{status} {json.loads(data).get('error', '?')}"
+            self.errors[code] = self.errors.get(code, 0) + 1
+            raise RuntimeError(code)
+        return P.decode_control(data, P.MSGPACK, reply)
 
-    async def join_all(self, http: aiohttp.ClientSession) -> list[str]:
+    async def join_all(self, http: LeanPool) -> list[str]:
         tokens: list[str] = [""] * self.n
         sem = asyncio.Semaphore(self.connections)
 
@@ -77,7 +74,7 @@ class Fleet:
                 tg.create_task(one(i))
         return tokens
 
-    async def simulate(self, http: aiohttp.ClientSession, token: str, start: float,
+    async def simulate(self, http: LeanPool, token: str, start: float,
                        rng: random.Random) -> None:
         loop = asyncio.get_running_loop()
         phase = rng.uniform(0, self.interval)
@@ -103,29 +100,30 @@ class Fleet:
             self.beat_ms.append((time.perf_counter() - t0) * 1000)
 
 
-async def probe(http: aiohttp.ClientSession, url: str) -> tuple[int, float]:
+async def probe(http: LeanPool) -> tuple[int, float]:
     """The coordinator process's resident bytes and CPU seconds so far."""
-    async with http.get(f"{url}/bench/rss") as r:
-        body = await r.json()
-        return int(body["rss"]), float(body["cpu_s"])
+    status, data = await http.request("GET", "/bench/rss", {})
+    body = json.loads(data)
+    return int(body["rss"]), float(body["cpu_s"])
 
 
 async def measure(url: str, n: int, interval: float, rounds: int, connections: int) -> dict[str, Any]:
     fleet = Fleet(url, n, interval, rounds, connections)
-    conn = aiohttp.TCPConnector(limit=connections, limit_per_host=connections)
-    timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
-        before, _ = await probe(http, url)
+    http = LeanPool(url, connections)
+    try:
+        before, _ = await probe(http)
         t0 = time.perf_counter()
         tokens = await fleet.join_all(http)
         join_s = time.perf_counter() - t0
         rng = random.Random(n)
         start = asyncio.get_running_loop().time() + 0.5
-        _, cpu0 = await probe(http, url)
+        _, cpu0 = await probe(http)
         async with asyncio.TaskGroup() as tg:
             for token in tokens:
                 tg.create_task(fleet.simulate(http, token, start, rng))
-        after, cpu1 = await probe(http, url)
+        after, cpu1 = await probe(http)
+    finally:
+        await http.aclose()
     both = fleet.lease_ms + fleet.beat_ms
     return {"workers": n, "requests": len(both), "errors": fleet.errors,
             "p50_ms": _pct(both, 0.5), "p99_ms": _pct(both, 0.99),
