@@ -102,7 +102,7 @@ class Fleet:
 
 async def probe(http: LeanPool) -> tuple[int, float]:
     """The coordinator process's resident bytes and CPU seconds so far."""
-    status, data = await http.request("GET", "/bench/rss", {})
+    _, data = await http.request("GET", "/bench/rss", {})
     body = json.loads(data)
     return int(body["rss"]), float(body["cpu_s"])
 
