@@ -37,9 +37,10 @@ def tiny_model() -> torch.nn.Module:
 async def running(tmp_path: Path, *, units: Sequence[WorkUnit] | None = None, secret: str = SECRET,
                   server_config: ServerConfig | None = None, durability: str = "none",
                   lease_timeout_s: float = 30.0, authority: TokenAuthority | None = None,
-                  store: str | None = None) -> AsyncIterator[tuple[Coordinator, Server]]:
+                  store: str | None = None, initial: torch.nn.Module | None = None,
+                  ) -> AsyncIterator[tuple[Coordinator, Server]]:
     """A coordinator (file storage under ``tmp_path`` unless durability is "none") on 127.0.0.1:0."""
-    model = ModelState.from_module(tiny_model())
+    model = ModelState.from_module(initial if initial is not None else tiny_model())
     units = list(units) if units is not None else make_units(4, steps=3)
     cfg = CoordinatorConfig(durability=durability, lease_timeout_s=lease_timeout_s)  # type: ignore[arg-type]
     auth = authority or TokenAuthority(join_secret=secret)
