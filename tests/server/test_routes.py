@@ -4,6 +4,7 @@ nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -363,3 +364,21 @@ async def test_metrics_cover_the_run(served: Any, http: aiohttp.ClientSession) -
     assert 'vcasync_http_requests_total{route="result",method="PUT",status="422"} 1' in lines
     names = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
     assert len(names) == len(set(names)), "a metric family is declared twice"
+
+
+async def test_a_control_body_that_arrives_in_pieces(served: Any, http: aiohttp.ClientSession) -> None:
+    _, server = served
+    _, token = await join(http, server.url)
+    grant = await lease(http, server.url, token)
+    body = json.dumps({"steps_done": 2, "pad": "x" * 40_000}).encode()
+
+    async def pieces() -> Any:  # chunked, with pauses: the server must read to the end
+        for i in range(0, len(body), 10_000):
+            yield body[i:i + 10_000]
+            await asyncio.sleep(0.01)
+
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    async with http.post(f"{server.url}/v1/leases/{grant['lease_id']}/heartbeat", data=pieces(),
+                         headers=headers) as r:
+        assert r.status == 200, await r.text()
+        assert (await r.json())["lease_id"] == grant["lease_id"]
