@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -83,7 +83,7 @@ async def read_control(request: web.Request, kind: str) -> dict[str, Any]:
         raise LimitExceededError(f"control body of {length} bytes is over {P.MAX_CONTROL_BYTES}",
                                  field="body", limit=P.MAX_CONTROL_BYTES, value=length)
     data = b""
-    if request.body_exists:
+    if request.body_exists:  # to its end (read(n) returns what has arrived), capped, with timeouts
         parts = [c async for c in _body(request, P.MAX_CONTROL_BYTES, 4096,
                                         request.app[BODY_TIMEOUTS])]
         data = b"".join(parts)
@@ -221,14 +221,18 @@ async def model(request: web.Request) -> web.StreamResponse:
     if inm is not None and _etag_matches(inm, etag):
         return web.Response(status=304, headers=headers)
     payload = coord.model_payload(version)
-    first = await anext(aiter(payload))  # errors (e.g. a forgotten version) surface before headers go out
-    resp = web.StreamResponse(status=200, headers={**headers, "Content-Type": P.PAYLOAD})
-    await resp.prepare(request)
-    await resp.write(first)
-    async for chunk in payload:
-        await resp.write(chunk)
-    await resp.write_eof()
-    return resp
+    try:
+        first = await anext(payload)  # errors (e.g. a dropped version) surface before headers go out
+        resp = web.StreamResponse(status=200, headers={**headers, "Content-Type": P.PAYLOAD})
+        await resp.prepare(request)
+        await resp.write(first)
+        async for chunk in payload:
+            await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+    finally:
+        if isinstance(payload, AsyncGenerator):  # a client that hangs up must not pin the version
+            await payload.aclose()
 
 
 async def status(request: web.Request) -> web.Response:

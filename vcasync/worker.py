@@ -117,7 +117,7 @@ class Worker:
         self._rng = rng or random.Random()
         self._client: CoordinatorClient | None = None
         self._ident: Identity | None = None
-        self._models: dict[int, ModelState] = {}
+        self._models: dict[int, tuple[str | None, ModelState]] = {}
         self._spec: Any = None
         self._stop = asyncio.Event()
         self._unit_stop: threading.Event | None = None
@@ -393,13 +393,21 @@ class Worker:
 
     # -- models ------------------------------------------------------------------------------------
     async def _model(self, version: int) -> ModelState:
-        cached = self._models.get(version)
-        if cached is not None:
-            return cached
+        """Model ``version``, from the memory or disk cache when the coordinator's ETag still matches.
+
+        Every use costs one conditional GET (a 304 without a body when the cache is good): a
+        coordinator restarted without durability, or a new run on the same URL, reuses version
+        numbers for different weights, and only the ETag tells them apart.
+        """
         path = self.state.model_path(version)
+        cached = self._models.get(version)
+        etag = cached[0] if cached is not None else await asyncio.to_thread(self.state.load_etag, version)
+        if etag is not None and not path.exists() and cached is None:
+            etag = None
+        got, _ = await self._call("model", lambda: self._cli().download_model(version, path, etag=etag))
+        if cached is not None and got == etag:
+            return cached[1]
         for attempt in range(2):
-            if not path.exists():
-                await self._call("model", lambda: self._cli().download_model(version, path))
             try:
                 model = await self._decode_model(path, version)
                 break
@@ -408,7 +416,9 @@ class Worker:
                 if attempt:
                     raise
                 log.warning("cached model v%d is unusable (%s); downloading it again", version, exc)
-        self._models[version] = model
+                got, _ = await self._call("model", lambda: self._cli().download_model(version, path))
+        await asyncio.to_thread(self.state.save_etag, version, got)
+        self._models[version] = (got, model)
         for old in sorted(self._models)[:-self.config.keep_models]:
             del self._models[old]
         await asyncio.to_thread(self.state.prune_models, set(self._models))
@@ -456,8 +466,8 @@ class Worker:
                 log.warning("result for lease %s rejected: %s", lease_id, receipt.reason)
                 self._refused += 1
             else:
-                log.info("result for lease %s %s; model is now v%d", lease_id, receipt.status,
-                         receipt.version)
+                log.info("result for lease %s (unit %s) %s; model is now v%d", lease_id, receipt.unit_id,
+                         receipt.status, receipt.version)
                 self._accepted += 1
         await asyncio.to_thread(self.state.finish_lease, lease_id)
 
