@@ -21,7 +21,7 @@ from ..cli import Command, read_secret
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..testing.pauses import PausePoints
+    from ..testing.hooks import ChaosHooks
 
 log = logging.getLogger("vcasync.cli")
 
@@ -126,22 +126,21 @@ def _run(a: argparse.Namespace) -> int:
     if not secret and not tokens:
         raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET (or --join-secret-file, "
                           "VCASYNC_JOIN_TOKENS, --join-tokens-file)")
-    pauses = None
-    if os.environ.get("VCASYNC_PAUSE_AT"):  # chaos tests only: see vcasync.testing.pauses
-        from ..testing.pauses import PausePlan, PausePoints
+    hooks = None
+    if any(k.startswith(("VCASYNC_PAUSE_", "VCASYNC_STORAGE_FAULTS")) for k in os.environ):
+        from ..testing.hooks import ChaosHooks  # chaos tests only: see vcasync.testing.hooks
 
-        plan = PausePlan.from_env(os.environ)
-        pauses = PausePoints(plan) if plan is not None else None
-    return run(serve(cfg, secret, tokens, port_file=a.port_file, app_dir=a.app_dir, pauses=pauses),
+        hooks = ChaosHooks.from_env(os.environ)
+    return run(serve(cfg, secret, tokens, port_file=a.port_file, app_dir=a.app_dir, hooks=hooks),
                use_uvloop=False if a.no_uvloop else None)
 
 
 async def serve(cfg: Any, secret: str | None, tokens: dict[str, str], *, port_file: Path | None = None,
-                app_dir: Path | None = None, pauses: PausePoints | None = None) -> int:
+                app_dir: Path | None = None, hooks: ChaosHooks | None = None) -> int:
     """Run the coordinator described by ``cfg`` (a :class:`~vcasync.runconfig.RunConfig`).
 
-    ``pauses`` (a :class:`vcasync.testing.pauses.PausePoints`, chaos tests only) wraps the policy and
-    the storage so a test can kill the process at a known step; None adds nothing to any path.
+    ``hooks`` (chaos tests only, see :mod:`vcasync.testing.hooks`) wraps the policy and the storage so
+    a test can kill the process at a known step and inject storage faults; None adds nothing.
     """
     import torch
 
@@ -168,9 +167,9 @@ async def serve(cfg: Any, secret: str | None, tokens: dict[str, str], *, port_fi
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with open_storage(cfg.storage) as storage:
-        if pauses is not None:
-            policy = pauses.wrap_policy(policy)
-            storage = pauses.wrap_storage(storage, coord_cfg.state_prefix)
+        if hooks is not None:
+            policy = hooks.wrap_policy(policy)
+            storage = hooks.wrap_storage(storage, coord_cfg.state_prefix)
         authority = TokenAuthority(join_secret=secret, join_tokens=tokens, store=StorageTokenStore(storage))
         async with Coordinator(model, units, policy=policy, storage=storage, config=coord_cfg) as coord, \
                 Server(coord, authority, cfg.server) as server:

@@ -142,21 +142,28 @@ class Fleet:
     # -- coordinator ------------------------------------------------------------------------------
     async def start_coordinator(self, env: Mapping[str, str] | None = None,
                                 timeout: float = 120.0) -> Proc:
-        """Start the coordinator and wait until ``/healthz`` answers."""
+        """Start the coordinator and wait until ``/healthz`` answers or the process exits (a crash
+        while recovering, or a run that was already finished: the caller looks at the status)."""
+        proc = await self.spawn_coordinator(env)
+        await self.wait_ready(proc, timeout)
+        return proc
+
+    async def spawn_coordinator(self, env: Mapping[str, str] | None = None) -> Proc:
+        """Start the coordinator process and return at once."""
         if self.coordinator is not None and self.coordinator.running:
             raise RuntimeError("the coordinator is already running")
         proc = await self._spawn("coordinator", ["coordinator", "--config", str(self.spec.run_toml),
                                                  "--port", str(self.spec.port)], env)
         self.coordinator = proc
+        return proc
+
+    async def wait_ready(self, proc: Proc, timeout: float = 120.0) -> None:
+        """Until ``proc`` answers ``/healthz`` or exits; RuntimeError after ``timeout``."""
         deadline = time.monotonic() + timeout
-        while await self.health() is None:
-            if not proc.running:
-                raise RuntimeError(f"the coordinator exited with {proc.proc.returncode} while "
-                                   f"starting; see {proc.log}")
+        while proc.running and await self.health() is None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the coordinator did not answer in {timeout}s; see {proc.log}")
             await asyncio.sleep(0.1)
-        return proc
 
     async def health(self) -> dict[str, object] | None:
         """``GET /healthz`` of the coordinator, or None while it is down."""

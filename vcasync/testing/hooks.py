@@ -1,4 +1,6 @@
-"""Pause points: named moments at which a chaos test can SIGKILL a coordinator, deterministically.
+"""Chaos hooks for a coordinator process: pause points, and injected storage faults.
+
+**Pause points** are named moments at which a chaos test can SIGKILL a coordinator, deterministically.
 
 A crash "in the middle of a merge" or "in the middle of a snapshot write" happens by chance only
 once in many runs when merges and snapshots take milliseconds. A :class:`PausePlan` makes those
@@ -14,9 +16,15 @@ Points:
               before its manifest (a half-written checkpoint is on the storage);
 ``journal``   after a journal entry was written under ``<prefix>/journal/`` (durable, not yet merged).
 
-Nothing here runs unless a plan is given: the ``vcasync coordinator`` command builds one from the
-environment (``VCASYNC_PAUSE_AT="merge@3"``, ``VCASYNC_PAUSE_DIR``, ``VCASYNC_PAUSE_S``) and only
-then wraps its policy and storage, so a normal run has no extra call on any path.
+**Storage faults** (``VCASYNC_STORAGE_FAULTS``) wrap the coordinator's storage in
+:class:`vcasync.testing.faults.FaultyStorage` layers, e.g. ``"fail=0.03,lose_reply=0.01,
+ops=put+put_stream+delete;delay=0.2,max_delay_s=0.1"``: writes fail (before or after they happen),
+and a fifth of all calls are slowed by up to 100 ms. Layers are separated by ``;``.
+
+Nothing here runs unless asked: the ``vcasync coordinator`` command builds :class:`ChaosHooks` from
+the environment (``VCASYNC_PAUSE_AT="merge@3"``, ``VCASYNC_PAUSE_DIR``, ``VCASYNC_PAUSE_S``,
+``VCASYNC_STORAGE_FAULTS``) and only then wraps its policy and storage, so a normal run has no extra
+call on any path.
 """
 
 from __future__ import annotations
@@ -30,19 +38,20 @@ from collections import Counter
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Final, Self
+from typing import Any, ClassVar, Final, Self
 
 from ..errors import ConfigError
 from ..policy import MergePolicy, PolicyState
 from ..storage import ObjectInfo, Storage
 from ..tensors import ModelState, Update
 
-__all__ = ["POINTS", "PausePlan", "PausePoints", "PausingStorage"]
+__all__ = ["POINTS", "ChaosHooks", "PausePlan", "PausePoints", "PausingStorage", "fault_layers"]
 
 POINTS: Final = frozenset({"merge", "snapshot", "journal"})
 ENV_AT: Final = "VCASYNC_PAUSE_AT"
 ENV_DIR: Final = "VCASYNC_PAUSE_DIR"
 ENV_SECONDS: Final = "VCASYNC_PAUSE_S"
+ENV_FAULTS: Final = "VCASYNC_STORAGE_FAULTS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +186,7 @@ class PausingStorage:
         for prefix, point in self._where:
             # A snapshot's manifest is written last: pausing after a data object leaves a
             # checkpoint half written, the interesting moment to die.
-            if key.startswith(prefix) and not key.rsplit("/", 1)[-1].startswith("manifest"):
+            if key.startswith(prefix) and "/manifests/" not in key:
                 await self._points.pause(point)
 
     async def get(self, key: str) -> bytes:
@@ -216,3 +225,58 @@ class PausingStorage:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: types.TracebackType | None) -> None:
         await self.aclose()
+
+
+def fault_layers(spec: str) -> list[dict[str, Any]]:
+    """Parse ``VCASYNC_STORAGE_FAULTS`` into keyword arguments for ``FaultPlan`` (plus ``seed``)."""
+    layers: list[dict[str, Any]] = []
+    for layer in filter(None, (x.strip() for x in spec.split(";"))):
+        kwargs: dict[str, Any] = {}
+        for item in filter(None, (x.strip() for x in layer.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ConfigError(f"storage fault {item!r} must look like name=value")
+            try:
+                if key == "ops":
+                    kwargs[key] = frozenset(value.split("+"))
+                elif key == "seed":
+                    kwargs[key] = int(value)
+                else:
+                    kwargs[key] = float(value)
+            except ValueError:
+                raise ConfigError(f"storage fault {item!r}: {value!r} is not a number") from None
+        layers.append(kwargs)
+    return layers
+
+
+class ChaosHooks:
+    """What a chaos test asked the coordinator process for: pause points and storage faults."""
+
+    def __init__(self, pauses: PausePoints | None, faults: list[dict[str, Any]]) -> None:
+        self.pauses = pauses
+        self.faults = faults
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ChaosHooks | None:
+        """None (the normal case) unless a ``VCASYNC_PAUSE_*`` or ``VCASYNC_STORAGE_FAULTS`` is set."""
+        plan = PausePlan.from_env(env)
+        faults = fault_layers(env.get(ENV_FAULTS, ""))
+        if plan is None and not faults:
+            return None
+        return cls(PausePoints(plan) if plan is not None else None, faults)
+
+    def wrap_policy(self, policy: MergePolicy) -> MergePolicy:
+        return self.pauses.wrap_policy(policy) if self.pauses is not None else policy
+
+    def wrap_storage(self, storage: Storage, state_prefix: str) -> Storage:
+        """Faults innermost (they hit the real calls), pauses outermost (after a write succeeded)."""
+        from .faults import FaultPlan, FaultyStorage
+
+        out: Storage = storage
+        for n, layer in enumerate(self.faults):
+            kwargs = dict(layer)
+            seed = int(kwargs.pop("seed", os.getpid() * 31 + n))
+            out = FaultyStorage(out, FaultPlan(**kwargs), seed=seed)
+        if self.pauses is not None:
+            out = self.pauses.wrap_storage(out, state_prefix)
+        return out

@@ -1,0 +1,173 @@
+"""Two pieces of a chaos run that are not process management: the driver acting as a worker whose
+upload is cut by a coordinator kill, and the audit of the finished run from its configuration."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import torch
+
+from .. import _protocol as P
+from .._imports import import_object
+from .._units import Receipt, WorkUnit
+from ..client import CoordinatorClient, is_transient
+from ..coordinator import CoordinatorConfig
+from ..errors import NoWorkAvailableError, VCAsyncError
+from ..policy import policy_from_config
+from ..runconfig import UnitsConfig, dataclass_from_table
+from ..storage import open_storage
+from ..tensors import ModelState
+from ..trainer import TrainContext, TrainResult
+from ..wire import decode_payload_bytes, encode_payload
+from .audit import AuditReport, audit
+
+if TYPE_CHECKING:
+    from .chaos import ChaosConfig
+
+__all__ = ["DriverWorker", "audit_run"]
+
+
+class DriverWorker:
+    """One more worker, run by the chaos driver: it trains a real unit, sends half its result, and
+    after the coordinator was killed mid-upload, delivers it again the way a worker would."""
+
+    def __init__(self, url: str, secret: str, state: Path, cfg: ChaosConfig) -> None:
+        self.url, self.secret, self.state, self.cfg = url, secret, Path(state), cfg
+        self.state.mkdir(parents=True, exist_ok=True)
+        self.client = CoordinatorClient(url, timeout_s=30.0)
+        self.receipts: list[Receipt] = []
+        self._joined = False
+        self._pending: tuple[str, bytes] | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self.last_error = ""
+
+    async def aclose(self) -> None:
+        self.abandon_upload()
+        await self.client.aclose()
+
+    async def warm_up(self) -> None:
+        """Run the trainer once on a throwaway one-step unit, so that the first real result (wanted
+        at a precise moment) does not wait for imports and data loading."""
+        trainer = import_object(self.cfg.trainer, what="trainer")
+        torch.manual_seed(self.cfg.seed)
+        model = ModelState.from_module(import_object(self.cfg.model, what="model factory")())
+        unit = WorkUnit("warm-up", steps=1)
+        ctx = TrainContext(unit=unit, lease_id="warm-up", base_version=0, model=model,
+                           checkpoint_path=self.state / "warm-up.pt", resumed=False,
+                           stop=threading.Event())
+        await asyncio.to_thread(trainer, ctx)
+
+    async def _result(self) -> tuple[str, bytes] | None:
+        if not self._joined:
+            await self.client.join(self.secret, "chaos-driver")
+            self._joined = True
+        try:
+            grant = await self.client.lease()
+        except NoWorkAvailableError:
+            return None
+        path = self.state / f"v{grant.base_version}.vca"
+        await self.client.download_model(grant.base_version, path)
+        p = decode_payload_bytes(await asyncio.to_thread(path.read_bytes), expected_kind="model")
+        base = ModelState(p.tensors, grant.base_version)
+        trainer = import_object(self.cfg.trainer, what="trainer")
+        ctx = TrainContext(unit=grant.unit, lease_id=grant.lease_id, base_version=grant.base_version,
+                           model=base.clone(), checkpoint_path=self.state / "ckpt.pt", resumed=False,
+                           stop=threading.Event())
+        beats = asyncio.create_task(self._heartbeats(grant.lease_id, ctx, grant.heartbeat_interval_s))
+        try:
+            out: TrainResult = await asyncio.to_thread(trainer, ctx)
+        finally:
+            beats.cancel()
+            await asyncio.gather(beats, return_exceptions=True)
+        delta = {k: (out.tensors[k].to(v.dtype) - v).contiguous() for k, v in base.items()}
+        meta = {"lease_id": grant.lease_id, "base_version": grant.base_version, "kind": "delta",
+                "samples": int(out.samples), "steps": int(out.steps), "partial": False,
+                "metrics": {k: float(v) for k, v in out.metrics.items()}}
+        data = await asyncio.to_thread(lambda: b"".join(encode_payload("result", meta, delta)))
+        return grant.lease_id, data
+
+    async def _heartbeats(self, lease_id: str, ctx: TrainContext, interval: float) -> None:
+        while True:
+            await asyncio.sleep(max(0.1, interval))
+            with contextlib.suppress(VCAsyncError, OSError, TimeoutError, aiohttp.ClientError):
+                await self.client.heartbeat(lease_id, ctx.steps_done)
+
+    async def start_slow_upload(self) -> int | None:
+        """Lease, train, and send half the result; the byte count sent, or None if that failed."""
+        try:
+            made = await self._result()
+        except (VCAsyncError, OSError, TimeoutError, aiohttp.ClientError) as exc:
+            self.last_error = repr(exc)[:200]
+            return None      # down, restarting, or refused: the chaos loop tries again later
+        if made is None:
+            self.last_error = "no work"
+            return None
+        self._pending = made
+        lease_id, data = made
+        url = urlsplit(self.url)
+        try:
+            reader, writer = await asyncio.open_connection(url.hostname, url.port)
+        except OSError as exc:
+            self.last_error = repr(exc)[:200]
+            return None      # the coordinator went away meanwhile; the result is delivered later
+        head = (f"PUT {P.API_PREFIX}/leases/{lease_id}/result HTTP/1.1\r\nHost: {url.netloc}\r\n"
+                f"Authorization: Bearer {self.client.token}\r\nContent-Type: {P.PAYLOAD}\r\n"
+                f"Content-Length: {len(data)}\r\n\r\n").encode()
+        half = len(data) // 2
+        writer.write(head + data[:half])
+        await writer.drain()
+        await asyncio.sleep(0.3)       # the coordinator is now reading the body, waiting for more
+        self._writer = writer
+        try:   # an answer already (an error) means the coordinator is not mid-upload any more
+            answered = await asyncio.wait_for(reader.read(1), 0.05)
+        except TimeoutError:
+            return half
+        self.last_error = f"answered before the kill: {answered!r}"
+        return None
+
+    def abandon_upload(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    async def finish_upload(self) -> None:
+        """Re-send the cut result once the coordinator is back (a no-op when nothing is pending)."""
+        if self._pending is None:
+            return
+        lease_id, data = self._pending
+        try:
+            receipt = await self.client.submit(lease_id, data)
+        except Exception as exc:  # noqa: BLE001 - a worker retries transient failures, drops the rest
+            if is_transient(exc):
+                return
+            self._pending = None
+            return
+        self.receipts.append(receipt)
+        self._pending = None
+
+
+async def audit_run(cfg: ChaosConfig, store_url: str, receipts: Mapping[str, Sequence[Receipt]],
+                    observed: Sequence[int]) -> AuditReport:
+    """Audit the storage of a run made with ``cfg`` (the same model, units, policy and settings)."""
+    table = cfg.run_table(store_url, Path("unused"))
+    torch.manual_seed(cfg.seed)
+    module = import_object(cfg.model, what="model factory")()
+    model = ModelState.from_module(module)
+    units = dataclass_from_table(UnitsConfig, table["units"], "units").build()
+    policy = policy_from_config({"policy": dict(cfg.policy)})
+    config = dataclass_from_table(CoordinatorConfig, table["coordinator"], "coordinator")
+    evaluate: Any = None
+    with contextlib.suppress(VCAsyncError):
+        evaluate = import_object(cfg.model.rsplit(":", 1)[0] + ":evaluate", what="evaluate")
+    one_per_merge = str(cfg.policy.get("name", "vcasgd")) not in ("fedbuff", "sync")
+    async with open_storage(store_url) as storage:
+        return await audit(storage, model=model, units=units, policy=policy, config=config,
+                           receipts=receipts, observed_versions=observed, evaluate=evaluate,
+                           one_version_per_merge=one_per_merge)
