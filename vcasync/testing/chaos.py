@@ -35,7 +35,7 @@ from typing import Any
 from .._units import Receipt
 from .._worker_state import StateDir
 from .audit import AuditReport
-from .chaos_driver import DriverWorker, audit_run
+from .chaos_driver import DriverWorker, audit_run, one_torch_thread
 from .fleet import Fleet, FleetSpec, Proc, free_port, toml_text
 from .hooks import PausePlan, marker_path
 
@@ -54,7 +54,7 @@ class ChaosConfig:
     workers: int = 8
     worker_kills: int = 100
     sigkill_share: float = 0.5
-    coordinator_kills: tuple[str, ...] = ("upload", "merge", "snapshot", "random")
+    coordinator_kills: tuple[str, ...] = ("merge", "snapshot", "upload", "journal", "random")
     shards: int = 8
     epochs: int = 8
     steps: int = 40
@@ -147,6 +147,7 @@ class _Run:
         self.markers.mkdir(parents=True, exist_ok=True)
         self.driver = DriverWorker(fleet.spec.url, _SECRET, run_dir / "driver", cfg)
         self.plan_for: dict[int, tuple[str, int]] = {}   # coordinator pid -> (pause kind, target)
+        self.lead = max(2, cfg.units_total // 8)        # versions ahead to prepare the upload
 
     # -- progress ---------------------------------------------------------------------------------
     def target_version(self, n: int) -> int:
@@ -227,6 +228,8 @@ class _Run:
                 self.pending.pop(0)
                 await self.kill_coordinator(kind, verified=True, occurrence=self.plan_for[proc.pid][1])
                 continue
+            if kind == "upload" and self.version >= self.target_version(n) - self.lead:
+                await self.driver.prepare()    # a trained result ready to send at the moment
             if self.version < self.target_version(n):
                 await _sleep_or(self.done, 0.1)
                 continue
@@ -277,7 +280,8 @@ class _Run:
                 continue
             proc = self.fleet.workers[self.rng.choice(ready)]
             self.killed.add(proc)
-            if self.rng.random() < cfg.sigkill_share:
+            n = self.res.total_worker_kills   # the first two are one of each, then at random
+            if (n == 1) if n < 2 else self.rng.random() < cfg.sigkill_share:
                 proc.signal(signal.SIGKILL)
                 self.res.worker_kills["sigkill"] += 1
                 continue
@@ -321,6 +325,11 @@ async def _sleep_or(event: asyncio.Event, seconds: float) -> bool:
 
 async def run_chaos(cfg: ChaosConfig, run_dir: Path, *, audit: bool = True) -> ChaosResult:
     """Run the fleet under ``cfg``'s chaos in ``run_dir`` (created), then audit its storage."""
+    with one_torch_thread():    # this process trains the driver's unit and audits
+        return await _run_chaos(cfg, run_dir, audit)
+
+
+async def _run_chaos(cfg: ChaosConfig, run_dir: Path, audit: bool) -> ChaosResult:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     store = run_dir / "store"

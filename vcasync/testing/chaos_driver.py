@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -23,7 +23,7 @@ from ..errors import NoWorkAvailableError, VCAsyncError
 from ..policy import policy_from_config
 from ..runconfig import UnitsConfig, dataclass_from_table
 from ..storage import open_storage
-from ..tensors import ModelState
+from ..tensors import ModelState, Update
 from ..trainer import TrainContext, TrainResult
 from ..wire import decode_payload_bytes, encode_payload
 from .audit import AuditReport, audit
@@ -31,7 +31,19 @@ from .audit import AuditReport, audit
 if TYPE_CHECKING:
     from .chaos import ChaosConfig
 
-__all__ = ["DriverWorker", "audit_run"]
+__all__ = ["DriverWorker", "audit_run", "one_torch_thread", "reference_accuracy"]
+
+
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """torch on one thread for the duration: next to a fleet of processes on a few cores, torch's
+    own thread pool oversubscribes them (measured here: a unit 20x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class DriverWorker:
@@ -47,9 +59,11 @@ class DriverWorker:
         self._pending: tuple[str, bytes] | None = None
         self._writer: asyncio.StreamWriter | None = None
         self.last_error = ""
+        self._beats: asyncio.Task[None] | None = None
 
     async def aclose(self) -> None:
         self.abandon_upload()
+        await self._stop_heartbeats()
         await self.client.aclose()
 
     async def warm_up(self) -> None:
@@ -64,34 +78,36 @@ class DriverWorker:
                            stop=threading.Event())
         await asyncio.to_thread(trainer, ctx)
 
-    async def _result(self) -> tuple[str, bytes] | None:
-        if not self._joined:
-            await self.client.join(self.secret, "chaos-driver")
-            self._joined = True
+    async def prepare(self) -> bool:
+        """Lease a unit and train it; the lease is heartbeated until the result is delivered.
+        False when that failed (the coordinator down, no work left): try again later."""
+        if self._pending is not None:
+            return True
         try:
+            if not self._joined:
+                await self.client.join(self.secret, "chaos-driver")
+                self._joined = True
             grant = await self.client.lease()
-        except NoWorkAvailableError:
-            return None
-        path = self.state / f"v{grant.base_version}.vca"
-        await self.client.download_model(grant.base_version, path)
+            path = self.state / f"v{grant.base_version}.vca"
+            await self.client.download_model(grant.base_version, path)
+        except (VCAsyncError, OSError, TimeoutError, aiohttp.ClientError) as exc:
+            self.last_error = repr(exc)[:200]
+            return False
         p = decode_payload_bytes(await asyncio.to_thread(path.read_bytes), expected_kind="model")
         base = ModelState(p.tensors, grant.base_version)
         trainer = import_object(self.cfg.trainer, what="trainer")
         ctx = TrainContext(unit=grant.unit, lease_id=grant.lease_id, base_version=grant.base_version,
                            model=base.clone(), checkpoint_path=self.state / "ckpt.pt", resumed=False,
                            stop=threading.Event())
-        beats = asyncio.create_task(self._heartbeats(grant.lease_id, ctx, grant.heartbeat_interval_s))
-        try:
-            out: TrainResult = await asyncio.to_thread(trainer, ctx)
-        finally:
-            beats.cancel()
-            await asyncio.gather(beats, return_exceptions=True)
+        self._beats = asyncio.create_task(self._heartbeats(grant.lease_id, ctx, grant.heartbeat_interval_s))
+        out: TrainResult = await asyncio.to_thread(trainer, ctx)
         delta = {k: (out.tensors[k].to(v.dtype) - v).contiguous() for k, v in base.items()}
         meta = {"lease_id": grant.lease_id, "base_version": grant.base_version, "kind": "delta",
                 "samples": int(out.samples), "steps": int(out.steps), "partial": False,
                 "metrics": {k: float(v) for k, v in out.metrics.items()}}
         data = await asyncio.to_thread(lambda: b"".join(encode_payload("result", meta, delta)))
-        return grant.lease_id, data
+        self._pending = (grant.lease_id, data)
+        return True
 
     async def _heartbeats(self, lease_id: str, ctx: TrainContext, interval: float) -> None:
         while True:
@@ -99,18 +115,19 @@ class DriverWorker:
             with contextlib.suppress(VCAsyncError, OSError, TimeoutError, aiohttp.ClientError):
                 await self.client.heartbeat(lease_id, ctx.steps_done)
 
+    async def _stop_heartbeats(self) -> None:
+        beats, self._beats = self._beats, None
+        if beats is not None:
+            beats.cancel()
+            await asyncio.gather(beats, return_exceptions=True)
+
     async def start_slow_upload(self) -> int | None:
-        """Lease, train, and send half the result; the byte count sent, or None if that failed."""
-        try:
-            made = await self._result()
-        except (VCAsyncError, OSError, TimeoutError, aiohttp.ClientError) as exc:
-            self.last_error = repr(exc)[:200]
-            return None      # down, restarting, or refused: the chaos loop tries again later
-        if made is None:
-            self.last_error = "no work"
+        """Send half of the prepared result (preparing it first if needed); the bytes sent, or None
+        when the coordinator is not reading that upload now."""
+        if not await self.prepare():
             return None
-        self._pending = made
-        lease_id, data = made
+        assert self._pending is not None
+        lease_id, data = self._pending
         url = urlsplit(self.url)
         try:
             reader, writer = await asyncio.open_connection(url.hostname, url.port)
@@ -147,10 +164,11 @@ class DriverWorker:
         except Exception as exc:  # noqa: BLE001 - a worker retries transient failures, drops the rest
             if is_transient(exc):
                 return
-            self._pending = None
-            return
-        self.receipts.append(receipt)
+            self.last_error = repr(exc)[:200]
+        else:
+            self.receipts.append(receipt)
         self._pending = None
+        await self._stop_heartbeats()
 
 
 async def audit_run(cfg: ChaosConfig, store_url: str, receipts: Mapping[str, Sequence[Receipt]],
@@ -171,3 +189,36 @@ async def audit_run(cfg: ChaosConfig, store_url: str, receipts: Mapping[str, Seq
         return await audit(storage, model=model, units=units, policy=policy, config=config,
                            receipts=receipts, observed_versions=observed, evaluate=evaluate,
                            one_version_per_merge=one_per_merge)
+
+
+def reference_accuracy(cfg: ChaosConfig, work_dir: Path) -> float:
+    """The accuracy of the same units merged by the same policy with no fleet at all: trained one
+    after the other in this process, each from the newest model (no staleness, nothing lost). The
+    cheap undisturbed reference for tests; ``bench.chaos`` also runs the undisturbed fleet."""
+    with one_torch_thread():
+        return _reference(cfg, work_dir)
+
+
+def _reference(cfg: ChaosConfig, work_dir: Path) -> float:
+    torch.manual_seed(cfg.seed)
+    model = ModelState.from_module(import_object(cfg.model, what="model factory")())
+    table = cfg.run_table("memory://reference", Path("unused"))
+    units = dataclass_from_table(UnitsConfig, table["units"], "units").build()
+    policy = policy_from_config({"policy": dict(cfg.policy)})
+    trainer = import_object(cfg.trainer, what="trainer")
+    evaluate = import_object(cfg.model.rsplit(":", 1)[0] + ":evaluate", what="evaluate")
+    state = policy.init_state(model)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    for i, unit in enumerate(units):
+        ctx = TrainContext(unit=unit, lease_id=f"reference-{i}", base_version=model.version,
+                           model=model.clone(), checkpoint_path=work_dir / f"reference-{i}.pt",
+                           resumed=False, stop=threading.Event())
+        out: TrainResult = trainer(ctx)
+        delta = {k: (out.tensors[k].to(v.dtype) - v).contiguous() for k, v in model.items()}
+        update = Update(tensors=delta, kind="delta", base_version=model.version, staleness=0,
+                        samples=int(out.samples), steps=int(out.steps), worker_id="reference",
+                        unit_id=unit.unit_id, base=model.clone() if policy.needs_base else None)
+        merged = policy.merge(model, update, state)
+        if merged is not None:
+            model = ModelState(dict(merged.tensors), model.version + 1)
+    return float(evaluate(model))
