@@ -446,6 +446,8 @@ class GCSStorage(StorageBase):
                     raise aiohttp.ClientPayloadError(f"the stream ended at byte {offset} of {size}")
             except Exception as exc:
                 error = self._translate(exc, "read", key)
+                if error is exc:
+                    raise
                 if isinstance(error, ObjectNotFoundError) and offset:
                     raise StorageError(f"{self.url}: {key!r} was replaced or deleted while it was "
                                        "being read", key=key) from exc
