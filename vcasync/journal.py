@@ -49,7 +49,7 @@ from .wire import (
 )
 
 if TYPE_CHECKING:
-    from .coordinator import CoordinatorConfig
+    from ._coordinator_config import CoordinatorConfig
 
 __all__ = ["Captured", "Entry", "Journal", "Recovered", "RunInfo"]
 
@@ -257,9 +257,6 @@ class Journal:
         self._bases.add(model.version)
 
     # -- snapshots --------------------------------------------------------------------------------
-    async def pack_state(self, state: Mapping[str, Any]) -> bytes:
-        return await asyncio.to_thread(pack_tree, dict(state))
-
     def capture(self, model: ModelState, policy_state: bytes, ledger: dict[str, Any]) -> Captured:
         """Called between merges: from now on, deltas on older versions need their base stored."""
         self._captured_version = model.version
