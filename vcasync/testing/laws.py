@@ -151,8 +151,8 @@ def _slack(dtype: torch.dtype, scale: torch.Tensor, ulps: int) -> torch.Tensor:
 def _check_hull(law: str, label: str, name: str, out: torch.Tensor,
                 points: Sequence[torch.Tensor], extra_scale: Sequence[torch.Tensor], ulps: int) -> None:
     stack = torch.stack([p.double() for p in points])
-    lo, hi = stack.min(0).values, stack.max(0).values
-    scale = torch.stack([p.double().abs() for p in [*points, *extra_scale]]).max(0).values
+    lo, hi = stack.amin(0), stack.amax(0)
+    scale = torch.stack([p.double().abs() for p in [*points, *extra_scale]]).amax(0)
     tol = _slack(out.dtype, scale, ulps)
     o = out.double()
     bad = (o < lo - tol) | (o > hi + tol)
@@ -220,7 +220,7 @@ def staleness_monotone(factory: PolicyFactory, stream: UpdateStream, fresh: int,
         move_a = (a.model[name].double() - w64).abs()
         move_b = (b.model[name].double() - w64).abs()
         scale = torch.stack([w64.abs(), a.model[name].double().abs(), b.model[name].double().abs(),
-                             item.tensors[name].double().abs()]).max(0).values
+                             item.tensors[name].double().abs()]).amax(0)
         bad = move_b > move_a + _slack(w.dtype, scale, ulps)
         if bool(bad.any()):
             idx = int(bad.flatten().nonzero()[0])
