@@ -38,7 +38,6 @@ from .errors import (
     ConfigError,
     LedgerError,
     ValidationError,
-    VCAsyncError,
     WireError,
 )
 from .journal import Journal
@@ -130,8 +129,8 @@ class Coordinator:
                     if self._merger.since_snapshot:
                         await self._slot.capture(self._ledger.snapshot())
                     await self._slot.write()
-                except (VCAsyncError, OSError) as exc:
-                    log.warning("final snapshot failed: %s", exc)
+                except Exception as exc:
+                    log.warning("final snapshot failed: %r", exc)
             self._slot.drop()
         finally:
             self._phase = "closed"
@@ -316,9 +315,9 @@ class Coordinator:
             try:
                 if await self._slot.write():
                     self.metrics.snapshots += 1
-            except (VCAsyncError, OSError) as exc:
+            except Exception as exc:    # a failed snapshot must never stop the coordinator
                 self.metrics.snapshot_failures += 1
-                log.warning("snapshot failed (the next one retries): %s", exc)
+                log.warning("snapshot failed (the next one retries): %r", exc)
 
     # -- views ------------------------------------------------------------------------------------
     @property

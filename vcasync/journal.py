@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .checkpoint import CheckpointStore
 from .errors import CorruptObjectError, ObjectNotFoundError, PreconditionFailedError
 from .storage import Storage
 from .tensors import ModelSpec, ModelState
@@ -107,7 +108,7 @@ class Journal:
         self._dirty: str | None = None       # a failed write that could not be deleted yet
         self._kept: deque[tuple[int, int]] = deque()   # (seq, version) of snapshots kept
         self._floor: int | None = None
-        self._store: Any = None
+        self._store: CheckpointStore | None = None
         self._snapshot_seq = -1
 
     @property
@@ -130,7 +131,6 @@ class Journal:
         """Read (or create, once) the run identity: its id and the lease-id secret."""
         if self._storage is None:
             return RunInfo(self.run_id, secrets.token_bytes(32))
-        from .checkpoint import CheckpointStore  # type: ignore[import-not-found]  # lands with storage
         self._store = CheckpointStore(self._storage, self._key("snapshots"))
         key = self._key("run")
         fresh: dict[str, Any] = {"format": FORMAT, "run_id": self.run_id, "secret": secrets.token_hex(32)}
@@ -220,7 +220,7 @@ class Journal:
         """Make one entry durable (returns its number); on failure nothing stays behind."""
         storage = self._need()
         if self._dirty is not None:
-            await storage.delete(self._dirty)        # raises while storage is still unhappy
+            await _forget(storage, self._dirty)      # raises while storage is still unhappy
             self._dirty = None
         seq = self.seq + 1
         key = self._entry_key(seq)
@@ -269,10 +269,13 @@ class Journal:
         model = await asyncio.to_thread(_encode_bytes, "model", {"version": captured.model.version},
                                         captured.model.tensors, self._config.journal_codec)
         ledger = await asyncio.to_thread(pack_tree, captured.ledger)
-        await self._store.write(captured.seq, {"model": model, "policy": captured.policy_state,
-                                               "ledger": ledger},
-                                {"format": FORMAT, "version": captured.model.version,
-                                 "seq": captured.seq, "run_id": self.run_id})
+        try:
+            await self._store.write(captured.seq, {"model": model, "policy": captured.policy_state,
+                                                   "ledger": ledger},
+                                    {"format": FORMAT, "version": captured.model.version,
+                                     "seq": captured.seq, "run_id": self.run_id})
+        except ExceptionGroup as group:    # parallel object writes: report the first failure
+            raise _first(group) from group
         self._snapshot_seq = captured.seq
         self._kept.append((captured.seq, captured.model.version))
         while len(self._kept) > self._config.keep_snapshots:
@@ -280,8 +283,9 @@ class Journal:
         await self._prune()
 
     async def _prune(self) -> None:
-        storage = self._need()
-        await self._store.prune(self._config.keep_snapshots)
+        storage, store = self._need(), self._store
+        assert store is not None
+        await store.prune(self._config.keep_snapshots)
         if len(self._kept) < self._config.keep_snapshots:
             return
         oldest_seq, oldest_version = self._kept[0]
@@ -319,6 +323,13 @@ class Journal:
         return {"durability": self._config.durability if self.durable else "none",
                 "seq": self.seq, "last_snapshot_seq": self._snapshot_seq,
                 "bases_stored": len(self._bases)}
+
+
+def _first(group: ExceptionGroup[Exception]) -> Exception:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, Exception) else group
 
 
 async def _forget(storage: Storage, key: str) -> None:

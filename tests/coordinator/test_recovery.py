@@ -15,8 +15,9 @@ import pytest
 
 from vcasync._units import make_units
 from vcasync.coordinator import Coordinator, CoordinatorConfig
-from vcasync.errors import StorageError, TransientStorageError
+from vcasync.errors import StorageError
 from vcasync.storage import open_storage
+from vcasync.testing.faults import FaultPlan, FaultyStorage
 
 
 def make(kit, storage, clock, policy=None, *, units=6, steps=4, **cfg: Any) -> Coordinator:
@@ -144,43 +145,30 @@ async def test_crash_between_journal_write_and_merge(kit, clock, storage) -> Non
         assert (again.status, again.version) == ("duplicate", 1)
 
 
-class Flaky:
-    """Wraps a storage; fails chosen writes (by key fragment) a number of times."""
+class Countdown:
+    """A FaultyStorage trigger: fail the next ``n`` calls of ``op`` whose key contains ``frag``."""
 
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.fail: dict[str, int] = {}
-        self.url = inner.url
+    def __init__(self) -> None:
+        self.rules: dict[tuple[str, str], int] = {}
 
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+    def arm(self, op: str, frag: str, n: int = 1) -> None:
+        self.rules[(op, frag)] = n
 
-    def _maybe(self, key: str) -> None:
-        for frag, n in self.fail.items():
-            if frag in key and n > 0:
-                self.fail[frag] = n - 1
-                raise TransientStorageError(f"injected failure writing {key}", key=key)
-
-    async def put(self, key, data, *, if_absent=False):
-        self._maybe(key)
-        return await self.inner.put(key, data, if_absent=if_absent)
-
-    async def put_stream(self, key, chunks, *, if_absent=False):
-        self._maybe(key)
-        return await self.inner.put_stream(key, chunks, if_absent=if_absent)
-
-    async def delete(self, key):
-        self._maybe("delete:" + key)
-        return await self.inner.delete(key)
+    def __call__(self, op: str, key: str | None) -> bool:
+        for (rule_op, frag), n in self.rules.items():
+            if op == rule_op and key is not None and frag in key and n > 0:
+                self.rules[(rule_op, frag)] = n - 1
+                return True
+        return False
 
 
 async def test_failed_journal_write_changes_nothing(kit, clock, storage) -> None:
-    flaky = Flaky(storage)
-    async with make(kit, flaky, clock) as a:
+    trigger = Countdown()
+    async with make(kit, FaultyStorage(storage, trigger=trigger), clock) as a:
         w = await a.join()
         g = await a.lease(w)
         digest, ledger = a.model().digest(), a._ledger.snapshot()
-        flaky.fail["/journal/"] = 1
+        trigger.arm("put_stream", "/journal/")
         with pytest.raises(StorageError):
             await submit(kit, a, w, g)
         assert a.model().digest() == digest
@@ -195,10 +183,10 @@ async def test_failed_journal_write_changes_nothing(kit, clock, storage) -> None
 
 async def test_failed_snapshot_is_retried_and_recovery_uses_the_journal(kit, clock,
                                                                         storage) -> None:
-    flaky = Flaky(storage)
-    a = await make(kit, flaky, clock, snapshot_every=1).__aenter__()
-    flaky.fail["MANIFEST"] = 2        # a torn snapshot: data objects written, manifest not
-    flaky.fail["manifest"] = 2
+    trigger = Countdown()
+    a = await make(kit, FaultyStorage(storage, trigger=trigger), clock,
+                   snapshot_every=1).__aenter__()
+    trigger.arm("put", "/manifests/", 2)    # torn snapshots: data objects written, manifest not
     await drive(kit, a, 3)
     for _ in range(500):             # the writer runs beside the merges: let it catch up
         if a.metrics.snapshots >= 2 and a.metrics.snapshot_failures >= 2:
@@ -243,3 +231,44 @@ async def test_none_mode_keeps_nothing(kit, clock, storage) -> None:
         w = await a.join()
         await submit(kit, a, w, await a.lease(w))
     assert [k async for k in storage.list("")] == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_random_storage_faults_never_lose_or_double_an_acknowledged_result(kit, clock, seed):
+    """Failed writes, lost replies (the write happened, the answer did not come back) and delays on
+    every storage call, with retries as a worker would make them; then a crash. The recovered
+    coordinator has every acknowledged result exactly once and the same model."""
+    inner = open_storage("memory://chaos")
+    faulty = FaultyStorage(inner, FaultPlan(fail=0.15, lose_reply=0.15, delay=0.2,
+                                            ops=frozenset({"put", "put_stream", "delete"})),
+                           seed=seed)
+    a = make(kit, faulty, clock, units=10, snapshot_every=2)
+    for _ in range(50):                 # the first snapshot may fail too: start again
+        try:
+            await a.__aenter__()
+            break
+        except StorageError:
+            a = make(kit, faulty, clock, units=10, snapshot_every=2)
+    w = await a.join()
+    acked = {}
+    for i in range(10):
+        g = await a.lease(w)
+        for _ in range(50):             # a worker retries until it gets an answer
+            try:
+                acked[g.lease_id] = (g, await submit(kit, a, w, g, 0.01 * (i + 1),
+                                                     base_version=a.version))
+                break
+            except StorageError:
+                continue
+    assert len(acked) == 10
+    assert faulty.injected["fail"] + faulty.injected["lose_reply"] > 0
+    model, version = a.model(), a.version
+    await crash(a)
+    async with make(kit, inner, clock, units=10, snapshot_every=2) as b:
+        assert b.version == version
+        assert b.model().equal(model)
+        assert b.status()["units"]["done"] == 10
+        for g, r in acked.values():
+            again = await submit(kit, b, w, g, 0.5)
+            assert (again.status, again.version) == ("duplicate", r.version)
+    await inner.aclose()
