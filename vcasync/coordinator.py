@@ -128,7 +128,7 @@ class Coordinator:
                 try:    # nothing merges any more: capture and write what the last snapshot lacks
                     if self._merger.since_snapshot:
                         await self._slot.capture(self._ledger.snapshot())
-                    await self._slot.write()
+                    await self._write_snapshot()
                 except Exception as exc:
                     log.warning("final snapshot failed: %r", exc)
             self._slot.drop()
@@ -193,7 +193,11 @@ class Coordinator:
         if rec is None and self._journal.durable:
             # The first snapshot pins the initial model: replay must start from exactly it.
             await self._slot.capture(self._ledger.snapshot())
-            await self._slot.write()
+            await self._write_snapshot()
+
+    async def _write_snapshot(self) -> None:
+        if await self._slot.write():
+            self.metrics.snapshots += 1
 
     # -- workers ----------------------------------------------------------------------------------
     async def join(self, name: str = "", info: Mapping[str, Any] | None = None) -> str:
@@ -313,8 +317,7 @@ class Coordinator:
             if self._stop.is_set():
                 return        # aclose() writes what is left
             try:
-                if await self._slot.write():
-                    self.metrics.snapshots += 1
+                await self._write_snapshot()
             except Exception as exc:    # a failed snapshot must never stop the coordinator
                 self.metrics.snapshot_failures += 1
                 log.warning("snapshot failed (the next one retries): %r", exc)
