@@ -26,6 +26,7 @@ from ._units import Receipt, WorkUnit
 from ._versions import Version
 from .errors import (
     ClosedError,
+    CorruptObjectError,
     LedgerError,
     PolicyError,
     UpdateRejectedError,
@@ -160,9 +161,9 @@ class Merger:
                                         "reason": reason}, {})
             self._metrics.journal_writes += 1
         log.info("result of lease %s rejected: %s", job.lease_id, message)
-        return self._record_reject(job.lease_id, job.worker_id, job.unit.unit_id, reason)
+        return self.record_reject(job.lease_id, job.worker_id, job.unit.unit_id, reason)
 
-    def _record_reject(self, lease_id: str, worker_id: str, unit_id: str, reason: str) -> Receipt:
+    def record_reject(self, lease_id: str, worker_id: str, unit_id: str, reason: str) -> Receipt:
         self.since_snapshot += 1
         self._journal.note_applied()
         self._metrics.reject(reason)
@@ -183,7 +184,7 @@ class Merger:
         try:
             await self._owner.merge(update)
         except (UpdateRejectedError, ValidationError, PolicyError) as exc:
-            return self._record_reject(meta.lease_id, worker_id, unit_id, reject_reason(exc))
+            return self.record_reject(meta.lease_id, worker_id, unit_id, reject_reason(exc))
         self._metrics.merge_seconds.observe(time.perf_counter() - started)
         self._metrics.staleness.observe(update.staleness)
         self._metrics.merges += 1
@@ -199,19 +200,26 @@ class Merger:
         self._owner.retain(self._config.max_staleness, self._ledger.active_base_versions)
 
     async def replay(self, meta: Mapping[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-        if meta.get("type") == "reject":
-            self._record_reject(meta["lease_id"], meta["worker_id"], meta["unit_id"],
-                                meta["reason"])
-            return
-        rm = ResultMeta(meta["lease_id"], meta["base_version"], meta["kind"], meta["steps"],
-                        meta["samples"], meta["partial"], dict(meta["metrics"]))
+        """Apply one journal entry again, exactly as it was applied live."""
+        try:
+            if meta["type"] == "reject":
+                self.record_reject(meta["lease_id"], meta["worker_id"], meta["unit_id"],
+                                   meta["reason"])
+                return
+            rm = ResultMeta(meta["lease_id"], int(meta["base_version"]), meta["kind"],
+                            int(meta["steps"]), int(meta["samples"]), bool(meta["partial"]),
+                            dict(meta["metrics"]))
+            worker_id, unit_id = str(meta["worker_id"]), str(meta["unit_id"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptObjectError(f"journal entry {meta.get('seq')} is malformed: {exc!r}",
+                                     key=str(meta.get("seq"))) from None
         held: Version | None = None
         base: ModelState | None = None
         if self._owner.needs_base and rm.kind == "delta":
             held = self._owner.hold(rm.base_version)
             base = held.model if held is not None else await self._journal.load_base(rm.base_version)
         try:
-            await self.apply(meta["worker_id"], meta["unit_id"], rm, tensors, base)
+            await self.apply(worker_id, unit_id, rm, tensors, base)
         finally:
             if held is not None:
                 self._owner.release(held)

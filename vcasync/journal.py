@@ -37,7 +37,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .checkpoint import CheckpointStore
-from .errors import CorruptObjectError, ObjectNotFoundError, PreconditionFailedError
+from .errors import (
+    ConfigError,
+    CorruptObjectError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    SpecMismatchError,
+    ValidationError,
+    WireError,
+)
 from .storage import Storage
 from .tensors import ModelSpec, ModelState
 from .wire import (
@@ -157,9 +165,13 @@ class Journal:
         meta = dict(manifest.meta)
         if meta.get("format") != FORMAT:
             raise CorruptObjectError(f"snapshot format {meta.get('format')!r} is not {FORMAT}")
-        model = decode_payload_bytes(await self._store.read(manifest, "model"),
-                                     limits=self._config.limits, spec=self._spec,
-                                     expected_kind="model")
+        try:
+            model = decode_payload_bytes(await self._store.read(manifest, "model"),
+                                         limits=self._config.limits, spec=self._spec,
+                                         expected_kind="model")
+        except SpecMismatchError as exc:
+            raise ConfigError(f"the state under {self._prefix!r} on {self._need().url} belongs to "
+                              f"another model ({exc}); use another state_prefix or storage") from None
         policy_state = unpack_tree(await self._store.read(manifest, "policy"),
                                    limits=self._config.limits)
         ledger = unpack_tree(await self._store.read(manifest, "ledger"), limits=self._config.limits)
@@ -191,10 +203,15 @@ class Journal:
                 raise CorruptObjectError(f"journal entry {expect} is missing (next is {seq})",
                                          key=self._entry_key(expect))
             key = self._entry_key(seq)
-            payload = await decode_payload(self._need().open_read(key), limits=self._config.limits,
-                                           spec=None, expected_kind="journal")
-            if payload.tensors:
-                self._spec.check(payload.tensors)
+            try:
+                payload = await decode_payload(self._need().open_read(key),
+                                               limits=self._config.limits, spec=None,
+                                               expected_kind="journal")
+                if payload.tensors:
+                    self._spec.check(payload.tensors)
+            except (WireError, ValidationError) as exc:
+                raise CorruptObjectError(f"journal entry {key} is unreadable: {exc}",
+                                         key=key) from None
             self.seq, expect = seq, seq + 1
             yield Entry(seq, payload.meta, payload.tensors)
 

@@ -42,7 +42,7 @@ from ._ledger_types import (
     WorkerRecord,
     plain,
 )
-from ._units import LeaseGrant, Receipt, ReceiptStatus, WorkUnit
+from ._units import LeaseGrant, Receipt, ReceiptStatus, WorkUnit, make_units
 from .errors import (
     ConfigError,
     LeaseExpiredError,
@@ -54,7 +54,8 @@ from .errors import (
     ValidationError,
 )
 
-__all__ = ["Ledger", "LedgerConfig", "LeaseState", "ResultCheck", "UnitState"]
+__all__ = ["LeaseGrant", "LeaseState", "Ledger", "LedgerConfig", "Receipt", "ResultCheck",
+           "UnitState", "WorkUnit", "make_units"]
 
 Clock = Callable[[], float]
 SNAPSHOT_FORMAT = 1

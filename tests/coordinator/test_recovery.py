@@ -12,12 +12,14 @@ import threading
 from typing import Any
 
 import pytest
+import torch
 
 from vcasync._units import make_units
 from vcasync.checkpoint import CheckpointStore
 from vcasync.coordinator import Coordinator, CoordinatorConfig
-from vcasync.errors import StorageError
+from vcasync.errors import ConfigError, CorruptObjectError, StorageError
 from vcasync.storage import open_storage
+from vcasync.tensors import ModelState
 from vcasync.testing.faults import FaultPlan, FaultyStorage
 
 
@@ -349,3 +351,29 @@ async def test_interval_snapshot_without_enough_results(kit, clock, storage) -> 
             await asyncio.sleep(0.01)
         assert a.metrics.snapshots >= 2
         assert a.status()["journal"]["last_snapshot_seq"] == 1
+
+
+async def test_stored_state_of_another_model_is_refused(kit, clock, storage) -> None:
+    async with make(kit, storage, clock):
+        pass
+    other = Coordinator(ModelState({"x": torch.zeros(2)}), make_units(2), policy=kit.HalfWay(),
+                        storage=storage, config=CoordinatorConfig(lease_timeout_s=10.0))
+    with pytest.raises(ConfigError, match="another model"):
+        await other.__aenter__()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "gap"])
+async def test_a_damaged_journal_stops_the_start_with_a_clear_error(kit, clock, storage,
+                                                                     damage) -> None:
+    a = await make(kit, storage, clock).__aenter__()
+    w = await a.join()
+    for _ in range(2):
+        await submit(kit, a, w, await a.lease(w))
+    await crash(a)
+    if damage == "garbage":
+        await storage.delete("vcasync/journal/0000000000000002")
+        await storage.put("vcasync/journal/0000000000000002", b"\x00not a payload")
+    else:
+        await storage.delete("vcasync/journal/0000000000000001")
+    with pytest.raises(CorruptObjectError, match="journal entry"):
+        await make(kit, storage, clock).__aenter__()
