@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vcasync.errors import ConfigError, FrameError, UnsupportedDtypeError
 from vcasync.wire import (
@@ -132,12 +134,19 @@ def test_limits_validate_their_fields() -> None:
     assert isinstance(Limits(allowed_dtypes={"float32"}).allowed_dtypes, frozenset)  # type: ignore[arg-type]
 
 
-def test_checksum_is_crc32c_on_every_buffer_kind() -> None:
+def test_checksum_is_crc32_on_every_buffer_kind() -> None:
     data = b"123456789"
-    assert checksum(data) == 0xE3069283                  # the CRC-32C check value
+    assert checksum(data) == 0xCBF43926 == zlib.crc32(data)   # the CRC-32 check value
     for buf in (bytearray(data), memoryview(data), np.frombuffer(data, dtype=np.uint8)):
-        assert checksum(buf) == 0xE3069283
+        assert checksum(buf) == 0xCBF43926
     assert checksum(b"") == 0
+
+
+@given(st.binary(max_size=3000), st.integers(0, 64))
+@settings(deadline=None, max_examples=100)
+def test_checksum_agrees_with_zlib_fallback(data: bytes, skip: int) -> None:
+    view = memoryview(data)[skip:]
+    assert checksum(view) == zlib.crc32(view)
 
 
 def test_encode_side_errors() -> None:

@@ -4,7 +4,7 @@ A push parser (a small state machine) so the same code serves a socket, an HTTP 
 Every declared number is checked against :class:`~.Limits` before it is used; a tensor is allocated
 only after its header passed the limits (and the spec, when one is given), and then only once
 (``out`` buffers are reused as they are). Raw blocks are copied straight from the incoming chunks
-into the tensor, then their CRC32C is checked on the (cache-hot) destination; compressed blocks
+into the tensor, then their CRC-32 is checked on the (cache-hot) destination; compressed blocks
 are checked before they are decompressed. Any failure raises a :class:`~vcasync.errors.WireError`
 (or :class:`~vcasync.errors.SpecMismatchError` for a payload that does not fit ``spec``/``out``),
 and the decoder then refuses further input.
