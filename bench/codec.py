@@ -118,14 +118,18 @@ def nearby_delta(sd: State, seed: int = 1, lr: float = 1e-3) -> State:
 
 # --- timing ---------------------------------------------------------------------------------
 
-def median_time(fn: Callable[[], Any], reps: int) -> float:
-    fn()                                   # warm-up: allocations, caches, lazy imports
-    times = []
+def race(contenders: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
+    """Median seconds per contender, run round-robin after one warm-up each, so a load spike
+    on this shared machine hits every contender alike instead of skewing one ratio."""
+    for fn in contenders.values():
+        fn()                                   # warm-up: allocations, caches, lazy imports
+    times: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, fn in contenders.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def nbytes(sd: State) -> int:
@@ -134,17 +138,17 @@ def nbytes(sd: State) -> int:
 
 # --- references and peers -------------------------------------------------------------------
 
-def bench_memcpy(sd: State, reps: int) -> float:
+def memcpy_fn(sd: State) -> Callable[[], None]:
     src = [t.numpy() for t in sd.values()]
     dst = [np.empty_like(a) for a in src]
 
     def run() -> None:
         for s, d in zip(src, dst, strict=True):
             np.copyto(d, s)
-    return median_time(run, reps)
+    return run
 
 
-def bench_zstd_library(sd: State, reps: int, shuffle: bool) -> tuple[float, int]:
+def zstd_library_fn(sd: State, shuffle: bool, wire: dict[str, int], key: str) -> Callable[[], None]:
     """Bare zstandard, one frame per tensor (numpy shuffle around it when ``shuffle``)."""
     cctx, dctx = zstandard.ZstdCompressor(level=1), zstandard.ZstdDecompressor()
     arrays = [t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
@@ -152,10 +156,8 @@ def bench_zstd_library(sd: State, reps: int, shuffle: bool) -> tuple[float, int]
     sizes = [t.element_size() for t in sd.values()]
     scratch = np.empty(max(a.shape[0] for a in arrays), dtype=np.uint8)
     outs = [np.empty_like(a) for a in arrays]
-    wire_bytes = 0
 
     def run() -> None:
-        nonlocal wire_bytes
         total = 0
         for a, isz, out in zip(arrays, sizes, outs, strict=True):
             src = shuffle_into(a, isz, scratch) if shuffle and isz > 1 else a
@@ -166,29 +168,29 @@ def bench_zstd_library(sd: State, reps: int, shuffle: bool) -> tuple[float, int]
                 unshuffle_into(raw, isz, out)
             else:
                 np.copyto(out, raw)
-        wire_bytes = total
-    return median_time(run, reps), wire_bytes
+        wire[key] = total
+    return run
 
 
-def bench_torch_save(sd: State, reps: int) -> float:
+def torch_save_fn(sd: State) -> Callable[[], None]:
     def run() -> None:
         buf = io.BytesIO()
         torch.save(sd, buf)
         buf.seek(0)
         torch.load(buf, weights_only=True)
-    return median_time(run, reps)
+    return run
 
 
-def bench_safetensors(sd: State, reps: int) -> float | None:
+def safetensors_fn(sd: State) -> Callable[[], None] | None:
     try:
         from safetensors.torch import load, save
     except ImportError:
         return None
     contiguous = {k: v.contiguous() for k, v in sd.items()}
-    return median_time(lambda: load(save(contiguous)), reps)
+    return lambda: load(save(contiguous))
 
 
-def bench_pickle5(sd: State, reps: int) -> float:
+def pickle5_fn(sd: State) -> Callable[[], None]:
     arrays = {k: v.numpy() for k, v in sd.items()}
 
     def run() -> None:
@@ -196,19 +198,19 @@ def bench_pickle5(sd: State, reps: int) -> float:
         data = pickle.dumps(arrays, protocol=5, buffer_callback=buffers.append)
         received = [bytearray(b.raw()) for b in buffers]     # the bytes as they arrive: one copy
         pickle.loads(data, buffers=received)
-    return median_time(run, reps)
+    return run
 
 
-def bench_flower(sd: State, reps: int) -> float | None:
+def flower_fn(sd: State) -> Callable[[], None] | None:
     try:
         from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
     except ImportError:
         return None
     arrays = [v.numpy() for v in sd.values()]
-    return median_time(lambda: parameters_to_ndarrays(ndarrays_to_parameters(arrays)), reps)
+    return lambda: parameters_to_ndarrays(ndarrays_to_parameters(arrays))
 
 
-def bench_hivemind(sd: State, reps: int) -> float | None:
+def hivemind_fn(sd: State) -> Callable[[], None] | None:
     try:
         from hivemind.compression import deserialize_torch_tensor, serialize_torch_tensor
     except ImportError:
@@ -217,35 +219,31 @@ def bench_hivemind(sd: State, reps: int) -> float | None:
     def run() -> None:
         for t in sd.values():
             deserialize_torch_tensor(serialize_torch_tensor(t))
-    return median_time(run, reps)
+    return run
 
 
 # --- ours -----------------------------------------------------------------------------------
 
-def bench_ours(sd: State, codec: str | CodecSpec, reps: int, *, reuse: bool = True,
-               zero_copy: bool = True) -> dict[str, float]:
-    """Streamed encode -> decode (chunk by chunk, no whole message), into reused ``out``
-    buffers when ``reuse``."""
+def ours_fns(sd: State, codec: str | CodecSpec, wire: dict[str, int], key: str, *,
+             reuse: bool = True, zero_copy: bool = True) -> tuple[Callable[[], None], Callable[[], None]]:
+    """(round trip, encode only): streamed encode -> decode, chunk by chunk (the whole message is
+    never built), into reused ``out`` buffers when ``reuse``."""
     out = {k: torch.empty_like(v) for k, v in sd.items()} if reuse else None
-    wire = 0
 
     def roundtrip() -> None:
-        nonlocal wire
         dec = PayloadDecoder(out=out)
         total = 0
         for chunk in encode_payload("model", {"version": 1}, sd, codec=codec, zero_copy=zero_copy):
             total += len(chunk)
             dec.feed(chunk)
         dec.finish()
-        wire = total
+        wire[key] = total
 
     def encode_only() -> None:
         for _ in encode_payload("model", {"version": 1}, sd, codec=codec, zero_copy=zero_copy):
             pass
 
-    t_total = median_time(roundtrip, reps)
-    t_enc = median_time(encode_only, reps)
-    return {"time": t_total, "encode": t_enc, "decode": max(t_total - t_enc, 0.0), "wire": wire}
+    return roundtrip, encode_only
 
 
 # --- driver ---------------------------------------------------------------------------------
@@ -269,66 +267,71 @@ def run_size(label: str, scale: float, reps: int, rows: list[tuple[str, str, flo
     delta = nearby_delta(weights)
     size = nbytes(weights)
     params = sum(math.prod(s) for _, s, _ in shapes)
-
-    def gbps(seconds: float) -> float:
-        return size / seconds / 1e9
-
-    t_memcpy = bench_memcpy(weights, reps)
-    rows.append((label, "memcpy (reference)", t_memcpy, 1.0, "copy into an existing buffer"))
-    t_torch = bench_torch_save(weights, reps)
-    rows.append((label, "torch.save+load", t_torch, 1.0, "BytesIO, weights_only=True"))
-    t_safe = bench_safetensors(weights, reps)
-    if t_safe is not None:
-        rows.append((label, "safetensors bytes", t_safe, 1.0, "save + load"))
-    t_pickle = bench_pickle5(weights, reps)
-    rows.append((label, "pickle 5 oob buffers", t_pickle, 1.0, "dumps + copy buffers + loads"))
-    for name, fn in (("flower ndarrays", bench_flower), ("hivemind", bench_hivemind)):
-        t_peer = fn(weights, reps)
-        if t_peer is None:
-            rows.append((label, name, math.nan, math.nan, "not installed: skipped"))
-        else:
-            rows.append((label, name, t_peer, 1.0, "round trip"))
-            figures[f"{name.split()[0]}_vs_memcpy_{label}"] = t_memcpy / t_peer
-    t_lib, lib_wire = bench_zstd_library(weights, reps, shuffle=False)
-    rows.append((label, "zstandard alone", t_lib, size / lib_wire, "level 1, frame per tensor"))
-    t_lib_s, lib_s_wire = bench_zstd_library(weights, reps, shuffle=True)
-    rows.append((label, "zstandard + numpy shuffle", t_lib_s, size / lib_s_wire, "level 1"))
-
-    ours: dict[str, dict[str, float]] = {}
+    wire: dict[str, int] = {}
+    fns: dict[str, Callable[[], Any]] = {
+        "memcpy": memcpy_fn(weights),
+        "torch.save+load": torch_save_fn(weights),
+        "pickle 5 oob buffers": pickle5_fn(weights),
+        "zstandard alone": zstd_library_fn(weights, False, wire, "zstandard alone"),
+        "zstandard + numpy shuffle": zstd_library_fn(weights, True, wire, "zstandard + numpy shuffle"),
+    }
+    peers = {"safetensors bytes": safetensors_fn(weights), "flower ndarrays": flower_fn(weights),
+             "hivemind": hivemind_fn(weights)}
+    for name, fn in peers.items():
+        if fn is not None:
+            fns[name] = fn
     for name, codec, which in CODECS:
         sd = weights if which == "weights" else delta
-        r = bench_ours(sd, codec, reps)
-        ours[name] = r
-        rows.append((label, f"vcasync {name}", r["time"], nbytes(sd) / r["wire"],
-                     f"enc {r['encode'] * 1e3:.0f} ms, dec {r['decode'] * 1e3:.0f} ms"))
-    fresh = bench_ours(weights, "raw", reps, reuse=False, zero_copy=False)
-    rows.append((label, "vcasync raw fresh", fresh["time"], size / fresh["wire"],
-                 "new tensors each time, bytes chunks"))
+        fns[name], fns[f"{name} (encode)"] = ours_fns(sd, codec, wire, name)
+    fns["raw fresh"], _ = ours_fns(weights, "raw", wire, "raw fresh", reuse=False, zero_copy=False)
+    t = race(fns, reps)
 
-    raw = ours["raw"]["time"]
+    notes = {"memcpy": "reference: copy into an existing buffer",
+             "torch.save+load": "BytesIO, weights_only=True", "pickle 5 oob buffers":
+             "dumps + copy buffers + loads", "safetensors bytes": "save + load",
+             "zstandard alone": "level 1, frame per tensor", "zstandard + numpy shuffle": "level 1",
+             "raw fresh": "new tensors each time, bytes chunks (cold)"}
+    for name in fns:
+        if name.endswith("(encode)"):
+            continue
+        data = delta if any(name == n and w == "delta" for n, _, w in CODECS) else weights
+        ratio = nbytes(data) / wire[name] if name in wire else 1.0
+        note = notes.get(name, "")
+        if f"{name} (encode)" in t:
+            enc = t[f"{name} (encode)"]
+            note = f"enc {enc * 1e3:.0f} ms, dec {max(t[name] - enc, 0) * 1e3:.0f} ms"
+        shown = name if name in notes and not name.startswith("raw") else (
+            f"vcasync {name}" if name in wire and not name.startswith("zstandard") else name)
+        rows.append((label, shown, t[name], ratio, note))
+    for name in ("flower ndarrays", "hivemind"):
+        if name not in fns:
+            rows.append((label, name, math.nan, math.nan, "not installed: skipped"))
+
+    mem = t["memcpy"]
     figures.update({
-        f"raw_vs_memcpy_{label}": t_memcpy / raw,
-        f"raw_vs_torch_save_{label}": t_torch / raw,
-        f"zstd_vs_library_{label}": t_lib_s / ours["zstd"]["time"],
-        f"zstd_plain_vs_library_{label}": t_lib / ours["zstd-plain"]["time"],
-        f"zstd_weights_ratio_{label}": size / ours["zstd"]["wire"],
-        f"zstd_plain_weights_ratio_{label}": size / ours["zstd-plain"]["wire"],
-        f"zstd_delta_ratio_{label}": nbytes(delta) / ours["zstd delta"]["wire"],
-        f"bf16_delta_ratio_{label}": nbytes(delta) / ours["bf16 delta"]["wire"],
-        f"fp16_delta_ratio_{label}": nbytes(delta) / ours["fp16 delta"]["wire"],
-        f"raw_fresh_vs_memcpy_{label}": t_memcpy / fresh["time"],
-        f"torch_save_vs_memcpy_{label}": t_memcpy / t_torch,
-        f"pickle5_vs_memcpy_{label}": t_memcpy / t_pickle,
-        f"auto_100mbit_ratio_{label}": size / ours["auto@100Mbit"]["wire"],
-        f"auto_10gbit_ratio_{label}": size / ours["auto@10Gbit"]["wire"],
-        f"memcpy_gbps_{label}": gbps(t_memcpy),
-        f"raw_gbps_{label}": gbps(raw),
-        f"zstd_gbps_{label}": gbps(ours["zstd"]["time"]),
+        f"raw_vs_memcpy_{label}": mem / t["raw"],
+        f"raw_vs_torch_save_{label}": t["torch.save+load"] / t["raw"],
+        f"zstd_vs_library_{label}": t["zstandard + numpy shuffle"] / t["zstd"],
+        f"zstd_plain_vs_library_{label}": t["zstandard alone"] / t["zstd-plain"],
+        f"zstd_weights_ratio_{label}": size / wire["zstd"],
+        f"zstd_plain_weights_ratio_{label}": size / wire["zstd-plain"],
+        f"zstd_delta_ratio_{label}": nbytes(delta) / wire["zstd delta"],
+        f"bf16_delta_ratio_{label}": nbytes(delta) / wire["bf16 delta"],
+        f"fp16_delta_ratio_{label}": nbytes(delta) / wire["fp16 delta"],
+        f"raw_fresh_vs_memcpy_{label}": mem / t["raw fresh"],
+        f"torch_save_vs_memcpy_{label}": mem / t["torch.save+load"],
+        f"pickle5_vs_memcpy_{label}": mem / t["pickle 5 oob buffers"],
+        f"auto_100mbit_ratio_{label}": size / wire["auto@100Mbit"],
+        f"auto_10gbit_ratio_{label}": size / wire["auto@10Gbit"],
+        f"memcpy_gbps_{label}": size / mem / 1e9,
+        f"raw_gbps_{label}": size / t["raw"] / 1e9,
+        f"zstd_gbps_{label}": size / t["zstd"] / 1e9,
         f"params_{label}": params,
         f"bytes_{label}": size,
     })
-    if t_safe is not None:
-        figures[f"safetensors_vs_memcpy_{label}"] = t_memcpy / t_safe
+    for name in ("safetensors bytes", "flower ndarrays", "hivemind"):
+        if name in t:
+            figures[f"{name.split()[0]}_vs_memcpy_{label}"] = mem / t[name]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -356,8 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     result["reps"] = reps
     print(f"{'size':>5}  {'method':<28} {'time ms':>9} {'GB/s':>7} {'ratio':>7}  note")
     for label, name, secs, ratio, note in rows:
-        size_bytes = figures[f"bytes_{label}"]
-        speed = size_bytes / secs / 1e9 if secs == secs else math.nan
+        speed = figures[f"bytes_{label}"] / secs / 1e9 if secs == secs else math.nan
         print(f"{label:>5}  {name:<28} {secs * 1e3:9.1f} {speed:7.2f} {ratio:7.3f}  {note}")
     print("\n" + "  ".join(f"{k}={result[k]}" for k in order))
     if args.json:

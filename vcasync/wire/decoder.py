@@ -214,7 +214,8 @@ class PayloadDecoder:
                                      ext_hook=hook)
             self._on_preamble(header)
             return
-        header = _msgpack.unpack(piece, limits, field="frame header", max_bytes=len(piece))
+        header = _msgpack.unpack(piece, limits, field="frame header", max_bytes=len(piece),
+                                 check=False)
         if not isinstance(header, dict):
             raise FrameError("frame header is not a map", field="frame.header")
         t = header.get("t")
