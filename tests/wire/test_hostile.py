@@ -195,6 +195,14 @@ def test_a_header_length_of_4_gib_is_refused_before_buffering() -> None:
         decode_payload_bytes(data)
 
 
+def test_tiny_blocks_cannot_make_decoding_crawl() -> None:
+    data = preamble(1) + theader(shape=[4096]) + block(b"\0" * 4)
+    with pytest.raises(FrameError, match="too small"):
+        decode_payload_bytes(data)
+    last = preamble(1) + theader(shape=[1021]) + block(b"\0" * 4080) + block(b"\0" * 4) + end(1)
+    assert decode_payload_bytes(last).tensors["w"].shape == (1021,)
+
+
 def test_a_block_larger_than_its_tensor_is_refused() -> None:
     data = preamble(1) + theader(shape=[4]) + BLOCK.pack(1 << 30, 1 << 30, 0)
     with no_big_allocation(), pytest.raises(LimitExceededError, match="block bytes"):

@@ -41,6 +41,9 @@ Chunk = bytes | bytearray | memoryview
 _MAGIC, _PREFIX, _HEADER, _BLOCK_PREFIX, _BLOCK_DIRECT, _BLOCK_WIRE, _DONE, _FAILED = range(8)
 _TENSOR_KEYS: Final = frozenset({"t", "name", "dtype", "shape", "codec", "shuffle", "wire"})
 _PREAMBLE_KEYS: Final = frozenset({"t", "v", "kind", "count", "meta"})
+#: Every block but a tensor's last holds at least this many bytes (encoders cut at >= 4 KiB), so
+#: a hostile stream of 1-element blocks cannot buy seconds of CPU per megabyte.
+MIN_BLOCK: Final = 4080
 
 
 @dataclass(slots=True)
@@ -362,6 +365,9 @@ class PayloadDecoder:
                              f"{cur.wire_itemsize}", field="block.raw_len")
         check_limit("block bytes", raw_len, min(left, self._limits.max_block_bytes),
                     what="what remains of the tensor / Limits.max_block_bytes")
+        if raw_len < min(left, MIN_BLOCK):
+            raise FrameError(f"block of {raw_len} bytes is too small: every block but the last "
+                             f"holds at least {MIN_BLOCK}", field="block.raw_len")
         if wire_len == 0:
             raise FrameError("empty block", field="block.wire_len")
         check_limit("block wire bytes", wire_len, cur.max_wire(raw_len),

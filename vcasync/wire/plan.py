@@ -168,13 +168,14 @@ def wire_dtype_for(spec: CodecSpec, t: torch.Tensor) -> torch.dtype | None:
 
 
 def plan_tensor(spec: CodecSpec, data: np.ndarray[Any, Any], itemsize: int,
-                wire_dtype: torch.dtype | None = None) -> TensorPlan:
-    """Decide how to send one tensor whose wire bytes are ``data`` (uint8, contiguous)."""
+                wire_dtype: torch.dtype | None = None, *, total: int | None = None) -> TensorPlan:
+    """Decide how to send one tensor whose wire bytes are ``data`` (uint8, contiguous), or a
+    sample of them when ``total`` (the full wire size) is given."""
     if spec.compression != "auto":
         zstd = spec.compression != "raw"
         return TensorPlan(spec.compression, spec.level, spec.shuffle and zstd and itemsize > 1,
                           wire_dtype, spec.threads)
-    n = data.shape[0]
+    n = data.shape[0] if total is None else total
     shuffle = spec.shuffle and itemsize > 1
     if n < spec.min_bytes:
         return TensorPlan("raw", wire_dtype=wire_dtype)
