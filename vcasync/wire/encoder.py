@@ -101,12 +101,17 @@ def _tensor_pieces(name: str, tensor: torch.Tensor, stream: _Stream) -> Iterator
         plan = plan_tensor(stream.spec, _cast_sample(flat, wire_dtype), itemsize, wire_dtype,
                            total=flat.numel() * itemsize)
         blocks = _cast_blocks(flat, stream.cast_buffer(wire_dtype))
-    header: dict[str, Any] = {"t": "T", "name": name, "dtype": dname,
-                              "shape": [int(d) for d in t.shape], "codec": plan.codec,
-                              "shuffle": plan.shuffle}
+    header: dict[str, Any] = {"t": "T", "name": name, "dtype": dname, "shape": list(t.shape),
+                              "codec": plan.codec, "shuffle": plan.shuffle}
     if wire_dtype is not None:
         header["wire"] = dtype_name(wire_dtype)
-    yield frame_prefix(_msgpack.pack(header))
+    head = frame_prefix(_msgpack.pack(header))
+    if wire_dtype is None and src.numel() * itemsize <= stream.chunk_size // 4:
+        # A small tensor: one piece (header, block prefix, bytes) instead of three; most tensors
+        # of a model are small (biases, norms, counters), so this is the common case.
+        yield head + b"".join(_encode_blocks(blocks, itemsize, plan, stream))
+        return
+    yield head
     yield from _encode_blocks(blocks, itemsize, plan, stream)
 
 

@@ -20,6 +20,7 @@ finite values would overflow float16 is sent at full precision instead.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -172,9 +173,7 @@ def plan_tensor(spec: CodecSpec, data: np.ndarray[Any, Any], itemsize: int,
     """Decide how to send one tensor whose wire bytes are ``data`` (uint8, contiguous), or a
     sample of them when ``total`` (the full wire size) is given."""
     if spec.compression != "auto":
-        zstd = spec.compression != "raw"
-        return TensorPlan(spec.compression, spec.level, spec.shuffle and zstd and itemsize > 1,
-                          wire_dtype, spec.threads)
+        return _fixed_plan(spec, itemsize, wire_dtype)
     n = data.shape[0] if total is None else total
     shuffle = spec.shuffle and itemsize > 1
     if n < spec.min_bytes:
@@ -188,6 +187,14 @@ def plan_tensor(spec: CodecSpec, data: np.ndarray[Any, Any], itemsize: int,
     if t_zstd < t_raw * spec.margin:
         return TensorPlan("zstd", spec.level, shuffle, wire_dtype, spec.threads, stats)
     return TensorPlan("raw", wire_dtype=wire_dtype, stats=stats)
+
+
+@functools.lru_cache(maxsize=256)
+def _fixed_plan(spec: CodecSpec, itemsize: int, wire_dtype: torch.dtype | None) -> TensorPlan:
+    """The same decision for every tensor of an item size: computed once (plans are immutable)."""
+    zstd = spec.compression != "raw"
+    return TensorPlan(spec.compression, spec.level, spec.shuffle and zstd and itemsize > 1,
+                      wire_dtype, spec.threads)
 
 
 def _measure_sample(data: np.ndarray[Any, Any], itemsize: int, shuffle: bool,
