@@ -50,6 +50,10 @@ def theader(name: str = "w", dtype: str = "float32", shape: list[int] | None = N
                   "codec": codec, "shuffle": shuffle, **extra})
 
 
+def group(items: Any, codec: str = "raw", **extra: Any) -> bytes:
+    return frame({"t": "G", "items": items, "codec": codec, **extra})
+
+
 def block(wire: bytes, raw_len: int | None = None) -> bytes:
     return BLOCK.pack(len(wire) if raw_len is None else raw_len, len(wire), checksum(wire)) + wire
 
@@ -187,6 +191,10 @@ def test_a_tensor_that_does_not_fit_the_spec_is_refused_before_allocation() -> N
     with pytest.raises(SpecMismatchError) as info:
         decode_payload_bytes(preamble(0) + end(0), spec=spec)
     assert info.value.reason == "missing_tensor"
+    with no_big_allocation(), pytest.raises(SpecMismatchError) as info:
+        decode_payload_bytes(preamble(2, ) + group([["w", "float32", [4]], ["x", "float32", [TB]]]),
+                             spec=spec, limits=limits)
+    assert info.value.reason == "unknown_tensor"
 
 
 def test_a_header_length_of_4_gib_is_refused_before_buffering() -> None:
@@ -221,7 +229,9 @@ def test_a_block_larger_than_its_tensor_is_refused() -> None:
     (Limits(max_name_bytes=3), preamble(0, kind="x" * 10) + end(0), "kind bytes"),
     (Limits(max_meta_bytes=10, max_header_bytes=10), VALID[0], "frame header bytes"),
     (Limits(max_header_bytes=20), VALID[0], "frame header bytes"),
-    (Limits(max_block_bytes=100), VALID[0], "block bytes"),
+    (Limits(max_block_bytes=100), VALID[0], "group bytes"),
+    (Limits(max_block_bytes=5000), b"".join(encode_payload("r", {}, {"w": torch.zeros(10_000)})),
+     "block bytes"),
     (Limits(max_items=1), VALID[0], "preamble"),
 ])
 def test_each_limit_names_its_field_and_value(limits: Limits, data: bytes, field: str) -> None:
@@ -326,6 +336,18 @@ def test_a_second_zstd_frame_hidden_in_a_block_is_refused() -> None:
     (preamble(0, kind=""), FrameError, "kind"),
     (preamble(0, meta=[1]), FrameError, "meta"),  # type: ignore[arg-type]
     (MAGIC + struct.pack("<II", 0, 0), FrameError, "empty frame header"),
+    (preamble(1) + group([]), FrameError, "non-empty list"),
+    (preamble(1) + group("w"), FrameError, "non-empty list"),
+    (preamble(1) + group([["w", "float32"]]), FrameError, r"\[name, dtype, shape\]"),
+    (preamble(1) + group([["a", "float32", [1]], ["b", "float32", [1]]]), FrameError, "more tensors"),
+    (preamble(2) + group([["a", "float32", [1]], ["a", "float32", [1]]]), FrameError, "twice"),
+    (preamble(1) + group([["a", "float32", [1]]], extra=1), FrameError, "group header keys"),
+    (preamble(2) + group([["a", "float32", [2048]], ["b", "float32", [2048]]])
+     + block(b"\0" * 16384), FrameError, "truncated"),
+    (preamble(2) + group([["a", "float32", [2048]], ["b", "float32", [2048]]])
+     + block(b"\0" * 4096), FrameError, "one block"),
+    (preamble(2) + group([["a", "bool", [2]], ["b", "int8", [2]]]) + block(b"\0\2\0\0") + end(2),
+     FrameError, "bool"),
     (MAGIC + struct.pack("<II", 3, 0) + b"abc", ChecksumError, "header checksum"),
     (b"VCAX" + VALID[0][4:], FrameError, "magic"),
 ])

@@ -3,16 +3,23 @@
 A payload is a byte stream::
 
     MAGIC "VCAW"
-    frame*                      one "P" (preamble) frame, one "T" frame per tensor, one "E" frame
+    frame*                      one "P" (preamble) frame, then "T" frames (one tensor each) and
+                                "G" frames (several small tensors, one block), one "E" frame
     frame  := u32 header_len | u32 crc32(header) | header (msgpack map) | body
     body of a "T" frame := block* until the tensor's bytes are complete
     block  := u32 raw_len | u32 wire_len | u32 crc32(wire bytes) | wire bytes
 
+``raw_len`` is a multiple of the item size on the wire, at most ``Limits.max_block_bytes``, and at
+least 4080 bytes unless it is the tensor's last block; ``wire_len`` is at most the codec's bound
+for ``raw_len`` (equal to it for raw blocks).
+
 All integers are little-endian. The preamble header is ``{"t": "P", "v": version, "kind": str,
 "meta": map, "count": n}``; a tensor header ``{"t": "T", "name", "dtype", "shape", "codec",
-"shuffle", "wire"}`` (``wire``: the dtype on the wire when a lossy codec downcast it); the end header
-``{"t": "E", "count": n}``. Big bytes never enter msgpack: headers are small maps, tensor bytes follow
-raw, in cache-sized blocks.
+"shuffle", "wire"}`` (``wire``: the dtype on the wire when a lossy codec downcast it); a group header
+``{"t": "G", "items": [[name, dtype, shape], ...], "codec"}`` whose single block holds the items'
+bytes back to back (tensors of at most 16 KiB: most entries of a model, each then costs a list entry
+instead of a frame and a block); the end header ``{"t": "E", "count": n}``. Big bytes never enter
+msgpack: headers are small maps, tensor bytes follow raw, in cache-sized blocks.
 
 The checksum is CRC-32 (the zlib/gzip polynomial) of every header and every block's wire bytes,
 computed with ISA-L (``isal``, PCLMUL folding: ~29 GB/s here, 2.5x a memcpy) when it is installed
