@@ -1,0 +1,247 @@
+"""Encoding a payload: a generator of chunks that never builds the whole message.
+
+Tensors are read in place (``contiguous()`` copies only a non-contiguous tensor, a lossy codec
+produces one half-size cast). With ``zero_copy=True`` raw blocks are yielded as memoryviews of the
+tensors themselves, so the caller must not modify them until the iteration ends (a change would be
+caught by the receiver's checksum, never silently merged). Small pieces (headers, small tensors) are
+coalesced into chunks of about ``chunk_size`` bytes so a consumer never sees a flood of tiny writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+from . import _msgpack
+from .codecs import BlockEncoder, block_codec, shuffle_into
+from .dtypes import as_bytes, dtype_name
+from .frames import BLOCK, MAGIC, PROTOCOL_VERSION, checksum, frame_prefix
+from .plan import CodecSpec, TensorPlan, plan_tensor, wire_dtype_for
+
+__all__ = ["iter_payload"]
+
+Piece = bytes | memoryview
+_MIN_CHUNK = 4096   # blocks are >= _MIN_CHUNK - 15 bytes: the decoder insists (MIN_BLOCK)
+_MAX_CHUNK = 64 << 20
+
+
+def iter_payload(kind: str, meta: Any, tensors: Mapping[str, torch.Tensor],
+                 spec: CodecSpec, chunk_size: int, zero_copy: bool) -> Generator[Piece, None, None]:
+    """All chunks of one payload (see :mod:`.frames` for the layout)."""
+    if not isinstance(chunk_size, int) or not _MIN_CHUNK <= chunk_size <= _MAX_CHUNK:
+        raise ConfigError(f"chunk_size must be an int in {_MIN_CHUNK}..{_MAX_CHUNK}, got {chunk_size!r}")
+    if not isinstance(kind, str) or not kind:
+        raise ConfigError(f"payload kind must be a non-empty str, got {kind!r}")
+    names = list(tensors)
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"tensor names must be str, got {type(name).__name__}")
+    return _coalesce(_pieces(kind, meta, tensors, names, spec, chunk_size), chunk_size,
+                     zero_copy)
+
+
+class _Stream:
+    """Per-payload encoding state: codec contexts and scratch buffers, allocated once, reused
+    for every block (a fresh buffer per block would cost a page fault per 4 KiB)."""
+
+    def __init__(self, spec: CodecSpec, chunk_size: int) -> None:
+        self.spec = spec
+        self.chunk_size = chunk_size
+        self.encoders: dict[tuple[str, int, int], BlockEncoder] = {}
+        self.scratch = np.empty(chunk_size, dtype=np.uint8)
+        self.casts: dict[torch.dtype, torch.Tensor] = {}
+
+    def encoder(self, plan: TensorPlan) -> BlockEncoder:
+        key = (plan.codec, plan.level, plan.threads)
+        enc = self.encoders.get(key)
+        if enc is None:
+            enc = self.encoders[key] = block_codec(plan.codec).encoder(plan.level, plan.threads)
+        return enc
+
+    def cast_buffer(self, dtype: torch.dtype) -> torch.Tensor:
+        buf = self.casts.get(dtype)
+        if buf is None:
+            buf = self.casts[dtype] = torch.empty(self.chunk_size // dtype.itemsize, dtype=dtype)
+        return buf
+
+
+def _pieces(kind: str, meta: Any, tensors: Mapping[str, torch.Tensor], names: list[str],
+            spec: CodecSpec, chunk_size: int) -> Iterator[Piece]:
+    preamble = {"t": "P", "v": PROTOCOL_VERSION, "kind": kind, "count": len(names), "meta": meta}
+    yield MAGIC + frame_prefix(_msgpack.pack(preamble))
+    stream = _Stream(spec, chunk_size)
+    group = _Group(stream)
+    for name in names:
+        t = _prepare(name, tensors[name])
+        if group.accepts(t):
+            group.add(name, t)
+            if group.full:
+                yield group.flush()
+            continue
+        if group.items:
+            yield group.flush()
+        yield from _tensor_pieces(name, t, stream)
+    if group.items:
+        yield group.flush()
+    yield frame_prefix(_msgpack.pack({"t": "E", "count": len(names)}))
+
+
+def _prepare(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """A detached, contiguous CPU tensor of an allowed dtype (a copy only when needed)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tensor {name!r} is a {type(tensor).__name__}, not a torch.Tensor")
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    dtype_name(t.dtype)  # refuse what cannot travel before anything is sent
+    return t.contiguous()
+
+
+class _Group:
+    """Small tensors (biases, norms, counters: most of a model's entries) sent as one frame
+    and one block, so each costs a list entry instead of a frame, a block and their checks.
+    They always travel exactly (a lossy codec would save a few bytes and cost precision)."""
+
+    def __init__(self, stream: _Stream) -> None:
+        self.stream = stream
+        self.small = min(16 << 10, stream.chunk_size // 16)
+        self.items: list[list[Any]] = []
+        self.tensors: list[torch.Tensor] = []
+        self.nbytes = 0
+        self.header_bytes = 0
+
+    def accepts(self, t: torch.Tensor) -> bool:
+        return t.numel() * t.element_size() <= self.small
+
+    def add(self, name: str, t: torch.Tensor) -> None:
+        self.items.append([name, dtype_name(t.dtype), list(t.shape)])
+        self.tensors.append(t)
+        self.nbytes += t.numel() * t.element_size()
+        self.header_bytes += len(name) * 4 + 24 + 9 * t.dim()   # generous msgpack estimate
+
+    @property
+    def full(self) -> bool:
+        # One block of at most chunk_size bytes, a header well under Limits.max_header_bytes.
+        return self.nbytes >= self.stream.chunk_size // 2 or self.header_bytes >= 32 << 10
+
+    def flush(self) -> bytes:
+        data = np.frombuffer(b"".join(as_bytes(t).data for t in self.tensors), dtype=np.uint8)
+        plan = plan_tensor(self.stream.spec, data, 1)
+        head = frame_prefix(_msgpack.pack({"t": "G", "items": self.items, "codec": plan.codec}))
+        self.items, self.tensors, self.nbytes, self.header_bytes = [], [], 0, 0
+        if data.shape[0] == 0:
+            return head
+        return head + b"".join(_encode_blocks(iter([(data, True)]), 1, plan, self.stream))
+
+
+def _tensor_pieces(name: str, src: torch.Tensor, stream: _Stream) -> Iterator[Piece]:
+    dname = dtype_name(src.dtype)
+    wire_dtype = wire_dtype_for(stream.spec, src)
+    if wire_dtype is not None and not _fits(src, wire_dtype):
+        wire_dtype = None  # finite values beyond the target's range: full precision, never inf
+    if wire_dtype is None:
+        itemsize = src.element_size()
+        data = as_bytes(src)
+        plan = plan_tensor(stream.spec, data, itemsize)
+        blocks = _raw_blocks(data, itemsize, stream.chunk_size)
+    else:
+        itemsize = wire_dtype.itemsize
+        flat = src.reshape(-1)
+        plan = plan_tensor(stream.spec, _cast_sample(flat, wire_dtype), itemsize, wire_dtype,
+                           total=flat.numel() * itemsize)
+        blocks = _cast_blocks(flat, stream.cast_buffer(wire_dtype))
+    header: dict[str, Any] = {"t": "T", "name": name, "dtype": dname, "shape": list(src.shape),
+                              "codec": plan.codec, "shuffle": plan.shuffle}
+    if wire_dtype is not None:
+        header["wire"] = dtype_name(wire_dtype)
+    head = frame_prefix(_msgpack.pack(header))
+    if wire_dtype is None and src.numel() * itemsize <= stream.chunk_size // 4:
+        # A small tensor: one piece (header, block prefix, bytes) instead of three; most tensors
+        # of a model are small (biases, norms, counters), so this is the common case.
+        yield head + b"".join(_encode_blocks(blocks, itemsize, plan, stream))
+        return
+    yield head
+    yield from _encode_blocks(blocks, itemsize, plan, stream)
+
+
+def _fits(src: torch.Tensor, target: torch.dtype) -> bool:
+    """Whether every finite value of ``src`` stays finite in ``target`` (one pass, no big
+    temporaries unless a value is out of range)."""
+    if src.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(src.reshape(-1))
+    limit = torch.finfo(target).max
+    if bool(hi <= limit) and bool(lo >= -limit):
+        return True
+    finite_src = int(torch.isfinite(src).sum())
+    return finite_src == int(torch.isfinite(src.to(target)).sum())
+
+
+def _cast_sample(flat: torch.Tensor, target: torch.dtype) -> np.ndarray[Any, Any]:
+    """Up to three 16K-element slices of ``flat`` cast to ``target``, as bytes, for ``auto``."""
+    n = flat.numel()
+    take = min(n, 16384)
+    starts = sorted({0, (n - take) // 2, n - take})
+    return as_bytes(torch.cat([flat[s:s + take] for s in starts]).to(target))
+
+
+def _raw_blocks(data: np.ndarray[Any, Any], itemsize: int,
+                chunk_size: int) -> Iterator[tuple[np.ndarray[Any, Any], bool]]:
+    """(block, reused) pairs: views into the tensor itself, never reused."""
+    step = max(itemsize, chunk_size // itemsize * itemsize)
+    for off in range(0, data.shape[0], step):
+        yield data[off:off + step], False
+
+
+def _cast_blocks(flat: torch.Tensor,
+                 buf: torch.Tensor) -> Iterator[tuple[np.ndarray[Any, Any], bool]]:
+    """The tensor cast to ``buf``'s dtype one block at a time, into the reused ``buf``."""
+    step = buf.numel()
+    for e0 in range(0, flat.numel(), step):
+        k = min(step, flat.numel() - e0)
+        out = buf[:k]
+        out.copy_(flat[e0:e0 + k])
+        yield as_bytes(out), True
+
+
+def _encode_blocks(blocks: Iterator[tuple[np.ndarray[Any, Any], bool]], itemsize: int,
+                   plan: TensorPlan, stream: _Stream) -> Iterator[Piece]:
+    enc = stream.encoder(plan)
+    for view, reused in blocks:
+        block = shuffle_into(view, itemsize, stream.scratch) if plan.shuffle else view
+        wire = enc.encode(block)
+        if isinstance(wire, np.ndarray):
+            # Passed through: a view of the tensor (zero-copy), or of a reused buffer (copy it).
+            crc = checksum(wire)
+            piece: Piece = wire.data if (wire is view and not reused) else wire.tobytes()
+        else:
+            piece = wire if isinstance(wire, bytes | memoryview) else bytes(wire)
+            crc = checksum(piece)
+        yield BLOCK.pack(view.shape[0], len(piece), crc)
+        yield piece
+
+
+def _coalesce(pieces: Iterable[Piece], chunk_size: int,
+              zero_copy: bool) -> Generator[Piece, None, None]:
+    """Join small pieces into chunks of ~``chunk_size``; pass big ones through (copied to bytes
+    unless ``zero_copy``)."""
+    pending = bytearray()
+    big = chunk_size // 4
+    for piece in pieces:
+        size = len(piece)
+        if size >= big:
+            if pending:
+                yield bytes(pending)
+                pending.clear()
+            yield piece if zero_copy or isinstance(piece, bytes) else bytes(piece)
+            continue
+        pending += piece
+        if len(pending) >= chunk_size:
+            yield bytes(pending)
+            pending.clear()
+    if pending:
+        yield bytes(pending)
