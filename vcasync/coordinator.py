@@ -224,10 +224,10 @@ class Coordinator:
         self._phase = "closing"
         try:
             self._stop.set()
+            self._captured_ready.set()        # wakes the snapshot writer so it can stop
             self._jobs.put_nowait(_Control.STOP)
             if self._runner is not None:
-                with contextlib.suppress(Exception):
-                    await self._runner
+                await asyncio.gather(self._runner, return_exceptions=True)
             self._fail_queued(ClosedError("the coordinator is closing; send the result again"))
             if self._failure is None and self.config.durability != "none":
                 try:    # nothing merges any more: capture and write what the last snapshot lacks
@@ -255,6 +255,10 @@ class Coordinator:
                 tg.create_task(self._expiry_loop(), name="vcasync-expiry")
                 if self.config.durability != "none":
                     tg.create_task(self._snapshot_loop(), name="vcasync-snapshots")
+        except asyncio.CancelledError:
+            self._failure = ClosedError("the coordinator's loops were cancelled")
+            self._fail_queued(self._failure)
+            raise
         except BaseException as exc:
             self._failure = exc
             self._phase = "failed" if self._phase == "running" else self._phase
@@ -450,6 +454,11 @@ class Coordinator:
                 job.future.set_exception(exc)
             except VCAsyncError as exc:
                 job.future.set_exception(exc)
+            except BaseException:
+                if not job.future.done():     # cancelled or broken: its sender must not hang
+                    job.future.set_exception(ClosedError("the coordinator stopped during the "
+                                                         "merge; send the result again"))
+                raise
             finally:
                 self._busy = False
             self._retain()
@@ -588,6 +597,8 @@ class Coordinator:
                     self._capture_queued = True
                     self._jobs.put_nowait(_Control.CAPTURE)
                 continue
+            if self._stop.is_set():
+                return        # aclose() writes what is left
             try:
                 await self._write_captured()
             except (VCAsyncError, OSError) as exc:
