@@ -278,6 +278,8 @@ async def test_model_cache_is_revalidated_with_the_etag(tmp_path: Path) -> None:
 async def test_a_new_run_on_the_same_url_replaces_cached_models(tmp_path: Path) -> None:
     port = free_port()
     seen: list[str] = []
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
 
     def record(ctx: TrainContext, step: int) -> None:
         if step == 0:
