@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -161,6 +162,10 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
         authority = TokenAuthority(join_secret=secret, join_tokens=tokens, store=StorageTokenStore(storage))
         async with Coordinator(model, units, policy=policy, storage=storage, config=coord_cfg) as coord, \
                 Server(coord, authority, cfg.server) as server:
+            # Everything allocated so far (torch, the model, the ledger) lives for the whole run: keep
+            # it out of the collector's full passes, which otherwise stall the loop for 100+ ms once
+            # thousands of workers have joined.
+            gc.freeze()
             log.info("coordinator listening on %s (model v%d, %d units, policy %s)", server.url,
                      coord.version, len(units), policy.name)
             if port_file is not None:
