@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import signal
 import tempfile
@@ -47,6 +48,26 @@ def _rss_bytes() -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+class GcPauses:
+    """Durations of the collector's passes in this process, by generation (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, float]] = []
+        self._t0 = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.pauses.append((info["generation"], (time.perf_counter() - self._t0) * 1000.0))
+
+    def summary(self) -> dict[str, float]:
+        gen2 = [ms for g, ms in self.pauses if g == 2]
+        return {"gc_passes": len(self.pauses), "gc_gen2_passes": len(gen2),
+                "gc_max_ms": max((ms for _, ms in self.pauses), default=0.0)}
 
 
 class StallMonitor:
@@ -84,6 +105,7 @@ async def coordinator(a: argparse.Namespace, stop: asyncio.Event) -> None:
     model = bench_model(a.params)
     units = [WorkUnit(f"u{i}", steps=a.steps) for i in range(a.units)]
     monitor = StallMonitor()
+    pauses = GcPauses()
     with tempfile.TemporaryDirectory(prefix="vcasync-bench-") as tmp:
         url = f"file://{tmp}/store" if a.durability != "none" else "memory://bench"
         cfg = CoordinatorConfig(durability=a.durability, lease_timeout_s=a.lease_timeout)
@@ -98,10 +120,11 @@ async def coordinator(a: argparse.Namespace, stop: asyncio.Event) -> None:
             async def rss(request: web.Request) -> web.Response:
                 cpu = os.times()
                 return web.json_response({"rss": _rss_bytes(), "version": coord.version,
-                                          "cpu_s": cpu.user + cpu.system})
+                                          "cpu_s": cpu.user + cpu.system, **pauses.summary()})
 
             app.router.add_get("/bench/stall", stall)
             app.router.add_get("/bench/rss", rss)
+            gc.freeze()  # as `vcasync coordinator` does once it is up
             async with asyncio.TaskGroup() as tg:
                 ticker = tg.create_task(monitor.run() if a.stall_monitor else asyncio.sleep(0))
                 try:

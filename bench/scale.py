@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import random
 import sys
@@ -100,29 +101,32 @@ class Fleet:
             self.beat_ms.append((time.perf_counter() - t0) * 1000)
 
 
-async def probe(http: LeanPool) -> tuple[int, float]:
-    """The coordinator process's resident bytes and CPU seconds so far."""
+async def probe(http: LeanPool) -> tuple[int, float, dict[str, Any]]:
+    """The coordinator process's resident bytes, CPU seconds so far, and its GC pauses."""
     _, data = await http.request("GET", "/bench/rss", {})
     body = json.loads(data)
-    return int(body["rss"]), float(body["cpu_s"])
+    return int(body["rss"]), float(body["cpu_s"]), body
 
 
 async def measure(url: str, n: int, interval: float, rounds: int, connections: int) -> dict[str, Any]:
     fleet = Fleet(url, n, interval, rounds, connections)
     http = LeanPool(url, connections)
     try:
-        before, _ = await probe(http)
+        before, _, _ = await probe(http)
         t0 = time.perf_counter()
         tokens = await fleet.join_all(http)
         join_s = time.perf_counter() - t0
         rng = random.Random(n)
+        gc.collect()
+        gc.freeze()  # the load generator's own full GC passes would show up as server latency
         start = asyncio.get_running_loop().time() + 0.5
-        _, cpu0 = await probe(http)
+        _, cpu0, _ = await probe(http)
         async with asyncio.TaskGroup() as tg:
             for token in tokens:
                 tg.create_task(fleet.simulate(http, token, start, rng))
-        after, cpu1 = await probe(http)
+        after, cpu1, info = await probe(http)
     finally:
+        gc.unfreeze()
         await http.aclose()
     both = fleet.lease_ms + fleet.beat_ms
     return {"workers": n, "requests": len(both), "errors": fleet.errors,
@@ -130,7 +134,8 @@ async def measure(url: str, n: int, interval: float, rounds: int, connections: i
             "lease_p99_ms": _pct(fleet.lease_ms, 0.99), "heartbeat_p99_ms": _pct(fleet.beat_ms, 0.99),
             "client_lag_ms_p99": _pct(fleet.lag_ms, 0.99), "join_per_s": n / join_s,
             "bytes_per_worker": (after - before) / n, "rate_per_s": n / interval,
-            "server_cpu_us_per_request": (cpu1 - cpu0) / max(1, len(both)) * 1e6}
+            "server_cpu_us_per_request": (cpu1 - cpu0) / max(1, len(both)) * 1e6,
+            "server_gc_max_ms": info.get("gc_max_ms", 0.0), "server_gc_gen2": info.get("gc_gen2_passes", 0)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['lease_p99_ms']:>11.2f}{r['heartbeat_p99_ms']:>10.2f}{r['client_lag_ms_p99']:>16.2f}"
               f"{r['bytes_per_worker']:>14.0f}{r['join_per_s']:>9.0f}"
               f"{r['server_cpu_us_per_request']:>11.0f}")
+        print(f"  server GC: {r['server_gc_gen2']} full passes, longest pause {r['server_gc_max_ms']:.1f} ms")
         if r["errors"]:
             print(f"  errors: {r['errors']}")
     figures: dict[str, Any] = {}

@@ -240,12 +240,3 @@ def _int_header(resp: aiohttp.ClientResponse, name: str) -> int:
         return int(resp.headers[name])
     except (KeyError, ValueError) as exc:
         raise FrameError(f"response lacks a valid {name} header", field=name) from exc
-
-
-async def _file_chunks(path: Path, chunk_size: int) -> AsyncIterator[bytes]:
-    f = await asyncio.to_thread(path.open, "rb")
-    try:
-        while chunk := await asyncio.to_thread(f.read, chunk_size):
-            yield chunk
-    finally:
-        await asyncio.to_thread(f.close)

@@ -35,7 +35,7 @@ def tiny_model() -> torch.nn.Module:
 
 @contextlib.asynccontextmanager
 async def running(tmp_path: Path, *, units: Sequence[WorkUnit] | None = None, secret: str = SECRET,
-                  server_config: ServerConfig | None = None, durability: str = "none",
+                  server_config: ServerConfig | None = None, durability: str = "journal",
                   lease_timeout_s: float = 30.0, authority: TokenAuthority | None = None,
                   store: str | None = None, initial: torch.nn.Module | None = None,
                   ) -> AsyncIterator[tuple[Coordinator, Server]]:

@@ -278,6 +278,8 @@ async def test_model_cache_is_revalidated_with_the_etag(tmp_path: Path) -> None:
 async def test_a_new_run_on_the_same_url_replaces_cached_models(tmp_path: Path) -> None:
     port = free_port()
     seen: list[str] = []
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
 
     def record(ctx: TrainContext, step: int) -> None:
         if step == 0:
@@ -295,3 +297,29 @@ async def test_a_new_run_on_the_same_url_replaces_cached_models(tmp_path: Path) 
         assert second != first
         await worker(server.url, tmp_path / "w", make_trainer(record), max_units=1).run()
     assert seen == [first, second]
+
+
+async def test_digits_example_learns(tmp_path: Path) -> None:
+    from vcasync.examples import digits
+
+    torch.manual_seed(0)
+    net = digits.model()
+    before = digits.evaluate(net)
+    async with running(tmp_path, units=make_units(2, epochs=3, steps=40), initial=net) as (coord, server):
+        report = await worker(server.url, tmp_path / "w", digits.train).run()
+        assert report.results_accepted == 6
+        after = digits.evaluate(coord.model())
+    assert after > max(0.5, before + 0.3), (before, after)
+
+
+def test_uvloop_is_used_when_installed() -> None:
+    import asyncio
+
+    from vcasync._loop import run, uvloop_available
+
+    async def loop_module() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    assert run(loop_module(), use_uvloop=False).startswith("asyncio")
+    if uvloop_available():
+        assert run(loop_module()).startswith("uvloop")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -21,6 +22,7 @@ from ..cli import Command, read_secret
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
+    from ..runconfig import RunConfig
     from ..testing.hooks import ChaosHooks
 
 log = logging.getLogger("vcasync.cli")
@@ -135,9 +137,10 @@ def _run(a: argparse.Namespace) -> int:
                use_uvloop=False if a.no_uvloop else None)
 
 
-async def serve(cfg: Any, secret: str | None, tokens: dict[str, str], *, port_file: Path | None = None,
-                app_dir: Path | None = None, hooks: ChaosHooks | None = None) -> int:
-    """Run the coordinator described by ``cfg`` (a :class:`~vcasync.runconfig.RunConfig`).
+async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
+                port_file: Path | None = None, app_dir: Path | None = None,
+                hooks: ChaosHooks | None = None) -> int:
+    """Run the coordinator ``cfg`` describes until the run is finished (then ``linger_s``) or a signal.
 
     ``hooks`` (chaos tests only, see :mod:`vcasync.testing.hooks`) wraps the policy and the storage so
     a test can kill the process at a known step and inject storage faults; None adds nothing.
@@ -173,6 +176,10 @@ async def serve(cfg: Any, secret: str | None, tokens: dict[str, str], *, port_fi
         authority = TokenAuthority(join_secret=secret, join_tokens=tokens, store=StorageTokenStore(storage))
         async with Coordinator(model, units, policy=policy, storage=storage, config=coord_cfg) as coord, \
                 Server(coord, authority, cfg.server) as server:
+            # Everything allocated so far (torch, the model, the ledger) lives for the whole run: keep
+            # it out of the collector's full passes, which otherwise stall the loop for 100+ ms once
+            # thousands of workers have joined.
+            gc.freeze()
             log.info("coordinator listening on %s (model v%d, %d units, policy %s)", server.url,
                      coord.version, len(units), policy.name)
             if port_file is not None:
