@@ -159,8 +159,8 @@ class _Run:
     async def monitor(self) -> None:
         while not self.done.is_set():
             health = await self.fleet.health()
-            if health is not None and isinstance(health.get("version"), int):
-                v = int(health["version"])
+            v = health.get("version") if health is not None else None
+            if isinstance(v, int):
                 if not self.res.observed or v != self.res.observed[-1]:
                     self.res.observed.append(v)
                 self.version = max(self.version, v)

@@ -19,7 +19,7 @@ from .._imports import import_object
 from .._units import Receipt, WorkUnit
 from ..client import CoordinatorClient, is_transient
 from ..coordinator import CoordinatorConfig
-from ..errors import NoWorkAvailableError, VCAsyncError
+from ..errors import VCAsyncError
 from ..policy import policy_from_config
 from ..runconfig import UnitsConfig, dataclass_from_table
 from ..storage import open_storage
@@ -161,7 +161,7 @@ class DriverWorker:
         lease_id, data = self._pending
         try:
             receipt = await self.client.submit(lease_id, data)
-        except Exception as exc:  # noqa: BLE001 - a worker retries transient failures, drops the rest
+        except Exception as exc:
             if is_transient(exc):
                 return
             self.last_error = repr(exc)[:200]

@@ -79,10 +79,11 @@ class Proc:
             return True
         return False
 
-    async def wait(self, timeout: float | None = None) -> int | None:
-        """The exit status (negative: killed by that signal), or None if still running at ``timeout``."""
+    async def wait(self, within: float | None = None) -> int | None:
+        """The exit status (negative: killed by that signal), or None if still running after
+        ``within`` seconds."""
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(within):
                 return await self.proc.wait()
         except TimeoutError:
             return None
@@ -141,11 +142,11 @@ class Fleet:
 
     # -- coordinator ------------------------------------------------------------------------------
     async def start_coordinator(self, env: Mapping[str, str] | None = None,
-                                timeout: float = 120.0) -> Proc:
+                                within: float = 120.0) -> Proc:
         """Start the coordinator and wait until ``/healthz`` answers or the process exits (a crash
         while recovering, or a run that was already finished: the caller looks at the status)."""
         proc = await self.spawn_coordinator(env)
-        await self.wait_ready(proc, timeout)
+        await self.wait_ready(proc, within)
         return proc
 
     async def spawn_coordinator(self, env: Mapping[str, str] | None = None) -> Proc:
@@ -157,12 +158,12 @@ class Fleet:
         self.coordinator = proc
         return proc
 
-    async def wait_ready(self, proc: Proc, timeout: float = 120.0) -> None:
-        """Until ``proc`` answers ``/healthz`` or exits; RuntimeError after ``timeout``."""
-        deadline = time.monotonic() + timeout
+    async def wait_ready(self, proc: Proc, within: float = 120.0) -> None:
+        """Until ``proc`` answers ``/healthz`` or exits; RuntimeError after ``within`` seconds."""
+        deadline = time.monotonic() + within
         while proc.running and await self.health() is None:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the coordinator did not answer in {timeout}s; see {proc.log}")
+                raise RuntimeError(f"the coordinator did not answer in {within}s; see {proc.log}")
             await asyncio.sleep(0.1)
 
     async def health(self) -> dict[str, object] | None:

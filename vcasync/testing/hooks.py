@@ -38,11 +38,11 @@ from collections import Counter
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Final, Self
+from typing import Any, ClassVar, Final, Self, cast
 
 from ..errors import ConfigError
 from ..policy import MergePolicy, PolicyState
-from ..storage import ObjectInfo, Storage
+from ..storage import BytesLike, ObjectInfo, Storage
 from ..tensors import ModelState, Update
 
 __all__ = ["POINTS", "ChaosHooks", "PausePlan", "PausePoints", "PausingStorage", "fault_layers"]
@@ -192,7 +192,7 @@ class PausingStorage:
     async def get(self, key: str) -> bytes:
         return await self.inner.get(key)
 
-    async def put(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
+    async def put(self, key: str, data: BytesLike, *, if_absent: bool = False) -> None:
         await self.inner.put(key, data, if_absent=if_absent)
         await self._after_write(key)
 
@@ -211,7 +211,7 @@ class PausingStorage:
     def open_read(self, key: str, *, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
         return self.inner.open_read(key, chunk_size=chunk_size)
 
-    async def put_stream(self, key: str, chunks: AsyncIterable[bytes], *,
+    async def put_stream(self, key: str, chunks: AsyncIterable[BytesLike], *,
                          if_absent: bool = False) -> None:
         await self.inner.put_stream(key, chunks, if_absent=if_absent)
         await self._after_write(key)
@@ -276,7 +276,8 @@ class ChaosHooks:
         for n, layer in enumerate(self.faults):
             kwargs = dict(layer)
             seed = int(kwargs.pop("seed", os.getpid() * 31 + n))
-            out = FaultyStorage(out, FaultPlan(**kwargs), seed=seed)
+            # FaultyStorage.url is a read-only property where the protocol names an attribute.
+            out = cast(Storage, FaultyStorage(out, FaultPlan(**kwargs), seed=seed))
         if self.pauses is not None:
             out = self.pauses.wrap_storage(out, state_prefix)
         return out

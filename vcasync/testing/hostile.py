@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import quote
 
-import torch
 import msgpack
+import torch
 from hypothesis import strategies as st
 
 from .. import _protocol as P
@@ -203,7 +203,7 @@ def auth_attacks(ctx: HostileContext) -> st.SearchStrategy[Hostile]:
     def build(route: str, cred: str | None) -> Hostile:
         method, path = _route_path(route, ctx.open_a.lease_id)
         body, ctype = _valid_body(route, ctx, ctx.open_a)
-        headers = (("Content-Type", ctype),) if ctype else ()
+        headers: tuple[tuple[str, str], ...] = (("Content-Type", ctype),) if ctype else ()
         if cred is not None:
             headers += (("Authorization", cred),)
         return Hostile("auth", method, path, headers, body, note=f"{route} with {str(cred)[:40]!r}")
@@ -294,7 +294,8 @@ def path_attacks(ctx: HostileContext) -> st.SearchStrategy[Hostile]:
         method, _ = _route_path(route, "x")
         path = f"/v1/leases/{quote(lease_id, safe='')}/{route}"
         body, ctype = _valid_body(route, ctx, LeaseInfo(lease_id, ctx.open_a.steps, ctx.open_a.base_version))
-        return Hostile("path", method, path, _auth(a, ctype or MSGPACK), body, note=f"{route} on {lease_id[:40]!r}")
+        return Hostile("path", method, path, _auth(a, ctype or MSGPACK), body,
+                       note=f"{route} on {lease_id[:40]!r}")
 
     versions = st.one_of(st.integers(-10**6, -1).map(str), st.integers(10**6, 10**30).map(str),
                          _text(1, 30).filter(lambda s: not s.isdigit() and s != "latest"))
@@ -305,7 +306,8 @@ def path_attacks(ctx: HostileContext) -> st.SearchStrategy[Hostile]:
                          "//v1/leases", "/v1/models", "/v1/models/", "/admin", "/v1/status/x",
                          "/v1/leases/x/y/z"]),
         _text(1, 60).map(lambda s: "/v1/x-" + quote(s, safe="/"))).map(
-        lambda p: Hostile("path", "POST", p, _auth(a), encode_message("lease_request", {}), note=f"path {p[:40]}"))
+        lambda p: Hostile("path", "POST", p, _auth(a), encode_message("lease_request", {}),
+                          note=f"path {p[:40]}"))
     wrong_method = st.sampled_from([
         ("GET", "/v1/leases"), ("DELETE", "/v1/leases"), ("PUT", "/v1/join"), ("GET", "/v1/join"),
         ("POST", "/v1/status"), ("DELETE", "/v1/status"), ("POST", "/v1/models/latest"),
@@ -334,17 +336,17 @@ def header_attacks(ctx: HostileContext) -> st.SearchStrategy[Hostile]:
 # -- results ------------------------------------------------------------------------------------------
 
 _META_MUTATIONS: Final[list[tuple[str, Callable[[LeaseInfo], Any]]]] = [
-    ("lease_id", lambda l: l.lease_id + "x"), ("lease_id", lambda l: None), ("lease_id", lambda l: 7),
-    ("kind", lambda l: "weights!"), ("kind", lambda l: None), ("kind", lambda l: 3),
-    ("base_version", lambda l: -1), ("base_version", lambda l: 10**9), ("base_version", lambda l: "0"),
-    ("base_version", lambda l: 1.5), ("base_version", lambda l: None), ("base_version", lambda l: True),
-    ("steps", lambda l: 0), ("steps", lambda l: -3), ("steps", lambda l: l.steps + 1),
-    ("steps", lambda l: 10**12), ("steps", lambda l: "1"), ("steps", lambda l: None),
-    ("steps", lambda l: 2.0), ("samples", lambda l: -1), ("samples", lambda l: "many"),
-    ("partial", lambda l: "yes"), ("partial", lambda l: 1), ("metrics", lambda l: [1, 2]),
-    ("metrics", lambda l: {"loss": math.nan}), ("metrics", lambda l: {"loss": math.inf}),
-    ("metrics", lambda l: {f"m{i}": 1.0 for i in range(65)}), ("metrics", lambda l: {"x" * 200: 1.0}),
-    ("metrics", lambda l: {"loss": "low"}), ("metrics", lambda l: {"loss": True}),
+    ("lease_id", lambda x: x.lease_id + "x"), ("lease_id", lambda x: None), ("lease_id", lambda x: 7),
+    ("kind", lambda x: "weights!"), ("kind", lambda x: None), ("kind", lambda x: 3),
+    ("base_version", lambda x: -1), ("base_version", lambda x: 10**9), ("base_version", lambda x: "0"),
+    ("base_version", lambda x: 1.5), ("base_version", lambda x: None), ("base_version", lambda x: True),
+    ("steps", lambda x: 0), ("steps", lambda x: -3), ("steps", lambda x: x.steps + 1),
+    ("steps", lambda x: 10**12), ("steps", lambda x: "1"), ("steps", lambda x: None),
+    ("steps", lambda x: 2.0), ("samples", lambda x: -1), ("samples", lambda x: "many"),
+    ("partial", lambda x: "yes"), ("partial", lambda x: 1), ("metrics", lambda x: [1, 2]),
+    ("metrics", lambda x: {"loss": math.nan}), ("metrics", lambda x: {"loss": math.inf}),
+    ("metrics", lambda x: {f"m{i}": 1.0 for i in range(65)}), ("metrics", lambda x: {"x" * 200: 1.0}),
+    ("metrics", lambda x: {"loss": "low"}), ("metrics", lambda x: {"loss": True}),
 ]
 
 _TENSOR_OPS: Final = ("drop", "extra", "rename", "reshape", "flatten", "float64", "int32", "float16",
@@ -410,8 +412,8 @@ def result_attacks(ctx: HostileContext) -> st.SearchStrategy[Hostile]:
                        f"dtype {bad!r}")
         if kind == "codec":
             bad_codec = ["lz4", "zstd2", "", "raw "][n % 4]
-            return put(HP.crafted_payload(meta, [HP.tensor_frame(name, "float32", list(first.shape),
-                                                                 codec=bad_codec), *rest]), f"codec {bad_codec!r}")
+            sec = HP.tensor_frame(name, "float32", list(first.shape), codec=bad_codec)
+            return put(HP.crafted_payload(meta, [sec, *rest]), f"codec {bad_codec!r}")
         if kind == "count":
             return put(HP.crafted_payload(meta, sections, count=len(sections) + 1 + n % 3), "count lies")
         if kind == "end":
@@ -437,7 +439,8 @@ def result_attacks(ctx: HostileContext) -> st.SearchStrategy[Hostile]:
         st.binary(min_size=0, max_size=4096).map(lambda b: put(b, f"random {len(b)} bytes")),
         st.integers(0, len(good) - 1).map(lambda i: put(good[:i], f"truncated at {i}")),
         st.tuples(st.integers(0, len(good) - 1), st.integers(1, 255)).map(
-            lambda t: put(good[:t[0]] + bytes([good[t[0]] ^ t[1]]) + good[t[0] + 1:], f"byte {t[0]} ^ {t[1]}")),
+            lambda t: put(good[:t[0]] + bytes([good[t[0]] ^ t[1]]) + good[t[0] + 1:],
+                          f"byte {t[0]} ^ {t[1]}")),
         st.integers(0, len(good) - 1).map(lambda i: put(good[:i] + good[i + 1:], f"byte {i} deleted")),
         st.tuples(st.integers(0, len(good)), st.binary(min_size=1, max_size=8)).map(
             lambda t: put(good[:t[0]] + t[1] + good[t[0]:], f"{len(t[1])} bytes inserted at {t[0]}")),
