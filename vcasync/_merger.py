@@ -166,7 +166,7 @@ class Merger:
     def record_reject(self, lease_id: str, worker_id: str, unit_id: str, reason: str) -> Receipt:
         self.since_snapshot += 1
         self._journal.note_applied()
-        self._metrics.reject(reason)
+        self._metrics.reject(reason, worker_id)
         self._metrics.results["rejected"] += 1
         return self._ledger.record(lease_id, unit_id=unit_id, worker_id=worker_id,
                                    status="rejected", version=self._owner.version, reason=reason)

@@ -250,7 +250,7 @@ class Coordinator:
             try:
                 check = self._ledger.check_result(worker_id, lease_id)
             except LedgerError as exc:
-                self.metrics.reject(reject_reason(exc))
+                self.metrics.reject(reject_reason(exc), worker_id)
                 raise
             if check.receipt is not None:
                 return self._merger.duplicate(check.receipt)
@@ -280,7 +280,7 @@ class Coordinator:
                     config=self.config, current_version=self.version, hold=self._owner.hold,
                     release=self._owner.release)
         except (WireError, ValidationError) as exc:
-            self.metrics.reject(reject_reason(exc))
+            self.metrics.reject(reject_reason(exc), worker_id)
             raise
         self._check_running()
         future: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
@@ -386,5 +386,6 @@ class Coordinator:
             "workers": {"known": self._ledger.num_workers, "alive": self._ledger.workers_alive()},
             "leases": dict(self._ledger.stats), "retained_versions": self._owner.versions.numbers(),
             "journal": self._journal.status(), "metrics": self.metrics.as_dict(),
+            "suspects": self.metrics.suspects(),
         })
         return out

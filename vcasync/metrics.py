@@ -17,6 +17,8 @@ from typing import Any
 __all__ = ["Histogram", "Metrics"]
 
 STALENESS_BUCKETS: tuple[float, ...] = (0, 1, 2, 4, 8, 16, 32, 64)
+#: Distinct (worker, reason) pairs counted in ``worker_rejects``: bounds the metric's cardinality.
+MAX_WORKER_SERIES = 1000
 SECONDS_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60)
 
 
@@ -67,6 +69,7 @@ class Metrics:
         self.merges = 0                      # results merged (policy returned a model or buffered)
         self.results: Counter[str] = Counter()   # receipts by status
         self.rejects: Counter[str] = Counter()   # refused results by reason (never merged)
+        self.worker_rejects: Counter[tuple[str, str]] = Counter()   # by (worker id, reason)
         self.heartbeats = 0
         self.bytes_in = 0
         self.bytes_out = 0
@@ -80,8 +83,26 @@ class Metrics:
         """Where the pulled gauges come from (the coordinator binds itself)."""
         self._gauges = gauges
 
-    def reject(self, reason: str) -> None:
+    def reject(self, reason: str, worker_id: str | None = None) -> None:
+        """Count a refused result; with ``worker_id``, also against its sender (a worker sending
+        scaled, flipped or random updates shows up here, in ``status()["suspects"]`` and as
+        ``vcasync_worker_rejects_total``). At most ``MAX_WORKER_SERIES`` pairs are kept."""
         self.rejects[reason] += 1
+        if worker_id is None:
+            return
+        key = (worker_id, reason)
+        if key in self.worker_rejects or len(self.worker_rejects) < MAX_WORKER_SERIES:
+            self.worker_rejects[key] += 1
+
+    def suspects(self, limit: int = 50) -> dict[str, dict[str, int]]:
+        """The workers with the most refused results: worker id -> reason -> count."""
+        totals: Counter[str] = Counter()
+        for (worker, _), n in self.worker_rejects.items():
+            totals[worker] += n
+        out: dict[str, dict[str, int]] = {}
+        for worker, _ in totals.most_common(limit):
+            out[worker] = {r: n for (w, r), n in sorted(self.worker_rejects.items()) if w == worker}
+        return out
 
     def gauges(self) -> dict[str, float]:
         return dict(self._gauges()) if self._gauges is not None else {}
@@ -123,6 +144,9 @@ class Metrics:
                labelled("status", self.results))
         family("rejects_total", "counter", "Results refused, by reason; never merged.",
                labelled("reason", self.rejects))
+        family("worker_rejects_total", "counter", "Results refused, by sending worker and reason.",
+               [(f'{{worker="{_escape(w)}",reason="{_escape(r)}"}}', n)
+                for (w, r), n in sorted(self.worker_rejects.items())])
         family("heartbeats_total", "counter", "Heartbeats received.", [("", self.heartbeats)])
         family("bytes_in_total", "counter", "Result payload bytes received.", [("", self.bytes_in)])
         family("bytes_out_total", "counter", "Model payload bytes sent.", [("", self.bytes_out)])
