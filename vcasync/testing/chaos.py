@@ -39,12 +39,12 @@ from .chaos_driver import DriverWorker, audit_run, one_torch_thread
 from .fleet import Fleet, FleetSpec, Proc, free_port, toml_text
 from .hooks import PausePlan, marker_path
 
-__all__ = ["DEFAULT_FAULTS", "PAUSE_KINDS", "ChaosConfig", "ChaosResult", "run_chaos"]
+__all__ = ["DEFAULT_FAULTS", "JOIN_SECRET", "PAUSE_KINDS", "ChaosConfig", "ChaosResult", "run_chaos"]
 
 #: Writes fail 3 % of the time (1 % after they happened), a fifth of all calls wait up to 50 ms.
 DEFAULT_FAULTS = "fail=0.02,lose_reply=0.01,ops=put+put_stream+delete;delay=0.2,max_delay_s=0.05"
 PAUSE_KINDS = ("merge", "snapshot", "journal")
-_SECRET = "chaos-join-secret-0123456789abcdef"
+JOIN_SECRET = "chaos-join-secret-0123456789abcdef"
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +145,7 @@ class _Run:
         self.pending = list(cfg.coordinator_kills)
         self.markers = run_dir / "markers"
         self.markers.mkdir(parents=True, exist_ok=True)
-        self.driver = DriverWorker(fleet.spec.url, _SECRET, run_dir / "driver", cfg)
+        self.driver = DriverWorker(fleet.spec.url, JOIN_SECRET, run_dir / "driver", cfg)
         self.plan_for: dict[int, tuple[str, int]] = {}   # coordinator pid -> (pause kind, target)
         self.lead = max(2, cfg.units_total // 8)        # versions ahead to prepare the upload
 
@@ -335,7 +335,7 @@ async def _run_chaos(cfg: ChaosConfig, run_dir: Path, audit: bool) -> ChaosResul
     store = run_dir / "store"
     toml = run_dir / "run.toml"
     toml.write_text(toml_text(cfg.run_table(f"file://{store}", run_dir / "final.pt")))
-    spec = FleetSpec(run_dir=run_dir, run_toml=toml, port=free_port(), join_secret=_SECRET,
+    spec = FleetSpec(run_dir=run_dir, run_toml=toml, port=free_port(), join_secret=JOIN_SECRET,
                      trainer=cfg.trainer, grace_period_s=cfg.grace_period_s)
     started = time.monotonic()
     async with Fleet(spec) as fleet:

@@ -1,0 +1,156 @@
+"""Load with merges: N simulated workers lease and heartbeat while real results are merged
+(``python -m bench.load [--quick] [--json]``).
+
+Built on :mod:`bench.scale` (the same coordinator process, the same open-loop fleet of coroutines on a
+lean HTTP pool): while its ``N`` workers lease and heartbeat every ``--interval`` seconds, a few
+*submitters* (real clients, :class:`vcasync.client.CoordinatorClient`) lease units, download the model,
+and upload delta results as fast as they can, so the coordinator merges all along. The lease timeout
+is only ``--timeout-factor`` heartbeat intervals, so a heartbeat that is answered late or dropped shows
+up as an expired lease: ``leases_expired`` must stay 0 (no lease expires wrongly).
+
+Figures: ``p50_ms`` / ``p99_ms`` of lease and heartbeat requests during the merges, ``merges`` and
+``merges_per_s``, ``bytes_per_worker`` (the coordinator's resident memory after, minus before the
+fleet joined, over ``N``; retained model versions included), ``leases_expired``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vcasync._loop import run
+from vcasync.client import CoordinatorClient
+from vcasync.errors import VCAsyncError
+from vcasync.wire import decode_payload_bytes, encode_payload
+
+from . import scale
+from ._http import LeanPool
+from ._peers import SECRET
+from ._proc import peer
+
+
+async def _metric(http: LeanPool, name: str) -> float:
+    _, data = await http.request("GET", "/metrics", {})
+    for line in data.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def submitter(url: str, stop: asyncio.Event, done: list[int], errors: dict[str, int],
+                    rng: random.Random) -> None:
+    """Lease, download, upload a small delta, repeat, until ``stop``: real results, really merged."""
+    with tempfile.TemporaryDirectory(prefix="vcasync-load-") as tmp:
+        async with CoordinatorClient(url, timeout_s=60.0) as client:
+            await client.join(SECRET, "submitter")
+            path = Path(tmp) / "model.vca"
+            while not stop.is_set():
+                await _submit_one(client, path, done, errors, rng)
+
+
+async def _submit_one(client: CoordinatorClient, path: Path, done: list[int], errors: dict[str, int],
+                  rng: random.Random) -> None:
+        try:
+            grant = await client.lease()
+            await client.download_model(grant.base_version, path)
+            data = await asyncio.to_thread(path.read_bytes)
+            model = decode_payload_bytes(data, expected_kind="model").tensors
+            gen = torch.Generator().manual_seed(rng.randrange(2**31))
+            delta = {k: 1e-3 * torch.randn(v.shape, generator=gen) for k, v in model.items()}
+            meta = {"lease_id": grant.lease_id, "base_version": grant.base_version, "kind": "delta",
+                    "samples": 1, "steps": 1, "partial": False, "metrics": {}}
+            body = b"".join(encode_payload("result", meta, delta))
+            receipt = await client.submit(grant.lease_id, body)
+            if receipt.status == "accepted":
+                done.append(receipt.version)
+        except VCAsyncError as exc:
+            errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+
+
+async def measure(url: str, n: int, interval: float, rounds: int, connections: int,
+                  submitters: int) -> dict[str, Any]:
+    fleet = scale.Fleet(url, n, interval, rounds, connections)
+    http = LeanPool(url, connections)
+    merged: list[int] = []
+    sub_errors: dict[str, int] = {}
+    stop = asyncio.Event()
+    try:
+        before, _, _ = await scale.probe(http)
+        tokens = await fleet.join_all(http)
+        gc.collect()
+        gc.freeze()
+        start = asyncio.get_running_loop().time() + 0.5
+        t0 = time.perf_counter()
+        async with asyncio.TaskGroup() as tg:
+            subs = [tg.create_task(submitter(url, stop, merged, sub_errors, random.Random(i)))
+                    for i in range(submitters)]
+            async with asyncio.TaskGroup() as sims:
+                for token in tokens:
+                    sims.create_task(fleet.simulate(http, token, start, random.Random(hash(token))))
+            stop.set()
+            await asyncio.gather(*subs)
+        seconds = time.perf_counter() - t0
+        expired = await _metric(http, "vcasync_leases_expired_total")
+        merges = await _metric(http, "vcasync_merges_total")
+        after, _, _ = await scale.probe(http)
+    finally:
+        gc.unfreeze()
+        await http.aclose()
+    both = fleet.lease_ms + fleet.beat_ms
+    return {"workers": n, "requests": len(both), "errors": fleet.errors, "submit_errors": sub_errors,
+            "p50_ms": scale._pct(both, 0.5), "p99_ms": scale._pct(both, 0.99),
+            "heartbeat_p99_ms": scale._pct(fleet.beat_ms, 0.99),
+            "client_lag_ms_p99": scale._pct(fleet.lag_ms, 0.99),
+            "merges": int(merges), "results_accepted": len(merged), "merges_per_s": merges / seconds,
+            "leases_expired": int(expired), "bytes_per_worker": (after - before) / n}
+
+
+def load(workers: int, interval: float, rounds: int, connections: int, submitters: int,
+         params: int, timeout_factor: float) -> dict[str, Any]:
+    """One measurement in a fresh coordinator process (what ``bench.chaos`` calls)."""
+    with peer("coordinator", "--params", str(params), "--units", str(workers + 100_000), "--steps", "1000000",
+              "--durability", "none", "--lease-timeout", str(timeout_factor * interval)) as url:
+        return run(measure(url, workers, interval, rounds, connections, submitters))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--workers", type=int, default=10_000)
+    p.add_argument("--interval", type=float, default=10.0, help="heartbeat interval, seconds")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--connections", type=int, default=256)
+    p.add_argument("--submitters", type=int, default=4)
+    p.add_argument("--params", type=int, default=100_000, help="model size (float32 parameters)")
+    p.add_argument("--timeout-factor", type=float, default=3.0,
+                   help="lease timeout in heartbeat intervals")
+    p.add_argument("--quick", action="store_true", help="1,000 workers, 2 s heartbeats, 2 rounds")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.workers, a.interval, a.rounds = 1000, 2.0, 2
+    r = load(a.workers, a.interval, a.rounds, a.connections, a.submitters, a.params, a.timeout_factor)
+    print(f"{r['workers']} simulated workers, heartbeat every {a.interval:g}s x {a.rounds}, lease timeout "
+          f"{a.timeout_factor * a.interval:g}s, {a.submitters} submitters merging {a.params:,}-param results")
+    print(f"{'requests':>9}{'p50 ms':>9}{'p99 ms':>9}{'beat p99':>10}{'merges':>8}{'merges/s':>10}"
+          f"{'expired':>9}{'bytes/worker':>14}")
+    print(f"{r['requests']:>9}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}{r['heartbeat_p99_ms']:>10.2f}"
+          f"{r['merges']:>8}{r['merges_per_s']:>10.1f}{r['leases_expired']:>9}{r['bytes_per_worker']:>14.0f}")
+    if r["errors"] or r["submit_errors"]:
+        print(f"  errors: {r['errors']} submitters: {r['submit_errors']}")
+    if a.json:
+        print(json.dumps({"p99_ms": r["p99_ms"], "leases_expired": r["leases_expired"], **r}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
