@@ -10,11 +10,12 @@ merged exactly once, no acknowledged result lost, versions monotonic, the model 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
 
-from vcasync.testing.chaos import DEFAULT_FAULTS, PAUSE_KINDS, ChaosConfig, run_chaos
+from vcasync.testing.chaos import DEFAULT_FAULTS, JOIN_SECRET, PAUSE_KINDS, ChaosConfig, run_chaos
 from vcasync.testing.chaos_driver import reference_accuracy
 
 #: Accuracy points the disturbed run may lose against the undisturbed reference (360 test images:
@@ -62,3 +63,13 @@ async def test_a_fleet_survives_worker_and_coordinator_kills_and_storage_faults(
     assert audit.model_finite
     assert audit.accuracy is not None
     assert audit.accuracy >= undisturbed - TOLERANCE, (audit.accuracy, undisturbed)
+
+    # Every process's log across the run: no join secret, no worker token, not even half of one.
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "run" / "logs").glob("*.log"))
+    assert "result for lease" in logs
+    assert "coordinator listening" in logs
+    tokens = [json.loads(p.read_text())["token"]
+              for p in (tmp_path / "run" / "workers").glob("w*/identity.json")]
+    assert len(tokens) == CI.workers
+    for secret in (JOIN_SECRET, *tokens, *(t.rsplit("_", 1)[1] for t in tokens)):
+        assert secret not in logs
