@@ -148,12 +148,13 @@ class _Run:
         self.driver = DriverWorker(fleet.spec.url, JOIN_SECRET, run_dir / "driver", cfg)
         self.plan_for: dict[int, tuple[str, int]] = {}   # coordinator pid -> (pause kind, target)
         self.lead = max(2, cfg.units_total // 8)        # versions ahead to prepare the upload
+        self.started = time.monotonic()
 
     # -- progress ---------------------------------------------------------------------------------
     def target_version(self, n: int) -> int:
-        """Where kill ``n`` of the coordinator should happen: spread over 15 %..80 % of the run."""
+        """Where kill ``n`` of the coordinator should happen: spread over 10 %..70 % of the run."""
         k = len(self.cfg.coordinator_kills)
-        frac = 0.15 + 0.65 * (n + 0.5) / max(1, k)
+        frac = 0.1 + 0.6 * (n + 0.5) / max(1, k)
         return max(1, int(frac * self.cfg.units_total))
 
     async def monitor(self) -> None:
@@ -268,31 +269,54 @@ class _Run:
             await self.fleet.start_worker(i, on_preempt=self.on_preempt(i))
             self.res.worker_restarts += 1
 
+    def kill_gap(self) -> float:
+        """Mean seconds to the next worker kill: ``kill_interval_s``, or less when the run goes so
+        fast that the kills left would not fit before 70 % of it (the machine's speed varies)."""
+        cfg = self.cfg
+        elapsed = time.monotonic() - self.started
+        if self.version < 2 or elapsed <= 0:
+            return cfg.kill_interval_s
+        rate = self.version / elapsed
+        remaining_s = max(0.0, 0.7 * cfg.units_total - self.version) / rate
+        left = max(1, cfg.worker_kills - self.res.total_worker_kills)
+        return max(0.2, min(cfg.kill_interval_s, remaining_s / left))
+
     async def worker_chaos(self) -> None:
         cfg = self.cfg
-        while self.res.total_worker_kills < cfg.worker_kills and not self.done.is_set():
-            if await _sleep_or(self.done, self.rng.expovariate(1.0 / cfg.kill_interval_s)):
-                return
-            # Mostly workers past their imports (they have logged), sometimes one still booting.
-            booting = self.rng.random() < 0.1
-            ready = [i for i, p in self.fleet.workers.items() if p.running and (booting or _logged(p))]
-            if not ready:
-                continue
-            proc = self.fleet.workers[self.rng.choice(ready)]
-            self.killed.add(proc)
-            n = self.res.total_worker_kills   # the first two are one of each, then at random
-            if (n == 1) if n < 2 else self.rng.random() < cfg.sigkill_share:
-                proc.signal(signal.SIGKILL)
-                self.res.worker_kills["sigkill"] += 1
-                continue
-            proc.signal(signal.SIGTERM)
-            self.res.worker_kills["sigterm"] += 1
-            rc = await proc.wait(cfg.grace_period_s + 10.0)
-            if rc is None:
-                proc.signal(signal.SIGKILL)
-                self.res.worker_kills["escalated"] += 1
-            elif rc == 0:
-                self.res.sigterm_clean_exits += 1
+        async with asyncio.TaskGroup() as preemptions:
+            while self.res.total_worker_kills < cfg.worker_kills and not self.done.is_set():
+                if await _sleep_or(self.done, self.rng.expovariate(1.0 / self.kill_gap())):
+                    return
+                self.kill_one_worker(preemptions)
+
+    def kill_one_worker(self, preemptions: asyncio.TaskGroup) -> None:
+        """SIGKILL, or SIGTERM (whose grace period runs in ``preemptions``), a random worker."""
+        cfg = self.cfg
+        # Mostly workers past their imports (they have logged), sometimes one still booting.
+        booting = self.rng.random() < 0.1
+        ready = [i for i, p in self.fleet.workers.items()
+                 if p.running and p not in self.killed and (booting or _logged(p))]
+        if not ready:
+            return
+        proc = self.fleet.workers[self.rng.choice(ready)]
+        self.killed.add(proc)
+        n = self.res.total_worker_kills   # the first two are one of each, then at random
+        if (n == 1) if n < 2 else self.rng.random() < cfg.sigkill_share:
+            proc.signal(signal.SIGKILL)
+            self.res.worker_kills["sigkill"] += 1
+            return
+        proc.signal(signal.SIGTERM)
+        self.res.worker_kills["sigterm"] += 1
+        preemptions.create_task(self.grace(proc))
+
+    async def grace(self, proc: Proc) -> None:
+        """A preempted worker has ``grace_period_s`` to save and exit; past it, SIGKILL."""
+        rc = await proc.wait(self.cfg.grace_period_s + 10.0)
+        if rc is None:
+            proc.signal(signal.SIGKILL)
+            self.res.worker_kills["escalated"] += 1
+        elif rc == 0:
+            self.res.sigterm_clean_exits += 1
 
     async def after_upload_kill(self) -> None:
         """Deliver the result whose upload the coordinator kill cut, as a worker would."""
