@@ -2,78 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import sys
-
 import pytest
-
-
-def _install_checkpoint_stand_in() -> None:
-    """Until ``vcasync.checkpoint`` lands (storage helper), a stand-in with the documented contract:
-    data objects first, then the manifest if-absent; ``latest()`` is the newest complete one."""
-    if importlib.util.find_spec("vcasync.checkpoint") is not None:
-        return
-    import hashlib
-    import json
-    import types
-    from dataclasses import dataclass
-
-    from vcasync.errors import CorruptObjectError, ObjectNotFoundError
-
-    @dataclass(frozen=True)
-    class Manifest:
-        step: int
-        objects: dict
-        meta: dict
-
-    class CheckpointStore:
-        def __init__(self, storage, prefix):
-            self.storage, self.prefix = storage, prefix.strip("/")
-
-        def _m(self, step):
-            return f"{self.prefix}/{step:016d}/MANIFEST"
-
-        async def write(self, step, objects, meta):
-            digests = {}
-            for name, data in objects.items():
-                await self.storage.put(f"{self.prefix}/{step:016d}/{name}", data)
-                digests[name] = hashlib.sha256(data).hexdigest()
-            m = Manifest(step, digests, dict(meta))
-            await self.storage.put(self._m(step), json.dumps(
-                {"step": step, "objects": digests, "meta": m.meta}).encode(), if_absent=True)
-            return m
-
-        async def _steps(self):
-            return sorted([int(k.split("/")[-2]) async for k in self.storage.list(self.prefix + "/")
-                           if k.endswith("/MANIFEST")])
-
-        async def latest(self):
-            steps = await self._steps()
-            if not steps:
-                return None
-            d = json.loads(await self.storage.get(self._m(steps[-1])))
-            return Manifest(d["step"], d["objects"], d["meta"])
-
-        async def read(self, manifest, name):
-            data = await self.storage.get(f"{self.prefix}/{manifest.step:016d}/{name}")
-            if hashlib.sha256(data).hexdigest() != manifest.objects[name]:
-                raise CorruptObjectError("digest mismatch", key=name)
-            return data
-
-        async def prune(self, keep_last):
-            for step in (await self._steps())[:-keep_last]:
-                async for k in self.storage.list(f"{self.prefix}/{step:016d}/"):
-                    with contextlib.suppress(ObjectNotFoundError):
-                        await self.storage.delete(k)
-
-    mod = types.ModuleType("vcasync.checkpoint")
-    mod.CheckpointStore = CheckpointStore  # type: ignore[attr-defined]
-    mod.Manifest = Manifest  # type: ignore[attr-defined]
-    sys.modules["vcasync.checkpoint"] = mod
-
-
-_install_checkpoint_stand_in()
 
 
 class FakeClock:
@@ -111,6 +40,7 @@ class HalfWay:
 
     name: ClassVar[str] = "halfway"
     needs_base: ClassVar[bool] = True
+    claims: ClassVar[frozenset[str]] = frozenset()
 
     def init_state(self, model: ModelState) -> dict[str, Any]:
         return {"merged": 0, "sum": torch.zeros(())}
