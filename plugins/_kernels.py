@@ -25,6 +25,7 @@ __all__ = [
     "ROW",
     "Workspace",
     "accumulate_delta",
+    "axpy",
     "check_update",
     "delta_blocks",
     "dot_rows",
@@ -37,7 +38,7 @@ __all__ = [
 
 #: Elements per reduction row: below torch's parallel grain (32,768), so one thread sums a row.
 ROW = 16384
-_STEP_ROWS = 64
+_STEP_ROWS = 16  # 256 Ki elements per block: 2 MiB of float64 scratch per operand
 
 
 def mixable(t: torch.Tensor) -> bool:
@@ -104,15 +105,45 @@ def _steps(n: int) -> Iterator[tuple[int, int]]:
         yield start, min(start + step, n)
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def axpy(w: torch.Tensor, x: torch.Tensor, alpha: float, ws: Workspace) -> None:
+    """``w += alpha * x`` in place, the same bits whatever the thread count.
+
+    torch's ``add_(x, alpha=a)`` on float16/bfloat16 rounds differently in its vectorised body and
+    its scalar tail, so the result would depend on where the threads split the tensor. Half
+    tensors are therefore computed in float32, one scratch block at a time, and rounded once.
+    """
+    if alpha == 1.0:
+        w.add_(x)
+    elif alpha == -1.0:
+        w.sub_(x)
+    elif w.dtype not in _HALF:
+        w.add_(x, alpha=alpha)
+    elif not w.is_contiguous():  # rare: one float32 temporary the size of this tensor
+        w.copy_(w.float().add_(x.float(), alpha=alpha))
+    else:
+        wf, xf = w.view(-1), x.reshape(-1)
+        for s, e in _steps(wf.numel()):
+            n = e - s
+            tmp = ws.take(torch.float32, 2 * n)
+            a, b = tmp[:n], tmp[n:]
+            a.copy_(wf[s:e])
+            b.copy_(xf[s:e])
+            wf[s:e].copy_(a.add_(b, alpha=alpha))
+
+
 def take_max(w: torch.Tensor, x: torch.Tensor) -> None:
     """``w <- max(w, x)`` element-wise, in place (logical or for bools)."""
     torch.maximum(w, x, out=w)
 
 
-def mix_result(w: torch.Tensor, x: torch.Tensor, base: torch.Tensor | None, weight: float) -> None:
+def mix_result(w: torch.Tensor, x: torch.Tensor, base: torch.Tensor | None, weight: float,
+               ws: Workspace) -> None:
     """``w <- (1 - weight) w + weight w_c`` in place, ``w_c = x`` or ``base + x`` (a delta).
 
-    Two passes, no temporary: ``lerp_`` towards the base, then ``add_`` the weighted delta.
+    Two passes, no temporary: ``lerp_`` towards the base, then add the weighted delta.
     """
     if not mixable(w):
         take_max(w, x)
@@ -122,12 +153,12 @@ def mix_result(w: torch.Tensor, x: torch.Tensor, base: torch.Tensor | None, weig
     if base is None:
         w.lerp_(x, weight)
     else:
-        w.lerp_(base, weight).add_(x, alpha=weight)
+        axpy(w.lerp_(base, weight), x, weight, ws)
 
 
 def delta_blocks(x: torch.Tensor, w: torch.Tensor,
                  ws: Workspace) -> Iterator[tuple[int, int, torch.Tensor]]:
-    """Yield ``(start, end, x - w)`` over flat blocks of 1 Mi elements, computed into scratch.
+    """Yield ``(start, end, x - w)`` over flat blocks of 256 Ki elements, computed into scratch.
 
     Subtracting first (rather than ``add_(x).sub_(w)``) keeps ``x == w`` an exact zero delta.
     """
@@ -145,11 +176,11 @@ def accumulate_delta(buf: torch.Tensor, w: torch.Tensor, x: torch.Tensor, *, wei
     ``buf`` is contiguous (the policy allocated it).
     """
     if not weights:
-        buf.add_(x, alpha=scale)
+        axpy(buf, x, scale, ws)
         return
     bf = buf.view(-1)
     for s, e, d in delta_blocks(x, w, ws):
-        bf[s:e].add_(d, alpha=scale)
+        axpy(bf[s:e], d, scale, ws)
 
 
 def lerp_delta(buf: torch.Tensor, w: torch.Tensor, x: torch.Tensor, *, weights: bool,

@@ -25,7 +25,7 @@ from vcasync.errors import ConfigError
 from vcasync.policy import PolicyState
 from vcasync.tensors import ModelState, Update
 
-from ._kernels import Workspace, check_update, delta_blocks, lerp_delta, mixable, take_max
+from ._kernels import Workspace, axpy, check_update, delta_blocks, lerp_delta, mixable, take_max
 
 __all__ = ["DiLoCo"]
 
@@ -112,9 +112,10 @@ class DiLoCo:
         if minus is None:
             m.mul_(mu).sub_(x)
             if self.nesterov:
-                w.add_(x, alpha=lr).add_(m, alpha=-lr * mu)
+                axpy(w, x, lr, self._ws)
+                axpy(w, m, -lr * mu, self._ws)
             else:
-                w.add_(m, alpha=-lr)
+                axpy(w, m, -lr, self._ws)
             return
         if not w.is_contiguous():  # rare: one temporary the size of this tensor
             self._outer_step(w, m, x - minus, None)
@@ -124,6 +125,7 @@ class DiLoCo:
         for s, e, d in delta_blocks(x, minus, self._ws):
             mb = mf[s:e].mul_(mu).sub_(d)
             if self.nesterov:
-                wf[s:e].add_(d, alpha=lr).add_(mb, alpha=-lr * mu)
+                axpy(wf[s:e], d, lr, self._ws)
+                axpy(wf[s:e], mb, -lr * mu, self._ws)
             else:
-                wf[s:e].add_(mb, alpha=-lr)
+                axpy(wf[s:e], mb, -lr, self._ws)

@@ -21,7 +21,7 @@ from vcasync.errors import ConfigError
 from vcasync.policy import PolicyState
 from vcasync.tensors import ModelState, Update
 
-from ._kernels import Workspace, accumulate_delta, check_update, mixable, take_max
+from ._kernels import Workspace, accumulate_delta, axpy, check_update, mixable, take_max
 from ._staleness import StalenessKind, StalenessWeight
 
 __all__ = ["FedBuff"]
@@ -80,7 +80,7 @@ class FedBuff:
         step = self.server_lr / self.buffer_size
         for name, w in model.items():
             if mixable(w):
-                w.add_(buffer[name], alpha=step)
+                axpy(w, buffer[name], step, self._ws)
                 buffer[name].zero_()
             else:
                 take_max(w, ints[name])

@@ -28,7 +28,7 @@ from vcasync.errors import ConfigError
 from vcasync.policy import PolicyState
 from vcasync.tensors import ModelState, Update
 
-from ._kernels import check_update, mixable, store_delta, take_max
+from ._kernels import Workspace, axpy, check_update, mixable, store_delta, take_max
 
 __all__ = ["Median", "TrimmedMean"]
 
@@ -50,6 +50,7 @@ class _Buffered:
         self.buffer_size = buffer_size
         self.lr = lr
         self._spare: list[dict[str, torch.Tensor]] = []  # emptied slots, reused (no state in them)
+        self._ws = Workspace()
 
     @property
     def max_outliers(self) -> int:
@@ -108,7 +109,7 @@ class _Buffered:
 
     def _update(self, w: torch.Tensor, agg: torch.Tensor) -> None:
         if mixable(w):
-            w.add_(agg, alpha=self.lr)
+            axpy(w, agg, self.lr, self._ws)
         else:
             take_max(w, agg)
 
