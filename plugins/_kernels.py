@@ -1,10 +1,15 @@
 """Tensor kernels the built-in policies share: in place, no model-sized temporaries, bit-exact.
 
-Every kernel here writes into an existing tensor with ``lerp_``/``add_``/``sub_``/``mul_`` (an
-element-wise op gives the same bits whatever the number of threads) and allocates nothing the size of
-a model. Reductions (the gate's norms and cosines) run row by row over fixed 16,384-element rows,
-each row summed by one thread in float64, and the rows added with ``math.fsum``: the result does not
-depend on the thread count either.
+Every kernel writes into an existing tensor with whole-tensor ``lerp_``/``add_``/``sub_``/``mul_``
+(an element-wise op gives the same bits whatever the number of threads) and allocates nothing the
+size of a model: where a difference ``x - w`` is needed first, it goes into one reusable scratch
+buffer the size of the largest tensor (:class:`Workspace`, kept by the policy instance, so a warm
+coordinator allocates nothing per merge).
+
+Two torch behaviours shape the rest. ``add_(x, alpha=a)`` on float16/bfloat16 rounds differently
+in its vectorised body and its scalar tail, so :func:`axpy` computes half tensors in float32
+blocks. A full reduction (``sum()``) depends on the thread count, so :func:`dot3` sums fixed
+16,384-element rows (one thread per row) in float64 and adds the rows with ``math.fsum``.
 
 Integer and bool tensors are never averaged: the model takes the element-wise maximum of its value
 and the worker's (logical or for bools). Deltas carry the worker's values for such tensors (a
@@ -22,23 +27,26 @@ from vcasync.errors import SpecMismatchError, UpdateRejectedError, ValidationErr
 from vcasync.tensors import ModelState, Update
 
 __all__ = [
+    "BLOCK",
     "ROW",
     "Workspace",
     "accumulate_delta",
     "axpy",
+    "blocks",
     "check_update",
-    "delta_blocks",
-    "dot_rows",
+    "delta_of",
+    "dot3",
     "lerp_delta",
-    "mixable",
     "mix_result",
+    "mixable",
     "store_delta",
     "take_max",
 ]
 
 #: Elements per reduction row: below torch's parallel grain (32,768), so one thread sums a row.
 ROW = 16384
-_STEP_ROWS = 16  # 256 Ki elements per block: 2 MiB of float64 scratch per operand
+#: Elements per block where a loop over blocks bounds scratch memory (a multiple of ROW).
+BLOCK = 16 * ROW
 
 
 def mixable(t: torch.Tensor) -> bool:
@@ -83,38 +91,36 @@ def _check_tensors(model: ModelState, tensors: Mapping[str, torch.Tensor], what:
 
 
 class Workspace:
-    """Reusable scratch rows, so reductions allocate a few MiB once per policy instance, not per merge.
-
-    Holds no algorithm state: results never depend on what it held before.
-    """
+    """Named scratch buffers reused across merges; holds no state (results never depend on it)."""
 
     def __init__(self) -> None:
-        self._bufs: dict[torch.dtype, torch.Tensor] = {}
+        self._bufs: dict[tuple[str, torch.dtype], torch.Tensor] = {}
 
-    def take(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
-        buf = self._bufs.get(dtype)
+    def take(self, slot: str, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        """A contiguous 1-d view of ``numel`` elements; contents are garbage."""
+        buf = self._bufs.get((slot, dtype))
         if buf is None or buf.numel() < numel:
             buf = torch.empty(numel, dtype=dtype)
-            self._bufs[dtype] = buf
+            self._bufs[(slot, dtype)] = buf
         return buf[:numel]
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by all scratch buffers."""
+        return sum(b.numel() * b.element_size() for b in self._bufs.values())
 
-def _steps(n: int) -> Iterator[tuple[int, int]]:
-    step = ROW * _STEP_ROWS
-    for start in range(0, n, step):
-        yield start, min(start + step, n)
+
+def blocks(n: int, size: int = BLOCK) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of consecutive blocks covering ``range(n)``."""
+    for start in range(0, n, size):
+        yield start, min(start + size, n)
 
 
 _HALF = (torch.float16, torch.bfloat16)
 
 
 def axpy(w: torch.Tensor, x: torch.Tensor, alpha: float, ws: Workspace) -> None:
-    """``w += alpha * x`` in place, the same bits whatever the thread count.
-
-    torch's ``add_(x, alpha=a)`` on float16/bfloat16 rounds differently in its vectorised body and
-    its scalar tail, so the result would depend on where the threads split the tensor. Half
-    tensors are therefore computed in float32, one scratch block at a time, and rounded once.
-    """
+    """``w += alpha * x`` in place, the same bits whatever the thread count (see module doc)."""
     if alpha == 1.0:
         w.add_(x)
     elif alpha == -1.0:
@@ -125,10 +131,9 @@ def axpy(w: torch.Tensor, x: torch.Tensor, alpha: float, ws: Workspace) -> None:
         w.copy_(w.float().add_(x.float(), alpha=alpha))
     else:
         wf, xf = w.view(-1), x.reshape(-1)
-        for s, e in _steps(wf.numel()):
-            n = e - s
-            tmp = ws.take(torch.float32, 2 * n)
-            a, b = tmp[:n], tmp[n:]
+        for s, e in blocks(wf.numel()):
+            a = ws.take("axpy_w", torch.float32, e - s)
+            b = ws.take("axpy_x", torch.float32, e - s)
             a.copy_(wf[s:e])
             b.copy_(xf[s:e])
             wf[s:e].copy_(a.add_(b, alpha=alpha))
@@ -137,6 +142,24 @@ def axpy(w: torch.Tensor, x: torch.Tensor, alpha: float, ws: Workspace) -> None:
 def take_max(w: torch.Tensor, x: torch.Tensor) -> None:
     """``w <- max(w, x)`` element-wise, in place (logical or for bools)."""
     torch.maximum(w, x, out=w)
+
+
+def delta_of(x: torch.Tensor, w: torch.Tensor, ws: Workspace) -> torch.Tensor:
+    """``x - w`` in the workspace's ``delta`` buffer (valid until the next call), shaped like ``x``.
+
+    Subtracting first keeps ``x == w`` an exact zero delta and small deltas of large weights exact.
+    """
+    d = ws.take("delta", x.dtype, x.numel()).view(x.shape)
+    torch.sub(x, w, out=d)
+    return d
+
+
+def store_delta(slot: torch.Tensor, w: torch.Tensor, x: torch.Tensor, *, weights: bool) -> None:
+    """``slot <- d`` (``x`` for a delta, ``x - w`` for full weights; integers keep their values)."""
+    if weights and mixable(w):
+        torch.sub(x, w, out=slot)
+    else:
+        slot.copy_(x)
 
 
 def mix_result(w: torch.Tensor, x: torch.Tensor, base: torch.Tensor | None, weight: float,
@@ -156,77 +179,42 @@ def mix_result(w: torch.Tensor, x: torch.Tensor, base: torch.Tensor | None, weig
         axpy(w.lerp_(base, weight), x, weight, ws)
 
 
-def delta_blocks(x: torch.Tensor, w: torch.Tensor,
-                 ws: Workspace) -> Iterator[tuple[int, int, torch.Tensor]]:
-    """Yield ``(start, end, x - w)`` over flat blocks of 256 Ki elements, computed into scratch.
-
-    Subtracting first (rather than ``add_(x).sub_(w)``) keeps ``x == w`` an exact zero delta.
-    """
-    xf, wf = x.reshape(-1), w.reshape(-1)
-    for s, e in _steps(xf.numel()):
-        tmp = ws.take(x.dtype, e - s)
-        torch.sub(xf[s:e], wf[s:e], out=tmp)
-        yield s, e, tmp
-
-
 def accumulate_delta(buf: torch.Tensor, w: torch.Tensor, x: torch.Tensor, *, weights: bool,
                      scale: float, ws: Workspace) -> None:
-    """``buf += scale * d`` with ``d = x`` (a delta) or ``x - w`` (full weights against the model).
-
-    ``buf`` is contiguous (the policy allocated it).
-    """
-    if not weights:
-        axpy(buf, x, scale, ws)
-        return
-    bf = buf.view(-1)
-    for s, e, d in delta_blocks(x, w, ws):
-        axpy(bf[s:e], d, scale, ws)
+    """``buf += scale * d`` with ``d = x`` (a delta) or ``x - w`` (full weights against the model)."""
+    axpy(buf, delta_of(x, w, ws) if weights else x, scale, ws)
 
 
 def lerp_delta(buf: torch.Tensor, w: torch.Tensor, x: torch.Tensor, *, weights: bool,
                ratio: float, ws: Workspace) -> None:
     """``buf <- (1 - ratio) buf + ratio d`` (a running mean of deltas), ``d`` as in accumulate."""
-    if not weights:
-        buf.lerp_(x, ratio)
-        return
-    bf = buf.view(-1)
-    for s, e, d in delta_blocks(x, w, ws):
-        bf[s:e].lerp_(d, ratio)
+    buf.lerp_(delta_of(x, w, ws) if weights else x, ratio)
 
 
-def store_delta(slot: torch.Tensor, w: torch.Tensor, x: torch.Tensor, *, weights: bool) -> None:
-    """``slot <- d`` (``x`` for a delta, ``x - w`` for full weights; integers keep their values)."""
-    if weights and mixable(w):
-        torch.sub(x, w, out=slot)
-    else:
-        slot.copy_(x)
+def dot3(x: torch.Tensor, r: torch.Tensor, ws: Workspace, *,
+         x_minus: torch.Tensor | None = None) -> tuple[float, float, float]:
+    """``(d.d, d.r, r.r)`` with ``d = x - x_minus`` (or ``x``), independent of the thread count.
 
-
-def dot_rows(x: torch.Tensor, y: torch.Tensor, ws: Workspace, *, x_minus: torch.Tensor | None = None,
-             y_minus: torch.Tensor | None = None) -> float:
-    """``sum((x - x_minus) * (y - y_minus))`` in float64, independent of the thread count.
-
-    All tensors have the same shape; the ``*_minus`` ones turn full weights into a delta on the
-    fly, one scratch block at a time (see the module docstring for the fixed-row reduction).
+    Products are formed in float64 (exact for float32 and narrower inputs) one half-block at a time
+    in scratch and summed per fixed row; the row sums are added exactly (``math.fsum``).
     """
-    xf, yf = x.reshape(-1), y.reshape(-1)
-    xm = None if x_minus is None else x_minus.reshape(-1)
-    ym = None if y_minus is None else y_minus.reshape(-1)
-    parts: list[float] = []
-    for s, e in _steps(xf.numel()):
+    ctype = torch.float64
+    xf, rf = x.reshape(-1), r.reshape(-1)
+    mf = None if x_minus is None else x_minus.reshape(-1)
+    parts: tuple[list[float], list[float], list[float]] = ([], [], [])
+    for s, e in blocks(xf.numel(), BLOCK // 2):
         n = e - s
-        tmp = ws.take(torch.float64, 2 * n)
-        a, b = tmp[:n], tmp[n:]
+        a, b, p = (ws.take(k, ctype, n) for k in ("dot_a", "dot_b", "dot_p"))
         a.copy_(xf[s:e])
-        if xm is not None:
-            a.sub_(xm[s:e])
-        b.copy_(yf[s:e])
-        if ym is not None:
-            b.sub_(ym[s:e])
-        a.mul_(b)
-        full = (n // ROW) * ROW
-        if full:
-            parts.extend(a[:full].view(-1, ROW).sum(dim=1).tolist())
-        if full < n:
-            parts.extend(a[full:].view(1, -1).sum(dim=1).tolist())
-    return math.fsum(parts)
+        if mf is not None:
+            a.sub_(mf[s:e])
+        b.copy_(rf[s:e])
+        for out, (u, v) in zip(parts, ((a, a), (a, b), (b, b)), strict=True):
+            torch.mul(u, v, out=p)
+            full = (n // ROW) * ROW
+            if full:
+                out.extend(p[:full].view(-1, ROW).sum(dim=1).tolist())
+            if full < n:
+                out.extend(p[full:].view(1, -1).sum(dim=1).tolist())
+    dd, dr, rr = (math.fsum(v) for v in parts)
+    return dd, dr, rr

@@ -21,7 +21,7 @@ accepted deltas). After ``warmup`` accepted results it refuses, with
 
 Only accepted results update the running statistics (exponential, ``decay``), so an attacker cannot
 drag them. Everything the gate keeps is in its state (scalars and ``r``) next to the wrapped
-policy's; norms and dot products are computed in float64 in fixed 16 Ki rows, so the decisions do
+policy's; norms and dot products are summed in float64 over fixed 16 Ki rows, so the decisions do
 not depend on the thread count. ``needs_base`` and the claims come from the wrapped policy.
 """
 
@@ -37,7 +37,7 @@ from vcasync.errors import ConfigError, UpdateRejectedError
 from vcasync.policy import MergePolicy, PolicyState, build_policy
 from vcasync.tensors import ModelState, Update
 
-from ._kernels import Workspace, check_update, delta_blocks, dot_rows, mixable
+from ._kernels import Workspace, check_update, delta_of, dot3, mixable
 
 __all__ = ["Gate"]
 
@@ -98,10 +98,9 @@ class Gate:
         """``(|d|, cos(d, ref))`` of a result; the cosine is None while either vector is zero."""
         dd = dr = rr = 0.0
         for name, r in ref.items():
-            x, minus = update.tensors[name], self._minus(model, update, name)
-            dd += dot_rows(x, x, self._ws, x_minus=minus, y_minus=minus)
-            dr += dot_rows(x, r, self._ws, x_minus=minus)
-            rr += dot_rows(r, r, self._ws)
+            a, b, c = dot3(update.tensors[name], r, self._ws,
+                           x_minus=self._minus(model, update, name))
+            dd, dr, rr = dd + a, dr + b, rr + c
         norm = math.sqrt(dd) if math.isfinite(dd) else math.inf
         if not math.isfinite(dd) or not math.isfinite(dr):
             return math.inf, None
@@ -150,24 +149,13 @@ class Gate:
         rate = 1.0 - self.decay
         for name, r in ref.items():
             x, minus = update.tensors[name], self._minus(model, update, name)
-            if minus is None:
-                r.lerp_(x, rate)
-            else:
-                _lerp_diff(r, x, minus, rate, self._ws)
+            r.lerp_(x if minus is None else delta_of(x, minus, self._ws), rate)
         _ew_update(state, "norm", norm, self.decay, first=int(state["accepted"]) == 0)
         state["accepted"] = int(state["accepted"]) + 1
         if cos is not None:
             _ew_update(state, "cos", cos, self.decay, first=int(state["cos_seen"]) == 0)
             state["cos_seen"] = int(state["cos_seen"]) + 1
         return self.inner.merge(model, update, state["inner"])
-
-
-def _lerp_diff(r: torch.Tensor, x: torch.Tensor, minus: torch.Tensor, rate: float,
-               ws: Workspace) -> None:
-    """``r <- (1 - rate) r + rate (x - minus)``, one scratch block of ``x - minus`` at a time."""
-    rf = r.view(-1)
-    for s, e, d in delta_blocks(x, minus, ws):
-        rf[s:e].lerp_(d, rate)
 
 
 def _ew_update(state: PolicyState, key: str, value: float, decay: float, *, first: bool) -> None:

@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m bench.NAME`` (see shared BENCHMARKS.md)."""
