@@ -5,12 +5,13 @@ tensor into a preallocated model). Peer: Flower's FedAvg ``aggregate`` (``flwr``
 averaging the model and the result as two weighted clients, on numpy views of the same tensors.
 
 Mode: *warm*. Each policy is built, its state initialised and one full round merged before timing,
-so state buffers and scratch are touched and reused, as in a long-running coordinator. Figures are
-medians of ``--repeats`` timed runs. Buffered policies (fedbuff, median, trimmed_mean, sync) are
-timed over a whole round of ``K`` results and reported per result (the flush is included); ``gate``
-wraps vcasgd. ``<policy>_vs_memcpy`` is merge time / memcpy time (lower is better; the target for
-mixing policies is <= 2). Deltas arrive with their base (the worker's usual case); ``*_weights``
-rows send full weights instead.
+so state buffers and scratch are touched and reused, as in a long-running coordinator. Each timed
+merge round is paired with a memcpy timed right before it, and a ratio is the median of the
+per-pair ratios over ``--repeats`` pairs, so a machine whose load drifts cannot skew it. Buffered
+policies (fedbuff, median, trimmed_mean, sync) are timed over a whole round of ``K`` results and
+reported per result (the flush included); ``gate`` wraps vcasgd. ``<policy>_vs_memcpy`` is merge
+time / memcpy time (lower is better; the target for mixing policies is <= 2). Deltas arrive with
+their base (the worker's usual case); ``*_weights`` rows send full weights instead.
 
     python -m bench.merge                 # 25M and 100M params
     python -m bench.merge --quick         # 5M and 25M params, fewer repeats
@@ -81,29 +82,38 @@ def make_model(params: int, value: float) -> ModelState:
     return ModelState(tensors)
 
 
-def median_seconds(fn: Callable[[], object], repeats: int) -> float:
+def paired(fn: Callable[[], object], copy: Callable[[], object],
+           repeats: int) -> tuple[float, float, float]:
+    """``(median seconds of fn, median seconds of copy, median of the per-pair ratios)``."""
     fn()  # warm-up
-    times = []
+    copy()
+    ts, cs, ratios = [], [], []
     for _ in range(repeats):
         start = time.perf_counter()
+        copy()
+        mid = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        end = time.perf_counter()
+        cs.append(mid - start)
+        ts.append(end - mid)
+        ratios.append((end - mid) / (mid - start))
+    return statistics.median(ts), statistics.median(cs), statistics.median(ratios)
 
 
-def time_memcpy(model: ModelState, repeats: int) -> float:
+def memcpy_fn(model: ModelState) -> Callable[[], None]:
+    """The reference: ``copy_`` of every tensor of the model into a preallocated model."""
     dst = {n: torch.empty_like(t) for n, t in model.items()}
 
     def copy() -> None:
         for n, t in model.items():
             dst[n].copy_(t)
 
-    return median_seconds(copy, repeats)
+    return copy
 
 
 def time_policy(case: Case, model: ModelState, base: ModelState, result: dict[str, torch.Tensor],
-                repeats: int) -> float:
-    """Median seconds per merged result, warm (one full round merged before timing)."""
+                copy: Callable[[], None], repeats: int) -> tuple[float, float]:
+    """``(median seconds per merged result, ratio to memcpy)``, warm (see the module docstring)."""
     policy: MergePolicy = build_policy(case.policy, case.params)
     state = policy.init_state(model)
     update = Update(result, kind=case.kind, base=base if policy.needs_base else None, samples=10)
@@ -115,20 +125,22 @@ def time_policy(case: Case, model: ModelState, base: ModelState, result: dict[st
             except UpdateRejectedError:  # pragma: no cover - the gate never rejects here
                 raise SystemExit("the gate refused a benchmark result") from None
 
-    seconds = median_seconds(one_round, repeats) / case.round_size
-    del policy, state
-    gc.collect()
-    return seconds
+    one_round()
+    seconds, _, ratio = paired(one_round, copy, repeats)
+    return seconds / case.round_size, ratio / case.round_size
 
 
-def time_flower(model: ModelState, result: dict[str, torch.Tensor], repeats: int) -> float | None:
+def time_flower(model: ModelState, result: dict[str, torch.Tensor], copy: Callable[[], None],
+                repeats: int) -> tuple[float, float] | None:
+    """Flower's FedAvg ``aggregate`` of the model and the result as two clients, or None."""
     try:
         from flwr.server.strategy.aggregate import aggregate
     except ImportError:
         return None
     arrays_w = [t.numpy() for t in model.values() if t.is_floating_point()]
     arrays_r = [t.numpy() for n, t in result.items() if t.is_floating_point()]
-    return median_seconds(lambda: aggregate([(arrays_w, 10), (arrays_r, 10)]), repeats)
+    seconds, _, ratio = paired(lambda: aggregate([(arrays_w, 10), (arrays_r, 10)]), copy, repeats)
+    return seconds, ratio
 
 
 def run(sizes: list[int], repeats: int) -> dict[str, Any]:
@@ -140,20 +152,21 @@ def run(sizes: list[int], repeats: int) -> dict[str, Any]:
         delta = {n: (t * 1e-3 if t.is_floating_point() else t + 3) for n, t in base.items()}
         weights = {n: (t + d if t.is_floating_point() else d) for (n, t), d in
                    zip(base.items(), delta.values(), strict=True)}
-        memcpy = time_memcpy(model, repeats)
+        copy = memcpy_fn(model)
+        _, memcpy, _ = paired(copy, copy, repeats)
         rows.append(("memcpy", size, memcpy, 1.0))
         tag = f"{size // 1_000_000}m"
         figures[f"memcpy_ms_{tag}"] = round(memcpy * 1e3, 3)
         for case in CASES:
-            seconds = time_policy(case, model, base, weights if case.kind == "weights" else delta,
-                                  repeats)
-            rows.append((case.label, size, seconds, seconds / memcpy))
-            figures[f"{case.label}_vs_memcpy_{tag}"] = round(seconds / memcpy, 3)
-        flower = time_flower(model, weights, repeats)
+            seconds, ratio = time_policy(case, model, base,
+                                         weights if case.kind == "weights" else delta, copy, repeats)
+            rows.append((case.label, size, seconds, ratio))
+            figures[f"{case.label}_vs_memcpy_{tag}"] = round(ratio, 3)
+        flower = time_flower(model, weights, copy, repeats)
         if flower is not None:
-            rows.append(("flower_fedavg", size, flower, flower / memcpy))
-            figures[f"flower_fedavg_vs_memcpy_{tag}"] = round(flower / memcpy, 3)
-        del model, base, delta, weights
+            rows.append(("flower_fedavg", size, *flower))
+            figures[f"flower_fedavg_vs_memcpy_{tag}"] = round(flower[1], 3)
+        del model, base, delta, weights, copy
         gc.collect()
     _print_table(rows, sizes)
     top = f"{max(sizes) // 1_000_000}m"
