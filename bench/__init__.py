@@ -1,1 +1,1 @@
-"""Benchmarks: ``python -m bench.NAME`` (see shared BENCHMARKS.md)."""
+"""Benchmarks: ``python -m bench.NAME`` (see BENCHMARKS.md); they print figures and gate nothing."""

@@ -20,6 +20,7 @@ everything with one clause, or exactly one failure with a leaf class::
     │   ├── AccessDeniedError         the backend refused our credentials
     │   ├── TransientStorageError     timeout, 5xx, throttling: retried, then raised
     │   ├── CorruptObjectError        an object's digest does not match what its manifest promised
+    │   ├── InvalidKeyError           a key (or name) this storage cannot hold: '..', '//', control chars
     │   └── BackendUnavailableError   unknown URL scheme, or an optional dependency is missing
     ├── PolicyError                   merge-policy problems
     │   ├── PluginValidationError     a plugin failed validation when registered (``.plugin``)
@@ -30,7 +31,8 @@ everything with one clause, or exactly one failure with a leaf class::
     │   ├── LeaseExpiredError         the lease's deadline passed; the unit went back to the queue
     │   ├── UnitClosedError           the unit already has a merged result: never merged twice
     │   ├── NotLeaseHolderError       the lease belongs to another worker
-    │   └── NoWorkAvailableError      nothing to lease right now (or the run is finished)
+    │   ├── NoWorkAvailableError      nothing to lease right now (or the run is finished)
+    │   └── VersionNotFoundError      that model version is not held (any more): fetch the latest
     └── AuthError                     missing, malformed, forged, expired or revoked credentials
 
 Errors carry context as attributes and say what to do in their message.
@@ -47,6 +49,7 @@ __all__ = [
     "ConfigError",
     "CorruptObjectError",
     "FrameError",
+    "InvalidKeyError",
     "LeaseExpiredError",
     "LeaseNotFoundError",
     "LedgerError",
@@ -67,6 +70,7 @@ __all__ = [
     "UpdateRejectedError",
     "VCAsyncError",
     "ValidationError",
+    "VersionNotFoundError",
     "WireError",
 ]
 
@@ -167,6 +171,11 @@ class CorruptObjectError(StorageError):
     """An object's bytes do not match the digest its manifest recorded."""
 
 
+class InvalidKeyError(StorageError):
+    """The key is malformed (empty, absolute, ``..``, ``//``, control characters, too long) or
+    cannot be stored by this backend (for ``file://``: an object and a prefix with the same name)."""
+
+
 class BackendUnavailableError(StorageError):
     """No backend for the URL scheme, or its optional dependency is not installed."""
 
@@ -234,6 +243,14 @@ class NoWorkAvailableError(LedgerError):
         super().__init__(message)
         self.retry_after = retry_after
         self.finished = finished
+
+
+class VersionNotFoundError(LedgerError):
+    """The coordinator does not hold that model version (never made, or dropped from its window)."""
+
+    def __init__(self, message: str, *, version: int | None = None) -> None:
+        super().__init__(message)
+        self.version = version
 
 
 # --- auth -----------------------------------------------------------------------------------

@@ -1,0 +1,390 @@
+"""The asyncio core: join, lease, heartbeat, submit, release, and one merge loop that owns the model.
+
+No HTTP here (the server is a thin skin over this). A result travels::
+
+    submit: ledger check -> decode (wire, spec, limits) -> validate (finite, norm)   [any task]
+        -> merge queue -> merge loop: ledger re-check -> staleness / base -> journal (durable)
+        -> policy.merge into the private working model -> publish an immutable version -> receipt
+
+Decoding, validation, the merge and the copies run in worker threads, so heartbeats and leases keep
+being answered during a 100M-parameter merge. The merge loop is the only writer of the model, the
+policy state and unit completion, so a unit can never be closed twice. Bad input raises before it
+reaches the queue and changes nothing; a valid result that cannot be used (too stale, refused by the
+policy) gets a ``rejected`` receipt and its unit goes back to the queue.
+
+Durability (see :mod:`vcasync.journal`): ``"journal"`` writes each result to storage before it is
+merged and acknowledged, and replays the journal on start; ``"snapshot"`` only writes periodic
+snapshots (a crash loses what came after the last one, and versions jump forward past anything that
+may have been served); ``"none"`` keeps nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
+
+from ._coordinator_config import CoordinatorConfig, Durability
+from ._merger import Control, Job, Merger, retrieve
+from ._model import ModelOwner
+from ._results import read_result, reject_reason
+from ._snapshots import SnapshotSlot
+from ._units import LeaseGrant, Receipt, WorkUnit
+from .errors import (
+    ClosedError,
+    ConfigError,
+    LedgerError,
+    ValidationError,
+    WireError,
+)
+from .journal import Journal
+from .ledger import Ledger
+from .metrics import Metrics
+from .policy import MergePolicy
+from .storage import Storage
+from .tensors import ModelSpec, ModelState
+from .wire import resolve_codec
+
+__all__ = ["Coordinator", "CoordinatorConfig", "Durability"]
+
+log = logging.getLogger("vcasync.coordinator")
+
+
+class Coordinator:
+    """Holds the global model and the ledger; merges results as they arrive. ``async with`` it."""
+
+    def __init__(self, model: ModelState, units: Sequence[WorkUnit], *, policy: MergePolicy,
+                 storage: Storage | None, config: CoordinatorConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config or CoordinatorConfig()
+        if not isinstance(policy, MergePolicy):
+            raise ConfigError(f"policy {policy!r} does not implement MergePolicy")
+        if storage is None and self.config.durability != "none":
+            raise ConfigError(f"durability {self.config.durability!r} needs a storage")
+        if model.version < 0 or not len(model):
+            raise ConfigError("the model needs at least one tensor and a version >= 0")
+        self._model_in = model
+        self._units_in = list(units)
+        self._policy = policy
+        self._clock = clock
+        self.spec: ModelSpec = model.spec
+        self._journal = Journal(storage, config=self.config, spec=self.spec)
+        self.metrics = Metrics()
+        self.metrics.bind(self._gauges)
+        self._phase = "new"
+        self._ledger: Ledger              # both decided by recovery in __aenter__
+        self._owner: ModelOwner
+        self._slot: SnapshotSlot
+        self._merger: Merger
+        self._inflight: dict[str, asyncio.Future[None]] = {}
+        self._decode_slots = asyncio.Semaphore(self.config.max_concurrent_decodes)
+        self._finished = asyncio.Event()
+        self._closed = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._runner: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+
+    # -- lifetime ---------------------------------------------------------------------------------
+    async def __aenter__(self) -> Coordinator:
+        if self._phase != "new":
+            raise ClosedError("a Coordinator is entered once; make a new one")
+        self._phase = "starting"
+        try:
+            await self._recover()
+        except BaseException:
+            self._phase = "closed"
+            self._closed.set()
+            raise
+        self._runner = asyncio.create_task(self._run(), name="vcasync-coordinator")
+        self._phase = "running"
+        self._check_finished()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Finish the merge in progress, refuse what is queued, write a last snapshot. Idempotent."""
+        if self._phase in ("new", "closed"):
+            self._phase = "closed"
+            self._closed.set()
+            return
+        if self._phase == "closing":
+            await self._closed.wait()
+            return
+        self._phase = "closing"
+        try:
+            self._stop.set()
+            self._slot.ready.set()            # wakes the snapshot writer so it can stop
+            self._merger.jobs.put_nowait(Control.STOP)
+            if self._runner is not None:
+                await asyncio.gather(self._runner, return_exceptions=True)
+            self._merger.fail_queued(ClosedError("the coordinator is closing; send the result "
+                                                 "again"))
+            if self._failure is None and self._journal.durable:
+                try:    # nothing merges any more: capture and write what the last snapshot lacks
+                    if self._merger.since_snapshot:
+                        await self._slot.capture(self._ledger.snapshot())
+                    await self._write_snapshot()
+                except Exception as exc:
+                    log.warning("final snapshot failed: %r", exc)
+            self._slot.drop()
+        finally:
+            self._phase = "closed"
+            self._closed.set()
+
+    def _check_running(self) -> None:
+        if self._phase != "running":
+            if self._failure is not None:
+                raise ClosedError(f"the coordinator stopped after an error: {self._failure!r}")
+            raise ClosedError(f"the coordinator is {self._phase}; it serves between __aenter__ "
+                              "and aclose()")
+
+    async def _run(self) -> None:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._merger.run(), name="vcasync-merge")
+                tg.create_task(self._expiry_loop(), name="vcasync-expiry")
+                if self._journal.durable:
+                    tg.create_task(self._snapshot_loop(), name="vcasync-snapshots")
+        except asyncio.CancelledError:
+            self._failure = ClosedError("the coordinator's loops were cancelled")
+            self._merger.fail_queued(self._failure)
+            raise
+        except BaseException as exc:
+            self._failure = exc
+            self._phase = "failed" if self._phase == "running" else self._phase
+            log.exception("coordinator loop failed; stopping")
+            self._merger.fail_queued(ClosedError(f"the coordinator stopped after an error: "
+                                                 f"{exc!r}"))
+            self._closed.set()
+
+    # -- recovery ---------------------------------------------------------------------------------
+    async def _recover(self) -> None:
+        run = await self._journal.open()
+        cfg = self.config.ledger_config()
+        rec = await self._journal.load_snapshot()
+        if rec is None:
+            self._owner = ModelOwner(self._policy, self._model_in,
+                                     max_retained_bytes=self.config.max_retained_bytes)
+            self._ledger = Ledger(self._units_in, config=cfg, clock=self._clock, secret=run.secret)
+        else:
+            self._owner = ModelOwner(self._policy, ModelState(rec.tensors, rec.version),
+                                     max_retained_bytes=self.config.max_retained_bytes,
+                                     policy_state=rec.policy_state)
+            self._ledger = Ledger.restore(rec.ledger, config=cfg, clock=self._clock,
+                                          secret=run.secret)
+            self._ledger.add_units(self._units_in)
+        self._slot = SnapshotSlot(self._journal, self._owner)
+        self._merger = Merger(owner=self._owner, ledger=self._ledger, journal=self._journal,
+                              slot=self._slot, metrics=self.metrics, config=self.config,
+                              settled=self._check_finished)
+        async for entry in self._journal.entries():
+            await self._merger.replay(entry.meta, entry.tensors)
+        floor = await self._journal.version_floor()
+        if floor is not None and floor >= self.version:
+            # Snapshot mode: versions up to the floor may have been served; never reuse a number.
+            self._owner.jump(floor + 1)
+            self._merger.retain()
+        await self._journal.raise_version_floor(self.version)
+        if rec is None and self._journal.durable:
+            # The first snapshot pins the initial model: replay must start from exactly it.
+            await self._slot.capture(self._ledger.snapshot())
+            await self._write_snapshot()
+
+    async def _write_snapshot(self) -> None:
+        if await self._slot.write():
+            self.metrics.snapshots += 1
+
+    # -- workers ----------------------------------------------------------------------------------
+    async def join(self, name: str = "", info: Mapping[str, Any] | None = None) -> str:
+        """Register a worker; returns its id (authentication is the server's business)."""
+        self._check_running()
+        return self._ledger.join(name, info)
+
+    async def lease(self, worker_id: str) -> LeaseGrant:
+        """The next unit, or :class:`NoWorkAvailableError` (``finished`` when the run is over)."""
+        self._check_running()
+        try:
+            return self._ledger.lease(worker_id, self.version)
+        finally:
+            self._check_finished()      # leasing expires overdue leases, which may park the last unit
+
+    async def resume(self, worker_id: str, lease_id: str) -> LeaseGrant:
+        """Pick a lease up again after a restart (worker or coordinator)."""
+        self._check_running()
+        try:
+            return self._ledger.resume(worker_id, lease_id)
+        finally:
+            self._check_finished()
+
+    async def heartbeat(self, worker_id: str, lease_id: str, steps_done: int) -> LeaseGrant:
+        """Progress report; progress extends the lease."""
+        self._check_running()
+        self.metrics.heartbeats += 1
+        try:
+            return self._ledger.heartbeat(worker_id, lease_id, steps_done)
+        finally:
+            self._check_finished()
+
+    async def release(self, worker_id: str, lease_id: str, reason: str = "") -> None:
+        """Give a lease up (its unit goes back to the queue)."""
+        self._check_running()
+        try:
+            self._ledger.release(worker_id, lease_id, reason)
+        finally:
+            self._check_finished()
+
+    # -- results ----------------------------------------------------------------------------------
+    async def submit(self, worker_id: str, lease_id: str, body: AsyncIterable[bytes]) -> Receipt:
+        """Decode, validate, merge and acknowledge one result (see the module docstring).
+
+        The same lease again gets the first receipt back (status ``duplicate`` when it was accepted);
+        the body is not read then. Malformed or invalid results raise and change nothing.
+        """
+        self._check_running()
+        while True:
+            try:
+                check = self._ledger.check_result(worker_id, lease_id)
+            except LedgerError as exc:
+                self.metrics.reject(reject_reason(exc))
+                raise
+            if check.receipt is not None:
+                return self._merger.duplicate(check.receipt)
+            pending = self._inflight.get(lease_id)
+            if pending is None:
+                break
+            await asyncio.shield(pending)      # the same lease is being uploaded: wait for it
+        gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._inflight[lease_id] = gate
+        try:
+            return await self._submit(worker_id, lease_id, check.unit, body)
+        finally:
+            del self._inflight[lease_id]
+            gate.set_result(None)
+
+    async def _count(self, body: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+        async for chunk in body:
+            self.metrics.bytes_in += len(chunk)
+            yield chunk
+
+    async def _submit(self, worker_id: str, lease_id: str, unit: WorkUnit,
+                      body: AsyncIterable[bytes]) -> Receipt:
+        try:
+            async with self._decode_slots:
+                meta, tensors = await read_result(
+                    self._count(body), lease_id=lease_id, unit=unit, spec=self.spec,
+                    config=self.config, current_version=self.version, hold=self._owner.hold,
+                    release=self._owner.release)
+        except (WireError, ValidationError) as exc:
+            self.metrics.reject(reject_reason(exc))
+            raise
+        self._check_running()
+        future: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(retrieve)
+        self._merger.jobs.put_nowait(Job(worker_id, lease_id, unit, meta, tensors, future))
+        return await asyncio.shield(future)
+
+    def _check_finished(self) -> None:
+        merger = getattr(self, "_merger", None)
+        if self._ledger.finished and (merger is None or (merger.jobs.empty() and not merger.busy)):
+            self._finished.set()
+
+    async def _expiry_loop(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.expiry_interval_s):
+                    await self._stop.wait()
+            if self._ledger.expire():
+                self._merger.retain()
+                self._check_finished()
+
+    async def _snapshot_loop(self) -> None:
+        """Writes what the merge loop captured; asks for a capture when the interval passes."""
+        while not self._stop.is_set():
+            try:
+                async with asyncio.timeout(self.config.snapshot_interval_s):
+                    await self._slot.ready.wait()
+            except TimeoutError:
+                merger = self._merger
+                if merger.since_snapshot and not merger.capture_queued:
+                    merger.capture_queued = True
+                    merger.jobs.put_nowait(Control.CAPTURE)
+                continue
+            if self._stop.is_set():
+                return        # aclose() writes what is left
+            try:
+                await self._write_snapshot()
+            except Exception as exc:    # a failed snapshot must never stop the coordinator
+                self.metrics.snapshot_failures += 1
+                log.warning("snapshot failed (the next one retries): %r", exc)
+
+    # -- views ------------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._owner.version
+
+    def model_etag(self, version: int) -> str:
+        """An opaque, strong ETag for a held version (quote it in the header yourself)."""
+        return self._owner.etag(self._journal.run_id, version)
+
+    def model_payload(self, version: int | None = None,
+                      codec: str | None = None) -> AsyncIterator[bytes]:
+        """The wire payload (kind ``model``, meta ``{version, digest}``) of a held version;
+        :class:`VersionNotFoundError` (now, not when iterated) for one that is not held."""
+        self._check_running()
+        codec = codec or self.config.model_codec
+        resolve_codec(codec)
+
+        def count(n: int) -> None:
+            self.metrics.bytes_out += n
+
+        return self._owner.payload(self.version if version is None else version, codec, count)
+
+    def model(self, version: int | None = None) -> ModelState:
+        """A private copy of a held version (for the embedding program, tests and evaluation)."""
+        return self._owner.copy(version)
+
+    async def wait_finished(self) -> None:
+        """Return when every unit is done or parked and every accepted result merged."""
+        finished = asyncio.ensure_future(self._finished.wait())
+        closed = asyncio.ensure_future(self._closed.wait())
+        try:
+            await asyncio.wait({finished, closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            finished.cancel()
+            closed.cancel()
+        if not self._finished.is_set():
+            raise ClosedError("the coordinator closed before the run finished")
+
+    def _gauges(self) -> dict[str, float]:
+        if self._phase in ("new", "starting"):
+            return {}
+        stats = self._ledger.stats
+        return {"version": self.version, "workers_alive": self._ledger.workers_alive(),
+                "workers_known": self._ledger.num_workers,
+                "leases_issued_total": stats["issued"], "leases_expired_total": stats["expired"],
+                "leases_reissued_total": stats["reissued"],
+                "leases_released_total": stats["released"],
+                **{f"units_{k}": v for k, v in self._ledger.counts().items()},
+                "merge_queue": self._merger.jobs.qsize(),
+                "retained_versions": len(self._owner.versions.numbers())}
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-able summary for ``GET /v1/status``."""
+        out: dict[str, Any] = {"phase": self._phase, "durability": self.config.durability,
+                               "policy": self._policy.name}
+        if self._phase in ("new", "starting"):
+            return out
+        out.update({
+            "run_id": self._journal.run_id, "version": self.version,
+            "finished": self._finished.is_set(), "units": self._ledger.counts(),
+            "parked": dict(list(self._ledger.parked().items())[:100]),
+            "workers": {"known": self._ledger.num_workers, "alive": self._ledger.workers_alive()},
+            "leases": dict(self._ledger.stats), "retained_versions": self._owner.versions.numbers(),
+            "journal": self._journal.status(), "metrics": self.metrics.as_dict(),
+        })
+        return out
