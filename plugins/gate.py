@@ -8,20 +8,20 @@ Learning in Sybil Settings* (FoolsGold), RAID 2020 (arXiv 1808.04866) (cosine si
 For each result the gate takes its delta ``d`` (the delta itself; for full weights ``w_c - w_base``
 when the base is known, else ``w_c - w``) over the floating-point tensors and measures ``|d|`` and
 ``cos(d, r)`` against a running reference direction ``r`` (an exponential moving average of the
-accepted deltas). After ``warmup`` accepted results it refuses, with
-:class:`~vcasync.errors.UpdateRejectedError`:
+accepted deltas). It refuses, with :class:`~vcasync.errors.UpdateRejectedError`:
 
 - ``reason="non_finite"``: ``d`` holds NaN or Inf (always, warm-up or not);
-- ``reason="norm_outlier"``: ``|d| > max_norm``, or ``|d|`` above the running mean by more than ``z``
-  running standard deviations (the spread is floored at 5 % of the mean, so a run of equal norms
-  does not make every slightly larger one an outlier);
-- ``reason="direction_outlier"``: ``cos < min_cosine``, or, once ``warmup`` accepted results had a
-  cosine (the first result has none: the reference is still zero), below the running mean cosine
+- ``reason="norm_outlier"``: ``|d|`` overflows or exceeds ``max_norm`` (always), or, after ``warmup``
+  accepted results, lies above the running mean by more than ``z`` running standard deviations
+  (the spread is floored at 5 % of the mean, so a run of equal norms does not make every slightly
+  larger one an outlier);
+- ``reason="direction_outlier"``: ``cos < min_cosine`` (always), or, once ``warmup`` accepted
+  results had a cosine (the first result has none: the reference is still zero), below the running mean cosine
   by more than ``z`` running standard deviations (the spread floored at 0.1).
 
 Only accepted results update the running statistics (exponential, ``decay``), so an attacker cannot
 drag them. Everything the gate keeps is in its state (scalars and ``r``) next to the wrapped
-policy's; norms and dot products are summed in float64 over fixed 16 Ki rows, so the decisions do
+policy's; norms and dot products are summed over fixed 16 Ki rows, the rows exactly, so the decisions do
 not depend on the thread count. ``needs_base`` and the claims come from the wrapped policy.
 """
 
@@ -95,15 +95,20 @@ class Gate:
 
     def measure(self, model: ModelState, update: Update,
                 ref: Mapping[str, torch.Tensor]) -> tuple[float, float | None]:
-        """``(|d|, cos(d, ref))`` of a result; the cosine is None while either vector is zero."""
+        """``(|d|, cos(d, ref))`` of a result; the cosine is None while either vector is zero.
+
+        The norm is NaN when the result holds NaN or Inf, and Inf when it is finite but too large
+        to measure (its squares overflow).
+        """
         dd = dr = rr = 0.0
         for name, r in ref.items():
             a, b, c = dot3(update.tensors[name], r, self._ws,
                            x_minus=self._minus(model, update, name))
             dd, dr, rr = dd + a, dr + b, rr + c
-        norm = math.sqrt(dd) if math.isfinite(dd) else math.inf
-        if not math.isfinite(dd) or not math.isfinite(dr):
-            return math.inf, None
+        if not (math.isfinite(dd) and math.isfinite(dr)):
+            finite = all(bool(torch.isfinite(update.tensors[n]).all()) for n in ref)
+            return (math.inf if finite else math.nan), None
+        norm = math.sqrt(dd)
         if dd == 0.0 or rr == 0.0:
             return norm, None
         return norm, max(-1.0, min(1.0, dr / math.sqrt(dd * rr)))
@@ -115,8 +120,11 @@ class Gate:
         return update.base[name] if update.base is not None else model[name]
 
     def _decide(self, state: PolicyState, norm: float, cos: float | None) -> None:
-        if not math.isfinite(norm):
+        if math.isnan(norm):
             raise UpdateRejectedError("the result holds NaN or Inf", reason="non_finite")
+        if math.isinf(norm):
+            raise UpdateRejectedError("the result is too large to measure (its norm overflows)",
+                                      reason="norm_outlier")
         if self.max_norm is not None and norm > self.max_norm:
             raise UpdateRejectedError(f"delta norm {norm:.4g} exceeds max_norm {self.max_norm:.4g}",
                                       reason="norm_outlier")
