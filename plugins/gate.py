@@ -16,13 +16,13 @@ accepted deltas). It refuses, with :class:`~vcasync.errors.UpdateRejectedError`:
   (the spread is floored at 5 % of the mean, so a run of equal norms does not make every slightly
   larger one an outlier);
 - ``reason="direction_outlier"``: ``cos < min_cosine`` (always), or, once ``warmup`` accepted
-  results had a cosine (the first result has none: the reference is still zero), below the running mean cosine
-  by more than ``z`` running standard deviations (the spread floored at 0.1).
+  results had a cosine (the first has none: the reference is still zero), below the running mean
+  cosine by more than ``z`` running standard deviations (the spread floored at 0.1).
 
 Only accepted results update the running statistics (exponential, ``decay``), so an attacker cannot
 drag them. Everything the gate keeps is in its state (scalars and ``r``) next to the wrapped
-policy's; norms and dot products are summed over fixed 16 Ki rows, the rows exactly, so the decisions do
-not depend on the thread count. ``needs_base`` and the claims come from the wrapped policy.
+policy's; norms and dot products are summed over fixed 16 Ki rows, the rows exactly, so the
+decisions do not depend on the thread count. ``needs_base`` and the claims come from the wrapped policy.
 """
 
 from __future__ import annotations
