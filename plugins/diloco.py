@@ -10,7 +10,8 @@ momentum::
     w <- w - lr (g + mu m)          (plain momentum: w <- w - lr m)
 
 with the published defaults ``lr = 0.7``, ``mu = 0.9`` (inner steps H = 500 AdamW are the worker's
-business). Full weights become a delta against the current model. Integer and bool tensors take the
+business). Full weights become a delta against the current model, computed into one reused
+scratch the size of a tensor. Integer and bool tensors take the
 element-wise maximum, applied with the outer step. Momentum (and the buffer when ``buffer_size > 1``)
 is allocated once in ``init_state`` and updated in place.
 """
