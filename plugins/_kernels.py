@@ -1,10 +1,15 @@
 """Tensor kernels the built-in policies share: in place, no model-sized temporaries, bit-exact.
 
-Every kernel here writes into an existing tensor with ``lerp_``/``add_``/``sub_``/``mul_`` (an
-element-wise op gives the same bits whatever the number of threads) and allocates nothing the size of
-a model. Reductions (the gate's norms and cosines) run row by row over fixed 16,384-element rows,
-each row summed by one thread in float64, and the rows added with ``math.fsum``: the result does not
-depend on the thread count either.
+Every kernel writes into an existing tensor with whole-tensor ``lerp_``/``add_``/``sub_``/``mul_``
+(an element-wise op gives the same bits whatever the number of threads) and allocates nothing the
+size of a model: where a difference ``x - w`` is needed first, it goes into one reusable scratch
+buffer the size of the largest tensor (:class:`Workspace`, kept by the policy instance, so a warm
+coordinator allocates nothing per merge).
+
+Two torch behaviours shape the rest. ``add_(x, alpha=a)`` on float16/bfloat16 rounds differently
+in its vectorised body and its scalar tail, so :func:`axpy` computes half tensors in float32
+blocks. A full reduction (``sum()``) depends on the thread count, so :func:`dot3` sums fixed
+16,384-element rows (one thread per row) and adds the row sums with ``math.fsum``.
 
 Integer and bool tensors are never averaged: the model takes the element-wise maximum of its value
 and the worker's (logical or for bools). Deltas carry the worker's values for such tensors (a
@@ -22,22 +27,26 @@ from vcasync.errors import SpecMismatchError, UpdateRejectedError, ValidationErr
 from vcasync.tensors import ModelState, Update
 
 __all__ = [
+    "BLOCK",
     "ROW",
     "Workspace",
     "accumulate_delta",
+    "axpy",
+    "blocks",
     "check_update",
-    "delta_blocks",
-    "dot_rows",
+    "delta_of",
+    "dot3",
     "lerp_delta",
-    "mixable",
     "mix_result",
+    "mixable",
     "store_delta",
     "take_max",
 ]
 
 #: Elements per reduction row: below torch's parallel grain (32,768), so one thread sums a row.
 ROW = 16384
-_STEP_ROWS = 64
+#: Elements per block where a loop over blocks bounds scratch memory (a multiple of ROW).
+BLOCK = 16 * ROW
 
 
 def mixable(t: torch.Tensor) -> bool:
@@ -82,26 +91,52 @@ def _check_tensors(model: ModelState, tensors: Mapping[str, torch.Tensor], what:
 
 
 class Workspace:
-    """Reusable scratch rows, so reductions allocate a few MiB once per policy instance, not per merge.
-
-    Holds no algorithm state: results never depend on what it held before.
-    """
+    """Named scratch buffers reused across merges; holds no state (results never depend on it)."""
 
     def __init__(self) -> None:
-        self._bufs: dict[torch.dtype, torch.Tensor] = {}
+        self._bufs: dict[tuple[str, torch.dtype], torch.Tensor] = {}
 
-    def take(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
-        buf = self._bufs.get(dtype)
+    def take(self, slot: str, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        """A contiguous 1-d view of ``numel`` elements; contents are garbage."""
+        buf = self._bufs.get((slot, dtype))
         if buf is None or buf.numel() < numel:
             buf = torch.empty(numel, dtype=dtype)
-            self._bufs[dtype] = buf
+            self._bufs[(slot, dtype)] = buf
         return buf[:numel]
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by all scratch buffers."""
+        return sum(b.numel() * b.element_size() for b in self._bufs.values())
 
-def _steps(n: int) -> Iterator[tuple[int, int]]:
-    step = ROW * _STEP_ROWS
-    for start in range(0, n, step):
-        yield start, min(start + step, n)
+
+def blocks(n: int, size: int = BLOCK) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of consecutive blocks covering ``range(n)``."""
+    for start in range(0, n, size):
+        yield start, min(start + size, n)
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def axpy(w: torch.Tensor, x: torch.Tensor, alpha: float, ws: Workspace) -> None:
+    """``w += alpha * x`` in place, the same bits whatever the thread count (see module doc)."""
+    if alpha == 1.0:
+        w.add_(x)
+    elif alpha == -1.0:
+        w.sub_(x)
+    elif w.dtype not in _HALF:
+        w.add_(x, alpha=alpha)
+    elif not w.is_contiguous():  # rare: one float32 temporary the size of this tensor
+        w.copy_(w.float().add_(x.float(), alpha=alpha))
+    else:
+        wf, xf = w.view(-1), x.reshape(-1)
+        for s, e in blocks(wf.numel()):
+            a = ws.take("axpy_w", torch.float32, e - s)
+            b = ws.take("axpy_x", torch.float32, e - s)
+            a.copy_(wf[s:e])
+            b.copy_(xf[s:e])
+            wf[s:e].copy_(a.add_(b, alpha=alpha))
 
 
 def take_max(w: torch.Tensor, x: torch.Tensor) -> None:
@@ -109,58 +144,14 @@ def take_max(w: torch.Tensor, x: torch.Tensor) -> None:
     torch.maximum(w, x, out=w)
 
 
-def mix_result(w: torch.Tensor, x: torch.Tensor, base: torch.Tensor | None, weight: float) -> None:
-    """``w <- (1 - weight) w + weight w_c`` in place, ``w_c = x`` or ``base + x`` (a delta).
+def delta_of(x: torch.Tensor, w: torch.Tensor, ws: Workspace) -> torch.Tensor:
+    """``x - w`` in the workspace's ``delta`` buffer (valid until the next call), shaped like ``x``.
 
-    Two passes, no temporary: ``lerp_`` towards the base, then ``add_`` the weighted delta.
+    Subtracting first keeps ``x == w`` an exact zero delta and small deltas of large weights exact.
     """
-    if not mixable(w):
-        take_max(w, x)
-        return
-    if weight == 0.0:
-        return
-    if base is None:
-        w.lerp_(x, weight)
-    else:
-        w.lerp_(base, weight).add_(x, alpha=weight)
-
-
-def delta_blocks(x: torch.Tensor, w: torch.Tensor,
-                 ws: Workspace) -> Iterator[tuple[int, int, torch.Tensor]]:
-    """Yield ``(start, end, x - w)`` over flat blocks of 1 Mi elements, computed into scratch.
-
-    Subtracting first (rather than ``add_(x).sub_(w)``) keeps ``x == w`` an exact zero delta.
-    """
-    xf, wf = x.reshape(-1), w.reshape(-1)
-    for s, e in _steps(xf.numel()):
-        tmp = ws.take(x.dtype, e - s)
-        torch.sub(xf[s:e], wf[s:e], out=tmp)
-        yield s, e, tmp
-
-
-def accumulate_delta(buf: torch.Tensor, w: torch.Tensor, x: torch.Tensor, *, weights: bool,
-                     scale: float, ws: Workspace) -> None:
-    """``buf += scale * d`` with ``d = x`` (a delta) or ``x - w`` (full weights against the model).
-
-    ``buf`` is contiguous (the policy allocated it).
-    """
-    if not weights:
-        buf.add_(x, alpha=scale)
-        return
-    bf = buf.view(-1)
-    for s, e, d in delta_blocks(x, w, ws):
-        bf[s:e].add_(d, alpha=scale)
-
-
-def lerp_delta(buf: torch.Tensor, w: torch.Tensor, x: torch.Tensor, *, weights: bool,
-               ratio: float, ws: Workspace) -> None:
-    """``buf <- (1 - ratio) buf + ratio d`` (a running mean of deltas), ``d`` as in accumulate."""
-    if not weights:
-        buf.lerp_(x, ratio)
-        return
-    bf = buf.view(-1)
-    for s, e, d in delta_blocks(x, w, ws):
-        bf[s:e].lerp_(d, ratio)
+    d = ws.take("delta", x.dtype, x.numel()).view(x.shape)
+    torch.sub(x, w, out=d)
+    return d
 
 
 def store_delta(slot: torch.Tensor, w: torch.Tensor, x: torch.Tensor, *, weights: bool) -> None:
@@ -171,31 +162,64 @@ def store_delta(slot: torch.Tensor, w: torch.Tensor, x: torch.Tensor, *, weights
         slot.copy_(x)
 
 
-def dot_rows(x: torch.Tensor, y: torch.Tensor, ws: Workspace, *, x_minus: torch.Tensor | None = None,
-             y_minus: torch.Tensor | None = None) -> float:
-    """``sum((x - x_minus) * (y - y_minus))`` in float64, independent of the thread count.
+def mix_result(w: torch.Tensor, x: torch.Tensor, base: torch.Tensor | None, weight: float,
+               ws: Workspace) -> None:
+    """``w <- (1 - weight) w + weight w_c`` in place, ``w_c = x`` or ``base + x`` (a delta).
 
-    All tensors have the same shape; the ``*_minus`` ones turn full weights into a delta on the
-    fly, one scratch block at a time (see the module docstring for the fixed-row reduction).
+    Two passes, no temporary: ``lerp_`` towards the base, then add the weighted delta.
     """
-    xf, yf = x.reshape(-1), y.reshape(-1)
-    xm = None if x_minus is None else x_minus.reshape(-1)
-    ym = None if y_minus is None else y_minus.reshape(-1)
-    parts: list[float] = []
-    for s, e in _steps(xf.numel()):
+    if not mixable(w):
+        take_max(w, x)
+        return
+    if weight == 0.0:
+        return
+    if base is None:
+        w.lerp_(x, weight)
+    else:
+        axpy(w.lerp_(base, weight), x, weight, ws)
+
+
+def accumulate_delta(buf: torch.Tensor, w: torch.Tensor, x: torch.Tensor, *, weights: bool,
+                     scale: float, ws: Workspace) -> None:
+    """``buf += scale * d`` with ``d = x`` (a delta) or ``x - w`` (full weights against the model)."""
+    axpy(buf, delta_of(x, w, ws) if weights else x, scale, ws)
+
+
+def lerp_delta(buf: torch.Tensor, w: torch.Tensor, x: torch.Tensor, *, weights: bool,
+               ratio: float, ws: Workspace) -> None:
+    """``buf <- (1 - ratio) buf + ratio d`` (a running mean of deltas), ``d`` as in accumulate."""
+    buf.lerp_(delta_of(x, w, ws) if weights else x, ratio)
+
+
+def dot3(x: torch.Tensor, r: torch.Tensor, ws: Workspace, *,
+         x_minus: torch.Tensor | None = None) -> tuple[float, float, float]:
+    """``(d.d, d.r, r.r)`` with ``d = x - x_minus`` (or ``x``), independent of the thread count.
+
+    Products are formed block by block (float32, or float64 for float64 tensors; half tensors are
+    widened first) and summed per fixed row; the row sums are added exactly (``math.fsum``). A gate
+    compares these against thresholds, so float32 rounding (about 1e-6 relative) is immaterial;
+    what matters is that the same inputs give the same bits.
+    """
+    ctype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xf, rf = x.reshape(-1), r.reshape(-1)
+    mf = None if x_minus is None else x_minus.reshape(-1)
+    parts: tuple[list[float], list[float], list[float]] = ([], [], [])
+    for s, e in blocks(xf.numel()):
         n = e - s
-        tmp = ws.take(torch.float64, 2 * n)
-        a, b = tmp[:n], tmp[n:]
-        a.copy_(xf[s:e])
-        if xm is not None:
-            a.sub_(xm[s:e])
-        b.copy_(yf[s:e])
-        if ym is not None:
-            b.sub_(ym[s:e])
-        a.mul_(b)
-        full = (n // ROW) * ROW
-        if full:
-            parts.extend(a[:full].view(-1, ROW).sum(dim=1).tolist())
-        if full < n:
-            parts.extend(a[full:].view(1, -1).sum(dim=1).tolist())
-    return math.fsum(parts)
+        p = ws.take("dot_p", ctype, n)
+        a, b = xf[s:e], rf[s:e]
+        if mf is not None or a.dtype != ctype:
+            a = ws.take("dot_a", ctype, n).copy_(a)
+            if mf is not None:
+                a.sub_(mf[s:e])
+        if b.dtype != ctype:
+            b = ws.take("dot_b", ctype, n).copy_(b)
+        for out, (u, v) in zip(parts, ((a, a), (a, b), (b, b)), strict=True):
+            torch.mul(u, v, out=p)
+            full = (n // ROW) * ROW
+            if full:
+                out.extend(p[:full].view(-1, ROW).sum(dim=1).tolist())
+            if full < n:
+                out.extend(p[full:].view(1, -1).sum(dim=1).tolist())
+    dd, dr, rr = (math.fsum(v) for v in parts)
+    return dd, dr, rr

@@ -10,7 +10,8 @@ momentum::
     w <- w - lr (g + mu m)          (plain momentum: w <- w - lr m)
 
 with the published defaults ``lr = 0.7``, ``mu = 0.9`` (inner steps H = 500 AdamW are the worker's
-business). Full weights become a delta against the current model. Integer and bool tensors take the
+business). Full weights become a delta against the current model, computed into one reused
+scratch the size of a tensor. Integer and bool tensors take the
 element-wise maximum, applied with the outer step. Momentum (and the buffer when ``buffer_size > 1``)
 is allocated once in ``init_state`` and updated in place.
 """
@@ -25,7 +26,7 @@ from vcasync.errors import ConfigError
 from vcasync.policy import PolicyState
 from vcasync.tensors import ModelState, Update
 
-from ._kernels import Workspace, check_update, delta_blocks, lerp_delta, mixable, take_max
+from ._kernels import Workspace, axpy, check_update, delta_of, lerp_delta, mixable, take_max
 
 __all__ = ["DiLoCo"]
 
@@ -107,23 +108,12 @@ class DiLoCo:
 
     def _outer_step(self, w: torch.Tensor, m: torch.Tensor, x: torch.Tensor,
                     minus: torch.Tensor | None) -> None:
-        """``g = -(x - minus)``; ``m <- mu m + g``; ``w <- w - lr (g + mu m)`` (or ``- lr m``)."""
+        """``d = x - minus`` (or ``x``); ``g = -d``; ``m <- mu m + g``; ``w <- w - lr (g + mu m)``."""
         mu, lr = self.momentum, self.lr
-        if minus is None:
-            m.mul_(mu).sub_(x)
-            if self.nesterov:
-                w.add_(x, alpha=lr).add_(m, alpha=-lr * mu)
-            else:
-                w.add_(m, alpha=-lr)
-            return
-        if not w.is_contiguous():  # rare: one temporary the size of this tensor
-            self._outer_step(w, m, x - minus, None)
-            return
-        # Full weights: d = x - w block by block, each block of w updated right after its d.
-        mf, wf = m.view(-1), w.view(-1)
-        for s, e, d in delta_blocks(x, minus, self._ws):
-            mb = mf[s:e].mul_(mu).sub_(d)
-            if self.nesterov:
-                wf[s:e].add_(d, alpha=lr).add_(mb, alpha=-lr * mu)
-            else:
-                wf[s:e].add_(mb, alpha=-lr)
+        d = x if minus is None else delta_of(x, minus, self._ws)  # scratch, before w changes
+        m.mul_(mu).sub_(d)
+        if self.nesterov:
+            axpy(w, d, lr, self._ws)
+            axpy(w, m, -lr * mu, self._ws)
+        else:
+            axpy(w, m, -lr, self._ws)

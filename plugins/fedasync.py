@@ -16,7 +16,7 @@ from vcasync.errors import ConfigError
 from vcasync.policy import PolicyState
 from vcasync.tensors import ModelState, Update
 
-from ._kernels import check_update, mix_result
+from ._kernels import Workspace, check_update, mix_result
 from ._staleness import StalenessKind, StalenessWeight
 
 __all__ = ["FedAsync"]
@@ -39,6 +39,7 @@ class FedAsync:
             raise ConfigError(f"fedasync: alpha must be in (0, 1], got {alpha}")
         self.alpha = alpha
         self.staleness = StalenessWeight(staleness, a, b)
+        self._ws = Workspace()
 
     def __repr__(self) -> str:
         return f"FedAsync(alpha={self.alpha}, staleness={self.staleness})"
@@ -54,5 +55,6 @@ class FedAsync:
         weight = self.result_weight(update.staleness)
         base = update.base if update.kind == "delta" else None
         for name, w in model.items():
-            mix_result(w, update.tensors[name], None if base is None else base[name], weight)
+            mix_result(w, update.tensors[name], None if base is None else base[name], weight,
+                       self._ws)
         return model

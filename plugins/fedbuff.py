@@ -6,9 +6,10 @@ for each result, and after ``K`` results applies ``w <- w + eta_g * buffer / K``
 The paper's default staleness weight is ``1 / sqrt(1 + tau)``, i.e. polynomial with ``a = 0.5``.
 
 Full weights become a delta against the current model (which does not change while the buffer
-fills), so no base model is needed. Integer and bool tensors keep the element-wise maximum of the
-buffered values and apply it with the rest at the flush; until then the model is untouched
-(``merge`` returns None). The buffer is allocated once (``init_state``) and reused.
+fills; the difference goes into one reused scratch the size of a tensor), so no base is needed.
+Integer and bool tensors keep the element-wise maximum of the buffered values and apply it with the
+rest at the flush; until then the model is untouched (``merge`` returns None). The buffer is
+allocated once (``init_state``) and reused.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from vcasync.errors import ConfigError
 from vcasync.policy import PolicyState
 from vcasync.tensors import ModelState, Update
 
-from ._kernels import Workspace, accumulate_delta, check_update, mixable, take_max
+from ._kernels import Workspace, accumulate_delta, axpy, check_update, mixable, take_max
 from ._staleness import StalenessKind, StalenessWeight
 
 __all__ = ["FedBuff"]
@@ -80,7 +81,7 @@ class FedBuff:
         step = self.server_lr / self.buffer_size
         for name, w in model.items():
             if mixable(w):
-                w.add_(buffer[name], alpha=step)
+                axpy(w, buffer[name], step, self._ws)
                 buffer[name].zero_()
             else:
                 take_max(w, ints[name])

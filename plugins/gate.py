@@ -8,21 +8,21 @@ Learning in Sybil Settings* (FoolsGold), RAID 2020 (arXiv 1808.04866) (cosine si
 For each result the gate takes its delta ``d`` (the delta itself; for full weights ``w_c - w_base``
 when the base is known, else ``w_c - w``) over the floating-point tensors and measures ``|d|`` and
 ``cos(d, r)`` against a running reference direction ``r`` (an exponential moving average of the
-accepted deltas). After ``warmup`` accepted results it refuses, with
-:class:`~vcasync.errors.UpdateRejectedError`:
+accepted deltas). It refuses, with :class:`~vcasync.errors.UpdateRejectedError`:
 
 - ``reason="non_finite"``: ``d`` holds NaN or Inf (always, warm-up or not);
-- ``reason="norm_outlier"``: ``|d| > max_norm``, or ``|d|`` above the running mean by more than ``z``
-  running standard deviations (the spread is floored at 5 % of the mean, so a run of equal norms
-  does not make every slightly larger one an outlier);
-- ``reason="direction_outlier"``: ``cos < min_cosine``, or, once ``warmup`` accepted results had a
-  cosine (the first result has none: the reference is still zero), below the running mean cosine
-  by more than ``z`` running standard deviations (the spread floored at 0.1).
+- ``reason="norm_outlier"``: ``|d|`` overflows or exceeds ``max_norm`` (always), or, after ``warmup``
+  accepted results, lies above the running mean by more than ``z`` running standard deviations
+  (the spread is floored at 5 % of the mean, so a run of equal norms does not make every slightly
+  larger one an outlier);
+- ``reason="direction_outlier"``: ``cos < min_cosine`` (always), or, once ``warmup`` accepted
+  results had a cosine (the first has none: the reference is still zero), below the running mean
+  cosine by more than ``z`` running standard deviations (the spread floored at 0.1).
 
 Only accepted results update the running statistics (exponential, ``decay``), so an attacker cannot
 drag them. Everything the gate keeps is in its state (scalars and ``r``) next to the wrapped
-policy's; norms and dot products are computed in float64 in fixed 16 Ki rows, so the decisions do
-not depend on the thread count. ``needs_base`` and the claims come from the wrapped policy.
+policy's; norms and dot products are summed over fixed 16 Ki rows, the rows exactly, so the
+decisions do not depend on the thread count. ``needs_base`` and the claims come from the wrapped policy.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from vcasync.errors import ConfigError, UpdateRejectedError
 from vcasync.policy import MergePolicy, PolicyState, build_policy
 from vcasync.tensors import ModelState, Update
 
-from ._kernels import Workspace, check_update, delta_blocks, dot_rows, mixable
+from ._kernels import Workspace, check_update, delta_of, dot3, mixable
 
 __all__ = ["Gate"]
 
@@ -95,16 +95,20 @@ class Gate:
 
     def measure(self, model: ModelState, update: Update,
                 ref: Mapping[str, torch.Tensor]) -> tuple[float, float | None]:
-        """``(|d|, cos(d, ref))`` of a result; the cosine is None while either vector is zero."""
+        """``(|d|, cos(d, ref))`` of a result; the cosine is None while either vector is zero.
+
+        The norm is NaN when the result holds NaN or Inf, and Inf when it is finite but too large
+        to measure (its squares overflow).
+        """
         dd = dr = rr = 0.0
         for name, r in ref.items():
-            x, minus = update.tensors[name], self._minus(model, update, name)
-            dd += dot_rows(x, x, self._ws, x_minus=minus, y_minus=minus)
-            dr += dot_rows(x, r, self._ws, x_minus=minus)
-            rr += dot_rows(r, r, self._ws)
-        norm = math.sqrt(dd) if math.isfinite(dd) else math.inf
-        if not math.isfinite(dd) or not math.isfinite(dr):
-            return math.inf, None
+            a, b, c = dot3(update.tensors[name], r, self._ws,
+                           x_minus=self._minus(model, update, name))
+            dd, dr, rr = dd + a, dr + b, rr + c
+        if not (math.isfinite(dd) and math.isfinite(dr)):
+            finite = all(bool(torch.isfinite(update.tensors[n]).all()) for n in ref)
+            return (math.inf if finite else math.nan), None
+        norm = math.sqrt(dd)
         if dd == 0.0 or rr == 0.0:
             return norm, None
         return norm, max(-1.0, min(1.0, dr / math.sqrt(dd * rr)))
@@ -116,8 +120,11 @@ class Gate:
         return update.base[name] if update.base is not None else model[name]
 
     def _decide(self, state: PolicyState, norm: float, cos: float | None) -> None:
-        if not math.isfinite(norm):
+        if math.isnan(norm):
             raise UpdateRejectedError("the result holds NaN or Inf", reason="non_finite")
+        if math.isinf(norm):
+            raise UpdateRejectedError("the result is too large to measure (its norm overflows)",
+                                      reason="norm_outlier")
         if self.max_norm is not None and norm > self.max_norm:
             raise UpdateRejectedError(f"delta norm {norm:.4g} exceeds max_norm {self.max_norm:.4g}",
                                       reason="norm_outlier")
@@ -150,24 +157,13 @@ class Gate:
         rate = 1.0 - self.decay
         for name, r in ref.items():
             x, minus = update.tensors[name], self._minus(model, update, name)
-            if minus is None:
-                r.lerp_(x, rate)
-            else:
-                _lerp_diff(r, x, minus, rate, self._ws)
+            r.lerp_(x if minus is None else delta_of(x, minus, self._ws), rate)
         _ew_update(state, "norm", norm, self.decay, first=int(state["accepted"]) == 0)
         state["accepted"] = int(state["accepted"]) + 1
         if cos is not None:
             _ew_update(state, "cos", cos, self.decay, first=int(state["cos_seen"]) == 0)
             state["cos_seen"] = int(state["cos_seen"]) + 1
         return self.inner.merge(model, update, state["inner"])
-
-
-def _lerp_diff(r: torch.Tensor, x: torch.Tensor, minus: torch.Tensor, rate: float,
-               ws: Workspace) -> None:
-    """``r <- (1 - rate) r + rate (x - minus)``, one scratch block of ``x - minus`` at a time."""
-    rf = r.view(-1)
-    for s, e, d in delta_blocks(x, minus, ws):
-        rf[s:e].lerp_(d, rate)
 
 
 def _ew_update(state: PolicyState, key: str, value: float, decay: float, *, first: bool) -> None:

@@ -8,7 +8,8 @@ policies are measured against.
 The round's mean delta is kept as a running, sample-weighted mean (``lerp_`` with weight
 ``n_k / N_k``), so N equal results average to exactly themselves and no sum can overflow. Results
 with zero samples weigh nothing, unless no result of the round has samples; then all weigh the same.
-Full weights become a delta against the current model (which does not change during a round).
+Full weights become a delta against the current model (which does not change during a round),
+computed into one reused scratch the size of a tensor.
 Integer and bool tensors take the element-wise maximum of the round's values at the end of the round.
 """
 

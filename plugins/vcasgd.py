@@ -24,7 +24,7 @@ from vcasync.errors import ConfigError
 from vcasync.policy import PolicyState
 from vcasync.tensors import ModelState, Update
 
-from ._kernels import check_update, mix_result
+from ._kernels import Workspace, check_update, mix_result
 from ._staleness import StalenessKind, StalenessWeight
 
 __all__ = ["VCASGD"]
@@ -62,6 +62,7 @@ class VCASGD:
         self.alpha_end = alpha if alpha_end is None else alpha_end
         self.horizon = horizon
         self.staleness = StalenessWeight(staleness, a, b)
+        self._ws = Workspace()
 
     def __repr__(self) -> str:
         return (f"VCASGD(alpha={self.alpha}, schedule={self.schedule!r}, alpha_end={self.alpha_end}, "
@@ -88,6 +89,7 @@ class VCASGD:
         weight = self.result_weight(int(state["merged"]), update.staleness)
         base = update.base if update.kind == "delta" else None
         for name, w in model.items():
-            mix_result(w, update.tensors[name], None if base is None else base[name], weight)
+            mix_result(w, update.tensors[name], None if base is None else base[name], weight,
+                       self._ws)
         state["merged"] = int(state["merged"]) + 1
         return model

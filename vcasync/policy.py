@@ -186,8 +186,8 @@ def _validate(name: str, obj: object) -> PolicySpec:
 
 
 def _missing(name: str, path: str, exc: ImportError) -> Exception:
-    return PluginValidationError(f"cannot import {path} ({exc}); install the package that "
-                                 f"provides it", plugin=name)
+    return PluginValidationError(f"cannot import {path} ({exc}); is the package that provides "
+                                 f"it (and its dependencies) installed?", plugin=name)
 
 
 def _unknown(name: str, names: list[str]) -> Exception:

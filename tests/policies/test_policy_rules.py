@@ -234,7 +234,8 @@ def test_gate_passes_normal_results_and_refuses_outliers_without_changing_anythi
     for bad, reason in [(delta(30.0, 30.0), "norm_outlier"),
                         (delta(-1.0, -1.1), "direction_outlier"),
                         (delta(math.nan, 1.0), "non_finite"),
-                        (delta(math.inf, 1.0), "non_finite")]:
+                        (delta(math.inf, 1.0), "non_finite"),
+                        (delta(3e38, 3e38), "norm_outlier")]:
         with pytest.raises(UpdateRejectedError) as info:
             p.merge(m, bad, state)
         assert info.value.reason == reason

@@ -3,8 +3,8 @@
 :class:`PolicyRun` keeps what the coordinator keeps for a policy: the model, the policy state, the
 version counter and every past version (so a delta's ``base`` can be filled in). Each
 :meth:`PolicyRun.feed` turns a :class:`~vcasync.testing.strategies.StreamItem` into an ``Update``
-(``base_version = version - lag``, ``staleness``, ``base`` when the policy ``needs_base``), merges it,
-and checks the rules of :mod:`vcasync.policy`:
+(``base_version = version - lag``, ``staleness``, and for a delta ``base`` when the policy
+``needs_base``), merges it, and checks the rules of :mod:`vcasync.policy`:
 
 - returning None leaves the model bit-for-bit as it was;
 - a refusal (:class:`~vcasync.errors.UpdateRejectedError`) leaves model and state as they were;
@@ -123,7 +123,8 @@ class PolicyRun:
         """Merge one result; ``staleness`` overrides the one implied by the lag (same base)."""
         base_version = max(0, self.version - item.lag)
         tau = self.version - base_version if staleness is None else staleness
-        base = self.history[base_version] if self.policy.needs_base else None
+        # Like the coordinator: the base travels with a delta, when the policy needs it.
+        base = self.history[base_version] if self.policy.needs_base and item.kind == "delta" else None
         update = item.to_update(base_version, tau, base)
         label = f"{self.policy!r}, step {len(self.steps)}"
         if self.check:
