@@ -107,7 +107,7 @@ async def audit(storage: Storage, *, model: ModelState, units: Sequence[WorkUnit
     accepted = _check_ledger(rep, rec.ledger, one_version_per_merge)
     await _check_journal(rep, storage, config, accepted)
     await _check_snapshots(rep, storage, config)
-    _check_receipts(rep, receipts, accepted)
+    _check_receipts(rep, receipts, accepted, one_version_per_merge)
     _check_observed(rep, observed_versions)
     return rep
 
@@ -192,7 +192,7 @@ async def _check_snapshots(rep: AuditReport, storage: Storage, config: Coordinat
 
 
 def _check_receipts(rep: AuditReport, receipts: Mapping[str, Sequence[Receipt]],
-                    accepted: Mapping[str, Receipt]) -> None:
+                    accepted: Mapping[str, Receipt], one_version_per_merge: bool) -> None:
     told: dict[str, tuple[str, Receipt]] = {}
     for who, items in receipts.items():
         for r in items:
@@ -212,7 +212,7 @@ def _check_receipts(rep: AuditReport, receipts: Mapping[str, Sequence[Receipt]],
             rep.note(f"{who} was told lease {lease_id} merged as v{r.version} of {r.unit_id}; the "
                      f"ledger says v{held.version} of {held.unit_id}")
     for version, leases in by_version.items():
-        if len(leases) > 1:
+        if len(leases) > 1 and one_version_per_merge:
             rep.note(f"workers were told {len(leases)} different results made version {version}")
 
 
