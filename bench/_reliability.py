@@ -30,7 +30,7 @@ def _chaos(fig: dict[str, Any]) -> list[str]:
         f"| coordinator SIGKILLs | **{fig['coordinator_kills']}** ({moments}); "
         f"{fig['coordinator_kills_verified']} provably at that moment |",
         f"| coordinator restarts | {fig['coordinator_restarts']} (of which {fig['coordinator_crashes']} "
-        "after it stopped by itself) |",
+        "after it exited by itself, see below) |",
         f"| results acknowledged to workers | {fig['results_acknowledged']} |",
         f"| acknowledged results lost | **{fig['results_lost']}** |",
         f"| double merges | **{fig['double_merges']}** |",
@@ -50,7 +50,10 @@ def _chaos(fig: dict[str, Any]) -> list[str]:
         "merge would add a version); snapshot versions never go back; every receipt a worker recorded "
         "(`receipts.jsonl`, fsynced) as accepted must be in the ledger at the same version and in the "
         "journal, else it counts as lost; the versions an observer polled never went back.",
-    ] + (["", f"Audit problems: {fig['audit_problems']}"] if fig.get("audit_problems") else [])
+    ] + (["", "Why the coordinator exited by itself (the last line of its log; it was restarted and "
+          "recovered): " + "; ".join(f"`{c}`" for c in fig["coordinator_crash_causes"])]
+         if fig.get("coordinator_crash_causes") else []) \
+      + (["", f"Audit problems: {fig['audit_problems']}"] if fig.get("audit_problems") else [])
 
 
 def _fuzz(fig: dict[str, Any]) -> list[str]:
@@ -127,6 +130,22 @@ def render(fig: dict[str, Any], source: Path | str) -> str:
         "## Load held",
         "",
         *_load(fig),
+        "",
+        "## Limits of these figures, and known gaps",
+        "",
+        "- One seed, one run, on a shared 2-core machine; worker kills are paced to the run's progress "
+        "(the machine's speed varies), coordinator kills spread over 10-70 % of it.",
+        "- The mid-upload coordinator kill is made while the chaos driver, acting as one more worker, "
+        "has sent half of a real result: a real worker's 156 KB upload is over before a kill can land.",
+        "- Injected storage faults are given as rates (above); they happen inside the coordinator "
+        "process, which is SIGKILLed, so they are not counted.",
+        "- A storage write that fails while the coordinator starts (its run record, its first "
+        "snapshot) ends the process with exit 1; restarted, it recovers. It does not retry by itself.",
+        "- After a coordinator restart, a delta based on a version older than the recovered snapshot is "
+        "refused (`base_unavailable`) even within `max_staleness`: that unit is trained again.",
+        "- A slow-loris that trickles its *headers* is never cut off (aiohttp has no header timeout); "
+        "it holds one socket and nothing else. Trickling bodies are cut off with 408 "
+        "(`body_idle_timeout_s`, `min_upload_bytes_per_s`).",
         "",
         "## Re-run",
         "",

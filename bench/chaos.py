@@ -75,6 +75,7 @@ def section_chaos(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         "coordinator_kills_verified": sum(bool(k.get("verified")) for k in res.coordinator_kills),
         "coordinator_restarts": res.coordinator_starts - 1,
         "coordinator_crashes": len(res.coordinator_crashes),
+        "coordinator_crash_causes": [n for n in res.notes if n.startswith("coordinator exited")][:10],
         "results_lost": audit.results_lost, "double_merges": audit.double_merges,
         "results_acknowledged": audit.results_acknowledged, "accepted_results": audit.accepted_results,
         "rejected_results": audit.rejected_results, "units": audit.units_total,

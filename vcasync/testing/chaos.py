@@ -201,7 +201,7 @@ class _Run:
                     return
                 # e.g. a storage fault while it recovered: it exits, and comes back
                 self.res.coordinator_crashes.append(int(rc or 0))
-                self.res.notes.append(f"coordinator exited with {rc}; see {proc.log}")
+                self.res.notes.append(f"coordinator exited with {rc}: {_last_line(proc.log)}")
             await asyncio.sleep(self.cfg.coordinator_restart_delay_s)
             await self.start_coordinator()
 
@@ -330,6 +330,16 @@ class _Run:
             if await p.wait(30.0) is None:
                 self.killed.add(p)
                 p.signal(signal.SIGKILL)
+
+
+def _last_line(log: Path) -> str:
+    """The last line a process wrote that is not an access log line (why it stopped)."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    own = [ln for ln in lines if ln.strip() and "aiohttp.access" not in ln]
+    return own[-1][:300] if own else "(empty log)"
 
 
 def _logged(p: Proc) -> bool:
