@@ -25,15 +25,17 @@ from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
-from ..errors import VCAsyncError
-
 __all__ = ["SimulationStalledError", "VirtualClock", "VirtualEventLoop", "run_virtual"]
 
 T = TypeVar("T")
 
 
-class SimulationStalledError(VCAsyncError):
-    """Every task of a simulation waits for something that can never happen (no timer is pending)."""
+class SimulationStalledError(RuntimeError):
+    """Every task of a simulation waits for something that can never happen (no timer is pending).
+
+    A bug in the simulated system or the simulator (a lost wake-up), not bad input: hence a
+    ``RuntimeError`` rather than a member of the :class:`~vcasync.errors.VCAsyncError` tree.
+    """
 
 
 class VirtualClock:
