@@ -15,7 +15,8 @@ def test_every_price_names_its_source_and_date_and_spot_is_cheaper() -> None:
     assert len(table) == len(DEFAULT_PRICES) >= 5
     assert {p.provider for p in DEFAULT_PRICES} >= {"gcp", "aws", "azure"}
     for p in DEFAULT_PRICES:
-        assert p.source and p.as_of, p
+        assert p.source, p
+        assert p.as_of, p
         assert 0 < p.spot_per_h < p.on_demand_per_h, p
     assert not table[DEFAULT_INSTANCE].approximate  # the default is a fixed list price
 
@@ -30,8 +31,10 @@ def test_lookup_by_bare_name_and_clear_errors() -> None:
 def test_override_replaces_prices_and_says_so() -> None:
     table = PriceTable().with_override("m5.2xlarge", spot_per_h=0.1)
     p = table["aws:m5.2xlarge"]
-    assert p.spot_per_h == 0.1 and p.on_demand_per_h == 0.384
-    assert p.source == "user override" and "Amazon" in p.note
+    assert p.spot_per_h == 0.1
+    assert p.on_demand_per_h == 0.384
+    assert p.source == "user override"
+    assert "Amazon" in p.note
     assert PriceTable()["aws:m5.2xlarge"].spot_per_h != 0.1  # the original is untouched
 
 
