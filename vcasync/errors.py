@@ -20,6 +20,7 @@ everything with one clause, or exactly one failure with a leaf class::
     │   ├── AccessDeniedError         the backend refused our credentials
     │   ├── TransientStorageError     timeout, 5xx, throttling: retried, then raised
     │   ├── CorruptObjectError        an object's digest does not match what its manifest promised
+    │   ├── InvalidKeyError           a key (or name) this storage cannot hold: '..', '//', control chars
     │   └── BackendUnavailableError   unknown URL scheme, or an optional dependency is missing
     ├── PolicyError                   merge-policy problems
     │   ├── PluginValidationError     a plugin failed validation when registered (``.plugin``)
@@ -47,6 +48,7 @@ __all__ = [
     "ConfigError",
     "CorruptObjectError",
     "FrameError",
+    "InvalidKeyError",
     "LeaseExpiredError",
     "LeaseNotFoundError",
     "LedgerError",
@@ -165,6 +167,11 @@ class TransientStorageError(StorageError):
 
 class CorruptObjectError(StorageError):
     """An object's bytes do not match the digest its manifest recorded."""
+
+
+class InvalidKeyError(StorageError):
+    """The key is malformed (empty, absolute, ``..``, ``//``, control characters, too long) or
+    cannot be stored by this backend (for ``file://``: an object and a prefix with the same name)."""
 
 
 class BackendUnavailableError(StorageError):

@@ -1,20 +1,61 @@
-"""The storage contract and its URL-scheme registry.
+"""The storage contract, key rules, and the URL-scheme registry.
 
 Keys are ``/``-separated strings relative to the backend's root (a bucket prefix, a directory).
 Every backend is an async resource: ``async with open_storage(url) as st: ...``.
+
+Backends register under the ``vcasync.backends`` entry-point group (ours too, see pyproject.toml):
+the entry names a class with ``from_url(url, **options) -> Storage``. They load lazily, so a
+missing optional dependency only matters for the scheme that needs it, and then says how to fix
+it (``pip install 'vcasync[s3]'``).
+
+The laws every backend obeys are spelled out, and tested, by
+:class:`vcasync.testing.storage.StorageConformance`:
+
+- ``put`` replaces atomically: a reader sees the old bytes or the new ones, never a mix, and a
+  failed or cancelled write (``put_stream`` whose input raises) leaves nothing under the key;
+- ``put(..., if_absent=True)`` creates or raises :class:`PreconditionFailedError`; of several
+  concurrent writers exactly one wins;
+- ``get``/``stat``/``open_read`` of a missing key raise :class:`ObjectNotFoundError`; ``delete`` of a
+  missing key is a no-op (so retries and concurrent cleaners are harmless);
+- ``list(prefix)`` yields every key that starts with ``prefix`` (a plain string prefix, not a
+  directory), each once, in ascending code-point order;
+- after ``aclose`` (idempotent) every call raises :class:`ClosedError`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import types
+from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, Self, runtime_checkable
+from urllib.parse import urlsplit
 
-__all__ = ["ObjectInfo", "Storage"]
+from ._registry import Registry
+from .errors import BackendUnavailableError, InvalidKeyError
+
+__all__ = [
+    "MAX_KEY_BYTES",
+    "ObjectInfo",
+    "Storage",
+    "StorageBackend",
+    "available_backends",
+    "backend_registry",
+    "open_storage",
+    "register_backend",
+    "validate_key",
+    "validate_prefix",
+]
+
+MAX_KEY_BYTES = 1024
+"""The longest key, in UTF-8 bytes, that every backend accepts (S3's and GCS's limit)."""
+
+DEFAULT_CHUNK_SIZE = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
+    """What ``stat`` knows about an object. ``etag`` changes whenever the content does (or is None)."""
+
     key: str
     size: int
     etag: str | None = None
@@ -22,7 +63,7 @@ class ObjectInfo:
 
 @runtime_checkable
 class Storage(Protocol):
-    """Async object storage; see the conformance suite in ``vcasync.testing`` for the exact laws."""
+    """Async object storage; see the module docstring and the conformance suite for the laws."""
 
     url: str
 
@@ -40,7 +81,147 @@ class Storage(Protocol):
 
     def open_read(self, key: str, *, chunk_size: int = ...) -> AsyncIterator[bytes]: ...
 
-    async def put_stream(self, key: str, chunks: AsyncIterator[bytes], *,
+    async def put_stream(self, key: str, chunks: AsyncIterable[bytes], *,
                          if_absent: bool = False) -> None: ...
 
     async def aclose(self) -> None: ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: types.TracebackType | None) -> None: ...
+
+
+class StorageBackend(Protocol):
+    """What a ``vcasync.backends`` entry point names: a factory from a URL and options."""
+
+    def from_url(self, url: str, **options: Any) -> Storage: ...
+
+
+# --- keys -----------------------------------------------------------------------------------
+
+
+def _check_text(what: str, text: object) -> str:
+    if not isinstance(text, str):
+        raise InvalidKeyError(f"{what} must be a str, got {type(text).__name__}")
+    try:
+        raw = text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidKeyError(f"{what} {text!r} is not valid Unicode (lone surrogate)",
+                              key=text) from None
+    if len(raw) > MAX_KEY_BYTES:
+        raise InvalidKeyError(f"{what} is {len(raw)} bytes in UTF-8; the limit is {MAX_KEY_BYTES}",
+                              key=text)
+    for ch in text:
+        if ord(ch) < 0x20 or ord(ch) == 0x7F:
+            raise InvalidKeyError(f"{what} {text!r} contains the control character {ch!r}", key=text)
+    if "\\" in text:
+        raise InvalidKeyError(f"{what} {text!r} contains a backslash; use '/' to separate parts",
+                              key=text)
+    if text.startswith("/"):
+        raise InvalidKeyError(f"{what} {text!r} must be relative (no leading '/')", key=text)
+    return text
+
+
+def _check_segments(what: str, text: str, segments: list[str]) -> None:
+    for seg in segments:
+        if seg == "":
+            raise InvalidKeyError(f"{what} {text!r} has an empty part ('//' or a trailing '/')",
+                                  key=text)
+        if seg in (".", ".."):
+            raise InvalidKeyError(f"{what} {text!r} has a {seg!r} part", key=text)
+
+
+def validate_key(key: object) -> str:
+    """Return ``key`` if every backend can hold it, else raise :class:`InvalidKeyError` saying why.
+
+    A key is 1..1024 UTF-8 bytes of ``/``-separated non-empty parts, none ``.`` or ``..``; no
+    leading or trailing ``/``, no control characters, no backslash. Spaces and any other Unicode
+    are fine.
+    """
+    text = _check_text("key", key)
+    if text == "":
+        raise InvalidKeyError("key must not be empty", key=text)
+    _check_segments("key", text, text.split("/"))
+    return text
+
+
+def validate_prefix(prefix: object) -> str:
+    """Like :func:`validate_key`, but ``""`` and a trailing ``/`` are allowed (a listing prefix)."""
+    text = _check_text("prefix", prefix)
+    if text == "":
+        return text
+    segments = text.split("/")
+    if segments[-1] == "":
+        segments.pop()
+    _check_segments("prefix", text, segments)
+    return text
+
+
+# --- the registry -----------------------------------------------------------------------------
+
+_EXTRAS = {"s3": "s3", "gs": "gcs"}
+
+
+def _validate_backend(name: str, obj: object) -> StorageBackend:
+    if not callable(getattr(obj, "from_url", None)):
+        raise BackendUnavailableError(
+            f"storage backend {name!r} ({obj!r}) has no from_url(url, **options) factory")
+    return obj  # type: ignore[return-value]
+
+
+def _missing(name: str, path: str, exc: ImportError) -> Exception:
+    extra = _EXTRAS.get(name)
+    hint = f"pip install 'vcasync[{extra}]'" if extra else f"pip install {exc.name or 'the dependency'}"
+    return BackendUnavailableError(
+        f"the {name}:// storage backend ({path}) needs a package that is not installed "
+        f"({exc.name or exc}): {hint}")
+
+
+def _unknown(name: str, known: list[str]) -> Exception:
+    if not known and " " in name:  # Registry.register passes its duplicate-name message here
+        return BackendUnavailableError(name)
+    listed = ", ".join(f"{k}://" for k in known)
+    return BackendUnavailableError(f"no storage backend for the URL scheme {name!r}; known: {listed}")
+
+
+def backend_registry() -> Registry[StorageBackend]:
+    """A fresh registry fed by the ``vcasync.backends`` entry points (tests use their own)."""
+    return Registry("vcasync.backends", validate=_validate_backend, missing=_missing,
+                    unknown=_unknown)
+
+
+_BACKENDS = backend_registry()
+
+
+def register_backend(scheme: str, backend: object, *, replace: bool = False) -> None:
+    """Add a backend for ``scheme://`` URLs at run time (entry points are the usual way)."""
+    _BACKENDS.register(scheme, backend, replace=replace)
+
+
+def available_backends() -> list[str]:
+    """The URL schemes a backend is registered for (installed or not)."""
+    return _BACKENDS.names()
+
+
+def url_scheme(url: str) -> str:
+    """The scheme of ``url``; plain paths (and ``C:\\``-style drive paths) are ``file``."""
+    if not isinstance(url, str) or url == "":
+        raise BackendUnavailableError(f"a storage URL must be a non-empty str, got {url!r}")
+    scheme = urlsplit(url).scheme
+    if "://" not in url or len(scheme) <= 1:
+        return "file"
+    return scheme.lower()
+
+
+def open_storage(url: str, *, registry: Registry[StorageBackend] | None = None,
+                 **options: Any) -> Storage:
+    """Open the storage ``url`` names: ``file:///abs/path`` (or a plain path), ``memory://name``,
+    ``s3://bucket/prefix?endpoint_url=...``, ``gs://bucket/prefix``.
+
+    Options may come as keyword arguments or (non-secret ones) as URL query parameters; unknown
+    ones raise :class:`ConfigError` naming them. Use the result with ``async with``.
+    """
+    scheme = url_scheme(url)
+    backend = (registry if registry is not None else _BACKENDS).get(scheme)
+    return backend.from_url(url, **options)

@@ -1,0 +1,204 @@
+"""The ledger in virtual time: leases, deadlines, late results, parking, partial results, snapshots."""
+
+from __future__ import annotations
+
+import pytest
+
+from vcasync._units import LeaseGrant, Receipt, WorkUnit, make_units
+from vcasync.errors import (
+    ConfigError,
+    LeaseExpiredError,
+    LeaseNotFoundError,
+    NotLeaseHolderError,
+    NoWorkAvailableError,
+    UnitClosedError,
+    ValidationError,
+)
+from vcasync.ledger import LeaseState, Ledger, LedgerConfig, UnitState
+
+SECRET = b"0123456789abcdef0123456789abcdef"
+
+
+def make(clock, n=3, steps=10, **cfg) -> Ledger:
+    return Ledger(make_units(n, steps=steps), config=LedgerConfig(lease_timeout_s=10.0, **cfg),
+                  clock=clock, secret=SECRET)
+
+
+def accept(led: Ledger, w: str, g: LeaseGrant, *, steps=None, partial=False, version=1) -> Receipt:
+    check = led.check_result(w, g.lease_id)
+    assert check.receipt is None
+    return led.record(g.lease_id, unit_id=check.unit.unit_id, worker_id=w, status="accepted",
+                      version=version, steps_done=g.unit.steps if steps is None else steps,
+                      partial=partial)
+
+
+def test_lease_heartbeat_result(clock) -> None:
+    led = make(clock)
+    w = led.join("a", {"gpu": "none"})
+    g = led.lease(w, 0)
+    assert g.unit.unit_id == "e0-s0"
+    assert g.deadline_s == 10.0
+    assert g.heartbeat_interval_s == 2.5
+    assert led.unit_state("e0-s0") is UnitState.LEASED
+    clock.advance(8)
+    g2 = led.heartbeat(w, g.lease_id, 4)      # progress: the deadline moves out
+    assert g2.deadline_s == 10.0
+    clock.advance(8)
+    assert led.heartbeat(w, g.lease_id, 4).deadline_s == pytest.approx(2.0)  # no progress: no move
+    r = accept(led, w, g)
+    assert r.status == "accepted"
+    assert led.unit_state("e0-s0") is UnitState.DONE
+    assert led.check_result(w, g.lease_id).receipt == r       # duplicate: the same receipt
+    assert led.counts() == {"queued": 2, "leased": 0, "done": 1, "parked": 0}
+
+
+def test_expired_lease_requeues_front_and_late_result_wins(clock) -> None:
+    led = make(clock)
+    a, b = led.join("a"), led.join("b")
+    ga = led.lease(a, 0)
+    clock.advance(11)
+    gb = led.lease(b, 1)                       # expiry runs first: the same unit, reissued
+    assert gb.unit.unit_id == ga.unit.unit_id
+    assert led.lease_state(ga.lease_id) is LeaseState.EXPIRED
+    assert led.stats["reissued"] == 1
+    with pytest.raises(LeaseExpiredError):
+        led.heartbeat(a, ga.lease_id, 3)
+    accept(led, a, ga)                         # the late result is still useful
+    with pytest.raises(UnitClosedError):       # the new holder learns the unit closed
+        led.heartbeat(b, gb.lease_id, 3)
+    with pytest.raises(UnitClosedError):
+        led.check_result(b, gb.lease_id)
+    assert led.lease_state(gb.lease_id) is LeaseState.SUPERSEDED
+
+
+def test_heartbeat_revives_an_expired_lease_nobody_took(clock) -> None:
+    led = make(clock)
+    w = led.join()
+    g = led.lease(w, 0)
+    clock.advance(11)
+    assert led.expire() == [g.lease_id]
+    assert led.unit_state(g.unit.unit_id) is UnitState.QUEUED
+    led.heartbeat(w, g.lease_id, 1)
+    assert led.unit_state(g.unit.unit_id) is UnitState.LEASED
+    assert led.lease_state(g.lease_id) is LeaseState.ACTIVE
+
+
+def test_units_fail_max_attempts_times_then_park_and_late_result_still_counts(clock) -> None:
+    led = make(clock, n=1, max_attempts=3)
+    w = led.join()
+    grants = []
+    for _ in range(3):
+        grants.append(led.lease(w, 0))
+        clock.advance(11)
+        led.expire()
+    assert led.unit_state("e0-s0") is UnitState.PARKED
+    assert "failed 3 times" in led.parked()["e0-s0"]
+    with pytest.raises(NoWorkAvailableError) as ei:
+        led.lease(w, 0)
+    assert ei.value.finished
+    accept(led, w, grants[0])
+    assert led.unit_state("e0-s0") is UnitState.DONE
+
+
+def test_release_counts_as_an_attempt_and_is_idempotent(clock) -> None:
+    led = make(clock, n=1, max_attempts=2)
+    w = led.join()
+    g = led.lease(w, 0)
+    led.release(w, g.lease_id, "preempted")
+    led.release(w, g.lease_id, "preempted")
+    assert led.unit_state("e0-s0") is UnitState.QUEUED
+    with pytest.raises(LeaseNotFoundError, match="released"):
+        led.heartbeat(w, g.lease_id, 1)
+    led.release(w, led.lease(w, 0).lease_id)
+    assert led.unit_state("e0-s0") is UnitState.PARKED
+
+
+def test_partial_result_queues_the_remainder(clock) -> None:
+    led = make(clock, n=1, steps=10)
+    w = led.join()
+    g = led.lease(w, 0)
+    accept(led, w, g, steps=4, partial=True)
+    g2 = led.lease(w, 1)
+    assert g2.unit.unit_id == "e0-s0~4"
+    assert g2.unit.steps == 6
+    assert g2.unit.step_offset == 4
+    accept(led, w, g2, steps=5, partial=True)
+    g3 = led.lease(w, 2)
+    assert (g3.unit.unit_id, g3.unit.steps, g3.unit.step_offset) == ("e0-s0~9", 1, 9)
+    assert g3.unit.params["parent"] == "e0-s0"
+
+
+def test_wrong_worker_bad_progress_unknown_lease(clock) -> None:
+    led = make(clock)
+    a, b = led.join(), led.join()
+    g = led.lease(a, 0)
+    before = led.snapshot()
+    with pytest.raises(NotLeaseHolderError):
+        led.heartbeat(b, g.lease_id, 1)
+    with pytest.raises(NotLeaseHolderError):
+        led.check_result(b, g.lease_id)
+    with pytest.raises(ValidationError):
+        led.heartbeat(a, g.lease_id, 11)
+    with pytest.raises(ValidationError):
+        led.heartbeat(a, g.lease_id, True)  # type: ignore[arg-type]
+    for forged in ("nope", g.lease_id[:-1] + ("0" if g.lease_id[-1] != "0" else "1")):
+        with pytest.raises(LeaseNotFoundError):
+            led.heartbeat(a, forged, 1)
+    assert led.snapshot() == before
+
+
+def test_deadlines_adapt_to_worker_speed(clock) -> None:
+    led = make(clock, n=2, steps=100, deadline_slack=3.0, speed_smoothing=1.0)
+    slow = led.join("slow")
+    g = led.lease(slow, 0)
+    clock.advance(9)
+    led.heartbeat(slow, g.lease_id, 1)                  # 9 s per step
+    clock.advance(9)
+    g2 = led.heartbeat(slow, g.lease_id, 2)
+    assert g2.deadline_s == pytest.approx(27.0)         # slack * 9 s > lease_timeout_s
+    assert led.worker_speed(slow) == pytest.approx(9.0)
+    clock.advance(20)
+    assert led.expire() == []                          # a fresh lease would have expired by now
+
+
+def test_resume_transfers_and_signed_leases_are_adopted_after_restore(clock) -> None:
+    led = make(clock)
+    w = led.join()
+    snap = led.snapshot()
+    g = led.lease(w, 7)                                 # granted after the snapshot
+    restored = Ledger.restore(snap, config=led.config, clock=clock, secret=SECRET)
+    w2 = restored.join()
+    r = restored.resume(w2, g.lease_id)
+    assert r.resumed
+    assert r.unit == g.unit
+    assert r.base_version == 7
+    assert restored.lease_holder(g.lease_id) == w2
+    assert restored.stats["adopted"] == 1
+    other = Ledger.restore(snap, config=led.config, clock=clock, secret=b"x" * 32)
+    with pytest.raises(LeaseNotFoundError):
+        other.resume(w2, g.lease_id)
+
+
+def test_snapshot_round_trip_rebases_deadlines(clock) -> None:
+    led = make(clock)
+    w = led.join("a", {"k": [1, 2.5, None]})
+    g = led.lease(w, 0)
+    accept(led, w, led.lease(w, 0))
+    snap = led.snapshot()
+    later = type(clock)(start=5.0)                       # a new process: a new monotonic clock
+    restored = Ledger.restore(snap, config=led.config, clock=later, secret=SECRET)
+    assert restored.counts() == led.counts()
+    assert restored.lease(w, 0).unit.unit_id == "e0-s2"   # the queue order survived
+    assert restored.heartbeat(w, g.lease_id, 1).deadline_s == 10.0   # grace on restore
+    assert restored.snapshot()["units"][:2] == snap["units"][:2]
+
+
+def test_bad_config_and_units() -> None:
+    with pytest.raises(ConfigError, match="max_attempts"):
+        LedgerConfig(max_attempts=0)
+    with pytest.raises(ConfigError, match="steps"):
+        WorkUnit("u", steps=0)
+    with pytest.raises(ConfigError, match="duplicate"):
+        Ledger([WorkUnit("u"), WorkUnit("u")], clock=lambda: 0.0)
+    with pytest.raises(ConfigError, match="unknown fields"):
+        WorkUnit.from_dict({"unit_id": "u", "stepz": 3})

@@ -1,0 +1,168 @@
+"""Random interleavings of lease / heartbeat / expire / submit / release / restart in virtual time.
+
+Invariants after every step: each unit is in exactly one state and the ledger's indexes agree with
+it, no unit is merged twice, and no step of work is lost (merged steps + open steps = what was asked).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter, defaultdict
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+)
+
+from vcasync._units import WorkUnit
+from vcasync.errors import LedgerError, ValidationError
+from vcasync.ledger import LeaseState, Ledger, LedgerConfig, UnitState
+
+SECRET = b"k" * 32
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    workers = Bundle("workers")
+    leases = Bundle("leases")
+
+    @initialize(n=st.integers(1, 5), steps=st.integers(1, 6), attempts=st.integers(1, 4))
+    def setup(self, n: int, steps: int, attempts: int) -> None:
+        self.clock = Clock()
+        self.config = LedgerConfig(lease_timeout_s=10.0, max_attempts=attempts)
+        self.ledger = Ledger([WorkUnit(f"u{i}", steps=steps) for i in range(n)], config=self.config,
+                             clock=self.clock, secret=SECRET)
+        self.asked = {f"u{i}": steps for i in range(n)}
+        self.merged: Counter[str] = Counter()          # unit id -> accepted results
+        self.merged_steps: defaultdict[str, int] = defaultdict(int)   # root -> steps merged
+        self.version = 0
+
+    @rule(target=workers)
+    def join(self) -> str:
+        return self.ledger.join()
+
+    @rule(target=leases, w=workers)
+    def lease(self, w: str) -> tuple[str, str]:
+        try:
+            g = self.ledger.lease(w, self.version)
+        except LedgerError:
+            return ("", w)
+        return (g.lease_id, w)
+
+    @rule(lw=leases, steps=st.integers(0, 7))
+    def heartbeat(self, lw: tuple[str, str], steps: int) -> None:
+        if lw[0]:
+            with contextlib.suppress(LedgerError, ValidationError):
+                self.ledger.heartbeat(lw[1], lw[0], steps)
+
+    @rule(dt=st.floats(0.0, 25.0))
+    def advance(self, dt: float) -> None:
+        self.clock.now += dt
+
+    @rule(target=leases, w=workers)
+    def reissue(self, w: str) -> tuple[str, str]:
+        """Let every lease run out, then lease again: the path that makes late results."""
+        self.clock.now += 11.0
+        return self.lease(w)
+
+    @rule()
+    def expire(self) -> None:
+        self.ledger.expire()
+
+    @rule(lw=leases, reason=st.sampled_from(["", "preempted"]))
+    def release(self, lw: tuple[str, str], reason: str) -> None:
+        if lw[0]:
+            with contextlib.suppress(LedgerError):
+                self.ledger.release(lw[1], lw[0], reason)
+
+    @rule(lw=leases, other=workers)
+    def resume(self, lw: tuple[str, str], other: str) -> None:
+        if lw[0]:
+            with contextlib.suppress(LedgerError):
+                self.ledger.resume(other, lw[0])
+
+    @rule(lw=leases, accept=st.booleans(), frac=st.floats(0.0, 1.0), partial=st.booleans())
+    def submit(self, lw: tuple[str, str], accept: bool, frac: float, partial: bool) -> None:
+        lease_id, w = lw
+        if not lease_id:
+            return
+        holder = self.ledger.lease_holder(lease_id) or w
+        try:
+            check = self.ledger.check_result(holder, lease_id)
+        except LedgerError:
+            return
+        if check.receipt is not None:
+            return      # a duplicate: nothing to do, and nothing happens
+        unit = check.unit
+        steps = max(1, round(unit.steps * frac)) if partial else unit.steps
+        self.version += accept
+        r = self.ledger.record(lease_id, unit_id=unit.unit_id, worker_id=holder,
+                               status="accepted" if accept else "rejected", version=self.version,
+                               reason=None if accept else "too_stale", steps_done=steps,
+                               partial=partial)
+        assert self.ledger.record(lease_id, unit_id=unit.unit_id, worker_id=holder,
+                                  status="accepted", version=99) == r     # recorded once only
+        if accept:
+            self.merged[unit.unit_id] += 1
+            self.merged_steps[str(unit.params.get("parent", unit.unit_id))] += steps
+
+    @rule(new_clock=st.booleans())
+    def restart(self, new_clock: bool) -> None:
+        snap = self.ledger.snapshot()
+        if new_clock:
+            self.clock = Clock()
+            self.clock.now = 1e6
+        self.ledger = Ledger.restore(snap, config=self.config, clock=self.clock, secret=SECRET)
+        assert self.ledger.snapshot()["units"] == snap["units"]
+
+    @invariant()
+    def consistent(self) -> None:
+        led = self.ledger
+        units = led._units
+        queued = [uid for uid, u in units.items() if u.state is UnitState.QUEUED]
+        assert sorted(led._queue) == sorted(queued)
+        assert len(set(led._queue)) == len(led._queue)
+        active = {lid for lid, lse in led._leases.items() if lse.state is LeaseState.ACTIVE}
+        leased = {u.lease_id for u in units.values() if u.state is UnitState.LEASED}
+        assert active == leased
+        assert None not in leased
+        for lid in active:
+            assert units[led._leases[lid].unit_id].lease_id == lid
+        counts = led.counts()
+        assert sum(counts.values()) == len(units)
+        actual = Counter(u.state.value for u in units.values())
+        assert all(counts[s.value] == actual[s.value] for s in UnitState)
+
+    @invariant()
+    def exactly_once_and_nothing_lost(self) -> None:
+        led = self.ledger
+        assert all(n == 1 for n in self.merged.values())
+        done = {uid for uid, u in led._units.items() if u.state is UnitState.DONE}
+        assert done == set(self.merged)
+        open_steps: defaultdict[str, int] = defaultdict(int)
+        for uid, u in led._units.items():
+            if u.state is not UnitState.DONE:
+                open_steps[str(u.unit.params.get("parent", uid))] += u.unit.steps
+        for root, asked in self.asked.items():
+            assert self.merged_steps[root] + open_steps[root] == asked
+        accepted = [x.receipt for x in led._leases.values()
+                    if x.receipt is not None and x.receipt.status == "accepted"]
+        assert len(accepted) == len({r.unit_id for r in accepted}) == len(done)
+
+
+LedgerMachine.TestCase.settings = settings(
+    max_examples=200, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+TestLedgerMachine = LedgerMachine.TestCase

@@ -1,0 +1,586 @@
+"""Work units, leases and deadlines: a pure state machine with an injected clock.
+
+No asyncio and no IO: every method runs to completion and reads the time only through ``clock``, so
+lease expiry is tested in virtual time and the coordinator can snapshot and replay it.
+
+Each unit is always in exactly one state::
+
+    queued --lease--> leased --result--> done
+       ^                 |
+       +--expire/release-+--(max_attempts failures)--> parked --late result--> done
+
+* A lease's **deadline** is a *progress* deadline: the next heartbeat that reports progress (or the
+  result) must arrive before it. Its length adapts to the worker's measured speed, an EWMA of seconds
+  per step: ``max(lease_timeout_s, deadline_slack * seconds_per_step)``, so a slow machine is not
+  reissued for being slow and a dead fast one is noticed within ``lease_timeout_s``.
+* An expired or released lease puts its unit back at the *front* of the queue. Its result, if it comes
+  late while the unit is still open, is still accepted (it is useful work); whoever holds the unit then
+  is told the unit closed. A heartbeat on an expired lease whose unit nobody took yet revives it.
+* A unit that fails ``max_attempts`` times (expired, released, rejected) is parked with the reason.
+* A partial result (preemption: fewer steps than asked) closes its unit and queues a *remainder* unit
+  for the steps left (:meth:`WorkUnit.remainder`), so every unit id is merged at most once.
+* Lease ids are signed with ``secret``: after a coordinator restart a lease the restored state does
+  not know (granted after the last snapshot) is *adopted* instead of refused, so the work is not lost.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import secrets
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._leaseid import LeaseIdSigner
+from ._units import LeaseGrant, Receipt, ReceiptStatus, WorkUnit
+from .errors import (
+    ConfigError,
+    LeaseExpiredError,
+    LeaseNotFoundError,
+    LedgerError,
+    NotLeaseHolderError,
+    NoWorkAvailableError,
+    UnitClosedError,
+    ValidationError,
+)
+
+__all__ = ["Ledger", "LedgerConfig", "LeaseState", "ResultCheck", "UnitState"]
+
+Clock = Callable[[], float]
+SNAPSHOT_FORMAT = 1
+
+
+class UnitState(enum.StrEnum):
+    QUEUED = "queued"
+    LEASED = "leased"
+    DONE = "done"
+    PARKED = "parked"
+
+
+class LeaseState(enum.StrEnum):
+    ACTIVE = "active"          # the unit is leased by this lease
+    EXPIRED = "expired"        # missed its deadline; a late result is still welcome
+    RELEASED = "released"      # its holder gave it up; a late result is still welcome
+    CLOSED = "closed"          # a result was recorded (accepted or rejected): see its receipt
+    SUPERSEDED = "superseded"  # another lease's result closed the unit first
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerConfig:
+    """Lease timing and failure handling (see the module docstring for how they combine)."""
+
+    lease_timeout_s: float = 60.0
+    heartbeat_interval_s: float | None = None    # None: lease_timeout_s / 4
+    max_attempts: int = 5
+    deadline_slack: float = 3.0
+    speed_smoothing: float = 0.3                 # EWMA weight of the newest seconds-per-step sample
+    restore_grace_s: float | None = None         # None: lease_timeout_s (time to reconnect after restart)
+    alive_window_s: float | None = None          # None: 2 * lease_timeout_s
+
+    def __post_init__(self) -> None:
+        for name in ("lease_timeout_s", "deadline_slack"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("heartbeat_interval_s", "restore_grace_s", "alive_window_s"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise ConfigError(f"{name} must be > 0 or None, got {v!r}")
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) \
+                or self.max_attempts < 1:
+            raise ConfigError(f"max_attempts must be an int >= 1, got {self.max_attempts!r}")
+        if not 0 < self.speed_smoothing <= 1:
+            raise ConfigError(f"speed_smoothing must be in (0, 1], got {self.speed_smoothing!r}")
+
+    @property
+    def heartbeat_s(self) -> float:
+        return self.heartbeat_interval_s or self.lease_timeout_s / 4
+
+    @property
+    def grace_s(self) -> float:
+        return self.restore_grace_s or self.lease_timeout_s
+
+    @property
+    def alive_s(self) -> float:
+        return self.alive_window_s or 2 * self.lease_timeout_s
+
+
+@dataclass(frozen=True, slots=True)
+class ResultCheck:
+    """What :meth:`Ledger.check_result` found: the unit to validate against, or an earlier receipt."""
+
+    unit: WorkUnit
+    lease_base_version: int
+    receipt: Receipt | None
+
+
+class _Unit:
+    __slots__ = ("attempts", "done_by", "index", "issued", "lease_id", "reason", "state", "unit")
+
+    def __init__(self, unit: WorkUnit, index: int) -> None:
+        self.unit = unit
+        self.index = index
+        self.state = UnitState.QUEUED
+        self.attempts = 0
+        self.issued = 0                  # leases granted for it (reissue accounting)
+        self.lease_id: str | None = None  # the ACTIVE lease while LEASED
+        self.reason: str | None = None    # why it was parked
+        self.done_by: str | None = None   # the lease whose result closed it
+
+
+class _Lease:
+    __slots__ = ("base_version", "deadline", "lease_id", "progress_at", "receipt", "state",
+                 "steps_done", "unit_id", "worker_id")
+
+    def __init__(self, lease_id: str, unit_id: str, worker_id: str, base_version: int,
+                 deadline: float, now: float, state: LeaseState = LeaseState.ACTIVE) -> None:
+        self.lease_id = lease_id
+        self.unit_id = unit_id
+        self.worker_id = worker_id
+        self.base_version = base_version
+        self.deadline = deadline
+        self.progress_at = now
+        self.steps_done = 0
+        self.state = state
+        self.receipt: Receipt | None = None
+
+
+class _Worker:
+    __slots__ = ("info", "last_seen", "name", "spw", "worker_id")
+
+    def __init__(self, worker_id: str, name: str, info: dict[str, Any], now: float) -> None:
+        self.worker_id = worker_id
+        self.name = name
+        self.info = info
+        self.last_seen = now
+        self.spw: float | None = None    # EWMA of seconds per step
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """Worker info must be JSON-like (it is snapshotted and shown in status)."""
+    if depth > 8:
+        raise ValidationError("worker info nests too deeply", reason="bad_worker_info")
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [_plain(v, depth + 1) for v in value]
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        return {k: _plain(v, depth + 1) for k, v in value.items()}
+    raise ValidationError(f"worker info holds a {type(value).__name__}; only JSON values are allowed",
+                          reason="bad_worker_info")
+
+
+class Ledger:
+    """Which unit is where, who holds which lease until when, and what every result came to."""
+
+    def __init__(self, units: Iterable[WorkUnit], *, config: LedgerConfig | None = None,
+                 clock: Clock, secret: bytes | None = None) -> None:
+        self.config = config or LedgerConfig()
+        self._clock = clock
+        self._signer = LeaseIdSigner(secret if secret is not None else secrets.token_bytes(32))
+        self._units: dict[str, _Unit] = {}
+        self._order: list[_Unit] = []
+        self._queue: deque[str] = deque()
+        self._leases: dict[str, _Lease] = {}
+        self._workers: dict[str, _Worker] = {}
+        self._heap: list[tuple[float, str]] = []   # (deadline, lease id); stale entries are skipped
+        self._count: dict[UnitState, int] = dict.fromkeys(UnitState, 0)
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("issued", "reissued", "expired", "released", "revived", "adopted", "parked",
+             "accepted", "rejected"), 0)
+        for unit in units:
+            self._add_unit(unit, front=False)
+        if not self._order:
+            raise ConfigError("a ledger needs at least one work unit")
+
+    # -- workers ----------------------------------------------------------------------------------
+    def join(self, name: str = "", info: Mapping[str, Any] | None = None) -> str:
+        """Register a worker and return its new id."""
+        worker_id = "w-" + secrets.token_hex(8)
+        self._workers[worker_id] = _Worker(worker_id, str(name)[:128], _plain(dict(info or {})),
+                                           self._clock())
+        return worker_id
+
+    def _touch(self, worker_id: str) -> _Worker:
+        # Workers that joined after the last snapshot are unknown after a restart; the server has
+        # already authenticated them, so they are re-registered rather than refused.
+        if not isinstance(worker_id, str) or not 0 < len(worker_id) <= 128:
+            raise ValidationError("worker id must be a non-empty string of at most 128 chars",
+                                  reason="bad_worker_id")
+        now = self._clock()
+        w = self._workers.get(worker_id)
+        if w is None:
+            w = self._workers[worker_id] = _Worker(worker_id, "", {}, now)
+        w.last_seen = now
+        return w
+
+    def _window(self, w: _Worker) -> float:
+        cfg = self.config
+        return cfg.lease_timeout_s if w.spw is None else max(cfg.lease_timeout_s,
+                                                              cfg.deadline_slack * w.spw)
+
+    def _measure(self, w: _Worker, lease: _Lease, steps_done: int, now: float) -> None:
+        steps = steps_done - lease.steps_done
+        if steps > 0:
+            sample = max(now - lease.progress_at, 0.0) / steps
+            a = self.config.speed_smoothing
+            w.spw = sample if w.spw is None else (1 - a) * w.spw + a * sample
+            lease.steps_done = steps_done
+            lease.progress_at = now
+
+    # -- leases -----------------------------------------------------------------------------------
+    def lease(self, worker_id: str, base_version: int) -> LeaseGrant:
+        """Grant the next queued unit, or raise :class:`NoWorkAvailableError`."""
+        w = self._touch(worker_id)
+        self.expire()
+        if not self._queue:
+            raise self._no_work()
+        u = self._units[self._queue.popleft()]
+        lease_id = self._signer.make(u.index, u.unit.unit_id, base_version)
+        now = self._clock()
+        lease = _Lease(lease_id, u.unit.unit_id, worker_id, base_version, now + self._window(w), now)
+        self._leases[lease_id] = lease
+        self._activate(u, lease)
+        self.stats["issued"] += 1
+        if u.issued:
+            self.stats["reissued"] += 1
+        u.issued += 1
+        return self._grant(lease, resumed=False)
+
+    def _no_work(self) -> NoWorkAvailableError:
+        leased = self._count[UnitState.LEASED]
+        if not leased:
+            return NoWorkAvailableError("every work unit is done or parked; the run is finished",
+                                        retry_after=self.config.heartbeat_s, finished=True)
+        # The earliest deadline (possibly stale, which only makes the hint a little early).
+        first = self._heap[0][0] if self._heap else self._clock()
+        wait = min(max(first - self._clock(), 0.1), self.config.heartbeat_s)
+        return NoWorkAvailableError(f"no queued work; {leased} units are leased, retry later",
+                                    retry_after=round(wait, 3))
+
+    def _set(self, u: _Unit, state: UnitState) -> None:
+        self._count[u.state] -= 1
+        self._count[state] += 1
+        u.state = state
+
+    def _activate(self, u: _Unit, lease: _Lease) -> None:
+        self._set(u, UnitState.LEASED)
+        u.lease_id = lease.lease_id
+        lease.state = LeaseState.ACTIVE
+        heapq.heappush(self._heap, (lease.deadline, lease.lease_id))
+
+    def _grant(self, lease: _Lease, *, resumed: bool) -> LeaseGrant:
+        return LeaseGrant(lease.lease_id, self._units[lease.unit_id].unit, lease.base_version,
+                          max(lease.deadline - self._clock(), 0.0), self.config.heartbeat_s, resumed)
+
+    def _find(self, lease_id: str, worker_id: str) -> _Lease:
+        """The lease, adopting a validly signed one the ledger does not know (lost in a restart)."""
+        lease = self._leases.get(lease_id)
+        if lease is not None:
+            return lease
+        parsed = self._signer.parse(lease_id, lambda i: self._order[i].unit.unit_id
+                                    if 0 <= i < len(self._order) else None)
+        if parsed is None:
+            raise LeaseNotFoundError(f"no lease {lease_id[:80]!r}: it was never issued here",
+                                     lease_id=lease_id)
+        index, base_version = parsed
+        u = self._order[index]
+        now = self._clock()
+        lease = _Lease(lease_id, u.unit.unit_id, worker_id, base_version, now, now,
+                       state=LeaseState.EXPIRED)
+        self._leases[lease_id] = lease
+        self.stats["adopted"] += 1
+        if u.state is UnitState.DONE:
+            lease.state = LeaseState.SUPERSEDED
+        elif u.state is UnitState.QUEUED:
+            self._revive(u, lease)
+        return lease
+
+    def _revive(self, u: _Unit, lease: _Lease) -> None:
+        self._queue.remove(u.unit.unit_id)
+        lease.deadline = self._clock() + self._window(self._touch(lease.worker_id))
+        self._activate(u, lease)
+        self.stats["revived"] += 1
+
+    def _live(self, lease: _Lease, *, action: str) -> _Unit:
+        """The lease's unit when the lease is (or can be made) active again, else a clear error."""
+        u = self._units[lease.unit_id]
+        if lease.state is LeaseState.ACTIVE and lease.deadline < self._clock():
+            self.expire()
+        if lease.state is LeaseState.EXPIRED and u.state is UnitState.QUEUED:
+            self._revive(u, lease)
+        if lease.state is LeaseState.ACTIVE:
+            return u
+        if lease.state in (LeaseState.CLOSED, LeaseState.SUPERSEDED) or u.state is UnitState.DONE:
+            raise UnitClosedError(f"cannot {action}: unit {u.unit.unit_id!r} already has a result; "
+                                  "lease new work", unit_id=u.unit.unit_id, lease_id=lease.lease_id)
+        if lease.state is LeaseState.RELEASED:
+            raise LeaseNotFoundError(f"cannot {action}: lease {lease.lease_id!r} was released by its "
+                                     "holder; lease new work", unit_id=u.unit.unit_id,
+                                     lease_id=lease.lease_id)
+        raise LeaseExpiredError(f"cannot {action}: lease {lease.lease_id!r} expired and unit "
+                                f"{u.unit.unit_id!r} is {u.state}; a result sent before it closes is "
+                                "still accepted", unit_id=u.unit.unit_id, lease_id=lease.lease_id)
+
+    def _holder(self, lease: _Lease, worker_id: str) -> None:
+        if lease.worker_id != worker_id:
+            raise NotLeaseHolderError(f"lease {lease.lease_id!r} belongs to another worker",
+                                      unit_id=lease.unit_id, lease_id=lease.lease_id)
+
+    def resume(self, worker_id: str, lease_id: str) -> LeaseGrant:
+        """Pick up a lease again after a worker restart; the caller becomes its holder."""
+        w = self._touch(worker_id)
+        lease = self._find(lease_id, worker_id)
+        self._live(lease, action="resume")
+        lease.worker_id = worker_id
+        lease.deadline = max(lease.deadline, self._clock() + self._window(w))
+        heapq.heappush(self._heap, (lease.deadline, lease.lease_id))
+        return self._grant(lease, resumed=True)
+
+    def heartbeat(self, worker_id: str, lease_id: str, steps_done: int) -> LeaseGrant:
+        """Record progress; progress pushes the deadline out by the worker's window."""
+        w = self._touch(worker_id)
+        lease = self._find(lease_id, worker_id)
+        self._holder(lease, worker_id)
+        steps = self._units[lease.unit_id].unit.steps
+        if isinstance(steps_done, bool) or not isinstance(steps_done, int) \
+                or not 0 <= steps_done <= steps:
+            raise ValidationError(f"steps_done must be an int in [0, {steps}], got {steps_done!r}",
+                                  reason="bad_progress")
+        self._live(lease, action="heartbeat")
+        now = self._clock()
+        if steps_done > lease.steps_done:
+            self._measure(w, lease, steps_done, now)
+            lease.deadline = max(lease.deadline, now + self._window(w))
+            heapq.heappush(self._heap, (lease.deadline, lease.lease_id))
+        elif steps_done < lease.steps_done:   # restarted from an older checkpoint: no extension
+            lease.steps_done, lease.progress_at = steps_done, now
+        return self._grant(lease, resumed=False)
+
+    def release(self, worker_id: str, lease_id: str, reason: str = "") -> None:
+        """The holder gives the lease up; its unit goes back to the queue. Idempotent."""
+        self._touch(worker_id)
+        lease = self._find(lease_id, worker_id)
+        self._holder(lease, worker_id)
+        if lease.state is LeaseState.ACTIVE:
+            lease.state = LeaseState.RELEASED
+            self.stats["released"] += 1
+            why = f"released: {reason[:200]}" if reason else "released"
+            self._fail(self._units[lease.unit_id], lease, why)
+
+    def expire(self) -> list[str]:
+        """Expire every active lease past its deadline; returns their ids."""
+        now = self._clock()
+        out: list[str] = []
+        while self._heap and self._heap[0][0] < now:
+            _, lease_id = heapq.heappop(self._heap)
+            lease = self._leases.get(lease_id)
+            if lease is None or lease.state is not LeaseState.ACTIVE or lease.deadline >= now:
+                continue
+            lease.state = LeaseState.EXPIRED
+            self.stats["expired"] += 1
+            self._fail(self._units[lease.unit_id], lease, "lease expired")
+            out.append(lease_id)
+        return out
+
+    def _fail(self, u: _Unit, lease: _Lease, why: str) -> None:
+        """One failed attempt at ``u``; requeue or park it unless another lease holds it now."""
+        if u.state is UnitState.DONE:
+            return
+        u.attempts += 1
+        if u.state is UnitState.LEASED and u.lease_id != lease.lease_id:
+            return                                  # someone else is on it; judge them on their own
+        if u.state is UnitState.QUEUED:
+            self._queue.remove(u.unit.unit_id)
+        u.lease_id = None
+        if u.attempts >= self.config.max_attempts:
+            if u.state is not UnitState.PARKED:
+                self.stats["parked"] += 1
+            self._set(u, UnitState.PARKED)
+            u.reason = f"failed {u.attempts} times; last: {why} (lease {lease.lease_id})"
+        elif u.state is not UnitState.PARKED:
+            self._set(u, UnitState.QUEUED)
+            self._queue.appendleft(u.unit.unit_id)
+
+    # -- results ----------------------------------------------------------------------------------
+    def check_result(self, worker_id: str, lease_id: str) -> ResultCheck:
+        """May this lease's result be merged? An earlier receipt comes back instead of merging twice."""
+        self._touch(worker_id)
+        lease = self._find(lease_id, worker_id)
+        self._holder(lease, worker_id)
+        u = self._units[lease.unit_id]
+        if lease.receipt is not None:
+            return ResultCheck(u.unit, lease.base_version, lease.receipt)
+        if u.state is UnitState.DONE or lease.state is LeaseState.SUPERSEDED:
+            raise UnitClosedError(f"unit {u.unit.unit_id!r} already has a merged result (from lease "
+                                  f"{u.done_by}); this one is not merged", unit_id=u.unit.unit_id,
+                                  lease_id=lease_id)
+        return ResultCheck(u.unit, lease.base_version, None)
+
+    def receipt(self, lease_id: str) -> Receipt | None:
+        lease = self._leases.get(lease_id)
+        return None if lease is None else lease.receipt
+
+    def record(self, lease_id: str, *, unit_id: str, worker_id: str, status: ReceiptStatus,
+               version: int, reason: str | None = None, steps_done: int = 0,
+               partial: bool = False, base_version: int = 0) -> Receipt:
+        """Record what a result came to. Accepted: the unit is done (plus a remainder when partial).
+
+        Works for leases the ledger never saw (journal replay after a restart). Raises
+        :class:`UnitClosedError` when the unit already has a result: nothing is recorded twice.
+        """
+        lease = self._leases.get(lease_id)
+        if lease is not None and lease.receipt is not None:
+            return lease.receipt
+        u = self._units.get(unit_id)
+        if u is None or (lease is not None and lease.unit_id != unit_id):
+            raise LedgerError(f"lease {lease_id!r} does not belong to unit {unit_id!r}",
+                              unit_id=unit_id, lease_id=lease_id)
+        if u.state is UnitState.DONE:
+            raise UnitClosedError(f"unit {unit_id!r} already has a merged result",
+                                  unit_id=unit_id, lease_id=lease_id)
+        now = self._clock()
+        if lease is None:
+            lease = self._leases[lease_id] = _Lease(lease_id, unit_id, worker_id, base_version, now,
+                                                    now, state=LeaseState.EXPIRED)
+        receipt = Receipt(lease_id, unit_id, status, version, reason)
+        if status == "rejected":
+            self.stats["rejected"] += 1
+            self._fail(u, lease, f"result rejected: {reason}")
+        else:
+            self.stats["accepted"] += 1
+            w = self._workers.get(worker_id)
+            if w is not None and lease.state is LeaseState.ACTIVE:
+                self._measure(w, lease, steps_done, now)
+            if u.state is UnitState.QUEUED:
+                self._queue.remove(unit_id)
+            elif u.state is UnitState.LEASED and u.lease_id != lease_id and u.lease_id is not None:
+                self._leases[u.lease_id].state = LeaseState.SUPERSEDED
+            self._set(u, UnitState.DONE)
+            u.lease_id, u.done_by = None, lease_id
+            if partial and 0 < steps_done < u.unit.steps:
+                self._add_unit(u.unit.remainder(steps_done), front=True)
+        lease.state = LeaseState.CLOSED
+        lease.receipt = receipt
+        return receipt
+
+    def _add_unit(self, unit: WorkUnit, *, front: bool) -> None:
+        if unit.unit_id in self._units:
+            if front:    # a remainder id taken by a user's unit: make it unique, deterministically
+                n = 1
+                while f"{unit.unit_id}.{n}" in self._units:
+                    n += 1
+                unit = WorkUnit(f"{unit.unit_id}.{n}", unit.shard, unit.num_shards, unit.epoch,
+                                unit.steps, unit.params)
+            else:
+                raise ConfigError(f"duplicate work unit id {unit.unit_id!r}")
+        u = _Unit(unit, len(self._order))
+        self._count[UnitState.QUEUED] += 1
+        self._units[unit.unit_id] = u
+        self._order.append(u)
+        if front:
+            self._queue.appendleft(unit.unit_id)
+        else:
+            self._queue.append(unit.unit_id)
+
+    # -- operator actions and views ------------------------------------------------------------------
+    def unpark(self, unit_id: str) -> None:
+        """Give a parked unit a fresh set of attempts (an operator fixed whatever broke it)."""
+        u = self._units.get(unit_id)
+        if u is None or u.state is not UnitState.PARKED:
+            raise LedgerError(f"unit {unit_id!r} is not parked", unit_id=unit_id)
+        self._set(u, UnitState.QUEUED)
+        u.attempts, u.reason = 0, None
+        self._queue.append(unit_id)
+
+    @property
+    def finished(self) -> bool:
+        return not self._count[UnitState.QUEUED] and not self._count[UnitState.LEASED]
+
+    def counts(self) -> dict[str, int]:
+        return {state.value: n for state, n in self._count.items()}
+
+    def unit_state(self, unit_id: str) -> UnitState:
+        return self._units[unit_id].state
+
+    def units(self) -> list[tuple[WorkUnit, UnitState]]:
+        return [(u.unit, u.state) for u in self._order]
+
+    def parked(self) -> dict[str, str]:
+        return {u.unit.unit_id: u.reason or "" for u in self._order if u.state is UnitState.PARKED}
+
+    def lease_state(self, lease_id: str) -> LeaseState | None:
+        lease = self._leases.get(lease_id)
+        return None if lease is None else lease.state
+
+    def lease_holder(self, lease_id: str) -> str | None:
+        lease = self._leases.get(lease_id)
+        return None if lease is None else lease.worker_id
+
+    def active_base_versions(self) -> set[int]:
+        return {lse.base_version for lse in self._leases.values() if lse.state is LeaseState.ACTIVE}
+
+    def workers_alive(self) -> int:
+        horizon = self._clock() - self.config.alive_s
+        return sum(1 for w in self._workers.values() if w.last_seen >= horizon)
+
+    def worker_speed(self, worker_id: str) -> float | None:
+        w = self._workers.get(worker_id)
+        return None if w is None else w.spw
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._workers)
+
+    @property
+    def num_leases(self) -> int:
+        return len(self._leases)
+
+    # -- snapshot / restore ------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """Plain data (``pack_tree``-able); times are stored relative to now."""
+        now = self._clock()
+        return {
+            "format": SNAPSHOT_FORMAT,
+            "units": [[u.unit.to_dict(), u.state.value, u.attempts, u.issued, u.lease_id, u.reason,
+                       u.done_by] for u in self._order],
+            "queue": list(self._queue),
+            "leases": [[x.lease_id, x.unit_id, x.worker_id, x.base_version, x.deadline - now,
+                        x.steps_done, x.state.value,
+                        None if x.receipt is None else x.receipt.to_dict()]
+                       for x in self._leases.values()],
+            "workers": [[w.worker_id, w.name, w.info, now - w.last_seen, w.spw]
+                        for w in self._workers.values()],
+            "stats": dict(self.stats),
+        }
+
+    @classmethod
+    def restore(cls, data: Mapping[str, Any], *, config: LedgerConfig | None = None, clock: Clock,
+                secret: bytes | None = None) -> Ledger:
+        """Rebuild a ledger; active leases get at least ``restore_grace_s`` to reconnect."""
+        if data.get("format") != SNAPSHOT_FORMAT:
+            raise ConfigError(f"ledger snapshot format {data.get('format')!r} is not "
+                              f"{SNAPSHOT_FORMAT}")
+        self = cls([WorkUnit.from_dict(row[0]) for row in data["units"]], config=config,
+                   clock=clock, secret=secret)
+        now = clock()
+        for u, (_, state, attempts, issued, lease_id, reason, done_by) in zip(
+                self._order, data["units"], strict=True):
+            self._set(u, UnitState(state))
+            u.attempts, u.issued = attempts, issued
+            u.lease_id, u.reason, u.done_by = lease_id, reason, done_by
+        self._queue = deque(data["queue"])
+        for lid, unit_id, worker_id, base, remaining, steps, state, receipt in data["leases"]:
+            lease = _Lease(lid, unit_id, worker_id, base, now, now, LeaseState(state))
+            lease.steps_done = steps
+            lease.receipt = None if receipt is None else Receipt.from_dict(receipt)
+            if lease.state is LeaseState.ACTIVE:
+                lease.deadline = now + max(remaining, self.config.grace_s)
+                heapq.heappush(self._heap, (lease.deadline, lid))
+            self._leases[lid] = lease
+        for worker_id, name, info, since, spw in data["workers"]:
+            w = self._workers[worker_id] = _Worker(worker_id, name, info, now - since)
+            w.spw = spw
+        self.stats.update(data["stats"])
+        return self

@@ -1,0 +1,442 @@
+"""Incremental payload decoder: feed it chunks of any size, get tensors it owns.
+
+A push parser (a small state machine) so the same code serves a socket, an HTTP body and a file.
+Every declared number is checked against :class:`~.Limits` before it is used; a tensor is allocated
+only after its header passed the limits (and the spec, when one is given), and then only once
+(``out`` buffers are reused as they are). Raw blocks are copied straight from the incoming chunks
+into the tensor, then their CRC32C is checked on the (cache-hot) destination; compressed blocks
+are checked before they are decompressed. Any failure raises a :class:`~vcasync.errors.WireError`
+(or :class:`~vcasync.errors.SpecMismatchError` for a payload that does not fit ``spec``/``out``),
+and the decoder then refuses further input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+import torch
+
+from ..errors import (
+    ChecksumError,
+    FrameError,
+    LimitExceededError,
+    ProtocolVersionError,
+    SpecMismatchError,
+    VCAsyncError,
+)
+from ..tensors import ModelSpec
+from . import _msgpack
+from .codecs import BlockDecoder, block_codec, unshuffle_into
+from .dtypes import LOSSY_TARGETS, dtype_from_name
+from .frames import BLOCK, MAGIC, PREFIX, PROTOCOL_VERSION, checksum
+from .limits import Limits, check_limit
+
+__all__ = ["Payload", "PayloadDecoder"]
+
+Chunk = bytes | bytearray | memoryview
+
+_MAGIC, _PREFIX, _HEADER, _BLOCK_PREFIX, _BLOCK_DIRECT, _BLOCK_WIRE, _DONE, _FAILED = range(8)
+_TENSOR_KEYS: Final = frozenset({"t", "name", "dtype", "shape", "codec", "shuffle", "wire"})
+_PREAMBLE_KEYS: Final = frozenset({"t", "v", "kind", "count", "meta"})
+
+
+@dataclass(slots=True)
+class Payload:
+    """A decoded payload: its kind, its metadata and its tensors (owned by the caller)."""
+
+    kind: str
+    meta: dict[str, Any]
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Tensor:
+    name: str
+    dest: torch.Tensor
+    dest_u8: np.ndarray[Any, Any]     # the destination's bytes (only when no cast is needed)
+    nbytes: int                        # bytes on the wire once decoded (wire dtype)
+    wire_itemsize: int
+    codec: BlockDecoder
+    codec_name: str
+    max_wire: Any
+    shuffle: bool
+    cast: torch.dtype | None           # wire dtype when it differs from the destination's
+    offset: int = 0                    # decoded wire bytes so far
+
+
+class PayloadDecoder:
+    """Decode one payload from chunks: ``feed(chunk)`` as they come, then ``finish()``."""
+
+    def __init__(self, *, limits: Limits | None = None, spec: ModelSpec | None = None,
+                 expected_kind: str | None = None, out: Mapping[str, torch.Tensor] | None = None,
+                 ext_hook: _msgpack.ExtHook | None = None) -> None:
+        self._limits = limits if limits is not None else Limits()
+        self._spec = spec
+        self._expected_kind = expected_kind
+        self._out = out
+        self._ext_hook = ext_hook
+        self._state = _MAGIC
+        self._need = len(MAGIC)
+        self._pending = bytearray()
+        self._received = 0
+        self._header_crc = 0
+        self._kind = ""
+        self._meta: dict[str, Any] = {}
+        self._count = -1
+        self._tensors: dict[str, torch.Tensor] = {}
+        self._decoded = 0
+        self._cur: _Tensor | None = None
+        self._blk_raw = self._blk_crc = self._blk_left = self._blk_start = 0
+        self._decoders: dict[str, BlockDecoder] = {}
+        self._scratch = np.empty(0, dtype=np.uint8)
+        self._error: VCAsyncError | None = None
+
+    # -- public -----------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self._state == _DONE
+
+    def feed(self, data: Chunk) -> None:
+        """Consume ``data`` (any length, any split); raises on the first problem."""
+        if self._error is not None:
+            raise self._error
+        try:
+            self._feed(memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data))
+        except VCAsyncError as exc:
+            self._fail(exc)
+            raise
+        except MemoryError:
+            err = LimitExceededError("out of memory while decoding within the configured limits",
+                                     field="memory")
+            self._fail(err)
+            raise err from None
+        except Exception as exc:  # a defect, never expected: still only a WireError escapes
+            err2 = FrameError(f"malformed payload ({type(exc).__name__}: {exc})"[:300],
+                              field="payload")
+            self._fail(err2)
+            raise err2 from exc
+
+    def feed_many(self, chunks: Iterable[Chunk]) -> None:
+        for chunk in chunks:
+            self.feed(chunk)
+
+    def finish(self) -> Payload:
+        """The payload; :class:`FrameError` when the stream ended early."""
+        if self._error is not None:
+            raise self._error
+        if self._state != _DONE:
+            where = {_MAGIC: "the magic", _PREFIX: "a frame prefix", _HEADER: "a frame header",
+                     _BLOCK_PREFIX: "a block prefix", _BLOCK_DIRECT: "block data",
+                     _BLOCK_WIRE: "block data"}.get(self._state, "?")
+            cur = f" (tensor {self._cur.name!r})" if self._cur is not None else ""
+            err = FrameError(f"payload truncated: the stream ended inside {where}{cur} after "
+                             f"{self._received} bytes", field="payload.end")
+            self._fail(err)
+            raise err
+        if self._spec is not None:
+            missing = [n for n in self._spec if n not in self._tensors]
+            if missing:
+                raise SpecMismatchError(f"payload lacks tensor {missing[0]!r} ({len(missing)} "
+                                        f"missing)", reason="missing_tensor", name=missing[0])
+        return Payload(self._kind, self._meta, self._tensors)
+
+    # -- machinery ----------------------------------------------------------------------------
+    def _fail(self, exc: VCAsyncError) -> None:
+        self._error = exc
+        self._state = _FAILED
+        self._cur = None
+        self._pending = bytearray()
+
+    def _feed(self, mv: memoryview) -> None:
+        n = len(mv)
+        self._received += n
+        check_limit("message bytes", self._received, self._limits.max_message_bytes,
+                    what="Limits.max_message_bytes")
+        pos = 0
+        while pos < n:
+            state = self._state
+            if state == _BLOCK_DIRECT:
+                pos = self._copy_direct(mv, pos)
+                continue
+            if state == _DONE:
+                raise FrameError(f"{n - pos} bytes after the end frame", field="payload.end")
+            need = self._need
+            if not self._pending and n - pos >= need:
+                piece = mv[pos:pos + need]
+                pos += need
+                self._step(piece)
+                continue
+            take = min(need - len(self._pending), n - pos)
+            self._pending += mv[pos:pos + take]
+            pos += take
+            if len(self._pending) == need:
+                buf, self._pending = self._pending, bytearray()
+                self._step(memoryview(buf))
+
+    def _step(self, piece: memoryview) -> None:
+        state = self._state
+        if state == _MAGIC:
+            if piece.tobytes() != MAGIC:
+                raise FrameError("not a vcasync payload (bad magic)", field="payload.magic")
+            self._state, self._need = _PREFIX, PREFIX.size
+        elif state == _PREFIX:
+            hlen, self._header_crc = PREFIX.unpack(piece)
+            limit = self._header_limit()
+            if hlen == 0:
+                raise FrameError("empty frame header", field="frame.header_len")
+            check_limit("frame header bytes", hlen, limit, what="Limits.max_header_bytes")
+            self._state, self._need = _HEADER, hlen
+        elif state == _HEADER:
+            if checksum(piece) != self._header_crc:
+                raise ChecksumError("frame header checksum mismatch", field="frame.header_crc")
+            self._on_header(piece)
+        elif state == _BLOCK_PREFIX:
+            self._on_block_prefix(piece)
+        elif state == _BLOCK_WIRE:
+            self._on_block_wire(piece)
+        else:  # pragma: no cover - _FAILED is caught in feed()
+            raise FrameError("decoder is in a failed state", field="payload")
+
+    def _header_limit(self) -> int:
+        if self._count < 0:  # the preamble carries the metadata
+            return self._limits.max_meta_bytes + self._limits.max_header_bytes
+        return self._limits.max_header_bytes
+
+    # -- headers ------------------------------------------------------------------------------
+    def _on_header(self, piece: memoryview) -> None:
+        limits = self._limits
+        if self._count < 0:
+            hook = self._ext_hook
+            header = _msgpack.unpack(piece, limits, field="preamble", max_bytes=len(piece),
+                                     ext_hook=hook)
+            self._on_preamble(header)
+            return
+        header = _msgpack.unpack(piece, limits, field="frame header", max_bytes=len(piece))
+        if not isinstance(header, dict):
+            raise FrameError("frame header is not a map", field="frame.header")
+        t = header.get("t")
+        if t == "T":
+            if len(self._tensors) >= self._count:
+                raise FrameError(f"more tensor frames than the {self._count} declared",
+                                 field="payload.count")
+            self._on_tensor_header(header)
+        elif t == "E":
+            if set(header) != {"t", "count"} or header["count"] != self._count:
+                raise FrameError("end frame is malformed or its count differs from the preamble",
+                                 field="end.count")
+            if len(self._tensors) != self._count:
+                raise FrameError(f"end frame after {len(self._tensors)} of {self._count} tensors",
+                                 field="payload.count")
+            self._state = _DONE
+        else:
+            raise FrameError(f"unexpected frame type {str(t)[:20]!r}", field="frame.t")
+
+    def _on_preamble(self, header: Any) -> None:
+        limits = self._limits
+        if not isinstance(header, dict) or header.get("t") != "P":
+            raise FrameError("the first frame is not a preamble", field="preamble")
+        version = header.get("v")
+        if version != PROTOCOL_VERSION:
+            raise ProtocolVersionError(f"protocol version {str(version)[:20]} is not supported "
+                                       f"(this build speaks {PROTOCOL_VERSION})", field="preamble.v")
+        if set(header) != _PREAMBLE_KEYS:
+            raise FrameError(f"preamble keys {sorted(header)[:8]} != {sorted(_PREAMBLE_KEYS)}",
+                             field="preamble")
+        kind, meta, count = header["kind"], header["meta"], header["count"]
+        if not isinstance(kind, str) or not kind:
+            raise FrameError("payload kind must be a non-empty string", field="preamble.kind")
+        check_limit("kind bytes", len(kind.encode()), limits.max_name_bytes,
+                    what="Limits.max_name_bytes")
+        if self._expected_kind is not None and kind != self._expected_kind:
+            raise FrameError(f"expected a {self._expected_kind!r} payload, got {kind[:64]!r}",
+                             field="preamble.kind")
+        if not isinstance(meta, dict):
+            raise FrameError("payload meta must be a map", field="preamble.meta")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise FrameError("tensor count must be a non-negative int", field="preamble.count")
+        check_limit("tensor count", count, limits.max_tensors, what="Limits.max_tensors")
+        self._kind, self._meta, self._count = kind, meta, count
+        self._state, self._need = _PREFIX, PREFIX.size
+
+    def _on_tensor_header(self, h: dict[str, Any]) -> None:
+        limits = self._limits
+        keys = set(h)
+        if not keys <= _TENSOR_KEYS or not keys >= _TENSOR_KEYS - {"wire"}:
+            raise FrameError(f"tensor header keys {sorted(keys)[:8]} are not "
+                             f"{sorted(_TENSOR_KEYS)}", field="tensor.header")
+        name = h["name"]
+        if not isinstance(name, str):
+            raise FrameError("tensor name must be a string", field="tensor.name")
+        check_limit("tensor name bytes", len(name.encode()), limits.max_name_bytes,
+                    what="Limits.max_name_bytes")
+        if name in self._tensors:
+            raise FrameError(f"tensor {name[:64]!r} appears twice", field="tensor.name")
+        dtype = dtype_from_name(h["dtype"], limits.allowed_dtypes)
+        shape = self._shape(h["shape"])
+        numel = 1
+        for d in shape:
+            numel *= d
+        check_limit("tensor elements", numel, limits.max_elements, what="Limits.max_elements")
+        nbytes = numel * dtype.itemsize
+        check_limit("tensor bytes", nbytes, limits.max_tensor_bytes, what="Limits.max_tensor_bytes")
+        check_limit("decoded bytes", self._decoded + nbytes, limits.max_decoded_bytes,
+                    what="Limits.max_decoded_bytes")
+        codec_name = h["codec"]
+        codec = block_codec(codec_name, limits.allowed_codecs)
+        shuffle = h["shuffle"]
+        if not isinstance(shuffle, bool):
+            raise FrameError("tensor shuffle flag must be a bool", field="tensor.shuffle")
+        cast: torch.dtype | None = None
+        if "wire" in h:
+            cast = dtype_from_name(h["wire"], limits.allowed_dtypes & frozenset(LOSSY_TARGETS))
+            if not dtype.is_floating_point or dtype.itemsize <= cast.itemsize:
+                raise FrameError(f"wire dtype {cast} cannot carry a {dtype} tensor",
+                                 field="tensor.wire")
+        self._check_spec(name, dtype, shape)
+        dest = self._destination(name, dtype, shape)
+        self._decoded += nbytes
+        wire_itemsize = (cast or dtype).itemsize
+        dec = self._decoders.get(codec_name)
+        if dec is None:
+            dec = self._decoders[codec_name] = codec.decoder()
+        dest_u8 = _bytes_view(dest) if cast is None else np.empty(0, dtype=np.uint8)
+        self._cur = _Tensor(name, dest, dest_u8, numel * wire_itemsize, wire_itemsize, dec,
+                            str(codec_name), codec.max_wire_len, shuffle, cast)
+        if numel == 0:
+            self._finish_tensor()
+        else:
+            self._state, self._need = _BLOCK_PREFIX, BLOCK.size
+
+    def _shape(self, shape: Any) -> tuple[int, ...]:
+        if not isinstance(shape, list):
+            raise FrameError("tensor shape must be a list", field="tensor.shape")
+        check_limit("tensor dims", len(shape), self._limits.max_dims, what="Limits.max_dims")
+        out = []
+        for d in shape:
+            if not isinstance(d, int) or isinstance(d, bool) or d < 0:
+                raise FrameError("tensor shape entries must be non-negative ints",
+                                 field="tensor.shape")
+            check_limit("tensor dim", d, self._limits.max_elements, what="Limits.max_elements")
+            out.append(d)
+        return tuple(out)
+
+    def _check_spec(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+        if self._spec is None:
+            return
+        ts = self._spec.get(name)
+        if ts is None:
+            raise SpecMismatchError(f"payload has unknown tensor {name[:64]!r}",
+                                    reason="unknown_tensor", name=name)
+        if ts.dtype != dtype:
+            raise SpecMismatchError(f"tensor {name!r} has dtype {dtype}, the model has {ts.dtype}",
+                                    reason="dtype_mismatch", name=name)
+        if ts.shape != shape:
+            raise SpecMismatchError(f"tensor {name!r} has shape {shape}, the model has {ts.shape}",
+                                    reason="shape_mismatch", name=name)
+
+    def _destination(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        out = self._out.get(name) if self._out is not None else None
+        if out is None:
+            return torch.empty(shape, dtype=dtype)
+        if out.dtype != dtype or tuple(out.shape) != shape:
+            raise SpecMismatchError(
+                f"tensor {name!r} is {dtype}{list(shape)} but its out buffer is "
+                f"{out.dtype}{list(out.shape)}", reason="out_mismatch", name=name)
+        if out.device.type != "cpu" or not out.is_contiguous() or out.requires_grad:
+            raise SpecMismatchError(f"out buffer for {name!r} must be a contiguous CPU tensor "
+                                    f"without grad", reason="out_mismatch", name=name)
+        return out
+
+    # -- blocks -------------------------------------------------------------------------------
+    def _on_block_prefix(self, piece: memoryview) -> None:
+        cur = self._cur
+        assert cur is not None
+        raw_len, wire_len, crc = BLOCK.unpack(piece)
+        left = cur.nbytes - cur.offset
+        if raw_len == 0 or raw_len % cur.wire_itemsize:
+            raise FrameError(f"block size {raw_len} is not a positive multiple of the item size "
+                             f"{cur.wire_itemsize}", field="block.raw_len")
+        check_limit("block bytes", raw_len, min(left, self._limits.max_block_bytes),
+                    what="what remains of the tensor / Limits.max_block_bytes")
+        if wire_len == 0:
+            raise FrameError("empty block", field="block.wire_len")
+        check_limit("block wire bytes", wire_len, cur.max_wire(raw_len),
+                    what=f"the {cur.codec_name} bound for {raw_len} bytes")
+        self._blk_raw, self._blk_crc = raw_len, crc
+        if cur.codec_name == "raw" and not cur.shuffle and cur.cast is None:
+            if wire_len != raw_len:
+                raise FrameError("raw block wire length differs from its raw length",
+                                 field="block.wire_len")
+            self._blk_start = cur.offset
+            self._blk_left = raw_len
+            self._state = _BLOCK_DIRECT
+        else:
+            self._state, self._need = _BLOCK_WIRE, wire_len
+
+    def _copy_direct(self, mv: memoryview, pos: int) -> int:
+        cur = self._cur
+        assert cur is not None
+        k = min(len(mv) - pos, self._blk_left)
+        o = cur.offset
+        cur.dest_u8[o:o + k] = np.frombuffer(mv[pos:pos + k], dtype=np.uint8)
+        cur.offset = o + k
+        self._blk_left -= k
+        if self._blk_left == 0:
+            if checksum(cur.dest_u8[self._blk_start:cur.offset]) != self._blk_crc:
+                raise ChecksumError(f"block checksum mismatch in tensor {cur.name!r}",
+                                    field="block.crc")
+            self._after_block()
+        return pos + k
+
+    def _on_block_wire(self, wire: memoryview) -> None:
+        cur = self._cur
+        assert cur is not None
+        if checksum(wire) != self._blk_crc:
+            raise ChecksumError(f"block checksum mismatch in tensor {cur.name!r}", field="block.crc")
+        raw_len = self._blk_raw
+        raw = np.frombuffer(cur.codec.decode(wire, raw_len), dtype=np.uint8)
+        o = cur.offset
+        if cur.cast is None:
+            target = cur.dest_u8[o:o + raw_len]
+        else:
+            if self._scratch.shape[0] < raw_len:
+                self._scratch = np.empty(raw_len, dtype=np.uint8)
+            target = self._scratch[:raw_len]
+        if cur.shuffle:
+            unshuffle_into(raw, cur.wire_itemsize, target)
+        else:
+            np.copyto(target, raw)
+        if cur.cast is not None:
+            e0 = o // cur.wire_itemsize
+            k = raw_len // cur.wire_itemsize
+            cur.dest.view(-1)[e0:e0 + k].copy_(torch.from_numpy(target).view(cur.cast))
+        cur.offset = o + raw_len
+        self._after_block()
+
+    def _after_block(self) -> None:
+        cur = self._cur
+        assert cur is not None
+        if cur.offset == cur.nbytes:
+            self._finish_tensor()
+        else:
+            self._state, self._need = _BLOCK_PREFIX, BLOCK.size
+
+    def _finish_tensor(self) -> None:
+        cur = self._cur
+        assert cur is not None
+        if cur.dest.dtype == torch.bool and cur.nbytes and bool((cur.dest_u8 > 1).any()):
+            raise FrameError(f"bool tensor {cur.name!r} holds bytes other than 0 and 1",
+                             field="tensor.bool")
+        self._tensors[cur.name] = cur.dest
+        self._cur = None
+        self._state, self._need = _PREFIX, PREFIX.size
+
+
+def _bytes_view(t: torch.Tensor) -> np.ndarray[Any, Any]:
+    if t.numel() == 0:
+        return np.empty(0, dtype=np.uint8)
+    arr: np.ndarray[Any, Any] = t.view(-1).view(torch.uint8).numpy()
+    return arr

@@ -1,0 +1,60 @@
+"""The dtype allow-list: wire names <-> torch dtypes.
+
+Tensors travel as raw little-endian bytes, so a dtype on the wire is only a name and an item size.
+Every float and integer dtype torch can copy is here (bool, the unsigned ints, bf16, the float8
+family, complex64/128); quantized and sub-byte dtypes are not, and neither is ``complex32`` (torch
+itself calls it experimental). Names come from this table only: nothing on the wire is ever looked
+up with ``getattr(torch, name)``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Final
+
+import torch
+
+from ..errors import UnsupportedDtypeError
+
+__all__ = ["ALL_DTYPE_NAMES", "LOSSY_TARGETS", "dtype_from_name", "dtype_name"]
+
+if sys.byteorder != "little":  # pragma: no cover - no big-endian CI machine
+    raise ImportError("vcasync.wire sends tensors as little-endian bytes and supports "
+                      "little-endian hosts only")
+
+_CANDIDATES: Final = (
+    "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
+)
+
+# Only the names this torch build has (uint16/32/64 arrived in 2.3, float8_e8m0fnu in 2.7).
+_BY_NAME: Final[dict[str, torch.dtype]] = {
+    n: d for n in _CANDIDATES if isinstance(d := getattr(torch, n, None), torch.dtype)
+}
+_BY_DTYPE: Final[dict[torch.dtype, str]] = {d: n for n, d in _BY_NAME.items()}
+
+ALL_DTYPE_NAMES: Final[frozenset[str]] = frozenset(_BY_NAME)
+
+#: dtypes a lossy codec may downcast floating tensors to.
+LOSSY_TARGETS: Final[dict[str, torch.dtype]] = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The wire name of ``dtype``; :class:`UnsupportedDtypeError` when it cannot travel."""
+    try:
+        return _BY_DTYPE[dtype]
+    except KeyError:
+        raise UnsupportedDtypeError(
+            f"dtype {dtype} cannot be sent; supported: {sorted(ALL_DTYPE_NAMES)}",
+            field="dtype") from None
+
+
+def dtype_from_name(name: object, allowed: frozenset[str] = ALL_DTYPE_NAMES) -> torch.dtype:
+    """The torch dtype for a wire name, checked against the ``allowed`` allow-list."""
+    if not isinstance(name, str) or name not in allowed or name not in _BY_NAME:
+        shown = name if isinstance(name, str) and len(name) <= 40 else type(name).__name__
+        raise UnsupportedDtypeError(
+            f"dtype {shown!r} is not in the allow-list (Limits.allowed_dtypes: "
+            f"{sorted(allowed)})", field="dtype")
+    return _BY_NAME[name]

@@ -1,0 +1,134 @@
+"""``pack_tree`` / ``unpack_tree``: nested plain data with tensors inside, bit-exact.
+
+For policy state, ledger snapshots and checkpoints: dicts (str keys), lists, tuples, str, bytes,
+int (64-bit), float, bool, None and tensors of any allowed dtype, nested. The result is an ordinary
+payload of kind ``"tree"``: the structure travels in the preamble's metadata with each tensor replaced
+by a msgpack ext reference (code 1, its index) and each tuple by ext code 2; the tensors follow as
+tensor frames. Only those two ext codes are understood, and they only ever build an index or a
+tuple: nothing on the wire can name a class to construct. Tensors come back as separate copies
+(aliasing between two entries is not preserved).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+import torch
+
+from ..errors import FrameError, LimitExceededError
+from . import _msgpack
+from .codecs import block_codec
+from .decoder import PayloadDecoder
+from .encoder import iter_payload
+from .limits import Limits
+from .plan import CodecSpec, resolve_codec
+
+__all__ = ["pack_tree", "unpack_tree"]
+
+_EXT_TENSOR = 1
+_EXT_TUPLE = 2
+_INDEX = struct.Struct("<I")
+_KIND = "tree"
+
+
+class _Ref(_msgpack.Leaf):
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def pack_tree(obj: Any, *, codec: str | CodecSpec = "raw") -> bytes:
+    """Bytes of ``obj`` (see the module docstring for what it may hold)."""
+    tensors: dict[str, torch.Tensor] = {}
+    skeleton = _skeleton(obj, tensors, "tree")
+    spec = resolve_codec(codec)
+    block_codec(spec.compression if spec.compression != "auto" else "zstd")
+    return b"".join(iter_payload(_KIND, {"tree": skeleton}, tensors, spec, 1 << 20, False))
+
+
+def _skeleton(obj: Any, tensors: dict[str, torch.Tensor], path: str) -> Any:
+    if isinstance(obj, torch.Tensor):
+        index = len(tensors)
+        tensors[str(index)] = obj
+        return msgpack.ExtType(_EXT_TENSOR, _INDEX.pack(index))
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{path}: dict keys must be str, got {type(k).__name__}")
+            out[k] = _skeleton(v, tensors, f"{path}.{k}")
+        return out
+    if isinstance(obj, list):
+        return [_skeleton(v, tensors, f"{path}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        inner = [_skeleton(v, tensors, f"{path}[{i}]") for i, v in enumerate(obj)]
+        return msgpack.ExtType(_EXT_TUPLE, _msgpack.pack(inner))
+    if isinstance(obj, bool | str | bytes | float | type(None)):
+        return obj
+    if isinstance(obj, int):
+        if not -(1 << 63) <= obj < (1 << 64):
+            raise TypeError(f"{path}: int {obj} does not fit in 64 bits")
+        return obj
+    raise TypeError(f"{path}: cannot pack a {type(obj).__name__} (plain data and tensors only)")
+
+
+def unpack_tree(data: bytes | bytearray | memoryview, *, limits: Limits | None = None) -> Any:
+    """The object :func:`pack_tree` packed; any problem raises a :class:`~vcasync.errors.WireError`."""
+    limits = limits if limits is not None else Limits()
+    depth = 0
+
+    def hook(code: int, payload: bytes) -> Any:
+        nonlocal depth
+        if code == _EXT_TENSOR:
+            if len(payload) != _INDEX.size:
+                raise FrameError("tensor reference must be 4 bytes", field="tree.ref")
+            return _Ref(_INDEX.unpack(payload)[0])
+        if code == _EXT_TUPLE:
+            depth += 1
+            try:
+                if depth > limits.max_depth:
+                    raise LimitExceededError(
+                        f"tree tuples nest deeper than the limit {limits.max_depth}",
+                        field="tree.depth", limit=limits.max_depth, value=depth)
+                inner = _msgpack.unpack(payload, limits, field="tree tuple",
+                                        max_bytes=len(payload), ext_hook=hook)
+            finally:
+                depth -= 1
+            if not isinstance(inner, list):
+                raise FrameError("a packed tuple must hold a list", field="tree.tuple")
+            return tuple(inner)
+        raise FrameError(f"msgpack ext type {code} is not allowed in a tree", field="tree.ext")
+
+    dec = PayloadDecoder(limits=limits, expected_kind=_KIND, ext_hook=hook)
+    dec.feed(data)
+    payload = dec.finish()
+    if set(payload.meta) != {"tree"}:
+        raise FrameError("a tree payload's meta must hold exactly 'tree'", field="tree")
+    tensors = payload.tensors
+    if list(tensors) != [str(i) for i in range(len(tensors))]:
+        raise FrameError("tree tensors must be named 0..n-1 in order", field="tree.tensors")
+    used: set[int] = set()
+    result = _fill(payload.meta["tree"], tensors, used)
+    if len(used) != len(tensors):
+        raise FrameError(f"{len(tensors) - len(used)} tree tensors are never referenced",
+                         field="tree.tensors")
+    return result
+
+
+def _fill(node: Any, tensors: dict[str, torch.Tensor], used: set[int]) -> Any:
+    if isinstance(node, _Ref):
+        if node.index in used or str(node.index) not in tensors:
+            raise FrameError(f"tensor reference {node.index} is unknown or used twice",
+                             field="tree.ref")
+        used.add(node.index)
+        return tensors[str(node.index)]
+    if isinstance(node, dict):
+        return {k: _fill(v, tensors, used) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_fill(v, tensors, used) for v in node]
+    if isinstance(node, tuple):
+        return tuple(_fill(v, tensors, used) for v in node)
+    return node
