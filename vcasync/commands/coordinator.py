@@ -1,0 +1,198 @@
+"""``vcasync coordinator``: serve a training run over HTTP(S) until it is finished or stopped.
+
+Secrets come from the environment or files, never from flag values (visible to anyone via ``ps``):
+
+* ``VCASYNC_JOIN_SECRET`` (or ``--join-secret-file``): the shared secret workers join with;
+* ``VCASYNC_JOIN_TOKENS`` (``name=token,name=token``) or ``--join-tokens-file`` (``name token`` per
+  line): pre-issued join tokens, each bound to one worker name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from ..cli import Command, read_secret
+from ..errors import ConfigError
+
+log = logging.getLogger("vcasync.cli")
+
+
+def _configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, help="run.toml (flags override it)")
+    p.add_argument("--model", help="model factory 'pkg.mod:fn' returning an nn.Module")
+    p.add_argument("--seed", type=int, help="torch seed before the factory runs (default 0)")
+    p.add_argument("--shards", type=int)
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--steps", type=int, help="local steps per unit")
+    p.add_argument("--units", type=int, dest="count", help="total units (overrides --epochs)")
+    p.add_argument("--unit-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="a trainer parameter for every unit (repeatable; values parsed as TOML)")
+    p.add_argument("--policy", help="merge policy name (default vcasgd)")
+    p.add_argument("--policy-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="a policy parameter (repeatable; values parsed as TOML)")
+    p.add_argument("--storage", help="storage URL: file:///path, s3://bucket/prefix, gs://..., memory://x")
+    p.add_argument("--durability", choices=["journal", "snapshot", "none"])
+    p.add_argument("--lease-timeout", type=float, dest="lease_timeout_s")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--tls-cert", type=Path)
+    p.add_argument("--tls-key", type=Path)
+    p.add_argument("--linger", type=float, dest="linger_s",
+                   help="seconds to keep serving after the run is finished (default 10)")
+    p.add_argument("--output", type=Path, help="write the final weights here (torch.save of a state dict)")
+    p.add_argument("--port-file", type=Path, help="write the bound URL here once listening")
+    p.add_argument("--app-dir", type=Path, default=Path("."),
+                   help="put this directory on sys.path to find the model factory (default: .)")
+    p.add_argument("--join-secret-file", type=Path)
+    p.add_argument("--join-tokens-file", type=Path)
+    p.add_argument("--no-uvloop", action="store_true",
+                   help="run on plain asyncio even if uvloop is installed")
+
+
+def _kv(items: list[str], what: str) -> dict[str, Any]:
+    import tomllib
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{what} must look like KEY=VALUE, got {item!r}")
+        try:
+            out[key] = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key] = raw  # a bare word: keep it as a string
+    return out
+
+
+def _overrides(a: argparse.Namespace) -> dict[str, Any]:
+    policy: dict[str, Any] = {"name": a.policy}
+    if a.policy_param:
+        policy["params"] = _kv(a.policy_param, "--policy-param")
+    units: dict[str, Any] = {"shards": a.shards, "epochs": a.epochs, "steps": a.steps, "count": a.count}
+    if a.unit_param:
+        units["params"] = _kv(a.unit_param, "--unit-param")
+    return {
+        "model": {"factory": a.model, "seed": a.seed},
+        "units": units,
+        "policy": policy,
+        "storage": {"url": a.storage},
+        "coordinator": {"durability": a.durability, "lease_timeout_s": a.lease_timeout_s},
+        "server": {"host": a.host, "port": a.port,
+                   "tls_cert": str(a.tls_cert) if a.tls_cert else None,
+                   "tls_key": str(a.tls_key) if a.tls_key else None},
+        "run": {"linger_s": a.linger_s, "output": str(a.output) if a.output else None},
+    }
+
+
+def _join_tokens(file: Path | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    raw = os.environ.get("VCASYNC_JOIN_TOKENS", "")
+    for item in filter(None, (s.strip() for s in raw.split(","))):
+        name, sep, token = item.partition("=")
+        if not sep or not name or not token:
+            raise ConfigError("VCASYNC_JOIN_TOKENS must look like name=token,name=token")
+        out[name] = token
+    if file is not None:
+        try:
+            lines = file.read_text().splitlines()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the join tokens file {file}: {exc}") from exc
+        for n, line in enumerate(lines, 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            parts = line.split()
+            if len(parts) != 2:
+                raise ConfigError(f"{file}:{n}: expected 'name token'")
+            out[parts[0]] = parts[1]
+    return out
+
+
+def _run(a: argparse.Namespace) -> int:
+    from .._loop import run
+    from ..runconfig import load_run_config
+
+    cfg = load_run_config(a.config, _overrides(a))
+    secret = read_secret("VCASYNC_JOIN_SECRET", a.join_secret_file, what="join secret")
+    tokens = _join_tokens(a.join_tokens_file)
+    if not secret and not tokens:
+        raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET (or --join-secret-file, "
+                          "VCASYNC_JOIN_TOKENS, --join-tokens-file)")
+    return run(serve(cfg, secret, tokens, port_file=a.port_file, app_dir=a.app_dir),
+               use_uvloop=False if a.no_uvloop else None)
+
+
+async def serve(cfg: Any, secret: str | None, tokens: dict[str, str], *, port_file: Path | None = None,
+                app_dir: Path | None = None) -> int:
+    """Run the coordinator described by ``cfg`` (a :class:`~vcasync.runconfig.RunConfig`)."""
+    import torch
+
+    from .._imports import import_object
+    from ..auth import StorageTokenStore, TokenAuthority
+    from ..coordinator import Coordinator, CoordinatorConfig
+    from ..policy import policy_from_config
+    from ..runconfig import dataclass_from_table
+    from ..server import Server
+    from ..storage import open_storage
+    from ..tensors import ModelState
+
+    factory = import_object(cfg.model, what="model factory", app_dir=app_dir)
+    torch.manual_seed(cfg.seed)
+    module = factory()
+    if not isinstance(module, torch.nn.Module):
+        raise ConfigError(f"model factory {cfg.model!r} returned {type(module).__name__}, not an nn.Module")
+    model = ModelState.from_module(module)
+    policy = policy_from_config({"policy": dict(cfg.policy)})
+    units = cfg.units.build()
+    coord_cfg = dataclass_from_table(CoordinatorConfig, cfg.coordinator, "coordinator")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with open_storage(cfg.storage) as storage:
+        authority = TokenAuthority(join_secret=secret, join_tokens=tokens, store=StorageTokenStore(storage))
+        async with Coordinator(model, units, policy=policy, storage=storage, config=coord_cfg) as coord, \
+                Server(coord, authority, cfg.server) as server:
+            log.info("coordinator listening on %s (model v%d, %d units, policy %s)", server.url,
+                     coord.version, len(units), policy.name)
+            if port_file is not None:
+                tmp = port_file.with_name(port_file.name + ".tmp")
+                tmp.write_text(server.url + "\n")
+                tmp.replace(port_file)
+            finished = await _first(coord.wait_finished(), stop.wait())
+            if finished:
+                log.info("run finished at model v%d; serving %.0fs more so workers hear it",
+                         coord.version, cfg.linger_s)
+                await _first(asyncio.sleep(cfg.linger_s), stop.wait())
+            else:
+                log.info("stopping at model v%d", coord.version)
+            if cfg.output is not None:
+                state = coord.model_state() if hasattr(coord, "model_state") else None
+                if state is not None:
+                    torch.save(dict(state.tensors), cfg.output)
+                    log.info("final weights written to %s", cfg.output)
+    return 0
+
+
+async def _first(a: Any, b: Any) -> bool:
+    """Await two coroutines until the first finishes (cancelling the other); True if ``a`` did."""
+    ta, tb = asyncio.ensure_future(a), asyncio.ensure_future(b)
+    try:
+        done, _ = await asyncio.wait({ta, tb}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (ta, tb):
+            t.cancel()
+        await asyncio.gather(ta, tb, return_exceptions=True)
+    if ta in done:
+        ta.result()
+        return True
+    return False
+
+
+COMMAND = Command(name="coordinator", help="serve a training run to workers over HTTP(S)",
+                  configure=_configure, run=_run)

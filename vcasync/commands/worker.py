@@ -1,0 +1,83 @@
+"""``vcasync worker``: train units for a coordinator until the run is finished.
+
+The join credential comes from ``VCASYNC_JOIN_SECRET`` or ``VCASYNC_JOIN_TOKEN`` (or
+``--join-secret-file``), never from a flag value. SIGTERM is the preemption notice: the worker stops at
+the next step, saves within ``--grace-period`` seconds and exits 0; restarted with the same
+``--state-dir`` it resumes the same lease while it is valid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from ..cli import Command, read_secret
+from ..errors import ConfigError
+
+log = logging.getLogger("vcasync.cli")
+
+
+def _configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--coordinator", required=True, help="the coordinator's URL, http(s)://host:port")
+    p.add_argument("--trainer", required=True,
+                   help="trainer 'pkg.mod:fn' (e.g. vcasync.examples.digits:train)")
+    p.add_argument("--state-dir", type=Path, required=True, help="where identity, lease and checkpoints live")
+    p.add_argument("--name", default="", help="a human-readable worker name")
+    p.add_argument("--grace-period", type=float, default=20.0, help="seconds to wrap up after SIGTERM")
+    p.add_argument("--on-preempt", choices=["checkpoint", "partial"], default="checkpoint")
+    p.add_argument("--upload", choices=["delta", "weights"], default="delta")
+    p.add_argument("--codec", default="raw", help="wire codec for results (raw, zstd, ...)")
+    p.add_argument("--max-units", type=int, help="exit after this many units")
+    p.add_argument("--ca-file", type=Path, help="CA certificate to verify an https coordinator")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads for the trainer")
+    p.add_argument("--app-dir", type=Path, default=Path("."),
+                   help="put this directory on sys.path to find the trainer (default: .)")
+    p.add_argument("--join-secret-file", type=Path)
+    p.add_argument("--no-uvloop", action="store_true")
+
+
+def _run(a: argparse.Namespace) -> int:
+    from .._imports import import_object
+    from .._loop import run
+    from ..worker import Worker, WorkerConfig
+
+    secret = read_secret("VCASYNC_JOIN_SECRET", a.join_secret_file, what="join secret")
+    token = os.environ.get("VCASYNC_JOIN_TOKEN") or None
+    if not secret and not token:
+        raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET or VCASYNC_JOIN_TOKEN "
+                          "(or --join-secret-file)")
+    trainer = import_object(a.trainer, what="trainer", app_dir=a.app_dir)
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
+    config = WorkerConfig(name=a.name, grace_period_s=a.grace_period, on_preempt=a.on_preempt,
+                          upload=a.upload, codec=a.codec, max_units=a.max_units, ca_file=a.ca_file)
+    worker = Worker(a.coordinator, trainer, state_dir=a.state_dir, join_secret=secret, join_token=token,
+                    config=config)
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.request_stop)
+        report = await worker.run()
+        log.info("worker %s done (%s): %d accepted, %d refused, %d abandoned", report.worker_id,
+                 report.reason, report.results_accepted, report.results_refused, report.units_abandoned)
+        if report.grace_exceeded:
+            # The trainer ignored the stop and is still running in its thread: leave now, the lease
+            # and the trainer's last checkpoint are in the state dir.
+            logging.shutdown()
+            sys.stdout.flush()
+            os._exit(0)
+        return 0
+
+    return run(main(), use_uvloop=False if a.no_uvloop else None)
+
+
+COMMAND = Command(name="worker", help="train units for a coordinator (preemptible; resumes after restart)",
+                  configure=_configure, run=_run)

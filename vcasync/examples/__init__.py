@@ -1,0 +1,2 @@
+"""Runnable examples that ship with vcasync (so ``vcasync worker --trainer`` finds them after a pip
+install as well as from a clone)."""

@@ -1,0 +1,220 @@
+"""The coordinator's run configuration: a TOML file, command-line overrides, one frozen value.
+
+::
+
+    [model]
+    factory = "vcasync.examples.digits:model"   # returns an nn.Module: the initial weights
+    seed = 0
+
+    [units]                                     # shards x epochs units of `steps` local steps
+    shards = 8
+    epochs = 5
+    steps = 40
+    # count = 30                                # optional: total units (overrides epochs)
+    [units.params]                              # handed to the trainer in ctx.unit.params
+    lr = 0.05
+
+    [policy]
+    name = "vcasgd"
+    [policy.params]
+    alpha = 0.5
+
+    [storage]
+    url = "file:///var/lib/vcasync/run1"
+
+    [coordinator]                               # any CoordinatorConfig field
+    durability = "journal"
+    lease_timeout_s = 60.0
+
+    [server]                                    # any ServerConfig field
+    host = "0.0.0.0"
+    port = 8470
+    tls_cert = "/etc/vcasync/cert.pem"
+    tls_key = "/etc/vcasync/key.pem"
+
+Secrets never live here: the join secret comes from the environment (see ``vcasync coordinator -h``).
+Unknown keys are errors that name the key, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ._units import WorkUnit, make_units
+from .errors import ConfigError
+from .server import ServerConfig
+
+__all__ = ["RunConfig", "UnitsConfig", "dataclass_from_table", "load_run_config", "merge_tables"]
+
+D = TypeVar("D")
+_SECTIONS = frozenset({"model", "units", "policy", "storage", "coordinator", "server", "run"})
+
+
+@dataclass(frozen=True, slots=True)
+class UnitsConfig:
+    """How the training set is cut into work units."""
+
+    shards: int = 1
+    epochs: int = 1
+    steps: int = 100
+    count: int | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def build(self) -> list[WorkUnit]:
+        """``shards x epochs`` units ``e{epoch}-s{shard}``; with ``count``, exactly ``count`` units cycling
+        through the shards (``count`` then overrides ``epochs``)."""
+        epochs = self.epochs
+        if self.count is not None:
+            if self.count < 1:
+                raise ConfigError(f"units.count must be >= 1, got {self.count}")
+            epochs = math.ceil(self.count / max(1, self.shards))
+        units = make_units(self.shards, epochs=epochs, steps=self.steps, params=dict(self.params))
+        return units[: self.count] if self.count is not None else units
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    """Everything ``vcasync coordinator`` needs except secrets."""
+
+    model: str
+    seed: int = 0
+    units: UnitsConfig = field(default_factory=UnitsConfig)
+    policy: Mapping[str, Any] = field(default_factory=lambda: {"name": "vcasgd"})
+    storage: str = "./vcasync-run"
+    coordinator: Mapping[str, Any] = field(default_factory=dict)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    #: Seconds to keep serving after the run is finished (workers hear "finished"), then exit.
+    linger_s: float = 10.0
+    #: Where to write the final weights (``torch.save`` of the state dict), if anywhere.
+    output: Path | None = None
+
+
+def merge_tables(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``, recursively for tables; ``None`` values in ``over`` are skipped."""
+    out = dict(base)
+    for k, v in over.items():
+        if v is None:
+            continue
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = merge_tables(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, where)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
+    if tp is Any or origin is typing.Literal:
+        if origin is typing.Literal and value not in args:
+            raise ConfigError(f"{where} must be one of {list(args)}, got {value!r}")
+        return value
+    if tp is Path:
+        if not isinstance(value, (str, Path)):
+            raise ConfigError(f"{where} must be a path string, got {value!r}")
+        return Path(value)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return value
+    if tp in (str, bool):
+        if not isinstance(value, tp):
+            raise ConfigError(f"{where} must be a {tp.__name__}, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where} must be a table, got {value!r}")
+        return dataclass_from_table(tp, value, where)
+    if origin in (Mapping, dict, typing.Mapping) or tp in (dict, Mapping):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where} must be a table, got {value!r}")
+        return dict(value)
+    if origin in (tuple, list, frozenset) and isinstance(value, (list, tuple)):
+        return origin(value)
+    return value
+
+
+def dataclass_from_table(cls: type[D], table: Mapping[str, Any], where: str) -> D:
+    """Build dataclass ``cls`` from a TOML table: unknown keys and wrong types are named errors."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls!r} is not a dataclass")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(table) - names)
+    if unknown:
+        raise ConfigError(f"unknown key(s) in [{where}]: {', '.join(unknown)} "
+                          f"(known: {', '.join(sorted(names))})")
+    kwargs = {k: _coerce(hints[k], v, f"{where}.{k}") for k, v in table.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"[{where}]: {exc}") from exc
+
+
+def load_run_config(path: Path | None, overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """Read ``path`` (TOML; optional), apply ``overrides`` (same shape, ``None`` = unset), validate."""
+    table: dict[str, Any] = {}
+    if path is not None:
+        try:
+            table = tomllib.loads(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    table = merge_tables(table, overrides or {})
+    unknown = sorted(set(table) - _SECTIONS)
+    if unknown:
+        raise ConfigError(f"unknown section(s) in the config: {', '.join(unknown)} "
+                          f"(known: {', '.join(sorted(_SECTIONS))})")
+    model = dict(table.get("model", {}))
+    if "factory" not in model:
+        raise ConfigError("no model factory: set [model] factory = \"pkg.mod:fn\" or pass --model")
+    extra = sorted(set(model) - {"factory", "seed"})
+    if extra:
+        raise ConfigError(f"unknown key(s) in [model]: {', '.join(extra)} (known: factory, seed)")
+    storage = dict(table.get("storage", {}))
+    if set(storage) - {"url"}:
+        raise ConfigError(f"unknown key(s) in [storage]: {', '.join(sorted(set(storage) - {'url'}))}")
+    run = dict(table.get("run", {}))
+    if set(run) - {"linger_s", "output"}:
+        raise ConfigError(f"unknown key(s) in [run]: {', '.join(sorted(set(run) - {'linger_s', 'output'}))}")
+    policy = table.get("policy", {"name": "vcasgd"})
+    if isinstance(policy, str):
+        policy = {"name": policy}
+    return RunConfig(
+        model=_coerce(str, model["factory"], "model.factory"),
+        seed=_coerce(int, model.get("seed", 0), "model.seed"),
+        units=dataclass_from_table(UnitsConfig, table.get("units", {}), "units"),
+        policy=_coerce(dict, policy, "policy"),
+        storage=_coerce(str, storage.get("url", "./vcasync-run"), "storage.url"),
+        coordinator=_coerce(dict, table.get("coordinator", {}), "coordinator"),
+        server=dataclass_from_table(ServerConfig, table.get("server", {}), "server"),
+        linger_s=_coerce(float, run.get("linger_s", 10.0), "run.linger_s"),
+        output=_coerce(Path | None, run.get("output"), "run.output"),
+    )

@@ -1,0 +1,143 @@
+"""What a user's trainer sees (:class:`TrainContext`) and returns (:class:`TrainResult`).
+
+A trainer is ``def train(ctx: TrainContext) -> TrainResult`` (run in a worker thread so the event
+loop keeps heartbeating) or ``async def train(ctx) -> TrainResult`` (awaited on the loop: it must
+yield often). It trains ``ctx.unit.steps`` local steps on shard ``ctx.unit.shard`` of
+``ctx.unit.num_shards`` starting from ``ctx.model``, and checks ``ctx.should_stop`` between steps::
+
+    def train(ctx):
+        net = make_net(); ctx.model.load_into(net)
+        start = 0
+        if (ck := ctx.load_checkpoint()) is not None:        # resuming after a preemption
+            net.load_state_dict(ck["model"]); start = int(ck["step"])
+        for step in range(start, ctx.unit.steps):
+            if ctx.should_stop:                               # SIGTERM: save and return early
+                ctx.save_checkpoint({"model": net.state_dict(), "step": step})
+                return ctx.result(net, steps=step)
+            ...one optimisation step...
+            ctx.report_progress(step + 1)
+        return ctx.result(net, steps=ctx.unit.steps, samples=...)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ._units import WorkUnit
+from .tensors import ModelState
+
+__all__ = ["TrainContext", "TrainResult", "Trainer"]
+
+log = logging.getLogger("vcasync.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class TrainResult:
+    """Trained weights (the full state dict, same names as the model) and what they cost."""
+
+    tensors: Mapping[str, torch.Tensor]
+    steps: int
+    samples: int = 0
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+Trainer = Callable[["TrainContext"], "TrainResult | Awaitable[TrainResult]"]
+
+
+class TrainContext:
+    """One unit of work as the trainer sees it. Thread-safe where the docstrings say so."""
+
+    def __init__(self, *, unit: WorkUnit, lease_id: str, base_version: int, model: ModelState,
+                 checkpoint_path: Path, resumed: bool, stop: threading.Event) -> None:
+        self.unit = unit
+        self.lease_id = lease_id
+        self.base_version = base_version
+        #: The base model, a private copy: load it into a module with ``ctx.model.load_into(net)``.
+        self.model = model
+        self.resumed = resumed
+        self._checkpoint_path = checkpoint_path
+        self._stop = stop
+        self._lock = threading.Lock()
+        self._steps_done = 0
+        self._samples_done = 0
+        self._metrics: dict[str, float] = {}
+
+    def __repr__(self) -> str:
+        return (f"TrainContext(unit={self.unit.unit_id!r}, shard={self.unit.shard}/{self.unit.num_shards}, "
+                f"steps={self.unit.steps}, base_version={self.base_version}, resumed={self.resumed})")
+
+    # -- stop ------------------------------------------------------------------------------------
+    @property
+    def should_stop(self) -> bool:
+        """True once the worker is being preempted or lost the lease: save and return soon."""
+        return self._stop.is_set()
+
+    @property
+    def stop_event(self) -> threading.Event:
+        """The stop flag as an event (``wait(timeout)`` sleeps that wake up on preemption)."""
+        return self._stop
+
+    # -- progress ----------------------------------------------------------------------------------
+    def report_progress(self, steps_done: int, samples_done: int | None = None,
+                        **metrics: float) -> None:
+        """Record progress; the worker's heartbeats carry it to the coordinator. Thread-safe, cheap."""
+        with self._lock:
+            self._steps_done = max(0, int(steps_done))
+            if samples_done is not None:
+                self._samples_done = max(0, int(samples_done))
+            self._metrics.update({k: float(v) for k, v in metrics.items()})
+
+    @property
+    def steps_done(self) -> int:
+        with self._lock:
+            return self._steps_done
+
+    @property
+    def samples_done(self) -> int:
+        with self._lock:
+            return self._samples_done
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def save_checkpoint(self, state: Mapping[str, Any]) -> None:
+        """Save ``state`` (tensors, numbers, strings, nested dicts/lists) for this lease, atomically.
+
+        A restarted worker that resumes the same lease gets it back from :meth:`load_checkpoint`.
+        """
+        tmp = self._checkpoint_path.with_name(f".{self._checkpoint_path.name}.tmp")
+        torch.save(dict(state), tmp)
+        os.replace(tmp, self._checkpoint_path)
+
+    def load_checkpoint(self) -> dict[str, Any] | None:
+        """The last checkpoint saved for this lease (``torch.load(weights_only=True)``), or None."""
+        if not self._checkpoint_path.exists():
+            return None
+        try:
+            loaded = torch.load(self._checkpoint_path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # a corrupt checkpoint must not wedge the worker: start the unit over
+            log.warning("checkpoint %s is unreadable (%s); starting the unit over",
+                        self._checkpoint_path, exc)
+            return None
+        return dict(loaded) if isinstance(loaded, dict) else None
+
+    # -- the result --------------------------------------------------------------------------------
+    def result(self, trained: torch.nn.Module | Mapping[str, torch.Tensor], *, steps: int | None = None,
+               samples: int | None = None, **metrics: float) -> TrainResult:
+        """Wrap the trained module (or state dict) as a :class:`TrainResult`.
+
+        ``steps``/``samples`` default to the last :meth:`report_progress`; metrics add to those reported.
+        """
+        tensors = (ModelState.from_module(trained).tensors if isinstance(trained, torch.nn.Module)
+                   else {k: v.detach().cpu() for k, v in trained.items()})
+        with self._lock:
+            all_metrics = {**self._metrics, **{k: float(v) for k, v in metrics.items()}}
+            return TrainResult(tensors=tensors, steps=self._steps_done if steps is None else int(steps),
+                               samples=self._samples_done if samples is None else int(samples),
+                               metrics=all_metrics)
