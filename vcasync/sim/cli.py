@@ -1,7 +1,8 @@
 """``vcasync simulate``: run the fleet simulator from the command line.
 
-Registered in the ``vcasync`` command through :func:`add_parser` / :func:`run`. Prints a readable
-table, or with ``--json`` one JSON object (last line); ``--plot PATH`` writes a PNG.
+Registered in the ``vcasync`` command by :mod:`vcasync.commands.simulate` (:func:`configure` adds
+the arguments, :func:`run` runs). Prints a readable table, or with ``--json`` one JSON object (last
+line); ``--plot PATH`` writes a PNG.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from .config import SimConfig
 from .fleet import FleetConfig, NoPreemption, PoissonPreemption, PreemptionModel, TracePreemption
 from .prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 
-__all__ = ["add_parser", "build_config", "parse_params", "run"]
+__all__ = ["HELP", "build_config", "configure", "parse_params", "run"]
+
+HELP = "simulate a preemptible fleet on a virtual clock (real coordinator and policy)"
 
 
 def parse_params(items: list[str] | None) -> dict[str, Any]:
@@ -34,11 +37,8 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "simulate", help="simulate a preemptible fleet on a virtual clock (real coordinator and policy)",
-        description="Simulate asynchronous training on a fleet of spot machines against synchronous "
-                    "on-demand training: time to a target accuracy, cost, saving, wasted work.")
+def configure(p: argparse.ArgumentParser) -> None:
+    """Add ``vcasync simulate``'s arguments to ``p``."""
     g = p.add_argument_group("workload")
     g.add_argument("--signal", default="surrogate", help="surrogate | digits | mnist5000 (default surrogate)")
     g.add_argument("--policy", default="vcasgd", help="merge policy name (default vcasgd)")
@@ -83,8 +83,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--json", action="store_true", help="print one JSON object")
     o.add_argument("--plot", type=Path, help="write a PNG plot here")
-    p.set_defaults(func=run)
-    return p
 
 
 def _prices(args: argparse.Namespace) -> PriceTable:
@@ -127,9 +125,6 @@ def build_config(args: argparse.Namespace) -> SimConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .engine import Simulation
-    from .report import plot_summary, render_text, summarize
-
     try:
         if args.list_prices:
             table = _prices(args)
@@ -140,6 +135,9 @@ def run(args: argparse.Namespace) -> int:
                 f"{', approximate' if r['approximate'] else ''})" for r in rows))
             return 0
         config = build_config(args)
+        from .engine import Simulation
+        from .report import plot_summary, render_text, summarize
+
         summary = summarize(Simulation(config).run())
     except ConfigError as exc:
         print(f"vcasync simulate: {exc}", file=sys.stderr)
