@@ -41,6 +41,7 @@ def status_figure(status: Mapping[str, Any], *paths: str) -> int | None:
 class AccuracyPoint:
     t_s: float
     version: int
+    units_done: int | None
     accuracy: float
     loss: float
 
@@ -97,7 +98,7 @@ class Monitor:
         payload = decode_payload_bytes(dest.read_bytes(), expected_kind="model")
         net.load_state_dict(payload.tensors)
         ev = evaluate(net, self.data)
-        point = AccuracyPoint(time.monotonic() - self.t0, version, ev.accuracy, ev.loss)
+        point = AccuracyPoint(time.monotonic() - self.t0, version, self.units_done(), ev.accuracy, ev.loss)
         self.accuracy.append(point)
         return point
 

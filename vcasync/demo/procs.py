@@ -125,12 +125,15 @@ class Slot:
     up_since: float | None = None
     uptime_s: float = 0.0
     sessions: list[tuple[float, float]] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         return self.proc.name
 
     def went_up(self, t: float) -> None:
+        if self.proc.pid is not None:
+            self.pids.append(self.proc.pid)
         self.up_since = t
         self.starts += 1
         self.state = "running"

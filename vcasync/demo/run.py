@@ -99,7 +99,7 @@ class DemoRun:
     finished: bool = False
     coordinator_restarts: int = 0
     final: dict[str, Any] = field(default_factory=dict)
-    accuracy: list[tuple[float, int, float, float]] = field(default_factory=list)
+    accuracy: list[tuple[float, int, int | None, float, float]] = field(default_factory=list)
     status: dict[str, Any] = field(default_factory=dict)
 
 
@@ -307,7 +307,7 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
             await mon.poll()
             await mon.score()
             out.status = mon.status
-            out.accuracy = [(p.t_s, p.version, p.accuracy, p.loss) for p in mon.accuracy]
+            out.accuracy = [(p.t_s, p.version, p.units_done, p.accuracy, p.loss) for p in mon.accuracy]
             out.wall_s = demo.timeline.now()
     finally:
         for s in demo.slots:

@@ -105,5 +105,6 @@ def train(ctx: TrainContext) -> TrainResult:
         ctx.report_progress(step + 1, (step + 1) * batch, loss=loss_value)
         if (step + 1) % every == 0 and step + 1 < unit.steps:
             ctx.save_checkpoint({"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step + 1})
+            _log(events, "checkpoint", unit.unit_id, steps_done=step + 1)
     _log(events, "unit_end", unit.unit_id, steps_done=unit.steps)
     return ctx.result(net, steps=unit.steps, samples=unit.steps * batch, loss=loss_value)
