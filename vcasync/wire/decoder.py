@@ -30,7 +30,7 @@ from ..errors import (
 from ..tensors import ModelSpec
 from . import _msgpack
 from .codecs import BlockDecoder, block_codec, unshuffle_into
-from .dtypes import LOSSY_TARGETS, dtype_from_name
+from .dtypes import LOSSY_TARGETS, as_bytes, dtype_from_name
 from .frames import BLOCK, MAGIC, PREFIX, PROTOCOL_VERSION, checksum
 from .limits import Limits, check_limit
 
@@ -302,7 +302,7 @@ class PayloadDecoder:
         dec = self._decoders.get(codec_name)
         if dec is None:
             dec = self._decoders[codec_name] = codec.decoder()
-        dest_u8 = _bytes_view(dest) if cast is None else np.empty(0, dtype=np.uint8)
+        dest_u8 = as_bytes(dest) if cast is None else np.empty(0, dtype=np.uint8)
         self._cur = _Tensor(name, dest, dest_u8, numel * wire_itemsize, wire_itemsize, dec,
                             str(codec_name), codec.max_wire_len, shuffle, cast)
         if numel == 0:
@@ -433,10 +433,3 @@ class PayloadDecoder:
         self._tensors[cur.name] = cur.dest
         self._cur = None
         self._state, self._need = _PREFIX, PREFIX.size
-
-
-def _bytes_view(t: torch.Tensor) -> np.ndarray[Any, Any]:
-    if t.numel() == 0:
-        return np.empty(0, dtype=np.uint8)
-    arr: np.ndarray[Any, Any] = t.view(-1).view(torch.uint8).numpy()
-    return arr

@@ -10,13 +10,14 @@ up with ``getattr(torch, name)``.
 from __future__ import annotations
 
 import sys
-from typing import Final
+from typing import Any, Final
 
+import numpy as np
 import torch
 
 from ..errors import UnsupportedDtypeError
 
-__all__ = ["ALL_DTYPE_NAMES", "LOSSY_TARGETS", "dtype_from_name", "dtype_name"]
+__all__ = ["ALL_DTYPE_NAMES", "LOSSY_TARGETS", "as_bytes", "dtype_from_name", "dtype_name"]
 
 if sys.byteorder != "little":  # pragma: no cover - no big-endian CI machine
     raise ImportError("vcasync.wire sends tensors as little-endian bytes and supports "
@@ -58,3 +59,16 @@ def dtype_from_name(name: object, allowed: frozenset[str] = ALL_DTYPE_NAMES) -> 
             f"dtype {shown!r} is not in the allow-list (Limits.allowed_dtypes: "
             f"{sorted(allowed)})", field="dtype")
     return _BY_NAME[name]
+
+
+def as_bytes(t: torch.Tensor) -> np.ndarray[Any, Any]:
+    """A contiguous CPU tensor's bytes as a flat, writable uint8 numpy view (never a copy)."""
+    if t.numel() == 0:
+        return np.empty(0, dtype=np.uint8)
+    flat = t.reshape(-1)
+    if flat.stride(0) != 1:
+        # torch calls a 1-element tensor contiguous whatever its stride; viewing it as bytes
+        # needs stride 1, which is the same memory for a single element.
+        flat = flat.as_strided((flat.numel(),), (1,))
+    arr: np.ndarray[Any, Any] = flat.view(torch.uint8).numpy()
+    return arr

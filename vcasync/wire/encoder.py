@@ -18,7 +18,7 @@ import torch
 from ..errors import ConfigError
 from . import _msgpack
 from .codecs import BlockEncoder, block_codec, shuffle_into
-from .dtypes import dtype_name
+from .dtypes import as_bytes, dtype_name
 from .frames import BLOCK, MAGIC, PROTOCOL_VERSION, checksum, frame_prefix
 from .plan import CodecSpec, TensorPlan, plan_tensor, wire_dtype_for
 
@@ -74,7 +74,7 @@ def _tensor_pieces(name: str, tensor: torch.Tensor, spec: CodecSpec, chunk_size:
             src = cast
     src = src.contiguous()
     itemsize = src.element_size()
-    data = _bytes_of(src)
+    data = as_bytes(src)
     plan = plan_tensor(spec, data, itemsize, wire_dtype)
     header: dict[str, Any] = {"t": "T", "name": name, "dtype": dname,
                               "shape": [int(d) for d in t.shape], "codec": plan.codec,
@@ -84,13 +84,6 @@ def _tensor_pieces(name: str, tensor: torch.Tensor, spec: CodecSpec, chunk_size:
     yield frame_prefix(_msgpack.pack(header))
     yield from _blocks(data, itemsize, plan, chunk_size, encoders, scratch)
 
-
-def _bytes_of(t: torch.Tensor) -> np.ndarray[Any, Any]:
-    """A contiguous CPU tensor's bytes as a flat uint8 numpy view (no copy)."""
-    if t.numel() == 0:
-        return np.empty(0, dtype=np.uint8)
-    arr: np.ndarray[Any, Any] = t.reshape(-1).view(torch.uint8).numpy()
-    return arr
 
 
 def _blocks(data: np.ndarray[Any, Any], itemsize: int, plan: TensorPlan, chunk_size: int,
