@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Final
+from types import EllipsisType
+from typing import Any, Final, TypeVar
 
-from ._units import LeaseGrant, Receipt, WorkUnit
+from ._units import LeaseGrant, Receipt, ReceiptStatus, WorkUnit
 from .errors import FrameError, LimitExceededError
 from .wire import decode_message, encode_message
 
@@ -21,6 +22,8 @@ __all__ = [
     "API_PREFIX", "JSON", "MSGPACK", "PAYLOAD", "decode_control", "encode_control", "get_field",
     "grant_from_body", "grant_to_body", "receipt_from_body", "receipt_to_body",
 ]
+
+T = TypeVar("T")
 
 API_PREFIX: Final = "/v1"
 MSGPACK: Final = "application/x-msgpack"
@@ -61,23 +64,27 @@ def decode_control(data: bytes, content_type: str, kind: str) -> dict[str, Any]:
                      field="content-type")
 
 
-def get_field(body: Mapping[str, Any], name: str, kind: type, *, default: Any = ...,
-              minimum: int | None = None, max_len: int = 1024) -> Any:
+def get_field(body: Mapping[str, Any], name: str, kind: type[T], *, default: T | EllipsisType = ...,
+              minimum: int | None = None, max_len: int = 1024) -> T:
     """``body[name]`` checked against ``kind`` (and ``minimum`` / ``max_len``); FrameError otherwise."""
     if name not in body:
-        if default is ...:
+        if isinstance(default, EllipsisType):
             raise FrameError(f"missing field {name!r}", field=name)
         return default
-    value = body[name]
+    value: Any = body[name]
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+    if type(value) is bool and kind is not bool or not isinstance(value, kind):
         raise FrameError(f"field {name!r} must be {kind.__name__}, got {type(value).__name__}", field=name)
-    if minimum is not None and value < minimum:
+    if minimum is not None and _as_number(value) < minimum:
         raise FrameError(f"field {name!r} must be >= {minimum}, got {value}", field=name)
     if isinstance(value, (str, dict, list)) and len(value) > max_len:
         raise FrameError(f"field {name!r} is longer than {max_len}", field=name)
     return value
+
+
+def _as_number(value: Any) -> float:
+    return float(value)
 
 
 def _unit_to_body(unit: WorkUnit) -> dict[str, Any]:
@@ -104,6 +111,10 @@ def grant_from_body(body: Mapping[str, Any]) -> LeaseGrant:
                       resumed=get_field(body, "resumed", bool, default=False))
 
 
+_RECEIPT_STATUSES: Final[dict[str, ReceiptStatus]] = {
+    "accepted": "accepted", "duplicate": "duplicate", "rejected": "rejected"}
+
+
 def receipt_to_body(r: Receipt) -> dict[str, Any]:
     return {"lease_id": r.lease_id, "unit_id": r.unit_id, "status": r.status, "version": r.version,
             "reason": r.reason}
@@ -112,8 +123,8 @@ def receipt_to_body(r: Receipt) -> dict[str, Any]:
 def receipt_from_body(body: Mapping[str, Any]) -> Receipt:
     reason = body.get("reason")
     status = get_field(body, "status", str)
-    if status not in ("accepted", "duplicate", "rejected"):
+    if status not in _RECEIPT_STATUSES:
         raise FrameError(f"unknown receipt status {status!r}", field="status")
     return Receipt(lease_id=get_field(body, "lease_id", str), unit_id=get_field(body, "unit_id", str),
-                   status=status, version=get_field(body, "version", int),
+                   status=_RECEIPT_STATUSES[status], version=get_field(body, "version", int),
                    reason=reason if isinstance(reason, str) else None)

@@ -45,6 +45,10 @@ class Registry(Generic[T]):
     def unregister(self, name: str) -> None:
         self._loaded.pop(name, None)
 
+    def refresh(self) -> None:
+        """Forget the cached entry-point list, so packages installed since are discovered."""
+        self._paths = None
+
     def names(self) -> list[str]:
         return sorted(set(self._loaded) | set(self._entry_points()))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
 import ssl
 from collections.abc import AsyncIterator, Mapping
@@ -51,7 +52,12 @@ class Backoff:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for failures that a retry may cure: the coordinator down, restarting or overloaded."""
+    """True for failures that a retry may cure: the coordinator down, restarting or overloaded.
+
+    TLS failures (a certificate that does not verify) are not: retrying cannot fix them.
+    """
+    if isinstance(exc, (aiohttp.ClientSSLError, aiohttp.ClientConnectorCertificateError)):
+        return False
     if isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError,
                         TimeoutError, asyncio.TimeoutError)):
         return True
@@ -175,16 +181,20 @@ class CoordinatorClient:
                      size: int | None = None) -> Receipt:
         """Upload a result payload (bytes, a spooled file, or chunks); re-sending is harmless."""
         headers = self._headers(ctype=P.PAYLOAD)
-        data: Any
-        if isinstance(body, Path):
-            size = (await asyncio.to_thread(body.stat)).st_size
-            data = _file_chunks(body, self.chunk_size)
-        else:
-            data = body
+        url = f"{self.url}{P.API_PREFIX}/leases/{lease_id}/result"
+        if isinstance(body, Path):  # aiohttp reads a file object in its executor, a chunk at a time
+            f = await asyncio.to_thread(body.open, "rb")
+            try:
+                headers["Content-Length"] = str((await asyncio.to_thread(os.fstat, f.fileno())).st_size)
+                return await self._put_result(url, f, headers)
+            finally:
+                await asyncio.to_thread(f.close)
         if size is not None:
             headers["Content-Length"] = str(size)
-        async with self._sess().put(f"{self.url}{P.API_PREFIX}/leases/{lease_id}/result", data=data,
-                                    headers=headers) as resp:
+        return await self._put_result(url, body, headers)
+
+    async def _put_result(self, url: str, data: Any, headers: dict[str, str]) -> Receipt:
+        async with self._sess().put(url, data=data, headers=headers) as resp:
             await self._raise_for(resp)
             raw = await resp.content.read(P.MAX_CONTROL_BYTES + 1)
             return P.receipt_from_body(P.decode_control(raw, resp.content_type, "receipt"))

@@ -97,7 +97,7 @@ def _vcasync_error(exc: VCAsyncError) -> web.Response:
         headers["WWW-Authenticate"] = 'Bearer realm="vcasync"'
     if isinstance(exc, NoWorkAvailableError) and not exc.finished:
         headers["Retry-After"] = str(max(1, round(exc.retry_after)))
-    if spec.status >= 500:
+    if spec.status == 500:
         log.warning("%s: %s", spec.code, exc)
     return _error_response(spec.status, spec.code, str(exc), error_fields(exc), headers)
 

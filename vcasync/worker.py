@@ -315,16 +315,10 @@ class Worker:
                            model=base.clone(), checkpoint_path=ckpt, resumed=grant.resumed, stop=unit_stop)
         lost = asyncio.Event()
         try:
-            async with asyncio.TaskGroup() as tg:
-                beats = tg.create_task(self._heartbeats(grant, ctx, lost))
-                try:
-                    result = await self._run_trainer(ctx)
-                finally:
-                    beats.cancel()
-        except* Exception as group:
-            exc = group.exceptions[0]
-            if isinstance(exc, _Stopped):
-                raise exc from None
+            result = await self._train(grant, ctx, lost)
+        except (_Stopped, ConfigError):
+            raise
+        except Exception as exc:
             log.error("trainer failed on unit %s: %r", grant.unit.unit_id, exc)
             self._abandoned += 1
             await self._release(grant, f"trainer error: {type(exc).__name__}: {exc}")
@@ -344,6 +338,15 @@ class Worker:
         await self._deliver(grant, base, result, partial=partial)
         self._units += 1
         return True
+
+    async def _train(self, grant: LeaseGrant, ctx: TrainContext, lost: asyncio.Event) -> TrainResult:
+        """The trainer, with heartbeats flowing beside it until it returns."""
+        beats = asyncio.create_task(self._heartbeats(grant, ctx, lost), name=f"heartbeats-{grant.lease_id}")
+        try:
+            return await self._run_trainer(ctx)
+        finally:
+            beats.cancel()
+            await asyncio.gather(beats, return_exceptions=True)
 
     async def _run_trainer(self, ctx: TrainContext) -> TrainResult:
         if inspect.iscoroutinefunction(self.trainer):
@@ -375,11 +378,13 @@ class Worker:
                 ctx.stop_event.set()
                 return
             except AuthError:
-                await self._join()
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                log.debug("heartbeat for %s failed: %s", grant.lease_id, type(exc).__name__)
+                try:
+                    await self._join()
+                except Exception as exc:
+                    log.warning("re-joining failed: %s", type(exc).__name__)
+            except Exception as exc:  # never let a heartbeat problem kill the unit: the result may count
+                level = logging.DEBUG if is_transient(exc) else logging.WARNING
+                log.log(level, "heartbeat for %s failed: %r", grant.lease_id, exc)
 
     async def _release(self, grant: LeaseGrant, reason: str) -> None:
         with contextlib.suppress(LedgerError):

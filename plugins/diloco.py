@@ -1,0 +1,129 @@
+"""DiLoCo outer step: Nesterov momentum SGD on pseudo-gradients, per result or buffered.
+
+Douillard, Feng, Rusu, Chhaparia, Donchev, Kuncoro, Ranzato, Szlam, Shen, *DiLoCo: Distributed
+Low-Communication Training of Language Models*, 2023 (arXiv 2311.08105), and Jaghouar, Ong, Hagemann,
+*OpenDiLoCo*, 2024 (arXiv 2407.07852). The pseudo-gradient of a result is ``g = -d`` (``d = w_c -
+w_base``), or the mean over a buffer of ``K`` results; the outer optimiser is SGD with Nesterov
+momentum::
+
+    m <- mu m + g
+    w <- w - lr (g + mu m)          (plain momentum: w <- w - lr m)
+
+with the published defaults ``lr = 0.7``, ``mu = 0.9`` (inner steps H = 500 AdamW are the worker's
+business). Full weights become a delta against the current model. Integer and bool tensors take the
+element-wise maximum, applied with the outer step. Momentum (and the buffer when ``buffer_size > 1``)
+is allocated once in ``init_state`` and updated in place.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from vcasync.errors import ConfigError
+from vcasync.policy import PolicyState
+from vcasync.tensors import ModelState, Update
+
+from ._kernels import Workspace, check_update, delta_blocks, lerp_delta, mixable, take_max
+
+__all__ = ["DiLoCo"]
+
+
+class DiLoCo:
+    """DiLoCo outer step: Nesterov SGD (lr 0.7, momentum 0.9) on -delta, per result or per K results.
+
+    Parameters: ``lr``, ``momentum``, ``nesterov``, ``buffer_size`` (1: every result is an outer
+    step; K: the mean delta of K results is).
+    """
+
+    name: ClassVar[str] = "diloco"
+    needs_base: ClassVar[bool] = False
+    claims: ClassVar[frozenset[str]] = frozenset({"identity"})
+
+    def __init__(self, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True,
+                 buffer_size: int = 1) -> None:
+        if not 0.0 < lr < float("inf"):
+            raise ConfigError(f"diloco: lr must be positive and finite, got {lr}")
+        if not 0.0 <= momentum < 1.0:
+            raise ConfigError(f"diloco: momentum must be in [0, 1), got {momentum}")
+        if buffer_size < 1:
+            raise ConfigError(f"diloco: buffer_size must be >= 1, got {buffer_size}")
+        self.lr = lr
+        self.momentum = momentum
+        self.nesterov = nesterov
+        self.buffer_size = buffer_size
+        self._ws = Workspace()
+
+    def __repr__(self) -> str:
+        return (f"DiLoCo(lr={self.lr}, momentum={self.momentum}, nesterov={self.nesterov}, "
+                f"buffer_size={self.buffer_size})")
+
+    def init_state(self, model: ModelState) -> PolicyState:
+        floats = [(n, t) for n, t in model.items() if mixable(t)]
+        state: PolicyState = {
+            "count": 0,
+            "momentum": {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in floats},
+            "ints": {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in model.items()
+                     if not mixable(t)},
+        }
+        if self.buffer_size > 1:
+            state["buffer"] = {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in floats}
+        return state
+
+    def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState | None:
+        check_update(model, update, needs_base=False)
+        weights = update.kind == "weights"
+        count = int(state["count"]) + 1
+        ints = state["ints"]
+        if self.buffer_size > 1:
+            for name, w in model.items():
+                x = update.tensors[name]
+                if mixable(w):
+                    lerp_delta(state["buffer"][name], w, x, weights=weights, ratio=1.0 / count,
+                               ws=self._ws)
+                elif count == 1:
+                    ints[name].copy_(x)
+                else:
+                    take_max(ints[name], x)
+            if count < self.buffer_size:
+                state["count"] = count
+                return None
+            for name, w in model.items():
+                if mixable(w):
+                    self._outer_step(w, state["momentum"][name], state["buffer"][name], None)
+                    state["buffer"][name].zero_()
+                else:
+                    take_max(w, ints[name])
+        else:
+            for name, w in model.items():
+                x = update.tensors[name]
+                if mixable(w):
+                    self._outer_step(w, state["momentum"][name], x, w if weights else None)
+                else:
+                    take_max(w, x)
+        state["count"] = 0
+        return model
+
+    def _outer_step(self, w: torch.Tensor, m: torch.Tensor, x: torch.Tensor,
+                    minus: torch.Tensor | None) -> None:
+        """``g = -(x - minus)``; ``m <- mu m + g``; ``w <- w - lr (g + mu m)`` (or ``- lr m``)."""
+        mu, lr = self.momentum, self.lr
+        if minus is None:
+            m.mul_(mu).sub_(x)
+            if self.nesterov:
+                w.add_(x, alpha=lr).add_(m, alpha=-lr * mu)
+            else:
+                w.add_(m, alpha=-lr)
+            return
+        if not w.is_contiguous():  # rare: one temporary the size of this tensor
+            self._outer_step(w, m, x - minus, None)
+            return
+        # Full weights: d = x - w block by block, each block of w updated right after its d.
+        mf, wf = m.view(-1), w.view(-1)
+        for s, e, d in delta_blocks(x, minus, self._ws):
+            mb = mf[s:e].mul_(mu).sub_(d)
+            if self.nesterov:
+                wf[s:e].add_(d, alpha=lr).add_(mb, alpha=-lr * mu)
+            else:
+                wf[s:e].add_(mb, alpha=-lr)

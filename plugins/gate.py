@@ -1,0 +1,180 @@
+"""A gate that wraps any policy and refuses results whose norm or direction is an outlier.
+
+In the spirit of the norm-bounding and cosine-similarity defences against poisoned updates:
+Sun, Kairouz, Suresh, McMahan, *Can You Really Backdoor Federated Learning?*, 2019 (arXiv 1911.07963)
+(norm difference clipping/bounding) and Fung, Yoon, Beschastnikh, *The Limitations of Federated
+Learning in Sybil Settings* (FoolsGold), RAID 2020 (arXiv 1808.04866) (cosine similarity).
+
+For each result the gate takes its delta ``d`` (the delta itself; for full weights ``w_c - w_base``
+when the base is known, else ``w_c - w``) over the floating-point tensors and measures ``|d|`` and
+``cos(d, r)`` against a running reference direction ``r`` (an exponential moving average of the
+accepted deltas). After ``warmup`` accepted results it refuses, with
+:class:`~vcasync.errors.UpdateRejectedError`:
+
+- ``reason="non_finite"``: ``d`` holds NaN or Inf (always, warm-up or not);
+- ``reason="norm_outlier"``: ``|d| > max_norm``, or ``|d|`` above the running mean by more than ``z``
+  running standard deviations (the spread is floored at 5 % of the mean, so a run of equal norms
+  does not make every slightly larger one an outlier);
+- ``reason="direction_outlier"``: ``cos < min_cosine``, or below the running mean cosine by more
+  than ``z`` running standard deviations.
+
+Only accepted results update the running statistics (exponential, ``decay``), so an attacker cannot
+drag them. Everything the gate keeps is in its state (scalars and ``r``) next to the wrapped
+policy's; norms and dot products are computed in float64 in fixed 16 Ki rows, so the decisions do
+not depend on the thread count. ``needs_base`` and the claims come from the wrapped policy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+
+from vcasync.errors import ConfigError, UpdateRejectedError
+from vcasync.policy import MergePolicy, PolicyState, build_policy
+from vcasync.tensors import ModelState, Update
+
+from ._kernels import Workspace, check_update, delta_blocks, dot_rows, mixable
+
+__all__ = ["Gate"]
+
+_MIN_SPREAD = 0.05
+
+
+class Gate:
+    """Wraps a policy (by name and params) and refuses results whose norm or cosine is an outlier."""
+
+    name: ClassVar[str] = "gate"
+
+    def __init__(self, inner: str = "vcasgd", inner_params: dict[str, Any] | None = None,
+                 z: float = 3.0, warmup: int = 5, decay: float = 0.9, max_norm: float | None = None,
+                 min_cosine: float | None = None) -> None:
+        if inner == "gate":
+            raise ConfigError("gate: a gate cannot wrap another gate")
+        if not 0.0 < z < float("inf"):
+            raise ConfigError(f"gate: z must be positive and finite, got {z}")
+        if warmup < 0:
+            raise ConfigError(f"gate: warmup must be >= 0, got {warmup}")
+        if not 0.0 < decay < 1.0:
+            raise ConfigError(f"gate: decay must be in (0, 1), got {decay}")
+        if max_norm is not None and not max_norm > 0.0:
+            raise ConfigError(f"gate: max_norm must be positive, got {max_norm}")
+        if min_cosine is not None and not -1.0 <= min_cosine <= 1.0:
+            raise ConfigError(f"gate: min_cosine must be in [-1, 1], got {min_cosine}")
+        self.inner: MergePolicy = build_policy(inner, inner_params)
+        self.z, self.warmup, self.decay = z, warmup, decay
+        self.max_norm, self.min_cosine = max_norm, min_cosine
+        self._ws = Workspace()
+
+    @property
+    def needs_base(self) -> bool:
+        """The wrapped policy's."""
+        return self.inner.needs_base
+
+    @property
+    def claims(self) -> frozenset[str]:
+        """The wrapped policy's, less bounded influence (its check counts on every honest result
+        being merged, and a gate may refuse one)."""
+        return self.inner.claims - {"bounded_influence"}
+
+    def __repr__(self) -> str:
+        return (f"Gate({self.inner!r}, z={self.z}, warmup={self.warmup}, decay={self.decay}, "
+                f"max_norm={self.max_norm}, min_cosine={self.min_cosine})")
+
+    def init_state(self, model: ModelState) -> PolicyState:
+        return {
+            "inner": self.inner.init_state(model),
+            "accepted": 0, "cos_seen": 0,
+            "norm_mean": 0.0, "norm_var": 0.0, "cos_mean": 0.0, "cos_var": 0.0,
+            "ref": {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in model.items() if mixable(t)},
+        }
+
+    def measure(self, model: ModelState, update: Update,
+                ref: Mapping[str, torch.Tensor]) -> tuple[float, float | None]:
+        """``(|d|, cos(d, ref))`` of a result; the cosine is None while either vector is zero."""
+        dd = dr = rr = 0.0
+        for name, r in ref.items():
+            x, minus = update.tensors[name], self._minus(model, update, name)
+            dd += dot_rows(x, x, self._ws, x_minus=minus, y_minus=minus)
+            dr += dot_rows(x, r, self._ws, x_minus=minus)
+            rr += dot_rows(r, r, self._ws)
+        norm = math.sqrt(dd) if math.isfinite(dd) else math.inf
+        if not math.isfinite(dd) or not math.isfinite(dr):
+            return math.inf, None
+        if dd == 0.0 or rr == 0.0:
+            return norm, None
+        return norm, max(-1.0, min(1.0, dr / math.sqrt(dd * rr)))
+
+    @staticmethod
+    def _minus(model: ModelState, update: Update, name: str) -> torch.Tensor | None:
+        if update.kind == "delta":
+            return None
+        return update.base[name] if update.base is not None else model[name]
+
+    def _decide(self, state: PolicyState, norm: float, cos: float | None) -> None:
+        if not math.isfinite(norm):
+            raise UpdateRejectedError("the result holds NaN or Inf", reason="non_finite")
+        if self.max_norm is not None and norm > self.max_norm:
+            raise UpdateRejectedError(f"delta norm {norm:.4g} exceeds max_norm {self.max_norm:.4g}",
+                                      reason="norm_outlier")
+        if cos is not None and self.min_cosine is not None and cos < self.min_cosine:
+            raise UpdateRejectedError(f"cosine {cos:.3f} to the running reference is below "
+                                      f"min_cosine {self.min_cosine}", reason="direction_outlier")
+        if int(state["accepted"]) < self.warmup:
+            return
+        mean, spread = float(state["norm_mean"]), math.sqrt(float(state["norm_var"]))
+        spread = max(spread, _MIN_SPREAD * mean)
+        if norm > mean + self.z * spread:
+            raise UpdateRejectedError(
+                f"delta norm {norm:.4g} is more than {self.z} spreads above the running mean "
+                f"{mean:.4g} (spread {spread:.4g})", reason="norm_outlier")
+        if cos is not None and int(state["cos_seen"]) >= self.warmup:
+            cmean, cspread = float(state["cos_mean"]), math.sqrt(float(state["cos_var"]))
+            cspread = max(cspread, _MIN_SPREAD)
+            if cos < cmean - self.z * cspread:
+                raise UpdateRejectedError(
+                    f"cosine {cos:.3f} to the running reference is more than {self.z} spreads "
+                    f"below its running mean {cmean:.3f}", reason="direction_outlier")
+
+    def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState | None:
+        check_update(model, update, needs_base=self.needs_base)
+        ref: dict[str, torch.Tensor] = state["ref"]
+        norm, cos = self.measure(model, update, ref)
+        self._decide(state, norm, cos)
+        # Accepted: fold d into the reference before the wrapped policy changes the model (a full
+        # weights result without a base is measured against the model as it is now).
+        rate = 1.0 - self.decay
+        for name, r in ref.items():
+            x, minus = update.tensors[name], self._minus(model, update, name)
+            if minus is None:
+                r.lerp_(x, rate)
+            else:
+                _lerp_diff(r, x, minus, rate, self._ws)
+        _ew_update(state, "norm", norm, self.decay, first=int(state["accepted"]) == 0)
+        state["accepted"] = int(state["accepted"]) + 1
+        if cos is not None:
+            _ew_update(state, "cos", cos, self.decay, first=int(state["cos_seen"]) == 0)
+            state["cos_seen"] = int(state["cos_seen"]) + 1
+        return self.inner.merge(model, update, state["inner"])
+
+
+def _lerp_diff(r: torch.Tensor, x: torch.Tensor, minus: torch.Tensor, rate: float,
+               ws: Workspace) -> None:
+    """``r <- (1 - rate) r + rate (x - minus)``, one scratch block of ``x - minus`` at a time."""
+    rf = r.view(-1)
+    for s, e, d in delta_blocks(x, minus, ws):
+        rf[s:e].lerp_(d, rate)
+
+
+def _ew_update(state: PolicyState, key: str, value: float, decay: float, *, first: bool) -> None:
+    """Exponentially weighted mean and variance, incremental form (Finch 2009, eq. 143)."""
+    if first:
+        state[f"{key}_mean"], state[f"{key}_var"] = value, 0.0
+        return
+    mean, var = float(state[f"{key}_mean"]), float(state[f"{key}_var"])
+    diff = value - mean
+    incr = (1.0 - decay) * diff
+    state[f"{key}_mean"] = mean + incr
+    state[f"{key}_var"] = decay * (var + diff * incr)

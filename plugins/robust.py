@@ -1,0 +1,164 @@
+"""Robust aggregation: coordinate-wise median and trimmed mean over a buffer of K deltas.
+
+Yin, Chen, Ramchandran, Bartlett, *Byzantine-Robust Distributed Learning: Towards Optimal
+Statistical Rates*, ICML 2018 (arXiv 1803.01498): the coordinate-wise median, and the
+``beta``-trimmed mean (drop the ``floor(beta K)`` smallest and largest values of each coordinate,
+average the rest). After K results the model moves by ``lr`` times the aggregate delta.
+
+Bounded influence: with at most ``max_outliers`` arbitrary results among the K (``(K - 1) // 2`` for
+the median, ``floor(beta K)`` for the trimmed mean), every coordinate of the aggregate stays within
+the honest results' range. The median of an even K is the midpoint of the two middle values, and the
+trimmed mean is a running mean (``lerp_``) over the kept sorted values, so both stay exactly inside
+that range. Integer and bool tensors take the lower median of the buffered values (never an
+average), then the element-wise maximum with the model.
+
+Full weights become a delta against the current model (unchanged while the buffer fills). The
+buffer holds K copies by nature; sorting runs on blocks of 64 Ki coordinates, so the merge itself
+allocates only ``K`` blocks of scratch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+
+from vcasync.errors import ConfigError
+from vcasync.policy import PolicyState
+from vcasync.tensors import ModelState, Update
+
+from ._kernels import check_update, mixable, store_delta, take_max
+
+__all__ = ["Median", "TrimmedMean"]
+
+_BLOCK = 1 << 16
+
+
+class _Buffered:
+    """Buffers K deltas (state ``slots``), then aggregates each coordinate over the K of them."""
+
+    name: ClassVar[str]
+    needs_base: ClassVar[bool] = False
+    claims: ClassVar[frozenset[str]] = frozenset({"identity", "bounded_influence"})
+
+    def __init__(self, buffer_size: int, lr: float) -> None:
+        if buffer_size < 1:
+            raise ConfigError(f"{self.name}: buffer_size must be >= 1, got {buffer_size}")
+        if not 0.0 < lr < float("inf"):
+            raise ConfigError(f"{self.name}: lr must be positive and finite, got {lr}")
+        self.buffer_size = buffer_size
+        self.lr = lr
+        self._spare: list[dict[str, torch.Tensor]] = []  # emptied slots, reused (no state in them)
+
+    @property
+    def max_outliers(self) -> int:
+        raise NotImplementedError
+
+    def init_state(self, model: ModelState) -> PolicyState:
+        for name, t in model.items():
+            if t.is_complex():
+                raise ConfigError(f"{self.name}: tensor {name!r} is complex; a coordinate-wise "
+                                  f"order needs real values")
+        return {"slots": []}
+
+    def _slot(self, model: ModelState) -> dict[str, torch.Tensor]:
+        if self._spare:
+            slot = self._spare.pop()
+            if all(slot[n].shape == t.shape and slot[n].dtype == t.dtype for n, t in model.items()):
+                return slot
+        return {n: torch.empty(t.shape, dtype=t.dtype) for n, t in model.items()}
+
+    def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState | None:
+        check_update(model, update, needs_base=False)
+        slot = self._slot(model)
+        weights = update.kind == "weights"
+        for name, w in model.items():
+            store_delta(slot[name], w, update.tensors[name], weights=weights)
+        slots: list[dict[str, torch.Tensor]] = state["slots"]
+        slots.append(slot)
+        if len(slots) < self.buffer_size:
+            return None
+        for name, w in model.items():
+            self._apply(w, [s[name] for s in slots])
+        self._spare = slots[:]
+        slots.clear()
+        return model
+
+    def _apply(self, w: torch.Tensor, values: list[torch.Tensor]) -> None:
+        k = len(values)
+        flat = [v.reshape(-1) for v in values]
+        n = flat[0].numel()
+        wf = w.view(-1) if w.is_contiguous() else None
+        agg_full = None if wf is not None else torch.empty(n, dtype=w.dtype)
+        stacked = torch.empty((k, min(n, _BLOCK)), dtype=w.dtype)
+        for s in range(0, n, _BLOCK):
+            e = min(s + _BLOCK, n)
+            block = stacked[:, : e - s]
+            torch.stack([f[s:e] for f in flat], out=block)
+            ordered = torch.msort(block) if w.dtype != torch.bool else torch.msort(block.byte())
+            agg = self._aggregate(ordered) if mixable(w) else ordered[(k - 1) // 2].to(w.dtype)
+            if agg_full is not None:
+                agg_full[s:e].copy_(agg)
+            else:
+                assert wf is not None
+                self._update(wf[s:e], agg)
+        if agg_full is not None:
+            self._update(w, agg_full.view(w.shape))
+
+    def _update(self, w: torch.Tensor, agg: torch.Tensor) -> None:
+        if mixable(w):
+            w.add_(agg, alpha=self.lr)
+        else:
+            take_max(w, agg)
+
+    def _aggregate(self, ordered: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Median(_Buffered):
+    """Coordinate-wise median of K buffered deltas (the midpoint of the middle two for even K)."""
+
+    name: ClassVar[str] = "median"
+
+    def __init__(self, buffer_size: int = 5, lr: float = 1.0) -> None:
+        super().__init__(buffer_size, lr)
+
+    def __repr__(self) -> str:
+        return f"Median(buffer_size={self.buffer_size}, lr={self.lr})"
+
+    @property
+    def max_outliers(self) -> int:
+        return (self.buffer_size - 1) // 2
+
+    def _aggregate(self, ordered: torch.Tensor) -> torch.Tensor:
+        k = ordered.shape[0]
+        if k % 2:
+            return ordered[k // 2]
+        return ordered[k // 2 - 1].clone().lerp_(ordered[k // 2], 0.5)
+
+
+class TrimmedMean(_Buffered):
+    """Coordinate-wise beta-trimmed mean of K buffered deltas (floor(beta K) cut at each end)."""
+
+    name: ClassVar[str] = "trimmed_mean"
+
+    def __init__(self, buffer_size: int = 5, beta: float = 0.2, lr: float = 1.0) -> None:
+        if not 0.0 <= beta < 0.5:
+            raise ConfigError(f"trimmed_mean: beta must be in [0, 0.5), got {beta}")
+        super().__init__(buffer_size, lr)
+        self.beta = beta
+
+    def __repr__(self) -> str:
+        return f"TrimmedMean(buffer_size={self.buffer_size}, beta={self.beta}, lr={self.lr})"
+
+    @property
+    def max_outliers(self) -> int:
+        return math.floor(self.beta * self.buffer_size)
+
+    def _aggregate(self, ordered: torch.Tensor) -> torch.Tensor:
+        k, t = ordered.shape[0], self.max_outliers
+        acc = ordered[t].clone()
+        for j, row in enumerate(ordered[t + 1 : k - t], start=2):
+            acc.lerp_(row, 1.0 / j)
+        return acc

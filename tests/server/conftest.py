@@ -1,0 +1,112 @@
+"""Fixtures for the server area: a real Coordinator on file storage behind a real aiohttp server on
+127.0.0.1, and helpers that speak raw HTTP to it."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import ipaddress
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import torch
+
+from vcasync._units import WorkUnit, make_units
+from vcasync.auth import TokenAuthority
+from vcasync.coordinator import Coordinator, CoordinatorConfig
+
+try:  # TEMP until the policies branch lands
+    from vcasync.policy import build_policy
+except ImportError:  # pragma: no cover
+    def build_policy(name: str) -> Any:  # type: ignore[misc]
+        return None
+from vcasync.server import Server, ServerConfig
+from vcasync.storage import open_storage
+from vcasync.tensors import ModelState
+from vcasync.wire import encode_message, encode_payload
+
+SECRET = "join-secret-for-tests-4f1b9c0d7e"
+MSGPACK = "application/x-msgpack"
+PAYLOAD = "application/x-vcasync-payload"
+
+
+def tiny_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+
+
+@contextlib.asynccontextmanager
+async def running(tmp_path: Path, *, units: Sequence[WorkUnit] | None = None, secret: str = SECRET,
+                  server_config: ServerConfig | None = None, durability: str = "journal",
+                  lease_timeout_s: float = 30.0, authority: TokenAuthority | None = None,
+                  store: str | None = None) -> AsyncIterator[tuple[Coordinator, Server]]:
+    """A coordinator (file storage under ``tmp_path``) served on 127.0.0.1:0."""
+    model = ModelState.from_module(tiny_model())
+    units = list(units) if units is not None else make_units(4, steps=3)
+    url = store or f"file://{tmp_path / 'store'}"
+    cfg = CoordinatorConfig(durability=durability, lease_timeout_s=lease_timeout_s)
+    async with open_storage(url) as storage:
+        auth = authority or TokenAuthority(join_secret=secret)
+        async with Coordinator(model, units, policy=build_policy("vcasgd"), storage=storage,
+                               config=cfg) as coord, \
+                Server(coord, auth, server_config or ServerConfig(port=0)) as server:
+            yield coord, server
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[tuple[Coordinator, Server]]:
+    async with running(tmp_path) as pair:
+        yield pair
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+def control(kind: str, body: Mapping[str, Any] | None = None) -> bytes:
+    return encode_message(kind, body or {})
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}", "Content-Type": MSGPACK, "Accept": MSGPACK}
+
+
+def result_payload(coord_model: ModelState, lease_id: str, base_version: int, *, scale: float = 0.01,
+                   tensors: Mapping[str, torch.Tensor] | None = None, steps: int = 3) -> bytes:
+    """A delta result for ``lease_id``: every float tensor moves by ``scale``."""
+    delta = dict(tensors) if tensors is not None else {
+        k: torch.full_like(v, scale) for k, v in coord_model.items()}
+    meta = {"lease_id": lease_id, "base_version": base_version, "kind": "delta", "samples": 32,
+            "steps": steps, "partial": False, "metrics": {"loss": 1.0}}
+    return b"".join(encode_payload("result", meta, delta))
+
+
+def self_signed_cert(directory: Path) -> tuple[Path, Path]:
+    """A throwaway certificate for 127.0.0.1 / localhost, made with ``cryptography``."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "vcasync-test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path

@@ -1,0 +1,337 @@
+"""Every route of the HTTP API against a real coordinator on 127.0.0.1: the happy paths, and bad
+credentials, bodies and leases answered with a 4xx JSON error that names the problem and changes
+nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import torch
+
+from vcasync._units import WorkUnit
+from vcasync.server import ServerConfig
+from vcasync.tensors import ModelState
+from vcasync.wire import decode_message, decode_payload_bytes
+
+from .conftest import MSGPACK, PAYLOAD, SECRET, bearer, control, result_payload, running
+
+
+async def join(http: aiohttp.ClientSession, url: str, name: str = "t") -> tuple[str, str]:
+    async with http.post(f"{url}/v1/join", data=control("join", {"name": name}),
+                         headers=bearer(SECRET)) as r:
+        assert r.status == 200, await r.text()
+        body = decode_message(await r.read(), expected_kind="joined").body
+        return body["worker_id"], body["token"]
+
+
+async def lease(http: aiohttp.ClientSession, url: str, token: str) -> dict[str, Any]:
+    async with http.post(f"{url}/v1/leases", data=control("lease_request"), headers=bearer(token)) as r:
+        assert r.status == 201, await r.text()
+        return decode_message(await r.read(), expected_kind="lease").body
+
+
+async def error_of(r: aiohttp.ClientResponse, status: int, code: str) -> dict[str, Any]:
+    text = await r.text()
+    assert r.status == status, text
+    assert r.content_type == "application/json"
+    body = json.loads(text)
+    assert body["error"] == code, body
+    assert body["message"]
+    return body
+
+
+async def current_model(coord: Any) -> ModelState:
+    """The coordinator's current model, through its public payload stream."""
+    data = b"".join([c async for c in coord.model_payload()])
+    payload = decode_payload_bytes(data, expected_kind="model")
+    return ModelState(payload.tensors, version=payload.meta["version"])
+
+
+async def snapshot(coord: Any) -> tuple[int, str, str]:
+    """What must not change when a request is refused: version, model bytes, ledger counts."""
+    model = await current_model(coord)
+    return coord.version, model.digest(), json.dumps(coord.status().get("units"), sort_keys=True,
+                                                      default=str)
+
+
+async def test_probes_need_no_credentials(served: Any, http: aiohttp.ClientSession) -> None:
+    _coord, server = served
+    async with http.get(f"{server.url}/healthz") as r:
+        assert r.status == 200
+        assert (await r.json())["ok"] is True
+    async with http.get(f"{server.url}/metrics") as r:
+        text = await r.text()
+        assert r.status == 200
+        assert r.content_type == "text/plain"
+    assert "vcasync_http_requests_total" in text
+    assert 'route="healthz"' in text
+
+
+async def test_join_lease_heartbeat_result_release(served: Any, http: aiohttp.ClientSession) -> None:
+    coord, server = served
+    url = server.url
+    _, token = await join(http, url)
+    grant = await lease(http, url, token)
+    lid = grant["lease_id"]
+    assert grant["unit"]["steps"] == 3
+    assert grant["base_version"] == coord.version
+    async with http.post(f"{url}/v1/leases/{lid}/heartbeat", data=control("heartbeat", {"steps_done": 1}),
+                         headers=bearer(token)) as r:
+        assert r.status == 200, await r.text()
+        assert decode_message(await r.read(), expected_kind="lease").body["lease_id"] == lid
+    async with http.post(f"{url}/v1/leases/{lid}/resume", data=control("resume"), headers=bearer(token)) as r:
+        assert r.status == 200, await r.text()
+        assert decode_message(await r.read()).body["resumed"] is True
+    before = coord.version
+    body = result_payload(await current_model(coord), lid, grant["base_version"])
+    headers = {**bearer(token), "Content-Type": PAYLOAD}
+    async with http.put(f"{url}/v1/leases/{lid}/result", data=body, headers=headers) as r:
+        assert r.status == 200, await r.text()
+        receipt = decode_message(await r.read(), expected_kind="receipt").body
+    assert receipt["status"] == "accepted"
+    assert receipt["lease_id"] == lid
+    assert coord.version >= before
+    # The lease id is the idempotency key: the same result again changes nothing.
+    state = await snapshot(coord)
+    async with http.put(f"{url}/v1/leases/{lid}/result", data=body, headers=headers) as r:
+        assert r.status == 200, await r.text()
+        again = decode_message(await r.read(), expected_kind="receipt").body
+    assert again["status"] == "duplicate"
+    assert again["version"] == receipt["version"]
+    assert await snapshot(coord) == state
+    # Release another lease: its unit goes back to the queue.
+    grant2 = await lease(http, url, token)
+    async with http.post(f"{url}/v1/leases/{grant2['lease_id']}/release",
+                         data=control("release", {"reason": "test"}), headers=bearer(token)) as r:
+        assert r.status == 200, await r.text()
+
+
+async def test_json_bodies_for_humans(served: Any, http: aiohttp.ClientSession) -> None:
+    _, server = served
+    async with http.post(f"{server.url}/v1/join", json={"name": "curl"},
+                         headers={"Authorization": f"Bearer {SECRET}"}) as r:
+        assert r.status == 200
+        body = await r.json()
+    assert body["kind"] == "joined"
+    assert body["token"].startswith("vca_")
+    async with http.post(f"{server.url}/v1/leases", json={},
+                         headers={"Authorization": f"Bearer {body['token']}"}) as r:
+        assert r.status == 201
+        assert (await r.json())["unit"]["unit_id"]
+
+
+@pytest.mark.parametrize("header", [None, "Bearer ", "Basic abc", f"Bearer {SECRET}",
+                                    "Bearer vca_0123456789abcdef_forgedforgedforgedforged",
+                                    "Bearer vca_short"])
+async def test_bad_tokens_are_401_and_change_nothing(served: Any, http: aiohttp.ClientSession,
+                                                     header: str | None) -> None:
+    coord, server = served
+    state = await snapshot(coord)
+    headers = {"Content-Type": MSGPACK} | ({"Authorization": header} if header is not None else {})
+    for method, path in [("POST", "/v1/leases"), ("POST", "/v1/leases/x/heartbeat"),
+                         ("PUT", "/v1/leases/x/result"), ("POST", "/v1/leases/x/release"),
+                         ("POST", "/v1/leases/x/resume"), ("GET", "/v1/models/latest"),
+                         ("GET", "/v1/status")]:
+        async with http.request(method, server.url + path, data=b"", headers=headers) as r:
+            await error_of(r, 401, "unauthorized")
+            assert r.headers["WWW-Authenticate"].startswith("Bearer")
+    assert await snapshot(coord) == state
+
+
+async def test_wrong_join_secret_is_401(served: Any, http: aiohttp.ClientSession) -> None:
+    _, server = served
+    for header in ({}, {"Authorization": "Bearer wrong-secret-wrong-secret"}):
+        async with http.post(f"{server.url}/v1/join", data=control("join"),
+                             headers={"Content-Type": MSGPACK} | header) as r:
+            await error_of(r, 401, "unauthorized")
+
+
+async def test_revoked_token_is_refused(served: Any, http: aiohttp.ClientSession) -> None:
+    _, server = served
+    worker_id, token = await join(http, server.url)
+    await lease(http, server.url, token)
+    from vcasync._routes import AUTH
+
+    assert await server.app[AUTH].revoke(worker_id) == 1
+    async with http.post(f"{server.url}/v1/leases", data=control("lease_request"),
+                         headers=bearer(token)) as r:
+        body = await error_of(r, 401, "unauthorized")
+    assert "revoked" in body["message"]
+
+
+async def test_someone_elses_and_unknown_leases(served: Any, http: aiohttp.ClientSession) -> None:
+    coord, server = served
+    _, alice = await join(http, server.url, "alice")
+    _, bob = await join(http, server.url, "bob")
+    grant = await lease(http, server.url, alice)
+    state = await snapshot(coord)
+    lid = grant["lease_id"]
+    async with http.post(f"{server.url}/v1/leases/{lid}/heartbeat", headers=bearer(bob),
+                         data=control("heartbeat", {"steps_done": 1})) as r:
+        await error_of(r, 403, "not_lease_holder")
+    body = result_payload(await current_model(coord), lid, grant["base_version"])
+    async with http.put(f"{server.url}/v1/leases/{lid}/result", data=body,
+                        headers={**bearer(bob), "Content-Type": PAYLOAD}) as r:
+        await error_of(r, 403, "not_lease_holder")
+    async with http.post(f"{server.url}/v1/leases/no-such-lease/heartbeat", headers=bearer(alice),
+                         data=control("heartbeat", {"steps_done": 1})) as r:
+        await error_of(r, 404, "lease_not_found")
+    assert await snapshot(coord) == state
+
+
+@pytest.mark.parametrize(("data", "ctype", "status", "code", "field"), [
+    (b"\xc1\xc1 not msgpack", MSGPACK, 400, "malformed_payload", None),
+    (b"{not json", "application/json", 400, "malformed_payload", "body"),
+    (b"[1, 2]", "application/json", 400, "malformed_payload", "body"),
+    (b'{"kind": "join"}', "application/json", 400, "malformed_payload", "kind"),
+    (b'{"steps_done": -1}', "application/json", 400, "malformed_payload", "steps_done"),
+    (b'{"steps_done": "many"}', "application/json", 400, "malformed_payload", "steps_done"),
+    (b"{}", "application/json", 400, "malformed_payload", "steps_done"),
+    (b"steps_done=1", "application/x-www-form-urlencoded", 400, "malformed_payload", "content-type"),
+    (b"{" + b" " * 70_000 + b"}", "application/json", 413, "limit_exceeded", "body"),
+])
+async def test_bad_control_bodies(served: Any, http: aiohttp.ClientSession, data: bytes, ctype: str,
+                                  status: int, code: str, field: str | None) -> None:
+    coord, server = served
+    _, token = await join(http, server.url)
+    grant = await lease(http, server.url, token)
+    state = await snapshot(coord)
+    async with http.post(f"{server.url}/v1/leases/{grant['lease_id']}/heartbeat", data=data,
+                         headers={"Authorization": f"Bearer {token}", "Content-Type": ctype}) as r:
+        body = await error_of(r, status, code)
+    if field is not None:
+        assert body.get("field") == field, body
+    assert await snapshot(coord) == state
+
+
+async def test_bad_results_are_refused_and_change_nothing(served: Any, http: aiohttp.ClientSession) -> None:
+    coord, server = served
+    _, token = await join(http, server.url)
+    grant = await lease(http, server.url, token)
+    lid, base = grant["lease_id"], grant["base_version"]
+    model = await current_model(coord)
+    names = list(model)
+    wrong_shape = {k: torch.zeros(7) if k == names[0] else torch.zeros_like(v) for k, v in model.items()}
+    non_finite = {k: torch.full_like(v, float("nan")) for k, v in model.items()}
+    missing = {k: torch.zeros_like(v) for k, v in list(model.items())[1:]}
+    cases = [
+        (b"garbage, not a payload", 400),
+        (result_payload(model, lid, base)[:-5], 400),           # truncated
+        (result_payload(model, lid, base, tensors=wrong_shape), 422),
+        (result_payload(model, lid, base, tensors=non_finite), 422),
+        (result_payload(model, lid, base, tensors=missing), 422),
+    ]
+    state = await snapshot(coord)
+    for data, status in cases:
+        async with http.put(f"{server.url}/v1/leases/{lid}/result", data=data,
+                            headers={**bearer(token), "Content-Type": PAYLOAD}) as r:
+            text = await r.text()
+            assert r.status == status, text
+            body = json.loads(text)
+            assert body["error"]
+            assert body["message"]
+        assert await snapshot(coord) == state
+    async with http.put(f"{server.url}/v1/leases/{lid}/result", data=b"x",
+                        headers={**bearer(token), "Content-Type": "text/plain"}) as r:
+        await error_of(r, 400, "malformed_payload")
+    # The lease is still good: the real result is accepted afterwards.
+    async with http.put(f"{server.url}/v1/leases/{lid}/result", data=result_payload(model, lid, base),
+                        headers={**bearer(token), "Content-Type": PAYLOAD}) as r:
+        assert r.status == 200, await r.text()
+
+
+async def test_result_over_the_size_limit_is_413_before_reading(tmp_path: Path,
+                                                                http: aiohttp.ClientSession) -> None:
+    cfg = ServerConfig(port=0, max_result_bytes=1000)
+    async with running(tmp_path, server_config=cfg) as (coord, server):
+        _, token = await join(http, server.url)
+        grant = await lease(http, server.url, token)
+        state = await snapshot(coord)
+        model = await current_model(coord)
+        big = result_payload(model, grant["lease_id"], grant["base_version"]) + b"\0" * 2000
+        async with http.put(f"{server.url}/v1/leases/{grant['lease_id']}/result", data=big,
+                            headers={**bearer(token), "Content-Type": PAYLOAD}) as r:
+            body = await error_of(r, 413, "limit_exceeded")
+        assert body["limit"] == 1000
+        assert body["value"] == len(big)
+
+        async def chunked() -> Any:  # no Content-Length: counted while streaming
+            for _ in range(4):
+                yield b"\0" * 600
+
+        async with http.put(f"{server.url}/v1/leases/{grant['lease_id']}/result", data=chunked(),
+                            headers={**bearer(token), "Content-Type": PAYLOAD}) as r:
+            await error_of(r, 413, "limit_exceeded")
+        assert await snapshot(coord) == state
+
+
+async def test_model_download_etag_and_304(served: Any, http: aiohttp.ClientSession) -> None:
+    coord, server = served
+    _, token = await join(http, server.url)
+    auth = {"Authorization": f"Bearer {token}"}
+    async with http.get(f"{server.url}/v1/models/latest", headers=auth) as r:
+        assert r.status == 200, await r.text()
+        assert r.content_type == PAYLOAD
+        etag = r.headers["ETag"]
+        version = int(r.headers["X-VCAsync-Version"])
+        data = await r.read()
+    payload = decode_payload_bytes(data, expected_kind="model")
+    assert payload.meta["version"] == version == coord.version
+    assert (await current_model(coord)).equal(payload.tensors)
+    async with http.get(f"{server.url}/v1/models/{version}", headers={**auth, "If-None-Match": etag}) as r:
+        assert r.status == 304
+        assert await r.read() == b""
+        assert r.headers["ETag"] == etag
+    async with http.get(f"{server.url}/v1/models/{version}",
+                        headers={**auth, "If-None-Match": '"other", ' + etag}) as r:
+        assert r.status == 304
+    async with http.get(f"{server.url}/v1/models/{version}", headers={**auth, "If-None-Match": '"x"'}) as r:
+        assert r.status == 200
+    async with http.get(f"{server.url}/v1/models/99999", headers=auth) as r:
+        assert r.status == 404 or r.status == 409 or r.status == 410, await r.text()
+        assert (await r.json())["error"]
+    async with http.get(f"{server.url}/v1/models/seven", headers=auth) as r:
+        body = await error_of(r, 400, "malformed_payload")
+        assert body["field"] == "version"
+
+
+async def test_status_is_json(served: Any, http: aiohttp.ClientSession) -> None:
+    coord, server = served
+    _, token = await join(http, server.url)
+    async with http.get(f"{server.url}/v1/status", headers={"Authorization": f"Bearer {token}"}) as r:
+        assert r.status == 200
+        body = json.loads(await r.text())  # strict JSON: no NaN
+    assert body["version"] == coord.version
+
+
+async def test_no_work_is_503_with_retry_after_and_finished_is_410(tmp_path: Path,
+                                                                   http: aiohttp.ClientSession) -> None:
+    async with running(tmp_path, units=[WorkUnit("only", steps=1)]) as (coord, server):
+        _, token = await join(http, server.url)
+        grant = await lease(http, server.url, token)
+        async with http.post(f"{server.url}/v1/leases", data=control("lease_request"),
+                             headers=bearer(token)) as r:
+            body = await error_of(r, 503, "no_work")
+            assert int(r.headers["Retry-After"]) >= 1
+            assert body["finished"] is False
+        data = result_payload(await current_model(coord), grant["lease_id"], grant["base_version"], steps=1)
+        async with http.put(f"{server.url}/v1/leases/{grant['lease_id']}/result", data=data,
+                            headers={**bearer(token), "Content-Type": PAYLOAD}) as r:
+            assert r.status == 200, await r.text()
+        await coord.wait_finished()
+        async with http.post(f"{server.url}/v1/leases", data=control("lease_request"),
+                             headers=bearer(token)) as r:
+            body = await error_of(r, 410, "run_finished")
+            assert body["finished"] is True
+
+
+async def test_unknown_routes_and_methods_are_json(served: Any, http: aiohttp.ClientSession) -> None:
+    _, server = served
+    async with http.get(f"{server.url}/v2/nothing") as r:
+        await error_of(r, 404, "not_found")
+    async with http.delete(f"{server.url}/v1/status") as r:
+        await error_of(r, 405, "method_not_allowed")

@@ -1,0 +1,255 @@
+"""The worker loop in-process against a real coordinator and server on 127.0.0.1: full runs,
+preemption (checkpoint and partial), resuming a lease from the state dir, a coordinator that is down or
+forgot our token, results spooled and re-sent, trainers that fail or ignore the stop."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from vcasync._units import make_units
+from vcasync.auth import TokenAuthority
+from vcasync.client import Backoff
+from vcasync.errors import ConfigError
+from vcasync.server import Server, ServerConfig
+from vcasync.trainer import TrainContext, TrainResult
+from vcasync.worker import Worker, WorkerConfig
+
+from .conftest import SECRET, running, tiny_model
+
+FAST = Backoff(base_s=0.02, cap_s=0.2)
+StepHook = Callable[[TrainContext, int], None]
+
+
+def make_trainer(hook: StepHook | None = None, log: list[dict[str, Any]] | None = None
+                 ) -> Callable[[TrainContext], TrainResult]:
+    """A trainer that nudges every parameter per step and checkpoints when told to stop."""
+
+    def train(ctx: TrainContext) -> TrainResult:
+        net = tiny_model()
+        ctx.model.load_into(net)
+        start = 0
+        ck = ctx.load_checkpoint()
+        if ck is not None:
+            net.load_state_dict(ck["model"])
+            start = int(ck["step"])
+        if log is not None:
+            log.append({"unit": ctx.unit.unit_id, "lease": ctx.lease_id, "resumed": ctx.resumed,
+                        "start": start})
+        for step in range(start, ctx.unit.steps):
+            if ctx.should_stop:
+                ctx.save_checkpoint({"model": net.state_dict(), "step": step})
+                return ctx.result(net, steps=step, samples=step * 8)
+            with torch.no_grad():
+                for p in net.parameters():
+                    p.add_(0.01)
+            ctx.report_progress(step + 1, (step + 1) * 8)
+            if hook is not None:
+                hook(ctx, step)
+        return ctx.result(net, steps=ctx.unit.steps, samples=ctx.unit.steps * 8)
+
+    return train
+
+
+def worker(url: str, state_dir: Path, trainer: Callable[..., Any], **cfg: Any) -> Worker:
+    return Worker(url, trainer, state_dir=state_dir, join_secret=SECRET,
+                  config=WorkerConfig(backoff=FAST, **cfg))
+
+
+async def eventually(predicate: Callable[[], bool], attempts: int = 1500) -> None:
+    """Poll ``predicate`` (every 20 ms, up to 30 s): for states only the file system shows."""
+    for _ in range(attempts):
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the condition never came true")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Blocker:
+    """A step hook that parks the trainer at ``at_step`` of its first unit until released or stopped."""
+
+    def __init__(self, at_step: int) -> None:
+        self.at_step = at_step
+        self.reached = threading.Event()
+        self.release = threading.Event()
+        self.ignore_stop = False
+        self.fired = False
+
+    def __call__(self, ctx: TrainContext, step: int) -> None:
+        if self.fired or step != self.at_step:
+            return
+        self.fired = True
+        self.reached.set()
+        while not self.release.is_set():
+            if ctx.should_stop and not self.ignore_stop:
+                return
+            self.release.wait(0.01)
+
+    async def wait_reached(self) -> None:
+        assert await asyncio.to_thread(self.reached.wait, 30), "the trainer never reached the step"
+
+
+def units_done(coord: Any) -> int:
+    units = coord.status()["units"]
+    return int(units["done"]) if isinstance(units, dict) else -1
+
+
+async def test_worker_runs_until_finished(tmp_path: Path) -> None:
+    async with running(tmp_path, units=make_units(3, steps=4)) as (coord, server):
+        v0 = coord.version
+        report = await worker(server.url, tmp_path / "w", make_trainer()).run()
+        assert report.reason == "finished"
+        assert report.results_accepted == 3
+        assert report.results_refused == 0
+        await coord.wait_finished()
+        assert coord.version > v0
+    state = tmp_path / "w"
+    assert not (state / "lease.json").exists()
+    assert list((state / "results").iterdir()) == []
+    assert (state / "identity.json").stat().st_mode & 0o077 == 0  # the token file is private
+
+
+async def test_preempted_worker_keeps_the_lease_and_resumes_it(tmp_path: Path) -> None:
+    async with running(tmp_path, units=make_units(2, steps=20)) as (coord, server):
+        blocker, log = Blocker(at_step=5), []
+        w = worker(server.url, tmp_path / "w", make_trainer(blocker, log))
+        task = asyncio.create_task(w.run())
+        await blocker.wait_reached()
+        w.request_stop()
+        report = await task
+        assert report.reason == "preempted"
+        assert not report.grace_exceeded
+        assert report.results_accepted == 0
+        assert (tmp_path / "w" / "lease.json").exists()
+        assert len(list((tmp_path / "w" / "checkpoints").iterdir())) == 1
+
+        again = await worker(server.url, tmp_path / "w", make_trainer(None, log)).run()
+        assert again.reason == "finished"
+        assert again.results_accepted == 2
+        assert log[1]["lease"] == log[0]["lease"]
+        assert log[1]["resumed"] is True
+        assert log[1]["start"] == 6  # the checkpoint saved when it stopped after step index 5
+        assert again.worker_id == report.worker_id  # same identity from the state dir
+        assert units_done(coord) in (2, -1)
+
+
+async def test_partial_result_on_preemption(tmp_path: Path) -> None:
+    async with running(tmp_path, units=make_units(1, steps=20)) as (coord, server):
+        blocker = Blocker(at_step=4)
+        w = worker(server.url, tmp_path / "w", make_trainer(blocker), on_preempt="partial")
+        v0 = coord.version
+        task = asyncio.create_task(w.run())
+        await blocker.wait_reached()
+        w.request_stop()
+        report = await task
+        assert report.reason == "preempted"
+        assert report.results_accepted == 1
+        assert not (tmp_path / "w" / "lease.json").exists()
+        assert coord.version >= v0
+
+
+async def test_grace_period_bounds_a_trainer_that_ignores_the_stop(tmp_path: Path) -> None:
+    async with running(tmp_path, units=make_units(1, steps=20)) as (_, server):
+        blocker = Blocker(at_step=2)
+        blocker.ignore_stop = True
+        w = worker(server.url, tmp_path / "w", make_trainer(blocker), grace_period_s=0.3)
+        task = asyncio.create_task(w.run())
+        await blocker.wait_reached()
+        w.request_stop()
+        report = await task
+        blocker.release.set()
+        assert report.reason == "preempted"
+        assert report.grace_exceeded
+        assert (tmp_path / "w" / "lease.json").exists()
+
+
+async def test_worker_waits_for_a_coordinator_that_is_down(tmp_path: Path) -> None:
+    port = free_port()
+    async with running(tmp_path, units=make_units(2, steps=2),
+                       server_config=ServerConfig(port=port)) as (coord, server):
+        await server.aclose()  # the coordinator is alive, its server is not: connection refused
+        w = worker(f"http://127.0.0.1:{port}", tmp_path / "w", make_trainer())
+        task = asyncio.create_task(w.run())
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        auth = TokenAuthority(join_secret=SECRET)
+        async with Server(coord, auth, ServerConfig(port=port)):
+            report = await asyncio.wait_for(task, 60)
+        assert report.reason == "finished"
+        assert report.results_accepted == 2
+
+
+async def test_result_spooled_during_an_outage_is_resent_after_restart(tmp_path: Path) -> None:
+    port = free_port()
+    auth = TokenAuthority(join_secret=SECRET)
+    async with running(tmp_path, units=make_units(1, steps=3), authority=auth,
+                       server_config=ServerConfig(port=port)) as (coord, server):
+        loop = asyncio.get_running_loop()
+
+        def outage(ctx: TrainContext, step: int) -> None:  # the server dies as the unit ends
+            if step == ctx.unit.steps - 1:
+                asyncio.run_coroutine_threadsafe(server.aclose(), loop).result(10)
+
+        w = worker(f"http://127.0.0.1:{port}", tmp_path / "w", make_trainer(outage), grace_period_s=0.5)
+        task = asyncio.create_task(w.run())
+        await eventually(lambda: bool(list((tmp_path / "w" / "results").glob("*.vca"))))
+        w.request_stop()
+        report = await task
+        assert report.grace_exceeded
+        assert report.results_accepted == 0
+        assert len(list((tmp_path / "w" / "results").glob("*.vca"))) == 1
+        async with Server(coord, auth, ServerConfig(port=port)):
+            again = await worker(f"http://127.0.0.1:{port}", tmp_path / "w", make_trainer()).run()
+        assert again.reason == "finished"
+        assert again.results_accepted == 1
+        assert list((tmp_path / "w" / "results").glob("*.vca")) == []
+        await coord.wait_finished()
+
+
+async def test_worker_joins_again_when_its_token_is_unknown(tmp_path: Path) -> None:
+    port = free_port()
+    async with running(tmp_path, units=make_units(2, steps=2),
+                       server_config=ServerConfig(port=port)) as (coord, server):
+        first = await worker(server.url, tmp_path / "w", make_trainer(), max_units=1).run()
+        assert first.reason == "max_units"
+        assert first.results_accepted == 1
+        await server.aclose()
+        async with Server(coord, TokenAuthority(join_secret=SECRET), ServerConfig(port=port)):
+            again = await worker(f"http://127.0.0.1:{port}", tmp_path / "w", make_trainer()).run()
+        assert again.reason == "finished"
+        assert again.results_accepted == 1
+        assert again.worker_id != first.worker_id
+
+
+async def test_failing_trainer_releases_and_gives_up(tmp_path: Path) -> None:
+    async with running(tmp_path, units=make_units(2, steps=2)) as (_, server):
+        def broken(ctx: TrainContext) -> TrainResult:
+            raise RuntimeError("boom")
+
+        with pytest.raises(ConfigError, match="failed 3 times"):
+            await worker(server.url, tmp_path / "w", broken).run()
+
+
+async def test_async_trainer(tmp_path: Path) -> None:
+    async with running(tmp_path, units=make_units(2, steps=2)) as (_, server):
+        async def train(ctx: TrainContext) -> TrainResult:
+            await asyncio.sleep(0)
+            ctx.report_progress(ctx.unit.steps)
+            return ctx.result({k: v + 0.5 for k, v in ctx.model.items()}, samples=4)
+
+        report = await worker(server.url, tmp_path / "w", train).run()
+        assert report.reason == "finished"
+        assert report.results_accepted == 2
