@@ -155,10 +155,28 @@ def render_text(s: dict[str, Any]) -> str:
         f"  merges                 {s['merges']['accepted']} accepted, {s['merges']['rejected']} rejected, "
         f"{s['merges']['duplicate']} duplicate, {s['merges']['partial_results']} partial",
         f"  preemptions            {s['fleet']['preemptions']} ({s['fleet']['hard_kills']} without notice)",
-        f"  staleness              {s['staleness_histogram']}",
+        f"  staleness              {_staleness_text(s['staleness_histogram'])}",
         f"  finished               {s['finished']} after {_fmt(_hours(s['duration_s']))} h virtual",
     ]
     return "\n".join(lines)
+
+
+def _staleness_text(hist: dict[str, int]) -> str:
+    """The histogram itself when short, else its median, 90th percentile and maximum."""
+    if len(hist) <= 16:
+        return str(hist)
+    values = sorted((int(k), n) for k, n in hist.items())
+    total = sum(n for _, n in values)
+
+    def pct(q: float) -> int:
+        seen = 0
+        for k, n in values:
+            seen += n
+            if seen >= q * total:
+                return k
+        return values[-1][0]
+
+    return f"median {pct(0.5)}, p90 {pct(0.9)}, max {values[-1][0]} versions ({total} merges)"
 
 
 def _hours(seconds: float | None) -> float | None:
