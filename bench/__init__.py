@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m bench.NAME [--json] [--quick]``; they print figures and never gate CI."""
