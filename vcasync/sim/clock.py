@@ -23,11 +23,12 @@ import contextvars
 import selectors
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 __all__ = ["SimulationStalledError", "VirtualClock", "VirtualEventLoop", "run_virtual"]
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 
 class SimulationStalledError(RuntimeError):
@@ -88,8 +89,8 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self.clock.now
 
-    def run_in_executor(self, executor: Executor | None, func: Callable[..., T],
-                        *args: Any) -> asyncio.Future[T]:
+    def run_in_executor(self, executor: Executor | None, func: Callable[[Unpack[Ts]], T],
+                        *args: Unpack[Ts]) -> asyncio.Future[T]:
         fut: asyncio.Future[T] = self.create_future()
         try:
             fut.set_result(func(*args))
