@@ -90,7 +90,7 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
         return self.clock.now
 
     def run_in_executor(self, executor: Executor | None, func: Callable[[Unpack[Ts]], T],
-                        *args: Unpack[Ts]) -> asyncio.Future[T]:
+                        *args: *Ts) -> asyncio.Future[T]:
         fut: asyncio.Future[T] = self.create_future()
         try:
             fut.set_result(func(*args))
