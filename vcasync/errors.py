@@ -31,7 +31,8 @@ everything with one clause, or exactly one failure with a leaf class::
     │   ├── LeaseExpiredError         the lease's deadline passed; the unit went back to the queue
     │   ├── UnitClosedError           the unit already has a merged result: never merged twice
     │   ├── NotLeaseHolderError       the lease belongs to another worker
-    │   └── NoWorkAvailableError      nothing to lease right now (or the run is finished)
+    │   ├── NoWorkAvailableError      nothing to lease right now (or the run is finished)
+    │   └── VersionNotFoundError      that model version is not held (any more): fetch the latest
     └── AuthError                     missing, malformed, forged, expired or revoked credentials
 
 Errors carry context as attributes and say what to do in their message.
@@ -69,6 +70,7 @@ __all__ = [
     "UpdateRejectedError",
     "VCAsyncError",
     "ValidationError",
+    "VersionNotFoundError",
     "WireError",
 ]
 
@@ -241,6 +243,14 @@ class NoWorkAvailableError(LedgerError):
         super().__init__(message)
         self.retry_after = retry_after
         self.finished = finished
+
+
+class VersionNotFoundError(LedgerError):
+    """The coordinator does not hold that model version (never made, or dropped from its window)."""
+
+    def __init__(self, message: str, *, version: int | None = None) -> None:
+        super().__init__(message)
+        self.version = version
 
 
 # --- auth -----------------------------------------------------------------------------------

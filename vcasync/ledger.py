@@ -484,6 +484,13 @@ class Ledger:
         else:
             self._queue.append(unit.unit_id)
 
+    def add_units(self, units: Iterable[WorkUnit]) -> int:
+        """Queue the units whose ids the ledger does not know yet (a restarted run grows)."""
+        fresh = [u for u in units if u.unit_id not in self._units]
+        for unit in fresh:
+            self._add_unit(unit, front=False)
+        return len(fresh)
+
     # -- operator actions and views ------------------------------------------------------------------
     def unpark(self, unit_id: str) -> None:
         """Give a parked unit a fresh set of attempts (an operator fixed whatever broke it)."""

@@ -1,0 +1,278 @@
+"""The coordinator in one process: leases, submits, exactly-once, staleness, bad input, heartbeats
+during a merge, lifetime. Durability "none" here; recovery is in test_recovery.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import pytest
+import torch
+
+from vcasync._units import make_units
+from vcasync.coordinator import Coordinator, CoordinatorConfig
+from vcasync.errors import (
+    ClosedError,
+    ConfigError,
+    LeaseExpiredError,
+    NoWorkAvailableError,
+    SpecMismatchError,
+    UnitClosedError,
+    ValidationError,
+    VersionNotFoundError,
+    WireError,
+)
+from vcasync.wire import decode_payload, encode_payload
+
+NONE = CoordinatorConfig(durability="none", lease_timeout_s=10.0)
+
+
+def coordinator(kit, clock, policy, *, units=3, steps=4, **cfg) -> Coordinator:
+    config = CoordinatorConfig(**{"durability": "none", "lease_timeout_s": 10.0, **cfg})
+    return Coordinator(kit.tiny_model(), make_units(units, steps=steps), policy=policy,
+                       storage=None, config=config, clock=clock)
+
+
+async def submit(kit, coord, w, g, tensors, **kw):
+    kw.setdefault("steps", g.unit.steps)
+    kw.setdefault("base_version", g.base_version)
+    return await coord.submit(w, g.lease_id, kit.stream(kit.result_chunks(g.lease_id, tensors, **kw)))
+
+
+async def test_lease_heartbeat_submit_download(kit, clock, policy) -> None:
+    async with coordinator(kit, clock, policy) as coord:
+        start = coord.model()
+        w = await coord.join("w1", {"cores": 2})
+        g = await coord.lease(w)
+        assert (g.base_version, g.unit.unit_id, g.resumed) == (0, "e0-s0", False)
+        hb = await coord.heartbeat(w, g.lease_id, 2)
+        assert hb.deadline_s == 10.0
+        delta = kit.delta_like(start)
+        r = await submit(kit, coord, w, g, delta)
+        assert (r.status, r.version, r.unit_id) == ("accepted", 1, "e0-s0")
+        expected = {k: (v + (v + delta[k])) * 0.5 if v.is_floating_point() else v
+                    for k, v in start.items()}
+        assert coord.model().equal(expected)
+        again = await submit(kit, coord, w, g, delta)
+        assert (again.status, again.version) == ("duplicate", 1)
+        assert coord.version == 1
+        payload = await decode_payload(coord.model_payload(1), spec=start.spec)
+        assert payload.kind == "model"
+        assert payload.meta == {"version": 1, "digest": coord.model().digest()}
+        assert coord.status()["retained_versions"] == [0, 1]     # 0 may still be a delta's base
+        assert coord.model_etag(1) != coord.model_etag(0)
+        status = coord.status()
+        json.dumps(status, allow_nan=False)
+        assert status["units"]["done"] == 1
+        assert status["metrics"]["results"] == {"accepted": 1, "duplicate": 1}
+        text = coord.metrics.render_prometheus()
+        assert 'vcasync_results_total{status="accepted"} 1' in text
+        assert "vcasync_leases_issued_total 1" in text
+        assert "vcasync_workers_alive 1" in text
+
+
+async def test_late_result_wins_and_newer_holder_is_refused(kit, clock, policy) -> None:
+    async with coordinator(kit, clock, policy, units=1) as coord:
+        a, b = await coord.join("a"), await coord.join("b")
+        ga = await coord.lease(a)
+        clock.advance(11)
+        gb = await coord.lease(b)
+        assert gb.unit.unit_id == ga.unit.unit_id
+        with pytest.raises(LeaseExpiredError):
+            await coord.heartbeat(a, ga.lease_id, 1)
+        delta = kit.delta_like(coord.model())
+        assert (await submit(kit, coord, a, ga, delta)).status == "accepted"
+        with pytest.raises(UnitClosedError):
+            await submit(kit, coord, b, gb, delta)
+        with pytest.raises(UnitClosedError):
+            await coord.heartbeat(b, gb.lease_id, 1)
+        assert coord.version == 1
+        assert coord.metrics.merges == 1
+        assert coord.metrics.rejects["unit_closed"] == 1
+        await asyncio.wait_for(coord.wait_finished(), 5)
+        with pytest.raises(NoWorkAvailableError) as ei:
+            await coord.lease(b)
+        assert ei.value.finished
+
+
+async def test_concurrent_duplicates_merge_once(kit, clock, policy) -> None:
+    async with coordinator(kit, clock, policy) as coord:
+        w = await coord.join()
+        g = await coord.lease(w)
+        delta = kit.delta_like(coord.model())
+        receipts = await asyncio.gather(*(submit(kit, coord, w, g, delta) for _ in range(5)))
+        assert sorted(r.status for r in receipts) == ["accepted"] + ["duplicate"] * 4
+        assert {r.version for r in receipts} == {1}
+        assert coord.metrics.merges == 1
+
+
+async def test_too_stale_is_rejected_and_requeued(kit, clock, policy) -> None:
+    async with coordinator(kit, clock, policy, units=4, max_staleness=1) as coord:
+        w = await coord.join()
+        old = await coord.lease(w)
+        delta = kit.delta_like(coord.model())
+        for _ in range(2):
+            g = await coord.lease(w)
+            await submit(kit, coord, w, g, delta, base_version=coord.version)
+        assert coord.version == 2
+        r = await submit(kit, coord, w, old, delta)
+        assert (r.status, r.reason, r.version) == ("rejected", "too_stale", 2)
+        assert coord.status()["units"] == {"queued": 2, "leased": 0, "done": 2, "parked": 0}
+        assert (await coord.lease(w)).unit.unit_id == old.unit.unit_id    # requeued at the front
+        assert coord.metrics.rejects["too_stale"] == 1
+        assert (await submit(kit, coord, w, old, delta)).status == "rejected"   # the same receipt
+
+
+async def test_policy_rejection_is_a_receipt_and_changes_no_model(kit, clock, policy) -> None:
+    async with coordinator(kit, clock, policy) as coord:
+        w = await coord.join()
+        g = await coord.lease(w)
+        before = coord.model().digest()
+        r = await submit(kit, coord, w, g, kit.delta_like(coord.model()), metrics={"refuse": 1.0})
+        assert (r.status, r.reason) == ("rejected", "refused_by_policy")
+        assert coord.model().digest() == before
+        assert coord.version == 0
+
+
+def _bad_bodies(kit, g, good):
+    shape = dict(good, w=torch.zeros(3, 4))
+    nan = dict(good, b=torch.tensor([0.0, float("nan"), 0.0]))
+    dtype = dict(good, b=torch.zeros(3, dtype=torch.float64))
+    extra = dict(good, z=torch.zeros(1))
+    missing = {k: v for k, v in good.items() if k != "b"}
+    huge = dict(good, b=torch.full((3,), 1e6))
+    ok = kit.result_chunks(g.lease_id, good, steps=g.unit.steps)
+    return {
+        "shape": (kit.result_chunks(g.lease_id, shape, steps=4), SpecMismatchError),
+        "nan": (kit.result_chunks(g.lease_id, nan, steps=4), ValidationError),
+        "dtype": (kit.result_chunks(g.lease_id, dtype, steps=4), SpecMismatchError),
+        "extra": (kit.result_chunks(g.lease_id, extra, steps=4), SpecMismatchError),
+        "missing": (kit.result_chunks(g.lease_id, missing, steps=4), SpecMismatchError),
+        "norm": (kit.result_chunks(g.lease_id, huge, steps=4), ValidationError),
+        "garbage": ([b"\x00" * 100], WireError),
+        "truncated": ([b"".join(ok)[:-7]], WireError),
+        "flipped": ([bytes(b ^ 1 if i == len(b"".join(ok)) - 30 else b
+                           for i, b in enumerate(b"".join(ok)))], WireError),
+        "kind": (list(encode_payload("model", {}, good)), WireError),
+        "other_lease": (kit.result_chunks("someone-else", good, steps=4), ValidationError),
+        "steps": (kit.result_chunks(g.lease_id, good, steps=5), ValidationError),
+        "future_base": (kit.result_chunks(g.lease_id, good, steps=4, base_version=3),
+                        ValidationError),
+        "update_kind": (kit.result_chunks(g.lease_id, good, steps=4, kind="grad"), ValidationError),
+        "metrics": (kit.result_chunks(g.lease_id, good, steps=4, metrics={"x": "y"}),
+                    ValidationError),
+    }
+
+
+async def test_bad_payloads_change_nothing(kit, clock, policy) -> None:
+    async with coordinator(kit, clock, policy, max_update_norm=100.0) as coord:
+        w = await coord.join()
+        g = await coord.lease(w)
+        good = kit.delta_like(coord.model())
+        digest, ledger = coord.model().digest(), coord._ledger.snapshot()
+        for name, (chunks, error) in _bad_bodies(kit, g, good).items():
+            with pytest.raises(error):
+                await coord.submit(w, g.lease_id, kit.stream(chunks))
+            assert coord.model().digest() == digest, name
+            assert coord._ledger.snapshot() == ledger, name
+            assert coord.version == 0, name
+        assert sum(coord.metrics.rejects.values()) == 15
+        assert coord.metrics.rejects["non_finite"] == 1
+        assert coord.metrics.rejects["norm_too_large"] == 1
+        assert (await submit(kit, coord, w, g, good)).status == "accepted"   # still usable
+
+
+async def test_heartbeat_answers_while_a_merge_runs(kit, clock) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    class Slow(kit.HalfWay):
+        def merge(self, model, update, state):
+            entered.set()
+            assert release.wait(30), "the test never released the merge"
+            return super().merge(model, update, state)
+
+    async with coordinator(kit, clock, Slow(), units=2) as coord:
+        a, b = await coord.join("a"), await coord.join("b")
+        ga, gb = await coord.lease(a), await coord.lease(b)
+        task = asyncio.create_task(submit(kit, coord, a, ga, kit.delta_like(coord.model())))
+        assert await asyncio.to_thread(entered.wait, 30)
+        assert not task.done()
+        clock.advance(1)
+        hb = await coord.heartbeat(b, gb.lease_id, 1)      # answered with the merge still running
+        assert hb.deadline_s == 10.0
+        assert coord.status()["metrics"]["merge_queue"] == 0
+        assert not task.done()
+        release.set()
+        assert (await task).status == "accepted"
+
+
+async def test_expiry_parks_after_max_attempts_and_run_finishes(kit, clock, policy) -> None:
+    async with coordinator(kit, clock, policy, units=1, max_attempts=2) as coord:
+        w = await coord.join()
+        for _ in range(2):
+            await coord.lease(w)
+            clock.advance(11)
+        with pytest.raises(NoWorkAvailableError) as ei:
+            await coord.lease(w)
+        assert ei.value.finished
+        await asyncio.wait_for(coord.wait_finished(), 5)
+        assert "e0-s0" in coord.status()["parked"]
+
+
+async def test_partial_result_requeues_the_rest(kit, clock, policy) -> None:
+    async with coordinator(kit, clock, policy, units=1, steps=10) as coord:
+        w = await coord.join()
+        g = await coord.lease(w)
+        r = await submit(kit, coord, w, g, kit.delta_like(coord.model()), steps=3, partial=True)
+        assert r.status == "accepted"
+        rest = await coord.lease(w)
+        assert (rest.unit.steps, rest.unit.step_offset) == (7, 3)
+
+
+async def test_versions_are_retained_for_deltas_and_dropped_outside_the_window(kit, clock,
+                                                                                policy) -> None:
+    async with coordinator(kit, clock, policy, units=6, max_staleness=2) as coord:
+        w = await coord.join()
+        delta = kit.delta_like(coord.model())
+        for _ in range(5):
+            g = await coord.lease(w)
+            await submit(kit, coord, w, g, delta)     # base 0... as long as it is held
+            if coord.version >= 3:
+                break
+        assert coord.status()["retained_versions"] == [1, 2, 3]
+        with pytest.raises(VersionNotFoundError):
+            coord.model_payload(0)
+        with pytest.raises(VersionNotFoundError):
+            coord.model_etag(0)
+
+
+async def test_lifetime(kit, clock, policy) -> None:
+    coord = coordinator(kit, clock, policy)
+    with pytest.raises(ClosedError):
+        await coord.lease("w")
+    async with coord:
+        w = await coord.join()
+        with pytest.raises(ClosedError):
+            await coord.__aenter__()
+    await coord.aclose()
+    await coord.aclose()
+    with pytest.raises(ClosedError):
+        await coord.lease(w)
+    with pytest.raises(ClosedError):
+        await coord.wait_finished()
+    assert coord.status()["phase"] == "closed"
+
+
+def test_config_errors(kit, policy) -> None:
+    with pytest.raises(ConfigError, match="max_staleness"):
+        CoordinatorConfig(max_staleness=-1)
+    with pytest.raises(ConfigError, match="durability"):
+        CoordinatorConfig(durability="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="model_codec"):
+        CoordinatorConfig(model_codec="gzip-9000")
+    with pytest.raises(ConfigError, match="needs a storage"):
+        Coordinator(kit.tiny_model(), make_units(1), policy=policy, storage=None)
+    with pytest.raises(ConfigError, match="MergePolicy"):
+        Coordinator(kit.tiny_model(), make_units(1), policy=object(),  # type: ignore[arg-type]
+                    storage=None, config=NONE)

@@ -1,0 +1,158 @@
+"""The coordinator's counters, gauges and histograms, and their Prometheus text form.
+
+Counters only go up within one process (Prometheus handles restarts); gauges that other objects
+already know (current version, workers alive, lease counts) are *pulled* from a callback at render
+time instead of being copied on every change. Everything here is plain numbers: ``as_dict()`` is
+JSON-able for ``status()``, ``render_prometheus()`` is the text exposition format 0.0.4.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["Histogram", "Metrics"]
+
+STALENESS_BUCKETS: tuple[float, ...] = (0, 1, 2, 4, 8, 16, 32, 64)
+SECONDS_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60)
+
+
+class Histogram:
+    """Cumulative-bucket histogram (Prometheus semantics: ``le`` upper bounds, plus +Inf)."""
+
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(sorted(bounds))
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.count += 1
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out, running = [], 0
+        for bound, n in zip([*self.bounds, math.inf], self.counts, strict=True):
+            running += n
+            out.append(("+Inf" if bound == math.inf else _num(bound), running))
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "sum": self.sum, "buckets": dict(self.cumulative())}
+
+
+def _num(value: float) -> str:
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return repr(float(value))
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class Metrics:
+    """What the coordinator counts. The server renders it; ``status()`` embeds ``as_dict()``."""
+
+    PREFIX = "vcasync_"
+
+    def __init__(self, gauges: Callable[[], Mapping[str, float]] | None = None) -> None:
+        self._gauges = gauges
+        self.merges = 0                      # results merged (policy returned a model or buffered)
+        self.results: Counter[str] = Counter()   # receipts by status
+        self.rejects: Counter[str] = Counter()   # refused results by reason (never merged)
+        self.heartbeats = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.journal_writes = 0
+        self.snapshots = 0
+        self.snapshot_failures = 0
+        self.staleness = Histogram(STALENESS_BUCKETS)
+        self.merge_seconds = Histogram(SECONDS_BUCKETS)
+
+    def bind(self, gauges: Callable[[], Mapping[str, float]]) -> None:
+        """Where the pulled gauges come from (the coordinator binds itself)."""
+        self._gauges = gauges
+
+    def reject(self, reason: str) -> None:
+        self.rejects[reason] += 1
+
+    def gauges(self) -> dict[str, float]:
+        return dict(self._gauges()) if self._gauges is not None else {}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "merges": self.merges, "results": dict(self.results), "rejects": dict(self.rejects),
+            "heartbeats": self.heartbeats, "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
+            "journal_writes": self.journal_writes, "snapshots": self.snapshots,
+            "snapshot_failures": self.snapshot_failures, "staleness": self.staleness.as_dict(),
+            "merge_seconds": self.merge_seconds.as_dict(), **self.gauges(),
+        }
+
+    def render_prometheus(self) -> str:
+        """The Prometheus text exposition of every metric, each with HELP and TYPE lines."""
+        lines: list[str] = []
+
+        def family(name: str, kind: str, help_: str, samples: Iterable[tuple[str, float]]) -> None:
+            full = self.PREFIX + name
+            lines.append(f"# HELP {full} {help_}")
+            lines.append(f"# TYPE {full} {kind}")
+            for labels, value in samples:
+                lines.append(f"{full}{labels} {_num(value)}")
+
+        def labelled(label: str, counts: Mapping[str, int]) -> list[tuple[str, float]]:
+            return [(f'{{{label}="{_escape(k)}"}}', v) for k, v in sorted(counts.items())]
+
+        def hist(name: str, help_: str, h: Histogram) -> None:
+            full = self.PREFIX + name
+            lines.append(f"# HELP {full} {help_}")
+            lines.append(f"# TYPE {full} histogram")
+            for le, n in h.cumulative():
+                lines.append(f'{full}_bucket{{le="{le}"}} {n}')
+            lines.append(f"{full}_sum {_num(h.sum)}")
+            lines.append(f"{full}_count {h.count}")
+
+        family("merges_total", "counter", "Results merged into the model.", [("", self.merges)])
+        family("results_total", "counter", "Submitted results by receipt status.",
+               labelled("status", self.results))
+        family("rejects_total", "counter", "Results refused, by reason; never merged.",
+               labelled("reason", self.rejects))
+        family("heartbeats_total", "counter", "Heartbeats received.", [("", self.heartbeats)])
+        family("bytes_in_total", "counter", "Result payload bytes received.", [("", self.bytes_in)])
+        family("bytes_out_total", "counter", "Model payload bytes sent.", [("", self.bytes_out)])
+        family("journal_writes_total", "counter", "Journal entries made durable.",
+               [("", self.journal_writes)])
+        family("snapshots_total", "counter", "Snapshots written.", [("", self.snapshots)])
+        family("snapshot_failures_total", "counter", "Snapshot writes that failed.",
+               [("", self.snapshot_failures)])
+        hist("staleness", "Versions between a merged result's base and the model it merged into.",
+             self.staleness)
+        hist("merge_seconds", "Seconds per merge (policy plus publishing the new version).",
+             self.merge_seconds)
+        for name, value in sorted(self.gauges().items()):
+            kind = "counter" if name.endswith("_total") else "gauge"
+            family(name, kind, _GAUGE_HELP.get(name, name.replace("_", " ") + "."), [("", value)])
+        return "\n".join(lines) + "\n"
+
+
+_GAUGE_HELP = {
+    "version": "Current model version.",
+    "workers_alive": "Workers seen within the alive window.",
+    "workers_known": "Workers the coordinator knows.",
+    "leases_issued_total": "Leases granted.",
+    "leases_expired_total": "Leases that missed their deadline.",
+    "leases_reissued_total": "Leases granted for a unit that had been leased before.",
+    "leases_released_total": "Leases given up by their holder.",
+    "units_queued": "Work units waiting for a worker.",
+    "units_leased": "Work units being trained.",
+    "units_done": "Work units with a merged result.",
+    "units_parked": "Work units that failed too often.",
+    "merge_queue": "Validated results waiting for the merge loop.",
+    "retained_versions": "Model versions kept in memory.",
+}
