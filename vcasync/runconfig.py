@@ -103,8 +103,10 @@ def merge_tables(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, 
     for k, v in over.items():
         if v is None:
             continue
-        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
-            out[k] = merge_tables(out[k], v)
+        if isinstance(v, Mapping):
+            merged = merge_tables(out[k] if isinstance(out.get(k), Mapping) else {}, v)
+            if merged or k in out:
+                out[k] = merged
         else:
             out[k] = v
     return out

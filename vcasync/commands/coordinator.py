@@ -172,10 +172,8 @@ async def serve(cfg: Any, secret: str | None, tokens: dict[str, str], *, port_fi
             else:
                 log.info("stopping at model v%d", coord.version)
             if cfg.output is not None:
-                state = coord.model_state() if hasattr(coord, "model_state") else None
-                if state is not None:
-                    torch.save(dict(state.tensors), cfg.output)
-                    log.info("final weights written to %s", cfg.output)
+                torch.save(dict(coord.model().tensors), cfg.output)
+                log.info("final weights written to %s", cfg.output)
     return 0
 
 
