@@ -32,7 +32,7 @@ from typing import Any, Literal
 import torch
 
 from ._results import ResultMeta, check_tensors, parse_result_meta
-from ._units import LeaseGrant, Receipt, WorkUnit
+from ._units import LeaseGrant, Receipt, WorkUnit, make_units
 from ._versions import Version, VersionStore, copy_tensors
 from .errors import (
     ClosedError,
@@ -53,7 +53,8 @@ from .storage import Storage
 from .tensors import ModelState, Update
 from .wire import Limits, aencode_payload, decode_payload, resolve_codec
 
-__all__ = ["Coordinator", "CoordinatorConfig", "Durability"]
+__all__ = ["Coordinator", "CoordinatorConfig", "Durability", "LeaseGrant", "Receipt", "WorkUnit",
+           "make_units"]
 
 log = logging.getLogger("vcasync.coordinator")
 Durability = Literal["journal", "snapshot", "none"]
