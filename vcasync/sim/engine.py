@@ -17,8 +17,7 @@ import asyncio
 import math
 from dataclasses import dataclass
 
-from .._units import make_units
-from ..coordinator import Coordinator, CoordinatorConfig
+from ..coordinator import Coordinator, CoordinatorConfig, make_units
 from ..demo.cnn import shard_indices
 from ..policy import build_policy
 from ..storage import open_storage

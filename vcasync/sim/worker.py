@@ -22,8 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .._units import LeaseGrant
-from ..coordinator import Coordinator
+from ..coordinator import Coordinator, LeaseGrant
 from ..demo.cnn import unit_batches
 from ..errors import LedgerError, NoWorkAvailableError, ValidationError, WireError
 from ..tensors import ModelSpec
