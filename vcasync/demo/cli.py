@@ -35,6 +35,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kill-coordinator", action="store_true", help="SIGKILL and restart the coordinator once")
     p.add_argument("--run-dir", type=Path, help="where state, logs and the report go (default ./runs/<time>)")
     p.add_argument("--storage", help="storage URL for the coordinator (default: <run-dir>/state on disk)")
+    p.add_argument("--durability", default="journal", choices=["journal", "snapshot", "none"],
+                   help="coordinator durability (default journal: acknowledged results survive a crash)")
     p.add_argument("--instance", default=DEFAULT_INSTANCE, help="instance type the costs are priced as")
     p.add_argument("--spot-price", type=float, help="override the instance's spot $/h")
     p.add_argument("--on-demand-price", type=float, help="override the instance's on-demand $/h")
@@ -58,7 +60,8 @@ def _config(a: argparse.Namespace) -> Any:
                       steps=a.steps, batch_size=a.batch_size, lr=a.lr, preempt_per_min=a.preempt_per_min,
                       kill_fraction=a.kill_fraction, restart_delay_s=tuple(a.restart_delay),
                       grace_s=a.grace, kill_coordinator=a.kill_coordinator, run_dir=a.run_dir,
-                      storage=a.storage, instance=a.instance, prices=prices, seed=a.seed,
+                      storage=a.storage, durability=a.durability, instance=a.instance, prices=prices,
+                      seed=a.seed,
                       max_wall_s=a.max_wall, progress=not a.no_progress and not a.json)
 
 

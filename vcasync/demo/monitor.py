@@ -2,8 +2,9 @@
 
 The monitor joins the coordinator like any client (a ``demo-monitor`` identity that never leases),
 polls ``GET /v1/status`` and, every few seconds, downloads the latest model (``GET /v1/models/latest``)
-and scores it on the held-out test split. The status document belongs to the coordinator; the few
-figures the display needs are read leniently (:func:`status_figure`) so a missing key shows as "?".
+and scores it on the held-out test split. The display reads ``version`` and ``units.done`` from the
+coordinator's status document (:meth:`vcasync.coordinator.Coordinator.status`); while the coordinator
+is down (restarting) they show as "?".
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class Monitor:
         return self.versions[-1][1] if self.versions else 0
 
     def units_done(self) -> int | None:
-        return status_figure(self.status, "units.done", "ledger.done", "counts.done", "units_done")
+        return status_figure(self.status, "units.done")
 
     def finished(self) -> bool:
         flag = self.status.get("finished")

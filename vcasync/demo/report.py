@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .baseline import BaselineResult
+from .procs import Slot
 from .run import DemoRun
 
 __all__ = ["build_report", "plot_accuracy", "plot_timeline", "read_events", "write_report"]
@@ -33,6 +34,20 @@ def read_events(events_dir: Path) -> dict[int, list[dict[str, Any]]]:
     return out
 
 
+def _pid_at(slot: Slot, t_s: float) -> int | None:
+    """The slot's process that was up at ``t_s`` (sessions and pids are appended in step)."""
+    spans = zip(slot.sessions, slot.pids, strict=False)
+    return next((p for (a, b), p in spans if a <= t_s <= b), None)
+
+
+def _in_progress(events: list[dict[str, Any]], t_wall: float) -> dict[str, Any] | None:
+    """The trainer's last event before ``t_wall`` if a unit was in progress then, else None."""
+    before = [e for e in events if e["t"] <= t_wall]
+    if before and before[-1]["kind"] in ("unit_start", "checkpoint"):
+        return before[-1]
+    return None
+
+
 def _lost_work(run: DemoRun, events: dict[int, list[dict[str, Any]]], t0_wall: float) -> dict[str, Any]:
     """Seconds of training lost to SIGKILLs: from the last checkpoint (or unit start) to the kill."""
     lost_s = 0.0
@@ -42,15 +57,10 @@ def _lost_work(run: DemoRun, events: dict[int, list[dict[str, Any]]], t0_wall: f
         slot = by_name.get(kill.who)
         if kill.kind != "preempted" or kill.detail != "SIGKILL" or slot is None:
             continue
-        # The process that was up at the kill: sessions and pids are appended in step.
-        spans = zip(slot.sessions, slot.pids, strict=False)
-        pid = next((p for (a, b), p in spans if a <= kill.t_s <= b), None)
-        if pid is None:
-            continue
-        kill_wall = t0_wall + kill.t_s
-        before = [e for e in events.get(pid, []) if e["t"] <= kill_wall]
-        if before and before[-1]["kind"] in ("unit_start", "checkpoint"):
-            lost_s += kill_wall - before[-1]["t"]
+        pid = _pid_at(slot, kill.t_s)
+        last = None if pid is None else _in_progress(events.get(pid, []), t0_wall + kill.t_s)
+        if last is not None:
+            lost_s += t0_wall + kill.t_s - last["t"]
             interrupted += 1
     return {"seconds_lost_to_kills": lost_s, "units_interrupted_by_kill": interrupted}
 
@@ -73,19 +83,40 @@ def _costs(run: DemoRun) -> dict[str, Any]:
     }
 
 
-def _recoveries(run: DemoRun) -> dict[str, Any]:
-    """Each preemption and whether (and when) its slot came back."""
+def _recoveries(run: DemoRun, events: dict[int, list[dict[str, Any]]], t0_wall: float) -> dict[str, Any]:
+    """Each preemption, when its slot came back, and whether the unit it cut was finished later.
+
+    A preemption is *recovered* when the slot restarted (or the run was already complete) and the
+    unit in progress at the signal, if any, was trained to its end afterwards by some worker (the
+    same one resuming its lease, or another one given the unit or its remainder).
+    """
+    by_name = {s.name: s for s in run.slots}
+    ends = [(e["t"], e.get("root", e.get("unit"))) for evs in events.values() for e in evs
+            if e.get("kind") == "unit_end"]
     pairs: list[dict[str, Any]] = []
     for ev in run.timeline.events:
-        if ev.kind == "preempted":
-            back = next((e for e in run.timeline.events
-                         if e.who == ev.who and e.t_s > ev.t_s and e.kind == "restart"), None)
-            pairs.append({"worker": ev.who, "t_s": ev.t_s, "signal": ev.detail,
-                          "recovered_at_s": None if back is None else back.t_s})
+        if ev.kind != "preempted" or ev.who not in by_name:
+            continue
+        back = next((e for e in run.timeline.events
+                     if e.who == ev.who and e.t_s > ev.t_s and e.kind == "restart"), None)
+        pid = _pid_at(by_name[ev.who], ev.t_s)
+        t_wall = t0_wall + ev.t_s
+        cut = None if pid is None else _in_progress(events.get(pid, []), t_wall)
+        root = None if cut is None else cut.get("root", cut.get("unit"))
+        steps = None if cut is None else cut.get("steps_done", cut.get("start", 0))
+        done_at = None if root is None else min((t for t, r in ends if r == root and t > t_wall),
+                                                default=None)
+        restarted = back is not None or run.finished
+        unit_ok = root is None or done_at is not None
+        pairs.append({"worker": ev.who, "t_s": ev.t_s, "signal": ev.detail, "pid": pid,
+                      "recovered_at_s": None if back is None else back.t_s,
+                      "unit": root, "steps_done": steps,
+                      "unit_finished_at_s": None if done_at is None else done_at - t0_wall,
+                      "recovered": restarted and unit_ok})
     return {"preemptions": pairs,
             "sigterm": sum(1 for p in pairs if p["signal"] == "SIGTERM"),
             "sigkill": sum(1 for p in pairs if p["signal"] == "SIGKILL"),
-            "all_recovered": all(p["recovered_at_s"] is not None for p in pairs)}
+            "all_recovered": all(p["recovered"] for p in pairs)}
 
 
 def build_report(run: DemoRun, baseline: BaselineResult | None, t0_wall: float) -> dict[str, Any]:
@@ -104,7 +135,7 @@ def build_report(run: DemoRun, baseline: BaselineResult | None, t0_wall: float) 
         "samples": samples,
         "cost": _costs(run),
         "work_lost": _lost_work(run, events, t0_wall),
-        "recovery": _recoveries(run),
+        "recovery": _recoveries(run, events, t0_wall),
         "coordinator_restarts": run.coordinator_restarts,
         "config": {
             "workers": cfg.workers, "dataset": cfg.dataset, "policy": cfg.policy,

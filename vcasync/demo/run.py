@@ -55,6 +55,7 @@ class DemoConfig:
     kill_coordinator: bool = False
     run_dir: Path | None = None
     storage: str | None = None
+    durability: str = "journal"
     instance: str = DEFAULT_INSTANCE
     prices: PriceTable = field(default_factory=PriceTable)
     seed: int = 0
@@ -75,6 +76,10 @@ class DemoConfig:
              f"restart delay must be 0 <= min <= max, got {self.restart_delay_s}"),
             (self.grace_s > 0 and self.lease_timeout_s > 0, "grace_s and lease_timeout_s must be > 0"),
             (self.max_wall_s > 0 and self.eval_every_s > 0, "max_wall_s and eval_every_s must be > 0"),
+            (self.durability in ("journal", "snapshot", "none"),
+             f"durability must be journal, snapshot or none, got {self.durability!r}"),
+            (not (self.kill_coordinator and self.durability == "none"),
+             "kill_coordinator needs durable state: durability journal or snapshot"),
         ]
         for ok, message in checks:
             if not ok:
@@ -153,7 +158,7 @@ class _Demo:
         model = f"vcasync.demo.trainer:{cfg.dataset}_model"
         args = ["coordinator", "--model", model, "--seed", str(cfg.seed),
                 "--shards", str(shards), "--epochs", str(cfg.epochs), "--steps", str(self.unit_steps),
-                "--policy", cfg.policy, "--storage", storage, "--durability", "journal",
+                "--policy", cfg.policy, "--storage", storage, "--durability", cfg.durability,
                 "--lease-timeout", str(cfg.lease_timeout_s), "--host", "127.0.0.1", "--port", str(self.port),
                 "--linger", "600"]
         for k, v in params.items():
@@ -234,21 +239,37 @@ class _Demo:
             await asyncio.sleep(1.0)
             slot.state = "starting"
 
-    async def inject(self) -> None:
-        """The spot market: Poisson preemptions at ``preempt_per_min`` per running worker-minute."""
+    def _training(self, slot: Slot) -> bool:
+        """Whether the slot's current process has started training (its trainer wrote an event)."""
+        pid = slot.proc.pid
+        return (slot.state == "running" and pid is not None
+                and (self.run_dir / "events" / f"{pid}.jsonl").exists())
+
+    async def inject(self, tick_s: float = 0.25) -> None:
+        """The spot market: a Poisson process of ``preempt_per_min`` per worker-minute of training.
+
+        Exposure accumulates only while a worker's process is training (not while it boots), so the
+        preemptions land on work in progress. The thresholds come from the seeded generator, so the
+        n-th preemption always falls after the same amount of training exposure.
+        """
         cfg = self.cfg
         if cfg.preempt_per_min <= 0:
             return
+        rate_per_s = cfg.preempt_per_min / 60.0
+        exposure = 0.0
+        threshold = self.rng.expovariate(rate_per_s)
         while not self.stop_injecting.is_set():
-            running = [s for s in self.slots if s.state == "running"]
-            rate = cfg.preempt_per_min / 60.0 * max(1, len(running))
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.rng.expovariate(rate)):
+                async with asyncio.timeout(tick_s):
                     await self.stop_injecting.wait()
-            running = [s for s in self.slots if s.state == "running"]
-            if self.stop_injecting.is_set() or not running:
+            if self.stop_injecting.is_set():
+                return
+            training = [s for s in self.slots if self._training(s)]
+            exposure += tick_s * len(training)
+            if exposure < threshold or not training:
                 continue
-            victim = self.rng.choice(running)
+            threshold = exposure + self.rng.expovariate(rate_per_s)
+            victim = self.rng.choice(training)
             hard = self.rng.random() < cfg.kill_fraction
             victim.state = "preempting"
             if hard:

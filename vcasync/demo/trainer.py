@@ -81,9 +81,9 @@ def train(ctx: TrainContext) -> TrainResult:
         net.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optimizer"])
         start = int(ck["step"])
-    _log(events, "unit_start", unit.unit_id, steps=unit.steps, start=start, resumed=ctx.resumed,
-         base_version=ctx.base_version)
     root = str(params.get("parent", unit.unit_id))
+    _log(events, "unit_start", unit.unit_id, root=root, steps=unit.steps, start=start, resumed=ctx.resumed,
+         base_version=ctx.base_version)
     offset = unit.step_offset
     seed = zlib.crc32(root.encode()) & 0x7FFFFFFF
     batches = unit_batches(shard_indices(data.num_train, unit.shard, unit.num_shards), offset + unit.steps,
@@ -94,7 +94,7 @@ def train(ctx: TrainContext) -> TrainResult:
     for step in range(start, unit.steps):
         if ctx.should_stop:
             ctx.save_checkpoint({"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step})
-            _log(events, "unit_stop", unit.unit_id, steps_done=step)
+            _log(events, "unit_stop", unit.unit_id, root=root, steps_done=step)
             return ctx.result(net, steps=step, samples=step * batch, loss=loss_value)
         ix = torch.as_tensor(batches[step], dtype=torch.long)
         opt.zero_grad(set_to_none=True)
@@ -105,6 +105,6 @@ def train(ctx: TrainContext) -> TrainResult:
         ctx.report_progress(step + 1, (step + 1) * batch, loss=loss_value)
         if (step + 1) % every == 0 and step + 1 < unit.steps:
             ctx.save_checkpoint({"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step + 1})
-            _log(events, "checkpoint", unit.unit_id, steps_done=step + 1)
-    _log(events, "unit_end", unit.unit_id, steps_done=unit.steps)
+            _log(events, "checkpoint", unit.unit_id, root=root, steps_done=step + 1)
+    _log(events, "unit_end", unit.unit_id, root=root, steps_done=unit.steps)
     return ctx.result(net, steps=unit.steps, samples=unit.steps * batch, loss=loss_value)
