@@ -20,7 +20,7 @@ from vcasync.retry import RetryPolicy
 __all__ = ["StorageBase", "check_chunk_size", "check_data", "join_key", "parse_options", "rechunk",
            "split_url", "writer_token"]
 
-O = TypeVar("O")
+OptionsT = TypeVar("OptionsT")
 
 WRITER_META = "vcasync-writer"
 """Object metadata naming the writer of a conditional create, to settle an ambiguous retry."""
@@ -90,7 +90,7 @@ def check_chunk_size(chunk_size: object) -> int:
     return chunk_size
 
 
-async def rechunk(chunks: AsyncIterable[bytes], size: int) -> AsyncIterator[bytes]:
+async def rechunk(chunks: AsyncIterable[bytes | bytearray | memoryview], size: int) -> AsyncIterator[bytes]:
     """Re-block a byte stream into pieces of exactly ``size`` bytes (the last may be shorter; an
     empty stream yields nothing). Each input byte is copied once into the buffer, once out."""
     buf = bytearray()
@@ -151,7 +151,7 @@ def _coerce(name: str, hint: Any, raw: str) -> Any:
     raise ConfigError(f"option {name!r} cannot be set in a URL; pass it as a keyword argument")
 
 
-def parse_options(cls: type[O], url: str, query: str, kwargs: Mapping[str, Any]) -> O:
+def parse_options(cls: type[OptionsT], url: str, query: str, kwargs: Mapping[str, Any]) -> OptionsT:
     """Build the frozen options dataclass ``cls`` from the URL query and keyword arguments.
 
     Unknown names raise :class:`ConfigError` naming them; so does a field declared with

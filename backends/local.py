@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import os
+import stat
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
@@ -32,7 +34,7 @@ from vcasync.errors import (
     PreconditionFailedError,
     StorageError,
 )
-from vcasync.storage import DEFAULT_CHUNK_SIZE, ObjectInfo, validate_key, validate_prefix
+from vcasync.storage import DEFAULT_CHUNK_SIZE, BytesLike, ObjectInfo, validate_key, validate_prefix
 
 from ._common import StorageBase, check_chunk_size, check_data, parse_options, split_url, writer_token
 
@@ -120,16 +122,21 @@ class LocalStorage(StorageBase):
         """Create ``directory`` (under root) and fsync each new entry into its parent."""
         missing: list[Path] = []
         probe = directory
-        while not probe.is_dir():
-            if probe.exists() or probe.is_symlink():
-                conflict = probe.relative_to(self.root).as_posix()
-                raise InvalidKeyError(f"{self.url}: cannot store {key!r}: {conflict!r} is an object, "
-                                      "and a file system cannot hold an object and a prefix of the "
-                                      "same name", key=key)
-            missing.append(probe)
-            if probe == self.root or probe.parent == probe:
+        while True:
+            try:
+                mode = os.stat(probe).st_mode  # one look: another thread may be creating it
+            except FileNotFoundError:
+                missing.append(probe)
+                if probe == self.root or probe.parent == probe:
+                    break
+                probe = probe.parent
+                continue
+            if stat.S_ISDIR(mode):
                 break
-            probe = probe.parent
+            conflict = probe.relative_to(self.root).as_posix()
+            raise InvalidKeyError(f"{self.url}: cannot store {key!r}: {conflict!r} is an object, "
+                                  "and a file system cannot hold an object and a prefix of the "
+                                  "same name", key=key)
         for path in reversed(missing):
             try:
                 os.mkdir(path)
@@ -217,7 +224,7 @@ class LocalStorage(StorageBase):
 
         return await self._run(key, read)
 
-    async def put(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
+    async def put(self, key: str, data: BytesLike, *, if_absent: bool = False) -> None:
         path = self._path(key)
         view = check_data(data)
 
@@ -233,7 +240,7 @@ class LocalStorage(StorageBase):
 
         await self._run(key, write)
 
-    async def put_stream(self, key: str, chunks: AsyncIterable[bytes], *,
+    async def put_stream(self, key: str, chunks: AsyncIterable[BytesLike], *,
                          if_absent: bool = False) -> None:
         path = self._path(key)
         if if_absent and await self.exists(key):  # fail before reading the stream; link() decides
@@ -249,11 +256,11 @@ class LocalStorage(StorageBase):
                     buf += view
                     continue
                 if buf:
-                    await self._run(key, lambda b=memoryview(buf): self._write_all(fd, b))
+                    await self._run(key, functools.partial(self._write_all, fd, memoryview(buf)))
                     buf = bytearray()
-                await self._run(key, lambda v=view: self._write_all(fd, v))
+                await self._run(key, functools.partial(self._write_all, fd, view))
             if buf:
-                await self._run(key, lambda b=memoryview(buf): self._write_all(fd, b))
+                await self._run(key, functools.partial(self._write_all, fd, memoryview(buf)))
             self._check_open()
             handed_over = True
             await self._run(key, lambda: self._finish(fd, tmp, path, key, if_absent))

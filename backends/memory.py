@@ -15,7 +15,7 @@ from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 from vcasync.errors import ConfigError, ObjectNotFoundError, PreconditionFailedError
-from vcasync.storage import DEFAULT_CHUNK_SIZE, ObjectInfo, validate_key, validate_prefix
+from vcasync.storage import DEFAULT_CHUNK_SIZE, BytesLike, ObjectInfo, validate_key, validate_prefix
 
 from ._common import StorageBase, check_chunk_size, check_data, split_url
 
@@ -71,14 +71,14 @@ class MemoryStorage(StorageBase):
         await asyncio.sleep(0)
         return data
 
-    async def put(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
+    async def put(self, key: str, data: BytesLike, *, if_absent: bool = False) -> None:
         self._check_open()
         validate_key(key)
         blob = bytes(check_data(data))
         await asyncio.sleep(0)
         self._store(key, blob, if_absent)
 
-    async def put_stream(self, key: str, chunks: AsyncIterable[bytes], *,
+    async def put_stream(self, key: str, chunks: AsyncIterable[BytesLike], *,
                          if_absent: bool = False) -> None:
         self._check_open()
         validate_key(key)

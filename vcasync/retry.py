@@ -77,6 +77,10 @@ class Retrier:
         self._rng = rng if rng is not None else random.Random()
         self._retry_on = retry_on
 
+    async def backoff(self, retry: int) -> None:
+        """Sleep before retry number ``retry`` (for loops that resume rather than repeat)."""
+        await self._sleep(self.policy.delay(retry, self._rng))
+
     async def call(self, op: Callable[[], Awaitable[T]], *, describe: str = "operation",
                    on_retry: Callable[[BaseException], None] | None = None) -> T:
         """Await ``op()``; on a retryable error wait and try again, up to ``policy.attempts`` tries.

@@ -27,7 +27,7 @@ from __future__ import annotations
 import types
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Protocol, Self, runtime_checkable
+from typing import Any, Protocol, Self, TypeAlias, runtime_checkable
 from urllib.parse import urlsplit
 
 from ._registry import Registry
@@ -35,6 +35,7 @@ from .errors import BackendUnavailableError, InvalidKeyError
 
 __all__ = [
     "MAX_KEY_BYTES",
+    "BytesLike",
     "ObjectInfo",
     "Storage",
     "StorageBackend",
@@ -50,6 +51,9 @@ MAX_KEY_BYTES = 1024
 """The longest key, in UTF-8 bytes, that every backend accepts (S3's and GCS's limit)."""
 
 DEFAULT_CHUNK_SIZE = 1 << 20
+
+BytesLike: TypeAlias = bytes | bytearray | memoryview
+"""What ``put`` and ``put_stream`` accept; stored bytes are always a private copy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +73,7 @@ class Storage(Protocol):
 
     async def get(self, key: str) -> bytes: ...
 
-    async def put(self, key: str, data: bytes, *, if_absent: bool = False) -> None: ...
+    async def put(self, key: str, data: BytesLike, *, if_absent: bool = False) -> None: ...
 
     async def exists(self, key: str) -> bool: ...
 
@@ -81,7 +85,7 @@ class Storage(Protocol):
 
     def open_read(self, key: str, *, chunk_size: int = ...) -> AsyncIterator[bytes]: ...
 
-    async def put_stream(self, key: str, chunks: AsyncIterable[bytes], *,
+    async def put_stream(self, key: str, chunks: AsyncIterable[BytesLike], *,
                          if_absent: bool = False) -> None: ...
 
     async def aclose(self) -> None: ...

@@ -6,11 +6,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-
 from vcasync.backends.local import LocalStorage
 from vcasync.backends.memory import MemoryStorage
+from vcasync.backends.s3 import S3Storage
+
 from vcasync.storage import Storage, open_storage
+from vcasync.testing.emulators import DUMMY_S3_CREDENTIALS
 from vcasync.testing.storage import StorageConformance
+
+S3_BUCKET = GCS_BUCKET = "vcasync-tests"
 
 
 class TestMemory(StorageConformance):
@@ -31,4 +35,24 @@ class TestLocal(StorageConformance):
     async def storage(self, tmp_path: Path) -> AsyncIterator[Storage]:
         async with open_storage((tmp_path / "root").as_uri()) as st:
             assert isinstance(st, LocalStorage)
+            yield st
+
+
+class TestS3(StorageConformance):
+    @pytest.fixture
+    async def storage(self, s3_endpoint: str, unique_prefix: str) -> AsyncIterator[Storage]:
+        async with open_storage(f"s3://{S3_BUCKET}/{unique_prefix}", endpoint_url=s3_endpoint,
+                                **DUMMY_S3_CREDENTIALS) as st:
+            yield st
+
+    async def open_peer(self, storage: Storage) -> Storage:
+        assert isinstance(storage, S3Storage)
+        return open_storage(f"s3://{storage.bucket}/{storage.prefix}",
+                            endpoint_url=storage.options.endpoint_url, **DUMMY_S3_CREDENTIALS)
+
+
+class TestGCS(StorageConformance):
+    @pytest.fixture
+    async def storage(self, gcs_endpoint: str, unique_prefix: str) -> AsyncIterator[Storage]:
+        async with open_storage(f"gs://{GCS_BUCKET}/{unique_prefix}?emulator_host={gcs_endpoint}") as st:
             yield st

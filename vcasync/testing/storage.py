@@ -173,7 +173,9 @@ class StorageConformance:
         assert b"".join(chunks) == data
         reader = storage.open_read("chunks", chunk_size=100)
         assert len(await anext(reader)) <= 100
-        await reader.aclose()  # stopping early releases the stream
+        close = getattr(reader, "aclose", None)
+        if close is not None:
+            await close()  # stopping early releases the stream
         assert await storage.get("chunks") == data
 
     # --- missing keys and deletes ---------------------------------------------------------------
@@ -269,11 +271,10 @@ class StorageConformance:
         try:
             for round_ in range(4):
                 key = f"race/{round_}"
-                handles = [storage, peer]
 
                 async def write(i: int, key: str = key) -> bytes | None:
                     payload = f"writer {i} ".encode() * (i + 1)
-                    target = handles[i % 2]
+                    target = peer if i % 2 else storage
                     try:
                         if i % 3 == 2:
                             async def one(p: bytes = payload) -> AsyncIterator[bytes]:
@@ -313,7 +314,7 @@ class StorageConformance:
         for key in INVALID_KEYS:
             for call in (storage.get, storage.stat, storage.exists, storage.delete):
                 with pytest.raises(InvalidKeyError):
-                    await call(key)  # type: ignore[operator]
+                    await call(key)  # type: ignore[arg-type]
             with pytest.raises(InvalidKeyError):
                 await storage.put(key, b"x")  # type: ignore[arg-type]
             with pytest.raises(InvalidKeyError):

@@ -1,0 +1,475 @@
+"""``gs://bucket/prefix``: Google Cloud Storage through gcloud-aio-storage.
+
+- Credentials: a service-account JSON (``service_file``) or the application default credentials
+  (``GOOGLE_APPLICATION_CREDENTIALS``, gcloud's user credentials, the metadata server), as
+  gcloud-aio-auth finds them. Against an emulator (``emulator_host``, or ``STORAGE_EMULATOR_HOST``
+  as gcloud-aio-storage reads it) no credentials are used.
+- Small objects go up in one request; larger ones, and streams, through a resumable upload in
+  ``chunk_size`` pieces, each retried on its own after asking the server how much it persisted.
+  An upload that fails or is cancelled is never finalised, so nothing appears under the key.
+- ``if_absent`` sends ``ifGenerationMatch=0``; the write carries a random ``vcasync-writer``
+  metadata value so an ambiguous retry can tell its own success from a lost race.
+- Timeouts, 408/429/5xx and dropped connections are retried with capped, jittered backoff;
+  streamed reads are pinned to the object's generation and resume where they broke.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from operator import methodcaller
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import aiohttp
+from gcloud.aio.storage import Storage as GcloudStorage
+
+from vcasync.errors import (
+    AccessDeniedError,
+    ConfigError,
+    InvalidKeyError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    StorageError,
+    TransientStorageError,
+    VCAsyncError,
+)
+from vcasync.retry import Retrier, RetryPolicy
+from vcasync.storage import (
+    DEFAULT_CHUNK_SIZE,
+    MAX_KEY_BYTES,
+    BytesLike,
+    ObjectInfo,
+    validate_key,
+    validate_prefix,
+)
+
+from ._common import (
+    WRITER_META,
+    StorageBase,
+    check_chunk_size,
+    check_data,
+    check_positive,
+    check_retry,
+    parse_options,
+    rechunk,
+    split_url,
+    writer_token,
+)
+
+__all__ = ["GCSOptions", "GCSStorage"]
+
+T = TypeVar("T")
+MiB = 1 << 20
+_QUANTUM = 256 * 1024  # resumable chunks must be multiples of this
+log = logging.getLogger("vcasync.storage.gcs")
+
+
+class HTTPStatusError(Exception):
+    """A non-success answer to one of our own requests (resumable upload, streamed read)."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status}: {body[:300]}")
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class GCSOptions:
+    """Options for :class:`GCSStorage`; all may also be URL query parameters (except ``retry``)."""
+
+    emulator_host: str | None = None
+    service_file: str | None = None
+    chunk_size: int = 16 * MiB
+    simple_upload_max: int = 8 * MiB
+    timeout_s: float = 600.0
+    connect_timeout_s: float = 10.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def __post_init__(self) -> None:
+        check_positive("GCSOptions", chunk_size=self.chunk_size, timeout_s=self.timeout_s,
+                       simple_upload_max=self.simple_upload_max,
+                       connect_timeout_s=self.connect_timeout_s)
+        if self.chunk_size % _QUANTUM:
+            raise ConfigError(f"GCSOptions.chunk_size must be a multiple of 256 KiB, got {self.chunk_size}")
+        check_retry("GCSOptions", self.retry)
+
+
+class GCSStorage(StorageBase):
+    """Objects under ``gs://bucket/prefix``; see the module docstring. Connects lazily."""
+
+    def __init__(self, bucket: str, prefix: str = "", options: GCSOptions | None = None, *,
+                 sleep: Callable[[float], Awaitable[object]] | None = None,
+                 rng: random.Random | None = None) -> None:
+        if not bucket or "/" in bucket:
+            raise ConfigError(f"a GCS bucket name is required, got {bucket!r}")
+        prefix = prefix.strip("/")
+        if prefix:
+            validate_key(prefix)
+        self.bucket = bucket
+        self.prefix = prefix
+        self.options = options if options is not None else GCSOptions()
+        host = self.options.emulator_host
+        if host and "://" not in host:
+            host = f"http://{host}"
+        self._emulator = host
+        super().__init__(f"gs://{bucket}/{prefix}" + (f"?emulator_host={host}" if host else ""))
+        self._root = f"{prefix}/" if prefix else ""
+        self._retrier = Retrier(self.options.retry, sleep=sleep, rng=rng)
+        self._session: aiohttp.ClientSession | None = None
+        self._gcs: GcloudStorage | None = None
+        self._connecting = asyncio.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, *, sleep: Callable[[float], Awaitable[object]] | None = None,
+                 rng: random.Random | None = None, **options: Any) -> GCSStorage:
+        parts = split_url(url, "gs")
+        return cls(parts.netloc, parts.path, parse_options(GCSOptions, url, parts.query, options),
+                   sleep=sleep, rng=rng)
+
+    # --- plumbing -----------------------------------------------------------------------------
+
+    async def _connect(self) -> GcloudStorage:
+        self._check_open()
+        if self._gcs is not None:
+            return self._gcs
+        async with self._connecting:
+            if self._gcs is None:
+                timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.options.connect_timeout_s)
+                session = aiohttp.ClientSession(timeout=timeout)
+                self._session = session
+                self._gcs = GcloudStorage(service_file=self.options.service_file,
+                                          session=session,  # type: ignore[arg-type]
+                                          api_root=self._emulator)
+        return self._gcs
+
+    async def _release(self) -> None:
+        session, self._session, self._gcs = self._session, None, None
+        if session is not None:
+            await session.close()
+
+    def _api(self, gcs: GcloudStorage) -> str:
+        # gcloud-aio-storage resolved the root (option, STORAGE_EMULATOR_HOST, or Google's).
+        return gcs._api_root
+
+    async def _headers(self, gcs: GcloudStorage) -> dict[str, str]:
+        if gcs._api_is_dev:
+            return {}
+        return {"Authorization": f"Bearer {await gcs.token.get()}"}
+
+    def _full(self, key: str) -> str:
+        self._check_open()
+        validate_key(key)
+        full = self._root + key
+        if len(full.encode("utf-8")) > MAX_KEY_BYTES:
+            raise InvalidKeyError(f"{self.url}: {key!r} is too long with the prefix", key=key)
+        return full
+
+    def _translate(self, exc: Exception, what: str, key: str | None) -> Exception:
+        if isinstance(exc, VCAsyncError):
+            return exc
+        where = f"{self.url}: {what}" + (f" {key!r}" if key is not None else "")
+        status = exc.status if isinstance(exc, aiohttp.ClientResponseError | HTTPStatusError) else None
+        if status is not None:
+            text = f"{where}: {exc}"
+            if status == 404:
+                if "bucket does not exist" in str(exc).lower():
+                    return StorageError(f"{where}: the bucket {self.bucket!r} does not exist", key=key)
+                return ObjectNotFoundError(text, key=key)
+            if status in (401, 403):
+                return AccessDeniedError(text, key=key)
+            if status == 412:
+                return PreconditionFailedError(text, key=key)
+            if status in (408, 429) or status >= 500:
+                return TransientStorageError(text, key=key)
+            return StorageError(text, key=key)
+        if isinstance(exc, aiohttp.ClientError | TimeoutError | OSError):
+            return TransientStorageError(f"{where}: {type(exc).__name__}: {exc}", key=key)
+        return exc
+
+    async def _call(self, what: str, key: str | None, fn: Callable[[GcloudStorage], Awaitable[T]], *,
+                    on_retry: Callable[[BaseException], None] | None = None) -> T:
+        async def attempt() -> T:
+            gcs = await self._connect()
+            try:
+                return await fn(gcs)
+            except Exception as exc:
+                raise self._translate(exc, what, key) from exc
+
+        return await self._retrier.call(attempt, describe=f"{self.url} {what} {key!r}",
+                                        on_retry=on_retry)
+
+    async def _request(self, method: str, url: str, *, ok: tuple[int, ...], **kwargs: Any
+                       ) -> tuple[int, dict[str, str], bytes]:
+        """One raw request on our session; a status outside ``ok`` raises HTTPStatusError."""
+        gcs = await self._connect()
+        assert self._session is not None
+        headers = {**kwargs.pop("headers", {}), **(await self._headers(gcs))}
+        timeout = aiohttp.ClientTimeout(total=self.options.timeout_s)
+        async with self._session.request(method, url, headers=headers, allow_redirects=False,
+                                         timeout=timeout, **kwargs) as resp:
+            body = await resp.read()
+            if resp.status not in ok:
+                raise HTTPStatusError(resp.status, body.decode(errors="replace"))
+            return resp.status, dict(resp.headers), body
+
+    # --- writes -------------------------------------------------------------------------------
+
+    async def put(self, key: str, data: BytesLike, *, if_absent: bool = False) -> None:
+        name = self._full(key)
+        view = check_data(data)
+        if len(view) <= self.options.simple_upload_max:
+            await self._simple(key, name, view.tobytes() if not isinstance(data, bytes) else data,
+                               if_absent)
+            return
+        token = writer_token() if if_absent else None
+        await self._resumable(key, name, _single(view), if_absent, token)
+
+    async def put_stream(self, key: str, chunks: AsyncIterable[BytesLike], *,
+                         if_absent: bool = False) -> None:
+        name = self._full(key)
+        blocks = rechunk(chunks, self.options.chunk_size)
+        first = await anext(blocks, b"")
+        second = await anext(blocks, None)
+        if second is None and len(first) <= self.options.simple_upload_max:
+            await self._simple(key, name, first, if_absent)
+            return
+
+        async def all_blocks() -> AsyncIterator[bytes]:
+            yield first
+            if second is not None:
+                yield second
+                async for block in blocks:
+                    yield block
+
+        token = writer_token() if if_absent else None
+        await self._resumable(key, name, all_blocks(), if_absent, token)
+
+    async def _simple(self, key: str, name: str, body: bytes, if_absent: bool) -> None:
+        token = writer_token() if if_absent else None
+        params = {"ifGenerationMatch": "0"} if if_absent else None
+        meta = {"metadata": {WRITER_META: token}} if token else None
+        await self._create(key, token, lambda g: g.upload(
+            self.bucket, name, body, content_type="application/octet-stream", parameters=params,
+            metadata=meta, force_resumable_upload=False, timeout=int(self.options.timeout_s)))
+
+    async def _create(self, key: str, token: str | None,
+                      fn: Callable[[GcloudStorage], Awaitable[T]]) -> T | None:
+        """A creating call; a conditional one that was retried and then lost the race checks
+        whether the object is in fact its own (the first attempt's answer may have been lost)."""
+        retried = False
+
+        def seen(_exc: BaseException) -> None:
+            nonlocal retried
+            retried = True
+
+        try:
+            return await self._call("put", key, fn, on_retry=seen)
+        except PreconditionFailedError:
+            if token is None or not retried or await self._writer(key) != token:
+                raise
+            return None
+
+    async def _writer(self, key: str) -> str | None:
+        meta = await self._call("stat", key, lambda g: g.download_metadata(
+            self.bucket, self._full(key), timeout=int(self.options.timeout_s)))
+        value = (meta.get("metadata") or {}).get(WRITER_META)
+        return str(value) if value is not None else None
+
+    async def _resumable(self, key: str, name: str, blocks: AsyncIterator[bytes | memoryview],
+                         if_absent: bool, token: str | None) -> None:
+        async def start(gcs: GcloudStorage) -> str:
+            params = {"uploadType": "resumable", "name": name}
+            if if_absent:
+                params["ifGenerationMatch"] = "0"
+            body: dict[str, Any] = {"name": name}
+            if token:
+                body["metadata"] = {WRITER_META: token}
+            _, headers, _ = await self._request(
+                "POST", f"{self._api(gcs)}/upload/storage/v1/b/{quote(self.bucket, safe='')}/o",
+                ok=(200, 201), params=params, json=body,
+                headers={"X-Upload-Content-Type": "application/octet-stream"})
+            location = headers.get("Location")
+            if not location:
+                raise StorageError(f"{self.url}: no resumable session URL for {key!r}", key=key)
+            return location
+
+        session_url = await self._call("start upload", key, start)
+        finished = False
+        try:
+            offset = 0
+            block = await anext(blocks, None)
+            while block is not None:
+                following = await anext(blocks, None)
+                last = following is None
+                tries = 0
+
+                async def send(_g: GcloudStorage, b: bytes | memoryview = block, o: int = offset,
+                               e: bool = last) -> None:
+                    nonlocal tries
+                    tries += 1
+                    await self._send(key, session_url, memoryview(b), o, e, resume=tries > 1)
+
+                await self._create(key, token if last else None, send)
+                offset += len(block)
+                block = following
+            finished = True
+        finally:
+            if not finished:
+                await asyncio.shield(self._cancel(key, session_url))
+
+    async def _send(self, key: str, session_url: str, block: memoryview, start: int, last: bool, *,
+                    resume: bool) -> None:
+        """Send ``block`` (at ``start``). A retry (``resume``) first asks the server where it
+        stands, so it resends only what was not persisted."""
+        total = start + len(block) if last else None
+        persisted = await self._status(session_url, total) if resume else start
+        while True:
+            if persisted is None:  # the upload is complete
+                return
+            if not start <= persisted <= start + len(block):
+                raise StorageError(f"{self.url}: the resumable upload of {key!r} lost data "
+                                   f"(server has {persisted} bytes, we are at {start})", key=key)
+            rest = block[persisted - start:]
+            if not rest and not last:
+                return
+            rng = (f"bytes {persisted}-{persisted + len(rest) - 1}/{total if last else '*'}" if rest
+                   else f"bytes */{total}")
+            status, headers, _ = await self._request(
+                "PUT", session_url, ok=(200, 201, 308), data=_pieces(rest),
+                headers={"Content-Range": rng, "Content-Length": str(len(rest))})
+            if status in (200, 201):
+                if not last:
+                    raise StorageError(f"{self.url}: the upload of {key!r} finished early", key=key)
+                return
+            persisted = _persisted(headers)
+            if not last and persisted == start + len(block):
+                return
+
+    async def _status(self, session_url: str, total: int | None) -> int | None:
+        """Bytes the server holds for this session, or None when the upload is complete."""
+        status, headers, _ = await self._request(
+            "PUT", session_url, ok=(200, 201, 308),
+            headers={"Content-Range": f"bytes */{total if total is not None else '*'}"})
+        return None if status in (200, 201) else _persisted(headers)
+
+    async def _cancel(self, key: str, session_url: str) -> None:
+        try:
+            await self._request("DELETE", session_url, ok=(200, 204, 404, 499))
+        except Exception as exc:  # best effort: an unfinished session expires after a week
+            log.debug("%s: could not cancel the upload of %r: %s", self.url, key, exc)
+
+    async def delete(self, key: str) -> None:
+        name = self._full(key)
+        try:
+            await self._call("delete", key, lambda g: g.delete(
+                self.bucket, name, timeout=int(self.options.timeout_s)))
+        except ObjectNotFoundError:
+            return
+
+    # --- reads --------------------------------------------------------------------------------
+
+    async def get(self, key: str) -> bytes:
+        name = self._full(key)
+        return await self._call("get", key, lambda g: g.download(
+            self.bucket, name, timeout=int(self.options.timeout_s)))
+
+    async def _metadata(self, key: str) -> dict[str, Any]:
+        name = self._full(key)
+        return await self._call("stat", key, lambda g: g.download_metadata(
+            self.bucket, name, timeout=int(self.options.timeout_s)))
+
+    async def stat(self, key: str) -> ObjectInfo:
+        meta = await self._metadata(key)
+        return ObjectInfo(key=key, size=int(meta["size"]), etag=str(meta.get("generation")))
+
+    async def exists(self, key: str) -> bool:
+        try:
+            await self._metadata(key)
+        except ObjectNotFoundError:
+            return False
+        return True
+
+    async def list(self, prefix: str = "") -> AsyncIterator[str]:
+        self._check_open()
+        validate_prefix(prefix)
+        params = {"prefix": self._root + prefix, "fields": "items(name),nextPageToken"}
+        while True:
+            page = await self._call("list", prefix, methodcaller(
+                "list_objects", self.bucket, params=dict(params), timeout=int(self.options.timeout_s)))
+            names = sorted(item["name"][len(self._root):] for item in page.get("items") or [])
+            for key in names:
+                try:
+                    validate_key(key)
+                except InvalidKeyError:  # written by another tool (e.g. a "dir/" placeholder)
+                    continue
+                self._check_open()
+                yield key
+            token = page.get("nextPageToken")
+            if not token:
+                return
+            params["pageToken"] = token
+
+    async def open_read(self, key: str, *, chunk_size: int = DEFAULT_CHUNK_SIZE
+                        ) -> AsyncIterator[bytes]:
+        check_chunk_size(chunk_size)
+        name = self._full(key)
+        meta = await self._metadata(key)
+        size, generation = int(meta["size"]), str(meta.get("generation", ""))
+        offset, resumes = 0, 0
+        while offset < size:
+            gcs = await self._connect()
+            assert self._session is not None
+            url = f"{self._api(gcs)}/storage/v1/b/{quote(self.bucket, safe='')}/o/{quote(name, safe='')}"
+            params = {"alt": "media", **({"generation": generation} if generation else {})}
+            headers = {"Range": f"bytes={offset}-", **(await self._headers(gcs))}
+            try:
+                async with self._session.get(url, params=params, headers=headers,
+                                             timeout=aiohttp.ClientTimeout(total=None,
+                                                                           sock_read=self.options.timeout_s)
+                                             ) as resp:
+                    if resp.status not in (200, 206):
+                        raise HTTPStatusError(resp.status, (await resp.read()).decode(errors="replace"))
+                    if resp.status == 200 and offset:
+                        raise StorageError(f"{self.url}: the server ignored the Range of a resumed "
+                                           f"read of {key!r}", key=key)
+                    while True:
+                        self._check_open()
+                        chunk = await resp.content.read(chunk_size)
+                        if not chunk:
+                            break
+                        offset += len(chunk)
+                        yield chunk
+                if offset < size:
+                    raise aiohttp.ClientPayloadError(f"the stream ended at byte {offset} of {size}")
+            except Exception as exc:
+                error = self._translate(exc, "read", key)
+                if isinstance(error, ObjectNotFoundError) and offset:
+                    raise StorageError(f"{self.url}: {key!r} was replaced or deleted while it was "
+                                       "being read", key=key) from exc
+                resumes += 1
+                if not isinstance(error, TransientStorageError) or resumes >= self._retrier.policy.attempts:
+                    raise error from exc
+                log.info("%s: read of %r broke at byte %d (%s); resuming", self.url, key, offset, exc)
+                await self._retrier.backoff(resumes)
+
+
+def _persisted(headers: dict[str, str]) -> int:
+    """Bytes persisted according to a 308's ``Range: bytes=0-N`` header (none: 0)."""
+    value = headers.get("Range")
+    if not value:
+        return 0
+    return int(value.rpartition("-")[2]) + 1
+
+
+async def _pieces(view: memoryview, size: int = MiB) -> AsyncIterator[memoryview]:
+    """A request body in pieces: aiohttp then awaits the socket between them instead of queueing
+    one huge write (it warns about bodies over 1 MiB given as bytes)."""
+    for start in range(0, len(view), size):
+        yield view[start:start + size]
+
+
+async def _single(view: memoryview) -> AsyncIterator[memoryview]:
+    yield view

@@ -1,0 +1,341 @@
+"""Checkpoints on any :class:`~vcasync.storage.Storage`: complete or invisible, verified on read.
+
+A checkpoint is a set of named byte objects plus JSON metadata, written for one ``step``::
+
+    store = CheckpointStore(storage, "run-1/ckpt")
+    manifest = await store.write(42, {"model": model_bytes, "policy": state_bytes}, {"version": 42})
+    latest = await store.latest()                  # the newest complete checkpoint, or None
+    model = await store.read(latest, "model")      # bytes, SHA-256 checked
+
+Layout under the prefix (steps zero-padded so that key order is step order)::
+
+    data/<step:020d>/<name>.<sha256>      every object, written first, if-absent
+    manifests/<step:020d>.json            then the manifest, published if-absent: the commit point
+
+A crash before the manifest leaves only unreferenced data objects (``prune`` removes them); a
+manifest is only ever written after all its objects, and in one atomic if-absent put, so a reader
+never sees a half-written checkpoint. ``latest()`` also checks that every object a manifest names
+still exists with the right size, and skips (with a warning) manifests that are corrupt or
+incomplete. ``prune(keep_last)`` keeps the newest ``keep_last`` complete checkpoints and never the
+newest complete one. It assumes steps are written in increasing order: it leaves alone data newer
+than the newest complete checkpoint, which may belong to a write in progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import math
+import time
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import (
+    ConfigError,
+    CorruptObjectError,
+    InvalidKeyError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+)
+from .storage import Storage, validate_key, validate_prefix
+
+__all__ = ["CheckpointStore", "Manifest", "ObjectRef", "PruneReport"]
+
+log = logging.getLogger("vcasync.checkpoint")
+
+FORMAT = "vcasync.checkpoint/1"
+MAX_STEP = 10**20 - 1
+_STEP_DIGITS = 20
+_THREAD_HASH_BYTES = 1 << 20  # hash bigger objects in a thread, keeping the event loop free
+_PARALLEL = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """One object of a checkpoint: where it is, how big, and its SHA-256 (hex)."""
+
+    key: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """A published checkpoint. ``objects`` and ``meta`` are read-only views."""
+
+    step: int
+    objects: Mapping[str, ObjectRef]
+    meta: Mapping[str, Any]
+    created_unix: float
+    key: str
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self.objects)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(ref.size for ref in self.objects.values())
+
+
+@dataclass(frozen=True, slots=True)
+class PruneReport:
+    """What :meth:`CheckpointStore.prune` kept and removed."""
+
+    kept: list[int] = field(default_factory=list)
+    deleted_steps: list[int] = field(default_factory=list)
+    deleted_objects: int = 0
+
+
+async def _sha256(data: bytes | memoryview) -> str:
+    if len(data) >= _THREAD_HASH_BYTES:
+        return await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
+    return hashlib.sha256(data).hexdigest()
+
+
+def _canonical(body: Mapping[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+
+
+class CheckpointStore:
+    """Checkpoints under ``prefix`` of ``storage``; see the module docstring."""
+
+    def __init__(self, storage: Storage, prefix: str = "checkpoints") -> None:
+        validate_prefix(prefix)
+        prefix = prefix.strip("/")
+        if prefix:
+            validate_key(prefix)
+        self.storage = storage
+        self.prefix = prefix
+        root = f"{prefix}/" if prefix else ""
+        self._manifests = f"{root}manifests/"
+        self._data = f"{root}data/"
+
+    def __repr__(self) -> str:
+        return f"<CheckpointStore {self.storage.url} prefix={self.prefix!r}>"
+
+    # --- keys -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_step(step: object) -> int:
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+            raise ConfigError(f"a checkpoint step must be an int in 0..{MAX_STEP}, got {step!r}")
+        return step
+
+    def manifest_key(self, step: int) -> str:
+        return f"{self._manifests}{self._check_step(step):0{_STEP_DIGITS}d}.json"
+
+    def _data_key(self, step: int, name: str, digest: str) -> str:
+        return f"{self._data}{step:0{_STEP_DIGITS}d}/{name}.{digest}"
+
+    def _step_of(self, key: str, head: str, tail: str = "") -> int | None:
+        body = key[len(head):]
+        digits = body[:_STEP_DIGITS]
+        if (not key.startswith(head) or len(digits) != _STEP_DIGITS or not digits.isdigit()
+                or not body[_STEP_DIGITS:].startswith(tail)):
+            return None
+        if tail == ".json" and body != f"{digits}.json":
+            return None
+        return int(digits)
+
+    # --- writing --------------------------------------------------------------------------------
+
+    async def write(self, step: int, objects: Mapping[str, bytes | bytearray | memoryview],
+                    meta: Mapping[str, Any] | None = None) -> Manifest:
+        """Write the objects, then publish the manifest; returns it. Every argument is checked
+        before anything is written. Idempotent: writing the same checkpoint again (after a crash
+        or a lost answer) returns the published one; a *different* checkpoint for a published
+        ``step`` (or one a concurrent writer publishes first) raises
+        :class:`PreconditionFailedError`."""
+        self._check_step(step)
+        if not isinstance(objects, Mapping) or not objects:
+            raise ConfigError("a checkpoint needs at least one object (a mapping name -> bytes)")
+        views: dict[str, memoryview] = {}
+        for name, data in objects.items():
+            try:
+                validate_key(name)
+            except InvalidKeyError as exc:
+                raise InvalidKeyError(f"checkpoint object name: {exc}", key=exc.key) from None
+            if not isinstance(data, bytes | bytearray | memoryview):
+                raise ConfigError(f"checkpoint object {name!r} must be bytes-like, "
+                                  f"got {type(data).__name__}")
+            views[name] = memoryview(data).cast("B")
+        try:
+            meta_dict = json.loads(_canonical(dict(meta or {})))  # as a reader will see it
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"checkpoint meta must be JSON (finite numbers, str keys): {exc}") from None
+        digests = await asyncio.gather(*(_sha256(v) for v in views.values()))
+        refs = {name: ObjectRef(key=self._data_key(step, name, digest), size=len(view), sha256=digest)
+                for (name, view), digest in zip(views.items(), digests, strict=True)}
+        manifest_key = self.manifest_key(step)
+        if await self.storage.exists(manifest_key):
+            return await self._same_or_refuse(step, refs, meta_dict)
+
+        gate = asyncio.Semaphore(_PARALLEL)
+
+        async def put(ref: ObjectRef, view: memoryview) -> None:
+            async with gate:
+                try:
+                    await self.storage.put(ref.key, view, if_absent=True)
+                except PreconditionFailedError:
+                    # The key names the content: an earlier attempt's (or a twin's) identical object.
+                    if (await self.storage.stat(ref.key)).size != ref.size:
+                        raise CorruptObjectError(f"{ref.key!r} exists with the wrong size",
+                                                 key=ref.key) from None
+
+        async with asyncio.TaskGroup() as tasks:
+            for name, view in views.items():
+                tasks.create_task(put(refs[name], view))
+
+        created = time.time()
+        body = {"format": FORMAT, "step": step, "created_unix": created, "meta": meta_dict,
+                "objects": {n: {"key": r.key, "size": r.size, "sha256": r.sha256}
+                            for n, r in sorted(refs.items())}}
+        document = {**body, "checksum": hashlib.sha256(_canonical(body)).hexdigest()}
+        try:
+            await self.storage.put(manifest_key, _canonical(document), if_absent=True)
+        except PreconditionFailedError:
+            return await self._same_or_refuse(step, refs, meta_dict)
+        return self._manifest(manifest_key, step, refs, meta_dict, created)
+
+    async def _same_or_refuse(self, step: int, refs: Mapping[str, ObjectRef],
+                              meta: Mapping[str, Any]) -> Manifest:
+        """``step`` is already published. If it is this very checkpoint (a retry after a lost
+        answer, or a crash after the commit), that is success; otherwise someone else won."""
+        try:
+            existing = await self.load(step)
+        except CorruptObjectError:
+            existing = None
+        if (existing is not None and dict(existing.objects) == dict(refs)
+                and _canonical(existing.meta) == _canonical(meta)):
+            return existing
+        raise PreconditionFailedError(f"checkpoint step {step} already exists with other contents",
+                                      key=self.manifest_key(step))
+
+    @staticmethod
+    def _manifest(key: str, step: int, refs: Mapping[str, ObjectRef], meta: Mapping[str, Any],
+                  created: float) -> Manifest:
+        return Manifest(step=step, objects=types.MappingProxyType(dict(refs)),
+                        meta=types.MappingProxyType(dict(meta)), created_unix=created, key=key)
+
+    # --- reading --------------------------------------------------------------------------------
+
+    async def steps(self) -> list[int]:
+        """Steps that have a published manifest, ascending (complete or not)."""
+        found = []
+        async for key in self.storage.list(self._manifests):
+            step = self._step_of(key, self._manifests, ".json")
+            if step is not None:
+                found.append(step)
+        return sorted(found)
+
+    async def load(self, step: int) -> Manifest:
+        """The manifest of ``step``: :class:`ObjectNotFoundError` if there is none,
+        :class:`CorruptObjectError` if it does not parse or its checksum does not match."""
+        key = self.manifest_key(step)
+        raw = await self.storage.get(key)
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+            if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+                raise ValueError(f"not a {FORMAT} manifest")
+            checksum = doc.pop("checksum")
+            if hashlib.sha256(_canonical(doc)).hexdigest() != checksum:
+                raise ValueError("checksum mismatch")
+            if doc["step"] != step:
+                raise ValueError(f"it says step {doc['step']}")
+            refs = {}
+            for name, ref in doc["objects"].items():
+                refs[name] = ObjectRef(key=str(ref["key"]), size=int(ref["size"]), sha256=str(ref["sha256"]))
+                validate_key(refs[name].key)
+            meta = doc["meta"]
+            created = float(doc["created_unix"])
+            if not isinstance(meta, dict) or not math.isfinite(created):
+                raise ValueError("bad meta or time")
+        except (ValueError, KeyError, TypeError, AttributeError, InvalidKeyError) as exc:
+            raise CorruptObjectError(f"checkpoint manifest {key!r} is corrupt: {exc}", key=key) from None
+        return self._manifest(key, step, refs, meta, created)
+
+    async def _is_complete(self, manifest: Manifest) -> bool:
+        async def present(ref: ObjectRef) -> bool:
+            try:
+                return (await self.storage.stat(ref.key)).size == ref.size
+            except ObjectNotFoundError:
+                return False
+
+        checks = await asyncio.gather(*(present(r) for r in manifest.objects.values()))
+        return all(checks)
+
+    async def _complete(self, step: int) -> Manifest | None:
+        try:
+            manifest = await self.load(step)
+        except (CorruptObjectError, ObjectNotFoundError) as exc:
+            log.warning("skipping checkpoint %d: %s", step, exc)
+            return None
+        if not await self._is_complete(manifest):
+            log.warning("skipping checkpoint %d: some of its objects are missing or truncated", step)
+            return None
+        return manifest
+
+    async def latest(self) -> Manifest | None:
+        """The newest complete checkpoint (manifest intact, every object present), or None."""
+        for step in reversed(await self.steps()):
+            manifest = await self._complete(step)
+            if manifest is not None:
+                return manifest
+        return None
+
+    async def read(self, manifest: Manifest, name: str) -> bytes:
+        """The bytes of object ``name``, verified against the manifest's size and SHA-256."""
+        ref = manifest.objects.get(name)
+        if ref is None:
+            raise ObjectNotFoundError(f"checkpoint {manifest.step} has no object {name!r}; it has "
+                                      f"{manifest.names}", key=name)
+        data = await self.storage.get(ref.key)
+        if len(data) != ref.size or await _sha256(data) != ref.sha256:
+            raise CorruptObjectError(f"checkpoint {manifest.step} object {name!r} ({ref.key!r}) does "
+                                     f"not match its manifest digest", key=ref.key)
+        return data
+
+    # --- retention ------------------------------------------------------------------------------
+
+    async def prune(self, keep_last: int) -> PruneReport:
+        """Keep the newest ``keep_last`` (>= 1) complete checkpoints; delete older manifests, then
+        every data object no remaining manifest names, up to the newest complete step."""
+        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
+            raise ConfigError(f"keep_last must be an int >= 1 (the newest complete checkpoint is "
+                              f"always kept), got {keep_last!r}")
+        steps = await self.steps()
+        kept: list[Manifest] = []
+        for step in reversed(steps):
+            manifest = await self._complete(step)
+            if manifest is not None:
+                kept.append(manifest)
+                if len(kept) == keep_last:
+                    break
+        if not kept:
+            return PruneReport()
+        newest, oldest_kept = kept[0].step, kept[-1].step
+        doomed = [s for s in steps if s < oldest_kept]
+        for step in doomed:  # manifests first: no manifest ever names a deleted object
+            await self.storage.delete(self.manifest_key(step))
+        referenced: set[str] = set()
+        for step in steps:
+            if step >= oldest_kept:
+                try:
+                    referenced.update(r.key for r in (await self.load(step)).objects.values())
+                except (CorruptObjectError, ObjectNotFoundError):
+                    continue
+        orphans = []
+        async for key in self.storage.list(self._data):
+            data_step = self._step_of(key, self._data, "/")
+            if data_step is not None and data_step <= newest and key not in referenced:
+                orphans.append(key)
+        for key in orphans:
+            await self.storage.delete(key)
+        return PruneReport(kept=sorted(m.step for m in kept), deleted_steps=doomed,
+                           deleted_objects=len(orphans))
