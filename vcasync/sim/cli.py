@@ -47,10 +47,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     g.add_argument("--shards", type=int)
     g.add_argument("--local-steps", type=int, help="steps per work unit (default: one pass over a shard)")
     g.add_argument("--batch-size", type=int)
-    g.add_argument("--lr", type=float)
+    g.add_argument("--lr", type=float,
+                   help="the workers' learning rate (default: the signal's base rate x sqrt(workers))")
     g.add_argument("--momentum", type=float, default=0.9)
     g.add_argument("--sync-lr", type=float,
-                   help="learning rate of the synchronous baseline (default: --lr x sqrt(workers))")
+                   help="learning rate of the synchronous baseline (default: base rate x sqrt(workers))")
     g.add_argument("--sample-cost-s", type=float,
                    help="virtual seconds per training sample on a reference machine")
     g.add_argument("--model-mb", type=float, help="model size for transfer times (default: real size)")

@@ -72,7 +72,7 @@ class Simulation:
         if model_bytes is None:
             model_bytes = self.signal.initial_model(config.seed).nbytes
         self.workload = Workload(
-            batch_size=bs, lr=config.lr or d.lr, momentum=config.momentum,
+            batch_size=bs, lr=config.lr or d.lr * math.sqrt(config.fleet.workers), momentum=config.momentum,
             sample_cost_s=config.sample_cost_s or d.sample_cost_s, model_bytes=model_bytes,
             boot_s=config.boot_s, heartbeat_s=config.heartbeat_s,
             idle_poll_s=min(60.0, config.heartbeat_s), on_notice=config.on_notice, seed=config.seed,
@@ -83,7 +83,7 @@ class Simulation:
         outcome = run_virtual(self._main)
         if self.config.sync_baseline:
             w = self.workload
-            sync_lr = self.config.sync_lr or w.lr * math.sqrt(len(self.fleet))
+            sync_lr = self.config.sync_lr or self.signal.defaults.lr * math.sqrt(len(self.fleet))
             outcome.sync = simulate_sync(
                 self.signal, self.fleet, total_samples=self.total_samples, batch_size=w.batch_size,
                 lr=sync_lr, momentum=w.momentum, sample_cost_s=w.sample_cost_s,
