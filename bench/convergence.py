@@ -43,7 +43,9 @@ POLICIES: dict[str, tuple[str, dict[str, Any]]] = {
     "adaptive": ("vcasgd", {"alpha": 0.5, "staleness": "polynomial", "a": 0.5}),
     "fedasync": ("fedasync", {}),
     "fedbuff": ("fedbuff", {}),
-    "diloco": ("diloco", {}),
+    # DiLoCo's published outer optimiser (lr 0.7, Nesterov 0.9), one outer step per fleet-sized buffer
+    # of results (a "round"); unbuffered it diverges here: its units are a few steps, not H = 500.
+    "diloco": ("diloco", {"buffer_size": 8}),
 }
 QUICK = ("vcasgd", "adaptive", "fedasync")
 RATES = (0.0, 0.3, 0.5)
