@@ -45,7 +45,7 @@ POLICIES: dict[str, tuple[str, dict[str, Any]]] = {
     "fedbuff": ("fedbuff", {}),
     # DiLoCo's published outer optimiser (lr 0.7, Nesterov 0.9), one outer step per fleet-sized buffer
     # of results (a "round"); unbuffered it diverges here: its units are a few steps, not H = 500.
-    "diloco": ("diloco", {"buffer_size": 8}),
+    "diloco": ("diloco", {"buffer_size": 8}),  # buffer_size follows --workers
 }
 QUICK = ("vcasgd", "adaptive", "fedasync")
 RATES = (0.0, 0.3, 0.5)
@@ -72,6 +72,8 @@ def run(datasets: list[str], seeds: list[int], policies: list[str], workers: int
             for rate in RATES:
                 for label in policies:
                     name, params = POLICIES[label]
+                    if name == "diloco":
+                        params = {**params, "buffer_size": workers}
                     cfg = SimConfig(signal=ds, policy=name, policy_params=params,
                                     fleet=FleetConfig(workers=workers), preemption=_preemption(rate),
                                     epochs=epochs, seed=seed, sample_cost_s=cost, eval_points=30,

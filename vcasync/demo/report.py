@@ -108,10 +108,10 @@ def _recoveries(run: DemoRun, events: dict[int, list[dict[str, Any]]], t0_wall: 
                                                 default=None)
         restarted = back is not None or run.finished
         unit_ok = root is None or done_at is not None
-        pairs.append({"worker": ev.who, "t_s": ev.t_s, "signal": ev.detail, "pid": pid,
-                      "recovered_at_s": None if back is None else back.t_s,
+        pairs.append({"worker": ev.who, "t_s": round(ev.t_s, 3), "signal": ev.detail, "pid": pid,
+                      "recovered_at_s": None if back is None else round(back.t_s, 3),
                       "unit": root, "steps_done": steps,
-                      "unit_finished_at_s": None if done_at is None else done_at - t0_wall,
+                      "unit_finished_at_s": None if done_at is None else round(done_at - t0_wall, 3),
                       "recovered": restarted and unit_ok})
     return {"preemptions": pairs,
             "sigterm": sum(1 for p in pairs if p["signal"] == "SIGTERM"),
@@ -141,8 +141,9 @@ def build_report(run: DemoRun, baseline: BaselineResult | None, t0_wall: float) 
             "workers": cfg.workers, "dataset": cfg.dataset, "policy": cfg.policy,
             "policy_params": dict(cfg.policy_params), "epochs": cfg.epochs, "shards": cfg.num_shards(),
             "units": run.total_units, "unit_steps": run.unit_steps, "batch_size": cfg.batch_size,
-            "lr": cfg.lr, "momentum": cfg.momentum, "preempt_per_min": cfg.preempt_per_min,
-            "kill_fraction": cfg.kill_fraction, "restart_delay_s": list(cfg.restart_delay_s),
+            "lr": cfg.worker_lr, "momentum": cfg.momentum, "preempt_per_min": cfg.preempt_per_min,
+            "kill_fraction": cfg.kill_fraction, "max_preemptions": cfg.max_preemptions,
+            "restart_delay_s": list(cfg.restart_delay_s),
             "grace_s": cfg.grace_s, "kill_coordinator": cfg.kill_coordinator, "seed": cfg.seed,
             "run_dir": str(run.run_dir),
         },

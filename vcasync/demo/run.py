@@ -30,7 +30,10 @@ from ..errors import ConfigError
 from ..sim.prices import DEFAULT_INSTANCE, PriceTable
 from .procs import Proc, Slot, Timeline
 
-__all__ = ["DemoConfig", "DemoRun", "run_demo"]
+__all__ = ["BASE_LR", "DemoConfig", "DemoRun", "run_demo"]
+
+#: The per-worker SGD learning rate the defaults scale by sqrt(workers).
+BASE_LR = 0.05
 
 
 @dataclass(frozen=True)
@@ -41,14 +44,16 @@ class DemoConfig:
     dataset: str = "digits"
     policy: str = "vcasgd"
     policy_params: Mapping[str, Any] = field(default_factory=dict)
-    epochs: int = 6
+    epochs: int = 20
     shards: int | None = None
     steps: int | None = None
     batch_size: int = 32
-    lr: float = 0.05
+    lr: float | None = None
+    sync_lr: float | None = None
     momentum: float = 0.9
-    preempt_per_min: float = 1.0
+    preempt_per_min: float = 6.0
     kill_fraction: float = 0.25
+    max_preemptions: int | None = None
     restart_delay_s: tuple[float, float] = (1.0, 4.0)
     grace_s: float = 5.0
     lease_timeout_s: float = 10.0
@@ -69,9 +74,13 @@ class DemoConfig:
             (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
             (self.shards is None or self.shards >= 1, f"shards must be >= 1, got {self.shards}"),
             (self.steps is None or self.steps >= 1, f"steps must be >= 1, got {self.steps}"),
-            (self.batch_size >= 1 and self.lr > 0, "batch_size >= 1 and lr > 0 are required"),
+            (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
+            (self.lr is None or self.lr > 0, f"lr must be > 0, got {self.lr}"),
+            (self.sync_lr is None or self.sync_lr > 0, f"sync_lr must be > 0, got {self.sync_lr}"),
             (self.preempt_per_min >= 0, f"preempt_per_min must be >= 0, got {self.preempt_per_min}"),
             (0 <= self.kill_fraction <= 1, f"kill_fraction must be in [0, 1], got {self.kill_fraction}"),
+            (self.max_preemptions is None or self.max_preemptions >= 0,
+             f"max_preemptions must be >= 0, got {self.max_preemptions}"),
             (0 <= self.restart_delay_s[0] <= self.restart_delay_s[1],
              f"restart delay must be 0 <= min <= max, got {self.restart_delay_s}"),
             (self.grace_s > 0 and self.lease_timeout_s > 0, "grace_s and lease_timeout_s must be > 0"),
@@ -85,6 +94,21 @@ class DemoConfig:
             if not ok:
                 raise ConfigError(message)
         self.prices.resolve(self.instance)
+
+    @property
+    def worker_lr(self) -> float:
+        """The workers' learning rate: ``lr``, or the base rate x sqrt(workers) (see below)."""
+        return self.lr if self.lr is not None else BASE_LR * math.sqrt(self.workers)
+
+    @property
+    def baseline_lr(self) -> float:
+        """The synchronous baseline's learning rate: ``sync_lr``, or the base rate x sqrt(workers).
+
+        Both default to the square-root rule: synchronous SGD steps on a ``workers``-times larger
+        batch, and VC-ASGD with ``workers`` results in flight advances by about one worker's progress
+        per ``workers`` merges, a large-batch method too (see :class:`vcasync.sim.SimConfig`).
+        """
+        return self.sync_lr if self.sync_lr is not None else BASE_LR * math.sqrt(self.workers)
 
     def num_shards(self) -> int:
         return self.shards if self.shards is not None else 2 * self.workers
@@ -153,7 +177,7 @@ class _Demo:
         self.coordinator_restarts = 0
         env = {"VCASYNC_JOIN_SECRET": self.secret, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         storage = cfg.storage or (self.run_dir / "state").resolve().as_uri()
-        params = {"dataset": cfg.dataset, "lr": cfg.lr, "batch_size": cfg.batch_size,
+        params = {"dataset": cfg.dataset, "lr": cfg.worker_lr, "batch_size": cfg.batch_size,
                   "momentum": cfg.momentum, "events_dir": str((self.run_dir / "events").resolve())}
         model = f"vcasync.demo.trainer:{cfg.dataset}_model"
         args = ["coordinator", "--model", model, "--seed", str(cfg.seed),
@@ -258,7 +282,10 @@ class _Demo:
         rate_per_s = cfg.preempt_per_min / 60.0
         exposure = 0.0
         threshold = self.rng.expovariate(rate_per_s)
+        injected = 0
         while not self.stop_injecting.is_set():
+            if cfg.max_preemptions is not None and injected >= cfg.max_preemptions:
+                return
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(tick_s):
                     await self.stop_injecting.wait()
@@ -272,6 +299,7 @@ class _Demo:
             victim = self.rng.choice(training)
             hard = self.rng.random() < cfg.kill_fraction
             victim.state = "preempting"
+            injected += 1
             if hard:
                 victim.kills += 1
             else:
@@ -309,6 +337,8 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
                     if demo.timeline.now() > cfg.max_wall_s:
                         break
                     await mon.poll()
+                    if mon.finished():
+                        demo.stop_injecting.set()  # every unit is merged: nothing left to preempt
                     if demo.timeline.now() >= next_eval:
                         await mon.score()
                         next_eval = demo.timeline.now() + cfg.eval_every_s
