@@ -130,7 +130,7 @@ class Journal:
         """Read (or create, once) the run identity: its id and the lease-id secret."""
         if self._storage is None:
             return RunInfo(self.run_id, secrets.token_bytes(32))
-        from .checkpoint import CheckpointStore  # type: ignore[import-not-found]  # lands with storage
+        from .checkpoint import CheckpointStore
         self._store = CheckpointStore(self._storage, self._key("snapshots"))
         key = self._key("run")
         fresh: dict[str, Any] = {"format": FORMAT, "run_id": self.run_id, "secret": secrets.token_hex(32)}
