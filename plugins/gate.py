@@ -15,8 +15,9 @@ accepted deltas). After ``warmup`` accepted results it refuses, with
 - ``reason="norm_outlier"``: ``|d| > max_norm``, or ``|d|`` above the running mean by more than ``z``
   running standard deviations (the spread is floored at 5 % of the mean, so a run of equal norms
   does not make every slightly larger one an outlier);
-- ``reason="direction_outlier"``: ``cos < min_cosine``, or below the running mean cosine by more
-  than ``z`` running standard deviations.
+- ``reason="direction_outlier"``: ``cos < min_cosine``, or, once ``warmup`` accepted results had a
+  cosine (the first result has none: the reference is still zero), below the running mean cosine
+  by more than ``z`` running standard deviations (the spread floored at 0.1).
 
 Only accepted results update the running statistics (exponential, ``decay``), so an attacker cannot
 drag them. Everything the gate keeps is in its state (scalars and ``r``) next to the wrapped
@@ -40,7 +41,8 @@ from ._kernels import Workspace, check_update, delta_blocks, dot_rows, mixable
 
 __all__ = ["Gate"]
 
-_MIN_SPREAD = 0.05
+_MIN_SPREAD = 0.05  # of the mean norm
+_MIN_COS_SPREAD = 0.1
 
 
 class Gate:
@@ -132,7 +134,7 @@ class Gate:
                 f"{mean:.4g} (spread {spread:.4g})", reason="norm_outlier")
         if cos is not None and int(state["cos_seen"]) >= self.warmup:
             cmean, cspread = float(state["cos_mean"]), math.sqrt(float(state["cos_var"]))
-            cspread = max(cspread, _MIN_SPREAD)
+            cspread = max(cspread, _MIN_COS_SPREAD)
             if cos < cmean - self.z * cspread:
                 raise UpdateRejectedError(
                     f"cosine {cos:.3f} to the running reference is more than {self.z} spreads "

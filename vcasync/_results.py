@@ -6,18 +6,25 @@ coordinator counts rejects by it and the server reports it), and whose message n
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Mapping
+from collections.abc import AsyncIterable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ._units import WorkUnit
-from .errors import ValidationError
+from .errors import ValidationError, WireError
 from .tensors import ModelSpec, UpdateKind
+from .wire import decode_payload
 
-__all__ = ["ResultMeta", "check_tensors", "parse_result_meta", "update_norm"]
+if TYPE_CHECKING:
+    from ._coordinator_config import CoordinatorConfig
+    from ._versions import Version
+
+__all__ = ["ResultMeta", "check_tensors", "parse_result_meta", "read_result", "reject_reason",
+           "update_norm"]
 
 _MAX_METRICS = 64
 
@@ -119,3 +126,39 @@ def check_tensors(tensors: Mapping[str, torch.Tensor], spec: ModelSpec, *, requi
         raise ValidationError(f"update norm {norm:.4g} exceeds the bound {max_norm:.4g}",
                               reason="norm_too_large")
     return norm
+
+
+def reject_reason(exc: BaseException) -> str:
+    """The short, stable reason a refused result is counted under (``reason`` or the class name)."""
+    reason = getattr(exc, "reason", None)
+    if isinstance(reason, str) and reason:
+        return reason
+    name = type(exc).__name__.removesuffix("Error")
+    snake = "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
+    return f"wire_{snake}" if isinstance(exc, WireError) else snake
+
+
+async def read_result(body: AsyncIterable[bytes], *, lease_id: str, unit: WorkUnit, spec: ModelSpec,
+                      config: CoordinatorConfig, current_version: int,
+                      hold: Callable[[int], Version | None],
+                      release: Callable[[Version], None]) -> tuple[ResultMeta, dict[str, torch.Tensor]]:
+    """Decode a result payload (limits and spec checked before allocating) and validate it all.
+
+    The CPU work runs in worker threads. A full-weights result's norm is measured against its
+    base version when it is still held (``hold``), else against the current model.
+    """
+    payload = await decode_payload(body, limits=config.limits, spec=spec, expected_kind="result")
+    meta = parse_result_meta(payload.meta, lease_id=lease_id, unit=unit,
+                             current_version=current_version)
+    ref = None
+    if config.max_update_norm is not None and meta.kind == "weights":
+        ref = hold(meta.base_version) or hold(current_version)
+    try:
+        await asyncio.to_thread(check_tensors, payload.tensors, spec,
+                                require_finite=config.require_finite,
+                                max_norm=config.max_update_norm,
+                                reference=None if ref is None else ref.model.tensors)
+    finally:
+        if ref is not None:
+            release(ref)
+    return meta, payload.tensors

@@ -46,8 +46,8 @@ class Version:
 def copy_tensors(src: Mapping[str, torch.Tensor],
                  into: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
     """``src`` copied into the buffers of ``into`` (same specs), or into fresh ones."""
-    if into is None:
-        return {k: v.detach().clone(memory_format=torch.contiguous_format) for k, v in src.items()}
+    if into is None:    # the coordinator's copies live on the CPU, whatever the caller's device
+        return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in src.items()}
     with torch.no_grad():
         for k, v in src.items():
             into[k].copy_(v)

@@ -22,133 +22,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-import torch
-
-from ._results import ResultMeta, check_tensors, parse_result_meta
-from ._units import LeaseGrant, Receipt, WorkUnit, make_units
-from ._versions import Version, VersionStore, copy_tensors
+from ._coordinator_config import CoordinatorConfig, Durability
+from ._merger import Control, Job, Merger, retrieve
+from ._model import ModelOwner
+from ._results import read_result, reject_reason
+from ._snapshots import SnapshotSlot
+from ._units import LeaseGrant, Receipt, WorkUnit
 from .errors import (
     ClosedError,
     ConfigError,
     LedgerError,
-    PolicyError,
-    UpdateRejectedError,
     ValidationError,
-    VCAsyncError,
-    VersionNotFoundError,
     WireError,
 )
-from .journal import Captured, Journal
-from .ledger import Ledger, LedgerConfig
+from .journal import Journal
+from .ledger import Ledger
 from .metrics import Metrics
-from .policy import MergePolicy, PolicyState
+from .policy import MergePolicy
 from .storage import Storage
-from .tensors import ModelState, Update
-from .wire import Limits, aencode_payload, decode_payload, resolve_codec
+from .tensors import ModelSpec, ModelState
+from .wire import resolve_codec
 
-__all__ = ["Coordinator", "CoordinatorConfig", "Durability", "LeaseGrant", "Receipt", "WorkUnit",
-           "make_units"]
+__all__ = ["Coordinator", "CoordinatorConfig", "Durability"]
 
 log = logging.getLogger("vcasync.coordinator")
-Durability = Literal["journal", "snapshot", "none"]
-GiB = 1 << 30
-
-
-@dataclass(frozen=True, slots=True)
-class CoordinatorConfig:
-    """Everything a coordinator is told; validated here so a typo fails before anything starts."""
-
-    max_staleness: int = 16               # results based on older versions are refused
-    durability: Durability = "journal"
-    snapshot_every: int = 100             # results between snapshots ...
-    snapshot_interval_s: float = 60.0     # ... and at most this long when something changed
-    keep_snapshots: int = 2
-    lease_timeout_s: float = 60.0
-    heartbeat_interval_s: float | None = None
-    max_attempts: int = 5
-    deadline_slack: float = 3.0
-    require_finite: bool = True
-    max_update_norm: float | None = None
-    limits: Limits = field(default_factory=Limits)
-    model_codec: str = "raw"              # how model downloads are encoded (unless asked otherwise)
-    journal_codec: str = "raw"            # how journal entries and snapshots are encoded
-    max_retained_bytes: int | None = 4 * GiB   # old versions kept for deltas and downloads
-    max_concurrent_decodes: int = 2       # uploads decoded at once (each holds one update in memory)
-    state_prefix: str = "vcasync"         # where on the storage the coordinator keeps its state
-    expiry_interval_s: float = 1.0
-
-    def __post_init__(self) -> None:
-        def need(ok: bool, name: str, what: str) -> None:
-            if not ok:
-                raise ConfigError(f"CoordinatorConfig.{name} {what}, got {getattr(self, name)!r}")
-
-        def count(name: str, minimum: int) -> None:
-            v = getattr(self, name)
-            need(isinstance(v, int) and not isinstance(v, bool) and v >= minimum, name,
-                 f"must be an int >= {minimum}")
-
-        count("max_staleness", 0)
-        count("snapshot_every", 1)
-        count("keep_snapshots", 1)
-        count("max_concurrent_decodes", 1)
-        need(self.durability in ("journal", "snapshot", "none"), "durability",
-             "must be 'journal', 'snapshot' or 'none'")
-        need(self.snapshot_interval_s > 0, "snapshot_interval_s", "must be > 0")
-        need(self.expiry_interval_s > 0, "expiry_interval_s", "must be > 0")
-        need(self.max_update_norm is None or self.max_update_norm > 0, "max_update_norm",
-             "must be > 0 or None")
-        need(self.max_retained_bytes is None or self.max_retained_bytes >= 0, "max_retained_bytes",
-             "must be >= 0 or None")
-        need(isinstance(self.limits, Limits), "limits", "must be a vcasync.wire.Limits")
-        need(isinstance(self.state_prefix, str) and bool(self.state_prefix.strip("/")),
-             "state_prefix", "must be a non-empty key prefix")
-        for name in ("model_codec", "journal_codec"):
-            try:
-                resolve_codec(getattr(self, name))
-            except (ConfigError, ValueError, TypeError) as exc:
-                raise ConfigError(f"CoordinatorConfig.{name}: {exc}") from None
-        self.ledger_config()   # lease settings are checked by the ledger's own config
-
-    def ledger_config(self) -> LedgerConfig:
-        return LedgerConfig(lease_timeout_s=self.lease_timeout_s,
-                            heartbeat_interval_s=self.heartbeat_interval_s,
-                            max_attempts=self.max_attempts, deadline_slack=self.deadline_slack)
-
-
-class _Control(enum.Enum):
-    STOP = "stop"
-    CAPTURE = "capture"
-
-
-@dataclass(slots=True)
-class _Job:
-    worker_id: str
-    lease_id: str
-    unit: WorkUnit
-    meta: ResultMeta
-    tensors: dict[str, torch.Tensor]
-    future: asyncio.Future[Receipt]
-
-
-def _reason(exc: BaseException) -> str:
-    reason = getattr(exc, "reason", None)
-    if isinstance(reason, str) and reason:
-        return reason
-    name = type(exc).__name__.removesuffix("Error")
-    snake = "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
-    return f"wire_{snake}" if isinstance(exc, WireError) else snake
-
-
-def _retrieve(fut: asyncio.Future[Any]) -> None:
-    if not fut.cancelled():
-        fut.exception()    # mark it retrieved: the submitter may have gone away
 
 
 class Coordinator:
@@ -167,32 +69,23 @@ class Coordinator:
         self._model_in = model
         self._units_in = list(units)
         self._policy = policy
-        self._needs_base = bool(getattr(policy, "needs_base", False))
         self._clock = clock
-        self._spec = model.spec
-        self._journal = Journal(storage, config=self.config, spec=self._spec)
+        self.spec: ModelSpec = model.spec
+        self._journal = Journal(storage, config=self.config, spec=self.spec)
         self.metrics = Metrics()
         self.metrics.bind(self._gauges)
         self._phase = "new"
-        # Set in __aenter__ (recovery decides them).
-        self._ledger: Ledger
-        self._versions: VersionStore
-        self._working: ModelState
-        self._policy_state: PolicyState = {}
-        self._jobs: asyncio.Queue[_Job | _Control] = asyncio.Queue()
+        self._ledger: Ledger              # both decided by recovery in __aenter__
+        self._owner: ModelOwner
+        self._slot: SnapshotSlot
+        self._merger: Merger
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self._decode_slots = asyncio.Semaphore(self.config.max_concurrent_decodes)
         self._finished = asyncio.Event()
         self._closed = asyncio.Event()
         self._stop = asyncio.Event()
-        # Taken by the merge loop, written by the snapshot loop; holds its version until written.
-        self._captured: tuple[Captured, Version] | None = None
-        self._captured_ready = asyncio.Event()
-        self._capture_queued = False
         self._runner: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
-        self._busy = False
-        self._since_snapshot = 0
 
     # -- lifetime ---------------------------------------------------------------------------------
     async def __aenter__(self) -> Coordinator:
@@ -225,19 +118,20 @@ class Coordinator:
         self._phase = "closing"
         try:
             self._stop.set()
-            self._jobs.put_nowait(_Control.STOP)
+            self._slot.ready.set()            # wakes the snapshot writer so it can stop
+            self._merger.jobs.put_nowait(Control.STOP)
             if self._runner is not None:
-                with contextlib.suppress(Exception):
-                    await self._runner
-            self._fail_queued(ClosedError("the coordinator is closing; send the result again"))
-            if self._failure is None and self.config.durability != "none":
+                await asyncio.gather(self._runner, return_exceptions=True)
+            self._merger.fail_queued(ClosedError("the coordinator is closing; send the result "
+                                                 "again"))
+            if self._failure is None and self._journal.durable:
                 try:    # nothing merges any more: capture and write what the last snapshot lacks
-                    if self._since_snapshot:
-                        await self._capture()
-                    await self._write_captured()
-                except (VCAsyncError, OSError) as exc:
-                    log.warning("final snapshot failed: %s", exc)
-            self._drop_captured()
+                    if self._merger.since_snapshot:
+                        await self._slot.capture(self._ledger.snapshot())
+                    await self._write_snapshot()
+                except Exception as exc:
+                    log.warning("final snapshot failed: %r", exc)
+            self._slot.drop()
         finally:
             self._phase = "closed"
             self._closed.set()
@@ -252,22 +146,21 @@ class Coordinator:
     async def _run(self) -> None:
         try:
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(self._merge_loop(), name="vcasync-merge")
+                tg.create_task(self._merger.run(), name="vcasync-merge")
                 tg.create_task(self._expiry_loop(), name="vcasync-expiry")
-                if self.config.durability != "none":
+                if self._journal.durable:
                     tg.create_task(self._snapshot_loop(), name="vcasync-snapshots")
+        except asyncio.CancelledError:
+            self._failure = ClosedError("the coordinator's loops were cancelled")
+            self._merger.fail_queued(self._failure)
+            raise
         except BaseException as exc:
             self._failure = exc
             self._phase = "failed" if self._phase == "running" else self._phase
             log.exception("coordinator loop failed; stopping")
-            self._fail_queued(ClosedError(f"the coordinator stopped after an error: {exc!r}"))
+            self._merger.fail_queued(ClosedError(f"the coordinator stopped after an error: "
+                                                 f"{exc!r}"))
             self._closed.set()
-
-    def _fail_queued(self, exc: Exception) -> None:
-        while not self._jobs.empty():
-            job = self._jobs.get_nowait()
-            if isinstance(job, _Job) and not job.future.done():
-                job.future.set_exception(exc)
 
     # -- recovery ---------------------------------------------------------------------------------
     async def _recover(self) -> None:
@@ -275,52 +168,36 @@ class Coordinator:
         cfg = self.config.ledger_config()
         rec = await self._journal.load_snapshot()
         if rec is None:
-            model = self._model_in
-            self._working = ModelState(copy_tensors(model.tensors, None), model.version)
-            self._policy_state = self._policy.init_state(self._working)
+            self._owner = ModelOwner(self._policy, self._model_in,
+                                     max_retained_bytes=self.config.max_retained_bytes)
             self._ledger = Ledger(self._units_in, config=cfg, clock=self._clock, secret=run.secret)
         else:
-            self._working = ModelState(rec.tensors, rec.version)
-            self._policy_state = rec.policy_state
+            self._owner = ModelOwner(self._policy, ModelState(rec.tensors, rec.version),
+                                     max_retained_bytes=self.config.max_retained_bytes,
+                                     policy_state=rec.policy_state)
             self._ledger = Ledger.restore(rec.ledger, config=cfg, clock=self._clock,
                                           secret=run.secret)
             self._ledger.add_units(self._units_in)
-        self._versions = VersionStore(self._working, max_bytes=self.config.max_retained_bytes)
-        if rec is not None and self.config.durability == "journal":
-            async for entry in self._journal.entries():
-                await self._replay(entry.meta, entry.tensors)
+        self._slot = SnapshotSlot(self._journal, self._owner)
+        self._merger = Merger(owner=self._owner, ledger=self._ledger, journal=self._journal,
+                              slot=self._slot, metrics=self.metrics, config=self.config,
+                              settled=self._check_finished)
+        async for entry in self._journal.entries():
+            await self._merger.replay(entry.meta, entry.tensors)
         floor = await self._journal.version_floor()
-        if floor is not None and floor >= self._working.version:
+        if floor is not None and floor >= self.version:
             # Snapshot mode: versions up to the floor may have been served; never reuse a number.
-            jumped = ModelState(copy_tensors(self._working.tensors, None), floor + 1)
-            self._working.version = floor + 1
-            self._versions.publish(jumped)
-            self._retain()
-        await self._journal.raise_version_floor(self._working.version)
+            self._owner.jump(floor + 1)
+            self._merger.retain()
+        await self._journal.raise_version_floor(self.version)
         if rec is None and self._journal.durable:
             # The first snapshot pins the initial model: replay must start from exactly it.
-            await self._capture()
-            await self._write_captured()
+            await self._slot.capture(self._ledger.snapshot())
+            await self._write_snapshot()
 
-    async def _replay(self, meta: Mapping[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-        kind = meta.get("type")
-        if kind == "reject":
-            self._ledger.record(meta["lease_id"], unit_id=meta["unit_id"],
-                                worker_id=meta["worker_id"], status="rejected",
-                                version=self.version, reason=meta["reason"])
-            return
-        rm = ResultMeta(meta["lease_id"], meta["base_version"], meta["kind"], meta["steps"],
-                        meta["samples"], meta["partial"], dict(meta["metrics"]))
-        held: Version | None = None
-        base: ModelState | None = None
-        if self._needs_base and rm.kind == "delta":
-            held = self._versions.acquire(rm.base_version)
-            base = held.model if held is not None else await self._journal.load_base(rm.base_version)
-        try:
-            await self._apply(meta["worker_id"], meta["unit_id"], rm, tensors, base)
-        finally:
-            if held is not None:
-                self._versions.release(held)
+    async def _write_snapshot(self) -> None:
+        if await self._slot.write():
+            self.metrics.snapshots += 1
 
     # -- workers ----------------------------------------------------------------------------------
     async def join(self, name: str = "", info: Mapping[str, Any] | None = None) -> str:
@@ -373,10 +250,10 @@ class Coordinator:
             try:
                 check = self._ledger.check_result(worker_id, lease_id)
             except LedgerError as exc:
-                self.metrics.reject(_reason(exc))
+                self.metrics.reject(reject_reason(exc))
                 raise
             if check.receipt is not None:
-                return self._duplicate(check.receipt)
+                return self._merger.duplicate(check.receipt)
             pending = self._inflight.get(lease_id)
             if pending is None:
                 break
@@ -389,13 +266,6 @@ class Coordinator:
             del self._inflight[lease_id]
             gate.set_result(None)
 
-    def _duplicate(self, receipt: Receipt) -> Receipt:
-        self.metrics.results["duplicate"] += 1
-        if receipt.status == "accepted":
-            return Receipt(receipt.lease_id, receipt.unit_id, "duplicate", receipt.version,
-                           receipt.reason)
-        return receipt
-
     async def _count(self, body: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
         async for chunk in body:
             self.metrics.bytes_in += len(chunk)
@@ -403,170 +273,24 @@ class Coordinator:
 
     async def _submit(self, worker_id: str, lease_id: str, unit: WorkUnit,
                       body: AsyncIterable[bytes]) -> Receipt:
-        cfg = self.config
         try:
             async with self._decode_slots:
-                payload = await decode_payload(self._count(body), limits=cfg.limits,
-                                               spec=self._spec, expected_kind="result")
-            meta = parse_result_meta(payload.meta, lease_id=lease_id, unit=unit,
-                                     current_version=self.version)
-            ref = None
-            if cfg.max_update_norm is not None and meta.kind == "weights":
-                ref = self._versions.acquire(meta.base_version) or \
-                    self._versions.acquire(self.version)
-            try:
-                await asyncio.to_thread(check_tensors, payload.tensors, self._spec,
-                                        require_finite=cfg.require_finite,
-                                        max_norm=cfg.max_update_norm,
-                                        reference=None if ref is None else ref.model.tensors)
-            finally:
-                if ref is not None:
-                    self._versions.release(ref)
+                meta, tensors = await read_result(
+                    self._count(body), lease_id=lease_id, unit=unit, spec=self.spec,
+                    config=self.config, current_version=self.version, hold=self._owner.hold,
+                    release=self._owner.release)
         except (WireError, ValidationError) as exc:
-            self.metrics.reject(_reason(exc))
+            self.metrics.reject(reject_reason(exc))
             raise
         self._check_running()
         future: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
-        future.add_done_callback(_retrieve)
-        self._jobs.put_nowait(_Job(worker_id, lease_id, unit, meta, payload.tensors, future))
+        future.add_done_callback(retrieve)
+        self._merger.jobs.put_nowait(Job(worker_id, lease_id, unit, meta, tensors, future))
         return await asyncio.shield(future)
 
-    async def _merge_loop(self) -> None:
-        """The one writer of the model, the policy state and unit completion."""
-        while True:
-            job = await self._jobs.get()
-            if job is _Control.STOP:
-                return
-            if job is _Control.CAPTURE:
-                self._capture_queued = False
-                if self._since_snapshot:
-                    await self._capture()
-                continue
-            assert isinstance(job, _Job)
-            self._busy = True
-            try:
-                job.future.set_result(await self._process(job))
-            except LedgerError as exc:
-                self.metrics.reject(_reason(exc))
-                job.future.set_exception(exc)
-            except VCAsyncError as exc:
-                job.future.set_exception(exc)
-            finally:
-                self._busy = False
-            self._retain()
-            self._check_finished()
-            if self._since_snapshot >= self.config.snapshot_every and \
-                    self.config.durability != "none":
-                await self._capture()
-
-    async def _process(self, job: _Job) -> Receipt:
-        check = self._ledger.check_result(job.worker_id, job.lease_id)   # it may have closed since
-        if check.receipt is not None:
-            return self._duplicate(check.receipt)
-        meta, current = job.meta, self.version
-        if current - meta.base_version > self.config.max_staleness:
-            return await self._reject(job, "too_stale", f"based on version {meta.base_version}, "
-                                      f"{current - meta.base_version} behind the model (max "
-                                      f"{self.config.max_staleness})")
-        held: Version | None = None
-        if self._needs_base and meta.kind == "delta":
-            held = self._versions.acquire(meta.base_version)
-            if held is None:
-                return await self._reject(job, "base_unavailable",
-                                          f"base version {meta.base_version} is no longer held")
-        try:
-            if self._journal.journaling:
-                if held is not None:
-                    await self._journal.ensure_base(held.model)
-                await self._journal.append(
-                    {"type": "result", "worker_id": job.worker_id, "unit_id": job.unit.unit_id,
-                     **meta.to_dict()}, job.tensors)
-                self.metrics.journal_writes += 1
-            return await self._apply(job.worker_id, job.unit.unit_id, meta, job.tensors,
-                                     None if held is None else held.model)
-        finally:
-            if held is not None:
-                self._versions.release(held)
-
-    async def _reject(self, job: _Job, reason: str, message: str) -> Receipt:
-        if self._journal.journaling:
-            await self._journal.append({"type": "reject", "lease_id": job.lease_id,
-                                        "worker_id": job.worker_id, "unit_id": job.unit.unit_id,
-                                        "reason": reason}, {})
-            self.metrics.journal_writes += 1
-        log.info("result of lease %s rejected: %s", job.lease_id, message)
-        return self._record_reject(job.lease_id, job.worker_id, job.unit.unit_id, reason)
-
-    def _record_reject(self, lease_id: str, worker_id: str, unit_id: str, reason: str) -> Receipt:
-        self._since_snapshot += 1
-        self._journal.note_applied()
-        self.metrics.reject(reason)
-        self.metrics.results["rejected"] += 1
-        return self._ledger.record(lease_id, unit_id=unit_id, worker_id=worker_id,
-                                   status="rejected", version=self.version, reason=reason)
-
-    async def _apply(self, worker_id: str, unit_id: str, meta: ResultMeta,
-                     tensors: dict[str, torch.Tensor], base: ModelState | None) -> Receipt:
-        """Merge one result that passed every check (live, or replayed from the journal)."""
-        current = self.version
-        update = Update(tensors=tensors, kind=meta.kind, base_version=meta.base_version,
-                        staleness=current - meta.base_version, samples=meta.samples,
-                        steps=meta.steps, worker_id=worker_id, unit_id=unit_id,
-                        metrics=dict(meta.metrics), base=base)
-        await self._journal.raise_version_floor(current + 1)   # before anyone can see it
-        started = time.perf_counter()
-        buffer = self._versions.take_buffer()
-        try:
-            published = await asyncio.to_thread(self._merge_sync, update, buffer, current)
-        except (UpdateRejectedError, ValidationError, PolicyError) as exc:
-            return self._record_reject(meta.lease_id, worker_id, unit_id, _reason(exc))
-        if published is not None:
-            self._versions.publish(published)
-        elif buffer is not None:
-            self._versions.give_back(buffer)
-        self.metrics.merge_seconds.observe(time.perf_counter() - started)
-        self.metrics.staleness.observe(update.staleness)
-        self.metrics.merges += 1
-        self.metrics.results["accepted"] += 1
-        self._since_snapshot += 1
-        self._journal.note_applied()
-        return self._ledger.record(meta.lease_id, unit_id=unit_id, worker_id=worker_id,
-                                   status="accepted", version=self.version,
-                                   steps_done=meta.steps, partial=meta.partial,
-                                   base_version=meta.base_version)
-
-    def _merge_sync(self, update: Update, buffer: dict[str, torch.Tensor] | None,
-                    current: int) -> ModelState | None:
-        """In a worker thread: the policy merges into the working model; publish a copy if changed."""
-        working = self._working
-        try:
-            out = self._policy.merge(working, update, self._policy_state)
-            if out is not None and out is not working:
-                self._spec.check(out.tensors)
-                copy_tensors(out.tensors, working.tensors)
-        except Exception as exc:
-            # Whatever the policy did to the working copy is undone from the published version.
-            copy_tensors(self._versions.current.model.tensors, working.tensors)
-            if isinstance(exc, UpdateRejectedError | ValidationError):
-                raise
-            log.exception("merge policy %s failed on unit %s", self._policy.name, update.unit_id)
-            raise PolicyError(f"merge policy {self._policy.name!r} failed: {exc!r}"[:300]) from exc
-        if out is None:
-            return None
-        working.version = current + 1
-        return ModelState(copy_tensors(working.tensors, buffer), current + 1)
-
-    # -- versions and background loops -------------------------------------------------------------
-    def _retain(self) -> None:
-        floor = self.version - self.config.max_staleness
-        if self._needs_base:
-            self._versions.retain(lambda n: n >= floor)
-        else:
-            bases = self._ledger.active_base_versions()
-            self._versions.retain(lambda n: n >= floor and n in bases)
-
     def _check_finished(self) -> None:
-        if self._ledger.finished and self._jobs.empty() and not self._busy:
+        merger = getattr(self, "_merger", None)
+        if self._ledger.finished and (merger is None or (merger.jobs.empty() and not merger.busy)):
             self._finished.set()
 
     async def _expiry_loop(self) -> None:
@@ -575,7 +299,7 @@ class Coordinator:
                 async with asyncio.timeout(self.config.expiry_interval_s):
                     await self._stop.wait()
             if self._ledger.expire():
-                self._retain()
+                self._merger.retain()
                 self._check_finished()
 
     async def _snapshot_loop(self) -> None:
@@ -583,106 +307,46 @@ class Coordinator:
         while not self._stop.is_set():
             try:
                 async with asyncio.timeout(self.config.snapshot_interval_s):
-                    await self._captured_ready.wait()
+                    await self._slot.ready.wait()
             except TimeoutError:
-                if self._since_snapshot and not self._capture_queued:
-                    self._capture_queued = True
-                    self._jobs.put_nowait(_Control.CAPTURE)
+                merger = self._merger
+                if merger.since_snapshot and not merger.capture_queued:
+                    merger.capture_queued = True
+                    merger.jobs.put_nowait(Control.CAPTURE)
                 continue
+            if self._stop.is_set():
+                return        # aclose() writes what is left
             try:
-                await self._write_captured()
-            except (VCAsyncError, OSError) as exc:
+                await self._write_snapshot()
+            except Exception as exc:    # a failed snapshot must never stop the coordinator
                 self.metrics.snapshot_failures += 1
-                log.warning("snapshot failed (the next one retries): %s", exc)
-
-    async def _capture(self) -> None:
-        """Between two merges: hold the current version, pack the policy state, copy the ledger."""
-        version = self._versions.acquire(self.version)
-        assert version is not None
-        try:
-            state = await self._journal.pack_state(self._policy_state)
-        except BaseException:
-            self._versions.release(version)
-            raise
-        self._drop_captured()      # an older capture the writer has not taken yet
-        self._captured = (self._journal.capture(version.model, state, self._ledger.snapshot()),
-                          version)
-        self._since_snapshot = 0
-        self._captured_ready.set()
-
-    def _drop_captured(self) -> None:
-        if self._captured is not None:
-            self._versions.release(self._captured[1])
-        self._captured = None
-        self._captured_ready.clear()
-
-    async def _write_captured(self) -> None:
-        """Write the pending capture; it keeps its version held until written or replaced."""
-        taken, self._captured = self._captured, None
-        self._captured_ready.clear()
-        if taken is None:
-            return
-        try:
-            await self._journal.write_snapshot(taken[0])
-            self.metrics.snapshots += 1
-        except BaseException:
-            self._requeue_capture(taken)
-            raise
-        self._versions.release(taken[1])
-
-    def _requeue_capture(self, taken: tuple[Captured, Version]) -> None:
-        """A write failed: retry it next time unless the merge loop captured something newer."""
-        if self._captured is None:
-            self._captured = taken
-        else:
-            self._versions.release(taken[1])
+                log.warning("snapshot failed (the next one retries): %r", exc)
 
     # -- views ------------------------------------------------------------------------------------
     @property
     def version(self) -> int:
-        return self._versions.current.number
-
-    @property
-    def spec(self) -> Any:
-        return self._spec
+        return self._owner.version
 
     def model_etag(self, version: int) -> str:
         """An opaque, strong ETag for a held version (quote it in the header yourself)."""
-        if self._versions.get(version) is None:
-            raise VersionNotFoundError(f"model version {version} is not held (current: "
-                                       f"{self.version})", version=version)
-        return f"{self._journal.run_id}-{version}"
+        return self._owner.etag(self._journal.run_id, version)
 
     def model_payload(self, version: int | None = None,
                       codec: str | None = None) -> AsyncIterator[bytes]:
-        """The wire payload (kind ``model``, meta ``{version, digest}``) of a held version."""
+        """The wire payload (kind ``model``, meta ``{version, digest}``) of a held version;
+        :class:`VersionNotFoundError` (now, not when iterated) for one that is not held."""
         self._check_running()
-        number = self.version if version is None else version
-        if self._versions.get(number) is None:
-            raise VersionNotFoundError(f"model version {number} is not held (current: "
-                                       f"{self.version}); fetch the latest", version=number)
-        resolve_codec(codec or self.config.model_codec)
-        return self._stream_model(number, codec or self.config.model_codec)
+        codec = codec or self.config.model_codec
+        resolve_codec(codec)
 
-    async def _stream_model(self, number: int, codec: str) -> AsyncIterator[bytes]:
-        v = self._versions.acquire(number)
-        if v is None:
-            raise VersionNotFoundError(f"model version {number} was dropped", version=number)
-        try:
-            meta = {"version": number, "digest": await v.digest()}
-            async for chunk in aencode_payload("model", meta, v.model.tensors, codec=codec):
-                self.metrics.bytes_out += len(chunk)
-                yield chunk
-        finally:
-            self._versions.release(v)
+        def count(n: int) -> None:
+            self.metrics.bytes_out += n
+
+        return self._owner.payload(self.version if version is None else version, codec, count)
 
     def model(self, version: int | None = None) -> ModelState:
         """A private copy of a held version (for the embedding program, tests and evaluation)."""
-        number = self.version if version is None else version
-        v = self._versions.get(number)
-        if v is None:
-            raise VersionNotFoundError(f"model version {number} is not held", version=number)
-        return v.model.clone()
+        return self._owner.copy(version)
 
     async def wait_finished(self) -> None:
         """Return when every unit is done or parked and every accepted result merged."""
@@ -700,15 +364,14 @@ class Coordinator:
         if self._phase in ("new", "starting"):
             return {}
         stats = self._ledger.stats
-        counts = self._ledger.counts()
         return {"version": self.version, "workers_alive": self._ledger.workers_alive(),
                 "workers_known": self._ledger.num_workers,
                 "leases_issued_total": stats["issued"], "leases_expired_total": stats["expired"],
                 "leases_reissued_total": stats["reissued"],
                 "leases_released_total": stats["released"],
-                **{f"units_{k}": v for k, v in counts.items()},
-                "merge_queue": self._jobs.qsize(),
-                "retained_versions": len(self._versions.numbers())}
+                **{f"units_{k}": v for k, v in self._ledger.counts().items()},
+                "merge_queue": self._merger.jobs.qsize(),
+                "retained_versions": len(self._owner.versions.numbers())}
 
     def status(self) -> dict[str, Any]:
         """A JSON-able summary for ``GET /v1/status``."""
@@ -716,13 +379,12 @@ class Coordinator:
                                "policy": self._policy.name}
         if self._phase in ("new", "starting"):
             return out
-        parked = self._ledger.parked()
         out.update({
             "run_id": self._journal.run_id, "version": self.version,
             "finished": self._finished.is_set(), "units": self._ledger.counts(),
-            "parked": dict(list(parked.items())[:100]),
+            "parked": dict(list(self._ledger.parked().items())[:100]),
             "workers": {"known": self._ledger.num_workers, "alive": self._ledger.workers_alive()},
-            "leases": dict(self._ledger.stats), "retained_versions": self._versions.numbers(),
+            "leases": dict(self._ledger.stats), "retained_versions": self._owner.versions.numbers(),
             "journal": self._journal.status(), "metrics": self.metrics.as_dict(),
         })
         return out

@@ -36,7 +36,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .errors import CorruptObjectError, ObjectNotFoundError, PreconditionFailedError
+from .checkpoint import CheckpointStore
+from .errors import (
+    ConfigError,
+    CorruptObjectError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    SpecMismatchError,
+    ValidationError,
+    WireError,
+)
 from .storage import Storage
 from .tensors import ModelSpec, ModelState
 from .wire import (
@@ -49,7 +58,7 @@ from .wire import (
 )
 
 if TYPE_CHECKING:
-    from .coordinator import CoordinatorConfig
+    from ._coordinator_config import CoordinatorConfig
 
 __all__ = ["Captured", "Entry", "Journal", "Recovered", "RunInfo"]
 
@@ -107,7 +116,7 @@ class Journal:
         self._dirty: str | None = None       # a failed write that could not be deleted yet
         self._kept: deque[tuple[int, int]] = deque()   # (seq, version) of snapshots kept
         self._floor: int | None = None
-        self._store: Any = None
+        self._store: CheckpointStore | None = None
         self._snapshot_seq = -1
 
     @property
@@ -130,7 +139,6 @@ class Journal:
         """Read (or create, once) the run identity: its id and the lease-id secret."""
         if self._storage is None:
             return RunInfo(self.run_id, secrets.token_bytes(32))
-        from .checkpoint import CheckpointStore
         self._store = CheckpointStore(self._storage, self._key("snapshots"))
         key = self._key("run")
         fresh: dict[str, Any] = {"format": FORMAT, "run_id": self.run_id, "secret": secrets.token_hex(32)}
@@ -157,9 +165,13 @@ class Journal:
         meta = dict(manifest.meta)
         if meta.get("format") != FORMAT:
             raise CorruptObjectError(f"snapshot format {meta.get('format')!r} is not {FORMAT}")
-        model = decode_payload_bytes(await self._store.read(manifest, "model"),
-                                     limits=self._config.limits, spec=self._spec,
-                                     expected_kind="model")
+        try:
+            model = decode_payload_bytes(await self._store.read(manifest, "model"),
+                                         limits=self._config.limits, spec=self._spec,
+                                         expected_kind="model")
+        except SpecMismatchError as exc:
+            raise ConfigError(f"the state under {self._prefix!r} on {self._need().url} belongs to "
+                              f"another model ({exc}); use another state_prefix or storage") from None
         policy_state = unpack_tree(await self._store.read(manifest, "policy"),
                                    limits=self._config.limits)
         ledger = unpack_tree(await self._store.read(manifest, "ledger"), limits=self._config.limits)
@@ -191,10 +203,15 @@ class Journal:
                 raise CorruptObjectError(f"journal entry {expect} is missing (next is {seq})",
                                          key=self._entry_key(expect))
             key = self._entry_key(seq)
-            payload = await decode_payload(self._need().open_read(key), limits=self._config.limits,
-                                           spec=None, expected_kind="journal")
-            if payload.tensors:
-                self._spec.check(payload.tensors)
+            try:
+                payload = await decode_payload(self._need().open_read(key),
+                                               limits=self._config.limits, spec=None,
+                                               expected_kind="journal")
+                if payload.tensors:
+                    self._spec.check(payload.tensors)
+            except (WireError, ValidationError) as exc:
+                raise CorruptObjectError(f"journal entry {key} is unreadable: {exc}",
+                                         key=key) from None
             self.seq, expect = seq, seq + 1
             yield Entry(seq, payload.meta, payload.tensors)
 
@@ -220,7 +237,7 @@ class Journal:
         """Make one entry durable (returns its number); on failure nothing stays behind."""
         storage = self._need()
         if self._dirty is not None:
-            await storage.delete(self._dirty)        # raises while storage is still unhappy
+            await _forget(storage, self._dirty)      # raises while storage is still unhappy
             self._dirty = None
         seq = self.seq + 1
         key = self._entry_key(seq)
@@ -257,9 +274,6 @@ class Journal:
         self._bases.add(model.version)
 
     # -- snapshots --------------------------------------------------------------------------------
-    async def pack_state(self, state: Mapping[str, Any]) -> bytes:
-        return await asyncio.to_thread(pack_tree, dict(state))
-
     def capture(self, model: ModelState, policy_state: bytes, ledger: dict[str, Any]) -> Captured:
         """Called between merges: from now on, deltas on older versions need their base stored."""
         self._captured_version = model.version
@@ -272,10 +286,13 @@ class Journal:
         model = await asyncio.to_thread(_encode_bytes, "model", {"version": captured.model.version},
                                         captured.model.tensors, self._config.journal_codec)
         ledger = await asyncio.to_thread(pack_tree, captured.ledger)
-        await self._store.write(captured.seq, {"model": model, "policy": captured.policy_state,
-                                               "ledger": ledger},
-                                {"format": FORMAT, "version": captured.model.version,
-                                 "seq": captured.seq, "run_id": self.run_id})
+        try:
+            await self._store.write(captured.seq, {"model": model, "policy": captured.policy_state,
+                                                   "ledger": ledger},
+                                    {"format": FORMAT, "version": captured.model.version,
+                                     "seq": captured.seq, "run_id": self.run_id})
+        except ExceptionGroup as group:    # parallel object writes: report the first failure
+            raise _first(group) from group
         self._snapshot_seq = captured.seq
         self._kept.append((captured.seq, captured.model.version))
         while len(self._kept) > self._config.keep_snapshots:
@@ -283,8 +300,9 @@ class Journal:
         await self._prune()
 
     async def _prune(self) -> None:
-        storage = self._need()
-        await self._store.prune(self._config.keep_snapshots)
+        storage, store = self._need(), self._store
+        assert store is not None
+        await store.prune(self._config.keep_snapshots)
         if len(self._kept) < self._config.keep_snapshots:
             return
         oldest_seq, oldest_version = self._kept[0]
@@ -322,6 +340,13 @@ class Journal:
         return {"durability": self._config.durability if self.durable else "none",
                 "seq": self.seq, "last_snapshot_seq": self._snapshot_seq,
                 "bases_stored": len(self._bases)}
+
+
+def _first(group: ExceptionGroup[Exception]) -> Exception:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, Exception) else group
 
 
 async def _forget(storage: Storage, key: str) -> None:

@@ -25,16 +25,24 @@ Each unit is always in exactly one state::
 
 from __future__ import annotations
 
-import enum
 import heapq
 import secrets
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from ._leaseid import LeaseIdSigner
-from ._units import LeaseGrant, Receipt, ReceiptStatus, WorkUnit
+from ._ledger_types import (
+    LeaseRecord,
+    LeaseState,
+    LedgerConfig,
+    ResultCheck,
+    UnitRecord,
+    UnitState,
+    WorkerRecord,
+    plain,
+)
+from ._units import LeaseGrant, Receipt, ReceiptStatus, WorkUnit, make_units
 from .errors import (
     ConfigError,
     LeaseExpiredError,
@@ -46,129 +54,11 @@ from .errors import (
     ValidationError,
 )
 
-__all__ = ["Ledger", "LedgerConfig", "LeaseState", "ResultCheck", "UnitState"]
+__all__ = ["LeaseGrant", "LeaseState", "Ledger", "LedgerConfig", "Receipt", "ResultCheck",
+           "UnitState", "WorkUnit", "make_units"]
 
 Clock = Callable[[], float]
 SNAPSHOT_FORMAT = 1
-
-
-class UnitState(enum.StrEnum):
-    QUEUED = "queued"
-    LEASED = "leased"
-    DONE = "done"
-    PARKED = "parked"
-
-
-class LeaseState(enum.StrEnum):
-    ACTIVE = "active"          # the unit is leased by this lease
-    EXPIRED = "expired"        # missed its deadline; a late result is still welcome
-    RELEASED = "released"      # its holder gave it up; a late result is still welcome
-    CLOSED = "closed"          # a result was recorded (accepted or rejected): see its receipt
-    SUPERSEDED = "superseded"  # another lease's result closed the unit first
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerConfig:
-    """Lease timing and failure handling (see the module docstring for how they combine)."""
-
-    lease_timeout_s: float = 60.0
-    heartbeat_interval_s: float | None = None    # None: lease_timeout_s / 4
-    max_attempts: int = 5
-    deadline_slack: float = 3.0
-    speed_smoothing: float = 0.3                 # EWMA weight of the newest seconds-per-step sample
-    restore_grace_s: float | None = None         # None: lease_timeout_s (time to reconnect after restart)
-    alive_window_s: float | None = None          # None: 2 * lease_timeout_s
-
-    def __post_init__(self) -> None:
-        for name in ("lease_timeout_s", "deadline_slack"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("heartbeat_interval_s", "restore_grace_s", "alive_window_s"):
-            v = getattr(self, name)
-            if v is not None and not v > 0:
-                raise ConfigError(f"{name} must be > 0 or None, got {v!r}")
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) \
-                or self.max_attempts < 1:
-            raise ConfigError(f"max_attempts must be an int >= 1, got {self.max_attempts!r}")
-        if not 0 < self.speed_smoothing <= 1:
-            raise ConfigError(f"speed_smoothing must be in (0, 1], got {self.speed_smoothing!r}")
-
-    @property
-    def heartbeat_s(self) -> float:
-        return self.heartbeat_interval_s or self.lease_timeout_s / 4
-
-    @property
-    def grace_s(self) -> float:
-        return self.restore_grace_s or self.lease_timeout_s
-
-    @property
-    def alive_s(self) -> float:
-        return self.alive_window_s or 2 * self.lease_timeout_s
-
-
-@dataclass(frozen=True, slots=True)
-class ResultCheck:
-    """What :meth:`Ledger.check_result` found: the unit to validate against, or an earlier receipt."""
-
-    unit: WorkUnit
-    lease_base_version: int
-    receipt: Receipt | None
-
-
-class _Unit:
-    __slots__ = ("attempts", "done_by", "index", "issued", "lease_id", "reason", "state", "unit")
-
-    def __init__(self, unit: WorkUnit, index: int) -> None:
-        self.unit = unit
-        self.index = index
-        self.state = UnitState.QUEUED
-        self.attempts = 0
-        self.issued = 0                  # leases granted for it (reissue accounting)
-        self.lease_id: str | None = None  # the ACTIVE lease while LEASED
-        self.reason: str | None = None    # why it was parked
-        self.done_by: str | None = None   # the lease whose result closed it
-
-
-class _Lease:
-    __slots__ = ("base_version", "deadline", "lease_id", "progress_at", "receipt", "state",
-                 "steps_done", "unit_id", "worker_id")
-
-    def __init__(self, lease_id: str, unit_id: str, worker_id: str, base_version: int,
-                 deadline: float, now: float, state: LeaseState = LeaseState.ACTIVE) -> None:
-        self.lease_id = lease_id
-        self.unit_id = unit_id
-        self.worker_id = worker_id
-        self.base_version = base_version
-        self.deadline = deadline
-        self.progress_at = now
-        self.steps_done = 0
-        self.state = state
-        self.receipt: Receipt | None = None
-
-
-class _Worker:
-    __slots__ = ("info", "last_seen", "name", "spw", "worker_id")
-
-    def __init__(self, worker_id: str, name: str, info: dict[str, Any], now: float) -> None:
-        self.worker_id = worker_id
-        self.name = name
-        self.info = info
-        self.last_seen = now
-        self.spw: float | None = None    # EWMA of seconds per step
-
-
-def _plain(value: Any, depth: int = 0) -> Any:
-    """Worker info must be JSON-like (it is snapshotted and shown in status)."""
-    if depth > 8:
-        raise ValidationError("worker info nests too deeply", reason="bad_worker_info")
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, list | tuple):
-        return [_plain(v, depth + 1) for v in value]
-    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
-        return {k: _plain(v, depth + 1) for k, v in value.items()}
-    raise ValidationError(f"worker info holds a {type(value).__name__}; only JSON values are allowed",
-                          reason="bad_worker_info")
 
 
 class Ledger:
@@ -179,11 +69,11 @@ class Ledger:
         self.config = config or LedgerConfig()
         self._clock = clock
         self._signer = LeaseIdSigner(secret if secret is not None else secrets.token_bytes(32))
-        self._units: dict[str, _Unit] = {}
-        self._order: list[_Unit] = []
+        self._units: dict[str, UnitRecord] = {}
+        self._order: list[UnitRecord] = []
         self._queue: deque[str] = deque()
-        self._leases: dict[str, _Lease] = {}
-        self._workers: dict[str, _Worker] = {}
+        self._leases: dict[str, LeaseRecord] = {}
+        self._workers: dict[str, WorkerRecord] = {}
         self._heap: list[tuple[float, str]] = []   # (deadline, lease id); stale entries are skipped
         self._count: dict[UnitState, int] = dict.fromkeys(UnitState, 0)
         self.stats: dict[str, int] = dict.fromkeys(
@@ -198,11 +88,11 @@ class Ledger:
     def join(self, name: str = "", info: Mapping[str, Any] | None = None) -> str:
         """Register a worker and return its new id."""
         worker_id = "w-" + secrets.token_hex(8)
-        self._workers[worker_id] = _Worker(worker_id, str(name)[:128], _plain(dict(info or {})),
+        self._workers[worker_id] = WorkerRecord(worker_id, str(name)[:128], plain(dict(info or {})),
                                            self._clock())
         return worker_id
 
-    def _touch(self, worker_id: str) -> _Worker:
+    def _touch(self, worker_id: str) -> WorkerRecord:
         # Workers that joined after the last snapshot are unknown after a restart; the server has
         # already authenticated them, so they are re-registered rather than refused.
         if not isinstance(worker_id, str) or not 0 < len(worker_id) <= 128:
@@ -211,16 +101,16 @@ class Ledger:
         now = self._clock()
         w = self._workers.get(worker_id)
         if w is None:
-            w = self._workers[worker_id] = _Worker(worker_id, "", {}, now)
+            w = self._workers[worker_id] = WorkerRecord(worker_id, "", {}, now)
         w.last_seen = now
         return w
 
-    def _window(self, w: _Worker) -> float:
+    def _window(self, w: WorkerRecord) -> float:
         cfg = self.config
         return cfg.lease_timeout_s if w.spw is None else max(cfg.lease_timeout_s,
                                                               cfg.deadline_slack * w.spw)
 
-    def _measure(self, w: _Worker, lease: _Lease, steps_done: int, now: float) -> None:
+    def _measure(self, w: WorkerRecord, lease: LeaseRecord, steps_done: int, now: float) -> None:
         steps = steps_done - lease.steps_done
         if steps > 0:
             sample = max(now - lease.progress_at, 0.0) / steps
@@ -239,7 +129,7 @@ class Ledger:
         u = self._units[self._queue.popleft()]
         lease_id = self._signer.make(u.index, u.unit.unit_id, base_version)
         now = self._clock()
-        lease = _Lease(lease_id, u.unit.unit_id, worker_id, base_version, now + self._window(w), now)
+        lease = LeaseRecord(lease_id, u.unit.unit_id, worker_id, base_version, now + self._window(w), now)
         self._leases[lease_id] = lease
         self._activate(u, lease)
         self.stats["issued"] += 1
@@ -259,22 +149,22 @@ class Ledger:
         return NoWorkAvailableError(f"no queued work; {leased} units are leased, retry later",
                                     retry_after=round(wait, 3))
 
-    def _set(self, u: _Unit, state: UnitState) -> None:
+    def _set(self, u: UnitRecord, state: UnitState) -> None:
         self._count[u.state] -= 1
         self._count[state] += 1
         u.state = state
 
-    def _activate(self, u: _Unit, lease: _Lease) -> None:
+    def _activate(self, u: UnitRecord, lease: LeaseRecord) -> None:
         self._set(u, UnitState.LEASED)
         u.lease_id = lease.lease_id
         lease.state = LeaseState.ACTIVE
         heapq.heappush(self._heap, (lease.deadline, lease.lease_id))
 
-    def _grant(self, lease: _Lease, *, resumed: bool) -> LeaseGrant:
+    def _grant(self, lease: LeaseRecord, *, resumed: bool) -> LeaseGrant:
         return LeaseGrant(lease.lease_id, self._units[lease.unit_id].unit, lease.base_version,
                           max(lease.deadline - self._clock(), 0.0), self.config.heartbeat_s, resumed)
 
-    def _find(self, lease_id: str, worker_id: str) -> _Lease:
+    def _find(self, lease_id: str, worker_id: str) -> LeaseRecord:
         """The lease, adopting a validly signed one the ledger does not know (lost in a restart)."""
         lease = self._leases.get(lease_id)
         if lease is not None:
@@ -287,7 +177,7 @@ class Ledger:
         index, base_version = parsed
         u = self._order[index]
         now = self._clock()
-        lease = _Lease(lease_id, u.unit.unit_id, worker_id, base_version, now, now,
+        lease = LeaseRecord(lease_id, u.unit.unit_id, worker_id, base_version, now, now,
                        state=LeaseState.EXPIRED)
         self._leases[lease_id] = lease
         self.stats["adopted"] += 1
@@ -297,13 +187,13 @@ class Ledger:
             self._revive(u, lease)
         return lease
 
-    def _revive(self, u: _Unit, lease: _Lease) -> None:
+    def _revive(self, u: UnitRecord, lease: LeaseRecord) -> None:
         self._queue.remove(u.unit.unit_id)
         lease.deadline = self._clock() + self._window(self._touch(lease.worker_id))
         self._activate(u, lease)
         self.stats["revived"] += 1
 
-    def _live(self, lease: _Lease, *, action: str) -> _Unit:
+    def _live(self, lease: LeaseRecord, *, action: str) -> UnitRecord:
         """The lease's unit when the lease is (or can be made) active again, else a clear error."""
         u = self._units[lease.unit_id]
         if lease.state is LeaseState.ACTIVE and lease.deadline < self._clock():
@@ -323,7 +213,7 @@ class Ledger:
                                 f"{u.unit.unit_id!r} is {u.state}; a result sent before it closes is "
                                 "still accepted", unit_id=u.unit.unit_id, lease_id=lease.lease_id)
 
-    def _holder(self, lease: _Lease, worker_id: str) -> None:
+    def _holder(self, lease: LeaseRecord, worker_id: str) -> None:
         if lease.worker_id != worker_id:
             raise NotLeaseHolderError(f"lease {lease.lease_id!r} belongs to another worker",
                                       unit_id=lease.unit_id, lease_id=lease.lease_id)
@@ -384,7 +274,7 @@ class Ledger:
             out.append(lease_id)
         return out
 
-    def _fail(self, u: _Unit, lease: _Lease, why: str) -> None:
+    def _fail(self, u: UnitRecord, lease: LeaseRecord, why: str) -> None:
         """One failed attempt at ``u``; requeue or park it unless another lease holds it now."""
         if u.state is UnitState.DONE:
             return
@@ -442,7 +332,7 @@ class Ledger:
                                   unit_id=unit_id, lease_id=lease_id)
         now = self._clock()
         if lease is None:
-            lease = self._leases[lease_id] = _Lease(lease_id, unit_id, worker_id, base_version, now,
+            lease = self._leases[lease_id] = LeaseRecord(lease_id, unit_id, worker_id, base_version, now,
                                                     now, state=LeaseState.EXPIRED)
         receipt = Receipt(lease_id, unit_id, status, version, reason)
         if status == "rejected":
@@ -475,7 +365,7 @@ class Ledger:
                                 unit.steps, unit.params)
             else:
                 raise ConfigError(f"duplicate work unit id {unit.unit_id!r}")
-        u = _Unit(unit, len(self._order))
+        u = UnitRecord(unit, len(self._order))
         self._count[UnitState.QUEUED] += 1
         self._units[unit.unit_id] = u
         self._order.append(u)
@@ -579,7 +469,7 @@ class Ledger:
             u.lease_id, u.reason, u.done_by = lease_id, reason, done_by
         self._queue = deque(data["queue"])
         for lid, unit_id, worker_id, base, remaining, steps, state, receipt in data["leases"]:
-            lease = _Lease(lid, unit_id, worker_id, base, now, now, LeaseState(state))
+            lease = LeaseRecord(lid, unit_id, worker_id, base, now, now, LeaseState(state))
             lease.steps_done = steps
             lease.receipt = None if receipt is None else Receipt.from_dict(receipt)
             if lease.state is LeaseState.ACTIVE:
@@ -587,7 +477,7 @@ class Ledger:
                 heapq.heappush(self._heap, (lease.deadline, lid))
             self._leases[lid] = lease
         for worker_id, name, info, since, spw in data["workers"]:
-            w = self._workers[worker_id] = _Worker(worker_id, name, info, now - since)
+            w = self._workers[worker_id] = WorkerRecord(worker_id, name, info, now - since)
             w.spw = spw
         self.stats.update(data["stats"])
         return self

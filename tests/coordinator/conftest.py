@@ -40,6 +40,7 @@ class HalfWay:
 
     name: ClassVar[str] = "halfway"
     needs_base: ClassVar[bool] = True
+    claims: ClassVar[frozenset[str]] = frozenset()
 
     def init_state(self, model: ModelState) -> dict[str, Any]:
         return {"merged": 0, "sum": torch.zeros(())}

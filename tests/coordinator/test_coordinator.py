@@ -276,3 +276,21 @@ def test_config_errors(kit, policy) -> None:
     with pytest.raises(ConfigError, match="MergePolicy"):
         Coordinator(kit.tiny_model(), make_units(1), policy=object(),  # type: ignore[arg-type]
                     storage=None, config=NONE)
+
+
+async def test_memory_budget_drops_old_bases_and_refuses_their_deltas(kit, clock, policy) -> None:
+    nbytes = kit.tiny_model().nbytes
+    async with coordinator(kit, clock, policy, units=5, max_retained_bytes=2 * nbytes) as coord:
+        w = await coord.join()
+        old = await coord.lease(w)
+        delta = kit.delta_like(coord.model())
+        for _ in range(3):
+            g = await coord.lease(w)
+            await submit(kit, coord, w, g, delta, base_version=coord.version)
+        assert coord.status()["retained_versions"] == [2, 3]     # two models fit the budget
+        r = await submit(kit, coord, w, old, delta)
+        assert (r.status, r.reason) == ("rejected", "base_unavailable")
+        w_c = {k: v + 0.5 if v.is_floating_point() else v for k, v in coord.model().items()}
+        g = await coord.lease(w)                                 # full weights need no base
+        assert (await submit(kit, coord, w, g, w_c, kind="weights", base_version=0)).status \
+            == "accepted"

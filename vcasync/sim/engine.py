@@ -17,8 +17,9 @@ import asyncio
 import math
 from dataclasses import dataclass
 
-from ..coordinator import Coordinator, CoordinatorConfig, make_units
+from ..coordinator import Coordinator, CoordinatorConfig
 from ..demo.cnn import shard_indices
+from ..ledger import make_units
 from ..policy import build_policy
 from ..storage import open_storage
 from .clock import VirtualClock, run_virtual

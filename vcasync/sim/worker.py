@@ -22,9 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..coordinator import Coordinator, LeaseGrant
+from ..coordinator import Coordinator
 from ..demo.cnn import unit_batches
 from ..errors import LedgerError, NoWorkAvailableError, ValidationError, WireError
+from ..ledger import LeaseGrant
 from ..tensors import ModelSpec
 from ..wire import aencode_payload, decode_payload
 from .fleet import MachineProfile

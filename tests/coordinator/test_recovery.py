@@ -1,0 +1,379 @@
+"""Durability: a coordinator abandoned mid-run (no aclose: a crash) and a new one on the same storage.
+
+Journal mode must bring back the exact model (bit for bit), the receipts (idempotency) and the
+ledger; snapshot mode must bring back the last snapshot and move versions past anything served.
+Failures are injected between journal write, merge and snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+import torch
+
+from vcasync._units import make_units
+from vcasync.checkpoint import CheckpointStore
+from vcasync.coordinator import Coordinator, CoordinatorConfig
+from vcasync.errors import ConfigError, CorruptObjectError, StorageError
+from vcasync.storage import open_storage
+from vcasync.tensors import ModelState
+from vcasync.testing.faults import FaultPlan, FaultyStorage
+
+
+def make(kit, storage, clock, policy=None, *, units=6, steps=4, **cfg: Any) -> Coordinator:
+    config = CoordinatorConfig(**{"durability": "journal", "lease_timeout_s": 10.0,
+                                  "snapshot_interval_s": 3600.0, "max_staleness": 3, **cfg})
+    return Coordinator(kit.tiny_model(), make_units(units, steps=steps),
+                       policy=policy or kit.HalfWay(), storage=storage, config=config, clock=clock)
+
+
+async def crash(coord: Coordinator) -> None:
+    """Stop a coordinator the way SIGKILL would: no drain, no final snapshot."""
+    assert coord._runner is not None
+    coord._runner.cancel()
+    await asyncio.gather(coord._runner, return_exceptions=True)
+    coord._phase = "closed"
+
+
+async def submit(kit, coord, w, g, value=0.25, **kw):
+    kw.setdefault("steps", g.unit.steps)
+    kw.setdefault("base_version", g.base_version)
+    tensors = kit.delta_like(coord.model(), value)
+    return await coord.submit(w, g.lease_id, kit.stream(kit.result_chunks(g.lease_id, tensors,
+                                                                          **kw)))
+
+
+async def drive(kit, coord, n: int) -> tuple[str, list]:
+    """n results plus two held back: deltas from a mix of bases, one partial, one refused by the
+    policy, one on an old base (its base must be stored to replay it), one too stale."""
+    w = await coord.join("w")
+    out = []
+    held, stale = await coord.lease(w), await coord.lease(w)
+    for i in range(n):
+        g = await coord.lease(w)
+        extra: dict[str, Any] = {}
+        if i == 1:
+            extra = {"steps": 2, "partial": True}
+        if i == 2:
+            extra = {"metrics": {"refuse": 1.0}}
+            out.append((held, await submit(kit, coord, w, held, 0.5)))   # base 0, version 2
+        out.append((g, await submit(kit, coord, w, g, 0.1 * (i + 1), **extra)))
+    out.append((stale, await submit(kit, coord, w, stale, 0.7)))         # too stale by now
+    return w, out
+
+
+@pytest.fixture(params=["memory", "file"])
+async def storage(request, tmp_path):
+    url = "memory://recovery" if request.param == "memory" else f"file://{tmp_path}/state"
+    st = open_storage(url)
+    yield st
+    await st.aclose()
+
+
+@pytest.mark.parametrize("snapshot_every", [1, 3, 100])
+async def test_journal_recovery_is_bit_identical(kit, clock, storage, snapshot_every) -> None:
+    a = await make(kit, storage, clock, snapshot_every=snapshot_every, units=8).__aenter__()
+    w, results = await drive(kit, a, 5)
+    assert [r.reason for _, r in results if r.status == "rejected"] == ["refused_by_policy",
+                                                                          "too_stale"]
+    model, version, counts = a.model(), a.version, a.status()["units"]
+    await crash(a)
+
+    b = make(kit, storage, clock, snapshot_every=snapshot_every, units=8)
+    async with b:
+        assert b.version == version
+        assert b.model().equal(model), "replay must give the same model bit for bit"
+        assert b.status()["units"] == counts
+        for g, r in results:      # every earlier receipt survived: nothing merges twice
+            again = await submit(kit, b, w, g, 0.9)
+            assert again.version == r.version
+            assert again.status == ("duplicate" if r.status == "accepted" else "rejected")
+        assert b.version == version
+        assert b.model().equal(model)
+
+
+async def test_recovery_twice_and_progress_after(kit, clock, storage) -> None:
+    a = await make(kit, storage, clock, snapshot_every=2).__aenter__()
+    await drive(kit, a, 3)
+    await crash(a)
+    b = await make(kit, storage, clock, snapshot_every=2).__aenter__()
+    model, version = b.model(), b.version
+    await crash(b)
+    async with make(kit, storage, clock, snapshot_every=2) as c:
+        assert c.model().equal(model)
+        assert c.version == version
+        w = await c.join()
+        g = await c.lease(w)
+        assert (await submit(kit, c, w, g, base_version=c.version)).version == version + 1
+    async with make(kit, storage, clock, snapshot_every=2) as d:   # after a clean close too
+        assert d.version == version + 1
+
+
+async def test_lease_granted_after_the_snapshot_is_adopted(kit, clock, storage) -> None:
+    a = await make(kit, storage, clock).__aenter__()
+    w = await a.join()
+    g = await a.lease(w)                      # no snapshot knows this lease
+    await crash(a)
+    async with make(kit, storage, clock) as b:
+        resumed = await b.resume(w, g.lease_id)
+        assert resumed.resumed
+        assert resumed.unit == g.unit
+        assert (await submit(kit, b, w, g)).status == "accepted"
+
+
+async def test_crash_between_journal_write_and_merge(kit, clock, storage) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    class Stuck(kit.HalfWay):
+        def merge(self, model, update, state):
+            if update.metrics.get("stick"):
+                entered.set()
+                release.wait(30)
+            return super().merge(model, update, state)
+
+    a = await make(kit, storage, clock, Stuck()).__aenter__()
+    w = await a.join()
+    g = await a.lease(w)
+    task = asyncio.create_task(submit(kit, a, w, g, metrics={"stick": 1.0}))
+    assert await asyncio.to_thread(entered.wait, 30)   # journaled, merging, not acknowledged
+    await crash(a)
+    release.set()
+    await asyncio.gather(task, return_exceptions=True)
+    async with make(kit, storage, clock, Stuck()) as b:
+        assert b.version == 1                         # the journaled result was replayed
+        again = await submit(kit, b, w, g, metrics={"stick": 0.0})
+        assert (again.status, again.version) == ("duplicate", 1)
+
+
+class Countdown:
+    """A FaultyStorage trigger: fail the next ``n`` calls of ``op`` whose key contains ``frag``."""
+
+    def __init__(self) -> None:
+        self.rules: dict[tuple[str, str], int] = {}
+
+    def arm(self, op: str, frag: str, n: int = 1) -> None:
+        self.rules[(op, frag)] = n
+
+    def __call__(self, op: str, key: str | None) -> bool:
+        for (rule_op, frag), n in self.rules.items():
+            if op == rule_op and key is not None and frag in key and n > 0:
+                self.rules[(rule_op, frag)] = n - 1
+                return True
+        return False
+
+
+async def test_failed_journal_write_changes_nothing(kit, clock, storage) -> None:
+    trigger = Countdown()
+    async with make(kit, FaultyStorage(storage, trigger=trigger), clock) as a:
+        w = await a.join()
+        g = await a.lease(w)
+        digest, ledger = a.model().digest(), a._ledger.snapshot()
+        trigger.arm("put_stream", "/journal/")
+        with pytest.raises(StorageError):
+            await submit(kit, a, w, g)
+        assert a.model().digest() == digest
+        assert a._ledger.snapshot() == ledger
+        r = await submit(kit, a, w, g)              # the retry goes through
+        assert (r.status, r.version) == ("accepted", 1)
+        model = a.model()
+        await crash(a)
+    async with make(kit, storage, clock) as b:
+        assert b.model().equal(model)
+
+
+async def test_failed_snapshot_is_retried_and_recovery_uses_the_journal(kit, clock,
+                                                                        storage) -> None:
+    trigger = Countdown()
+    a = await make(kit, FaultyStorage(storage, trigger=trigger), clock,
+                   snapshot_every=1).__aenter__()
+    trigger.arm("put", "/manifests/", 2)    # torn snapshots: data objects written, manifest not
+    await drive(kit, a, 3)
+    for _ in range(500):             # the writer runs beside the merges: let it catch up
+        if a.metrics.snapshots >= 2 and a.metrics.snapshot_failures >= 2:
+            break
+        await asyncio.sleep(0.01)
+    assert a.metrics.snapshot_failures == 2
+    assert a.metrics.snapshots >= 2                  # the initial one, and one after the failures
+    model, version = a.model(), a.version
+    await crash(a)
+    async with make(kit, storage, clock, snapshot_every=1) as b:
+        assert b.version == version
+        assert b.model().equal(model)
+
+
+async def test_snapshot_mode_recovers_the_snapshot_and_versions_go_forward(kit, clock,
+                                                                            storage) -> None:
+    a = await make(kit, storage, clock, durability="snapshot", snapshot_every=2).__aenter__()
+    w = await a.join()
+    for _ in range(2):
+        g = await a.lease(w)
+        await submit(kit, a, w, g, base_version=a.version)
+    for _ in range(20):                 # let the writer finish the snapshot of version 2
+        if a.metrics.snapshots >= 2:
+            break
+        await asyncio.sleep(0.01)
+    at_snapshot = a.model()
+    g = await a.lease(w)
+    await submit(kit, a, w, g, base_version=a.version)   # lost in the crash, by design
+    served = a.version
+    await crash(a)
+    async with make(kit, storage, clock, durability="snapshot", snapshot_every=2) as b:
+        assert b.version > served                     # never reuse a number that was served
+        assert b.model().equal(at_snapshot)
+        assert b.status()["units"]["done"] == 2
+        w2 = await b.join()
+        g = await b.lease(w2)
+        assert g.unit.unit_id == "e0-s2"              # the lost result's unit is open again
+
+
+async def test_none_mode_keeps_nothing(kit, clock, storage) -> None:
+    async with make(kit, storage, clock, durability="none") as a:
+        w = await a.join()
+        await submit(kit, a, w, await a.lease(w))
+    assert [k async for k in storage.list("")] == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_random_storage_faults_never_lose_or_double_an_acknowledged_result(kit, clock, seed):
+    """Failed writes, lost replies (the write happened, the answer did not come back) and delays on
+    every storage call, with retries as a worker would make them; then a crash. The recovered
+    coordinator has every acknowledged result exactly once and the same model."""
+    inner = open_storage("memory://chaos")
+    faulty = FaultyStorage(inner, FaultPlan(fail=0.15, lose_reply=0.15, delay=0.2,
+                                            ops=frozenset({"put", "put_stream", "delete"})),
+                           seed=seed)
+    a = make(kit, faulty, clock, units=10, snapshot_every=2)
+    for _ in range(50):                 # the first snapshot may fail too: start again
+        try:
+            await a.__aenter__()
+            break
+        except StorageError:
+            a = make(kit, faulty, clock, units=10, snapshot_every=2)
+    w = await a.join()
+    acked = {}
+    for i in range(10):
+        g = await a.lease(w)
+        for _ in range(50):             # a worker retries until it gets an answer
+            try:
+                acked[g.lease_id] = (g, await submit(kit, a, w, g, 0.01 * (i + 1),
+                                                     base_version=a.version))
+                break
+            except StorageError:
+                continue
+    assert len(acked) == 10
+    assert faulty.injected["fail"] + faulty.injected["lose_reply"] > 0
+    model, version = a.model(), a.version
+    await crash(a)
+    async with make(kit, inner, clock, units=10, snapshot_every=2) as b:
+        assert b.version == version
+        assert b.model().equal(model)
+        assert b.status()["units"]["done"] == 10
+        for g, r in acked.values():
+            again = await submit(kit, b, w, g, 0.5)
+            assert (again.status, again.version) == ("duplicate", r.version)
+    await inner.aclose()
+
+
+@pytest.mark.parametrize("name", ["vcasgd", "fedasync", "fedbuff", "diloco", "median", "gate"])
+async def test_builtin_policies_replay_bit_identically(kit, clock, name) -> None:
+    """Every kind of built-in (needs a base or not, buffers and returns None, keeps momentum)
+    comes back from the journal exactly as it was, policy state included."""
+    from vcasync.policy import build_policy
+
+    storage = open_storage("memory://policies")
+    a = await make(kit, storage, clock, build_policy(name), units=8,
+                   snapshot_every=3).__aenter__()
+    w = await a.join()
+    held = await a.lease(w)
+    receipts = []
+    for i in range(6):
+        g = await a.lease(w)
+        receipts.append(await submit(kit, a, w, g, 0.05 * (i + 1) * (-1) ** i,
+                                     base_version=a.version))
+    receipts.append(await submit(kit, a, w, held, 0.3, base_version=0))
+    assert all(r.status in ("accepted", "rejected") for r in receipts)
+    model, version, state = a.model(), a.version, a._owner.state
+    from vcasync.wire import pack_tree
+    packed = pack_tree(state)
+    await crash(a)
+    async with make(kit, storage, clock, build_policy(name), units=8, snapshot_every=3) as b:
+        assert b.version == version
+        assert b.model().equal(model)
+        assert pack_tree(b._owner.state) == packed
+    await storage.aclose()
+
+
+async def test_journal_and_bases_are_pruned_behind_kept_snapshots(kit, clock, storage) -> None:
+    async def settled(a: Coordinator) -> None:
+        """Let the writer store every capture (snapshot_every=2) before the next result."""
+        seq = a.status()["journal"]["seq"]
+        for _ in range(500):
+            if a.status()["journal"]["last_snapshot_seq"] >= seq - seq % 2:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("the snapshot writer did not catch up")
+
+    async with make(kit, storage, clock, units=12, snapshot_every=2, keep_snapshots=2,
+                    max_staleness=3) as a:
+        w = await a.join()
+        old = await a.lease(w)
+        for _ in range(3):
+            await submit(kit, a, w, await a.lease(w), base_version=a.version)
+            await settled(a)
+        await submit(kit, a, w, old, base_version=0)          # base 0 must be stored
+        assert [k async for k in storage.list("vcasync/bases/")] == [
+            "vcasync/bases/0000000000000000"]
+        for _ in range(6):
+            await settled(a)
+            await submit(kit, a, w, await a.lease(w), base_version=a.version)
+        await settled(a)
+        model = a.model()
+    journal = sorted([k async for k in storage.list("vcasync/journal/")])
+    assert await CheckpointStore(storage, "vcasync/snapshots").steps() == [8, 10]
+    # Entries after the older kept snapshot stay (a fallback if the newest were corrupt) ...
+    assert journal == ["vcasync/journal/0000000000000009", "vcasync/journal/0000000000000010"]
+    # ... and bases older than what its replay could need (version 8 - max_staleness 3) go.
+    assert [k async for k in storage.list("vcasync/bases/")] == []
+    async with make(kit, storage, clock, units=12) as b:
+        assert b.model().equal(model)
+
+
+async def test_interval_snapshot_without_enough_results(kit, clock, storage) -> None:
+    async with make(kit, storage, clock, snapshot_every=1000, snapshot_interval_s=0.02) as a:
+        w = await a.join()
+        await submit(kit, a, w, await a.lease(w))
+        for _ in range(500):
+            if a.metrics.snapshots >= 2:      # the initial one and one from the timer
+                break
+            await asyncio.sleep(0.01)
+        assert a.metrics.snapshots >= 2
+        assert a.status()["journal"]["last_snapshot_seq"] == 1
+
+
+async def test_stored_state_of_another_model_is_refused(kit, clock, storage) -> None:
+    async with make(kit, storage, clock):
+        pass
+    other = Coordinator(ModelState({"x": torch.zeros(2)}), make_units(2), policy=kit.HalfWay(),
+                        storage=storage, config=CoordinatorConfig(lease_timeout_s=10.0))
+    with pytest.raises(ConfigError, match="another model"):
+        await other.__aenter__()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "gap"])
+async def test_a_damaged_journal_stops_the_start_with_a_clear_error(kit, clock, storage,
+                                                                     damage) -> None:
+    a = await make(kit, storage, clock).__aenter__()
+    w = await a.join()
+    for _ in range(2):
+        await submit(kit, a, w, await a.lease(w))
+    await crash(a)
+    if damage == "garbage":
+        await storage.delete("vcasync/journal/0000000000000002")
+        await storage.put("vcasync/journal/0000000000000002", b"\x00not a payload")
+    else:
+        await storage.delete("vcasync/journal/0000000000000001")
+    with pytest.raises(CorruptObjectError, match="journal entry"):
+        await make(kit, storage, clock).__aenter__()

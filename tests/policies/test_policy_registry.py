@@ -1,0 +1,231 @@
+"""The policy registry: validation when registered, building from params and from TOML."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar, Literal
+
+import pytest
+
+from vcasync.errors import ConfigError, PluginValidationError, UnknownPolicyError
+from vcasync.policy import (
+    MergePolicy,
+    PolicyState,
+    available_policies,
+    build_policy,
+    policy_from_config,
+    policy_spec,
+    register_policy,
+    unregister_policy,
+)
+from vcasync.tensors import ModelState, Update
+
+BUILTINS = {"vcasgd", "fedasync", "fedbuff", "diloco", "median", "trimmed_mean", "gate", "sync"}
+
+
+class Good:
+    """A minimal valid policy."""
+
+    name: ClassVar[str] = "good"
+    needs_base: ClassVar[bool] = False
+    claims: ClassVar[frozenset[str]] = frozenset({"identity"})
+
+    def __init__(self, rate: float = 0.5, mode: Literal["a", "b"] = "a", limit: int | None = None,
+                 tags: list[str] = [], extra: dict[str, float] | None = None) -> None:  # noqa: B006
+        self.rate, self.mode, self.limit, self.tags, self.extra = rate, mode, limit, tags, extra
+
+    def init_state(self, model: ModelState) -> PolicyState:
+        return {}
+
+    def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState | None:
+        return None
+
+
+@pytest.fixture
+def registered() -> Iterator[Callable[[str, type], Any]]:
+    names: list[str] = []
+
+    def register(name: str, cls: type) -> Any:
+        names.append(name)
+        return register_policy(name, cls)
+
+    yield register
+    for name in names:
+        unregister_policy(name)
+
+
+def test_builtins_come_from_entry_points_and_validate() -> None:
+    assert set(available_policies()) >= BUILTINS
+    for name in BUILTINS:
+        spec = policy_spec(name)
+        assert spec.name == name
+        assert spec.summary, name
+        policy = build_policy(name)
+        assert isinstance(policy, MergePolicy)
+        assert policy.name == name
+        assert isinstance(policy.needs_base, bool)
+
+
+def test_build_with_params_checks_names_and_types(registered: Callable[[str, type], Any]) -> None:
+    registered("good", Good)
+    p = build_policy("good", {"rate": 1, "mode": "b", "limit": 3, "tags": ("x", "y"),
+                              "extra": {"k": 2}})
+    assert isinstance(p, Good)
+    assert p.rate == 1.0
+    assert isinstance(p.rate, float)
+    assert p.mode == "b"
+    assert p.limit == 3
+    assert p.tags == ["x", "y"]
+    assert p.extra == {"k": 2.0}
+
+    with pytest.raises(ConfigError, match=r"unknown parameter\(s\) for policy 'good': colour, size"):
+        build_policy("good", {"size": 1, "colour": "red", "rate": 0.1})
+    with pytest.raises(ConfigError, match="'rate' of policy 'good' must be float"):
+        build_policy("good", {"rate": "fast"})
+    with pytest.raises(ConfigError, match="'rate'"):
+        build_policy("good", {"rate": True})  # a bool is not a number here
+    with pytest.raises(ConfigError, match="'mode'"):
+        build_policy("good", {"mode": "c"})
+    with pytest.raises(ConfigError, match="'limit'"):
+        build_policy("good", {"limit": 2.5})
+    with pytest.raises(ConfigError, match="'tags'"):
+        build_policy("good", {"tags": "xy"})
+    with pytest.raises(ConfigError, match="must be a table"):
+        build_policy("good", ["rate"])  # type: ignore[arg-type]
+
+
+def test_builtin_value_errors_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="alpha"):
+        build_policy("vcasgd", {"alpha": 1.5})
+    with pytest.raises(ConfigError, match="horizon"):
+        build_policy("vcasgd", {"schedule": "linear"})
+    with pytest.raises(ConfigError, match="staleness"):
+        build_policy("fedasync", {"staleness": "sometimes"})
+    with pytest.raises(ConfigError, match="buffer_size"):
+        build_policy("fedbuff", {"buffer_size": 0})
+    with pytest.raises(ConfigError, match="beta"):
+        build_policy("trimmed_mean", {"beta": 0.5})
+    with pytest.raises(ConfigError, match="momentum"):
+        build_policy("diloco", {"momentum": 1.0})
+    with pytest.raises(ConfigError, match=r"unknown parameter.*'vcasgd'.*bogus"):
+        build_policy("gate", {"inner": "vcasgd", "inner_params": {"bogus": 1}})
+    with pytest.raises(UnknownPolicyError):
+        build_policy("gate", {"inner": "nope"})
+
+
+def test_unknown_policy_lists_the_available_ones() -> None:
+    with pytest.raises(UnknownPolicyError, match=r"no merge policy named .nope.*vcasgd"):
+        build_policy("nope")
+
+
+def _mutant(**changes: Any) -> type:
+    ns = {k: v for k, v in vars(Good).items() if not k.startswith("__") or k == "__init__"}
+    ns.update(changes)
+    ns = {k: v for k, v in ns.items() if v is not _DROP}
+    return type("Mutant", (), ns)
+
+
+_DROP = object()
+
+
+def _no_default(self: Any, rate: float) -> None: ...
+def _no_annotation(self: Any, rate=0.5) -> None: ...  # type: ignore[no-untyped-def]
+def _var_kw(self: Any, **kw: Any) -> None: ...
+def _callable_param(self: Any, fn: Callable[[int], int] | None = None) -> None: ...
+def _bad_default(self: Any, rate: float = "fast") -> None: ...  # type: ignore[assignment]
+def _bad_merge(self: Any, model: Any) -> None: ...
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"merge": _DROP}, "missing method 'merge'"),
+    ({"init_state": _DROP}, "missing method 'init_state'"),
+    ({"merge": _bad_merge}, r"'merge' must accept \(self, model, update, state\)"),
+    ({"needs_base": _DROP}, "missing attribute 'needs_base'"),
+    ({"needs_base": "yes"}, "bool attribute 'needs_base'"),
+    ({"claims": {"identity"}}, "frozenset"),
+    ({"claims": frozenset({"speed"})}, r"unknown law\(s\) \['speed'\]"),
+    ({"name": "other"}, "'name' is 'other'"),
+    ({"__init__": _no_default}, "'rate' needs a default"),
+    ({"__init__": _no_annotation}, "'rate' needs a type annotation"),
+    ({"__init__": _var_kw}, "plain keyword parameter"),
+    ({"__init__": _callable_param}, "'fn' has type"),
+    ({"__init__": _bad_default}, "default 'fast' is not a float"),
+])
+def test_validation_names_the_plugin_and_the_problem(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(PluginValidationError, match=message) as info:
+        register_policy("good", _mutant(**changes))
+    assert info.value.plugin == "good"
+    assert str(info.value).startswith("plugin 'good':")
+    assert "good" not in available_policies()
+
+
+def test_not_a_class_and_duplicates(registered: Callable[[str, type], Any]) -> None:
+    with pytest.raises(PluginValidationError, match="must be a class"):
+        register_policy("good", Good())  # type: ignore[arg-type]
+    with pytest.raises(PluginValidationError, match="already registered"):
+        register_policy("vcasgd", Good)
+    registered("good", Good)
+    with pytest.raises(PluginValidationError, match="already registered"):
+        register_policy("good", Good)
+    register_policy("good", Good, replace=True)
+
+
+def test_bounded_influence_needs_max_outliers(registered: Callable[[str, type], Any]) -> None:
+    registered("good", _mutant(claims=frozenset({"bounded_influence"})))
+    with pytest.raises(PluginValidationError, match="max_outliers"):
+        build_policy("good")
+
+
+def test_constructor_value_error_becomes_config_error(registered: Callable[[str, type], Any]) -> None:
+    def init(self: Any, rate: float = 0.5) -> None:
+        if rate < 0:
+            raise ValueError("rate must be >= 0")
+
+    registered("good", _mutant(__init__=init))
+    with pytest.raises(ConfigError, match="policy 'good': rate must be >= 0"):
+        build_policy("good", {"rate": -1.0})
+
+
+def test_policy_from_toml() -> None:
+    doc = tomllib.loads("""
+        [policy]
+        name = "vcasgd"
+        [policy.params]
+        alpha = 0.75
+        staleness = "polynomial"
+        a = 1
+    """)
+    p = policy_from_config(doc)
+    assert p.name == "vcasgd"
+    assert p.alpha == 0.75
+    assert p.staleness.kind == "polynomial"
+    assert p.staleness.a == 1.0
+    assert policy_from_config(doc["policy"]).name == "vcasgd"  # the table itself
+    assert policy_from_config(tomllib.loads('policy = "fedbuff"')).name == "fedbuff"
+
+    gate = policy_from_config(tomllib.loads("""
+        [policy]
+        name = "gate"
+        [policy.params]
+        inner = "fedasync"
+        z = 2.5
+        [policy.params.inner_params]
+        alpha = 0.4
+    """))
+    assert gate.name == "gate"
+    assert gate.inner.alpha == 0.4
+    assert gate.needs_base
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[policy]\nname = "vcasgd"\n[policy.params]\nalfa = 0.5', r"unknown parameter\(s\).*alfa"),
+    ('[policy]\nname = "vcasgd"\nparms = 1', r"unknown key\(s\) in the policy table: parms"),
+    ('[policy]\n[policy.params]\nalpha = 0.5', "needs a 'name'"),
+    ('[policy]\nname = "vcasgd"\nparams = 3', "must be a table"),
+    ("policy = 3", "must be a name or a table"),
+    ('[policy]\nname = 3', "must be a string"),
+])
+def test_policy_from_toml_errors(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        policy_from_config(tomllib.loads(text))

@@ -1,0 +1,202 @@
+"""Feed a policy a stream of results the way the coordinator does, checking the contract as it goes.
+
+:class:`PolicyRun` keeps what the coordinator keeps for a policy: the model, the policy state, the
+version counter and every past version (so a delta's ``base`` can be filled in). Each
+:meth:`PolicyRun.feed` turns a :class:`~vcasync.testing.strategies.StreamItem` into an ``Update``
+(``base_version = version - lag``, ``staleness``, ``base`` when the policy ``needs_base``), merges it,
+and checks the rules of :mod:`vcasync.policy`:
+
+- returning None leaves the model bit-for-bit as it was;
+- a refusal (:class:`~vcasync.errors.UpdateRejectedError`) leaves model and state as they were;
+- a merged model keeps the names, shapes and dtypes;
+- the update's tensors and its base are never mutated;
+- the state stays serialisable by :func:`vcasync.wire.pack_tree`.
+
+Any breach raises :class:`LawViolation` (an ``AssertionError``, so test runners report it as a
+failure) that names the law, the policy, the step and the tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from ..errors import UpdateRejectedError
+from ..policy import MergePolicy, PolicyState
+from ..tensors import ModelState, tensor_bytes
+from ..wire import pack_tree, unpack_tree
+from .strategies import StreamItem
+
+__all__ = [
+    "LawViolation",
+    "PolicyFactory",
+    "PolicyRun",
+    "Step",
+    "bits_equal",
+    "compare_runs",
+    "pack_state",
+    "roundtrip_state",
+]
+
+#: Anything that builds a fresh policy: a class, ``functools.partial(build_policy, name, params)``,
+#: a lambda.
+PolicyFactory = Callable[[], MergePolicy]
+
+Outcome = Literal["merged", "kept", "rejected"]
+
+
+class LawViolation(AssertionError):
+    """A policy broke a law; ``law`` names it."""
+
+    def __init__(self, law: str, message: str) -> None:
+        super().__init__(f"[{law}] {message}")
+        self.law = law
+
+
+def pack_state(state: PolicyState) -> bytes:
+    """The serialised state (:func:`vcasync.wire.pack_tree`); the one place the format is chosen."""
+    return pack_tree(state)
+
+
+def roundtrip_state(state: PolicyState) -> PolicyState:
+    """``state`` through the wire and back, as a coordinator checkpoint would carry it."""
+    restored = unpack_tree(pack_state(state))
+    if not isinstance(restored, dict):
+        raise LawViolation("state_roundtrip", f"state came back as {type(restored).__name__}")
+    return restored
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and bytes (NaN payloads and signed zeros included)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return bytes(tensor_bytes(a)) == bytes(tensor_bytes(b))
+
+
+def _first_difference(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> str | None:
+    if list(a) != list(b):
+        return f"names differ: {list(a)} vs {list(b)}"
+    for name, t in a.items():
+        if not bits_equal(t, b[name]):
+            return f"tensor {name!r}: {t.flatten()[:6].tolist()} vs {b[name].flatten()[:6].tolist()}"
+    return None
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """What one result did: ``outcome``, the refusal ``reason``, and the model afterwards (a copy)."""
+
+    outcome: Outcome
+    reason: str | None
+    model: ModelState
+    version: int
+
+
+class PolicyRun:
+    """A policy, its state and the model, fed results one at a time like the coordinator does."""
+
+    def __init__(self, policy: MergePolicy, model: ModelState, *, state: PolicyState | None = None,
+                 history: list[ModelState] | None = None, check: bool = True) -> None:
+        self.policy = policy
+        self.model = model
+        self.state: PolicyState = policy.init_state(model) if state is None else state
+        self.history: list[ModelState] = history if history is not None else [model.clone()]
+        self.check = check
+        self.steps: list[Step] = []
+
+    @property
+    def version(self) -> int:
+        return len(self.history) - 1
+
+    def fork(self, policy: MergePolicy, state: PolicyState) -> PolicyRun:
+        """A copy of this run (model and history cloned) driven by ``policy`` with ``state``."""
+        return PolicyRun(policy, self.model.clone(), state=state,
+                         history=[m.clone() for m in self.history], check=self.check)
+
+    def feed_all(self, items: Iterable[StreamItem]) -> list[Step]:
+        return [self.feed(item) for item in items]
+
+    def feed(self, item: StreamItem, *, staleness: int | None = None) -> Step:
+        """Merge one result; ``staleness`` overrides the one implied by the lag (same base)."""
+        base_version = max(0, self.version - item.lag)
+        tau = self.version - base_version if staleness is None else staleness
+        base = self.history[base_version] if self.policy.needs_base else None
+        update = item.to_update(base_version, tau, base)
+        label = f"{self.policy!r}, step {len(self.steps)}"
+        if self.check:
+            before_model = self.model.clone()
+            before_state = self._packed(label)
+            inputs = {n: t.clone() for n, t in item.tensors.items()}
+            base_copy = base.clone() if base is not None else None
+        try:
+            out = self.policy.merge(self.model, update, self.state)
+        except UpdateRejectedError as exc:
+            if self.check:
+                self._same(before_model, self.model, "contract", f"{label}: a refusal changed the model")
+                if self._packed(label) != before_state:
+                    raise LawViolation("contract", f"{label}: a refusal changed the state") from exc
+                self._inputs(item, inputs, base, base_copy, label)
+            step = Step("rejected", exc.reason, self.model.clone(), self.version)
+            self.steps.append(step)
+            return step
+        if self.check:
+            self._inputs(item, inputs, base, base_copy, label)
+            self._packed(label)
+        if out is None:
+            if self.check:
+                self._same(before_model, self.model, "contract",
+                           f"{label}: merge returned None but changed the model")
+            step = Step("kept", None, self.model.clone(), self.version)
+        else:
+            if not isinstance(out, ModelState):
+                raise LawViolation("contract", f"{label}: merge returned {type(out).__name__}, "
+                                               f"not a ModelState or None")
+            if out.spec != self.history[0].spec:
+                raise LawViolation("contract", f"{label}: the merged model's spec changed")
+            self.model = out
+            self.model.version = self.version + 1
+            self.history.append(out.clone())
+            step = Step("merged", None, out.clone(), self.version)
+        self.steps.append(step)
+        return step
+
+    def _packed(self, label: str) -> bytes:
+        try:
+            return pack_state(self.state)
+        except Exception as exc:  # whatever pack_tree refuses, the policy is at fault
+            raise LawViolation("state_roundtrip", f"{label}: the state does not serialise with "
+                                                  f"vcasync.wire.pack_tree: {exc}") from exc
+
+    @staticmethod
+    def _same(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], law: str, msg: str) -> None:
+        diff = _first_difference(a, b)
+        if diff is not None:
+            raise LawViolation(law, f"{msg} ({diff})")
+
+    def _inputs(self, item: StreamItem, inputs: dict[str, torch.Tensor], base: ModelState | None,
+                base_copy: ModelState | None, label: str) -> None:
+        self._same(inputs, item.tensors, "inputs_unchanged", f"{label}: merge mutated update.tensors")
+        if base is not None and base_copy is not None:
+            self._same(base_copy, base, "inputs_unchanged", f"{label}: merge mutated update.base")
+
+
+def compare_runs(a: PolicyRun, b: PolicyRun, law: str, what: str, *, skip_a: int = 0) -> None:
+    """Raise :class:`LawViolation` unless both runs took the same steps with the same bits.
+
+    ``skip_a`` ignores ``a``'s first steps (``b`` was forked from ``a`` after them).
+    """
+    steps_a = a.steps[skip_a:]
+    if len(steps_a) != len(b.steps):
+        raise LawViolation(law, f"{what}: {len(steps_a)} vs {len(b.steps)} steps")
+    for i, (x, y) in enumerate(zip(steps_a, b.steps, strict=True)):
+        if (x.outcome, x.reason) != (y.outcome, y.reason):
+            raise LawViolation(law, f"{what}: step {i + skip_a} was {x.outcome}/{x.reason} vs "
+                                    f"{y.outcome}/{y.reason}")
+        diff = _first_difference(x.model, y.model)
+        if diff is not None:
+            raise LawViolation(law, f"{what}: step {i + skip_a} models differ ({diff})")
+    if pack_state(a.state) != pack_state(b.state):
+        raise LawViolation(law, f"{what}: the final states differ")

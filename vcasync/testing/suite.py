@@ -1,0 +1,176 @@
+"""Hypothesis-driven law checks: ``check_policy`` and one ``check_<law>`` per law.
+
+Typical use, in a test of your own policy::
+
+    from vcasync.testing import check_policy
+
+    def test_my_policy_obeys_its_laws():
+        check_policy(lambda: MyPolicy(alpha=0.3))
+
+``check_policy`` builds one policy to read its ``claims``, then runs every required law and every
+claimed one (:mod:`vcasync.testing.laws` explains each) on ``max_examples`` drawn examples, and
+returns the names of the laws it ran. Each law is also a function of its own (``check_convex``,
+...), and ``laws=[...]`` picks a subset. ``models`` replaces the model strategy (e.g. to restrict
+dtypes); ``settings`` replaces the hypothesis settings entirely.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from hypothesis import HealthCheck, given
+from hypothesis import settings as Settings
+from hypothesis import strategies as st
+
+from ..policy import KNOWN_LAWS, REQUIRED_LAWS
+from ..tensors import ModelState
+from . import laws as _laws
+from .harness import PolicyFactory
+from .strategies import UpdateStream, update_streams
+
+__all__ = [
+    "LAW_CHECKS",
+    "check_bounded_influence",
+    "check_contract",
+    "check_convex",
+    "check_deterministic",
+    "check_finite",
+    "check_identity",
+    "check_inputs_unchanged",
+    "check_law",
+    "check_policy",
+    "check_staleness_monotone",
+    "check_state_roundtrip",
+]
+
+Models = st.SearchStrategy[ModelState] | None
+
+
+def _settings(max_examples: int, override: Settings | None) -> Settings:
+    if override is not None:
+        return override
+    return Settings(max_examples=max_examples, deadline=None, print_blob=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def _drive(strategy: st.SearchStrategy[Any], body: Callable[[Any], None], max_examples: int,
+           override: Settings | None) -> None:
+    @_settings(max_examples, override)
+    @given(strategy)
+    def run(example: Any) -> None:
+        body(example)
+
+    run()
+
+
+def _streams(models: Models, *, allow_nan: bool, kinds: tuple[str, ...] = ("delta", "weights"),
+             ) -> st.SearchStrategy[UpdateStream]:
+    return update_streams(models=models, allow_nan=allow_nan, kinds=kinds)  # type: ignore[arg-type]
+
+
+def check_contract(factory: PolicyFactory, *, max_examples: int = 30, models: Models = None,
+                   settings: Settings | None = None) -> None:
+    """None keeps the model; refusals change nothing; spec kept; state serialises (NaN/Inf too)."""
+    _drive(_streams(models, allow_nan=True), lambda s: _laws.contract(factory, s), max_examples,
+           settings)
+
+
+def check_inputs_unchanged(factory: PolicyFactory, *, max_examples: int = 30, models: Models = None,
+                           settings: Settings | None = None) -> None:
+    """``update.tensors`` and ``update.base`` are never mutated (NaN/Inf included)."""
+    _drive(_streams(models, allow_nan=True), lambda s: _laws.inputs_unchanged(factory, s),
+           max_examples, settings)
+
+
+def check_deterministic(factory: PolicyFactory, *, max_examples: int = 30, models: Models = None,
+                        settings: Settings | None = None) -> None:
+    """The same stream twice gives the same bits (NaN/Inf included)."""
+    _drive(_streams(models, allow_nan=True), lambda s: _laws.deterministic(factory, s),
+           max_examples, settings)
+
+
+def check_state_roundtrip(factory: PolicyFactory, *, max_examples: int = 30, models: Models = None,
+                          settings: Settings | None = None) -> None:
+    """A state restored through the wire mid-stream continues exactly as the original."""
+    strategy = st.tuples(_streams(models, allow_nan=True), st.integers(0, 8))
+    _drive(strategy, lambda e: _laws.state_roundtrip(factory, e[0], e[1]), max_examples, settings)
+
+
+def check_finite(factory: PolicyFactory, *, max_examples: int = 30, models: Models = None,
+                 settings: Settings | None = None) -> None:
+    """Finite in, finite out."""
+    _drive(_streams(models, allow_nan=False), lambda s: _laws.finite(factory, s), max_examples,
+           settings)
+
+
+def check_identity(factory: PolicyFactory, *, max_examples: int = 30, models: Models = None,
+                   settings: Settings | None = None) -> None:
+    """Results equal to the model leave it unchanged."""
+    _drive(_streams(models, allow_nan=False), lambda s: _laws.identity(factory, s), max_examples,
+           settings)
+
+
+def check_convex(factory: PolicyFactory, *, max_examples: int = 30, models: Models = None,
+                 settings: Settings | None = None, ulps: int = _laws.DEFAULT_ULPS) -> None:
+    """Merged models stay in the element-wise hull of the model and the merged results."""
+    _drive(_streams(models, allow_nan=False), lambda s: _laws.convex(factory, s, ulps=ulps),
+           max_examples, settings)
+
+
+def check_staleness_monotone(factory: PolicyFactory, *, max_examples: int = 30,
+                             models: Models = None, settings: Settings | None = None,
+                             ulps: int = _laws.DEFAULT_ULPS) -> None:
+    """A staler copy of a result never moves the model more."""
+    strategy = st.tuples(_streams(models, allow_nan=False), st.integers(0, 6), st.integers(1, 10))
+    _drive(strategy, lambda e: _laws.staleness_monotone(factory, e[0], e[1], e[1] + e[2], ulps=ulps),
+           max_examples, settings)
+
+
+def check_bounded_influence(factory: PolicyFactory, *, max_examples: int = 30,
+                            models: Models = None, settings: Settings | None = None,
+                            ulps: int = _laws.DEFAULT_ULPS) -> None:
+    """``max_outliers`` hostile results cannot drag the model outside the honest hull."""
+    strategy = st.tuples(_streams(models, allow_nan=False, kinds=("delta",)),
+                         st.lists(st.integers(0, 63), min_size=0, max_size=8))
+    _drive(strategy, lambda e: _laws.bounded_influence(factory, e[0], e[1], ulps=ulps),
+           max_examples, settings)
+
+
+LAW_CHECKS: dict[str, Callable[..., None]] = {
+    "contract": check_contract,
+    "inputs_unchanged": check_inputs_unchanged,
+    "deterministic": check_deterministic,
+    "state_roundtrip": check_state_roundtrip,
+    "finite": check_finite,
+    "identity": check_identity,
+    "convex": check_convex,
+    "staleness_monotone": check_staleness_monotone,
+    "bounded_influence": check_bounded_influence,
+}
+if set(LAW_CHECKS) != KNOWN_LAWS:  # pragma: no cover - a law added to vcasync.policy without a check
+    raise ImportError("vcasync.testing.suite does not cover every law in vcasync.policy.KNOWN_LAWS")
+
+
+def check_law(law: str, factory: PolicyFactory, **options: Any) -> None:
+    """Run one law by name (``options`` as for its ``check_<law>`` function)."""
+    if law not in LAW_CHECKS:
+        raise ValueError(f"unknown law {law!r}; known: {sorted(LAW_CHECKS)}")
+    LAW_CHECKS[law](factory, **options)
+
+
+def check_policy(factory: PolicyFactory, *, laws: Iterable[str] | None = None,
+                 max_examples: int = 30, models: Models = None,
+                 settings: Settings | None = None) -> list[str]:
+    """Run the required laws and every law the policy claims; returns the names run, in order.
+
+    ``laws`` restricts the run to those names (a law the policy does not claim may be asked for).
+    """
+    claims = factory().claims
+    chosen = sorted(REQUIRED_LAWS | claims) if laws is None else list(laws)
+    unknown = [law for law in chosen if law not in LAW_CHECKS]
+    if unknown:
+        raise ValueError(f"unknown law(s) {unknown}; known: {sorted(LAW_CHECKS)}")
+    for law in chosen:
+        LAW_CHECKS[law](factory, max_examples=max_examples, models=models, settings=settings)
+    return chosen
