@@ -1,1 +1,1 @@
-"""Benchmarks: ``python -m bench.NAME [--json] [--quick]``; they print figures and never gate CI."""
+"""Benchmarks: ``python -m bench.NAME`` (see BENCHMARKS.md); they print figures and gate nothing."""

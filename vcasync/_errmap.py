@@ -67,13 +67,14 @@ HTTP_ERRORS: Final[Mapping[type[BaseException], ErrorSpec]] = {
     E.LeaseExpiredError: ErrorSpec(410, "lease_expired"),
     E.UnitClosedError: ErrorSpec(409, "unit_closed"),
     E.NotLeaseHolderError: ErrorSpec(403, "not_lease_holder"),
+    E.VersionNotFoundError: ErrorSpec(404, "version_not_found"),
     E.NoWorkAvailableError: ErrorSpec(503, "no_work", refine=_no_work),
     E.AuthError: ErrorSpec(401, "unauthorized"),
 }
 
 #: Attributes copied from an exception into the JSON body (when present and not None).
 CONTEXT_FIELDS: Final = ("field", "limit", "value", "reason", "name", "key", "unit_id", "lease_id",
-                         "retry_after", "finished", "plugin")
+                         "retry_after", "finished", "plugin", "version")
 
 _BY_CODE: Final[dict[str, type[BaseException]]] = {
     **{spec.code: cls for cls, spec in HTTP_ERRORS.items()},

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from types import EllipsisType
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from ._units import LeaseGrant, Receipt, ReceiptStatus, WorkUnit
 from .errors import FrameError, LimitExceededError
@@ -20,7 +20,7 @@ from .wire import decode_message, encode_message
 
 __all__ = [
     "API_PREFIX", "JSON", "MSGPACK", "PAYLOAD", "decode_control", "encode_control", "get_field",
-    "grant_from_body", "grant_to_body", "receipt_from_body", "receipt_to_body",
+    "grant_from_body", "grant_to_body", "read_capped", "receipt_from_body", "receipt_to_body",
 ]
 
 T = TypeVar("T")
@@ -31,6 +31,24 @@ JSON: Final = "application/json"
 PAYLOAD: Final = "application/x-vcasync-payload"
 #: Control bodies larger than this are refused before they are read.
 MAX_CONTROL_BYTES: Final = 64 * 1024
+
+
+class _Readable(Protocol):
+    async def read(self, n: int = -1) -> bytes: ...
+
+
+async def read_capped(stream: _Readable, limit: int) -> bytes:
+    """Read ``stream`` to its end, but never more than ``limit + 1`` bytes (so ``> limit`` shows).
+
+    ``read(n)`` returns what has arrived so far, up to ``n``: one call is not the whole body.
+    """
+    buf = bytearray()
+    while len(buf) <= limit:
+        chunk = await stream.read(limit + 1 - len(buf))
+        if not chunk:
+            break
+        buf += chunk
+    return bytes(buf)
 
 
 def encode_control(kind: str, body: Mapping[str, Any], content_type: str) -> bytes:
@@ -74,7 +92,7 @@ def get_field(body: Mapping[str, Any], name: str, kind: type[T], *, default: T |
     value: Any = body[name]
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    if type(value) is bool and kind is not bool or not isinstance(value, kind):
+    if (type(value) is bool and kind is not bool) or not isinstance(value, kind):
         raise FrameError(f"field {name!r} must be {kind.__name__}, got {type(value).__name__}", field=name)
     if minimum is not None and _as_number(value) < minimum:
         raise FrameError(f"field {name!r} must be >= {minimum}, got {value}", field=name)

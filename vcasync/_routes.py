@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Final
 
 from aiohttp import web
@@ -63,7 +63,7 @@ async def read_control(request: web.Request, kind: str) -> dict[str, Any]:
     if length is not None and length > P.MAX_CONTROL_BYTES:
         raise LimitExceededError(f"control body of {length} bytes is over {P.MAX_CONTROL_BYTES}",
                                  field="body", limit=P.MAX_CONTROL_BYTES, value=length)
-    data = await request.content.read(P.MAX_CONTROL_BYTES + 1) if request.body_exists else b""
+    data = await P.read_capped(request.content, P.MAX_CONTROL_BYTES) if request.body_exists else b""
     return P.decode_control(data, _content_type(request), kind)
 
 
@@ -182,14 +182,18 @@ async def model(request: web.Request) -> web.StreamResponse:
     if inm is not None and _etag_matches(inm, etag):
         return web.Response(status=304, headers=headers)
     payload = coord.model_payload(version)
-    first = await anext(aiter(payload))  # errors (e.g. a forgotten version) surface before headers go out
-    resp = web.StreamResponse(status=200, headers={**headers, "Content-Type": P.PAYLOAD})
-    await resp.prepare(request)
-    await resp.write(first)
-    async for chunk in payload:
-        await resp.write(chunk)
-    await resp.write_eof()
-    return resp
+    try:
+        first = await anext(payload)  # errors (e.g. a dropped version) surface before headers go out
+        resp = web.StreamResponse(status=200, headers={**headers, "Content-Type": P.PAYLOAD})
+        await resp.prepare(request)
+        await resp.write(first)
+        async for chunk in payload:
+            await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+    finally:
+        if isinstance(payload, AsyncGenerator):  # a client that hangs up must not pin the version
+            await payload.aclose()
 
 
 async def status(request: web.Request) -> web.Response:

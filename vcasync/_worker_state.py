@@ -6,7 +6,7 @@ Layout (every write is write-to-temp then rename, so a SIGKILL never leaves half
     lease.json             the lease being worked on (resumed after a restart if still valid)
     checkpoints/<lease>.pt the trainer's checkpoints for that lease (torch.save / weights_only load)
     results/<lease>.vca    a result payload written before upload, re-sent after a restart
-    models/v<N>.vca        downloaded model payloads, the newest few kept
+    models/v<N>.vca        downloaded model payloads (and their ETags), the newest few kept
 """
 
 from __future__ import annotations
@@ -109,8 +109,21 @@ class StateDir:
     def model_path(self, version: int) -> Path:
         return self.root / "models" / f"v{version}.vca"
 
+    def load_etag(self, version: int) -> str | None:
+        try:
+            return (self.root / "models" / f"v{version}.etag").read_text().strip() or None
+        except OSError:
+            return None
+
+    def save_etag(self, version: int, etag: str | None) -> None:
+        path = self.root / "models" / f"v{version}.etag"
+        if etag is None:
+            path.unlink(missing_ok=True)
+        else:
+            _atomic_write(path, etag.encode())
+
     def prune_models(self, keep: Mapping[int, Any] | set[int]) -> None:
-        for p in (self.root / "models").glob("v*.vca"):
+        for p in [*(self.root / "models").glob("v*.vca"), *(self.root / "models").glob("v*.etag")]:
             with contextlib.suppress(ValueError):
                 if int(p.stem[1:]) not in keep:
                     p.unlink(missing_ok=True)

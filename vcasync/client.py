@@ -127,7 +127,7 @@ class CoordinatorClient:
         """Raise what the coordinator answered; a non-vcasync error body (a proxy) stays HTTP-level."""
         if resp.status < 400:
             return
-        data = await resp.content.read(P.MAX_CONTROL_BYTES)
+        data = await P.read_capped(resp.content, P.MAX_CONTROL_BYTES)
         try:
             body = json.loads(data)
         except ValueError:
@@ -147,7 +147,7 @@ class CoordinatorClient:
         async with self._sess().request(method, self.url + path, data=data,
                                         headers=self._headers(credential)) as resp:
             await self._raise_for(resp)
-            raw = await resp.content.read(P.MAX_CONTROL_BYTES + 1)
+            raw = await P.read_capped(resp.content, P.MAX_CONTROL_BYTES)
             return P.decode_control(raw, resp.content_type, reply_kind)
 
     # -- the API ---------------------------------------------------------------------------------
@@ -196,7 +196,7 @@ class CoordinatorClient:
     async def _put_result(self, url: str, data: Any, headers: dict[str, str]) -> Receipt:
         async with self._sess().put(url, data=data, headers=headers) as resp:
             await self._raise_for(resp)
-            raw = await resp.content.read(P.MAX_CONTROL_BYTES + 1)
+            raw = await P.read_capped(resp.content, P.MAX_CONTROL_BYTES)
             return P.receipt_from_body(P.decode_control(raw, resp.content_type, "receipt"))
 
     async def download_model(self, version: int | str, dest: Path, *, etag: str | None = None
@@ -240,12 +240,3 @@ def _int_header(resp: aiohttp.ClientResponse, name: str) -> int:
         return int(resp.headers[name])
     except (KeyError, ValueError) as exc:
         raise FrameError(f"response lacks a valid {name} header", field=name) from exc
-
-
-async def _file_chunks(path: Path, chunk_size: int) -> AsyncIterator[bytes]:
-    f = await asyncio.to_thread(path.open, "rb")
-    try:
-        while chunk := await asyncio.to_thread(f.read, chunk_size):
-            yield chunk
-    finally:
-        await asyncio.to_thread(f.close)

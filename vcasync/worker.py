@@ -32,6 +32,7 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from ._units import LeaseGrant, Receipt
+from ._worker_io import ModelCache, result_tensors, spool_result
 from ._worker_state import Identity, StateDir
 from .client import Backoff, CoordinatorClient, client_ssl_context, is_transient
 from .errors import (
@@ -43,12 +44,11 @@ from .errors import (
     NotLeaseHolderError,
     NoWorkAvailableError,
     UnitClosedError,
-    ValidationError,
     VCAsyncError,
 )
 from .tensors import ModelState
 from .trainer import TrainContext, Trainer, TrainResult
-from .wire import Limits, aencode_payload, decode_payload
+from .wire import Limits
 
 __all__ = ["Worker", "WorkerConfig", "WorkerReport"]
 
@@ -117,8 +117,7 @@ class Worker:
         self._rng = rng or random.Random()
         self._client: CoordinatorClient | None = None
         self._ident: Identity | None = None
-        self._models: dict[int, ModelState] = {}
-        self._spec: Any = None
+        self._models = ModelCache(self.state, limits=self.config.limits, keep=self.config.keep_models)
         self._stop = asyncio.Event()
         self._unit_stop: threading.Event | None = None
         self._grace: asyncio.Timeout | None = None
@@ -393,52 +392,21 @@ class Worker:
 
     # -- models ------------------------------------------------------------------------------------
     async def _model(self, version: int) -> ModelState:
-        cached = self._models.get(version)
-        if cached is not None:
-            return cached
-        path = self.state.model_path(version)
-        for attempt in range(2):
-            if not path.exists():
-                await self._call("model", lambda: self._cli().download_model(version, path))
-            try:
-                model = await self._decode_model(path, version)
-                break
-            except (VCAsyncError, OSError) as exc:
-                path.unlink(missing_ok=True)
-                if attempt:
-                    raise
-                log.warning("cached model v%d is unusable (%s); downloading it again", version, exc)
-        self._models[version] = model
-        for old in sorted(self._models)[:-self.config.keep_models]:
-            del self._models[old]
-        await asyncio.to_thread(self.state.prune_models, set(self._models))
-        return model
+        async def fetch(path: Path, etag: str | None) -> str | None:
+            got, _ = await self._call("model", lambda: self._cli().download_model(version, path, etag=etag))
+            return got
 
-    async def _decode_model(self, path: Path, version: int) -> ModelState:
-        from .client import _file_chunks
-
-        payload = await decode_payload(_file_chunks(path, 1 << 20), limits=self.config.limits,
-                                       spec=self._spec, expected_kind="model")
-        got = payload.meta.get("version")
-        if got != version:
-            raise ValidationError(f"model file holds version {got}, expected {version}", reason="version")
-        model = ModelState(payload.tensors, version=version)
-        digest = payload.meta.get("digest")
-        if digest is not None and await asyncio.to_thread(model.digest) != digest:
-            raise ValidationError(f"model v{version} does not match its digest", reason="digest")
-        if self._spec is None:
-            self._spec = model.spec
-        return model
+        return await self._models.get(version, fetch)
 
     # -- results -----------------------------------------------------------------------------------
     async def _deliver(self, grant: LeaseGrant, base: ModelState, result: TrainResult, *,
                        partial: bool) -> None:
-        tensors = await asyncio.to_thread(_result_tensors, base, result, self.config.upload)
+        tensors = await asyncio.to_thread(result_tensors, base, result, self.config.upload)
         meta = {"lease_id": grant.lease_id, "base_version": grant.base_version, "kind": self.config.upload,
                 "samples": int(result.samples), "steps": int(result.steps), "partial": partial,
                 "metrics": {k: float(v) for k, v in result.metrics.items()}}
         path = self.state.result_path(grant.lease_id)
-        await _spool(path, meta, tensors, self.config.codec)
+        await spool_result(path, meta, tensors, self.config.codec)
         await self._upload(grant.lease_id, path)
 
     async def _upload(self, lease_id: str, path: Path) -> None:
@@ -455,8 +423,8 @@ class Worker:
                 log.warning("result for lease %s rejected: %s", lease_id, receipt.reason)
                 self._refused += 1
             else:
-                log.info("result for lease %s %s; model is now v%d", lease_id, receipt.status,
-                         receipt.version)
+                log.info("result for lease %s (unit %s) %s; model is now v%d", lease_id, receipt.unit_id,
+                         receipt.status, receipt.version)
                 self._accepted += 1
         await asyncio.to_thread(self.state.finish_lease, lease_id)
 
@@ -464,37 +432,6 @@ class Worker:
         for lease_id, path in await asyncio.to_thread(self.state.pending_results):
             log.info("re-sending the result spooled for lease %s", lease_id)
             await self._upload(lease_id, path)
-
-
-def _result_tensors(base: ModelState, result: TrainResult, upload: str) -> dict[str, torch.Tensor]:
-    names = list(base)
-    got = set(result.tensors)
-    if got != set(names):
-        missing = [n for n in names if n not in got]
-        extra = sorted(got - set(names))
-        raise ConfigError(f"the trainer's result does not match the model: missing {missing[:3]}, "
-                          f"unknown {extra[:3]}")
-    if upload == "weights":
-        return {n: result.tensors[n].detach().cpu().contiguous() for n in names}
-    out: dict[str, torch.Tensor] = {}
-    for n in names:
-        t = result.tensors[n].detach().cpu()
-        if t.dtype == torch.bool:
-            raise ConfigError(f"tensor {n!r} is bool: a delta is undefined; use upload='weights'")
-        out[n] = (t.to(base[n].dtype) - base[n]).contiguous()
-    return out
-
-
-async def _spool(path: Path, meta: Mapping[str, Any], tensors: Mapping[str, torch.Tensor],
-                 codec: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    f = await asyncio.to_thread(tmp.open, "wb")
-    try:
-        async for chunk in aencode_payload("result", meta, tensors, codec=codec):
-            await asyncio.to_thread(f.write, chunk)
-    finally:
-        await asyncio.to_thread(f.close)
-    await asyncio.to_thread(os.replace, tmp, path)
 
 
 def _in_daemon_thread(fn: Callable[[TrainContext], Any], ctx: TrainContext) -> asyncio.Future[Any]:

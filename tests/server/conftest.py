@@ -17,12 +17,7 @@ import torch
 from vcasync._units import WorkUnit, make_units
 from vcasync.auth import TokenAuthority
 from vcasync.coordinator import Coordinator, CoordinatorConfig
-
-try:  # TEMP until the policies branch lands
-    from vcasync.policy import build_policy
-except ImportError:  # pragma: no cover
-    def build_policy(name: str) -> Any:  # type: ignore[misc]
-        return None
+from vcasync.policy import build_policy
 from vcasync.server import Server, ServerConfig
 from vcasync.storage import open_storage
 from vcasync.tensors import ModelState
@@ -42,18 +37,21 @@ def tiny_model() -> torch.nn.Module:
 async def running(tmp_path: Path, *, units: Sequence[WorkUnit] | None = None, secret: str = SECRET,
                   server_config: ServerConfig | None = None, durability: str = "journal",
                   lease_timeout_s: float = 30.0, authority: TokenAuthority | None = None,
-                  store: str | None = None) -> AsyncIterator[tuple[Coordinator, Server]]:
-    """A coordinator (file storage under ``tmp_path``) served on 127.0.0.1:0."""
-    model = ModelState.from_module(tiny_model())
+                  store: str | None = None, initial: torch.nn.Module | None = None,
+                  ) -> AsyncIterator[tuple[Coordinator, Server]]:
+    """A coordinator (file storage under ``tmp_path`` unless durability is "none") on 127.0.0.1:0."""
+    model = ModelState.from_module(initial if initial is not None else tiny_model())
     units = list(units) if units is not None else make_units(4, steps=3)
-    url = store or f"file://{tmp_path / 'store'}"
-    cfg = CoordinatorConfig(durability=durability, lease_timeout_s=lease_timeout_s)
-    async with open_storage(url) as storage:
-        auth = authority or TokenAuthority(join_secret=secret)
-        async with Coordinator(model, units, policy=build_policy("vcasgd"), storage=storage,
-                               config=cfg) as coord, \
-                Server(coord, auth, server_config or ServerConfig(port=0)) as server:
-            yield coord, server
+    cfg = CoordinatorConfig(durability=durability, lease_timeout_s=lease_timeout_s)  # type: ignore[arg-type]
+    auth = authority or TokenAuthority(join_secret=secret)
+    async with contextlib.AsyncExitStack() as stack:
+        storage = None
+        if durability != "none":
+            storage = await stack.enter_async_context(open_storage(store or f"file://{tmp_path / 'store'}"))
+        coord = await stack.enter_async_context(
+            Coordinator(model, units, policy=build_policy("vcasgd"), storage=storage, config=cfg))
+        server = await stack.enter_async_context(Server(coord, auth, server_config or ServerConfig(port=0)))
+        yield coord, server
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -335,3 +336,49 @@ async def test_unknown_routes_and_methods_are_json(served: Any, http: aiohttp.Cl
         await error_of(r, 404, "not_found")
     async with http.delete(f"{server.url}/v1/status") as r:
         await error_of(r, 405, "method_not_allowed")
+
+
+async def test_metrics_cover_the_run(served: Any, http: aiohttp.ClientSession) -> None:
+    coord, server = served
+    _, token = await join(http, server.url)
+    grant = await lease(http, server.url, token)
+    lid = grant["lease_id"]
+    model = await current_model(coord)
+    headers = {**bearer(token), "Content-Type": PAYLOAD}
+    bad = {k: torch.full_like(v, float("inf")) for k, v in model.items()}
+    data = result_payload(model, lid, grant["base_version"], tensors=bad)
+    async with http.put(f"{server.url}/v1/leases/{lid}/result", data=data, headers=headers) as r:
+        assert r.status == 422
+    async with http.put(f"{server.url}/v1/leases/{lid}/result",
+                        data=result_payload(model, lid, grant["base_version"]), headers=headers) as r:
+        assert r.status == 200
+    async with http.get(f"{server.url}/metrics") as r:
+        text = await r.text()
+    lines = set(text.splitlines())
+    for needle in ("vcasync_merges_total 1", "vcasync_version 1", "vcasync_leases_issued_total 1",
+                   "vcasync_workers_alive 1", 'vcasync_staleness_bucket{le="+Inf"} 1',
+                   "vcasync_http_auth_failures_total 0"):
+        assert needle in lines, needle
+    assert any(line.startswith("vcasync_rejects_total{reason=") for line in lines)
+    assert any(line.startswith("vcasync_bytes_in_total ") and not line.endswith(" 0") for line in lines)
+    assert 'vcasync_http_requests_total{route="result",method="PUT",status="422"} 1' in lines
+    names = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
+    assert len(names) == len(set(names)), "a metric family is declared twice"
+
+
+async def test_a_control_body_that_arrives_in_pieces(served: Any, http: aiohttp.ClientSession) -> None:
+    _, server = served
+    _, token = await join(http, server.url)
+    grant = await lease(http, server.url, token)
+    body = json.dumps({"steps_done": 2, "pad": "x" * 40_000}).encode()
+
+    async def pieces() -> Any:  # chunked, with pauses: the server must read to the end
+        for i in range(0, len(body), 10_000):
+            yield body[i:i + 10_000]
+            await asyncio.sleep(0.01)
+
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    async with http.post(f"{server.url}/v1/leases/{grant['lease_id']}/heartbeat", data=pieces(),
+                         headers=headers) as r:
+        assert r.status == 200, await r.text()
+        assert (await r.json())["lease_id"] == grant["lease_id"]

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from vcasync._routes import HTTP_METRICS
 from vcasync._units import make_units
 from vcasync.auth import TokenAuthority
 from vcasync.client import Backoff
@@ -253,3 +254,72 @@ async def test_async_trainer(tmp_path: Path) -> None:
         report = await worker(server.url, tmp_path / "w", train).run()
         assert report.reason == "finished"
         assert report.results_accepted == 2
+
+
+async def test_model_cache_is_revalidated_with_the_etag(tmp_path: Path) -> None:
+    calls: list[str] = []
+    inner = make_trainer()
+
+    def flaky(ctx: TrainContext) -> TrainResult:  # fails once: the next lease has the same base version
+        calls.append(ctx.model.digest())
+        if len(calls) == 1:
+            raise RuntimeError("first try fails")
+        return inner(ctx)
+
+    async with running(tmp_path, units=make_units(2, steps=2)) as (_, server):
+        report = await worker(server.url, tmp_path / "w", flaky).run()
+        assert report.reason == "finished"
+        assert report.results_accepted == 2
+        hits = server.app[HTTP_METRICS].requests
+        assert hits.get(("model", "GET", 304), 0) >= 1  # the cached v0 was revalidated, not re-sent
+    assert calls[0] == calls[1]
+
+
+async def test_a_new_run_on_the_same_url_replaces_cached_models(tmp_path: Path) -> None:
+    port = free_port()
+    seen: list[str] = []
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+
+    def record(ctx: TrainContext, step: int) -> None:
+        if step == 0:
+            seen.append(ctx.model.digest())
+
+    async with running(tmp_path / "a", units=make_units(2, steps=2),
+                       server_config=ServerConfig(port=port)) as (coord, server):
+        first = coord.model(0).digest()
+        await worker(server.url, tmp_path / "w", make_trainer(record), max_units=1).run()
+    torch.manual_seed(1)
+    other = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    async with running(tmp_path / "b", units=make_units(2, steps=2), server_config=ServerConfig(port=port),
+                       initial=other) as (coord, server):
+        second = coord.model(0).digest()
+        assert second != first
+        await worker(server.url, tmp_path / "w", make_trainer(record), max_units=1).run()
+    assert seen == [first, second]
+
+
+async def test_digits_example_learns(tmp_path: Path) -> None:
+    from vcasync.examples import digits
+
+    torch.manual_seed(0)
+    net = digits.model()
+    before = digits.evaluate(net)
+    async with running(tmp_path, units=make_units(2, epochs=3, steps=40), initial=net) as (coord, server):
+        report = await worker(server.url, tmp_path / "w", digits.train).run()
+        assert report.results_accepted == 6
+        after = digits.evaluate(coord.model())
+    assert after > max(0.5, before + 0.3), (before, after)
+
+
+def test_uvloop_is_used_when_installed() -> None:
+    import asyncio
+
+    from vcasync._loop import run, uvloop_available
+
+    async def loop_module() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    assert run(loop_module(), use_uvloop=False).startswith("asyncio")
+    if uvloop_available():
+        assert run(loop_module()).startswith("uvloop")

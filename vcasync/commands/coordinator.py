@@ -15,10 +15,13 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..cli import Command, read_secret
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..runconfig import RunConfig
 
 log = logging.getLogger("vcasync.cli")
 
@@ -127,9 +130,9 @@ def _run(a: argparse.Namespace) -> int:
                use_uvloop=False if a.no_uvloop else None)
 
 
-async def serve(cfg: Any, secret: str | None, tokens: dict[str, str], *, port_file: Path | None = None,
-                app_dir: Path | None = None) -> int:
-    """Run the coordinator described by ``cfg`` (a :class:`~vcasync.runconfig.RunConfig`)."""
+async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
+                port_file: Path | None = None, app_dir: Path | None = None) -> int:
+    """Run the coordinator ``cfg`` describes until the run is finished (then ``linger_s``) or a signal."""
     import torch
 
     from .._imports import import_object

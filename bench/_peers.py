@@ -1,0 +1,189 @@
+"""Server-side processes for the HTTP benchmarks (``python -m bench._peers MODE ...``).
+
+* ``coordinator``: a real Coordinator behind the real vcasync server, plus ``GET /bench/stall`` that
+  reports (and resets) the event loop's lateness measured by a 1 ms ticker in the same process;
+  ``GET /bench/rss`` the process's resident memory.
+* ``post``: a bare aiohttp server whose ``POST /sink`` streams the body in and discards it.
+* ``tcp``: a bare asyncio TCP server: 8-byte length, that many bytes, one byte back.
+
+Each writes its URL (or ``host:port``) to ``--port-file`` once it listens, then serves until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from aiohttp import web
+
+from vcasync._loop import run
+from vcasync._units import WorkUnit
+from vcasync.auth import TokenAuthority
+from vcasync.coordinator import Coordinator, CoordinatorConfig
+from vcasync.policy import build_policy
+from vcasync.server import build_app
+from vcasync.storage import open_storage
+from vcasync.tensors import ModelState
+
+SECRET = "bench-join-secret-0123456789"
+
+
+def bench_model(params: int, tensors: int = 4) -> ModelState:
+    """``params`` float32 parameters in ``tensors`` equal 1-D tensors."""
+    per = max(1, params // tensors)
+    gen = torch.Generator().manual_seed(0)
+    return ModelState({f"layer{i}.weight": torch.randn(per, generator=gen) for i in range(tensors)})
+
+
+def _rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+class StallMonitor:
+    """Lateness of a 1 ms sleep, sampled continuously: how long the loop was blocked."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+
+    async def run(self) -> None:
+        while True:  # perf_counter, not loop.time(): uvloop's clock ticks in whole milliseconds
+            t0 = time.perf_counter()
+            await asyncio.sleep(0.001)
+            self.samples.append(max(0.0, time.perf_counter() - t0 - 0.001) * 1000.0)
+
+    def take(self) -> list[float]:
+        """The samples since the last call (milliseconds late), and start afresh."""
+        s, self.samples = self.samples, []
+        return s
+
+
+async def _serve(app: web.Application, port_file: Path, stop: asyncio.Event, *, access_log: bool) -> None:
+    runner = web.AppRunner(app, handle_signals=False, **({} if access_log else {"access_log": None}))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
+    await site.start()
+    port = runner.addresses[0][1]
+    await asyncio.to_thread(port_file.write_text, f"http://127.0.0.1:{port}\n")
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+async def coordinator(a: argparse.Namespace, stop: asyncio.Event) -> None:
+    model = bench_model(a.params)
+    units = [WorkUnit(f"u{i}", steps=a.steps) for i in range(a.units)]
+    monitor = StallMonitor()
+    with tempfile.TemporaryDirectory(prefix="vcasync-bench-") as tmp:
+        url = f"file://{tmp}/store" if a.durability != "none" else "memory://bench"
+        cfg = CoordinatorConfig(durability=a.durability, lease_timeout_s=a.lease_timeout)
+        policy = build_policy("vcasgd")
+        async with open_storage(url) as storage, \
+                Coordinator(model, units, policy=policy, storage=storage, config=cfg) as coord:
+            app = build_app(coord, TokenAuthority(join_secret=SECRET))
+
+            async def stall(request: web.Request) -> web.Response:
+                return web.json_response({"samples": monitor.take()})
+
+            async def rss(request: web.Request) -> web.Response:
+                cpu = os.times()
+                return web.json_response({"rss": _rss_bytes(), "version": coord.version,
+                                          "cpu_s": cpu.user + cpu.system})
+
+            app.router.add_get("/bench/stall", stall)
+            app.router.add_get("/bench/rss", rss)
+            async with asyncio.TaskGroup() as tg:
+                ticker = tg.create_task(monitor.run() if a.stall_monitor else asyncio.sleep(0))
+                try:
+                    await _serve(app, a.port_file, stop, access_log=False)
+                finally:
+                    ticker.cancel()
+
+
+async def post_sink(a: argparse.Namespace, stop: asyncio.Event) -> None:
+    async def sink(request: web.Request) -> web.Response:
+        n = 0
+        async for chunk in request.content.iter_chunked(1 << 20):
+            n += len(chunk)
+        return web.json_response({"bytes": n})
+
+    app = web.Application(client_max_size=1 << 16)
+    app.router.add_post("/sink", sink)
+    await _serve(app, a.port_file, stop, access_log=False)
+
+
+class _Sink(asyncio.Protocol):
+    """8-byte little-endian length, then that many bytes (counted, never copied), then b"k" back."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.head = b""
+        self.left = -1
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
+
+    def data_received(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            if self.left < 0:
+                need = 8 - len(self.head)
+                self.head += bytes(view[:need])
+                view = view[need:]
+                if len(self.head) == 8:
+                    self.left = int.from_bytes(self.head, "little")
+                    self.head = b""
+                continue
+            take = min(self.left, len(view))
+            self.left -= take
+            view = view[take:]
+            if self.left == 0:
+                self.left = -1
+                assert self.transport is not None
+                self.transport.write(b"k")
+
+
+async def tcp_sink(a: argparse.Namespace, stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(_Sink, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    a.port_file.write_text(f"127.0.0.1:{port}\n")
+    async with server:
+        await stop.wait()
+
+
+MODES: dict[str, Any] = {"coordinator": coordinator, "post": post_sink, "tcp": tcp_sink}
+
+
+async def main(a: argparse.Namespace) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await MODES[a.mode](a, stop)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=sorted(MODES))
+    p.add_argument("--port-file", type=Path, required=True)
+    p.add_argument("--params", type=int, default=1000)
+    p.add_argument("--units", type=int, default=100)
+    p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--durability", default="none", choices=["none", "snapshot", "journal"])
+    p.add_argument("--lease-timeout", type=float, default=600.0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--stall-monitor", action="store_true", help="sample the loop's lateness every 1 ms")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    run(main(args))

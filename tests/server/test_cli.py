@@ -1,0 +1,85 @@
+"""The ``vcasync`` command: its registry of subcommands, secrets from the environment or files only,
+and configuration errors that name the problem (exit status 2)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from vcasync.cli import Command, available_commands, main, read_secret
+from vcasync.errors import ConfigError
+
+
+def test_help_lists_the_builtin_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "coordinator" in out
+    assert "worker" in out
+    commands = available_commands()
+    assert {"coordinator", "worker"} <= set(commands)
+    assert all(isinstance(c, Command) for c in commands.values())
+
+
+def test_coordinator_needs_a_join_secret(monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("VCASYNC_JOIN_SECRET", raising=False)
+    monkeypatch.delenv("VCASYNC_JOIN_TOKENS", raising=False)
+    assert main(["coordinator", "--model", "vcasync.examples.digits:model"]) == 2
+    assert "VCASYNC_JOIN_SECRET" in capsys.readouterr().err
+
+
+def test_coordinator_without_a_model_factory(monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    assert main(["coordinator"]) == 2
+    assert "no model factory" in capsys.readouterr().err
+
+
+def test_worker_needs_a_credential_and_a_trainer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("VCASYNC_JOIN_SECRET", raising=False)
+    monkeypatch.delenv("VCASYNC_JOIN_TOKEN", raising=False)
+    args = ["worker", "--coordinator", "http://127.0.0.1:9", "--state-dir", str(tmp_path)]
+    assert main([*args, "--trainer", "vcasync.examples.digits:train"]) == 2
+    assert "VCASYNC_JOIN_SECRET" in capsys.readouterr().err
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    assert main([*args, "--trainer", "no.such.module:train"]) == 2
+    assert "cannot import 'no.such.module'" in capsys.readouterr().err
+    assert main([*args, "--trainer", "vcasync.examples.digits"]) == 2
+    assert "package.module:function" in capsys.readouterr().err
+    assert main([*args, "--trainer", "vcasync.examples.digits:nope"]) == 2
+    assert "has no attribute 'nope'" in capsys.readouterr().err
+
+
+def test_no_flag_takes_a_secret_value() -> None:
+    commands = available_commands()
+    import argparse
+
+    for cmd in commands.values():
+        parser = argparse.ArgumentParser()
+        cmd.configure(parser)
+        flags = [s for a in parser._actions for s in a.option_strings]
+        leaky = [f for f in flags if ("secret" in f or "token" in f) and not f.endswith("-file")]
+        assert not leaky, f"{cmd.name}: {leaky} would put a secret in the process list"
+
+
+def test_read_secret(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                     caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("T_SECRET", "from-env")
+    assert read_secret("T_SECRET", None, what="join secret") == "from-env"
+    f = tmp_path / "secret"
+    f.write_text("from-file\n")
+    with caplog.at_level(logging.WARNING):
+        assert read_secret("T_SECRET", f, what="join secret") == "from-file"
+    assert "both" in caplog.text
+    assert "from-file" not in caplog.text
+    assert "from-env" not in caplog.text
+    f.write_text("\n")
+    with pytest.raises(ConfigError, match="empty"):
+        read_secret("T_SECRET", f, what="join secret")
+    monkeypatch.delenv("T_SECRET")
+    assert read_secret("T_SECRET", None, what="join secret") is None

@@ -1,0 +1,176 @@
+"""The small pieces: token authority, the error table both ways, Prometheus rendering, run config."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+
+from vcasync import errors as E
+from vcasync._errmap import HTTP_ERRORS, error_fields, error_from_body, spec_for
+from vcasync.auth import StorageTokenStore, TokenAuthority
+from vcasync.errors import AuthError, ConfigError
+from vcasync.metrics_http import Family, HttpMetrics, Sample, render
+from vcasync.runconfig import UnitsConfig, load_run_config
+from vcasync.storage import open_storage
+
+from .conftest import SECRET
+
+# -- auth -------------------------------------------------------------------------------------------
+
+
+async def test_tokens_issue_verify_revoke() -> None:
+    auth = TokenAuthority(join_secret=SECRET)
+    assert auth.check_join(SECRET).name is None
+    t1 = await auth.issue("w1")
+    t2 = await auth.issue("w1")
+    t3 = await auth.issue("w2")
+    assert len({t1, t2, t3}) == 3
+    assert auth.verify(t1) == "w1"
+    assert auth.verify(t3) == "w2"
+    for bad in ("", "vca_", t1[:-1], t1 + "x", t1.replace("vca_", "vcb_"), SECRET, "vca_" + "0" * 60):
+        with pytest.raises(AuthError):
+            auth.verify(bad)
+    assert await auth.revoke("w1") == 2
+    with pytest.raises(AuthError, match="revoked"):
+        auth.verify(t2)
+    assert auth.verify(t3) == "w2"
+    assert auth.live_tokens() == 1
+
+
+def test_join_credentials() -> None:
+    auth = TokenAuthority(join_secret=SECRET, join_tokens={"gpu-7": "pre-issued-token-gpu7-aaaa"})
+    assert auth.check_join("pre-issued-token-gpu7-aaaa").name == "gpu-7"
+    with pytest.raises(AuthError):
+        auth.check_join(SECRET + " ")
+    assert auth.revoke_join_token("gpu-7")
+    with pytest.raises(AuthError):
+        auth.check_join("pre-issued-token-gpu7-aaaa")
+    with pytest.raises(ConfigError, match="no join credential"):
+        TokenAuthority()
+    with pytest.raises(ConfigError, match="too short"):
+        TokenAuthority(join_secret="short")
+
+
+async def test_tokens_survive_a_restart_through_storage_as_digests_only() -> None:
+    async with open_storage("memory://tokens-test") as storage:
+        first = TokenAuthority(join_secret=SECRET, store=StorageTokenStore(storage))
+        token = await first.issue("w9")
+        gone = await first.issue("w8")
+        await first.revoke("w8")
+        second = TokenAuthority(join_secret=SECRET, store=StorageTokenStore(storage))
+        await second.load()
+        assert second.verify(token) == "w9"
+        with pytest.raises(AuthError, match="revoked"):
+            second.verify(gone)
+        blobs = [await storage.get(k) async for k in storage.list("auth/")]
+        assert len(blobs) == 2
+        for blob in blobs:
+            assert token.encode() not in blob
+            assert token.split("_")[-1].encode() not in blob
+
+
+# -- the error table --------------------------------------------------------------------------------
+
+
+def _instance(cls: type[E.VCAsyncError]) -> E.VCAsyncError:
+    params = inspect.signature(cls.__init__).parameters
+    kwargs = {"plugin": "p"} if "plugin" in params else {}
+    if "reason" in params and params["reason"].default is inspect.Parameter.empty:
+        kwargs["reason"] = "because"
+    return cls("it went wrong", **kwargs)
+
+
+@pytest.mark.parametrize("name", E.__all__)
+def test_every_error_has_an_http_answer_and_comes_back(name: str) -> None:
+    cls = getattr(E, name)
+    exc = _instance(cls)
+    spec = spec_for(exc)
+    assert 400 <= spec.status < 600
+    body = {"error": spec.code, "message": str(exc), **error_fields(exc)}
+    back = error_from_body(spec.status, body)
+    assert isinstance(back, E.VCAsyncError)
+    if cls in HTTP_ERRORS:  # classes with their own entry come back as themselves
+        assert type(back) is cls
+
+
+def test_error_fields_and_refinements() -> None:
+    exc = E.LimitExceededError("too big", field="body", limit=10, value=11)
+    assert spec_for(exc).status == 413
+    assert error_fields(exc) == {"field": "body", "limit": 10, "value": 11}
+    back = error_from_body(413, {"error": "limit_exceeded", "message": "m", **error_fields(exc)})
+    assert isinstance(back, E.LimitExceededError)
+    assert (back.limit, back.value, back.field) == (10, 11, "body")
+    done = E.NoWorkAvailableError("done", finished=True)
+    assert (spec_for(done).status, spec_for(done).code) == (410, "run_finished")
+    back = error_from_body(410, {"error": "run_finished", "message": "x", "finished": True})
+    assert isinstance(back, E.NoWorkAvailableError)
+    assert back.finished
+    assert spec_for(E.NoWorkAvailableError("later")).status == 503
+    assert spec_for(ValueError("x")).status == 500
+    unknown = error_from_body(418, {"error": "teapot", "message": "short and stout"})
+    assert type(unknown) is E.VCAsyncError
+    assert "teapot" in str(unknown)
+
+
+# -- Prometheus text ----------------------------------------------------------------------------------
+
+
+def test_prometheus_rendering() -> None:
+    text = render([Family("x_total", "counter", "help me", [Sample((("a", 'q"\n\\'),), 3.0)]),
+                   Family("y", "gauge", "g", [Sample((), 0.25)])])
+    assert text == ('# HELP x_total help me\n# TYPE x_total counter\nx_total{a="q\\"\\n\\\\"} 3\n'
+                    "# HELP y g\n# TYPE y gauge\ny 0.25\n")
+    m = HttpMetrics()
+    m.observe("lease", "POST", 201, 0.003, 10, 200)
+    m.observe("lease", "POST", 201, 20.0, 10, 200)
+    out = render(m.families())
+    assert 'vcasync_http_requests_total{route="lease",method="POST",status="201"} 2' in out
+    assert 'vcasync_http_request_seconds_bucket{route="lease",le="0.005"} 1' in out
+    assert 'vcasync_http_request_seconds_bucket{route="lease",le="+Inf"} 2' in out
+    assert 'vcasync_http_request_seconds_count{route="lease"} 2' in out
+
+
+# -- run config ---------------------------------------------------------------------------------------
+
+
+def test_run_config_from_toml_and_flags(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text('[model]\nfactory = "vcasync.examples.digits:model"\n'
+                    '[units]\nshards = 3\nepochs = 2\nsteps = 5\n[units.params]\nlr = 0.1\n'
+                    '[policy]\nname = "fedasync"\n[policy.params]\nalpha = 0.3\n'
+                    '[coordinator]\ndurability = "snapshot"\n[server]\nport = 9000\ntls_cert = "c.pem"\n'
+                    'tls_key = "k.pem"\n')
+    cfg = load_run_config(path, {"units": {"steps": 7, "epochs": None}, "server": {"host": "0.0.0.0"}})
+    assert cfg.model == "vcasync.examples.digits:model"
+    units = cfg.units.build()
+    assert [u.unit_id for u in units][:4] == ["e0-s0", "e0-s1", "e0-s2", "e1-s0"]
+    assert len(units) == 6
+    assert units[0].steps == 7
+    assert units[0].params == {"lr": 0.1}
+    assert cfg.policy == {"name": "fedasync", "params": {"alpha": 0.3}}
+    assert cfg.coordinator == {"durability": "snapshot"}
+    assert (cfg.server.port, cfg.server.host, cfg.server.tls_cert) == (9000, "0.0.0.0", Path("c.pem"))
+
+
+def test_units_count() -> None:
+    units = UnitsConfig(shards=4, count=10, steps=2).build()
+    assert len(units) == 10
+    assert {u.shard for u in units} == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ('[model]\nfactory = "m:f"\n[unitz]\nshards = 1\n', "unknown section.*unitz"),
+    ('[model]\nfactory = "m:f"\n[units]\nshard = 1\n', r"unknown key\(s\) in \[units\]: shard"),
+    ('[model]\nfactory = "m:f"\n[units]\nshards = "two"\n', "units.shards must be an integer"),
+    ('[model]\nfactory = "m:f"\n[server]\nport = 99999\n', "port 99999 is out of range"),
+    ('[model]\nfactory = "m:f"\n[server]\ntls_cert = "c.pem"\n', "needs both"),
+    ('[units]\nshards = 1\n', "no model factory"),
+    ("[model\n", "not valid TOML"),
+])
+def test_bad_run_configs_name_the_problem(tmp_path: Path, text: str, match: str) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_run_config(path)
