@@ -139,10 +139,15 @@ class GCSStorage(StorageBase):
             if self._gcs is None:
                 timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.options.connect_timeout_s)
                 session = aiohttp.ClientSession(timeout=timeout)
+                try:
+                    self._gcs = GcloudStorage(service_file=self.options.service_file,
+                                              session=session,  # type: ignore[arg-type]
+                                              api_root=self._emulator)
+                except (OSError, ValueError, KeyError) as exc:
+                    await session.close()
+                    raise ConfigError(f"{self.url}: cannot use the service_file "
+                                      f"{self.options.service_file!r}: {type(exc).__name__}") from None
                 self._session = session
-                self._gcs = GcloudStorage(service_file=self.options.service_file,
-                                          session=session,  # type: ignore[arg-type]
-                                          api_root=self._emulator)
         return self._gcs
 
     async def _release(self) -> None:
@@ -446,6 +451,8 @@ class GCSStorage(StorageBase):
                     raise aiohttp.ClientPayloadError(f"the stream ended at byte {offset} of {size}")
             except Exception as exc:
                 error = self._translate(exc, "read", key)
+                if error is exc:
+                    raise
                 if isinstance(error, ObjectNotFoundError) and offset:
                     raise StorageError(f"{self.url}: {key!r} was replaced or deleted while it was "
                                        "being read", key=key) from exc

@@ -15,12 +15,13 @@ file and a directory); that second put raises :class:`InvalidKeyError`. The firs
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import os
 import stat
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -95,13 +96,19 @@ class LocalStorage(StorageBase):
         still waits for the thread, which cannot be interrupted, so that no file descriptor is
         closed under it."""
         job = asyncio.ensure_future(asyncio.to_thread(fn))
+        with self._os_errors(key):
+            try:
+                return await asyncio.shield(job)
+            except asyncio.CancelledError:
+                await asyncio.wait([job])
+                if not job.cancelled():
+                    job.exception()  # retrieved: the caller was cancelled, the result is moot
+                raise
+
+    @contextlib.contextmanager
+    def _os_errors(self, key: str | None) -> Iterator[None]:
         try:
-            return await asyncio.shield(job)
-        except asyncio.CancelledError:
-            await asyncio.wait([job])
-            if not job.cancelled():
-                job.exception()  # retrieved: the caller was cancelled, the result is moot
-            raise
+            yield
         except PermissionError as exc:
             raise AccessDeniedError(f"{self.url}: {exc}", key=key) from exc
         except OSError as exc:
@@ -245,7 +252,8 @@ class LocalStorage(StorageBase):
         path = self._path(key)
         if if_absent and await self.exists(key):  # fail before reading the stream; link() decides
             raise PreconditionFailedError(f"{self.url}: {key!r} already exists", key=key)
-        fd, tmp = await self._run(key, self._open_temp)
+        with self._os_errors(key):  # in the loop's thread: a cancelled hop would leak the descriptor
+            fd, tmp = self._open_temp()
         handed_over = False
         try:
             buf = bytearray()
@@ -359,7 +367,8 @@ class LocalStorage(StorageBase):
                 raise self._not_found(key)
             return fd
 
-        fd = await self._run(key, open_file)
+        with self._os_errors(key):  # in the loop's thread, like the temp file above
+            fd = open_file()
         try:
             while True:
                 self._check_open()

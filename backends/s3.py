@@ -33,12 +33,14 @@ from botocore.exceptions import (
     BotoCoreError,
     ChecksumError,
     ClientError,
-    ConnectionError,
     CredentialRetrievalError,
     HTTPClientError,
     IncompleteReadError,
     NoCredentialsError,
     PartialCredentialsError,
+)
+from botocore.exceptions import (
+    ConnectionError as BotoConnectionError,
 )
 
 from vcasync.errors import (
@@ -215,7 +217,7 @@ class S3Storage(StorageBase):
         if isinstance(exc, NoCredentialsError | PartialCredentialsError | CredentialRetrievalError):
             return AccessDeniedError(f"{where}: no usable AWS credentials ({exc}); set them in the "
                                      "environment, a profile, or as options", key=key)
-        if isinstance(exc, HTTPClientError | ConnectionError | IncompleteReadError | ChecksumError
+        if isinstance(exc, HTTPClientError | BotoConnectionError | IncompleteReadError | ChecksumError
                       | aiohttp.ClientError | TimeoutError | OSError):
             return TransientStorageError(f"{where}: {type(exc).__name__}: {exc}", key=key)
         if isinstance(exc, BotoCoreError):
@@ -409,6 +411,8 @@ class S3Storage(StorageBase):
                         chunk = await body.read(chunk_size)
                     except Exception as exc:
                         error = self._translate(exc, "read", key)
+                        if error is exc:
+                            raise
                         if not isinstance(error, TransientStorageError):
                             raise error from exc
                         resumes += 1

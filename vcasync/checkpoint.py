@@ -97,6 +97,22 @@ async def _sha256(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _check_json(value: object, path: str) -> None:
+    """JSON without surprises: str keys only (json.dumps would turn 1 into "1"), finite numbers."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{path} has a non-str key {k!r}")
+            _check_json(v, f"{path}.{k}")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check_json(v, f"{path}[{i}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{path} is {value!r}")
+    elif not isinstance(value, str | int | float | bool) and value is not None:
+        raise TypeError(f"{path} is a {type(value).__name__}")
+
+
 def _canonical(body: Mapping[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False).encode("utf-8")
@@ -166,6 +182,7 @@ class CheckpointStore:
                                   f"got {type(data).__name__}")
             views[name] = memoryview(data).cast("B")
         try:
+            _check_json(dict(meta or {}), "meta")
             meta_dict = json.loads(_canonical(dict(meta or {})))  # as a reader will see it
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"checkpoint meta must be JSON (finite numbers, str keys): {exc}") from None
@@ -188,9 +205,12 @@ class CheckpointStore:
                         raise CorruptObjectError(f"{ref.key!r} exists with the wrong size",
                                                  key=ref.key) from None
 
-        async with asyncio.TaskGroup() as tasks:
-            for name, view in views.items():
-                tasks.create_task(put(refs[name], view))
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                for name, view in views.items():
+                    tasks.create_task(put(refs[name], view))
+        except BaseExceptionGroup as group:  # callers catch StorageError, not groups
+            raise group.exceptions[0] from group
 
         created = time.time()
         body = {"format": FORMAT, "step": step, "created_unix": created, "meta": meta_dict,
@@ -212,7 +232,7 @@ class CheckpointStore:
         except CorruptObjectError:
             existing = None
         if (existing is not None and dict(existing.objects) == dict(refs)
-                and _canonical(existing.meta) == _canonical(meta)):
+                and _canonical(dict(existing.meta)) == _canonical(meta)):
             return existing
         raise PreconditionFailedError(f"checkpoint step {step} already exists with other contents",
                                       key=self.manifest_key(step))

@@ -31,6 +31,9 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     flat = t.reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
+    if flat.stride(0) != 1:
+        # torch calls a 1-element tensor contiguous whatever its stride; a byte view needs stride 1
+        flat = flat.as_strided((flat.numel(),), (1,))
     arr: Any = flat.view(torch.uint8).numpy()
     return memoryview(arr).cast("B")
 

@@ -61,3 +61,10 @@ def test_spec_check_names_the_problem() -> None:
     with pytest.raises(ValidationError, match="NaN") as exc:
         spec.check(bad, require_finite=True)
     assert exc.value.reason == "non_finite"
+
+
+def test_tensor_bytes_of_strided_single_element() -> None:
+    from vcasync.tensors import tensor_bytes
+
+    t = torch.tensor([1.5, 2.5], dtype=torch.bfloat16)[::2]
+    assert bytes(tensor_bytes(t)) == bytes(tensor_bytes(torch.tensor([1.5], dtype=torch.bfloat16)))

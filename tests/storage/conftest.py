@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
-from vcasync.testing.emulators import Emulator
+from vcasync.storage import Storage, open_storage
+from vcasync.testing.emulators import DUMMY_S3_CREDENTIALS, Emulator
 
 S3_BUCKET = "vcasync-tests"
 GCS_BUCKET = "vcasync-tests"
@@ -43,3 +45,22 @@ def gcs_endpoint() -> Iterator[str]:
 @pytest.fixture
 def unique_prefix() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(params=["memory", "file", "s3", "gs"])
+async def any_storage(request: pytest.FixtureRequest, tmp_path: Path, unique_prefix: str
+                      ) -> AsyncIterator[Storage]:
+    """Each built-in backend in turn (S3 and GCS on their emulators), fresh and empty."""
+    kind = request.param
+    if kind == "memory":
+        url, options = "memory://t", {}
+    elif kind == "file":
+        url, options = (tmp_path / "root").as_uri(), {}
+    elif kind == "s3":
+        url = f"s3://{S3_BUCKET}/{unique_prefix}"
+        options = {"endpoint_url": request.getfixturevalue("s3_endpoint"), **DUMMY_S3_CREDENTIALS}
+    else:
+        url = f"gs://{GCS_BUCKET}/{unique_prefix}?emulator_host={request.getfixturevalue('gcs_endpoint')}"
+        options = {}
+    async with open_storage(url, **options) as storage:
+        yield storage

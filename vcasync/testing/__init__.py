@@ -7,6 +7,12 @@ Merge policies (needs ``hypothesis``, in the ``test`` extra):
 - :mod:`vcasync.testing.strategies`: hypothesis strategies for models, updates and update streams.
 - :mod:`vcasync.testing.laws`: each law on one example; :class:`PolicyRun` feeds a policy results
   the way the coordinator does; :class:`LawViolation` is what a broken law raises.
+
+Storage backends (needs ``pytest`` and ``pytest-asyncio``; import the modules directly):
+
+- :class:`vcasync.testing.storage.StorageConformance`: the laws every backend keeps, to mix in.
+- :mod:`vcasync.testing.faults`: :class:`FaultyStorage` fails, delays or breaks a seeded share of calls.
+- :mod:`vcasync.testing.emulators`: moto's S3 server and gcp-storage-emulator on 127.0.0.1.
 """
 
 from .harness import LawViolation, PolicyRun

@@ -152,11 +152,17 @@ class FaultyStorage:
     async def open_read(self, key: str, *, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
         await self._before("open_read", key)
         breaks = self._roll("open_read", self.plan.break_stream)
-        async for chunk in self.inner.open_read(key, chunk_size=chunk_size):
-            yield chunk
-            if breaks:
-                self.injected["break_stream"] += 1
-                raise self.plan.make_error("open_read", key)
+        reader = self.inner.open_read(key, chunk_size=chunk_size)
+        try:
+            async for chunk in reader:
+                yield chunk
+                if breaks:
+                    self.injected["break_stream"] += 1
+                    raise self.plan.make_error("open_read", key)
+        finally:
+            close = getattr(reader, "aclose", None)
+            if close is not None:
+                await close()
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -342,6 +342,27 @@ class StorageConformance:
         assert await storage.get("kept") == b"the old value"
         assert await _collect(storage.list()) == ["kept"]
 
+    async def test_cancelled_stream_leaves_nothing(self, storage: Storage) -> None:
+        reached = asyncio.Event()
+
+        async def stalls() -> AsyncIterator[bytes]:
+            async for chunk in pattern_stream(36 * MiB, seed=6):
+                yield chunk
+            reached.set()
+            await asyncio.Event().wait()  # never set: the writer is cancelled here
+            yield b""
+
+        writer = asyncio.create_task(storage.put_stream("cancelled", stalls()))
+        await reached.wait()
+        await asyncio.sleep(0.01)  # let any part uploads get under way
+        writer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await writer
+        assert not await storage.exists("cancelled")
+        assert await _collect(storage.list()) == []
+        await storage.put("cancelled", b"still usable")
+        assert await storage.get("cancelled") == b"still usable"
+
     async def test_concurrent_use(self, storage: Storage) -> None:
         async def worker(i: int) -> None:
             key = f"conc/{i:03d}"

@@ -37,8 +37,12 @@ def _refuse_ext(code: int, data: bytes) -> Any:
 
 
 def unpack(data: bytes | bytearray | memoryview, limits: Limits, *, field: str, max_bytes: int,
-           ext_hook: ExtHook | None = None) -> Any:
-    """Parse one msgpack object of at most ``max_bytes`` bytes under ``limits``."""
+           ext_hook: ExtHook | None = None, check: bool = True) -> Any:
+    """Parse one msgpack object of at most ``max_bytes`` bytes under ``limits``.
+
+    ``check=False`` skips the plain-data walk (depth limit) for small fixed-shape headers whose
+    every field the caller validates itself; ext types are refused by msgpack either way.
+    """
     size = len(data)
     if size > max_bytes:
         raise LimitExceededError(f"{field} is {size} bytes, over the limit {max_bytes}",
@@ -56,7 +60,8 @@ def unpack(data: bytes | bytearray | memoryview, limits: Limits, *, field: str, 
     except Exception as exc:  # msgpack raises many classes (ValueError, ExtraData, ...): wrap all
         raise FrameError(f"{field}: malformed msgpack ({type(exc).__name__}: {exc})"[:300],
                          field=field) from None
-    check_plain(obj, limits, field=field, extra_types=() if ext_hook is None else (tuple, _Leaf))
+    if check or ext_hook is not None:
+        check_plain(obj, limits, field=field, extra_types=() if ext_hook is None else (tuple, _Leaf))
     return obj
 
 

@@ -4,7 +4,7 @@ A push parser (a small state machine) so the same code serves a socket, an HTTP 
 Every declared number is checked against :class:`~.Limits` before it is used; a tensor is allocated
 only after its header passed the limits (and the spec, when one is given), and then only once
 (``out`` buffers are reused as they are). Raw blocks are copied straight from the incoming chunks
-into the tensor, then their CRC32C is checked on the (cache-hot) destination; compressed blocks
+into the tensor, then their CRC-32 is checked on the (cache-hot) destination; compressed blocks
 are checked before they are decompressed. Any failure raises a :class:`~vcasync.errors.WireError`
 (or :class:`~vcasync.errors.SpecMismatchError` for a payload that does not fit ``spec``/``out``),
 and the decoder then refuses further input.
@@ -29,8 +29,8 @@ from ..errors import (
 )
 from ..tensors import ModelSpec
 from . import _msgpack
+from .admit import Admitted, admit
 from .codecs import BlockDecoder, block_codec, unshuffle_into
-from .dtypes import LOSSY_TARGETS, as_bytes, dtype_from_name
 from .frames import BLOCK, MAGIC, PREFIX, PROTOCOL_VERSION, checksum
 from .limits import Limits, check_limit
 
@@ -40,7 +40,11 @@ Chunk = bytes | bytearray | memoryview
 
 _MAGIC, _PREFIX, _HEADER, _BLOCK_PREFIX, _BLOCK_DIRECT, _BLOCK_WIRE, _DONE, _FAILED = range(8)
 _TENSOR_KEYS: Final = frozenset({"t", "name", "dtype", "shape", "codec", "shuffle", "wire"})
+_GROUP_KEYS: Final = frozenset({"t", "items", "codec"})
 _PREAMBLE_KEYS: Final = frozenset({"t", "v", "kind", "count", "meta"})
+#: Every block but a tensor's last holds at least this many bytes (encoders cut at >= 4 KiB), so
+#: a hostile stream of 1-element blocks cannot buy seconds of CPU per megabyte.
+MIN_BLOCK: Final = 4080
 
 
 @dataclass(slots=True)
@@ -53,18 +57,21 @@ class Payload:
 
 
 @dataclass(slots=True)
-class _Tensor:
-    name: str
-    dest: torch.Tensor
-    dest_u8: np.ndarray[Any, Any]     # the destination's bytes (only when no cast is needed)
-    nbytes: int                        # bytes on the wire once decoded (wire dtype)
+class _Frame:
+    """The tensor frame being decoded: one tensor, or a group of small ones sharing one block."""
+
+    targets: list[Admitted]
+    nbytes: int                        # wire bytes of all targets once decoded
     wire_itemsize: int
     codec: BlockDecoder
     codec_name: str
     max_wire: Any
     shuffle: bool
-    cast: torch.dtype | None           # wire dtype when it differs from the destination's
     offset: int = 0                    # decoded wire bytes so far
+
+    @property
+    def name(self) -> str:
+        return self.targets[0].name if len(self.targets) == 1 else f"group of {len(self.targets)}"
 
 
 class PayloadDecoder:
@@ -88,7 +95,7 @@ class PayloadDecoder:
         self._count = -1
         self._tensors: dict[str, torch.Tensor] = {}
         self._decoded = 0
-        self._cur: _Tensor | None = None
+        self._cur: _Frame | None = None
         self._blk_raw = self._blk_crc = self._blk_left = self._blk_start = 0
         self._decoders: dict[str, BlockDecoder] = {}
         self._scratch = np.empty(0, dtype=np.uint8)
@@ -214,7 +221,8 @@ class PayloadDecoder:
                                      ext_hook=hook)
             self._on_preamble(header)
             return
-        header = _msgpack.unpack(piece, limits, field="frame header", max_bytes=len(piece))
+        header = _msgpack.unpack(piece, limits, field="frame header", max_bytes=len(piece),
+                                 check=False)
         if not isinstance(header, dict):
             raise FrameError("frame header is not a map", field="frame.header")
         t = header.get("t")
@@ -223,6 +231,8 @@ class PayloadDecoder:
                 raise FrameError(f"more tensor frames than the {self._count} declared",
                                  field="payload.count")
             self._on_tensor_header(header)
+        elif t == "G":
+            self._on_group_header(header)
         elif t == "E":
             if set(header) != {"t", "count"} or header["count"] != self._count:
                 raise FrameError("end frame is malformed or its count differs from the preamble",
@@ -262,93 +272,63 @@ class PayloadDecoder:
         self._state, self._need = _PREFIX, PREFIX.size
 
     def _on_tensor_header(self, h: dict[str, Any]) -> None:
-        limits = self._limits
         keys = set(h)
         if not keys <= _TENSOR_KEYS or not keys >= _TENSOR_KEYS - {"wire"}:
             raise FrameError(f"tensor header keys {sorted(keys)[:8]} are not "
                              f"{sorted(_TENSOR_KEYS)}", field="tensor.header")
-        name = h["name"]
-        if not isinstance(name, str):
-            raise FrameError("tensor name must be a string", field="tensor.name")
-        check_limit("tensor name bytes", len(name.encode()), limits.max_name_bytes,
-                    what="Limits.max_name_bytes")
-        if name in self._tensors:
-            raise FrameError(f"tensor {name[:64]!r} appears twice", field="tensor.name")
-        dtype = dtype_from_name(h["dtype"], limits.allowed_dtypes)
-        shape = self._shape(h["shape"])
-        numel = 1
-        for d in shape:
-            numel *= d
-        check_limit("tensor elements", numel, limits.max_elements, what="Limits.max_elements")
-        nbytes = numel * dtype.itemsize
-        check_limit("tensor bytes", nbytes, limits.max_tensor_bytes, what="Limits.max_tensor_bytes")
-        check_limit("decoded bytes", self._decoded + nbytes, limits.max_decoded_bytes,
-                    what="Limits.max_decoded_bytes")
         codec_name = h["codec"]
-        codec = block_codec(codec_name, limits.allowed_codecs)
+        codec = block_codec(codec_name, self._limits.allowed_codecs)
         shuffle = h["shuffle"]
         if not isinstance(shuffle, bool):
             raise FrameError("tensor shuffle flag must be a bool", field="tensor.shuffle")
-        cast: torch.dtype | None = None
-        if "wire" in h:
-            cast = dtype_from_name(h["wire"], limits.allowed_dtypes & frozenset(LOSSY_TARGETS))
-            if not dtype.is_floating_point or dtype.itemsize <= cast.itemsize:
-                raise FrameError(f"wire dtype {cast} cannot carry a {dtype} tensor",
-                                 field="tensor.wire")
-        self._check_spec(name, dtype, shape)
-        dest = self._destination(name, dtype, shape)
-        self._decoded += nbytes
-        wire_itemsize = (cast or dtype).itemsize
+        target = admit(h["name"], h["dtype"], h["shape"], h.get("wire"), limits=self._limits,
+                       spec=self._spec, out=self._out, seen=self._tensors, decoded=self._decoded)
+        self._decoded += target.decoded
+        itemsize = (target.cast or target.dest.dtype).itemsize
+        self._start_frame(_Frame([target], target.nbytes, itemsize, self._decoder(codec_name),
+                                 codec_name, codec.max_wire_len, shuffle))
+
+    def _on_group_header(self, h: dict[str, Any]) -> None:
+        """Small tensors sharing one block: ``{"t": "G", "items": [[name, dtype, shape]...],
+        "codec": name}``; the block holds their bytes back to back, unshuffled."""
+        if set(h) != _GROUP_KEYS:
+            raise FrameError(f"group header keys {sorted(h)[:8]} are not {sorted(_GROUP_KEYS)}",
+                             field="group.header")
+        codec_name = h["codec"]
+        codec = block_codec(codec_name, self._limits.allowed_codecs)
+        items = h["items"]
+        if not isinstance(items, list) or not items:
+            raise FrameError("group items must be a non-empty list", field="group.items")
+        if len(self._tensors) + len(items) > self._count:
+            raise FrameError(f"more tensors than the {self._count} declared", field="payload.count")
+        seen: dict[str, object] = dict.fromkeys(self._tensors)
+        targets = []
+        for item in items:
+            if not isinstance(item, list) or len(item) != 3:
+                raise FrameError("a group item must be [name, dtype, shape]", field="group.items")
+            target = admit(item[0], item[1], item[2], None, limits=self._limits, spec=self._spec,
+                           out=self._out, seen=seen, decoded=self._decoded)
+            self._decoded += target.decoded
+            seen[target.name] = None
+            targets.append(target)
+        total = sum(t.nbytes for t in targets)
+        check_limit("group bytes", total, self._limits.max_block_bytes,
+                    what="Limits.max_block_bytes: a group is one block")
+        self._start_frame(_Frame(targets, total, 1, self._decoder(codec_name), codec_name,
+                                 codec.max_wire_len, False))
+
+    def _decoder(self, codec_name: str) -> BlockDecoder:
         dec = self._decoders.get(codec_name)
         if dec is None:
-            dec = self._decoders[codec_name] = codec.decoder()
-        dest_u8 = as_bytes(dest) if cast is None else np.empty(0, dtype=np.uint8)
-        self._cur = _Tensor(name, dest, dest_u8, numel * wire_itemsize, wire_itemsize, dec,
-                            str(codec_name), codec.max_wire_len, shuffle, cast)
-        if numel == 0:
-            self._finish_tensor()
+            dec = self._decoders[codec_name] = block_codec(codec_name).decoder()
+        return dec
+
+    def _start_frame(self, frame: _Frame) -> None:
+        self._cur = frame
+        if frame.nbytes == 0:
+            self._finish_frame()
         else:
             self._state, self._need = _BLOCK_PREFIX, BLOCK.size
-
-    def _shape(self, shape: Any) -> tuple[int, ...]:
-        if not isinstance(shape, list):
-            raise FrameError("tensor shape must be a list", field="tensor.shape")
-        check_limit("tensor dims", len(shape), self._limits.max_dims, what="Limits.max_dims")
-        out = []
-        for d in shape:
-            if not isinstance(d, int) or isinstance(d, bool) or d < 0:
-                raise FrameError("tensor shape entries must be non-negative ints",
-                                 field="tensor.shape")
-            check_limit("tensor dim", d, self._limits.max_elements, what="Limits.max_elements")
-            out.append(d)
-        return tuple(out)
-
-    def _check_spec(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
-        if self._spec is None:
-            return
-        ts = self._spec.get(name)
-        if ts is None:
-            raise SpecMismatchError(f"payload has unknown tensor {name[:64]!r}",
-                                    reason="unknown_tensor", name=name)
-        if ts.dtype != dtype:
-            raise SpecMismatchError(f"tensor {name!r} has dtype {dtype}, the model has {ts.dtype}",
-                                    reason="dtype_mismatch", name=name)
-        if ts.shape != shape:
-            raise SpecMismatchError(f"tensor {name!r} has shape {shape}, the model has {ts.shape}",
-                                    reason="shape_mismatch", name=name)
-
-    def _destination(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        out = self._out.get(name) if self._out is not None else None
-        if out is None:
-            return torch.empty(shape, dtype=dtype)
-        if out.dtype != dtype or tuple(out.shape) != shape:
-            raise SpecMismatchError(
-                f"tensor {name!r} is {dtype}{list(shape)} but its out buffer is "
-                f"{out.dtype}{list(out.shape)}", reason="out_mismatch", name=name)
-        if out.device.type != "cpu" or not out.is_contiguous() or out.requires_grad:
-            raise SpecMismatchError(f"out buffer for {name!r} must be a contiguous CPU tensor "
-                                    f"without grad", reason="out_mismatch", name=name)
-        return out
 
     # -- blocks -------------------------------------------------------------------------------
     def _on_block_prefix(self, piece: memoryview) -> None:
@@ -361,12 +341,18 @@ class PayloadDecoder:
                              f"{cur.wire_itemsize}", field="block.raw_len")
         check_limit("block bytes", raw_len, min(left, self._limits.max_block_bytes),
                     what="what remains of the tensor / Limits.max_block_bytes")
+        if len(cur.targets) > 1 and raw_len != left:
+            raise FrameError("a group's bytes must come in one block", field="block.raw_len")
+        if raw_len < min(left, MIN_BLOCK):
+            raise FrameError(f"block of {raw_len} bytes is too small: every block but the last "
+                             f"holds at least {MIN_BLOCK}", field="block.raw_len")
         if wire_len == 0:
             raise FrameError("empty block", field="block.wire_len")
         check_limit("block wire bytes", wire_len, cur.max_wire(raw_len),
                     what=f"the {cur.codec_name} bound for {raw_len} bytes")
         self._blk_raw, self._blk_crc = raw_len, crc
-        if cur.codec_name == "raw" and not cur.shuffle and cur.cast is None:
+        if (cur.codec_name == "raw" and not cur.shuffle and len(cur.targets) == 1
+                and cur.targets[0].cast is None):
             if wire_len != raw_len:
                 raise FrameError("raw block wire length differs from its raw length",
                                  field="block.wire_len")
@@ -381,11 +367,12 @@ class PayloadDecoder:
         assert cur is not None
         k = min(len(mv) - pos, self._blk_left)
         o = cur.offset
-        cur.dest_u8[o:o + k] = np.frombuffer(mv[pos:pos + k], dtype=np.uint8)
+        dest_u8 = cur.targets[0].dest_u8
+        dest_u8[o:o + k] = np.frombuffer(mv[pos:pos + k], dtype=np.uint8)
         cur.offset = o + k
         self._blk_left -= k
         if self._blk_left == 0:
-            if checksum(cur.dest_u8[self._blk_start:cur.offset]) != self._blk_crc:
+            if checksum(dest_u8[self._blk_start:cur.offset]) != self._blk_crc:
                 raise ChecksumError(f"block checksum mismatch in tensor {cur.name!r}",
                                     field="block.crc")
             self._after_block()
@@ -398,21 +385,30 @@ class PayloadDecoder:
             raise ChecksumError(f"block checksum mismatch in tensor {cur.name!r}", field="block.crc")
         raw_len = self._blk_raw
         raw = np.frombuffer(cur.codec.decode(wire, raw_len), dtype=np.uint8)
+        if len(cur.targets) > 1:                      # a group: scatter into its tensors
+            pos = 0
+            for t in cur.targets:
+                np.copyto(t.dest_u8, raw[pos:pos + t.nbytes])
+                pos += t.nbytes
+            cur.offset = raw_len
+            self._after_block()
+            return
+        target = cur.targets[0]
         o = cur.offset
-        if cur.cast is None:
-            target = cur.dest_u8[o:o + raw_len]
+        if target.cast is None:
+            stage = target.dest_u8[o:o + raw_len]
         else:
             if self._scratch.shape[0] < raw_len:
                 self._scratch = np.empty(raw_len, dtype=np.uint8)
-            target = self._scratch[:raw_len]
+            stage = self._scratch[:raw_len]
         if cur.shuffle:
-            unshuffle_into(raw, cur.wire_itemsize, target)
+            unshuffle_into(raw, cur.wire_itemsize, stage)
         else:
-            np.copyto(target, raw)
-        if cur.cast is not None:
+            np.copyto(stage, raw)
+        if target.cast is not None:
             e0 = o // cur.wire_itemsize
             k = raw_len // cur.wire_itemsize
-            cur.dest.view(-1)[e0:e0 + k].copy_(torch.from_numpy(target).view(cur.cast))
+            target.dest.view(-1)[e0:e0 + k].copy_(torch.from_numpy(stage).view(target.cast))
         cur.offset = o + raw_len
         self._after_block()
 
@@ -420,16 +416,18 @@ class PayloadDecoder:
         cur = self._cur
         assert cur is not None
         if cur.offset == cur.nbytes:
-            self._finish_tensor()
+            self._finish_frame()
         else:
             self._state, self._need = _BLOCK_PREFIX, BLOCK.size
 
-    def _finish_tensor(self) -> None:
+    def _finish_frame(self) -> None:
         cur = self._cur
         assert cur is not None
-        if cur.dest.dtype == torch.bool and cur.nbytes and bool((cur.dest_u8 > 1).any()):
-            raise FrameError(f"bool tensor {cur.name!r} holds bytes other than 0 and 1",
-                             field="tensor.bool")
-        self._tensors[cur.name] = cur.dest
+        for t in cur.targets:
+            if t.dest.dtype == torch.bool and t.nbytes and bool((t.dest_u8 > 1).any()):
+                raise FrameError(f"bool tensor {t.name!r} holds bytes other than 0 and 1",
+                                 field="tensor.bool")
+        for t in cur.targets:
+            self._tensors[t.name] = t.dest
         self._cur = None
         self._state, self._need = _PREFIX, PREFIX.size

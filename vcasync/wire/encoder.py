@@ -25,7 +25,7 @@ from .plan import CodecSpec, TensorPlan, plan_tensor, wire_dtype_for
 __all__ = ["iter_payload"]
 
 Piece = bytes | memoryview
-_MIN_CHUNK = 4096
+_MIN_CHUNK = 4096   # blocks are >= _MIN_CHUNK - 15 bytes: the decoder insists (MIN_BLOCK)
 _MAX_CHUNK = 64 << 20
 
 
@@ -44,67 +44,180 @@ def iter_payload(kind: str, meta: Any, tensors: Mapping[str, torch.Tensor],
                      zero_copy)
 
 
+class _Stream:
+    """Per-payload encoding state: codec contexts and scratch buffers, allocated once, reused
+    for every block (a fresh buffer per block would cost a page fault per 4 KiB)."""
+
+    def __init__(self, spec: CodecSpec, chunk_size: int) -> None:
+        self.spec = spec
+        self.chunk_size = chunk_size
+        self.encoders: dict[tuple[str, int, int], BlockEncoder] = {}
+        self.scratch = np.empty(chunk_size, dtype=np.uint8)
+        self.casts: dict[torch.dtype, torch.Tensor] = {}
+
+    def encoder(self, plan: TensorPlan) -> BlockEncoder:
+        key = (plan.codec, plan.level, plan.threads)
+        enc = self.encoders.get(key)
+        if enc is None:
+            enc = self.encoders[key] = block_codec(plan.codec).encoder(plan.level, plan.threads)
+        return enc
+
+    def cast_buffer(self, dtype: torch.dtype) -> torch.Tensor:
+        buf = self.casts.get(dtype)
+        if buf is None:
+            buf = self.casts[dtype] = torch.empty(self.chunk_size // dtype.itemsize, dtype=dtype)
+        return buf
+
+
 def _pieces(kind: str, meta: Any, tensors: Mapping[str, torch.Tensor], names: list[str],
             spec: CodecSpec, chunk_size: int) -> Iterator[Piece]:
     preamble = {"t": "P", "v": PROTOCOL_VERSION, "kind": kind, "count": len(names), "meta": meta}
     yield MAGIC + frame_prefix(_msgpack.pack(preamble))
-    encoders: dict[tuple[str, int, int], BlockEncoder] = {}
-    scratch = np.empty(chunk_size, dtype=np.uint8)
+    stream = _Stream(spec, chunk_size)
+    group = _Group(stream)
     for name in names:
-        yield from _tensor_pieces(name, tensors[name], spec, chunk_size, encoders, scratch)
+        t = _prepare(name, tensors[name])
+        if group.accepts(t):
+            group.add(name, t)
+            if group.full:
+                yield group.flush()
+            continue
+        if group.items:
+            yield group.flush()
+        yield from _tensor_pieces(name, t, stream)
+    if group.items:
+        yield group.flush()
     yield frame_prefix(_msgpack.pack({"t": "E", "count": len(names)}))
 
 
-def _tensor_pieces(name: str, tensor: torch.Tensor, spec: CodecSpec, chunk_size: int,
-                   encoders: dict[tuple[str, int, int], BlockEncoder],
-                   scratch: np.ndarray[Any, Any]) -> Iterator[Piece]:
+def _prepare(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """A detached, contiguous CPU tensor of an allowed dtype (a copy only when needed)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"tensor {name!r} is a {type(tensor).__name__}, not a torch.Tensor")
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    dname = dtype_name(t.dtype)
-    wire_dtype = wire_dtype_for(spec, t)
-    src = t
-    if wire_dtype is not None:
-        cast = t.to(wire_dtype)
-        if bool((torch.isinf(cast) & torch.isfinite(t)).any()):
-            wire_dtype = None  # out of the target's range: send full precision, never inf
-        else:
-            src = cast
-    src = src.contiguous()
-    itemsize = src.element_size()
-    data = as_bytes(src)
-    plan = plan_tensor(spec, data, itemsize, wire_dtype)
-    header: dict[str, Any] = {"t": "T", "name": name, "dtype": dname,
-                              "shape": [int(d) for d in t.shape], "codec": plan.codec,
-                              "shuffle": plan.shuffle}
+    dtype_name(t.dtype)  # refuse what cannot travel before anything is sent
+    return t.contiguous()
+
+
+class _Group:
+    """Small tensors (biases, norms, counters: most of a model's entries) sent as one frame
+    and one block, so each costs a list entry instead of a frame, a block and their checks.
+    They always travel exactly (a lossy codec would save a few bytes and cost precision)."""
+
+    def __init__(self, stream: _Stream) -> None:
+        self.stream = stream
+        self.small = min(16 << 10, stream.chunk_size // 16)
+        self.items: list[list[Any]] = []
+        self.tensors: list[torch.Tensor] = []
+        self.nbytes = 0
+        self.header_bytes = 0
+
+    def accepts(self, t: torch.Tensor) -> bool:
+        return t.numel() * t.element_size() <= self.small
+
+    def add(self, name: str, t: torch.Tensor) -> None:
+        self.items.append([name, dtype_name(t.dtype), list(t.shape)])
+        self.tensors.append(t)
+        self.nbytes += t.numel() * t.element_size()
+        self.header_bytes += len(name) * 4 + 24 + 9 * t.dim()   # generous msgpack estimate
+
+    @property
+    def full(self) -> bool:
+        # One block of at most chunk_size bytes, a header well under Limits.max_header_bytes.
+        return self.nbytes >= self.stream.chunk_size // 2 or self.header_bytes >= 32 << 10
+
+    def flush(self) -> bytes:
+        data = np.frombuffer(b"".join(as_bytes(t).data for t in self.tensors), dtype=np.uint8)
+        plan = plan_tensor(self.stream.spec, data, 1)
+        head = frame_prefix(_msgpack.pack({"t": "G", "items": self.items, "codec": plan.codec}))
+        self.items, self.tensors, self.nbytes, self.header_bytes = [], [], 0, 0
+        if data.shape[0] == 0:
+            return head
+        return head + b"".join(_encode_blocks(iter([(data, True)]), 1, plan, self.stream))
+
+
+def _tensor_pieces(name: str, src: torch.Tensor, stream: _Stream) -> Iterator[Piece]:
+    dname = dtype_name(src.dtype)
+    wire_dtype = wire_dtype_for(stream.spec, src)
+    if wire_dtype is not None and not _fits(src, wire_dtype):
+        wire_dtype = None  # finite values beyond the target's range: full precision, never inf
+    if wire_dtype is None:
+        itemsize = src.element_size()
+        data = as_bytes(src)
+        plan = plan_tensor(stream.spec, data, itemsize)
+        blocks = _raw_blocks(data, itemsize, stream.chunk_size)
+    else:
+        itemsize = wire_dtype.itemsize
+        flat = src.reshape(-1)
+        plan = plan_tensor(stream.spec, _cast_sample(flat, wire_dtype), itemsize, wire_dtype,
+                           total=flat.numel() * itemsize)
+        blocks = _cast_blocks(flat, stream.cast_buffer(wire_dtype))
+    header: dict[str, Any] = {"t": "T", "name": name, "dtype": dname, "shape": list(src.shape),
+                              "codec": plan.codec, "shuffle": plan.shuffle}
     if wire_dtype is not None:
         header["wire"] = dtype_name(wire_dtype)
-    yield frame_prefix(_msgpack.pack(header))
-    yield from _blocks(data, itemsize, plan, chunk_size, encoders, scratch)
-
-
-
-def _blocks(data: np.ndarray[Any, Any], itemsize: int, plan: TensorPlan, chunk_size: int,
-            encoders: dict[tuple[str, int, int], BlockEncoder],
-            scratch: np.ndarray[Any, Any]) -> Iterator[Piece]:
-    n = data.shape[0]
-    if n == 0:
+    head = frame_prefix(_msgpack.pack(header))
+    if wire_dtype is None and src.numel() * itemsize <= stream.chunk_size // 4:
+        # A small tensor: one piece (header, block prefix, bytes) instead of three; most tensors
+        # of a model are small (biases, norms, counters), so this is the common case.
+        yield head + b"".join(_encode_blocks(blocks, itemsize, plan, stream))
         return
-    key = (plan.codec, plan.level, plan.threads)
-    enc = encoders.get(key)
-    if enc is None:
-        enc = encoders[key] = block_codec(plan.codec).encoder(plan.level, plan.threads)
+    yield head
+    yield from _encode_blocks(blocks, itemsize, plan, stream)
+
+
+def _fits(src: torch.Tensor, target: torch.dtype) -> bool:
+    """Whether every finite value of ``src`` stays finite in ``target`` (one pass, no big
+    temporaries unless a value is out of range)."""
+    if src.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(src.reshape(-1))
+    limit = torch.finfo(target).max
+    if bool(hi <= limit) and bool(lo >= -limit):
+        return True
+    finite_src = int(torch.isfinite(src).sum())
+    return finite_src == int(torch.isfinite(src.to(target)).sum())
+
+
+def _cast_sample(flat: torch.Tensor, target: torch.dtype) -> np.ndarray[Any, Any]:
+    """Up to three 16K-element slices of ``flat`` cast to ``target``, as bytes, for ``auto``."""
+    n = flat.numel()
+    take = min(n, 16384)
+    starts = sorted({0, (n - take) // 2, n - take})
+    return as_bytes(torch.cat([flat[s:s + take] for s in starts]).to(target))
+
+
+def _raw_blocks(data: np.ndarray[Any, Any], itemsize: int,
+                chunk_size: int) -> Iterator[tuple[np.ndarray[Any, Any], bool]]:
+    """(block, reused) pairs: views into the tensor itself, never reused."""
     step = max(itemsize, chunk_size // itemsize * itemsize)
-    for off in range(0, n, step):
-        view = data[off:off + step]
-        block = shuffle_into(view, itemsize, scratch) if plan.shuffle else view
+    for off in range(0, data.shape[0], step):
+        yield data[off:off + step], False
+
+
+def _cast_blocks(flat: torch.Tensor,
+                 buf: torch.Tensor) -> Iterator[tuple[np.ndarray[Any, Any], bool]]:
+    """The tensor cast to ``buf``'s dtype one block at a time, into the reused ``buf``."""
+    step = buf.numel()
+    for e0 in range(0, flat.numel(), step):
+        k = min(step, flat.numel() - e0)
+        out = buf[:k]
+        out.copy_(flat[e0:e0 + k])
+        yield as_bytes(out), True
+
+
+def _encode_blocks(blocks: Iterator[tuple[np.ndarray[Any, Any], bool]], itemsize: int,
+                   plan: TensorPlan, stream: _Stream) -> Iterator[Piece]:
+    enc = stream.encoder(plan)
+    for view, reused in blocks:
+        block = shuffle_into(view, itemsize, stream.scratch) if plan.shuffle else view
         wire = enc.encode(block)
         if isinstance(wire, np.ndarray):
-            # Passed through: the block itself (zero-copy) or the reused scratch (copy it out).
+            # Passed through: a view of the tensor (zero-copy), or of a reused buffer (copy it).
             crc = checksum(wire)
-            piece: Piece = wire.data if wire is view else wire.tobytes()
+            piece: Piece = wire.data if (wire is view and not reused) else wire.tobytes()
         else:
             piece = wire if isinstance(wire, bytes | memoryview) else bytes(wire)
             crc = checksum(piece)

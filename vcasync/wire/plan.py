@@ -6,10 +6,11 @@ deltas) downcasts float32/float64 tensors to ``"float16"`` or ``"bfloat16"`` fir
 
 ``"auto"`` decides per tensor *and* per link: compression only pays when the time it saves on the
 wire exceeds the time it costs on both CPUs. So for each tensor (above ``min_bytes``) it compresses
-a small sample (a few 64 KiB slices spread over the tensor), measures the ratio and the compress and
-decompress speeds on that sample, and compares ``n/B`` with ``n/c + n/(r*B) + n/d`` for the link's
-bandwidth ``B``. On loopback or a fast LAN that picks raw; on a slow WAN uplink it picks zstd; an
-incompressible tensor stays raw everywhere.
+a small sample (at most 1/16 of it: one slice, or three 64 KiB slices spread over a tensor of
+1 MiB or more), measures the ratio and the compress and decompress speeds on that sample, and
+compares ``n/B`` with ``n/c + n/(r*B) + n/d`` for the link's bandwidth ``B``; zstd must save at
+least ``1 - margin`` (3 %) of the time. On loopback or a fast LAN that picks raw; on a slow WAN
+uplink it picks zstd; an incompressible tensor stays raw everywhere.
 
 The lossy bound: a finite float32/64 value ``x`` in range decodes to ``y`` with
 ``|y - x| <= |x| * 2**-8`` (bfloat16) or ``|x| * 2**-11`` (float16), plus half the smallest
@@ -19,6 +20,7 @@ finite values would overflow float16 is sent at full precision instead.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -41,8 +43,10 @@ __all__ = [
     "resolve_codec",
 ]
 
-_SAMPLE_BYTES: Final = 64 << 10
-_SAMPLES: Final = 3
+_SAMPLE_BYTES: Final = 64 << 10      # one sampled slice at most
+_SAMPLE_SHARE: Final = 16            # ... and at most 1/16 of the tensor, but at least:
+_SAMPLE_MIN: Final = 4 << 10
+_SAMPLES: Final = 3                  # slices spread over tensors of 1 MiB and more
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +85,7 @@ class CodecSpec:
     threads: int = 0
     link: LinkProfile | None = None
     min_bytes: int = 4096
-    margin: float = 0.9
+    margin: float = 0.97
 
     def __post_init__(self) -> None:
         if self.compression != "auto":
@@ -165,13 +169,12 @@ def wire_dtype_for(spec: CodecSpec, t: torch.Tensor) -> torch.dtype | None:
 
 
 def plan_tensor(spec: CodecSpec, data: np.ndarray[Any, Any], itemsize: int,
-                wire_dtype: torch.dtype | None = None) -> TensorPlan:
-    """Decide how to send one tensor whose wire bytes are ``data`` (uint8, contiguous)."""
+                wire_dtype: torch.dtype | None = None, *, total: int | None = None) -> TensorPlan:
+    """Decide how to send one tensor whose wire bytes are ``data`` (uint8, contiguous), or a
+    sample of them when ``total`` (the full wire size) is given."""
     if spec.compression != "auto":
-        zstd = spec.compression != "raw"
-        return TensorPlan(spec.compression, spec.level, spec.shuffle and zstd and itemsize > 1,
-                          wire_dtype, spec.threads)
-    n = data.shape[0]
+        return _fixed_plan(spec, itemsize, wire_dtype)
+    n = data.shape[0] if total is None else total
     shuffle = spec.shuffle and itemsize > 1
     if n < spec.min_bytes:
         return TensorPlan("raw", wire_dtype=wire_dtype)
@@ -186,14 +189,22 @@ def plan_tensor(spec: CodecSpec, data: np.ndarray[Any, Any], itemsize: int,
     return TensorPlan("raw", wire_dtype=wire_dtype, stats=stats)
 
 
+@functools.lru_cache(maxsize=256)
+def _fixed_plan(spec: CodecSpec, itemsize: int, wire_dtype: torch.dtype | None) -> TensorPlan:
+    """The same decision for every tensor of an item size: computed once (plans are immutable)."""
+    zstd = spec.compression != "raw"
+    return TensorPlan(spec.compression, spec.level, spec.shuffle and zstd and itemsize > 1,
+                      wire_dtype, spec.threads)
+
+
 def _measure_sample(data: np.ndarray[Any, Any], itemsize: int, shuffle: bool,
                     level: int) -> tuple[float, float, float]:
     """Ratio and compress/decompress speeds (bytes/s) of zstd on a few slices of ``data``."""
     import zstandard
 
     n = data.shape[0]
-    size = min(_SAMPLE_BYTES, n) // itemsize * itemsize
-    count = min(_SAMPLES, max(1, n // max(size, 1)))
+    size = min(_SAMPLE_BYTES, max(_SAMPLE_MIN, n // _SAMPLE_SHARE), n) // itemsize * itemsize
+    count = _SAMPLES if n >= (1 << 20) else 1
     starts = [((n - size) * i // max(count - 1, 1)) // itemsize * itemsize for i in range(count)]
     cctx = zstandard.ZstdCompressor(level=level)
     dctx = zstandard.ZstdDecompressor()

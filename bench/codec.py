@@ -1,0 +1,371 @@
+"""Benchmark the tensor wire (``python -m bench.codec [--quick] [--json]``).
+
+Encodes and decodes a ResNet-50 state dict (25.6M params; the same layout at 2x channels, ~102M) through every
+codec, weights and deltas, and measures in the same run, on the same bytes: a plain memcpy into an
+existing buffer, the zstandard library alone (with and without the numpy byte-plane shuffle),
+``torch.save``/``torch.load(weights_only=True)`` through BytesIO, safetensors bytes, pickle 5 with
+out-of-band buffers, and Flower's ndarray serialisation when ``flwr`` is importable (hivemind too).
+
+Mode, for every figure: *warm*. Every destination is allocated once and reused (our decoder fills
+``out`` buffers; memcpy copies into a preallocated array); peers allocate as they always do, and
+run repeatedly so freed memory is reused. ``raw fresh`` additionally shows our decoder allocating
+new tensors each time. Each figure is the median of ``--reps`` runs after one warm-up.
+
+Data: no pretrained weights can be downloaded here, so the weights are synthetic but shaped like
+trained ones: Laplace-distributed (heavy-tailed, as trained conv weights are) with a He-style scale
+per layer, BatchNorm gamma ~ N(1, 0.1), beta ~ N(0, 0.05), running means/vars, int64 counters. The
+delta is a real fp32 subtraction of two nearby models (``(w - lr*g) - w`` with Gaussian ``g``), as a
+worker's result after a few local steps would be. Uniform or Gaussian weights compress the same
+(within 0.01 of the ratio); what matters is the fp32 layout: sign and exponent bytes compress,
+mantissa bytes do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import pickle
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import zstandard
+
+from vcasync.wire import CodecSpec, LinkProfile, PayloadDecoder, encode_payload
+from vcasync.wire.codecs import shuffle_into, unshuffle_into
+
+State = dict[str, torch.Tensor]
+
+
+# --- data -----------------------------------------------------------------------------------
+
+def resnet50_shapes(scale: float = 1.0) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """Names, shapes and dtypes of a torchvision ResNet-50 state dict with every channel count
+    multiplied by ``scale`` (1: the real 25.6M params; 2: ~102M; 0.5: ~6.4M)."""
+    out: list[tuple[str, tuple[int, ...], torch.dtype]] = []
+
+    def ch(c: int) -> int:
+        return max(1, round(c * scale))
+
+    def bn(prefix: str, c: int) -> None:
+        for p in ("weight", "bias", "running_mean", "running_var"):
+            out.append((f"{prefix}.{p}", (c,), torch.float32))
+        out.append((f"{prefix}.num_batches_tracked", (), torch.int64))
+
+    out.append(("conv1.weight", (ch(64), 3, 7, 7), torch.float32))
+    bn("bn1", ch(64))
+    inplanes = ch(64)
+    for li, (blocks, planes) in enumerate(zip((3, 4, 6, 3), (64, 128, 256, 512), strict=True), 1):
+        mid, outc = ch(planes), ch(planes * 4)
+        for b in range(blocks):
+            p = f"layer{li}.{b}"
+            out.append((f"{p}.conv1.weight", (mid, inplanes, 1, 1), torch.float32))
+            bn(f"{p}.bn1", mid)
+            out.append((f"{p}.conv2.weight", (mid, mid, 3, 3), torch.float32))
+            bn(f"{p}.bn2", mid)
+            out.append((f"{p}.conv3.weight", (outc, mid, 1, 1), torch.float32))
+            bn(f"{p}.bn3", outc)
+            if b == 0:
+                out.append((f"{p}.downsample.0.weight", (outc, inplanes, 1, 1), torch.float32))
+                bn(f"{p}.downsample.1", outc)
+            inplanes = outc
+    out.append(("fc.weight", (1000, inplanes), torch.float32))
+    out.append(("fc.bias", (1000,), torch.float32))
+    return out
+
+
+def trained_like(shapes: list[tuple[str, tuple[int, ...], torch.dtype]], seed: int = 0) -> State:
+    g = torch.Generator().manual_seed(seed)
+    sd: State = {}
+    for name, shape, dtype in shapes:
+        if dtype == torch.int64:
+            sd[name] = torch.tensor(12345, dtype=torch.int64)
+            continue
+        n = math.prod(shape)
+        if name.endswith("running_var"):
+            t = torch.rand(n, generator=g) * 2 + 0.05
+        elif name.endswith("weight") and len(shape) == 1:       # BN gamma
+            t = 1 + 0.1 * torch.randn(n, generator=g)
+        elif len(shape) == 1:                                     # biases, running means
+            t = 0.05 * torch.randn(n, generator=g)
+        else:
+            fan_in = math.prod(shape[1:])
+            u = torch.rand(n, generator=g).clamp_(1e-7, 1 - 1e-7)
+            laplace = -torch.sign(u - 0.5) * torch.log1p(-2 * (u - 0.5).abs())
+            t = laplace * (math.sqrt(2.0 / fan_in) / math.sqrt(2.0))
+        sd[name] = t.reshape(shape).to(dtype)
+    return sd
+
+
+def nearby_delta(sd: State, seed: int = 1, lr: float = 1e-3) -> State:
+    """``w' - w`` in fp32 for ``w' = w - lr * g``: a worker's delta after a few local steps."""
+    g = torch.Generator().manual_seed(seed)
+    out: State = {}
+    for k, w in sd.items():
+        if not w.is_floating_point():
+            out[k] = torch.zeros_like(w)
+            continue
+        step = lr * w.abs().mean().clamp_min(1e-3) * torch.randn(w.shape, generator=g)
+        out[k] = (w - step) - w
+    return out
+
+
+# --- timing ---------------------------------------------------------------------------------
+
+def race(contenders: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
+    """Median seconds per contender, run round-robin after one warm-up each, so a load spike
+    on this shared machine hits every contender alike instead of skewing one ratio."""
+    for fn in contenders.values():
+        fn()                                   # warm-up: allocations, caches, lazy imports
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(reps):
+        for name, fn in contenders.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def nbytes(sd: State) -> int:
+    return sum(t.numel() * t.element_size() for t in sd.values())
+
+
+# --- references and peers -------------------------------------------------------------------
+
+def memcpy_fn(sd: State) -> Callable[[], None]:
+    src = [t.numpy() for t in sd.values()]
+    dst = [np.empty_like(a) for a in src]
+
+    def run() -> None:
+        for s, d in zip(src, dst, strict=True):
+            np.copyto(d, s)
+    return run
+
+
+def zstd_library_fn(sd: State, shuffle: bool, wire: dict[str, int], key: str) -> Callable[[], None]:
+    """Bare zstandard, one frame per tensor (numpy shuffle around it when ``shuffle``)."""
+    cctx, dctx = zstandard.ZstdCompressor(level=1), zstandard.ZstdDecompressor()
+    arrays = [t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
+              for t in sd.values()]
+    sizes = [t.element_size() for t in sd.values()]
+    scratch = np.empty(max(a.shape[0] for a in arrays), dtype=np.uint8)
+    outs = [np.empty_like(a) for a in arrays]
+
+    def run() -> None:
+        total = 0
+        for a, isz, out in zip(arrays, sizes, outs, strict=True):
+            src = shuffle_into(a, isz, scratch) if shuffle and isz > 1 else a
+            comp = cctx.compress(src.data)
+            total += len(comp)
+            raw = np.frombuffer(dctx.decompress(comp), dtype=np.uint8)
+            if shuffle and isz > 1:
+                unshuffle_into(raw, isz, out)
+            else:
+                np.copyto(out, raw)
+        wire[key] = total
+    return run
+
+
+def torch_save_fn(sd: State) -> Callable[[], None]:
+    def run() -> None:
+        buf = io.BytesIO()
+        torch.save(sd, buf)
+        buf.seek(0)
+        torch.load(buf, weights_only=True)
+    return run
+
+
+def safetensors_fn(sd: State) -> Callable[[], None] | None:
+    try:
+        from safetensors.torch import load, save
+    except ImportError:
+        return None
+    contiguous = {k: v.contiguous() for k, v in sd.items()}
+    return lambda: load(save(contiguous))
+
+
+def pickle5_fn(sd: State) -> Callable[[], None]:
+    arrays = {k: v.numpy() for k, v in sd.items()}
+
+    def run() -> None:
+        buffers: list[pickle.PickleBuffer] = []
+        data = pickle.dumps(arrays, protocol=5, buffer_callback=buffers.append)
+        received = [bytearray(b.raw()) for b in buffers]     # the bytes as they arrive: one copy
+        pickle.loads(data, buffers=received)
+    return run
+
+
+def flower_fn(sd: State) -> Callable[[], None] | None:
+    try:
+        from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+    except ImportError:
+        return None
+    arrays = [v.numpy() for v in sd.values()]
+    return lambda: parameters_to_ndarrays(ndarrays_to_parameters(arrays))
+
+
+def hivemind_fn(sd: State) -> Callable[[], None] | None:
+    try:
+        from hivemind.compression import deserialize_torch_tensor, serialize_torch_tensor
+    except ImportError:
+        return None
+
+    def run() -> None:
+        for t in sd.values():
+            deserialize_torch_tensor(serialize_torch_tensor(t))
+    return run
+
+
+# --- ours -----------------------------------------------------------------------------------
+
+def ours_fns(sd: State, codec: str | CodecSpec, wire: dict[str, int], key: str, *,
+             reuse: bool = True, zero_copy: bool = True) -> tuple[Callable[[], None], Callable[[], None]]:
+    """(round trip, encode only): streamed encode -> decode, chunk by chunk (the whole message is
+    never built), into reused ``out`` buffers when ``reuse``."""
+    out = {k: torch.empty_like(v) for k, v in sd.items()} if reuse else None
+
+    def roundtrip() -> None:
+        dec = PayloadDecoder(out=out)
+        total = 0
+        for chunk in encode_payload("model", {"version": 1}, sd, codec=codec, zero_copy=zero_copy):
+            total += len(chunk)
+            dec.feed(chunk)
+        dec.finish()
+        wire[key] = total
+
+    def encode_only() -> None:
+        for _ in encode_payload("model", {"version": 1}, sd, codec=codec, zero_copy=zero_copy):
+            pass
+
+    return roundtrip, encode_only
+
+
+# --- driver ---------------------------------------------------------------------------------
+
+CODECS: list[tuple[str, str | CodecSpec, str]] = [
+    ("raw", "raw", "weights"),
+    ("zstd", "zstd", "weights"),
+    ("zstd-plain", "zstd-plain", "weights"),
+    ("zstd delta", "zstd", "delta"),
+    ("bf16 delta", "bf16", "delta"),
+    ("fp16 delta", "fp16", "delta"),
+    ("auto@100Mbit", CodecSpec("auto", link=LinkProfile.mbit(100)), "weights"),
+    ("auto@10Gbit", CodecSpec("auto", link=LinkProfile.mbit(10_000)), "weights"),
+]
+
+
+def run_size(label: str, scale: float, reps: int, rows: list[tuple[str, str, float, float, str]],
+             figures: dict[str, Any]) -> None:
+    shapes = resnet50_shapes(scale)
+    weights = trained_like(shapes)
+    delta = nearby_delta(weights)
+    size = nbytes(weights)
+    params = sum(math.prod(s) for _, s, _ in shapes)
+    wire: dict[str, int] = {}
+    fns: dict[str, Callable[[], Any]] = {
+        "memcpy": memcpy_fn(weights),
+        "torch.save+load": torch_save_fn(weights),
+        "pickle 5 oob buffers": pickle5_fn(weights),
+        "zstandard alone": zstd_library_fn(weights, False, wire, "zstandard alone"),
+        "zstandard + numpy shuffle": zstd_library_fn(weights, True, wire, "zstandard + numpy shuffle"),
+    }
+    peers = {"safetensors bytes": safetensors_fn(weights), "flower ndarrays": flower_fn(weights),
+             "hivemind": hivemind_fn(weights)}
+    for name, fn in peers.items():
+        if fn is not None:
+            fns[name] = fn
+    for name, codec, which in CODECS:
+        sd = weights if which == "weights" else delta
+        fns[name], fns[f"{name} (encode)"] = ours_fns(sd, codec, wire, name)
+    fns["raw fresh"], _ = ours_fns(weights, "raw", wire, "raw fresh", reuse=False, zero_copy=False)
+    t = race(fns, reps)
+
+    notes = {"memcpy": "reference: copy into an existing buffer",
+             "torch.save+load": "BytesIO, weights_only=True", "pickle 5 oob buffers":
+             "dumps + copy buffers + loads", "safetensors bytes": "save + load",
+             "zstandard alone": "level 1, frame per tensor", "zstandard + numpy shuffle": "level 1",
+             "raw fresh": "new tensors each time, bytes chunks (cold)"}
+    for name in fns:
+        if name.endswith("(encode)"):
+            continue
+        data = delta if any(name == n and w == "delta" for n, _, w in CODECS) else weights
+        ratio = nbytes(data) / wire[name] if name in wire else 1.0
+        note = notes.get(name, "")
+        if f"{name} (encode)" in t:
+            enc = t[f"{name} (encode)"]
+            note = f"enc {enc * 1e3:.0f} ms, dec {max(t[name] - enc, 0) * 1e3:.0f} ms"
+        shown = name if name in notes and not name.startswith("raw") else (
+            f"vcasync {name}" if name in wire and not name.startswith("zstandard") else name)
+        rows.append((label, shown, t[name], ratio, note))
+    for name in ("flower ndarrays", "hivemind"):
+        if name not in fns:
+            rows.append((label, name, math.nan, math.nan, "not installed: skipped"))
+
+    mem = t["memcpy"]
+    figures.update({
+        f"raw_vs_memcpy_{label}": mem / t["raw"],
+        f"raw_vs_torch_save_{label}": t["torch.save+load"] / t["raw"],
+        f"zstd_vs_library_{label}": t["zstandard + numpy shuffle"] / t["zstd"],
+        f"zstd_plain_vs_library_{label}": t["zstandard alone"] / t["zstd-plain"],
+        f"zstd_weights_ratio_{label}": size / wire["zstd"],
+        f"zstd_plain_weights_ratio_{label}": size / wire["zstd-plain"],
+        f"zstd_delta_ratio_{label}": nbytes(delta) / wire["zstd delta"],
+        f"bf16_delta_ratio_{label}": nbytes(delta) / wire["bf16 delta"],
+        f"fp16_delta_ratio_{label}": nbytes(delta) / wire["fp16 delta"],
+        f"raw_fresh_vs_memcpy_{label}": mem / t["raw fresh"],
+        f"torch_save_vs_memcpy_{label}": mem / t["torch.save+load"],
+        f"pickle5_vs_memcpy_{label}": mem / t["pickle 5 oob buffers"],
+        f"auto_100mbit_ratio_{label}": size / wire["auto@100Mbit"],
+        f"auto_10gbit_ratio_{label}": size / wire["auto@10Gbit"],
+        f"memcpy_gbps_{label}": size / mem / 1e9,
+        f"raw_gbps_{label}": size / t["raw"] / 1e9,
+        f"zstd_gbps_{label}": size / t["zstd"] / 1e9,
+        f"params_{label}": params,
+        f"bytes_{label}": size,
+    })
+    for name in ("safetensors bytes", "flower ndarrays", "hivemind"):
+        if name in t:
+            figures[f"{name.split()[0]}_vs_memcpy_{label}"] = mem / t[name]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--quick", action="store_true", help="ResNet-50 at half width (~6M params), 3 reps")
+    ap.add_argument("--sizes", default=None, help="comma list of 25m,100m (default both)")
+    ap.add_argument("--reps", type=int, default=None, help="repetitions per figure (default 5)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object on the last line")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    scales = {"6m": 0.5, "25m": 1.0, "100m": 2.0}
+    sizes = ["6m"] if args.quick else (args.sizes or "25m,100m").split(",")
+    reps = args.reps or (3 if args.quick else 5)
+    rows: list[tuple[str, str, float, float, str]] = []
+    figures: dict[str, Any] = {}
+    for label in sizes:
+        run_size(label, scales[label], reps, rows, figures)
+    headline = sizes[-1]
+    order = ["raw_vs_memcpy", "raw_vs_torch_save", "zstd_vs_library", "zstd_weights_ratio",
+             "bf16_delta_ratio"]
+    result = {k: round(figures[f"{k}_{headline}"], 3) for k in order}
+    result.update({k: (round(v, 3) if isinstance(v, float) else v) for k, v in figures.items()})
+    result["mode"] = "warm: destinations allocated once and reused; medians after one warm-up"
+    result["headline_size"] = headline
+    result["reps"] = reps
+    print(f"{'size':>5}  {'method':<28} {'time ms':>9} {'GB/s':>7} {'ratio':>7}  note")
+    for label, name, secs, ratio, note in rows:
+        speed = figures[f"bytes_{label}"] / secs / 1e9 if secs == secs else math.nan
+        print(f"{label:>5}  {name:<28} {secs * 1e3:9.1f} {speed:7.2f} {ratio:7.3f}  {note}")
+    print("\n" + "  ".join(f"{k}={result[k]}" for k in order))
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

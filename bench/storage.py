@@ -1,0 +1,312 @@
+"""Benchmark: put/get of one large object through each storage backend against direct calls.
+
+    python -m bench.storage            # 400 MB, 5 repetitions after a warm-up
+    python -m bench.storage --quick    # 64 MB, 3 repetitions
+    python -m bench.storage --json     # ... and one JSON object on the last line
+
+References, measured in the same run on the same bytes, alternating with the backend:
+
+- ``local``: a plain file write + fsync, and a plain read (what any durable writer must do; the
+  backend adds a rename and a directory fsync, which make it crash-safe);
+- ``s3``: aiobotocore on the same moto server, making the same calls as the backend (a multipart
+  upload with the same part size and concurrency for objects above the threshold); a single
+  ``put_object`` is measured too, and the backend with its threshold raised to use it;
+- ``gcs``: gcloud-aio-storage ``upload``/``download`` on the same gcp-storage-emulator.
+
+``*_overhead`` = backend time / direct time - 1 for put + get (medians). The emulators run in
+child processes (moto not serialised); numbers are emulator-bound and only meaningful as ratios.
+Mode: the same source buffer every repetition; each repetition creates a fresh object, reads it
+back from a warm page cache, and deletes it (untimed), for backend and reference alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MiB = 1 << 20
+BUCKET = "vcasync-bench"
+
+Op = Callable[[], Awaitable[object]]
+
+
+@dataclass
+class Pair:
+    """One backend case and its reference: put and get each, timed alternately."""
+
+    name: str
+    put: Op
+    get: Op
+    clean: Op
+    ref_put: Op
+    ref_get: Op
+    ref_clean: Op
+    times: dict[str, list[float]] = field(default_factory=lambda: {
+        "put": [], "get": [], "ref_put": [], "ref_get": []})
+
+    def median(self, what: str) -> float:
+        return statistics.median(self.times[what])
+
+    def overhead(self, what: str = "both") -> float:
+        if what == "both":
+            ours = self.median("put") + self.median("get")
+            ref = self.median("ref_put") + self.median("ref_get")
+        else:
+            ours, ref = self.median(what), self.median(f"ref_{what}")
+        return ours / ref - 1.0
+
+    def paired_overhead(self) -> float:
+        """Median over repetitions of (put + get) / (reference put + get) - 1: each ratio is taken
+        within one repetition, so slow drift of a shared machine cancels out."""
+        t = self.times
+        return statistics.median((p + g) / (rp + rg) - 1.0 for p, g, rp, rg in
+                                 zip(t["put"], t["get"], t["ref_put"], t["ref_get"], strict=True))
+
+
+async def _timed(op: Op) -> float:
+    start = time.perf_counter()
+    await op()
+    return time.perf_counter() - start
+
+
+async def run_pair(pair: Pair, reps: int, warmup: int, size: int) -> None:
+    """Each repetition writes a fresh object, reads it, and deletes it (untimed), so neither side
+    pays for replacing the other's leftovers; backend and reference alternate who goes first."""
+    for rep in range(warmup + reps):
+        sides = ("", "ref_") if rep % 2 else ("ref_", "")
+        for side in sides:
+            for what in (f"{side}put", f"{side}get"):
+                elapsed = await _timed(getattr(pair, what))
+                if rep >= warmup:
+                    pair.times[what].append(elapsed)
+            await getattr(pair, f"{side}clean")()
+        print(f"  {pair.name} rep {rep + 1}/{warmup + reps}: " + ", ".join(
+            f"{w} {size / MiB / pair.times[w][-1]:.0f} MB/s" for w in ("put", "ref_put", "get", "ref_get")
+            if rep >= warmup), file=sys.stderr, flush=True)
+
+
+# --- cases --------------------------------------------------------------------------------------
+
+
+def _write_fsync(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _read(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def local_pair(data: bytes, directory: Path, opened: list[Any]) -> Pair:
+    from vcasync.backends.local import LocalStorage
+
+    storage = LocalStorage(directory / "backend")
+    opened.append(storage)
+    plain = directory / "plain.bin"
+
+    async def ref_put() -> None:  # plain blocking calls, in the loop's thread: no hop, no rename
+        _write_fsync(plain, data)
+
+    async def ref_get() -> bytes:
+        return _read(plain)
+
+    async def ref_clean() -> None:
+        plain.unlink()
+
+    return Pair("local", lambda: storage.put("bench/object", data), lambda: storage.get("bench/object"),
+                lambda: storage.delete("bench/object"), ref_put, ref_get, ref_clean)
+
+
+async def s3_pairs(data: bytes, endpoint: str, opened: list[Any]) -> list[Pair]:
+    from aiobotocore.config import AioConfig
+    from aiobotocore.session import get_session
+    from vcasync.backends.s3 import S3Options, S3Storage
+
+    from vcasync.testing.emulators import DUMMY_S3_CREDENTIALS
+
+    creds = dict(DUMMY_S3_CREDENTIALS)
+    region = creds.pop("region")
+    defaults = S3Options(endpoint_url=endpoint, region=region, **creds)
+    ours = S3Storage(BUCKET, "backend", defaults)
+    single = S3Storage(BUCKET, "single", S3Options(endpoint_url=endpoint, region=region,
+                                                   multipart_threshold=len(data) + 1, **creds))
+    opened += [ours, single]
+    cm = get_session().create_client(
+        "s3", endpoint_url=endpoint, region_name=region,
+        config=AioConfig(retries={"total_max_attempts": 1}, max_pool_connections=10), **creds)
+    client = await cm.__aenter__()
+    opened.append(cm)
+    part, width = defaults.part_size, defaults.max_concurrency
+
+    async def direct_multipart() -> None:
+        made = await client.create_multipart_upload(Bucket=BUCKET, Key="direct/multipart")
+        slots = asyncio.Semaphore(width)
+
+        async def upload(number: int, start: int) -> dict[str, Any]:
+            async with slots:
+                done = await client.upload_part(Bucket=BUCKET, Key="direct/multipart",
+                                                UploadId=made["UploadId"], PartNumber=number,
+                                                Body=data[start:start + part])
+                return {"PartNumber": number, "ETag": done["ETag"]}
+
+        parts = await asyncio.gather(*(upload(i + 1, s) for i, s in enumerate(range(0, len(data), part))))
+        await client.complete_multipart_upload(Bucket=BUCKET, Key="direct/multipart",
+                                               UploadId=made["UploadId"],
+                                               MultipartUpload={"Parts": list(parts)})
+
+    async def direct_get(key: str) -> bytes:
+        resp = await client.get_object(Bucket=BUCKET, Key=key)
+        async with resp["Body"] as body:
+            out: bytes = await body.read()
+            return out
+
+    async def direct_single() -> None:
+        await client.put_object(Bucket=BUCKET, Key="direct/single", Body=data)
+
+    async def direct_delete(key: str) -> None:
+        await client.delete_object(Bucket=BUCKET, Key=key)
+
+    multipart = len(data) > defaults.multipart_threshold
+    key = "direct/multipart" if multipart else "direct/single"
+    pairs = [Pair("s3", lambda: ours.put("object", data), lambda: ours.get("object"),
+                  lambda: ours.delete("object"), direct_multipart if multipart else direct_single,
+                  lambda: direct_get(key), lambda: direct_delete(key))]
+    if multipart:
+        pairs.append(Pair("s3_single", lambda: single.put("object", data), lambda: single.get("object"),
+                          lambda: single.delete("object"), direct_single,
+                          lambda: direct_get("direct/single"), lambda: direct_delete("direct/single")))
+    return pairs
+
+
+async def gcs_pair(data: bytes, endpoint: str, opened: list[Any]) -> Pair:
+    import aiohttp
+    from gcloud.aio.storage import Storage as GcloudStorage
+    from vcasync.backends.gcs import GCSOptions, GCSStorage
+
+    ours = GCSStorage(BUCKET, "backend", GCSOptions(emulator_host=endpoint))
+    session = aiohttp.ClientSession()
+    direct = GcloudStorage(api_root=endpoint, session=session)  # type: ignore[arg-type]
+    opened += [ours, session]
+
+    async def ref_put() -> None:
+        await direct.upload(BUCKET, "direct/object", data, content_type="application/octet-stream",
+                            timeout=600)
+
+    async def ref_get() -> bytes:
+        return await direct.download(BUCKET, "direct/object", timeout=600)
+
+    async def ref_clean() -> None:
+        await direct.delete(BUCKET, "direct/object")
+
+    return Pair("gcs", lambda: ours.put("object", data), lambda: ours.get("object"),
+                lambda: ours.delete("object"), ref_put, ref_get, ref_clean)
+
+
+def _create_bucket(kind: str, endpoint: str) -> None:
+    if kind == "s3":
+        req = urllib.request.Request(f"{endpoint}/{BUCKET}", method="PUT")
+    else:
+        req = urllib.request.Request(f"{endpoint}/storage/v1/b?project=bench", method="POST",
+                                     data=json.dumps({"name": BUCKET}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        resp.read()
+
+
+async def _close(opened: list[Any]) -> None:
+    for thing in reversed(opened):
+        if hasattr(thing, "aclose"):
+            await thing.aclose()
+        elif hasattr(thing, "__aexit__"):
+            await thing.__aexit__(None, None, None)
+        else:
+            await thing.close()
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    from vcasync.testing.emulators import Emulator
+
+    size = args.size_mb * MiB
+    data = os.urandom(size)
+    pairs: list[Pair] = []
+    opened: list[Any] = []
+    servers: list[Emulator] = []
+    try:
+        with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+            if "local" in args.backends:
+                pairs.append(local_pair(data, Path(tmp), opened))
+            if "s3" in args.backends:
+                servers.append(Emulator("s3", serialize=False).start())
+                _create_bucket("s3", servers[-1].endpoint)
+                pairs += await s3_pairs(data, servers[-1].endpoint, opened)
+            if "gcs" in args.backends:
+                servers.append(Emulator("gcs").start())
+                _create_bucket("gcs", servers[-1].endpoint)
+                pairs.append(await gcs_pair(data, servers[-1].endpoint, opened))
+            for pair in pairs:
+                await run_pair(pair, args.reps, args.warmup, size)
+    finally:
+        await _close(opened)
+        for server in servers:
+            server.stop()
+
+    figures: dict[str, Any] = {}
+    for pair in pairs:
+        figures[f"{pair.name}_overhead"] = round(pair.overhead(), 4)
+    for pair in pairs:
+        figures[f"{pair.name}_overhead_paired"] = round(pair.paired_overhead(), 4)
+    for pair in pairs:
+        figures[f"{pair.name}_put_overhead"] = round(pair.overhead("put"), 4)
+        figures[f"{pair.name}_get_overhead"] = round(pair.overhead("get"), 4)
+    for pair in pairs:
+        for what in ("put", "get", "ref_put", "ref_get"):
+            figures[f"{pair.name}_{what}_mb_s"] = round(size / MiB / pair.median(what), 1)
+    figures.update(size_mb=args.size_mb, reps=args.reps, warmup=args.warmup,
+                   mode="fresh object per repetition, warm page cache on read; emulators in child processes")
+    _table(pairs, size)
+    return figures
+
+
+def _table(pairs: list[Pair], size: int) -> None:
+    print(f"\nput/get of {size / MiB:.0f} MB, medians (MB/s); overhead = backend / direct - 1")
+    print(f"{'backend':<10} {'put':>8} {'direct':>8} {'get':>8} {'direct':>8} {'overhead':>9} {'paired':>8}")
+    for p in pairs:
+        mbs = {w: size / MiB / p.median(w) for w in ("put", "ref_put", "get", "ref_get")}
+        print(f"{p.name:<10} {mbs['put']:>8.0f} {mbs['ref_put']:>8.0f} {mbs['get']:>8.0f} "
+              f"{mbs['ref_get']:>8.0f} {p.overhead():>+9.1%} {p.paired_overhead():>+8.1%}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.storage", description=__doc__.split("\n")[0])
+    parser.add_argument("--size-mb", type=int, default=400)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="64 MB, 3 repetitions")
+    parser.add_argument("--backends", default="local,s3,gcs", help="comma-separated: local,s3,gcs")
+    parser.add_argument("--dir", default=None, help="directory for the local case (default: tmp)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.size_mb, args.reps = 64, 3
+    args.backends = {b.strip() for b in args.backends.split(",") if b.strip()}
+    figures = asyncio.run(main_async(args))
+    if args.json:
+        print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

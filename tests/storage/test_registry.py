@@ -1,0 +1,183 @@
+"""URL registry, options, key rules, install hints, and secrets kept out of sight."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from vcasync.backends.gcs import GCSStorage
+from vcasync.backends.local import LocalStorage
+from vcasync.backends.memory import MemoryStorage
+from vcasync.backends.s3 import S3Options, S3Storage
+
+from vcasync.errors import BackendUnavailableError, ConfigError, InvalidKeyError
+from vcasync.storage import (
+    Storage,
+    available_backends,
+    backend_registry,
+    open_storage,
+    register_backend,
+    validate_key,
+    validate_prefix,
+)
+from vcasync.testing.emulators import DUMMY_S3_CREDENTIALS
+
+
+def test_schemes_pick_backends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert set(available_backends()) >= {"file", "memory", "s3", "gs"}
+    assert isinstance(open_storage("memory://x"), MemoryStorage)
+    local = open_storage(tmp_path.as_uri())
+    assert isinstance(local, LocalStorage)
+    assert local.root == tmp_path
+    plain = open_storage(str(tmp_path / "plain"))
+    assert isinstance(plain, LocalStorage)
+    assert plain.root == tmp_path / "plain"
+    monkeypatch.chdir(tmp_path)
+    assert open_storage("relative/dir").root == tmp_path / "relative" / "dir"  # type: ignore[attr-defined]
+    s3 = open_storage("s3://bucket/some/prefix?region=eu-west-1&part_size=8388608")
+    assert isinstance(s3, S3Storage)
+    assert (s3.bucket, s3.prefix, s3.options.region, s3.options.part_size) == (
+        "bucket", "some/prefix", "eu-west-1", 8 << 20)
+    gs = open_storage("gs://bucket/p?emulator_host=127.0.0.1:1")
+    assert isinstance(gs, GCSStorage)
+    assert gs.url == "gs://bucket/p?emulator_host=http://127.0.0.1:1"
+    for st_ in (local, s3, gs):
+        assert isinstance(st_, Storage)
+
+
+def test_unknown_scheme_names_the_known_ones() -> None:
+    with pytest.raises(BackendUnavailableError) as info:
+        open_storage("ftp://host/x")
+    assert "'ftp'" in str(info.value)
+    for scheme in ("file://", "gs://", "memory://", "s3://"):
+        assert scheme in str(info.value)
+
+
+@pytest.mark.parametrize(("url", "module", "blocked", "extra"), [
+    ("s3://bucket/x", "vcasync.backends.s3", "aiobotocore", "s3"),
+    ("gs://bucket/x", "vcasync.backends.gcs", "gcloud.aio.storage", "gcs"),
+])
+def test_missing_dependency_gives_the_install_hint(monkeypatch: pytest.MonkeyPatch, url: str,
+                                                   module: str, blocked: str, extra: str) -> None:
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    for name in [m for m in sys.modules if m == blocked or m.startswith(blocked + ".")]:
+        monkeypatch.setitem(sys.modules, name, None)  # import now raises ImportError
+    monkeypatch.setitem(sys.modules, blocked, None)
+    with pytest.raises(BackendUnavailableError) as info:
+        open_storage(url, registry=backend_registry())
+    assert f"pip install 'vcasync[{extra}]'" in str(info.value)
+
+
+def test_bad_options_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="colour"):
+        open_storage("s3://bucket?colour=blue")
+    with pytest.raises(ConfigError, match="colour"):
+        open_storage("s3://bucket", colour="blue")
+    with pytest.raises(ConfigError, match="secret"):
+        open_storage("s3://bucket?aws_secret_access_key=abc")
+    with pytest.raises(ConfigError, match="both"):
+        open_storage("s3://bucket?region=a", region="b")
+    with pytest.raises(ConfigError, match="part_size"):
+        open_storage("s3://bucket?part_size=1024")
+    with pytest.raises(ConfigError, match="not int"):
+        open_storage("s3://bucket?part_size=big")
+    with pytest.raises(ConfigError, match="boolean"):
+        open_storage(f"{tmp_path.as_uri()}?durable=maybe")
+    with pytest.raises(ConfigError, match="256 KiB"):
+        open_storage("gs://bucket?chunk_size=1000")
+    with pytest.raises(ConfigError):
+        open_storage("s3:///no-bucket")
+    with pytest.raises(ConfigError):
+        open_storage("file://remotehost/x")
+    with pytest.raises(ConfigError):
+        open_storage("memory://x?option=1")
+    assert open_storage(f"{tmp_path.as_uri()}?durable=false").options.durable is False  # type: ignore[attr-defined]
+
+
+def test_register_backend_validates() -> None:
+    class Thing:
+        pass
+
+    with pytest.raises(BackendUnavailableError, match="from_url"):
+        register_backend("thing", Thing)
+
+    class Mine:
+        @classmethod
+        def from_url(cls, url: str) -> Storage:
+            return MemoryStorage(url.partition("://")[2])
+
+    registry = backend_registry()
+    registry.register("mine", Mine)
+    storage = open_storage("mine://zone", registry=registry)
+    assert storage.url == "memory://zone"
+
+
+async def test_secrets_stay_out_of_reprs_and_logs(s3_endpoint: str, caplog: pytest.LogCaptureFixture
+                                                  ) -> None:
+    secret = "SUPER-SECRET-9f2c"
+    storage = open_storage("s3://vcasync-tests/secrets", endpoint_url=s3_endpoint,
+                           aws_access_key_id="AKIDTEST", aws_secret_access_key=secret,
+                           aws_session_token=secret + "-token")
+    assert isinstance(storage, S3Storage)
+    for text in (repr(storage), str(storage), storage.url, repr(storage.options), str(storage.options)):
+        assert secret not in text
+    with caplog.at_level(logging.DEBUG):
+        async with storage:
+            await storage.put("k", b"v")
+            assert await storage.get("k") == b"v"
+            await storage.delete("k")
+    assert caplog.records  # botocore logged its requests, signed headers included...
+    assert secret not in caplog.text.replace(secret + "-token", "")  # ...but never the secret key
+    # (botocore's own DEBUG log shows the session token header; vcasync never logs either)
+    ours = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("vcasync"))
+    assert secret not in ours
+    assert "AKIDTEST" not in repr(S3Options(aws_access_key_id="AKIDTEST"))
+
+
+def test_dummy_credentials_are_dummies() -> None:
+    assert DUMMY_S3_CREDENTIALS["aws_secret_access_key"] == "testing"
+
+
+BAD = ["", "/a", "a//b", "a/", "..", "a/../b", ".", "a/./b", "x\x00", "x\n", "x\\y", "\x7f",
+       "é" * 513, "\udc80"]
+
+
+@pytest.mark.parametrize("key", BAD)
+def test_invalid_keys(key: str) -> None:
+    with pytest.raises(InvalidKeyError):
+        validate_key(key)
+
+
+def test_prefix_rules() -> None:
+    assert validate_prefix("") == ""
+    assert validate_prefix("a/b/") == "a/b/"
+    for bad in ("/a", "a//", "../", "a/../", "x\x01"):
+        with pytest.raises(InvalidKeyError):
+            validate_prefix(bad)
+
+
+_segment = st.text(st.characters(blacklist_categories=["Cs", "Cc"], blacklist_characters="/\\"),
+                   min_size=1, max_size=12).filter(lambda s: s not in (".", ".."))
+
+
+@given(st.lists(_segment, min_size=1, max_size=6))
+def test_keys_from_good_segments_are_accepted(segments: list[str]) -> None:
+    key = "/".join(segments)
+    if len(key.encode()) <= 1024:
+        assert validate_key(key) == key
+
+
+@given(st.text(max_size=40))
+def test_validation_only_ever_raises_invalid_key(text: str) -> None:
+    try:
+        validate_key(text)
+    except InvalidKeyError:
+        return
+    assert text
+    assert not text.startswith("/")
+    assert "//" not in text
+    assert not text.endswith("/")
