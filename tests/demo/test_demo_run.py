@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 ARGS = ["--quick", "--steps", "20", "--preempt-per-min", "30", "--kill-fraction", "0.5",
         "--max-preemptions", "2", "--restart-delay", "0.5", "1.0", "--kill-coordinator", "--seed", "3",
-        "--no-progress", "--json"]
+        "--json"]  # with the live display (to stderr)
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +39,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict
     proc = subprocess.run([sys.executable, "-m", "vcasync", "demo", *ARGS, "--run-dir", str(run_dir)],
                           cwd=base, env=env, capture_output=True, text=True, timeout=480, check=False)
     assert proc.returncode == 0, f"demo failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    (base / "stderr.txt").write_text(proc.stderr)
     head = json.loads(proc.stdout.strip().splitlines()[-1])
     report = json.loads((run_dir / "report.json").read_text())
     return report, head, run_dir
@@ -120,3 +121,5 @@ def test_plots_and_logs_are_written(demo: tuple[dict[str, Any], dict[str, Any], 
         assert len(data) > 5000
     assert (run_dir / "logs" / "coordinator.log").stat().st_size > 0
     assert any((run_dir / "events").iterdir())
+    live = (run_dir.parent / "stderr.txt").read_text()
+    assert "units done / total" in live  # the rich display ran (on stderr)

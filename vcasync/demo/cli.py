@@ -68,7 +68,7 @@ def _config(a: argparse.Namespace) -> Any:
                       grace_s=a.grace, kill_coordinator=a.kill_coordinator, run_dir=a.run_dir,
                       storage=a.storage, durability=a.durability, instance=a.instance, prices=prices,
                       seed=a.seed,
-                      max_wall_s=a.max_wall, progress=not a.no_progress and not a.json)
+                      max_wall_s=a.max_wall, progress=not a.no_progress)
 
 
 def run(a: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ import secrets
 import signal
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -308,6 +308,13 @@ class _Demo:
             victim.proc.send(signal.SIGKILL if hard else signal.SIGTERM)
 
 
+@contextlib.asynccontextmanager
+async def _as_async(cm: contextlib.AbstractContextManager[Any]) -> AsyncIterator[Any]:
+    """A synchronous context manager (rich's ``Live``) inside an ``async with`` list."""
+    with cm as value:
+        yield value
+
+
 async def run_demo(cfg: DemoConfig) -> DemoRun:
     """Run the whole demo; returns what the report needs (the report is written by the caller)."""
     from ..client import CoordinatorClient
@@ -325,7 +332,7 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
         live_ctx = Live(console=Console(stderr=True), auto_refresh=False, transient=False)
     try:
         await demo.start_coordinator()
-        async with CoordinatorClient(demo.url) as client, live_ctx as live:
+        async with CoordinatorClient(demo.url) as client, _as_async(live_ctx) as live:
             await client.join(demo.secret, name="demo-monitor", info={"role": "monitor"})
             mon = Monitor(client, data, demo.run_dir / "scratch", demo.timeline.t0, demo.total_units)
             async with asyncio.TaskGroup() as tg:
