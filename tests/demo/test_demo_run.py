@@ -1,10 +1,10 @@
 """``vcasync demo`` end to end: real coordinator and worker processes, real signals, a real restart.
 
-One small run (2 workers, 3 epochs of digits) is made by the CLI in a subprocess, with preemptions
-forced early (a high rate, capped at two, half of them SIGKILL) and the coordinator SIGKILLed and
-restarted once; the tests read what it wrote. The checks do not trust the report's own verdicts:
-costs are recomputed from the price table and the worker sessions, and every preemption in the
-timeline is matched against a restart and the unit it cut.
+One small run (2 workers, 3 epochs of digits) is made by the CLI in a subprocess, with two
+preemptions (one SIGTERM, one SIGKILL) and the coordinator SIGKILLed and restarted once; the tests
+read what it wrote. The checks do not trust the report's own verdicts: costs are recomputed from the
+price table and the worker sessions, and every preemption in the timeline is matched against a
+restart and the unit it cut.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from vcasync.sim.prices import PriceTable
 
 pytestmark = pytest.mark.slow
 
-ARGS = ["--quick", "--steps", "20", "--preempt-per-min", "30", "--kill-fraction", "0.5",
-        "--max-preemptions", "2", "--restart-delay", "0.5", "1.0", "--kill-coordinator", "--seed", "3",
+ARGS = ["--quick", "--steps", "20", "--preemptions", "2", "--kill-fraction", "0.5",
+        "--restart-delay", "0.5", "1.0", "--kill-coordinator", "--seed", "3",
         "--json"]  # with the live display (to stderr)
 
 
@@ -79,8 +79,8 @@ def test_every_preemption_is_matched_by_a_recovery(demo: tuple[dict[str, Any], d
     report, _, _ = demo
     timeline = report["timeline"]
     preempted = [e for e in timeline if e["kind"] == "preempted"]
-    assert preempted, "the injector should have preempted someone (rate 30/min, seed 3)"
-    assert len(preempted) <= 2  # --max-preemptions
+    # --preemptions 2 --kill-fraction 0.5: one of each, whatever the machine's speed
+    assert sorted(e["detail"] for e in preempted) == ["SIGKILL", "SIGTERM"]
     recs = {(p["worker"], round(p["t_s"], 3)): p for p in report["recovery"]["preemptions"]}
     assert len(recs) == len(preempted)
     for ev in preempted:

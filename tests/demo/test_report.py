@@ -106,7 +106,7 @@ def test_costs_are_the_price_table_applied_to_every_session(tmp_path: Path) -> N
     ({"workers": 0}, "workers"),
     ({"kill_coordinator": True, "durability": "none"}, "durab"),
     ({"durability": "sometimes"}, "durability"),
-    ({"max_preemptions": -1}, "max_preemptions"),
+    ({"preemptions": -1}, "preemptions"),
     ({"lr": 0.0}, "lr"),
     ({"restart_delay_s": (5.0, 1.0)}, "restart delay"),
     ({"instance": "no-such-instance"}, "no-such-instance"),

@@ -28,10 +28,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, help="the workers' SGD learning rate (default 0.05 x sqrt(workers))")
     p.add_argument("--sync-lr", type=float, help="the synchronous baseline's (default 0.05 x sqrt(workers))")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--preempt-per-min", type=float, default=6.0,
-                   help="preemptions per minute of a worker's training (default 6; 0 disables the injector)")
-    p.add_argument("--kill-fraction", type=float, default=0.25, help="share of preemptions that are SIGKILL")
-    p.add_argument("--max-preemptions", type=int, help="stop injecting after this many (default: no limit)")
+    p.add_argument("--preemptions", type=int, default=4,
+                   help="preemptions spread over the run's progress (default 4; 0: none)")
+    p.add_argument("--preempt-per-min", type=float, default=0.0,
+                   help="instead, a Poisson rate per minute of a worker's training")
+    p.add_argument("--kill-fraction", type=float, default=0.25,
+                   help="share of preemptions that are SIGKILL (default 0.25)")
     p.add_argument("--restart-delay", type=float, nargs=2, default=(1.0, 4.0), metavar=("MIN", "MAX"))
     p.add_argument("--grace", type=float, default=5.0, help="seconds a SIGTERMed worker has to wrap up")
     p.add_argument("--kill-coordinator", action="store_true", help="SIGKILL and restart the coordinator once")
@@ -62,8 +64,8 @@ def _config(a: argparse.Namespace) -> Any:
     return DemoConfig(workers=workers, dataset=a.dataset, policy=a.policy,
                       policy_params=parse_params(a.policy_param), epochs=epochs, shards=a.shards,
                       steps=a.steps, batch_size=a.batch_size, lr=a.lr, sync_lr=a.sync_lr,
-                      preempt_per_min=a.preempt_per_min,
-                      kill_fraction=a.kill_fraction, max_preemptions=a.max_preemptions,
+                      preemptions=a.preemptions, preempt_per_min=a.preempt_per_min,
+                      kill_fraction=a.kill_fraction,
                       restart_delay_s=tuple(a.restart_delay),
                       grace_s=a.grace, kill_coordinator=a.kill_coordinator, run_dir=a.run_dir,
                       storage=a.storage, durability=a.durability, instance=a.instance, prices=prices,

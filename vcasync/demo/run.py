@@ -1,10 +1,11 @@
 """The demo run: a coordinator process, N worker processes, a spot market that preempts them.
 
 :func:`run_demo` starts ``vcasync coordinator`` on 127.0.0.1 (journal durability on local disk in the run
-directory, or ``storage``), then one ``vcasync worker`` process per slot. The injector plays the spot
-market: at ``preempt_per_min`` preemptions per worker-minute it sends a random running worker SIGTERM (the
-notice: the worker checkpoints and exits within its grace period) or, for ``kill_fraction`` of them,
-SIGKILL; the slot comes back after a random delay with its state dir, as capacity returns. With
+directory, or ``storage``), then one ``vcasync worker`` process per slot. The spot market
+(:mod:`vcasync.demo.market`) preempts ``preemptions`` of them over the run (or, with
+``preempt_per_min``, at a rate): SIGTERM (the notice: the worker checkpoints and exits within its grace
+period) or, for ``kill_fraction`` of them, SIGKILL; the slot comes back after a random delay with its
+state dir, as capacity returns. With
 ``kill_coordinator`` the coordinator is SIGKILLed once, when about 40 % of the units are done, and
 restarted on the same port and storage. When every worker has heard that the run is finished, the
 final model is scored, the synchronous baseline trains on the same number of samples, and
@@ -28,6 +29,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..sim.prices import DEFAULT_INSTANCE, PriceTable
+from .market import SpotMarket
 from .procs import Proc, Slot, Timeline
 
 __all__ = ["BASE_LR", "DemoConfig", "DemoRun", "run_demo"]
@@ -51,9 +53,9 @@ class DemoConfig:
     lr: float | None = None
     sync_lr: float | None = None
     momentum: float = 0.9
-    preempt_per_min: float = 6.0
+    preemptions: int = 4
+    preempt_per_min: float = 0.0
     kill_fraction: float = 0.25
-    max_preemptions: int | None = None
     restart_delay_s: tuple[float, float] = (1.0, 4.0)
     grace_s: float = 5.0
     lease_timeout_s: float = 10.0
@@ -79,8 +81,7 @@ class DemoConfig:
             (self.sync_lr is None or self.sync_lr > 0, f"sync_lr must be > 0, got {self.sync_lr}"),
             (self.preempt_per_min >= 0, f"preempt_per_min must be >= 0, got {self.preempt_per_min}"),
             (0 <= self.kill_fraction <= 1, f"kill_fraction must be in [0, 1], got {self.kill_fraction}"),
-            (self.max_preemptions is None or self.max_preemptions >= 0,
-             f"max_preemptions must be >= 0, got {self.max_preemptions}"),
+            (self.preemptions >= 0, f"preemptions must be >= 0, got {self.preemptions}"),
             (0 <= self.restart_delay_s[0] <= self.restart_delay_s[1],
              f"restart delay must be 0 <= min <= max, got {self.restart_delay_s}"),
             (self.grace_s > 0 and self.lease_timeout_s > 0, "grace_s and lease_timeout_s must be > 0"),
@@ -263,49 +264,15 @@ class _Demo:
             await asyncio.sleep(1.0)
             slot.state = "starting"
 
-    def _training(self, slot: Slot) -> bool:
-        """Whether the slot's current process has started training (its trainer wrote an event)."""
-        pid = slot.proc.pid
-        return (slot.state == "running" and pid is not None
-                and (self.run_dir / "events" / f"{pid}.jsonl").exists())
-
-    async def inject(self, tick_s: float = 0.25) -> None:
-        """The spot market: a Poisson process of ``preempt_per_min`` per worker-minute of training.
-
-        Exposure accumulates only while a worker's process is training (not while it boots), so the
-        preemptions land on work in progress. The thresholds come from the seeded generator, so the
-        n-th preemption always falls after the same amount of training exposure.
-        """
+    async def inject(self, monitor: Any) -> None:
+        """Play the spot market (:mod:`vcasync.demo.market`) until the run is in its tail."""
         cfg = self.cfg
-        if cfg.preempt_per_min <= 0:
-            return
-        rate_per_s = cfg.preempt_per_min / 60.0
-        exposure = 0.0
-        threshold = self.rng.expovariate(rate_per_s)
-        injected = 0
-        while not self.stop_injecting.is_set():
-            if cfg.max_preemptions is not None and injected >= cfg.max_preemptions:
-                return
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(tick_s):
-                    await self.stop_injecting.wait()
-            if self.stop_injecting.is_set():
-                return
-            training = [s for s in self.slots if self._training(s)]
-            exposure += tick_s * len(training)
-            if exposure < threshold or not training:
-                continue
-            threshold = exposure + self.rng.expovariate(rate_per_s)
-            victim = self.rng.choice(training)
-            hard = self.rng.random() < cfg.kill_fraction
-            victim.state = "preempting"
-            injected += 1
-            if hard:
-                victim.kills += 1
-            else:
-                victim.preemptions += 1
-            self.timeline.add(victim.name, "preempted", "SIGKILL" if hard else "SIGTERM")
-            victim.proc.send(signal.SIGKILL if hard else signal.SIGTERM)
+        market = SpotMarket(self.slots, self.timeline, self.run_dir / "events", self.rng,
+                            stop=self.stop_injecting, kill_fraction=cfg.kill_fraction)
+        if cfg.preempt_per_min > 0:
+            await market.in_time(cfg.preempt_per_min)
+        elif cfg.preemptions > 0:
+            await market.by_progress(cfg.preemptions, self.total_units, monitor.units_done)
 
 
 @contextlib.asynccontextmanager
@@ -337,7 +304,7 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
             mon = Monitor(client, data, demo.run_dir / "scratch", demo.timeline.t0, demo.total_units)
             async with asyncio.TaskGroup() as tg:
                 slot_tasks = [tg.create_task(demo.run_slot(s)) for s in demo.slots]
-                injector = tg.create_task(demo.inject())
+                injector = tg.create_task(demo.inject(mon))
                 killer = tg.create_task(demo.restart_coordinator_once(mon)) if cfg.kill_coordinator else None
                 next_eval = 0.0
                 while not all(t.done() for t in slot_tasks):
