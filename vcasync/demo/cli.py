@@ -117,7 +117,7 @@ def _print_summary(r: dict[str, Any], paths: list[Path]) -> None:
         f"  preemptions             {rec['sigterm']} SIGTERM + {rec['sigkill']} SIGKILL, "
         f"{'all recovered' if rec['all_recovered'] else 'not all recovered'}; coordinator restarts: "
         f"{r['coordinator_restarts']}",
-        f"  work lost to preemption {r['work_lost']['seconds_lost_to_kills']:.1f} worker-seconds "
+        f"  work lost to preemption {r['work_lost']['seconds_lost_to_kills']:.2f} worker-seconds "
         f"({r['work_lost']['units_interrupted_by_kill']} units cut by SIGKILL; SIGTERM loses nothing)",
         f"  cost as {inst['provider']}:{inst['instance']}   spot ${c['spot_usd']:.5f} vs on-demand "
         f"${c['on_demand_usd']:.5f} (saving {100 * (c['saving'] or 0):.0f} %; prices as of {inst['as_of']})",
