@@ -6,7 +6,9 @@ Three functions make a complete vcasync job::
     vcasync worker --trainer vcasync.examples.digits:train ...
     accuracy = evaluate(model_state)
 
-The data is split once, deterministically: 1,437 training and 360 test images. A unit trains on shard
+The model and the data are the demo's (:mod:`vcasync.demo.cnn`: one definition of the small CNN and
+one deterministic, stratified split of 1,437 training and 360 test images, standardised), so this
+example, ``vcasync demo`` and the simulator train the same network. A unit trains on shard
 ``unit.shard`` of ``unit.num_shards`` of the training set; its mini-batches are drawn from a seed derived
 from the unit, so a unit resumed after a preemption (or its remainder, ``params["step_offset"]``)
 continues the same sequence. Unit ``params`` may set ``lr`` (0.05), ``batch_size`` (32),
@@ -22,38 +24,27 @@ from functools import lru_cache
 import torch
 from torch import nn
 
+from ..demo.cnn import SmallCNN, load_dataset
 from ..tensors import ModelState
 from ..trainer import TrainContext, TrainResult
 
 __all__ = ["evaluate", "load_split", "model", "train"]
 
-_TEST_FRACTION = 0.2
-_SPLIT_SEED = 1234
-
 
 def model() -> nn.Module:
-    """A two-convolution CNN for 1x8x8 inputs, 10 classes (about 39k parameters)."""
-    return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10),
-    )
+    """The demo's small CNN for 1x8x8 inputs, 10 classes (about 39k parameters)."""
+    return SmallCNN(8, 10)
 
 
 @lru_cache(maxsize=2)
 def load_split(split: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(images [N,1,8,8] float32 in [0,1], labels [N] int64)`` for ``"train"`` or ``"test"``."""
+    """``(images [N,1,8,8] float32 standardised, labels [N] int64)`` for ``"train"`` or ``"test"``."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    y = torch.tensor(data.target, dtype=torch.int64)
-    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(_SPLIT_SEED))
-    n_test = int(len(y) * _TEST_FRACTION)
-    idx = perm[n_test:] if split == "train" else perm[:n_test]
-    return x[idx].contiguous(), y[idx].contiguous()
+    data = load_dataset("digits")
+    if split == "train":
+        return data.x_train, data.y_train
+    return data.x_test, data.y_test
 
 
 def _unit_seed(unit_id: str) -> int:

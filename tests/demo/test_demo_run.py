@@ -1,0 +1,125 @@
+"""``vcasync demo`` end to end: real coordinator and worker processes, real signals, a real restart.
+
+One small run (2 workers, 3 epochs of digits) is made by the CLI in a subprocess, with two
+preemptions (one SIGTERM, one SIGKILL) and the coordinator SIGKILLed and restarted once; the tests
+read what it wrote. The checks do not trust the report's own verdicts: costs are recomputed from the
+price table and the worker sessions, and every preemption in the timeline is matched against a
+restart and the unit it cut.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("sklearn", reason="the demo needs scikit-learn (vcasync[demo])")
+pytest.importorskip("matplotlib", reason="the demo needs matplotlib (vcasync[demo])")
+
+from vcasync.sim.prices import PriceTable
+
+pytestmark = pytest.mark.slow
+
+ARGS = ["--quick", "--steps", "20", "--preemptions", "2", "--kill-fraction", "0.5",
+        "--restart-delay", "0.5", "1.0", "--kill-coordinator", "--seed", "3",
+        "--json"]  # with the live display (to stderr)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any], Path]:
+    """Run the demo once; (report.json, the --json line, the run directory)."""
+    base = tmp_path_factory.mktemp("demo")
+    run_dir = base / "run"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, "-m", "vcasync", "demo", *ARGS, "--run-dir", str(run_dir)],
+                          cwd=base, env=env, capture_output=True, text=True, timeout=480, check=False)
+    assert proc.returncode == 0, f"demo failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    (base / "stderr.txt").write_text(proc.stderr)
+    head = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = json.loads((run_dir / "report.json").read_text())
+    return report, head, run_dir
+
+
+def test_the_run_finished_and_learned(demo: tuple[dict[str, Any], dict[str, Any], Path]) -> None:
+    report, head, _ = demo
+    assert report["finished"]
+    assert head["finished"]
+    chance = report["chance_accuracy"]
+    assert report["final_accuracy"] > chance + 0.3, report["accuracy"]
+    assert report["sync_baseline_accuracy"] > chance + 0.3
+    assert head["final_accuracy"] == report["final_accuracy"]
+    status = report["coordinator_status"]
+    units = report["config"]["units"]
+    assert status["finished"]
+    assert status["units"]["done"] >= units
+    assert status["units"]["queued"] == status["units"]["leased"] == status["units"]["parked"] == 0
+    assert report["samples"] == units * report["config"]["unit_steps"] * report["config"]["batch_size"]
+
+
+def test_costs_match_the_price_table(demo: tuple[dict[str, Any], dict[str, Any], Path]) -> None:
+    report, _, _ = demo
+    cost = report["cost"]
+    price = PriceTable()[cost["instance"]["instance"]]
+    assert cost["instance"]["spot_per_h"] == price.spot_per_h
+    assert cost["instance"]["on_demand_per_h"] == price.on_demand_per_h
+    sessions = [b - a for w in report["workers"] for a, b in w["sessions"]]
+    assert cost["sessions"] == len(sessions) > len(report["workers"])  # preempted slots came back
+    assert cost["spot_usd"] == pytest.approx(sum(price.cost(s, spot=True) for s in sessions))
+    assert cost["on_demand_usd"] == pytest.approx(sum(price.cost(s, spot=False) for s in sessions))
+    assert cost["saving"] == pytest.approx(1 - cost["spot_usd"] / cost["on_demand_usd"])
+    assert 0 < cost["spot_usd"] < cost["on_demand_usd"]
+
+
+def test_every_preemption_is_matched_by_a_recovery(demo: tuple[dict[str, Any], dict[str, Any], Path]) -> None:
+    report, _, _ = demo
+    timeline = report["timeline"]
+    preempted = [e for e in timeline if e["kind"] == "preempted"]
+    # --preemptions 2 --kill-fraction 0.5: one of each, whatever the machine's speed
+    assert sorted(e["detail"] for e in preempted) == ["SIGKILL", "SIGTERM"]
+    recs = {(p["worker"], round(p["t_s"], 3)): p for p in report["recovery"]["preemptions"]}
+    assert len(recs) == len(preempted)
+    for ev in preempted:
+        rec = recs[(ev["who"], ev["t_s"])]
+        assert rec["signal"] == ev["detail"] in ("SIGTERM", "SIGKILL")
+        back = [e for e in timeline if e["who"] == ev["who"] and e["t_s"] > ev["t_s"]
+                and e["kind"] == "restart"]
+        assert back, f"{ev['who']} never came back after {ev}"
+        assert rec["recovered_at_s"] == back[0]["t_s"]
+        if rec["unit"] is not None:  # the unit it cut was trained to its end afterwards
+            assert rec["unit_finished_at_s"] is not None
+            assert rec["unit_finished_at_s"] > ev["t_s"]
+        assert rec["recovered"]
+    assert report["recovery"]["all_recovered"]
+    kills = sum(1 for e in preempted if e["detail"] == "SIGKILL")
+    assert report["recovery"]["sigkill"] == kills
+    assert report["work_lost"]["units_interrupted_by_kill"] <= kills
+
+
+def test_the_coordinator_was_restarted_and_lost_nothing(
+        demo: tuple[dict[str, Any], dict[str, Any], Path]) -> None:
+    report, _, _ = demo
+    assert report["coordinator_restarts"] == 1
+    kinds = [e["kind"] for e in report["timeline"] if e["who"] == "coordinator"]
+    assert kinds.index("killed") < kinds.index("recovered")
+    status = report["coordinator_status"]
+    assert status["durability"] == "journal"
+    # after the restart the model kept going forward from the journal: a version per merged result
+    assert status["version"] >= report["config"]["units"]
+    assert status["leases"]["accepted"] == status["version"]
+
+
+def test_plots_and_logs_are_written(demo: tuple[dict[str, Any], dict[str, Any], Path]) -> None:
+    _, _, run_dir = demo
+    for name in ("accuracy.png", "timeline.png"):
+        data = (run_dir / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        assert len(data) > 5000
+    assert (run_dir / "logs" / "coordinator.log").stat().st_size > 0
+    assert any((run_dir / "events").iterdir())
+    live = (run_dir.parent / "stderr.txt").read_text()
+    assert "units done / total" in live  # the rich display ran (on stderr)

@@ -1,0 +1,123 @@
+"""The demo's report logic on hand-made runs: recoveries, costs and lost work are computed, not assumed.
+
+No processes here: a :class:`DemoRun` is filled the way :func:`run_demo` fills it, so each check can
+be shown to fail on a run where the fact it reports is false.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("sklearn", reason="the demo needs scikit-learn (vcasync[demo])")
+
+from vcasync.demo.procs import Proc, Slot, Timeline, TimelineEvent
+from vcasync.demo.report import build_report
+from vcasync.demo.run import DemoConfig, DemoRun
+from vcasync.errors import ConfigError
+from vcasync.sim.prices import PriceTable
+
+T0_WALL = 1_000_000.0
+
+
+def _slot(index: int, sessions: list[tuple[float, float]], pids: list[int], tmp: Path) -> Slot:
+    s = Slot(index, Proc(f"w{index}", [], env={}, log_path=tmp / f"w{index}.log"))
+    s.sessions, s.pids, s.starts, s.state = list(sessions), list(pids), len(sessions), "done"
+    return s
+
+
+def _run(tmp: Path, events: list[TimelineEvent], slots: list[Slot], *, finished: bool = True,
+         trainer: dict[int, list[dict[str, Any]]] | None = None) -> DemoRun:
+    (tmp / "events").mkdir(exist_ok=True)
+    for pid, evs in (trainer or {}).items():
+        lines = [json.dumps({"t": T0_WALL + e["t_s"], "pid": pid, "root": e["unit"].split("~")[0], **{
+            k: v for k, v in e.items() if k != "t_s"}}) for e in evs]
+        (tmp / "events" / f"{pid}.jsonl").write_text("\n".join(lines) + "\n")
+    cfg = DemoConfig(workers=len(slots), run_dir=tmp, progress=False)
+    tl = Timeline(t0=0.0, events=list(events))
+    run = DemoRun(cfg, tmp, tl, slots, total_units=4, unit_steps=5, finished=finished)
+    run.accuracy = [(1.0, 4, 4, 0.9, 0.3)]
+    return run
+
+
+def _ev(t: float, who: str, kind: str, detail: str = "") -> TimelineEvent:
+    return TimelineEvent(t, who, kind, detail)
+
+
+def test_a_preemption_is_recovered_when_the_slot_returns_and_its_unit_is_finished(tmp_path: Path) -> None:
+    slots = [_slot(0, [(1.0, 10.0), (12.0, 20.0)], [101, 102], tmp_path)]
+    trainer = {101: [{"t_s": 8.0, "kind": "unit_start", "unit": "e0-s1"},
+                     {"t_s": 9.0, "kind": "checkpoint", "unit": "e0-s1", "steps_done": 3}],
+               102: [{"t_s": 13.0, "kind": "unit_start", "unit": "e0-s1"},
+                     {"t_s": 14.0, "kind": "unit_end", "unit": "e0-s1", "steps_done": 5}]}
+    events = [_ev(1.0, "w0", "start"), _ev(9.5, "w0", "preempted", "SIGKILL"), _ev(10.0, "w0", "down"),
+              _ev(12.0, "w0", "restart"), _ev(20.0, "w0", "done")]
+    rep = build_report(_run(tmp_path, events, slots, trainer=trainer), None, T0_WALL)
+    (p,) = rep["recovery"]["preemptions"]
+    assert p["unit"] == "e0-s1"
+    assert p["steps_done"] == 3
+    assert p["recovered_at_s"] == 12.0
+    assert p["unit_finished_at_s"] == pytest.approx(14.0)
+    assert p["recovered"]
+    assert rep["recovery"]["all_recovered"]
+    assert rep["recovery"]["sigkill"] == 1
+    assert rep["recovery"]["sigterm"] == 0
+    # The kill cut 0.5 s of training after the last checkpoint.
+    assert rep["work_lost"]["seconds_lost_to_kills"] == pytest.approx(0.5)
+    assert rep["work_lost"]["units_interrupted_by_kill"] == 1
+
+
+def test_a_unit_cut_and_never_finished_is_not_a_recovery(tmp_path: Path) -> None:
+    slots = [_slot(0, [(1.0, 10.0), (12.0, 20.0)], [101, 102], tmp_path)]
+    trainer = {101: [{"t_s": 8.0, "kind": "unit_start", "unit": "e0-s1"}]}
+    events = [_ev(1.0, "w0", "start"), _ev(9.5, "w0", "preempted", "SIGTERM"), _ev(12.0, "w0", "restart")]
+    rep = build_report(_run(tmp_path, events, slots, trainer=trainer), None, T0_WALL)
+    assert rep["recovery"]["preemptions"][0]["unit_finished_at_s"] is None
+    assert not rep["recovery"]["all_recovered"]
+
+
+def test_a_slot_that_never_came_back_before_an_unfinished_end_is_not_a_recovery(tmp_path: Path) -> None:
+    slots = [_slot(0, [(1.0, 10.0)], [101], tmp_path)]
+    events = [_ev(1.0, "w0", "start"), _ev(9.5, "w0", "preempted", "SIGTERM")]
+    rep = build_report(_run(tmp_path, events, slots, finished=False), None, T0_WALL)
+    assert not rep["recovery"]["all_recovered"]
+    rep = build_report(_run(tmp_path, events, slots, finished=True), None, T0_WALL)
+    assert rep["recovery"]["all_recovered"]  # nothing was in progress and the run completed
+
+
+def test_costs_are_the_price_table_applied_to_every_session(tmp_path: Path) -> None:
+    slots = [_slot(0, [(0.0, 30.0), (40.0, 200.0)], [1, 2], tmp_path), _slot(1, [(0.0, 95.0)], [3], tmp_path)]
+    rep = build_report(_run(tmp_path, [], slots), None, T0_WALL)
+    price = PriceTable()[DemoConfig().instance]
+    c = rep["cost"]
+    # per-second billing after a one-minute minimum: 60 + 160 + 95 seconds
+    assert c["billed_seconds"] == pytest.approx(60 + 160 + 95)
+    assert c["spot_usd"] == pytest.approx(315 * price.spot_per_h / 3600)
+    assert c["on_demand_usd"] == pytest.approx(315 * price.on_demand_per_h / 3600)
+    assert c["saving"] == pytest.approx(1 - price.spot_per_h / price.on_demand_per_h)
+    assert c["instance"]["source"]
+    assert c["instance"]["as_of"]
+
+
+@pytest.mark.parametrize(("kw", "word"), [
+    ({"workers": 0}, "workers"),
+    ({"kill_coordinator": True, "durability": "none"}, "durab"),
+    ({"durability": "sometimes"}, "durability"),
+    ({"preemptions": -1}, "preemptions"),
+    ({"lr": 0.0}, "lr"),
+    ({"restart_delay_s": (5.0, 1.0)}, "restart delay"),
+    ({"instance": "no-such-instance"}, "no-such-instance"),
+])
+def test_bad_demo_config_names_the_problem(kw: dict[str, Any], word: str) -> None:
+    with pytest.raises(ConfigError, match=word):
+        DemoConfig(**kw)
+
+
+def test_learning_rates_default_to_the_square_root_rule() -> None:
+    cfg = DemoConfig(workers=4)
+    assert cfg.worker_lr == pytest.approx(0.1)
+    assert cfg.baseline_lr == pytest.approx(0.1)
+    assert DemoConfig(workers=4, lr=0.3, sync_lr=0.2).worker_lr == 0.3

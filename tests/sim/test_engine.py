@@ -1,0 +1,75 @@
+"""The simulator end to end: the real coordinator, ledger and policy on a virtual clock."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+pytest.importorskip("vcasync.coordinator", reason="the simulator drives the real Coordinator")
+
+from vcasync.sim import FleetConfig, PoissonPreemption, SimConfig, Simulation, summarize
+from vcasync.sim.prices import PriceTable
+
+
+def _config(**kw: object) -> SimConfig:
+    base: dict[str, object] = {
+        "fleet": FleetConfig(workers=6), "preemption": PoissonPreemption(0.5, restart_delay_s=120.0),
+        "epochs": 1, "seed": 11, "eval_points": 10,
+    }
+    base.update(kw)
+    return SimConfig(**base)  # type: ignore[arg-type]
+
+
+def test_a_run_is_deterministic_for_a_seed() -> None:
+    a = summarize(Simulation(_config()).run())
+    b = summarize(Simulation(_config()).run())
+    a.pop("coordinator_status")
+    b.pop("coordinator_status")
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    c = summarize(Simulation(_config(seed=12)).run())
+    assert c["evals"] != a["evals"]
+
+
+def test_costs_match_the_price_table_and_work_adds_up() -> None:
+    out = Simulation(_config(policy_params={"alpha": 0.5})).run()
+    s = summarize(out)
+    price = PriceTable()[out.config.instance]
+    assert s["finished"]
+    full = s["cost_full_run"]
+    expected = sum(price.cost(x.uptime_s(), spot=True) for x in out.billing.sessions)
+    assert full["spot_usd"] == pytest.approx(expected)
+    assert full["on_demand_equivalent_usd"] == pytest.approx(
+        sum(price.cost(x.uptime_s(), spot=False) for x in out.billing.sessions))
+    assert out.sync is not None
+    assert full["sync_on_demand_usd"] == pytest.approx(out.sync.workers * price.cost(out.sync.duration_s,
+                                                                                     spot=False))
+    w = s["work"]
+    assert w["samples_trained"] == w["samples_merged"] + w["samples_wasted"]
+    assert w["samples_merged"] >= w["samples_planned"]  # every unit merged (remainders included)
+    assert s["merges"]["accepted"] >= out.units
+    assert s["final_accuracy"] > 0.3  # well above chance (0.1)
+    assert sum(s["staleness_histogram"].values()) == s["merges"]["accepted"]
+    assert s["fleet"]["preemptions"] > 0
+
+
+def test_every_preemption_is_followed_by_a_restart_or_the_end() -> None:
+    out = Simulation(_config(preemption=PoissonPreemption(2.0, restart_delay_s=60.0))).run()
+    by_slot: dict[int, list[str]] = {}
+    for ev in out.rec.timeline:
+        by_slot.setdefault(ev.slot, []).append(ev.kind)
+    for slot, kinds in by_slot.items():
+        for i, kind in enumerate(kinds):
+            if kind == "preempted":
+                assert i + 1 == len(kinds) or kinds[i + 1] == "up", (slot, kinds)
+
+
+def test_a_thousand_workers_simulate_in_seconds() -> None:
+    cfg = _config(fleet=FleetConfig(workers=1000), sync_baseline=False, keep_timeline=False,
+                  policy_params={"staleness": "polynomial"})
+    s = summarize(Simulation(cfg).run())
+    assert s["finished"]
+    assert s["merges"]["accepted"] >= s["config"]["units"]
+    assert s["fleet"]["workers"] == 1000
+    assert not math.isnan(s["final_loss"])

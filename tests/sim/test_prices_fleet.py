@@ -1,0 +1,106 @@
+"""Price table, fleet draws, preemption models and billing."""
+
+from __future__ import annotations
+
+import pytest
+
+from vcasync.errors import ConfigError
+from vcasync.sim.cost import Billing, ring_allreduce_s
+from vcasync.sim.fleet import FleetConfig, Outage, PoissonPreemption, TracePreemption, make_fleet
+from vcasync.sim.prices import DEFAULT_INSTANCE, DEFAULT_PRICES, InstancePrice, PriceTable
+
+
+def test_every_price_names_its_source_and_date_and_spot_is_cheaper() -> None:
+    table = PriceTable()
+    assert len(table) == len(DEFAULT_PRICES) >= 5
+    assert {p.provider for p in DEFAULT_PRICES} >= {"gcp", "aws", "azure"}
+    for p in DEFAULT_PRICES:
+        assert p.source, p
+        assert p.as_of, p
+        assert 0 < p.spot_per_h < p.on_demand_per_h, p
+    assert not table[DEFAULT_INSTANCE].approximate  # the default is a fixed list price
+
+
+def test_lookup_by_bare_name_and_clear_errors() -> None:
+    table = PriceTable()
+    assert table["n1-standard-8"].key == "gcp:n1-standard-8"
+    with pytest.raises(ConfigError, match="no price for instance 'x9'"):
+        table["x9"]
+
+
+def test_override_replaces_prices_and_says_so() -> None:
+    table = PriceTable().with_override("m5.2xlarge", spot_per_h=0.1)
+    p = table["aws:m5.2xlarge"]
+    assert p.spot_per_h == 0.1
+    assert p.on_demand_per_h == 0.384
+    assert p.source == "user override"
+    assert "Amazon" in p.note
+    assert PriceTable()["aws:m5.2xlarge"].spot_per_h != 0.1  # the original is untouched
+
+
+def test_bad_prices_are_refused() -> None:
+    with pytest.raises(ConfigError, match="on_demand_per_h"):
+        InstancePrice("x", "y", "r", 1, 1.0, -1.0, 0.1, "s", "d")
+    with pytest.raises(ConfigError, match="unknown field"):
+        PriceTable.from_rows([{"provider": "x", "bogus": 1}])
+    with pytest.raises(ConfigError, match="twice"):
+        PriceTable([DEFAULT_PRICES[0], DEFAULT_PRICES[0]])
+
+
+def test_billing_is_per_second_after_the_minimum() -> None:
+    p = PriceTable()[DEFAULT_INSTANCE]
+    assert p.cost(3600.0, spot=False) == pytest.approx(p.on_demand_per_h)
+    assert p.cost(3600.0, spot=True) == pytest.approx(p.spot_per_h)
+    assert p.cost(10.0, spot=True) == pytest.approx(p.min_billed_s / 3600 * p.spot_per_h)
+    b = Billing()
+    b.start(0, 0.0)
+    b.start(1, 100.0)
+    b.stop(0, 1900.0)
+    b.stop_all(3700.0)
+    assert b.machine_seconds() == pytest.approx(1900.0 + 3600.0)
+    assert b.cost(p, spot=True) == pytest.approx((1900 + 3600) / 3600 * p.spot_per_h)
+    assert b.machine_seconds(until_s=1000.0) == pytest.approx(1000.0 + 900.0)
+    b.start(0, 5000.0)
+    with pytest.raises(ValueError, match="already has"):
+        b.start(0, 5001.0)
+
+
+def test_fleet_is_deterministic_per_seed_and_stable_per_slot() -> None:
+    cfg = FleetConfig(workers=16)
+    assert make_fleet(cfg, 3) == make_fleet(cfg, 3)
+    assert make_fleet(cfg, 3) != make_fleet(cfg, 4)
+    # Adding workers does not reshuffle the existing ones.
+    assert make_fleet(FleetConfig(workers=20), 3)[:16] == make_fleet(cfg, 3)
+    same = make_fleet(FleetConfig(workers=4, speed_sigma=0.0, slow_fraction=0.0), 0)
+    assert {m.speed for m in same} == {1.0}
+
+
+def test_poisson_preemption_rate_matches_on_average() -> None:
+    model = PoissonPreemption(0.5, restart_delay_s=0.0)
+    hours = 0.0
+    count = 0
+    for slot in range(200):
+        for out in model.outages(slot, seed=1):
+            if out.down_s > 100 * 3600:
+                break
+            count += 1
+        hours += 100
+    assert count / hours == pytest.approx(0.5, rel=0.05)
+
+
+def test_trace_parses_validates_and_wraps() -> None:
+    trace = TracePreemption.parse("worker,down_s,up_s,notice_s\n0,10,20,30\n1,5,6,\n0,30,40,0\n")
+    assert list(trace.outages(0, 0)) == [Outage(10, 20, 30), Outage(30, 40, 0)]
+    assert list(trace.outages(3, 0)) == list(trace.outages(1, 0))  # slot 3 replays worker 1
+    with pytest.raises(ConfigError, match="overlapping"):
+        TracePreemption.parse("worker,down_s,up_s\n0,10,20\n0,15,30\n")
+    with pytest.raises(ConfigError, match="header"):
+        TracePreemption.parse("a,b\n1,2\n")
+    with pytest.raises(ConfigError, match="not a number"):
+        TracePreemption.parse("worker,down_s,up_s\n0,x,20\n")
+
+
+def test_ring_allreduce_uses_the_slowest_link() -> None:
+    assert ring_allreduce_s(1000, 1, [1e9], 0.01) == 0.0
+    t = ring_allreduce_s(1_000_000, 4, [1e9, 1e8, 1e9, 1e9], 0.0)
+    assert t == pytest.approx(2 * 3 / 4 * 8e6 / 1e8)

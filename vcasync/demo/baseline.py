@@ -1,0 +1,66 @@
+"""The demo's reference: synchronous data-parallel SGD on the same CNN and the same number of samples.
+
+With ``N`` workers of batch ``b``, each step averages ``N`` minibatch gradients, which is one SGD step
+on a batch of ``N*b`` samples; the demo runs it in one process, after the asynchronous run, and
+records test accuracy against samples seen and against its own wall time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cnn import Dataset, SmallCNN, evaluate, unit_batches
+
+__all__ = ["BaselineResult", "sync_sgd"]
+
+
+@dataclass(frozen=True, slots=True)
+class BaselineResult:
+    """Accuracy points ``(wall_s, samples, accuracy, loss)`` and the final figures."""
+
+    workers: int
+    batch_size: int
+    lr: float
+    steps: int
+    samples: int
+    wall_s: float
+    points: list[tuple[float, int, float, float]]
+
+    @property
+    def final_accuracy(self) -> float:
+        return self.points[-1][2]
+
+
+def sync_sgd(data: Dataset, *, workers: int, batch_size: int, samples: int, lr: float, momentum: float,
+             seed: int, eval_points: int = 20) -> BaselineResult:
+    """Train a fresh CNN (seeded like the demo's model) synchronously on ``samples`` samples."""
+    import torch
+
+    torch.manual_seed(seed)
+    net = SmallCNN(data.side, data.classes)
+    big = workers * batch_size
+    steps = max(1, math.ceil(samples / big))
+    batches = unit_batches(np.arange(data.num_train), steps, big, seed ^ 0x5EED)
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    first = evaluate(net, data)
+    points = [(0.0, 0, first.accuracy, first.loss)]
+    every = max(1, steps // eval_points)
+    t0 = time.perf_counter()
+    spent = 0.0
+    for step, idx in enumerate(batches, start=1):
+        net.train()
+        ix = torch.as_tensor(idx, dtype=torch.long)
+        opt.zero_grad(set_to_none=True)
+        loss_fn(net(data.x_train[ix]), data.y_train[ix]).backward()
+        opt.step()
+        if step % every == 0 or step == steps:
+            spent += time.perf_counter() - t0
+            ev = evaluate(net, data)
+            points.append((spent, step * big, ev.accuracy, ev.loss))
+            t0 = time.perf_counter()
+    return BaselineResult(workers, batch_size, lr, steps, steps * big, spent, points)

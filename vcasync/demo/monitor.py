@@ -1,0 +1,141 @@
+"""Watching a demo run: the coordinator's status, the model's test accuracy, and a live rich display.
+
+The monitor joins the coordinator like any client (a ``demo-monitor`` identity that never leases),
+polls ``GET /v1/status`` and, every few seconds, downloads the latest model (``GET /v1/models/latest``)
+and scores it on the held-out test split. The display reads ``version`` and ``units.done`` from the
+coordinator's status document (:meth:`vcasync.coordinator.Coordinator.status`); while the coordinator
+is down (restarting) they show as "?".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..client import CoordinatorClient
+from ..errors import VCAsyncError
+from ..wire import decode_payload_bytes
+from .cnn import Dataset, SmallCNN, evaluate
+from .procs import Slot
+
+__all__ = ["AccuracyPoint", "Monitor", "status_figure"]
+
+
+def status_figure(status: Mapping[str, Any], *paths: str) -> int | None:
+    """The first integer found at one of the dotted ``paths`` in the status document."""
+    for path in paths:
+        node: Any = status
+        for part in path.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                node = None
+                break
+            node = node[part]
+        if isinstance(node, int) and not isinstance(node, bool):
+            return node
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class AccuracyPoint:
+    t_s: float
+    version: int
+    units_done: int | None
+    accuracy: float
+    loss: float
+
+
+@dataclass(slots=True)
+class Monitor:
+    """Status and accuracy history of one run (times from ``t0``, ``time.monotonic``)."""
+
+    client: CoordinatorClient
+    data: Dataset
+    scratch: Path
+    t0: float
+    total_units: int
+    status: dict[str, Any] = field(default_factory=dict)
+    accuracy: list[AccuracyPoint] = field(default_factory=list)
+    versions: list[tuple[float, int]] = field(default_factory=list)
+    errors: int = 0
+
+    @property
+    def version(self) -> int:
+        return self.versions[-1][1] if self.versions else 0
+
+    def units_done(self) -> int | None:
+        return status_figure(self.status, "units.done")
+
+    def finished(self) -> bool:
+        flag = self.status.get("finished")
+        if isinstance(flag, bool):
+            return flag
+        done = self.units_done()
+        return done is not None and done >= self.total_units
+
+    async def poll(self) -> None:
+        """Refresh the status; a coordinator that is down (restarting) is counted, not fatal."""
+        try:
+            self.status = await self.client.status()
+        except (VCAsyncError, OSError, TimeoutError) as exc:
+            self.errors += 1
+            self.status = {**self.status, "unreachable": type(exc).__name__}
+            return
+        version = status_figure(self.status, "version")
+        if version is not None and (not self.versions or self.versions[-1][1] != version):
+            self.versions.append((time.monotonic() - self.t0, version))
+
+    async def score(self) -> AccuracyPoint | None:
+        """Download the latest model and score it; None if the coordinator is unreachable."""
+        dest = self.scratch / "latest.model"
+        try:
+            _, version = await self.client.download_model("latest", dest)
+        except (VCAsyncError, OSError, TimeoutError):
+            self.errors += 1
+            return None
+        net = SmallCNN(self.data.side, self.data.classes)
+        payload = decode_payload_bytes(dest.read_bytes(), expected_kind="model")
+        net.load_state_dict(payload.tensors)
+        ev = evaluate(net, self.data)
+        point = AccuracyPoint(time.monotonic() - self.t0, version, self.units_done(), ev.accuracy, ev.loss)
+        self.accuracy.append(point)
+        return point
+
+    def merges_per_s(self, window_s: float = 10.0) -> float:
+        if len(self.versions) < 2:
+            return 0.0
+        t_now, v_now = self.versions[-1]
+        older = [p for p in self.versions if p[0] <= t_now - window_s] or self.versions[:1]
+        t_then, v_then = older[-1]
+        return (v_now - v_then) / (t_now - t_then) if t_now > t_then else 0.0
+
+    def render(self, slots: Sequence[Slot], elapsed_s: float, coordinator_state: str) -> Any:
+        """A rich renderable of the run's state."""
+        from rich.table import Table
+
+        counts = _count(s.state for s in slots)
+        table = Table(title=f"vcasync demo - {elapsed_s:5.0f} s", show_header=False, expand=False)
+        table.add_column("what", style="bold")
+        table.add_column("value")
+        done = self.units_done()
+        table.add_row("units done / total", f"{'?' if done is None else done} / {self.total_units}")
+        table.add_row("model version", str(self.version))
+        down = counts.get("preempting", 0) + counts.get("preempted", 0)
+        tail = f"  ({counts['done']} done)" if counts.get("done") else ""
+        table.add_row("workers alive / preempted / waiting",
+                      f"{counts.get('running', 0)} / {down} / {counts.get('starting', 0)}{tail}")
+        last = self.accuracy[-1] if self.accuracy else None
+        table.add_row("latest test accuracy",
+                      "-" if last is None else f"{last.accuracy:.3f} (v{last.version})")
+        table.add_row("merges / s", f"{self.merges_per_s():.1f}")
+        table.add_row("coordinator", coordinator_state)
+        return table
+
+
+def _count(states: Iterable[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for s in states:
+        out[s] = out.get(s, 0) + 1
+    return out

@@ -1,0 +1,237 @@
+"""The demo's report: ``report.json`` and two PNG plots in the run directory.
+
+Costs: every worker process stands for one instance of ``config.instance``; each of its sessions (start
+to exit) is billed like the provider bills a VM (per second after the minimum), at the spot price and,
+for the on-demand equivalent, at the on-demand price of the same price table. Work lost to preemption is
+the training time between a SIGKILLed worker's last checkpoint (or unit start) and the kill, read from
+the trainer's event log; SIGTERMed workers checkpoint and lose nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .baseline import BaselineResult
+from .procs import Slot
+from .run import DemoRun
+
+__all__ = ["build_report", "plot_accuracy", "plot_timeline", "read_events", "write_report"]
+
+
+def read_events(events_dir: Path) -> dict[int, list[dict[str, Any]]]:
+    """The trainer's JSON-lines events, per process id (unreadable lines are skipped)."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for path in sorted(events_dir.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                ev = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by SIGKILL
+            if isinstance(ev, dict) and isinstance(ev.get("pid"), int):
+                out.setdefault(ev["pid"], []).append(ev)
+    return out
+
+
+def _pid_at(slot: Slot, t_s: float) -> int | None:
+    """The slot's process that was up at ``t_s`` (sessions and pids are appended in step)."""
+    spans = zip(slot.sessions, slot.pids, strict=False)
+    return next((p for (a, b), p in spans if a <= t_s <= b), None)
+
+
+def _in_progress(events: list[dict[str, Any]], t_wall: float) -> dict[str, Any] | None:
+    """The trainer's last event before ``t_wall`` if a unit was in progress then, else None."""
+    before = [e for e in events if e["t"] <= t_wall]
+    if before and before[-1]["kind"] in ("unit_start", "checkpoint"):
+        return before[-1]
+    return None
+
+
+def _lost_work(run: DemoRun, events: dict[int, list[dict[str, Any]]], t0_wall: float) -> dict[str, Any]:
+    """Seconds of training lost to SIGKILLs: from the last checkpoint (or unit start) to the kill."""
+    lost_s = 0.0
+    interrupted = 0
+    by_name = {s.name: s for s in run.slots}
+    for kill in run.timeline.events:
+        slot = by_name.get(kill.who)
+        if kill.kind != "preempted" or kill.detail != "SIGKILL" or slot is None:
+            continue
+        pid = _pid_at(slot, kill.t_s)
+        last = None if pid is None else _in_progress(events.get(pid, []), t0_wall + kill.t_s)
+        if last is not None:
+            lost_s += t0_wall + kill.t_s - last["t"]
+            interrupted += 1
+    return {"seconds_lost_to_kills": lost_s, "units_interrupted_by_kill": interrupted}
+
+
+def _costs(run: DemoRun) -> dict[str, Any]:
+    price = run.config.prices[run.config.instance]
+    sessions = [(s.name, a, b) for s in run.slots for a, b in s.sessions]
+    spot = sum(price.cost(b - a, spot=True) for _, a, b in sessions)
+    on_demand = sum(price.cost(b - a, spot=False) for _, a, b in sessions)
+    return {
+        "instance": price.as_dict(),
+        "sessions": len(sessions),
+        "worker_seconds": sum(b - a for _, a, b in sessions),
+        "billed_seconds": sum(price.billed_seconds(b - a) for _, a, b in sessions),
+        "spot_usd": spot,
+        "on_demand_usd": on_demand,
+        "saving": (1.0 - spot / on_demand) if on_demand else None,
+        "note": "each worker process is priced as one instance; list prices as published at the date "
+                "shown, they drift",
+    }
+
+
+def _recoveries(run: DemoRun, events: dict[int, list[dict[str, Any]]], t0_wall: float) -> dict[str, Any]:
+    """Each preemption, when its slot came back, and whether the unit it cut was finished later.
+
+    A preemption is *recovered* when the slot restarted (or the run was already complete) and the
+    unit in progress at the signal, if any, was trained to its end afterwards by some worker (the
+    same one resuming its lease, or another one given the unit or its remainder).
+    """
+    by_name = {s.name: s for s in run.slots}
+    ends = [(e["t"], e.get("root", e.get("unit"))) for evs in events.values() for e in evs
+            if e.get("kind") == "unit_end"]
+    pairs: list[dict[str, Any]] = []
+    for ev in run.timeline.events:
+        if ev.kind != "preempted" or ev.who not in by_name:
+            continue
+        back = next((e for e in run.timeline.events
+                     if e.who == ev.who and e.t_s > ev.t_s and e.kind == "restart"), None)
+        pid = _pid_at(by_name[ev.who], ev.t_s)
+        t_wall = t0_wall + ev.t_s
+        cut = None if pid is None else _in_progress(events.get(pid, []), t_wall)
+        root = None if cut is None else cut.get("root", cut.get("unit"))
+        steps = None if cut is None else cut.get("steps_done", cut.get("start", 0))
+        done_at = None if root is None else min((t for t, r in ends if r == root and t > t_wall),
+                                                default=None)
+        restarted = back is not None or run.finished
+        unit_ok = root is None or done_at is not None
+        pairs.append({"worker": ev.who, "t_s": round(ev.t_s, 3), "signal": ev.detail, "pid": pid,
+                      "recovered_at_s": None if back is None else round(back.t_s, 3),
+                      "unit": root, "steps_done": steps,
+                      "unit_finished_at_s": None if done_at is None else round(done_at - t0_wall, 3),
+                      "recovered": restarted and unit_ok})
+    return {"preemptions": pairs,
+            "sigterm": sum(1 for p in pairs if p["signal"] == "SIGTERM"),
+            "sigkill": sum(1 for p in pairs if p["signal"] == "SIGKILL"),
+            "all_recovered": all(p["recovered"] for p in pairs)}
+
+
+def build_report(run: DemoRun, baseline: BaselineResult | None, t0_wall: float) -> dict[str, Any]:
+    cfg = run.config
+    events = read_events(run.run_dir / "events")
+    final = run.accuracy[-1] if run.accuracy else None
+    samples = run.total_units * run.unit_steps * cfg.batch_size
+    return {
+        "final_accuracy": None if final is None else final[3],
+        "sync_baseline_accuracy": None if baseline is None else baseline.final_accuracy,
+        "accuracy_gap": (None if final is None or baseline is None
+                         else baseline.final_accuracy - final[3]),
+        "chance_accuracy": 0.1,
+        "finished": run.finished,
+        "wall_s": run.wall_s,
+        "samples": samples,
+        "cost": _costs(run),
+        "work_lost": _lost_work(run, events, t0_wall),
+        "recovery": _recoveries(run, events, t0_wall),
+        "coordinator_restarts": run.coordinator_restarts,
+        "config": {
+            "workers": cfg.workers, "dataset": cfg.dataset, "policy": cfg.policy,
+            "policy_params": dict(cfg.policy_params), "epochs": cfg.epochs, "shards": cfg.num_shards(),
+            "units": run.total_units, "unit_steps": run.unit_steps, "batch_size": cfg.batch_size,
+            "lr": cfg.worker_lr, "momentum": cfg.momentum, "preemptions": cfg.preemptions,
+            "preempt_per_min": cfg.preempt_per_min, "kill_fraction": cfg.kill_fraction,
+            "restart_delay_s": list(cfg.restart_delay_s),
+            "grace_s": cfg.grace_s, "kill_coordinator": cfg.kill_coordinator, "seed": cfg.seed,
+            "run_dir": str(run.run_dir),
+        },
+        "baseline": None if baseline is None else {
+            "kind": "synchronous data-parallel SGD", "workers": baseline.workers,
+            "batch_size": baseline.batch_size, "lr": baseline.lr, "steps": baseline.steps,
+            "samples": baseline.samples, "wall_s": baseline.wall_s,
+            "points": [list(p) for p in baseline.points],
+        },
+        "accuracy": [list(p) for p in run.accuracy],
+        "workers": [{"name": s.name, "starts": s.starts, "sigterm": s.preemptions, "sigkill": s.kills,
+                     "uptime_s": s.uptime_s, "sessions": [list(x) for x in s.sessions], "pids": s.pids,
+                     "state": s.state} for s in run.slots],
+        "timeline": [e.as_dict() for e in run.timeline.events],
+        "units_seen": sorted({e["unit"] for evs in events.values() for e in evs if "unit" in e}),
+        "coordinator_status": run.status,
+    }
+
+
+def plot_accuracy(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    acc = report["accuracy"]
+    per_unit = report["config"]["unit_steps"] * report["config"]["batch_size"]
+    label = f"async ({report['config']['policy']}, preempted)"
+    a1.plot([p[0] for p in acc], [p[3] for p in acc], marker=".", label=label)
+    a2.plot([(p[2] or 0) * per_unit for p in acc], [p[3] for p in acc], marker=".", label="async")
+    base = report["baseline"]
+    if base is not None:
+        pts = base["points"]
+        a1.plot([p[0] for p in pts], [p[2] for p in pts], marker=".", label="sync SGD (one process)")
+        a2.plot([p[1] for p in pts], [p[2] for p in pts], marker=".", label="sync SGD")
+    for ev in report["timeline"]:
+        if ev["who"] == "coordinator" and ev["kind"] == "killed":
+            a1.axvline(ev["t_s"], color="red", linestyle=":", label="coordinator killed")
+    a1.set_xlabel("wall seconds")
+    a2.set_xlabel("training samples (async: units merged x unit samples)")
+    for a in (a1, a2):
+        a.set_ylabel("test accuracy")
+        a.legend(loc="lower right")
+    a1.set_title("accuracy over time")
+    a2.set_title("accuracy at equal samples")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_timeline(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workers = report["workers"]
+    fig, ax = plt.subplots(figsize=(11, 0.6 * len(workers) + 1.5))
+    for row, w in enumerate(workers):
+        for a, b in w["sessions"]:
+            ax.barh(row, b - a, left=a, height=0.6, color="#a6cee3", edgecolor="#1f78b4")
+    marks = {"SIGTERM": ("v", "orange"), "SIGKILL": ("x", "red")}
+    rows = {w["name"]: i for i, w in enumerate(workers)}
+    for ev in report["timeline"]:
+        if ev["who"] not in rows:
+            continue
+        y = rows[ev["who"]]
+        if ev["kind"] == "preempted":
+            m, c = marks.get(ev["detail"], ("o", "black"))
+            ax.scatter([ev["t_s"]], [y], marker=m, color=c, zorder=3, s=60)
+        elif ev["kind"] == "restart":
+            ax.scatter([ev["t_s"]], [y], marker="^", color="green", zorder=3, s=40)
+    for ev in report["timeline"]:
+        if ev["who"] == "coordinator" and ev["kind"] in ("killed", "recovered"):
+            ax.axvline(ev["t_s"], color="red" if ev["kind"] == "killed" else "green", linestyle=":")
+    ax.set_yticks(range(len(workers)), [w["name"] for w in workers])
+    ax.set_xlabel("wall seconds  (bars: worker up; v SIGTERM, x SIGKILL, ^ restart; dotted: coordinator)")
+    ax.set_title("worker timeline")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_report(report: dict[str, Any], run_dir: Path) -> list[Path]:
+    out = run_dir / "report.json"
+    out.write_text(json.dumps(report, indent=1, default=str))
+    acc, tl = run_dir / "accuracy.png", run_dir / "timeline.png"
+    plot_accuracy(report, acc)
+    plot_timeline(report, tl)
+    return [out, acc, tl]

@@ -1,0 +1,344 @@
+"""The demo run: a coordinator process, N worker processes, a spot market that preempts them.
+
+:func:`run_demo` starts ``vcasync coordinator`` on 127.0.0.1 (journal durability on local disk in the run
+directory, or ``storage``), then one ``vcasync worker`` process per slot. The spot market
+(:mod:`vcasync.demo.market`) preempts ``preemptions`` of them over the run (or, with
+``preempt_per_min``, at a rate): SIGTERM (the notice: the worker checkpoints and exits within its grace
+period) or, for ``kill_fraction`` of them, SIGKILL; the slot comes back after a random delay with its
+state dir, as capacity returns. With
+``kill_coordinator`` the coordinator is SIGKILLed once, when about 40 % of the units are done, and
+restarted on the same port and storage. When every worker has heard that the run is finished, the
+final model is scored, the synchronous baseline trains on the same number of samples, and
+:mod:`vcasync.demo.report` writes ``report.json`` and the plots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+import secrets
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..sim.prices import DEFAULT_INSTANCE, PriceTable
+from .market import SpotMarket
+from .procs import Proc, Slot, Timeline
+
+__all__ = ["BASE_LR", "DemoConfig", "DemoRun", "run_demo"]
+
+#: The per-worker SGD learning rate the defaults scale by sqrt(workers).
+BASE_LR = 0.05
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Everything about one demo run (the CLI fills it from flags)."""
+
+    workers: int = 4
+    dataset: str = "digits"
+    policy: str = "vcasgd"
+    policy_params: Mapping[str, Any] = field(default_factory=dict)
+    epochs: int = 20
+    shards: int | None = None
+    steps: int | None = None
+    batch_size: int = 32
+    lr: float | None = None
+    sync_lr: float | None = None
+    momentum: float = 0.9
+    preemptions: int = 4
+    preempt_per_min: float = 0.0
+    kill_fraction: float = 0.25
+    restart_delay_s: tuple[float, float] = (1.0, 4.0)
+    grace_s: float = 5.0
+    lease_timeout_s: float = 10.0
+    kill_coordinator: bool = False
+    run_dir: Path | None = None
+    storage: str | None = None
+    durability: str = "journal"
+    instance: str = DEFAULT_INSTANCE
+    prices: PriceTable = field(default_factory=PriceTable)
+    seed: int = 0
+    eval_every_s: float = 3.0
+    max_wall_s: float = 900.0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.workers >= 1, f"workers must be >= 1, got {self.workers}"),
+            (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
+            (self.shards is None or self.shards >= 1, f"shards must be >= 1, got {self.shards}"),
+            (self.steps is None or self.steps >= 1, f"steps must be >= 1, got {self.steps}"),
+            (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
+            (self.lr is None or self.lr > 0, f"lr must be > 0, got {self.lr}"),
+            (self.sync_lr is None or self.sync_lr > 0, f"sync_lr must be > 0, got {self.sync_lr}"),
+            (self.preempt_per_min >= 0, f"preempt_per_min must be >= 0, got {self.preempt_per_min}"),
+            (0 <= self.kill_fraction <= 1, f"kill_fraction must be in [0, 1], got {self.kill_fraction}"),
+            (self.preemptions >= 0, f"preemptions must be >= 0, got {self.preemptions}"),
+            (0 <= self.restart_delay_s[0] <= self.restart_delay_s[1],
+             f"restart delay must be 0 <= min <= max, got {self.restart_delay_s}"),
+            (self.grace_s > 0 and self.lease_timeout_s > 0, "grace_s and lease_timeout_s must be > 0"),
+            (self.max_wall_s > 0 and self.eval_every_s > 0, "max_wall_s and eval_every_s must be > 0"),
+            (self.durability in ("journal", "snapshot", "none"),
+             f"durability must be journal, snapshot or none, got {self.durability!r}"),
+            (not (self.kill_coordinator and self.durability == "none"),
+             "kill_coordinator needs durable state: durability journal or snapshot"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+        self.prices.resolve(self.instance)
+
+    @property
+    def worker_lr(self) -> float:
+        """The workers' learning rate: ``lr``, or the base rate x sqrt(workers) (see below)."""
+        return self.lr if self.lr is not None else BASE_LR * math.sqrt(self.workers)
+
+    @property
+    def baseline_lr(self) -> float:
+        """The synchronous baseline's learning rate: ``sync_lr``, or the base rate x sqrt(workers).
+
+        Both default to the square-root rule: synchronous SGD steps on a ``workers``-times larger
+        batch, and VC-ASGD with ``workers`` results in flight advances by about one worker's progress
+        per ``workers`` merges, a large-batch method too (see :class:`vcasync.sim.SimConfig`).
+        """
+        return self.sync_lr if self.sync_lr is not None else BASE_LR * math.sqrt(self.workers)
+
+    def num_shards(self) -> int:
+        return self.shards if self.shards is not None else 2 * self.workers
+
+
+@dataclass(slots=True)
+class DemoRun:
+    """What a run leaves for the report."""
+
+    config: DemoConfig
+    run_dir: Path
+    timeline: Timeline
+    slots: list[Slot]
+    total_units: int
+    unit_steps: int
+    wall_s: float = 0.0
+    finished: bool = False
+    coordinator_restarts: int = 0
+    final: dict[str, Any] = field(default_factory=dict)
+    accuracy: list[tuple[float, int, int | None, float, float]] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _fresh_run_dir(base: Path) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        d = base / (stamp if n == 0 else f"{stamp}-{n}")
+        try:
+            d.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        return d
+    raise ConfigError(f"cannot create a fresh run directory under {base}")
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
+class _Demo:
+    def __init__(self, cfg: DemoConfig, data_train: int) -> None:
+        self.cfg = cfg
+        self.rng = random.Random(cfg.seed)
+        self.run_dir = cfg.run_dir if cfg.run_dir is not None else _fresh_run_dir(Path("runs"))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        for sub in ("logs", "events", "workers", "scratch"):
+            (self.run_dir / sub).mkdir(exist_ok=True)
+        shards = cfg.num_shards()
+        self.unit_steps = cfg.steps or max(1, math.ceil(data_train / shards / cfg.batch_size))
+        self.total_units = shards * cfg.epochs
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.secret = secrets.token_urlsafe(24)
+        self.timeline = Timeline()
+        self.stop_injecting = asyncio.Event()
+        self.coordinator_restarts = 0
+        env = {"VCASYNC_JOIN_SECRET": self.secret, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        storage = cfg.storage or (self.run_dir / "state").resolve().as_uri()
+        params = {"dataset": cfg.dataset, "lr": cfg.worker_lr, "batch_size": cfg.batch_size,
+                  "momentum": cfg.momentum, "events_dir": str((self.run_dir / "events").resolve())}
+        model = f"vcasync.demo.trainer:{cfg.dataset}_model"
+        args = ["coordinator", "--model", model, "--seed", str(cfg.seed),
+                "--shards", str(shards), "--epochs", str(cfg.epochs), "--steps", str(self.unit_steps),
+                "--policy", cfg.policy, "--storage", storage, "--durability", cfg.durability,
+                "--lease-timeout", str(cfg.lease_timeout_s), "--host", "127.0.0.1", "--port", str(self.port),
+                "--linger", "600"]
+        for k, v in params.items():
+            args += ["--unit-param", f"{k}={_toml(v)}"]
+        for k, v in cfg.policy_params.items():
+            args += ["--policy-param", f"{k}={_toml(v)}"]
+        logs = self.run_dir / "logs"
+        self.coordinator = Proc("coordinator", args, env=env, log_path=logs / "coordinator.log")
+        self.slots: list[Slot] = []
+        for i in range(cfg.workers):
+            name = f"w{i}"
+            wargs = ["worker", "--coordinator", self.url, "--trainer", "vcasync.demo.trainer:train",
+                     "--state-dir", str(self.run_dir / "workers" / name), "--name", name,
+                     "--grace-period", str(cfg.grace_s), "--threads", "1", "--on-preempt", "checkpoint"]
+            self.slots.append(Slot(i, Proc(name, wargs, env=env, log_path=logs / f"{name}.log")))
+
+    # -- coordinator ---------------------------------------------------------------------------
+    async def start_coordinator(self) -> None:
+        import aiohttp
+
+        await self.coordinator.start()
+        self.timeline.add("coordinator", "start", f"pid {self.coordinator.pid}")
+        deadline = time.monotonic() + 120.0
+        async with aiohttp.ClientSession() as http:
+            while time.monotonic() < deadline:
+                if not self.coordinator.running:
+                    raise ConfigError(f"the coordinator exited at start; see {self.coordinator.log_path}")
+                with contextlib.suppress(aiohttp.ClientError, OSError):
+                    async with http.get(f"{self.url}/healthz") as resp:
+                        if resp.status == 200:
+                            self.timeline.add("coordinator", "ready")
+                            return
+                await asyncio.sleep(0.2)
+        raise ConfigError(f"the coordinator did not come up in 120 s; see {self.coordinator.log_path}")
+
+    async def restart_coordinator_once(self, monitor: Any) -> None:
+        """SIGKILL the coordinator when ~40 % of the units are done, then start it again."""
+        while True:
+            await asyncio.sleep(0.5)
+            done = monitor.units_done()
+            if done is not None and done >= 0.4 * self.total_units:
+                break
+        self.coordinator.send(signal.SIGKILL)
+        await self.coordinator.wait()
+        self.timeline.add("coordinator", "killed", "SIGKILL")
+        await asyncio.sleep(1.0)
+        await self.start_coordinator()
+        self.coordinator_restarts += 1
+        self.timeline.add("coordinator", "recovered")
+
+    # -- workers ---------------------------------------------------------------------------------
+    async def run_slot(self, slot: Slot) -> None:
+        """Start the slot's worker; bring it back after each preemption until it finishes."""
+        crashes = 0
+        while True:
+            await slot.proc.start()
+            slot.went_up(self.timeline.now())
+            self.timeline.add(slot.name, "start" if slot.starts == 1 else "restart", f"pid {slot.proc.pid}")
+            code = await slot.proc.wait()
+            t = self.timeline.now()
+            if slot.state == "preempting":
+                slot.went_down(t, "preempted")
+                self.timeline.add(slot.name, "down", f"exit {code}")
+                lo, hi = self.cfg.restart_delay_s
+                await asyncio.sleep(self.rng.uniform(lo, hi))
+                slot.state = "starting"
+                continue
+            if code == 0:
+                slot.went_down(t, "done")
+                self.timeline.add(slot.name, "done")
+                self.stop_injecting.set()  # the run is in its tail: stop preempting
+                return
+            crashes += 1
+            slot.went_down(t, "failed")
+            self.timeline.add(slot.name, "crash", f"exit {code}")
+            if crashes > 3:
+                return
+            await asyncio.sleep(1.0)
+            slot.state = "starting"
+
+    async def inject(self, monitor: Any) -> None:
+        """Play the spot market (:mod:`vcasync.demo.market`) until the run is in its tail."""
+        cfg = self.cfg
+        market = SpotMarket(self.slots, self.timeline, self.run_dir / "events", self.rng,
+                            stop=self.stop_injecting, kill_fraction=cfg.kill_fraction)
+        if cfg.preempt_per_min > 0:
+            await market.in_time(cfg.preempt_per_min)
+        elif cfg.preemptions > 0:
+            await market.by_progress(cfg.preemptions, self.total_units, monitor.units_done)
+
+
+@contextlib.asynccontextmanager
+async def _as_async(cm: contextlib.AbstractContextManager[Any]) -> AsyncIterator[Any]:
+    """A synchronous context manager (rich's ``Live``) inside an ``async with`` list."""
+    with cm as value:
+        yield value
+
+
+async def run_demo(cfg: DemoConfig) -> DemoRun:
+    """Run the whole demo; returns what the report needs (the report is written by the caller)."""
+    from ..client import CoordinatorClient
+    from .cnn import load_dataset
+    from .monitor import Monitor
+
+    data = load_dataset(cfg.dataset)
+    demo = _Demo(cfg, data.num_train)
+    out = DemoRun(cfg, demo.run_dir, demo.timeline, demo.slots, demo.total_units, demo.unit_steps)
+    live_ctx: Any = contextlib.nullcontext()
+    if cfg.progress:
+        from rich.console import Console
+        from rich.live import Live
+
+        live_ctx = Live(console=Console(stderr=True), auto_refresh=False, transient=False)
+    try:
+        await demo.start_coordinator()
+        async with CoordinatorClient(demo.url) as client, _as_async(live_ctx) as live:
+            await client.join(demo.secret, name="demo-monitor", info={"role": "monitor"})
+            mon = Monitor(client, data, demo.run_dir / "scratch", demo.timeline.t0, demo.total_units)
+            async with asyncio.TaskGroup() as tg:
+                slot_tasks = [tg.create_task(demo.run_slot(s)) for s in demo.slots]
+                injector = tg.create_task(demo.inject(mon))
+                killer = tg.create_task(demo.restart_coordinator_once(mon)) if cfg.kill_coordinator else None
+                next_eval = 0.0
+                while not all(t.done() for t in slot_tasks):
+                    if demo.timeline.now() > cfg.max_wall_s:
+                        break
+                    await mon.poll()
+                    if mon.finished():
+                        demo.stop_injecting.set()  # every unit is merged: nothing left to preempt
+                    if demo.timeline.now() >= next_eval:
+                        await mon.score()
+                        next_eval = demo.timeline.now() + cfg.eval_every_s
+                    if live is not None:
+                        state = "restarting" if not demo.coordinator.running else "up"
+                        live.update(mon.render(demo.slots, demo.timeline.now(), state), refresh=True)
+                    await asyncio.sleep(0.5)
+                demo.stop_injecting.set()
+                if killer is not None and not killer.done():
+                    killer.cancel()
+                injector.cancel()
+                for s, t in zip(demo.slots, slot_tasks, strict=True):
+                    if not t.done():
+                        t.cancel()
+                        await s.proc.stop(cfg.grace_s + 5)
+            out.finished = all(s.state == "done" for s in demo.slots)
+            await mon.poll()
+            await mon.score()
+            out.status = mon.status
+            out.accuracy = [(p.t_s, p.version, p.units_done, p.accuracy, p.loss) for p in mon.accuracy]
+            out.wall_s = demo.timeline.now()
+    finally:
+        for s in demo.slots:
+            if s.proc.running:
+                await s.proc.stop(cfg.grace_s + 5)
+        await demo.coordinator.stop(15.0)
+        demo.timeline.add("coordinator", "stopped")
+    out.coordinator_restarts = demo.coordinator_restarts
+    return out

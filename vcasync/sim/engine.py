@@ -1,0 +1,193 @@
+"""The fleet simulator: the real coordinator, ledger and merge policy on a virtual clock.
+
+:class:`Simulation` builds a :class:`~vcasync.coordinator.Coordinator` over ``memory://`` storage
+with the policy named in the config (``build_policy``), gives it the virtual clock, and runs one
+:class:`~vcasync.sim.worker.SimWorker` session per slot whenever the slot's machine is up. The
+preemption model decides when machines go (after a notice, or at once) and when they come back.
+An evaluation task scores the global model at regular virtual intervals. Afterwards the
+synchronous on-demand baseline trains on the same number of samples and both are priced.
+
+Everything random comes from the seed, and the event loop runs executor work inline (see
+:mod:`vcasync.sim.clock`), so a run is deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+
+from ..coordinator import Coordinator, CoordinatorConfig
+from ..demo.cnn import shard_indices
+from ..ledger import make_units
+from ..policy import build_policy
+from ..storage import open_storage
+from .clock import VirtualClock, run_virtual
+from .config import SimConfig
+from .cost import Billing
+from .fleet import MachineProfile, make_fleet
+from .records import EvalPoint, Recorder
+from .signals import TrainingSignal, make_signal
+from .sync import SyncResult, simulate_sync
+from .worker import ModelCache, SimWorker, Workload
+
+__all__ = ["SimOutcome", "Simulation"]
+
+
+@dataclass(slots=True)
+class SimOutcome:
+    """Everything a run produced; :mod:`vcasync.sim.report` turns it into figures."""
+
+    config: SimConfig
+    fleet: list[MachineProfile]
+    workload: Workload
+    units: int
+    unit_steps: int
+    total_samples: int
+    finished: bool
+    duration_s: float
+    final_version: int
+    rec: Recorder
+    billing: Billing
+    sync: SyncResult | None
+    coordinator_status: dict[str, object]
+
+
+class Simulation:
+    """One seeded run of a :class:`SimConfig`; ``run()`` returns a :class:`SimOutcome`."""
+
+    def __init__(self, config: SimConfig, signal: TrainingSignal | None = None) -> None:
+        self.config = config
+        self.signal = signal if signal is not None else make_signal(config.signal)
+        self.fleet = make_fleet(config.fleet, config.seed)
+        d = self.signal.defaults
+        bs = config.batch_size or d.batch_size
+        n_train = self.signal.num_train
+        shards = config.shards or min(4 * config.fleet.workers, max(1, n_train // (bs * 4)))
+        shards = min(shards, n_train)
+        shard_idx = tuple(shard_indices(n_train, s, shards) for s in range(shards))
+        self.unit_steps = config.local_steps or max(1, math.ceil(len(shard_idx[0]) / bs))
+        self.unit_list = make_units(shards, epochs=config.epochs, steps=self.unit_steps)
+        self.total_samples = len(self.unit_list) * self.unit_steps * bs
+        model_bytes = config.model_bytes
+        if model_bytes is None:
+            model_bytes = self.signal.initial_model(config.seed).nbytes
+        self.workload = Workload(
+            batch_size=bs, lr=config.lr or d.lr * math.sqrt(config.fleet.workers), momentum=config.momentum,
+            sample_cost_s=config.sample_cost_s or d.sample_cost_s, model_bytes=model_bytes,
+            boot_s=config.boot_s, heartbeat_s=config.heartbeat_s,
+            idle_poll_s=min(60.0, config.heartbeat_s), on_notice=config.on_notice, seed=config.seed,
+            shards=shard_idx)
+
+    # -- the run ----------------------------------------------------------------------------------
+    def run(self) -> SimOutcome:
+        outcome = run_virtual(self._main)
+        if self.config.sync_baseline:
+            w = self.workload
+            sync_lr = self.config.sync_lr or self.signal.defaults.lr * math.sqrt(len(self.fleet))
+            outcome.sync = simulate_sync(
+                self.signal, self.fleet, total_samples=self.total_samples, batch_size=w.batch_size,
+                lr=sync_lr, momentum=w.momentum, sample_cost_s=w.sample_cost_s,
+                model_bytes=w.model_bytes, boot_s=w.boot_s, eval_points=self.config.eval_points,
+                seed=self.config.seed)
+        return outcome
+
+    def expected_duration_s(self) -> float:
+        """A rough duration (all machines up, no waste) used to space evaluations."""
+        speed = sum(m.speed for m in self.fleet)
+        return self.workload.boot_s + self.total_samples * self.workload.sample_cost_s / speed
+
+    async def _main(self, clock: VirtualClock) -> SimOutcome:
+        cfg = self.config
+        rec = Recorder(keep_timeline=cfg.keep_timeline)
+        billing = Billing()
+        model = self.signal.initial_model(cfg.seed)
+        spec = model.spec
+        policy = build_policy(cfg.policy, dict(cfg.policy_params))
+        ccfg = CoordinatorConfig(max_staleness=cfg.staleness_window, durability="none",
+                                 lease_timeout_s=cfg.lease_timeout_s)
+        loop = asyncio.get_running_loop()
+        async with open_storage(f"memory://vcasync-sim-{id(self)}") as storage, \
+                Coordinator(model, self.unit_list, policy=policy, storage=storage, config=ccfg,
+                            clock=clock) as coord:
+            models = ModelCache(coord, spec, keep=cfg.staleness_window + 2)
+            finished = True
+            # A slot that crashes is a bug in the simulator: the TaskGroup surfaces it.
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(self._slot(coord, m, models, rec, billing)) for m in self.fleet]
+                tasks.append(tg.create_task(self._evaluate_loop(coord, models, rec)))
+                try:
+                    async with asyncio.timeout(cfg.max_virtual_s):
+                        await coord.wait_finished()
+                except TimeoutError:
+                    finished = False
+                end = loop.time()
+                for task in tasks:
+                    task.cancel()
+            billing.stop_all(end)
+            await self._evaluate(coord, models, rec)
+            status = coord.status()
+            version = coord.version
+        return SimOutcome(cfg, self.fleet, self.workload, len(self.unit_list), self.unit_steps,
+                          self.total_samples, finished, end, version, rec, billing, None, status)
+
+    async def _slot(self, coord: Coordinator, profile: MachineProfile, models: ModelCache,
+                    rec: Recorder, billing: Billing) -> None:
+        loop = asyncio.get_running_loop()
+        outages = self.config.preemption.outages(profile.slot, self.config.seed)
+        nxt = next(outages, None)
+        slot = profile.slot
+        while True:
+            now = loop.time()
+            while nxt is not None and nxt.down_s <= now:  # an outage that fell in the downtime
+                nxt = next(outages, None)
+            billing.start(slot, now)
+            rec.event(now, slot, "up")
+            worker = SimWorker(coord, self.signal, models, self.workload, profile, rec)
+            notice = asyncio.Event()
+            kill_at = nxt.down_s if nxt is not None else None
+            handle = None
+            if nxt is not None and nxt.notice_s > 0:
+                handle = loop.call_at(max(now, nxt.down_s - nxt.notice_s), notice.set)
+            killed = False
+            try:
+                async with asyncio.timeout_at(kill_at):
+                    await worker.run(notice)
+                    if notice.is_set() and kill_at is not None:
+                        await asyncio.sleep(max(0.0, kill_at - loop.time()))  # billed until reclaimed
+            except TimeoutError:
+                killed = True
+            finally:
+                if handle is not None:
+                    handle.cancel()
+            if nxt is None or not (killed or notice.is_set()):
+                billing.stop(slot, loop.time())  # the run has no more work for this machine
+                rec.event(loop.time(), slot, "done")
+                return
+            worker.account_kill()
+            billing.stop(slot, loop.time())
+            rec.preemptions += 1
+            rec.hard_kills += int(nxt.hard)
+            rec.event(loop.time(), slot, "preempted", "hard" if nxt.hard else "notice")
+            await asyncio.sleep(max(0.0, nxt.up_s - loop.time()))
+            nxt = next(outages, None)
+
+    async def _evaluate_loop(self, coord: Coordinator, models: ModelCache, rec: Recorder) -> None:
+        every = max(1.0, self.expected_duration_s() / self.config.eval_points)
+        while True:
+            await self._evaluate(coord, models, rec)
+            await asyncio.sleep(every)
+
+    async def _evaluate(self, coord: Coordinator, models: ModelCache, rec: Recorder) -> None:
+        now = asyncio.get_running_loop().time()
+        version = coord.version
+        last = rec.evals[-1] if rec.evals else None
+        if last is not None and last.version == version:
+            point = EvalPoint(now, version, rec.samples_merged, last.accuracy, last.loss)
+        else:
+            ev = self.signal.evaluate(await models.get(version))
+            point = EvalPoint(now, version, rec.samples_merged, ev.accuracy, ev.loss)
+        if last is not None and last.t_s == now:
+            rec.evals[-1] = point
+        else:
+            rec.evals.append(point)

@@ -1,0 +1,235 @@
+"""The simulated fleet: heterogeneous machines and when the spot market takes them away.
+
+A :class:`FleetConfig` draws one :class:`MachineProfile` per worker slot (compute speed relative to
+a reference machine, link bandwidth, latency). A preemption model says when each slot's machine is
+taken away and when capacity returns:
+
+* :class:`PoissonPreemption`: preemptions arrive as a Poisson process of ``rate_per_hour`` per
+  worker-hour of uptime; a fraction arrive with no notice (a hard kill), the rest with
+  ``notice_s`` of warning (about 30 s on GCP, 2 min on AWS); the slot comes back after a restart
+  delay drawn around ``restart_delay_s``.
+* :class:`TracePreemption`: outages read from a CSV trace (``worker,down_s,up_s[,notice_s]``), for
+  replaying a real spot-market history.
+
+Everything is drawn from ``numpy.random.Generator`` streams derived from the seed, one per slot,
+so adding a worker does not reshuffle the others.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from ..errors import ConfigError
+
+__all__ = [
+    "FleetConfig",
+    "MachineProfile",
+    "NoPreemption",
+    "Outage",
+    "PoissonPreemption",
+    "PreemptionModel",
+    "TracePreemption",
+    "make_fleet",
+    "slot_rng",
+]
+
+
+def slot_rng(seed: int, stream: str, slot: int) -> np.random.Generator:
+    """An independent generator for one (stream, slot): stable when other slots are added."""
+    tag = int.from_bytes(stream.encode()[:8].ljust(8, b"\0"), "little")
+    return np.random.default_rng(np.random.SeedSequence([seed & 0xFFFFFFFF, tag, slot]))
+
+
+@dataclass(frozen=True, slots=True)
+class MachineProfile:
+    """One worker slot's machine: speed relative to the reference, link bandwidth, latency."""
+
+    slot: int
+    speed: float
+    bandwidth_bps: float
+    latency_s: float
+
+    def transfer_s(self, nbytes: int) -> float:
+        """Seconds to move ``nbytes`` over this machine's link (one request)."""
+        return self.latency_s + 8.0 * nbytes / self.bandwidth_bps
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """How heterogeneous the fleet is.
+
+    ``speed_sigma`` is the sigma of a log-normal around 1.0 (0: identical machines);
+    ``slow_fraction`` of the machines run ``slow_factor`` times slower on top (stragglers).
+    Bandwidth is log-uniform in ``[bandwidth_min_bps, bandwidth_max_bps]``.
+    """
+
+    workers: int = 8
+    speed_sigma: float = 0.25
+    slow_fraction: float = 0.1
+    slow_factor: float = 3.0
+    bandwidth_min_bps: float = 100e6
+    bandwidth_max_bps: float = 2e9
+    latency_s: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ConfigError(f"a fleet needs at least one worker, got {self.workers}")
+        if self.speed_sigma < 0 or not 0 <= self.slow_fraction <= 1 or self.slow_factor < 1:
+            raise ConfigError("speed_sigma >= 0, slow_fraction in [0, 1] and slow_factor >= 1 are required")
+        if not 0 < self.bandwidth_min_bps <= self.bandwidth_max_bps:
+            raise ConfigError("need 0 < bandwidth_min_bps <= bandwidth_max_bps")
+        if self.latency_s < 0:
+            raise ConfigError(f"latency_s must be >= 0, got {self.latency_s}")
+
+
+def make_fleet(config: FleetConfig, seed: int) -> list[MachineProfile]:
+    """Draw one machine per slot, deterministically for ``seed``."""
+    fleet: list[MachineProfile] = []
+    lo, hi = math.log(config.bandwidth_min_bps), math.log(config.bandwidth_max_bps)
+    for slot in range(config.workers):
+        rng = slot_rng(seed, "machine", slot)
+        speed = float(np.exp(rng.normal(0.0, config.speed_sigma))) if config.speed_sigma else 1.0
+        if rng.random() < config.slow_fraction:
+            speed /= config.slow_factor
+        bw = float(np.exp(rng.uniform(lo, hi))) if hi > lo else config.bandwidth_min_bps
+        fleet.append(MachineProfile(slot, speed, bw, config.latency_s))
+    return fleet
+
+
+@dataclass(frozen=True, slots=True)
+class Outage:
+    """A slot's machine is taken at ``down_s`` (after ``notice_s`` of warning) and back at ``up_s``."""
+
+    down_s: float
+    up_s: float
+    notice_s: float = 0.0
+
+    @property
+    def hard(self) -> bool:
+        return self.notice_s <= 0.0
+
+
+class PreemptionModel(Protocol):
+    """Yields each slot's outages in time order; ``describe`` says what the model is (for reports)."""
+
+    def outages(self, slot: int, seed: int) -> Iterator[Outage]: ...
+
+    def describe(self) -> dict[str, object]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class NoPreemption:
+    """Machines that are never taken away (on-demand)."""
+
+    def outages(self, slot: int, seed: int) -> Iterator[Outage]:
+        return iter(())
+
+    def describe(self) -> dict[str, object]:
+        return {"kind": "none"}
+
+
+@dataclass(frozen=True, slots=True)
+class PoissonPreemption:
+    """Preemptions at ``rate_per_hour`` per worker-hour of uptime (0.3 = 30 % of workers per hour)."""
+
+    rate_per_hour: float
+    restart_delay_s: float = 120.0
+    notice_s: float = 30.0
+    hard_fraction: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not self.rate_per_hour >= 0 or math.isinf(self.rate_per_hour):
+            raise ConfigError(f"rate_per_hour must be a finite rate >= 0, got {self.rate_per_hour}")
+        if self.restart_delay_s < 0 or self.notice_s < 0:
+            raise ConfigError("restart_delay_s and notice_s must be >= 0")
+        if not 0 <= self.hard_fraction <= 1:
+            raise ConfigError(f"hard_fraction must be in [0, 1], got {self.hard_fraction}")
+
+    def outages(self, slot: int, seed: int) -> Iterator[Outage]:
+        if self.rate_per_hour == 0:
+            return
+        rng = slot_rng(seed, "preempt", slot)
+        t = 0.0
+        while True:
+            t += float(rng.exponential(3600.0 / self.rate_per_hour))
+            hard = bool(rng.random() < self.hard_fraction)
+            # Capacity comes back after a delay around the mean (gamma, shape 4: rarely instant).
+            delay = float(rng.gamma(4.0, self.restart_delay_s / 4.0)) if self.restart_delay_s else 0.0
+            notice = 0.0 if hard else self.notice_s
+            yield Outage(t, t + delay, notice)
+            t += delay
+
+    def describe(self) -> dict[str, object]:
+        return {"kind": "poisson", "rate_per_hour": self.rate_per_hour,
+                "restart_delay_s": self.restart_delay_s, "notice_s": self.notice_s,
+                "hard_fraction": self.hard_fraction}
+
+
+class TracePreemption:
+    """Outages replayed from a CSV trace with a header ``worker,down_s,up_s`` (and ``notice_s``).
+
+    ``worker`` is the slot index; rows of a slot must not overlap. Slots beyond the trace's workers
+    wrap around (slot ``k`` replays worker ``k mod W``), so a small trace can drive a big fleet.
+    """
+
+    def __init__(self, rows: Sequence[tuple[int, Outage]], *, source: str = "trace") -> None:
+        per: dict[int, list[Outage]] = {}
+        for worker, outage in rows:
+            if worker < 0:
+                raise ConfigError(f"{source}: worker index must be >= 0, got {worker}")
+            if not 0 <= outage.down_s <= outage.up_s or outage.notice_s < 0:
+                raise ConfigError(f"{source}: need 0 <= down_s <= up_s and notice_s >= 0 "
+                                  f"(worker {worker}: {outage})")
+            per.setdefault(worker, []).append(outage)
+        for worker, outs in per.items():
+            outs.sort(key=lambda o: o.down_s)
+            for a, b in itertools.pairwise(outs):
+                if b.down_s < a.up_s:
+                    raise ConfigError(f"{source}: worker {worker} has overlapping outages "
+                                      f"({a.down_s}-{a.up_s} and {b.down_s}-{b.up_s})")
+        if not per:
+            raise ConfigError(f"{source}: the trace holds no outage")
+        self._per = per
+        self._workers = max(per) + 1
+        self.source = source
+
+    @classmethod
+    def from_csv(cls, path: str | Path) -> TracePreemption:
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read preemption trace {str(p)!r}: {exc.strerror}") from None
+        return cls.parse(text, source=str(p))
+
+    @classmethod
+    def parse(cls, text: str, *, source: str = "trace") -> TracePreemption:
+        reader = csv.DictReader(io.StringIO(text))
+        need = {"worker", "down_s", "up_s"}
+        if reader.fieldnames is None or not need <= set(reader.fieldnames):
+            raise ConfigError(f"{source}: the CSV header must name {sorted(need)} (optionally notice_s), "
+                              f"got {reader.fieldnames}")
+        rows: list[tuple[int, Outage]] = []
+        for line, rec in enumerate(reader, start=2):
+            try:
+                rows.append((int(rec["worker"]), Outage(float(rec["down_s"]), float(rec["up_s"]),
+                                                          float(rec.get("notice_s") or 0.0))))
+            except (TypeError, ValueError):
+                raise ConfigError(f"{source}:{line}: not a number in {dict(rec)}") from None
+        return cls(rows, source=source)
+
+    def outages(self, slot: int, seed: int) -> Iterator[Outage]:
+        return iter(self._per.get(slot % self._workers, []))
+
+    def describe(self) -> dict[str, object]:
+        return {"kind": "trace", "source": self.source, "workers": self._workers,
+                "outages": sum(len(v) for v in self._per.values())}

@@ -1,0 +1,179 @@
+"""Hourly prices of a few cloud instance types, on-demand and spot/preemptible.
+
+These are **list prices as published by each provider on the page named in ``source``, as of the
+date in ``as_of``**, for Linux, in USD, in the region named. They drift: on-demand prices change
+rarely, spot prices move daily (AWS, Azure) or up to monthly (GCP Spot VMs). Entries marked
+``approximate`` quote a spot price that the provider's page shows as a moving market figure, so
+the number is a representative snapshot rather than a fixed list price. Every figure can be
+overridden (``PriceTable.with_override`` or ``vcasync simulate --spot-price/--on-demand-price``):
+check the provider's page before trusting a saving computed from these.
+
+The GCP figures are built from the per-vCPU and per-GiB rates of the page (predefined N1/N2 machine
+types are billed as vCPUs plus memory since October 2018).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+
+from ..errors import ConfigError
+
+__all__ = [
+    "DEFAULT_COORDINATOR_INSTANCE", "DEFAULT_INSTANCE", "DEFAULT_PRICES", "InstancePrice", "PriceTable",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class InstancePrice:
+    """What one instance type costs per hour, and where the figures come from."""
+
+    provider: str
+    instance: str
+    region: str
+    vcpus: int
+    memory_gib: float
+    on_demand_per_h: float
+    spot_per_h: float
+    source: str
+    as_of: str
+    min_billed_s: float = 60.0
+    approximate: bool = False
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("on_demand_per_h", "spot_per_h"):
+            value = getattr(self, name)
+            if not (value >= 0.0) or value == float("inf"):
+                raise ConfigError(f"{self.instance}: {name} must be a finite price >= 0, got {value!r}")
+        if self.min_billed_s < 0:
+            raise ConfigError(f"{self.instance}: min_billed_s must be >= 0, got {self.min_billed_s!r}")
+
+    @property
+    def key(self) -> str:
+        return f"{self.provider}:{self.instance}"
+
+    @property
+    def spot_discount(self) -> float:
+        """Fraction saved per hour by running spot instead of on-demand."""
+        return 1.0 - self.spot_per_h / self.on_demand_per_h if self.on_demand_per_h else 0.0
+
+    def billed_seconds(self, uptime_s: float) -> float:
+        """Seconds billed for one instance run of ``uptime_s`` (per-second billing after a minimum)."""
+        if uptime_s <= 0:
+            return 0.0
+        return max(uptime_s, self.min_billed_s)
+
+    def cost(self, uptime_s: float, *, spot: bool) -> float:
+        """USD for one instance run of ``uptime_s`` seconds."""
+        rate = self.spot_per_h if spot else self.on_demand_per_h
+        return self.billed_seconds(uptime_s) / 3600.0 * rate
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "provider": self.provider, "instance": self.instance, "region": self.region,
+            "vcpus": self.vcpus, "memory_gib": self.memory_gib,
+            "on_demand_per_h": self.on_demand_per_h, "spot_per_h": self.spot_per_h,
+            "source": self.source, "as_of": self.as_of, "min_billed_s": self.min_billed_s,
+            "approximate": self.approximate, "note": self.note,
+        }
+
+
+_GCP_VM = "Google Cloud, 'VM instance pricing' (cloud.google.com/compute/vm-instance-pricing)"
+_AWS_OD = "Amazon EC2 On-Demand Pricing (aws.amazon.com/ec2/pricing/on-demand)"
+_AWS_SPOT = "Amazon EC2 Spot Instances Pricing (aws.amazon.com/ec2/spot/pricing)"
+_AZ = "Azure Linux Virtual Machines Pricing (azure.microsoft.com/pricing/details/virtual-machines/linux)"
+
+DEFAULT_PRICES: tuple[InstancePrice, ...] = (
+    # GCP us-central1: N1 and N2 on-demand $0.031611 / vCPU-h + $0.004237 / GiB-h; preemptible
+    # N1 $0.006655 / vCPU-h + $0.000892 / GiB-h, N2 $0.00765 / vCPU-h + $0.001025 / GiB-h.
+    InstancePrice("gcp", "n1-standard-8", "us-central1", 8, 30.0, 0.379998, 0.080000,
+                  _GCP_VM + ", on-demand and preemptible rates", "2021-01",
+                  note="8 x 0.031611 + 30 x 0.004237; preemptible 8 x 0.006655 + 30 x 0.000892"),
+    InstancePrice("gcp", "n2-standard-8", "us-central1", 8, 32.0, 0.388472, 0.093999,
+                  _GCP_VM + ", on-demand and preemptible rates", "2021-01",
+                  note="8 x 0.031611 + 32 x 0.004237; preemptible 8 x 0.00765 + 32 x 0.001025"),
+    # A small machine for the coordinator (it merges and serves; it does not train).
+    InstancePrice("gcp", "e2-standard-2", "us-central1", 2, 8.0, 0.067006, 0.020102,
+                  _GCP_VM + ", on-demand and preemptible rates", "2021-01",
+                  note="2 x 0.021811 + 8 x 0.002923; preemptible 2 x 0.006543 + 8 x 0.000877"),
+    InstancePrice("aws", "m5.2xlarge", "us-east-1", 8, 32.0, 0.384, 0.1280,
+                  f"{_AWS_OD}; spot: {_AWS_SPOT}", "2024-06", approximate=True,
+                  note="spot is a market price that moves hourly per availability zone"),
+    InstancePrice("aws", "c5.2xlarge", "us-east-1", 8, 16.0, 0.340, 0.1200,
+                  f"{_AWS_OD}; spot: {_AWS_SPOT}", "2024-06", approximate=True,
+                  note="spot is a market price that moves hourly per availability zone"),
+    InstancePrice("azure", "D8s_v5", "eastus", 8, 32.0, 0.384, 0.0768,
+                  _AZ + ", pay-as-you-go and spot", "2024-06", approximate=True,
+                  note="spot price varies with capacity; shown as published for the region"),
+)
+
+#: The instance type used when none is named: fixed list prices (not a moving spot market).
+DEFAULT_INSTANCE = "gcp:n1-standard-8"
+#: The machine the coordinator runs on, always on-demand (it must not be preempted).
+DEFAULT_COORDINATOR_INSTANCE = "gcp:e2-standard-2"
+
+
+class PriceTable(Mapping[str, InstancePrice]):
+    """Instance prices by ``provider:instance`` (a bare instance name works when it is unique)."""
+
+    __slots__ = ("_by_key",)
+
+    def __init__(self, prices: tuple[InstancePrice, ...] | list[InstancePrice] = DEFAULT_PRICES) -> None:
+        self._by_key: dict[str, InstancePrice] = {}
+        for p in prices:
+            if p.key in self._by_key:
+                raise ConfigError(f"price table lists {p.key!r} twice")
+            self._by_key[p.key] = p
+
+    def __getitem__(self, key: str) -> InstancePrice:
+        return self._by_key[self.resolve(key)]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_key)
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def resolve(self, name: str) -> str:
+        """The full key for ``name`` (``gcp:n1-standard-8`` or ``n1-standard-8``); ConfigError if unknown."""
+        if name in self._by_key:
+            return name
+        matches = [k for k, p in self._by_key.items() if p.instance == name]
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            raise ConfigError(f"instance {name!r} is ambiguous: say one of {matches}")
+        raise ConfigError(f"no price for instance {name!r}; known: {sorted(self._by_key)} "
+                          "(add one with --price-table or override the prices)")
+
+    def with_override(self, name: str, *, on_demand_per_h: float | None = None,
+                      spot_per_h: float | None = None, source: str = "user override") -> PriceTable:
+        """A new table where ``name``'s prices are replaced (``source``/``as_of`` say so)."""
+        key = self.resolve(name)
+        old = self._by_key[key]
+        changes: dict[str, object] = {}
+        if on_demand_per_h is not None:
+            changes["on_demand_per_h"] = float(on_demand_per_h)
+        if spot_per_h is not None:
+            changes["spot_per_h"] = float(spot_per_h)
+        if not changes:
+            return self
+        new = replace(old, source=source, as_of="run time", approximate=False,
+                      note=f"overrides {old.source} ({old.as_of})", **changes)  # type: ignore[arg-type]
+        return PriceTable([new if k == key else p for k, p in self._by_key.items()])
+
+    @classmethod
+    def from_rows(cls, rows: list[Mapping[str, object]]) -> PriceTable:
+        """Build a table from JSON-like rows (the fields of :class:`InstancePrice`)."""
+        prices: list[InstancePrice] = []
+        fields = set(InstancePrice.__dataclass_fields__)
+        for i, row in enumerate(rows):
+            unknown = sorted(set(row) - fields)
+            if unknown:
+                raise ConfigError(f"price row {i}: unknown field(s) {unknown}")
+            try:
+                prices.append(InstancePrice(**row))  # type: ignore[arg-type]
+            except TypeError as exc:
+                raise ConfigError(f"price row {i}: {exc}") from None
+        return cls(prices)

@@ -1,0 +1,218 @@
+"""Turn a :class:`~vcasync.sim.engine.SimOutcome` into figures: JSON, a text table and a plot.
+
+The headline figures are priced *to the target accuracy*: the asynchronous run on spot machines
+(plus an on-demand coordinator) until its model first reaches the target, against the synchronous
+on-demand baseline until its model first reaches it. Without an explicit target, the target is one
+point of accuracy below the synchronous baseline's final accuracy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .engine import SimOutcome
+from .prices import InstancePrice
+from .records import EvalPoint
+
+__all__ = ["plot_summary", "render_text", "summarize", "time_to_target"]
+
+
+def time_to_target(evals: Sequence[EvalPoint], target: float) -> float | None:
+    """Virtual seconds until the first evaluation at or above ``target``; None if never."""
+    for p in evals:
+        if p.accuracy >= target:
+            return p.t_s
+    return None
+
+
+def _costs(out: SimOutcome, until_s: float | None, sync_until_s: float | None) -> dict[str, Any]:
+    cfg = out.config
+    price: InstancePrice = cfg.prices[cfg.instance]
+    coord_price: InstancePrice = cfg.prices[cfg.coordinator_instance]
+    horizon = out.duration_s if until_s is None else until_s
+    spot = out.billing.cost(price, spot=True, until_s=until_s)
+    on_demand_eq = out.billing.cost(price, spot=False, until_s=until_s)
+    coordinator = coord_price.cost(horizon, spot=False)
+    sync_usd = None
+    if out.sync is not None and sync_until_s is not None:
+        sync_usd = out.sync.workers * price.cost(sync_until_s, spot=False)
+    total = spot + coordinator
+    return {
+        "worker_hours": out.billing.machine_seconds(until_s) / 3600.0,
+        "spot_usd": spot, "coordinator_usd": coordinator, "total_usd": total,
+        "on_demand_equivalent_usd": on_demand_eq,
+        "sync_on_demand_usd": sync_usd,
+        "sync_hours": None if sync_until_s is None else sync_until_s / 3600.0,
+        "saving": None if not sync_usd else 1.0 - total / sync_usd,
+    }
+
+
+def summarize(out: SimOutcome, target: float | None = None) -> dict[str, Any]:
+    """All figures of a run as a JSON-able dict (ratios and headline figures first)."""
+    cfg, rec = out.config, out.rec
+    sync = out.sync
+    final = rec.evals[-1] if rec.evals else None
+    sync_final = sync.evals[-1] if sync is not None else None
+    if target is None:
+        target = cfg.target_accuracy
+    if target is None and sync_final is not None:
+        target = round(sync_final.accuracy - 0.01, 4)
+    t_async = time_to_target(rec.evals, target) if target is not None else None
+    t_sync = time_to_target(sync.evals, target) if (sync is not None and target is not None) else None
+    at_target = _costs(out, t_async, t_sync) if t_async is not None else None
+    full = _costs(out, None, sync.duration_s if sync is not None else None)
+    merged = rec.receipts.get("accepted", 0)
+    trained = rec.samples_trained
+    return {
+        "saving_at_target": None if at_target is None else at_target["saving"],
+        "saving_full_run": full["saving"],
+        "accuracy_gap_vs_sync": (None if final is None or sync_final is None
+                                 else sync_final.accuracy - final.accuracy),
+        "wasted_fraction": (rec.samples_wasted / trained) if trained else 0.0,
+        "target_accuracy": target,
+        "time_to_target_s": t_async,
+        "sync_time_to_target_s": t_sync,
+        "final_accuracy": None if final is None else final.accuracy,
+        "final_loss": None if final is None else final.loss,
+        "sync_final_accuracy": None if sync_final is None else sync_final.accuracy,
+        "finished": out.finished,
+        "duration_s": out.duration_s,
+        "final_version": out.final_version,
+        "cost_at_target": at_target,
+        "cost_full_run": full,
+        "work": {
+            "samples_planned": out.total_samples, "samples_trained": trained,
+            "samples_merged": rec.samples_merged, "samples_wasted": rec.samples_wasted,
+            "lost_to_preemption": rec.samples_lost_preempted, "rejected": rec.samples_rejected,
+            "duplicate": rec.samples_duplicate, "expired": rec.samples_expired,
+        },
+        "merges": {"accepted": merged, "duplicate": rec.receipts.get("duplicate", 0),
+                   "rejected": rec.receipts.get("rejected", 0) + rec.receipts.get("error", 0),
+                   "reject_reasons": dict(sorted(rec.reject_reasons.items())),
+                   "partial_results": rec.partial_results},
+        "staleness_histogram": rec.staleness_histogram(),
+        "fleet": {"workers": len(out.fleet), "leases": rec.leases, "preemptions": rec.preemptions,
+                  "hard_kills": rec.hard_kills,
+                  "speeds": [round(m.speed, 4) for m in out.fleet],
+                  "bandwidth_mbps": [round(m.bandwidth_bps / 1e6, 1) for m in out.fleet]},
+        "config": {
+            "signal": cfg.signal, "policy": cfg.policy, "policy_params": dict(cfg.policy_params),
+            "seed": cfg.seed, "epochs": cfg.epochs, "units": out.units, "unit_steps": out.unit_steps,
+            "batch_size": out.workload.batch_size, "lr": out.workload.lr,
+            "momentum": out.workload.momentum, "sample_cost_s": out.workload.sample_cost_s,
+            "model_bytes": out.workload.model_bytes, "on_notice": cfg.on_notice,
+            "max_staleness": cfg.staleness_window, "preemption": cfg.preemption.describe(),
+            "instance": cfg.prices[cfg.instance].as_dict(),
+            "coordinator_instance": cfg.prices[cfg.coordinator_instance].as_dict(),
+        },
+        "sync": None if sync is None else {
+            "workers": sync.workers, "steps": sync.steps, "step_s": sync.step_s,
+            "duration_s": sync.duration_s, "lr": sync.lr,
+            "evals": [[p.t_s, p.samples_merged, p.accuracy, p.loss] for p in sync.evals],
+        },
+        "evals": [[p.t_s, p.version, p.samples_merged, p.accuracy, p.loss] for p in rec.evals],
+        "coordinator_status": out.coordinator_status,
+    }
+
+
+def _fmt(x: object, pct: bool = False) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, float):
+        return f"{100 * x:.1f} %" if pct else f"{x:,.4g}"
+    return str(x)
+
+
+def render_text(s: dict[str, Any]) -> str:
+    """A readable table of the headline figures."""
+    cfg = s["config"]
+    inst = cfg["instance"]
+    lines = [
+        f"vcasync simulate: {s['fleet']['workers']} workers, policy {cfg['policy']}, signal "
+        f"{cfg['signal']}, seed {cfg['seed']}, preemption {cfg['preemption']}",
+        f"prices: {inst['provider']}:{inst['instance']} ({inst['region']}) on-demand "
+        f"${inst['on_demand_per_h']}/h, spot ${inst['spot_per_h']}/h; {inst['source']}, as of "
+        f"{inst['as_of']}{' (approximate)' if inst['approximate'] else ''}: list prices, they drift",
+        f"  target accuracy        {_fmt(s['target_accuracy'])}",
+        f"  time to target         async {_fmt(_hours(s['time_to_target_s']))} h   "
+        f"sync on-demand {_fmt(_hours(s['sync_time_to_target_s']))} h",
+        f"  final accuracy         async {_fmt(s['final_accuracy'])}   sync {_fmt(s['sync_final_accuracy'])}",
+    ]
+    at = s["cost_at_target"]
+    if at is not None:
+        lines.append(f"  cost to target         spot ${at['spot_usd']:.4f} + coordinator "
+                     f"${at['coordinator_usd']:.4f}   sync on-demand {_money(at['sync_on_demand_usd'])}"
+                     f"   saving {_fmt(at['saving'], pct=True)}")
+    full = s["cost_full_run"]
+    lines += [
+        f"  cost of the full run   spot ${full['spot_usd']:.4f} + coordinator ${full['coordinator_usd']:.4f}"
+        f"   sync on-demand {_money(full['sync_on_demand_usd'])}   saving {_fmt(full['saving'], pct=True)}",
+        f"  wasted work            {_fmt(s['wasted_fraction'], pct=True)} of samples trained "
+        f"({s['work']['lost_to_preemption']} lost to preemption, {s['work']['rejected']} rejected, "
+        f"{s['work']['expired']} expired)",
+        f"  merges                 {s['merges']['accepted']} accepted, {s['merges']['rejected']} rejected, "
+        f"{s['merges']['duplicate']} duplicate, {s['merges']['partial_results']} partial",
+        f"  preemptions            {s['fleet']['preemptions']} ({s['fleet']['hard_kills']} without notice)",
+        f"  staleness              {_staleness_text(s['staleness_histogram'])}",
+        f"  finished               {s['finished']} after {_fmt(_hours(s['duration_s']))} h virtual",
+    ]
+    return "\n".join(lines)
+
+
+def _staleness_text(hist: dict[str, int]) -> str:
+    """The histogram itself when short, else its median, 90th percentile and maximum."""
+    if len(hist) <= 16:
+        return str(hist)
+    values = sorted((int(k), n) for k, n in hist.items())
+    total = sum(n for _, n in values)
+
+    def pct(q: float) -> int:
+        seen = 0
+        for k, n in values:
+            seen += n
+            if seen >= q * total:
+                return k
+        return values[-1][0]
+
+    return f"median {pct(0.5)}, p90 {pct(0.9)}, max {values[-1][0]} versions ({total} merges)"
+
+
+def _hours(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds / 3600.0
+
+
+def _money(x: float | None) -> str:
+    return "n/a" if x is None else f"${x:.4f}"
+
+
+def plot_summary(s: dict[str, Any], path: str | Path) -> Path:
+    """Accuracy over virtual time (async vs sync) and the staleness histogram, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    ev = s["evals"]
+    ax1.plot([p[0] / 3600 for p in ev], [p[3] for p in ev], label=f"async ({s['config']['policy']}, spot)")
+    if s["sync"] is not None:
+        sv = s["sync"]["evals"]
+        ax1.plot([p[0] / 3600 for p in sv], [p[2] for p in sv], label="sync SGD (on-demand)")
+    if s["target_accuracy"] is not None:
+        ax1.axhline(s["target_accuracy"], color="grey", linestyle=":", label="target")
+    ax1.set_xlabel("virtual hours")
+    ax1.set_ylabel("test accuracy")
+    ax1.legend(loc="lower right")
+    ax1.set_title("accuracy over time")
+    hist = s["staleness_histogram"]
+    ax2.bar([int(k) for k in hist], list(hist.values()))
+    ax2.set_xlabel("staleness (versions)")
+    ax2.set_ylabel("merged results")
+    ax2.set_title("staleness")
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
