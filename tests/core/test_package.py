@@ -30,3 +30,16 @@ def test_backends_and_plugins_live_inside_the_namespace() -> None:
     backends = {ep.name for ep in entry_points(group="vcasync.backends")}
     assert backends >= {"file", "memory", "s3", "gs"}
     assert "vcasgd" in {ep.name for ep in entry_points(group="vcasync.policies")}
+
+
+def test_embedded_import_does_not_load_the_http_side() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, vcasync\n"
+        "assert 'aiohttp' not in sys.modules, 'import vcasync loaded aiohttp'\n"
+        "assert vcasync.Worker.__name__ == 'Worker'\n"
+        "assert 'aiohttp' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
