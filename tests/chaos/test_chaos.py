@@ -73,5 +73,5 @@ async def test_a_fleet_survives_worker_and_coordinator_kills_and_storage_faults(
     tokens = [json.loads(p.read_text())["token"]
               for p in (tmp_path / "run" / "workers").glob("w*/identity.json")]
     assert len(tokens) == CI.workers
-    for secret in (JOIN_SECRET, *tokens, *(t.rsplit("_", 1)[1] for t in tokens)):
+    for secret in (JOIN_SECRET, *tokens, *(t.split("_", 2)[2] for t in tokens)):
         assert secret not in logs

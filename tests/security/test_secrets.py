@@ -102,5 +102,5 @@ async def test_no_credential_reaches_a_log_line(tmp_path: Path, caplog: pytest.L
     text = caplog.text + "".join(str(r.args) + str(r.exc_text) for r in caplog.records)
     assert any(r.name == "aiohttp.access" for r in caplog.records)
     assert "refused a malformed HTTP request" in caplog.text
-    for secret in (SECRET, token, token.rsplit("_", 1)[1]):
+    for secret in (SECRET, token, token.split("_", 2)[2]):
         assert secret not in text
