@@ -43,6 +43,7 @@ from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
 )
 
+from vcasync._aio import first_error
 from vcasync.errors import (
     AccessDeniedError,
     ConfigError,
@@ -322,7 +323,7 @@ class S3Storage(StorageBase):
                         await slots.acquire()  # at most max_concurrency parts held in memory
                         tasks.create_task(upload(number, body))
             except BaseExceptionGroup as group:
-                raise group.exceptions[0] from group
+                raise first_error(group) from group
             listing = {"Parts": [{"PartNumber": n, "ETag": etags[n]} for n in sorted(etags)]}
             condition = {"IfNoneMatch": "*"} if token else {}
             await self._create(key, "complete multipart upload", token,

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._aio import run_all
 from .errors import (
     ConfigError,
     CorruptObjectError,
@@ -205,12 +206,7 @@ class CheckpointStore:
                         raise CorruptObjectError(f"{ref.key!r} exists with the wrong size",
                                                  key=ref.key) from None
 
-        try:
-            async with asyncio.TaskGroup() as tasks:
-                for name, view in views.items():
-                    tasks.create_task(put(refs[name], view))
-        except BaseExceptionGroup as group:  # callers catch StorageError, not groups
-            raise group.exceptions[0] from group
+        await run_all(put(refs[name], view) for name, view in views.items())
 
         created = time.time()
         body = {"format": FORMAT, "step": step, "created_unix": created, "meta": meta_dict,

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._aio import first_error
 from .checkpoint import CheckpointStore
 from .errors import (
     ConfigError,
@@ -291,8 +292,8 @@ class Journal:
                                                    "ledger": ledger},
                                     {"format": FORMAT, "version": captured.model.version,
                                      "seq": captured.seq, "run_id": self.run_id})
-        except ExceptionGroup as group:    # parallel object writes: report the first failure
-            raise _first(group) from group
+        except BaseExceptionGroup as group:    # parallel object writes: report the first failure
+            raise first_error(group) from group
         self._snapshot_seq = captured.seq
         self._kept.append((captured.seq, captured.model.version))
         while len(self._kept) > self._config.keep_snapshots:
@@ -340,13 +341,6 @@ class Journal:
         return {"durability": self._config.durability if self.durable else "none",
                 "seq": self.seq, "last_snapshot_seq": self._snapshot_seq,
                 "bases_stored": len(self._bases)}
-
-
-def _first(group: ExceptionGroup[Exception]) -> Exception:
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc if isinstance(exc, Exception) else group
 
 
 async def _forget(storage: Storage, key: str) -> None:

@@ -236,7 +236,7 @@ async def test_none_mode_keeps_nothing(kit, clock, storage) -> None:
     assert [k async for k in storage.list("")] == []
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(12))
 async def test_random_storage_faults_never_lose_or_double_an_acknowledged_result(kit, clock, seed):
     """Failed writes, lost replies (the write happened, the answer did not come back) and delays on
     every storage call, with retries as a worker would make them; then a crash. The recovered

@@ -1,0 +1,30 @@
+"""Small asyncio helpers shared by the rooms that run tasks in parallel."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Iterable
+
+__all__ = ["first_error", "run_all"]
+
+
+def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The innermost first failure of a TaskGroup's exception group (callers catch our error
+    classes, not groups)."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+async def run_all(jobs: Iterable[Awaitable[None]]) -> None:
+    """Run ``jobs`` concurrently; raise the first failure once all have ended.
+
+    Not a TaskGroup on purpose: on Python 3.11 a TaskGroup whose parent is cancelled while a child
+    fails raises the child's error *instead of* the cancellation (fixed in 3.12), so a caller that
+    handles storage errors would swallow the cancel and run on forever. ``gather`` propagates it.
+    """
+    results = await asyncio.gather(*jobs, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
