@@ -25,7 +25,8 @@ from vcasync.sim.prices import PriceTable
 
 pytestmark = pytest.mark.slow
 
-ARGS = ["--quick", "--steps", "20", "--preemptions", "2", "--kill-fraction", "0.5",
+# --min-step-s paces training so the spot market finds work in flight even on a fast, idle machine.
+ARGS = ["--quick", "--steps", "20", "--min-step-s", "0.03", "--preemptions", "2", "--kill-fraction", "0.5",
         "--restart-delay", "0.5", "1.0", "--kill-coordinator", "--seed", "3",
         "--json"]  # with the live display (to stderr)
 

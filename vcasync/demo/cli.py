@@ -28,6 +28,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, help="the workers' SGD learning rate (default 0.05 x sqrt(workers))")
     p.add_argument("--sync-lr", type=float, help="the synchronous baseline's (default 0.05 x sqrt(workers))")
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--min-step-s", type=float, default=0.0,
+                   help="pace training: each local step takes at least this long (default 0)")
     p.add_argument("--preemptions", type=int, default=4,
                    help="preemptions spread over the run's progress (default 4; 0: none)")
     p.add_argument("--preempt-per-min", type=float, default=0.0,
@@ -63,7 +65,8 @@ def _config(a: argparse.Namespace) -> Any:
     epochs = a.epochs if a.epochs is not None else (3 if a.quick else 20)
     return DemoConfig(workers=workers, dataset=a.dataset, policy=a.policy,
                       policy_params=parse_params(a.policy_param), epochs=epochs, shards=a.shards,
-                      steps=a.steps, batch_size=a.batch_size, lr=a.lr, sync_lr=a.sync_lr,
+                      steps=a.steps, batch_size=a.batch_size, min_step_s=a.min_step_s,
+                      lr=a.lr, sync_lr=a.sync_lr,
                       preemptions=a.preemptions, preempt_per_min=a.preempt_per_min,
                       kill_fraction=a.kill_fraction,
                       restart_delay_s=tuple(a.restart_delay),

@@ -53,6 +53,7 @@ class DemoConfig:
     lr: float | None = None
     sync_lr: float | None = None
     momentum: float = 0.9
+    min_step_s: float = 0.0
     preemptions: int = 4
     preempt_per_min: float = 0.0
     kill_fraction: float = 0.25
@@ -77,6 +78,7 @@ class DemoConfig:
             (self.shards is None or self.shards >= 1, f"shards must be >= 1, got {self.shards}"),
             (self.steps is None or self.steps >= 1, f"steps must be >= 1, got {self.steps}"),
             (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
+            (self.min_step_s >= 0, f"min_step_s must be >= 0, got {self.min_step_s}"),
             (self.lr is None or self.lr > 0, f"lr must be > 0, got {self.lr}"),
             (self.sync_lr is None or self.sync_lr > 0, f"sync_lr must be > 0, got {self.sync_lr}"),
             (self.preempt_per_min >= 0, f"preempt_per_min must be >= 0, got {self.preempt_per_min}"),
@@ -179,7 +181,8 @@ class _Demo:
         env = {"VCASYNC_JOIN_SECRET": self.secret, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         storage = cfg.storage or (self.run_dir / "state").resolve().as_uri()
         params = {"dataset": cfg.dataset, "lr": cfg.worker_lr, "batch_size": cfg.batch_size,
-                  "momentum": cfg.momentum, "events_dir": str((self.run_dir / "events").resolve())}
+                  "momentum": cfg.momentum, "min_step_s": cfg.min_step_s,
+                  "events_dir": str((self.run_dir / "events").resolve())}
         model = f"vcasync.demo.trainer:{cfg.dataset}_model"
         args = ["coordinator", "--model", model, "--seed", str(cfg.seed),
                 "--shards", str(shards), "--epochs", str(cfg.epochs), "--steps", str(self.unit_steps),

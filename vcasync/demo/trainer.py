@@ -6,8 +6,10 @@
 A unit trains ``unit.steps`` SGD steps on its shard; the minibatch sequence is seeded by the root unit
 id, so a remainder unit (``params["step_offset"]``) or a resumed lease continues the same sequence.
 Unit ``params``: ``dataset`` (``digits``), ``lr`` (0.05), ``batch_size`` (32), ``momentum`` (0.9),
-``checkpoint_every`` (10), and ``events_dir``: when set, the trainer appends one JSON line per unit
-start/end/stop to ``<events_dir>/<pid>.jsonl``, which the demo turns into its worker timeline.
+``checkpoint_every`` (10), ``min_step_s`` (0: a step takes at least this long, so a demo on a fast
+machine still has work in flight for its spot market to preempt), and ``events_dir``: when set, the
+trainer appends one JSON line per unit start/end/stop to ``<events_dir>/<pid>.jsonl``, which the demo
+turns into its worker timeline.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ def train(ctx: TrainContext) -> TrainResult:
     batch = int(_num(params, "batch_size", 32))
     momentum = _num(params, "momentum", 0.9)
     every = max(1, int(_num(params, "checkpoint_every", 10)))
+    min_step_s = _num(params, "min_step_s", 0.0)
     events = params.get("events_dir")
     data = _data(name)
     net = SmallCNN(data.side, data.classes)
@@ -96,12 +99,15 @@ def train(ctx: TrainContext) -> TrainResult:
             ctx.save_checkpoint({"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step})
             _log(events, "unit_stop", unit.unit_id, root=root, steps_done=step)
             return ctx.result(net, steps=step, samples=step * batch, loss=loss_value)
+        began = time.monotonic()
         ix = torch.as_tensor(batches[step], dtype=torch.long)
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(net(data.x_train[ix]), data.y_train[ix])
         loss.backward()
         opt.step()
         loss_value = float(loss.detach())
+        if min_step_s > 0:
+            time.sleep(max(0.0, min_step_s - (time.monotonic() - began)))
         ctx.report_progress(step + 1, (step + 1) * batch, loss=loss_value)
         if (step + 1) % every == 0 and step + 1 < unit.steps:
             ctx.save_checkpoint({"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step + 1})
