@@ -35,7 +35,7 @@ import torch
 
 from vcasync.errors import ConfigError, UpdateRejectedError
 from vcasync.policy import MergePolicy, PolicyState, build_policy
-from vcasync.tensors import ModelState, Update
+from vcasync.tensors import ModelState, Update, all_finite
 
 from ._kernels import Workspace, check_update, delta_of, dot3, mixable
 
@@ -106,7 +106,7 @@ class Gate:
                            x_minus=self._minus(model, update, name))
             dd, dr, rr = dd + a, dr + b, rr + c
         if not (math.isfinite(dd) and math.isfinite(dr)):
-            finite = all(bool(torch.isfinite(update.tensors[n]).all()) for n in ref)
+            finite = all(all_finite(update.tensors[n]) for n in ref)
             return (math.inf if finite else math.nan), None
         norm = math.sqrt(dd)
         if dd == 0.0 or rr == 0.0:
