@@ -242,8 +242,10 @@ class Journal:
             self._dirty = None
         seq = self.seq + 1
         key = self._entry_key(seq)
+        # Zero-copy: the tensors are a validated result nobody changes before it is merged, which
+        # waits for this write; a storage is done with the chunks once put_stream returns.
         chunks = aencode_payload("journal", {**meta, "seq": seq}, tensors,
-                                 codec=self._config.journal_codec)
+                                 codec=self._config.journal_codec, zero_copy=True)
         try:
             await storage.put_stream(key, chunks, if_absent=True)
         except PreconditionFailedError:

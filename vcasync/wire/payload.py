@@ -10,7 +10,7 @@ already in memory; both return a :class:`Payload` whose tensors the caller owns.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Generator, Iterator, Mapping
 from typing import Any, Literal, overload
 
 import torch
@@ -60,15 +60,37 @@ def encode_payload(kind: str, meta: Mapping[str, Any], tensors: Mapping[str, tor
     return iter_payload(kind, dict(meta), tensors, spec, chunk_size, zero_copy)
 
 
-async def aencode_payload(kind: str, meta: Mapping[str, Any], tensors: Mapping[str, torch.Tensor],
-                          *, codec: str | CodecSpec = "raw", chunk_size: int = 1 << 20,
-                          link: LinkProfile | None = None) -> AsyncIterator[bytes]:
+@overload
+def aencode_payload(kind: str, meta: Mapping[str, Any], tensors: Mapping[str, torch.Tensor], *,
+                    codec: str | CodecSpec = ..., chunk_size: int = ..., link: LinkProfile | None = ...,
+                    zero_copy: Literal[False] = ...) -> AsyncIterator[bytes]: ...
+
+
+@overload
+def aencode_payload(kind: str, meta: Mapping[str, Any], tensors: Mapping[str, torch.Tensor], *,
+                    codec: str | CodecSpec = ..., chunk_size: int = ..., link: LinkProfile | None = ...,
+                    zero_copy: Literal[True]) -> AsyncIterator[bytes | memoryview]: ...
+
+
+def aencode_payload(kind: str, meta: Mapping[str, Any], tensors: Mapping[str, torch.Tensor],
+                    *, codec: str | CodecSpec = "raw", chunk_size: int = 1 << 20,
+                    link: LinkProfile | None = None,
+                    zero_copy: bool = False) -> AsyncIterator[bytes] | AsyncIterator[bytes | memoryview]:
     """:func:`encode_payload` for async code: the encoding runs in a worker thread, about 4 MiB
-    of output per hop, so the event loop only ever hands chunks on."""
+    of output per hop, so the event loop only ever hands chunks on.
+
+    ``zero_copy=True`` as in :func:`encode_payload`: raw blocks come as memoryviews of the tensors,
+    which must stay unchanged until the consumer is done with every chunk (a storage write that has
+    returned, say; not a socket that may still queue them). The default yields ``bytes`` only.
+    """
     spec = resolve_codec(codec, link=link)
     if not isinstance(meta, Mapping):
         raise TypeError(f"meta must be a mapping, got {type(meta).__name__}")
-    gen = iter_payload(kind, dict(meta), tensors, spec, chunk_size, zero_copy=False)
+    return _athreaded(iter_payload(kind, dict(meta), tensors, spec, chunk_size, zero_copy=zero_copy))
+
+
+async def _athreaded(gen: Generator[bytes | memoryview, None, None]) -> AsyncIterator[Any]:
+    """Drive ``gen`` in worker threads, a batch of about ``_BATCH_BYTES`` per hop."""
     running = False
     try:
         while True:
@@ -84,11 +106,10 @@ async def aencode_payload(kind: str, meta: Mapping[str, Any], tensors: Mapping[s
             gen.close()
 
 
-def _take(gen: Iterator[bytes | memoryview], budget: int) -> list[bytes]:
-    out: list[bytes] = []
+def _take(gen: Iterator[bytes | memoryview], budget: int) -> list[bytes | memoryview]:
+    out: list[bytes | memoryview] = []
     size = 0
     for chunk in gen:
-        assert isinstance(chunk, bytes)  # zero_copy=False yields bytes only
         out.append(chunk)
         size += len(chunk)
         if size >= budget:
