@@ -70,7 +70,8 @@ class Merger:
     """Runs the merge loop (:meth:`run`) for a coordinator; see the module docstring."""
 
     def __init__(self, *, owner: ModelOwner, ledger: Ledger, journal: Journal, slot: SnapshotSlot,
-                 metrics: Metrics, config: CoordinatorConfig, settled: Callable[[], None]) -> None:
+                 metrics: Metrics, config: CoordinatorConfig, settled: Callable[[], None],
+                 recycle: Callable[[dict[str, torch.Tensor]], object] | None = None) -> None:
         self._owner = owner
         self._ledger = ledger
         self._journal = journal
@@ -78,6 +79,7 @@ class Merger:
         self._metrics = metrics
         self._config = config
         self._settled = settled       # called after anything that may have finished the run
+        self._recycle = recycle       # takes a handled result's tensors back for reuse
         self.jobs: asyncio.Queue[Job | Control] = asyncio.Queue()
         self.busy = False
         self.since_snapshot = 0
@@ -116,10 +118,17 @@ class Merger:
                 raise
             finally:
                 self.busy = False
+                self._done_with(job)
             self.retain()
             self._settled()
             if self.since_snapshot >= self._config.snapshot_every and self._journal.durable:
                 await self.capture()
+
+    def _done_with(self, job: Job) -> None:
+        """The job's tensors are merged (or refused) and journaled: offer them for reuse."""
+        tensors, job.tensors = job.tensors, {}
+        if self._recycle is not None and tensors:
+            self._recycle(tensors)
 
     async def capture(self) -> None:
         self.since_snapshot = 0
@@ -175,7 +184,9 @@ class Merger:
                      tensors: dict[str, torch.Tensor], base: ModelState | None) -> Receipt:
         """Merge one result that passed every check (live, or replayed from the journal)."""
         current = self._owner.version
-        update = Update(tensors=tensors, kind=meta.kind, base_version=meta.base_version,
+        # The policy sees its own mapping: one it kept (against the contract) holds the tensors,
+        # so they are never recycled under it.
+        update = Update(tensors=dict(tensors), kind=meta.kind, base_version=meta.base_version,
                         staleness=current - meta.base_version, samples=meta.samples,
                         steps=meta.steps, worker_id=worker_id, unit_id=unit_id,
                         metrics=dict(meta.metrics), base=base)

@@ -141,13 +141,18 @@ def reject_reason(exc: BaseException) -> str:
 async def read_result(body: AsyncIterable[bytes], *, lease_id: str, unit: WorkUnit, spec: ModelSpec,
                       config: CoordinatorConfig, current_version: int,
                       hold: Callable[[int], Version | None],
-                      release: Callable[[Version], None]) -> tuple[ResultMeta, dict[str, torch.Tensor]]:
+                      release: Callable[[Version], None],
+                      out: dict[str, torch.Tensor] | None = None,
+                      ) -> tuple[ResultMeta, dict[str, torch.Tensor]]:
     """Decode a result payload (limits and spec checked before allocating) and validate it all.
 
-    The CPU work runs in worker threads. A full-weights result's norm is measured against its
-    base version when it is still held (``hold``), else against the current model.
+    The CPU work runs in worker threads. ``out``: buffers of the model's spec to decode into
+    (recycled ones: no fresh pages to fault in). A full-weights result's norm is measured against
+    its base version when it is still held (``hold``), else against the current model.
     """
-    payload = await decode_payload(body, limits=config.limits, spec=spec, expected_kind="result")
+    payload = await decode_payload(body, limits=config.limits, spec=spec, expected_kind="result",
+                                   out=out)
+    del out     # the result's tensors must end up referenced from one mapping only (recycling)
     meta = parse_result_meta(payload.meta, lease_id=lease_id, unit=unit,
                              current_version=current_version)
     ref = None

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from ._buffers import BufferPool
 from .tensors import ModelState
 
 __all__ = ["Version", "VersionStore"]
@@ -63,8 +64,7 @@ class VersionStore:
         self._current = first
         self._nbytes = max(model.nbytes, 1)
         self._max_versions = None if max_bytes is None else max(1, max_bytes // self._nbytes)
-        self._spare = spare_buffers
-        self._pool: list[dict[str, torch.Tensor]] = []
+        self._pool = BufferPool(model.spec, spare_buffers)
 
     @property
     def current(self) -> Version:
@@ -82,11 +82,10 @@ class VersionStore:
 
     def take_buffer(self) -> dict[str, torch.Tensor] | None:
         """A recycled buffer for the next copy, or None (then the copy allocates)."""
-        return self._pool.pop() if self._pool else None
+        return self._pool.take()
 
     def give_back(self, buffer: dict[str, torch.Tensor]) -> None:
-        if len(self._pool) < self._spare:
-            self._pool.append(buffer)
+        self._pool.give(buffer)
 
     def publish(self, model: ModelState) -> Version:
         """Make ``model`` (a private copy, never mutated again) the current version."""

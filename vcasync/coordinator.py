@@ -27,6 +27,7 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
+from ._buffers import BufferPool
 from ._coordinator_config import CoordinatorConfig, Durability
 from ._merger import Control, Job, Merger, retrieve
 from ._model import ModelOwner
@@ -81,6 +82,8 @@ class Coordinator:
         self._merger: Merger
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self._decode_slots = asyncio.Semaphore(self.config.max_concurrent_decodes)
+        # Uploads decode into recycled tensor sets: one per decode slot stays mapped between uploads.
+        self._update_buffers = BufferPool(self.spec, self.config.max_concurrent_decodes)
         self._finished = asyncio.Event()
         self._closed = asyncio.Event()
         self._stop = asyncio.Event()
@@ -181,7 +184,7 @@ class Coordinator:
         self._slot = SnapshotSlot(self._journal, self._owner)
         self._merger = Merger(owner=self._owner, ledger=self._ledger, journal=self._journal,
                               slot=self._slot, metrics=self.metrics, config=self.config,
-                              settled=self._check_finished)
+                              settled=self._check_finished, recycle=self._update_buffers.give)
         async for entry in self._journal.entries():
             await self._merger.replay(entry.meta, entry.tensors)
         floor = await self._journal.version_floor()
@@ -278,7 +281,7 @@ class Coordinator:
                 meta, tensors = await read_result(
                     self._count(body), lease_id=lease_id, unit=unit, spec=self.spec,
                     config=self.config, current_version=self.version, hold=self._owner.hold,
-                    release=self._owner.release)
+                    release=self._owner.release, out=self._update_buffers.take())
         except (WireError, ValidationError) as exc:
             self.metrics.reject(reject_reason(exc), worker_id)
             raise

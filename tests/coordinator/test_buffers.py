@@ -1,0 +1,109 @@
+"""Recycled tensor sets: uploads decode into memory the coordinator already has, and memory that
+anyone else can still see is never reused."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from vcasync._buffers import BufferPool, unshared
+from vcasync._units import make_units
+from vcasync.coordinator import Coordinator, CoordinatorConfig
+from vcasync.tensors import ModelState, Update
+
+
+def _set(model: ModelState) -> dict[str, torch.Tensor]:
+    return {k: torch.empty_like(v) for k, v in model.items()}
+
+
+def test_unshared_sees_references_views_and_numpy_arrays(kit) -> None:
+    tensors = _set(kit.tiny_model())
+    assert unshared(tensors)
+    held = tensors["w"]
+    assert not unshared(tensors)
+    del held
+    view = tensors["w"][1:]
+    assert not unshared(tensors)
+    del view
+    array = tensors["b"].numpy()
+    assert not unshared(tensors)
+    del array
+    assert unshared(tensors)
+
+
+def test_pool_keeps_only_fitting_unshared_sets_up_to_capacity(kit) -> None:
+    model = kit.tiny_model()
+    pool = BufferPool(model.spec, capacity=1)
+    assert pool.take() is None
+    wrong = _set(model)
+    wrong["w"] = torch.empty(3, 4)
+    assert not pool.give(wrong)
+    assert not pool.give({k: v for k, v in _set(model).items() if k != "b"})
+    shared = _set(model)
+    keep = shared["b"]
+    assert pool.give(shared)
+    assert not pool.give(_set(model))     # full
+    del shared
+    assert pool.take() is None            # still held elsewhere: dropped, never handed out
+    del keep
+    first = _set(model)
+    assert pool.give(first)
+    assert pool.take() is first
+    assert pool.take() is None
+
+
+class Hoarder:
+    """Keeps every result's tensors (against the policy contract) and averages them in."""
+
+    name: ClassVar[str] = "hoarder"
+    needs_base: ClassVar[bool] = False
+    claims: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self) -> None:
+        self.kept: list[dict[str, torch.Tensor]] = []
+
+    def init_state(self, model: ModelState) -> dict[str, Any]:
+        return {}
+
+    def merge(self, model: ModelState, update: Update, state: dict[str, Any]) -> ModelState:
+        self.kept.append(update.tensors)
+        for name, w in model.items():
+            if w.is_floating_point():
+                w.add_(update.tensors[name]).mul_(0.5)
+        return model
+
+
+async def _submit_values(kit, coord: Coordinator, worker: str, value: float) -> None:
+    g = await coord.lease(worker)
+    delta = kit.delta_like(kit.tiny_model(), value)
+    receipt = await coord.submit(worker, g.lease_id, kit.stream(kit.result_chunks(
+        g.lease_id, delta, base_version=g.base_version, steps=g.unit.steps)))
+    assert receipt.status == "accepted"
+
+
+async def test_uploads_reuse_the_previous_uploads_memory(kit, clock, policy) -> None:
+    config = CoordinatorConfig(durability="none", max_concurrent_decodes=1)
+    async with Coordinator(kit.tiny_model(), make_units(4), policy=policy, storage=None,
+                           config=config, clock=clock) as coord:
+        w = await coord.join("w")
+        await _submit_values(kit, coord, w, 0.25)
+        pool = coord._update_buffers
+        assert len(pool) == 1                      # the first result's tensors came back
+        recycled = pool._free[0]["w"].data_ptr()
+        for value in (0.5, 0.75):
+            await _submit_values(kit, coord, w, value)
+            assert len(pool) == 1
+            assert pool._free[0]["w"].data_ptr() == recycled   # decoded into the same memory
+
+
+async def test_a_policy_that_keeps_results_never_sees_them_overwritten(kit, clock) -> None:
+    hoarder = Hoarder()
+    config = CoordinatorConfig(durability="none", max_concurrent_decodes=1)
+    async with Coordinator(kit.tiny_model(), make_units(4), policy=hoarder, storage=None,
+                           config=config, clock=clock) as coord:
+        w = await coord.join("w")
+        for i in range(3):
+            await _submit_values(kit, coord, w, float(i + 1))
+    assert [float(k["w"][0, 0]) for k in hoarder.kept] == [1.0, 2.0, 3.0]
+    assert len({k["w"].data_ptr() for k in hoarder.kept}) == 3
