@@ -334,6 +334,18 @@ class Worker:
             log.info("preempted after %d/%d steps of unit %s; the lease and checkpoint stay in %s",
                      result.steps, grant.unit.steps, grant.unit.unit_id, self.state.root)
             raise _Stopped
+        if result.steps <= 0:
+            # Nothing to send (a result needs at least one step): hand the unit back at once
+            # instead of uploading something the coordinator must refuse.
+            if self.stopping:
+                log.info("preempted before the first step of unit %s; releasing its lease",
+                         grant.unit.unit_id)
+                await self._release(grant, "preempted before the first step")
+                return True
+            log.error("the trainer returned after 0 steps of unit %s", grant.unit.unit_id)
+            self._abandoned += 1
+            await self._release(grant, "the trainer did no steps")
+            return False
         await self._deliver(grant, base, result, partial=partial)
         self._units += 1
         return True

@@ -162,6 +162,39 @@ async def test_partial_result_on_preemption(tmp_path: Path) -> None:
         assert coord.version >= v0
 
 
+def stalled_trainer(started: threading.Event) -> Callable[[TrainContext], TrainResult]:
+    """A trainer that never gets to its first step before it is told to stop."""
+
+    def train(ctx: TrainContext) -> TrainResult:
+        net = tiny_model()
+        ctx.model.load_into(net)
+        started.set()
+        while not ctx.should_stop:
+            ctx.stop_event.wait(0.01)
+        return ctx.result(net, steps=0, samples=0)
+
+    return train
+
+
+async def test_preempted_before_the_first_step_releases_instead_of_uploading(tmp_path: Path) -> None:
+    async with running(tmp_path, units=make_units(1, steps=5)) as (coord, server):
+        started = threading.Event()
+        w = worker(server.url, tmp_path / "w", stalled_trainer(started), on_preempt="partial")
+        task = asyncio.create_task(w.run())
+        assert await asyncio.to_thread(started.wait, 30)
+        w.request_stop()
+        report = await task
+        assert report.reason == "preempted"
+        assert (report.results_accepted, report.results_refused) == (0, 0)
+        status = coord.status()
+        assert status["leases"]["released"] == 1
+        assert status["metrics"]["rejects"] == {}       # nothing was sent to be refused
+        assert not (tmp_path / "w" / "lease.json").exists()
+        assert list((tmp_path / "w" / "results").iterdir()) == []
+        again = await worker(server.url, tmp_path / "w", make_trainer()).run()
+        assert (again.reason, again.results_accepted) == ("finished", 1)
+
+
 async def test_grace_period_bounds_a_trainer_that_ignores_the_stop(tmp_path: Path) -> None:
     async with running(tmp_path, units=make_units(1, steps=20)) as (_, server):
         blocker = Blocker(at_step=2)
