@@ -4,6 +4,9 @@
   reports (and resets) the event loop's lateness measured by a 1 ms ticker in the same process;
   ``GET /bench/rss`` the process's resident memory.
 * ``post``: a bare aiohttp server whose ``POST /sink`` streams the body in and discards it.
+* ``durable``: the same, but it writes the body to a new file as it arrives (on the disk the
+  coordinator's ``file://`` storage uses) and fsyncs it before answering: the least any server must
+  do before it may acknowledge an upload durably.
 * ``tcp``: a bare asyncio TCP server: 8-byte length, that many bytes, one byte back.
 
 Each writes its URL (or ``host:port``) to ``--port-file`` once it listens, then serves until SIGTERM.
@@ -145,6 +148,32 @@ async def post_sink(a: argparse.Namespace, stop: asyncio.Event) -> None:
     await _serve(app, a.port_file, stop, access_log=False)
 
 
+async def durable_sink(a: argparse.Namespace, stop: asyncio.Event) -> None:
+    with tempfile.TemporaryDirectory(prefix="vcasync-bench-durable-") as tmp:
+        count = 0
+
+        async def sink(request: web.Request) -> web.Response:
+            nonlocal count
+            count += 1
+            n = 0
+            # Plain blocking writes on the loop: one client at a time, the cheapest correct path.
+            fd = os.open(Path(tmp) / f"{count:08d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                async for chunk in request.content.iter_chunked(1 << 20):
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    n += len(chunk)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return web.json_response({"bytes": n})
+
+        app = web.Application(client_max_size=1 << 16)
+        app.router.add_post("/sink", sink)
+        await _serve(app, a.port_file, stop, access_log=False)
+
+
 class _Sink(asyncio.Protocol):
     """8-byte little-endian length, then that many bytes (counted, never copied), then b"k" back."""
 
@@ -185,7 +214,8 @@ async def tcp_sink(a: argparse.Namespace, stop: asyncio.Event) -> None:
         await stop.wait()
 
 
-MODES: dict[str, Any] = {"coordinator": coordinator, "post": post_sink, "tcp": tcp_sink}
+MODES: dict[str, Any] = {"coordinator": coordinator, "post": post_sink, "durable": durable_sink,
+                         "tcp": tcp_sink}
 
 
 async def main(a: argparse.Namespace) -> None:
