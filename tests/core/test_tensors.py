@@ -68,3 +68,35 @@ def test_tensor_bytes_of_strided_single_element() -> None:
 
     t = torch.tensor([1.5, 2.5], dtype=torch.bfloat16)[::2]
     assert bytes(tensor_bytes(t)) == bytes(tensor_bytes(torch.tensor([1.5], dtype=torch.bfloat16)))
+
+
+FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
+          torch.complex128, torch.float8_e5m2, torch.float8_e4m3fn]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
+def test_all_finite_finds_one_bad_element_anywhere(dtype: torch.dtype, bad: str) -> None:
+    from vcasync.tensors import all_finite
+
+    n = 3 * (1 << 20) + 7            # past one upcast slice for the float8 types
+    for where in (0, n // 2, n - 1):
+        t = torch.zeros(n, dtype=torch.float32).to(dtype)
+        assert all_finite(t)
+        value = torch.tensor([float(bad)], dtype=torch.float32).to(dtype)
+        if all_finite(value):        # float8_e4m3fn has no infinity: the cast saturates
+            continue
+        t[where] = value[0]
+        assert not all_finite(t)
+        assert not all_finite(t.reshape(-1, 1).expand(-1, 2).t())     # non-contiguous
+
+
+def test_all_finite_of_other_shapes_and_dtypes() -> None:
+    from vcasync.tensors import all_finite
+
+    assert all_finite(torch.empty(0))
+    assert all_finite(torch.tensor(1.0))
+    assert not all_finite(torch.tensor(float("nan")))
+    assert all_finite(torch.tensor([1, 2], dtype=torch.int64))
+    assert all_finite(torch.tensor([True]))
+    assert not all_finite(torch.tensor([complex(0.0, float("inf"))]))
