@@ -34,7 +34,8 @@ class CoordinatorConfig:
     model_codec: str = "raw"              # how model downloads are encoded (unless asked otherwise)
     journal_codec: str = "raw"            # how journal entries and snapshots are encoded
     max_retained_bytes: int | None = 4 * GiB   # old versions kept for deltas and downloads
-    max_concurrent_decodes: int = 2       # uploads decoded at once (each holds one update in memory)
+    max_concurrent_decodes: int = 2       # uploads decoded at once; each slot keeps one update-sized
+                                          # set of buffers mapped, reused by the next upload
     state_prefix: str = "vcasync"         # where on the storage the coordinator keeps its state
     expiry_interval_s: float = 1.0
 
