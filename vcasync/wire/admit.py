@@ -14,7 +14,7 @@ import torch
 
 from ..errors import FrameError, LimitExceededError, SpecMismatchError
 from ..tensors import ModelSpec
-from .dtypes import _BY_NAME, LOSSY_TARGETS, byte_view, dtype_from_name
+from .dtypes import _BY_NAME, _NUMPY_DTYPES, LOSSY_TARGETS, byte_view, dtype_from_name
 from .limits import Limits
 
 __all__ = ["Admitted", "admit"]
@@ -80,6 +80,11 @@ def admit(name: Any, dtype_name: Any, shape: Any, wire_name: Any, *, limits: Lim
         _check_spec(spec, name, dtype, dims)
     dest = _destination(out, name, dtype, dims)
     if cast is None:
+        if dtype in _NUMPY_DTYPES and numel:
+            try:                        # byte_view, inlined: the commonest case
+                return Admitted(name, dest, dest.numpy().data.cast("B"), nbytes, nbytes, None)
+            except (RuntimeError, TypeError):
+                pass
         return Admitted(name, dest, byte_view(dest), nbytes, nbytes, None)
     return Admitted(name, dest, _EMPTY, numel * cast.itemsize, nbytes, cast)
 
