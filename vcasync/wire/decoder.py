@@ -118,7 +118,10 @@ class PayloadDecoder:
         if self._error is not None:
             raise self._error
         try:
-            self._feed(memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data))
+            mv = memoryview(data)
+            if mv.format != "B" or mv.ndim != 1 or not mv.c_contiguous:
+                mv = mv.cast("B")               # refuses a non-contiguous buffer
+            self._feed(mv)
         except VCAsyncError as exc:
             self._fail(exc)
             raise
@@ -167,8 +170,9 @@ class PayloadDecoder:
     def _feed(self, mv: memoryview) -> None:
         n = len(mv)
         self._received += n
-        check_limit("message bytes", self._received, self._limits.max_message_bytes,
-                    what="Limits.max_message_bytes")
+        if self._received > self._limits.max_message_bytes:
+            check_limit("message bytes", self._received, self._limits.max_message_bytes,
+                        what="Limits.max_message_bytes")
         pos = 0
         while pos < n:
             state = self._state
@@ -179,9 +183,12 @@ class PayloadDecoder:
                 raise FrameError(f"{n - pos} bytes after the end frame", field="payload.end")
             need = self._need
             if not self._pending and n - pos >= need:
-                piece = mv[pos:pos + need]
-                pos += need
-                self._step(piece)
+                end = pos + need
+                if state == _BLOCK_PREFIX:          # the commonest step: skip the dispatch
+                    self._on_block_prefix(mv[pos:end])
+                else:
+                    self._step(mv[pos:end])
+                pos = end
                 continue
             take = min(need - len(self._pending), n - pos)
             self._pending += mv[pos:pos + take]
@@ -348,26 +355,29 @@ class PayloadDecoder:
         if raw_len == 0 or raw_len % cur.wire_itemsize:
             raise FrameError(f"block size {raw_len} is not a positive multiple of the item size "
                              f"{cur.wire_itemsize}", field="block.raw_len")
-        check_limit("block bytes", raw_len, min(left, self._limits.max_block_bytes),
-                    what="what remains of the tensor / Limits.max_block_bytes")
+        if raw_len > left or raw_len > self._limits.max_block_bytes:
+            check_limit("block bytes", raw_len, min(left, self._limits.max_block_bytes),
+                        what="what remains of the tensor / Limits.max_block_bytes")
         if cur.group and raw_len != left:
             raise FrameError("a group's bytes must come in one block", field="block.raw_len")
-        if raw_len < min(left, MIN_BLOCK):
+        if raw_len < MIN_BLOCK and raw_len < left:
             raise FrameError(f"block of {raw_len} bytes is too small: every block but the last "
                              f"holds at least {MIN_BLOCK}", field="block.raw_len")
         if wire_len == 0:
             raise FrameError("empty block", field="block.wire_len")
-        check_limit("block wire bytes", wire_len, cur.max_wire(raw_len),
-                    what=f"the {cur.codec_name} bound for {raw_len} bytes")
         self._blk_raw, self._blk_crc = raw_len, crc
         if cur.direct:
-            if wire_len != raw_len:
+            if wire_len != raw_len:             # the raw bound (checked first), and then some
+                check_limit("block wire bytes", wire_len, cur.max_wire(raw_len),
+                            what=f"the {cur.codec_name} bound for {raw_len} bytes")
                 raise FrameError("raw block wire length differs from its raw length",
                                  field="block.wire_len")
             self._blk_start = cur.offset
             self._blk_left = raw_len
             self._state = _BLOCK_DIRECT
         else:
+            check_limit("block wire bytes", wire_len, cur.max_wire(raw_len),
+                        what=f"the {cur.codec_name} bound for {raw_len} bytes")
             self._state, self._need = _BLOCK_WIRE, wire_len
 
     def _copy_direct(self, mv: memoryview, pos: int) -> int:
@@ -384,7 +394,10 @@ class PayloadDecoder:
             if checksum(view[self._blk_start:o]) != self._blk_crc:
                 raise ChecksumError(f"block checksum mismatch in tensor {cur.name!r}",
                                     field="block.crc")
-            self._after_block()
+            if o == cur.nbytes:
+                self._finish_frame()
+            else:
+                self._state, self._need = _BLOCK_PREFIX, BLOCK.size
         return pos + k
 
     def _on_block_wire(self, wire: memoryview) -> None:
@@ -439,12 +452,13 @@ class PayloadDecoder:
     def _finish_frame(self) -> None:
         cur = self._cur
         assert cur is not None
+        tensors = self._tensors
         for t in cur.targets:
-            if t.dest.dtype == torch.bool and t.nbytes and _not_0_or_1(t.view):
+            dest = t.dest
+            if dest.dtype == torch.bool and t.nbytes and _not_0_or_1(t.view):
                 raise FrameError(f"bool tensor {t.name!r} holds bytes other than 0 and 1",
                                  field="tensor.bool")
-        for t in cur.targets:
-            self._tensors[t.name] = t.dest
+            tensors[t.name] = dest   # a failure later fails the decoder: nothing is returned
         self._cur = None
         self._state, self._need = _PREFIX, PREFIX.size
 
