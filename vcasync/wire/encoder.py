@@ -9,9 +9,10 @@ coalesced into chunks of about ``chunk_size`` bytes so a consumer never sees a f
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any
 
+import msgpack
 import numpy as np
 import torch
 
@@ -89,6 +90,9 @@ def _chunks(kind: str, meta: Any, tensors: Mapping[str, torch.Tensor], names: li
     group = _Group(stream)
     small = group.small
     raw = spec.compression == "raw" and spec.lossy is None   # exact raw: no plan to make
+    # One packer per payload (this generator runs in one thread at a time) for its tensor
+    # headers, plain str/int/list maps: msgpack.packb would build a Packer per header.
+    pack = msgpack.Packer(use_bin_type=True, datetime=False).pack
     for name in names:
         t = _prepare(name, tensors[name])
         nbytes = t.nbytes
@@ -98,7 +102,7 @@ def _chunks(kind: str, meta: Any, tensors: Mapping[str, torch.Tensor], names: li
                 if len(pending) + group.size() > chunk_size and pending:
                     yield bytes(pending)
                     pending.clear()
-                group.flush_into(pending)
+                group.flush_into(pending, pack)
                 if len(pending) >= chunk_size:
                     yield bytes(pending)
                     pending.clear()
@@ -107,7 +111,7 @@ def _chunks(kind: str, meta: Any, tensors: Mapping[str, torch.Tensor], names: li
             if len(pending) + group.size() > chunk_size and pending:
                 yield bytes(pending)
                 pending.clear()
-            group.flush_into(pending)
+            group.flush_into(pending, pack)
         if not raw:
             for piece in _tensor_pieces(name, t, stream):
                 if len(piece) >= big:
@@ -123,8 +127,8 @@ def _chunks(kind: str, meta: Any, tensors: Mapping[str, torch.Tensor], names: li
             continue
         # The exact raw path: blocks are the tensor's own bytes, a multiple of the item size.
         itemsize = t.itemsize
-        pending += frame_prefix(_msgpack.pack(
-            {"t": "T", "name": name, "dtype": _BY_DTYPE[t.dtype], "shape": list(t.shape),
+        pending += frame_prefix(pack(
+            {"t": "T", "name": name, "dtype": _BY_DTYPE[t.dtype], "shape": t.shape,
              "codec": "raw", "shuffle": False}))
         data = byte_view(t)
         step = max(itemsize, chunk_size // itemsize * itemsize)
@@ -145,7 +149,7 @@ def _chunks(kind: str, meta: Any, tensors: Mapping[str, torch.Tensor], names: li
         if len(pending) + group.size() > chunk_size and pending:
             yield bytes(pending)
             pending.clear()
-        group.flush_into(pending)
+        group.flush_into(pending, pack)
     pending += frame_prefix(_msgpack.pack({"t": "E", "count": len(names)}))
     yield bytes(pending)
 
@@ -191,7 +195,7 @@ class _Group:
         """About how many bytes the group's frame will take (an upper bound)."""
         return self.nbytes + self.header_bytes + 32
 
-    def flush_into(self, out: bytearray) -> None:
+    def flush_into(self, out: bytearray, pack: Callable[[Any], bytes]) -> None:
         """Append the group's frame (header and its one block) to ``out`` and start afresh."""
         items, tensors, nbytes = self.items, self.tensors, self.nbytes
         self.items, self.tensors, self.nbytes, self.header_bytes = [], [], 0, 0
@@ -199,14 +203,14 @@ class _Group:
         if spec.compression != "raw":
             data = np.frombuffer(b"".join([byte_view(t) for t in tensors]), dtype=np.uint8)
             plan = plan_tensor(spec, data, 1)
-            out += frame_prefix(_msgpack.pack({"t": "G", "items": items, "codec": plan.codec}))
+            out += frame_prefix(pack({"t": "G", "items": items, "codec": plan.codec}))
             if nbytes:
                 for piece in _encode_blocks(iter([(data, True)]), 1, plan, self.stream):
                     out += piece
             return
         # raw (as ``auto`` would choose for so few bytes, and the plan of every raw spec): the
         # bytes go straight into ``out``, then the block prefix is filled in behind them.
-        out += frame_prefix(_msgpack.pack({"t": "G", "items": items, "codec": "raw"}))
+        out += frame_prefix(pack({"t": "G", "items": items, "codec": "raw"}))
         if not nbytes:
             return
         at = len(out)
