@@ -1,10 +1,11 @@
 """Encoding a payload: a generator of chunks that never builds the whole message.
 
 Tensors are read in place (``contiguous()`` copies only a non-contiguous tensor, a lossy codec
-produces one half-size cast). With ``zero_copy=True`` raw blocks (of 32 KiB and more) are yielded as
-memoryviews of the tensors themselves, so the caller must not modify them until the iteration ends (a change would be
-caught by the receiver's checksum, never silently merged). Small pieces (headers, small tensors) are
-coalesced into chunks of about ``chunk_size`` bytes so a consumer never sees a flood of tiny writes.
+produces one half-size cast). With ``zero_copy=True`` raw blocks (of 32 KiB and more) are yielded
+as memoryviews of the tensors themselves, so the caller must not modify them until the iteration
+ends (a change would be caught by the receiver's checksum, never silently merged). Small pieces
+(headers, small tensors) are coalesced into chunks of about ``chunk_size`` bytes so a consumer
+never sees a flood of tiny writes.
 """
 
 from __future__ import annotations
