@@ -6,16 +6,15 @@ Python integers, so no overflow), then the spec and ``out`` buffers, and only th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-import numpy as np
 import torch
 
 from ..errors import FrameError, LimitExceededError, SpecMismatchError
 from ..tensors import ModelSpec
-from .dtypes import LOSSY_TARGETS, as_bytes, dtype_from_name
+from .dtypes import _BY_NAME, _NUMPY_DTYPES, LOSSY_TARGETS, byte_view, dtype_from_name
 from .limits import Limits
 
 __all__ = ["Admitted", "admit"]
@@ -27,10 +26,13 @@ class Admitted:
 
     name: str
     dest: torch.Tensor
-    dest_u8: np.ndarray[Any, Any]     # the destination's bytes (empty when a cast is needed)
+    view: memoryview                   # the destination's bytes (empty when a cast is needed)
     nbytes: int                        # bytes on the wire (in the wire dtype)
     decoded: int                       # bytes once decoded (in the tensor's dtype)
     cast: torch.dtype | None           # the wire dtype, when it differs from the tensor's
+
+
+_EMPTY: Final = memoryview(b"")
 
 
 def _over(field: str, value: int, limit: int, what: str) -> LimitExceededError:
@@ -40,23 +42,27 @@ def _over(field: str, value: int, limit: int, what: str) -> LimitExceededError:
 
 def admit(name: Any, dtype_name: Any, shape: Any, wire_name: Any, *, limits: Limits,
           spec: ModelSpec | None, out: Mapping[str, torch.Tensor] | None,
-          seen: Mapping[str, object], decoded: int) -> Admitted:
+          seen: Container[str], decoded: int, also_seen: Container[str] = ()) -> Admitted:
     """Validate a declared tensor and allocate (or pick from ``out``) its destination.
 
-    ``seen`` holds the names admitted so far, ``decoded`` their total decoded bytes.
+    ``seen`` (and ``also_seen``: the names earlier in the same group) holds the names admitted
+    so far, ``decoded`` their total decoded bytes. Called once per tensor of every payload, so
+    the checks are written out plainly, cheapest first.
     """
     if not isinstance(name, str):
         raise FrameError("tensor name must be a string", field="tensor.name")
-    if len(name) > limits.max_name_bytes or len(name.encode()) > limits.max_name_bytes:
-        size = len(name.encode())
-        raise _over("tensor name bytes", size, limits.max_name_bytes, "Limits.max_name_bytes")
-    if name in seen:
+    limit = limits.max_name_bytes
+    chars = len(name)
+    if chars > limit or (chars * 4 > limit and len(name.encode()) > limit):  # <= 4 bytes a char
+        raise _over("tensor name bytes", len(name.encode()), limit, "Limits.max_name_bytes")
+    if name in seen or name in also_seen:
         raise FrameError(f"tensor {name[:64]!r} appears twice", field="tensor.name")
-    dtype = dtype_from_name(dtype_name, limits.allowed_dtypes)
-    dims = _shape(shape, limits)
-    numel = 1
-    for d in dims:
-        numel *= d
+    allowed = limits.allowed_dtypes
+    if type(dtype_name) is str and dtype_name in allowed:
+        dtype = _BY_NAME[dtype_name]
+    else:
+        dtype = dtype_from_name(dtype_name, allowed)     # raises the allow-list error
+    dims, numel = _shape(shape, limits)
     if numel > limits.max_elements:
         raise _over("tensor elements", numel, limits.max_elements, "Limits.max_elements")
     nbytes = numel * dtype.itemsize
@@ -67,28 +73,37 @@ def admit(name: Any, dtype_name: Any, shape: Any, wire_name: Any, *, limits: Lim
                     "Limits.max_decoded_bytes")
     cast: torch.dtype | None = None
     if wire_name is not None:
-        cast = dtype_from_name(wire_name, limits.allowed_dtypes & frozenset(LOSSY_TARGETS))
+        cast = dtype_from_name(wire_name, allowed & frozenset(LOSSY_TARGETS))
         if not dtype.is_floating_point or dtype.itemsize <= cast.itemsize:
             raise FrameError(f"wire dtype {cast} cannot carry a {dtype} tensor", field="tensor.wire")
     if spec is not None:
         _check_spec(spec, name, dtype, dims)
     dest = _destination(out, name, dtype, dims)
-    dest_u8 = as_bytes(dest) if cast is None else np.empty(0, dtype=np.uint8)
-    wire_bytes = nbytes if cast is None else numel * cast.itemsize
-    return Admitted(name, dest, dest_u8, wire_bytes, nbytes, cast)
+    if cast is None:
+        if dtype in _NUMPY_DTYPES and numel:
+            try:                        # byte_view, inlined: the commonest case
+                return Admitted(name, dest, dest.numpy().data.cast("B"), nbytes, nbytes, None)
+            except (RuntimeError, TypeError):
+                pass
+        return Admitted(name, dest, byte_view(dest), nbytes, nbytes, None)
+    return Admitted(name, dest, _EMPTY, numel * cast.itemsize, nbytes, cast)
 
 
-def _shape(shape: Any, limits: Limits) -> tuple[int, ...]:
+def _shape(shape: Any, limits: Limits) -> tuple[tuple[int, ...], int]:
+    """The declared shape as a tuple, and its element count (a Python int: no overflow)."""
     if not isinstance(shape, list):
         raise FrameError("tensor shape must be a list", field="tensor.shape")
     if len(shape) > limits.max_dims:
         raise _over("tensor dims", len(shape), limits.max_dims, "Limits.max_dims")
+    max_elements = limits.max_elements
+    numel = 1
     for d in shape:
-        if not isinstance(d, int) or isinstance(d, bool) or d < 0:
+        if type(d) is not int or d < 0:         # not a bool, not an int subclass
             raise FrameError("tensor shape entries must be non-negative ints", field="tensor.shape")
-        if d > limits.max_elements:
-            raise _over("tensor dim", d, limits.max_elements, "Limits.max_elements")
-    return tuple(shape)
+        if d > max_elements:
+            raise _over("tensor dim", d, max_elements, "Limits.max_elements")
+        numel *= d
+    return tuple(shape), numel
 
 
 def _check_spec(spec: ModelSpec, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
@@ -109,11 +124,11 @@ def _destination(out: Mapping[str, torch.Tensor] | None, name: str, dtype: torch
     buf = out.get(name) if out is not None else None
     if buf is None:
         return torch.empty(shape, dtype=dtype)
-    if buf.dtype != dtype or tuple(buf.shape) != shape:
+    if buf.dtype != dtype or buf.shape != shape:     # torch.Size is a tuple
         raise SpecMismatchError(
             f"tensor {name!r} is {dtype}{list(shape)} but its out buffer is "
             f"{buf.dtype}{list(buf.shape)}", reason="out_mismatch", name=name)
-    if buf.device.type != "cpu" or not buf.is_contiguous() or buf.requires_grad:
+    if not buf.is_cpu or buf.requires_grad or not buf.is_contiguous():
         raise SpecMismatchError(f"out buffer for {name!r} must be a contiguous CPU tensor "
                                 f"without grad", reason="out_mismatch", name=name)
     return buf

@@ -68,6 +68,13 @@ class _Frame:
     max_wire: Any
     shuffle: bool
     offset: int = 0                    # decoded wire bytes so far
+    group: bool = False                # several small tensors sharing one block
+    direct: bool = False               # raw, unshuffled, uncast: blocks land in place
+
+    def __post_init__(self) -> None:
+        self.group = len(self.targets) > 1
+        self.direct = (self.codec_name == "raw" and not self.shuffle and not self.group
+                       and self.targets[0].cast is None)
 
     @property
     def name(self) -> str:
@@ -111,7 +118,10 @@ class PayloadDecoder:
         if self._error is not None:
             raise self._error
         try:
-            self._feed(memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data))
+            mv = memoryview(data)
+            if mv.format != "B" or mv.ndim != 1 or not mv.c_contiguous:
+                mv = mv.cast("B")               # refuses a non-contiguous buffer
+            self._feed(mv)
         except VCAsyncError as exc:
             self._fail(exc)
             raise
@@ -160,8 +170,9 @@ class PayloadDecoder:
     def _feed(self, mv: memoryview) -> None:
         n = len(mv)
         self._received += n
-        check_limit("message bytes", self._received, self._limits.max_message_bytes,
-                    what="Limits.max_message_bytes")
+        if self._received > self._limits.max_message_bytes:
+            check_limit("message bytes", self._received, self._limits.max_message_bytes,
+                        what="Limits.max_message_bytes")
         pos = 0
         while pos < n:
             state = self._state
@@ -172,9 +183,12 @@ class PayloadDecoder:
                 raise FrameError(f"{n - pos} bytes after the end frame", field="payload.end")
             need = self._need
             if not self._pending and n - pos >= need:
-                piece = mv[pos:pos + need]
-                pos += need
-                self._step(piece)
+                end = pos + need
+                if state == _BLOCK_PREFIX:          # the commonest step: skip the dispatch
+                    self._on_block_prefix(mv[pos:end])
+                else:
+                    self._step(mv[pos:end])
+                pos = end
                 continue
             take = min(need - len(self._pending), n - pos)
             self._pending += mv[pos:pos + take]
@@ -301,17 +315,19 @@ class PayloadDecoder:
             raise FrameError("group items must be a non-empty list", field="group.items")
         if len(self._tensors) + len(items) > self._count:
             raise FrameError(f"more tensors than the {self._count} declared", field="payload.count")
-        seen: dict[str, object] = dict.fromkeys(self._tensors)
+        limits, spec, out, tensors = self._limits, self._spec, self._out, self._tensors
+        group: dict[str, None] = {}
         targets = []
+        total = 0
         for item in items:
-            if not isinstance(item, list) or len(item) != 3:
+            if type(item) is not list or len(item) != 3:
                 raise FrameError("a group item must be [name, dtype, shape]", field="group.items")
-            target = admit(item[0], item[1], item[2], None, limits=self._limits, spec=self._spec,
-                           out=self._out, seen=seen, decoded=self._decoded)
+            target = admit(item[0], item[1], item[2], None, limits=limits, spec=spec, out=out,
+                           seen=tensors, decoded=self._decoded, also_seen=group)
             self._decoded += target.decoded
-            seen[target.name] = None
+            group[target.name] = None
             targets.append(target)
-        total = sum(t.nbytes for t in targets)
+            total += target.nbytes
         check_limit("group bytes", total, self._limits.max_block_bytes,
                     what="Limits.max_block_bytes: a group is one block")
         self._start_frame(_Frame(targets, total, 1, self._decoder(codec_name), codec_name,
@@ -339,27 +355,29 @@ class PayloadDecoder:
         if raw_len == 0 or raw_len % cur.wire_itemsize:
             raise FrameError(f"block size {raw_len} is not a positive multiple of the item size "
                              f"{cur.wire_itemsize}", field="block.raw_len")
-        check_limit("block bytes", raw_len, min(left, self._limits.max_block_bytes),
-                    what="what remains of the tensor / Limits.max_block_bytes")
-        if len(cur.targets) > 1 and raw_len != left:
+        if raw_len > left or raw_len > self._limits.max_block_bytes:
+            check_limit("block bytes", raw_len, min(left, self._limits.max_block_bytes),
+                        what="what remains of the tensor / Limits.max_block_bytes")
+        if cur.group and raw_len != left:
             raise FrameError("a group's bytes must come in one block", field="block.raw_len")
-        if raw_len < min(left, MIN_BLOCK):
+        if raw_len < MIN_BLOCK and raw_len < left:
             raise FrameError(f"block of {raw_len} bytes is too small: every block but the last "
                              f"holds at least {MIN_BLOCK}", field="block.raw_len")
         if wire_len == 0:
             raise FrameError("empty block", field="block.wire_len")
-        check_limit("block wire bytes", wire_len, cur.max_wire(raw_len),
-                    what=f"the {cur.codec_name} bound for {raw_len} bytes")
         self._blk_raw, self._blk_crc = raw_len, crc
-        if (cur.codec_name == "raw" and not cur.shuffle and len(cur.targets) == 1
-                and cur.targets[0].cast is None):
-            if wire_len != raw_len:
+        if cur.direct:
+            if wire_len != raw_len:             # the raw bound (checked first), and then some
+                check_limit("block wire bytes", wire_len, cur.max_wire(raw_len),
+                            what=f"the {cur.codec_name} bound for {raw_len} bytes")
                 raise FrameError("raw block wire length differs from its raw length",
                                  field="block.wire_len")
             self._blk_start = cur.offset
             self._blk_left = raw_len
             self._state = _BLOCK_DIRECT
         else:
+            check_limit("block wire bytes", wire_len, cur.max_wire(raw_len),
+                        what=f"the {cur.codec_name} bound for {raw_len} bytes")
             self._state, self._need = _BLOCK_WIRE, wire_len
 
     def _copy_direct(self, mv: memoryview, pos: int) -> int:
@@ -367,15 +385,19 @@ class PayloadDecoder:
         assert cur is not None
         k = min(len(mv) - pos, self._blk_left)
         o = cur.offset
-        dest_u8 = cur.targets[0].dest_u8
-        dest_u8[o:o + k] = np.frombuffer(mv[pos:pos + k], dtype=np.uint8)
-        cur.offset = o + k
+        view = cur.targets[0].view
+        view[o:o + k] = mv[pos:pos + k]
+        o += k
+        cur.offset = o
         self._blk_left -= k
         if self._blk_left == 0:
-            if checksum(dest_u8[self._blk_start:cur.offset]) != self._blk_crc:
+            if checksum(view[self._blk_start:o]) != self._blk_crc:
                 raise ChecksumError(f"block checksum mismatch in tensor {cur.name!r}",
                                     field="block.crc")
-            self._after_block()
+            if o == cur.nbytes:
+                self._finish_frame()
+            else:
+                self._state, self._need = _BLOCK_PREFIX, BLOCK.size
         return pos + k
 
     def _on_block_wire(self, wire: memoryview) -> None:
@@ -384,19 +406,26 @@ class PayloadDecoder:
         if checksum(wire) != self._blk_crc:
             raise ChecksumError(f"block checksum mismatch in tensor {cur.name!r}", field="block.crc")
         raw_len = self._blk_raw
-        raw = np.frombuffer(cur.codec.decode(wire, raw_len), dtype=np.uint8)
-        if len(cur.targets) > 1:                      # a group: scatter into its tensors
+        decoded = memoryview(cur.codec.decode(wire, raw_len))
+        if decoded.format != "B" or decoded.ndim != 1:
+            decoded = decoded.cast("B")
+        if len(decoded) != raw_len:
+            raise FrameError(f"{cur.codec_name} block decoded to {len(decoded)} bytes, its header "
+                             f"declared {raw_len}", field="block.raw_len")
+        if cur.group:                                 # a group: scatter into its tensors
             pos = 0
             for t in cur.targets:
-                np.copyto(t.dest_u8, raw[pos:pos + t.nbytes])
-                pos += t.nbytes
+                end = pos + t.nbytes
+                t.view[:] = decoded[pos:end]
+                pos = end
             cur.offset = raw_len
             self._after_block()
             return
+        raw = np.frombuffer(decoded, dtype=np.uint8)
         target = cur.targets[0]
         o = cur.offset
         if target.cast is None:
-            stage = target.dest_u8[o:o + raw_len]
+            stage = np.frombuffer(target.view[o:o + raw_len], dtype=np.uint8)
         else:
             if self._scratch.shape[0] < raw_len:
                 self._scratch = np.empty(raw_len, dtype=np.uint8)
@@ -423,11 +452,17 @@ class PayloadDecoder:
     def _finish_frame(self) -> None:
         cur = self._cur
         assert cur is not None
+        tensors = self._tensors
         for t in cur.targets:
-            if t.dest.dtype == torch.bool and t.nbytes and bool((t.dest_u8 > 1).any()):
+            dest = t.dest
+            if dest.dtype == torch.bool and t.nbytes and _not_0_or_1(t.view):
                 raise FrameError(f"bool tensor {t.name!r} holds bytes other than 0 and 1",
                                  field="tensor.bool")
-        for t in cur.targets:
-            self._tensors[t.name] = t.dest
+            tensors[t.name] = dest   # a failure later fails the decoder: nothing is returned
         self._cur = None
         self._state, self._need = _PREFIX, PREFIX.size
+
+
+def _not_0_or_1(data: memoryview) -> bool:
+    """Whether a bool tensor's bytes hold anything but 0 and 1 (torch would misbehave)."""
+    return bool((np.frombuffer(data, dtype=np.uint8) > 1).any())

@@ -17,7 +17,7 @@ import torch
 
 from ..errors import UnsupportedDtypeError
 
-__all__ = ["ALL_DTYPE_NAMES", "LOSSY_TARGETS", "as_bytes", "dtype_from_name", "dtype_name"]
+__all__ = ["ALL_DTYPE_NAMES", "LOSSY_TARGETS", "as_bytes", "byte_view", "dtype_from_name", "dtype_name"]
 
 if sys.byteorder != "little":  # pragma: no cover - no big-endian CI machine
     raise ImportError("vcasync.wire sends tensors as little-endian bytes and supports "
@@ -61,8 +61,31 @@ def dtype_from_name(name: object, allowed: frozenset[str] = ALL_DTYPE_NAMES) -> 
     return _BY_NAME[name]
 
 
+def _numpy_dtypes() -> frozenset[torch.dtype]:
+    ok = set()
+    for d in _BY_DTYPE:
+        try:
+            torch.empty(1, dtype=d).numpy()
+        except TypeError:
+            continue
+        ok.add(d)
+    return frozenset(ok)
+
+
+#: dtypes ``Tensor.numpy()`` can view (not bf16 or the float8 family): the fast path below.
+_NUMPY_DTYPES: Final = _numpy_dtypes()
+
+
 def as_bytes(t: torch.Tensor) -> np.ndarray[Any, Any]:
     """A contiguous CPU tensor's bytes as a flat, writable uint8 numpy view (never a copy)."""
+    if t.dtype in _NUMPY_DTYPES:
+        try:
+            arr0 = t.numpy()
+        except RuntimeError:        # a conjugate or negative view: the general path decides
+            pass
+        else:
+            if arr0.flags.c_contiguous and arr0.size:
+                return arr0.reshape(-1).view(np.uint8)   # contiguous: reshape is a view
     if t.numel() == 0:
         return np.empty(0, dtype=np.uint8)
     flat = t.reshape(-1)
@@ -72,3 +95,15 @@ def as_bytes(t: torch.Tensor) -> np.ndarray[Any, Any]:
         flat = flat.as_strided((flat.numel(),), (1,))
     arr: np.ndarray[Any, Any] = flat.view(torch.uint8).numpy()
     return arr
+
+
+def byte_view(t: torch.Tensor) -> memoryview:
+    """:func:`as_bytes` as a flat, writable ``"B"`` memoryview (never a copy): cheaper to make,
+    slice and copy into than an ndarray, for the per-tensor and per-block hot paths."""
+    if t.dtype in _NUMPY_DTYPES:
+        try:
+            # cast() refuses a non-C-contiguous buffer (and an empty one) instead of copying.
+            return t.numpy().data.cast("B")
+        except (RuntimeError, TypeError):
+            pass
+    return as_bytes(t).data
