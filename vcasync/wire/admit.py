@@ -1,7 +1,10 @@
 """Admitting one declared tensor: every check that must pass before its memory is allocated.
 
-Shared by single-tensor and group frames. The order matters: types, then limits (computed with
-Python integers, so no overflow), then the spec and ``out`` buffers, and only then an allocation.
+Shared by single-tensor and group frames, in two steps. :func:`declare` checks what a header says
+(types, then limits computed with Python integers, so no overflow) and depends on nothing but
+the header and the limits, so the decoder caches it per header (see :mod:`.headers`); :func:`admit`
+then binds a declaration to one payload: duplicates, the decoded budget, the spec and the ``out``
+buffers, and only then an allocation.
 """
 
 from __future__ import annotations
@@ -17,7 +20,20 @@ from ..tensors import ModelSpec
 from .dtypes import _BY_NAME, _NUMPY_DTYPES, LOSSY_TARGETS, byte_view, dtype_from_name
 from .limits import Limits
 
-__all__ = ["Admitted", "admit"]
+__all__ = ["Admitted", "Declared", "admit", "declare"]
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """A tensor as its header declares it, checked against the limits: a pure function of the
+    header and :class:`Limits`, so a declaration may be cached and shared (it holds no tensor)."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    nbytes: int                        # bytes on the wire (in the wire dtype)
+    decoded: int                       # bytes once decoded (in the tensor's dtype)
+    cast: torch.dtype | None           # the wire dtype, when it differs from the tensor's
 
 
 @dataclass(slots=True)
@@ -40,23 +56,15 @@ def _over(field: str, value: int, limit: int, what: str) -> LimitExceededError:
                               field=field, limit=limit, value=value)
 
 
-def admit(name: Any, dtype_name: Any, shape: Any, wire_name: Any, *, limits: Limits,
-          spec: ModelSpec | None, out: Mapping[str, torch.Tensor] | None,
-          seen: Container[str], decoded: int, also_seen: Container[str] = ()) -> Admitted:
-    """Validate a declared tensor and allocate (or pick from ``out``) its destination.
-
-    ``seen`` (and ``also_seen``: the names earlier in the same group) holds the names admitted
-    so far, ``decoded`` their total decoded bytes. Called once per tensor of every payload, so
-    the checks are written out plainly, cheapest first.
-    """
+def declare(name: Any, dtype_name: Any, shape: Any, wire_name: Any, limits: Limits) -> Declared:
+    """Check what a header declares of one tensor (types, the allow-list, every size limit)
+    before anything is allocated. Written out plainly, cheapest first: it runs per tensor."""
     if not isinstance(name, str):
         raise FrameError("tensor name must be a string", field="tensor.name")
     limit = limits.max_name_bytes
     chars = len(name)
     if chars > limit or (chars * 4 > limit and len(name.encode()) > limit):  # <= 4 bytes a char
         raise _over("tensor name bytes", len(name.encode()), limit, "Limits.max_name_bytes")
-    if name in seen or name in also_seen:
-        raise FrameError(f"tensor {name[:64]!r} appears twice", field="tensor.name")
     allowed = limits.allowed_dtypes
     if type(dtype_name) is str and dtype_name in allowed:
         dtype = _BY_NAME[dtype_name]
@@ -68,25 +76,42 @@ def admit(name: Any, dtype_name: Any, shape: Any, wire_name: Any, *, limits: Lim
     nbytes = numel * dtype.itemsize
     if nbytes > limits.max_tensor_bytes:
         raise _over("tensor bytes", nbytes, limits.max_tensor_bytes, "Limits.max_tensor_bytes")
+    if wire_name is None:
+        return Declared(name, dtype, dims, nbytes, nbytes, None)
+    cast = dtype_from_name(wire_name, allowed & frozenset(LOSSY_TARGETS))
+    if not dtype.is_floating_point or dtype.itemsize <= cast.itemsize:
+        raise FrameError(f"wire dtype {cast} cannot carry a {dtype} tensor", field="tensor.wire")
+    return Declared(name, dtype, dims, numel * cast.itemsize, nbytes, cast)
+
+
+def admit(d: Declared, *, limits: Limits, spec: ModelSpec | None,
+          out: Mapping[str, torch.Tensor] | None, seen: Container[str], decoded: int,
+          view: bool = True) -> Admitted:
+    """Let a declared tensor into this payload: not seen before, within the payload's decoded
+    budget (``decoded`` bytes so far), fitting ``spec``; then allocate it (or pick it from
+    ``out``) and, when ``view``, take a byte view of it (a group's items are written whole
+    by address instead)."""
+    name = d.name
+    if name in seen:
+        raise FrameError(f"tensor {name[:64]!r} appears twice", field="tensor.name")
+    nbytes = d.decoded
     if decoded + nbytes > limits.max_decoded_bytes:
         raise _over("decoded bytes", decoded + nbytes, limits.max_decoded_bytes,
                     "Limits.max_decoded_bytes")
-    cast: torch.dtype | None = None
-    if wire_name is not None:
-        cast = dtype_from_name(wire_name, allowed & frozenset(LOSSY_TARGETS))
-        if not dtype.is_floating_point or dtype.itemsize <= cast.itemsize:
-            raise FrameError(f"wire dtype {cast} cannot carry a {dtype} tensor", field="tensor.wire")
+    dtype, dims = d.dtype, d.shape
     if spec is not None:
         _check_spec(spec, name, dtype, dims)
     dest = _destination(out, name, dtype, dims)
-    if cast is None:
-        if dtype in _NUMPY_DTYPES and numel:
+    if not view:
+        return Admitted(name, dest, _EMPTY, d.nbytes, nbytes, d.cast)
+    if d.cast is None:
+        if dtype in _NUMPY_DTYPES and nbytes:
             try:                        # byte_view, inlined: the commonest case
                 return Admitted(name, dest, dest.numpy().data.cast("B"), nbytes, nbytes, None)
             except (RuntimeError, TypeError):
                 pass
         return Admitted(name, dest, byte_view(dest), nbytes, nbytes, None)
-    return Admitted(name, dest, _EMPTY, numel * cast.itemsize, nbytes, cast)
+    return Admitted(name, dest, _EMPTY, d.nbytes, nbytes, d.cast)
 
 
 def _shape(shape: Any, limits: Limits) -> tuple[tuple[int, ...], int]:
@@ -128,7 +153,9 @@ def _destination(out: Mapping[str, torch.Tensor] | None, name: str, dtype: torch
         raise SpecMismatchError(
             f"tensor {name!r} is {dtype}{list(shape)} but its out buffer is "
             f"{buf.dtype}{list(buf.shape)}", reason="out_mismatch", name=name)
-    if not buf.is_cpu or buf.requires_grad or not buf.is_contiguous():
+    if (not buf.is_cpu or buf.requires_grad or not buf.is_contiguous()
+            or buf.is_neg() or (dtype.is_complex and buf.is_conj())):
         raise SpecMismatchError(f"out buffer for {name!r} must be a contiguous CPU tensor "
-                                f"without grad", reason="out_mismatch", name=name)
+                                f"without grad (nor a lazy conjugate or negative view)",
+                                reason="out_mismatch", name=name)
     return buf

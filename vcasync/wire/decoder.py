@@ -12,6 +12,7 @@ and the decoder then refuses further input.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -32,6 +33,7 @@ from . import _msgpack
 from .admit import Admitted, admit
 from .codecs import BlockDecoder, block_codec, unshuffle_into
 from .frames import BLOCK, MAGIC, PREFIX, PROTOCOL_VERSION, checksum
+from .headers import FramePlan, frame_plan
 from .limits import Limits, check_limit
 
 __all__ = ["Payload", "PayloadDecoder"]
@@ -39,8 +41,7 @@ __all__ = ["Payload", "PayloadDecoder"]
 Chunk = bytes | bytearray | memoryview
 
 _MAGIC, _PREFIX, _HEADER, _BLOCK_PREFIX, _BLOCK_DIRECT, _BLOCK_WIRE, _DONE, _FAILED = range(8)
-_TENSOR_KEYS: Final = frozenset({"t", "name", "dtype", "shape", "codec", "shuffle", "wire"})
-_GROUP_KEYS: Final = frozenset({"t", "items", "codec"})
+_memmove: Final = ctypes.memmove
 _PREAMBLE_KEYS: Final = frozenset({"t", "v", "kind", "count", "meta"})
 #: Every block but a tensor's last holds at least this many bytes (encoders cut at >= 4 KiB), so
 #: a hostile stream of 1-element blocks cannot buy seconds of CPU per megabyte.
@@ -67,12 +68,11 @@ class _Frame:
     codec_name: str
     max_wire: Any
     shuffle: bool
+    group: bool                        # a group frame: small tensors sharing one block
     offset: int = 0                    # decoded wire bytes so far
-    group: bool = False                # several small tensors sharing one block
     direct: bool = False               # raw, unshuffled, uncast: blocks land in place
 
     def __post_init__(self) -> None:
-        self.group = len(self.targets) > 1
         self.direct = (self.codec_name == "raw" and not self.shuffle and not self.group
                        and self.targets[0].cast is None)
 
@@ -235,19 +235,16 @@ class PayloadDecoder:
                                      ext_hook=hook)
             self._on_preamble(header)
             return
+        plan = frame_plan(piece, limits)
+        if plan is not None:
+            self._on_plan(plan)
+            return
         header = _msgpack.unpack(piece, limits, field="frame header", max_bytes=len(piece),
                                  check=False)
         if not isinstance(header, dict):
             raise FrameError("frame header is not a map", field="frame.header")
         t = header.get("t")
-        if t == "T":
-            if len(self._tensors) >= self._count:
-                raise FrameError(f"more tensor frames than the {self._count} declared",
-                                 field="payload.count")
-            self._on_tensor_header(header)
-        elif t == "G":
-            self._on_group_header(header)
-        elif t == "E":
+        if t == "E":
             if set(header) != {"t", "count"} or header["count"] != self._count:
                 raise FrameError("end frame is malformed or its count differs from the preamble",
                                  field="end.count")
@@ -285,53 +282,34 @@ class PayloadDecoder:
         self._kind, self._meta, self._count = kind, meta, count
         self._state, self._need = _PREFIX, PREFIX.size
 
-    def _on_tensor_header(self, h: dict[str, Any]) -> None:
-        keys = set(h)
-        if not keys <= _TENSOR_KEYS or not keys >= _TENSOR_KEYS - {"wire"}:
-            raise FrameError(f"tensor header keys {sorted(keys)[:8]} are not "
-                             f"{sorted(_TENSOR_KEYS)}", field="tensor.header")
-        codec_name = h["codec"]
-        codec = block_codec(codec_name, self._limits.allowed_codecs)
-        shuffle = h["shuffle"]
-        if not isinstance(shuffle, bool):
-            raise FrameError("tensor shuffle flag must be a bool", field="tensor.shuffle")
-        target = admit(h["name"], h["dtype"], h["shape"], h.get("wire"), limits=self._limits,
-                       spec=self._spec, out=self._out, seen=self._tensors, decoded=self._decoded)
-        self._decoded += target.decoded
-        itemsize = (target.cast or target.dest.dtype).itemsize
-        self._start_frame(_Frame([target], target.nbytes, itemsize, self._decoder(codec_name),
-                                 codec_name, codec.max_wire_len, shuffle))
-
-    def _on_group_header(self, h: dict[str, Any]) -> None:
-        """Small tensors sharing one block: ``{"t": "G", "items": [[name, dtype, shape]...],
-        "codec": name}``; the block holds their bytes back to back, unshuffled."""
-        if set(h) != _GROUP_KEYS:
-            raise FrameError(f"group header keys {sorted(h)[:8]} are not {sorted(_GROUP_KEYS)}",
-                             field="group.header")
-        codec_name = h["codec"]
-        codec = block_codec(codec_name, self._limits.allowed_codecs)
-        items = h["items"]
-        if not isinstance(items, list) or not items:
-            raise FrameError("group items must be a non-empty list", field="group.items")
-        if len(self._tensors) + len(items) > self._count:
-            raise FrameError(f"more tensors than the {self._count} declared", field="payload.count")
-        limits, spec, out, tensors = self._limits, self._spec, self._out, self._tensors
-        group: dict[str, None] = {}
+    def _on_plan(self, plan: FramePlan) -> None:
+        """A tensor or group frame: its checked header, bound to this payload."""
+        tensors = self._tensors
+        if plan.group:
+            if len(tensors) + len(plan.decls) > self._count:
+                raise FrameError(f"more tensors than the {self._count} declared",
+                                 field="payload.count")
+        elif len(tensors) >= self._count:
+            raise FrameError(f"more tensor frames than the {self._count} declared",
+                             field="payload.count")
+        limits, spec, out = self._limits, self._spec, self._out
+        decoded = self._decoded
         targets = []
-        total = 0
-        for item in items:
-            if type(item) is not list or len(item) != 3:
-                raise FrameError("a group item must be [name, dtype, shape]", field="group.items")
-            target = admit(item[0], item[1], item[2], None, limits=limits, spec=spec, out=out,
-                           seen=tensors, decoded=self._decoded, also_seen=group)
-            self._decoded += target.decoded
-            group[target.name] = None
+        group = plan.group
+        for d in plan.decls:    # within a group, names are distinct: the plan checked that
+            target = admit(d, limits=limits, spec=spec, out=out, seen=tensors, decoded=decoded,
+                           view=not group)
+            decoded += target.decoded
             targets.append(target)
-            total += target.nbytes
-        check_limit("group bytes", total, self._limits.max_block_bytes,
-                    what="Limits.max_block_bytes: a group is one block")
-        self._start_frame(_Frame(targets, total, 1, self._decoder(codec_name), codec_name,
-                                 codec.max_wire_len, False))
+        self._decoded = decoded
+        if plan.group:
+            check_limit("group bytes", plan.nbytes, limits.max_block_bytes,
+                        what="Limits.max_block_bytes: a group is one block")
+        first = targets[0]
+        itemsize = 1 if plan.group else (first.cast or first.dest.dtype).itemsize
+        self._start_frame(_Frame(targets, plan.nbytes, itemsize, self._decoder(plan.codec_name),
+                                 plan.codec_name, plan.codec.max_wire_len, plan.shuffle,
+                                 plan.group))
 
     def _decoder(self, codec_name: str) -> BlockDecoder:
         dec = self._decoders.get(codec_name)
@@ -412,12 +390,8 @@ class PayloadDecoder:
         if len(decoded) != raw_len:
             raise FrameError(f"{cur.codec_name} block decoded to {len(decoded)} bytes, its header "
                              f"declared {raw_len}", field="block.raw_len")
-        if cur.group:                                 # a group: scatter into its tensors
-            pos = 0
-            for t in cur.targets:
-                end = pos + t.nbytes
-                t.view[:] = decoded[pos:end]
-                pos = end
+        if cur.group:                     # a group: scatter into its tensors
+            self._scatter(cur, decoded)
             cur.offset = raw_len
             self._after_block()
             return
@@ -441,6 +415,24 @@ class PayloadDecoder:
         cur.offset = o + raw_len
         self._after_block()
 
+    @staticmethod
+    def _scatter(cur: _Frame, block: memoryview) -> None:
+        """A group's block into its tensors, each written whole at its address: a contiguous
+        CPU tensor of exactly ``t.nbytes`` bytes (admit checked the destination), at offsets
+        that sum to the block's length (checked before). One C call per small tensor."""
+        base = np.frombuffer(block, dtype=np.uint8)
+        addr = base.ctypes.data
+        pos = 0
+        for t in cur.targets:
+            n = t.nbytes
+            if n:
+                dest = t.dest
+                if dest.dtype is torch.bool and bool((base[pos:pos + n] > 1).any()):
+                    raise FrameError(f"bool tensor {t.name!r} holds bytes other than 0 and 1",
+                                     field="tensor.bool")
+                _memmove(dest.data_ptr(), addr + pos, n)
+            pos += n
+
     def _after_block(self) -> None:
         cur = self._cur
         assert cur is not None
@@ -455,7 +447,7 @@ class PayloadDecoder:
         tensors = self._tensors
         for t in cur.targets:
             dest = t.dest
-            if dest.dtype == torch.bool and t.nbytes and _not_0_or_1(t.view):
+            if dest.dtype == torch.bool and len(t.view) and _not_0_or_1(t.view):
                 raise FrameError(f"bool tensor {t.name!r} holds bytes other than 0 and 1",
                                  field="tensor.bool")
             tensors[t.name] = dest   # a failure later fails the decoder: nothing is returned

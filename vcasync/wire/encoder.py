@@ -10,6 +10,7 @@ never sees a flood of tiny writes.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any
 
@@ -20,7 +21,7 @@ import torch
 from ..errors import ConfigError
 from . import _msgpack
 from .codecs import BlockEncoder, block_codec, shuffle_into
-from .dtypes import _BY_DTYPE, _NUMPY_DTYPES, as_bytes, byte_view, dtype_name
+from .dtypes import _BY_DTYPE, as_bytes, byte_view, dtype_name
 from .frames import BLOCK, MAGIC, PROTOCOL_VERSION, checksum, frame_prefix
 from .plan import CodecSpec, TensorPlan, plan_tensor, wire_dtype_for
 
@@ -30,6 +31,7 @@ Piece = bytes | memoryview
 _MIN_CHUNK = 4096   # blocks are >= _MIN_CHUNK - 15 bytes: the decoder insists (MIN_BLOCK)
 _MAX_CHUNK = 64 << 20
 _pack_block = BLOCK.pack
+_string_at = ctypes.string_at
 
 
 def iter_payload(kind: str, meta: Any, tensors: Mapping[str, torch.Tensor],
@@ -162,8 +164,11 @@ def _prepare(name: str, tensor: torch.Tensor) -> torch.Tensor:
     t = tensor.detach() if tensor.requires_grad else tensor  # torch calls cost ~0.6 us each
     if not t.is_cpu:
         t = t.cpu()
-    if t.dtype not in _BY_DTYPE:
-        dtype_name(t.dtype)  # refuse what cannot travel before anything is sent
+    dtype = t.dtype
+    if dtype not in _BY_DTYPE:
+        dtype_name(dtype)  # refuse what cannot travel before anything is sent
+    if t.is_neg() or (dtype.is_complex and t.is_conj()):
+        t = t.resolve_conj().resolve_neg()   # lazy views: their memory is not their values
     return t if t.is_contiguous() else t.contiguous()
 
 
@@ -217,15 +222,10 @@ class _Group:
         at = len(out)
         out += bytes(BLOCK.size)
         for t in tensors:
-            if t.dtype in _NUMPY_DTYPES:
-                try:
-                    # A plain buffer of the array (refused, never copied, if not contiguous):
-                    # a cast less than byte_view. (Not ``+= array``: numpy would broadcast.)
-                    out += t.numpy().data
-                    continue
-                except (RuntimeError, BufferError, TypeError):
-                    pass
-            out += byte_view(t)
+            # Its bytes, read at its address: a contiguous CPU tensor (``_prepare``) without a
+            # conjugate or negative bit (resolved there) holds exactly t.nbytes bytes from
+            # data_ptr(). One C call where a numpy view and its buffer cost three.
+            out += _string_at(t.data_ptr(), t.nbytes)
         with memoryview(out) as whole, whole[at + BLOCK.size:] as body:
             crc = checksum(body)
         BLOCK.pack_into(out, at, nbytes, nbytes, crc)
