@@ -172,3 +172,46 @@ def test_the_plan_cache_stays_within_its_bounds() -> None:
     long.put(k, plan_of(k))
     assert len(long) == 0
 
+
+
+def test_small_tensors_travel_first_yet_come_out_in_the_models_order() -> None:
+    sd = {"conv1.w": torch.randn(64, 3, 7, 7), "bn1.w": torch.randn(64), "bn1.n": torch.tensor(3),
+          "fc.w": torch.randn(100, 200), "fc.b": torch.randn(100), "mask": torch.tensor([True])}
+    data = b"".join(encode_payload("model", {}, sd, chunk_size=8192))
+    got = decode_payload_bytes(data)
+    assert list(got.tensors) == list(sd)
+    for name, t in sd.items():
+        assert torch.equal(got.tensors[name], t)
+    first = data.index(b"bn1.w")
+    assert first < data.index(b"conv1.w")
+    assert data.index(b"fc.b") < data.index(b"fc.w")
+
+
+def test_a_group_without_places_keeps_the_order_it_came_in() -> None:
+    x, y = torch.tensor([1.0, 2.0]), torch.tensor(3)
+    body = group([["x", "float32", [2]], ["y", "int64", []]]) + block(
+        x.numpy().tobytes() + y.numpy().tobytes())
+    got = decode_payload_bytes(preamble(2) + body + end(2))
+    assert list(got.tensors) == ["x", "y"]
+
+
+@pytest.mark.parametrize(("at", "count", "message"), [
+    ([0], 2, "list of 2 places"), ("01", 2, "list of 2 places"), ([0, -1], 2, "non-negative"),
+    ([0, True], 2, "non-negative ints"), ([1, 1], 2, "repeat"), ([0, 2], 2, "out of 0..1"),
+])
+def test_group_places_that_lie_are_refused(at: Any, count: int, message: str) -> None:
+    payload = torch.tensor([1.0, 2.0]).numpy().tobytes() + torch.tensor(3).numpy().tobytes()
+    header = frame({"t": "G", "items": [["x", "float32", [2]], ["y", "int64", []]],
+                    "codec": "raw", "at": at})
+    with pytest.raises(FrameError, match=message):
+        decode_payload_bytes(preamble(count) + header + block(payload) + end(count))
+
+
+def test_two_groups_cannot_claim_the_same_place() -> None:
+    def one(name: str, at: int) -> bytes:
+        return frame({"t": "G", "items": [[name, "int64", []]], "codec": "raw", "at": [at]}) \
+            + block(torch.tensor(1).numpy().tobytes())
+    assert list(decode_payload_bytes(preamble(2) + one("a", 1) + one("b", 0) + end(2)).tensors) \
+        == ["b", "a"]
+    with pytest.raises(FrameError, match="taken"):
+        decode_payload_bytes(preamble(2) + one("a", 0) + one("b", 0) + end(2))

@@ -101,6 +101,7 @@ class PayloadDecoder:
         self._meta: dict[str, Any] = {}
         self._count = -1
         self._tensors: dict[str, torch.Tensor] = {}
+        self._placed: dict[int, str] = {}     # a group item's place in the payload's order
         self._decoded = 0
         self._cur: _Frame | None = None
         self._blk_raw = self._blk_crc = self._blk_left = self._blk_start = 0
@@ -158,7 +159,7 @@ class PayloadDecoder:
             if missing:
                 raise SpecMismatchError(f"payload lacks tensor {missing[0]!r} ({len(missing)} "
                                         f"missing)", reason="missing_tensor", name=missing[0])
-        return Payload(self._kind, self._meta, self._tensors)
+        return Payload(self._kind, self._meta, self._in_order())
 
     # -- machinery ----------------------------------------------------------------------------
     def _fail(self, exc: VCAsyncError) -> None:
@@ -305,11 +306,34 @@ class PayloadDecoder:
         if plan.group:
             check_limit("group bytes", plan.nbytes, limits.max_block_bytes,
                         what="Limits.max_block_bytes: a group is one block")
+            if plan.at is not None:
+                self._place(plan)
         first = targets[0]
         itemsize = 1 if plan.group else (first.cast or first.dest.dtype).itemsize
         self._start_frame(_Frame(targets, plan.nbytes, itemsize, self._decoder(plan.codec_name),
                                  plan.codec_name, plan.codec.max_wire_len, plan.shuffle,
                                  plan.group))
+
+    def _place(self, plan: FramePlan) -> None:
+        placed, count = self._placed, self._count
+        assert plan.at is not None
+        for i, d in zip(plan.at, plan.decls, strict=True):
+            if i >= count or i in placed:
+                raise FrameError(f"group place {i} is out of 0..{count - 1} or taken",
+                                 field="group.at")
+            placed[i] = d.name
+
+    def _in_order(self) -> dict[str, torch.Tensor]:
+        """The tensors in the payload's order: placed group items where they say, the others
+        (in the order they came) in the places left. Called after the end frame, when there
+        are exactly ``count`` tensors and every place is distinct and below ``count``."""
+        tensors, placed = self._tensors, self._placed
+        if not placed:
+            return tensors
+        moved = set(placed.values())
+        rest = iter([n for n in tensors if n not in moved])
+        order = [placed[i] if i in placed else next(rest) for i in range(len(tensors))]
+        return {n: tensors[n] for n in order}
 
     def _decoder(self, codec_name: str) -> BlockDecoder:
         dec = self._decoders.get(codec_name)

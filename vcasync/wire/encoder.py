@@ -42,9 +42,14 @@ def iter_payload(kind: str, meta: Any, tensors: Mapping[str, torch.Tensor],
     if not isinstance(kind, str) or not kind:
         raise ConfigError(f"payload kind must be a non-empty str, got {kind!r}")
     names = list(tensors)
-    for name in names:
+    for name in names:   # all refused here, before anything is sent
         if not isinstance(name, str):
             raise TypeError(f"tensor names must be str, got {type(name).__name__}")
+        t = tensors[name]
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"tensor {name!r} is a {type(t).__name__}, not a torch.Tensor")
+        if t.dtype not in _BY_DTYPE:
+            dtype_name(t.dtype)
     return _chunks(kind, meta, tensors, names, spec, chunk_size, zero_copy)
 
 
@@ -96,25 +101,24 @@ def _chunks(kind: str, meta: Any, tensors: Mapping[str, torch.Tensor], names: li
     # One packer per payload (this generator runs in one thread at a time) for its tensor
     # headers, plain str/int/list maps: msgpack.packb would build a Packer per header.
     pack = msgpack.Packer(use_bin_type=True, datetime=False).pack
-    for name in names:
-        t = _prepare(name, tensors[name])
-        nbytes = t.nbytes
-        if nbytes <= small:
-            group.add(name, t, nbytes)
-            if group.full:
-                if len(pending) + group.size() > chunk_size and pending:
-                    yield bytes(pending)
-                    pending.clear()
-                group.flush_into(pending, pack)
-                if len(pending) >= chunk_size:
-                    yield bytes(pending)
-                    pending.clear()
+    # Small tensors first, in groups that say where each belongs ("at"), then the others in
+    # order: interleaved with 1 MiB blocks, every group met caches the blocks had just flushed
+    # (a ResNet-50 lost about 3 ms in 20 to it), and fewer groups are fewer frames.
+    bigs: list[str] = []
+    for i, name in enumerate(names):
+        src = tensors[name]
+        if src.nbytes > small:
+            bigs.append(name)
             continue
-        if group.items:
-            if len(pending) + group.size() > chunk_size and pending:
-                yield bytes(pending)
-                pending.clear()
-            group.flush_into(pending, pack)
+        t = _prepare(name, src)
+        group.add(name, t, t.nbytes, i)
+        if group.full:
+            yield from _flush_group(group, pending, pack, chunk_size)
+    if group.items:
+        yield from _flush_group(group, pending, pack, chunk_size)
+    for name in bigs:
+        t = _prepare(name, tensors[name])   # one at a time: a GPU model is copied piecewise
+        nbytes = t.nbytes
         if not raw:
             for piece in _tensor_pieces(name, t, stream):
                 if len(piece) >= big:
@@ -148,13 +152,21 @@ def _chunks(kind: str, meta: Any, tensors: Mapping[str, torch.Tensor], names: li
                 if len(pending) >= chunk_size:
                     yield bytes(pending)
                     pending.clear()
-    if group.items:
-        if len(pending) + group.size() > chunk_size and pending:
-            yield bytes(pending)
-            pending.clear()
-        group.flush_into(pending, pack)
     pending += frame_prefix(_msgpack.pack({"t": "E", "count": len(names)}))
     yield bytes(pending)
+
+
+def _flush_group(group: _Group, pending: bytearray, pack: Callable[[Any], bytes],
+                 chunk_size: int) -> Iterator[bytes]:
+    """The group's frame into ``pending``, which leaves first if the two would overflow a
+    chunk, and after if it is full."""
+    if len(pending) + group.size() > chunk_size and pending:
+        yield bytes(pending)
+        pending.clear()
+    group.flush_into(pending, pack)
+    if len(pending) >= chunk_size:
+        yield bytes(pending)
+        pending.clear()
 
 
 def _prepare(name: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -181,16 +193,18 @@ class _Group:
         self.stream = stream
         self.small = min(16 << 10, stream.chunk_size // 16)
         self.items: list[list[Any]] = []
+        self.at: list[int] = []             # each item's place in the payload's order
         self.tensors: list[torch.Tensor] = []
         self.nbytes = 0
         self.header_bytes = 0
 
-    def add(self, name: str, t: torch.Tensor, nbytes: int) -> None:
+    def add(self, name: str, t: torch.Tensor, nbytes: int, at: int) -> None:
         shape = t.shape             # a tuple: msgpack packs it as the same array as a list
         self.items.append([name, _BY_DTYPE[t.dtype], shape])
+        self.at.append(at)
         self.tensors.append(t)
         self.nbytes += nbytes
-        self.header_bytes += len(name) * 4 + 24 + 9 * len(shape)   # generous msgpack estimate
+        self.header_bytes += len(name) * 4 + 29 + 9 * len(shape)   # generous msgpack estimate
 
     @property
     def full(self) -> bool:
@@ -203,32 +217,32 @@ class _Group:
 
     def flush_into(self, out: bytearray, pack: Callable[[Any], bytes]) -> None:
         """Append the group's frame (header and its one block) to ``out`` and start afresh."""
-        items, tensors, nbytes = self.items, self.tensors, self.nbytes
-        self.items, self.tensors, self.nbytes, self.header_bytes = [], [], 0, 0
+        items, at, tensors, nbytes = self.items, self.at, self.tensors, self.nbytes
+        self.items, self.at, self.tensors, self.nbytes, self.header_bytes = [], [], [], 0, 0
         spec = self.stream.spec
         if spec.compression != "raw":
             data = np.frombuffer(b"".join([byte_view(t) for t in tensors]), dtype=np.uint8)
             plan = plan_tensor(spec, data, 1)
-            out += frame_prefix(pack({"t": "G", "items": items, "codec": plan.codec}))
+            out += frame_prefix(pack({"t": "G", "items": items, "codec": plan.codec, "at": at}))
             if nbytes:
                 for piece in _encode_blocks(iter([(data, True)]), 1, plan, self.stream):
                     out += piece
             return
         # raw (as ``auto`` would choose for so few bytes, and the plan of every raw spec): the
         # bytes go straight into ``out``, then the block prefix is filled in behind them.
-        out += frame_prefix(pack({"t": "G", "items": items, "codec": "raw"}))
+        out += frame_prefix(pack({"t": "G", "items": items, "codec": "raw", "at": at}))
         if not nbytes:
             return
-        at = len(out)
+        mark = len(out)
         out += bytes(BLOCK.size)
         for t in tensors:
             # Its bytes, read at its address: a contiguous CPU tensor (``_prepare``) without a
             # conjugate or negative bit (resolved there) holds exactly t.nbytes bytes from
             # data_ptr(). One C call where a numpy view and its buffer cost three.
             out += _string_at(t.data_ptr(), t.nbytes)
-        with memoryview(out) as whole, whole[at + BLOCK.size:] as body:
+        with memoryview(out) as whole, whole[mark + BLOCK.size:] as body:
             crc = checksum(body)
-        BLOCK.pack_into(out, at, nbytes, nbytes, crc)
+        BLOCK.pack_into(out, mark, nbytes, nbytes, crc)
 
 
 def _tensor_pieces(name: str, src: torch.Tensor, stream: _Stream) -> Iterator[Piece]:

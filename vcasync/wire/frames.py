@@ -16,9 +16,12 @@ for ``raw_len`` (equal to it for raw blocks).
 All integers are little-endian. The preamble header is ``{"t": "P", "v": version, "kind": str,
 "meta": map, "count": n}``; a tensor header ``{"t": "T", "name", "dtype", "shape", "codec",
 "shuffle", "wire"}`` (``wire``: the dtype on the wire when a lossy codec downcast it); a group header
-``{"t": "G", "items": [[name, dtype, shape], ...], "codec"}`` whose single block holds the items'
-bytes back to back (tensors of at most 16 KiB: most entries of a model, each then costs a list entry
-instead of a frame and a block); the end header ``{"t": "E", "count": n}``. Big bytes never enter
+``{"t": "G", "items": [[name, dtype, shape], ...], "codec", "at": [place, ...]}`` whose single block
+holds the items' bytes back to back (tensors of at most 16 KiB: most entries of a model, each then
+costs a list entry instead of a frame and a block); the end header ``{"t": "E", "count": n}``.
+Groups come first (interleaved with big blocks, each would meet cold caches) and ``at`` gives each
+item's place in the payload's order (optional: without it, the order of arrival); tensor frames
+fill the places left, in order, so a decoder returns the tensors in the sender's order. Big bytes never enter
 msgpack: headers are small maps, tensor bytes follow raw, in cache-sized blocks.
 
 The checksum is CRC-32 (the zlib/gzip polynomial) of every header and every block's wire bytes,

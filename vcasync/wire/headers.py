@@ -30,6 +30,7 @@ __all__ = ["FramePlan", "PlanCache", "frame_plan", "plan_header"]
 
 TENSOR_KEYS: Final = frozenset({"t", "name", "dtype", "shape", "codec", "shuffle", "wire"})
 GROUP_KEYS: Final = frozenset({"t", "items", "codec"})
+GROUP_KEYS_AT: Final = GROUP_KEYS | {"at"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,7 @@ class FramePlan:
     group: bool                        # a G frame: its items' bytes are one block
     nbytes: int                        # wire bytes of all its tensors once decoded
     decoded: int                       # their bytes in their own dtypes
+    at: tuple[int, ...] | None = None  # a group's places in the payload's order (distinct)
 
 
 def plan_header(header: dict[str, Any], limits: Limits) -> FramePlan | None:
@@ -71,9 +73,11 @@ def _tensor_plan(h: dict[str, Any], limits: Limits) -> FramePlan:
 
 def _group_plan(h: dict[str, Any], limits: Limits) -> FramePlan:
     """Small tensors sharing one block: ``{"t": "G", "items": [[name, dtype, shape]...],
-    "codec": name}``; the block holds their bytes back to back, unshuffled."""
-    if set(h) != GROUP_KEYS:
-        raise FrameError(f"group header keys {sorted(h)[:8]} are not {sorted(GROUP_KEYS)}",
+    "codec": name, "at": [index...]}``; the block holds their bytes back to back, unshuffled.
+    ``at`` (optional) gives each item's place in the payload's order."""
+    keys = set(h)
+    if keys != GROUP_KEYS and keys != GROUP_KEYS_AT:
+        raise FrameError(f"group header keys {sorted(keys)[:8]} are not {sorted(GROUP_KEYS_AT)}",
                          field="group.header")
     codec_name = h["codec"]
     codec = block_codec(codec_name, limits.allowed_codecs)
@@ -93,7 +97,22 @@ def _group_plan(h: dict[str, Any], limits: Limits) -> FramePlan:
         decls.append(d)
         total += d.nbytes
         decoded += d.decoded
-    return FramePlan(tuple(decls), codec, codec_name, False, True, total, decoded)
+    at = _places(h.get("at"), len(decls))
+    return FramePlan(tuple(decls), codec, codec_name, False, True, total, decoded, at)
+
+
+def _places(at: Any, n: int) -> tuple[int, ...] | None:
+    """A group's ``at``: ``n`` distinct non-negative ints (the payload checks their range)."""
+    if at is None:
+        return None
+    if type(at) is not list or len(at) != n:
+        raise FrameError(f"group 'at' must be a list of {n} places", field="group.at")
+    for i in at:
+        if type(i) is not int or i < 0:
+            raise FrameError("group places must be non-negative ints", field="group.at")
+    if len(set(at)) != n:
+        raise FrameError("group places repeat", field="group.at")
+    return tuple(at)
 
 
 class PlanCache:
