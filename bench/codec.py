@@ -118,17 +118,26 @@ def nearby_delta(sd: State, seed: int = 1, lr: float = 1e-3) -> State:
 
 # --- timing ---------------------------------------------------------------------------------
 
-def race(contenders: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
-    """Median seconds per contender, run round-robin after one warm-up each, so a load spike
-    on this shared machine hits every contender alike instead of skewing one ratio."""
-    for fn in contenders.values():
+def race(contenders: dict[str, Callable[[], Any]], reps: int,
+         min_round_s: float = 0.25) -> dict[str, float]:
+    """Median seconds per call per contender, run round-robin after one warm-up each, so a load
+    spike on this shared machine hits every contender alike instead of skewing one ratio. A
+    fast contender is called several times in a row per round (enough for ``min_round_s``,
+    at most 20), so its median rests on as much wall time as a slow one's: 7 rounds of a 10 ms
+    memcpy alone were 70 ms of a noisy machine, and the ratios wandered by 0.1 between runs."""
+    inner: dict[str, int] = {}
+    for name, fn in contenders.items():
+        t0 = time.perf_counter()
         fn()                                   # warm-up: allocations, caches, lazy imports
+        warm = time.perf_counter() - t0
+        inner[name] = max(1, min(20, round(min_round_s / max(warm, 1e-6))))
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(reps):
         for name, fn in contenders.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
+            for _ in range(inner[name]):
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
