@@ -2,7 +2,8 @@
 
 * ``coordinator``: a real Coordinator behind the real vcasync server, plus ``GET /bench/stall`` that
   reports (and resets) the event loop's lateness measured by a 1 ms ticker in the same process;
-  ``GET /bench/rss`` the process's resident memory.
+  ``GET /bench/rss`` the process's resident memory, ``GET /bench/merged?version=N`` answers once
+  the coordinator serves version N.
 * ``post``: a bare aiohttp server whose ``POST /sink`` streams the body in and discards it.
 * ``durable``: the same, but it writes the body to a new file as it arrives (on the disk the
   coordinator's ``file://`` storage uses) and fsyncs it before answering: the least any server must
@@ -125,8 +126,18 @@ async def coordinator(a: argparse.Namespace, stop: asyncio.Event) -> None:
                 return web.json_response({"rss": _rss_bytes(), "version": coord.version,
                                           "cpu_s": cpu.user + cpu.system, **pauses.summary()})
 
+            async def merged(request: web.Request) -> web.Response:
+                # Waits here, polling a field every 0.5 ms, instead of the client asking over
+                # HTTP in a loop: those requests competed with the merge for the loop and CPU.
+                want = int(request.query["version"])
+                deadline = time.monotonic() + float(request.query.get("timeout", "600"))
+                while coord.version < want and time.monotonic() < deadline:  # noqa: ASYNC110 (no version event to await)
+                    await asyncio.sleep(0.0005)
+                return web.json_response({"version": coord.version})
+
             app.router.add_get("/bench/stall", stall)
             app.router.add_get("/bench/rss", rss)
+            app.router.add_get("/bench/merged", merged)
             gc.freeze()  # as `vcasync coordinator` does once it is up
             async with asyncio.TaskGroup() as tg:
                 ticker = tg.create_task(monitor.run() if a.stall_monitor else asyncio.sleep(0))

@@ -74,10 +74,11 @@ class E2E:
             await r.read()  # drop samples from before this upload
         t0 = time.perf_counter()
         receipt = await client.submit(grant.lease_id, data, size=len(data))
-        while True:  # merged: the new version is what the coordinator serves
-            async with http.get(f"{self.url}/bench/rss") as r:
-                if (await r.json())["version"] >= receipt.version:
-                    break
+        # merged: the new version is what the coordinator serves (one request that waits)
+        async with http.get(f"{self.url}/bench/merged",
+                            params={"version": str(receipt.version)}) as r:
+            if (await r.json())["version"] < receipt.version:
+                raise RuntimeError(f"version {receipt.version} was never served")
         elapsed = time.perf_counter() - t0
         async with http.get(f"{self.url}/bench/stall") as r:
             window = (await r.json())["samples"]
