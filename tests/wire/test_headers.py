@@ -9,9 +9,9 @@ import msgpack
 import pytest
 import torch
 
-from vcasync.errors import FrameError, LimitExceededError, SpecMismatchError
+from vcasync.errors import ChecksumError, FrameError, LimitExceededError, SpecMismatchError
 from vcasync.tensors import ModelSpec, TensorSpec
-from vcasync.wire import Limits, decode_payload_bytes, encode_payload
+from vcasync.wire import Limits, decode_payload, decode_payload_bytes, encode_payload
 from vcasync.wire.frames import BLOCK, MAGIC, PROTOCOL_VERSION, checksum, frame_prefix
 from vcasync.wire.headers import PLANS, FramePlan, PlanCache, frame_plan
 
@@ -215,3 +215,35 @@ def test_two_groups_cannot_claim_the_same_place() -> None:
         == ["b", "a"]
     with pytest.raises(FrameError, match="taken"):
         decode_payload_bytes(preamble(2) + one("a", 0) + one("b", 0) + end(2))
+
+
+async def test_a_source_failing_while_a_batch_decodes_raises_its_own_error() -> None:
+    data = b"".join(encode_payload("result", {}, {"w": torch.randn(3_000_000)}))   # 12 MB
+    fed = 0
+
+    async def chunks() -> Any:
+        nonlocal fed
+        for i in range(0, len(data), 1 << 20):
+            if fed >= 9 << 20:
+                raise ConnectionResetError("peer went away")
+            fed += 1 << 20
+            yield data[i:i + (1 << 20)]
+
+    with pytest.raises(ConnectionResetError, match="peer went away"):
+        await decode_payload(chunks())
+
+
+async def test_a_bad_batch_stops_the_stream_with_a_wire_error() -> None:
+    data = bytearray(b"".join(encode_payload("result", {}, {"w": torch.randn(3_000_000)})))
+    data[2 << 20] ^= 0xFF                        # inside the first 4 MiB batch
+    read = 0
+
+    async def chunks() -> Any:
+        nonlocal read
+        for i in range(0, len(data), 1 << 20):
+            read += 1
+            yield bytes(data[i:i + (1 << 20)])
+
+    with pytest.raises(ChecksumError):
+        await decode_payload(chunks())
+    assert read < len(data) >> 20               # refused before the whole body was read

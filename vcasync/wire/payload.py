@@ -132,12 +132,28 @@ async def decode_payload(chunks: AsyncIterable[Chunk], *, limits: Limits | None 
     dec = PayloadDecoder(limits=limits, spec=spec, expected_kind=expected_kind, out=out)
     batch: list[Chunk] = []
     size = 0
-    async for chunk in chunks:
-        batch.append(chunk)
-        size += len(chunk)
-        if size >= _BATCH_BYTES:
-            await asyncio.to_thread(dec.feed_many, batch)
-            batch, size = [], 0
+    # One batch decodes in a thread while the next is read: receiving and decoding overlap (the
+    # decoder is fed by one thread at a time, at most two batches are held).
+    feeding: asyncio.Future[None] | None = None
+    try:
+        async for chunk in chunks:
+            batch.append(chunk)
+            size += len(chunk)
+            if size >= _BATCH_BYTES:
+                if feeding is not None:
+                    await feeding
+                feeding = asyncio.ensure_future(asyncio.to_thread(dec.feed_many, batch))
+                batch, size = [], 0
+        if feeding is not None:
+            await feeding
+            feeding = None
+    finally:
+        if feeding is not None and not feeding.done():
+            # The source failed (or we were cancelled) mid-batch: let the thread finish with
+            # the decoder before anyone else touches it; the source's error is what counts.
+            await asyncio.wait([feeding])
+        if feeding is not None and feeding.done() and not feeding.cancelled():
+            feeding.exception()     # retrieved: a decode error behind the source's is not logged
     if size > _INLINE_BYTES:
         await asyncio.to_thread(dec.feed_many, batch)
     else:
