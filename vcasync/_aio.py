@@ -3,9 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
-__all__ = ["first_error", "run_all"]
+__all__ = ["first_error", "run_all", "to_thread_released"]
+
+T = TypeVar("T")
+
+
+async def to_thread_released(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """:func:`asyncio.to_thread` that lets go of ``fn`` and its arguments as soon as ``fn``
+    returns. The executor's work item holds them until its thread gets round to dropping it,
+    which can be after the caller has resumed: a caller that then judges buffers unshared by
+    their reference counts (:class:`~vcasync._buffers.BufferPool`) would find them held."""
+    box: list[Any] = [fn, args, kwargs]
+
+    def call() -> T:
+        f, a, k = box
+        box.clear()
+        return f(*a, **k)   # type: ignore[no-any-return]
+
+    return await asyncio.to_thread(call)
 
 
 def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:

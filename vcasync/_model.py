@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 
 import torch
 
+from ._aio import to_thread_released
 from ._versions import Version, VersionStore, copy_tensors
 from .errors import PolicyError, UpdateRejectedError, ValidationError, VersionNotFoundError
 from .policy import MergePolicy, PolicyState
@@ -47,7 +48,7 @@ class ModelOwner:
         """Merge one update; True when a new version was published. Refusals raise unchanged."""
         current = self.version
         buffer = self.versions.take_buffer()
-        published = await asyncio.to_thread(self._merge_sync, update, buffer, current)
+        published = await to_thread_released(self._merge_sync, update, buffer, current)
         if published is None:
             if buffer is not None:
                 self.versions.give_back(buffer)

@@ -6,7 +6,6 @@ coordinator counts rejects by it and the server reports it), and whose message n
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import AsyncIterable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._aio import to_thread_released
 from ._units import WorkUnit
 from .errors import ValidationError, WireError
 from .tensors import ModelSpec, UpdateKind
@@ -159,7 +159,7 @@ async def read_result(body: AsyncIterable[bytes], *, lease_id: str, unit: WorkUn
     if config.max_update_norm is not None and meta.kind == "weights":
         ref = hold(meta.base_version) or hold(current_version)
     try:
-        await asyncio.to_thread(check_tensors, payload.tensors, spec,
+        await to_thread_released(check_tensors, payload.tensors, spec,
                                 require_finite=config.require_finite,
                                 max_norm=config.max_update_norm,
                                 reference=None if ref is None else ref.model.tensors)

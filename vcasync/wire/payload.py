@@ -15,6 +15,7 @@ from typing import Any, Literal, overload
 
 import torch
 
+from .._aio import to_thread_released
 from ..tensors import ModelSpec
 from .decoder import Chunk, Payload, PayloadDecoder
 from .encoder import iter_payload
@@ -142,7 +143,7 @@ async def decode_payload(chunks: AsyncIterable[Chunk], *, limits: Limits | None 
             if size >= _BATCH_BYTES:
                 if feeding is not None:
                     await feeding
-                feeding = asyncio.ensure_future(asyncio.to_thread(dec.feed_many, batch))
+                feeding = asyncio.ensure_future(to_thread_released(dec.feed_many, batch))
                 batch, size = [], 0
         if feeding is not None:
             await feeding
@@ -155,7 +156,7 @@ async def decode_payload(chunks: AsyncIterable[Chunk], *, limits: Limits | None 
         if feeding is not None and feeding.done() and not feeding.cancelled():
             feeding.exception()     # retrieved: a decode error behind the source's is not logged
     if size > _INLINE_BYTES:
-        await asyncio.to_thread(dec.feed_many, batch)
+        await to_thread_released(dec.feed_many, batch)
     else:
         dec.feed_many(batch)
     return dec.finish()
