@@ -17,7 +17,7 @@ import torch
 
 from ..errors import FrameError, LimitExceededError, SpecMismatchError
 from ..tensors import ModelSpec
-from .dtypes import _BY_NAME, _NUMPY_DTYPES, LOSSY_TARGETS, byte_view, dtype_from_name
+from .dtypes import _BY_NAME, LOSSY_TARGETS, byte_view, dtype_from_name
 from .limits import Limits
 
 __all__ = ["Admitted", "Declared", "admit", "declare"]
@@ -102,14 +102,7 @@ def admit(d: Declared, *, limits: Limits, spec: ModelSpec | None,
     if spec is not None:
         _check_spec(spec, name, dtype, dims)
     dest = _destination(out, name, dtype, dims)
-    if not view:
-        return Admitted(name, dest, _EMPTY, d.nbytes, nbytes, d.cast)
-    if d.cast is None:
-        if dtype in _NUMPY_DTYPES and nbytes:
-            try:                        # byte_view, inlined: the commonest case
-                return Admitted(name, dest, dest.numpy().data.cast("B"), nbytes, nbytes, None)
-            except (RuntimeError, TypeError):
-                pass
+    if view and d.cast is None:
         return Admitted(name, dest, byte_view(dest), nbytes, nbytes, None)
     return Admitted(name, dest, _EMPTY, d.nbytes, nbytes, d.cast)
 

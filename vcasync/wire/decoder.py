@@ -296,10 +296,9 @@ class PayloadDecoder:
         limits, spec, out = self._limits, self._spec, self._out
         decoded = self._decoded
         targets = []
-        group = plan.group
         for d in plan.decls:    # within a group, names are distinct: the plan checked that
             target = admit(d, limits=limits, spec=spec, out=out, seen=tensors, decoded=decoded,
-                           view=not group)
+                           view=not plan.group)
             decoded += target.decoded
             targets.append(target)
         self._decoded = decoded
@@ -396,10 +395,7 @@ class PayloadDecoder:
             if checksum(view[self._blk_start:o]) != self._blk_crc:
                 raise ChecksumError(f"block checksum mismatch in tensor {cur.name!r}",
                                     field="block.crc")
-            if o == cur.nbytes:
-                self._finish_frame()
-            else:
-                self._state, self._need = _BLOCK_PREFIX, BLOCK.size
+            self._after_block()
         return pos + k
 
     def _on_block_wire(self, wire: memoryview) -> None:

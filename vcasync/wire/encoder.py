@@ -111,7 +111,7 @@ def _chunks(kind: str, meta: Any, tensors: Mapping[str, torch.Tensor], names: li
             bigs.append(name)
             continue
         t = _prepare(src)
-        group.add(name, t, t.nbytes, i)
+        group.add(name, t, i)
         if group.full:
             yield from _flush_group(group, pending, pack, chunk_size)
     if group.items:
@@ -194,12 +194,12 @@ class _Group:
         self.nbytes = 0
         self.header_bytes = 0
 
-    def add(self, name: str, t: torch.Tensor, nbytes: int, at: int) -> None:
+    def add(self, name: str, t: torch.Tensor, at: int) -> None:
         shape = t.shape             # a tuple: msgpack packs it as the same array as a list
         self.items.append([name, _BY_DTYPE[t.dtype], shape])
         self.at.append(at)
         self.tensors.append(t)
-        self.nbytes += nbytes
+        self.nbytes += t.nbytes
         self.header_bytes += len(name) * 4 + 29 + 9 * len(shape)   # generous msgpack estimate
 
     @property

@@ -96,7 +96,7 @@ async def _athreaded(gen: Generator[bytes | memoryview, None, None]) -> AsyncIte
     try:
         while True:
             running = True
-            batch = await asyncio.to_thread(_take, gen, _BATCH_BYTES)
+            batch = await to_thread_released(_take, gen, _BATCH_BYTES)
             running = False
             if not batch:
                 return
