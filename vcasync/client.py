@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, BinaryIO
 
 import aiohttp
 
@@ -72,6 +72,21 @@ def client_ssl_context(ca_file: Path | None) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"cannot load CA file {ca_file}: {exc}") from exc
+
+
+#: Upload block size: the first block is copied once to join the request headers, the rest are
+#: handed to the transport as they are (buffers) or read from the file one block per thread hop.
+UPLOAD_BLOCK = 1 << 20
+
+
+async def _buffer_blocks(view: memoryview, block: int) -> AsyncIterator[memoryview]:
+    for start in range(0, view.nbytes, block):
+        yield view[start:start + block]
+
+
+async def _file_blocks(f: BinaryIO, block: int) -> AsyncIterator[bytes]:
+    while data := await asyncio.to_thread(f.read, block):
+        yield data
 
 
 class CoordinatorClient:
@@ -177,18 +192,31 @@ class CoordinatorClient:
         await self._control("POST", f"{P.API_PREFIX}/leases/{lease_id}/release", "release",
                             {"reason": reason[:500]}, "released")
 
-    async def submit(self, lease_id: str, body: bytes | Path | AsyncIterator[bytes],
+    async def submit(self, lease_id: str, body: bytes | bytearray | memoryview | Path | AsyncIterator[bytes],
                      size: int | None = None) -> Receipt:
-        """Upload a result payload (bytes, a spooled file, or chunks); re-sending is harmless."""
+        """Upload a result payload (bytes, a spooled file, or chunks); re-sending is harmless.
+
+        Bytes and files go out in blocks (:data:`UPLOAD_BLOCK`): aiohttp given one whole buffer
+        copies it to prepend the headers (and again to cut it to a Content-Length), so a 100 MB
+        result would cost the worker two extra 100 MB copies before its first byte is sent.
+        ``size``: the Content-Length of chunks (without it they go chunked); for a buffer it must
+        match its length.
+        """
         headers = self._headers(ctype=P.PAYLOAD)
         url = f"{self.url}{P.API_PREFIX}/leases/{lease_id}/result"
-        if isinstance(body, Path):  # aiohttp reads a file object in its executor, a chunk at a time
+        if isinstance(body, Path):
             f = await asyncio.to_thread(body.open, "rb")
             try:
                 headers["Content-Length"] = str((await asyncio.to_thread(os.fstat, f.fileno())).st_size)
-                return await self._put_result(url, f, headers)
+                return await self._put_result(url, _file_blocks(f, UPLOAD_BLOCK), headers)
             finally:
                 await asyncio.to_thread(f.close)
+        if isinstance(body, bytes | bytearray | memoryview):
+            view = memoryview(body).cast("B")
+            if size is not None and size != view.nbytes:
+                raise ConfigError(f"size {size} does not match the body's {view.nbytes} bytes")
+            headers["Content-Length"] = str(view.nbytes)
+            return await self._put_result(url, _buffer_blocks(view, UPLOAD_BLOCK), headers)
         if size is not None:
             headers["Content-Length"] = str(size)
         return await self._put_result(url, body, headers)

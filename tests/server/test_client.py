@@ -1,0 +1,80 @@
+"""CoordinatorClient.submit against a real coordinator on 127.0.0.1: every body form it takes
+arrives whole (the coordinator checks each frame's CRC, so an accepted result is byte-exact)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vcasync import client as client_mod
+from vcasync._units import make_units
+from vcasync.client import CoordinatorClient
+from vcasync.errors import ConfigError
+from vcasync.tensors import ModelState
+from vcasync.wire import decode_payload_bytes
+
+from .conftest import SECRET, result_payload, running
+
+
+async def _model(coord: Any) -> ModelState:
+    data = b"".join([c async for c in coord.model_payload()])
+    payload = decode_payload_bytes(data, expected_kind="model")
+    return ModelState(payload.tensors, version=payload.meta["version"])
+
+
+async def _chunks(data: bytes, size: int) -> AsyncIterator[bytes]:
+    for i in range(0, len(data), size):
+        yield data[i:i + size]
+
+
+def _as_file(tmp: Path) -> Callable[[bytes], Any]:
+    def write(data: bytes) -> Path:
+        path = tmp / "result.bin"
+        path.write_bytes(data)
+        return path
+    return write
+
+
+BODIES: dict[str, tuple[Callable[[bytes], Any], bool]] = {
+    # form -> (how the payload is handed over, whether size= is passed)
+    "bytes": (bytes, False),
+    "bytearray": (bytearray, False),
+    "memoryview": (memoryview, True),
+    "chunks_with_size": (lambda d: _chunks(d, 37), True),
+    "chunks_chunked": (lambda d: _chunks(d, 37), False),
+}
+
+
+@pytest.mark.parametrize("form", [*BODIES, "file"])
+async def test_every_body_form_arrives_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             form: str) -> None:
+    # Blocks far smaller than the payload, so headers, first block and the rest all take part.
+    monkeypatch.setattr(client_mod, "UPLOAD_BLOCK", 64)
+    make, sized = BODIES.get(form, (_as_file(tmp_path), False))
+    async with running(tmp_path, units=make_units(2, steps=3), durability="none") as (coord, server), \
+            CoordinatorClient(server.url) as client:
+        await client.join(SECRET, "t")
+        grant = await client.lease()
+        data = result_payload(await _model(coord), grant.lease_id, grant.base_version)
+        assert len(data) > 4 * 64
+        receipt = await client.submit(grant.lease_id, make(data), size=len(data) if sized else None)
+        assert receipt.status == "accepted"
+        assert coord.version == grant.base_version + 1
+
+
+async def test_a_size_that_does_not_match_the_buffer_sends_nothing(tmp_path: Path) -> None:
+    async with running(tmp_path, units=make_units(2, steps=3), durability="none") as (coord, server), \
+            CoordinatorClient(server.url) as client:
+        await client.join(SECRET, "t")
+        grant = await client.lease()
+        data = result_payload(await _model(coord), grant.lease_id, grant.base_version)
+        with pytest.raises(ConfigError, match="does not match"):
+            await client.submit(grant.lease_id, data, size=len(data) - 1)
+        assert coord.version == grant.base_version
+        assert coord.metrics.bytes_in == 0
+        # The lease is untouched: the right upload is accepted afterwards.
+        receipt = await client.submit(grant.lease_id, data, size=len(data))
+        assert receipt.status == "accepted"
