@@ -9,20 +9,24 @@ before it answers (on the disk the coordinator's ``file://`` storage uses), and 
 server that reads a length-prefixed blob. This process uploads the *same bytes* (one raw-codec
 result payload, ``4 x --params`` bytes) to each: the coordinator through ``CoordinatorClient.submit``
 until the receipt comes back and the new version is visible, the others until their one-line answer.
-Each round runs the four back to back (the references first, while the coordinator is idle), so
-load from elsewhere on the machine slows them alike.
+The raw POST sends them as the client does, in ``UPLOAD_BLOCK`` memoryview blocks with a
+Content-Length; a second, informational row posts the whole buffer as ``data=bytes``, which aiohttp
+copies once (twice with a Content-Length) before its first byte goes out. Each round runs them
+back to back (the references first, while the coordinator is idle), so load from elsewhere on the
+machine slows them alike.
 
-Figures, per durability mode: ``e2e_<mode>_vs_raw_post``, ``e2e_<mode>_vs_raw_tcp`` and
-``e2e_<mode>_vs_durable_post`` (throughput ratios, medians of ``--reps`` after ``--warmup`` uploads;
-buffers warm: every run reuses the same client bytes and the servers' freed memory, and the warm-up
-fills the coordinator's staleness window (``max_staleness`` + 2 uploads by default), so it measures
-the steady state of a long run, where published versions and decoded uploads land in recycled memory
-instead of fresh pages), and ``loop_stall_ms_p99_<mode>``: the p99 lateness of a 1 ms timer on the
-coordinator's event loop, sampled only while uploads are decoded, validated and merged (how long
-heartbeats would wait). ``e2e_vs_raw_post`` / ``e2e_vs_raw_tcp`` are the first mode's (the
-headline: ``snapshot``, whose acknowledgement waits for no disk); ``loop_stall_ms_p99`` is the worst
-mode's. In ``journal`` mode every result is on disk (fsynced) before it is acknowledged, so that
-mode is bounded by the disk: compare it with the durable POST, which does only that.
+Figures, per durability mode: ``e2e_<mode>_vs_raw_post``, ``e2e_<mode>_vs_raw_tcp``,
+``e2e_<mode>_vs_durable_post`` and ``e2e_<mode>_vs_whole_buffer_post`` (throughput ratios, medians
+of ``--reps`` after ``--warmup`` uploads; buffers warm: every run reuses the same client bytes and
+the servers' freed memory, and the warm-up fills the coordinator's staleness window
+(``max_staleness`` + 2 uploads by default), so it measures the steady state of a long run, where
+published versions and decoded uploads land in recycled memory instead of fresh pages), and
+``loop_stall_ms_p99_<mode>``: the p99 lateness of a 1 ms timer on the coordinator's event loop,
+sampled only while uploads are decoded, validated and merged (how long heartbeats would wait).
+``e2e_vs_raw_post`` / ``e2e_vs_raw_tcp`` are the first mode's (the headline: ``snapshot``, whose
+acknowledgement waits for no disk); ``loop_stall_ms_p99`` is the worst mode's. In ``journal`` mode
+every result is on disk (fsynced) before it is acknowledged, so that mode is bounded by the disk:
+compare it with the durable POST, which does only that.
 """
 
 from __future__ import annotations
@@ -34,13 +38,14 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import torch
 
 from vcasync._loop import run
-from vcasync.client import CoordinatorClient
+from vcasync.client import UPLOAD_BLOCK, CoordinatorClient
 from vcasync.coordinator import CoordinatorConfig
 from vcasync.wire import encode_payload
 
@@ -63,6 +68,7 @@ class E2E:
         self.delta = {k: torch.randn(v.shape, generator=gen) * 1e-3 for k, v in spec.items()}
         self.stalls: list[float] = []
         self.size = 0
+        self.last = b""
 
     async def once(self, client: CoordinatorClient, http: aiohttp.ClientSession, keep: bool) -> float:
         grant = await client.lease()
@@ -70,6 +76,7 @@ class E2E:
                 "samples": 1, "steps": 1, "partial": False, "metrics": {}}
         data = b"".join(encode_payload("result", meta, self.delta))
         self.size = len(data)
+        self.last = data
         async with http.get(f"{self.url}/bench/stall") as r:
             await r.read()  # drop samples from before this upload
         t0 = time.perf_counter()
@@ -89,9 +96,16 @@ class E2E:
         return elapsed
 
 
-async def post_once(http: aiohttp.ClientSession, url: str, data: bytes) -> float:
+async def _blocks(view: memoryview) -> AsyncIterator[memoryview]:
+    for start in range(0, view.nbytes, UPLOAD_BLOCK):
+        yield view[start:start + UPLOAD_BLOCK]
+
+
+async def post_once(http: aiohttp.ClientSession, url: str, data: bytes, *, whole: bool = False) -> float:
+    """POST ``data`` in blocks as the client sends a result, or (``whole``) as one buffer."""
     t0 = time.perf_counter()
-    async with http.post(f"{url}/sink", data=data) as r:
+    body: Any = data if whole else _blocks(memoryview(data))
+    async with http.post(f"{url}/sink", data=body, headers={"Content-Length": str(len(data))}) as r:
         got = (await r.json())["bytes"]
     elapsed = time.perf_counter() - t0
     if got != len(data):
@@ -113,7 +127,7 @@ async def measure(curl: str, purl: str, durl: str, taddr: str, params: int, reps
     """``warmup`` uploads, then ``reps`` rounds; each round runs the four paths back to back, so a
     noisy neighbour slows them alike."""
     e2e = E2E(curl, params)
-    times: dict[str, list[float]] = {"e2e": [], "raw_post": [], "durable_post": [], "raw_tcp": []}
+    times: dict[str, list[float]] = {name: [] for name, _ in PATHS}
     host, port = taddr.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
@@ -121,17 +135,17 @@ async def measure(curl: str, purl: str, durl: str, taddr: str, params: int, reps
             await client.join(SECRET, "bench")
             for _ in range(max(1, warmup)):  # warm-up, and it tells the payload size
                 await e2e.once(client, http, keep=False)
-            data = bytes(e2e.size)  # same length; the sinks never look inside
+            data = e2e.last  # a real result payload: the sinks never look inside
             for i in range(reps + 1):
                 keep = i > 0  # round 0 warms the sinks up
                 # References first, while the coordinator is idle.
-                t_post = await post_once(http, purl, data)
-                t_durable = await post_once(http, durl, data)
-                t_tcp = await tcp_once(reader, writer, data)
-                t_e2e = await e2e.once(client, http, keep)
+                got = {"raw_post": await post_once(http, purl, data),
+                       "whole_buffer_post": await post_once(http, purl, data, whole=True),
+                       "durable_post": await post_once(http, durl, data),
+                       "raw_tcp": await tcp_once(reader, writer, data)}
+                got["e2e"] = await e2e.once(client, http, keep)
                 if keep:
-                    for name, t in (("e2e", t_e2e), ("raw_post", t_post), ("durable_post", t_durable),
-                                    ("raw_tcp", t_tcp)):
+                    for name, t in got.items():
                         times[name].append(t)
     finally:
         writer.close()
@@ -143,6 +157,7 @@ async def measure(curl: str, purl: str, durl: str, taddr: str, params: int, reps
 
 
 PATHS = (("e2e", "upload -> ack -> merged"), ("raw_post", "raw aiohttp POST (same bytes)"),
+         ("whole_buffer_post", "  the same, data=whole buffer"),
          ("durable_post", "POST written + fsynced (same)"), ("raw_tcp", "raw TCP (same bytes)"))
 
 
@@ -176,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             f"e2e_{mode}_vs_raw_post": gbps["e2e"] / gbps["raw_post"],
             f"e2e_{mode}_vs_raw_tcp": gbps["e2e"] / gbps["raw_tcp"],
             f"e2e_{mode}_vs_durable_post": gbps["e2e"] / gbps["durable_post"],
+            f"e2e_{mode}_vs_whole_buffer_post": gbps["e2e"] / gbps["whole_buffer_post"],
             f"loop_stall_ms_p99_{mode}": e2e["stall_p99_ms"],
             f"loop_stall_ms_max_{mode}": e2e["stall_max_ms"],
             f"e2e_{mode}_gbps": gbps["e2e"],
@@ -195,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                 "headline_durability": head}
     figures = {**headline, **figures,
                "raw_post_gbps": last["bytes"] / last["raw_post"] / 1e9,
+               "whole_buffer_post_gbps": last["bytes"] / last["whole_buffer_post"] / 1e9,
                "durable_post_gbps": last["bytes"] / last["durable_post"] / 1e9,
                "raw_tcp_gbps": last["bytes"] / last["raw_tcp"] / 1e9,
                "payload_mb": last["bytes"] / 1e6, "reps": a.reps, "warmup": a.warmup}
