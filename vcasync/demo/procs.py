@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+from .._spawn import module_command
 
 __all__ = ["Proc", "Slot", "SlotState", "Timeline", "TimelineEvent"]
 
@@ -72,7 +73,7 @@ class Proc:
         self._close_log()
         self._log = self.log_path.open("ab")
         self._proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "vcasync", *self.args, env={**os.environ, **self.env},
+            *module_command("vcasync", *self.args), env={**os.environ, **self.env},
             stdin=asyncio.subprocess.DEVNULL, stdout=self._log, stderr=asyncio.subprocess.STDOUT)
 
     def send(self, sig: signal.Signals) -> bool:

@@ -16,11 +16,12 @@ import os
 import selectors
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import types
 from typing import IO, Literal, Self
+
+from .._spawn import module_command
 
 __all__ = ["DUMMY_S3_CREDENTIALS", "Emulator"]
 
@@ -45,7 +46,7 @@ class Emulator:
     def start(self) -> Self:
         if self._proc is not None:
             return self
-        cmd = [sys.executable, "-m", "vcasync.testing._emulator_main", self.kind, "--port", "0"]
+        cmd = module_command("vcasync.testing._emulator_main", self.kind, "--port", "0")
         if self.serialize and self.kind == "s3":
             cmd.append("--serialize")
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server

@@ -24,6 +24,8 @@ from typing import Self
 
 import aiohttp
 
+from .._spawn import module_command
+
 __all__ = ["Fleet", "FleetSpec", "Proc", "free_port", "process_memory", "toml_text"]
 
 
@@ -135,7 +137,8 @@ class Fleet:
         log = self.logs / f"{name}-{n:03d}.log"
         with log.open("wb") as out:
             proc = await asyncio.create_subprocess_exec(
-                self.spec.python, "-m", "vcasync", "--log-level", self.spec.log_level, *args,
+                *module_command("vcasync", "--log-level", self.spec.log_level, *args,
+                                python=self.spec.python),
                 stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
                 env=self._env(env), cwd=self.spec.run_dir)
         return Proc(name, n, proc, log)

@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import types
 from collections.abc import Mapping
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
+from .._spawn import module_command
 from ..errors import VCAsyncError
 from ..wire import decode_message, decode_payload_bytes, encode_message
 from .fleet import free_port, process_memory, toml_text
@@ -153,8 +153,8 @@ class CoordinatorProcess:
                **self.env}
         with self.log.open("ab") as out:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "vcasync", "--log-level", self.log_level, "coordinator",
-                 "--config", str(toml), "--port", str(self.port)],
+                module_command("vcasync", "--log-level", self.log_level, "coordinator",
+                               "--config", str(toml), "--port", str(self.port)),
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                 cwd=self.run_dir)
         deadline = time.monotonic() + timeout
