@@ -74,9 +74,10 @@ def client_ssl_context(ca_file: Path | None) -> ssl.SSLContext:
         raise ConfigError(f"cannot load CA file {ca_file}: {exc}") from exc
 
 
-#: Upload block size: the first block is copied once to join the request headers, the rest are
-#: handed to the transport as they are (buffers) or read from the file one block per thread hop.
+#: Upload block sizes. The first block is copied once to join the request headers; the rest of a
+#: buffer goes to the transport as memoryview slices, and a file is read one block per thread hop.
 UPLOAD_BLOCK = 1 << 20
+FILE_BLOCK = 4 << 20
 
 
 async def _buffer_blocks(view: memoryview, block: int) -> AsyncIterator[memoryview]:
@@ -196,9 +197,9 @@ class CoordinatorClient:
                      size: int | None = None) -> Receipt:
         """Upload a result payload (bytes, a spooled file, or chunks); re-sending is harmless.
 
-        Bytes and files go out in blocks (:data:`UPLOAD_BLOCK`): aiohttp given one whole buffer
-        copies it to prepend the headers (and again to cut it to a Content-Length), so a 100 MB
-        result would cost the worker two extra 100 MB copies before its first byte is sent.
+        Bytes and files go out in blocks (:data:`UPLOAD_BLOCK`, :data:`FILE_BLOCK`): aiohttp given
+        one whole buffer copies it to prepend the headers (and again to cut it to a Content-Length),
+        so a 100 MB result would cost the worker two extra 100 MB copies before its first byte is sent.
         ``size``: the Content-Length of chunks (without it they go chunked); for a buffer it must
         match its length.
         """
@@ -208,7 +209,7 @@ class CoordinatorClient:
             f = await asyncio.to_thread(body.open, "rb")
             try:
                 headers["Content-Length"] = str((await asyncio.to_thread(os.fstat, f.fileno())).st_size)
-                return await self._put_result(url, _file_blocks(f, UPLOAD_BLOCK), headers)
+                return await self._put_result(url, _file_blocks(f, FILE_BLOCK), headers)
             finally:
                 await asyncio.to_thread(f.close)
         if isinstance(body, bytes | bytearray | memoryview):

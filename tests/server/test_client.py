@@ -53,6 +53,7 @@ async def test_every_body_form_arrives_whole(tmp_path: Path, monkeypatch: pytest
                                              form: str) -> None:
     # Blocks far smaller than the payload, so headers, first block and the rest all take part.
     monkeypatch.setattr(client_mod, "UPLOAD_BLOCK", 64)
+    monkeypatch.setattr(client_mod, "FILE_BLOCK", 64)
     make, sized = BODIES.get(form, (_as_file(tmp_path), False))
     async with running(tmp_path, units=make_units(2, steps=3), durability="none") as (coord, server), \
             CoordinatorClient(server.url) as client:
