@@ -8,12 +8,12 @@ import datetime
 import ipaddress
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from vcasync._spawn import module_command
 from vcasync.testing.fleet import free_port, toml_text
 
 from .conftest import SECRET
@@ -45,7 +45,7 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
 def _vcasync(*args: str, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "VCASYNC_JOIN_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
     with log.open("wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "vcasync", *args], stdout=out,
+        return subprocess.Popen(module_command("vcasync", *args), stdout=out,
                                 stderr=subprocess.STDOUT, env=env)
 
 
