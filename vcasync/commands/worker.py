@@ -66,8 +66,9 @@ def _run(a: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.request_stop)
         report = await worker.run()
-        log.info("worker %s done (%s): %d accepted, %d refused, %d abandoned", report.worker_id,
-                 report.reason, report.results_accepted, report.results_refused, report.units_abandoned)
+        log.info("worker %s done (%s): %d accepted, %d refused, %d abandoned",
+                 report.worker_id or "(never joined)", report.reason, report.results_accepted,
+                 report.results_refused, report.units_abandoned)
         if report.grace_exceeded:
             # The trainer ignored the stop and is still running in its thread: leave now, the lease
             # and the trainer's last checkpoint are in the state dir.
