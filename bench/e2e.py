@@ -38,14 +38,13 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import torch
 
 from vcasync._loop import run
-from vcasync.client import UPLOAD_BLOCK, CoordinatorClient
+from vcasync.client import UPLOAD_BLOCK, CoordinatorClient, _buffer_blocks
 from vcasync.coordinator import CoordinatorConfig
 from vcasync.wire import encode_payload
 
@@ -96,15 +95,10 @@ class E2E:
         return elapsed
 
 
-async def _blocks(view: memoryview) -> AsyncIterator[memoryview]:
-    for start in range(0, view.nbytes, UPLOAD_BLOCK):
-        yield view[start:start + UPLOAD_BLOCK]
-
-
 async def post_once(http: aiohttp.ClientSession, url: str, data: bytes, *, whole: bool = False) -> float:
     """POST ``data`` in blocks as the client sends a result, or (``whole``) as one buffer."""
     t0 = time.perf_counter()
-    body: Any = data if whole else _blocks(memoryview(data))
+    body: Any = data if whole else _buffer_blocks(memoryview(data), UPLOAD_BLOCK)
     async with http.post(f"{url}/sink", data=body, headers={"Content-Length": str(len(data))}) as r:
         got = (await r.json())["bytes"]
     elapsed = time.perf_counter() - t0
