@@ -143,8 +143,9 @@ def render(fig: dict[str, Any], source: Path | str) -> str:
         "snapshot) ends the process with exit 1; restarted, it recovers. It does not retry by itself.",
         "- After a coordinator restart, a delta based on a version older than the recovered snapshot is "
         "refused (`base_unavailable`) even within `max_staleness`: that unit is trained again.",
-        "- A slow-loris that trickles its *headers* is never cut off (aiohttp has no header timeout); "
-        "it holds one socket and nothing else. Trickling bodies are cut off with 408 "
+        "- A slow-loris that trickles its *headers* gets no answer: its connection is closed once it "
+        "has not finished a request head for `idle_timeout_s` (75 s by default, 4 s in this run; "
+        "aiohttp's keep-alive timeout, armed at connect). Trickling bodies are cut off with 408 "
         "(`body_idle_timeout_s`, `min_upload_bytes_per_s`).",
         "",
         "## Re-run",

@@ -69,6 +69,10 @@ class ServerConfig:
     #: ... and so is an upload slower than this on average once it ran ``upload_rate_grace_s``.
     min_upload_bytes_per_s: float = 16 * 1024
     upload_rate_grace_s: float = 30.0
+    #: A connection that has not sent a whole request head for this long, counted from its connect
+    #: or its last answer, is closed: headers trickled in (slow loris), or a kept-alive connection
+    #: left idle (aiohttp's keep-alive timeout, which it arms at connect).
+    idle_timeout_s: float = 75.0
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -77,10 +81,10 @@ class ServerConfig:
             raise ConfigError(f"port {self.port} is out of range")
         if self.max_result_bytes is not None and self.max_result_bytes <= 0:
             raise ConfigError("max_result_bytes must be positive")
-        if not (self.body_idle_timeout_s > 0 and self.upload_rate_grace_s >= 0
+        if not (self.body_idle_timeout_s > 0 and self.idle_timeout_s > 0 and self.upload_rate_grace_s >= 0
                 and self.min_upload_bytes_per_s >= 0):
-            raise ConfigError("body_idle_timeout_s must be > 0, upload_rate_grace_s and "
-                              "min_upload_bytes_per_s >= 0")
+            raise ConfigError("body_idle_timeout_s and idle_timeout_s must be > 0, upload_rate_grace_s "
+                              "and min_upload_bytes_per_s >= 0")
 
 
 def server_ssl_context(cert: Path, key: Path) -> ssl.SSLContext:
@@ -215,7 +219,7 @@ class Server:
         app = build_app(self._coordinator, self._authority, cfg)
         kwargs: dict[str, Any] = {} if cfg.access_log else {"access_log": None}
         runner = JsonErrorRunner(app, handle_signals=False, shutdown_timeout=cfg.shutdown_timeout_s,
-                                 **kwargs)
+                                 keepalive_timeout=cfg.idle_timeout_s, **kwargs)
         await runner.setup()
         try:
             site = web.TCPSite(runner, cfg.host, cfg.port, ssl_context=ctx, backlog=cfg.backlog)

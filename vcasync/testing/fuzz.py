@@ -157,8 +157,9 @@ def slow_loris(port: int, ctx: HostileContext, *, per_kind: int = 2, trickle_s: 
                duration_s: float = 20.0, honest: Callable[[HttpProbe], None] | None = None
                ) -> SlowLorisReport:
     """Trickle headers, control bodies and result uploads on ``per_kind`` connections each for up to
-    ``duration_s``; meanwhile run ``honest`` (default: a heartbeat) once a second and, once, upload
-    the victim's result. Needs ``ctx.spare_leases`` (one per slow upload)."""
+    ``duration_s``; meanwhile, and on after the server has cut them all off, run ``honest``
+    (default: a heartbeat) every ``trickle_s`` for the whole ``duration_s`` and, once, upload the
+    victim's result. Needs ``ctx.spare_leases`` (one per slow upload)."""
     rep = SlowLorisReport()
     auth = f"Authorization: Bearer {ctx.attacker}\r\n".encode()
     socks: list[tuple[str, socket.socket, bytes]] = []
@@ -177,7 +178,7 @@ def slow_loris(port: int, ctx: HostileContext, *, per_kind: int = 2, trickle_s: 
     deadline = time.monotonic() + duration_s
     uploaded = False
     with HttpProbe("127.0.0.1", port, timeout=duration_s + 30) as probe:
-        while open_ and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
             for i in list(open_):
                 kind, s, rest = socks[i]
                 answer = _answer(s)
