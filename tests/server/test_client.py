@@ -11,12 +11,13 @@ import pytest
 
 from vcasync import client as client_mod
 from vcasync._units import make_units
-from vcasync.client import CoordinatorClient
+from vcasync.client import CoordinatorClient, client_ssl_context
 from vcasync.errors import ConfigError
+from vcasync.server import ServerConfig
 from vcasync.tensors import ModelState
 from vcasync.wire import decode_payload_bytes
 
-from .conftest import SECRET, result_payload, running
+from .conftest import SECRET, result_payload, running, self_signed_cert
 
 
 async def _model(coord: Any) -> ModelState:
@@ -79,3 +80,22 @@ async def test_a_size_that_does_not_match_the_buffer_sends_nothing(tmp_path: Pat
         # The lease is untouched: the right upload is accepted afterwards.
         receipt = await client.submit(grant.lease_id, data, size=len(data))
         assert receipt.status == "accepted"
+
+
+@pytest.mark.parametrize("form", ["bytes", "file"])
+async def test_blocks_over_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str) -> None:
+    # The TLS transport holds the memoryview blocks until it has encrypted them.
+    monkeypatch.setattr(client_mod, "UPLOAD_BLOCK", 64)
+    monkeypatch.setattr(client_mod, "FILE_BLOCK", 64)
+    cert, key = self_signed_cert(tmp_path)
+    make = _as_file(tmp_path) if form == "file" else bytes
+    async with running(tmp_path, units=make_units(2, steps=3), durability="none",
+                       server_config=ServerConfig(port=0, tls_cert=cert, tls_key=key)) as (coord, server), \
+            CoordinatorClient(server.url, ssl_context=client_ssl_context(cert)) as client:
+        assert server.url.startswith("https://")
+        await client.join(SECRET, "t")
+        grant = await client.lease()
+        data = result_payload(await _model(coord), grant.lease_id, grant.base_version)
+        receipt = await client.submit(grant.lease_id, make(data))
+        assert receipt.status == "accepted"
+        assert coord.version == grant.base_version + 1
