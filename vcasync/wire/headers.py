@@ -43,7 +43,6 @@ class FramePlan:
     shuffle: bool
     group: bool                        # a G frame: its items' bytes are one block
     nbytes: int                        # wire bytes of all its tensors once decoded
-    decoded: int                       # their bytes in their own dtypes
     at: tuple[int, ...] | None = None  # a group's places in the payload's order (distinct)
 
 
@@ -68,7 +67,7 @@ def _tensor_plan(h: dict[str, Any], limits: Limits) -> FramePlan:
     if not isinstance(shuffle, bool):
         raise FrameError("tensor shuffle flag must be a bool", field="tensor.shuffle")
     d = declare(h["name"], h["dtype"], h["shape"], h.get("wire"), limits)
-    return FramePlan((d,), codec, codec_name, shuffle, False, d.nbytes, d.decoded)
+    return FramePlan((d,), codec, codec_name, shuffle, False, d.nbytes)
 
 
 def _group_plan(h: dict[str, Any], limits: Limits) -> FramePlan:
@@ -86,7 +85,7 @@ def _group_plan(h: dict[str, Any], limits: Limits) -> FramePlan:
         raise FrameError("group items must be a non-empty list", field="group.items")
     names: set[str] = set()
     decls = []
-    total = decoded = 0
+    total = 0
     for item in items:
         if type(item) is not list or len(item) != 3:
             raise FrameError("a group item must be [name, dtype, shape]", field="group.items")
@@ -96,9 +95,8 @@ def _group_plan(h: dict[str, Any], limits: Limits) -> FramePlan:
         names.add(d.name)
         decls.append(d)
         total += d.nbytes
-        decoded += d.decoded
     at = _places(h.get("at"), len(decls))
-    return FramePlan(tuple(decls), codec, codec_name, False, True, total, decoded, at)
+    return FramePlan(tuple(decls), codec, codec_name, False, True, total, at)
 
 
 def _places(at: Any, n: int) -> tuple[int, ...] | None:
