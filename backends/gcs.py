@@ -27,6 +27,7 @@ from urllib.parse import quote
 import aiohttp
 from gcloud.aio.storage import Storage as GcloudStorage
 
+from vcasync._aio import buffer_blocks
 from vcasync.errors import (
     AccessDeniedError,
     ConfigError,
@@ -343,7 +344,7 @@ class GCSStorage(StorageBase):
             rng = (f"bytes {persisted}-{persisted + len(rest) - 1}/{total if last else '*'}" if rest
                    else f"bytes */{total}")
             status, headers, _ = await self._request(
-                "PUT", session_url, ok=(200, 201, 308), data=_pieces(rest),
+                "PUT", session_url, ok=(200, 201, 308), data=buffer_blocks(rest, MiB),
                 headers={"Content-Range": rng, "Content-Length": str(len(rest))})
             if status in (200, 201):
                 if not last:
@@ -469,13 +470,6 @@ def _persisted(headers: dict[str, str]) -> int:
     if not value:
         return 0
     return int(value.rpartition("-")[2]) + 1
-
-
-async def _pieces(view: memoryview, size: int = MiB) -> AsyncIterator[memoryview]:
-    """A request body in pieces: aiohttp then awaits the socket between them instead of queueing
-    one huge write (it warns about bodies over 1 MiB given as bytes)."""
-    for start in range(0, len(view), size):
-        yield view[start:start + size]
 
 
 async def _single(view: memoryview) -> AsyncIterator[memoryview]:

@@ -43,8 +43,9 @@ from typing import Any
 import aiohttp
 import torch
 
+from vcasync._aio import buffer_blocks
 from vcasync._loop import run
-from vcasync.client import UPLOAD_BLOCK, CoordinatorClient, _buffer_blocks
+from vcasync.client import UPLOAD_BLOCK, CoordinatorClient
 from vcasync.coordinator import CoordinatorConfig
 from vcasync.wire import encode_payload
 
@@ -98,7 +99,7 @@ class E2E:
 async def post_once(http: aiohttp.ClientSession, url: str, data: bytes, *, whole: bool = False) -> float:
     """POST ``data`` in blocks as the client sends a result, or (``whole``) as one buffer."""
     t0 = time.perf_counter()
-    body: Any = data if whole else _buffer_blocks(memoryview(data), UPLOAD_BLOCK)
+    body: Any = data if whole else buffer_blocks(memoryview(data), UPLOAD_BLOCK)
     async with http.post(f"{url}/sink", data=body, headers={"Content-Length": str(len(data))}) as r:
         got = (await r.json())["bytes"]
     elapsed = time.perf_counter() - t0

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, BinaryIO, TypeVar
 
-__all__ = ["first_error", "run_all", "to_thread_released"]
+__all__ = ["buffer_blocks", "file_blocks", "first_error", "run_all", "to_thread_released"]
 
 T = TypeVar("T")
 
@@ -24,6 +24,19 @@ async def to_thread_released(fn: Callable[..., T], /, *args: Any, **kwargs: Any)
         return f(*a, **k)   # type: ignore[no-any-return]
 
     return await asyncio.to_thread(call)
+
+
+async def buffer_blocks(view: memoryview, block: int) -> AsyncIterator[memoryview]:
+    """``view`` in slices of ``block`` bytes, none copied: an HTTP body that aiohttp writes a
+    piece at a time, awaiting the socket between them, instead of copying one huge buffer."""
+    for start in range(0, view.nbytes, block):
+        yield view[start:start + block]
+
+
+async def file_blocks(f: BinaryIO, block: int) -> AsyncIterator[bytes]:
+    """An open file, ``block`` bytes per thread hop, to its end."""
+    while data := await asyncio.to_thread(f.read, block):
+        yield data
 
 
 def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:

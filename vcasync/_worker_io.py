@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ._aio import file_blocks
 from ._worker_state import StateDir
 from .errors import ConfigError, ValidationError, VCAsyncError
 from .tensors import ModelSpec, ModelState
@@ -89,7 +90,7 @@ class ModelCache:
 async def _file_chunks(path: Path, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
     f = await asyncio.to_thread(path.open, "rb")
     try:
-        while chunk := await asyncio.to_thread(f.read, chunk_size):
+        async for chunk in file_blocks(f, chunk_size):
             yield chunk
     finally:
         await asyncio.to_thread(f.close)

@@ -18,11 +18,12 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO
+from typing import Any
 
 import aiohttp
 
 from . import _protocol as P
+from ._aio import buffer_blocks, file_blocks
 from ._errmap import error_from_body
 from ._units import LeaseGrant, Receipt
 from .errors import (
@@ -78,16 +79,6 @@ def client_ssl_context(ca_file: Path | None) -> ssl.SSLContext:
 #: buffer goes to the transport as memoryview slices, and a file is read one block per thread hop.
 UPLOAD_BLOCK = 1 << 20
 FILE_BLOCK = 4 << 20
-
-
-async def _buffer_blocks(view: memoryview, block: int) -> AsyncIterator[memoryview]:
-    for start in range(0, view.nbytes, block):
-        yield view[start:start + block]
-
-
-async def _file_blocks(f: BinaryIO, block: int) -> AsyncIterator[bytes]:
-    while data := await asyncio.to_thread(f.read, block):
-        yield data
 
 
 class CoordinatorClient:
@@ -209,7 +200,7 @@ class CoordinatorClient:
             f = await asyncio.to_thread(body.open, "rb")
             try:
                 headers["Content-Length"] = str((await asyncio.to_thread(os.fstat, f.fileno())).st_size)
-                return await self._put_result(url, _file_blocks(f, FILE_BLOCK), headers)
+                return await self._put_result(url, file_blocks(f, FILE_BLOCK), headers)
             finally:
                 await asyncio.to_thread(f.close)
         if isinstance(body, bytes | bytearray | memoryview):
@@ -217,7 +208,7 @@ class CoordinatorClient:
             if size is not None and size != view.nbytes:
                 raise ConfigError(f"size {size} does not match the body's {view.nbytes} bytes")
             headers["Content-Length"] = str(view.nbytes)
-            return await self._put_result(url, _buffer_blocks(view, UPLOAD_BLOCK), headers)
+            return await self._put_result(url, buffer_blocks(view, UPLOAD_BLOCK), headers)
         if size is not None:
             headers["Content-Length"] = str(size)
         return await self._put_result(url, body, headers)
