@@ -8,6 +8,7 @@ another package adds one). Heavy imports happen inside ``run`` so ``vcasync --he
 from __future__ import annotations
 
 import argparse
+import enum
 import importlib
 import logging
 import os
@@ -20,9 +21,20 @@ from pathlib import Path
 
 from .errors import ConfigError, VCAsyncError
 
-__all__ = ["Command", "available_commands", "main", "read_secret"]
+__all__ = ["Command", "ExitCode", "available_commands", "main", "read_secret"]
 
 log = logging.getLogger("vcasync.cli")
+
+
+class ExitCode(enum.IntEnum):
+    """What a ``vcasync`` command's exit status means (documented in docs/operating.md)."""
+
+    OK = 0            #: the run finished and every work unit was merged
+    ERROR = 1         #: an unexpected error ended the command
+    CONFIG = 2        #: the configuration (flags, run.toml, environment) is wrong; nothing was changed
+    PARKED = 3        #: the run ended with work units parked (given up after failing); nothing lost
+    STORAGE = 4       #: storage failed in a way that made progress impossible
+    INTERRUPTED = 130  #: stopped by Ctrl-C
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return commands[args.command].run(args)
     except ConfigError as exc:
         print(f"vcasync {args.command}: configuration error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.CONFIG
     except VCAsyncError as exc:
         print(f"vcasync {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return ExitCode.ERROR
     except KeyboardInterrupt:
-        return 130
+        return ExitCode.INTERRUPTED
