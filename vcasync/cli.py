@@ -98,7 +98,11 @@ def setup_logging(level: str) -> None:
 
 
 def build_parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vcasync", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="vcasync",
+        description="Train PyTorch models on fleets of preemptible, unreliable machines. "
+                    "'vcasync COMMAND --help' describes each command.",
+        epilog="exit status: " + ", ".join(f"{int(c)} {c.name.lower()}" for c in ExitCode))
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, cmd in sorted(commands.items()):
