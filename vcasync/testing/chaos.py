@@ -370,7 +370,7 @@ async def _run_chaos(cfg: ChaosConfig, run_dir: Path, audit: bool) -> ChaosResul
     toml = run_dir / "run.toml"
     toml.write_text(toml_text(cfg.run_table(f"file://{store}", run_dir / "final.pt")))
     spec = FleetSpec(run_dir=run_dir, run_toml=toml, port=free_port(), join_secret=JOIN_SECRET,
-                     trainer=cfg.trainer, grace_period_s=cfg.grace_period_s)
+                     trainer=cfg.trainer, grace_period_s=cfg.grace_period_s, chaos_hooks=True)
     started = time.monotonic()
     async with Fleet(spec) as fleet:
         run = _Run(cfg, run_dir, fleet)
