@@ -1,8 +1,10 @@
 """A chaos run: a real fleet trains the digits example while its processes are killed and its storage
 misbehaves; then :mod:`vcasync.testing.audit` checks what survived.
 
-One ``vcasync coordinator`` and ``workers`` ``vcasync worker`` processes (half preempt with a
-checkpoint, half with a partial result). While they train:
+One coordinator and ``workers`` ``vcasync worker`` processes (half preempt with a checkpoint, half
+with a partial result). The coordinator runs through the test-only entry point
+:mod:`vcasync.testing.chaos_coordinator` (the ``vcasync coordinator`` command plus the hooks below;
+the production command ignores them). While they train:
 
 - workers get SIGTERM (a preemption notice, ``grace_period_s`` to wrap up; escalated to SIGKILL if
   they overrun) or SIGKILL at random moments, ``kill_interval_s`` apart on average, and come back
