@@ -35,14 +35,14 @@ from aiohttp import web
 from . import _routes as R
 from ._errmap import error_fields, spec_for
 from ._http_errors import JsonErrorRunner
-from ._upload import BodyCutOff, BodyTimeouts
+from ._upload import BodyCutOff, BodyTimeouts, Pace
 from .auth import TokenAuthority
 from .coordinator import Coordinator
 from .errors import AuthError, ClosedError, ConfigError, NoWorkAvailableError, VCAsyncError
 from .metrics_http import HttpMetrics, render
 from .wire import Limits
 
-__all__ = ["Server", "ServerConfig", "build_app", "server_ssl_context"]
+__all__ = ["BodyTimeouts", "Pace", "Server", "ServerConfig", "build_app", "server_ssl_context"]
 
 log = logging.getLogger("vcasync.server")
 
