@@ -11,9 +11,13 @@ in its vectorised body and its scalar tail, so :func:`axpy` computes half tensor
 blocks. A full reduction (``sum()``) depends on the thread count, so :func:`dot3` sums fixed
 16,384-element rows (one thread per row) and adds the row sums with ``math.fsum``.
 
-Integer and bool tensors are never averaged: the model takes the element-wise maximum of its value
-and the worker's (logical or for bools). Deltas carry the worker's values for such tensors (a
-difference of counters or masks means nothing), so the same rule serves both kinds of update.
+Integer and bool tensors are never averaged (see :mod:`vcasync.policy`, "Integer and bool
+tensors"). Integer tensors are counters: every update carries the worker's *increment* (its value
+minus the value of the version it trained from, whatever its kind: the coordinator turns full
+weights into increments before a policy sees them), and the model adds every merged increment
+(:func:`add_counts`). Bool tensors carry the worker's value and the last merged one wins
+(:func:`take_discrete`). Buffering policies sum the increments (and keep the last bool value) in
+their state and apply them with the flush (:func:`buffer_discrete`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ __all__ = [
     "accumulate_delta",
     "axpy",
     "blocks",
+    "buffer_discrete",
     "check_update",
     "delta_of",
     "dot3",
@@ -40,7 +45,7 @@ __all__ = [
     "mix_result",
     "mixable",
     "store_delta",
-    "take_max",
+    "take_discrete",
 ]
 
 #: Elements per reduction row: below torch's parallel grain (32,768), so one thread sums a row.
@@ -139,9 +144,25 @@ def axpy(w: torch.Tensor, x: torch.Tensor, alpha: float, ws: Workspace) -> None:
             wf[s:e].copy_(a.add_(b, alpha=alpha))
 
 
-def take_max(w: torch.Tensor, x: torch.Tensor) -> None:
-    """``w <- max(w, x)`` element-wise, in place (logical or for bools)."""
-    torch.maximum(w, x, out=w)
+def take_discrete(w: torch.Tensor, x: torch.Tensor) -> None:
+    """Merge one integer or bool tensor in place: ``w += x`` (an increment) for integers, ``w <- x``
+    (the worker's value, last merged wins) for bools.
+
+    Integer addition wraps on overflow, the same way on every machine, so replay stays bit-exact.
+    """
+    if w.dtype == torch.bool:
+        w.copy_(x)
+    else:
+        w.add_(x)
+
+
+def buffer_discrete(buf: torch.Tensor, x: torch.Tensor, *, first: bool) -> None:
+    """Fold one result's integer/bool tensor into a buffer that :func:`take_discrete` applies later:
+    the sum of the increments, or the last bool value (``first``: the buffer's contents are stale)."""
+    if first or buf.dtype == torch.bool:
+        buf.copy_(x)
+    else:
+        buf.add_(x)
 
 
 def delta_of(x: torch.Tensor, w: torch.Tensor, ws: Workspace) -> torch.Tensor:
@@ -155,7 +176,8 @@ def delta_of(x: torch.Tensor, w: torch.Tensor, ws: Workspace) -> torch.Tensor:
 
 
 def store_delta(slot: torch.Tensor, w: torch.Tensor, x: torch.Tensor, *, weights: bool) -> None:
-    """``slot <- d`` (``x`` for a delta, ``x - w`` for full weights; integers keep their values)."""
+    """``slot <- d`` (``x`` for a delta, ``x - w`` for full weights; integer and bool tensors are
+    increments and values in both kinds, so they are copied as they are)."""
     if weights and mixable(w):
         torch.sub(x, w, out=slot)
     else:
@@ -169,7 +191,7 @@ def mix_result(w: torch.Tensor, x: torch.Tensor, base: torch.Tensor | None, weig
     Two passes, no temporary: ``lerp_`` towards the base, then add the weighted delta.
     """
     if not mixable(w):
-        take_max(w, x)
+        take_discrete(w, x)
         return
     if weight == 0.0:
         return

@@ -11,9 +11,9 @@ momentum::
 
 with the published defaults ``lr = 0.7``, ``mu = 0.9`` (inner steps H = 500 AdamW are the worker's
 business). Full weights become a delta against the current model, computed into one reused
-scratch the size of a tensor. Integer and bool tensors take the
-element-wise maximum, applied with the outer step. Momentum (and the buffer when ``buffer_size > 1``)
-is allocated once in ``init_state`` and updated in place.
+scratch the size of a tensor. Integer tensors add their increments (summed over a buffer) and bool
+tensors take the last value, applied with the outer step (the policy contract's rule). Momentum
+(and the buffer when ``buffer_size > 1``) is allocated once in ``init_state`` and updated in place.
 """
 
 from __future__ import annotations
@@ -26,7 +26,16 @@ from vcasync.errors import ConfigError
 from vcasync.policy import PolicyState
 from vcasync.tensors import ModelState, Update
 
-from ._kernels import Workspace, axpy, check_update, delta_of, lerp_delta, mixable, take_max
+from ._kernels import (
+    Workspace,
+    axpy,
+    buffer_discrete,
+    check_update,
+    delta_of,
+    lerp_delta,
+    mixable,
+    take_discrete,
+)
 
 __all__ = ["DiLoCo"]
 
@@ -83,10 +92,8 @@ class DiLoCo:
                 if mixable(w):
                     lerp_delta(state["buffer"][name], w, x, weights=weights, ratio=1.0 / count,
                                ws=self._ws)
-                elif count == 1:
-                    ints[name].copy_(x)
                 else:
-                    take_max(ints[name], x)
+                    buffer_discrete(ints[name], x, first=count == 1)
             if count < self.buffer_size:
                 state["count"] = count
                 return None
@@ -95,14 +102,14 @@ class DiLoCo:
                     self._outer_step(w, state["momentum"][name], state["buffer"][name], None)
                     state["buffer"][name].zero_()
                 else:
-                    take_max(w, ints[name])
+                    take_discrete(w, ints[name])
         else:
             for name, w in model.items():
                 x = update.tensors[name]
                 if mixable(w):
                     self._outer_step(w, state["momentum"][name], x, w if weights else None)
                 else:
-                    take_max(w, x)
+                    take_discrete(w, x)
         state["count"] = 0
         return model
 

@@ -5,7 +5,8 @@ the staleness functions of its section 5.2: constant, polynomial ``(tau + 1) ** 
 ``1 if tau <= b else 1 / (a (tau - b) + 1)``.
 
 A delta is turned into ``w_c = w_base + d`` with the base model the coordinator kept
-(``needs_base``). Integer and bool tensors take the element-wise maximum. In place, no temporary.
+(``needs_base``). Integer tensors add the worker's increment, bool tensors take its value
+(the policy contract's rule). In place, no temporary.
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ The paper's default staleness weight is ``1 / sqrt(1 + tau)``, i.e. polynomial w
 
 Full weights become a delta against the current model (which does not change while the buffer
 fills; the difference goes into one reused scratch the size of a tensor), so no base is needed.
-Integer and bool tensors keep the element-wise maximum of the buffered values and apply it with the
-rest at the flush; until then the model is untouched (``merge`` returns None). The buffer is
-allocated once (``init_state``) and reused.
+Integer tensors sum the buffered increments and bool tensors keep the last buffered value (the
+policy contract's rule, :mod:`vcasync.policy`); both are applied with the rest at the flush, and not
+scaled: a counter counts every merged step. Until then the model is untouched (``merge`` returns
+None). The buffer is allocated once (``init_state``) and reused.
 """
 
 from __future__ import annotations
@@ -22,7 +23,15 @@ from vcasync.errors import ConfigError
 from vcasync.policy import PolicyState
 from vcasync.tensors import ModelState, Update
 
-from ._kernels import Workspace, accumulate_delta, axpy, check_update, mixable, take_max
+from ._kernels import (
+    Workspace,
+    accumulate_delta,
+    axpy,
+    buffer_discrete,
+    check_update,
+    mixable,
+    take_discrete,
+)
 from ._staleness import StalenessKind, StalenessWeight
 
 __all__ = ["FedBuff"]
@@ -71,10 +80,8 @@ class FedBuff:
             x = update.tensors[name]
             if mixable(w):
                 accumulate_delta(buffer[name], w, x, weights=weights, scale=scale, ws=self._ws)
-            elif first:
-                ints[name].copy_(x)
             else:
-                take_max(ints[name], x)
+                buffer_discrete(ints[name], x, first=first)
         state["count"] = int(state["count"]) + 1
         if state["count"] < self.buffer_size:
             return None
@@ -84,6 +91,6 @@ class FedBuff:
                 axpy(w, buffer[name], step, self._ws)
                 buffer[name].zero_()
             else:
-                take_max(w, ints[name])
+                take_discrete(w, ints[name])
         state["count"] = 0
         return model

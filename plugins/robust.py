@@ -9,8 +9,9 @@ Bounded influence: with at most ``max_outliers`` arbitrary results among the K (
 the median, ``floor(beta K)`` for the trimmed mean), every coordinate of the aggregate stays within
 the honest results' range. The median of an even K is the midpoint of the two middle values, and the
 trimmed mean is a running mean (``lerp_``) over the kept sorted values, so both stay exactly inside
-that range. Integer and bool tensors take the lower median of the buffered values (never an
-average), then the element-wise maximum with the model.
+that range. Integer and bool tensors follow the policy contract's rule, not the robust aggregate:
+the model adds the sum of the buffered increments and takes the last buffered bool value (a counter
+counts every merged step; bounded influence is a promise about the floating-point tensors).
 
 Full weights become a delta against the current model (unchanged while the buffer fills). The
 buffer holds K copies by nature (their tensors are reused after a flush); each coordinate block of
@@ -29,7 +30,16 @@ from vcasync.errors import ConfigError
 from vcasync.policy import PolicyState
 from vcasync.tensors import ModelState, Update
 
-from ._kernels import Workspace, axpy, blocks, check_update, mixable, store_delta, take_max
+from ._kernels import (
+    Workspace,
+    axpy,
+    blocks,
+    buffer_discrete,
+    check_update,
+    mixable,
+    store_delta,
+    take_discrete,
+)
 
 __all__ = ["Median", "TrimmedMean", "sort_columns"]
 
@@ -88,21 +98,24 @@ class _Buffered:
         return model
 
     def _apply(self, w: torch.Tensor, values: list[torch.Tensor]) -> None:
+        if not mixable(w):
+            # Sum the increments into the first slot (a buffer copy the policy owns), then apply.
+            acc = values[0]
+            for v in values[1:]:
+                buffer_discrete(acc, v, first=False)
+            take_discrete(w, acc)
+            return
         k = len(values)
         flat = [v.reshape(-1) for v in values]
         n = flat[0].numel()
-        rdtype = torch.uint8 if w.dtype == torch.bool else w.dtype
         wf = w.view(-1) if w.is_contiguous() else None
         agg_full = None if wf is not None else torch.empty(n, dtype=w.dtype)  # rare: strided model
         for s, e in blocks(n, _BLOCK):
-            rows = self._ws.take("rows", rdtype, k * (e - s)).view(k, e - s)
+            rows = self._ws.take("rows", w.dtype, k * (e - s)).view(k, e - s)
             for i, f in enumerate(flat):
                 rows[i].copy_(f[s:e])
             sort_columns(rows, self._ws)
-            if mixable(w):
-                agg = self._aggregate(rows, self._ws.take("agg", w.dtype, e - s))
-            else:
-                agg = rows[(k - 1) // 2].to(w.dtype)  # lower median; small block
+            agg = self._aggregate(rows, self._ws.take("agg", w.dtype, e - s))
             if agg_full is not None:
                 agg_full[s:e].copy_(agg)
             else:
@@ -112,10 +125,7 @@ class _Buffered:
             self._update(w, agg_full.view(w.shape))
 
     def _update(self, w: torch.Tensor, agg: torch.Tensor) -> None:
-        if mixable(w):
-            axpy(w, agg, self.lr, self._ws)
-        else:
-            take_max(w, agg)
+        axpy(w, agg, self.lr, self._ws)
 
     def _aggregate(self, ordered: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

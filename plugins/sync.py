@@ -10,7 +10,8 @@ The round's mean delta is kept as a running, sample-weighted mean (``lerp_`` wit
 with zero samples weigh nothing, unless no result of the round has samples; then all weigh the same.
 Full weights become a delta against the current model (which does not change during a round),
 computed into one reused scratch the size of a tensor.
-Integer and bool tensors take the element-wise maximum of the round's values at the end of the round.
+Integer tensors add the sum of the round's increments at the end of the round, bool tensors take
+the round's last value (the policy contract's rule, :mod:`vcasync.policy`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from vcasync.errors import ConfigError
 from vcasync.policy import PolicyState
 from vcasync.tensors import ModelState, Update
 
-from ._kernels import Workspace, check_update, lerp_delta, mixable, take_max
+from ._kernels import Workspace, buffer_discrete, check_update, lerp_delta, mixable, take_discrete
 
 __all__ = ["SyncAverage"]
 
@@ -64,10 +65,8 @@ class SyncAverage:
             x = update.tensors[name]
             if mixable(w):
                 lerp_delta(mean[name], w, x, weights=weights, ratio=ratio, ws=self._ws)
-            elif count == 1:
-                ints[name].copy_(x)
             else:
-                take_max(ints[name], x)
+                buffer_discrete(ints[name], x, first=count == 1)
         if count < self.buffer_size:
             state["count"], state["samples"] = count, total
             return None
@@ -76,6 +75,6 @@ class SyncAverage:
                 w.add_(mean[name])
                 mean[name].zero_()
             else:
-                take_max(w, ints[name])
+                take_discrete(w, ints[name])
         state["count"], state["samples"] = 0, 0
         return model

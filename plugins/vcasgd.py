@@ -8,8 +8,9 @@ project's reading of it (see PAPER.md), kept configurable rather than claiming m
 progress (the number of results merged so far, against ``horizon``), and/or scaled by a function of
 staleness ``tau`` so that stale results move the model less: the result's weight is
 ``(1 - alpha_t) * s(tau)``. A delta is turned into ``w_c = w_base + d`` with the base model the
-coordinator kept (``needs_base``); full weights are used as they are. Integer and bool tensors take
-the element-wise maximum (counters such as ``num_batches_tracked`` only grow).
+coordinator kept (``needs_base``); full weights are used as they are. Integer tensors add the
+worker's increment and bool tensors take its value, unweighted (the policy contract's rule: a
+counter such as ``num_batches_tracked`` counts every step trained).
 
 In place, two passes per tensor (``lerp_`` then ``add_``), no temporary: a merge costs about what
 copying the model once or twice does.

@@ -18,9 +18,17 @@ Rules every policy keeps (``vcasync.testing.check_policy`` holds a policy to the
   to use a delta; the coordinator then fills it in, or refuses the result when that version is gone.
 - ``claims`` names the optional laws the policy promises (see :data:`OPTIONAL_LAWS`); the laws in
   :data:`REQUIRED_LAWS` bind every policy.
-- Integer and bool tensors (BatchNorm's ``num_batches_tracked``, masks) are never averaged. In a
-  delta update they carry the worker's *values*, not differences; built-in policies take the
-  element-wise maximum of the model's and the result's values (logical or for bools).
+- Integer and bool tensors (BatchNorm's ``num_batches_tracked``, masks) are never averaged or
+  scaled. Integer tensors are *counters*: in every update, delta or full weights, they carry the
+  worker's **increment**, its value minus the value of the version it trained from (a worker's
+  delta is ``t - base`` for them too; the coordinator turns a full-weights result's integers into
+  increments against its base version before any policy sees it). A merge adds the increments of
+  every result it merges to the model's value, so sequential and concurrent work both count every
+  step, and ``upload = "delta"`` and ``upload = "weights"`` give the same counters. Bool tensors
+  carry the worker's **value** in both kinds; the last result merged wins (a buffering policy
+  applies the last value it buffered). The ``counters`` law holds every policy to this.
+- ``merge`` never changes the update's metadata either (``staleness``, ``samples``, ``steps``,
+  ``metrics``, ...): the coordinator records and journals them after the merge.
 
 Policies come from a registry fed by the ``vcasync.policies`` entry-point group (our built-ins use it
 too) and by :func:`register_policy`. Each is validated when registered or first loaded: required
@@ -65,10 +73,10 @@ PolicyState = dict[str, Any]
 #: never moves the model more; f outliers among a buffer cannot drag it outside the honest hull.
 OPTIONAL_LAWS: Final = frozenset({"identity", "convex", "staleness_monotone", "bounded_influence"})
 #: Laws every policy obeys: the contract above (None keeps the model, a rejection changes nothing,
-#: the spec is preserved), bit-exact determinism, state round trip, inputs never mutated, finite in
-#: -> finite out.
+#: the spec is preserved), bit-exact determinism, state round trip, inputs (tensors and metadata)
+#: never mutated, finite in -> finite out, and the integer/bool rule (``counters``).
 REQUIRED_LAWS: Final = frozenset({"contract", "deterministic", "state_roundtrip", "inputs_unchanged",
-                                  "finite"})
+                                  "finite", "counters"})
 KNOWN_LAWS: Final = OPTIONAL_LAWS | REQUIRED_LAWS
 
 _GROUP: Final = "vcasync.policies"

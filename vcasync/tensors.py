@@ -19,7 +19,8 @@ import torch
 
 from .errors import ConfigError, SpecMismatchError, ValidationError
 
-__all__ = ["ModelSpec", "ModelState", "TensorSpec", "Update", "UpdateKind", "all_finite", "tensor_bytes"]
+__all__ = ["ModelSpec", "ModelState", "TensorSpec", "Update", "UpdateKind", "all_finite",
+           "counter_increments", "is_counter", "make_delta", "tensor_bytes"]
 
 UpdateKind = Literal["delta", "weights"]
 
@@ -48,6 +49,42 @@ def all_finite(t: torch.Tensor) -> bool:
 def _extremes_finite(flat: torch.Tensor) -> bool:
     lo, hi = torch.aminmax(flat)
     return math.isfinite(float(lo)) and math.isfinite(float(hi))
+
+
+def is_counter(t: torch.Tensor) -> bool:
+    """Integer tensors are counters: they travel and merge as increments (:mod:`vcasync.policy`)."""
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+
+
+def make_delta(base: Mapping[str, torch.Tensor],
+               trained: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The body of a ``kind = "delta"`` result: what a worker uploads after training from ``base``.
+
+    ``trained - base`` (in the base's dtype) for floating-point and integer tensors (for a counter
+    the difference is its increment), and the trained value for bool tensors (a difference of
+    flags means nothing). Names must match; the result is contiguous CPU tensors.
+    """
+    if set(trained) != set(base):
+        raise SpecMismatchError("the trained tensors do not match the base model's names",
+                                reason="missing_tensor")
+    out: dict[str, torch.Tensor] = {}
+    for name, b in base.items():
+        t = trained[name].detach().cpu()
+        if b.dtype == torch.bool:
+            out[name] = t.to(torch.bool).contiguous()
+        else:
+            out[name] = (t.to(b.dtype) - b.detach().cpu()).contiguous()
+    return out
+
+
+def counter_increments(tensors: Mapping[str, torch.Tensor],
+                       base: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A full-weights result as a merge policy sees it: integer tensors become ``value - base``.
+
+    Other tensors are passed through (the same objects). ``base`` needs only the integer tensors
+    of the version the worker trained from.
+    """
+    return {n: torch.sub(t, base[n]) if is_counter(t) else t for n, t in tensors.items()}
 
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
@@ -265,7 +302,10 @@ class Update:
     """One worker's result, as a merge policy sees it.
 
     ``tensors`` is a delta (``w_c - w_base``) when ``kind == "delta"``, else the full weights
-    ``w_c``. ``staleness`` is ``v_now - base_version``, set by the coordinator before merging.
+    ``w_c``, for the floating-point tensors. Integer tensors hold the worker's increment
+    (``w_c - w_base``) and bool tensors its value, in both kinds (:mod:`vcasync.policy` says why;
+    :func:`counter_increments` turns a full-weights result into this form). ``staleness`` is
+    ``v_now - base_version``, set by the coordinator before merging.
     ``base`` is the model at ``base_version`` when the coordinator still has it (policies that need
     ``w_c`` from a delta use it); it is never mutated.
     """
