@@ -41,7 +41,11 @@ from .tensors import ModelState, Update
 if TYPE_CHECKING:
     from ._coordinator_config import CoordinatorConfig
 
-__all__ = ["Control", "Job", "Merger"]
+__all__ = ["INCREMENTS", "Control", "Job", "Merger"]
+
+#: Marks a journaled result whose integer tensors are increments (every entry written since the
+#: counter rule; older full-weights entries carry values, replayed by the old maximum rule).
+INCREMENTS = "increment"
 
 log = logging.getLogger("vcasync.coordinator")
 
@@ -143,6 +147,13 @@ class Merger:
             return await self._reject(job, "too_stale", f"based on version {meta.base_version}, "
                                       f"{current - meta.base_version} behind the model (max "
                                       f"{self._config.max_staleness})")
+        # Counters travel as increments (the policy contract): full weights carry values, so
+        # subtract the base version's before the result is journaled, and replay needs no base.
+        if meta.kind == "weights" and not self._owner.counters.to_increments(job.tensors,
+                                                                            meta.base_version):
+            return await self._reject(job, "base_unavailable",
+                                      f"the integer tensors of base version {meta.base_version} "
+                                      f"are no longer held; lease again")
         held: Version | None = None
         if self._owner.needs_base and meta.kind == "delta":
             held = self._owner.hold(meta.base_version)
@@ -155,7 +166,7 @@ class Merger:
                     await self._journal.ensure_base(held.model)
                 await self._journal.append(
                     {"type": "result", "worker_id": job.worker_id, "unit_id": job.unit.unit_id,
-                     **meta.to_dict()}, job.tensors)
+                     "ints": INCREMENTS, **meta.to_dict()}, job.tensors)
                 self._metrics.journal_writes += 1
             return await self.apply(job.worker_id, job.unit.unit_id, meta, job.tensors,
                                      None if held is None else held.model)
@@ -224,6 +235,8 @@ class Merger:
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptObjectError(f"journal entry {meta.get('seq')} is malformed: {exc!r}",
                                      key=str(meta.get("seq"))) from None
+        if rm.kind == "weights" and meta.get("ints") != INCREMENTS:   # written before increments
+            self._owner.counters.legacy_increments(tensors, self._owner.versions.current.model)
         held: Version | None = None
         base: ModelState | None = None
         if self._owner.needs_base and rm.kind == "delta":

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 import torch
 
 from ._aio import to_thread_released
+from ._counters import CounterBases
 from ._versions import Version, VersionStore, copy_tensors
 from .errors import PolicyError, UpdateRejectedError, ValidationError, VersionNotFoundError
 from .policy import MergePolicy, PolicyState
@@ -38,6 +39,9 @@ class ModelOwner:
         self.state: PolicyState = (policy.init_state(self._working) if policy_state is None
                                    else policy_state)
         self.versions = VersionStore(self._working, max_bytes=max_retained_bytes)
+        #: Integer tensors per version, to turn full-weights results into increments (the policy
+        #: contract); kept for the staleness window whatever the versions' byte budget drops.
+        self.counters = CounterBases(self._working)
 
     @property
     def version(self) -> int:
@@ -54,6 +58,7 @@ class ModelOwner:
                 self.versions.give_back(buffer)
             return False
         self.versions.publish(published)
+        self.counters.record(published)
         return True
 
     def _merge_sync(self, update: Update, buffer: dict[str, torch.Tensor] | None,
@@ -78,12 +83,15 @@ class ModelOwner:
     def jump(self, version: int) -> None:
         """Publish the current tensors again under a higher number (snapshot-mode recovery)."""
         self._working.version = version
-        self.versions.publish(ModelState(copy_tensors(self._working.tensors, None), version))
+        published = ModelState(copy_tensors(self._working.tensors, None), version)
+        self.versions.publish(published)
+        self.counters.record(published)
 
     def retain(self, max_staleness: int, lease_bases: Callable[[], set[int]]) -> None:
         """Keep what a result may still be based on: the staleness window (policies that need a
         delta's base), else only versions open leases were granted at (downloads)."""
         floor = self.version - max_staleness
+        self.counters.retain(floor)
         if self.needs_base:
             self.versions.retain(lambda n: n >= floor)
         else:

@@ -18,7 +18,7 @@ import torch
 from ._aio import file_blocks
 from ._worker_state import StateDir
 from .errors import ConfigError, ValidationError, VCAsyncError
-from .tensors import ModelSpec, ModelState
+from .tensors import ModelSpec, ModelState, make_delta
 from .trainer import TrainResult
 from .wire import Limits, aencode_payload, decode_payload
 
@@ -106,13 +106,9 @@ def result_tensors(base: ModelState, result: TrainResult, upload: str) -> dict[s
                           f"unknown {extra[:3]}")
     if upload == "weights":
         return {n: result.tensors[n].detach().cpu().contiguous() for n in names}
-    out: dict[str, torch.Tensor] = {}
-    for n in names:
-        t = result.tensors[n].detach().cpu()
-        if t.dtype == torch.bool:
-            raise ConfigError(f"tensor {n!r} is bool: a delta is undefined; use upload='weights'")
-        out[n] = (t.to(base[n].dtype) - base[n]).contiguous()
-    return out
+    # Integer tensors go as increments (t - base) and bools as values, like the coordinator's
+    # reading of a full-weights result, so both upload modes merge to the same counters.
+    return make_delta(base, result.tensors)
 
 
 async def spool_result(path: Path, meta: Mapping[str, Any], tensors: Mapping[str, torch.Tensor],

@@ -345,6 +345,68 @@ async def test_digits_example_learns(tmp_path: Path) -> None:
     assert after > max(0.5, before + 0.3), (before, after)
 
 
+# --- integer tensors: counters count every step, whatever the upload mode ----------------------
+
+
+def bn_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.ReLU(),
+                               torch.nn.Linear(3, 2))
+
+
+def bn_trainer(barrier: threading.Barrier | None = None) -> Callable[[TrainContext], TrainResult]:
+    """Real training steps in train mode: each forward pass counts one BatchNorm batch.
+
+    With ``barrier``, every worker's first unit waits for the others to have leased theirs, so the
+    units overlap (all based on the same version)."""
+
+    def train(ctx: TrainContext) -> TrainResult:
+        if barrier is not None:
+            barrier.wait(timeout=30)
+        net = bn_model()
+        ctx.model.load_into(net)
+        net.train()
+        opt = torch.optim.SGD(net.parameters(), lr=0.05)
+        gen = torch.Generator().manual_seed(ctx.unit.shard)
+        for step in range(ctx.unit.steps):
+            loss = net(torch.randn(8, 4, generator=gen)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            ctx.report_progress(step + 1, (step + 1) * 8)
+        return ctx.result(net, steps=ctx.unit.steps, samples=ctx.unit.steps * 8)
+
+    return train
+
+
+@pytest.mark.parametrize("upload", ["delta", "weights"])
+async def test_sequential_units_count_every_batchnorm_step(tmp_path: Path, upload: str) -> None:
+    """Issue 13: four units of 10 steps ended with num_batches_tracked = 10 under delta uploads (a
+    policy took the maximum of the model's counter and the worker's difference)."""
+    async with running(tmp_path, units=make_units(4, steps=10), initial=bn_model()) as (coord, server):
+        report = await worker(server.url, tmp_path / "w", bn_trainer(), upload=upload).run()
+        assert report.results_accepted == 4
+        await coord.wait_finished()
+        model = coord.model()
+    assert model["1.num_batches_tracked"].item() == 40
+    assert model["1.running_mean"].abs().sum() > 0   # the float buffers merged as usual
+
+
+@pytest.mark.parametrize("upload", ["delta", "weights"])
+async def test_overlapping_units_count_every_step(tmp_path: Path, upload: str) -> None:
+    """Two workers train from the same version at once: the counter adds both increments (the
+    maximum of values, the old rule for full weights, counted 10 of the 20 steps)."""
+    barrier = threading.Barrier(2)
+    async with running(tmp_path, units=make_units(2, steps=10), initial=bn_model()) as (coord, server):
+        runs = [worker(server.url, tmp_path / f"w{i}", bn_trainer(barrier), upload=upload,
+                       max_units=1).run() for i in range(2)]
+        reports = await asyncio.gather(*runs)
+        assert [r.results_accepted for r in reports] == [1, 1]
+        await coord.wait_finished()
+        model = coord.model()
+    assert model["1.num_batches_tracked"].item() == 20
+
+
 def test_uvloop_is_used_when_installed() -> None:
     import asyncio
 
