@@ -17,10 +17,12 @@ from vcasync.errors import UpdateRejectedError
 from vcasync.policy import PolicyState
 from vcasync.tensors import ModelState, Update
 from vcasync.testing import LawViolation, check_law
+from vcasync.testing.strategies import model_states
 
 
 class Mix:
-    """A correct policy: w <- lerp(w, w_c, 0.5 s), s = 1 / (1 + staleness); max for integers."""
+    """A correct policy: w <- lerp(w, w_c, 0.5 s), s = 1 / (1 + staleness); integers add the
+    increment, bools take the worker's value."""
 
     name: ClassVar[str] = "mix"
     needs_base: ClassVar[bool] = True
@@ -36,8 +38,10 @@ class Mix:
         a = self.weight(update, state)
         for name, w in model.items():
             x = update.tensors[name]
-            if not w.is_floating_point():
-                torch.maximum(w, x, out=w)
+            if w.dtype == torch.bool:
+                w.copy_(x)
+            elif not w.is_floating_point():
+                w.add_(x)
             elif update.kind == "weights":
                 w.lerp_(x, a)
             else:
@@ -143,6 +147,76 @@ class PlainMean(Mix):
         return model
 
 
+class MaxCounters(Mix):
+    """The rule built-in policies had: element-wise maximum for integers, logical or for bools."""
+
+    def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState | None:
+        saved = {n: w.clone() for n, w in model.items() if not w.is_floating_point()}
+        out = super().merge(model, update, state)
+        for name, old in saved.items():
+            torch.maximum(old, update.tensors[name], out=model[name])
+        return out
+
+
+class AveragesCounters(Mix):
+    """Mixes integer tensors like floats: ``w + a (x - w)``, rounded down."""
+
+    def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState | None:
+        a = self.weight(update, state)
+        saved = {n: w.clone() for n, w in model.items() if not w.is_floating_point()}
+        out = super().merge(model, update, state)
+        for name, old in saved.items():
+            if old.dtype != torch.bool:
+                model[name].copy_((old + a * (update.tensors[name] - old)).floor().to(old.dtype))
+        return out
+
+
+class OverwritesCounters(Mix):
+    """Takes the worker's integers as they come (an increment, under the contract) for the value."""
+
+    def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState | None:
+        out = super().merge(model, update, state)
+        for name, w in model.items():
+            if not w.is_floating_point() and w.dtype != torch.bool:
+                w.copy_(update.tensors[name])
+        return out
+
+
+class ResetsStaleness(Mix):
+    def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState | None:
+        out = super().merge(model, update, state)
+        update.staleness = 0
+        return out
+
+
+class CountsSamples(Mix):
+    def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState | None:
+        out = super().merge(model, update, state)
+        update.samples += 1
+        return out
+
+
+class AnnotatesMetrics(Mix):
+    def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState | None:
+        out = super().merge(model, update, state)
+        update.metrics["mixed"] = 1.0
+        return out
+
+
+class StaleBeyondWindow(Mix):
+    """Correct up to staleness 16 (the old kit's largest draw); past it, stale results weigh more."""
+
+    def weight(self, update: Update, state: PolicyState) -> float:
+        return 0.5 / (1 + update.staleness) if update.staleness <= 16 else 0.9
+
+
+class ExtrapolatesWhenVeryStale(Mix):
+    """Correct unless a result is over 1,000 versions stale; then it overshoots."""
+
+    def weight(self, update: Update, state: PolicyState) -> float:
+        return 0.5 / (1 + update.staleness) if update.staleness <= 1000 else 1.5
+
+
 # Finding the breach is what is tested; shrinking it to the smallest example is hypothesis's job.
 FIND = settings(max_examples=60, deadline=None, phases=[Phase.generate], database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -159,18 +233,32 @@ CASES: list[tuple[type[Any], str]] = [
     (Extrapolates, "convex"),
     (StaleWeighsMore, "staleness_monotone"),
     (PlainMean, "bounded_influence"),
+    (MaxCounters, "counters"),
+    (AveragesCounters, "counters"),
+    (OverwritesCounters, "counters"),
+    (ResetsStaleness, "inputs_unchanged"),
+    (CountsSamples, "inputs_unchanged"),
+    (AnnotatesMetrics, "inputs_unchanged"),
+    (StaleBeyondWindow, "staleness_monotone"),
+    (ExtrapolatesWhenVeryStale, "convex"),
 ]
+
+
+# The staleness mutants break nothing but staleness: float-only models keep any other law (the
+# counters' rule) from catching them by accident.
+FLOAT_ONLY = {StaleBeyondWindow, ExtrapolatesWhenVeryStale}
 
 
 @pytest.mark.parametrize(("cls", "law"), CASES, ids=[c.__name__ for c, _ in CASES])
 def test_law_catches_the_broken_policy(cls: type[Any], law: str) -> None:
+    models = model_states(int_dtypes=()) if cls in FLOAT_ONLY else None
     with pytest.raises(LawViolation) as info:
-        check_law(law, cls, settings=FIND)
+        check_law(law, cls, settings=FIND, models=models)
     # Unserialisable state is caught by the state check every law runs.
     assert info.value.law in {law, "state_roundtrip"} if cls is Unserialisable else info.value.law == law
 
 
 @pytest.mark.parametrize("law", ["contract", "inputs_unchanged", "deterministic", "state_roundtrip",
-                                 "finite", "identity", "convex", "staleness_monotone"])
+                                 "finite", "identity", "convex", "staleness_monotone", "counters"])
 def test_the_correct_mix_passes(law: str) -> None:
     check_law(law, Mix, max_examples=20)

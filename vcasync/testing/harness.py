@@ -1,15 +1,19 @@
 """Feed a policy a stream of results the way the coordinator does, checking the contract as it goes.
 
 :class:`PolicyRun` keeps what the coordinator keeps for a policy: the model, the policy state, the
-version counter and every past version (so a delta's ``base`` can be filled in). Each
-:meth:`PolicyRun.feed` turns a :class:`~vcasync.testing.strategies.StreamItem` into an ``Update``
-(``base_version = version - lag``, ``staleness``, and for a delta ``base`` when the policy
-``needs_base``), merges it, and checks the rules of :mod:`vcasync.policy`:
+version counter and every past version (so a delta's ``base`` can be filled in). The run starts at
+the model's own version, so a model drawn at version 10**9 lets a result be 10**9 versions stale;
+versions before the start are taken to equal the starting model. Each :meth:`PolicyRun.feed` turns
+a :class:`~vcasync.testing.strategies.StreamItem` into an ``Update`` (``base_version = version -
+lag``, ``staleness``, for a delta ``base`` when the policy ``needs_base``, and for full weights the
+integer tensors as increments over the base, as the coordinator does), merges it, and checks the
+rules of :mod:`vcasync.policy`:
 
 - returning None leaves the model bit-for-bit as it was;
 - a refusal (:class:`~vcasync.errors.UpdateRejectedError`) leaves model and state as they were;
 - a merged model keeps the names, shapes and dtypes;
-- the update's tensors and its base are never mutated;
+- the update's tensors, its base and its metadata (kind, versions, staleness, samples, steps,
+  worker, unit, metrics) are never changed;
 - the state stays serialisable by :func:`vcasync.wire.pack_tree`.
 
 Any breach raises :class:`LawViolation` (an ``AssertionError``, so test runners report it as a
@@ -26,7 +30,7 @@ import torch
 
 from ..errors import UpdateRejectedError
 from ..policy import MergePolicy, PolicyState
-from ..tensors import ModelState, tensor_bytes
+from ..tensors import ModelState, Update, counter_increments, tensor_bytes
 from ..wire import pack_tree, unpack_tree
 from .strategies import StreamItem
 
@@ -93,6 +97,15 @@ class Step:
     reason: str | None
     model: ModelState
     version: int
+    #: The update as the policy was given it (integers as increments; base not kept).
+    update: Update | None = None
+
+
+def _metadata(update: Update) -> tuple[object, ...]:
+    """Everything about an update but its tensors: what a merge must leave as it found it."""
+    return (update.kind, update.base_version, update.staleness, update.samples, update.steps,
+            update.worker_id, update.unit_id, sorted(update.metrics.items()), id(update.base),
+            list(update.tensors), [id(t) for t in update.tensors.values()])
 
 
 class PolicyRun:
@@ -104,12 +117,21 @@ class PolicyRun:
         self.model = model
         self.state: PolicyState = policy.init_state(model) if state is None else state
         self.history: list[ModelState] = history if history is not None else [model.clone()]
+        self.start = self.history[0].version
         self.check = check
         self.steps: list[Step] = []
 
     @property
     def version(self) -> int:
-        return len(self.history) - 1
+        return self.start + len(self.history) - 1
+
+    def base_version(self, lag: int) -> int:
+        """The version a result ``lag`` versions behind the current one was based on."""
+        return max(0, self.version - lag)
+
+    def model_at(self, version: int) -> ModelState:
+        """The model at ``version`` (versions before the run's start equal its first model)."""
+        return self.history[max(0, version - self.start)]
 
     def fork(self, policy: MergePolicy, state: PolicyState) -> PolicyRun:
         """A copy of this run (model and history cloned) driven by ``policy`` with ``state``."""
@@ -121,17 +143,21 @@ class PolicyRun:
 
     def feed(self, item: StreamItem, *, staleness: int | None = None) -> Step:
         """Merge one result; ``staleness`` overrides the one implied by the lag (same base)."""
-        base_version = max(0, self.version - item.lag)
+        base_version = self.base_version(item.lag)
         tau = self.version - base_version if staleness is None else staleness
-        # Like the coordinator: the base travels with a delta, when the policy needs it.
-        base = self.history[base_version] if self.policy.needs_base and item.kind == "delta" else None
+        # Like the coordinator: the base travels with a delta, when the policy needs it, and a
+        # full-weights result's counters arrive as increments over its base version.
+        base = self.model_at(base_version) if self.policy.needs_base and item.kind == "delta" else None
         update = item.to_update(base_version, tau, base)
+        if item.kind == "weights":
+            update.tensors = counter_increments(item.tensors, self.model_at(base_version))
         label = f"{self.policy!r}, step {len(self.steps)}"
         if self.check:
             before_model = self.model.clone()
             before_state = self._packed(label)
-            inputs = {n: t.clone() for n, t in item.tensors.items()}
+            inputs = {n: t.clone() for n, t in update.tensors.items()}
             base_copy = base.clone() if base is not None else None
+            meta = _metadata(update)
         try:
             out = self.policy.merge(self.model, update, self.state)
         except UpdateRejectedError as exc:
@@ -139,18 +165,18 @@ class PolicyRun:
                 self._same(before_model, self.model, "contract", f"{label}: a refusal changed the model")
                 if self._packed(label) != before_state:
                     raise LawViolation("contract", f"{label}: a refusal changed the state") from exc
-                self._inputs(item, inputs, base, base_copy, label)
-            step = Step("rejected", exc.reason, self.model.clone(), self.version)
+                self._inputs(update, inputs, base, base_copy, meta, label)
+            step = Step("rejected", exc.reason, self.model.clone(), self.version, update)
             self.steps.append(step)
             return step
         if self.check:
-            self._inputs(item, inputs, base, base_copy, label)
+            self._inputs(update, inputs, base, base_copy, meta, label)
             self._packed(label)
         if out is None:
             if self.check:
                 self._same(before_model, self.model, "contract",
                            f"{label}: merge returned None but changed the model")
-            step = Step("kept", None, self.model.clone(), self.version)
+            step = Step("kept", None, self.model.clone(), self.version, update)
         else:
             if not isinstance(out, ModelState):
                 raise LawViolation("contract", f"{label}: merge returned {type(out).__name__}, "
@@ -160,7 +186,7 @@ class PolicyRun:
             self.model = out
             self.model.version = self.version + 1
             self.history.append(out.clone())
-            step = Step("merged", None, out.clone(), self.version)
+            step = Step("merged", None, out.clone(), self.version, update)
         self.steps.append(step)
         return step
 
@@ -177,11 +203,21 @@ class PolicyRun:
         if diff is not None:
             raise LawViolation(law, f"{msg} ({diff})")
 
-    def _inputs(self, item: StreamItem, inputs: dict[str, torch.Tensor], base: ModelState | None,
-                base_copy: ModelState | None, label: str) -> None:
-        self._same(inputs, item.tensors, "inputs_unchanged", f"{label}: merge mutated update.tensors")
+    def _inputs(self, update: Update, inputs: dict[str, torch.Tensor], base: ModelState | None,
+                base_copy: ModelState | None, meta: tuple[object, ...], label: str) -> None:
+        after = _metadata(update)
+        if after != meta:
+            fields = ("kind", "base_version", "staleness", "samples", "steps", "worker_id",
+                      "unit_id", "metrics", "base (the object)", "tensor names",
+                      "tensors (the objects)")
+            changed = [f for f, a, b in zip(fields, meta, after, strict=True) if a != b]
+            raise LawViolation("inputs_unchanged", f"{label}: merge changed the update's "
+                                                   f"{', '.join(changed)}")
+        self._same(inputs, update.tensors, "inputs_unchanged", f"{label}: merge mutated update.tensors")
         if base is not None and base_copy is not None:
             self._same(base_copy, base, "inputs_unchanged", f"{label}: merge mutated update.base")
+            if base.version != base_copy.version:
+                raise LawViolation("inputs_unchanged", f"{label}: merge changed update.base.version")
 
 
 def compare_runs(a: PolicyRun, b: PolicyRun, law: str, what: str, *, skip_a: int = 0) -> None:

@@ -9,20 +9,31 @@ Bound by every policy (:data:`vcasync.policy.REQUIRED_LAWS`):
 
 - ``contract``: None keeps the model bit for bit; a refusal changes neither model nor state; the
   spec is preserved; the state serialises (checked on every step of every law).
-- ``inputs_unchanged``: ``update.tensors`` and ``update.base`` are never mutated.
+- ``inputs_unchanged``: ``update.tensors``, ``update.base`` and the update's metadata
+  (``staleness``, ``samples``, ``steps``, ``metrics``, ...) are never changed.
 - ``deterministic``: two fresh policies fed the same stream produce the same bits.
 - ``state_roundtrip``: a state saved mid-stream through ``vcasync.wire`` and restored into a fresh
   policy continues exactly as the original does.
 - ``finite``: finite results produce finite models.
+- ``counters``: integer tensors count, bools take the last value (:mod:`vcasync.policy`): every
+  merge leaves each integer tensor at its value after the previous merge plus the increments of
+  every result accepted since (refused ones excluded), and each bool tensor at the value of the
+  last of them. Averaging, scaling, taking the maximum or the worker's value all break it.
 
 Claimed in ``policy.claims`` (:data:`vcasync.policy.OPTIONAL_LAWS`):
 
 - ``identity``: results equal to the model (zero deltas, the model's own weights) leave it unchanged.
 - ``convex``: a merged model lies, element by element, in the hull of the model and the results
   merged into it (``w_base + d`` for a delta when the policy needs the base, else ``w + d``).
+  Floating-point tensors only: integers and bools are the ``counters`` law's.
 - ``staleness_monotone``: the same result, staler, never moves the model more.
 - ``bounded_influence``: with ``max_outliers`` arbitrary results in a buffer, the merged model stays
-  within the hull of the model and the honest results.
+  within the hull of the model and the honest results (floating-point tensors; counters count
+  every result, by the ``counters`` law).
+
+Staleness is drawn up to a window (the coordinator's ``max_staleness``) with a wide tail beyond it
+(:func:`vcasync.testing.strategies.staleness_values`), so a policy that misbehaves only when a
+result is very stale is caught.
 
 Floating-point hulls and comparisons allow ``ulps`` units in the last place of the tensor's dtype,
 scaled by the magnitudes involved: ``w + (w_c - w)`` is not ``w_c`` in floating point.
@@ -34,7 +45,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..tensors import ModelState
+from ..tensors import ModelState, is_counter
 from .harness import LawViolation, PolicyFactory, PolicyRun, compare_runs, roundtrip_state
 from .strategies import StreamItem, UpdateStream
 
@@ -44,6 +55,7 @@ __all__ = [
     "bounded_influence",
     "contract",
     "convex",
+    "counters",
     "deterministic",
     "finite",
     "identity",
@@ -112,18 +124,55 @@ def finite(factory: PolicyFactory, stream: UpdateStream) -> None:
                                              f"non-finite from finite inputs")
 
 
+def counters(factory: PolicyFactory, stream: UpdateStream) -> None:
+    """Integer tensors count and bools take the last value: after every merge, each integer tensor
+    is its value after the previous merge plus the increments of every result accepted since
+    (the results the policy kept for later included, refused ones not), each bool tensor the value
+    of the last of them. Increments are the update's integers as the policy got them (a full-
+    weights result's values less its base version's: the harness converts like the coordinator)."""
+    run = PolicyRun(factory(), stream.model.clone())
+    names = [n for n, t in stream.model.items() if not (t.is_floating_point() or t.is_complex())]
+    if not names:
+        run.feed_all(stream.items)
+        return
+    expected = {n: stream.model[n].clone() for n in names}
+    for i, item in enumerate(stream.items):
+        step = run.feed(item)
+        if step.outcome == "rejected":
+            continue
+        assert step.update is not None
+        for n in names:
+            x = step.update.tensors[n]
+            if is_counter(x):
+                expected[n].add_(x)
+            else:
+                expected[n].copy_(x)
+        if step.outcome != "merged":
+            continue
+        for n in names:
+            got = run.model[n]
+            if not torch.equal(got, expected[n]):
+                rule = ("the last merged result's value" if got.dtype == torch.bool else
+                        "the model's value plus every merged increment")
+                raise LawViolation("counters", f"{run.policy!r}: step {i}: {got.dtype} tensor "
+                                               f"{n!r} is {got.flatten()[:6].tolist()}, expected "
+                                               f"{expected[n].flatten()[:6].tolist()} ({rule})")
+        expected = {n: run.model[n].clone() for n in names}
+
+
 def identity_items(model: ModelState, like: Sequence[StreamItem]) -> list[StreamItem]:
-    """Results equal to ``model`` with the metadata of ``like``: zero deltas (integers and bools
-    carry the model's values) or the model's own weights."""
+    """Results equal to ``model`` with the metadata of ``like``: zero deltas (zero increments for
+    integers, the model's values for bools) or the model's own weights. While the model stays
+    unchanged every base version equals it, so the lags (and staleness) of ``like`` are kept."""
     items = []
     for item in like:
         if item.kind == "delta":
-            tensors = {n: torch.zeros_like(t) if t.is_floating_point() else t.clone()
+            tensors = {n: t.clone() if t.dtype == torch.bool else torch.zeros_like(t)
                        for n, t in model.items()}
         else:
             tensors = {n: t.clone() for n, t in model.items()}
         items.append(StreamItem(tensors, item.kind, item.lag, item.samples, item.steps,
-                                item.worker_id, item.unit_id))
+                                item.worker_id, item.unit_id, dict(item.metrics)))
     return items
 
 
@@ -172,20 +221,21 @@ def convex(factory: PolicyFactory, stream: UpdateStream, *, ulps: int = DEFAULT_
     extra: list[dict[str, torch.Tensor]] = []
     for i, item in enumerate(stream.items):
         before = run.model.clone()
-        base = run.history[max(0, run.version - item.lag)] if run.policy.needs_base else before
+        base = run.model_at(run.base_version(item.lag)) if run.policy.needs_base else before
+        floats = [n for n, t in base.items() if t.is_floating_point()]
         if item.kind == "weights":
-            result = dict(item.tensors)
+            result = {n: item.tensors[n] for n in floats}
         else:
-            result = {n: torch.add(base[n], d) if d.is_floating_point() else d
-                      for n, d in item.tensors.items()}
+            result = {n: torch.add(base[n], item.tensors[n]) for n in floats}
         step = run.feed(item)
         if step.outcome == "rejected":
             continue
         window.append(result)
-        extra.append({n: base[n].abs() + item.tensors[n].abs() if base[n].is_floating_point()
-                      else base[n] for n in base})
+        extra.append({n: base[n].abs() + item.tensors[n].abs() for n in floats})
         if step.outcome == "merged":
             for name, out in run.model.items():
+                if not out.is_floating_point():
+                    continue   # integers and bools: the counters law
                 _check_hull("convex", f"{run.policy!r}: step {i}", name, out,
                             [start[name], *(r[name] for r in window)], [e[name] for e in extra], ulps)
             start, window, extra = run.model.clone(), [], []
@@ -270,7 +320,8 @@ def bounded_influence(factory: PolicyFactory, stream: UpdateStream, positions: S
         raise LawViolation("bounded_influence", f"{label}: did not merge after the same {k} results")
     good = [items[j] for j in range(k) if j not in bad_slots]
     for name, w in stream.model.items():
-        points = [w] + [torch.add(w, i.tensors[name]) if w.is_floating_point() else i.tensors[name]
-                        for i in good]
-        extra = [w.abs() + i.tensors[name].abs() if w.is_floating_point() else w for i in good]
+        if not w.is_floating_point():
+            continue   # counters count every result, outliers too (the counters law)
+        points = [w] + [torch.add(w, i.tensors[name]) for i in good]
+        extra = [w.abs() + i.tensors[name].abs() for i in good]
         _check_hull("bounded_influence", label, name, run.model[name], points, extra, ulps)

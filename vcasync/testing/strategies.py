@@ -8,13 +8,21 @@ shrinks to a readable counterexample. The pieces::
     updates(model)         one Update that fits ``model`` (delta or full weights)
     update_streams()       an UpdateStream: a model plus results arriving with staleness, reordered,
                            duplicated, from one or many workers, zero samples, optionally NaN/Inf
+    staleness_values()     staleness up to a window (the coordinator's ``max_staleness``), mostly,
+                           with a wide tail far beyond it (up to 2**40)
 
 An :class:`UpdateStream` records each result's *lag* (how many versions behind the current model
 its base is) rather than a fixed base version, because which versions exist depends on what the
 policy merged; :class:`vcasync.testing.harness.PolicyRun` turns lags into ``Update`` objects the way
 the coordinator would (``base_version``, ``staleness``, ``base``).
 
-Integer and bool tensors follow the policy contract: a delta carries the worker's values for them.
+Integer and bool tensors follow the policy contract: integers in a delta are the worker's
+increments, and in full weights its values (the harness turns them into increments against the
+base version, as the coordinator does); bools are the worker's values in both.
+
+A stream's model starts at a drawn version (0 at times, up to 2**40), so a lag drawn from
+:func:`staleness_values` can make a result that stale: the harness takes versions before the start
+to equal the starting model.
 """
 
 from __future__ import annotations
@@ -30,16 +38,24 @@ from ..tensors import ModelState, Update, UpdateKind
 
 __all__ = [
     "FLOAT_DTYPES",
+    "DEFAULT_WINDOW",
     "INT_DTYPES",
+    "TAIL_MAX",
     "StreamItem",
     "UpdateStream",
     "model_states",
     "shapes",
+    "staleness_values",
     "stream_items",
     "tensors",
     "update_streams",
     "updates",
 ]
+
+#: The staleness window drawn up to by default: the coordinator's default ``max_staleness``.
+DEFAULT_WINDOW = 16
+#: The largest staleness (and starting version) the wide tail draws.
+TAIL_MAX = 2**40
 
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 INT_DTYPES: tuple[torch.dtype, ...] = (torch.int64, torch.int32, torch.bool)
@@ -56,11 +72,13 @@ class StreamItem:
     steps: int = 1
     worker_id: str = "w0"
     unit_id: str = "u0"
+    metrics: dict[str, float] = field(default_factory=dict)
 
     def to_update(self, base_version: int, staleness: int, base: ModelState | None) -> Update:
         return Update(tensors=self.tensors, kind=self.kind, base_version=base_version,
                       staleness=staleness, samples=self.samples, steps=self.steps,
-                      worker_id=self.worker_id, unit_id=self.unit_id, base=base)
+                      worker_id=self.worker_id, unit_id=self.unit_id, metrics=dict(self.metrics),
+                      base=base)
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,6 +92,22 @@ class UpdateStream:
         kinds = "".join("d" if i.kind == "delta" else "w" for i in self.items)
         lags = [i.lag for i in self.items]
         return f"UpdateStream({self.model!r}, {len(self.items)} items, kinds={kinds}, lags={lags})"
+
+
+def staleness_values(window: int = DEFAULT_WINDOW, *, tail: bool = True) -> st.SearchStrategy[int]:
+    """Staleness (or lag) values: mostly in ``[0, window]``, edges included, and with ``tail`` a
+    wide tail beyond it, up to :data:`TAIL_MAX` (a coordinator may be configured with any window,
+    and a policy must not misbehave only at large staleness)."""
+    if window < 0:
+        raise ValueError(f"window must be >= 0, got {window}")
+    inside = st.one_of(st.integers(0, window), st.sampled_from(sorted({0, 1, window})))
+    if not tail:
+        return inside
+    beyond = st.one_of(st.integers(window + 1, window + 64),
+                       st.integers(0, 40).flatmap(lambda e: st.integers(window + 1,
+                                                                        window + 1 + 2**e)),
+                       st.just(TAIL_MAX))
+    return st.one_of(inside, inside, beyond)
 
 
 def shapes(*, max_dims: int = 3, max_side: int = 4, allow_empty: bool = True) -> st.SearchStrategy[
@@ -148,20 +182,27 @@ def _payload(draw: st.DrawFn, model: ModelState, kind: UpdateKind, bound: float,
     return out
 
 
+_METRICS = st.dictionaries(st.sampled_from(["loss", "accuracy", "lr"]),
+                           st.floats(-1e3, 1e3, allow_nan=False), max_size=2)
+
+
 @st.composite
 def stream_items(draw: st.DrawFn, model: ModelState, *, kinds: Sequence[UpdateKind] = ("delta", "weights"),
                  max_lag: int = 3, bound: float = 100.0, allow_nan: bool = False,
-                 workers: Sequence[str] = ("w0", "w1", "w2")) -> StreamItem:
-    """One result for ``model``: kind, payload, lag, samples (zero at times), steps, worker."""
+                 workers: Sequence[str] = ("w0", "w1", "w2"),
+                 lags: st.SearchStrategy[int] | None = None) -> StreamItem:
+    """One result for ``model``: kind, payload, lag (``lags``, else 0..max_lag), samples (zero at
+    times), steps, worker, metrics."""
     kind: UpdateKind = draw(st.sampled_from(list(kinds)))
     return StreamItem(
         tensors=draw(_payload(model, kind, bound, allow_nan)),
         kind=kind,
-        lag=draw(st.integers(0, max_lag)),
+        lag=draw(lags if lags is not None else st.integers(0, max_lag)),
         samples=draw(st.one_of(st.just(0), st.integers(1, 1000))),
         steps=draw(st.integers(0, 50)),
         worker_id=draw(st.sampled_from(list(workers))),
         unit_id=f"u{draw(st.integers(0, 99))}",
+        metrics=draw(_METRICS),
     )
 
 
@@ -171,23 +212,30 @@ def updates(draw: st.DrawFn, model: ModelState, *, kind: UpdateKind | None = Non
     """One ``Update`` that fits ``model``; a delta's ``base`` is ``model`` (cloned)."""
     k: UpdateKind = kind if kind is not None else draw(st.sampled_from(["delta", "weights"]))
     item = draw(stream_items(model, kinds=(k,), bound=bound, allow_nan=allow_nan))
-    tau = staleness if staleness is not None else draw(st.integers(0, 5))
+    tau = staleness if staleness is not None else draw(staleness_values())
     return item.to_update(base_version=model.version, staleness=tau, base=model.clone())
 
 
 @st.composite
 def update_streams(draw: st.DrawFn, *, models: st.SearchStrategy[ModelState] | None = None,
-                   min_items: int = 1, max_items: int = 8, max_lag: int = 3,
+                   min_items: int = 1, max_items: int = 8, max_lag: int | None = None,
                    kinds: Sequence[UpdateKind] = ("delta", "weights"), bound: float = 100.0,
                    allow_nan: bool = False, duplicates: bool = True,
-                   workers: int | Literal["any"] = "any") -> UpdateStream:
+                   workers: int | Literal["any"] = "any", window: int = DEFAULT_WINDOW,
+                   tail: bool = True) -> UpdateStream:
     """A model and up to ``max_items`` results for it.
 
-    Lags are drawn independently, so results arrive out of order; with ``duplicates`` an earlier
-    result (the very same tensors) may arrive again; ``workers`` fixes the number of distinct
-    workers (1 = one worker) or draws it; ``allow_nan`` lets NaN and Inf into payloads.
+    Lags are drawn independently (from :func:`staleness_values` with ``window`` and ``tail``, or
+    uniformly up to ``max_lag`` when given), so results arrive out of order and some very stale;
+    the model starts at a drawn version, so such lags are real staleness. With ``duplicates`` an
+    earlier result (the very same tensors) may arrive again; ``workers`` fixes the number of
+    distinct workers (1 = one worker) or draws it; ``allow_nan`` lets NaN and Inf into payloads.
     """
     model = draw(models if models is not None else model_states(bound=bound))
+    if model.version == 0:   # a model drawn at a version of its own keeps it
+        start = draw(st.one_of(st.just(0), st.integers(1, window + 8), st.just(TAIL_MAX)))
+        model = ModelState(model.tensors, version=start)
+    lags = staleness_values(window, tail=tail) if max_lag is None else st.integers(0, max_lag)
     n_workers = draw(st.integers(1, 4)) if workers == "any" else workers
     names = [f"w{i}" for i in range(n_workers)]
     n = draw(st.integers(min_items, max_items))
@@ -196,6 +244,6 @@ def update_streams(draw: st.DrawFn, *, models: st.SearchStrategy[ModelState] | N
         if duplicates and items and draw(st.integers(0, 5)) == 0:
             items.append(draw(st.sampled_from(items)))
             continue
-        items.append(draw(stream_items(model, kinds=kinds, max_lag=max_lag, bound=bound,
-                                       allow_nan=allow_nan, workers=names)))
+        items.append(draw(stream_items(model, kinds=kinds, bound=bound, allow_nan=allow_nan,
+                                       workers=names, lags=lags)))
     return UpdateStream(model, tuple(items))

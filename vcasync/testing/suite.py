@@ -11,7 +11,9 @@ Typical use, in a test of your own policy::
 claimed one (:mod:`vcasync.testing.laws` explains each) on ``max_examples`` drawn examples, and
 returns the names of the laws it ran. Each law is also a function of its own (``check_convex``,
 ...), and ``laws=[...]`` picks a subset. ``models`` replaces the model strategy (e.g. to restrict
-dtypes); ``settings`` replaces the hypothesis settings entirely.
+dtypes); ``settings`` replaces the hypothesis settings entirely; ``window`` is the staleness the
+coordinator will feed the policy (``max_staleness``, 16 by default): most draws stay within it,
+and a wide tail goes far beyond (up to 2**40).
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ from ..policy import KNOWN_LAWS, REQUIRED_LAWS
 from ..tensors import ModelState
 from . import laws as _laws
 from .harness import PolicyFactory
-from .strategies import UpdateStream, update_streams
+from .strategies import DEFAULT_WINDOW, TAIL_MAX, UpdateStream, staleness_values, update_streams
 
 __all__ = [
     "LAW_CHECKS",
     "check_bounded_influence",
     "check_contract",
     "check_convex",
+    "check_counters",
     "check_deterministic",
     "check_finite",
     "check_identity",
@@ -65,75 +68,88 @@ def _drive(strategy: st.SearchStrategy[Any], body: Callable[[Any], None], max_ex
 
 
 def _streams(models: Models, *, allow_nan: bool, kinds: tuple[str, ...] = ("delta", "weights"),
-             ) -> st.SearchStrategy[UpdateStream]:
-    return update_streams(models=models, allow_nan=allow_nan, kinds=kinds)  # type: ignore[arg-type]
+             window: int = DEFAULT_WINDOW) -> st.SearchStrategy[UpdateStream]:
+    return update_streams(models=models, allow_nan=allow_nan, kinds=kinds,  # type: ignore[arg-type]
+                          window=window)
 
 
 def check_contract(factory: PolicyFactory, *, max_examples: int = 30, models: Models = None,
-                   settings: Settings | None = None) -> None:
+                   settings: Settings | None = None, window: int = DEFAULT_WINDOW) -> None:
     """None keeps the model; refusals change nothing; spec kept; state serialises (NaN/Inf too)."""
-    _drive(_streams(models, allow_nan=True), lambda s: _laws.contract(factory, s), max_examples,
-           settings)
+    _drive(_streams(models, allow_nan=True, window=window), lambda s: _laws.contract(factory, s),
+           max_examples, settings)
 
 
 def check_inputs_unchanged(factory: PolicyFactory, *, max_examples: int = 30, models: Models = None,
-                           settings: Settings | None = None) -> None:
-    """``update.tensors`` and ``update.base`` are never mutated (NaN/Inf included)."""
-    _drive(_streams(models, allow_nan=True), lambda s: _laws.inputs_unchanged(factory, s),
+                           settings: Settings | None = None, window: int = DEFAULT_WINDOW) -> None:
+    """``update.tensors``, ``update.base`` and the update's metadata never change (NaN/Inf too)."""
+    _drive(_streams(models, allow_nan=True, window=window), lambda s: _laws.inputs_unchanged(factory, s),
            max_examples, settings)
 
 
 def check_deterministic(factory: PolicyFactory, *, max_examples: int = 30, models: Models = None,
-                        settings: Settings | None = None) -> None:
+                        settings: Settings | None = None, window: int = DEFAULT_WINDOW) -> None:
     """The same stream twice gives the same bits (NaN/Inf included)."""
-    _drive(_streams(models, allow_nan=True), lambda s: _laws.deterministic(factory, s),
+    _drive(_streams(models, allow_nan=True, window=window), lambda s: _laws.deterministic(factory, s),
            max_examples, settings)
 
 
 def check_state_roundtrip(factory: PolicyFactory, *, max_examples: int = 30, models: Models = None,
-                          settings: Settings | None = None) -> None:
+                          settings: Settings | None = None, window: int = DEFAULT_WINDOW) -> None:
     """A state restored through the wire mid-stream continues exactly as the original."""
-    strategy = st.tuples(_streams(models, allow_nan=True), st.integers(0, 8))
+    strategy = st.tuples(_streams(models, allow_nan=True, window=window), st.integers(0, 8))
     _drive(strategy, lambda e: _laws.state_roundtrip(factory, e[0], e[1]), max_examples, settings)
 
 
 def check_finite(factory: PolicyFactory, *, max_examples: int = 30, models: Models = None,
-                 settings: Settings | None = None) -> None:
+                 settings: Settings | None = None, window: int = DEFAULT_WINDOW) -> None:
     """Finite in, finite out."""
-    _drive(_streams(models, allow_nan=False), lambda s: _laws.finite(factory, s), max_examples,
+    _drive(_streams(models, allow_nan=False, window=window), lambda s: _laws.finite(factory, s), max_examples,
            settings)
 
 
 def check_identity(factory: PolicyFactory, *, max_examples: int = 30, models: Models = None,
-                   settings: Settings | None = None) -> None:
+                   settings: Settings | None = None, window: int = DEFAULT_WINDOW) -> None:
     """Results equal to the model leave it unchanged."""
-    _drive(_streams(models, allow_nan=False), lambda s: _laws.identity(factory, s), max_examples,
-           settings)
+    _drive(_streams(models, allow_nan=False, window=window), lambda s: _laws.identity(factory, s),
+           max_examples, settings)
 
 
 def check_convex(factory: PolicyFactory, *, max_examples: int = 30, models: Models = None,
-                 settings: Settings | None = None, ulps: int = _laws.DEFAULT_ULPS) -> None:
+                 settings: Settings | None = None, window: int = DEFAULT_WINDOW,
+                 ulps: int = _laws.DEFAULT_ULPS) -> None:
     """Merged models stay in the element-wise hull of the model and the merged results."""
-    _drive(_streams(models, allow_nan=False), lambda s: _laws.convex(factory, s, ulps=ulps),
+    _drive(_streams(models, allow_nan=False, window=window), lambda s: _laws.convex(factory, s, ulps=ulps),
            max_examples, settings)
 
 
 def check_staleness_monotone(factory: PolicyFactory, *, max_examples: int = 30,
                              models: Models = None, settings: Settings | None = None,
+                             window: int = DEFAULT_WINDOW,
                              ulps: int = _laws.DEFAULT_ULPS) -> None:
     """A staler copy of a result never moves the model more."""
-    strategy = st.tuples(_streams(models, allow_nan=False), st.integers(0, 6), st.integers(1, 10))
+    gaps = st.one_of(st.integers(1, 10), st.integers(1, TAIL_MAX))
+    strategy = st.tuples(_streams(models, allow_nan=False, window=window),
+                         staleness_values(window), gaps)
     _drive(strategy, lambda e: _laws.staleness_monotone(factory, e[0], e[1], e[1] + e[2], ulps=ulps),
            max_examples, settings)
 
 
 def check_bounded_influence(factory: PolicyFactory, *, max_examples: int = 30,
                             models: Models = None, settings: Settings | None = None,
+                            window: int = DEFAULT_WINDOW,
                             ulps: int = _laws.DEFAULT_ULPS) -> None:
     """``max_outliers`` hostile results cannot drag the model outside the honest hull."""
-    strategy = st.tuples(_streams(models, allow_nan=False, kinds=("delta",)),
+    strategy = st.tuples(_streams(models, allow_nan=False, kinds=("delta",), window=window),
                          st.lists(st.integers(0, 63), min_size=0, max_size=8))
     _drive(strategy, lambda e: _laws.bounded_influence(factory, e[0], e[1], ulps=ulps),
+           max_examples, settings)
+
+
+def check_counters(factory: PolicyFactory, *, max_examples: int = 30, models: Models = None,
+                   settings: Settings | None = None, window: int = DEFAULT_WINDOW) -> None:
+    """Integer tensors add every merged increment; bools take the last merged value."""
+    _drive(_streams(models, allow_nan=True, window=window), lambda s: _laws.counters(factory, s),
            max_examples, settings)
 
 
@@ -147,6 +163,7 @@ LAW_CHECKS: dict[str, Callable[..., None]] = {
     "convex": check_convex,
     "staleness_monotone": check_staleness_monotone,
     "bounded_influence": check_bounded_influence,
+    "counters": check_counters,
 }
 if set(LAW_CHECKS) != KNOWN_LAWS:  # pragma: no cover - a law added to vcasync.policy without a check
     raise ImportError("vcasync.testing.suite does not cover every law in vcasync.policy.KNOWN_LAWS")
@@ -161,7 +178,7 @@ def check_law(law: str, factory: PolicyFactory, **options: Any) -> None:
 
 def check_policy(factory: PolicyFactory, *, laws: Iterable[str] | None = None,
                  max_examples: int = 30, models: Models = None,
-                 settings: Settings | None = None) -> list[str]:
+                 settings: Settings | None = None, window: int = DEFAULT_WINDOW) -> list[str]:
     """Run the required laws and every law the policy claims; returns the names run, in order.
 
     ``laws`` restricts the run to those names (a law the policy does not claim may be asked for).
@@ -172,5 +189,6 @@ def check_policy(factory: PolicyFactory, *, laws: Iterable[str] | None = None,
     if unknown:
         raise ValueError(f"unknown law(s) {unknown}; known: {sorted(LAW_CHECKS)}")
     for law in chosen:
-        LAW_CHECKS[law](factory, max_examples=max_examples, models=models, settings=settings)
+        LAW_CHECKS[law](factory, max_examples=max_examples, models=models, settings=settings,
+                        window=window)
     return chosen
