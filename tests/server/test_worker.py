@@ -407,6 +407,37 @@ async def test_overlapping_units_count_every_step(tmp_path: Path, upload: str) -
     assert model["1.num_batches_tracked"].item() == 20
 
 
+class Masked(torch.nn.Module):
+    """A layer with a bool mask buffer the trainer switches on, one entry per unit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 2)
+        self.register_buffer("mask", torch.zeros(2, dtype=torch.bool))
+
+
+def mask_trainer(ctx: TrainContext) -> TrainResult:
+    net = Masked()
+    ctx.model.load_into(net)
+    with torch.no_grad():
+        net.lin.weight.add_(0.01)
+        net.get_buffer("mask")[ctx.unit.shard] = True
+    ctx.report_progress(ctx.unit.steps, 8)
+    return ctx.result(net, steps=ctx.unit.steps, samples=8)
+
+
+@pytest.mark.parametrize("upload", ["delta", "weights"])
+async def test_bool_buffers_travel_as_values(tmp_path: Path, upload: str) -> None:
+    """A delta carries a bool tensor's value (the worker refused to make one before); the last
+    merged value wins, so two sequential units leave both entries on."""
+    async with running(tmp_path, units=make_units(2, steps=2), initial=Masked()) as (coord, server):
+        report = await worker(server.url, tmp_path / "w", mask_trainer, upload=upload).run()
+        assert (report.results_accepted, report.results_refused) == (2, 0)
+        await coord.wait_finished()
+        assert coord.model()["mask"].tolist() == [True, True]
+
+
 def test_uvloop_is_used_when_installed() -> None:
     import asyncio
 
