@@ -36,7 +36,8 @@ from vcasync.tensors import ModelState, Update
 
 
 class Halfway:
-    """w <- w + rate (w_c - w), with w_c = base + d for deltas; integers take the max."""
+    """w <- w + rate (w_c - w), with w_c = base + d for deltas; integers add the increment,
+    bools take the worker's value."""
 
     name: ClassVar[str] = "halfway"
     needs_base: ClassVar[bool] = True
@@ -51,8 +52,10 @@ class Halfway:
     def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState:
         for name, w in model.items():
             x = update.tensors[name]
-            if not w.is_floating_point():
-                torch.maximum(w, x, out=w)
+            if w.dtype == torch.bool:
+                w.copy_(x)
+            elif not w.is_floating_point():
+                w.add_(x)
             elif update.kind == "weights":
                 w.lerp_(x, self.rate)
             else:
@@ -126,8 +129,8 @@ def test_installed_policy_is_discovered_built_and_lawful(installed: Path) -> Non
     assert type(policy).__module__ == "halfway_policy"
     assert policy.rate == 0.25  # type: ignore[attr-defined]
     ran = check_policy(lambda: build_policy("halfway", {"rate": 0.25}), max_examples=15)
-    assert ran == ["contract", "convex", "deterministic", "finite", "identity", "inputs_unchanged",
-                   "state_roundtrip"]
+    assert ran == ["contract", "convex", "counters", "deterministic", "finite", "identity",
+                   "inputs_unchanged", "state_roundtrip"]
 
 
 def test_installed_broken_policies_fail_with_their_name(installed: Path) -> None:
