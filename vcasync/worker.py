@@ -65,6 +65,8 @@ class WorkerConfig:
     name: str = ""
     grace_period_s: float = 20.0
     on_preempt: Literal["checkpoint", "partial"] = "checkpoint"
+    #: ``delta`` (:func:`vcasync.tensors.make_delta`: ``t - base``, bools as values) or ``weights``;
+    #: both merge to the same integer counters (the coordinator reads full weights as increments).
     upload: Literal["delta", "weights"] = "delta"
     codec: str = "raw"
     backoff: Backoff = field(default_factory=Backoff)
