@@ -180,9 +180,18 @@ class CoordinatorClient:
                                    {"steps_done": int(steps_done)}, "lease")
         return P.grant_from_body(body)
 
-    async def release(self, lease_id: str, reason: str = "") -> None:
+    async def release(self, lease_id: str, reason: str = "", *, failed: bool = True) -> None:
+        """Give a lease up; ``failed=False`` when it is nobody's fault (preemption, a lost base)."""
         await self._control("POST", f"{P.API_PREFIX}/leases/{lease_id}/release", "release",
-                            {"reason": reason[:500]}, "released")
+                            {"reason": reason[:500], "failed": failed}, "released")
+
+    async def requeue(self, operator_token: str, units: list[str] | None = None) -> list[str]:
+        """Operator: queue parked units again (all, or ``units``); returns the ids requeued."""
+        body = await self._control("POST", f"{P.API_PREFIX}/units/requeue", "requeue",
+                                   {} if units is None else {"units": list(units)}, "requeued",
+                                   credential=operator_token)
+        done = P.get_field(body, "units", list, max_len=1 << 20)
+        return [str(u) for u in done]
 
     async def submit(self, lease_id: str, body: bytes | bytearray | memoryview | Path | AsyncIterator[bytes],
                      size: int | None = None) -> Receipt:

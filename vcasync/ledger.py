@@ -18,8 +18,9 @@ Each unit is always in exactly one state::
   is told the unit closed. A heartbeat on an expired lease revives it only when it reports progress
   and nobody took the unit yet: a hung trainer that keeps heartbeating must not keep its unit from
   the idle workers.
-* Failures (an expired lease, a release marked as a failure, a refused or rejected result) are
-  attributed to the worker that held the lease. A worker with failures in a row is backed off
+* Failures (an expired lease, a release marked as a failure, an upload refused as invalid) are
+  attributed to the worker that held the lease; a valid result the coordinator could not use (too
+  stale, refused by the policy) counts against the unit only. A worker with failures in a row is backed off
   (:class:`WorkerBackoffError`, ``worker_backoff_s * 2**(n-1)``) and after ``quarantine_after`` in a
   row quarantined (:class:`WorkerQuarantinedError`); an accepted result resets its count. A unit is
   offered first to workers that have not failed it, and parked only after ``max_attempts`` failures
@@ -359,15 +360,21 @@ class Ledger:
             w.quarantined = w.last_failure
             self.stats["quarantined"] += 1
 
-    def _fail(self, u: UnitRecord, lease: LeaseRecord, why: str) -> None:
+    def _fail(self, u: UnitRecord, lease: LeaseRecord, why: str, *, blame: bool = True) -> None:
         """One failed attempt at ``u`` by the lease's worker; requeue or park ``u`` unless another
-        lease holds it now. Parking needs ``max_attempts`` failures on ``park_workers`` workers."""
+        lease holds it now. Parking needs ``max_attempts`` failures on ``park_workers`` workers.
+
+        ``blame``: the worker broke it (expired, released as failed, refused upload), which backs
+        the worker off; a valid result the coordinator could not use (stale, refused by the policy)
+        counts against the unit only.
+        """
         if u.state is UnitState.DONE:
             return
         u.attempts += 1
-        u.failed_by.add(lease.worker_id)
         u.last_failure = f"{why[:300]} (worker {lease.worker_id}, lease {lease.lease_id})"
-        self._blame(lease.worker_id, why)
+        if blame:
+            u.failed_by.add(lease.worker_id)
+            self._blame(lease.worker_id, why)
         if u.state is UnitState.LEASED and u.lease_id != lease.lease_id:
             return                                  # someone else is on it; judge them on their own
         if u.state is UnitState.QUEUED:
@@ -428,7 +435,7 @@ class Ledger:
         receipt = Receipt(lease_id, unit_id, status, version, reason)
         if status == "rejected":
             self.stats["rejected"] += 1
-            self._fail(u, lease, f"result rejected: {reason}")
+            self._fail(u, lease, f"result rejected: {reason}", blame=False)
         else:
             self.stats["accepted"] += 1
             w = self._workers.get(worker_id)
