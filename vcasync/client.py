@@ -143,7 +143,9 @@ class CoordinatorClient:
             raise aiohttp.ClientResponseError(resp.request_info, resp.history, status=resp.status,
                                               message=data[:200].decode("utf-8", "replace"))
         exc = error_from_body(resp.status, body)
-        if isinstance(exc, NoWorkAvailableError) and "Retry-After" in resp.headers:
+        # The header is whole seconds; the body's ``retry_after`` (when sent) is the precise hint.
+        if isinstance(exc, NoWorkAvailableError) and "retry_after" not in body \
+                and "Retry-After" in resp.headers:
             with contextlib.suppress(ValueError):
                 exc.retry_after = float(resp.headers["Retry-After"])
         raise exc
