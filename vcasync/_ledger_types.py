@@ -49,14 +49,17 @@ class LedgerConfig:
     #: A worker's failures in a row back it off from leasing: base * 2**(n-1) seconds, capped ...
     worker_backoff_s: float = 1.0
     worker_backoff_max_s: float = 60.0
-    #: ... and after this many failures in a row it is quarantined: refused leases for the run.
+    #: ... and after this many failures in a row it is quarantined: refused leases for
+    #: ``quarantine_s`` (None: the rest of the run). After that it gets one more try; one more
+    #: failure quarantines it again (a spot machine may have been unlucky, not broken).
     quarantine_after: int = 5
+    quarantine_s: float | None = 3600.0
 
     def __post_init__(self) -> None:
         for name in ("lease_timeout_s", "deadline_slack", "worker_backoff_s", "worker_backoff_max_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("heartbeat_interval_s", "restore_grace_s", "alive_window_s"):
+        for name in ("heartbeat_interval_s", "restore_grace_s", "alive_window_s", "quarantine_s"):
             v = getattr(self, name)
             if v is not None and not v > 0:
                 raise ConfigError(f"{name} must be > 0 or None, got {v!r}")
@@ -150,7 +153,7 @@ class WorkerRecord:
         self.streak = 0                  # failures in a row (an accepted result resets it)
         self.failures = 0                # failures in all
         self.backoff_until = 0.0         # no lease before this time (the ledger's clock)
-        self.quarantined: str | None = None   # why it gets no more leases this run
+        self.quarantined: str | None = None   # why it gets no leases (until backoff_until)
         self.last_failure: str | None = None
 
 

@@ -33,7 +33,7 @@ everything with one clause, or exactly one failure with a leaf class::
     │   ├── NotLeaseHolderError       the lease belongs to another worker
     │   ├── NoWorkAvailableError      nothing to lease right now (or the run is finished)
     │   │   └── WorkerBackoffError    this worker failed recently: no lease for ``retry_after`` s
-    │   ├── WorkerQuarantinedError    this worker failed too often in a row: no more leases this run
+    │   ├── WorkerQuarantinedError    this worker failed too often in a row: no leases for a long while
     │   └── VersionNotFoundError      that model version is not held (any more): fetch the latest
     ├── TrainerError                  the user's trainer kept failing (not a configuration problem)
     └── AuthError                     missing, malformed, forged, expired or revoked credentials
@@ -259,8 +259,13 @@ class WorkerBackoffError(NoWorkAvailableError):
 
 
 class WorkerQuarantinedError(LedgerError):
-    """This worker failed ``quarantine_after`` units in a row: it gets no more leases in this run.
-    Fix the machine or the trainer; an operator sees it in the coordinator's status."""
+    """This worker failed ``quarantine_after`` units in a row: it gets no leases for
+    ``retry_after`` seconds (None: the rest of the run). Fix the machine or the trainer; an operator
+    sees it in the coordinator's status."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class VersionNotFoundError(LedgerError):

@@ -22,7 +22,8 @@ Each unit is always in exactly one state::
   attributed to the worker that held the lease; a valid result the coordinator could not use (too
   stale, refused by the policy) counts against the unit only. A worker with failures in a row is backed off
   (:class:`WorkerBackoffError`, ``worker_backoff_s * 2**(n-1)``) and after ``quarantine_after`` in a
-  row quarantined (:class:`WorkerQuarantinedError`); an accepted result resets its count. A unit is
+  row quarantined for ``quarantine_s`` (:class:`WorkerQuarantinedError`); an accepted result resets
+  its count. A unit is
   offered first to workers that have not failed it, and parked only after ``max_attempts`` failures
   on at least ``park_after_workers`` distinct workers. An operator can :meth:`Ledger.requeue` it.
 * A partial result (preemption: fewer steps than asked) closes its unit and queues a *remainder* unit
@@ -71,6 +72,8 @@ Clock = Callable[[], float]
 SNAPSHOT_FORMAT = 1
 #: How far into the queue :meth:`Ledger.lease` looks for a unit the worker has not failed yet.
 _PICK_WINDOW = 256
+#: "The rest of the run" as a finite number of seconds (snapshots and JSON hold it).
+_FOREVER = 1e12
 
 
 class Ledger:
@@ -156,11 +159,16 @@ class Ledger:
 
     def _admit(self, w: WorkerRecord) -> None:
         """Refuse a lease to a quarantined or backed-off worker, with a typed answer it can obey."""
-        if w.quarantined is not None:
-            raise WorkerQuarantinedError(
-                f"worker {w.worker_id} is quarantined: it failed {w.streak} units in a row (last: "
-                f"{w.quarantined}); it gets no more work in this run. Fix the machine or the trainer")
         wait = w.backoff_until - self._clock()
+        if w.quarantined is not None and wait > 0:
+            until = "for the rest of the run" if self.config.quarantine_s is None \
+                else f"for {wait:.0f}s more"
+            raise WorkerQuarantinedError(
+                f"worker {w.worker_id} is quarantined {until}: it failed {w.streak} units in a row "
+                f"(last: {w.quarantined}). Fix the machine or the trainer",
+                retry_after=None if self.config.quarantine_s is None else round(wait, 3))
+        if w.quarantined is not None:     # served its time: one more try (one failure re-quarantines)
+            w.quarantined = None
         if wait > 0:
             raise WorkerBackoffError(
                 f"worker {w.worker_id} failed its last {w.streak} unit(s) (last: {w.last_failure}); "
@@ -358,6 +366,8 @@ class Ledger:
         self.stats["backoffs"] += 1
         if w.streak >= self.config.quarantine_after and w.quarantined is None:
             w.quarantined = w.last_failure
+            w.backoff_until = self._clock() + (_FOREVER if self.config.quarantine_s is None
+                                               else self.config.quarantine_s)
             self.stats["quarantined"] += 1
 
     def _fail(self, u: UnitRecord, lease: LeaseRecord, why: str, *, blame: bool = True) -> None:
@@ -537,7 +547,9 @@ class Ledger:
                 for w in self._workers.values() if w.failures}
 
     def workers_quarantined(self) -> int:
-        return sum(1 for w in self._workers.values() if w.quarantined is not None)
+        now = self._clock()
+        return sum(1 for w in self._workers.values()
+                   if w.quarantined is not None and w.backoff_until > now)
 
     def lease_state(self, lease_id: str) -> LeaseState | None:
         lease = self._leases.get(lease_id)

@@ -329,7 +329,7 @@ class Worker:
         lost = asyncio.Event()
         try:
             result = await self._train(grant, ctx, lost)
-        except (_Stopped, ConfigError):
+        except (_Stopped, ConfigError, TrainerError):
             raise
         except Exception as exc:
             log.error("trainer failed on unit %s: %r", grant.unit.unit_id, exc)
@@ -384,8 +384,8 @@ class Worker:
             return out
         if isinstance(out, (torch.nn.Module, Mapping)):
             return ctx.result(out)
-        raise ConfigError(f"the trainer returned {type(out).__name__}; return ctx.result(module) or a "
-                          "TrainResult")
+        raise TrainerError(f"the trainer returned {type(out).__name__}; return ctx.result(module) or a "
+                           "TrainResult")
 
     async def _heartbeats(self, grant: LeaseGrant, ctx: TrainContext, lost: asyncio.Event) -> None:
         interval = max(0.05, grant.heartbeat_interval_s)

@@ -151,3 +151,24 @@ def test_counters_agree_with_the_ledger_after_restore(clock) -> None:
     rows = old["units"]
     rows[0][3] = 4                                    # a snapshot whose stats lag its units
     assert Ledger.restore(old, config=led.config, clock=clock, secret=SECRET).stats["issued"] == 4
+
+
+def test_a_quarantine_ends_after_quarantine_s_with_one_more_try(clock) -> None:
+    led = make(clock, n=3, quarantine_after=2, quarantine_s=100.0, worker_backoff_s=1.0)
+    w = led.join("unlucky")
+    for _ in range(2):
+        led.release(w, led.lease(w, 0).lease_id, "trainer error")
+        clock.advance(5)
+    with pytest.raises(WorkerQuarantinedError, match="for 95s more") as ei:
+        led.lease(w, 0)
+    assert ei.value.retry_after == pytest.approx(95.0)
+    clock.advance(95)
+    g = led.lease(w, 0)                              # served its time: one more try
+    assert led.workers_quarantined() == 0
+    led.release(w, g.lease_id, "trainer error")      # and one more failure quarantines it again
+    with pytest.raises(WorkerQuarantinedError):
+        led.lease(w, 0)
+    snap = led.snapshot()                            # a restart keeps the quarantine
+    back = Ledger.restore(snap, config=led.config, clock=clock, secret=SECRET)
+    with pytest.raises(WorkerQuarantinedError):
+        back.lease(w, 0)
