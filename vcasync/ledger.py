@@ -76,6 +76,12 @@ _PICK_WINDOW = 256
 _FOREVER = 1e12
 
 
+def _printable(text: str, limit: int = 200) -> str:
+    """A worker's words as they may appear in the coordinator's log and status: one line, no
+    control characters (a worker must not forge log lines), bounded."""
+    return "".join(c if c.isprintable() else "?" for c in str(text)[:limit])
+
+
 class Ledger:
     """Which unit is where, who holds which lease until when, and what every result came to."""
 
@@ -318,7 +324,7 @@ class Ledger:
         if lease.state is LeaseState.ACTIVE:
             lease.state = LeaseState.RELEASED
             self.stats["released"] += 1
-            why = f"released: {reason[:200]}" if reason else "released"
+            why = f"released: {_printable(reason)}" if reason else "released"
             u = self._units[lease.unit_id]
             if failed:
                 self._fail(u, lease, why)
@@ -336,7 +342,7 @@ class Ledger:
             return False
         lease.state = LeaseState.RELEASED
         self.stats["refused"] += 1
-        self._fail(self._units[lease.unit_id], lease, f"result refused: {reason[:200]}")
+        self._fail(self._units[lease.unit_id], lease, f"result refused: {_printable(reason)}")
         return True
 
     def expire(self) -> list[str]:

@@ -172,3 +172,13 @@ def test_a_quarantine_ends_after_quarantine_s_with_one_more_try(clock) -> None:
     back = Ledger.restore(snap, config=led.config, clock=clock, secret=SECRET)
     with pytest.raises(WorkerQuarantinedError):
         back.lease(w, 0)
+
+
+def test_a_workers_reason_cannot_forge_log_lines(clock) -> None:
+    led = make(clock, max_attempts=1, park_after_workers=1)
+    w = led.join()
+    led.release(w, led.lease(w, 0).lease_id, "boom\nERROR vcasync.coordinator: all fine\x1b[2J")
+    reason = led.parked()["e0-s0"]
+    assert "\n" not in reason
+    assert "\x1b" not in reason
+    assert "boom?ERROR" in reason
