@@ -28,6 +28,11 @@ class CoordinatorConfig:
     heartbeat_interval_s: float | None = None
     max_attempts: int = 5
     deadline_slack: float = 3.0
+    park_after_workers: int = 3           # distinct workers that must fail a unit before it parks
+    worker_backoff_s: float = 1.0         # a failing worker waits this, doubled per failure in a row,
+    worker_backoff_max_s: float = 60.0    # ... up to this, before its next lease
+    quarantine_after: int = 5             # failures in a row that stop a worker getting work ...
+    quarantine_s: float | None = 3600.0   # ... for this long (None: the rest of the run)
     require_finite: bool = True
     max_update_norm: float | None = None
     limits: Limits = field(default_factory=Limits)
@@ -74,4 +79,9 @@ class CoordinatorConfig:
     def ledger_config(self) -> LedgerConfig:
         return LedgerConfig(lease_timeout_s=self.lease_timeout_s,
                             heartbeat_interval_s=self.heartbeat_interval_s,
-                            max_attempts=self.max_attempts, deadline_slack=self.deadline_slack)
+                            max_attempts=self.max_attempts, deadline_slack=self.deadline_slack,
+                            park_after_workers=self.park_after_workers,
+                            worker_backoff_s=self.worker_backoff_s,
+                            worker_backoff_max_s=self.worker_backoff_max_s,
+                            quarantine_after=self.quarantine_after,
+                            quarantine_s=self.quarantine_s)

@@ -10,7 +10,8 @@ Choices worth knowing:
 * ``NoWorkAvailableError`` is ``503`` with ``Retry-After`` while units are leased out elsewhere, and
   ``410 run_finished`` once every unit is merged (the run is gone for good, do not retry).
 * ``AuthError`` is ``401`` (with ``WWW-Authenticate: Bearer``); ``NotLeaseHolderError`` is ``403``:
-  the caller is known but the lease is someone else's.
+  the caller is known but the lease is someone else's. ``WorkerBackoffError`` is ``429`` with
+  ``retry_after``; ``WorkerQuarantinedError`` and ``OperatorDisabledError`` are ``403``.
 * ``LimitExceededError`` is ``413``; a payload that is well formed but does not fit the model
   (``ValidationError``, ``SpecMismatchError``, a dtype outside the allow-list, a policy refusal) is
   ``422``; any other ``WireError`` is ``400``.
@@ -69,7 +70,11 @@ HTTP_ERRORS: Final[Mapping[type[BaseException], ErrorSpec]] = {
     E.NotLeaseHolderError: ErrorSpec(403, "not_lease_holder"),
     E.VersionNotFoundError: ErrorSpec(404, "version_not_found"),
     E.NoWorkAvailableError: ErrorSpec(503, "no_work", refine=_no_work),
+    E.WorkerBackoffError: ErrorSpec(429, "worker_backoff"),
+    E.WorkerQuarantinedError: ErrorSpec(403, "worker_quarantined"),
+    E.TrainerError: ErrorSpec(500, "trainer_error"),
     E.AuthError: ErrorSpec(401, "unauthorized"),
+    E.OperatorDisabledError: ErrorSpec(403, "operator_disabled"),
 }
 
 #: Attributes copied from an exception into the JSON body (when present and not None).

@@ -38,8 +38,11 @@ CHUNK: Final = web.AppKey("chunk_size", int)
 BODY_TIMEOUTS: Final = web.AppKey("body_timeouts", BodyTimeouts)
 WORKER_ID: Final = web.RequestKey("worker_id", str)
 
-#: Routes that need no worker token (``join`` checks a join credential itself).
-PUBLIC_ROUTES: Final = frozenset({"healthz", "metrics", "join"})
+#: Routes that need no worker token (``join`` checks a join credential itself, ``requeue`` the
+#: operator token: a worker's token must not pass there).
+PUBLIC_ROUTES: Final = frozenset({"healthz", "metrics", "join", "requeue"})
+#: At most this many unit ids in one requeue request.
+MAX_REQUEUE_IDS: Final = 10_000
 
 
 def bearer(request: web.Request) -> str:
@@ -135,7 +138,9 @@ async def heartbeat(request: web.Request) -> web.Response:
 async def release(request: web.Request) -> web.Response:
     body = await read_control(request, "release")
     reason = P.get_field(body, "reason", str, default="", max_len=512)
-    await request.app[COORDINATOR].release(request[WORKER_ID], _lease_id(request), reason)
+    failed = P.get_field(body, "failed", bool, default=True)   # False: preempted, nobody's fault
+    await request.app[COORDINATOR].release(request[WORKER_ID], _lease_id(request), reason,
+                                           failed=failed)
     return reply(request, "released", {"lease_id": _lease_id(request)})
 
 
@@ -151,6 +156,26 @@ async def result(request: web.Request) -> web.Response:
     receipt = await app[COORDINATOR].submit(request[WORKER_ID], _lease_id(request),
                                             read_body(request, limit, app[CHUNK], app[BODY_TIMEOUTS]))
     return reply(request, "receipt", P.receipt_to_body(receipt))
+
+
+async def requeue(request: web.Request) -> web.Response:
+    """Operator: queue parked units again, ``{"units": [...]}`` or ``{}`` for every parked unit."""
+    app = request.app
+    try:
+        app[AUTH].check_operator(bearer(request))
+    except AuthError:
+        app[HTTP_METRICS].auth_failures += 1
+        raise
+    body = await read_control(request, "requeue")
+    units: list[str] | None = None
+    if "units" in body:
+        raw = P.get_field(body, "units", list, max_len=MAX_REQUEUE_IDS)
+        if not all(isinstance(u, str) and 0 < len(u) <= 256 for u in raw):
+            raise FrameError("field 'units' must be a list of unit ids (non-empty strings)",
+                             field="units")
+        units = raw
+    done = await app[COORDINATOR].requeue(units)
+    return reply(request, "requeued", {"units": done})
 
 
 def _parse_version(raw: str, current: int) -> int:
@@ -222,4 +247,5 @@ def routes(prefix: str = P.API_PREFIX) -> list[web.RouteDef]:
         web.post(f"{prefix}/leases/{{lease}}/release", release, name="release"),
         web.get(f"{prefix}/models/{{version}}", model, name="model", allow_head=False),
         web.get(f"{prefix}/status", status, name="status"),
+        web.post(f"{prefix}/units/requeue", requeue, name="requeue"),
     ]

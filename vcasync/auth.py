@@ -4,6 +4,10 @@ A worker proves it may join with the run's shared **join secret**, or with a **p
 bound to one worker name (revocable one by one). It then receives its own random **worker token**
 ``vca_<id>_<secret>`` that every other route requires in ``Authorization: Bearer``.
 
+An **operator token** (optional, from ``VCASYNC_OPERATOR_TOKEN`` or ``--operator-token-file``) guards
+the operator routes, such as requeueing parked units. It is deliberately not the join secret, which
+every volunteer holds; without one configured, operator routes answer ``403 operator_disabled``.
+
 Only SHA-256 digests are kept (in memory, and in an optional :class:`TokenStore` so tokens survive a
 coordinator restart); comparisons use :func:`hmac.compare_digest`. Nothing here logs or ``repr``\\ s a
 secret. Worker secrets carry 256 random bits, so a plain hash is enough; a slow KDF would only matter
@@ -21,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
-from .errors import AuthError, ConfigError, ObjectNotFoundError
+from .errors import AuthError, ConfigError, ObjectNotFoundError, OperatorDisabledError
 from .storage import Storage
 
 __all__ = ["JoinIdentity", "StorageTokenStore", "TokenAuthority", "TokenRecord", "TokenStore"]
@@ -91,13 +95,20 @@ class TokenAuthority:
     """
 
     def __init__(self, *, join_secret: str | None = None, join_tokens: Mapping[str, str] | None = None,
-                 store: TokenStore | None = None, clock: Callable[[], float] = time.time) -> None:
+                 store: TokenStore | None = None, clock: Callable[[], float] = time.time,
+                 operator_token: str | None = None) -> None:
         if not join_secret and not join_tokens:
             raise ConfigError("no join credential configured: set a join secret (VCASYNC_JOIN_SECRET) "
                               "or pre-issued join tokens")
         if join_secret is not None and len(join_secret) < 16:
             raise ConfigError("the join secret is too short: use at least 16 characters "
                               "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')")
+        if operator_token is not None and len(operator_token) < 16:
+            raise ConfigError("the operator token is too short: use at least 16 characters")
+        if operator_token is not None and operator_token in (join_secret, *(join_tokens or {}).values()):
+            raise ConfigError("the operator token must differ from the join secret and join tokens: "
+                              "every worker holds those")
+        self._operator_digest = _digest(operator_token) if operator_token else None
         self._secret_digest = _digest(join_secret) if join_secret else None
         self._join_tokens: dict[str, bytes] = {
             name: _digest(tok) for name, tok in (join_tokens or {}).items()}
@@ -107,7 +118,8 @@ class TokenAuthority:
 
     def __repr__(self) -> str:
         return (f"TokenAuthority(join_secret={'set' if self._secret_digest else 'unset'}, "
-                f"join_tokens={len(self._join_tokens)}, worker_tokens={len(self._records)})")
+                f"join_tokens={len(self._join_tokens)}, worker_tokens={len(self._records)}, "
+                f"operator_token={'set' if self._operator_digest else 'unset'})")
 
     async def load(self) -> None:
         """Read the records a previous run of the coordinator issued (when a store is configured)."""
@@ -128,6 +140,16 @@ class TokenAuthority:
         if ok_secret:
             return JoinIdentity(name=None)
         raise AuthError("join refused: the join secret or join token is wrong")
+
+    # -- operators -------------------------------------------------------------------------------
+    def check_operator(self, credential: str) -> None:
+        """Pass when ``credential`` is the operator token; :class:`OperatorDisabledError` when none is
+        configured, :class:`AuthError` otherwise (a worker token or the join secret never passes)."""
+        if self._operator_digest is None:
+            raise OperatorDisabledError("operator actions are disabled on this coordinator: start it "
+                                        "with VCASYNC_OPERATOR_TOKEN or --operator-token-file")
+        if not hmac.compare_digest(_digest(credential), self._operator_digest):
+            raise AuthError("operator credential refused: send the operator token")
 
     def revoke_join_token(self, name: str) -> bool:
         """Stop accepting the pre-issued join token of ``name``; True when there was one."""

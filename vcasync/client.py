@@ -143,7 +143,9 @@ class CoordinatorClient:
             raise aiohttp.ClientResponseError(resp.request_info, resp.history, status=resp.status,
                                               message=data[:200].decode("utf-8", "replace"))
         exc = error_from_body(resp.status, body)
-        if isinstance(exc, NoWorkAvailableError) and "Retry-After" in resp.headers:
+        # The header is whole seconds; the body's ``retry_after`` (when sent) is the precise hint.
+        if isinstance(exc, NoWorkAvailableError) and "retry_after" not in body \
+                and "Retry-After" in resp.headers:
             with contextlib.suppress(ValueError):
                 exc.retry_after = float(resp.headers["Retry-After"])
         raise exc
@@ -180,9 +182,18 @@ class CoordinatorClient:
                                    {"steps_done": int(steps_done)}, "lease")
         return P.grant_from_body(body)
 
-    async def release(self, lease_id: str, reason: str = "") -> None:
+    async def release(self, lease_id: str, reason: str = "", *, failed: bool = True) -> None:
+        """Give a lease up; ``failed=False`` when it is nobody's fault (preemption, a lost base)."""
         await self._control("POST", f"{P.API_PREFIX}/leases/{lease_id}/release", "release",
-                            {"reason": reason[:500]}, "released")
+                            {"reason": reason[:500], "failed": failed}, "released")
+
+    async def requeue(self, operator_token: str, units: list[str] | None = None) -> list[str]:
+        """Operator: queue parked units again (all, or ``units``); returns the ids requeued."""
+        body = await self._control("POST", f"{P.API_PREFIX}/units/requeue", "requeue",
+                                   {} if units is None else {"units": list(units)}, "requeued",
+                                   credential=operator_token)
+        done = P.get_field(body, "units", list, max_len=1 << 20)
+        return [str(u) for u in done]
 
     async def submit(self, lease_id: str, body: bytes | bytearray | memoryview | Path | AsyncIterator[bytes],
                      size: int | None = None) -> Receipt:

@@ -9,8 +9,13 @@ No HTTP here (the server is a thin skin over this). A result travels::
 Decoding, validation, the merge and the copies run in worker threads, so heartbeats and leases keep
 being answered during a 100M-parameter merge. The merge loop is the only writer of the model, the
 policy state and unit completion, so a unit can never be closed twice. Bad input raises before it
-reaches the queue and changes nothing; a valid result that cannot be used (too stale, refused by the
-policy) gets a ``rejected`` receipt and its unit goes back to the queue.
+reaches the queue and changes nothing but the lease: a well-formed upload from the holder that does
+not fit the model (not finite, wrong spec, norm bound) frees its unit for reissue at once and counts
+as that worker's failure (a corrected re-send is still accepted while the unit is open). A valid
+result that cannot be used (too stale, refused by the policy) gets a ``rejected`` receipt and its
+unit goes back to the queue.
+A unit parked after failing on several workers is logged at ERROR with its last failure, shown in
+:meth:`Coordinator.status`, and can be queued again by an operator (:meth:`Coordinator.requeue`).
 
 Durability (see :mod:`vcasync.journal`): ``"journal"`` writes each result to storage before it is
 merged and acknowledged, and replays the journal on start; ``"snapshot"`` only writes periodic
@@ -89,6 +94,7 @@ class Coordinator:
         self._stop = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
+        self._parked_logged: set[str] = set()
 
     # -- lifetime ---------------------------------------------------------------------------------
     async def __aenter__(self) -> Coordinator:
@@ -129,8 +135,8 @@ class Coordinator:
                                                  "again"))
             if self._failure is None and self._journal.durable:
                 try:    # nothing merges any more: capture and write what the last snapshot lacks
-                    if self._merger.since_snapshot:
-                        await self._slot.capture(self._ledger.snapshot())
+                    # (always: leases and failures change the ledger without any merge)
+                    await self._slot.capture(self._ledger.snapshot())
                     await self._write_snapshot()
                 except Exception as exc:
                     log.warning("final snapshot failed: %r", exc)
@@ -233,13 +239,37 @@ class Coordinator:
         finally:
             self._check_finished()
 
-    async def release(self, worker_id: str, lease_id: str, reason: str = "") -> None:
-        """Give a lease up (its unit goes back to the queue)."""
+    async def release(self, worker_id: str, lease_id: str, reason: str = "", *,
+                      failed: bool = True) -> None:
+        """Give a lease up (its unit goes back to the queue); ``failed``: the unit failed on this
+        worker (counts against both), False when it is nobody's fault (preemption)."""
         self._check_running()
         try:
-            self._ledger.release(worker_id, lease_id, reason)
+            self._ledger.release(worker_id, lease_id, reason, failed=failed)
         finally:
             self._check_finished()
+
+    async def requeue(self, unit_ids: Sequence[str] | None = None) -> list[str]:
+        """Queue parked units again (all, or the named ones; all or nothing): the operator's action
+        once whatever broke them is fixed. The run goes on without a restart."""
+        self._check_running()
+        done = self._ledger.requeue(unit_ids)
+        for unit_id in done:
+            self._parked_logged.discard(unit_id)
+        if done:
+            log.warning("operator requeued %d parked unit(s): %s", len(done), ", ".join(done[:20]))
+        if not self._ledger.finished:
+            self._finished.clear()
+        return done
+
+    @property
+    def finished(self) -> bool:
+        """Every unit is done or parked and every accepted result merged (see :meth:`wait_finished`)."""
+        return self._finished.is_set()
+
+    def parked(self) -> dict[str, str]:
+        """Parked unit id -> why (its failures and the last one)."""
+        return self._ledger.parked()
 
     # -- results ----------------------------------------------------------------------------------
     async def submit(self, worker_id: str, lease_id: str, body: AsyncIterable[bytes]) -> Receipt:
@@ -284,6 +314,13 @@ class Coordinator:
                     release=self._owner.release, out=self._update_buffers.take())
         except (WireError, ValidationError) as exc:
             self.metrics.reject(reject_reason(exc), worker_id)
+            # A well-formed upload that cannot fit the model (not finite, wrong spec, norm): the unit
+            # goes to another worker now, not at the deadline. Malformed bytes may be transport
+            # damage that a re-send fixes, so those change nothing.
+            if isinstance(exc, ValidationError) and self._ledger.refuse(worker_id, lease_id,
+                                                                        reject_reason(exc)):
+                self._merger.retain()
+                self._check_finished()
             raise
         self._check_running()
         future: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
@@ -292,9 +329,18 @@ class Coordinator:
         return await asyncio.shield(future)
 
     def _check_finished(self) -> None:
+        if self._ledger.counts()["parked"] > len(self._parked_logged):
+            self._log_parked()
         merger = getattr(self, "_merger", None)
         if self._ledger.finished and (merger is None or (merger.jobs.empty() and not merger.busy)):
             self._finished.set()
+
+    def _log_parked(self) -> None:
+        """Every newly parked unit, once, at ERROR: a unit is never given up on silently."""
+        for unit_id, why in self._ledger.parked().items():
+            if unit_id not in self._parked_logged:
+                self._parked_logged.add(unit_id)
+                log.error("unit %s parked: %s", unit_id, why)
 
     async def _expiry_loop(self) -> None:
         while not self._stop.is_set():
@@ -372,6 +418,10 @@ class Coordinator:
                 "leases_issued_total": stats["issued"], "leases_expired_total": stats["expired"],
                 "leases_reissued_total": stats["reissued"],
                 "leases_released_total": stats["released"],
+                "leases_refused_total": stats["refused"],
+                "units_requeued_total": stats["requeued"],
+                "worker_backoffs_total": stats["backoffs"],
+                "workers_quarantined": self._ledger.workers_quarantined(),
                 **{f"units_{k}": v for k, v in self._ledger.counts().items()},
                 "merge_queue": self._merger.jobs.qsize(),
                 "retained_versions": len(self._owner.versions.numbers())}
@@ -386,7 +436,9 @@ class Coordinator:
             "run_id": self._journal.run_id, "version": self.version,
             "finished": self._finished.is_set(), "units": self._ledger.counts(),
             "parked": dict(list(self._ledger.parked().items())[:100]),
-            "workers": {"known": self._ledger.num_workers, "alive": self._ledger.workers_alive()},
+            "workers": {"known": self._ledger.num_workers, "alive": self._ledger.workers_alive(),
+                        "quarantined": self._ledger.workers_quarantined()},
+            "failing_workers": dict(list(self._ledger.worker_health().items())[:100]),
             "leases": dict(self._ledger.stats), "retained_versions": self._owner.versions.numbers(),
             "journal": self._journal.status(), "metrics": self.metrics.as_dict(),
             "suspects": self.metrics.suspects(),

@@ -32,8 +32,12 @@ everything with one clause, or exactly one failure with a leaf class::
     │   ├── UnitClosedError           the unit already has a merged result: never merged twice
     │   ├── NotLeaseHolderError       the lease belongs to another worker
     │   ├── NoWorkAvailableError      nothing to lease right now (or the run is finished)
+    │   │   └── WorkerBackoffError    this worker failed recently: no lease for ``retry_after`` s
+    │   ├── WorkerQuarantinedError    this worker failed too often in a row: no leases for a long while
     │   └── VersionNotFoundError      that model version is not held (any more): fetch the latest
+    ├── TrainerError                  the user's trainer kept failing (not a configuration problem)
     └── AuthError                     missing, malformed, forged, expired or revoked credentials
+        └── OperatorDisabledError     an operator route, but no operator token is configured
 
 Errors carry context as attributes and say what to do in their message.
 """
@@ -56,12 +60,14 @@ __all__ = [
     "LimitExceededError",
     "NoWorkAvailableError",
     "NotLeaseHolderError",
+    "OperatorDisabledError",
     "ObjectNotFoundError",
     "PluginValidationError",
     "PolicyError",
     "PreconditionFailedError",
     "ProtocolVersionError",
     "SpecMismatchError",
+    "TrainerError",
     "StorageError",
     "TransientStorageError",
     "UnitClosedError",
@@ -72,6 +78,8 @@ __all__ = [
     "ValidationError",
     "VersionNotFoundError",
     "WireError",
+    "WorkerBackoffError",
+    "WorkerQuarantinedError",
 ]
 
 
@@ -245,6 +253,21 @@ class NoWorkAvailableError(LedgerError):
         self.finished = finished
 
 
+class WorkerBackoffError(NoWorkAvailableError):
+    """This worker's last units failed: it gets no lease for ``retry_after`` seconds, so the unit
+    it failed goes to another worker first. Wait, then lease again."""
+
+
+class WorkerQuarantinedError(LedgerError):
+    """This worker failed ``quarantine_after`` units in a row: it gets no leases for
+    ``retry_after`` seconds (None: the rest of the run). Fix the machine or the trainer; an operator
+    sees it in the coordinator's status."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class VersionNotFoundError(LedgerError):
     """The coordinator does not hold that model version (never made, or dropped from its window)."""
 
@@ -253,8 +276,20 @@ class VersionNotFoundError(LedgerError):
         self.version = version
 
 
+# --- trainer --------------------------------------------------------------------------------
+
+
+class TrainerError(VCAsyncError):
+    """The user's trainer failed on unit after unit; its own errors are in the worker's log."""
+
+
 # --- auth -----------------------------------------------------------------------------------
 
 
 class AuthError(VCAsyncError):
     """Missing, malformed, forged, expired or revoked credentials."""
+
+
+class OperatorDisabledError(AuthError):
+    """An operator route was called, but the coordinator has no operator token configured
+    (``VCASYNC_OPERATOR_TOKEN`` or ``--operator-token-file``): operator actions are off."""

@@ -173,10 +173,15 @@ _GAUGE_HELP = {
     "leases_expired_total": "Leases that missed their deadline.",
     "leases_reissued_total": "Leases granted for a unit that had been leased before.",
     "leases_released_total": "Leases given up by their holder.",
+    "leases_refused_total": "Leases freed at once because their holder's upload was refused.",
+    "units_requeued_total": "Parked work units an operator queued again.",
+    "worker_backoffs_total": "Failures attributed to a worker (each backs it off from leasing).",
+    "workers_quarantined": "Workers that failed too often in a row and get no more work.",
     "units_queued": "Work units waiting for a worker.",
     "units_leased": "Work units being trained.",
     "units_done": "Work units with a merged result.",
-    "units_parked": "Work units that failed too often.",
+    "units_parked": "Work units given up on after failing on several workers (the run ends with "
+                    "exit code 3 unless an operator requeues them).",
     "merge_queue": "Validated results waiting for the merge loop.",
     "retained_versions": "Model versions kept in memory.",
 }

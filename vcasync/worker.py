@@ -9,6 +9,12 @@ the trainer's checkpoint in its state dir (``on_preempt="checkpoint"``: a restar
 dir resumes the same lease while it is valid) or uploads a partial result weighted by the steps done
 (``"partial"``). A SIGKILL loses only the progress since the trainer's last checkpoint.
 
+Failures: a trainer that raises releases its lease as a failure, which the coordinator attributes
+to this worker. It answers a worker that keeps failing with a back-off (:class:`WorkerBackoffError`:
+the worker waits that long before it leases again, so the unit goes to another worker) and then a
+quarantine (:class:`WorkerQuarantinedError`: the worker stops with that message). After
+``max_trainer_failures`` in a row the worker stops by itself with a :class:`TrainerError`.
+
 Outages: every call to the coordinator is retried with capped, jittered backoff while it is down or
 restarting. Results are written to the state dir before upload and re-sent until acknowledged: the
 lease id makes a re-send harmless.
@@ -43,8 +49,10 @@ from .errors import (
     LedgerError,
     NotLeaseHolderError,
     NoWorkAvailableError,
+    TrainerError,
     UnitClosedError,
     VCAsyncError,
+    WorkerBackoffError,
 )
 from .tensors import ModelState
 from .trainer import TrainContext, Trainer, TrainResult
@@ -217,7 +225,8 @@ class Worker:
                 grant = None
                 failures = 0 if ok else failures + 1
                 if failures >= self.config.max_trainer_failures:
-                    raise ConfigError(f"the trainer failed {failures} times in a row; see the log")
+                    raise TrainerError(f"the trainer failed {failures} units in a row; its errors "
+                                       "are in the log above")
         except _Stopped:
             pass
         return "preempted"
@@ -290,6 +299,11 @@ class Worker:
         while True:
             try:
                 return await self._call("lease", self._cli().lease)
+            except WorkerBackoffError as exc:
+                # Our last units failed: the coordinator gives them to other workers first. Wait
+                # the whole back-off (asking earlier only gets the same answer).
+                log.warning("backing off %.2fs: %s", exc.retry_after, exc)
+                await self._sleep(max(0.05, exc.retry_after) * self._rng.uniform(1.0, 1.1))
             except NoWorkAvailableError as exc:
                 if exc.finished:
                     log.info("the run is finished")
@@ -305,7 +319,7 @@ class Worker:
             base = await self._model(grant.base_version)
         except LedgerError as exc:  # the coordinator no longer has that version: too stale to train
             log.warning("model v%d for lease %s is gone (%s)", grant.base_version, grant.lease_id, exc)
-            await self._release(grant, "base model unavailable")
+            await self._release(grant, "base model unavailable", failed=False)
             return True
         unit_stop = threading.Event()
         if self.stopping:
@@ -317,7 +331,7 @@ class Worker:
         lost = asyncio.Event()
         try:
             result = await self._train(grant, ctx, lost)
-        except (_Stopped, ConfigError):
+        except (_Stopped, ConfigError, TrainerError):
             raise
         except Exception as exc:
             log.error("trainer failed on unit %s: %r", grant.unit.unit_id, exc)
@@ -342,7 +356,7 @@ class Worker:
             if self.stopping:
                 log.info("preempted before the first step of unit %s; releasing its lease",
                          grant.unit.unit_id)
-                await self._release(grant, "preempted before the first step")
+                await self._release(grant, "preempted before the first step", failed=False)
                 return True
             log.error("the trainer returned after 0 steps of unit %s", grant.unit.unit_id)
             self._abandoned += 1
@@ -372,8 +386,8 @@ class Worker:
             return out
         if isinstance(out, (torch.nn.Module, Mapping)):
             return ctx.result(out)
-        raise ConfigError(f"the trainer returned {type(out).__name__}; return ctx.result(module) or a "
-                          "TrainResult")
+        raise TrainerError(f"the trainer returned {type(out).__name__}; return ctx.result(module) or a "
+                           "TrainResult")
 
     async def _heartbeats(self, grant: LeaseGrant, ctx: TrainContext, lost: asyncio.Event) -> None:
         interval = max(0.05, grant.heartbeat_interval_s)
@@ -399,9 +413,11 @@ class Worker:
                 level = logging.DEBUG if is_transient(exc) else logging.WARNING
                 log.log(level, "heartbeat for %s failed: %r", grant.lease_id, exc)
 
-    async def _release(self, grant: LeaseGrant, reason: str) -> None:
+    async def _release(self, grant: LeaseGrant, reason: str, *, failed: bool = True) -> None:
+        """Hand the lease back; ``failed``: the unit failed here (the coordinator counts it)."""
         with contextlib.suppress(LedgerError):
-            await self._call("release", lambda: self._cli().release(grant.lease_id, reason))
+            await self._call("release", lambda: self._cli().release(grant.lease_id, reason,
+                                                                   failed=failed))
         await asyncio.to_thread(self.state.finish_lease, grant.lease_id)
 
     # -- models ------------------------------------------------------------------------------------

@@ -84,33 +84,44 @@ def test_heartbeat_revives_an_expired_lease_nobody_took(clock) -> None:
 
 
 def test_units_fail_max_attempts_times_then_park_and_late_result_still_counts(clock) -> None:
-    led = make(clock, n=1, max_attempts=3)
-    w = led.join()
+    led = make(clock, n=1, max_attempts=3, park_after_workers=3)
+    workers = [led.join(n) for n in "abc"]
     grants = []
-    for _ in range(3):
+    for w in workers:
         grants.append(led.lease(w, 0))
         clock.advance(11)
         led.expire()
     assert led.unit_state("e0-s0") is UnitState.PARKED
-    assert "failed 3 times" in led.parked()["e0-s0"]
+    assert "failed 3 times on 3 workers" in led.parked()["e0-s0"]
+    assert "lease expired" in led.parked()["e0-s0"]
     with pytest.raises(NoWorkAvailableError) as ei:
-        led.lease(w, 0)
+        led.lease(led.join("d"), 0)
     assert ei.value.finished
-    accept(led, w, grants[0])
+    accept(led, workers[0], grants[0])
     assert led.unit_state("e0-s0") is UnitState.DONE
 
 
 def test_release_counts_as_an_attempt_and_is_idempotent(clock) -> None:
-    led = make(clock, n=1, max_attempts=2)
+    led = make(clock, n=1, max_attempts=2, park_after_workers=1, worker_backoff_s=5.0)
     w = led.join()
     g = led.lease(w, 0)
-    led.release(w, g.lease_id, "preempted")
-    led.release(w, g.lease_id, "preempted")
+    led.release(w, g.lease_id, "trainer error")
+    led.release(w, g.lease_id, "trainer error")
     assert led.unit_state("e0-s0") is UnitState.QUEUED
     with pytest.raises(LeaseNotFoundError, match="released"):
         led.heartbeat(w, g.lease_id, 1)
+    clock.advance(5)
     led.release(w, led.lease(w, 0).lease_id)
     assert led.unit_state("e0-s0") is UnitState.PARKED
+
+
+def test_a_release_that_is_nobodys_fault_costs_no_attempt(clock) -> None:
+    led = make(clock, n=1, max_attempts=1, park_after_workers=1)
+    w = led.join()
+    for _ in range(3):
+        led.release(w, led.lease(w, 0).lease_id, "preempted", failed=False)
+    assert led.unit_state("e0-s0") is UnitState.QUEUED
+    assert led.worker_health() == {}
 
 
 def test_partial_result_queues_the_remainder(clock) -> None:

@@ -1,7 +1,9 @@
-"""Random interleavings of lease / heartbeat / expire / submit / release / restart in virtual time.
+"""Random interleavings of lease / heartbeat / expire / submit / release / refuse / requeue / restart in
+virtual time.
 
 Invariants after every step: each unit is in exactly one state and the ledger's indexes agree with
-it, no unit is merged twice, and no step of work is lost (merged steps + open steps = what was asked).
+it, no unit is merged twice, no step of work is lost (merged steps + open steps = what was asked), a
+parked unit failed on enough distinct workers, and the lease counters cover what the units record.
 """
 
 from __future__ import annotations
@@ -38,10 +40,13 @@ class LedgerMachine(RuleBasedStateMachine):
     workers = Bundle("workers")
     leases = Bundle("leases")
 
-    @initialize(n=st.integers(1, 5), steps=st.integers(1, 6), attempts=st.integers(1, 4))
-    def setup(self, n: int, steps: int, attempts: int) -> None:
+    @initialize(n=st.integers(1, 5), steps=st.integers(1, 6), attempts=st.integers(1, 4),
+                park_workers=st.integers(1, 3), quarantine=st.integers(1, 6))
+    def setup(self, n: int, steps: int, attempts: int, park_workers: int, quarantine: int) -> None:
         self.clock = Clock()
-        self.config = LedgerConfig(lease_timeout_s=10.0, max_attempts=attempts)
+        self.config = LedgerConfig(lease_timeout_s=10.0, max_attempts=attempts,
+                                   park_after_workers=park_workers, quarantine_after=quarantine,
+                                   worker_backoff_s=2.0, quarantine_s=30.0)
         self.ledger = Ledger([WorkUnit(f"u{i}", steps=steps) for i in range(n)], config=self.config,
                              clock=self.clock, secret=SECRET)
         self.asked = {f"u{i}": steps for i in range(n)}
@@ -82,11 +87,22 @@ class LedgerMachine(RuleBasedStateMachine):
     def expire(self) -> None:
         self.ledger.expire()
 
-    @rule(lw=leases, reason=st.sampled_from(["", "preempted"]))
-    def release(self, lw: tuple[str, str], reason: str) -> None:
+    @rule(lw=leases, reason=st.sampled_from(["", "preempted"]), failed=st.booleans())
+    def release(self, lw: tuple[str, str], reason: str, failed: bool) -> None:
         if lw[0]:
             with contextlib.suppress(LedgerError):
-                self.ledger.release(lw[1], lw[0], reason)
+                self.ledger.release(lw[1], lw[0], reason, failed=failed)
+
+    @rule(lw=leases)
+    def refuse(self, lw: tuple[str, str]) -> None:
+        if lw[0]:
+            self.ledger.refuse(lw[1], lw[0], "non_finite")
+
+    @rule(everything=st.booleans())
+    def requeue(self, everything: bool) -> None:
+        parked = list(self.ledger.parked())
+        done = self.ledger.requeue(None if everything else parked[:1])
+        assert done == (parked if everything else parked[:1])
 
     @rule(lw=leases, other=workers)
     def resume(self, lw: tuple[str, str], other: str) -> None:
@@ -156,6 +172,11 @@ class LedgerMachine(RuleBasedStateMachine):
         assert None not in leased
         for lid in active:
             assert units[led._leases[lid].unit_id].lease_id == lid
+        for u in units.values():
+            if u.state is UnitState.PARKED:
+                assert len(u.failed_by) >= self.config.park_workers
+                assert u.attempts >= self.config.max_attempts
+        assert led.stats["issued"] >= sum(u.issued for u in units.values())
         counts = led.counts()
         assert sum(counts.values()) == len(units)
         actual = Counter(u.state.value for u in units.values())

@@ -38,11 +38,14 @@ async def running(tmp_path: Path, *, units: Sequence[WorkUnit] | None = None, se
                   server_config: ServerConfig | None = None, durability: str = "journal",
                   lease_timeout_s: float = 30.0, authority: TokenAuthority | None = None,
                   store: str | None = None, initial: torch.nn.Module | None = None,
+                  coordinator: Mapping[str, Any] | None = None,
                   ) -> AsyncIterator[tuple[Coordinator, Server]]:
-    """A coordinator (file storage under ``tmp_path`` unless durability is "none") on 127.0.0.1:0."""
+    """A coordinator (file storage under ``tmp_path`` unless durability is "none") on 127.0.0.1:0;
+    ``coordinator``: more :class:`CoordinatorConfig` fields."""
     model = ModelState.from_module(initial if initial is not None else tiny_model())
     units = list(units) if units is not None else make_units(4, steps=3)
-    cfg = CoordinatorConfig(durability=durability, lease_timeout_s=lease_timeout_s)  # type: ignore[arg-type]
+    cfg = CoordinatorConfig(durability=durability, lease_timeout_s=lease_timeout_s,  # type: ignore[arg-type]
+                            **dict(coordinator or {}))
     auth = authority or TokenAuthority(join_secret=secret)
     async with contextlib.AsyncExitStack() as stack:
         storage = None

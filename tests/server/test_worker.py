@@ -18,7 +18,7 @@ from vcasync._routes import HTTP_METRICS
 from vcasync._units import make_units
 from vcasync.auth import TokenAuthority
 from vcasync.client import Backoff
-from vcasync.errors import ConfigError
+from vcasync.errors import ConfigError, TrainerError
 from vcasync.server import Server, ServerConfig
 from vcasync.trainer import TrainContext, TrainResult
 from vcasync.worker import Worker, WorkerConfig
@@ -273,8 +273,10 @@ async def test_failing_trainer_releases_and_gives_up(tmp_path: Path) -> None:
         def broken(ctx: TrainContext) -> TrainResult:
             raise RuntimeError("boom")
 
-        with pytest.raises(ConfigError, match="failed 3 times"):
+        # A trainer failure is the trainer's, not a configuration error (issue 13).
+        with pytest.raises(TrainerError, match="failed 3 units in a row") as ei:
             await worker(server.url, tmp_path / "w", broken).run()
+        assert not isinstance(ei.value, ConfigError)
 
 
 async def test_async_trainer(tmp_path: Path) -> None:

@@ -4,7 +4,12 @@ Secrets come from the environment or files, never from flag values (visible to a
 
 * ``VCASYNC_JOIN_SECRET`` (or ``--join-secret-file``): the shared secret workers join with;
 * ``VCASYNC_JOIN_TOKENS`` (``name=token,name=token``) or ``--join-tokens-file`` (``name token`` per
-  line): pre-issued join tokens, each bound to one worker name.
+  line): pre-issued join tokens, each bound to one worker name;
+* ``VCASYNC_OPERATOR_TOKEN`` (or ``--operator-token-file``): optional; enables operator routes such
+  as ``vcasync requeue`` (parked units). Workers never hold it.
+
+Exit status (:class:`vcasync.cli.ExitCode`): ``OK`` when every unit was merged, ``PARKED`` when the
+run ended with parked units (each is logged at ERROR with its last failure).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..cli import Command, read_secret
+from ..cli import Command, ExitCode, read_secret
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
@@ -56,6 +61,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
                    help="put this directory on sys.path to find the model factory (default: .)")
     p.add_argument("--join-secret-file", type=Path)
     p.add_argument("--join-tokens-file", type=Path)
+    p.add_argument("--operator-token-file", type=Path,
+                   help="file holding the operator token (or VCASYNC_OPERATOR_TOKEN)")
     p.add_argument("--no-uvloop", action="store_true",
                    help="run on plain asyncio even if uvloop is installed")
 
@@ -135,17 +142,22 @@ def launch(a: argparse.Namespace, hooks: ChaosHooks | None = None) -> int:
     cfg = load_run_config(a.config, _overrides(a))
     secret = read_secret("VCASYNC_JOIN_SECRET", a.join_secret_file, what="join secret")
     tokens = _join_tokens(a.join_tokens_file)
+    operator = read_secret("VCASYNC_OPERATOR_TOKEN", a.operator_token_file, what="operator token")
     if not secret and not tokens:
         raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET (or --join-secret-file, "
                           "VCASYNC_JOIN_TOKENS, --join-tokens-file)")
-    return run(serve(cfg, secret, tokens, port_file=a.port_file, app_dir=a.app_dir, hooks=hooks),
+    return run(serve(cfg, secret, tokens, port_file=a.port_file, app_dir=a.app_dir, hooks=hooks,
+                     operator_token=operator),
                use_uvloop=False if a.no_uvloop else None)
 
 
 async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                 port_file: Path | None = None, app_dir: Path | None = None,
-                hooks: ChaosHooks | None = None) -> int:
+                hooks: ChaosHooks | None = None, operator_token: str | None = None) -> int:
     """Run the coordinator ``cfg`` describes until the run is finished (then ``linger_s``) or a signal.
+
+    Returns :attr:`ExitCode.PARKED` when the run finished with parked units (an operator may requeue
+    them while it lingers: the run then goes on), else :attr:`ExitCode.OK`.
 
     ``hooks`` (chaos tests only, see :mod:`vcasync.testing.hooks`) wraps the policy and the storage so
     a test can kill the process at a known step and inject storage faults; None adds nothing.
@@ -178,7 +190,8 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
         if hooks is not None:
             policy = hooks.wrap_policy(policy)
             storage = hooks.wrap_storage(storage, coord_cfg.state_prefix)
-        authority = TokenAuthority(join_secret=secret, join_tokens=tokens, store=StorageTokenStore(storage))
+        authority = TokenAuthority(join_secret=secret, join_tokens=tokens, store=StorageTokenStore(storage),
+                                   operator_token=operator_token)
         async with Coordinator(model, units, policy=policy, storage=storage, config=coord_cfg) as coord, \
                 Server(coord, authority, cfg.server) as server:
             # Everything allocated so far (torch, the model, the ledger) lives for the whole run: keep
@@ -191,17 +204,46 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                 tmp = port_file.with_name(port_file.name + ".tmp")
                 tmp.write_text(server.url + "\n")
                 tmp.replace(port_file)
-            finished = await _first(coord.wait_finished(), stop.wait())
-            if finished:
+            finished = False
+            while await _first(coord.wait_finished(), stop.wait()):
+                finished = True
+                _log_parked(coord.parked())
                 log.info("run finished at model v%d; serving %.0fs more so workers hear it",
                          coord.version, cfg.linger_s)
-                await _first(asyncio.sleep(cfg.linger_s), stop.wait())
-            else:
+                if not await _linger(coord, cfg.linger_s, stop):
+                    break
+                finished = False
+                log.info("parked units were requeued: the run goes on")
+            if not finished:
                 log.info("stopping at model v%d", coord.version)
+            parked = coord.parked()
             if cfg.output is not None:
                 torch.save(dict(coord.model().tensors), cfg.output)
                 log.info("final weights written to %s", cfg.output)
-    return 0
+    if finished and parked:
+        log.error("run ended with %d parked unit(s), never merged: exit code %d (PARKED)",
+                  len(parked), ExitCode.PARKED)
+        return ExitCode.PARKED
+    return ExitCode.OK
+
+
+def _log_parked(parked: dict[str, str]) -> None:
+    for unit_id, why in parked.items():
+        log.error("unit %s is parked and was not trained: %s", unit_id, why)
+    if parked:
+        log.error("%d unit(s) parked; requeue them with 'vcasync requeue' while the coordinator "
+                  "lingers, or the run ends with exit code %d", len(parked), ExitCode.PARKED)
+
+
+async def _linger(coord: Any, seconds: float, stop: asyncio.Event) -> bool:
+    """Serve ``seconds`` more; True as soon as the run is no longer finished (units requeued)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not stop.is_set() and (left := deadline - loop.time()) > 0:
+        if not coord.finished:
+            return True
+        await _first(asyncio.sleep(min(0.2, left)), stop.wait())
+    return not coord.finished and not stop.is_set()
 
 
 async def _first(a: Any, b: Any) -> bool:

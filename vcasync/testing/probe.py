@@ -5,7 +5,8 @@ header and body bytes, keeps the connection alive between requests (so a hundred
 take minutes, not hours) and reconnects when the server closes it. :class:`CoordinatorProcess` runs
 the real ``vcasync coordinator`` command on a free port from a run table, and reports its memory.
 :func:`fingerprint` is what "nothing changed" means: the model's digest and version, the ledger's
-unit and lease counts, the workers it knows, the journal position and the merge count.
+unit and lease counts, the workers it knows, the journal position and the merge count (a holder's
+refused upload freeing its own unit, issue 13, is accounted for).
 """
 
 from __future__ import annotations
@@ -203,9 +204,17 @@ def fingerprint(probe: HttpProbe, token: str) -> dict[str, Any]:
     if model.status != 200:
         raise RuntimeError(f"GET /v1/models/latest answered {model.status}: {model.body[:200]!r}")
     meta = decode_payload_bytes(model.body, expected_kind="model").meta
-    leases = {k: v for k, v in s.get("leases", {}).items()}
+    # One change is allowed: a holder's well-formed but invalid upload frees *its own* unit for
+    # reissue (and backs the holder off). Accounted exactly: each refused lease moved one unit from
+    # leased to queued; anything else still shows.
+    leases = {k: v for k, v in s.get("leases", {}).items() if k not in ("refused", "backoffs")}
+    refused = int(s.get("leases", {}).get("refused", 0))
+    units = dict(s.get("units") or {})
+    if refused and "queued" in units and "leased" in units:
+        units["queued"] -= refused
+        units["leased"] += refused
     metrics = s.get("metrics", {})
-    return {"version": s["version"], "digest": meta.get("digest"), "units": s.get("units"),
+    return {"version": s["version"], "digest": meta.get("digest"), "units": units,
             "leases": leases, "workers_known": s.get("workers", {}).get("known"),
             "journal_seq": s.get("journal", {}).get("seq"), "merges": metrics.get("merges"),
             "accepted": metrics.get("results", {}).get("accepted", 0)}

@@ -1,0 +1,54 @@
+"""``vcasync requeue``: queue a running coordinator's parked units again, without restarting it.
+
+A unit is parked after it failed on several distinct workers; once whatever broke it is fixed (a bad
+shard, a trainer bug, a broken node pool), the operator queues it again. The call needs the
+coordinator's **operator token**, never the join secret (every volunteer holds that): from
+``VCASYNC_OPERATOR_TOKEN`` or ``--operator-token-file``, never a flag value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from ..cli import Command, ExitCode, read_secret
+from ..errors import ConfigError
+
+log = logging.getLogger("vcasync.cli")
+
+
+def _configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--coordinator", required=True, help="the coordinator's URL, http(s)://host:port")
+    p.add_argument("--unit", action="append", default=[], metavar="UNIT_ID", dest="units",
+                   help="a parked unit to requeue (repeatable); none: every parked unit")
+    p.add_argument("--operator-token-file", type=Path,
+                   help="file holding the operator token (or VCASYNC_OPERATOR_TOKEN)")
+    p.add_argument("--ca-file", type=Path, help="CA certificate to verify an https coordinator")
+
+
+def _run(a: argparse.Namespace) -> int:
+    import asyncio
+
+    from ..client import CoordinatorClient, client_ssl_context
+
+    token = read_secret("VCASYNC_OPERATOR_TOKEN", a.operator_token_file, what="operator token")
+    if not token:
+        raise ConfigError("no operator token: set VCASYNC_OPERATOR_TOKEN or --operator-token-file "
+                          "(the coordinator must be started with the same one)")
+    url = str(a.coordinator).rstrip("/")
+    ssl_ctx = client_ssl_context(a.ca_file) if url.startswith("https://") else None
+
+    async def main() -> list[str]:
+        async with CoordinatorClient(url, ssl_context=ssl_ctx) as client:
+            return await client.requeue(token, a.units or None)
+
+    done = asyncio.run(main())
+    print(json.dumps({"requeued": done}))
+    log.info("requeued %d unit(s)", len(done))
+    return ExitCode.OK
+
+
+COMMAND = Command(name="requeue", help="queue a running coordinator's parked units again (operator)",
+                  configure=_configure, run=_run)
