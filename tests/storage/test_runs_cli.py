@@ -137,7 +137,7 @@ def test_a_restart_keeps_the_run_and_the_leases_in_flight(kind: str, request: py
 
     async def lease_two() -> tuple[str, list[str], str]:
         async with CoordinatorClient(url) as client:
-            worker, token = await client.join(SECRET, "w")
+            _, token = await client.join(SECRET, "w")
             grants = [await client.lease(), await client.lease()]
             return token, [g.lease_id for g in grants], (await client.status())["run_id"]
 
@@ -166,7 +166,8 @@ def test_a_store_that_ignores_preconditions_is_refused(stock_gcs_endpoint: str, 
     c = start(coords, tmp_path, storage, "--units", "2")
     assert c.wait() == ExitCode.CONFIG
     log = c.log()
-    assert "does not honour conditional writes" in log and "--allow-unsafe-store" in log
+    assert "does not honour conditional writes" in log
+    assert "--allow-unsafe-store" in log
 
     async def left_behind() -> list[str]:
         async with open_storage(storage) as st:
@@ -199,8 +200,10 @@ def test_a_different_configuration_is_refused_and_the_same_one_resumes(
                    name="params")
     assert units.wait() == policy.wait() == params.wait() == ExitCode.CONFIG
     assert "units: the run has 4 (e0-s0 .. e3-s0), this start asks for 8" in units.log()
-    assert "policy: the run uses vcasgd" in policy.log() and "asks for fedasync" in policy.log()
-    assert '"alpha": 0.7' in params.log() and "--reset-policy" in params.log()
+    assert "policy: the run uses vcasgd" in policy.log()
+    assert "asks for fedasync" in policy.log()
+    assert '"alpha": 0.7' in params.log()
+    assert "--reset-policy" in params.log()
     for refused in (units, policy, params):
         assert "--new-run" in refused.log()
     assert asyncio.run(record()) == before     # a refused start changes nothing
@@ -274,7 +277,8 @@ def test_gcs_without_credentials_says_so_quickly(tmp_path: Path, coords: list[Co
     assert time.monotonic() - began < 40      # the process start itself takes a few seconds
     log = c.log()
     assert "no Google Cloud credentials were found" in log
-    assert "GOOGLE_APPLICATION_CREDENTIALS" in log and "application-default login" in log
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in log
+    assert "application-default login" in log
 
 
 def test_a_transient_fault_while_starting_is_retried(request: pytest.FixtureRequest,
