@@ -10,13 +10,11 @@ and missing GCS credentials are named at once; a transient fault during start-up
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,23 +24,11 @@ import pytest
 from vcasync.cli import ExitCode
 from vcasync.client import CoordinatorClient
 from vcasync.storage import open_storage
-from vcasync.testing.emulators import DUMMY_S3_CREDENTIALS, Emulator
+from vcasync.testing.emulators import DUMMY_S3_CREDENTIALS
 
 BUCKET = "vcasync-tests"
 SECRET = "runs-join-secret-4f0a9b7c"
 MODEL = "vcasync.examples.digits:model"
-
-
-@pytest.fixture(scope="module")
-def stock_gcs_endpoint() -> Iterator[str]:
-    """gcp-storage-emulator as shipped: it accepts ``ifGenerationMatch=0`` on an existing object."""
-    with Emulator("gcs", preconditions=False) as server:
-        req = urllib.request.Request(f"{server.endpoint}/storage/v1/b?project=test", method="POST",
-                                     data=json.dumps({"name": BUCKET}).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            resp.read()
-        yield server.endpoint
 
 
 def _url(kind: str, request: pytest.FixtureRequest, prefix: str, bucket: str = BUCKET) -> str:
