@@ -55,11 +55,30 @@ class LocalOptions:
     durable: bool = True
 
 
+def _check_root(root: Path) -> None:
+    """A :class:`ConfigError` now, when the storage is opened, if ``root`` (or the nearest part of
+    it that exists) is not a directory: otherwise the mistake surfaces at the first write, deep in a
+    run. A root that does not exist yet is fine; the first write creates it."""
+    for path in (root, *root.parents):
+        try:
+            info = path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            continue            # not there yet, or under a file: the parents tell which
+        except OSError:
+            return              # e.g. no permission to look: the first write says why
+        if not stat.S_ISDIR(info.st_mode):
+            where = "is" if path == root else f"is under {path}, which is"
+            raise ConfigError(f"file:// storage root {root} {where} not a directory: point the URL "
+                              "at a directory (a missing one is created on the first write)")
+        return
+
+
 class LocalStorage(StorageBase):
     """Objects as files under ``root``; see the module docstring for the crash guarantees."""
 
     def __init__(self, root: str | os.PathLike[str], options: LocalOptions | None = None) -> None:
         path = Path(root).expanduser().absolute()
+        _check_root(path)
         super().__init__(path.as_uri())
         self.root = path
         self.options = options if options is not None else LocalOptions()

@@ -98,7 +98,7 @@ def section_fuzz(a: argparse.Namespace, work: Path) -> dict[str, Any]:
              "units": {"shards": 4, "epochs": 4, "steps": 20},
              "storage": {"url": f"file://{work / 'fuzz' / 'store'}"},
              "coordinator": {"durability": "journal", "lease_timeout_s": 7200.0},
-             "server": {"body_idle_timeout_s": 3.0, "upload_rate_grace_s": 2.0,
+             "server": {"body_idle_timeout_s": 3.0, "upload_rate_grace_s": 2.0, "upload_rate_window_s": 2.0,
                         "min_upload_bytes_per_s": 4096.0, "idle_timeout_s": 4.0, "access_log": False}}
     report = FuzzReport()
     with CoordinatorProcess(work / "fuzz", table, join_secret=FUZZ_SECRET) as proc, \

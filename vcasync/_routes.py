@@ -7,17 +7,16 @@ middleware, so no handler builds an error response itself.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
-from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator
 from typing import Any, Final
 
 from aiohttp import web
 
 from . import _protocol as P
+from ._upload import BodyTimeouts, read_body
 from .auth import TokenAuthority
 from .coordinator import Coordinator
 from .errors import AuthError, FrameError, LimitExceededError
@@ -34,20 +33,6 @@ HTTP_METRICS: Final = web.AppKey("http_metrics", HttpMetrics)
 #: Upper bound on a result upload in bytes (the coordinator's ``limits.max_message_bytes``).
 MAX_RESULT: Final = web.AppKey("max_result_bytes", int)
 CHUNK: Final = web.AppKey("chunk_size", int)
-
-
-@dataclass(frozen=True, slots=True)
-class BodyTimeouts:
-    """How long a request body may stall, and how slowly it may trickle, before it is cut off (408).
-
-    Without them a slow-loris client holds a connection forever, and a slow *result* upload holds
-    one of the coordinator's few decode slots (each bounds one update's memory), so two of them
-    would stall every honest upload.
-    """
-
-    idle_s: float = 30.0          # no body bytes for this long
-    min_rate: float = 16 * 1024   # average bytes/s an upload must keep up ...
-    grace_s: float = 30.0         # ... once it has run this long
 
 
 BODY_TIMEOUTS: Final = web.AppKey("body_timeouts", BodyTimeouts)
@@ -84,8 +69,8 @@ async def read_control(request: web.Request, kind: str) -> dict[str, Any]:
                                  field="body", limit=P.MAX_CONTROL_BYTES, value=length)
     data = b""
     if request.body_exists:  # to its end (read(n) returns what has arrived), capped, with timeouts
-        parts = [c async for c in _body(request, P.MAX_CONTROL_BYTES, 4096,
-                                        request.app[BODY_TIMEOUTS])]
+        parts = [c async for c in read_body(request, P.MAX_CONTROL_BYTES, 4096,
+                                            request.app[BODY_TIMEOUTS])]
         data = b"".join(parts)
     return P.decode_control(data, _content_type(request), kind)
 
@@ -154,32 +139,6 @@ async def release(request: web.Request) -> web.Response:
     return reply(request, "released", {"lease_id": _lease_id(request)})
 
 
-async def _body(request: web.Request, limit: int, chunk: int,
-                timeouts: BodyTimeouts) -> AsyncIterator[bytes]:
-    """The request body in chunks, to its end: refused past ``limit`` bytes (413), and cut off when
-    it stalls or trickles (408, see :class:`BodyTimeouts`)."""
-    loop = asyncio.get_running_loop()
-    start, seen = loop.time(), 0
-    while True:
-        try:
-            async with asyncio.timeout(timeouts.idle_s):
-                data = await request.content.read(chunk)
-        except TimeoutError:
-            raise web.HTTPRequestTimeout(
-                reason=f"request body stalled: no bytes for {timeouts.idle_s:g}s") from None
-        if not data:
-            return
-        seen += len(data)
-        if seen > limit:
-            raise LimitExceededError(f"request body is over {limit} bytes", field="body", limit=limit,
-                                     value=seen)
-        elapsed = loop.time() - start
-        if elapsed > timeouts.grace_s and seen < timeouts.min_rate * elapsed:
-            raise web.HTTPRequestTimeout(
-                reason=f"request body too slow: {seen / elapsed:.0f} B/s, under {timeouts.min_rate:.0f}")
-        yield data
-
-
 async def result(request: web.Request) -> web.Response:
     app = request.app
     limit = app[MAX_RESULT]
@@ -190,7 +149,7 @@ async def result(request: web.Request) -> web.Response:
     if request.body_exists and request.content_type not in (P.PAYLOAD, "application/octet-stream"):
         raise FrameError(f"a result is a wire payload: send Content-Type {P.PAYLOAD}", field="content-type")
     receipt = await app[COORDINATOR].submit(request[WORKER_ID], _lease_id(request),
-                                            _body(request, limit, app[CHUNK], app[BODY_TIMEOUTS]))
+                                            read_body(request, limit, app[CHUNK], app[BODY_TIMEOUTS]))
     return reply(request, "receipt", P.receipt_to_body(receipt))
 
 

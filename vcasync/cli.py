@@ -14,7 +14,7 @@ import logging
 import os
 import pkgutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -98,7 +98,11 @@ def setup_logging(level: str) -> None:
 
 
 def build_parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vcasync", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="vcasync",
+        description="Train PyTorch models on fleets of preemptible, unreliable machines. "
+                    "'vcasync COMMAND --help' describes each command.",
+        epilog="exit status: " + ", ".join(f"{int(c)} {c.name.lower()}" for c in ExitCode))
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, cmd in sorted(commands.items()):
@@ -107,9 +111,10 @@ def build_parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``vcasync`` console script."""
-    commands = available_commands()
+def main(argv: Sequence[str] | None = None, *, commands: Mapping[str, Command] | None = None) -> int:
+    """Entry point of the ``vcasync`` console script; ``commands`` replaces the registry (for a
+    test-only entry point such as :mod:`vcasync.testing.chaos_coordinator`)."""
+    commands = dict(commands) if commands is not None else available_commands()
     parser = build_parser(commands)
     args = parser.parse_args(argv)
     setup_logging(args.log_level)

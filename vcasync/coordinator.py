@@ -28,6 +28,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Seq
 from typing import Any
 
 from ._buffers import BufferPool
+from ._coordinator_args import check_arguments
 from ._coordinator_config import CoordinatorConfig, Durability
 from ._identity import RunIdentity
 from ._merger import Control, Job, Merger, retrieve
@@ -73,15 +74,14 @@ class Coordinator:
         """``policy_params`` (what ``policy`` was built with, defaults included) are recorded with
         the run so a restart with other parameters is refused; None records the name only.
         ``start`` holds the one-shot start-up choices (new run, policy reset, unsafe store)."""
+        units_in = check_arguments(model, units, policy, storage, config, clock)
         self.config = config or CoordinatorConfig()
-        if not isinstance(policy, MergePolicy):
-            raise ConfigError(f"policy {policy!r} does not implement MergePolicy")
         if storage is None and self.config.durability != "none":
             raise ConfigError(f"durability {self.config.durability!r} needs a storage")
         if model.version < 0 or not len(model):
             raise ConfigError("the model needs at least one tensor and a version >= 0")
         self._model_in = model
-        self._units_in = list(units)
+        self._units_in = units_in
         self._policy = policy
         self._clock = clock
         self.spec: ModelSpec = model.spec

@@ -21,6 +21,7 @@ from exception class to status lives in :mod:`vcasync._errmap`. Control bodies a
 from __future__ import annotations
 
 import logging
+import math
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -34,13 +35,14 @@ from aiohttp import web
 from . import _routes as R
 from ._errmap import error_fields, spec_for
 from ._http_errors import JsonErrorRunner
+from ._upload import BodyCutOff, BodyTimeouts, Pace
 from .auth import TokenAuthority
 from .coordinator import Coordinator
 from .errors import AuthError, ClosedError, ConfigError, NoWorkAvailableError, VCAsyncError
 from .metrics_http import HttpMetrics, render
 from .wire import Limits
 
-__all__ = ["Server", "ServerConfig", "build_app", "server_ssl_context"]
+__all__ = ["BodyTimeouts", "Pace", "Server", "ServerConfig", "build_app", "server_ssl_context"]
 
 log = logging.getLogger("vcasync.server")
 
@@ -66,9 +68,12 @@ class ServerConfig:
     shutdown_timeout_s: float = 5.0
     #: A request body that sends nothing for this long is cut off with 408 ...
     body_idle_timeout_s: float = 30.0
-    #: ... and so is an upload slower than this on average once it ran ``upload_rate_grace_s``.
+    #: ... and so is one that, once it ran ``upload_rate_grace_s``, brought less than this rate over
+    #: the last ``upload_rate_window_s``, or is not complete within ``upload_rate_grace_s`` plus its
+    #: size at this rate (see :mod:`vcasync._upload` and docs/limits.md). 0 turns both checks off.
     min_upload_bytes_per_s: float = 16 * 1024
-    upload_rate_grace_s: float = 30.0
+    upload_rate_grace_s: float = 10.0
+    upload_rate_window_s: float = 10.0
     #: A connection that has not sent a whole request head for this long, counted from its connect
     #: or its last answer, is closed: headers trickled in (slow loris), or a kept-alive connection
     #: left idle (aiohttp's keep-alive timeout, which it arms at connect).
@@ -81,10 +86,15 @@ class ServerConfig:
             raise ConfigError(f"port {self.port} is out of range")
         if self.max_result_bytes is not None and self.max_result_bytes <= 0:
             raise ConfigError("max_result_bytes must be positive")
-        if not (self.body_idle_timeout_s > 0 and self.idle_timeout_s > 0 and self.upload_rate_grace_s >= 0
-                and self.min_upload_bytes_per_s >= 0):
-            raise ConfigError("body_idle_timeout_s and idle_timeout_s must be > 0, upload_rate_grace_s "
-                              "and min_upload_bytes_per_s >= 0")
+        if not (self.body_idle_timeout_s > 0 and self.idle_timeout_s > 0 and self.upload_rate_window_s > 0
+                and self.upload_rate_grace_s >= 0 and 0 <= self.min_upload_bytes_per_s < math.inf):
+            raise ConfigError("body_idle_timeout_s, idle_timeout_s and upload_rate_window_s must be > 0, "
+                              "upload_rate_grace_s >= 0 and min_upload_bytes_per_s finite and >= 0")
+
+    @property
+    def body_timeouts(self) -> BodyTimeouts:
+        return BodyTimeouts(idle_s=self.body_idle_timeout_s, min_rate=self.min_upload_bytes_per_s,
+                            grace_s=self.upload_rate_grace_s, window_s=self.upload_rate_window_s)
 
 
 def server_ssl_context(cert: Path, key: Path) -> ssl.SSLContext:
@@ -116,12 +126,28 @@ def _vcasync_error(exc: VCAsyncError) -> web.Response:
     return _error_response(spec.status, spec.code, str(exc), error_fields(exc), headers)
 
 
+async def _cut_off(request: web.Request, exc: BodyCutOff) -> web.StreamResponse:
+    """Answer a too-slow body with 408 and close its connection now: the rest of a drip is not
+    worth reading (aiohttp would linger on it for 10 s), and the client must not reuse it."""
+    resp = _error_response(exc.status, "request_timeout", exc.reason)
+    resp.force_close()
+    try:
+        await resp.prepare(request)
+        await resp.write_eof()
+    except (ConnectionError, RuntimeError):
+        pass        # the client hung up first: nothing to tell it
+    request.protocol.force_close()
+    return resp
+
+
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except VCAsyncError as exc:
         return _vcasync_error(exc)
+    except BodyCutOff as exc:
+        return await _cut_off(request, exc)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -180,8 +206,7 @@ def build_app(coordinator: Coordinator, authority: TokenAuthority,
     app[R.HTTP_METRICS] = HttpMetrics()
     app[R.MAX_RESULT] = config.max_result_bytes or Limits().max_message_bytes
     app[R.CHUNK] = config.chunk_size
-    app[R.BODY_TIMEOUTS] = R.BodyTimeouts(config.body_idle_timeout_s, config.min_upload_bytes_per_s,
-                                          config.upload_rate_grace_s)
+    app[R.BODY_TIMEOUTS] = config.body_timeouts
     app.add_routes(R.routes())
     app.router.add_get("/metrics", _metrics_page, name="metrics")
     return app

@@ -31,6 +31,7 @@ key, so the coordinator can refuse a store that would let a restart overwrite it
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import types
 from collections.abc import AsyncIterable, AsyncIterator
@@ -42,6 +43,7 @@ from ._registry import Registry
 from .errors import (
     AccessDeniedError,
     BackendUnavailableError,
+    ConfigError,
     InvalidKeyError,
     ObjectNotFoundError,
     PreconditionFailedError,
@@ -282,14 +284,21 @@ def url_scheme(url: str) -> str:
     return scheme.lower()
 
 
-def open_storage(url: str, *, registry: Registry[StorageBackend] | None = None,
+def open_storage(url: str | os.PathLike[str], *, registry: Registry[StorageBackend] | None = None,
                  **options: Any) -> Storage:
-    """Open the storage ``url`` names: ``file:///abs/path`` (or a plain path), ``memory://name``,
-    ``s3://bucket/prefix?endpoint_url=...``, ``gs://bucket/prefix``.
+    """Open the storage ``url`` names: ``file:///abs/path`` (or a plain path, also as a
+    :class:`~pathlib.Path`), ``memory://name``, ``s3://bucket/prefix?endpoint_url=...``,
+    ``gs://bucket/prefix``.
 
     Options may come as keyword arguments or (non-secret ones) as URL query parameters; unknown
-    ones raise :class:`ConfigError` naming them. Use the result with ``async with``.
+    ones raise :class:`ConfigError` naming them, and so does a ``url`` that is not a non-empty
+    string or path. Use the result with ``async with``.
     """
+    if isinstance(url, os.PathLike):
+        url = os.fspath(url)
+    if not isinstance(url, str) or not url:
+        raise ConfigError(f"a storage URL is a non-empty str (file:///path, s3://bucket/prefix, "
+                          f"gs://bucket/prefix, memory://name) or a path, got {url!r:.80}")
     scheme = url_scheme(url)
     backend = (registry if registry is not None else _BACKENDS).get(scheme)
     return backend.from_url(url, **options)

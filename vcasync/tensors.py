@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import math
+import operator
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 
-from .errors import SpecMismatchError, ValidationError
+from .errors import ConfigError, SpecMismatchError, ValidationError
 
 __all__ = ["ModelSpec", "ModelState", "TensorSpec", "Update", "UpdateKind", "all_finite", "tensor_bytes"]
 
@@ -148,6 +149,35 @@ class ModelSpec(Mapping[str, TensorSpec]):
                                       reason="non_finite", name=name)
 
 
+def _checked_tensors(tensors: object) -> dict[str, torch.Tensor]:
+    """``tensors`` as a dict of name -> tensor, or a :class:`ConfigError` naming the fix. Checked when
+    the state is built: a wrong value would otherwise surface as an ``AttributeError`` deep inside a
+    merge, a digest or the wire encoder."""
+    if isinstance(tensors, torch.nn.Module):
+        raise ConfigError(f"ModelState takes tensors, not a {type(tensors).__name__} module: "
+                          "use ModelState.from_module(module)")
+    if not isinstance(tensors, Mapping):
+        raise ConfigError(f"ModelState takes a mapping of name -> torch.Tensor (e.g. a state_dict()), "
+                          f"got {type(tensors).__name__}")
+    out: dict[str, torch.Tensor] = dict(tensors)
+    for name, t in out.items():
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"ModelState tensor names must be non-empty str, got {name!r}")
+        if not isinstance(t, torch.Tensor):
+            raise ConfigError(f"ModelState tensor {name!r} is a {type(t).__name__}, not a torch.Tensor: "
+                              f"wrap it, e.g. torch.tensor({t!r:.40})")
+    return out
+
+
+def _checked_version(version: object) -> int:
+    if isinstance(version, bool) or not hasattr(version, "__index__"):
+        raise ConfigError(f"ModelState version must be an int, got {version!r}")
+    v = operator.index(version)
+    if v < 0:
+        raise ConfigError(f"ModelState version must be >= 0, got {v}")
+    return v
+
+
 class ModelState(Mapping[str, torch.Tensor]):
     """Ordered named tensors plus a version; ``digest()`` hashes names, specs and bytes.
 
@@ -158,13 +188,16 @@ class ModelState(Mapping[str, torch.Tensor]):
     __slots__ = ("_tensors", "version")
 
     def __init__(self, tensors: Mapping[str, torch.Tensor], version: int = 0) -> None:
-        self._tensors: dict[str, torch.Tensor] = dict(tensors)
-        self.version = int(version)
+        self._tensors: dict[str, torch.Tensor] = _checked_tensors(tensors)
+        self.version = _checked_version(version)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
     def from_module(cls, module: torch.nn.Module, version: int = 0) -> ModelState:
         """Detached CPU copies of every parameter and buffer in ``module.state_dict()``."""
+        if not isinstance(module, torch.nn.Module):
+            raise ConfigError(f"from_module takes a torch.nn.Module, got {type(module).__name__}; "
+                              "a mapping of tensors goes to ModelState(tensors) itself")
         sd = module.state_dict()
         return cls({k: v.detach().to("cpu", copy=True).contiguous() for k, v in sd.items()},
                    version)

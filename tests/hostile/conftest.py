@@ -19,7 +19,7 @@ def run_table(store: Path) -> dict[str, object]:
             "policy": {"name": "vcasgd"},
             "storage": {"url": f"file://{store}"},
             "coordinator": {"durability": "journal", "lease_timeout_s": 3600.0},
-            "server": {"body_idle_timeout_s": 3.0, "upload_rate_grace_s": 2.0,
+            "server": {"body_idle_timeout_s": 3.0, "upload_rate_grace_s": 2.0, "upload_rate_window_s": 2.0,
                        "min_upload_bytes_per_s": 4096.0, "idle_timeout_s": 4.0}}
 
 

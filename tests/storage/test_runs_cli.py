@@ -43,7 +43,7 @@ class Coord:
     """One ``python -m vcasync coordinator`` process, its log in a file."""
 
     def __init__(self, tmp: Path, storage: str, *args: str, env: dict[str, str] | None = None,
-                 name: str = "coord") -> None:
+                 name: str = "coord", module: str = "vcasync") -> None:
         self.port_file = tmp / f"{name}.port"
         self.port_file.unlink(missing_ok=True)
         self.log_path = tmp / f"{name}.log"
@@ -51,7 +51,7 @@ class Coord:
                    "AWS_ACCESS_KEY_ID": DUMMY_S3_CREDENTIALS["aws_access_key_id"],
                    "AWS_SECRET_ACCESS_KEY": DUMMY_S3_CREDENTIALS["aws_secret_access_key"],
                    **(env or {})}
-        cmd = [sys.executable, "-m", "vcasync", "coordinator", "--model", MODEL, "--storage",
+        cmd = [sys.executable, "-m", module, "coordinator", "--model", MODEL, "--storage",
                storage, "--host", "127.0.0.1", "--port", "0", "--port-file", str(self.port_file),
                "--linger", "0", "--durability", "journal", *args]
         with self.log_path.open("ab") as log:
@@ -270,9 +270,11 @@ def test_gcs_without_credentials_says_so_quickly(tmp_path: Path, coords: list[Co
 def test_a_transient_fault_while_starting_is_retried(request: pytest.FixtureRequest,
                                                      tmp_path: Path, unique_prefix: str,
                                                      coords: list[Coord]) -> None:
-    # Seeded (3 of the start-up writes fail, then a whole attempt succeeds), as a hiccup would.
+    # Seeded (3 of the start-up writes fail, then a whole attempt succeeds), as a hiccup would;
+    # injected through the test-only entry point, which runs the same coordinator command.
     faults = {"VCASYNC_STORAGE_FAULTS": "fail=0.2,ops=put,seed=4"}
-    c = start(coords, tmp_path, _url("s3", request, unique_prefix), "--units", "2", env=faults)
+    c = start(coords, tmp_path, _url("s3", request, unique_prefix), "--units", "2", env=faults,
+              module="vcasync.testing.chaos_coordinator")
     c.ready()
     assert "coordinator start-up failed" in c.log()
     c.stop()

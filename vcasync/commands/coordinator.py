@@ -135,6 +135,16 @@ def _join_tokens(file: Path | None) -> dict[str, str]:
 
 
 def _run(a: argparse.Namespace) -> int:
+    return launch(a)
+
+
+def launch(a: argparse.Namespace, hooks: ChaosHooks | None = None) -> int:
+    """Run the coordinator the parsed arguments ``a`` describe, until it is finished or stopped.
+
+    ``hooks`` come only from the test-only entry point ``python -m vcasync.testing.chaos_coordinator``:
+    the production command passes none and reads no test switch from the environment, so no
+    variable left set on a server can turn on pause points or injected storage faults.
+    """
     from .._loop import run
     from ..runconfig import load_run_config
 
@@ -144,11 +154,6 @@ def _run(a: argparse.Namespace) -> int:
     if not secret and not tokens:
         raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET (or --join-secret-file, "
                           "VCASYNC_JOIN_TOKENS, --join-tokens-file)")
-    hooks = None
-    if any(k.startswith(("VCASYNC_PAUSE_", "VCASYNC_STORAGE_FAULTS")) for k in os.environ):
-        from ..testing.hooks import ChaosHooks  # chaos tests only: see vcasync.testing.hooks
-
-        hooks = ChaosHooks.from_env(os.environ)
     from ..coordinator import StartOptions
 
     start = StartOptions(new_run=a.new_run, reset_policy=a.reset_policy,

@@ -1,8 +1,10 @@
 """A chaos run: a real fleet trains the digits example while its processes are killed and its storage
 misbehaves; then :mod:`vcasync.testing.audit` checks what survived.
 
-One ``vcasync coordinator`` and ``workers`` ``vcasync worker`` processes (half preempt with a
-checkpoint, half with a partial result). While they train:
+One coordinator and ``workers`` ``vcasync worker`` processes (half preempt with a checkpoint, half
+with a partial result). The coordinator runs through the test-only entry point
+:mod:`vcasync.testing.chaos_coordinator` (the ``vcasync coordinator`` command plus the hooks below;
+the production command ignores them). While they train:
 
 - workers get SIGTERM (a preemption notice, ``grace_period_s`` to wrap up; escalated to SIGKILL if
   they overrun) or SIGKILL at random moments, ``kill_interval_s`` apart on average, and come back
@@ -370,7 +372,7 @@ async def _run_chaos(cfg: ChaosConfig, run_dir: Path, audit: bool) -> ChaosResul
     toml = run_dir / "run.toml"
     toml.write_text(toml_text(cfg.run_table(f"file://{store}", run_dir / "final.pt")))
     spec = FleetSpec(run_dir=run_dir, run_toml=toml, port=free_port(), join_secret=JOIN_SECRET,
-                     trainer=cfg.trainer, grace_period_s=cfg.grace_period_s)
+                     trainer=cfg.trainer, grace_period_s=cfg.grace_period_s, chaos_hooks=True)
     started = time.monotonic()
     async with Fleet(spec) as fleet:
         run = _Run(cfg, run_dir, fleet)

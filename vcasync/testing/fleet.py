@@ -51,6 +51,9 @@ class FleetSpec:
     #: Extra environment for every process (``OMP_NUM_THREADS=1`` keeps 9 processes on 2 cores sane).
     env: Mapping[str, str] = field(default_factory=lambda: {"OMP_NUM_THREADS": "1",
                                                             "MKL_NUM_THREADS": "1"})
+    #: Start the coordinator through the test-only ``vcasync.testing.chaos_coordinator``, which
+    #: honours the pause points and storage faults of :mod:`vcasync.testing.hooks`.
+    chaos_hooks: bool = False
 
     @property
     def url(self) -> str:
@@ -132,12 +135,13 @@ class Fleet:
         return {**os.environ, **self.spec.env, "VCASYNC_JOIN_SECRET": self.spec.join_secret,
                 **(extra or {})}
 
-    async def _spawn(self, name: str, args: Sequence[str], env: Mapping[str, str] | None) -> Proc:
+    async def _spawn(self, name: str, args: Sequence[str], env: Mapping[str, str] | None,
+                     module: str = "vcasync") -> Proc:
         n = self._starts[name] = self._starts.get(name, 0) + 1
         log = self.logs / f"{name}-{n:03d}.log"
         with log.open("wb") as out:
             proc = await asyncio.create_subprocess_exec(
-                *module_command("vcasync", "--log-level", self.spec.log_level, *args,
+                *module_command(module, "--log-level", self.spec.log_level, *args,
                                 python=self.spec.python),
                 stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
                 env=self._env(env), cwd=self.spec.run_dir)
@@ -156,8 +160,9 @@ class Fleet:
         """Start the coordinator process and return at once."""
         if self.coordinator is not None and self.coordinator.running:
             raise RuntimeError("the coordinator is already running")
+        module = "vcasync.testing.chaos_coordinator" if self.spec.chaos_hooks else "vcasync"
         proc = await self._spawn("coordinator", ["coordinator", "--config", str(self.spec.run_toml),
-                                                 "--port", str(self.spec.port)], env)
+                                                 "--port", str(self.spec.port)], env, module)
         self.coordinator = proc
         return proc
 

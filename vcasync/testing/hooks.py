@@ -21,10 +21,12 @@ Points:
 ops=put+put_stream+delete;delay=0.2,max_delay_s=0.1"``: writes fail (before or after they happen),
 and a fifth of all calls are slowed by up to 100 ms. Layers are separated by ``;``.
 
-Nothing here runs unless asked: the ``vcasync coordinator`` command builds :class:`ChaosHooks` from
-the environment (``VCASYNC_PAUSE_AT="merge@3"``, ``VCASYNC_PAUSE_DIR``, ``VCASYNC_PAUSE_S``,
-``VCASYNC_STORAGE_FAULTS``) and only then wraps its policy and storage, so a normal run has no extra
-call on any path.
+Nothing here runs in production: only the test-only entry point ``python -m
+vcasync.testing.chaos_coordinator`` (:mod:`vcasync.testing.chaos_coordinator`) builds
+:class:`ChaosHooks` from the environment (``VCASYNC_PAUSE_AT="merge@3"``, ``VCASYNC_PAUSE_DIR``,
+``VCASYNC_PAUSE_S``, ``VCASYNC_STORAGE_FAULTS``) and wraps the coordinator's policy and storage. The
+``vcasync coordinator`` command never reads these variables, so a normal run has no extra call on
+any path and no forgotten variable can pause it or fail its writes.
 """
 
 from __future__ import annotations
