@@ -169,7 +169,7 @@ class BucketNotFoundError(StorageError):
     """The bucket the storage URL names does not exist (or is not visible to these credentials).
     ``bucket`` names it; create it, or fix the URL."""
 
-    def __init__(self, message: str, *, bucket: str, key: str | None = None) -> None:
+    def __init__(self, message: str, *, bucket: str | None = None, key: str | None = None) -> None:
         super().__init__(message, key=key)
         self.bucket = bucket
 
