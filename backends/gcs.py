@@ -9,6 +9,10 @@
   An upload that fails or is cancelled is never finalised, so nothing appears under the key.
 - ``if_absent`` sends ``ifGenerationMatch=0``; the write carries a random ``vcasync-writer``
   metadata value so an ambiguous retry can tell its own success from a lost race.
+- :meth:`GCSStorage.preflight` (run by a coordinator before it writes anything) finds the
+  credentials locally and quickly (see :mod:`._gcp_credentials`) and checks that the bucket exists,
+  so neither a missing credential nor a missing bucket surfaces later as a puzzling 404 or a
+  minute of retries against ``metadata.google.internal``.
 - Timeouts, 408/429/5xx and dropped connections are retried with capped, jittered backoff;
   streamed reads are pinned to the object's generation and resume where they broke.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -30,6 +35,7 @@ from gcloud.aio.storage import Storage as GcloudStorage
 from vcasync._aio import buffer_blocks
 from vcasync.errors import (
     AccessDeniedError,
+    BucketNotFoundError,
     ConfigError,
     InvalidKeyError,
     ObjectNotFoundError,
@@ -60,6 +66,7 @@ from ._common import (
     split_url,
     writer_token,
 )
+from ._gcp_credentials import find_credentials
 
 __all__ = ["GCSOptions", "GCSStorage"]
 
@@ -182,7 +189,7 @@ class GCSStorage(StorageBase):
             text = f"{where}: {exc}"
             if status == 404:
                 if "bucket does not exist" in str(exc).lower():
-                    return StorageError(f"{where}: the bucket {self.bucket!r} does not exist", key=key)
+                    return self._no_bucket(where, key)
                 return ObjectNotFoundError(text, key=key)
             if status in (401, 403):
                 return AccessDeniedError(text, key=key)
@@ -194,6 +201,30 @@ class GCSStorage(StorageBase):
         if isinstance(exc, aiohttp.ClientError | TimeoutError | OSError):
             return TransientStorageError(f"{where}: {type(exc).__name__}: {exc}", key=key)
         return exc
+
+    def _no_bucket(self, where: str, key: str | None) -> BucketNotFoundError:
+        return BucketNotFoundError(f"{where}: the bucket {self.bucket!r} does not exist (create it, "
+                                   "or fix the storage URL)", bucket=self.bucket, key=key)
+
+    def _uses_emulator(self) -> bool:
+        return bool(self._emulator or os.environ.get("STORAGE_EMULATOR_HOST"))
+
+    async def preflight(self) -> None:
+        """Credentials (found locally, in about a second) and the bucket, before anything is
+        written: a missing bucket is named as such, not reported as a missing object."""
+        self._check_open()
+        if not self._uses_emulator():
+            found = await find_credentials(self.url, self.options.service_file)
+            log.info("%s: using credentials from %s", self.url, found)
+
+        async def bucket(gcs: GcloudStorage) -> None:
+            await self._request("GET", f"{self._api(gcs)}/storage/v1/b/{quote(self.bucket, safe='')}",
+                                ok=(200,))
+
+        try:
+            await self._call("check bucket", None, bucket)
+        except ObjectNotFoundError:
+            raise self._no_bucket(f"{self.url}: check bucket", None) from None
 
     async def _call(self, what: str, key: str | None, fn: Callable[[GcloudStorage], Awaitable[T]], *,
                     on_retry: Callable[[BaseException], None] | None = None) -> T:

@@ -11,6 +11,8 @@
   it since August 2024; moto supports it). The write is tagged with a random ``vcasync-writer``
   metadata value, so a retry whose first attempt in fact succeeded is recognised as ours instead of
   being reported as a lost race.
+- :meth:`S3Storage.preflight` (run by a coordinator before it writes anything) checks that the
+  bucket exists, so a missing bucket is named as such rather than reported as a missing object.
 - Timeouts, 5xx, throttling and dropped connections are retried with capped, jittered backoff
   (botocore's own retries are switched off so that one policy, :class:`RetryPolicy`, governs);
   reads that break mid-stream resume at the byte they reached, pinned to the same ETag.
@@ -46,6 +48,7 @@ from botocore.exceptions import (
 from vcasync._aio import first_error
 from vcasync.errors import (
     AccessDeniedError,
+    BucketNotFoundError,
     ConfigError,
     InvalidKeyError,
     ObjectNotFoundError,
@@ -205,7 +208,7 @@ class S3Storage(StorageBase):
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
             msg = f"{where}: {code or status} {err.get('Message', '')}".rstrip()
             if code == "NoSuchBucket":
-                return StorageError(f"{where}: the bucket {self.bucket!r} does not exist", key=key)
+                return self._no_bucket(where, key)
             if code in _NOT_FOUND or (status == 404 and code != "NoSuchUpload"):
                 return ObjectNotFoundError(msg, key=key)
             if code in _DENIED or status in (401, 403):
@@ -224,6 +227,18 @@ class S3Storage(StorageBase):
         if isinstance(exc, BotoCoreError):
             return StorageError(f"{where}: {exc}", key=key)
         return exc
+
+    def _no_bucket(self, where: str, key: str | None) -> BucketNotFoundError:
+        at = f" at {self.options.endpoint_url}" if self.options.endpoint_url else ""
+        return BucketNotFoundError(f"{where}: the bucket {self.bucket!r} does not exist{at} (create "
+                                   "it, or fix the storage URL)", bucket=self.bucket, key=key)
+
+    async def preflight(self) -> None:
+        """The bucket exists (HeadBucket, whose 404 has no body to tell a bucket from a key)."""
+        try:
+            await self._call("check bucket", None, lambda c: c.head_bucket(Bucket=self.bucket))
+        except ObjectNotFoundError:
+            raise self._no_bucket(f"{self.url}: check bucket", None) from None
 
     async def _call(self, what: str, key: str | None, fn: Callable[[Any], Awaitable[T]], *,
                     on_retry: Callable[[BaseException], None] | None = None) -> T:

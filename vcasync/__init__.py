@@ -11,7 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .checkpoint import CheckpointStore, Manifest
-from .coordinator import Coordinator, CoordinatorConfig
+from .coordinator import Coordinator, CoordinatorConfig, StartOptions
 from .errors import (
     AuthError,
     ConfigError,
@@ -116,6 +116,7 @@ __all__ = [
     "RetryPolicy",
     "Server",
     "ServerConfig",
+    "StartOptions",
     "Storage",
     "StorageError",
     "TensorSpec",

@@ -47,6 +47,13 @@ class ModelOwner:
     def version(self) -> int:
         return self.versions.current.number
 
+    def switch_policy(self, policy: MergePolicy) -> None:
+        """Start-up only, before anything is served: merge with ``policy`` from here on, starting
+        from its fresh state on the current model (the old policy's state would not fit it)."""
+        self.policy = policy
+        self.needs_base = bool(getattr(policy, "needs_base", False))
+        self.state = policy.init_state(self._working)
+
     # -- merge loop only --------------------------------------------------------------------------
     async def merge(self, update: Update) -> bool:
         """Merge one update; True when a new version was published. Refusals raise unchanged."""

@@ -35,9 +35,11 @@ from typing import Any
 from ._buffers import BufferPool
 from ._coordinator_args import check_arguments
 from ._coordinator_config import CoordinatorConfig, Durability
+from ._identity import RunIdentity
 from ._merger import Control, Job, Merger, retrieve
 from ._model import ModelOwner
 from ._results import read_result, reject_reason
+from ._runrecord import StartOptions
 from ._snapshots import SnapshotSlot
 from ._units import LeaseGrant, Receipt, WorkUnit
 from .errors import (
@@ -50,14 +52,19 @@ from .errors import (
 from .journal import Journal
 from .ledger import Ledger
 from .metrics import Metrics
-from .policy import MergePolicy
+from .policy import MergePolicy, build_policy
+from .retry import Retrier, RetryPolicy
 from .storage import Storage
 from .tensors import ModelSpec, ModelState
 from .wire import resolve_codec
 
-__all__ = ["Coordinator", "CoordinatorConfig", "Durability"]
+__all__ = ["Coordinator", "CoordinatorConfig", "Durability", "StartOptions"]
 
 log = logging.getLogger("vcasync.coordinator")
+
+#: Start-up (probe, run record, snapshot, journal, first snapshot) is retried as a whole on a
+#: transient storage error, like every other storage call: a hiccup must not end the process.
+STARTUP_RETRY = RetryPolicy(attempts=6, base_delay_s=0.2, max_delay_s=5.0)
 
 
 class Coordinator:
@@ -65,7 +72,13 @@ class Coordinator:
 
     def __init__(self, model: ModelState, units: Sequence[WorkUnit], *, policy: MergePolicy,
                  storage: Storage | None, config: CoordinatorConfig | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 policy_params: Mapping[str, Any] | None = None,
+                 start: StartOptions | None = None,
+                 startup_retry: RetryPolicy = STARTUP_RETRY) -> None:
+        """``policy_params`` (what ``policy`` was built with, defaults included) are recorded with
+        the run so a restart with other parameters is refused; None records the name only.
+        ``start`` holds the one-shot start-up choices (new run, policy reset, unsafe store)."""
         units_in = check_arguments(model, units, policy, storage, config, clock)
         self.config = config or CoordinatorConfig()
         if storage is None and self.config.durability != "none":
@@ -77,6 +90,10 @@ class Coordinator:
         self._policy = policy
         self._clock = clock
         self.spec: ModelSpec = model.spec
+        self._storage = storage
+        self._start = start or StartOptions()
+        self._startup_retry = startup_retry
+        self.identity = RunIdentity.of(self.spec, self._units_in, policy.name, policy_params)
         self._journal = Journal(storage, config=self.config, spec=self.spec)
         self.metrics = Metrics()
         self.metrics.bind(self._gauges)
@@ -102,7 +119,7 @@ class Coordinator:
             raise ClosedError("a Coordinator is entered once; make a new one")
         self._phase = "starting"
         try:
-            await self._recover()
+            await Retrier(self._startup_retry).call(self._recover, describe="coordinator start-up")
         except BaseException:
             self._phase = "closed"
             self._closed.set()
@@ -173,7 +190,11 @@ class Coordinator:
 
     # -- recovery ---------------------------------------------------------------------------------
     async def _recover(self) -> None:
-        run = await self._journal.open()
+        """Read the run, load its newest snapshot, replay the journal after it. Runs again from the
+        top (a fresh journal handle) when a transient storage error interrupts it."""
+        self._journal = Journal(self._storage, config=self.config, spec=self.spec)
+        run = await self._journal.open(self.identity, self._start)
+        reset = run.recorded is not None and not run.recorded.same_policy(self.identity)
         cfg = self.config.ledger_config()
         rec = await self._journal.load_snapshot()
         if rec is None:
@@ -181,7 +202,9 @@ class Coordinator:
                                      max_retained_bytes=self.config.max_retained_bytes)
             self._ledger = Ledger(self._units_in, config=cfg, clock=self._clock, secret=run.secret)
         else:
-            self._owner = ModelOwner(self._policy, ModelState(rec.tensors, rec.version),
+            # The stored state belongs to the run's policy: replay with it, switch afterwards.
+            replaying = self._recorded_policy(run.recorded) if reset else self._policy
+            self._owner = ModelOwner(replaying, ModelState(rec.tensors, rec.version),
                                      max_retained_bytes=self.config.max_retained_bytes,
                                      policy_state=rec.policy_state)
             self._ledger = Ledger.restore(rec.ledger, config=cfg, clock=self._clock,
@@ -199,10 +222,28 @@ class Coordinator:
             self._owner.jump(floor + 1)
             self._merger.retain()
         await self._journal.raise_version_floor(self.version)
-        if rec is None and self._journal.durable:
-            # The first snapshot pins the initial model: replay must start from exactly it.
+        if reset:
+            assert run.recorded is not None
+            log.warning("policy reset: run %s switches from %s to %s at v%d; the policy state "
+                        "starts afresh", run.run_id, run.recorded.policy, self._policy.name,
+                        self.version)
+            self._owner.switch_policy(self._policy)
+        if (rec is None or reset) and self._journal.durable:
+            # The first snapshot pins the initial model: replay must start from exactly it. After a
+            # reset it holds the new policy's state, so nothing is ever replayed with the old state.
             await self._slot.capture(self._ledger.snapshot())
             await self._write_snapshot()
+        if reset:
+            await self._journal.record_identity(self.identity)
+
+    def _recorded_policy(self, recorded: RunIdentity | None) -> MergePolicy:
+        assert recorded is not None
+        try:
+            return build_policy(recorded.policy, recorded.policy_params or {})
+        except Exception as exc:
+            raise ConfigError(f"--reset-policy: the run's policy {recorded.policy!r} is needed to "
+                              f"replay its journal before the switch, and cannot be built here: "
+                              f"{exc}") from exc
 
     async def _write_snapshot(self) -> None:
         if await self._slot.write():
@@ -261,11 +302,6 @@ class Coordinator:
         if not self._ledger.finished:
             self._finished.clear()
         return done
-
-    @property
-    def finished(self) -> bool:
-        """Every unit is done or parked and every accepted result merged (see :meth:`wait_finished`)."""
-        return self._finished.is_set()
 
     def parked(self) -> dict[str, str]:
         """Parked unit id -> why (its failures and the last one)."""
@@ -375,6 +411,12 @@ class Coordinator:
     @property
     def version(self) -> int:
         return self._owner.version
+
+    @property
+    def finished(self) -> bool:
+        """Every unit is done or parked and every accepted result merged (possibly at start-up:
+        a restart of a finished run)."""
+        return self._finished.is_set()
 
     def model_etag(self, version: int) -> str:
         """An opaque, strong ETag for a held version (quote it in the header yourself)."""

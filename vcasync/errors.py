@@ -17,7 +17,8 @@ everything with one clause, or exactly one failure with a leaf class::
     ├── StorageError                  a storage backend failed (``.key`` names the object)
     │   ├── ObjectNotFoundError       no object under that key
     │   ├── PreconditionFailedError   if-absent / generation precondition failed (someone else won)
-    │   ├── AccessDeniedError         the backend refused our credentials
+    │   ├── AccessDeniedError         the backend refused our credentials (or found none)
+    │   ├── BucketNotFoundError       the bucket (or container) the URL names does not exist
     │   ├── TransientStorageError     timeout, 5xx, throttling: retried, then raised
     │   ├── CorruptObjectError        an object's digest does not match what its manifest promised
     │   ├── InvalidKeyError           a key (or name) this storage cannot hold: '..', '//', control chars
@@ -48,6 +49,7 @@ __all__ = [
     "AccessDeniedError",
     "AuthError",
     "BackendUnavailableError",
+    "BucketNotFoundError",
     "ChecksumError",
     "ClosedError",
     "ConfigError",
@@ -169,6 +171,15 @@ class PreconditionFailedError(StorageError):
 
 class AccessDeniedError(StorageError):
     """The backend refused the credentials in use."""
+
+
+class BucketNotFoundError(StorageError):
+    """The bucket the storage URL names does not exist (or is not visible to these credentials).
+    ``bucket`` names it; create it, or fix the URL."""
+
+    def __init__(self, message: str, *, bucket: str | None = None, key: str | None = None) -> None:
+        super().__init__(message, key=key)
+        self.bucket = bucket
 
 
 class TransientStorageError(StorageError):

@@ -2,7 +2,8 @@
 
 Layout under ``config.state_prefix`` (``P``)::
 
-    P/run                 run id and the lease-id signing secret (written once, if absent)
+    P/run                 run id, lease-id signing secret and the run's identity: read first,
+                          written if absent (see :mod:`vcasync._runrecord`)
     P/snapshots/...       CheckpointStore: model, policy state, ledger; meta {version, seq}
     P/journal/<seq>       one wire payload per handled result (durability "journal"), in order
     P/bases/<version>     a model version a journaled delta was based on, when replay cannot
@@ -37,6 +38,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ._aio import first_error
+from ._identity import RunIdentity
+from ._runrecord import StartOptions, open_run, write_record
 from .checkpoint import CheckpointStore
 from .errors import (
     ConfigError,
@@ -71,6 +74,8 @@ FLOOR_BLOCK = 1000
 class RunInfo:
     run_id: str
     secret: bytes
+    #: The identity the stored run was recorded with (None: a new run, or no storage).
+    recorded: RunIdentity | None = None
 
 
 @dataclass(slots=True)
@@ -111,6 +116,7 @@ class Journal:
         self._spec = spec
         self._prefix = config.state_prefix.strip("/")
         self.run_id = secrets.token_hex(8)
+        self._secret = b""
         self.seq = 0                         # entries applied (journal mode: the last entry's number)
         self._captured_version = -1          # bases older than this must be written before use
         self._bases: set[int] = set()
@@ -136,25 +142,23 @@ class Journal:
         return self._storage
 
     # -- start ------------------------------------------------------------------------------------
-    async def open(self) -> RunInfo:
-        """Read (or create, once) the run identity: its id and the lease-id secret."""
+    async def open(self, identity: RunIdentity | None = None,
+                   options: StartOptions | None = None) -> RunInfo:
+        """Probe the store, then read (or create, once) the run: its id, the lease-id secret, and
+        the identity it was recorded with (a different one is refused, see :mod:`._runrecord`;
+        ``identity`` None, for tools that only inspect a stored run, compares nothing)."""
         if self._storage is None:
             return RunInfo(self.run_id, secrets.token_bytes(32))
         self._store = CheckpointStore(self._storage, self._key("snapshots"))
-        key = self._key("run")
-        fresh: dict[str, Any] = {"format": FORMAT, "run_id": self.run_id, "secret": secrets.token_hex(32)}
-        try:
-            await self._storage.put(key, json.dumps(fresh).encode(), if_absent=True)
-            data = fresh
-        except PreconditionFailedError:
-            try:
-                data = json.loads(await self._storage.get(key))
-                self.run_id = str(data["run_id"])
-                bytes.fromhex(data["secret"])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise CorruptObjectError(f"{key}: not a vcasync run record ({exc})", key=key) from None
-        self.run_id = str(data["run_id"])
-        return RunInfo(self.run_id, bytes.fromhex(data["secret"]))
+        record = await open_run(self._storage, self._prefix, identity, options or StartOptions())
+        self.run_id = record.run_id
+        self._secret = record.secret
+        return RunInfo(record.run_id, record.secret, record.recorded)
+
+    async def record_identity(self, identity: RunIdentity) -> None:
+        """After a policy reset: the run goes on under ``identity`` (same id and secret)."""
+        if self._storage is not None:
+            await write_record(self._storage, self._key("run"), self.run_id, self._secret, identity)
 
     async def load_snapshot(self) -> Recovered | None:
         """The newest complete snapshot, or None on a fresh start."""

@@ -189,6 +189,10 @@ def load_run_config(path: Path | None, overrides: Mapping[str, Any] | None = Non
             raise ConfigError(f"cannot read config file {path}: {exc}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    # No [policy] in the file means the default policy, so ``--policy-param`` alone tunes vcasgd.
+    table.setdefault("policy", {"name": "vcasgd"})
+    if isinstance(table["policy"], str):              # policy = "name": a table, so flags merge in
+        table["policy"] = {"name": table["policy"]}
     table = merge_tables(table, overrides or {})
     unknown = sorted(set(table) - _SECTIONS)
     if unknown:

@@ -20,11 +20,19 @@ The laws every backend obeys are spelled out, and tested, by
 - ``list(prefix)`` yields every key that starts with ``prefix`` (a plain string prefix, not a
   directory), each once, in ascending code-point order;
 - after ``aclose`` (idempotent) every call raises :class:`ClosedError`.
+
+Durability rests on the if-absent law, and not every store keeps it (the stock GCS emulator accepts
+``ifGenerationMatch=0`` twice; some S3-compatible stores ignore ``If-None-Match``). So before a
+coordinator writes anything, :func:`probe_storage` runs the backend's own open-time checks (a
+:class:`Preflight` backend: bucket exists, credentials found) and then *tries* the law on a scratch
+key, so the coordinator can refuse a store that would let a restart overwrite its run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import types
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
@@ -32,17 +40,27 @@ from typing import Any, Protocol, Self, TypeAlias, runtime_checkable
 from urllib.parse import urlsplit
 
 from ._registry import Registry
-from .errors import BackendUnavailableError, ConfigError, InvalidKeyError
+from .errors import (
+    AccessDeniedError,
+    BackendUnavailableError,
+    ConfigError,
+    InvalidKeyError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+)
 
 __all__ = [
     "MAX_KEY_BYTES",
     "BytesLike",
     "ObjectInfo",
+    "Preflight",
+    "ProbeResult",
     "Storage",
     "StorageBackend",
     "available_backends",
     "backend_registry",
     "open_storage",
+    "probe_storage",
     "register_backend",
     "validate_key",
     "validate_prefix",
@@ -95,6 +113,53 @@ class Storage(Protocol):
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: types.TracebackType | None) -> None: ...
+
+
+@runtime_checkable
+class Preflight(Protocol):
+    """Optional for a backend: checks that need no write, run once before a coordinator starts.
+
+    ``preflight`` raises a clear, typed error when the store cannot work at all: the bucket does not
+    exist (:class:`~vcasync.errors.BucketNotFoundError`, naming it), no credentials can be found
+    (:class:`~vcasync.errors.AccessDeniedError`, saying how to provide them). It must be quick: a
+    missing credential is reported in about a second, not after a minute of retries.
+    """
+
+    async def preflight(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """What :func:`probe_storage` found out about a store."""
+
+    url: str
+    conditional_writes: bool    # a second if-absent put of one key raised PreconditionFailedError
+
+
+async def probe_storage(storage: Storage, prefix: str) -> ProbeResult:
+    """Check a store before a coordinator relies on it: the backend's :class:`Preflight` (if it
+    has one), that ``prefix`` is writable, and whether ``put(..., if_absent=True)`` is honoured.
+
+    The probe writes a scratch object ``<prefix>/probe-<random>`` if absent, tries the same again
+    (which must fail) and deletes it. A refused write raises :class:`AccessDeniedError` naming the
+    store; an honest store that ignores preconditions gives ``conditional_writes=False``.
+    """
+    if isinstance(storage, Preflight):
+        await storage.preflight()
+    key = f"{prefix.strip('/')}/probe-{secrets.token_hex(8)}"
+    try:
+        await storage.put(key, b"first", if_absent=True)
+    except AccessDeniedError as exc:
+        raise AccessDeniedError(f"cannot write to {storage.url}: {exc}", key=key) from exc
+    try:
+        await storage.put(key, b"second", if_absent=True)
+        honoured = False
+    except PreconditionFailedError:
+        honoured = True
+    finally:
+        with contextlib.suppress(ObjectNotFoundError):
+            await storage.delete(key)
+    return ProbeResult(storage.url, honoured)
 
 
 class StorageBackend(Protocol):

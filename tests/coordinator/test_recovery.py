@@ -358,7 +358,7 @@ async def test_stored_state_of_another_model_is_refused(kit, clock, storage) -> 
         pass
     other = Coordinator(ModelState({"x": torch.zeros(2)}), make_units(2), policy=kit.HalfWay(),
                         storage=storage, config=CoordinatorConfig(lease_timeout_s=10.0))
-    with pytest.raises(ConfigError, match="another model"):
+    with pytest.raises(ConfigError, match="model: tensors not in this model: w, b, n"):
         await other.__aenter__()
 
 

@@ -95,7 +95,10 @@ async def recovered(store: Path) -> tuple[dict[str, Any], ModelState]:
     """Open the run's storage in a fresh Coordinator: what it recovers is what was durable."""
     torch.manual_seed(0)
     initial = ModelState.from_module(model())
-    units = UnitsConfig(shards=SHARDS, epochs=EPOCHS, steps=STEPS).build()
+    # The same units the coordinator was started with (its --unit-param included): the run is
+    # recorded with them, and a start with other units is refused.
+    units = UnitsConfig(shards=SHARDS, epochs=EPOCHS, steps=STEPS,
+                        params={"checkpoint_every": 10}).build()
     async with open_storage(f"file://{store}") as storage, \
             Coordinator(initial, units, policy=build_policy("vcasgd"), storage=storage,
                         config=CoordinatorConfig(durability="journal")) as coord:

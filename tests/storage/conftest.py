@@ -42,6 +42,16 @@ def gcs_endpoint() -> Iterator[str]:
         yield server.endpoint
 
 
+@pytest.fixture(scope="session")
+def stock_gcs_endpoint() -> Iterator[str]:
+    """gcp-storage-emulator as shipped: it accepts ``ifGenerationMatch=0`` on an existing object
+    (a store that does not honour preconditions, for the start-up probe's tests)."""
+    with Emulator("gcs", preconditions=False) as server:
+        _request("POST", f"{server.endpoint}/storage/v1/b?project=test",
+                 json.dumps({"name": GCS_BUCKET}).encode(), {"Content-Type": "application/json"})
+        yield server.endpoint
+
+
 @pytest.fixture
 def unique_prefix() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"

@@ -8,6 +8,11 @@ Secrets come from the environment or files, never from flag values (visible to a
 * ``VCASYNC_OPERATOR_TOKEN`` (or ``--operator-token-file``): optional; enables operator routes such
   as ``vcasync requeue`` (parked units). Workers never hold it.
 
+The same command resumes a run stored under the storage prefix; a start whose model, units or
+policy differ is refused (exit 2) with what differs, and a finished run exits at once with its
+result. ``--new-run``, ``--reset-policy`` and ``--allow-unsafe-store`` are one-shot choices for one
+start (see docs/runs.md), so they are flags only, never run.toml keys.
+
 Exit status (:class:`vcasync.cli.ExitCode`): ``OK`` when every unit was merged, ``PARKED`` when the
 run ended with parked units (each is logged at ERROR with its last failure).
 """
@@ -27,6 +32,8 @@ from ..cli import Command, ExitCode, read_secret
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
+    from ..coordinator import Coordinator, StartOptions
+    from ..policy import MergePolicy
     from ..runconfig import RunConfig
     from ..testing.hooks import ChaosHooks
 
@@ -65,6 +72,15 @@ def _configure(p: argparse.ArgumentParser) -> None:
                    help="file holding the operator token (or VCASYNC_OPERATOR_TOKEN)")
     p.add_argument("--no-uvloop", action="store_true",
                    help="run on plain asyncio even if uvloop is installed")
+    start = p.add_argument_group("one start only (see docs/runs.md)")
+    start.add_argument("--new-run", action="store_true",
+                       help="delete the run stored under the storage prefix and start a new one")
+    start.add_argument("--reset-policy", action="store_true",
+                       help="continue the stored run with a different policy or parameters; the "
+                            "policy state starts afresh")
+    start.add_argument("--allow-unsafe-store", action="store_true",
+                       help="run (with a loud warning) on a store that ignores conditional "
+                            "writes, instead of refusing it")
 
 
 def _kv(items: list[str], what: str) -> dict[str, Any]:
@@ -146,14 +162,38 @@ def launch(a: argparse.Namespace, hooks: ChaosHooks | None = None) -> int:
     if not secret and not tokens:
         raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET (or --join-secret-file, "
                           "VCASYNC_JOIN_TOKENS, --join-tokens-file)")
+    from ..coordinator import StartOptions
+
+    start = StartOptions(new_run=a.new_run, reset_policy=a.reset_policy,
+                         allow_unsafe_store=a.allow_unsafe_store)
     return run(serve(cfg, secret, tokens, port_file=a.port_file, app_dir=a.app_dir, hooks=hooks,
-                     operator_token=operator),
+                     operator_token=operator, start=start),
                use_uvloop=False if a.no_uvloop else None)
+
+
+def _policy(cfg: RunConfig) -> tuple[MergePolicy, dict[str, Any]]:
+    """The policy, and its parameters with defaults filled in (recorded with the run, so that
+    naming a default explicitly is the same run and changing one is not)."""
+    from .._params import coerce_params
+    from ..policy import policy_from_config, policy_spec
+
+    policy = policy_from_config({"policy": dict(cfg.policy)})
+    spec = policy_spec(policy.name)
+    given = cfg.policy.get("params", {}) if isinstance(cfg.policy, dict) else {}
+    return policy, {**spec.defaults(), **coerce_params(spec.name, spec.params, given or {})}
+
+
+def outcome(coord: Coordinator) -> ExitCode:
+    """The exit status of a finished run: OK when every unit was merged, PARKED when some were
+    given up. One function for a run that finishes now and one found finished at start-up."""
+    parked = int(coord.status().get("units", {}).get("parked", 0))
+    return ExitCode.PARKED if parked else ExitCode.OK
 
 
 async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                 port_file: Path | None = None, app_dir: Path | None = None,
-                hooks: ChaosHooks | None = None, operator_token: str | None = None) -> int:
+                hooks: ChaosHooks | None = None, operator_token: str | None = None,
+                start: StartOptions | None = None) -> int:
     """Run the coordinator ``cfg`` describes until the run is finished (then ``linger_s``) or a signal.
 
     Returns :attr:`ExitCode.PARKED` when the run finished with parked units (an operator may requeue
@@ -167,7 +207,6 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     from .._imports import import_object
     from ..auth import StorageTokenStore, TokenAuthority
     from ..coordinator import Coordinator, CoordinatorConfig
-    from ..policy import policy_from_config
     from ..runconfig import dataclass_from_table
     from ..server import Server
     from ..storage import open_storage
@@ -179,7 +218,7 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     if not isinstance(module, torch.nn.Module):
         raise ConfigError(f"model factory {cfg.model!r} returned {type(module).__name__}, not an nn.Module")
     model = ModelState.from_module(module)
-    policy = policy_from_config({"policy": dict(cfg.policy)})
+    policy, policy_params = _policy(cfg)
     units = cfg.units.build()
     coord_cfg = dataclass_from_table(CoordinatorConfig, cfg.coordinator, "coordinator")
     stop = asyncio.Event()
@@ -192,39 +231,52 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
             storage = hooks.wrap_storage(storage, coord_cfg.state_prefix)
         authority = TokenAuthority(join_secret=secret, join_tokens=tokens, store=StorageTokenStore(storage),
                                    operator_token=operator_token)
-        async with Coordinator(model, units, policy=policy, storage=storage, config=coord_cfg) as coord, \
-                Server(coord, authority, cfg.server) as server:
-            # Everything allocated so far (torch, the model, the ledger) lives for the whole run: keep
-            # it out of the collector's full passes, which otherwise stall the loop for 100+ ms once
-            # thousands of workers have joined.
-            gc.freeze()
-            log.info("coordinator listening on %s (model v%d, %d units, policy %s)", server.url,
-                     coord.version, len(units), policy.name)
-            if port_file is not None:
-                tmp = port_file.with_name(port_file.name + ".tmp")
-                tmp.write_text(server.url + "\n")
-                tmp.replace(port_file)
-            finished = False
-            while await _first(coord.wait_finished(), stop.wait()):
-                finished = True
+        async with Coordinator(model, units, policy=policy, storage=storage, config=coord_cfg,
+                               policy_params=policy_params, start=start) as coord:
+            if coord.finished:
+                status = coord.status()
+                log.info("run %s is already finished at model v%d (units: %s); nothing to serve",
+                         status.get("run_id"), coord.version, status.get("units"))
                 _log_parked(coord.parked())
-                log.info("run finished at model v%d; serving %.0fs more so workers hear it",
-                         coord.version, cfg.linger_s)
-                if not await _linger(coord, cfg.linger_s, stop):
-                    break
+                _write_output(cfg, coord)
+                return outcome(coord)
+            async with Server(coord, authority, cfg.server) as server:
+                # Everything allocated so far (torch, the model, the ledger) lives for the whole
+                # run: keep it out of the collector's full passes, which otherwise stall the loop
+                # for 100+ ms once thousands of workers have joined.
+                gc.freeze()
+                log.info("coordinator listening on %s (run %s, model v%d, %d units, policy %s)",
+                         server.url, coord.status().get("run_id"), coord.version, len(units),
+                         policy.name)
+                if port_file is not None:
+                    tmp = port_file.with_name(port_file.name + ".tmp")
+                    tmp.write_text(server.url + "\n")
+                    tmp.replace(port_file)
                 finished = False
-                log.info("parked units were requeued: the run goes on")
-            if not finished:
-                log.info("stopping at model v%d", coord.version)
-            parked = coord.parked()
-            if cfg.output is not None:
-                torch.save(dict(coord.model().tensors), cfg.output)
-                log.info("final weights written to %s", cfg.output)
-    if finished and parked:
-        log.error("run ended with %d parked unit(s), never merged: exit code %d (PARKED)",
-                  len(parked), ExitCode.PARKED)
-        return ExitCode.PARKED
-    return ExitCode.OK
+                while await _first(coord.wait_finished(), stop.wait()):
+                    finished = True
+                    _log_parked(coord.parked())
+                    log.info("run finished at model v%d; serving %.0fs more so workers hear it",
+                             coord.version, cfg.linger_s)
+                    if not await _linger(coord, cfg.linger_s, stop):
+                        break
+                    finished = False
+                    log.info("parked units were requeued: the run goes on")
+                if not finished:
+                    log.info("stopping at model v%d", coord.version)
+                _write_output(cfg, coord)
+                code = outcome(coord) if finished else ExitCode.OK
+    if code is ExitCode.PARKED:
+        log.error("run ended with parked unit(s), never merged: exit code %d (PARKED)", ExitCode.PARKED)
+    return code
+
+
+def _write_output(cfg: RunConfig, coord: Coordinator) -> None:
+    import torch
+
+    if cfg.output is not None:
+        torch.save(dict(coord.model().tensors), cfg.output)
+        log.info("final weights written to %s", cfg.output)
 
 
 def _log_parked(parked: dict[str, str]) -> None:

@@ -17,6 +17,9 @@ real services give, which the conformance suite checks:
   re-serialises every object's metadata to JSON on every write, nowhere read back, which makes
   a write cost O(objects); that is skipped. Its listen backlog of 5 drops connections (each a
   one-second SYN retry) as soon as a test has more requests in flight; it gets 256.
+
+``--no-preconditions`` leaves ``ifGenerationMatch`` ignored, as the stock emulator does (the bug
+fixes stay): the store a coordinator's start-up probe must catch (see ``docs/runs.md``).
 """
 
 from __future__ import annotations
@@ -138,7 +141,7 @@ def _with_preconditions(handler: Callable[..., Any], pending: dict[str, str]) ->
     return wrapped
 
 
-def run_gcs(port: int) -> None:
+def run_gcs(port: int, preconditions: bool = True) -> None:
     from gcp_storage_emulator import server as gserver  # type: ignore[import-untyped]
     from gcp_storage_emulator import storage as gstorage
     from gcp_storage_emulator.handlers import objects  # type: ignore[import-untyped]
@@ -156,7 +159,7 @@ def run_gcs(port: int) -> None:
     gserver.Request.path = property(lambda self: urllib.parse.urlsplit(self._full_url).path)
     gstorage.Storage._write_config_to_file = lambda self: None
     http.server.HTTPServer.request_queue_size = 256
-    guarded = {objects.insert, objects.upload_partial}
+    guarded = {objects.insert, objects.upload_partial} if preconditions else set()
     gserver.HANDLERS = tuple(
         (regex, {method: (_with_preconditions(fn, pending) if fn in guarded else fn)
                  for method, fn in handlers.items()})
@@ -174,12 +177,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--serialize", action="store_true",
                         help="s3: one request at a time (atomic If-None-Match)")
+    parser.add_argument("--no-preconditions", action="store_true",
+                        help="gcs: ignore ifGenerationMatch, as the stock emulator does")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     if args.kind == "s3":
         run_s3(args.port, args.serialize)
     else:
-        run_gcs(args.port)
+        run_gcs(args.port, preconditions=not args.no_preconditions)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@
 binds a free port, is ready when :meth:`Emulator.start` returns, and is stopped (SIGTERM, then
 SIGKILL) by :meth:`Emulator.stop` or the ``with`` block. No internet, no cloud account: S3 calls
 need only dummy credentials (``DUMMY_S3_CREDENTIALS``), GCS calls none. See ``_emulator_main`` for
-the two places where the emulators are made to honour conditional writes as the real services do.
+the two places where the emulators are made to honour conditional writes as the real services do;
+``Emulator("gcs", preconditions=False)`` is the stock GCS emulator's behaviour (ignored), for tests of
+what happens on a store that does not honour them.
 
     with Emulator("s3") as s3:
         async with open_storage(f"s3://bucket?endpoint_url={s3.endpoint}", **DUMMY_S3_CREDENTIALS): ...
@@ -33,11 +35,12 @@ class Emulator:
     """A storage API server in a child process. ``endpoint`` is ``http://127.0.0.1:PORT``."""
 
     def __init__(self, kind: Literal["s3", "gcs"], *, serialize: bool = True,
-                 startup_timeout_s: float = 60.0) -> None:
+                 preconditions: bool = True, startup_timeout_s: float = 60.0) -> None:
         if kind not in ("s3", "gcs"):
             raise ValueError(f"kind must be 's3' or 'gcs', got {kind!r}")
         self.kind = kind
         self.serialize = serialize
+        self.preconditions = preconditions
         self.startup_timeout_s = startup_timeout_s
         self.endpoint = ""
         self._proc: subprocess.Popen[bytes] | None = None
@@ -49,6 +52,8 @@ class Emulator:
         cmd = module_command("vcasync.testing._emulator_main", self.kind, "--port", "0")
         if self.serialize and self.kind == "s3":
             cmd.append("--serialize")
+        if not self.preconditions and self.kind == "gcs":
+            cmd.append("--no-preconditions")
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
         env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
         self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log,

@@ -15,6 +15,11 @@ yields a fresh, empty, open :class:`~vcasync.storage.Storage` (and closes it aft
 Class attributes tune it: ``large_size`` (the big streamed object, 100 MiB and a bit by default),
 ``many_keys`` (enough to cross a listing page), ``holds_object_and_prefix`` (False for file
 systems, which cannot hold ``a`` and ``a/b`` at once), ``race_writers``.
+
+The suite also runs :func:`vcasync.storage.probe_storage`, the check a coordinator makes before it
+trusts a store: a conforming backend passes its own preflight and honours if-absent, and the probe
+leaves nothing behind. :class:`IgnoringPreconditions` wraps a store so that it does not (as some
+S3-compatible stores and the stock GCS emulator do), for tests of what happens then.
 Needs pytest with pytest-asyncio in auto mode (or mark the subclass ``pytest.mark.asyncio``).
 """
 
@@ -23,8 +28,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-from collections.abc import AsyncIterator
-from typing import ClassVar
+import types
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import ClassVar, Self
 
 import pytest
 
@@ -34,9 +40,9 @@ from vcasync.errors import (
     ObjectNotFoundError,
     PreconditionFailedError,
 )
-from vcasync.storage import ObjectInfo, Storage, open_storage
+from vcasync.storage import BytesLike, ObjectInfo, Storage, open_storage, probe_storage
 
-__all__ = ["ODD_KEYS", "StorageConformance", "pattern_stream"]
+__all__ = ["ODD_KEYS", "IgnoringPreconditions", "StorageConformance", "pattern_stream"]
 
 MiB = 1 << 20
 
@@ -98,6 +104,50 @@ async def _collect(it: AsyncIterator[str]) -> list[str]:
 
 async def _read_all(storage: Storage, key: str, chunk_size: int = MiB) -> bytes:
     return b"".join([chunk async for chunk in storage.open_read(key, chunk_size=chunk_size)])
+
+
+class IgnoringPreconditions:
+    """A store that takes ``if_absent=True`` and ignores it: every put replaces. Everything else is
+    forwarded to ``inner``. For tests of the start-up probe (never use it for real data)."""
+
+    def __init__(self, inner: Storage) -> None:
+        self.inner = inner
+        self.url = inner.url
+
+    async def get(self, key: str) -> bytes:
+        return await self.inner.get(key)
+
+    async def put(self, key: str, data: BytesLike, *, if_absent: bool = False) -> None:
+        await self.inner.put(key, data)
+
+    async def exists(self, key: str) -> bool:
+        return await self.inner.exists(key)
+
+    async def stat(self, key: str) -> ObjectInfo:
+        return await self.inner.stat(key)
+
+    def list(self, prefix: str = "") -> AsyncIterator[str]:
+        return self.inner.list(prefix)
+
+    async def delete(self, key: str) -> None:
+        await self.inner.delete(key)
+
+    def open_read(self, key: str, *, chunk_size: int = MiB) -> AsyncIterator[bytes]:
+        return self.inner.open_read(key, chunk_size=chunk_size)
+
+    async def put_stream(self, key: str, chunks: AsyncIterable[BytesLike], *,
+                         if_absent: bool = False) -> None:
+        await self.inner.put_stream(key, chunks)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: types.TracebackType | None) -> None:
+        await self.aclose()
 
 
 class StorageConformance:
@@ -293,6 +343,18 @@ class StorageConformance:
                 assert await peer.get(key) == winners[0]
         finally:
             await peer.aclose()
+
+    async def test_probe_finds_if_absent_honoured(self, storage: Storage) -> None:
+        await storage.put("probed/kept", b"x")
+        result = await probe_storage(storage, "probed")
+        assert result.conditional_writes, f"{storage.url} does not honour if_absent"
+        assert result.url == storage.url
+        assert await _collect(storage.list()) == ["probed/kept"]    # the probe cleans up
+
+    async def test_probe_catches_a_store_that_ignores_if_absent(self, storage: Storage) -> None:
+        result = await probe_storage(IgnoringPreconditions(storage), "probed")
+        assert not result.conditional_writes
+        assert await _collect(storage.list()) == []
 
     # --- odd and invalid keys -------------------------------------------------------------------
 

@@ -1,0 +1,150 @@
+"""The run under a state prefix, for an embedding program: identity recorded and compared, a policy
+reset that replays the journal with the run's own policy first, finished runs, records written
+before identities were kept, unsafe stores, and start-up retried through transient faults."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+import torch
+
+from vcasync._units import make_units
+from vcasync.coordinator import Coordinator, CoordinatorConfig, StartOptions
+from vcasync.errors import ConfigError, TransientStorageError
+from vcasync.policy import build_policy, policy_spec
+from vcasync.retry import RetryPolicy
+from vcasync.storage import open_storage
+from vcasync.testing.faults import FaultyStorage
+from vcasync.testing.storage import IgnoringPreconditions
+
+CFG = CoordinatorConfig(durability="journal", lease_timeout_s=10.0, snapshot_interval_s=3600.0,
+                        snapshot_every=1000)
+
+
+def make(kit, storage, clock, name: str = "vcasgd", params: dict[str, Any] | None = None, *,
+         units: int = 6, start: StartOptions | None = None, **kw: Any) -> Coordinator:
+    full = {**policy_spec(name).defaults(), **(params or {})}
+    return Coordinator(kit.tiny_model(), make_units(units, steps=4), policy=build_policy(name, params),
+                       storage=storage, config=CFG, clock=clock, policy_params=full, start=start,
+                       **kw)
+
+
+async def crash(coord: Coordinator) -> None:
+    """Stop the way SIGKILL would: no final snapshot, so the journal holds what came after."""
+    assert coord._runner is not None
+    coord._runner.cancel()
+    await asyncio.gather(coord._runner, return_exceptions=True)
+    coord._phase = "closed"
+
+
+async def feed(kit, coord: Coordinator, n: int) -> None:
+    w = await coord.join("w")
+    for i in range(n):
+        g = await coord.lease(w)
+        chunks = kit.result_chunks(g.lease_id, kit.delta_like(coord.model(), 0.1 * (i + 1)),
+                                   base_version=g.base_version, steps=g.unit.steps)
+        receipt = await coord.submit(w, g.lease_id, kit.stream(chunks))
+        assert receipt.status == "accepted", receipt
+
+
+@pytest.fixture
+async def storage():
+    st = open_storage("memory://runs")
+    yield st
+    await st.aclose()
+
+
+async def test_another_policy_is_refused_and_a_reset_replays_with_the_old_one(kit, clock,
+                                                                              storage) -> None:
+    a = await make(kit, storage, clock).__aenter__()
+    await feed(kit, a, 3)
+    expected = a.model()
+    await crash(a)                      # three journal entries after the first snapshot
+
+    for name, params in (("fedbuff", None), ("vcasgd", {"alpha": 0.7})):
+        with pytest.raises(ConfigError, match="policy: the run uses vcasgd") as info:
+            await make(kit, storage, clock, name, params).__aenter__()
+        assert "--reset-policy" in str(info.value)
+
+    b = await make(kit, storage, clock, "fedbuff", {"buffer_size": 1},
+                   start=StartOptions(reset_policy=True)).__aenter__()
+    assert b.status()["run_id"] == a.status()["run_id"]
+    for name, t in expected.items():   # replayed with vcasgd, bit for bit
+        assert torch.equal(b.model()[name], t), name
+    await feed(kit, b, 2)               # fedbuff merges from its own fresh state: no KeyError
+    after = b.model()
+    await crash(b)
+
+    c = await make(kit, storage, clock, "fedbuff", {"buffer_size": 1}).__aenter__()  # recorded now
+    for name, t in after.items():
+        assert torch.equal(c.model()[name], t), name
+    await c.aclose()
+
+
+async def test_other_units_and_another_model_are_refused_with_what_differs(kit, clock,
+                                                                           storage) -> None:
+    async with make(kit, storage, clock):
+        pass
+    with pytest.raises(ConfigError, match=r"units: the run has 6 \(e0-s0 \.\. e0-s5\), this start "
+                                          r"asks for 9"):
+        await make(kit, storage, clock, units=9).__aenter__()
+    record = json.loads(await storage.get("vcasync/run"))
+    assert record["identity"]["units"]["count"] == 6         # a refused start changes nothing
+    async with make(kit, storage, clock, start=StartOptions(new_run=True), units=9) as fresh:
+        assert fresh.status()["units"]["queued"] == 9
+        assert fresh.status()["run_id"] != record["run_id"]
+
+
+async def test_a_finished_run_says_so_at_start(kit, clock, storage) -> None:
+    async with make(kit, storage, clock, units=2) as a:
+        await feed(kit, a, 2)
+        await a.wait_finished()
+    async with make(kit, storage, clock, units=2) as b:
+        assert b.finished
+        assert b.status()["units"]["done"] == 2
+
+
+async def test_a_run_recorded_before_identities_is_adopted(kit, clock, storage) -> None:
+    async with make(kit, storage, clock) as a:
+        run_id = a.status()["run_id"]
+    record = json.loads(await storage.get("vcasync/run"))
+    del record["identity"]
+    await storage.put("vcasync/run", json.dumps(record).encode())
+    async with make(kit, storage, clock) as b:
+        assert b.status()["run_id"] == run_id
+    assert json.loads(await storage.get("vcasync/run"))["identity"]["policy"]["name"] == "vcasgd"
+
+
+async def test_a_store_that_ignores_if_absent_is_refused_unless_allowed(kit, clock, storage,
+                                                                        caplog) -> None:
+    unsafe = IgnoringPreconditions(storage)
+    with pytest.raises(ConfigError, match="does not honour conditional writes"):
+        await make(kit, unsafe, clock).__aenter__()
+    assert [k async for k in storage.list()] == []
+    async with make(kit, unsafe, clock, start=StartOptions(allow_unsafe_store=True)) as a:
+        run_id = a.status()["run_id"]
+    assert "UNSAFE STORE" in caplog.text
+    async with make(kit, unsafe, clock, start=StartOptions(allow_unsafe_store=True)) as b:
+        assert b.status()["run_id"] == run_id          # read first: never overwritten
+
+
+async def test_start_up_retries_a_transient_storage_fault(kit, clock, storage) -> None:
+    failed: list[str] = []
+
+    def first_record_write(op: str, key: str | None) -> bool:
+        if op == "put" and key == "vcasync/run" and not failed:
+            failed.append(key)
+            return True
+        return False
+
+    flaky = FaultyStorage(storage, trigger=first_record_write)
+    fast = RetryPolicy(attempts=3, base_delay_s=0.0, max_delay_s=0.0)
+    async with make(kit, flaky, clock, startup_retry=fast) as a:   # type: ignore[arg-type]
+        assert a.status()["phase"] == "running"
+    assert failed == ["vcasync/run"]
+    never = FaultyStorage(storage, trigger=lambda op, key: op == "get")
+    with pytest.raises(TransientStorageError, match="gave up after 3 attempts"):
+        await make(kit, never, clock, startup_retry=fast).__aenter__()   # type: ignore[arg-type]
