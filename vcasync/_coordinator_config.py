@@ -38,6 +38,12 @@ class CoordinatorConfig:
                                           # set of buffers mapped, reused by the next upload
     state_prefix: str = "vcasync"         # where on the storage the coordinator keeps its state
     expiry_interval_s: float = 1.0
+    #: While storage is unavailable: how often a probe write checks whether it is back (also the
+    #: ``Retry-After`` workers are given) ...
+    storage_probe_interval_s: float = 5.0
+    #: ... and how long it may stay unavailable before the coordinator gives up and stops
+    #: (``vcasync coordinator`` exits with ``ExitCode.STORAGE``).
+    storage_outage_limit_s: float = 600.0
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, what: str) -> None:
@@ -57,6 +63,8 @@ class CoordinatorConfig:
              "must be 'journal', 'snapshot' or 'none'")
         need(self.snapshot_interval_s > 0, "snapshot_interval_s", "must be > 0")
         need(self.expiry_interval_s > 0, "expiry_interval_s", "must be > 0")
+        need(self.storage_probe_interval_s > 0, "storage_probe_interval_s", "must be > 0")
+        need(self.storage_outage_limit_s > 0, "storage_outage_limit_s", "must be > 0")
         need(self.max_update_norm is None or self.max_update_norm > 0, "max_update_norm",
              "must be > 0 or None")
         need(self.max_retained_bytes is None or self.max_retained_bytes >= 0, "max_retained_bytes",

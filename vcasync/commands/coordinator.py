@@ -1,5 +1,8 @@
 """``vcasync coordinator``: serve a training run over HTTP(S) until it is finished or stopped.
 
+The storage URL forms and their options, credentials, what happens when storage fails mid-run and
+the exit statuses are in ``--help`` (:data:`EPILOG`) and docs/storage.md.
+
 Secrets come from the environment or files, never from flag values (visible to anyone via ``ps``):
 
 * ``VCASYNC_JOIN_SECRET`` (or ``--join-secret-file``): the shared secret workers join with;
@@ -18,10 +21,11 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..cli import Command, read_secret
-from ..errors import ConfigError
+from ..cli import Command, ExitCode, read_secret
+from ..errors import ClosedError, ConfigError
 
 if TYPE_CHECKING:
+    from ..coordinator import Coordinator
     from ..runconfig import RunConfig
     from ..testing.hooks import ChaosHooks
 
@@ -41,7 +45,10 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", help="merge policy name (default vcasgd)")
     p.add_argument("--policy-param", action="append", default=[], metavar="KEY=VALUE",
                    help="a policy parameter (repeatable; values parsed as TOML)")
-    p.add_argument("--storage", help="storage URL: file:///path, s3://bucket/prefix, gs://..., memory://x")
+    p.add_argument("--storage", metavar="URL",
+                   help="where the run's state lives: file:///path (default ./vcasync-run), "
+                        "s3://bucket/prefix, gs://bucket/prefix, memory://name; options and "
+                        "credentials below")
     p.add_argument("--durability", choices=["journal", "snapshot", "none"])
     p.add_argument("--lease-timeout", type=float, dest="lease_timeout_s")
     p.add_argument("--host")
@@ -50,7 +57,9 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key", type=Path)
     p.add_argument("--linger", type=float, dest="linger_s",
                    help="seconds to keep serving after the run is finished (default 10)")
-    p.add_argument("--output", type=Path, help="write the final weights here (torch.save of a state dict)")
+    p.add_argument("--output", type=Path,
+                   help="write the final weights here (torch.save of a state dict) as soon as the run "
+                        "finishes; not written when it is stopped before")
     p.add_argument("--port-file", type=Path, help="write the bound URL here once listening")
     p.add_argument("--app-dir", type=Path, default=Path("."),
                    help="put this directory on sys.path to find the model factory (default: .)")
@@ -58,6 +67,39 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--join-tokens-file", type=Path)
     p.add_argument("--no-uvloop", action="store_true",
                    help="run on plain asyncio even if uvloop is installed")
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = EPILOG
+
+
+#: The part of ``vcasync coordinator --help`` after the flags (docs/storage.md has the long form).
+EPILOG = """\
+storage URLs (--storage, or [storage] url in run.toml):
+  file:///var/lib/vcasync/run1    a directory on this machine (a plain path works too)
+  memory://name                   this process only, gone when it exits (tests, trials)
+  s3://bucket/prefix              Amazon S3, or an S3-compatible store with
+                                  ?endpoint_url=http://host:9000 (MinIO, R2, moto);
+                                  also ?region=, ?profile=, ?addressing_style=path
+  gs://bucket/prefix              Google Cloud Storage, or an emulator with
+                                  ?emulator_host=host:port (or STORAGE_EMULATOR_HOST=host:port)
+
+credentials (from the environment or files, never in the URL or a flag):
+  s3://  the AWS chain: AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN),
+         AWS_PROFILE / ?profile=, ~/.aws/config and credentials, SSO, instance metadata
+  gs://  GOOGLE_APPLICATION_CREDENTIALS (a service-account JSON) or ?service_file=PATH,
+         gcloud application-default credentials, the metadata server; none for an emulator
+  workers join with VCASYNC_JOIN_SECRET or --join-secret-file (or VCASYNC_JOIN_TOKENS /
+  --join-tokens-file: "name token" per line)
+
+storage failing during a run:
+  a write that results need fails -> storage "unavailable": workers are answered
+  503 storage_unavailable with Retry-After and wait with their results; the coordinator logs
+  an ERROR, shows it in /v1/status ("storage") and /metrics (vcasync_storage_state), and probes
+  the storage every [coordinator] storage_probe_interval_s (5). Back: work goes on, nothing lost.
+  Still unavailable after storage_outage_limit_s (600): it stops with exit status 4.
+
+exit status: 0 run finished, 1 error, 2 configuration error, 3 finished with parked units,
+  4 storage failed, 130 stopped (SIGTERM/SIGINT) before the run finished
+"""
 
 
 def _kv(items: list[str], what: str) -> dict[str, Any]:
@@ -191,17 +233,49 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                 tmp = port_file.with_name(port_file.name + ".tmp")
                 tmp.write_text(server.url + "\n")
                 tmp.replace(port_file)
-            finished = await _first(coord.wait_finished(), stop.wait())
+            try:
+                finished = await _first(coord.wait_finished(), stop.wait())
+            except ClosedError:
+                if coord.storage_error is None:
+                    raise
+                finished = False     # storage gave out: said and logged by the coordinator
             if finished:
+                if cfg.output is not None:    # now: the weights are final, lingering changes nothing
+                    _save_weights(coord.model().tensors, cfg.output)
+                    log.info("final weights (model v%d) written to %s", coord.version, cfg.output)
                 log.info("run finished at model v%d; serving %.0fs more so workers hear it",
                          coord.version, cfg.linger_s)
                 await _first(asyncio.sleep(cfg.linger_s), stop.wait())
-            else:
-                log.info("stopping at model v%d", coord.version)
-            if cfg.output is not None:
-                torch.save(dict(coord.model().tensors), cfg.output)
-                log.info("final weights written to %s", cfg.output)
-    return 0
+            elif coord.storage_error is None:
+                log.info("stopped before the run finished, at model v%d%s", coord.version,
+                         f"; {cfg.output} not written (the weights are not final)"
+                         if cfg.output is not None else "")
+    return _exit_code(coord, finished)
+
+
+def _save_weights(tensors: Any, path: Path) -> None:
+    """``torch.save`` to ``path`` atomically: a reader never sees half a file."""
+    import torch
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(dict(tensors), tmp)
+    tmp.replace(path)
+
+
+def _exit_code(coord: Coordinator, finished: bool) -> ExitCode:
+    """What the run's end means (see :class:`vcasync.cli.ExitCode`); the reason is logged here."""
+    if coord.storage_error is not None:
+        log.error("exiting with status %d: storage failed (%s)", ExitCode.STORAGE,
+                  coord.storage_error)
+        return ExitCode.STORAGE
+    if not finished:
+        return ExitCode.INTERRUPTED
+    parked = coord.status().get("units", {}).get("parked", 0)
+    if parked:
+        log.warning("exiting with status %d: %d work units are parked (see /v1/status)",
+                    ExitCode.PARKED, parked)
+        return ExitCode.PARKED
+    return ExitCode.OK
 
 
 async def _first(a: Any, b: Any) -> bool:
