@@ -38,8 +38,8 @@ class CoordinatorConfig:
                                           # set of buffers mapped, reused by the next upload
     state_prefix: str = "vcasync"         # where on the storage the coordinator keeps its state
     expiry_interval_s: float = 1.0
-    #: While storage is unavailable: how often a probe write checks whether it is back (also the
-    #: ``Retry-After`` workers are given) ...
+    #: While storage is unavailable, probe writes check whether it is back: after 0.1 s, then at
+    #: doubling intervals up to this one (workers are told to retry about when the next is due) ...
     storage_probe_interval_s: float = 5.0
     #: ... and how long it may stay unavailable before the coordinator gives up and stops
     #: (``vcasync coordinator`` exits with ``ExitCode.STORAGE``).

@@ -12,10 +12,11 @@
 *Degraded*: a background write (a snapshot) failed; results are still made durable, so work goes
 on, but the operator should look. *Unavailable*: nothing can be made durable, so the coordinator
 takes nothing in: lease and result requests are answered ``503 storage_unavailable`` with a
-``Retry-After`` (:meth:`StorageHealth.check`), workers wait with their results in hand, and a probe
-write every ``probe_interval_s`` finds out when storage is back. Unavailable for longer than
-``limit_s`` is *failed*: the coordinator stops and ``vcasync coordinator`` exits with
-``ExitCode.STORAGE``.
+``Retry-After`` (:meth:`StorageHealth.check`), workers wait with their results in hand, and probe
+writes find out when storage is back: the first one after 0.1 s (a one-off failure costs the
+fleet a blink, not a pause), then at doubling intervals up to ``probe_interval_s``. Unavailable
+for longer than ``limit_s`` is *failed*: the coordinator stops and ``vcasync coordinator`` exits
+with ``ExitCode.STORAGE``.
 
 Each change of state is logged once (WARNING or ERROR), never once per refused request.
 """
@@ -30,7 +31,9 @@ from typing import Any
 
 from .errors import StorageFailedError, StorageUnavailableError
 
-__all__ = ["StorageHealth", "StorageState"]
+__all__ = ["FIRST_PROBE_S", "StorageHealth", "StorageState"]
+
+FIRST_PROBE_S = 0.1
 
 log = logging.getLogger("vcasync.coordinator")
 
@@ -58,6 +61,7 @@ class StorageHealth:
         self.write_failures = 0             # writes that failed (after the backend's own retries)
         self.outages = 0                    # spells of unavailability
         self.probes = 0                     # probe writes tried while unavailable
+        self._probe_delay = min(FIRST_PROBE_S, probe_interval_s)
         self.unavailable = asyncio.Event()  # set while unavailable: wakes the probe loop
 
     # -- what the coordinator reports ---------------------------------------------------------
@@ -70,9 +74,10 @@ class StorageHealth:
         if needed:
             self.state, self.since = StorageState.UNAVAILABLE, self._clock()
             self.outages += 1
+            self._probe_delay = min(FIRST_PROBE_S, self.probe_interval_s)
             self.unavailable.set()
             log.error("storage unavailable: %s. Workers are told to wait (503 storage_unavailable); "
-                      "probing every %.3gs, giving up after %.0fs", self.last_error,
+                      "probing it (every %.3gs at most), giving up after %.0fs", self.last_error,
                       self.probe_interval_s, self.limit_s)
         elif self.state is StorageState.OK:
             self.state, self.since = StorageState.DEGRADED, self._clock()
@@ -84,6 +89,12 @@ class StorageHealth:
         if self.state is StorageState.DEGRADED:
             log.warning("storage is healthy again after %.1fs", self._clock() - (self.since or 0))
             self.state, self.since = StorageState.OK, None
+
+    def next_probe_delay(self) -> float:
+        """Seconds until the next probe: doubling from ``FIRST_PROBE_S`` up to the interval."""
+        delay = self._probe_delay
+        self._probe_delay = min(self.probe_interval_s, delay * 2)
+        return delay
 
     def probe_failed(self, exc: BaseException) -> None:
         self.probes += 1
@@ -121,7 +132,8 @@ class StorageHealth:
 
     @property
     def retry_after(self) -> float:
-        return self.probe_interval_s
+        """What workers are told to wait: until about the next probe."""
+        return self._probe_delay
 
     def down_for(self) -> float:
         """Seconds in the current unavailable spell (0 when not unavailable)."""

@@ -395,7 +395,7 @@ class Coordinator:
                 await _first_of(health.unavailable.wait(), self._stop.wait())
                 continue
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(health.probe_interval_s):
+                async with asyncio.timeout(health.next_probe_delay()):
                     await self._stop.wait()
             if self._stop.is_set():
                 return

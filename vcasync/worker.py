@@ -249,8 +249,8 @@ class Worker:
                 # asks, keeping what we hold (a spooled result stays on disk until acknowledged).
                 delay = max(0.05, exc.retry_after) * self._rng.uniform(0.5, 1.0)
                 if not storage_down:
-                    log.warning("%s: coordinator's storage unavailable, waiting (%s); retrying "
-                                "every ~%.1fs", what, exc, exc.retry_after)
+                    log.warning("%s: coordinator's storage unavailable, waiting (%s); retrying as "
+                                "often as it says", what, exc)
                 storage_down = True
             except Exception as exc:
                 if not is_transient(exc):

@@ -305,7 +305,7 @@ def test_short_outage_loses_nothing_and_the_run_ends_cleanly(run: Run, bucket: B
              log=run.log)
     status = run.status()
     assert status["storage"]["state"] == "unavailable", status["storage"]
-    assert status["storage"]["retry_after_s"] == 0.3
+    assert 0 < status["storage"]["retry_after_s"] <= 0.3          # about the next probe
     metrics = run.metrics()
     assert metrics["vcasync_storage_outages_total"] == 1
     assert metrics["vcasync_storage_unavailable_seconds"] > 0

@@ -94,7 +94,8 @@ storage failing during a run:
   a write that results need fails -> storage "unavailable": workers are answered
   503 storage_unavailable with Retry-After and wait with their results; the coordinator logs
   an ERROR, shows it in /v1/status ("storage") and /metrics (vcasync_storage_state), and probes
-  the storage every [coordinator] storage_probe_interval_s (5). Back: work goes on, nothing lost.
+  the storage (from 0.1s, backing off to [coordinator] storage_probe_interval_s, 5). Back: work
+  goes on, nothing lost.
   Still unavailable after storage_outage_limit_s (600): it stops with exit status 4.
 
 exit status: 0 run finished, 1 error, 2 configuration error, 3 finished with parked units,
