@@ -23,7 +23,11 @@ class CoordinatorConfig:
     durability: Durability = "journal"
     snapshot_every: int = 100             # results between snapshots ...
     snapshot_interval_s: float = 60.0     # ... and at most this long when something changed
-    keep_snapshots: int = 2
+    keep_snapshots: int = 2               # while running, each with the journal entries after it
+    #: At close, delete what the final snapshot covers: the journal entries and the older snapshots
+    #: (without those entries they would be fallbacks that drop results). False keeps the whole
+    #: history that ``keep_snapshots`` kept (audits, post-mortems).
+    prune_on_close: bool = True
     lease_timeout_s: float = 60.0
     heartbeat_interval_s: float | None = None
     max_attempts: int = 5

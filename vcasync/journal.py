@@ -18,7 +18,8 @@ policy that needs its base is replayable because its base is either regenerated 
 or after the snapshot) or was written to ``P/bases`` before the entry (older than the last
 capture). A write that fails is deleted again before anything else is journaled, so the journal
 never holds an entry that was not applied in that order. When the process closes, its final
-snapshot covers every entry, and those entries are deleted (:meth:`Journal.prune_final`).
+snapshot covers every entry, and those entries are deleted (:meth:`Journal.prune_final`; unless
+``prune_on_close`` is off).
 
 **Snapshot mode.** Only snapshots; a crash loses what came after the last one. Versions served since
 may have had numbers the recovered model would reuse, so ``P/floor`` (raised in blocks before a
@@ -312,8 +313,8 @@ class Journal:
         entries after it. Keeping an older snapshot without those entries would make it a fallback
         that silently drops acknowledged results, so the final prune keeps the newest one only.
         """
-        if not self.journaling or self._store is None or not self._kept \
-                or self._kept[-1][0] != self.seq:
+        if not self.journaling or not self._config.prune_on_close or self._store is None \
+                or not self._kept or self._kept[-1][0] != self.seq:
             return      # no final snapshot, or results after it: keep what replay needs
         while len(self._kept) > 1:
             self._kept.popleft()
