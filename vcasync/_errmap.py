@@ -63,8 +63,9 @@ HTTP_ERRORS: Final[Mapping[type[BaseException], ErrorSpec]] = {
     E.ValidationError: ErrorSpec(422, "invalid_update"),
     E.SpecMismatchError: ErrorSpec(422, "spec_mismatch"),
     E.StorageError: ErrorSpec(500, "storage_error"),
-    E.TransientStorageError: ErrorSpec(503, "storage_unavailable"),
-    # After its parent: the code comes back to the client as this class (with ``retry_after``).
+    # The coordinator answers a storage failure as StorageUnavailableError (nothing taken in, wait
+    # ``retry_after``); a bare transient error keeps its own code so each class comes back as itself.
+    E.TransientStorageError: ErrorSpec(503, "storage_transient"),
     E.StorageUnavailableError: ErrorSpec(503, "storage_unavailable"),
     E.StorageFailedError: ErrorSpec(503, "storage_failed"),
     E.PolicyError: ErrorSpec(500, "policy_error"),
