@@ -125,10 +125,12 @@ class StorageHealth:
         if self.refusing:
             raise self.refusal()
 
-    def refusal(self) -> StorageUnavailableError:
+    def refusal(self, exc: BaseException | None = None) -> StorageUnavailableError:
+        """The answer for a refused request (about ``exc``, or the last error seen)."""
+        why = _describe(exc) if exc is not None else self.last_error
         return StorageUnavailableError(
-            f"the coordinator's storage is unavailable ({self.last_error}); nothing was taken in: "
-            f"keep the result and retry in {self.retry_after:g}s", retry_after=self.retry_after)
+            f"the coordinator's storage is unavailable ({why}); nothing was taken in: keep the "
+            f"result and retry in {self.retry_after:g}s", retry_after=self.retry_after)
 
     @property
     def retry_after(self) -> float:

@@ -169,9 +169,13 @@ class Coordinator:
 
     def report_storage_failure(self, exc: BaseException) -> StorageUnavailableError:
         """A storage write outside the merge loop failed (the server calls this, e.g. when a join
-        token could not be stored): mark the storage unavailable; the answer for the caller."""
-        self._health.write_failed(exc, needed=True)
-        refusal = self._health.refusal()
+        token could not be stored): mark the storage unavailable; the answer for the caller.
+        Without durable state nothing probes the storage, so the state is left alone then."""
+        if self._journal.durable:
+            self._health.write_failed(exc, needed=True)
+            refusal = self._health.refusal()
+        else:
+            refusal = self._health.refusal(exc)
         refusal.__cause__ = exc
         return refusal
 
