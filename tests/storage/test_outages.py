@@ -377,7 +377,6 @@ def test_deleted_bucket_ends_the_run_with_exit_status_storage(run: Run, bucket: 
     assert list((run.root / "worker" / "results").glob("*.vca")), wlog
 
 
-@pytest.mark.slow
 def test_sigterm_before_the_end_writes_no_output(run: Run, bucket: Bucket, tmp_path: Path) -> None:
     output = tmp_path / "final.pt"
     coord = run.coordinator(bucket.url(), units=200, linger_s=1, limit_s=60, output=output)
