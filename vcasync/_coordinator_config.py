@@ -23,7 +23,11 @@ class CoordinatorConfig:
     durability: Durability = "journal"
     snapshot_every: int = 100             # results between snapshots ...
     snapshot_interval_s: float = 60.0     # ... and at most this long when something changed
-    keep_snapshots: int = 2
+    keep_snapshots: int = 2               # while running, each with the journal entries after it
+    #: At close, delete what the final snapshot covers: the journal entries and the older snapshots
+    #: (without those entries they would be fallbacks that drop results). False keeps the whole
+    #: history that ``keep_snapshots`` kept (audits, post-mortems).
+    prune_on_close: bool = True
     lease_timeout_s: float = 60.0
     heartbeat_interval_s: float | None = None
     max_attempts: int = 5
@@ -43,6 +47,12 @@ class CoordinatorConfig:
                                           # set of buffers mapped, reused by the next upload
     state_prefix: str = "vcasync"         # where on the storage the coordinator keeps its state
     expiry_interval_s: float = 1.0
+    #: While storage is unavailable, probe writes check whether it is back: after 0.1 s, then at
+    #: doubling intervals up to this one (workers are told to retry about when the next is due) ...
+    storage_probe_interval_s: float = 5.0
+    #: ... and how long it may stay unavailable before the coordinator gives up and stops
+    #: (``vcasync coordinator`` exits with ``ExitCode.STORAGE``).
+    storage_outage_limit_s: float = 600.0
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, what: str) -> None:
@@ -62,6 +72,8 @@ class CoordinatorConfig:
              "must be 'journal', 'snapshot' or 'none'")
         need(self.snapshot_interval_s > 0, "snapshot_interval_s", "must be > 0")
         need(self.expiry_interval_s > 0, "expiry_interval_s", "must be > 0")
+        need(self.storage_probe_interval_s > 0, "storage_probe_interval_s", "must be > 0")
+        need(self.storage_outage_limit_s > 0, "storage_outage_limit_s", "must be > 0")
         need(self.max_update_norm is None or self.max_update_norm > 0, "max_update_norm",
              "must be > 0 or None")
         need(self.max_retained_bytes is None or self.max_retained_bytes >= 0, "max_retained_bytes",

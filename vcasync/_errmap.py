@@ -9,6 +9,10 @@ Choices worth knowing:
 
 * ``NoWorkAvailableError`` is ``503`` with ``Retry-After`` while units are leased out elsewhere, and
   ``410 run_finished`` once every unit is merged (the run is gone for good, do not retry).
+* A storage failure on the coordinator's side is ``503 storage_unavailable`` with ``Retry-After``:
+  nothing was taken in, so the worker keeps its result and waits; the code names storage so the
+  worker does not blame the coordinator (or the network). The client rebuilds it as
+  :class:`~vcasync.errors.StorageUnavailableError`.
 * ``AuthError`` is ``401`` (with ``WWW-Authenticate: Bearer``); ``NotLeaseHolderError`` is ``403``:
   the caller is known but the lease is someone else's. ``WorkerBackoffError`` is ``429`` with
   ``retry_after``; ``WorkerQuarantinedError`` and ``OperatorDisabledError`` are ``403``.
@@ -60,7 +64,11 @@ HTTP_ERRORS: Final[Mapping[type[BaseException], ErrorSpec]] = {
     E.ValidationError: ErrorSpec(422, "invalid_update"),
     E.SpecMismatchError: ErrorSpec(422, "spec_mismatch"),
     E.StorageError: ErrorSpec(500, "storage_error"),
-    E.TransientStorageError: ErrorSpec(503, "storage_unavailable"),
+    # The coordinator answers a storage failure as StorageUnavailableError (nothing taken in, wait
+    # ``retry_after``); a bare transient error keeps its own code so each class comes back as itself.
+    E.TransientStorageError: ErrorSpec(503, "storage_transient"),
+    E.StorageUnavailableError: ErrorSpec(503, "storage_unavailable"),
+    E.StorageFailedError: ErrorSpec(503, "storage_failed"),
     E.PolicyError: ErrorSpec(500, "policy_error"),
     E.UpdateRejectedError: ErrorSpec(422, "update_rejected"),
     E.LedgerError: ErrorSpec(409, "ledger_conflict"),

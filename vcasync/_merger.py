@@ -5,6 +5,11 @@ unit may have closed meanwhile), staleness and the delta's base are checked, the
 (durability "journal": before it is merged and acknowledged), merged by the policy in a worker thread
 and recorded in the ledger; its receipt resolves the submitter's future. Replay after a restart runs
 the same :meth:`Merger.apply`. Snapshots are captured here, between two jobs.
+
+A storage write a result needs (journal entry, base, version floor) that fails marks the storage
+unavailable (:mod:`vcasync._storage_health`): the sender gets :class:`StorageUnavailableError`
+(nothing was merged, the unit stays leased to it) and keeps its result for later, and so does every
+sender after it until a probe write finds the storage back.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch
 from ._model import ModelOwner
 from ._results import ResultMeta, reject_reason
 from ._snapshots import SnapshotSlot
+from ._storage_health import StorageHealth
 from ._units import Receipt, WorkUnit
 from ._versions import Version
 from .errors import (
@@ -29,6 +35,9 @@ from .errors import (
     CorruptObjectError,
     LedgerError,
     PolicyError,
+    PreconditionFailedError,
+    StorageError,
+    StorageUnavailableError,
     UpdateRejectedError,
     ValidationError,
     VCAsyncError,
@@ -75,8 +84,10 @@ class Merger:
 
     def __init__(self, *, owner: ModelOwner, ledger: Ledger, journal: Journal, slot: SnapshotSlot,
                  metrics: Metrics, config: CoordinatorConfig, settled: Callable[[], None],
+                 health: StorageHealth,
                  recycle: Callable[[dict[str, torch.Tensor]], object] | None = None) -> None:
         self._owner = owner
+        self._health = health
         self._ledger = ledger
         self._journal = journal
         self._slot = slot
@@ -113,6 +124,8 @@ class Merger:
             except LedgerError as exc:
                 self._metrics.reject(reject_reason(exc))
                 job.future.set_exception(exc)
+            except StorageError as exc:
+                job.future.set_exception(self._storage_failed(exc))
             except VCAsyncError as exc:
                 job.future.set_exception(exc)
             except BaseException:
@@ -128,6 +141,15 @@ class Merger:
             if self.since_snapshot >= self._config.snapshot_every and self._journal.durable:
                 await self.capture()
 
+    def _storage_failed(self, exc: StorageError) -> StorageError:
+        """What the sender of a result whose write failed is told."""
+        if isinstance(exc, StorageUnavailableError | PreconditionFailedError):
+            return exc     # refused before any write / another coordinator: not a new outage
+        self._health.write_failed(exc, needed=True)
+        refusal = self._health.refusal()
+        refusal.__cause__ = exc
+        return refusal
+
     def _done_with(self, job: Job) -> None:
         """The job's tensors are merged (or refused) and journaled: offer them for reuse."""
         tensors, job.tensors = job.tensors, {}
@@ -142,6 +164,7 @@ class Merger:
         check = self._ledger.check_result(job.worker_id, job.lease_id)   # it may have closed since
         if check.receipt is not None:
             return self.duplicate(check.receipt)
+        self._health.check()       # queued before the outage began: do not try every write again
         meta, current = job.meta, self._owner.version
         if current - meta.base_version > self._config.max_staleness:
             return await self._reject(job, "too_stale", f"based on version {meta.base_version}, "

@@ -21,6 +21,12 @@ Durability (see :mod:`vcasync.journal`): ``"journal"`` writes each result to sto
 merged and acknowledged, and replays the journal on start; ``"snapshot"`` only writes periodic
 snapshots (a crash loses what came after the last one, and versions jump forward past anything that
 may have been served); ``"none"`` keeps nothing.
+
+Storage outages (see :mod:`vcasync._storage_health`): when a write that results need fails, the
+coordinator takes nothing in (leases and results are refused with
+:class:`~vcasync.errors.StorageUnavailableError`, which workers wait out with their results in hand)
+and probes the storage until it is back; lease deadlines are not enforced meanwhile. Unavailable past
+``storage_outage_limit_s``, it stops with :class:`~vcasync.errors.StorageFailedError`.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
+from ._aio import first_error
 from ._buffers import BufferPool
 from ._coordinator_args import check_arguments
 from ._coordinator_config import CoordinatorConfig, Durability
@@ -41,11 +48,15 @@ from ._model import ModelOwner
 from ._results import read_result, reject_reason
 from ._runrecord import StartOptions
 from ._snapshots import SnapshotSlot
+from ._storage_health import StorageHealth
 from ._units import LeaseGrant, Receipt, WorkUnit
 from .errors import (
     ClosedError,
     ConfigError,
     LedgerError,
+    StorageError,
+    StorageFailedError,
+    StorageUnavailableError,
     ValidationError,
     WireError,
 )
@@ -97,6 +108,9 @@ class Coordinator:
         self._journal = Journal(storage, config=self.config, spec=self.spec)
         self.metrics = Metrics()
         self.metrics.bind(self._gauges)
+        self._health = StorageHealth(probe_interval_s=self.config.storage_probe_interval_s,
+                                     limit_s=self.config.storage_outage_limit_s, clock=clock)
+        self._final_error: BaseException | None = None   # the last snapshot could not be written
         self._phase = "new"
         self._ledger: Ledger              # both decided by recovery in __aenter__
         self._owner: ModelOwner
@@ -151,16 +165,55 @@ class Coordinator:
             self._merger.fail_queued(ClosedError("the coordinator is closing; send the result "
                                                  "again"))
             if self._failure is None and self._journal.durable:
-                try:    # nothing merges any more: capture and write what the last snapshot lacks
-                    # (always: leases and failures change the ledger without any merge)
-                    await self._slot.capture(self._ledger.snapshot())
-                    await self._write_snapshot()
-                except Exception as exc:
-                    log.warning("final snapshot failed: %r", exc)
+                await self._final_snapshot()
             self._slot.drop()
         finally:
             self._phase = "closed"
             self._closed.set()
+
+    async def _final_snapshot(self) -> None:
+        """Nothing merges any more: write what the last snapshot lacks, then drop the journal
+        entries it covers. A failure is an error the operator must hear of (``storage_error``)."""
+        try:
+            # always: leases and failures change the ledger without any merge
+            await self._slot.capture(self._ledger.snapshot())
+            await self._write_snapshot()
+        except Exception as exc:
+            self._final_error = exc
+            lost = ("the journal still holds every acknowledged result; the next start replays it"
+                    if self._journal.journaling else "results merged since the last snapshot are lost")
+            log.error("final snapshot failed (%r): %s", exc, lost)
+            return
+        try:
+            await self._journal.prune_final()
+        except Exception as exc:   # the snapshot is written: what is left over is only clutter
+            log.warning("pruning the journal after the final snapshot failed (the next start "
+                        "skips what the snapshot covers): %r", exc)
+
+    def report_storage_failure(self, exc: BaseException) -> StorageUnavailableError:
+        """A storage write outside the merge loop failed (the server calls this, e.g. when a join
+        token could not be stored): mark the storage unavailable; the answer for the caller.
+        Without durable state nothing probes the storage, so the state is left alone then."""
+        if self._journal.durable:
+            self._health.write_failed(exc, needed=True)
+            refusal = self._health.refusal()
+        else:
+            refusal = self._health.refusal(exc)
+        refusal.__cause__ = exc
+        return refusal
+
+    @property
+    def failure(self) -> BaseException | None:
+        """What stopped the coordinator's loops, if anything did (None while it runs normally)."""
+        return self._failure
+
+    @property
+    def storage_error(self) -> BaseException | None:
+        """The storage failure that ended the run (:class:`StorageFailedError`), or that kept its
+        final snapshot from being written; None when storage did its job."""
+        if isinstance(self._failure, StorageError):
+            return self._failure
+        return self._final_error
 
     def _check_running(self) -> None:
         if self._phase != "running":
@@ -176,14 +229,17 @@ class Coordinator:
                 tg.create_task(self._expiry_loop(), name="vcasync-expiry")
                 if self._journal.durable:
                     tg.create_task(self._snapshot_loop(), name="vcasync-snapshots")
+                    tg.create_task(self._storage_probe_loop(), name="vcasync-storage-probe")
         except asyncio.CancelledError:
             self._failure = ClosedError("the coordinator's loops were cancelled")
             self._merger.fail_queued(self._failure)
             raise
         except BaseException as exc:
-            self._failure = exc
+            failure = first_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
+            self._failure = failure
             self._phase = "failed" if self._phase == "running" else self._phase
-            log.exception("coordinator loop failed; stopping")
+            if not isinstance(failure, StorageFailedError):    # that one was logged, and why
+                log.exception("coordinator loop failed; stopping")
             self._merger.fail_queued(ClosedError(f"the coordinator stopped after an error: "
                                                  f"{exc!r}"))
             self._closed.set()
@@ -213,7 +269,8 @@ class Coordinator:
         self._slot = SnapshotSlot(self._journal, self._owner)
         self._merger = Merger(owner=self._owner, ledger=self._ledger, journal=self._journal,
                               slot=self._slot, metrics=self.metrics, config=self.config,
-                              settled=self._check_finished, recycle=self._update_buffers.give)
+                              settled=self._check_finished, health=self._health,
+                              recycle=self._update_buffers.give)
         async for entry in self._journal.entries():
             await self._merger.replay(entry.meta, entry.tensors)
         floor = await self._journal.version_floor()
@@ -256,8 +313,10 @@ class Coordinator:
         return self._ledger.join(name, info)
 
     async def lease(self, worker_id: str) -> LeaseGrant:
-        """The next unit, or :class:`NoWorkAvailableError` (``finished`` when the run is over)."""
+        """The next unit, or :class:`NoWorkAvailableError` (``finished`` when the run is over);
+        :class:`StorageUnavailableError` while its result could not be made durable."""
         self._check_running()
+        self._health.check()
         try:
             return self._ledger.lease(worker_id, self.version)
         finally:
@@ -323,6 +382,7 @@ class Coordinator:
                 raise
             if check.receipt is not None:
                 return self._merger.duplicate(check.receipt)
+            self._health.check()               # before a byte of the body is read
             pending = self._inflight.get(lease_id)
             if pending is None:
                 break
@@ -383,6 +443,8 @@ class Coordinator:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.config.expiry_interval_s):
                     await self._stop.wait()
+            if self._health.refusing:
+                continue    # workers were told to wait: their leases must not run out for it
             if self._ledger.expire():
                 self._merger.retain()
                 self._check_finished()
@@ -406,6 +468,35 @@ class Coordinator:
             except Exception as exc:    # a failed snapshot must never stop the coordinator
                 self.metrics.snapshot_failures += 1
                 log.warning("snapshot failed (the next one retries): %r", exc)
+                self._health.write_failed(exc, needed=False)
+            else:
+                self._health.write_ok()
+
+    async def _storage_probe_loop(self) -> None:
+        """While storage is unavailable: probe it; back, take results again (and snapshot soon, so
+        what the storage may have lost is whole again); unavailable too long, stop the run."""
+        health = self._health
+        while not self._stop.is_set():
+            if not health.unavailable.is_set():
+                await _first_of(health.unavailable.wait(), self._stop.wait())
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(health.next_probe_delay()):
+                    await self._stop.wait()
+            if self._stop.is_set():
+                return
+            try:
+                await self._journal.probe()
+            except Exception as exc:
+                health.probe_failed(exc)
+                if health.over_limit():
+                    raise health.give_up() from exc
+                continue
+            health.probe_ok()
+            merger = self._merger
+            if merger.since_snapshot and not merger.capture_queued:
+                merger.capture_queued = True
+                merger.jobs.put_nowait(Control.CAPTURE)
 
     # -- views ------------------------------------------------------------------------------------
     @property
@@ -453,7 +544,7 @@ class Coordinator:
 
     def _gauges(self) -> dict[str, float]:
         if self._phase in ("new", "starting"):
-            return {}
+            return self._health.gauges()
         stats = self._ledger.stats
         return {"version": self.version, "workers_alive": self._ledger.workers_alive(),
                 "workers_known": self._ledger.num_workers,
@@ -466,12 +557,18 @@ class Coordinator:
                 "workers_quarantined": self._ledger.workers_quarantined(),
                 **{f"units_{k}": v for k, v in self._ledger.counts().items()},
                 "merge_queue": self._merger.jobs.qsize(),
-                "retained_versions": len(self._owner.versions.numbers())}
+                "retained_versions": len(self._owner.versions.numbers()),
+                **self._health.gauges()}
 
     def status(self) -> dict[str, Any]:
         """A JSON-able summary for ``GET /v1/status``."""
-        out: dict[str, Any] = {"phase": self._phase, "durability": self.config.durability,
-                               "policy": self._policy.name}
+        phase = self._phase
+        if phase == "running" and self._finished.is_set():
+            phase = "finished"       # still serving (lingering) so workers hear it
+        out: dict[str, Any] = {"phase": phase, "durability": self.config.durability,
+                               "policy": self._policy.name, "storage": self._health.status()}
+        if self._failure is not None:
+            out["error"] = f"{type(self._failure).__name__}: {self._failure}"
         if self._phase in ("new", "starting"):
             return out
         out.update({
@@ -486,3 +583,14 @@ class Coordinator:
             "suspects": self.metrics.suspects(),
         })
         return out
+
+
+async def _first_of(*aws: Any) -> None:
+    """Wait until the first of ``aws`` is done; cancel the others."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -20,6 +20,8 @@ everything with one clause, or exactly one failure with a leaf class::
     │   ├── AccessDeniedError         the backend refused our credentials (or found none)
     │   ├── BucketNotFoundError       the bucket (or container) the URL names does not exist
     │   ├── TransientStorageError     timeout, 5xx, throttling: retried, then raised
+    │   │   └── StorageUnavailableError  the coordinator's storage is failing: wait ``.retry_after``
+    │   ├── StorageFailedError        storage stayed unavailable past the limit: the coordinator stopped
     │   ├── CorruptObjectError        an object's digest does not match what its manifest promised
     │   ├── InvalidKeyError           a key (or name) this storage cannot hold: '..', '//', control chars
     │   └── BackendUnavailableError   unknown URL scheme, or an optional dependency is missing
@@ -71,6 +73,8 @@ __all__ = [
     "SpecMismatchError",
     "TrainerError",
     "StorageError",
+    "StorageFailedError",
+    "StorageUnavailableError",
     "TransientStorageError",
     "UnitClosedError",
     "UnknownPolicyError",
@@ -184,6 +188,22 @@ class BucketNotFoundError(StorageError):
 
 class TransientStorageError(StorageError):
     """A timeout, 5xx or throttling answer that persisted through every retry."""
+
+
+class StorageUnavailableError(TransientStorageError):
+    """The coordinator cannot make anything durable right now (its storage is failing), so it took
+    nothing in: keep the result (or the wish for work) and ask again in ``retry_after`` seconds.
+    It is the coordinator's storage that is down, not the coordinator."""
+
+    def __init__(self, message: str, *, key: str | None = None, retry_after: float = 5.0) -> None:
+        super().__init__(message, key=key)
+        self.retry_after = retry_after
+
+
+class StorageFailedError(StorageError):
+    """Storage stayed unavailable past the coordinator's limit (``storage_outage_limit_s``), so the
+    run cannot make progress; the coordinator stopped (``vcasync coordinator`` exits with
+    ``ExitCode.STORAGE``). Everything acknowledged before the outage is in the storage's journal."""
 
 
 class CorruptObjectError(StorageError):

@@ -184,4 +184,10 @@ _GAUGE_HELP = {
                     "exit code 3 unless an operator requeues them).",
     "merge_queue": "Validated results waiting for the merge loop.",
     "retained_versions": "Model versions kept in memory.",
+    "storage_state": "Storage health: 0 ok, 1 degraded (a snapshot failed), 2 unavailable (results "
+                     "refused with 503 storage_unavailable), 3 failed (the coordinator stops).",
+    "storage_unavailable_seconds": "Seconds the storage has been unavailable (0 when it is not).",
+    "storage_write_failures_total": "Storage writes that failed after the backend's own retries.",
+    "storage_outages_total": "Times the storage became unavailable.",
+    "storage_probes_total": "Probe writes tried while the storage was unavailable.",
 }

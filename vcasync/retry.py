@@ -10,6 +10,9 @@ and with a fixed seed::
 The delay before retry ``n`` (1-based) is ``cap * (1 - jitter * u)`` with ``u`` uniform in [0, 1)
 and ``cap = min(max_delay_s, base_delay_s * multiplier ** (n - 1))``: "full jitter" when
 ``jitter == 1``, which spreads a thundering herd of clients best (AWS architecture blog, 2015).
+
+Logging: the first retry of an operation is INFO, later ones DEBUG (an outage must not bury the log
+in retry lines), and giving up is WARNING: the operation failed for good.
 """
 
 from __future__ import annotations
@@ -96,6 +99,8 @@ class Retrier:
                 if not self._retry_on(exc):
                     raise
                 if attempt == attempts:
+                    if attempts > 1:
+                        log.warning("%s gave up after %d attempts: %s", describe, attempts, exc)
                     if attempts > 1 and isinstance(exc, StorageError):
                         raise type(exc)(f"{exc} (gave up after {attempts} attempts)",
                                         key=exc.key) from exc
@@ -103,7 +108,9 @@ class Retrier:
                 if on_retry is not None:
                     on_retry(exc)
                 wait = self.policy.delay(attempt, self._rng)
-                log.info("%s failed (%s); retry %d/%d in %.3fs", describe, exc, attempt,
-                         attempts - 1, wait)
+                # One line per operation that needed a retry; the rest only when debugging.
+                log.log(logging.INFO if attempt == 1 else logging.DEBUG,
+                        "%s failed (%s); retry %d/%d in %.3fs", describe, exc, attempt,
+                        attempts - 1, wait)
                 await self._sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover

@@ -14,8 +14,9 @@ credential)::
     GET  /healthz   GET /metrics        liveness; Prometheus text
 
 Every error is a 4xx/5xx with a JSON body ``{"error": code, "message": ..., <context>}``; the table
-from exception class to status lives in :mod:`vcasync._errmap`. Control bodies are msgpack
-(``application/x-msgpack``) or JSON. Credentials never reach a log line.
+from exception class to status lives in :mod:`vcasync._errmap`. While the coordinator's storage is
+unavailable, leases, results and joins are answered ``503 storage_unavailable`` with ``Retry-After``.
+Control bodies are msgpack (``application/x-msgpack``) or JSON. Credentials never reach a log line.
 """
 
 from __future__ import annotations
@@ -38,7 +39,15 @@ from ._http_errors import JsonErrorRunner
 from ._upload import BodyCutOff, BodyTimeouts, Pace
 from .auth import TokenAuthority
 from .coordinator import Coordinator
-from .errors import AuthError, ClosedError, ConfigError, NoWorkAvailableError, VCAsyncError
+from .errors import (
+    AuthError,
+    ClosedError,
+    ConfigError,
+    StorageError,
+    StorageFailedError,
+    StorageUnavailableError,
+    VCAsyncError,
+)
 from .metrics_http import HttpMetrics, render
 from .wire import Limits
 
@@ -119,8 +128,9 @@ def _vcasync_error(exc: VCAsyncError) -> web.Response:
     headers: dict[str, str] = {}
     if isinstance(exc, AuthError):
         headers["WWW-Authenticate"] = 'Bearer realm="vcasync"'
-    if isinstance(exc, NoWorkAvailableError) and not exc.finished:
-        headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+    retry_after = getattr(exc, "retry_after", None)   # no work yet; storage unavailable
+    if spec.status == 503 and isinstance(retry_after, int | float):
+        headers["Retry-After"] = str(max(1, round(retry_after)))
     if spec.status == 500:
         log.warning("%s: %s", spec.code, exc)
     return _error_response(spec.status, spec.code, str(exc), error_fields(exc), headers)
@@ -144,6 +154,12 @@ async def _cut_off(request: web.Request, exc: BodyCutOff) -> web.StreamResponse:
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
+    except (StorageUnavailableError, StorageFailedError) as exc:
+        return _vcasync_error(exc)
+    except StorageError as exc:
+        # A write of the coordinator's own (a join token) failed: that is its storage being
+        # down, not the caller's fault, so the caller is told to wait like everyone else.
+        return _vcasync_error(request.app[R.COORDINATOR].report_storage_failure(exc))
     except VCAsyncError as exc:
         return _vcasync_error(exc)
     except BodyCutOff as exc:

@@ -17,7 +17,9 @@ quarantine (:class:`WorkerQuarantinedError`: the worker stops with that message)
 
 Outages: every call to the coordinator is retried with capped, jittered backoff while it is down or
 restarting. Results are written to the state dir before upload and re-sent until acknowledged: the
-lease id makes a re-send harmless.
+lease id makes a re-send harmless. When the coordinator is up but its storage is not (``503
+storage_unavailable``), the worker says so ("coordinator's storage unavailable, waiting"), keeps its
+result and asks no new work, retrying as often as the coordinator's ``Retry-After`` says.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from .errors import (
     LedgerError,
     NotLeaseHolderError,
     NoWorkAvailableError,
+    StorageUnavailableError,
     TrainerError,
     UnitClosedError,
     VCAsyncError,
@@ -237,12 +240,14 @@ class Worker:
         return self._client
 
     async def _call(self, what: str, fn: Callable[[], Awaitable[T]], *, interruptible: bool = True) -> T:
-        """``fn()`` retried with backoff while the coordinator is unreachable; re-joins on 401."""
+        """``fn()`` retried with backoff while the coordinator is unreachable, and as often as it
+        asks while its storage is unavailable; re-joins on 401."""
         attempt = 0
         rejoined = False
+        storage_down = False
         while True:
             try:
-                return await fn()
+                answer = await fn()
             except AuthError:
                 if rejoined:
                     raise
@@ -250,6 +255,14 @@ class Worker:
                 rejoined = True
                 await self._join()
                 continue
+            except StorageUnavailableError as exc:
+                # The coordinator is up but cannot make anything durable: wait as long as it
+                # asks, keeping what we hold (a spooled result stays on disk until acknowledged).
+                delay = max(0.05, exc.retry_after) * self._rng.uniform(0.5, 1.0)
+                if not storage_down:
+                    log.warning("%s: coordinator's storage unavailable, waiting (%s); retrying as "
+                                "often as it says", what, exc)
+                storage_down = True
             except Exception as exc:
                 if not is_transient(exc):
                     raise
@@ -257,6 +270,10 @@ class Worker:
                 attempt += 1
                 log.warning("%s: coordinator unreachable (%s); retry %d in %.2fs", what,
                             type(exc).__name__, attempt, delay)
+            else:
+                if storage_down:
+                    log.info("%s: the coordinator's storage is back", what)
+                return answer
             if interruptible:
                 await self._sleep(delay)
             else:

@@ -16,7 +16,7 @@ from vcasync.tensors import ModelState
 from vcasync.testing.audit import audit
 from vcasync.wire import decode_payload, encode_payload
 
-CFG = CoordinatorConfig(keep_snapshots=1000, snapshot_every=2)
+CFG = CoordinatorConfig(keep_snapshots=1000, snapshot_every=2, prune_on_close=False)
 
 
 def model() -> ModelState:

@@ -17,7 +17,7 @@ import torch
 from vcasync._units import make_units
 from vcasync.checkpoint import CheckpointStore
 from vcasync.coordinator import Coordinator, CoordinatorConfig
-from vcasync.errors import ConfigError, CorruptObjectError, StorageError
+from vcasync.errors import ConfigError, CorruptObjectError, StorageError, StorageUnavailableError
 from vcasync.storage import open_storage
 from vcasync.tensors import ModelState
 from vcasync.testing.faults import FaultPlan, FaultyStorage
@@ -167,15 +167,20 @@ class Countdown:
 
 async def test_failed_journal_write_changes_nothing(kit, clock, storage) -> None:
     trigger = Countdown()
-    async with make(kit, FaultyStorage(storage, trigger=trigger), clock) as a:
+    async with make(kit, FaultyStorage(storage, trigger=trigger), clock,
+                    storage_probe_interval_s=0.02) as a:
         w = await a.join()
         g = await a.lease(w)
         digest, ledger = a.model().digest(), a._ledger.snapshot()
         trigger.arm("put_stream", "/journal/")
-        with pytest.raises(StorageError):
+        with pytest.raises(StorageUnavailableError):
             await submit(kit, a, w, g)
         assert a.model().digest() == digest
         assert a._ledger.snapshot() == ledger
+        for _ in range(500):                        # a probe write finds the storage back
+            if a.status()["storage"]["state"] == "ok":
+                break
+            await asyncio.sleep(0.01)
         r = await submit(kit, a, w, g)              # the retry goes through
         assert (r.status, r.version) == ("accepted", 1)
         model = a.model()
@@ -245,24 +250,34 @@ async def test_random_storage_faults_never_lose_or_double_an_acknowledged_result
     faulty = FaultyStorage(inner, FaultPlan(fail=0.15, lose_reply=0.15, delay=0.2,
                                             ops=frozenset({"put", "put_stream", "delete"})),
                            seed=seed)
-    a = make(kit, faulty, clock, units=10, snapshot_every=2)
+    probe = {"storage_probe_interval_s": 0.002}
+    a = make(kit, faulty, clock, units=10, snapshot_every=2, **probe)
     for _ in range(50):                 # the first snapshot may fail too: start again
         try:
             await a.__aenter__()
             break
         except StorageError:
-            a = make(kit, faulty, clock, units=10, snapshot_every=2)
+            a = make(kit, faulty, clock, units=10, snapshot_every=2, **probe)
     w = await a.join()
     acked = {}
+
+    async def lease() -> Any:
+        for _ in range(500):            # refused while a failed write left the storage unavailable
+            try:
+                return await a.lease(w)
+            except StorageUnavailableError:
+                await asyncio.sleep(0.002)
+        raise AssertionError("the storage never came back")
+
     for i in range(10):
-        g = await a.lease(w)
-        for _ in range(50):             # a worker retries until it gets an answer
+        g = await lease()
+        for _ in range(500):            # a worker retries until it gets an answer
             try:
                 acked[g.lease_id] = (g, await submit(kit, a, w, g, 0.01 * (i + 1),
                                                      base_version=a.version))
                 break
             except StorageError:
-                continue
+                await asyncio.sleep(0.002)   # as told (Retry-After): the probe finds it back
     assert len(acked) == 10
     assert faulty.injected["fail"] + faulty.injected["lose_reply"] > 0
     model, version = a.model(), a.version
@@ -331,12 +346,26 @@ async def test_journal_and_bases_are_pruned_behind_kept_snapshots(kit, clock, st
             await submit(kit, a, w, await a.lease(w), base_version=a.version)
         await settled(a)
         model = a.model()
-    journal = sorted([k async for k in storage.list("vcasync/journal/")])
-    assert await CheckpointStore(storage, "vcasync/snapshots").steps() == [8, 10]
-    # Entries after the older kept snapshot stay (a fallback if the newest were corrupt) ...
-    assert journal == ["vcasync/journal/0000000000000009", "vcasync/journal/0000000000000010"]
-    # ... and bases older than what its replay could need (version 8 - max_staleness 3) go.
-    assert [k async for k in storage.list("vcasync/bases/")] == []
+
+        async def journal() -> list[str]:
+            for _ in range(500):        # the writer prunes right after recording the snapshot
+                keys = sorted([k async for k in storage.list("vcasync/journal/")])
+                if len(keys) <= 2:
+                    return keys
+                await asyncio.sleep(0.01)
+            return keys
+
+        # While running, entries after the older kept snapshot stay (a fallback if the newest
+        # were corrupt) ...
+        assert await journal() == ["vcasync/journal/0000000000000009",
+                                   "vcasync/journal/0000000000000010"]
+        assert await CheckpointStore(storage, "vcasync/snapshots").steps() == [8, 10]
+        # ... and bases older than what its replay could need (version 8 - max_staleness 3) go.
+        assert [k async for k in storage.list("vcasync/bases/")] == []
+    # Closed: the final snapshot holds everything; the entries it covers and the older snapshot
+    # (a fallback without them would drop acknowledged results) go.
+    assert [k async for k in storage.list("vcasync/journal/")] == []
+    assert await CheckpointStore(storage, "vcasync/snapshots").steps() == [10]
     async with make(kit, storage, clock, units=12) as b:
         assert b.model().equal(model)
 

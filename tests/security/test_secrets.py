@@ -66,6 +66,10 @@ async def test_storage_credentials_never_leave_the_coordinator(tmp_path: Path,
             assert body["error"].startswith("storage"), raw[:300]
             seen.append(raw)
             fail[0] = False
+            for _ in range(300):       # told to wait: a probe write finds the storage back first
+                if coord.status()["storage"]["state"] == "ok":
+                    break
+                await asyncio.sleep(0.01)
             status, body, raw = await call(http, "PUT", f"{server.url}/v1/leases/{g['lease_id']}/result",
                                            token, data=result, ctype=PAYLOAD)
             assert status == 200

@@ -83,3 +83,20 @@ def test_read_secret(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
         read_secret("T_SECRET", f, what="join secret")
     monkeypatch.delenv("T_SECRET")
     assert read_secret("T_SECRET", None, what="join secret") is None
+
+
+def test_coordinator_help_documents_storage_urls_options_and_failures(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The storage options used to live only in module docstrings: an operator reading
+    ``vcasync coordinator --help`` could not learn how to reach an emulator or an S3-compatible
+    store, where credentials come from, or what a storage failure does to the run."""
+    with pytest.raises(SystemExit) as exc:
+        main(["coordinator", "--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for needle in ("file:///", "memory://", "s3://bucket/prefix", "?endpoint_url=",
+                   "gs://bucket/prefix", "?emulator_host=", "STORAGE_EMULATOR_HOST",
+                   "AWS_ACCESS_KEY_ID", "AWS_PROFILE", "GOOGLE_APPLICATION_CREDENTIALS",
+                   "?service_file=", "503 storage_unavailable", "storage_outage_limit_s",
+                   "storage_probe_interval_s", "exit status 4"):
+        assert needle in text, f"{needle!r} is not in 'vcasync coordinator --help'"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 
 import pytest
@@ -77,3 +78,21 @@ async def test_permanent_errors_are_not_retried() -> None:
         await Retrier(RetryPolicy(attempts=5), sleep=sleep).call(op)
     assert calls == [1]
     assert sleep.calls == []
+
+
+async def test_an_outage_logs_one_info_line_per_operation_and_gives_up_at_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A short outage used to log every retry at INFO and giving up not above it: the log was
+    buried in retries while the one line that mattered did not stand out."""
+    retrier = Retrier(RetryPolicy(attempts=5), sleep=FakeSleep(), rng=random.Random(0))
+
+    async def down() -> None:
+        raise TransientStorageError("connection refused", key="journal/7")
+
+    with caplog.at_level(logging.DEBUG, logger="vcasync.retry"), \
+            pytest.raises(TransientStorageError, match="gave up after 5 attempts"):
+        await retrier.call(down, describe="put 'journal/7'")
+    levels = [(r.levelno, r.getMessage().split(";")[-1].strip()) for r in caplog.records]
+    assert [lv for lv, _ in levels] == [logging.INFO] + [logging.DEBUG] * 3 + [logging.WARNING]
+    assert levels[0][1].startswith("retry 1/4")
+    assert "put 'journal/7' gave up after 5 attempts: connection refused" in caplog.records[-1].getMessage()

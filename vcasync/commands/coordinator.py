@@ -1,5 +1,8 @@
 """``vcasync coordinator``: serve a training run over HTTP(S) until it is finished or stopped.
 
+The storage URL forms and their options, credentials, what happens when storage fails mid-run and
+the exit statuses are in ``--help`` (:data:`EPILOG`) and docs/storage.md.
+
 Secrets come from the environment or files, never from flag values (visible to anyone via ``ps``):
 
 * ``VCASYNC_JOIN_SECRET`` (or ``--join-secret-file``): the shared secret workers join with;
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..cli import Command, ExitCode, read_secret
-from ..errors import ConfigError
+from ..errors import ClosedError, ConfigError
 
 if TYPE_CHECKING:
     from ..coordinator import Coordinator, StartOptions
@@ -53,7 +56,10 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", help="merge policy name (default vcasgd)")
     p.add_argument("--policy-param", action="append", default=[], metavar="KEY=VALUE",
                    help="a policy parameter (repeatable; values parsed as TOML)")
-    p.add_argument("--storage", help="storage URL: file:///path, s3://bucket/prefix, gs://..., memory://x")
+    p.add_argument("--storage", metavar="URL",
+                   help="where the run's state lives: file:///path (default ./vcasync-run), "
+                        "s3://bucket/prefix, gs://bucket/prefix, memory://name; options and "
+                        "credentials below")
     p.add_argument("--durability", choices=["journal", "snapshot", "none"])
     p.add_argument("--lease-timeout", type=float, dest="lease_timeout_s")
     p.add_argument("--host")
@@ -62,7 +68,9 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key", type=Path)
     p.add_argument("--linger", type=float, dest="linger_s",
                    help="seconds to keep serving after the run is finished (default 10)")
-    p.add_argument("--output", type=Path, help="write the final weights here (torch.save of a state dict)")
+    p.add_argument("--output", type=Path,
+                   help="write the final weights here (torch.save of a state dict) as soon as the run "
+                        "finishes; not written when it is stopped before")
     p.add_argument("--port-file", type=Path, help="write the bound URL here once listening")
     p.add_argument("--app-dir", type=Path, default=Path("."),
                    help="put this directory on sys.path to find the model factory (default: .)")
@@ -81,6 +89,41 @@ def _configure(p: argparse.ArgumentParser) -> None:
     start.add_argument("--allow-unsafe-store", action="store_true",
                        help="run (with a loud warning) on a store that ignores conditional "
                             "writes, instead of refusing it")
+
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = EPILOG
+
+
+#: The part of ``vcasync coordinator --help`` after the flags (docs/storage.md has the long form).
+EPILOG = """\
+storage URLs (--storage, or [storage] url in run.toml):
+  file:///var/lib/vcasync/run1    a directory on this machine (a plain path works too)
+  memory://name                   this process only, gone when it exits (tests, trials)
+  s3://bucket/prefix              Amazon S3, or an S3-compatible store with
+                                  ?endpoint_url=http://host:9000 (MinIO, R2, moto);
+                                  also ?region=, ?profile=, ?addressing_style=path
+  gs://bucket/prefix              Google Cloud Storage, or an emulator with
+                                  ?emulator_host=host:port (or STORAGE_EMULATOR_HOST=host:port)
+
+credentials (from the environment or files, never in the URL or a flag):
+  s3://  the AWS chain: AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN),
+         AWS_PROFILE / ?profile=, ~/.aws/config and credentials, SSO, instance metadata
+  gs://  GOOGLE_APPLICATION_CREDENTIALS (a service-account JSON) or ?service_file=PATH,
+         gcloud application-default credentials, the metadata server; none for an emulator
+  workers join with VCASYNC_JOIN_SECRET or --join-secret-file (or VCASYNC_JOIN_TOKENS /
+  --join-tokens-file: "name token" per line)
+
+storage failing during a run:
+  a write that results need fails -> storage "unavailable": workers are answered
+  503 storage_unavailable with Retry-After and wait with their results; the coordinator logs
+  an ERROR, shows it in /v1/status ("storage") and /metrics (vcasync_storage_state), and probes
+  the storage (from 0.1s, backing off to [coordinator] storage_probe_interval_s, 5). Back: work
+  goes on, nothing lost.
+  Still unavailable after storage_outage_limit_s (600): it stops with exit status 4.
+
+exit status: 0 run finished, 1 error, 2 configuration error, 3 finished with parked units,
+  4 storage failed, 130 stopped (SIGTERM/SIGINT) before the run finished
+"""
 
 
 def _kv(items: list[str], what: str) -> dict[str, Any]:
@@ -183,13 +226,6 @@ def _policy(cfg: RunConfig) -> tuple[MergePolicy, dict[str, Any]]:
     return policy, {**spec.defaults(), **coerce_params(spec.name, spec.params, given or {})}
 
 
-def outcome(coord: Coordinator) -> ExitCode:
-    """The exit status of a finished run: OK when every unit was merged, PARKED when some were
-    given up. One function for a run that finishes now and one found finished at start-up."""
-    parked = int(coord.status().get("units", {}).get("parked", 0))
-    return ExitCode.PARKED if parked else ExitCode.OK
-
-
 async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                 port_file: Path | None = None, app_dir: Path | None = None,
                 hooks: ChaosHooks | None = None, operator_token: str | None = None,
@@ -208,7 +244,6 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     from ..auth import StorageTokenStore, TokenAuthority
     from ..coordinator import Coordinator, CoordinatorConfig
     from ..runconfig import dataclass_from_table
-    from ..server import Server
     from ..storage import open_storage
     from ..tensors import ModelState
 
@@ -239,44 +274,63 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                          status.get("run_id"), coord.version, status.get("units"))
                 _log_parked(coord.parked())
                 _write_output(cfg, coord)
-                return outcome(coord)
-            async with Server(coord, authority, cfg.server) as server:
-                # Everything allocated so far (torch, the model, the ledger) lives for the whole
-                # run: keep it out of the collector's full passes, which otherwise stall the loop
-                # for 100+ ms once thousands of workers have joined.
-                gc.freeze()
-                log.info("coordinator listening on %s (run %s, model v%d, %d units, policy %s)",
-                         server.url, coord.status().get("run_id"), coord.version, len(units),
-                         policy.name)
-                if port_file is not None:
-                    tmp = port_file.with_name(port_file.name + ".tmp")
-                    tmp.write_text(server.url + "\n")
-                    tmp.replace(port_file)
+                finished = True
+            else:
+                finished = await _serve_until_done(cfg, coord, authority, port_file, stop,
+                                                   f"{len(units)} units, policy {policy.name}")
+    return _exit_code(coord, finished)
+
+
+async def _serve_until_done(cfg: RunConfig, coord: Coordinator, authority: Any, port_file: Path | None,
+                            stop: asyncio.Event, what: str) -> bool:
+    """Serve workers until the run is finished (then ``linger_s``, during which an operator may
+    requeue parked units and the run goes on) or a signal; True if the run finished."""
+    from ..server import Server
+
+    async with Server(coord, authority, cfg.server) as server:
+        # Everything allocated so far (torch, the model, the ledger) lives for the whole run: keep
+        # it out of the collector's full passes, which otherwise stall the loop for 100+ ms once
+        # thousands of workers have joined.
+        gc.freeze()
+        log.info("coordinator listening on %s (run %s, model v%d, %s)",
+                 server.url, coord.status().get("run_id"), coord.version, what)
+        if port_file is not None:
+            tmp = port_file.with_name(port_file.name + ".tmp")
+            tmp.write_text(server.url + "\n")
+            tmp.replace(port_file)
+        finished = False
+        try:
+            while await _first(coord.wait_finished(), stop.wait()):
+                finished = True
+                _log_parked(coord.parked())
+                _write_output(cfg, coord)   # now: the weights are final, lingering changes nothing
+                log.info("run finished at model v%d; serving %.0fs more so workers hear it",
+                         coord.version, cfg.linger_s)
+                if not await _linger(coord, cfg.linger_s, stop):
+                    break
                 finished = False
-                while await _first(coord.wait_finished(), stop.wait()):
-                    finished = True
-                    _log_parked(coord.parked())
-                    log.info("run finished at model v%d; serving %.0fs more so workers hear it",
-                             coord.version, cfg.linger_s)
-                    if not await _linger(coord, cfg.linger_s, stop):
-                        break
-                    finished = False
-                    log.info("parked units were requeued: the run goes on")
-                if not finished:
-                    log.info("stopping at model v%d", coord.version)
-                _write_output(cfg, coord)
-                code = outcome(coord) if finished else ExitCode.OK
-    if code is ExitCode.PARKED:
-        log.error("run ended with parked unit(s), never merged: exit code %d (PARKED)", ExitCode.PARKED)
-    return code
+                log.info("parked units were requeued: the run goes on")
+        except ClosedError:
+            if coord.storage_error is None:
+                raise
+            return False     # storage gave out: said and logged by the coordinator
+        if not finished and coord.storage_error is None:
+            log.info("stopped before the run finished, at model v%d%s", coord.version,
+                     f"; {cfg.output} not written (the weights are not final)"
+                     if cfg.output is not None else "")
+        return finished
 
 
 def _write_output(cfg: RunConfig, coord: Coordinator) -> None:
+    """``torch.save`` the final weights to ``--output`` atomically: a reader never sees half a file."""
     import torch
 
-    if cfg.output is not None:
-        torch.save(dict(coord.model().tensors), cfg.output)
-        log.info("final weights written to %s", cfg.output)
+    if cfg.output is None:
+        return
+    tmp = cfg.output.with_name(f".{cfg.output.name}.tmp")
+    torch.save(dict(coord.model().tensors), tmp)
+    tmp.replace(cfg.output)
+    log.info("final weights (model v%d) written to %s", coord.version, cfg.output)
 
 
 def _log_parked(parked: dict[str, str]) -> None:
@@ -296,6 +350,23 @@ async def _linger(coord: Any, seconds: float, stop: asyncio.Event) -> bool:
             return True
         await _first(asyncio.sleep(min(0.2, left)), stop.wait())
     return not coord.finished and not stop.is_set()
+
+
+def _exit_code(coord: Coordinator, finished: bool) -> ExitCode:
+    """What the run's end means (see :class:`vcasync.cli.ExitCode`); the reason is logged here.
+    One function for a run that finishes now and one found finished at start-up."""
+    if coord.storage_error is not None:
+        log.error("exiting with status %d: storage failed (%s)", ExitCode.STORAGE,
+                  coord.storage_error)
+        return ExitCode.STORAGE
+    if not finished:
+        return ExitCode.INTERRUPTED
+    parked = coord.parked()
+    if parked:
+        log.error("exiting with status %d: %d work unit(s) parked, never merged (see /v1/status)",
+                  ExitCode.PARKED, len(parked))
+        return ExitCode.PARKED
+    return ExitCode.OK
 
 
 async def _first(a: Any, b: Any) -> bool:

@@ -95,7 +95,8 @@ class ChaosConfig:
             # units never park (a unit may be killed many times).
             "coordinator": {"durability": "journal", "lease_timeout_s": self.lease_timeout_s,
                             "snapshot_every": self.snapshot_every, "snapshot_interval_s": 5.0,
-                            "keep_snapshots": 100_000, "max_attempts": 10_000,
+                            "keep_snapshots": 100_000, "prune_on_close": False,
+                            "max_attempts": 10_000,
                             "expiry_interval_s": 0.5},
             "server": {"host": "127.0.0.1"},
             "run": {"linger_s": self.linger_s, "output": str(output)},

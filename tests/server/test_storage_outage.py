@@ -1,0 +1,142 @@
+"""A coordinator whose storage refuses writes, over real HTTP on 127.0.0.1: leases, results and
+joins are answered ``503 storage_unavailable`` with ``Retry-After`` and change nothing; status and
+metrics say so; a probe write finds the storage back and the same result then goes through. And a
+final snapshot that cannot be written is an error the caller can see, not a log line at WARNING."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from vcasync._units import make_units
+from vcasync.auth import StorageTokenStore, TokenAuthority
+from vcasync.client import CoordinatorClient
+from vcasync.coordinator import Coordinator, CoordinatorConfig
+from vcasync.errors import StorageUnavailableError, TransientStorageError
+from vcasync.policy import build_policy
+from vcasync.server import Server, ServerConfig
+from vcasync.storage import open_storage
+from vcasync.tensors import ModelState
+from vcasync.testing.faults import FaultyStorage
+from vcasync.wire import decode_payload_bytes
+
+from .conftest import SECRET, control, result_payload, tiny_model
+
+PROBE_S = 0.05
+
+
+class Switch:
+    """Fails every write while ``down``: the bucket is gone, the endpoint refuses."""
+
+    def __init__(self) -> None:
+        self.down = False
+
+    def __call__(self, op: str, key: str | None) -> bool:
+        return self.down and op in ("put", "put_stream", "delete")
+
+
+async def _model(coord: Coordinator) -> ModelState:
+    data = b"".join([c async for c in coord.model_payload()])
+    payload = decode_payload_bytes(data, expected_kind="model")
+    return ModelState(payload.tensors, version=payload.meta["version"])
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[Coordinator, Server, Switch]]:
+    switch = Switch()
+    config = CoordinatorConfig(storage_probe_interval_s=PROBE_S, storage_outage_limit_s=60.0)
+    async with open_storage("memory://outage") as inner:
+        storage: Any = FaultyStorage(inner, trigger=switch)
+        async with Coordinator(ModelState.from_module(tiny_model()), make_units(4, steps=3),
+                               policy=build_policy("vcasgd"), storage=storage,
+                               config=config) as coord, \
+                Server(coord, TokenAuthority(join_secret=SECRET, store=StorageTokenStore(storage)),
+                       ServerConfig(port=0)) as server:
+            yield coord, server, switch
+
+
+async def _state(coord: Coordinator, want: str) -> None:
+    for _ in range(400):
+        if coord.status()["storage"]["state"] == want:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"storage never became {want}: {coord.status()['storage']}")
+
+
+async def test_requests_wait_out_a_storage_outage_and_nothing_is_lost(
+        served: tuple[Coordinator, Server, Switch], caplog: pytest.LogCaptureFixture) -> None:
+    coord, server, switch = served
+    async with CoordinatorClient(server.url) as client:
+        await client.join(SECRET, "a")
+        grant = await client.lease()
+        data = result_payload(await _model(coord), grant.lease_id, grant.base_version)
+        before = coord.model().digest(), coord.status()["units"]
+
+        switch.down = True
+        with caplog.at_level(logging.WARNING, logger="vcasync"), \
+                pytest.raises(StorageUnavailableError) as refused:
+            await client.submit(grant.lease_id, data)
+        assert refused.value.retry_after == PROBE_S
+        assert isinstance(refused.value, TransientStorageError)     # workers retry it
+        assert "storage is unavailable" in str(refused.value)
+        assert (coord.model().digest(), coord.status()["units"]) == before   # nothing taken in
+        errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1
+        assert "storage unavailable" in errors[0].getMessage()
+
+        with pytest.raises(StorageUnavailableError):                 # no new work meanwhile
+            await client.lease()
+        async with aiohttp.ClientSession() as http:                  # the raw answer
+            async with http.post(f"{server.url}/v1/leases", data=control("lease_request"),
+                                 headers={"Authorization": f"Bearer {client.token}",
+                                          "Content-Type": "application/x-msgpack"}) as resp:
+                assert resp.status == 503
+                assert resp.headers["Retry-After"] == "1"
+                body = await resp.json()
+                assert body["error"] == "storage_unavailable"
+                assert body["retry_after"] == PROBE_S
+            async with http.get(f"{server.url}/metrics") as resp:
+                metrics = await resp.text()
+        assert "\nvcasync_storage_state 2\n" in metrics
+        assert "\nvcasync_storage_outages_total 1\n" in metrics
+        async with CoordinatorClient(server.url) as other:           # a join's token write too
+            with pytest.raises(StorageUnavailableError):
+                await other.join(SECRET, "b")
+        status = await client.status()
+        assert status["storage"]["state"] == "unavailable"
+        assert status["storage"]["gives_up_in_s"] > 0
+
+        switch.down = False
+        await _state(coord, "ok")                                     # the probe found it back
+        receipt = await client.submit(grant.lease_id, data)           # the same result, kept
+        assert (receipt.status, receipt.version) == ("accepted", 1)
+        # Two writes failed (the journal entry, the join token): one outage.
+        assert coord.status()["storage"] == {"state": "ok", "write_failures": 2, "outages": 1}
+
+
+async def test_a_final_snapshot_that_cannot_be_written_is_a_storage_error(
+        caplog: pytest.LogCaptureFixture) -> None:
+    switch = Switch()
+    async with open_storage("memory://final") as inner:
+        storage: Any = FaultyStorage(inner, trigger=switch)
+        coord = Coordinator(ModelState.from_module(tiny_model()), make_units(2, steps=3),
+                            policy=build_policy("vcasgd"), storage=storage,
+                            config=CoordinatorConfig(durability="snapshot"))
+        async with coord:
+            worker = await coord.join()
+            grant = await coord.lease(worker)
+            data = result_payload(await _model(coord), grant.lease_id, grant.base_version)
+
+            async def body() -> AsyncIterator[bytes]:
+                yield data
+
+            await coord.submit(worker, grant.lease_id, body())
+            switch.down = True       # the coordinator closes here: the final snapshot fails
+        assert coord.storage_error is not None
+        assert any(r.levelno == logging.ERROR and "final snapshot failed" in r.getMessage()
+                   and "lost" in r.getMessage() for r in caplog.records)
