@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from vcasync.backends.memory import MemoryStorage
+
 from vcasync._state_lease import StateLease
 from vcasync._units import make_units
 from vcasync.errors import ConfigError, StateInUseError
@@ -33,7 +33,7 @@ async def keys(store: MemoryStorage, prefix: str = "") -> list[str]:
 
 async def test_a_replacement_on_a_fresh_disk_resumes_the_lease_from_its_checkpoint(tmp_path: Path) -> None:
     store = MemoryStorage("workers")
-    async with running(tmp_path, units=make_units(2, steps=20)) as (coord, server):
+    async with running(tmp_path, units=make_units(2, steps=20)) as (_, server):
         blocker, log = Blocker(at_step=5), []
         first = remote_worker(server.url, store.peer(), make_trainer(blocker, log), tmp_path / "disk-a")
         task = asyncio.create_task(first.run())
