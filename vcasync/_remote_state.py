@@ -73,6 +73,9 @@ class RemoteStateDir(StateDir):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._seq: dict[str, int] = {}
         self._uploads: set[asyncio.Task[None]] = set()
+        #: One checkpoint upload at a time, in the order saved (an async trainer can save faster
+        #: than storage takes them): numbering and pruning stay in order.
+        self._upload_lock: asyncio.Lock | None = None
 
     @property
     def url(self) -> str:
@@ -94,6 +97,7 @@ class RemoteStateDir(StateDir):
             lease = StateLease(storage, ttl_s=self.lease_ttl_s)
             await lease.acquire()
             self._storage, self._lease, self._loop = storage, lease, asyncio.get_running_loop()
+            self._upload_lock = asyncio.Lock()
             try:
                 await self._restore()
                 async with asyncio.TaskGroup() as tg:
@@ -221,8 +225,13 @@ class RemoteStateDir(StateDir):
             current = body.get("lease_id") if isinstance(body, dict) else None
             return [k async for k in st.list(prefix)] + ([_LEASE] if current == lease_id else [])
 
-        self._blocking(lambda: self._delete(keys))
-        self._seq.pop(lease_id, None)
+        async def finish() -> None:
+            assert self._upload_lock is not None
+            async with self._upload_lock:  # after any upload still queued, so none outlives this
+                await self._delete(keys)
+                self._seq.pop(lease_id, None)
+
+        self._blocking(finish)
 
     def checkpoint_saved(self, lease_id: str) -> None:
         """The trainer saved ``checkpoint_path(lease_id)``: store it as the newest checkpoint.
@@ -252,6 +261,11 @@ class RemoteStateDir(StateDir):
             log.warning("storing a checkpoint in %s failed: %r", self.url, exc)
 
     async def _upload_checkpoint(self, lease_id: str, data: bytes) -> None:
+        assert self._upload_lock is not None
+        async with self._upload_lock:
+            await self._upload_checkpoint_now(lease_id, data)
+
+    async def _upload_checkpoint_now(self, lease_id: str, data: bytes) -> None:
         st = self._st()
         prefix = f"{_CKPT}{_safe(lease_id)}/"
         if lease_id not in self._seq:

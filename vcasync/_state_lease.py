@@ -11,8 +11,11 @@ owner records, each created if-absent, the highest one current::
 
 - the owner renews its record every ``ttl_s / 3`` (``beat`` + 1, a new ``renewed_at``);
 - a newcomer takes over by creating ``owner/<epoch + 1>`` if-absent, only when the current record is
-  ``released`` (a clean exit), or its ``renewed_at`` is over ``2 * ttl_s`` old by the newcomer's clock,
-  or it watched the record not change for ``ttl_s`` by its own monotonic clock (no trust in clock skew);
+  ``released`` (a clean exit), or it watched the record not change for ``ttl_s`` by its own monotonic
+  clock (which needs no agreement between clocks), or, so that a replacement booted long after the
+  death need not wait, the record's ``renewed_at`` is over ``2 * ttl_s`` old by the newcomer's wall
+  clock (which trusts the two clocks to agree within ``ttl_s``: a newcomer whose clock runs further
+  ahead can take over a live owner, who then notices at its next write and stops);
 - a newcomer that sees the record change while it watches knows the owner is alive and is refused with
   :class:`~vcasync.errors.StateInUseError`;
 - of two newcomers racing for one epoch exactly one create succeeds; the loser looks again.

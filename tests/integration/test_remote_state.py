@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from vcasync.cli import ExitCode
 from vcasync.storage import open_storage
 from vcasync.testing.emulators import DUMMY_S3_CREDENTIALS, Emulator
 
@@ -78,14 +79,9 @@ def stored(url: str, prefix: str) -> list[str]:
     return asyncio.run(keys())
 
 
-@pytest.mark.parametrize("kind", ["file", "s3", "gs"])
-def test_a_replacement_machine_resumes_a_killed_workers_lease_from_remote_state(
-        kind: str, procs: Procs, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    url = state_url(kind, tmp_path, request)
-    procs.env.update({"SLOW_DIGITS_DELAY_S": "0.05", "AWS_ACCESS_KEY_ID": "testing",
-                      "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"})
+def start_coordinator(procs: Procs, tmp_path: Path) -> str:
     port = free_port()
-    coordinator = f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{port}"
     procs.start("coord", "coordinator", "--model", "vcasync.examples.digits:model", "--shards", str(SHARDS),
                 "--epochs", "1", "--steps", str(STEPS), "--unit-param", "checkpoint_every=5",
                 "--storage", f"file://{tmp_path / 'store'}", "--durability", "journal",
@@ -93,12 +89,22 @@ def test_a_replacement_machine_resumes_a_killed_workers_lease_from_remote_state(
 
     def up() -> bool:
         try:
-            http("GET", f"{coordinator}/healthz")
+            http("GET", f"{url}/healthz")
         except OSError:
             return False
         return True
 
     wait_until("the coordinator", up)
+    return url
+
+
+@pytest.mark.parametrize("kind", ["file", "s3", "gs"])
+def test_a_replacement_machine_resumes_a_killed_workers_lease_from_remote_state(
+        kind: str, procs: Procs, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    url = state_url(kind, tmp_path, request)
+    procs.env.update({"SLOW_DIGITS_DELAY_S": "0.05", "AWS_ACCESS_KEY_ID": "testing",
+                      "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"})
+    coordinator = start_coordinator(procs, tmp_path)
 
     def start_worker(name: str) -> Any:
         return procs.start(name, "worker", "--coordinator", coordinator, "--trainer", "resume_probe:train",
@@ -128,3 +134,19 @@ def test_a_replacement_machine_resumes_a_killed_workers_lease_from_remote_state(
     assert http("GET", f"{coordinator}/healthz")["version"] == SHARDS
     assert stored(url, "checkpoints/") == []                  # finished leases leave nothing behind
     assert stored(url, "lease.json") == []
+
+
+def test_a_second_live_worker_on_the_same_state_url_is_refused(procs: Procs, tmp_path: Path,
+                                                               request: pytest.FixtureRequest) -> None:
+    url = state_url("file", tmp_path, request)
+    procs.env["SLOW_DIGITS_DELAY_S"] = "1.0"           # the first worker holds its unit for a minute
+    coordinator = start_coordinator(procs, tmp_path)
+    args = ["worker", "--coordinator", coordinator, "--trainer", "resume_probe:train", "--app-dir", str(HERE),
+            "--state", url, "--state-lease", "2"]
+    first = procs.start("first", *args, "--state-dir", str(tmp_path / "first"))
+    wait_until("the first worker training", lambda: "starts at step" in procs.log("first"))
+    second = procs.start("second", *args, "--state-dir", str(tmp_path / "second"))
+    assert second.wait(60) == ExitCode.CONFIG, procs.log("second")[-3000:]
+    assert "in use by a live worker" in procs.log("second")
+    assert first.poll() is None                        # the holder carries on, its state untouched
+    assert stored(url, "owner/") == ["owner/000000000001.json"]

@@ -190,3 +190,37 @@ async def test_released_or_long_stale_records_are_taken_at_once() -> None:
     await asyncio.wait_for(three.acquire(poll_s=0.001), 1)
     assert three.held
     assert await keys(store, "owner/") == ["owner/000000000002.json", "owner/000000000003.json"]
+
+
+async def test_an_async_trainers_checkpoints_reach_storage_before_the_worker_returns(tmp_path: Path) -> None:
+    store = MemoryStorage("workers")
+    starts: list[int] = []
+    reached = asyncio.Event()
+
+    async def train(ctx: TrainContext) -> TrainResult:     # awaited on the loop: saves from the loop
+        net = tiny_model()
+        ctx.model.load_into(net)
+        ck = ctx.load_checkpoint()
+        start = int(ck["step"]) if ck is not None else 0
+        starts.append(start)
+        for step in range(start, ctx.unit.steps):
+            if ctx.should_stop:
+                return ctx.result(net, steps=step)
+            ctx.save_checkpoint({"model": net.state_dict(), "step": step + 1})
+            ctx.report_progress(step + 1)
+            if step == 3:
+                reached.set()
+            await asyncio.sleep(0.01)
+        return ctx.result(net, steps=ctx.unit.steps)
+
+    async with running(tmp_path, units=make_units(1, steps=200)) as (_, server):
+        first = remote_worker(server.url, store.peer(), train, tmp_path / "disk-a")
+        task = asyncio.create_task(first.run())
+        await asyncio.wait_for(reached.wait(), 30)
+        first.request_stop()
+        assert (await task).reason == "preempted"
+        assert len(await keys(store, "checkpoints/")) == 2     # stored, and bounded
+        again = await remote_worker(server.url, store.peer(), train, tmp_path / "disk-b").run()
+        assert again.results_accepted == 1
+    assert starts[0] == 0
+    assert starts[1] >= 4
