@@ -196,12 +196,22 @@ class RemoteStateDir(StateDir):
             with contextlib.suppress(ObjectNotFoundError):
                 await st.delete(key)
 
+    def _mirror(self, what: str, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """A mirrored write that storage trouble does not turn into a dead worker: the local copy
+        stands and the unit goes on; only a replacement machine would start it over. A takeover
+        (:class:`StateInUseError`, a ConfigError) still propagates: the worker must stop."""
+        try:
+            self._blocking(make)
+        except StorageError as exc:
+            log.warning("could not store the %s in %s (%s); kept locally, a replacement machine "
+                        "would not see it", what, self.url, type(exc).__name__)
+
     # -- mirrored writes ---------------------------------------------------------------------------
     def save_identity(self, ident: Identity) -> None:
         super().save_identity(ident)
         data = json.dumps({"coordinator": ident.coordinator, "worker_id": ident.worker_id,
                            "token": ident.token}).encode()
-        self._blocking(lambda: self._write(_IDENTITY, data))
+        self._mirror("identity", lambda: self._write(_IDENTITY, data))
 
     def forget_identity(self) -> None:
         super().forget_identity()
@@ -209,12 +219,12 @@ class RemoteStateDir(StateDir):
         async def keys(_: Storage) -> list[str]:
             return [_IDENTITY]
 
-        self._blocking(lambda: self._delete(keys))
+        self._mirror("forgotten identity", lambda: self._delete(keys))
 
     def save_lease(self, grant: LeaseGrant) -> None:
         super().save_lease(grant)
         data = json.dumps(P.grant_to_body(grant)).encode()
-        self._blocking(lambda: self._write(_LEASE, data))
+        self._mirror("lease", lambda: self._write(_LEASE, data))
 
     def finish_lease(self, lease_id: str) -> None:
         super().finish_lease(lease_id)
@@ -231,7 +241,7 @@ class RemoteStateDir(StateDir):
                 await self._delete(keys)
                 self._seq.pop(lease_id, None)
 
-        self._blocking(finish)
+        self._mirror("finished lease", finish)
 
     def checkpoint_saved(self, lease_id: str) -> None:
         """The trainer saved ``checkpoint_path(lease_id)``: store it as the newest checkpoint.
@@ -250,10 +260,7 @@ class RemoteStateDir(StateDir):
             task.add_done_callback(self._upload_done)
             return
         data = path.read_bytes()
-        try:
-            self._blocking(lambda: self._upload_checkpoint(lease_id, data))
-        except StorageError as exc:  # the local copy stands; the next checkpoint tries again
-            log.warning("storing a checkpoint in %s failed: %r", self.url, exc)
+        self._mirror("checkpoint", lambda: self._upload_checkpoint(lease_id, data))
 
     def _upload_done(self, task: asyncio.Task[None]) -> None:
         self._uploads.discard(task)

@@ -206,11 +206,16 @@ class StateLease:
         """Mark our record released so a successor takes over at once (a clean exit)."""
         if not self.held:
             return
-        with contextlib.suppress(StateInUseError):
+        try:
             await self.check()
             assert self._epoch is not None
             await self.storage.put(_key(self._epoch), self._record(released=True).to_bytes())
             log.info("released the worker state at %s", self.storage.url)
+        except StateInUseError:
+            pass
+        except StorageError as exc:  # a successor then waits one TTL instead of none
+            log.warning("could not release the worker state at %s (%s)", self.storage.url,
+                        type(exc).__name__)
         self._epoch = None
 
     async def keep_renewed(self, on_lost: Callable[[], Any]) -> None:

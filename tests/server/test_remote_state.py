@@ -224,3 +224,22 @@ async def test_an_async_trainers_checkpoints_reach_storage_before_the_worker_ret
         assert again.results_accepted == 1
     assert starts[0] == 0
     assert starts[1] >= 4
+
+
+async def test_a_storage_outage_does_not_stop_the_worker(tmp_path: Path) -> None:
+    from vcasync.testing.faults import FaultyStorage
+
+    down = {"now": False}
+    store = MemoryStorage("workers")
+    flaky = FaultyStorage(store.peer(), trigger=lambda op, key: down["now"])
+    async with running(tmp_path, units=make_units(3, steps=6)) as (coord, server):
+        blocker = Blocker(at_step=2)
+        w = remote_worker(server.url, flaky, make_trainer(blocker), state_lease_s=0.6)
+        task = asyncio.create_task(w.run())
+        await blocker.wait_reached()
+        down["now"] = True            # every call fails from here: renewals, leases, cleanup, release
+        blocker.release.set()
+        report = await asyncio.wait_for(task, 60)
+        assert (report.reason, report.results_accepted) == ("finished", 3)
+        assert flaky.injected
+        await coord.wait_finished()
