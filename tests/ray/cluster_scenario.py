@@ -2,7 +2,8 @@
 namespace that has only loopback (``unshare --net``), so nothing here can reach any other address.
 
 A coordinator process; a Ray cluster of a head (no spot resource) and three worker nodes (``spot``),
-each a separate raylet; three worker actors (one per spot node). Mid-unit, worker 0's node is removed
+each a separate raylet, with a ``spot`` resource and a spot label; three worker actors asking for both
+(one per spot node). Mid-unit, worker 0's node is removed
 without notice and a new spot node added; worker 2 is scaled away mid-run and back. Prints one JSON
 object with what happened; the test asserts on it.
 """
@@ -27,6 +28,7 @@ from vcasync.launch.ray import RayFleet, RayWorkerSpec
 
 UNITS, STEPS = 6, 60
 SECRET = "ray-fleet-join-secret-5b7e9d21"
+SPOT_LABELS = {"ray.io/market-type": "spot"}   # as KubeRay and the autoscaler label spot nodes
 APP_DIR = Path(__file__).resolve().parents[1] / "integration"
 
 
@@ -80,7 +82,7 @@ def main(work: Path) -> dict[str, Any]:
         wait_until("the coordinator", lambda: version(url) is not None)
         t0 = time.monotonic()
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-        spot = [cluster.add_node(num_cpus=1, resources={"spot": 1}) for _ in range(3)]
+        spot = [cluster.add_node(num_cpus=1, resources={"spot": 1}, labels=SPOT_LABELS) for _ in range(3)]
         os.environ["VCASYNC_JOIN_SECRET"] = SECRET
         ray.init(address=cluster.address, namespace="vcasync-test", log_to_driver=False)
         cluster.wait_for_nodes()
@@ -91,7 +93,7 @@ def main(work: Path) -> dict[str, Any]:
         state_root = (work / "bucket" / "workers").as_uri()
         spec = RayWorkerSpec(coordinator=url, trainer="resume_probe:train", state_root=state_root,
                              app_dir=str(APP_DIR), grace_period_s=10, state_lease_s=3,
-                             namespace="vcasync-test",
+                             namespace="vcasync-test", spot_labels=SPOT_LABELS,
                              env={"SLOW_DIGITS_DELAY_S": "0.05", "OMP_NUM_THREADS": "1"})
         fleet = RayFleet(spec)
         out["scaled_up"] = fleet.scale(3)
@@ -106,7 +108,7 @@ def main(work: Path) -> dict[str, Any]:
         victim = next(n for n in spot if n.node_id == first[0]["node_id"])
         cluster.remove_node(victim, allow_graceful=False)
         t1 = time.monotonic()
-        new_node = cluster.add_node(num_cpus=1, resources={"spot": 1})
+        new_node = cluster.add_node(num_cpus=1, resources={"spot": 1}, labels=SPOT_LABELS)
         out["killed_lease"], out["new_node"] = lease, new_node.node_id
         back = wait_until("worker 0 running again", lambda: (s := fleet.status(timeout_s=5)[0])
                           and s["state"] not in ("unavailable", "starting") and s, timeout=180)

@@ -90,3 +90,22 @@ def test_a_preempted_nodes_worker_resumes_on_a_new_node(tmp_path: Path) -> None:
     assert r["version"] == UNITS
     assert r["after_down"] == []
     assert r["coordinator_exit"] == 0
+
+
+def test_actor_options_place_workers_on_spot_and_keep_the_secret_out_of_the_spec() -> None:
+    from vcasync.errors import ConfigError
+    from vcasync.launch.ray import RayWorkerSpec, actor_options
+
+    spec = RayWorkerSpec(coordinator="http://c:8470", trainer="m:f", state_root="s3://b/w",
+                         spot_labels={"ray.io/market-type": "spot"}, num_cpus=4)
+    opts = actor_options(spec, 7, {"VCASYNC_JOIN_SECRET": "s3cret", "HOME": "/root"})
+    assert opts["name"] == "vcasync-worker-7"
+    assert (opts["lifetime"], opts["max_restarts"]) == ("detached", -1)
+    assert opts["resources"] == {"spot": 0.001}
+    assert opts["label_selector"] == {"ray.io/market-type": "spot"}
+    assert opts["runtime_env"] == {"env_vars": {"VCASYNC_JOIN_SECRET": "s3cret"}}
+    assert "s3cret" not in json.dumps(spec.to_dict())
+    assert RayWorkerSpec.from_dict(spec.to_dict()) == spec
+    assert spec.state_url(7) == "s3://b/w/worker-7"
+    with pytest.raises(ConfigError, match="without a query"):
+        RayWorkerSpec(coordinator="http://c", trainer="m:f", state_root="s3://b/w?region=x")

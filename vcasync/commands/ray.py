@@ -39,6 +39,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
     up.add_argument("--state-lease", type=float, default=30.0)
     up.add_argument("--spot-resource", default="spot",
                     help="Ray resource that spot nodes carry ('' places workers anywhere)")
+    up.add_argument("--spot-label", action="append", default=[], metavar="KEY=VALUE",
+                    help="node label a worker's node must carry, e.g. ray.io/market-type=spot (repeatable)")
     up.add_argument("--cpus", type=float, default=1.0, help="CPUs per worker actor")
     up.add_argument("--gpus", type=float, default=0.0, help="GPUs per worker actor")
     up.add_argument("--wait", action="store_true", help="stay until every worker is done")
@@ -46,6 +48,16 @@ def _configure(p: argparse.ArgumentParser) -> None:
     scale.add_argument("count", type=int)
     sub.add_parser("status", help="print each worker's status as JSON lines")
     sub.add_parser("down", help="stop every worker gracefully and remove the actors")
+
+
+def _labels(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--spot-label must look like KEY=VALUE, got {item!r}")
+        out[key] = value
+    return out
 
 
 def _summary(st: dict[str, object]) -> dict[str, object]:
@@ -67,7 +79,8 @@ def _run(a: argparse.Namespace) -> int:
             spec = RayWorkerSpec(coordinator=a.coordinator, trainer=a.trainer, state_root=a.state_root,
                                  app_dir=a.app_dir, grace_period_s=a.grace_period,
                                  state_lease_s=a.state_lease, spot_resource=a.spot_resource or None,
-                                 num_cpus=a.cpus, num_gpus=a.gpus, namespace=a.namespace)
+                                 spot_labels=_labels(a.spot_label), num_cpus=a.cpus, num_gpus=a.gpus,
+                                 namespace=a.namespace)
             fleet = RayFleet(spec)
             print(json.dumps({"running": fleet.scale(a.workers)}), flush=True)
             if not a.wait:

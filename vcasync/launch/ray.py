@@ -42,7 +42,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["RayFleet", "RayWorkerSpec", "ray_available"]
+__all__ = ["RayFleet", "RayWorkerSpec", "actor_options", "ray_available"]
 
 log = logging.getLogger("vcasync.launch.ray")
 
@@ -81,6 +81,9 @@ class RayWorkerSpec:
     state_lease_s: float = 30.0
     #: Ray custom resource that marks spot nodes; each actor asks for a sliver of it. None: anywhere.
     spot_resource: str | None = "spot"
+    #: Node labels a worker's node must carry (Ray's ``label_selector``), e.g.
+    #: ``{"ray.io/market-type": "spot"}`` as KubeRay and the autoscaler set them. Empty: no condition.
+    spot_labels: Mapping[str, str] = field(default_factory=dict)
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     namespace: str = "vcasync"
@@ -99,7 +102,7 @@ class RayWorkerSpec:
         return f"{self.state_root}/worker-{index}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "env": dict(self.env)}
+        return {**dataclasses.asdict(self), "env": dict(self.env), "spot_labels": dict(self.spot_labels)}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> RayWorkerSpec:
@@ -210,20 +213,6 @@ class RayFleet:
         return {i: self._ray.get_actor(name, namespace=self.spec.namespace)
                 for i, name in _actor_names(self._ray, self.spec.namespace).items()}
 
-    def _options(self, index: int) -> dict[str, Any]:
-        env = {**self.spec.env}
-        for var in ("VCASYNC_JOIN_SECRET", "VCASYNC_JOIN_TOKEN"):
-            if os.environ.get(var):
-                env[var] = os.environ[var]
-        opts: dict[str, Any] = {
-            "name": f"{ACTOR_PREFIX}{index}", "namespace": self.spec.namespace, "lifetime": "detached",
-            "max_restarts": -1, "max_task_retries": 0, "max_concurrency": 4,
-            "num_cpus": self.spec.num_cpus, "num_gpus": self.spec.num_gpus,
-            "runtime_env": {"env_vars": env}}
-        if self.spec.spot_resource:
-            opts["resources"] = {self.spec.spot_resource: 0.001}
-        return opts
-
     def scale(self, count: int) -> list[int]:
         """Run ``count`` workers: start the missing indices, stop (gracefully) and remove the highest
         ones beyond ``count``. Returns the indices now running."""
@@ -233,7 +222,8 @@ class RayFleet:
         cls = self._ray.remote(WorkerActor)
         for i in range(count):
             if i not in actors:
-                actors[i] = cls.options(**self._options(i)).remote(self.spec.to_dict(), i)
+                opts = actor_options(self.spec, i, os.environ)
+                actors[i] = cls.options(**opts).remote(self.spec.to_dict(), i)
                 log.info("started worker actor %d", i)
         extra = sorted((i for i in actors if i >= count), reverse=True)
         stops = {i: actors[i].stop.remote() for i in extra}
@@ -271,6 +261,25 @@ class RayFleet:
     def shutdown(self) -> None:
         """Stop every worker gracefully and remove the actors."""
         self.scale(0)
+
+
+def actor_options(spec: RayWorkerSpec, index: int, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The Ray actor options of worker ``index``: named and detached (a later driver finds it),
+    restarted without limit (a preempted node is the normal case), on spot nodes only; the join
+    credential from ``environ`` goes to its environment, never into the spec that status reports."""
+    env = {**spec.env}
+    for var in ("VCASYNC_JOIN_SECRET", "VCASYNC_JOIN_TOKEN"):
+        if environ.get(var):
+            env[var] = environ[var]
+    opts: dict[str, Any] = {
+        "name": f"{ACTOR_PREFIX}{index}", "namespace": spec.namespace, "lifetime": "detached",
+        "max_restarts": -1, "max_task_retries": 0, "max_concurrency": 4,
+        "num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus, "runtime_env": {"env_vars": env}}
+    if spec.spot_resource:
+        opts["resources"] = {spec.spot_resource: 0.001}
+    if spec.spot_labels:
+        opts["label_selector"] = dict(spec.spot_labels)
+    return opts
 
 
 def _actor_names(ray: Any, namespace: str) -> dict[int, str]:
