@@ -65,6 +65,16 @@ def checkpoint_of(state: Path) -> str | None:
     return lease if list((state / "checkpoints" / lease).glob("*.pt")) else None
 
 
+def cli(address: str, *args: str) -> Any:
+    """``vcasync ray ARGS`` in a process of its own; its JSON lines (one value when only one)."""
+    proc = subprocess.run([sys.executable, "-m", "vcasync", "ray", "--address", address,
+                           "--namespace", "vcasync-test", *args], capture_output=True, timeout=180)
+    if proc.returncode != 0:
+        raise RuntimeError(f"vcasync ray {args} exited {proc.returncode}: {proc.stderr[-3000:]!r}")
+    lines = [json.loads(line) for line in proc.stdout.decode().splitlines() if line.startswith("{")]
+    return lines[0]["running"] if args[0] == "scale" else lines
+
+
 def main(work: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     env = {**os.environ, "VCASYNC_JOIN_SECRET": SECRET, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -115,9 +125,11 @@ def main(work: Path) -> dict[str, Any]:
         out["restart_s"] = round(time.monotonic() - t1, 1)
         out["restarted_node"], out["restarted"] = back["node_id"], back["restarted"]
 
-        # Scale down while the run goes (worker 2 checkpoints and keeps its lease in storage), then up.
-        out["scaled_down"] = fleet.scale(2)
-        out["scaled_up_again"] = fleet.scale(3)
+        # Scale down while the run goes (worker 2 checkpoints and keeps its lease in storage), then up,
+        # and look at the fleet: with the `vcasync ray` command, from drivers of their own.
+        out["scaled_down"] = cli(cluster.address, "scale", "2")
+        out["scaled_up_again"] = cli(cluster.address, "scale", "3")
+        out["cli_status"] = cli(cluster.address, "status")
 
         final = fleet.wait(timeout_s=300, poll_s=1)
         out["final"] = {i: {k: s.get(k) for k in ("state", "node_id", "restarted", "report", "error")}

@@ -86,6 +86,8 @@ def test_a_preempted_nodes_worker_resumes_on_a_new_node(tmp_path: Path) -> None:
     assert start > 0
     # Scaled down and up mid-run; the run finished; every unit merged exactly once (one version each).
     assert (r["scaled_down"], r["scaled_up_again"]) == ([0, 1], [0, 1, 2])
+    assert [(st["index"], st["state"] != "unavailable") for st in r["cli_status"]] == [
+        (0, True), (1, True), (2, True)]
     assert {s["state"] for s in r["final"].values()} == {"finished"}, r["final"]
     assert r["version"] == UNITS
     assert r["after_down"] == []
