@@ -243,3 +243,12 @@ async def test_a_storage_outage_does_not_stop_the_worker(tmp_path: Path) -> None
         assert (report.reason, report.results_accepted) == ("finished", 3)
         assert flaky.injected
         await coord.wait_finished()
+
+
+def test_the_worker_command_needs_a_state_dir_or_a_state_url(capsys: pytest.CaptureFixture[str]) -> None:
+    from vcasync.cli import ExitCode, main
+
+    code = main(["worker", "--coordinator", "http://127.0.0.1:1",
+                 "--trainer", "vcasync.examples.digits:train"])
+    assert code == ExitCode.CONFIG
+    assert "--state-dir DIR (local state) or --state URL" in capsys.readouterr().err
