@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,12 @@ class StateDir:
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot use state dir {self.root}: {exc}") from exc
+
+    @contextlib.asynccontextmanager
+    async def session(self, on_lost: Callable[[], Any]) -> AsyncIterator[None]:
+        """While the worker runs. A local directory needs nothing here; a remote state
+        (:class:`~vcasync._remote_state.RemoteStateDir`) holds its owner lease and restores."""
+        yield
 
     # -- identity ----------------------------------------------------------------------------------
     def load_identity(self, coordinator: str) -> Identity | None:
@@ -123,6 +129,9 @@ class StateDir:
     # -- checkpoints and results -------------------------------------------------------------------
     def checkpoint_path(self, lease_id: str) -> Path:
         return self.root / "checkpoints" / f"{_safe(lease_id)}.pt"
+
+    def checkpoint_saved(self, lease_id: str) -> None:
+        """The trainer just saved :meth:`checkpoint_path`; it is already where it belongs here."""
 
     def result_path(self, lease_id: str) -> Path:
         return self.root / "results" / f"{_safe(lease_id)}.vca"

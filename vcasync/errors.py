@@ -5,6 +5,7 @@ everything with one clause, or exactly one failure with a leaf class::
 
     VCAsyncError
     ├── ConfigError                   bad configuration: unknown option, wrong type, missing value
+    │   └── StateInUseError           a live worker already holds that worker state URL (``.url``)
     ├── ClosedError                   *we* closed the resource (contrast: the peer broke it)
     ├── WireError                     anything wrong with bytes that came off the network
     │   ├── FrameError                malformed, truncated or mis-ordered frames / messages
@@ -71,10 +72,11 @@ __all__ = [
     "PreconditionFailedError",
     "ProtocolVersionError",
     "SpecMismatchError",
-    "TrainerError",
+    "StateInUseError",
     "StorageError",
     "StorageFailedError",
     "StorageUnavailableError",
+    "TrainerError",
     "TransientStorageError",
     "UnitClosedError",
     "UnknownPolicyError",
@@ -95,6 +97,16 @@ class VCAsyncError(Exception):
 
 class ConfigError(VCAsyncError):
     """The configuration is wrong: an unknown option, a wrong type, a missing value."""
+
+
+class StateInUseError(ConfigError):
+    """A live worker holds the worker state at ``url`` (``holder`` says which, when known): two workers
+    on one state would overwrite each other's checkpoints. Give each worker its own state URL."""
+
+    def __init__(self, message: str, *, url: str, holder: str | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.holder = holder
 
 
 class ClosedError(VCAsyncError):

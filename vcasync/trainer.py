@@ -56,7 +56,8 @@ class TrainContext:
     """One unit of work as the trainer sees it. Thread-safe where the docstrings say so."""
 
     def __init__(self, *, unit: WorkUnit, lease_id: str, base_version: int, model: ModelState,
-                 checkpoint_path: Path, resumed: bool, stop: threading.Event) -> None:
+                 checkpoint_path: Path, resumed: bool, stop: threading.Event,
+                 on_checkpoint: Callable[[], None] | None = None) -> None:
         self.unit = unit
         self.lease_id = lease_id
         self.base_version = base_version
@@ -64,6 +65,7 @@ class TrainContext:
         self.model = model
         self.resumed = resumed
         self._checkpoint_path = checkpoint_path
+        self._on_checkpoint = on_checkpoint
         self._stop = stop
         self._lock = threading.Lock()
         self._steps_done = 0
@@ -109,11 +111,14 @@ class TrainContext:
     def save_checkpoint(self, state: Mapping[str, Any]) -> None:
         """Save ``state`` (tensors, numbers, strings, nested dicts/lists) for this lease, atomically.
 
-        A restarted worker that resumes the same lease gets it back from :meth:`load_checkpoint`.
+        A restarted worker that resumes the same lease gets it back from :meth:`load_checkpoint`;
+        with a remote worker state, on whatever machine it restarts (it returns once stored there).
         """
         tmp = self._checkpoint_path.with_name(f".{self._checkpoint_path.name}.tmp")
         torch.save(dict(state), tmp)
         os.replace(tmp, self._checkpoint_path)
+        if self._on_checkpoint is not None:
+            self._on_checkpoint()
 
     def load_checkpoint(self) -> dict[str, Any] | None:
         """The last checkpoint saved for this lease (``torch.load(weights_only=True)``), or None."""

@@ -20,6 +20,11 @@ restarting. Results are written to the state dir before upload and re-sent until
 lease id makes a re-send harmless. When the coordinator is up but its storage is not (``503
 storage_unavailable``), the worker says so ("coordinator's storage unavailable, waiting"), keeps its
 result and asks no new work, retrying as often as the coordinator's ``Retry-After`` says.
+
+State anywhere: ``Worker(..., state="s3://bucket/workers/w7")`` keeps identity, lease and checkpoints
+in a storage backend (see :mod:`vcasync._remote_state`), so a replacement *machine* given the same URL
+resumes the lease from its last checkpoint; ``state_dir`` is then only a local cache (a temporary
+directory when omitted). A second live worker on the same state URL is refused.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import logging
 import os
 import random
 import socket
+import tempfile
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +45,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from ._remote_state import RemoteStateDir
 from ._units import LeaseGrant, Receipt
 from ._worker_io import ModelCache, result_tensors, spool_result
 from ._worker_state import Identity, StateDir
@@ -57,6 +64,7 @@ from .errors import (
     VCAsyncError,
     WorkerBackoffError,
 )
+from .storage import Storage
 from .tensors import ModelState
 from .trainer import TrainContext, Trainer, TrainResult
 from .wire import Limits
@@ -88,6 +96,9 @@ class WorkerConfig:
     keep_models: int = 2
     max_trainer_failures: int = 3
     limits: Limits = field(default_factory=Limits)
+    #: With a remote ``state``: checkpoints kept per lease, and the owner record's time to live.
+    keep_checkpoints: int = 2
+    state_lease_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.on_preempt not in ("checkpoint", "partial"):
@@ -119,13 +130,14 @@ class _Stopped(Exception):
 class Worker:
     """Trains units for one coordinator until the run is finished, or :meth:`request_stop`."""
 
-    def __init__(self, coordinator_url: str, trainer: Trainer, *, state_dir: Path | str,
+    def __init__(self, coordinator_url: str, trainer: Trainer, *, state_dir: Path | str | None = None,
+                 state: str | Storage | None = None, state_options: Mapping[str, Any] | None = None,
                  join_secret: str | None = None, join_token: str | None = None,
                  config: WorkerConfig | None = None, rng: random.Random | None = None) -> None:
         self.url = coordinator_url.rstrip("/")
         self.trainer = trainer
         self.config = config or WorkerConfig()
-        self.state = StateDir(Path(state_dir))
+        self.state = _state(state_dir, state, state_options, self.config)
         self._credential = join_token or join_secret
         self._rng = rng or random.Random()
         self._client: CoordinatorClient | None = None
@@ -192,7 +204,7 @@ class Worker:
                                      timeout_s=self.config.request_timeout_s) as client:
             self._client = client
             try:
-                async with asyncio.timeout(None) as grace:
+                async with self.state.session(self.request_stop), asyncio.timeout(None) as grace:
                     self._grace = grace
                     if self.stopping:
                         grace.reschedule(self._loop.time() + self.config.grace_period_s)
@@ -344,7 +356,8 @@ class Worker:
         self._unit_stop = unit_stop
         ckpt = self.state.checkpoint_path(grant.lease_id)
         ctx = TrainContext(unit=grant.unit, lease_id=grant.lease_id, base_version=grant.base_version,
-                           model=base.clone(), checkpoint_path=ckpt, resumed=grant.resumed, stop=unit_stop)
+                           model=base.clone(), checkpoint_path=ckpt, resumed=grant.resumed, stop=unit_stop,
+                           on_checkpoint=lambda: self.state.checkpoint_saved(grant.lease_id))
         lost = asyncio.Event()
         try:
             result = await self._train(grant, ctx, lost)
@@ -480,6 +493,18 @@ class Worker:
         for lease_id, path in await asyncio.to_thread(self.state.pending_results):
             log.info("re-sending the result spooled for lease %s", lease_id)
             await self._upload(lease_id, path)
+
+
+def _state(state_dir: Path | str | None, state: str | Storage | None,
+           options: Mapping[str, Any] | None, config: WorkerConfig) -> StateDir:
+    """A local state dir, or a remote state with ``state_dir`` (or a temp dir) as its local cache."""
+    if state is None:
+        if state_dir is None:
+            raise ConfigError("a worker needs state_dir (local) or state (a storage URL)")
+        return StateDir(Path(state_dir))
+    root = Path(state_dir) if state_dir is not None else Path(tempfile.mkdtemp(prefix="vcasync-worker-"))
+    return RemoteStateDir(root, state, keep_checkpoints=config.keep_checkpoints,
+                          lease_ttl_s=config.state_lease_s, options=options)
 
 
 def _in_daemon_thread(fn: Callable[[TrainContext], Any], ctx: TrainContext) -> asyncio.Future[Any]:

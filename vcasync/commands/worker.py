@@ -4,6 +4,11 @@ The join credential comes from ``VCASYNC_JOIN_SECRET`` or ``VCASYNC_JOIN_TOKEN``
 ``--join-secret-file``), never from a flag value. SIGTERM is the preemption notice: the worker stops at
 the next step, saves within ``--grace-period`` seconds and exits 0; restarted with the same
 ``--state-dir`` it resumes the same lease while it is valid.
+
+``--state URL`` (``file://``, ``s3://``, ``gs://``; ``memory://`` in tests) keeps identity, lease and
+checkpoints in storage instead, so a replacement on *another machine* with the same URL resumes the
+lease from its last checkpoint; ``--state-dir`` is then an optional local cache. A second live worker
+on one state URL exits with the CONFIG status (the state is leased to the first).
 """
 
 from __future__ import annotations
@@ -26,7 +31,14 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--coordinator", required=True, help="the coordinator's URL, http(s)://host:port")
     p.add_argument("--trainer", required=True,
                    help="trainer 'pkg.mod:fn' (e.g. vcasync.examples.digits:train)")
-    p.add_argument("--state-dir", type=Path, required=True, help="where identity, lease and checkpoints live")
+    p.add_argument("--state-dir", type=Path,
+                   help="local dir for identity, lease and checkpoints (with --state: a local cache)")
+    p.add_argument("--state", metavar="URL",
+                   help="keep identity, lease and checkpoints in storage (file://, s3://, gs://) so a "
+                        "replacement machine resumes them")
+    p.add_argument("--state-lease", type=float, default=30.0, metavar="SECONDS",
+                   help="with --state: how long a silent owner keeps the state from a replacement")
+    p.add_argument("--keep-checkpoints", type=int, default=2, help="with --state: checkpoints kept per lease")
     p.add_argument("--name", default="", help="a human-readable worker name")
     p.add_argument("--grace-period", type=float, default=20.0, help="seconds to wrap up after SIGTERM")
     p.add_argument("--on-preempt", choices=["checkpoint", "partial"], default="checkpoint")
@@ -46,6 +58,8 @@ def _run(a: argparse.Namespace) -> int:
     from .._loop import run
     from ..worker import Worker, WorkerConfig
 
+    if a.state_dir is None and a.state is None:
+        raise ConfigError("give --state-dir DIR (local state) or --state URL (state in storage)")
     secret = read_secret("VCASYNC_JOIN_SECRET", a.join_secret_file, what="join secret")
     token = os.environ.get("VCASYNC_JOIN_TOKEN") or None
     if not secret and not token:
@@ -57,9 +71,10 @@ def _run(a: argparse.Namespace) -> int:
 
         torch.set_num_threads(a.threads)
     config = WorkerConfig(name=a.name, grace_period_s=a.grace_period, on_preempt=a.on_preempt,
-                          upload=a.upload, codec=a.codec, max_units=a.max_units, ca_file=a.ca_file)
-    worker = Worker(a.coordinator, trainer, state_dir=a.state_dir, join_secret=secret, join_token=token,
-                    config=config)
+                          upload=a.upload, codec=a.codec, max_units=a.max_units, ca_file=a.ca_file,
+                          keep_checkpoints=a.keep_checkpoints, state_lease_s=a.state_lease)
+    worker = Worker(a.coordinator, trainer, state_dir=a.state_dir, state=a.state, join_secret=secret,
+                    join_token=token, config=config)
 
     async def main() -> int:
         loop = asyncio.get_running_loop()

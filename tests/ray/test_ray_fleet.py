@@ -1,0 +1,113 @@
+"""vcasync.launch.ray on a real multi-node Ray cluster (``ray.cluster_utils.Cluster``: a head and three
+spot worker nodes as separate raylets) inside a loopback-only network namespace: a worker's node is
+removed mid-unit without notice and a new node added; Ray restarts the actor there, it resumes the same
+lease from its checkpoint in remote state, scaling down and up mid-run loses nothing, and the run ends
+with every unit merged exactly once. And the example autoscaler configs pass Ray's own validation."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .cluster_scenario import UNITS
+
+HERE = Path(__file__).resolve().parent
+CONFIGS = Path(__file__).resolve().parents[2] / "deploy" / "ray"
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_example_autoscaler_configs_pass_rays_validation(cloud: str) -> None:
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = yaml.safe_load((CONFIGS / f"cluster-{cloud}.yaml").read_text())
+    prepared = prepare_config(config)     # what `ray up` does before it validates: defaults merged
+    validate_config(prepared)             # Ray's JSON schema and its own checks; raises if invalid
+    types = prepared["available_node_types"]
+    head = types[prepared["head_node_type"]]
+    assert "spot" not in head.get("resources", {})               # the coordinator's node is on-demand
+    spot_types = [t for name, t in types.items() if name != prepared["head_node_type"]]
+    assert spot_types
+    for t in spot_types:
+        assert t["resources"]["spot"] >= 1                      # what RayWorkerSpec.spot_resource asks for
+        node = t["node_config"]
+        if cloud == "aws":
+            assert node["InstanceMarketOptions"]["MarketType"] == "spot"
+        else:
+            assert node["scheduling"]["provisioningModel"] == "SPOT"
+
+
+def test_rays_validation_catches_a_broken_config() -> None:
+    import jsonschema
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = yaml.safe_load((CONFIGS / "cluster-aws.yaml").read_text())
+    config["available_node_types"]["spot_cpu"]["min_worker"] = 1   # a typo of min_workers
+    with pytest.raises(jsonschema.ValidationError):
+        validate_config(prepare_config(config))
+
+
+def test_the_clusters_run_toml_loads() -> None:
+    from vcasync.runconfig import load_run_config
+
+    assert load_run_config(CONFIGS / "run.toml").storage.startswith("s3://")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="a loopback-only network namespace needs root and unshare (CI has both)")
+def test_a_preempted_nodes_worker_resumes_on_a_new_node(tmp_path: Path) -> None:
+    result_file = tmp_path / "result.json"
+    script = (f"ip link set lo up && exec {sys.executable} {HERE / 'cluster_scenario.py'} "
+              f"{tmp_path} {result_file}")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(["unshare", "--net", "--", "bash", "-c", script], cwd=root,
+                          capture_output=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
+    r = json.loads(result_file.read_text())
+    assert r["node_addresses"] == ["127.0.0.1"]                  # nothing but loopback
+    assert r["scaled_up"] == [0, 1, 2]
+    assert len(set(r["first_nodes"].values())) == 3              # one worker per spot node
+    assert set(r["first_nodes"].values()) <= set(r["spot_nodes"])
+    # The preempted worker came back on the new node, and picked its lease up from its checkpoint.
+    assert r["restarted"] is True
+    assert r["restarted_node"] == r["new_node"]
+    log0 = "\n".join(r["logs"]["0"])
+    lease = r["killed_lease"]
+    assert f"resumed lease {lease}" in log0, log0[-3000:]
+    (start,) = [int(s) for s in re.findall(rf"lease {re.escape(lease)} starts at step (\d+)", log0)]
+    assert start > 0
+    # Scaled down and up mid-run; the run finished; every unit merged exactly once (one version each).
+    assert (r["scaled_down"], r["scaled_up_again"]) == ([0, 1], [0, 1, 2])
+    assert [(st["index"], st["state"] != "unavailable") for st in r["cli_status"]] == [
+        (0, True), (1, True), (2, True)]
+    assert {s["state"] for s in r["final"].values()} == {"finished"}, r["final"]
+    assert r["version"] == UNITS
+    assert r["after_down"] == []
+    assert r["coordinator_exit"] == 0
+
+
+def test_actor_options_place_workers_on_spot_and_keep_the_secret_out_of_the_spec() -> None:
+    from vcasync.errors import ConfigError
+    from vcasync.launch.ray import RayWorkerSpec, actor_options
+
+    spec = RayWorkerSpec(coordinator="http://c:8470", trainer="m:f", state_root="s3://b/w",
+                         spot_labels={"ray.io/market-type": "spot"}, num_cpus=4)
+    opts = actor_options(spec, 7, {"VCASYNC_JOIN_SECRET": "s3cret", "HOME": "/root"})
+    assert opts["name"] == "vcasync-worker-7"
+    assert (opts["lifetime"], opts["max_restarts"]) == ("detached", -1)
+    assert opts["resources"] == {"spot": 0.001}
+    assert opts["label_selector"] == {"ray.io/market-type": "spot"}
+    assert opts["runtime_env"] == {"env_vars": {"VCASYNC_JOIN_SECRET": "s3cret"}}
+    assert "s3cret" not in json.dumps(spec.to_dict())
+    assert RayWorkerSpec.from_dict(spec.to_dict()) == spec
+    assert spec.state_url(7) == "s3://b/w/worker-7"
+    with pytest.raises(ConfigError, match="without a query"):
+        RayWorkerSpec(coordinator="http://c", trainer="m:f", state_root="s3://b/w?region=x")

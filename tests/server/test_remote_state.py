@@ -1,0 +1,254 @@
+"""Worker state in storage (``Worker(..., state=URL)``), in-process against a real coordinator and
+server on 127.0.0.1: a preempted worker's lease and checkpoint resume on a *fresh local disk*, a second
+live worker on the same state is refused, checkpoints stay bounded; the owner lease's rules in virtual
+time. (Real processes killed with SIGKILL: tests/integration/test_remote_state.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from vcasync.backends.memory import MemoryStorage
+
+from vcasync._state_lease import StateLease
+from vcasync._units import make_units
+from vcasync.errors import ConfigError, StateInUseError
+from vcasync.trainer import TrainContext, TrainResult
+from vcasync.worker import Worker, WorkerConfig
+
+from .conftest import SECRET, running, tiny_model
+from .test_worker import FAST, Blocker, make_trainer
+
+
+def remote_worker(url: str, state: Any, trainer: Any, local: Path | None = None, **cfg: Any) -> Worker:
+    return Worker(url, trainer, state=state, state_dir=local, join_secret=SECRET,
+                  config=WorkerConfig(backoff=FAST, **cfg))
+
+
+async def keys(store: MemoryStorage, prefix: str = "") -> list[str]:
+    return [k async for k in store.list(prefix)]
+
+
+async def test_a_replacement_on_a_fresh_disk_resumes_the_lease_from_its_checkpoint(tmp_path: Path) -> None:
+    store = MemoryStorage("workers")
+    async with running(tmp_path, units=make_units(2, steps=20)) as (_, server):
+        blocker, log = Blocker(at_step=5), []
+        first = remote_worker(server.url, store.peer(), make_trainer(blocker, log), tmp_path / "disk-a")
+        task = asyncio.create_task(first.run())
+        await blocker.wait_reached()
+        first.request_stop()
+        report = await task
+        assert report.reason == "preempted"
+        assert "lease.json" in await keys(store)
+        assert len(await keys(store, "checkpoints/")) == 1
+
+        # Another machine: an empty local disk, the same state URL.
+        again = await remote_worker(server.url, store.peer(), make_trainer(None, log),
+                                    tmp_path / "disk-b").run()
+        assert again.reason == "finished"
+        assert again.results_accepted == 2
+        assert again.worker_id == report.worker_id          # the identity came from storage
+        assert log[1]["lease"] == log[0]["lease"]
+        assert log[1]["resumed"] is True
+        assert log[1]["start"] == 6                          # the checkpoint came from storage too
+        assert await keys(store, "checkpoints/") == []       # finished leases leave nothing behind
+        assert "lease.json" not in await keys(store)
+
+
+async def test_a_second_live_worker_on_the_same_state_is_refused(tmp_path: Path) -> None:
+    store = MemoryStorage("workers")
+    async with running(tmp_path, units=make_units(1, steps=20)) as (_, server):
+        blocker = Blocker(at_step=2)
+        first = remote_worker(server.url, store.peer(), make_trainer(blocker), state_lease_s=0.6)
+        task = asyncio.create_task(first.run())
+        await blocker.wait_reached()
+        second = remote_worker(server.url, store.peer(), make_trainer(), state_lease_s=0.6)
+        with pytest.raises(StateInUseError) as info:
+            await second.run()
+        assert isinstance(info.value, ConfigError)          # the CLI exits with the CONFIG status
+        assert "in use by a live worker" in str(info.value)
+        blocker.release.set()
+        report = await task
+        assert (report.reason, report.results_accepted) == ("finished", 1)
+
+
+def checkpointing_trainer(every: int) -> Any:
+    def train(ctx: TrainContext) -> TrainResult:
+        net = tiny_model()
+        ctx.model.load_into(net)
+        for step in range(ctx.unit.steps):
+            if step % every == 0:
+                ctx.save_checkpoint({"model": net.state_dict(), "step": step})
+            ctx.report_progress(step + 1)
+        return ctx.result(net, steps=ctx.unit.steps)
+
+    return train
+
+
+async def test_checkpoints_are_bounded_and_each_is_stored_before_the_trainer_goes_on(tmp_path: Path) -> None:
+    store = MemoryStorage("workers")
+    seen: list[list[str]] = []
+    inner = checkpointing_trainer(every=1)
+
+    def train(ctx: TrainContext) -> TrainResult:
+        original = ctx.save_checkpoint
+
+        def save(state: Any) -> None:
+            original(state)
+            seen.append(asyncio.run(keys(store.peer(), "checkpoints/")))  # what storage holds now
+
+        ctx.save_checkpoint = save  # type: ignore[method-assign]
+        return inner(ctx)
+
+    async with running(tmp_path, units=make_units(1, steps=6)) as (_, server):
+        report = await remote_worker(server.url, store.peer(), train, keep_checkpoints=2).run()
+    assert report.results_accepted == 1
+    assert [len(s) for s in seen] == [1, 2, 2, 2, 2, 2]
+    assert seen[-1][-1].split("/")[-1].startswith("000000000006-")   # the newest one is there
+
+
+async def test_a_corrupt_newest_checkpoint_falls_back_to_the_older_one(tmp_path: Path) -> None:
+    store = MemoryStorage("workers")
+    async with running(tmp_path, units=make_units(1, steps=20)) as (_, server):
+        blocker, log = Blocker(at_step=5), []
+        first = remote_worker(server.url, store.peer(), make_trainer(blocker, log))
+        task = asyncio.create_task(first.run())
+        await blocker.wait_reached()
+        first.request_stop()
+        await task
+        (ckpt,) = await keys(store, "checkpoints/")
+        # A newer one whose bytes do not match the digest in its name (a torn or tampered object).
+        await store.put(ckpt.replace("/000000000001-", "/000000000002-"), b"torn bytes")
+        again = await remote_worker(server.url, store.peer(), make_trainer(None, log)).run()
+        assert again.results_accepted == 1
+        assert log[1]["start"] == 6
+
+
+def test_a_worker_needs_some_state() -> None:
+    with pytest.raises(ConfigError, match="state_dir"):
+        Worker("http://127.0.0.1:1", make_trainer(), join_secret=SECRET)
+
+
+# -- the owner lease, in virtual time ----------------------------------------------------------------
+
+
+class Clocks:
+    def __init__(self) -> None:
+        self.wall = 1_000_000.0
+        self.mono = 0.0
+
+    def time(self) -> float:
+        return self.wall
+
+    def monotonic(self) -> float:
+        return self.mono
+
+
+async def test_a_dead_owner_is_taken_over_after_one_ttl_of_silence() -> None:
+    store = MemoryStorage("s")
+    c = Clocks()
+    dead = StateLease(store.peer(), ttl_s=10, clock=c.time, monotonic=c.monotonic)
+    await dead.acquire()
+    newcomer = StateLease(store.peer(), ttl_s=10, clock=c.time, monotonic=c.monotonic)
+    waiting = asyncio.create_task(newcomer.acquire(poll_s=0.001))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()                               # the record might still be renewed
+    c.mono += 10.5                                          # ...but it was not, for a whole TTL
+    await asyncio.wait_for(waiting, 5)
+    assert newcomer.held
+    with pytest.raises(StateInUseError, match="taken over"):
+        await dead.check()                                  # the stalled one learns it and stops
+    assert sorted(await keys(store, "owner/")) == ["owner/000000000001.json", "owner/000000000002.json"]
+
+
+async def test_a_live_owner_is_refused_as_soon_as_it_renews() -> None:
+    store = MemoryStorage("s")
+    c = Clocks()
+    live = StateLease(store.peer(), ttl_s=10, clock=c.time, monotonic=c.monotonic)
+    await live.acquire()
+    newcomer = StateLease(store.peer(), ttl_s=10, clock=c.time, monotonic=c.monotonic)
+    waiting = asyncio.create_task(newcomer.acquire(poll_s=0.001))
+    await asyncio.sleep(0.05)
+    await live.renew()
+    with pytest.raises(StateInUseError, match="in use by a live worker"):
+        await asyncio.wait_for(waiting, 5)
+    await live.check()                                      # nothing changed for the owner
+
+
+async def test_released_or_long_stale_records_are_taken_at_once() -> None:
+    store = MemoryStorage("s")
+    c = Clocks()
+    one = StateLease(store.peer(), ttl_s=10, clock=c.time, monotonic=c.monotonic)
+    await one.acquire()
+    await one.release()
+    two = StateLease(store.peer(), ttl_s=10, clock=c.time, monotonic=c.monotonic)
+    await asyncio.wait_for(two.acquire(poll_s=0.001), 1)    # a clean exit: no wait
+    c.wall += 25                                            # over 2 TTLs since its last beat
+    three = StateLease(store.peer(), ttl_s=10, clock=c.time, monotonic=c.monotonic)
+    await asyncio.wait_for(three.acquire(poll_s=0.001), 1)
+    assert three.held
+    assert await keys(store, "owner/") == ["owner/000000000002.json", "owner/000000000003.json"]
+
+
+async def test_an_async_trainers_checkpoints_reach_storage_before_the_worker_returns(tmp_path: Path) -> None:
+    store = MemoryStorage("workers")
+    starts: list[int] = []
+    reached = asyncio.Event()
+
+    async def train(ctx: TrainContext) -> TrainResult:     # awaited on the loop: saves from the loop
+        net = tiny_model()
+        ctx.model.load_into(net)
+        ck = ctx.load_checkpoint()
+        start = int(ck["step"]) if ck is not None else 0
+        starts.append(start)
+        for step in range(start, ctx.unit.steps):
+            if ctx.should_stop:
+                return ctx.result(net, steps=step)
+            ctx.save_checkpoint({"model": net.state_dict(), "step": step + 1})
+            ctx.report_progress(step + 1)
+            if step == 3:
+                reached.set()
+            await asyncio.sleep(0.01)
+        return ctx.result(net, steps=ctx.unit.steps)
+
+    async with running(tmp_path, units=make_units(1, steps=200)) as (_, server):
+        first = remote_worker(server.url, store.peer(), train, tmp_path / "disk-a")
+        task = asyncio.create_task(first.run())
+        await asyncio.wait_for(reached.wait(), 30)
+        first.request_stop()
+        assert (await task).reason == "preempted"
+        assert len(await keys(store, "checkpoints/")) == 2     # stored, and bounded
+        again = await remote_worker(server.url, store.peer(), train, tmp_path / "disk-b").run()
+        assert again.results_accepted == 1
+    assert starts[0] == 0
+    assert starts[1] >= 4
+
+
+async def test_a_storage_outage_does_not_stop_the_worker(tmp_path: Path) -> None:
+    from vcasync.testing.faults import FaultyStorage
+
+    down = {"now": False}
+    store = MemoryStorage("workers")
+    flaky = FaultyStorage(store.peer(), trigger=lambda op, key: down["now"])
+    async with running(tmp_path, units=make_units(3, steps=6)) as (coord, server):
+        blocker = Blocker(at_step=2)
+        w = remote_worker(server.url, flaky, make_trainer(blocker), state_lease_s=0.6)
+        task = asyncio.create_task(w.run())
+        await blocker.wait_reached()
+        down["now"] = True            # every call fails from here: renewals, leases, cleanup, release
+        blocker.release.set()
+        report = await asyncio.wait_for(task, 60)
+        assert (report.reason, report.results_accepted) == ("finished", 3)
+        assert flaky.injected
+        await coord.wait_finished()
+
+
+def test_the_worker_command_needs_a_state_dir_or_a_state_url(capsys: pytest.CaptureFixture[str]) -> None:
+    from vcasync.cli import ExitCode, main
+
+    code = main(["worker", "--coordinator", "http://127.0.0.1:1",
+                 "--trainer", "vcasync.examples.digits:train"])
+    assert code == ExitCode.CONFIG
+    assert "--state-dir DIR (local state) or --state URL" in capsys.readouterr().err

@@ -1,0 +1,293 @@
+"""vcasync workers as Ray actors: placed on spot nodes, restarted by Ray when a node is preempted.
+
+::
+
+    import ray
+    from vcasync.launch.ray import RayFleet, RayWorkerSpec
+
+    ray.init(address="auto")
+    spec = RayWorkerSpec(coordinator="http://10.0.0.5:8470", trainer="mypkg.train:train",
+                         state_root="s3://my-bucket/run1/workers")
+    fleet = RayFleet(spec)
+    fleet.scale(16)          # 16 actors, each on a node with the spot resource
+    fleet.scale(8)           # fewer: the highest-numbered stop gracefully (SIGTERM semantics)
+    print(fleet.status())    # per actor: node, restarts, worker state, its latest log lines
+    fleet.wait()             # until every worker reports the run finished
+
+Why this holds up under preemption: actor ``i`` keeps its worker state at ``{state_root}/worker-{i}``
+(:mod:`vcasync._remote_state`), not on its node. When a spot node vanishes without notice Ray
+restarts the actor (``max_restarts=-1``) on another node that carries the spot resource; the new
+incarnation opens the same state URL, waits out the dead one's owner record, and resumes its lease from
+the last checkpoint. Actors are named (``vcasync-worker-<i>``) and detached in a Ray namespace, so a
+later driver (``vcasync ray status``, ``vcasync ray scale``) finds the same fleet.
+
+The join secret travels in the actors' ``runtime_env`` (from the driver's ``VCASYNC_JOIN_SECRET``),
+so it is visible to whoever can read the Ray cluster's job specs: the same people who can run code
+on it. It is never logged.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["RayFleet", "RayWorkerSpec", "actor_options", "ray_available"]
+
+log = logging.getLogger("vcasync.launch.ray")
+
+ACTOR_PREFIX = "vcasync-worker-"
+_LOG_LINES = 200
+_DONE = frozenset({"finished", "failed", "preempted", "max_units"})
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError("the Ray launcher needs Ray: pip install 'vcasync[ray]'") from exc
+    return ray
+
+
+def ray_available() -> bool:
+    try:
+        _ray()
+    except ConfigError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class RayWorkerSpec:
+    """What every worker actor of a fleet runs, and where it may run."""
+
+    coordinator: str
+    trainer: str
+    #: Actor ``i`` keeps its state at ``{state_root}/worker-{i}``: a storage URL every node reaches.
+    state_root: str
+    #: Directory put on ``sys.path`` to import the trainer (must exist on every node), or None.
+    app_dir: str | None = None
+    grace_period_s: float = 20.0
+    state_lease_s: float = 30.0
+    #: Ray custom resource that marks spot nodes; each actor asks for a sliver of it. None: anywhere.
+    spot_resource: str | None = "spot"
+    #: Node labels a worker's node must carry (Ray's ``label_selector``), e.g.
+    #: ``{"ray.io/market-type": "spot"}`` as KubeRay and the autoscaler set them. Empty: no condition.
+    spot_labels: Mapping[str, str] = field(default_factory=dict)
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    namespace: str = "vcasync"
+    #: Extra environment for the actors (storage endpoints, thread counts); secrets belong in
+    #: ``VCASYNC_JOIN_SECRET`` on the driver, which is passed on without being stored here.
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if "?" in self.state_root or self.state_root.endswith("/"):
+            raise ConfigError(f"state_root {self.state_root!r} must be a storage URL without a query or a "
+                              "trailing '/': each worker's state is state_root + '/worker-<i>'")
+        if self.grace_period_s <= 0 or self.num_cpus < 0 or self.num_gpus < 0:
+            raise ConfigError("grace_period_s must be positive and resources non-negative")
+
+    def state_url(self, index: int) -> str:
+        return f"{self.state_root}/worker-{index}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "env": dict(self.env), "spot_labels": dict(self.spot_labels)}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> RayWorkerSpec:
+        return cls(**{k: v for k, v in raw.items() if k in {f.name for f in dataclasses.fields(cls)}})
+
+
+class _Ring(logging.Handler):
+    """The newest log lines of this process, for :meth:`RayFleet.status`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: collections.deque[str] = collections.deque(maxlen=_LOG_LINES)
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+class WorkerActor:
+    """One vcasync worker inside a Ray actor process: it starts training when constructed (Ray
+    re-runs the constructor when it restarts the actor elsewhere), in a thread, so ``status`` and
+    ``stop`` calls are answered meanwhile (the actor runs with ``max_concurrency=4``)."""
+
+    def __init__(self, spec: dict[str, Any], index: int) -> None:
+        from ..worker import Worker, WorkerConfig
+
+        self.spec = RayWorkerSpec.from_dict(spec)
+        self.index = index
+        self.ring = _Ring()
+        root = logging.getLogger()
+        root.setLevel(logging.INFO)
+        root.addHandler(self.ring)
+        if not any(type(h) is logging.StreamHandler for h in root.handlers):
+            stream = logging.StreamHandler()  # stderr: Ray streams it to the driver
+            stream.setFormatter(self.ring.formatter)
+            root.addHandler(stream)
+        ray = _ray()
+        ctx = ray.get_runtime_context()
+        self.node_id = str(ctx.get_node_id())
+        self.restarted = bool(ctx.was_current_actor_reconstructed)
+        from .._imports import import_object
+
+        trainer = import_object(self.spec.trainer, what="trainer",
+                                app_dir=Path(self.spec.app_dir) if self.spec.app_dir else None)
+        # A fresh local cache each incarnation: on a new node the disk is empty anyway.
+        cache = tempfile.mkdtemp(prefix=f"vcasync-worker-{index}-")
+        config = WorkerConfig(name=f"ray-{index}", grace_period_s=self.spec.grace_period_s,
+                              state_lease_s=self.spec.state_lease_s)
+        self.worker = Worker(self.spec.coordinator, trainer, state_dir=cache,
+                             state=self.spec.state_url(index),
+                             join_secret=os.environ.get("VCASYNC_JOIN_SECRET") or None,
+                             join_token=os.environ.get("VCASYNC_JOIN_TOKEN") or None, config=config)
+        self.state = "starting"
+        self.report: dict[str, Any] | None = None
+        self.error: str | None = None
+        log.info("worker %d on node %s (%s), state %s", index, self.node_id[:12],
+                 "restarted" if self.restarted else "first start", self.spec.state_url(index))
+        self.thread = threading.Thread(target=self._run, name=f"vcasync-worker-{index}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        import asyncio
+
+        self.state = "running"
+        try:
+            report = asyncio.run(self.worker.run())
+        except Exception as exc:  # reported through status(); Ray restarts only dead processes
+            log.error("worker %d failed: %s: %s", self.index, type(exc).__name__, exc)
+            self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            return
+        self.report = dataclasses.asdict(report)
+        self.state = report.reason
+
+    def status(self) -> dict[str, Any]:
+        return {"index": self.index, "node_id": self.node_id, "pid": os.getpid(), "restarted": self.restarted,
+                "state": self.state, "report": self.report, "error": self.error,
+                "state_url": self.spec.state_url(self.index), "spec": self.spec.to_dict(),
+                "log": list(self.ring.lines)}
+
+    def stop(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """The preemption notice: checkpoint, release the state, return the final status."""
+        self.worker.request_stop()
+        self.thread.join(timeout_s if timeout_s is not None else self.spec.grace_period_s + 10)
+        return self.status()
+
+
+class RayFleet:
+    """The worker actors of one fleet (by their names in ``spec.namespace``); needs ``ray.init()``."""
+
+    def __init__(self, spec: RayWorkerSpec) -> None:
+        self.spec = spec
+        self._ray = _ray()
+        if not self._ray.is_initialized():
+            raise ConfigError("call ray.init(address=...) before creating a RayFleet")
+
+    @classmethod
+    def attach(cls, namespace: str = "vcasync") -> RayFleet:
+        """The fleet already running in ``namespace`` (its spec read back from a live actor)."""
+        ray = _ray()
+        names = _actor_names(ray, namespace)
+        if not names:
+            raise ConfigError(f"no vcasync workers in the Ray namespace {namespace!r}; start some with "
+                              "'vcasync ray up'")
+        actor = ray.get_actor(names[min(names)], namespace=namespace)
+        return cls(RayWorkerSpec.from_dict(ray.get(actor.status.remote())["spec"]))
+
+    def _actors(self) -> dict[int, Any]:
+        return {i: self._ray.get_actor(name, namespace=self.spec.namespace)
+                for i, name in _actor_names(self._ray, self.spec.namespace).items()}
+
+    def scale(self, count: int) -> list[int]:
+        """Run ``count`` workers: start the missing indices, stop (gracefully) and remove the highest
+        ones beyond ``count``. Returns the indices now running."""
+        if count < 0:
+            raise ConfigError("the worker count must be >= 0")
+        actors = self._actors()
+        cls = self._ray.remote(WorkerActor)
+        for i in range(count):
+            if i not in actors:
+                opts = actor_options(self.spec, i, os.environ)
+                actors[i] = cls.options(**opts).remote(self.spec.to_dict(), i)
+                log.info("started worker actor %d", i)
+        extra = sorted((i for i in actors if i >= count), reverse=True)
+        stops = {i: actors[i].stop.remote() for i in extra}
+        for i, ref in stops.items():
+            try:
+                self._ray.get(ref, timeout=self.spec.grace_period_s + 30)
+            except Exception as exc:  # a dead or wedged actor: kill it all the same
+                log.warning("worker actor %d did not stop cleanly: %s", i, type(exc).__name__)
+            self._ray.kill(actors.pop(i), no_restart=True)
+            log.info("stopped worker actor %d", i)
+        return sorted(actors)
+
+    def status(self, timeout_s: float = 30.0) -> dict[int, dict[str, Any]]:
+        """Each actor's status (``{"state": "unavailable"}`` while Ray is restarting it)."""
+        out: dict[int, dict[str, Any]] = {}
+        for i, actor in sorted(self._actors().items()):
+            try:
+                out[i] = self._ray.get(actor.status.remote(), timeout=timeout_s)
+            except Exception as exc:
+                out[i] = {"index": i, "state": "unavailable", "error": type(exc).__name__}
+        return out
+
+    def wait(self, timeout_s: float | None = None, poll_s: float = 2.0) -> dict[int, dict[str, Any]]:
+        """Block until every worker is done (finished, failed or stopped); their final status."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            st = self.status()
+            if st and all(s["state"] in _DONE for s in st.values()):
+                return st
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"the fleet was not done after {timeout_s}s: "
+                                   f"{ {i: s['state'] for i, s in st.items()} }")
+            time.sleep(poll_s)
+
+    def shutdown(self) -> None:
+        """Stop every worker gracefully and remove the actors."""
+        self.scale(0)
+
+
+def actor_options(spec: RayWorkerSpec, index: int, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The Ray actor options of worker ``index``: named and detached (a later driver finds it),
+    restarted without limit (a preempted node is the normal case), on spot nodes only; the join
+    credential from ``environ`` goes to its environment, never into the spec that status reports."""
+    env = {**spec.env}
+    for var in ("VCASYNC_JOIN_SECRET", "VCASYNC_JOIN_TOKEN"):
+        if environ.get(var):
+            env[var] = environ[var]
+    opts: dict[str, Any] = {
+        "name": f"{ACTOR_PREFIX}{index}", "namespace": spec.namespace, "lifetime": "detached",
+        "max_restarts": -1, "max_task_retries": 0, "max_concurrency": 4,
+        "num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus, "runtime_env": {"env_vars": env}}
+    if spec.spot_resource:
+        opts["resources"] = {spec.spot_resource: 0.001}
+    if spec.spot_labels:
+        opts["label_selector"] = dict(spec.spot_labels)
+    return opts
+
+
+def _actor_names(ray: Any, namespace: str) -> dict[int, str]:
+    from ray.util import list_named_actors
+
+    out: dict[int, str] = {}
+    for entry in list_named_actors(all_namespaces=True):
+        name, ns = entry["name"], entry["namespace"]
+        if ns == namespace and name.startswith(ACTOR_PREFIX) and name[len(ACTOR_PREFIX):].isdigit():
+            out[int(name[len(ACTOR_PREFIX):])] = name
+    return out
