@@ -61,6 +61,8 @@ def _comparison(out: SimOutcome, target: float | None, t_async: float | None,
     price, coord = cfg.prices[cfg.instance], cfg.prices[cfg.coordinator_instance]
     spans = [Span(s.start_s, out.duration_s if s.end_s is None else s.end_s) for s in out.billing.sessions]
     ref = out.sync.evals[-1].accuracy
+    if ref <= out.sync.evals[0].accuracy + 0.05:
+        return None  # the baseline did not learn (e.g. its learning rate diverged): no target to price
     tgt = Target("accuracy", target, ref, f"{100 * (ref - target):.2f} point(s)")
     fleet = async_cost(spans, t_async, worker=price, coordinator=coord, end_s=out.duration_s)
     return Comparison(cfg.seed, tgt, fleet, ddp_cost(out.sync.workers, t_sync, price=price))
@@ -86,6 +88,8 @@ def summarize(out: SimOutcome, target: float | None = None) -> dict[str, Any]:
     return {
         "saving_at_target": None if cmp is None else cmp.saving,
         "target_missed": t_async is None,
+        "baseline_learned": (None if sync is None or not sync.evals
+                             else sync.evals[-1].accuracy > sync.evals[0].accuracy + 0.05),
         "comparison": None if cmp is None else cmp.as_dict(),
         "saving_full_run": full["saving"],
         "accuracy_gap_vs_sync": (None if final is None or sync_final is None
