@@ -72,3 +72,15 @@ def test_a_baseline_that_did_not_learn_sets_no_target() -> None:
     assert s["baseline_learned"] is False
     assert s["comparison"] is None
     assert s["saving_at_target"] is None
+
+
+@pytest.mark.slow  # about 20 s idle: loading the stdlib's source and scoring 2,048 windows per evaluation
+def test_the_language_model_trains_in_the_simulator_and_is_judged_by_validation_loss() -> None:
+    cfg = SimConfig(signal="tinylm", fleet=FleetConfig.identical(2), preemption=NoPreemption(), epochs=1,
+                    shards=2, local_steps=8, lr=0.005, sync_lr=0.005, eval_points=2, seed=0)
+    s = summarize(Simulation(cfg).run())
+    first, last = s["evals"][0], s["evals"][-1]  # type: ignore[index]
+    assert last[4] < first[4] - 0.3  # validation loss (nats per byte) fell
+    assert s["final_loss"] == pytest.approx(last[4])
+    sync = s["sync"]["evals"]  # type: ignore[index]
+    assert sync[-1][3] < sync[0][3] - 0.3

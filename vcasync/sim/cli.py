@@ -40,7 +40,8 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
 def configure(p: argparse.ArgumentParser) -> None:
     """Add ``vcasync simulate``'s arguments to ``p``."""
     g = p.add_argument_group("workload")
-    g.add_argument("--signal", default="surrogate", help="surrogate | digits | mnist5000 (default surrogate)")
+    g.add_argument("--signal", default="surrogate",
+                   help="surrogate | digits | mnist5000 | tinylm (default surrogate)")
     g.add_argument("--policy", default="vcasgd", help="merge policy name (default vcasgd)")
     g.add_argument("--policy-param", action="append", metavar="KEY=VALUE", help="policy parameter (repeat)")
     g.add_argument("--epochs", type=int, default=5)
