@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("sklearn", reason="the demo needs scikit-learn (vcasync[demo])")
 
+from vcasync.demo.ddp import DdpConfig, DdpResult
 from vcasync.demo.procs import Proc, Slot, Timeline, TimelineEvent
 from vcasync.demo.report import build_report
 from vcasync.demo.run import DemoConfig, DemoRun
@@ -88,18 +89,46 @@ def test_a_slot_that_never_came_back_before_an_unfinished_end_is_not_a_recovery(
     assert rep["recovery"]["all_recovered"]  # nothing was in progress and the run completed
 
 
-def test_costs_are_the_price_table_applied_to_every_session(tmp_path: Path) -> None:
+def _ddp(workers: int, points: list[tuple[float, int, float, float]]) -> DdpResult:
+    cfg = DdpConfig(workers=workers, dataset="digits", batch_size=32, samples=2000, lr=0.1)
+    return DdpResult(cfg, points, first_step_s=4.0, wall_s=points[-1][0] + 1, digests=["a"] * workers)
+
+
+def test_cost_to_target_bills_sessions_to_the_target_against_ddp_on_demand(tmp_path: Path) -> None:
     slots = [_slot(0, [(0.0, 30.0), (40.0, 200.0)], [1, 2], tmp_path), _slot(1, [(0.0, 95.0)], [3], tmp_path)]
-    rep = build_report(_run(tmp_path, [], slots), None, T0_WALL)
+    run = _run(tmp_path, [], slots)
+    run.accuracy = [(60.0, 3, 2, 0.5, 1.0), (150.0, 9, 4, 0.95, 0.2), (190.0, 12, 4, 0.96, 0.2)]
+    run.versions = [(20.0, 0), (45.0, 1), (150.0, 9)]
+    ddp = _ddp(2, [(5.0, 0, 0.1, 2.3), (50.0, 1000, 0.9, 0.3), (100.0, 2000, 0.95, 0.2)])
+    rep = build_report(run, ddp, T0_WALL)
     price = PriceTable()[DemoConfig().instance]
+    coord = PriceTable()[DemoConfig().coordinator_instance]
     c = rep["cost"]
-    # per-second billing after a one-minute minimum: 60 + 160 + 95 seconds
-    assert c["billed_seconds"] == pytest.approx(60 + 160 + 95)
-    assert c["spot_usd"] == pytest.approx(315 * price.spot_per_h / 3600)
-    assert c["on_demand_usd"] == pytest.approx(315 * price.on_demand_per_h / 3600)
-    assert c["saving"] == pytest.approx(1 - price.spot_per_h / price.on_demand_per_h)
+    assert c["target"]["value"] == pytest.approx(0.945)  # DDP's final minus half a point
+    assert rep["time_to_target_s"] == 150.0
+    assert rep["ddp_time_to_target_s"] == 100.0
+    assert rep["first_merge_s"] == 45.0
+    # sessions cut at the target, each billed per second after a one-minute minimum: 60 + 110 + 95 s
+    assert c["async"]["billed_seconds"] == pytest.approx(60 + 110 + 95)
+    fleet = 265 * price.spot_per_h / 3600 + 150 * coord.on_demand_per_h / 3600
+    assert c["async"]["usd"] == pytest.approx(fleet)
+    ddp_usd = 2 * 100 * price.on_demand_per_h / 3600
+    assert c["ddp"]["usd"] == pytest.approx(ddp_usd)
+    assert rep["saving"] == pytest.approx(1 - fleet / ddp_usd)
+    assert rep["saving"] != pytest.approx(1 - price.spot_per_h / price.on_demand_per_h)  # not the price ratio
     assert c["instance"]["source"]
     assert c["instance"]["as_of"]
+
+
+def test_a_fleet_that_never_reaches_the_target_reports_a_miss_not_a_saving(tmp_path: Path) -> None:
+    slots = [_slot(0, [(0.0, 200.0)], [1], tmp_path)]
+    run = _run(tmp_path, [], slots)
+    run.accuracy = [(60.0, 3, 2, 0.5, 1.0), (190.0, 12, 4, 0.93, 0.2)]
+    rep = build_report(run, _ddp(1, [(5.0, 0, 0.1, 2.3), (100.0, 2000, 0.95, 0.2)]), T0_WALL)
+    assert rep["saving"] is None
+    assert rep["time_to_target_s"] is None
+    assert rep["cost"]["targets_missed"] == 1
+    assert rep["cost"]["async"]["machine_seconds"] == pytest.approx(200.0)  # spent, and shown
 
 
 @pytest.mark.parametrize(("kw", "word"), [

@@ -1,8 +1,9 @@
 """The demo's reference: synchronous data-parallel SGD on the same CNN and the same number of samples.
 
 With ``N`` workers of batch ``b``, each step averages ``N`` minibatch gradients, which is one SGD step
-on a batch of ``N*b`` samples; the demo runs it in one process, after the asynchronous run, and
-records test accuracy against samples seen and against its own wall time.
+on a batch of ``N*b`` samples. This one-process version is the arithmetic reference that the real
+baseline, :mod:`vcasync.demo.ddp` (``N`` processes, torch.distributed), is tested against; its wall
+time leaves out process start-up, so it is not what the demo compares costs with.
 """
 
 from __future__ import annotations

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..sim.prices import DEFAULT_INSTANCE, PriceTable
+from ..sim.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 
 __all__ = ["configure", "run"]
 
@@ -26,7 +27,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shards", type=int, help="data shards (default 2 x workers)")
     p.add_argument("--steps", type=int, help="local steps per unit (default one pass over a shard)")
     p.add_argument("--lr", type=float, help="the workers' SGD learning rate (default 0.05 x sqrt(workers))")
-    p.add_argument("--sync-lr", type=float, help="the synchronous baseline's (default 0.05 x sqrt(workers))")
+    p.add_argument("--sync-lr", type=float, help="the DDP baseline's (default 0.05 x sqrt(workers))")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--min-step-s", type=float, default=0.0,
                    help="pace training: each local step takes at least this long (default 0)")
@@ -44,6 +45,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--durability", default="journal", choices=["journal", "snapshot", "none"],
                    help="coordinator durability (default journal: acknowledged results survive a crash)")
     p.add_argument("--instance", default=DEFAULT_INSTANCE, help="instance type the costs are priced as")
+    p.add_argument("--coordinator-instance", default=DEFAULT_COORDINATOR_INSTANCE,
+                   help="instance type of the coordinator (on demand)")
+    p.add_argument("--prices", type=Path, metavar="FILE",
+                   help="JSON or TOML price rows that add to / replace the built-in table")
     p.add_argument("--spot-price", type=float, help="override the instance's spot $/h")
     p.add_argument("--on-demand-price", type=float, help="override the instance's on-demand $/h")
     p.add_argument("--seed", type=int, default=0)
@@ -58,7 +63,7 @@ def _config(a: argparse.Namespace) -> Any:
     from ..sim.cli import parse_params
     from .run import DemoConfig
 
-    prices = PriceTable()
+    prices = PriceTable() if a.prices is None else PriceTable().merged(PriceTable.from_file(a.prices))
     if a.spot_price is not None or a.on_demand_price is not None:
         prices = prices.with_override(a.instance, on_demand_per_h=a.on_demand_price, spot_per_h=a.spot_price)
     workers = a.workers if a.workers is not None else (2 if a.quick else 4)
@@ -71,7 +76,8 @@ def _config(a: argparse.Namespace) -> Any:
                       kill_fraction=a.kill_fraction,
                       restart_delay_s=tuple(a.restart_delay),
                       grace_s=a.grace, kill_coordinator=a.kill_coordinator, run_dir=a.run_dir,
-                      storage=a.storage, durability=a.durability, instance=a.instance, prices=prices,
+                      storage=a.storage, durability=a.durability, instance=a.instance,
+                      coordinator_instance=a.coordinator_instance, prices=prices,
                       seed=a.seed,
                       max_wall_s=a.max_wall, progress=not a.no_progress)
 
@@ -79,25 +85,30 @@ def _config(a: argparse.Namespace) -> Any:
 def run(a: argparse.Namespace) -> int:
     import torch
 
-    from .baseline import sync_sgd
     from .cnn import load_dataset
+    from .ddp import DdpConfig, run_ddp
     from .report import build_report, write_report
     from .run import run_demo
 
     cfg = _config(a)
-    data = load_dataset(cfg.dataset)  # fails early, with an install hint, if the data set is missing
+    load_dataset(cfg.dataset)  # fails early, with an install hint, if the data set is missing
     torch.set_num_threads(1)
     t0_wall = time.time()
     t0_mono = time.monotonic()
     result = asyncio.run(run_demo(cfg))
     t0_wall += result.timeline.t0 - t0_mono
     samples = result.total_units * result.unit_steps * cfg.batch_size
-    baseline = sync_sgd(data, workers=cfg.workers, batch_size=cfg.batch_size, samples=samples,
-                        lr=cfg.baseline_lr, momentum=cfg.momentum, seed=cfg.seed)
+    if cfg.progress:
+        print(f"DDP baseline: {cfg.workers} processes (gloo on 127.0.0.1), {samples} samples ...",
+              file=sys.stderr)
+    ddp = DdpConfig(workers=cfg.workers, dataset=cfg.dataset, batch_size=cfg.batch_size, samples=samples,
+                    lr=cfg.baseline_lr, momentum=cfg.momentum, seed=cfg.seed, timeout_s=cfg.max_wall_s)
+    baseline = run_ddp(ddp, result.run_dir / "ddp")
     report = build_report(result, baseline, t0_wall)
     paths = write_report(report, result.run_dir)
     if a.json:
-        keys = ("final_accuracy", "sync_baseline_accuracy", "accuracy_gap", "finished", "wall_s")
+        keys = ("final_accuracy", "ddp_accuracy", "accuracy_gap", "saving", "time_to_target_s",
+                "ddp_time_to_target_s", "first_merge_s", "finished", "wall_s")
         head = {k: report[k] for k in keys}
         print(json.dumps(head | {"cost": report["cost"], "run_dir": str(result.run_dir)}))
     else:
@@ -107,23 +118,48 @@ def run(a: argparse.Namespace) -> int:
     return 0
 
 
+def _usd(x: float | None) -> str:
+    return "n/a" if x is None else f"${x:.5f}"
+
+
+def _secs(x: float | None) -> str:
+    return "never (target missed)" if x is None else f"{x:.0f} s"
+
+
 def _print_summary(r: dict[str, Any], paths: list[Path]) -> None:
     c = r["cost"]
     inst = c["instance"]
     rec = r["recovery"]
+    lost = r["work_lost"]
     lines = [
         "",
         f"vcasync demo: {r['config']['workers']} workers, {r['config']['policy']}, {r['config']['dataset']}",
-        f"  final test accuracy     {r['final_accuracy']:.3f}   (synchronous SGD on the same "
-        f"{r['samples']} samples: {r['sync_baseline_accuracy']:.3f})",
-        f"  wall time               {r['wall_s']:.0f} s",
+        f"  final test accuracy     {r['final_accuracy']:.3f}   (DDP, {r['config']['workers']} processes, "
+        f"same {r['samples']} samples: {r['ddp_accuracy']:.3f})",
+    ]
+    if c.get("target") is not None:
+        a, d, t = c["async"], c["ddp"], c["target"]
+        saving = ("n/a: the fleet never reached the target" if c["saving"] is None
+                  else f"{100 * c['saving']:.0f} %")
+        lines += [
+            f"  target                  {t['value']:.3f} (DDP's final minus {t['tolerance']})",
+            f"  wall time to target     fleet {_secs(a['time_to_target_s'])}, "
+            f"DDP {_secs(d['time_to_target_s'])}  (both clocks from the first process start)",
+            f"  first merged result     {_secs(r['first_merge_s'])}; "
+            f"DDP's first step {c['ddp_first_step_s']:.0f} s",
+            f"  cost to target          fleet on spot {_usd(a['usd'])} "
+            f"(of which coordinator ${a['coordinator_usd']:.5f}) vs DDP on demand {_usd(d['usd'])}",
+            f"  saving                  {saving} (one seed: no interval; bench/convergence.py runs seeds)",
+        ]
+    lines += [
+        f"  wall time               {r['wall_s']:.0f} s (fleet) + {r['baseline']['wall_s']:.0f} s (DDP)",
         f"  preemptions             {rec['sigterm']} SIGTERM + {rec['sigkill']} SIGKILL, "
         f"{'all recovered' if rec['all_recovered'] else 'not all recovered'}; coordinator restarts: "
         f"{r['coordinator_restarts']}",
-        f"  work lost to preemption {r['work_lost']['seconds_lost_to_kills']:.2f} worker-seconds "
-        f"({r['work_lost']['units_interrupted_by_kill']} units cut by SIGKILL; SIGTERM loses nothing)",
-        f"  cost as {inst['provider']}:{inst['instance']}   spot ${c['spot_usd']:.5f} vs on-demand "
-        f"${c['on_demand_usd']:.5f} (saving {100 * (c['saving'] or 0):.0f} %; prices as of {inst['as_of']})",
+        f"  seconds lost            {lost['seconds_lost_to_kills']:.1f} s of training cut by SIGKILL, "
+        f"{lost['seconds_restarting']:.1f} s restarting (billed, in the cost above)",
+        f"  prices                  {inst['provider']}:{inst['instance']} spot ${inst['spot_per_h']}/h, "
+        f"on demand ${inst['on_demand_per_h']}/h ({inst['source']}, as of {inst['as_of']})",
         "  wrote " + ", ".join(str(p) for p in paths),
     ]
     print("\n".join(lines))

@@ -1,10 +1,9 @@
 """The demo's report: ``report.json`` and two PNG plots in the run directory.
 
-Costs: every worker process stands for one instance of ``config.instance``; each of its sessions (start
-to exit) is billed like the provider bills a VM (per second after the minimum), at the spot price and,
-for the on-demand equivalent, at the on-demand price of the same price table. Work lost to preemption is
-the training time between a SIGKILLed worker's last checkpoint (or unit start) and the kill, read from
-the trainer's event log; SIGTERMed workers checkpoint and lose nothing.
+Costs are cost to target against the DDP baseline (:mod:`vcasync.demo.headline`). Work lost to
+preemption is the training time between a SIGKILLed worker's last checkpoint (or unit start) and the
+kill, read from the trainer's event log (SIGTERMed workers checkpoint and lose nothing), plus the
+start-up of every restarted worker before it trained again; both are inside billed sessions.
 """
 
 from __future__ import annotations
@@ -13,7 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .baseline import BaselineResult
+from .ddp import DdpResult
+from .headline import headline, restart_overhead_s
 from .procs import Slot
 from .run import DemoRun
 
@@ -65,24 +65,6 @@ def _lost_work(run: DemoRun, events: dict[int, list[dict[str, Any]]], t0_wall: f
     return {"seconds_lost_to_kills": lost_s, "units_interrupted_by_kill": interrupted}
 
 
-def _costs(run: DemoRun) -> dict[str, Any]:
-    price = run.config.prices[run.config.instance]
-    sessions = [(s.name, a, b) for s in run.slots for a, b in s.sessions]
-    spot = sum(price.cost(b - a, spot=True) for _, a, b in sessions)
-    on_demand = sum(price.cost(b - a, spot=False) for _, a, b in sessions)
-    return {
-        "instance": price.as_dict(),
-        "sessions": len(sessions),
-        "worker_seconds": sum(b - a for _, a, b in sessions),
-        "billed_seconds": sum(price.billed_seconds(b - a) for _, a, b in sessions),
-        "spot_usd": spot,
-        "on_demand_usd": on_demand,
-        "saving": (1.0 - spot / on_demand) if on_demand else None,
-        "note": "each worker process is priced as one instance; list prices as published at the date "
-                "shown, they drift",
-    }
-
-
 def _recoveries(run: DemoRun, events: dict[int, list[dict[str, Any]]], t0_wall: float) -> dict[str, Any]:
     """Each preemption, when its slot came back, and whether the unit it cut was finished later.
 
@@ -119,40 +101,43 @@ def _recoveries(run: DemoRun, events: dict[int, list[dict[str, Any]]], t0_wall: 
             "all_recovered": all(p["recovered"] for p in pairs)}
 
 
-def build_report(run: DemoRun, baseline: BaselineResult | None, t0_wall: float) -> dict[str, Any]:
+def build_report(run: DemoRun, baseline: DdpResult | None, t0_wall: float) -> dict[str, Any]:
     cfg = run.config
     events = read_events(run.run_dir / "events")
     final = run.accuracy[-1] if run.accuracy else None
     samples = run.total_units * run.unit_steps * cfg.batch_size
+    lost = _lost_work(run, events, t0_wall)
+    lost["seconds_restarting"] = restart_overhead_s(run.slots, events, t0_wall)
+    cost = headline(run, baseline, lost_s=lost["seconds_lost_to_kills"] + lost["seconds_restarting"])
     return {
         "final_accuracy": None if final is None else final[3],
-        "sync_baseline_accuracy": None if baseline is None else baseline.final_accuracy,
+        "ddp_accuracy": None if baseline is None else baseline.final_accuracy,
         "accuracy_gap": (None if final is None or baseline is None
                          else baseline.final_accuracy - final[3]),
         "chance_accuracy": 0.1,
         "finished": run.finished,
         "wall_s": run.wall_s,
         "samples": samples,
-        "cost": _costs(run),
-        "work_lost": _lost_work(run, events, t0_wall),
+        "saving": cost.get("saving"),
+        "time_to_target_s": (cost.get("async") or {}).get("time_to_target_s"),
+        "ddp_time_to_target_s": (cost.get("ddp") or {}).get("time_to_target_s"),
+        "first_merge_s": cost["first_merge_s"],
+        "cost": cost,
+        "work_lost": lost,
         "recovery": _recoveries(run, events, t0_wall),
         "coordinator_restarts": run.coordinator_restarts,
         "config": {
             "workers": cfg.workers, "dataset": cfg.dataset, "policy": cfg.policy,
             "policy_params": dict(cfg.policy_params), "epochs": cfg.epochs, "shards": cfg.num_shards(),
             "units": run.total_units, "unit_steps": run.unit_steps, "batch_size": cfg.batch_size,
-            "lr": cfg.worker_lr, "momentum": cfg.momentum, "preemptions": cfg.preemptions,
+            "lr": cfg.worker_lr, "ddp_lr": cfg.baseline_lr, "momentum": cfg.momentum,
+            "preemptions": cfg.preemptions,
             "preempt_per_min": cfg.preempt_per_min, "kill_fraction": cfg.kill_fraction,
             "restart_delay_s": list(cfg.restart_delay_s),
             "grace_s": cfg.grace_s, "kill_coordinator": cfg.kill_coordinator, "seed": cfg.seed,
             "run_dir": str(run.run_dir),
         },
-        "baseline": None if baseline is None else {
-            "kind": "synchronous data-parallel SGD", "workers": baseline.workers,
-            "batch_size": baseline.batch_size, "lr": baseline.lr, "steps": baseline.steps,
-            "samples": baseline.samples, "wall_s": baseline.wall_s,
-            "points": [list(p) for p in baseline.points],
-        },
+        "baseline": None if baseline is None else baseline.as_dict(),
         "accuracy": [list(p) for p in run.accuracy],
         "workers": [{"name": s.name, "starts": s.starts, "sigterm": s.preemptions, "sigkill": s.kills,
                      "uptime_s": s.uptime_s, "sessions": [list(x) for x in s.sessions], "pids": s.pids,
@@ -178,12 +163,20 @@ def plot_accuracy(report: dict[str, Any], path: Path) -> None:
     base = report["baseline"]
     if base is not None:
         pts = base["points"]
-        a1.plot([p[0] for p in pts], [p[2] for p in pts], marker=".", label="sync SGD (one process)")
-        a2.plot([p[1] for p in pts], [p[2] for p in pts], marker=".", label="sync SGD")
+        a1.plot([p[0] for p in pts], [p[2] for p in pts], marker=".",
+                label=f"DDP ({base['workers']} processes, gloo)")
+        a2.plot([p[1] for p in pts], [p[2] for p in pts], marker=".", label="DDP")
+    target = report["cost"].get("target")
+    if target is not None:
+        for a in (a1, a2):
+            a.axhline(target["value"], color="grey", linestyle=":", label="target (DDP - 0.5 pt)")
+    first = report["first_merge_s"]
+    if first is not None:
+        a1.axvline(first, color="green", linestyle="--", label="first merged result")
     for ev in report["timeline"]:
         if ev["who"] == "coordinator" and ev["kind"] == "killed":
             a1.axvline(ev["t_s"], color="red", linestyle=":", label="coordinator killed")
-    a1.set_xlabel("wall seconds")
+    a1.set_xlabel("wall seconds since the first process started (both sides)")
     a2.set_xlabel("training samples (async: units merged x unit samples)")
     for a in (a1, a2):
         a.set_ylabel("test accuracy")

@@ -8,8 +8,9 @@ period) or, for ``kill_fraction`` of them, SIGKILL; the slot comes back after a 
 state dir, as capacity returns. With
 ``kill_coordinator`` the coordinator is SIGKILLed once, when about 40 % of the units are done, and
 restarted on the same port and storage. When every worker has heard that the run is finished, the
-final model is scored, the synchronous baseline trains on the same number of samples, and
-:mod:`vcasync.demo.report` writes ``report.json`` and the plots.
+final model is scored; the caller then runs the DDP baseline (:mod:`vcasync.demo.ddp`) with the
+same number of processes on the same samples, and :mod:`vcasync.demo.report` writes ``report.json``
+and the plots.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..sim.prices import DEFAULT_INSTANCE, PriceTable
+from ..sim.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from .market import SpotMarket
 from .procs import Proc, Slot, Timeline
 
@@ -65,6 +66,7 @@ class DemoConfig:
     storage: str | None = None
     durability: str = "journal"
     instance: str = DEFAULT_INSTANCE
+    coordinator_instance: str = DEFAULT_COORDINATOR_INSTANCE
     prices: PriceTable = field(default_factory=PriceTable)
     seed: int = 0
     eval_every_s: float = 3.0
@@ -97,6 +99,7 @@ class DemoConfig:
             if not ok:
                 raise ConfigError(message)
         self.prices.resolve(self.instance)
+        self.prices.resolve(self.coordinator_instance)
 
     @property
     def worker_lr(self) -> float:
@@ -133,6 +136,7 @@ class DemoRun:
     final: dict[str, Any] = field(default_factory=dict)
     accuracy: list[tuple[float, int, int | None, float, float]] = field(default_factory=list)
     status: dict[str, Any] = field(default_factory=dict)
+    versions: list[tuple[float, int]] = field(default_factory=list)
 
 
 def _free_port() -> int:
@@ -336,6 +340,7 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
             await mon.score()
             out.status = mon.status
             out.accuracy = [(p.t_s, p.version, p.units_done, p.accuracy, p.loss) for p in mon.accuracy]
+            out.versions = list(mon.versions)
             out.wall_s = demo.timeline.now()
     finally:
         for s in demo.slots:

@@ -40,7 +40,8 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
 def configure(p: argparse.ArgumentParser) -> None:
     """Add ``vcasync simulate``'s arguments to ``p``."""
     g = p.add_argument_group("workload")
-    g.add_argument("--signal", default="surrogate", help="surrogate | digits | mnist5000 (default surrogate)")
+    g.add_argument("--signal", default="surrogate",
+                   help="surrogate | digits | mnist5000 | tinylm (default surrogate)")
     g.add_argument("--policy", default="vcasgd", help="merge policy name (default vcasgd)")
     g.add_argument("--policy-param", action="append", metavar="KEY=VALUE", help="policy parameter (repeat)")
     g.add_argument("--epochs", type=int, default=5)
@@ -58,6 +59,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-staleness", type=int, help="versions a result may lag (default 2 x workers)")
     f = p.add_argument_group("fleet")
     f.add_argument("--workers", type=int, default=8)
+    f.add_argument("--identical", action="store_true",
+                   help="identical reference machines on both sides: only the spot discount and the "
+                        "preemptions differ (ignores the speed and bandwidth spread flags)")
     f.add_argument("--speed-sigma", type=float, default=0.25)
     f.add_argument("--slow-fraction", type=float, default=0.1)
     f.add_argument("--slow-factor", type=float, default=3.0)
@@ -77,6 +81,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     c.add_argument("--spot-price", type=float, help="override the instance's spot $/h")
     c.add_argument("--price-table", type=Path,
                    help="JSON list of instance prices replacing the built-in table")
+    c.add_argument("--prices", type=Path, metavar="FILE",
+                   help="JSON or TOML price rows that add to / replace rows of the table")
     c.add_argument("--list-prices", action="store_true", help="print the price table and exit")
     o = p.add_argument_group("output")
     o.add_argument("--target-accuracy", type=float)
@@ -96,6 +102,8 @@ def _prices(args: argparse.Namespace) -> PriceTable:
         if not isinstance(rows, list):
             raise ConfigError(f"{args.price_table}: the price table must be a JSON list of objects")
         table = PriceTable.from_rows(rows)
+    if args.prices is not None:
+        table = table.merged(PriceTable.from_file(args.prices))
     if args.on_demand_price is not None or args.spot_price is not None:
         table = table.with_override(args.instance, on_demand_per_h=args.on_demand_price,
                                     spot_per_h=args.spot_price)
@@ -114,6 +122,8 @@ def build_config(args: argparse.Namespace) -> SimConfig:
     lo, hi = args.bandwidth_mbps
     fleet = FleetConfig(workers=args.workers, speed_sigma=args.speed_sigma, slow_fraction=args.slow_fraction,
                         slow_factor=args.slow_factor, bandwidth_min_bps=lo * 1e6, bandwidth_max_bps=hi * 1e6)
+    if args.identical:
+        fleet = FleetConfig.identical(args.workers)
     return SimConfig(
         signal=args.signal, policy=args.policy, policy_params=parse_params(args.policy_param), fleet=fleet,
         preemption=preemption, epochs=args.epochs, shards=args.shards, local_steps=args.local_steps,
@@ -126,6 +136,8 @@ def build_config(args: argparse.Namespace) -> SimConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..cli import ExitCode
+
     try:
         if args.list_prices:
             table = _prices(args)
@@ -134,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{r['provider']}:{r['instance']:<14} {r['region']:<12} on-demand ${r['on_demand_per_h']}/h"
                 f"  spot ${r['spot_per_h']}/h  ({r['source']}, as of {r['as_of']}"
                 f"{', approximate' if r['approximate'] else ''})" for r in rows))
-            return 0
+            return ExitCode.OK
         config = build_config(args)
         from .engine import Simulation
         from .report import plot_summary, render_text, summarize
@@ -142,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         summary = summarize(Simulation(config).run())
     except ConfigError as exc:
         print(f"vcasync simulate: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.CONFIG
     if args.plot is not None:
         plot_summary(summary, args.plot)
     if args.json:
@@ -151,4 +163,4 @@ def run(args: argparse.Namespace) -> int:
         print(render_text(summary))
         if args.plot is not None:
             print(f"plot: {args.plot}")
-    return 0
+    return ExitCode.OK

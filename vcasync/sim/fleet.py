@@ -80,6 +80,13 @@ class FleetConfig:
     bandwidth_max_bps: float = 2e9
     latency_s: float = 0.02
 
+    @classmethod
+    def identical(cls, workers: int, *, bandwidth_bps: float = 1e9, latency_s: float = 0.02) -> FleetConfig:
+        """``workers`` reference machines (speed 1, one link speed): what an on-demand group looks like,
+        and the fleet to compare against it when the spot discount alone is the question."""
+        return cls(workers=workers, speed_sigma=0.0, slow_fraction=0.0, bandwidth_min_bps=bandwidth_bps,
+                   bandwidth_max_bps=bandwidth_bps, latency_s=latency_s)
+
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ConfigError(f"a fleet needs at least one worker, got {self.workers}")

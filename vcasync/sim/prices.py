@@ -9,13 +9,20 @@ overridden (``PriceTable.with_override`` or ``vcasync simulate --spot-price/--on
 check the provider's page before trusting a saving computed from these.
 
 The GCP figures are built from the per-vCPU and per-GiB rates of the page (predefined N1/N2 machine
-types are billed as vCPUs plus memory since October 2018).
+types are billed as vCPUs plus memory since October 2018). The two GCP rows dated 2021-01 are the
+paper's era (preemptible VMs, fixed prices); the rows dated 2024-06 are today's kind of market (Spot
+VMs, GPU types) and are ``approximate``: they were copied from the providers' pages as of that month
+and could not be re-checked from a machine without network access. Bring your own with
+``--prices FILE`` (:meth:`PriceTable.from_file`: JSON or TOML rows of :class:`InstancePrice` fields).
 """
 
 from __future__ import annotations
 
+import json
+import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from ..errors import ConfigError
 
@@ -40,6 +47,7 @@ class InstancePrice:
     min_billed_s: float = 60.0
     approximate: bool = False
     note: str = ""
+    accelerator: str = ""
 
     def __post_init__(self) -> None:
         for name in ("on_demand_per_h", "spot_per_h"):
@@ -75,13 +83,14 @@ class InstancePrice:
             "vcpus": self.vcpus, "memory_gib": self.memory_gib,
             "on_demand_per_h": self.on_demand_per_h, "spot_per_h": self.spot_per_h,
             "source": self.source, "as_of": self.as_of, "min_billed_s": self.min_billed_s,
-            "approximate": self.approximate, "note": self.note,
+            "approximate": self.approximate, "note": self.note, "accelerator": self.accelerator,
         }
 
 
 _GCP_VM = "Google Cloud, 'VM instance pricing' (cloud.google.com/compute/vm-instance-pricing)"
 _AWS_OD = "Amazon EC2 On-Demand Pricing (aws.amazon.com/ec2/pricing/on-demand)"
 _AWS_SPOT = "Amazon EC2 Spot Instances Pricing (aws.amazon.com/ec2/spot/pricing)"
+_GCP_GPU = "Google Cloud, 'GPU pricing' (cloud.google.com/compute/gpus-pricing)"
 _AZ = "Azure Linux Virtual Machines Pricing (azure.microsoft.com/pricing/details/virtual-machines/linux)"
 
 DEFAULT_PRICES: tuple[InstancePrice, ...] = (
@@ -89,10 +98,18 @@ DEFAULT_PRICES: tuple[InstancePrice, ...] = (
     # N1 $0.006655 / vCPU-h + $0.000892 / GiB-h, N2 $0.00765 / vCPU-h + $0.001025 / GiB-h.
     InstancePrice("gcp", "n1-standard-8", "us-central1", 8, 30.0, 0.379998, 0.080000,
                   _GCP_VM + ", on-demand and preemptible rates", "2021-01",
-                  note="8 x 0.031611 + 30 x 0.004237; preemptible 8 x 0.006655 + 30 x 0.000892"),
+                  note="the paper's era (2021 preemptible VMs); "
+                       "8 x 0.031611 + 30 x 0.004237; preemptible 8 x 0.006655 + 30 x 0.000892"),
     InstancePrice("gcp", "n2-standard-8", "us-central1", 8, 32.0, 0.388472, 0.093999,
                   _GCP_VM + ", on-demand and preemptible rates", "2021-01",
-                  note="8 x 0.031611 + 32 x 0.004237; preemptible 8 x 0.00765 + 32 x 0.001025"),
+                  note="the paper's era (2021 preemptible VMs); "
+                       "8 x 0.031611 + 32 x 0.004237; preemptible 8 x 0.00765 + 32 x 0.001025"),
+    InstancePrice("gcp", "n2d-standard-8", "us-central1", 8, 32.0, 0.338, 0.0820,
+                  _GCP_VM + ", on-demand and Spot VM rates", "2024-06", approximate=True,
+                  note="Spot VM prices may change up to once a month"),
+    InstancePrice("gcp", "n1-standard-4+t4", "us-central1", 4, 15.0, 0.54, 0.1476,
+                  f"{_GCP_VM}; {_GCP_GPU}", "2024-06", approximate=True, accelerator="1 x NVIDIA T4",
+                  note="n1-standard-4 plus one T4, on-demand 0.19 + 0.35; Spot VM rates for both"),
     # A small machine for the coordinator (it merges and serves; it does not train).
     InstancePrice("gcp", "e2-standard-2", "us-central1", 2, 8.0, 0.067006, 0.020102,
                   _GCP_VM + ", on-demand and preemptible rates", "2021-01",
@@ -103,8 +120,14 @@ DEFAULT_PRICES: tuple[InstancePrice, ...] = (
     InstancePrice("aws", "c5.2xlarge", "us-east-1", 8, 16.0, 0.340, 0.1200,
                   f"{_AWS_OD}; spot: {_AWS_SPOT}", "2024-06", approximate=True,
                   note="spot is a market price that moves hourly per availability zone"),
+    InstancePrice("aws", "g4dn.xlarge", "us-east-1", 4, 16.0, 0.526, 0.1578,
+                  f"{_AWS_OD}; spot: {_AWS_SPOT}", "2024-06", approximate=True, accelerator="1 x NVIDIA T4",
+                  note="spot is a market price that moves hourly per availability zone"),
     InstancePrice("azure", "D8s_v5", "eastus", 8, 32.0, 0.384, 0.0768,
                   _AZ + ", pay-as-you-go and spot", "2024-06", approximate=True,
+                  note="spot price varies with capacity; shown as published for the region"),
+    InstancePrice("azure", "NC4as_T4_v3", "eastus", 4, 28.0, 0.526, 0.1578,
+                  _AZ + ", pay-as-you-go and spot", "2024-06", approximate=True, accelerator="1 x NVIDIA T4",
                   note="spot price varies with capacity; shown as published for the region"),
 )
 
@@ -145,7 +168,7 @@ class PriceTable(Mapping[str, InstancePrice]):
         if len(matches) > 1:
             raise ConfigError(f"instance {name!r} is ambiguous: say one of {matches}")
         raise ConfigError(f"no price for instance {name!r}; known: {sorted(self._by_key)} "
-                          "(add one with --price-table or override the prices)")
+                          "(add one with --prices FILE or override the prices)")
 
     def with_override(self, name: str, *, on_demand_per_h: float | None = None,
                       spot_per_h: float | None = None, source: str = "user override") -> PriceTable:
@@ -163,6 +186,34 @@ class PriceTable(Mapping[str, InstancePrice]):
                       note=f"overrides {old.source} ({old.as_of})", **changes)  # type: ignore[arg-type]
         return PriceTable([new if k == key else p for k, p in self._by_key.items()])
 
+    def merged(self, other: PriceTable) -> PriceTable:
+        """This table with ``other``'s rows added, replacing rows of the same ``provider:instance``."""
+        rows = dict(self._by_key)
+        rows.update({k: other[k] for k in other})
+        return PriceTable(list(rows.values()))
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> PriceTable:
+        """Rows from a JSON list (or ``{"prices": [...]}``) or a TOML file of ``[[prices]]`` tables."""
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read price file {str(p)!r}: {exc.strerror}") from None
+        try:
+            doc: object = tomllib.loads(text) if p.suffix == ".toml" else json.loads(text)
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"price file {str(p)!r} is not valid {p.suffix.lstrip('.') or 'JSON'}: "
+                              f"{exc}") from None
+        rows = doc.get("prices") if isinstance(doc, dict) else doc
+        if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+            raise ConfigError(f"price file {str(p)!r} must hold a non-empty list of price rows "
+                              '(JSON: [{...}] or {"prices": [...]}; TOML: [[prices]] tables)')
+        try:
+            return cls.from_rows(rows)
+        except ConfigError as exc:
+            raise ConfigError(f"price file {str(p)!r}: {exc}") from None
+
     @classmethod
     def from_rows(cls, rows: list[Mapping[str, object]]) -> PriceTable:
         """Build a table from JSON-like rows (the fields of :class:`InstancePrice`)."""
@@ -172,6 +223,14 @@ class PriceTable(Mapping[str, InstancePrice]):
             unknown = sorted(set(row) - fields)
             if unknown:
                 raise ConfigError(f"price row {i}: unknown field(s) {unknown}")
+            missing = sorted(f for f in ("provider", "instance", "region", "vcpus", "memory_gib",
+                                         "on_demand_per_h", "spot_per_h", "source", "as_of") if f not in row)
+            if missing:
+                raise ConfigError(f"price row {i}: missing field(s) {missing}")
+            for name in ("on_demand_per_h", "spot_per_h", "min_billed_s", "vcpus", "memory_gib"):
+                value = row.get(name, 0)
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise ConfigError(f"price row {i}: {name} must be a number, got {value!r}")
             try:
                 prices.append(InstancePrice(**row))  # type: ignore[arg-type]
             except TypeError as exc:

@@ -7,6 +7,8 @@ SGD, so merge policies see real updates) and evaluates a model on held-out data:
   10 overlapping classes, so accuracy saturates near 0.72 rather than 1). Its gradient is written out
   in numpy, cheap enough for fleets of thousands of workers.
 * ``digits`` / ``mnist5000``: the demo's small CNN on real images, for fidelity.
+* ``tinylm``: :mod:`vcasync.examples.tinylm`, a small transformer on the standard library's source,
+  judged by validation loss (:mod:`vcasync.sim.lm_signal`).
 
 The *virtual* time a unit takes is not the CPU time spent here: it is the machine model's
 (``sample_cost_s`` per sample on a reference machine, divided by the machine's speed).
@@ -177,11 +179,18 @@ def _cnn(name: str) -> Callable[[], TrainingSignal]:
     return build
 
 
+def _tinylm() -> TrainingSignal:
+    from .lm_signal import lm_signal  # it imports this module
+
+    return lm_signal()
+
+
 #: Signals by name; each builder loads its data once.
 SIGNALS: Mapping[str, Callable[[], TrainingSignal]] = {
     "surrogate": _surrogate,
     "digits": _cnn("digits"),
     "mnist5000": _cnn("mnist5000"),
+    "tinylm": _tinylm,
 }
 
 

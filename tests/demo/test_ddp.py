@@ -1,0 +1,50 @@
+"""The DDP baseline on two real processes (gloo over 127.0.0.1) for a few steps.
+
+It must be what a user would run instead of vcasync: the ranks end with the same weights (the
+gradients really were all-reduced), and the result equals single-process SGD on the combined batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sklearn", reason="the demo needs scikit-learn (vcasync[demo])")
+
+from vcasync.demo.baseline import sync_sgd
+from vcasync.demo.cnn import load_dataset
+from vcasync.demo.ddp import DdpConfig, run_ddp
+from vcasync.errors import ConfigError
+
+
+def test_two_ranks_train_in_lockstep_like_one_big_batch(tmp_path: Path) -> None:
+    cfg = DdpConfig(workers=2, dataset="digits", batch_size=16, samples=2 * 16 * 6, lr=0.1, seed=4,
+                    eval_points=3, timeout_s=180)
+    res = run_ddp(cfg, tmp_path)
+    assert len(res.digests) == 2
+    assert res.digests[0] == res.digests[1]
+    assert res.points[0][1] == 0
+    assert res.points[-1][1] == 6 * 32
+    times = [p[0] for p in res.points]
+    assert times == sorted(times)
+    # the clock starts before the processes: start-up is paid, and is part of the curve
+    assert 0 < res.first_step_s <= times[0] <= res.wall_s
+    ref = sync_sgd(load_dataset("digits"), workers=2, batch_size=16, samples=cfg.samples, lr=0.1,
+                   momentum=0.9, seed=4, eval_points=3)
+    assert res.final_loss == pytest.approx(ref.points[-1][3], rel=1e-4)
+    assert res.final_accuracy == pytest.approx(ref.final_accuracy, abs=0.003)
+    assert (tmp_path / "ddp-rank1.log").exists()
+
+
+def test_a_failing_rank_is_a_clear_error(tmp_path: Path) -> None:
+    cfg = DdpConfig(workers=2, dataset="no-such-data", batch_size=8, samples=32, lr=0.1, timeout_s=60)
+    with pytest.raises(ConfigError, match="DDP rank failed"):
+        run_ddp(cfg, tmp_path)
+
+
+def test_bad_config_is_refused() -> None:
+    with pytest.raises(ConfigError):
+        DdpConfig(workers=0, dataset="digits", batch_size=8, samples=32, lr=0.1)
+    with pytest.raises(ConfigError):
+        DdpConfig(workers=2, dataset="digits", batch_size=8, samples=32, lr=0.0)

@@ -1,0 +1,66 @@
+"""The demo's headline: cost to target of the preempted fleet on spot against DDP on on-demand.
+
+Both sides ran ``N`` processes on this machine, each standing for one instance of
+``config.instance``; both clocks start before their first process. The target is the DDP run's final
+test accuracy minus 0.5 point (:class:`vcasync.sim.target.Target`). The fleet's sessions (each worker
+process from start to exit, restarts included) are billed per second after the provider's minimum at
+the spot price, plus the coordinator on demand from its start; DDP's ``N`` processes are billed on
+demand from the spawn to its time to target. Beside the money: wall time to target on each side, and
+the time the fleet spent before its first merged result.
+
+One run is one seed, so it has no interval; ``bench/convergence.py`` repeats it over seeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..sim.target import Comparison, Span, Target, async_cost, ddp_cost, summarize_savings, time_to_target
+from .ddp import DdpResult
+from .procs import Slot
+from .run import DemoRun
+
+__all__ = ["ACCURACY_TOLERANCE_POINTS", "headline", "restart_overhead_s"]
+
+#: How far below DDP's final accuracy the target sits (points of accuracy).
+ACCURACY_TOLERANCE_POINTS = 0.5
+
+
+def restart_overhead_s(slots: Sequence[Slot], events: Mapping[int, list[dict[str, Any]]],
+                       t0_wall: float) -> float:
+    """Seconds of restarted sessions before their first training event (boot, import, re-download)."""
+    lost = 0.0
+    for s in slots:
+        for (start, end), pid in list(zip(s.sessions, s.pids, strict=False))[1:]:
+            first = min((e["t"] - t0_wall for e in events.get(pid, [])), default=None)
+            lost += (end - start) if first is None else max(0.0, min(first, end) - start)
+    return lost
+
+
+def headline(run: DemoRun, ddp: DdpResult | None, *, lost_s: float) -> dict[str, Any]:
+    """The cost-to-target section of ``report.json`` (``ddp`` None: no baseline, no saving)."""
+    cfg = run.config
+    price = cfg.prices[cfg.instance]
+    coord = cfg.prices[cfg.coordinator_instance]
+    first_merge = next((t for t, v in run.versions if v >= 1), None)
+    out: dict[str, Any] = {"instance": price.as_dict(), "coordinator_instance": coord.as_dict(),
+                           "first_merge_s": first_merge, "seeds": 1, "saving_ci": None}
+    if ddp is None:
+        return out | {"saving": None, "target": None}
+    target = Target.from_baseline("accuracy", ddp.final_accuracy, accuracy_points=ACCURACY_TOLERANCE_POINTS)
+    t_async = time_to_target(((p[0], p[3]) for p in run.accuracy), target)
+    t_ddp = time_to_target(((p[0], p[2]) for p in ddp.points), target)
+    sessions = [Span(a, b) for s in run.slots for a, b in s.sessions]
+    end = max([run.wall_s, *(s.end_s for s in sessions)])
+    fleet = async_cost(sessions, t_async, worker=price, coordinator=coord, lost_s=lost_s, end_s=end)
+    base = ddp_cost(cfg.workers, t_ddp, price=price)
+    cmp = Comparison(cfg.seed, target, fleet, base)
+    summary = summarize_savings([cmp])
+    return out | {
+        "target": target.as_dict(), "saving": cmp.saving, "targets_missed": summary["targets_missed"],
+        "async": fleet.as_dict(), "ddp": base.as_dict(), "time_ratio": cmp.time_ratio,
+        "ddp_first_step_s": ddp.first_step_s,
+        "note": "each process is priced as one instance; per-second billing after each provider's "
+                "minimum; list prices as published at the date shown, they drift",
+    }

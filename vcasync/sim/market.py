@@ -1,0 +1,126 @@
+"""Spot prices that move during a run: a replayed trace or a seeded random walk.
+
+A list price is a snapshot; a real spot price moves (hourly per zone on AWS, with capacity on Azure,
+up to monthly on GCP). A :class:`SpotPath` prices a billed interval by integrating a piecewise-constant
+$/h over it, so a long run pays the prices of the hours it actually ran in:
+
+* :class:`SpotTrace`: ``t_s,spot_per_h`` rows (CSV with that header), each price holding until the
+  next row's time; before the first row the first price holds.
+* :class:`SpotWalk`: the table's spot price times a multiplicative random walk, one step per
+  ``step_s`` (log-normal steps of ``sigma``, clipped to ``[low, high]`` x the list price), seeded.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import io
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from ..errors import ConfigError
+
+__all__ = ["SpotPath", "SpotTrace", "SpotWalk"]
+
+
+class SpotPath(Protocol):
+    """Prices ``start_s..end_s`` given the table's spot rate ``base_per_h``."""
+
+    def usd(self, base_per_h: float, start_s: float, end_s: float) -> float: ...
+
+
+def _integrate(times: list[float], rates: list[float], start_s: float, end_s: float) -> float:
+    """USD over ``[start_s, end_s]`` of a step function: ``rates[i]`` $/h from ``times[i]`` on."""
+    total = 0.0
+    i = max(0, bisect.bisect_right(times, start_s) - 1)
+    t = start_s
+    while t < end_s:
+        nxt = times[i + 1] if i + 1 < len(times) else math.inf
+        stop = min(end_s, nxt)
+        total += (stop - t) / 3600.0 * rates[i]
+        t = stop
+        i += 1 if stop == nxt else 0
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class SpotTrace:
+    """Absolute spot prices over time (the table's list price is ignored)."""
+
+    times: tuple[float, ...]
+    rates: tuple[float, ...]
+    source: str = "trace"
+
+    def __post_init__(self) -> None:
+        if not self.times or len(self.times) != len(self.rates):
+            raise ConfigError(f"{self.source}: a spot trace needs one price per time, and at least one")
+        if any(b <= a for a, b in zip(self.times, self.times[1:], strict=False)):
+            raise ConfigError(f"{self.source}: trace times must increase")
+        if any(not (math.isfinite(r) and r >= 0) for r in self.rates):
+            raise ConfigError(f"{self.source}: trace prices must be finite and >= 0")
+
+    @classmethod
+    def parse(cls, text: str, *, source: str = "trace") -> SpotTrace:
+        reader = csv.DictReader(io.StringIO(text))
+        if reader.fieldnames is None or not {"t_s", "spot_per_h"} <= set(reader.fieldnames):
+            raise ConfigError(f"{source}: the CSV header must name t_s and spot_per_h, "
+                              f"got {reader.fieldnames}")
+        times: list[float] = []
+        rates: list[float] = []
+        for line, rec in enumerate(reader, start=2):
+            try:
+                times.append(float(rec["t_s"]))
+                rates.append(float(rec["spot_per_h"]))
+            except (TypeError, ValueError):
+                raise ConfigError(f"{source}:{line}: not a number in {dict(rec)}") from None
+        return cls(tuple(times), tuple(rates), source)
+
+    @classmethod
+    def from_csv(cls, path: str | Path) -> SpotTrace:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read spot trace {str(path)!r}: {exc.strerror}") from None
+        return cls.parse(text, source=str(path))
+
+    def usd(self, base_per_h: float, start_s: float, end_s: float) -> float:
+        return _integrate(list(self.times), list(self.rates), start_s, end_s)
+
+
+@dataclass(frozen=True)
+class SpotWalk:
+    """The list spot price times a seeded multiplicative random walk (one step per ``step_s``)."""
+
+    seed: int = 0
+    step_s: float = 3600.0
+    sigma: float = 0.05
+    low: float = 0.5
+    high: float = 2.0
+    _cache: dict[int, float] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.step_s <= 0 or self.sigma < 0 or not 0 < self.low <= 1 <= self.high:
+            raise ConfigError("a spot walk needs step_s > 0, sigma >= 0 and 0 < low <= 1 <= high")
+
+    def factor(self, step: int) -> float:
+        """The multiplier in force during step ``step`` (step 0 is the list price)."""
+        if step <= 0:
+            return 1.0
+        if step not in self._cache:
+            rng = np.random.default_rng(np.random.SeedSequence([self.seed & 0xFFFFFFFF, 0x5B07]))
+            f = 1.0
+            draws = rng.normal(0.0, self.sigma, size=step) if self.sigma else np.zeros(step)
+            for done, d in enumerate(draws, start=1):
+                f = min(self.high, max(self.low, f * math.exp(float(d))))
+                self._cache.setdefault(done, f)
+        return self._cache[step]
+
+    def usd(self, base_per_h: float, start_s: float, end_s: float) -> float:
+        first, last = int(start_s // self.step_s), int(max(start_s, end_s - 1e-9) // self.step_s)
+        times = [k * self.step_s for k in range(first, last + 1)]
+        rates = [base_per_h * self.factor(k) for k in range(first, last + 1)]
+        return _integrate(times, rates, start_s, end_s)
