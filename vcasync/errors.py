@@ -103,7 +103,7 @@ class StateInUseError(ConfigError):
     """A live worker holds the worker state at ``url`` (``holder`` says which, when known): two workers
     on one state would overwrite each other's checkpoints. Give each worker its own state URL."""
 
-    def __init__(self, message: str, *, url: str, holder: str | None = None) -> None:
+    def __init__(self, message: str, *, url: str = "", holder: str | None = None) -> None:
         super().__init__(message)
         self.url = url
         self.holder = holder

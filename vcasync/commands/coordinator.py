@@ -363,8 +363,8 @@ def _exit_code(coord: Coordinator, finished: bool) -> ExitCode:
         return ExitCode.INTERRUPTED
     parked = coord.parked()
     if parked:
-        log.error("exiting with status %d: %d work unit(s) parked, never merged (see /v1/status)",
-                  ExitCode.PARKED, len(parked))
+        log.error("run ended with %d parked unit(s), never merged: exit code %d (PARKED; see "
+                  "/v1/status)", len(parked), ExitCode.PARKED)
         return ExitCode.PARKED
     return ExitCode.OK
 
