@@ -16,6 +16,7 @@ from .errors import (
     AuthError,
     ConfigError,
     LedgerError,
+    NoWorkAvailableError,
     PluginValidationError,
     PolicyError,
     StorageError,
@@ -40,7 +41,7 @@ from .policy import (
 )
 from .retry import RetryPolicy
 from .storage import ObjectInfo, Storage, available_backends, open_storage, register_backend
-from .tensors import ModelSpec, ModelState, TensorSpec, Update
+from .tensors import ModelSpec, ModelState, TensorSpec, Update, counter_increments, make_delta
 from .wire import (
     CodecSpec,
     Limits,
@@ -106,6 +107,7 @@ __all__ = [
     "Metrics",
     "ModelSpec",
     "ModelState",
+    "NoWorkAvailableError",
     "ObjectInfo",
     "Payload",
     "PluginValidationError",
@@ -137,9 +139,11 @@ __all__ = [
     "available_backends",
     "available_policies",
     "build_policy",
+    "counter_increments",
     "decode_payload",
     "decode_payload_bytes",
     "encode_payload",
+    "make_delta",
     "make_units",
     "open_storage",
     "pack_tree",
