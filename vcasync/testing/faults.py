@@ -29,11 +29,55 @@ from typing import Self, TypeVar
 from vcasync.errors import ConfigError, TransientStorageError
 from vcasync.storage import BytesLike, ObjectInfo, Storage
 
-__all__ = ["OPS", "FaultPlan", "FaultyStorage", "InjectedFault"]
+__all__ = ["OPS", "FaultPlan", "FaultyStorage", "ForwardingStorage", "InjectedFault"]
 
 T = TypeVar("T")
 
 OPS = frozenset({"get", "put", "put_stream", "exists", "stat", "list", "delete", "open_read"})
+
+
+class ForwardingStorage:
+    """A storage that forwards every call to ``inner``: the base of the test wrappers, which
+    override only the calls they change (and own ``inner``: closing the wrapper closes it)."""
+
+    def __init__(self, inner: Storage) -> None:
+        self.inner = inner
+        self.url = inner.url
+
+    async def get(self, key: str) -> bytes:
+        return await self.inner.get(key)
+
+    async def put(self, key: str, data: BytesLike, *, if_absent: bool = False) -> None:
+        await self.inner.put(key, data, if_absent=if_absent)
+
+    async def exists(self, key: str) -> bool:
+        return await self.inner.exists(key)
+
+    async def stat(self, key: str) -> ObjectInfo:
+        return await self.inner.stat(key)
+
+    def list(self, prefix: str = "") -> AsyncIterator[str]:
+        return self.inner.list(prefix)
+
+    async def delete(self, key: str) -> None:
+        await self.inner.delete(key)
+
+    def open_read(self, key: str, *, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
+        return self.inner.open_read(key, chunk_size=chunk_size)
+
+    async def put_stream(self, key: str, chunks: AsyncIterable[BytesLike], *,
+                         if_absent: bool = False) -> None:
+        await self.inner.put_stream(key, chunks, if_absent=if_absent)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: types.TracebackType | None) -> None:
+        await self.aclose()
 
 
 class InjectedFault(TransientStorageError):

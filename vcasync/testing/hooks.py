@@ -35,17 +35,17 @@ import asyncio
 import json
 import os
 import time
-import types
 from collections import Counter
-from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from collections.abc import AsyncIterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Final, Self, cast
+from typing import Any, ClassVar, Final, cast
 
 from ..errors import ConfigError
 from ..policy import MergePolicy, PolicyState
-from ..storage import BytesLike, ObjectInfo, Storage
+from ..storage import BytesLike, Storage
 from ..tensors import ModelState, Update
+from .faults import ForwardingStorage
 
 __all__ = ["POINTS", "ChaosHooks", "PausePlan", "PausePoints", "PausingStorage", "fault_layers"]
 
@@ -174,12 +174,11 @@ class _PausingPolicy:
         return self.inner.merge(model, update, state)
 
 
-class PausingStorage:
+class PausingStorage(ForwardingStorage):
     """A storage that pauses after writes of snapshot data objects and journal entries."""
 
     def __init__(self, inner: Storage, points: PausePoints, state_prefix: str) -> None:
-        self.inner = inner
-        self.url = inner.url
+        super().__init__(inner)
         self._points = points
         prefix = state_prefix.strip("/")
         self._where = ((f"{prefix}/snapshots/", "snapshot"), (f"{prefix}/journal/", "journal"))
@@ -191,42 +190,14 @@ class PausingStorage:
             if key.startswith(prefix) and "/manifests/" not in key:
                 await self._points.pause(point)
 
-    async def get(self, key: str) -> bytes:
-        return await self.inner.get(key)
-
     async def put(self, key: str, data: BytesLike, *, if_absent: bool = False) -> None:
         await self.inner.put(key, data, if_absent=if_absent)
         await self._after_write(key)
-
-    async def exists(self, key: str) -> bool:
-        return await self.inner.exists(key)
-
-    async def stat(self, key: str) -> ObjectInfo:
-        return await self.inner.stat(key)
-
-    def list(self, prefix: str = "") -> AsyncIterator[str]:
-        return self.inner.list(prefix)
-
-    async def delete(self, key: str) -> None:
-        await self.inner.delete(key)
-
-    def open_read(self, key: str, *, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
-        return self.inner.open_read(key, chunk_size=chunk_size)
 
     async def put_stream(self, key: str, chunks: AsyncIterable[BytesLike], *,
                          if_absent: bool = False) -> None:
         await self.inner.put_stream(key, chunks, if_absent=if_absent)
         await self._after_write(key)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: types.TracebackType | None) -> None:
-        await self.aclose()
 
 
 def fault_layers(spec: str) -> list[dict[str, Any]]:

@@ -28,9 +28,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-import types
 from collections.abc import AsyncIterable, AsyncIterator
-from typing import ClassVar, Self
+from typing import ClassVar
 
 import pytest
 
@@ -41,6 +40,7 @@ from vcasync.errors import (
     PreconditionFailedError,
 )
 from vcasync.storage import BytesLike, ObjectInfo, Storage, open_storage, probe_storage
+from vcasync.testing.faults import ForwardingStorage
 
 __all__ = ["ODD_KEYS", "IgnoringPreconditions", "StorageConformance", "pattern_stream"]
 
@@ -106,48 +106,16 @@ async def _read_all(storage: Storage, key: str, chunk_size: int = MiB) -> bytes:
     return b"".join([chunk async for chunk in storage.open_read(key, chunk_size=chunk_size)])
 
 
-class IgnoringPreconditions:
+class IgnoringPreconditions(ForwardingStorage):
     """A store that takes ``if_absent=True`` and ignores it: every put replaces. Everything else is
     forwarded to ``inner``. For tests of the start-up probe (never use it for real data)."""
-
-    def __init__(self, inner: Storage) -> None:
-        self.inner = inner
-        self.url = inner.url
-
-    async def get(self, key: str) -> bytes:
-        return await self.inner.get(key)
 
     async def put(self, key: str, data: BytesLike, *, if_absent: bool = False) -> None:
         await self.inner.put(key, data)
 
-    async def exists(self, key: str) -> bool:
-        return await self.inner.exists(key)
-
-    async def stat(self, key: str) -> ObjectInfo:
-        return await self.inner.stat(key)
-
-    def list(self, prefix: str = "") -> AsyncIterator[str]:
-        return self.inner.list(prefix)
-
-    async def delete(self, key: str) -> None:
-        await self.inner.delete(key)
-
-    def open_read(self, key: str, *, chunk_size: int = MiB) -> AsyncIterator[bytes]:
-        return self.inner.open_read(key, chunk_size=chunk_size)
-
     async def put_stream(self, key: str, chunks: AsyncIterable[BytesLike], *,
                          if_absent: bool = False) -> None:
         await self.inner.put_stream(key, chunks)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: types.TracebackType | None) -> None:
-        await self.aclose()
 
 
 class StorageConformance:
