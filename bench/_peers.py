@@ -29,11 +29,11 @@ import torch
 from aiohttp import web
 
 from vcasync._loop import run
-from vcasync._units import WorkUnit
-from vcasync.auth import TokenAuthority
 from vcasync.coordinator import Coordinator, CoordinatorConfig
+from vcasync.ledger._units import WorkUnit
 from vcasync.policy import build_policy
 from vcasync.server import build_app
+from vcasync.server._auth import TokenAuthority
 from vcasync.storage import open_storage
 from vcasync.tensors import ModelState
 

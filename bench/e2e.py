@@ -45,9 +45,9 @@ import torch
 
 from vcasync._aio import buffer_blocks
 from vcasync._loop import run
-from vcasync.client import UPLOAD_BLOCK, CoordinatorClient
 from vcasync.coordinator import CoordinatorConfig
 from vcasync.wire import encode_payload
+from vcasync.worker._client import UPLOAD_BLOCK, CoordinatorClient
 
 from ._peers import SECRET, bench_model
 from ._proc import peer

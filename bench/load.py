@@ -3,7 +3,7 @@
 
 Built on :mod:`bench.scale` (the same coordinator process, the same open-loop fleet of coroutines on a
 lean HTTP pool): while its ``N`` workers lease and heartbeat every ``--interval`` seconds, a few
-*submitters* (real clients, :class:`vcasync.client.CoordinatorClient`) lease units, download the model,
+*submitters* (real clients, :class:`vcasync.CoordinatorClient`) lease units, download the model,
 and upload delta results as fast as they can, so the coordinator merges all along. The lease timeout
 is only ``--timeout-factor`` heartbeat intervals, so a heartbeat that is answered late or dropped shows
 up as an expired lease: ``leases_expired`` must stay 0 (no lease expires wrongly).
@@ -29,9 +29,9 @@ from typing import Any
 import torch
 
 from vcasync._loop import run
-from vcasync.client import CoordinatorClient
 from vcasync.errors import VCAsyncError
 from vcasync.wire import decode_payload_bytes, encode_payload
+from vcasync.worker._client import CoordinatorClient
 
 from . import scale
 from ._http import LeanPool

@@ -27,8 +27,8 @@ import sys
 import time
 from typing import Any
 
-from vcasync import _protocol as P
 from vcasync._loop import run
+from vcasync.protocol import _messages as P
 
 from ._http import LeanPool
 from ._peers import SECRET

@@ -55,19 +55,19 @@ from .wire import (
 )
 
 if TYPE_CHECKING:
-    from .auth import TokenAuthority
-    from .client import Backoff, CoordinatorClient
     from .server import Server, ServerConfig
+    from .server._auth import TokenAuthority
     from .trainer import TrainContext, TrainResult
     from .worker import Worker, WorkerConfig, WorkerReport
+    from .worker._client import Backoff, CoordinatorClient
 
 __version__ = "0.1.0"
 
 #: name -> module for the parts that import aiohttp; loaded on first attribute access.
 _LAZY = {
-    "TokenAuthority": "auth",
-    "Backoff": "client",
-    "CoordinatorClient": "client",
+    "TokenAuthority": "server._auth",
+    "Backoff": "worker._client",
+    "CoordinatorClient": "worker._client",
     "Server": "server",
     "ServerConfig": "server",
     "TrainContext": "trainer",

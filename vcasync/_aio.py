@@ -15,7 +15,7 @@ async def to_thread_released(fn: Callable[..., T], /, *args: Any, **kwargs: Any)
     """:func:`asyncio.to_thread` that lets go of ``fn`` and its arguments as soon as ``fn``
     returns. The executor's work item holds them until its thread gets round to dropping it,
     which can be after the caller has resumed: a caller that then judges buffers unshared by
-    their reference counts (:class:`~vcasync._buffers.BufferPool`) would find them held."""
+    their reference counts (:class:`~vcasync.coordinator._buffers.BufferPool`) would find them held."""
     box: list[Any] = [fn, args, kwargs]
 
     def call() -> T:

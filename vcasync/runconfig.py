@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ._units import WorkUnit, make_units
 from .errors import ConfigError
+from .ledger._units import WorkUnit, make_units
 from .server import ServerConfig
 
 __all__ = ["RunConfig", "UnitsConfig", "dataclass_from_table", "load_run_config", "merge_tables"]

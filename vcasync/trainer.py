@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ._units import WorkUnit
+from .ledger._units import WorkUnit
 from .tensors import ModelState
 
 __all__ = ["TrainContext", "TrainResult", "Trainer"]

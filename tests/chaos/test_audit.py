@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
-from vcasync._units import Receipt, make_units
 from vcasync.coordinator import Coordinator, CoordinatorConfig
-from vcasync.journal import Journal
+from vcasync.coordinator._journal import Journal
+from vcasync.ledger._units import Receipt, make_units
 from vcasync.policy import build_policy
 from vcasync.storage import open_storage
 from vcasync.tensors import ModelState

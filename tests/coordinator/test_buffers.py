@@ -9,9 +9,9 @@ from typing import Any, ClassVar
 import torch
 
 from vcasync._aio import to_thread_released
-from vcasync._buffers import BufferPool, unshared
-from vcasync._units import make_units
 from vcasync.coordinator import Coordinator, CoordinatorConfig
+from vcasync.coordinator._buffers import BufferPool, unshared
+from vcasync.ledger._units import make_units
 from vcasync.tensors import ModelState, Update
 
 

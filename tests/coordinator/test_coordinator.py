@@ -10,7 +10,6 @@ import threading
 import pytest
 import torch
 
-from vcasync._units import make_units
 from vcasync.coordinator import Coordinator, CoordinatorConfig
 from vcasync.errors import (
     ClosedError,
@@ -24,6 +23,7 @@ from vcasync.errors import (
     WireError,
 )
 from vcasync.ledger import UnitState
+from vcasync.ledger._units import make_units
 from vcasync.wire import decode_payload, encode_payload
 
 NONE = CoordinatorConfig(durability="none", lease_timeout_s=10.0)

@@ -12,10 +12,9 @@ from typing import Any
 
 import torch
 
-from vcasync import _merger
-from vcasync._units import make_units
-from vcasync.coordinator import Coordinator, CoordinatorConfig
-from vcasync.journal import Journal
+from vcasync.coordinator import Coordinator, CoordinatorConfig, _merger
+from vcasync.coordinator._journal import Journal
+from vcasync.ledger._units import make_units
 from vcasync.policy import build_policy
 from vcasync.storage import open_storage
 

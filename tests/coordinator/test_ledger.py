@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from vcasync._units import LeaseGrant, Receipt, WorkUnit, make_units
 from vcasync.errors import (
     ConfigError,
     LeaseExpiredError,
@@ -15,6 +14,7 @@ from vcasync.errors import (
     ValidationError,
 )
 from vcasync.ledger import LeaseState, Ledger, LedgerConfig, UnitState
+from vcasync.ledger._units import LeaseGrant, Receipt, WorkUnit, make_units
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 

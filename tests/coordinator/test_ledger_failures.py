@@ -11,7 +11,6 @@ import contextlib
 
 import pytest
 
-from vcasync._units import make_units
 from vcasync.errors import (
     LeaseExpiredError,
     LedgerError,
@@ -20,6 +19,7 @@ from vcasync.errors import (
     WorkerQuarantinedError,
 )
 from vcasync.ledger import LeaseState, Ledger, LedgerConfig, UnitState
+from vcasync.ledger._units import make_units
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 

@@ -21,9 +21,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from vcasync._units import WorkUnit
 from vcasync.errors import LedgerError, ValidationError
 from vcasync.ledger import LeaseState, Ledger, LedgerConfig, UnitState
+from vcasync.ledger._units import WorkUnit
 
 SECRET = b"k" * 32
 

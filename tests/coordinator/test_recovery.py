@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import torch
 
-from vcasync._units import make_units
 from vcasync.checkpoint import CheckpointStore
 from vcasync.coordinator import Coordinator, CoordinatorConfig
 from vcasync.errors import ConfigError, CorruptObjectError, StorageError, StorageUnavailableError
+from vcasync.ledger._units import make_units
 from vcasync.storage import open_storage
 from vcasync.tensors import ModelState
 from vcasync.testing.faults import FaultPlan, FaultyStorage

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vcasync._units import make_units
 from vcasync.coordinator import Coordinator, CoordinatorConfig
+from vcasync.ledger._units import make_units
 from vcasync.storage import open_storage
 
 from .test_recovery import crash, submit

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from vcasync._units import make_units
 from vcasync.coordinator import Coordinator, CoordinatorConfig, StartOptions
 from vcasync.errors import ConfigError, TransientStorageError
+from vcasync.ledger._units import make_units
 from vcasync.policy import build_policy, policy_spec
 from vcasync.retry import RetryPolicy
 from vcasync.storage import open_storage

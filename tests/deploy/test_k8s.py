@@ -15,11 +15,11 @@ from urllib.parse import urlsplit
 import kubernetes_validate
 import pytest
 
-from vcasync._routes import PUBLIC_ROUTES
 from vcasync.cli import available_commands, build_parser
 from vcasync.commands import coordinator as coordinator_cmd
 from vcasync.commands import worker as worker_cmd
 from vcasync.runconfig import load_run_config
+from vcasync.server._routes import PUBLIC_ROUTES
 from vcasync.storage import url_scheme
 
 from .kustomize_subset import Unsupported, render

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from vcasync._units import WorkUnit
 from vcasync.errors import ConfigError
 from vcasync.examples import tinylm
+from vcasync.ledger._units import WorkUnit
 from vcasync.tensors import ModelState
 from vcasync.trainer import TrainContext
 

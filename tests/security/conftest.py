@@ -11,12 +11,12 @@ from typing import Any
 import aiohttp
 import torch
 
-from vcasync._units import make_units
-from vcasync.auth import TokenAuthority
 from vcasync.coordinator import Coordinator, CoordinatorConfig
 from vcasync.examples import digits
+from vcasync.ledger._units import make_units
 from vcasync.policy import MergePolicy, build_policy
 from vcasync.server import Server, ServerConfig
+from vcasync.server._auth import TokenAuthority
 from vcasync.storage import Storage, open_storage
 from vcasync.tensors import ModelState
 from vcasync.wire import decode_message, encode_message

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import vcasync
-from vcasync.client import Backoff
 from vcasync.examples import digits
 from vcasync.trainer import TrainContext, TrainResult
 from vcasync.worker import Worker, WorkerConfig
+from vcasync.worker._client import Backoff
 
 from .conftest import SECRET, serving
 

@@ -14,11 +14,11 @@ import aiohttp
 import pytest
 import torch
 
-from vcasync._units import WorkUnit, make_units
-from vcasync.auth import TokenAuthority
 from vcasync.coordinator import Coordinator, CoordinatorConfig
+from vcasync.ledger._units import WorkUnit, make_units
 from vcasync.policy import build_policy
 from vcasync.server import Server, ServerConfig
+from vcasync.server._auth import TokenAuthority
 from vcasync.storage import open_storage
 from vcasync.tensors import ModelState
 from vcasync.wire import encode_message, encode_payload

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from vcasync import client as client_mod
-from vcasync._units import make_units
-from vcasync.client import CoordinatorClient, client_ssl_context
 from vcasync.errors import ConfigError
+from vcasync.ledger._units import make_units
 from vcasync.server import ServerConfig
 from vcasync.tensors import ModelState
 from vcasync.wire import decode_payload_bytes
+from vcasync.worker import _client as client_mod
+from vcasync.worker._client import CoordinatorClient, client_ssl_context
 
 from .conftest import SECRET, result_payload, running, self_signed_cert
 

@@ -10,8 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from vcasync._units import make_units
 from vcasync.errors import TrainerError, WorkerQuarantinedError
+from vcasync.ledger._units import make_units
 from vcasync.trainer import TrainContext, TrainResult
 
 from .conftest import running

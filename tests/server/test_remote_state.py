@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from vcasync.backends.memory import MemoryStorage
 
-from vcasync._state_lease import StateLease
-from vcasync._units import make_units
 from vcasync.errors import ConfigError, StateInUseError
+from vcasync.ledger._units import make_units
 from vcasync.trainer import TrainContext, TrainResult
 from vcasync.worker import Worker, WorkerConfig
+from vcasync.worker._state_lease import StateLease
 
 from .conftest import SECRET, running, tiny_model
 from .test_worker import FAST, Blocker, make_trainer

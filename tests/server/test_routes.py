@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 import torch
 
-from vcasync._units import WorkUnit
+from vcasync.ledger._units import WorkUnit
 from vcasync.server import ServerConfig
 from vcasync.tensors import ModelState
 from vcasync.wire import decode_message, decode_payload_bytes
@@ -155,7 +155,7 @@ async def test_revoked_token_is_refused(served: Any, http: aiohttp.ClientSession
     _, server = served
     worker_id, token = await join(http, server.url)
     await lease(http, server.url, token)
-    from vcasync._routes import AUTH
+    from vcasync.server._routes import AUTH
 
     assert await server.app[AUTH].revoke(worker_id) == 1
     async with http.post(f"{server.url}/v1/leases", data=control("lease_request"),

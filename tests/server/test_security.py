@@ -10,12 +10,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from vcasync._units import make_units
-from vcasync.auth import TokenAuthority
-from vcasync.client import CoordinatorClient, client_ssl_context
+from vcasync.ledger._units import make_units
 from vcasync.server import ServerConfig
+from vcasync.server._auth import TokenAuthority
 from vcasync.wire import decode_message
 from vcasync.worker import Worker, WorkerConfig
+from vcasync.worker._client import CoordinatorClient, client_ssl_context
 
 from .conftest import SECRET, bearer, control, running, self_signed_cert
 from .test_worker import FAST, make_trainer

@@ -13,17 +13,17 @@ from typing import Any
 import aiohttp
 import pytest
 
-from vcasync._units import make_units
-from vcasync.auth import StorageTokenStore, TokenAuthority
-from vcasync.client import CoordinatorClient
 from vcasync.coordinator import Coordinator, CoordinatorConfig
 from vcasync.errors import StorageUnavailableError, TransientStorageError
+from vcasync.ledger._units import make_units
 from vcasync.policy import build_policy
 from vcasync.server import Server, ServerConfig
+from vcasync.server._auth import StorageTokenStore, TokenAuthority
 from vcasync.storage import open_storage
 from vcasync.tensors import ModelState
 from vcasync.testing.faults import FaultyStorage
 from vcasync.wire import decode_payload_bytes
+from vcasync.worker._client import CoordinatorClient
 
 from .conftest import SECRET, control, result_payload, tiny_model
 

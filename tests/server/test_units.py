@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from vcasync import errors as E
-from vcasync._errmap import HTTP_ERRORS, error_fields, error_from_body, spec_for
-from vcasync.auth import StorageTokenStore, TokenAuthority
 from vcasync.errors import AuthError, ConfigError
-from vcasync.metrics_http import Family, HttpMetrics, Sample, render
+from vcasync.protocol._errors import HTTP_ERRORS, error_fields, error_from_body, spec_for
 from vcasync.runconfig import UnitsConfig, load_run_config
+from vcasync.server._auth import StorageTokenStore, TokenAuthority
+from vcasync.server._http_metrics import Family, HttpMetrics, Sample, render
 from vcasync.storage import open_storage
 
 from .conftest import SECRET

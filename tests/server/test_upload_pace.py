@@ -1,7 +1,7 @@
 """Slow uploads against the real server: a client that sends most of a result at once and then
 drips a byte every few tenths of a second is cut off within about one rate window (408, connection
 closed), whatever it sent before, while an honest upload still gets a decode slot. Plus the rules
-of :class:`vcasync._upload.Pace` on their own, without sockets or sleeps."""
+of :class:`vcasync.server._upload_pace.Pace` on their own, without sockets or sleeps."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import aiohttp
 import pytest
 import torch
 
-from vcasync._units import make_units
-from vcasync._upload import BodyTimeouts, Pace
 from vcasync.errors import ConfigError
+from vcasync.ledger._units import make_units
 from vcasync.server import ServerConfig
+from vcasync.server._upload_pace import BodyTimeouts, Pace
 from vcasync.tensors import ModelState
 
 from .conftest import PAYLOAD, result_payload, running

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 import torch
 
-from vcasync._routes import HTTP_METRICS
-from vcasync._units import make_units
-from vcasync.auth import TokenAuthority
-from vcasync.client import Backoff
 from vcasync.errors import ConfigError, TrainerError
+from vcasync.ledger._units import make_units
 from vcasync.server import Server, ServerConfig
+from vcasync.server._auth import TokenAuthority
+from vcasync.server._routes import HTTP_METRICS
 from vcasync.trainer import TrainContext, TrainResult
 from vcasync.worker import Worker, WorkerConfig
+from vcasync.worker._client import Backoff
 
 from .conftest import SECRET, running, tiny_model
 

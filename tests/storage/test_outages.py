@@ -33,9 +33,9 @@ from typing import Any
 import pytest
 
 from vcasync.cli import ExitCode
-from vcasync.client import CoordinatorClient
 from vcasync.storage import open_storage
 from vcasync.testing.emulators import DUMMY_S3_CREDENTIALS
+from vcasync.worker._client import CoordinatorClient
 
 HERE = Path(__file__).resolve().parent
 SECRET = "outage-tests-join-secret-5e2a9d"

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from vcasync.cli import ExitCode
-from vcasync.client import CoordinatorClient
 from vcasync.storage import open_storage
 from vcasync.testing.emulators import DUMMY_S3_CREDENTIALS
+from vcasync.worker._client import CoordinatorClient
 
 BUCKET = "vcasync-tests"
 SECRET = "runs-join-secret-4f0a9b7c"

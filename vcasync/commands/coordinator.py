@@ -241,9 +241,9 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     import torch
 
     from .._imports import import_object
-    from ..auth import StorageTokenStore, TokenAuthority
     from ..coordinator import Coordinator, CoordinatorConfig
     from ..runconfig import dataclass_from_table
+    from ..server._auth import StorageTokenStore, TokenAuthority
     from ..storage import open_storage
     from ..tensors import ModelState
 

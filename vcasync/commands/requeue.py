@@ -31,7 +31,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
 def _run(a: argparse.Namespace) -> int:
     import asyncio
 
-    from ..client import CoordinatorClient, client_ssl_context
+    from ..worker._client import CoordinatorClient, client_ssl_context
 
     token = read_secret("VCASYNC_OPERATOR_TOKEN", a.operator_token_file, what="operator token")
     if not token:

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..client import CoordinatorClient
 from ..errors import VCAsyncError
 from ..wire import decode_payload_bytes
+from ..worker._client import CoordinatorClient
 from .cnn import Dataset, SmallCNN, evaluate
 from .procs import Slot
 

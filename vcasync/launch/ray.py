@@ -15,7 +15,7 @@
     fleet.wait()             # until every worker reports the run finished
 
 Why this holds up under preemption: actor ``i`` keeps its worker state at ``{state_root}/worker-{i}``
-(:mod:`vcasync._remote_state`), not on its node. When a spot node vanishes without notice Ray
+(:mod:`vcasync.worker._remote_state`), not on its node. When a spot node vanishes without notice Ray
 restarts the actor (``max_restarts=-1``) on another node that carries the spot resource; the new
 incarnation opens the same state URL, waits out the dead one's owner record, and resumes its lease from
 the last checkpoint. Actors are named (``vcasync-worker-<i>``) and detached in a Ray namespace, so a

@@ -22,10 +22,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._units import Receipt, WorkUnit
 from ..checkpoint import CheckpointStore
 from ..coordinator import Coordinator, CoordinatorConfig
-from ..journal import Journal
+from ..coordinator._journal import Journal
+from ..ledger._units import Receipt, WorkUnit
 from ..policy import MergePolicy
 from ..storage import Storage
 from ..tensors import ModelState

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .._units import Receipt
-from .._worker_state import StateDir
+from ..ledger._units import Receipt
+from ..worker._state_dir import StateDir
 from .audit import AuditReport
 from .chaos_driver import DriverWorker, audit_run, one_torch_thread
 from .fleet import Fleet, FleetSpec, Proc, free_port, toml_text

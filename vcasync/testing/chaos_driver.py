@@ -14,18 +14,18 @@ from urllib.parse import urlsplit
 import aiohttp
 import torch
 
-from .. import _protocol as P
 from .._imports import import_object
-from .._units import Receipt, WorkUnit
-from ..client import CoordinatorClient, is_transient
 from ..coordinator import CoordinatorConfig
 from ..errors import VCAsyncError
+from ..ledger._units import Receipt, WorkUnit
 from ..policy import policy_from_config
+from ..protocol import _messages as P
 from ..runconfig import UnitsConfig, dataclass_from_table
 from ..storage import open_storage
 from ..tensors import ModelState, Update
 from ..trainer import TrainContext, TrainResult
 from ..wire import decode_payload_bytes, encode_payload
+from ..worker._client import CoordinatorClient, is_transient
 from .audit import AuditReport, audit
 
 if TYPE_CHECKING:

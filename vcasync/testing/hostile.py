@@ -35,8 +35,8 @@ import msgpack
 import torch
 from hypothesis import strategies as st
 
-from .. import _protocol as P
-from ..auth import TokenAuthority
+from ..protocol import _messages as P
+from ..server._auth import TokenAuthority
 from ..tensors import ModelState
 from ..wire import decode_payload_bytes, encode_message
 from . import hostile_payloads as HP

@@ -1,0 +1,54 @@
+"""The Coordinator's constructor checks: each argument of the wrong kind is a :class:`ConfigError`
+that names the fix, raised when the Coordinator is built (not an ``AttributeError`` on first use).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+import torch
+
+from ..errors import ConfigError
+from ..ledger._units import WorkUnit
+from ..policy import MergePolicy
+from ..storage import Storage
+from ..tensors import ModelState
+from ._config import CoordinatorConfig
+
+__all__ = ["check_arguments"]
+
+
+def check_arguments(model: object, units: object, policy: object, storage: object, config: object,
+                     clock: object) -> list[WorkUnit]:
+    """A :class:`ConfigError` naming the fix for each argument of the wrong kind, when the
+    Coordinator is built: otherwise it surfaces as an ``AttributeError`` on first use, or later.
+    Returns the units as a list."""
+    if isinstance(model, torch.nn.Module):
+        raise ConfigError(f"model is a {type(model).__name__} module; pass its state: "
+                          "Coordinator(ModelState.from_module(module), ...)")
+    if not isinstance(model, ModelState):
+        raise ConfigError(f"model must be a vcasync.ModelState, got {type(model).__name__}")
+    if isinstance(units, (str, bytes)) or not isinstance(units, Iterable):
+        raise ConfigError(f"units must be a sequence of WorkUnit (see make_units), "
+                          f"got {type(units).__name__}")
+    listed = list(units)        # once: a generator of units is fine, and is read here only
+    bad = next((u for u in listed if not isinstance(u, WorkUnit)), None)
+    if bad is not None:
+        raise ConfigError(f"units must be WorkUnit objects (see make_units), got a {type(bad).__name__}")
+    if not isinstance(policy, MergePolicy):
+        raise ConfigError(f"policy {policy!r} does not implement MergePolicy; build one with "
+                          "build_policy(name)")
+    if isinstance(storage, (str, os.PathLike)):
+        # Refused rather than opened here: a storage is an async resource, and whoever opens it
+        # closes it. Opening it behind the caller's back would leave nothing to close it with.
+        raise ConfigError(f"storage is the URL {str(storage)!r}, not an open Storage: open it "
+                          "yourself, `async with open_storage(url) as storage:`, and pass storage")
+    if storage is not None and not isinstance(storage, Storage):
+        raise ConfigError(f"storage must implement vcasync.Storage (or be None), "
+                          f"got {type(storage).__name__}")
+    if config is not None and not isinstance(config, CoordinatorConfig):
+        raise ConfigError(f"config must be a CoordinatorConfig, got {type(config).__name__}")
+    if not callable(clock):
+        raise ConfigError(f"clock must be a callable returning seconds, got {type(clock).__name__}")
+    return listed

@@ -1,0 +1,99 @@
+"""The coordinator's configuration: one frozen dataclass, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..errors import ConfigError
+from ..ledger import LedgerConfig
+from ..wire import Limits, resolve_codec
+
+__all__ = ["CoordinatorConfig", "Durability"]
+
+Durability = Literal["journal", "snapshot", "none"]
+GiB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorConfig:
+    """Everything a coordinator is told; validated here so a typo fails before anything starts."""
+
+    max_staleness: int = 16               # results based on older versions are refused
+    durability: Durability = "journal"
+    snapshot_every: int = 100             # results between snapshots ...
+    snapshot_interval_s: float = 60.0     # ... and at most this long when something changed
+    keep_snapshots: int = 2               # while running, each with the journal entries after it
+    #: At close, delete what the final snapshot covers: the journal entries and the older snapshots
+    #: (without those entries they would be fallbacks that drop results). False keeps the whole
+    #: history that ``keep_snapshots`` kept (audits, post-mortems).
+    prune_on_close: bool = True
+    lease_timeout_s: float = 60.0
+    heartbeat_interval_s: float | None = None
+    max_attempts: int = 5
+    deadline_slack: float = 3.0
+    park_after_workers: int = 3           # distinct workers that must fail a unit before it parks
+    worker_backoff_s: float = 1.0         # a failing worker waits this, doubled per failure in a row,
+    worker_backoff_max_s: float = 60.0    # ... up to this, before its next lease
+    quarantine_after: int = 5             # failures in a row that stop a worker getting work ...
+    quarantine_s: float | None = 3600.0   # ... for this long (None: the rest of the run)
+    require_finite: bool = True
+    max_update_norm: float | None = None
+    limits: Limits = field(default_factory=Limits)
+    model_codec: str = "raw"              # how model downloads are encoded (unless asked otherwise)
+    journal_codec: str = "raw"            # how journal entries and snapshots are encoded
+    max_retained_bytes: int | None = 4 * GiB   # old versions kept for deltas and downloads
+    max_concurrent_decodes: int = 2       # uploads decoded at once; each slot keeps one update-sized
+                                          # set of buffers mapped, reused by the next upload
+    state_prefix: str = "vcasync"         # where on the storage the coordinator keeps its state
+    expiry_interval_s: float = 1.0
+    #: While storage is unavailable, probe writes check whether it is back: after 0.1 s, then at
+    #: doubling intervals up to this one (workers are told to retry about when the next is due) ...
+    storage_probe_interval_s: float = 5.0
+    #: ... and how long it may stay unavailable before the coordinator gives up and stops
+    #: (``vcasync coordinator`` exits with ``ExitCode.STORAGE``).
+    storage_outage_limit_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, what: str) -> None:
+            if not ok:
+                raise ConfigError(f"CoordinatorConfig.{name} {what}, got {getattr(self, name)!r}")
+
+        def count(name: str, minimum: int) -> None:
+            v = getattr(self, name)
+            need(isinstance(v, int) and not isinstance(v, bool) and v >= minimum, name,
+                 f"must be an int >= {minimum}")
+
+        count("max_staleness", 0)
+        count("snapshot_every", 1)
+        count("keep_snapshots", 1)
+        count("max_concurrent_decodes", 1)
+        need(self.durability in ("journal", "snapshot", "none"), "durability",
+             "must be 'journal', 'snapshot' or 'none'")
+        need(self.snapshot_interval_s > 0, "snapshot_interval_s", "must be > 0")
+        need(self.expiry_interval_s > 0, "expiry_interval_s", "must be > 0")
+        need(self.storage_probe_interval_s > 0, "storage_probe_interval_s", "must be > 0")
+        need(self.storage_outage_limit_s > 0, "storage_outage_limit_s", "must be > 0")
+        need(self.max_update_norm is None or self.max_update_norm > 0, "max_update_norm",
+             "must be > 0 or None")
+        need(self.max_retained_bytes is None or self.max_retained_bytes >= 0, "max_retained_bytes",
+             "must be >= 0 or None")
+        need(isinstance(self.limits, Limits), "limits", "must be a vcasync.wire.Limits")
+        need(isinstance(self.state_prefix, str) and bool(self.state_prefix.strip("/")),
+             "state_prefix", "must be a non-empty key prefix")
+        for name in ("model_codec", "journal_codec"):
+            try:
+                resolve_codec(getattr(self, name))
+            except (ConfigError, ValueError, TypeError) as exc:
+                raise ConfigError(f"CoordinatorConfig.{name}: {exc}") from None
+        self.ledger_config()   # lease settings are checked by the ledger's own config
+
+    def ledger_config(self) -> LedgerConfig:
+        return LedgerConfig(lease_timeout_s=self.lease_timeout_s,
+                            heartbeat_interval_s=self.heartbeat_interval_s,
+                            max_attempts=self.max_attempts, deadline_slack=self.deadline_slack,
+                            park_after_workers=self.park_after_workers,
+                            worker_backoff_s=self.worker_backoff_s,
+                            worker_backoff_max_s=self.worker_backoff_max_s,
+                            quarantine_after=self.quarantine_after,
+                            quarantine_s=self.quarantine_s)

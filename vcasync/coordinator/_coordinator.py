@@ -1,0 +1,596 @@
+"""The asyncio core: join, lease, heartbeat, submit, release, and one merge loop that owns the model.
+
+No HTTP here (the server is a thin skin over this). A result travels::
+
+    submit: ledger check -> decode (wire, spec, limits) -> validate (finite, norm)   [any task]
+        -> merge queue -> merge loop: ledger re-check -> staleness / base -> journal (durable)
+        -> policy.merge into the private working model -> publish an immutable version -> receipt
+
+Decoding, validation, the merge and the copies run in worker threads, so heartbeats and leases keep
+being answered during a 100M-parameter merge. The merge loop is the only writer of the model, the
+policy state and unit completion, so a unit can never be closed twice. Bad input raises before it
+reaches the queue and changes nothing but the lease: a well-formed upload from the holder that does
+not fit the model (not finite, wrong spec, norm bound) frees its unit for reissue at once and counts
+as that worker's failure (a corrected re-send is still accepted while the unit is open). A valid
+result that cannot be used (too stale, refused by the policy) gets a ``rejected`` receipt and its
+unit goes back to the queue.
+A unit parked after failing on several workers is logged at ERROR with its last failure, shown in
+:meth:`Coordinator.status`, and can be queued again by an operator (:meth:`Coordinator.requeue`).
+
+Durability (see :mod:`vcasync.coordinator._journal`): ``"journal"`` writes each result to storage before it is
+merged and acknowledged, and replays the journal on start; ``"snapshot"`` only writes periodic
+snapshots (a crash loses what came after the last one, and versions jump forward past anything that
+may have been served); ``"none"`` keeps nothing.
+
+Storage outages (see :mod:`vcasync.coordinator._storage_health`): when a write that results need fails, the
+coordinator takes nothing in (leases and results are refused with
+:class:`~vcasync.errors.StorageUnavailableError`, which workers wait out with their results in hand)
+and probes the storage until it is back; lease deadlines are not enforced meanwhile. Unavailable past
+``storage_outage_limit_s``, it stops with :class:`~vcasync.errors.StorageFailedError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
+
+from .._aio import first_error
+from ..errors import (
+    ClosedError,
+    ConfigError,
+    LedgerError,
+    StorageError,
+    StorageFailedError,
+    StorageUnavailableError,
+    ValidationError,
+    WireError,
+)
+from ..ledger import Ledger
+from ..ledger._units import LeaseGrant, Receipt, WorkUnit
+from ..metrics import Metrics
+from ..policy import MergePolicy, build_policy
+from ..retry import Retrier, RetryPolicy
+from ..storage import Storage
+from ..tensors import ModelSpec, ModelState
+from ..wire import resolve_codec
+from ._args import check_arguments
+from ._buffers import BufferPool
+from ._config import CoordinatorConfig, Durability
+from ._identity import RunIdentity
+from ._journal import Journal
+from ._merger import Control, Job, Merger, retrieve
+from ._model_owner import ModelOwner
+from ._result_checks import read_result, reject_reason
+from ._run_record import StartOptions
+from ._snapshots import SnapshotSlot
+from ._storage_health import StorageHealth
+
+__all__ = ["Coordinator", "CoordinatorConfig", "Durability", "StartOptions"]
+
+log = logging.getLogger("vcasync.coordinator")
+
+#: Start-up (probe, run record, snapshot, journal, first snapshot) is retried as a whole on a
+#: transient storage error, like every other storage call: a hiccup must not end the process.
+STARTUP_RETRY = RetryPolicy(attempts=6, base_delay_s=0.2, max_delay_s=5.0)
+
+
+class Coordinator:
+    """Holds the global model and the ledger; merges results as they arrive. ``async with`` it."""
+
+    def __init__(self, model: ModelState, units: Sequence[WorkUnit], *, policy: MergePolicy,
+                 storage: Storage | None, config: CoordinatorConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 policy_params: Mapping[str, Any] | None = None,
+                 start: StartOptions | None = None,
+                 startup_retry: RetryPolicy = STARTUP_RETRY) -> None:
+        """``policy_params`` (what ``policy`` was built with, defaults included) are recorded with
+        the run so a restart with other parameters is refused; None records the name only.
+        ``start`` holds the one-shot start-up choices (new run, policy reset, unsafe store)."""
+        units_in = check_arguments(model, units, policy, storage, config, clock)
+        self.config = config or CoordinatorConfig()
+        if storage is None and self.config.durability != "none":
+            raise ConfigError(f"durability {self.config.durability!r} needs a storage")
+        if model.version < 0 or not len(model):
+            raise ConfigError("the model needs at least one tensor and a version >= 0")
+        self._model_in = model
+        self._units_in = units_in
+        self._policy = policy
+        self._clock = clock
+        self.spec: ModelSpec = model.spec
+        self._storage = storage
+        self._start = start or StartOptions()
+        self._startup_retry = startup_retry
+        self.identity = RunIdentity.of(self.spec, self._units_in, policy.name, policy_params)
+        self._journal = Journal(storage, config=self.config, spec=self.spec)
+        self.metrics = Metrics()
+        self.metrics.bind(self._gauges)
+        self._health = StorageHealth(probe_interval_s=self.config.storage_probe_interval_s,
+                                     limit_s=self.config.storage_outage_limit_s, clock=clock)
+        self._final_error: BaseException | None = None   # the last snapshot could not be written
+        self._phase = "new"
+        self._ledger: Ledger              # both decided by recovery in __aenter__
+        self._owner: ModelOwner
+        self._slot: SnapshotSlot
+        self._merger: Merger
+        self._inflight: dict[str, asyncio.Future[None]] = {}
+        self._decode_slots = asyncio.Semaphore(self.config.max_concurrent_decodes)
+        # Uploads decode into recycled tensor sets: one per decode slot stays mapped between uploads.
+        self._update_buffers = BufferPool(self.spec, self.config.max_concurrent_decodes)
+        self._finished = asyncio.Event()
+        self._closed = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._runner: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+        self._parked_logged: set[str] = set()
+
+    # -- lifetime ---------------------------------------------------------------------------------
+    async def __aenter__(self) -> Coordinator:
+        if self._phase != "new":
+            raise ClosedError("a Coordinator is entered once; make a new one")
+        self._phase = "starting"
+        try:
+            await Retrier(self._startup_retry).call(self._recover, describe="coordinator start-up")
+        except BaseException:
+            self._phase = "closed"
+            self._closed.set()
+            raise
+        self._runner = asyncio.create_task(self._run(), name="vcasync-coordinator")
+        self._phase = "running"
+        self._check_finished()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Finish the merge in progress, refuse what is queued, write a last snapshot. Idempotent."""
+        if self._phase in ("new", "closed"):
+            self._phase = "closed"
+            self._closed.set()
+            return
+        if self._phase == "closing":
+            await self._closed.wait()
+            return
+        self._phase = "closing"
+        try:
+            self._stop.set()
+            self._slot.ready.set()            # wakes the snapshot writer so it can stop
+            self._merger.jobs.put_nowait(Control.STOP)
+            if self._runner is not None:
+                await asyncio.gather(self._runner, return_exceptions=True)
+            self._merger.fail_queued(ClosedError("the coordinator is closing; send the result "
+                                                 "again"))
+            if self._failure is None and self._journal.durable:
+                await self._final_snapshot()
+            self._slot.drop()
+        finally:
+            self._phase = "closed"
+            self._closed.set()
+
+    async def _final_snapshot(self) -> None:
+        """Nothing merges any more: write what the last snapshot lacks, then drop the journal
+        entries it covers. A failure is an error the operator must hear of (``storage_error``)."""
+        try:
+            # always: leases and failures change the ledger without any merge
+            await self._slot.capture(self._ledger.snapshot())
+            await self._write_snapshot()
+        except Exception as exc:
+            self._final_error = exc
+            lost = ("the journal still holds every acknowledged result; the next start replays it"
+                    if self._journal.journaling else "results merged since the last snapshot are lost")
+            log.error("final snapshot failed (%r): %s", exc, lost)
+            return
+        try:
+            await self._journal.prune_final()
+        except Exception as exc:   # the snapshot is written: what is left over is only clutter
+            log.warning("pruning the journal after the final snapshot failed (the next start "
+                        "skips what the snapshot covers): %r", exc)
+
+    def report_storage_failure(self, exc: BaseException) -> StorageUnavailableError:
+        """A storage write outside the merge loop failed (the server calls this, e.g. when a join
+        token could not be stored): mark the storage unavailable; the answer for the caller.
+        Without durable state nothing probes the storage, so the state is left alone then."""
+        if self._journal.durable:
+            self._health.write_failed(exc, needed=True)
+            refusal = self._health.refusal()
+        else:
+            refusal = self._health.refusal(exc)
+        refusal.__cause__ = exc
+        return refusal
+
+    @property
+    def failure(self) -> BaseException | None:
+        """What stopped the coordinator's loops, if anything did (None while it runs normally)."""
+        return self._failure
+
+    @property
+    def storage_error(self) -> BaseException | None:
+        """The storage failure that ended the run (:class:`StorageFailedError`), or that kept its
+        final snapshot from being written; None when storage did its job."""
+        if isinstance(self._failure, StorageError):
+            return self._failure
+        return self._final_error
+
+    def _check_running(self) -> None:
+        if self._phase != "running":
+            if self._failure is not None:
+                raise ClosedError(f"the coordinator stopped after an error: {self._failure!r}")
+            raise ClosedError(f"the coordinator is {self._phase}; it serves between __aenter__ "
+                              "and aclose()")
+
+    async def _run(self) -> None:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._merger.run(), name="vcasync-merge")
+                tg.create_task(self._expiry_loop(), name="vcasync-expiry")
+                if self._journal.durable:
+                    tg.create_task(self._snapshot_loop(), name="vcasync-snapshots")
+                    tg.create_task(self._storage_probe_loop(), name="vcasync-storage-probe")
+        except asyncio.CancelledError:
+            self._failure = ClosedError("the coordinator's loops were cancelled")
+            self._merger.fail_queued(self._failure)
+            raise
+        except BaseException as exc:
+            failure = first_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
+            self._failure = failure
+            self._phase = "failed" if self._phase == "running" else self._phase
+            if not isinstance(failure, StorageFailedError):    # that one was logged, and why
+                log.exception("coordinator loop failed; stopping")
+            self._merger.fail_queued(ClosedError(f"the coordinator stopped after an error: "
+                                                 f"{exc!r}"))
+            self._closed.set()
+
+    # -- recovery ---------------------------------------------------------------------------------
+    async def _recover(self) -> None:
+        """Read the run, load its newest snapshot, replay the journal after it. Runs again from the
+        top (a fresh journal handle) when a transient storage error interrupts it."""
+        self._journal = Journal(self._storage, config=self.config, spec=self.spec)
+        run = await self._journal.open(self.identity, self._start)
+        reset = run.recorded is not None and not run.recorded.same_policy(self.identity)
+        cfg = self.config.ledger_config()
+        rec = await self._journal.load_snapshot()
+        if rec is None:
+            self._owner = ModelOwner(self._policy, self._model_in,
+                                     max_retained_bytes=self.config.max_retained_bytes)
+            self._ledger = Ledger(self._units_in, config=cfg, clock=self._clock, secret=run.secret)
+        else:
+            # The stored state belongs to the run's policy: replay with it, switch afterwards.
+            replaying = self._recorded_policy(run.recorded) if reset else self._policy
+            self._owner = ModelOwner(replaying, ModelState(rec.tensors, rec.version),
+                                     max_retained_bytes=self.config.max_retained_bytes,
+                                     policy_state=rec.policy_state)
+            self._ledger = Ledger.restore(rec.ledger, config=cfg, clock=self._clock,
+                                          secret=run.secret)
+            self._ledger.add_units(self._units_in)
+        self._slot = SnapshotSlot(self._journal, self._owner)
+        self._merger = Merger(owner=self._owner, ledger=self._ledger, journal=self._journal,
+                              slot=self._slot, metrics=self.metrics, config=self.config,
+                              settled=self._check_finished, health=self._health,
+                              recycle=self._update_buffers.give)
+        async for entry in self._journal.entries():
+            await self._merger.replay(entry.meta, entry.tensors)
+        floor = await self._journal.version_floor()
+        if floor is not None and floor >= self.version:
+            # Snapshot mode: versions up to the floor may have been served; never reuse a number.
+            self._owner.jump(floor + 1)
+            self._merger.retain()
+        await self._journal.raise_version_floor(self.version)
+        if reset:
+            assert run.recorded is not None
+            log.warning("policy reset: run %s switches from %s to %s at v%d; the policy state "
+                        "starts afresh", run.run_id, run.recorded.policy, self._policy.name,
+                        self.version)
+            self._owner.switch_policy(self._policy)
+        if (rec is None or reset) and self._journal.durable:
+            # The first snapshot pins the initial model: replay must start from exactly it. After a
+            # reset it holds the new policy's state, so nothing is ever replayed with the old state.
+            await self._slot.capture(self._ledger.snapshot())
+            await self._write_snapshot()
+        if reset:
+            await self._journal.record_identity(self.identity)
+
+    def _recorded_policy(self, recorded: RunIdentity | None) -> MergePolicy:
+        assert recorded is not None
+        try:
+            return build_policy(recorded.policy, recorded.policy_params or {})
+        except Exception as exc:
+            raise ConfigError(f"--reset-policy: the run's policy {recorded.policy!r} is needed to "
+                              f"replay its journal before the switch, and cannot be built here: "
+                              f"{exc}") from exc
+
+    async def _write_snapshot(self) -> None:
+        if await self._slot.write():
+            self.metrics.snapshots += 1
+
+    # -- workers ----------------------------------------------------------------------------------
+    async def join(self, name: str = "", info: Mapping[str, Any] | None = None) -> str:
+        """Register a worker; returns its id (authentication is the server's business)."""
+        self._check_running()
+        return self._ledger.join(name, info)
+
+    async def lease(self, worker_id: str) -> LeaseGrant:
+        """The next unit, or :class:`NoWorkAvailableError` (``finished`` when the run is over);
+        :class:`StorageUnavailableError` while its result could not be made durable."""
+        self._check_running()
+        self._health.check()
+        try:
+            return self._ledger.lease(worker_id, self.version)
+        finally:
+            self._check_finished()      # leasing expires overdue leases, which may park the last unit
+
+    async def resume(self, worker_id: str, lease_id: str) -> LeaseGrant:
+        """Pick a lease up again after a restart (worker or coordinator)."""
+        self._check_running()
+        try:
+            return self._ledger.resume(worker_id, lease_id)
+        finally:
+            self._check_finished()
+
+    async def heartbeat(self, worker_id: str, lease_id: str, steps_done: int) -> LeaseGrant:
+        """Progress report; progress extends the lease."""
+        self._check_running()
+        self.metrics.heartbeats += 1
+        try:
+            return self._ledger.heartbeat(worker_id, lease_id, steps_done)
+        finally:
+            self._check_finished()
+
+    async def release(self, worker_id: str, lease_id: str, reason: str = "", *,
+                      failed: bool = True) -> None:
+        """Give a lease up (its unit goes back to the queue); ``failed``: the unit failed on this
+        worker (counts against both), False when it is nobody's fault (preemption)."""
+        self._check_running()
+        try:
+            self._ledger.release(worker_id, lease_id, reason, failed=failed)
+        finally:
+            self._check_finished()
+
+    async def requeue(self, unit_ids: Sequence[str] | None = None) -> list[str]:
+        """Queue parked units again (all, or the named ones; all or nothing): the operator's action
+        once whatever broke them is fixed. The run goes on without a restart."""
+        self._check_running()
+        done = self._ledger.requeue(unit_ids)
+        for unit_id in done:
+            self._parked_logged.discard(unit_id)
+        if done:
+            log.warning("operator requeued %d parked unit(s): %s", len(done), ", ".join(done[:20]))
+        if not self._ledger.finished:
+            self._finished.clear()
+        return done
+
+    def parked(self) -> dict[str, str]:
+        """Parked unit id -> why (its failures and the last one)."""
+        return self._ledger.parked()
+
+    # -- results ----------------------------------------------------------------------------------
+    async def submit(self, worker_id: str, lease_id: str, body: AsyncIterable[bytes]) -> Receipt:
+        """Decode, validate, merge and acknowledge one result (see the module docstring).
+
+        The same lease again gets the first receipt back (status ``duplicate`` when it was accepted);
+        the body is not read then. Malformed or invalid results raise and change nothing.
+        """
+        self._check_running()
+        while True:
+            try:
+                check = self._ledger.check_result(worker_id, lease_id)
+            except LedgerError as exc:
+                self.metrics.reject(reject_reason(exc), worker_id)
+                raise
+            if check.receipt is not None:
+                return self._merger.duplicate(check.receipt)
+            self._health.check()               # before a byte of the body is read
+            pending = self._inflight.get(lease_id)
+            if pending is None:
+                break
+            await asyncio.shield(pending)      # the same lease is being uploaded: wait for it
+        gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._inflight[lease_id] = gate
+        try:
+            return await self._submit(worker_id, lease_id, check.unit, body)
+        finally:
+            del self._inflight[lease_id]
+            gate.set_result(None)
+
+    async def _count(self, body: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+        async for chunk in body:
+            self.metrics.bytes_in += len(chunk)
+            yield chunk
+
+    async def _submit(self, worker_id: str, lease_id: str, unit: WorkUnit,
+                      body: AsyncIterable[bytes]) -> Receipt:
+        try:
+            async with self._decode_slots:
+                meta, tensors = await read_result(
+                    self._count(body), lease_id=lease_id, unit=unit, spec=self.spec,
+                    config=self.config, current_version=self.version, hold=self._owner.hold,
+                    release=self._owner.release, out=self._update_buffers.take())
+        except (WireError, ValidationError) as exc:
+            self.metrics.reject(reject_reason(exc), worker_id)
+            # A well-formed upload that cannot fit the model (not finite, wrong spec, norm): the unit
+            # goes to another worker now, not at the deadline. Malformed bytes may be transport
+            # damage that a re-send fixes, so those change nothing.
+            if isinstance(exc, ValidationError) and self._ledger.refuse(worker_id, lease_id,
+                                                                        reject_reason(exc)):
+                self._merger.retain()
+                self._check_finished()
+            raise
+        self._check_running()
+        future: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(retrieve)
+        self._merger.jobs.put_nowait(Job(worker_id, lease_id, unit, meta, tensors, future))
+        return await asyncio.shield(future)
+
+    def _check_finished(self) -> None:
+        if self._ledger.counts()["parked"] > len(self._parked_logged):
+            self._log_parked()
+        merger = getattr(self, "_merger", None)
+        if self._ledger.finished and (merger is None or (merger.jobs.empty() and not merger.busy)):
+            self._finished.set()
+
+    def _log_parked(self) -> None:
+        """Every newly parked unit, once, at ERROR: a unit is never given up on silently."""
+        for unit_id, why in self._ledger.parked().items():
+            if unit_id not in self._parked_logged:
+                self._parked_logged.add(unit_id)
+                log.error("unit %s parked: %s", unit_id, why)
+
+    async def _expiry_loop(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.expiry_interval_s):
+                    await self._stop.wait()
+            if self._health.refusing:
+                continue    # workers were told to wait: their leases must not run out for it
+            if self._ledger.expire():
+                self._merger.retain()
+                self._check_finished()
+
+    async def _snapshot_loop(self) -> None:
+        """Writes what the merge loop captured; asks for a capture when the interval passes."""
+        while not self._stop.is_set():
+            try:
+                async with asyncio.timeout(self.config.snapshot_interval_s):
+                    await self._slot.ready.wait()
+            except TimeoutError:
+                merger = self._merger
+                if merger.since_snapshot and not merger.capture_queued:
+                    merger.capture_queued = True
+                    merger.jobs.put_nowait(Control.CAPTURE)
+                continue
+            if self._stop.is_set():
+                return        # aclose() writes what is left
+            try:
+                await self._write_snapshot()
+            except Exception as exc:    # a failed snapshot must never stop the coordinator
+                self.metrics.snapshot_failures += 1
+                log.warning("snapshot failed (the next one retries): %r", exc)
+                self._health.write_failed(exc, needed=False)
+            else:
+                self._health.write_ok()
+
+    async def _storage_probe_loop(self) -> None:
+        """While storage is unavailable: probe it; back, take results again (and snapshot soon, so
+        what the storage may have lost is whole again); unavailable too long, stop the run."""
+        health = self._health
+        while not self._stop.is_set():
+            if not health.unavailable.is_set():
+                await _first_of(health.unavailable.wait(), self._stop.wait())
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(health.next_probe_delay()):
+                    await self._stop.wait()
+            if self._stop.is_set():
+                return
+            try:
+                await self._journal.probe()
+            except Exception as exc:
+                health.probe_failed(exc)
+                if health.over_limit():
+                    raise health.give_up() from exc
+                continue
+            health.probe_ok()
+            merger = self._merger
+            if merger.since_snapshot and not merger.capture_queued:
+                merger.capture_queued = True
+                merger.jobs.put_nowait(Control.CAPTURE)
+
+    # -- views ------------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._owner.version
+
+    @property
+    def finished(self) -> bool:
+        """Every unit is done or parked and every accepted result merged (possibly at start-up:
+        a restart of a finished run)."""
+        return self._finished.is_set()
+
+    def model_etag(self, version: int) -> str:
+        """An opaque, strong ETag for a held version (quote it in the header yourself)."""
+        return self._owner.etag(self._journal.run_id, version)
+
+    def model_payload(self, version: int | None = None,
+                      codec: str | None = None) -> AsyncIterator[bytes]:
+        """The wire payload (kind ``model``, meta ``{version, digest}``) of a held version;
+        :class:`VersionNotFoundError` (now, not when iterated) for one that is not held."""
+        self._check_running()
+        codec = codec or self.config.model_codec
+        resolve_codec(codec)
+
+        def count(n: int) -> None:
+            self.metrics.bytes_out += n
+
+        return self._owner.payload(self.version if version is None else version, codec, count)
+
+    def model(self, version: int | None = None) -> ModelState:
+        """A private copy of a held version (for the embedding program, tests and evaluation)."""
+        return self._owner.copy(version)
+
+    async def wait_finished(self) -> None:
+        """Return when every unit is done or parked and every accepted result merged."""
+        finished = asyncio.ensure_future(self._finished.wait())
+        closed = asyncio.ensure_future(self._closed.wait())
+        try:
+            await asyncio.wait({finished, closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            finished.cancel()
+            closed.cancel()
+        if not self._finished.is_set():
+            raise ClosedError("the coordinator closed before the run finished")
+
+    def _gauges(self) -> dict[str, float]:
+        if self._phase in ("new", "starting"):
+            return self._health.gauges()
+        stats = self._ledger.stats
+        return {"version": self.version, "workers_alive": self._ledger.workers_alive(),
+                "workers_known": self._ledger.num_workers,
+                "leases_issued_total": stats["issued"], "leases_expired_total": stats["expired"],
+                "leases_reissued_total": stats["reissued"],
+                "leases_released_total": stats["released"],
+                "leases_refused_total": stats["refused"],
+                "units_requeued_total": stats["requeued"],
+                "worker_backoffs_total": stats["backoffs"],
+                "workers_quarantined": self._ledger.workers_quarantined(),
+                **{f"units_{k}": v for k, v in self._ledger.counts().items()},
+                "merge_queue": self._merger.jobs.qsize(),
+                "retained_versions": len(self._owner.versions.numbers()),
+                **self._health.gauges()}
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-able summary for ``GET /v1/status``."""
+        phase = self._phase
+        if phase == "running" and self._finished.is_set():
+            phase = "finished"       # still serving (lingering) so workers hear it
+        out: dict[str, Any] = {"phase": phase, "durability": self.config.durability,
+                               "policy": self._policy.name, "storage": self._health.status()}
+        if self._failure is not None:
+            out["error"] = f"{type(self._failure).__name__}: {self._failure}"
+        if self._phase in ("new", "starting"):
+            return out
+        out.update({
+            "run_id": self._journal.run_id, "version": self.version,
+            "finished": self._finished.is_set(), "units": self._ledger.counts(),
+            "parked": dict(list(self._ledger.parked().items())[:100]),
+            "workers": {"known": self._ledger.num_workers, "alive": self._ledger.workers_alive(),
+                        "quarantined": self._ledger.workers_quarantined()},
+            "failing_workers": dict(list(self._ledger.worker_health().items())[:100]),
+            "leases": dict(self._ledger.stats), "retained_versions": self._owner.versions.numbers(),
+            "journal": self._journal.status(), "metrics": self.metrics.as_dict(),
+            "suspects": self.metrics.suspects(),
+        })
+        return out
+
+
+async def _first_of(*aws: Any) -> None:
+    """Wait until the first of ``aws`` is done; cancel the others."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,125 @@
+"""What makes a run *this* run: recorded with it, compared at every start.
+
+A coordinator restarted with the same command must resume; one started with another model, other work
+units or another merge policy must not quietly mix itself into the stored run (a new policy handed the
+old one's state fails every merge; new units join a run that already reported itself finished). So
+the run record (``<prefix>/run``, see :mod:`vcasync.coordinator._journal`) keeps a
+:class:`RunIdentity`, and a start whose identity differs is refused with one line per difference.
+
+Things that may change between starts (durability, lease timeout, ports, limits) are *not* part of the
+identity: they configure the coordinator, not the run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+from ..ledger._units import WorkUnit
+from ..tensors import ModelSpec
+
+__all__ = ["LAYOUT", "RunIdentity"]
+
+LAYOUT = 1
+"""The version of the storage layout under the state prefix (snapshots, journal, run record)."""
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON would give it back (tuples become lists), so records compare equal."""
+    try:
+        return json.loads(json.dumps(value, sort_keys=True))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"run identity: {value!r} cannot be recorded as JSON ({exc})") from None
+
+
+def _short(params: Mapping[str, Any] | None) -> str:
+    if params is None:
+        return "(parameters not recorded)"
+    return json.dumps(params, sort_keys=True)
+
+
+@dataclass(frozen=True, slots=True)
+class RunIdentity:
+    """Model spec, units, policy (and its parameters, when known), storage layout version."""
+
+    model: dict[str, list[Any]]           # name -> [dtype, shape], in order
+    units: int
+    units_digest: str
+    first_unit: str
+    last_unit: str
+    policy: str
+    policy_params: dict[str, Any] | None  # None: the embedding program did not say
+    layout: int = LAYOUT
+
+    @classmethod
+    def of(cls, spec: ModelSpec, units: Sequence[WorkUnit], policy: str,
+           policy_params: Mapping[str, Any] | None) -> RunIdentity:
+        rows = [u.to_dict() for u in units]
+        digest = hashlib.sha256(json.dumps(_plain(rows), sort_keys=True).encode()).hexdigest()[:32]
+        return cls(model={name: [str(s.dtype).removeprefix("torch."), list(s.shape)]
+                          for name, s in spec.items()},
+                   units=len(rows), units_digest=digest,
+                   first_unit=rows[0]["unit_id"] if rows else "",
+                   last_unit=rows[-1]["unit_id"] if rows else "",
+                   policy=policy,
+                   policy_params=None if policy_params is None else _plain(dict(policy_params)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"layout": self.layout, "model": self.model,
+                "units": {"count": self.units, "digest": self.units_digest,
+                          "first": self.first_unit, "last": self.last_unit},
+                "policy": {"name": self.policy, "params": self.policy_params}}
+
+    @classmethod
+    def from_json(cls, data: Any) -> RunIdentity:
+        """Raises KeyError/TypeError/ValueError on a malformed record (the caller names the key)."""
+        units, policy = data["units"], data["policy"]
+        params = policy["params"]
+        return cls(model={str(k): list(v) for k, v in dict(data["model"]).items()},
+                   units=int(units["count"]), units_digest=str(units["digest"]),
+                   first_unit=str(units["first"]), last_unit=str(units["last"]),
+                   policy=str(policy["name"]),
+                   policy_params=None if params is None else dict(params),
+                   layout=int(data["layout"]))
+
+    def same_policy(self, other: RunIdentity) -> bool:
+        """Same name, and the same parameters where both sides know them."""
+        if self.policy != other.policy:
+            return False
+        return (self.policy_params is None or other.policy_params is None
+                or self.policy_params == other.policy_params)
+
+    def differences(self, wanted: RunIdentity) -> list[str]:
+        """One readable line per thing ``wanted`` (this start) changes about the recorded run."""
+        out: list[str] = []
+        if self.layout != wanted.layout:
+            out.append(f"storage layout: the run was written with layout {self.layout}, this "
+                       f"build writes layout {wanted.layout}")
+        if self.model != wanted.model:
+            out.append("model: " + _model_difference(self.model, wanted.model))
+        if self.units_digest != wanted.units_digest:
+            out.append(f"units: the run has {self.units} ({self.first_unit} .. {self.last_unit}), "
+                       f"this start asks for {wanted.units} ({wanted.first_unit} .. "
+                       f"{wanted.last_unit})" + ("" if self.units != wanted.units else
+                                                 ", with other steps, shards or parameters"))
+        if not self.same_policy(wanted):
+            out.append(f"policy: the run uses {self.policy} {_short(self.policy_params)}, this "
+                       f"start asks for {wanted.policy} {_short(wanted.policy_params)}")
+        return out
+
+
+def _model_difference(old: dict[str, list[Any]], new: dict[str, list[Any]]) -> str:
+    gone = [n for n in old if n not in new]
+    added = [n for n in new if n not in old]
+    if gone or added:
+        parts = ([f"tensors not in this model: {', '.join(gone[:5])}"] if gone else []) + \
+                ([f"tensors not in the run: {', '.join(added[:5])}"] if added else [])
+        return "; ".join(parts)
+    for name, was in old.items():
+        if new[name] != was:
+            return f"tensor {name!r} is {was[0]}{was[1]} in the run, {new[name][0]}{new[name][1]} here"
+    return "the tensors are in another order"

@@ -1,0 +1,280 @@
+"""The merge loop: the one writer of the model, the policy state and unit completion.
+
+Jobs (validated results) arrive on a queue. For each, in order: the ledger is checked again (the
+unit may have closed meanwhile), staleness and the delta's base are checked, the result is journaled
+(durability "journal": before it is merged and acknowledged), merged by the policy in a worker thread
+and recorded in the ledger; its receipt resolves the submitter's future. Replay after a restart runs
+the same :meth:`Merger.apply`. Snapshots are captured here, between two jobs.
+
+A storage write a result needs (journal entry, base, version floor) that fails marks the storage
+unavailable (:mod:`vcasync.coordinator._storage_health`): the sender gets :class:`StorageUnavailableError`
+(nothing was merged, the unit stays leased to it) and keeps its result for later, and so does every
+sender after it until a probe write finds the storage back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import (
+    ClosedError,
+    CorruptObjectError,
+    LedgerError,
+    PolicyError,
+    PreconditionFailedError,
+    StorageError,
+    StorageUnavailableError,
+    UpdateRejectedError,
+    ValidationError,
+    VCAsyncError,
+)
+from ..ledger import Ledger
+from ..ledger._units import Receipt, WorkUnit
+from ..metrics import Metrics
+from ..tensors import ModelState, Update
+from ._journal import Journal
+from ._model_owner import ModelOwner
+from ._result_checks import ResultMeta, reject_reason
+from ._snapshots import SnapshotSlot
+from ._storage_health import StorageHealth
+from ._versions import Version
+
+if TYPE_CHECKING:
+    from ._config import CoordinatorConfig
+
+__all__ = ["INCREMENTS", "Control", "Job", "Merger"]
+
+#: Marks a journaled result whose integer tensors are increments (every entry written since the
+#: counter rule; older full-weights entries carry values, replayed by the old maximum rule).
+INCREMENTS = "increment"
+
+log = logging.getLogger("vcasync.coordinator")
+
+
+class Control(enum.Enum):
+    STOP = "stop"
+    CAPTURE = "capture"
+
+
+@dataclass(slots=True)
+class Job:
+    worker_id: str
+    lease_id: str
+    unit: WorkUnit
+    meta: ResultMeta
+    tensors: dict[str, torch.Tensor]
+    future: asyncio.Future[Receipt]
+
+
+def retrieve(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()    # mark it retrieved: the submitter may have gone away
+
+
+class Merger:
+    """Runs the merge loop (:meth:`run`) for a coordinator; see the module docstring."""
+
+    def __init__(self, *, owner: ModelOwner, ledger: Ledger, journal: Journal, slot: SnapshotSlot,
+                 metrics: Metrics, config: CoordinatorConfig, settled: Callable[[], None],
+                 health: StorageHealth,
+                 recycle: Callable[[dict[str, torch.Tensor]], object] | None = None) -> None:
+        self._owner = owner
+        self._health = health
+        self._ledger = ledger
+        self._journal = journal
+        self._slot = slot
+        self._metrics = metrics
+        self._config = config
+        self._settled = settled       # called after anything that may have finished the run
+        self._recycle = recycle       # takes a handled result's tensors back for reuse
+        self.jobs: asyncio.Queue[Job | Control] = asyncio.Queue()
+        self.busy = False
+        self.since_snapshot = 0
+        self.capture_queued = False
+
+    def fail_queued(self, exc: Exception) -> None:
+        while not self.jobs.empty():
+            job = self.jobs.get_nowait()
+            if isinstance(job, Job) and not job.future.done():
+                job.future.set_exception(exc)
+
+    async def run(self) -> None:
+        """The one writer of the model, the policy state and unit completion."""
+        while True:
+            job = await self.jobs.get()
+            if job is Control.STOP:
+                return
+            if job is Control.CAPTURE:
+                self.capture_queued = False
+                if self.since_snapshot:
+                    await self.capture()
+                continue
+            assert isinstance(job, Job)
+            self.busy = True
+            try:
+                job.future.set_result(await self._process(job))
+            except LedgerError as exc:
+                self._metrics.reject(reject_reason(exc))
+                job.future.set_exception(exc)
+            except StorageError as exc:
+                job.future.set_exception(self._storage_failed(exc))
+            except VCAsyncError as exc:
+                job.future.set_exception(exc)
+            except BaseException:
+                if not job.future.done():     # cancelled or broken: its sender must not hang
+                    job.future.set_exception(ClosedError("the coordinator stopped during the "
+                                                         "merge; send the result again"))
+                raise
+            finally:
+                self.busy = False
+                self._done_with(job)
+            self.retain()
+            self._settled()
+            if self.since_snapshot >= self._config.snapshot_every and self._journal.durable:
+                await self.capture()
+
+    def _storage_failed(self, exc: StorageError) -> StorageError:
+        """What the sender of a result whose write failed is told."""
+        if isinstance(exc, StorageUnavailableError | PreconditionFailedError):
+            return exc     # refused before any write / another coordinator: not a new outage
+        self._health.write_failed(exc, needed=True)
+        refusal = self._health.refusal()
+        refusal.__cause__ = exc
+        return refusal
+
+    def _done_with(self, job: Job) -> None:
+        """The job's tensors are merged (or refused) and journaled: offer them for reuse."""
+        tensors, job.tensors = job.tensors, {}
+        if self._recycle is not None and tensors:
+            self._recycle(tensors)
+
+    async def capture(self) -> None:
+        self.since_snapshot = 0
+        await self._slot.capture(self._ledger.snapshot())
+
+    async def _process(self, job: Job) -> Receipt:
+        check = self._ledger.check_result(job.worker_id, job.lease_id)   # it may have closed since
+        if check.receipt is not None:
+            return self.duplicate(check.receipt)
+        self._health.check()       # queued before the outage began: do not try every write again
+        meta, current = job.meta, self._owner.version
+        if current - meta.base_version > self._config.max_staleness:
+            return await self._reject(job, "too_stale", f"based on version {meta.base_version}, "
+                                      f"{current - meta.base_version} behind the model (max "
+                                      f"{self._config.max_staleness})")
+        # Counters travel as increments (the policy contract): full weights carry values, so
+        # subtract the base version's before the result is journaled, and replay needs no base.
+        if meta.kind == "weights" and not self._owner.counters.to_increments(job.tensors,
+                                                                            meta.base_version):
+            return await self._reject(job, "base_unavailable",
+                                      f"the integer tensors of base version {meta.base_version} "
+                                      f"are no longer held; lease again")
+        held: Version | None = None
+        if self._owner.needs_base and meta.kind == "delta":
+            held = self._owner.hold(meta.base_version)
+            if held is None:
+                return await self._reject(job, "base_unavailable",
+                                          f"base version {meta.base_version} is no longer held")
+        try:
+            if self._journal.journaling:
+                if held is not None:
+                    await self._journal.ensure_base(held.model)
+                await self._journal.append(
+                    {"type": "result", "worker_id": job.worker_id, "unit_id": job.unit.unit_id,
+                     "ints": INCREMENTS, **meta.to_dict()}, job.tensors)
+                self._metrics.journal_writes += 1
+            return await self.apply(job.worker_id, job.unit.unit_id, meta, job.tensors,
+                                     None if held is None else held.model)
+        finally:
+            if held is not None:
+                self._owner.release(held)
+
+    async def _reject(self, job: Job, reason: str, message: str) -> Receipt:
+        if self._journal.journaling:
+            await self._journal.append({"type": "reject", "lease_id": job.lease_id,
+                                        "worker_id": job.worker_id, "unit_id": job.unit.unit_id,
+                                        "reason": reason}, {})
+            self._metrics.journal_writes += 1
+        log.info("result of lease %s rejected: %s", job.lease_id, message)
+        return self.record_reject(job.lease_id, job.worker_id, job.unit.unit_id, reason)
+
+    def record_reject(self, lease_id: str, worker_id: str, unit_id: str, reason: str) -> Receipt:
+        self.since_snapshot += 1
+        self._journal.note_applied()
+        self._metrics.reject(reason, worker_id)
+        self._metrics.results["rejected"] += 1
+        return self._ledger.record(lease_id, unit_id=unit_id, worker_id=worker_id,
+                                   status="rejected", version=self._owner.version, reason=reason)
+
+    async def apply(self, worker_id: str, unit_id: str, meta: ResultMeta,
+                     tensors: dict[str, torch.Tensor], base: ModelState | None) -> Receipt:
+        """Merge one result that passed every check (live, or replayed from the journal)."""
+        current = self._owner.version
+        # The policy sees its own mapping: one it kept (against the contract) holds the tensors,
+        # so they are never recycled under it.
+        update = Update(tensors=dict(tensors), kind=meta.kind, base_version=meta.base_version,
+                        staleness=current - meta.base_version, samples=meta.samples,
+                        steps=meta.steps, worker_id=worker_id, unit_id=unit_id,
+                        metrics=dict(meta.metrics), base=base)
+        await self._journal.raise_version_floor(current + 1)   # before anyone can see it
+        started = time.perf_counter()
+        try:
+            await self._owner.merge(update)
+        except (UpdateRejectedError, ValidationError, PolicyError) as exc:
+            return self.record_reject(meta.lease_id, worker_id, unit_id, reject_reason(exc))
+        self._metrics.merge_seconds.observe(time.perf_counter() - started)
+        self._metrics.staleness.observe(update.staleness)
+        self._metrics.merges += 1
+        self._metrics.results["accepted"] += 1
+        self.since_snapshot += 1
+        self._journal.note_applied()
+        return self._ledger.record(meta.lease_id, unit_id=unit_id, worker_id=worker_id,
+                                   status="accepted", version=self._owner.version,
+                                   steps_done=meta.steps, partial=meta.partial,
+                                   base_version=meta.base_version)
+
+    def retain(self) -> None:
+        self._owner.retain(self._config.max_staleness, self._ledger.active_base_versions)
+
+    async def replay(self, meta: Mapping[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        """Apply one journal entry again, exactly as it was applied live."""
+        try:
+            if meta["type"] == "reject":
+                self.record_reject(meta["lease_id"], meta["worker_id"], meta["unit_id"],
+                                   meta["reason"])
+                return
+            rm = ResultMeta(meta["lease_id"], int(meta["base_version"]), meta["kind"],
+                            int(meta["steps"]), int(meta["samples"]), bool(meta["partial"]),
+                            dict(meta["metrics"]))
+            worker_id, unit_id = str(meta["worker_id"]), str(meta["unit_id"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptObjectError(f"journal entry {meta.get('seq')} is malformed: {exc!r}",
+                                     key=str(meta.get("seq"))) from None
+        if rm.kind == "weights" and meta.get("ints") != INCREMENTS:   # written before increments
+            self._owner.counters.legacy_increments(tensors, self._owner.versions.current.model)
+        held: Version | None = None
+        base: ModelState | None = None
+        if self._owner.needs_base and rm.kind == "delta":
+            held = self._owner.hold(rm.base_version)
+            base = held.model if held is not None else await self._journal.load_base(rm.base_version)
+        try:
+            await self.apply(worker_id, unit_id, rm, tensors, base)
+        finally:
+            if held is not None:
+                self._owner.release(held)
+
+    def duplicate(self, receipt: Receipt) -> Receipt:
+        self._metrics.results["duplicate"] += 1
+        if receipt.status == "accepted":
+            return Receipt(receipt.lease_id, receipt.unit_id, "duplicate", receipt.version,
+                           receipt.reason)
+        return receipt
+

@@ -1,0 +1,169 @@
+"""Checks on one submitted result, before anything is merged: its metadata and its tensors.
+
+Pure functions. Each failure is a :class:`ValidationError` whose ``reason`` is short and stable (the
+coordinator counts rejects by it and the server reports it), and whose message names the field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .._aio import to_thread_released
+from ..errors import ValidationError, WireError
+from ..ledger._units import WorkUnit
+from ..tensors import ModelSpec, UpdateKind
+from ..wire import decode_payload
+
+if TYPE_CHECKING:
+    from ._config import CoordinatorConfig
+    from ._versions import Version
+
+__all__ = ["ResultMeta", "check_tensors", "parse_result_meta", "read_result", "reject_reason",
+           "update_norm"]
+
+_MAX_METRICS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class ResultMeta:
+    """The validated metadata of a result payload (kind ``"result"``)."""
+
+    lease_id: str
+    base_version: int
+    kind: UpdateKind
+    steps: int
+    samples: int = 0
+    partial: bool = False
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"lease_id": self.lease_id, "base_version": self.base_version, "kind": self.kind,
+                "steps": self.steps, "samples": self.samples, "partial": self.partial,
+                "metrics": dict(self.metrics)}
+
+
+def _bad(message: str, reason: str, name: str | None = None) -> ValidationError:
+    return ValidationError(f"result meta: {message}", reason=reason, name=name)
+
+
+def _int(meta: Mapping[str, Any], key: str, *, default: int | None = None) -> int:
+    value = meta.get(key, default)
+    if value is None:
+        raise _bad(f"missing {key!r}", "bad_meta", key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _bad(f"{key!r} must be a non-negative int, got {value!r}"[:200], "bad_meta", key)
+    return value
+
+
+def parse_result_meta(meta: Mapping[str, Any], *, lease_id: str, unit: WorkUnit,
+                      current_version: int) -> ResultMeta:
+    """Validate a result's metadata against its lease, its unit and the model's current version.
+
+    Required: ``lease_id`` (the lease it was uploaded to), ``base_version``, ``kind`` (``"delta"`` or
+    ``"weights"``), ``steps`` (1..unit.steps). Optional: ``samples``, ``partial``, ``metrics``
+    (name -> finite number). Other keys are ignored.
+    """
+    if meta.get("lease_id") != lease_id:
+        raise _bad(f"lease_id {str(meta.get('lease_id'))[:80]!r} does not match the lease it was "
+                   f"sent to ({lease_id!r})", "lease_mismatch", "lease_id")
+    kind = meta.get("kind")
+    if kind not in ("delta", "weights"):
+        raise _bad(f"'kind' must be 'delta' or 'weights', got {str(kind)[:40]!r}", "bad_meta", "kind")
+    base_version = _int(meta, "base_version")
+    if base_version > current_version:
+        raise _bad(f"base_version {base_version} is newer than the model ({current_version})",
+                   "bad_base_version", "base_version")
+    steps = _int(meta, "steps")
+    if not 1 <= steps <= unit.steps:
+        raise _bad(f"'steps' must be in [1, {unit.steps}] for unit {unit.unit_id!r}, got {steps}",
+                   "bad_meta", "steps")
+    partial = meta.get("partial", False)
+    if not isinstance(partial, bool):
+        raise _bad(f"'partial' must be a bool, got {partial!r}"[:100], "bad_meta", "partial")
+    raw = meta.get("metrics") or {}
+    if not isinstance(raw, Mapping) or len(raw) > _MAX_METRICS:
+        raise _bad(f"'metrics' must be a map of at most {_MAX_METRICS} names to numbers",
+                   "bad_meta", "metrics")
+    metrics: dict[str, float] = {}
+    for name, value in raw.items():
+        if not isinstance(name, str) or len(name) > 128 or isinstance(value, bool) \
+                or not isinstance(value, int | float) or not math.isfinite(value):
+            raise _bad(f"metric {str(name)[:60]!r} must be a finite number", "bad_meta", "metrics")
+        metrics[name] = float(value)
+    return ResultMeta(lease_id, base_version, kind, steps, _int(meta, "samples", default=0),
+                      partial and steps < unit.steps, metrics)
+
+
+def update_norm(tensors: Mapping[str, torch.Tensor],
+                reference: Mapping[str, torch.Tensor] | None = None) -> float:
+    """L2 norm over every floating tensor (of ``tensors - reference`` when a reference is given)."""
+    total = 0.0
+    for name, t in tensors.items():
+        if not t.is_floating_point():
+            continue
+        d = t if reference is None else t.to(torch.float64) - reference[name].to(torch.float64)
+        total += float(torch.linalg.vector_norm(d, dtype=torch.float64)) ** 2
+    return math.sqrt(total)
+
+
+def check_tensors(tensors: Mapping[str, torch.Tensor], spec: ModelSpec, *, require_finite: bool,
+                  max_norm: float | None,
+                  reference: Mapping[str, torch.Tensor] | None = None) -> float | None:
+    """Names, shapes, dtypes, finiteness and the optional norm bound; returns the norm if computed.
+
+    ``reference`` is what a ``weights`` result is measured against (its base, or the current model).
+    """
+    spec.check(tensors, require_finite=require_finite)
+    if max_norm is None:
+        return None
+    norm = update_norm(tensors, reference)
+    if not norm <= max_norm:
+        raise ValidationError(f"update norm {norm:.4g} exceeds the bound {max_norm:.4g}",
+                              reason="norm_too_large")
+    return norm
+
+
+def reject_reason(exc: BaseException) -> str:
+    """The short, stable reason a refused result is counted under (``reason`` or the class name)."""
+    reason = getattr(exc, "reason", None)
+    if isinstance(reason, str) and reason:
+        return reason
+    name = type(exc).__name__.removesuffix("Error")
+    snake = "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
+    return f"wire_{snake}" if isinstance(exc, WireError) else snake
+
+
+async def read_result(body: AsyncIterable[bytes], *, lease_id: str, unit: WorkUnit, spec: ModelSpec,
+                      config: CoordinatorConfig, current_version: int,
+                      hold: Callable[[int], Version | None],
+                      release: Callable[[Version], None],
+                      out: dict[str, torch.Tensor] | None = None,
+                      ) -> tuple[ResultMeta, dict[str, torch.Tensor]]:
+    """Decode a result payload (limits and spec checked before allocating) and validate it all.
+
+    The CPU work runs in worker threads. ``out``: buffers of the model's spec to decode into
+    (recycled ones: no fresh pages to fault in). A full-weights result's norm is measured against
+    its base version when it is still held (``hold``), else against the current model.
+    """
+    payload = await decode_payload(body, limits=config.limits, spec=spec, expected_kind="result",
+                                   out=out)
+    del out     # the result's tensors must end up referenced from one mapping only (recycling)
+    meta = parse_result_meta(payload.meta, lease_id=lease_id, unit=unit,
+                             current_version=current_version)
+    ref = None
+    if config.max_update_norm is not None and meta.kind == "weights":
+        ref = hold(meta.base_version) or hold(current_version)
+    try:
+        await to_thread_released(check_tensors, payload.tensors, spec,
+                                require_finite=config.require_finite,
+                                max_norm=config.max_update_norm,
+                                reference=None if ref is None else ref.model.tensors)
+    finally:
+        if ref is not None:
+            release(ref)
+    return meta, payload.tensors

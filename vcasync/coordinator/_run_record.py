@@ -1,0 +1,145 @@
+"""The run record ``<prefix>/run``: a run's id, its lease-signing secret and its identity.
+
+Written once when a run starts and read by every later start, **read before any attempt to create
+it**: on a store that does not honour if-absent writes, create-first would overwrite the record at
+every restart, and a new secret refuses every lease issued before the restart ("never issued here").
+Before anything is written the store is probed (:func:`vcasync.storage.probe_storage`); a store that
+ignores preconditions is refused unless the caller allows it, and then it is warned about loudly.
+
+A start whose :class:`~vcasync.coordinator._identity.RunIdentity` differs from the recorded one is
+refused with a :class:`ConfigError` that lists each difference and says how to start a new run; a
+different policy is accepted only with ``reset_policy`` (the coordinator then resets the policy state
+and records the new identity with :func:`write_record`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError, CorruptObjectError, ObjectNotFoundError, PreconditionFailedError
+from ..storage import Storage, probe_storage
+from ._identity import RunIdentity
+
+__all__ = ["FORMAT", "RunRecord", "StartOptions", "open_run", "write_record"]
+
+FORMAT = 1
+log = logging.getLogger("vcasync.coordinator")
+
+NEW_RUN_HINT = ("to resume this run, start with its configuration; to start a new run, use another "
+                "storage prefix (the storage URL or [coordinator] state_prefix) or pass --new-run "
+                "(StartOptions(new_run=True)), which deletes this run's state")
+
+
+@dataclass(frozen=True, slots=True)
+class StartOptions:
+    """One-shot choices for a single start (never kept in run.toml, where they would repeat)."""
+
+    #: Delete whatever run is stored under the state prefix and start a new one.
+    new_run: bool = False
+    #: Accept a different policy (or parameters): the journal is replayed with the run's policy,
+    #: then the new policy starts from a fresh state on the recovered model.
+    reset_policy: bool = False
+    #: Run on a store that ignores if-absent writes (with a loud warning) instead of refusing.
+    allow_unsafe_store: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    run_id: str
+    secret: bytes
+    #: What the run was recorded with; None for a run this start created (it is ``wanted`` then).
+    recorded: RunIdentity | None
+    created: bool
+
+
+def _encode(run_id: str, secret: bytes, identity: RunIdentity | None) -> bytes:
+    return json.dumps({"format": FORMAT, "run_id": run_id, "secret": secret.hex(),
+                       "identity": None if identity is None else identity.to_json()}).encode()
+
+
+def _decode(key: str, raw: bytes) -> tuple[str, bytes, RunIdentity | None]:
+    try:
+        data: Any = json.loads(raw)
+        run_id, secret = str(data["run_id"]), bytes.fromhex(data["secret"])
+        identity = data.get("identity")
+        return run_id, secret, None if identity is None else RunIdentity.from_json(identity)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptObjectError(f"{key}: not a vcasync run record ({exc!r})", key=key) from None
+
+
+async def _check_store(storage: Storage, prefix: str, allow_unsafe: bool) -> None:
+    probe = await probe_storage(storage, prefix)
+    if probe.conditional_writes:
+        return
+    what = (f"{probe.url} does not honour conditional writes (a second if-absent write of one key "
+            "succeeded), so a restart or a second coordinator on this prefix could overwrite the "
+            "run record and journal")
+    if not allow_unsafe:
+        raise ConfigError(f"{what}; use a store that honours them (see docs/runs.md) or pass "
+                          "--allow-unsafe-store (StartOptions(allow_unsafe_store=True)) to run "
+                          "anyway, one coordinator at a time")
+    log.warning("UNSAFE STORE: %s. Running anyway (--allow-unsafe-store): never start two "
+                "coordinators on this prefix.", what)
+
+
+async def _wipe(storage: Storage, prefix: str, record_key: str) -> int:
+    """Delete the stored run (the record last: an interrupted wipe still looks like a run)."""
+    keys = [k async for k in storage.list(f"{prefix}/") if k != record_key]
+    for key in keys:
+        with contextlib.suppress(ObjectNotFoundError):
+            await storage.delete(key)
+    await storage.delete(record_key)
+    return len(keys)
+
+
+async def write_record(storage: Storage, key: str, run_id: str, secret: bytes,
+                       identity: RunIdentity) -> None:
+    """Replace the record's identity (same run id and secret: leases stay valid)."""
+    await storage.put(key, _encode(run_id, secret, identity))
+
+
+async def open_run(storage: Storage, prefix: str, wanted: RunIdentity | None,
+                   options: StartOptions) -> RunRecord:
+    """Probe the store, then read the run record (creating it only when there is none).
+
+    ``wanted`` None (tools that inspect a stored run, such as the chaos audit) compares nothing.
+    """
+    key = f"{prefix}/run"
+    await _check_store(storage, prefix, options.allow_unsafe_store)
+    if options.new_run:
+        deleted = await _wipe(storage, prefix, key)
+        log.warning("--new-run: deleted the run stored under %r on %s (%d objects)", prefix,
+                    storage.url, deleted)
+    try:
+        run_id, secret, recorded = _decode(key, await storage.get(key))
+        created = False
+    except ObjectNotFoundError:
+        run_id, secret, recorded = secrets.token_hex(8), secrets.token_bytes(32), None
+        try:
+            await storage.put(key, _encode(run_id, secret, wanted), if_absent=True)
+            created = True
+        except PreconditionFailedError:     # another start won the race (or our first try did)
+            run_id, secret, recorded = _decode(key, await storage.get(key))
+            created = False
+    if created or wanted is None:
+        return RunRecord(run_id, secret, recorded, created)
+    if recorded is None:                    # a run from before identities were recorded: adopt
+        log.info("run %s has no recorded identity; recording this start's", run_id)
+        await write_record(storage, key, run_id, secret, wanted)
+        return RunRecord(run_id, secret, wanted, False)
+    differences = recorded.differences(wanted)
+    if options.reset_policy:
+        differences = [d for d in differences if not d.startswith("policy:")]
+    if differences:
+        raise ConfigError(f"the storage under {prefix!r} on {storage.url} holds run {run_id}, "
+                          f"which this start does not match:\n  " + "\n  ".join(differences)
+                          + f"\n{NEW_RUN_HINT}"
+                          + ("" if recorded.same_policy(wanted) or options.reset_policy else
+                             "; to switch this run to the new policy (its state starts afresh), "
+                             "pass --reset-policy"))
+    return RunRecord(run_id, secret, recorded, False)

@@ -1,0 +1,23 @@
+"""The ledger room: work units, leases and deadlines, a pure state machine with an injected clock.
+
+No asyncio and no IO. The public names are re-exported here; the modules beside them are private:
+``_ledger`` (the state machine), ``_units`` (the value types it hands out: units, grants, receipts),
+``_types`` (its config, states and records) and ``_lease_id`` (signed lease ids).
+"""
+
+from __future__ import annotations
+
+from ._ledger import (
+    LeaseGrant,
+    LeaseState,
+    Ledger,
+    LedgerConfig,
+    Receipt,
+    ResultCheck,
+    UnitState,
+    WorkUnit,
+    make_units,
+)
+
+__all__ = ["LeaseGrant", "LeaseState", "Ledger", "LedgerConfig", "Receipt", "ResultCheck",
+           "UnitState", "WorkUnit", "make_units"]

@@ -1,0 +1,651 @@
+"""Work units, leases and deadlines: a pure state machine with an injected clock.
+
+No asyncio and no IO: every method runs to completion and reads the time only through ``clock``, so
+lease expiry is tested in virtual time and the coordinator can snapshot and replay it.
+
+Each unit is always in exactly one state::
+
+    queued --lease--> leased --result--> done
+       ^                 |
+       +--expire/release-+--(max_attempts failures)--> parked --late result--> done
+
+* A lease's **deadline** is a *progress* deadline: the next heartbeat that reports progress (or the
+  result) must arrive before it. Its length adapts to the worker's measured speed, an EWMA of seconds
+  per step: ``max(lease_timeout_s, deadline_slack * seconds_per_step)``, so a slow machine is not
+  reissued for being slow and a dead fast one is noticed within ``lease_timeout_s``.
+* An expired or released lease puts its unit back at the *front* of the queue. Its result, if it comes
+  late while the unit is still open, is still accepted (it is useful work); whoever holds the unit then
+  is told the unit closed. A heartbeat on an expired lease revives it only when it reports progress
+  and nobody took the unit yet: a hung trainer that keeps heartbeating must not keep its unit from
+  the idle workers.
+* Failures (an expired lease, a release marked as a failure, an upload refused as invalid) are
+  attributed to the worker that held the lease; a valid result the coordinator could not use (too
+  stale, refused by the policy) counts against the unit only. A worker with failures in a row is backed off
+  (:class:`WorkerBackoffError`, ``worker_backoff_s * 2**(n-1)``) and after ``quarantine_after`` in a
+  row quarantined for ``quarantine_s`` (:class:`WorkerQuarantinedError`); an accepted result resets
+  its count. A unit is
+  offered first to workers that have not failed it, and parked only after ``max_attempts`` failures
+  on at least ``park_after_workers`` distinct workers. An operator can :meth:`Ledger.requeue` it.
+* A partial result (preemption: fewer steps than asked) closes its unit and queues a *remainder* unit
+  for the steps left (:meth:`WorkUnit.remainder`), so every unit id is merged at most once.
+* Lease ids are signed with ``secret``: after a coordinator restart a lease the restored state does
+  not know (granted after the last snapshot) is *adopted* instead of refused, so the work is not lost.
+"""
+
+from __future__ import annotations
+
+import heapq
+import secrets
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from ..errors import (
+    ConfigError,
+    LeaseExpiredError,
+    LeaseNotFoundError,
+    LedgerError,
+    NotLeaseHolderError,
+    NoWorkAvailableError,
+    UnitClosedError,
+    ValidationError,
+    WorkerBackoffError,
+    WorkerQuarantinedError,
+)
+from ._lease_id import LeaseIdSigner
+from ._types import (
+    LeaseRecord,
+    LeaseState,
+    LedgerConfig,
+    ResultCheck,
+    UnitRecord,
+    UnitState,
+    WorkerRecord,
+    plain,
+)
+from ._units import LeaseGrant, Receipt, ReceiptStatus, WorkUnit, make_units
+
+__all__ = ["LeaseGrant", "LeaseState", "Ledger", "LedgerConfig", "Receipt", "ResultCheck",
+           "UnitState", "WorkUnit", "make_units"]
+
+Clock = Callable[[], float]
+SNAPSHOT_FORMAT = 1
+#: How far into the queue :meth:`Ledger.lease` looks for a unit the worker has not failed yet.
+_PICK_WINDOW = 256
+#: "The rest of the run" as a finite number of seconds (snapshots and JSON hold it).
+_FOREVER = 1e12
+
+
+def _printable(text: str, limit: int = 200) -> str:
+    """A worker's words as they may appear in the coordinator's log and status: one line, no
+    control characters (a worker must not forge log lines), bounded."""
+    return "".join(c if c.isprintable() else "?" for c in str(text)[:limit])
+
+
+class Ledger:
+    """Which unit is where, who holds which lease until when, and what every result came to."""
+
+    def __init__(self, units: Iterable[WorkUnit], *, config: LedgerConfig | None = None,
+                 clock: Clock, secret: bytes | None = None) -> None:
+        self.config = config or LedgerConfig()
+        self._clock = clock
+        self._signer = LeaseIdSigner(secret if secret is not None else secrets.token_bytes(32))
+        self._units: dict[str, UnitRecord] = {}
+        self._order: list[UnitRecord] = []
+        self._queue: deque[str] = deque()
+        self._leases: dict[str, LeaseRecord] = {}
+        self._workers: dict[str, WorkerRecord] = {}
+        self._heap: list[tuple[float, str]] = []   # (deadline, lease id); stale entries are skipped
+        self._count: dict[UnitState, int] = dict.fromkeys(UnitState, 0)
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("issued", "reissued", "expired", "released", "revived", "adopted", "parked",
+             "accepted", "rejected", "refused", "requeued", "backoffs", "quarantined"), 0)
+        for unit in units:
+            self._add_unit(unit, front=False)
+        if not self._order:
+            raise ConfigError("a ledger needs at least one work unit")
+
+    # -- workers ----------------------------------------------------------------------------------
+    def join(self, name: str = "", info: Mapping[str, Any] | None = None) -> str:
+        """Register a worker and return its new id."""
+        worker_id = "w-" + secrets.token_hex(8)
+        self._workers[worker_id] = WorkerRecord(worker_id, str(name)[:128], plain(dict(info or {})),
+                                           self._clock())
+        return worker_id
+
+    def _touch(self, worker_id: str) -> WorkerRecord:
+        # Workers that joined after the last snapshot are unknown after a restart; the server has
+        # already authenticated them, so they are re-registered rather than refused.
+        if not isinstance(worker_id, str) or not 0 < len(worker_id) <= 128:
+            raise ValidationError("worker id must be a non-empty string of at most 128 chars",
+                                  reason="bad_worker_id")
+        now = self._clock()
+        w = self._workers.get(worker_id)
+        if w is None:
+            w = self._workers[worker_id] = WorkerRecord(worker_id, "", {}, now)
+        w.last_seen = now
+        return w
+
+    def _window(self, w: WorkerRecord) -> float:
+        cfg = self.config
+        return cfg.lease_timeout_s if w.spw is None else max(cfg.lease_timeout_s,
+                                                              cfg.deadline_slack * w.spw)
+
+    def _measure(self, w: WorkerRecord, lease: LeaseRecord, steps_done: int, now: float) -> None:
+        steps = steps_done - lease.steps_done
+        if steps > 0:
+            sample = max(now - lease.progress_at, 0.0) / steps
+            a = self.config.speed_smoothing
+            w.spw = sample if w.spw is None else (1 - a) * w.spw + a * sample
+            lease.steps_done = steps_done
+            lease.progress_at = now
+
+    # -- leases -----------------------------------------------------------------------------------
+    def lease(self, worker_id: str, base_version: int) -> LeaseGrant:
+        """Grant the next queued unit, or raise :class:`NoWorkAvailableError`."""
+        w = self._touch(worker_id)
+        self.expire()
+        if not self._queue:
+            raise self._no_work()
+        self._admit(w)
+        u = self._units[self._pick(worker_id)]
+        lease_id = self._signer.make(u.index, u.unit.unit_id, base_version)
+        now = self._clock()
+        lease = LeaseRecord(lease_id, u.unit.unit_id, worker_id, base_version, now + self._window(w), now)
+        self._leases[lease_id] = lease
+        self._activate(u, lease)
+        self._count_issue(u)
+        return self._grant(lease, resumed=False)
+
+    def _count_issue(self, u: UnitRecord) -> None:
+        self.stats["issued"] += 1
+        if u.issued:
+            self.stats["reissued"] += 1
+        u.issued += 1
+
+    def _admit(self, w: WorkerRecord) -> None:
+        """Refuse a lease to a quarantined or backed-off worker, with a typed answer it can obey."""
+        wait = w.backoff_until - self._clock()
+        if w.quarantined is not None and wait > 0:
+            until = "for the rest of the run" if self.config.quarantine_s is None \
+                else f"for {wait:.0f}s more"
+            raise WorkerQuarantinedError(
+                f"worker {w.worker_id} is quarantined {until}: it failed {w.streak} units in a row "
+                f"(last: {w.quarantined}). Fix the machine or the trainer",
+                retry_after=None if self.config.quarantine_s is None else round(wait, 3))
+        if w.quarantined is not None:     # served its time: one more try (one failure re-quarantines)
+            w.quarantined = None
+        if wait > 0:
+            raise WorkerBackoffError(
+                f"worker {w.worker_id} failed its last {w.streak} unit(s) (last: {w.last_failure}); "
+                f"backing off: lease again in {wait:.3g}s", retry_after=round(wait, 3))
+
+    def _pick(self, worker_id: str) -> str:
+        """The first queued unit this worker has not failed (near the front), else the first."""
+        for i, unit_id in enumerate(self._queue):
+            if i >= _PICK_WINDOW:
+                break
+            if worker_id not in self._units[unit_id].failed_by:
+                del self._queue[i]
+                return unit_id
+        return self._queue.popleft()
+
+    def _no_work(self) -> NoWorkAvailableError:
+        leased = self._count[UnitState.LEASED]
+        if not leased:
+            return NoWorkAvailableError("every work unit is done or parked; the run is finished",
+                                        retry_after=self.config.heartbeat_s, finished=True)
+        # The earliest deadline (possibly stale, which only makes the hint a little early).
+        first = self._heap[0][0] if self._heap else self._clock()
+        wait = min(max(first - self._clock(), 0.1), self.config.heartbeat_s)
+        return NoWorkAvailableError(f"no queued work; {leased} units are leased, retry later",
+                                    retry_after=round(wait, 3))
+
+    def _set(self, u: UnitRecord, state: UnitState) -> None:
+        self._count[u.state] -= 1
+        self._count[state] += 1
+        u.state = state
+
+    def _activate(self, u: UnitRecord, lease: LeaseRecord) -> None:
+        self._set(u, UnitState.LEASED)
+        u.lease_id = lease.lease_id
+        lease.state = LeaseState.ACTIVE
+        heapq.heappush(self._heap, (lease.deadline, lease.lease_id))
+
+    def _grant(self, lease: LeaseRecord, *, resumed: bool) -> LeaseGrant:
+        return LeaseGrant(lease.lease_id, self._units[lease.unit_id].unit, lease.base_version,
+                          max(lease.deadline - self._clock(), 0.0), self.config.heartbeat_s, resumed)
+
+    def _find(self, lease_id: str, worker_id: str) -> LeaseRecord:
+        """The lease, adopting a validly signed one the ledger does not know (lost in a restart)."""
+        lease = self._leases.get(lease_id)
+        if lease is not None:
+            return lease
+        parsed = self._signer.parse(lease_id, lambda i: self._order[i].unit.unit_id
+                                    if 0 <= i < len(self._order) else None)
+        if parsed is None:
+            raise LeaseNotFoundError(f"no lease {lease_id[:80]!r}: it was never issued here",
+                                     lease_id=lease_id)
+        index, base_version = parsed
+        u = self._order[index]
+        now = self._clock()
+        lease = LeaseRecord(lease_id, u.unit.unit_id, worker_id, base_version, now, now,
+                       state=LeaseState.EXPIRED)
+        self._leases[lease_id] = lease
+        self.stats["adopted"] += 1
+        self._count_issue(u)      # granted after the last snapshot: the counters must include it
+        if u.state is UnitState.DONE:
+            lease.state = LeaseState.SUPERSEDED
+        elif u.state is UnitState.QUEUED:
+            self._revive(u, lease)
+        return lease
+
+    def _revive(self, u: UnitRecord, lease: LeaseRecord) -> None:
+        self._queue.remove(u.unit.unit_id)
+        lease.deadline = self._clock() + self._window(self._touch(lease.worker_id))
+        self._activate(u, lease)
+        self.stats["revived"] += 1
+
+    def _live(self, lease: LeaseRecord, *, action: str, revive: bool = True) -> UnitRecord:
+        """The lease's unit when the lease is (or can be made) active again, else a clear error.
+
+        ``revive``: an expired lease whose unit nobody took yet may become active again.
+        """
+        u = self._units[lease.unit_id]
+        if lease.state is LeaseState.ACTIVE and lease.deadline < self._clock():
+            self.expire()
+        if revive and lease.state is LeaseState.EXPIRED and u.state is UnitState.QUEUED:
+            self._revive(u, lease)
+        if lease.state is LeaseState.ACTIVE:
+            return u
+        if lease.state in (LeaseState.CLOSED, LeaseState.SUPERSEDED) or u.state is UnitState.DONE:
+            raise UnitClosedError(f"cannot {action}: unit {u.unit.unit_id!r} already has a result; "
+                                  "lease new work", unit_id=u.unit.unit_id, lease_id=lease.lease_id)
+        if lease.state is LeaseState.RELEASED:
+            raise LeaseNotFoundError(f"cannot {action}: lease {lease.lease_id!r} was released by its "
+                                     "holder; lease new work", unit_id=u.unit.unit_id,
+                                     lease_id=lease.lease_id)
+        raise LeaseExpiredError(f"cannot {action}: lease {lease.lease_id!r} expired and unit "
+                                f"{u.unit.unit_id!r} is {u.state}; a result sent before it closes is "
+                                "still accepted", unit_id=u.unit.unit_id, lease_id=lease.lease_id)
+
+    def _holder(self, lease: LeaseRecord, worker_id: str) -> None:
+        if lease.worker_id != worker_id:
+            raise NotLeaseHolderError(f"lease {lease.lease_id!r} belongs to another worker",
+                                      unit_id=lease.unit_id, lease_id=lease.lease_id)
+
+    def resume(self, worker_id: str, lease_id: str) -> LeaseGrant:
+        """Pick up a lease again after a worker restart; the caller becomes its holder.
+
+        Another worker's lease is taken over only once it is no longer live (expired, or unknown
+        after a restart and adopted): a live lease stays its holder's, whoever knows its id.
+        """
+        w = self._touch(worker_id)
+        lease = self._find(lease_id, worker_id)
+        if lease.worker_id != worker_id and lease.state is LeaseState.ACTIVE \
+                and lease.deadline >= self._clock():
+            self._holder(lease, worker_id)
+        self._live(lease, action="resume")
+        lease.worker_id = worker_id
+        lease.deadline = max(lease.deadline, self._clock() + self._window(w))
+        heapq.heappush(self._heap, (lease.deadline, lease.lease_id))
+        return self._grant(lease, resumed=True)
+
+    def heartbeat(self, worker_id: str, lease_id: str, steps_done: int) -> LeaseGrant:
+        """Record progress; progress pushes the deadline out by the worker's window."""
+        w = self._touch(worker_id)
+        lease = self._find(lease_id, worker_id)
+        self._holder(lease, worker_id)
+        steps = self._units[lease.unit_id].unit.steps
+        if isinstance(steps_done, bool) or not isinstance(steps_done, int) \
+                or not 0 <= steps_done <= steps:
+            raise ValidationError(f"steps_done must be an int in [0, {steps}], got {steps_done!r}",
+                                  reason="bad_progress")
+        # Only progress revives an expired lease: a hung trainer's heartbeats must not hold the unit.
+        self._live(lease, action="heartbeat", revive=steps_done > lease.steps_done)
+        now = self._clock()
+        if steps_done > lease.steps_done:
+            self._measure(w, lease, steps_done, now)
+            lease.deadline = max(lease.deadline, now + self._window(w))
+            heapq.heappush(self._heap, (lease.deadline, lease.lease_id))
+        elif steps_done < lease.steps_done:   # restarted from an older checkpoint: no extension
+            lease.steps_done, lease.progress_at = steps_done, now
+        return self._grant(lease, resumed=False)
+
+    def release(self, worker_id: str, lease_id: str, reason: str = "", *, failed: bool = True) -> None:
+        """The holder gives the lease up; its unit goes back to the queue. Idempotent.
+
+        ``failed``: the unit failed on this worker (a trainer error), which counts against both;
+        False for a release that is nobody's fault (preemption, a base model no longer served).
+        """
+        self._touch(worker_id)
+        lease = self._find(lease_id, worker_id)
+        self._holder(lease, worker_id)
+        if lease.state is LeaseState.ACTIVE:
+            lease.state = LeaseState.RELEASED
+            self.stats["released"] += 1
+            why = f"released: {_printable(reason)}" if reason else "released"
+            u = self._units[lease.unit_id]
+            if failed:
+                self._fail(u, lease, why)
+            elif u.state is UnitState.LEASED and u.lease_id == lease.lease_id:
+                u.lease_id = None
+                self._set(u, UnitState.QUEUED)
+                self._queue.appendleft(u.unit.unit_id)
+
+    def refuse(self, worker_id: str, lease_id: str, reason: str) -> bool:
+        """The holder's upload was refused (not finite, wrong spec, malformed): free the unit for
+        reissue now rather than at the deadline. A corrected re-send is still welcome while the
+        unit is open. True when a live lease was freed."""
+        lease = self._leases.get(lease_id)
+        if lease is None or lease.worker_id != worker_id or lease.state is not LeaseState.ACTIVE:
+            return False
+        lease.state = LeaseState.RELEASED
+        self.stats["refused"] += 1
+        self._fail(self._units[lease.unit_id], lease, f"result refused: {_printable(reason)}")
+        return True
+
+    def expire(self) -> list[str]:
+        """Expire every active lease past its deadline; returns their ids."""
+        now = self._clock()
+        out: list[str] = []
+        while self._heap and self._heap[0][0] < now:
+            _, lease_id = heapq.heappop(self._heap)
+            lease = self._leases.get(lease_id)
+            if lease is None or lease.state is not LeaseState.ACTIVE or lease.deadline >= now:
+                continue
+            lease.state = LeaseState.EXPIRED
+            self.stats["expired"] += 1
+            self._fail(self._units[lease.unit_id], lease, "lease expired")
+            out.append(lease_id)
+        return out
+
+    def _blame(self, worker_id: str, why: str) -> None:
+        """A failure of ``worker_id``: back it off, and quarantine it after too many in a row."""
+        w = self._workers.get(worker_id)
+        if w is None:
+            return
+        w.streak += 1
+        w.failures += 1
+        w.last_failure = why[:300]
+        w.backoff_until = self._clock() + self.config.backoff_s(w.streak)
+        self.stats["backoffs"] += 1
+        if w.streak >= self.config.quarantine_after and w.quarantined is None:
+            w.quarantined = w.last_failure
+            w.backoff_until = self._clock() + (_FOREVER if self.config.quarantine_s is None
+                                               else self.config.quarantine_s)
+            self.stats["quarantined"] += 1
+
+    def _fail(self, u: UnitRecord, lease: LeaseRecord, why: str, *, blame: bool = True) -> None:
+        """One failed attempt at ``u`` by the lease's worker; requeue or park ``u`` unless another
+        lease holds it now. Parking needs ``max_attempts`` failures on ``park_workers`` workers.
+
+        ``blame``: the worker broke it (expired, released as failed, refused upload), which backs
+        the worker off; a valid result the coordinator could not use (stale, refused by the policy)
+        counts against the unit only.
+        """
+        if u.state is UnitState.DONE:
+            return
+        u.attempts += 1
+        u.last_failure = f"{why[:300]} (worker {lease.worker_id}, lease {lease.lease_id})"
+        if blame:
+            u.failed_by.add(lease.worker_id)
+            self._blame(lease.worker_id, why)
+        if u.state is UnitState.LEASED and u.lease_id != lease.lease_id:
+            return                                  # someone else is on it; judge them on their own
+        if u.state is UnitState.QUEUED:
+            self._queue.remove(u.unit.unit_id)
+        u.lease_id = None
+        if u.attempts >= self.config.max_attempts and len(u.failed_by) >= self.config.park_workers:
+            if u.state is not UnitState.PARKED:
+                self.stats["parked"] += 1
+            self._set(u, UnitState.PARKED)
+            u.reason = (f"failed {u.attempts} times on {len(u.failed_by)} workers; last: "
+                        f"{u.last_failure}")
+        elif u.state is not UnitState.PARKED:
+            self._set(u, UnitState.QUEUED)
+            self._queue.appendleft(u.unit.unit_id)
+
+    # -- results ----------------------------------------------------------------------------------
+    def check_result(self, worker_id: str, lease_id: str) -> ResultCheck:
+        """May this lease's result be merged? An earlier receipt comes back instead of merging twice."""
+        self._touch(worker_id)
+        lease = self._find(lease_id, worker_id)
+        self._holder(lease, worker_id)
+        u = self._units[lease.unit_id]
+        if lease.receipt is not None:
+            return ResultCheck(u.unit, lease.base_version, lease.receipt)
+        if u.state is UnitState.DONE or lease.state is LeaseState.SUPERSEDED:
+            raise UnitClosedError(f"unit {u.unit.unit_id!r} already has a merged result (from lease "
+                                  f"{u.done_by}); this one is not merged", unit_id=u.unit.unit_id,
+                                  lease_id=lease_id)
+        return ResultCheck(u.unit, lease.base_version, None)
+
+    def receipt(self, lease_id: str) -> Receipt | None:
+        lease = self._leases.get(lease_id)
+        return None if lease is None else lease.receipt
+
+    def record(self, lease_id: str, *, unit_id: str, worker_id: str, status: ReceiptStatus,
+               version: int, reason: str | None = None, steps_done: int = 0,
+               partial: bool = False, base_version: int = 0) -> Receipt:
+        """Record what a result came to. Accepted: the unit is done (plus a remainder when partial).
+
+        Works for leases the ledger never saw (journal replay after a restart). Raises
+        :class:`UnitClosedError` when the unit already has a result: nothing is recorded twice.
+        """
+        lease = self._leases.get(lease_id)
+        if lease is not None and lease.receipt is not None:
+            return lease.receipt
+        u = self._units.get(unit_id)
+        if u is None or (lease is not None and lease.unit_id != unit_id):
+            raise LedgerError(f"lease {lease_id!r} does not belong to unit {unit_id!r}",
+                              unit_id=unit_id, lease_id=lease_id)
+        if u.state is UnitState.DONE:
+            raise UnitClosedError(f"unit {unit_id!r} already has a merged result",
+                                  unit_id=unit_id, lease_id=lease_id)
+        now = self._clock()
+        if lease is None:   # replay, or granted after the last snapshot: it was issued all the same
+            lease = self._leases[lease_id] = LeaseRecord(lease_id, unit_id, worker_id, base_version, now,
+                                                    now, state=LeaseState.EXPIRED)
+            self._count_issue(u)
+        receipt = Receipt(lease_id, unit_id, status, version, reason)
+        if status == "rejected":
+            self.stats["rejected"] += 1
+            self._fail(u, lease, f"result rejected: {reason}", blame=False)
+        else:
+            self.stats["accepted"] += 1
+            w = self._workers.get(worker_id)
+            if w is not None:
+                w.streak, w.backoff_until = 0, 0.0     # it works again: no more back-off
+                if lease.state is LeaseState.ACTIVE:
+                    self._measure(w, lease, steps_done, now)
+            if u.state is UnitState.QUEUED:
+                self._queue.remove(unit_id)
+            elif u.state is UnitState.LEASED and u.lease_id != lease_id and u.lease_id is not None:
+                self._leases[u.lease_id].state = LeaseState.SUPERSEDED
+            self._set(u, UnitState.DONE)
+            u.lease_id, u.done_by = None, lease_id
+            if partial and 0 < steps_done < u.unit.steps:
+                self._add_unit(u.unit.remainder(steps_done), front=True)
+        lease.state = LeaseState.CLOSED
+        lease.receipt = receipt
+        return receipt
+
+    def _add_unit(self, unit: WorkUnit, *, front: bool) -> None:
+        if unit.unit_id in self._units:
+            if front:    # a remainder id taken by a user's unit: make it unique, deterministically
+                n = 1
+                while f"{unit.unit_id}.{n}" in self._units:
+                    n += 1
+                unit = WorkUnit(f"{unit.unit_id}.{n}", unit.shard, unit.num_shards, unit.epoch,
+                                unit.steps, unit.params)
+            else:
+                raise ConfigError(f"duplicate work unit id {unit.unit_id!r}")
+        u = UnitRecord(unit, len(self._order))
+        self._count[UnitState.QUEUED] += 1
+        self._units[unit.unit_id] = u
+        self._order.append(u)
+        if front:
+            self._queue.appendleft(unit.unit_id)
+        else:
+            self._queue.append(unit.unit_id)
+
+    def add_units(self, units: Iterable[WorkUnit]) -> int:
+        """Queue the units whose ids the ledger does not know yet (a restarted run grows)."""
+        fresh = [u for u in units if u.unit_id not in self._units]
+        for unit in fresh:
+            self._add_unit(unit, front=False)
+        return len(fresh)
+
+    # -- operator actions and views ------------------------------------------------------------------
+    def unpark(self, unit_id: str) -> None:
+        """Give a parked unit a fresh set of attempts (an operator fixed whatever broke it)."""
+        self.requeue([unit_id])
+
+    def requeue(self, unit_ids: Iterable[str] | None = None) -> list[str]:
+        """Queue parked units again with fresh attempts: every parked unit, or the named ones.
+
+        All or nothing: a named unit that is unknown or not parked raises :class:`LedgerError` and
+        nothing changes. Returns the ids requeued (in unit order).
+        """
+        if unit_ids is None:
+            chosen = [u for u in self._order if u.state is UnitState.PARKED]
+        else:
+            chosen = []
+            for unit_id in dict.fromkeys(unit_ids):
+                u = self._units.get(unit_id) if isinstance(unit_id, str) else None
+                if u is None:
+                    raise LedgerError(f"no work unit {str(unit_id)[:80]!r}", unit_id=str(unit_id)[:256])
+                if u.state is not UnitState.PARKED:
+                    raise LedgerError(f"unit {unit_id!r} is {u.state}, not parked; nothing was "
+                                      "requeued", unit_id=unit_id)
+                chosen.append(u)
+        for u in chosen:
+            self._set(u, UnitState.QUEUED)
+            u.attempts, u.reason, u.last_failure = 0, None, None
+            u.failed_by.clear()
+            self._queue.append(u.unit.unit_id)
+        self.stats["requeued"] += len(chosen)
+        return [u.unit.unit_id for u in chosen]
+
+    @property
+    def finished(self) -> bool:
+        return not self._count[UnitState.QUEUED] and not self._count[UnitState.LEASED]
+
+    def counts(self) -> dict[str, int]:
+        return {state.value: n for state, n in self._count.items()}
+
+    def unit_state(self, unit_id: str) -> UnitState:
+        return self._units[unit_id].state
+
+    def units(self) -> list[tuple[WorkUnit, UnitState]]:
+        return [(u.unit, u.state) for u in self._order]
+
+    def parked(self) -> dict[str, str]:
+        return {u.unit.unit_id: u.reason or "" for u in self._order if u.state is UnitState.PARKED}
+
+    def worker_health(self) -> dict[str, dict[str, Any]]:
+        """Workers that failed: id -> failures, failures in a row, back-off left, quarantine reason."""
+        now = self._clock()
+        return {w.worker_id: {"name": w.name, "failures": w.failures, "streak": w.streak,
+                              "backoff_s": round(max(w.backoff_until - now, 0.0), 3),
+                              "quarantined": w.quarantined, "last_failure": w.last_failure}
+                for w in self._workers.values() if w.failures}
+
+    def workers_quarantined(self) -> int:
+        now = self._clock()
+        return sum(1 for w in self._workers.values()
+                   if w.quarantined is not None and w.backoff_until > now)
+
+    def lease_state(self, lease_id: str) -> LeaseState | None:
+        lease = self._leases.get(lease_id)
+        return None if lease is None else lease.state
+
+    def lease_holder(self, lease_id: str) -> str | None:
+        lease = self._leases.get(lease_id)
+        return None if lease is None else lease.worker_id
+
+    def active_base_versions(self) -> set[int]:
+        return {lse.base_version for lse in self._leases.values() if lse.state is LeaseState.ACTIVE}
+
+    def workers_alive(self) -> int:
+        horizon = self._clock() - self.config.alive_s
+        return sum(1 for w in self._workers.values() if w.last_seen >= horizon)
+
+    def worker_speed(self, worker_id: str) -> float | None:
+        w = self._workers.get(worker_id)
+        return None if w is None else w.spw
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._workers)
+
+    @property
+    def num_leases(self) -> int:
+        return len(self._leases)
+
+    # -- snapshot / restore ------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """Plain data (``pack_tree``-able); times are stored relative to now."""
+        now = self._clock()
+        return {
+            "format": SNAPSHOT_FORMAT,
+            "units": [[u.unit.to_dict(), u.state.value, u.attempts, u.issued, u.lease_id, u.reason,
+                       u.done_by, sorted(u.failed_by), u.last_failure] for u in self._order],
+            "queue": list(self._queue),
+            "leases": [[x.lease_id, x.unit_id, x.worker_id, x.base_version, x.deadline - now,
+                        x.steps_done, x.state.value,
+                        None if x.receipt is None else x.receipt.to_dict()]
+                       for x in self._leases.values()],
+            "workers": [[w.worker_id, w.name, w.info, now - w.last_seen, w.spw, w.streak, w.failures,
+                         w.backoff_until - now, w.quarantined, w.last_failure]
+                        for w in self._workers.values()],
+            "stats": dict(self.stats),
+        }
+
+    @classmethod
+    def restore(cls, data: Mapping[str, Any], *, config: LedgerConfig | None = None, clock: Clock,
+                secret: bytes | None = None) -> Ledger:
+        """Rebuild a ledger; active leases get at least ``restore_grace_s`` to reconnect."""
+        if data.get("format") != SNAPSHOT_FORMAT:
+            raise ConfigError(f"ledger snapshot format {data.get('format')!r} is not "
+                              f"{SNAPSHOT_FORMAT}")
+        self = cls([WorkUnit.from_dict(row[0]) for row in data["units"]], config=config,
+                   clock=clock, secret=secret)
+        now = clock()
+        for u, row in zip(self._order, data["units"], strict=True):
+            _, state, attempts, issued, lease_id, reason, done_by = row[:7]
+            self._set(u, UnitState(state))
+            u.attempts, u.issued = attempts, issued
+            u.lease_id, u.reason, u.done_by = lease_id, reason, done_by
+            if len(row) >= 9:     # older snapshots lack failure attribution
+                u.failed_by, u.last_failure = set(row[7]), row[8]
+        self._queue = deque(data["queue"])
+        for lid, unit_id, worker_id, base, remaining, steps, state, receipt in data["leases"]:
+            lease = LeaseRecord(lid, unit_id, worker_id, base, now, now, LeaseState(state))
+            lease.steps_done = steps
+            lease.receipt = None if receipt is None else Receipt.from_dict(receipt)
+            if lease.state is LeaseState.ACTIVE:
+                lease.deadline = now + max(remaining, self.config.grace_s)
+                heapq.heappush(self._heap, (lease.deadline, lid))
+            self._leases[lid] = lease
+        for row in data["workers"]:
+            worker_id, name, info, since, spw = row[:5]
+            w = self._workers[worker_id] = WorkerRecord(worker_id, name, info, now - since)
+            w.spw = spw
+            if len(row) >= 10:
+                w.streak, w.failures, w.quarantined, w.last_failure = row[5], row[6], row[8], row[9]
+                w.backoff_until = now + max(row[7], 0.0)
+        self.stats.update(data["stats"])
+        self._reconcile()
+        return self
+
+    def _reconcile(self) -> None:
+        """Counters agree with what the ledger holds: a snapshot's stats can lag its units (older
+        formats, or a snapshot captured before the leases it records were counted)."""
+        issued = sum(u.issued for u in self._order)
+        if self.stats["issued"] < issued:
+            self.stats["issued"] = issued
+        reissued = sum(max(u.issued - 1, 0) for u in self._order)
+        self.stats["reissued"] = max(self.stats["reissued"], reissued)
+        self.stats["parked"] = max(self.stats["parked"], self._count[UnitState.PARKED])

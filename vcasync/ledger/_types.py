@@ -1,0 +1,171 @@
+"""The ledger's vocabulary: its config, the unit and lease states, and the records it keeps.
+
+The records are mutable ``__slots__`` classes private to :mod:`vcasync.ledger` (thousands of them
+live at once at scale, so they are kept small); everything handed out is a frozen value type.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError, ValidationError
+from ._units import Receipt, WorkUnit
+
+__all__ = ["LeaseState", "LedgerConfig", "ResultCheck", "UnitState", "plain"]
+
+
+class UnitState(enum.StrEnum):
+    QUEUED = "queued"
+    LEASED = "leased"
+    DONE = "done"
+    PARKED = "parked"
+
+
+class LeaseState(enum.StrEnum):
+    ACTIVE = "active"          # the unit is leased by this lease
+    EXPIRED = "expired"        # missed its deadline; a late result is still welcome
+    RELEASED = "released"      # its holder gave it up; a late result is still welcome
+    CLOSED = "closed"          # a result was recorded (accepted or rejected): see its receipt
+    SUPERSEDED = "superseded"  # another lease's result closed the unit first
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerConfig:
+    """Lease timing and failure handling (see the module docstring for how they combine)."""
+
+    lease_timeout_s: float = 60.0
+    heartbeat_interval_s: float | None = None    # None: lease_timeout_s / 4
+    max_attempts: int = 5
+    deadline_slack: float = 3.0
+    speed_smoothing: float = 0.3                 # EWMA weight of the newest seconds-per-step sample
+    restore_grace_s: float | None = None         # None: lease_timeout_s (time to reconnect after restart)
+    alive_window_s: float | None = None          # None: 2 * lease_timeout_s
+    #: A unit is parked only once this many *distinct* workers failed it (and ``max_attempts`` reached):
+    #: one broken machine must not get a unit given up on.
+    park_after_workers: int = 3
+    #: A worker's failures in a row back it off from leasing: base * 2**(n-1) seconds, capped ...
+    worker_backoff_s: float = 1.0
+    worker_backoff_max_s: float = 60.0
+    #: ... and after this many failures in a row it is quarantined: refused leases for
+    #: ``quarantine_s`` (None: the rest of the run). After that it gets one more try; one more
+    #: failure quarantines it again (a spot machine may have been unlucky, not broken).
+    quarantine_after: int = 5
+    quarantine_s: float | None = 3600.0
+
+    def __post_init__(self) -> None:
+        for name in ("lease_timeout_s", "deadline_slack", "worker_backoff_s", "worker_backoff_max_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("heartbeat_interval_s", "restore_grace_s", "alive_window_s", "quarantine_s"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise ConfigError(f"{name} must be > 0 or None, got {v!r}")
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) \
+                or self.max_attempts < 1:
+            raise ConfigError(f"max_attempts must be an int >= 1, got {self.max_attempts!r}")
+        for name in ("park_after_workers", "quarantine_after"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{name} must be an int >= 1, got {v!r}")
+        if not 0 < self.speed_smoothing <= 1:
+            raise ConfigError(f"speed_smoothing must be in (0, 1], got {self.speed_smoothing!r}")
+
+    @property
+    def heartbeat_s(self) -> float:
+        return self.heartbeat_interval_s or self.lease_timeout_s / 4
+
+    @property
+    def grace_s(self) -> float:
+        return self.restore_grace_s or self.lease_timeout_s
+
+    @property
+    def alive_s(self) -> float:
+        return self.alive_window_s or 2 * self.lease_timeout_s
+
+    @property
+    def park_workers(self) -> int:
+        """Distinct failing workers needed to park a unit (never more than ``max_attempts``)."""
+        return min(self.park_after_workers, self.max_attempts)
+
+    def backoff_s(self, streak: int) -> float:
+        """How long a worker with ``streak`` failures in a row waits before its next lease."""
+        if streak <= 0:
+            return 0.0
+        return min(self.worker_backoff_max_s, self.worker_backoff_s * 2.0 ** min(streak - 1, 30))
+
+
+@dataclass(frozen=True, slots=True)
+class ResultCheck:
+    """What :meth:`Ledger.check_result` found: the unit to validate against, or an earlier receipt."""
+
+    unit: WorkUnit
+    lease_base_version: int
+    receipt: Receipt | None
+
+
+class UnitRecord:
+    __slots__ = ("attempts", "done_by", "failed_by", "index", "issued", "last_failure", "lease_id",
+                 "reason", "state", "unit")
+
+    def __init__(self, unit: WorkUnit, index: int) -> None:
+        self.unit = unit
+        self.index = index
+        self.state = UnitState.QUEUED
+        self.attempts = 0
+        self.issued = 0                  # leases granted for it (reissue accounting)
+        self.lease_id: str | None = None  # the ACTIVE lease while LEASED
+        self.reason: str | None = None    # why it was parked
+        self.done_by: str | None = None   # the lease whose result closed it
+        self.failed_by: set[str] = set()  # workers that failed it (parking needs several)
+        self.last_failure: str | None = None
+
+
+class LeaseRecord:
+    __slots__ = ("base_version", "deadline", "lease_id", "progress_at", "receipt", "state",
+                 "steps_done", "unit_id", "worker_id")
+
+    def __init__(self, lease_id: str, unit_id: str, worker_id: str, base_version: int,
+                 deadline: float, now: float, state: LeaseState = LeaseState.ACTIVE) -> None:
+        self.lease_id = lease_id
+        self.unit_id = unit_id
+        self.worker_id = worker_id
+        self.base_version = base_version
+        self.deadline = deadline
+        self.progress_at = now
+        self.steps_done = 0
+        self.state = state
+        self.receipt: Receipt | None = None
+
+
+class WorkerRecord:
+    __slots__ = ("backoff_until", "failures", "info", "last_failure", "last_seen", "name",
+                 "quarantined", "spw", "streak", "worker_id")
+
+    def __init__(self, worker_id: str, name: str, info: dict[str, Any], now: float) -> None:
+        self.worker_id = worker_id
+        self.name = name
+        self.info = info
+        self.last_seen = now
+        self.spw: float | None = None    # EWMA of seconds per step
+        self.streak = 0                  # failures in a row (an accepted result resets it)
+        self.failures = 0                # failures in all
+        self.backoff_until = 0.0         # no lease before this time (the ledger's clock)
+        self.quarantined: str | None = None   # why it gets no leases (until backoff_until)
+        self.last_failure: str | None = None
+
+
+def plain(value: Any, depth: int = 0) -> Any:
+    """Worker info must be JSON-like (it is snapshotted and shown in status)."""
+    if depth > 8:
+        raise ValidationError("worker info nests too deeply", reason="bad_worker_info")
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [plain(v, depth + 1) for v in value]
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        return {k: plain(v, depth + 1) for k, v in value.items()}
+    raise ValidationError(f"worker info holds a {type(value).__name__}; only JSON values are allowed",
+                          reason="bad_worker_info")

@@ -1,0 +1,159 @@
+"""The value types the ledger hands out: work units, lease grants and receipts.
+
+They are frozen, JSON-able through ``to_dict``/``from_dict`` (the server sends them as they are) and
+validated on the way in, so a malformed unit list fails with a :class:`ConfigError` naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..errors import ConfigError
+
+__all__ = ["LeaseGrant", "Receipt", "ReceiptStatus", "WorkUnit", "make_units"]
+
+ReceiptStatus = Literal["accepted", "duplicate", "rejected"]
+
+#: Key in ``WorkUnit.params`` of a remainder unit: how many of the original unit's steps are done.
+STEP_OFFSET = "step_offset"
+#: Key in ``WorkUnit.params`` of a remainder unit: the unit it continues.
+PARENT = "parent"
+
+
+def _int(name: str, value: Any, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"work unit field {name!r} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ConfigError(f"work unit field {name!r} must be >= {minimum}, got {value}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class WorkUnit:
+    """A data shard and a number of local steps to train from one model version.
+
+    A *remainder* unit (what is left after a partial result) carries ``params["step_offset"]``, the
+    number of the original unit's steps already merged, and ``params["parent"]``.
+    """
+
+    unit_id: str
+    shard: int = 0
+    num_shards: int = 1
+    epoch: int = 0
+    steps: int = 1
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.unit_id, str) or not self.unit_id:
+            raise ConfigError("work unit field 'unit_id' must be a non-empty string")
+        if len(self.unit_id.encode()) > 256:
+            raise ConfigError(f"work unit id {self.unit_id[:40]!r}... is longer than 256 bytes")
+        _int("shard", self.shard, minimum=0)
+        _int("num_shards", self.num_shards, minimum=1)
+        _int("epoch", self.epoch, minimum=0)
+        _int("steps", self.steps, minimum=1)
+        if self.shard >= self.num_shards:
+            raise ConfigError(f"work unit {self.unit_id!r}: shard {self.shard} >= num_shards "
+                              f"{self.num_shards}")
+        if not isinstance(self.params, dict) or not all(isinstance(k, str) for k in self.params):
+            raise ConfigError(f"work unit {self.unit_id!r}: params must be a dict with str keys")
+
+    __hash__ = None  # type: ignore[assignment]  # params is a dict
+
+    @property
+    def step_offset(self) -> int:
+        """Steps of the original unit done before this one (0 unless this is a remainder)."""
+        return int(self.params.get(STEP_OFFSET, 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"unit_id": self.unit_id, "shard": self.shard, "num_shards": self.num_shards,
+                "epoch": self.epoch, "steps": self.steps, "params": dict(self.params)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WorkUnit:
+        unknown = set(data) - {"unit_id", "shard", "num_shards", "epoch", "steps", "params"}
+        if unknown:
+            raise ConfigError(f"work unit has unknown fields {sorted(unknown)}")
+        if "unit_id" not in data:
+            raise ConfigError("work unit lacks 'unit_id'")
+        return cls(unit_id=data["unit_id"], shard=data.get("shard", 0),
+                   num_shards=data.get("num_shards", 1), epoch=data.get("epoch", 0),
+                   steps=data.get("steps", 1), params=dict(data.get("params") or {}))
+
+    def remainder(self, steps_done: int) -> WorkUnit:
+        """The unit that trains the ``steps - steps_done`` steps a partial result left over."""
+        offset = self.step_offset + steps_done
+        root = str(self.params.get(PARENT, self.unit_id))
+        return WorkUnit(unit_id=f"{root}~{offset}", shard=self.shard, num_shards=self.num_shards,
+                        epoch=self.epoch, steps=self.steps - steps_done,
+                        params={**self.params, STEP_OFFSET: offset, PARENT: root})
+
+
+def make_units(num_shards: int, *, epochs: int = 1, steps: int = 1,
+               params: Mapping[str, Any] | None = None) -> list[WorkUnit]:
+    """One unit per (epoch, shard), ids ``e{epoch}-s{shard}``: the usual data-parallel split."""
+    _int("num_shards", num_shards, minimum=1)
+    _int("epochs", epochs, minimum=1)
+    return [WorkUnit(f"e{e}-s{s}", shard=s, num_shards=num_shards, epoch=e, steps=steps,
+                     params=dict(params or {}))
+            for e in range(epochs) for s in range(num_shards)]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseGrant:
+    """A worker's right to train ``unit`` until ``deadline_s`` seconds from when it was sent.
+
+    Heartbeats that report progress push the deadline out; ``heartbeat_interval_s`` is how often to
+    send them. ``base_version`` is the model version current when the lease was granted (workers may
+    train from any version still served; the result says which). ``resumed`` is True when an existing
+    lease was picked up again (worker restart, coordinator restart).
+    """
+
+    lease_id: str
+    unit: WorkUnit
+    base_version: int
+    deadline_s: float
+    heartbeat_interval_s: float
+    resumed: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"lease_id": self.lease_id, "unit": self.unit.to_dict(),
+                "base_version": self.base_version, "deadline_s": self.deadline_s,
+                "heartbeat_interval_s": self.heartbeat_interval_s, "resumed": self.resumed}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LeaseGrant:
+        return cls(lease_id=str(data["lease_id"]), unit=WorkUnit.from_dict(data["unit"]),
+                   base_version=int(data["base_version"]), deadline_s=float(data["deadline_s"]),
+                   heartbeat_interval_s=float(data["heartbeat_interval_s"]),
+                   resumed=bool(data.get("resumed", False)))
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """What a submitted result came to. ``version`` is the model version after it was handled.
+
+    ``accepted``: merged (or buffered by the policy) exactly once. ``duplicate``: the same lease's
+    result was accepted before; nothing changed now. ``rejected``: refused for ``reason`` (too stale,
+    refused by the policy); never merged, the unit went back to the queue.
+    """
+
+    lease_id: str
+    unit_id: str
+    status: ReceiptStatus
+    version: int
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"lease_id": self.lease_id, "unit_id": self.unit_id, "status": self.status,
+                "version": self.version, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Receipt:
+        status = data["status"]
+        if status not in ("accepted", "duplicate", "rejected"):
+            raise ConfigError(f"receipt status {status!r} is not one of accepted/duplicate/rejected")
+        return cls(lease_id=str(data["lease_id"]), unit_id=str(data["unit_id"]), status=status,
+                   version=int(data["version"]), reason=data.get("reason"))

@@ -1,0 +1,13 @@
+"""The server room: the coordinator's HTTP server, a thin aiohttp skin over a Coordinator.
+
+The public names are re-exported here; the modules beside them are private: ``_server`` (the app,
+its config and TLS), ``_routes`` (one handler per route), ``_auth`` (join credentials and per-worker
+tokens), ``_upload_pace`` (request bodies read against the clock), ``_parser_errors`` (JSON answers
+for requests aiohttp's parser refuses) and ``_http_metrics`` (HTTP-level counters).
+"""
+
+from __future__ import annotations
+
+from ._server import BodyTimeouts, Pace, Server, ServerConfig, build_app, server_ssl_context
+
+__all__ = ["BodyTimeouts", "Pace", "Server", "ServerConfig", "build_app", "server_ssl_context"]

@@ -1,0 +1,197 @@
+"""Join credentials and per-worker bearer tokens for the coordinator's HTTP server.
+
+A worker proves it may join with the run's shared **join secret**, or with a **pre-issued join token**
+bound to one worker name (revocable one by one). It then receives its own random **worker token**
+``vca_<id>_<secret>`` that every other route requires in ``Authorization: Bearer``.
+
+An **operator token** (optional, from ``VCASYNC_OPERATOR_TOKEN`` or ``--operator-token-file``) guards
+the operator routes, such as requeueing parked units. It is deliberately not the join secret, which
+every volunteer holds; without one configured, operator routes answer ``403 operator_disabled``.
+
+Only SHA-256 digests are kept (in memory, and in an optional :class:`TokenStore` so tokens survive a
+coordinator restart); comparisons use :func:`hmac.compare_digest`. Nothing here logs or ``repr``\\ s a
+secret. Worker secrets carry 256 random bits, so a plain hash is enough; a slow KDF would only matter
+for low-entropy passwords, which the join secret is compared against but never stored as.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+from ..errors import AuthError, ConfigError, ObjectNotFoundError, OperatorDisabledError
+from ..storage import Storage
+
+__all__ = ["JoinIdentity", "StorageTokenStore", "TokenAuthority", "TokenRecord", "TokenStore"]
+
+_PREFIX = "vca_"
+_ID_HEX = 16
+
+
+def _digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRecord:
+    """What is kept about one issued worker token: never the token itself."""
+
+    worker_id: str
+    digest_hex: str
+    issued_at: float
+    revoked: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class JoinIdentity:
+    """Who a join credential says the caller is: ``name`` is set for pre-issued join tokens."""
+
+    name: str | None
+
+
+class TokenStore(Protocol):
+    """Where token records live between coordinator restarts."""
+
+    async def load(self) -> dict[str, TokenRecord]: ...
+
+    async def save(self, token_id: str, record: TokenRecord) -> None: ...
+
+
+class StorageTokenStore:
+    """Token records as small JSON objects under ``prefix`` on a :class:`Storage` (digests only)."""
+
+    def __init__(self, storage: Storage, prefix: str = "auth/tokens/") -> None:
+        self._storage = storage
+        self._prefix = prefix
+
+    async def load(self) -> dict[str, TokenRecord]:
+        out: dict[str, TokenRecord] = {}
+        async for key in self._storage.list(self._prefix):
+            try:
+                raw = json.loads(await self._storage.get(key))
+                out[key[len(self._prefix):].removesuffix(".json")] = TokenRecord(
+                    worker_id=str(raw["worker_id"]), digest_hex=str(raw["digest_hex"]),
+                    issued_at=float(raw["issued_at"]), revoked=bool(raw.get("revoked", False)))
+            except ObjectNotFoundError:
+                continue
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ConfigError(f"token record {key!r} is corrupt: {exc}") from exc
+        return out
+
+    async def save(self, token_id: str, record: TokenRecord) -> None:
+        await self._storage.put(f"{self._prefix}{token_id}.json", json.dumps(asdict(record)).encode())
+
+
+class TokenAuthority:
+    """Checks join credentials, issues worker tokens, verifies and revokes them.
+
+    ``verify`` is synchronous and allocation-light: it runs on every request.
+    """
+
+    def __init__(self, *, join_secret: str | None = None, join_tokens: Mapping[str, str] | None = None,
+                 store: TokenStore | None = None, clock: Callable[[], float] = time.time,
+                 operator_token: str | None = None) -> None:
+        if not join_secret and not join_tokens:
+            raise ConfigError("no join credential configured: set a join secret (VCASYNC_JOIN_SECRET) "
+                              "or pre-issued join tokens")
+        if join_secret is not None and len(join_secret) < 16:
+            raise ConfigError("the join secret is too short: use at least 16 characters "
+                              "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')")
+        if operator_token is not None and len(operator_token) < 16:
+            raise ConfigError("the operator token is too short: use at least 16 characters")
+        if operator_token is not None and operator_token in (join_secret, *(join_tokens or {}).values()):
+            raise ConfigError("the operator token must differ from the join secret and join tokens: "
+                              "every worker holds those")
+        self._operator_digest = _digest(operator_token) if operator_token else None
+        self._secret_digest = _digest(join_secret) if join_secret else None
+        self._join_tokens: dict[str, bytes] = {
+            name: _digest(tok) for name, tok in (join_tokens or {}).items()}
+        self._store = store
+        self._records: dict[str, TokenRecord] = {}
+        self._clock = clock
+
+    def __repr__(self) -> str:
+        return (f"TokenAuthority(join_secret={'set' if self._secret_digest else 'unset'}, "
+                f"join_tokens={len(self._join_tokens)}, worker_tokens={len(self._records)}, "
+                f"operator_token={'set' if self._operator_digest else 'unset'})")
+
+    async def load(self) -> None:
+        """Read the records a previous run of the coordinator issued (when a store is configured)."""
+        if self._store is not None:
+            self._records.update(await self._store.load())
+
+    # -- joining ---------------------------------------------------------------------------------
+    def check_join(self, credential: str) -> JoinIdentity:
+        """The identity ``credential`` proves, or :class:`AuthError`. Constant time per candidate."""
+        got = _digest(credential)
+        ok_secret = self._secret_digest is not None and hmac.compare_digest(got, self._secret_digest)
+        matched: str | None = None
+        for name, digest in self._join_tokens.items():  # no early exit: timing does not reveal which
+            if hmac.compare_digest(got, digest):
+                matched = name
+        if matched is not None:
+            return JoinIdentity(name=matched)
+        if ok_secret:
+            return JoinIdentity(name=None)
+        raise AuthError("join refused: the join secret or join token is wrong")
+
+    # -- operators -------------------------------------------------------------------------------
+    def check_operator(self, credential: str) -> None:
+        """Pass when ``credential`` is the operator token; :class:`OperatorDisabledError` when none is
+        configured, :class:`AuthError` otherwise (a worker token or the join secret never passes)."""
+        if self._operator_digest is None:
+            raise OperatorDisabledError("operator actions are disabled on this coordinator: start it "
+                                        "with VCASYNC_OPERATOR_TOKEN or --operator-token-file")
+        if not hmac.compare_digest(_digest(credential), self._operator_digest):
+            raise AuthError("operator credential refused: send the operator token")
+
+    def revoke_join_token(self, name: str) -> bool:
+        """Stop accepting the pre-issued join token of ``name``; True when there was one."""
+        return self._join_tokens.pop(name, None) is not None
+
+    # -- worker tokens ---------------------------------------------------------------------------
+    async def issue(self, worker_id: str) -> str:
+        """A new bearer token for ``worker_id``; only its digest is kept."""
+        token_id = secrets.token_hex(_ID_HEX // 2)
+        secret = secrets.token_urlsafe(32)
+        record = TokenRecord(worker_id=worker_id, digest_hex=_digest(secret).hex(), issued_at=self._clock())
+        if self._store is not None:
+            await self._store.save(token_id, record)
+        self._records[token_id] = record
+        return f"{_PREFIX}{token_id}_{secret}"
+
+    def verify(self, token: str) -> str:
+        """The worker id ``token`` belongs to, or :class:`AuthError` (malformed, unknown, revoked)."""
+        if not token.startswith(_PREFIX) or len(token) < len(_PREFIX) + _ID_HEX + 2:
+            raise AuthError("malformed worker token")
+        token_id = token[len(_PREFIX):len(_PREFIX) + _ID_HEX]
+        secret = token[len(_PREFIX) + _ID_HEX + 1:]
+        record = self._records.get(token_id)
+        got = _digest(secret)
+        want = bytes.fromhex(record.digest_hex) if record is not None else bytes(32)
+        if not hmac.compare_digest(got, want) or record is None:
+            raise AuthError("unknown worker token: join again")
+        if record.revoked:
+            raise AuthError("this worker token was revoked")
+        return record.worker_id
+
+    async def revoke(self, worker_id: str) -> int:
+        """Revoke every token of ``worker_id``; returns how many were live."""
+        count = 0
+        for token_id, record in list(self._records.items()):
+            if record.worker_id == worker_id and not record.revoked:
+                revoked = TokenRecord(record.worker_id, record.digest_hex, record.issued_at, revoked=True)
+                if self._store is not None:
+                    await self._store.save(token_id, revoked)
+                self._records[token_id] = revoked
+                count += 1
+        return count
+
+    def live_tokens(self) -> int:
+        return sum(1 for r in self._records.values() if not r.revoked)

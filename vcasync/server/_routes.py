@@ -1,0 +1,251 @@
+"""Route handlers of the coordinator's HTTP API (``/v1/...``); the app itself is built in ``server``.
+
+Each handler parses and checks its body, calls one :class:`~vcasync.coordinator.Coordinator` method
+and renders the answer. Errors are raised as the exception tree and turned into JSON by the error
+middleware, so no handler builds an error response itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import AsyncGenerator
+from typing import Any, Final
+
+from aiohttp import web
+
+from ..coordinator import Coordinator
+from ..errors import AuthError, FrameError, LimitExceededError
+from ..protocol import _messages as P
+from ._auth import TokenAuthority
+from ._http_metrics import HttpMetrics
+from ._upload_pace import BodyTimeouts, read_body
+
+__all__ = ["AUTH", "BODY_TIMEOUTS", "CHUNK", "COORDINATOR", "HTTP_METRICS", "MAX_RESULT", "PUBLIC_ROUTES",
+           "WORKER_ID", "BodyTimeouts", "routes"]
+
+log = logging.getLogger("vcasync.server")
+
+COORDINATOR: Final = web.AppKey("coordinator", Coordinator)
+AUTH: Final = web.AppKey("auth", TokenAuthority)
+HTTP_METRICS: Final = web.AppKey("http_metrics", HttpMetrics)
+#: Upper bound on a result upload in bytes (the coordinator's ``limits.max_message_bytes``).
+MAX_RESULT: Final = web.AppKey("max_result_bytes", int)
+CHUNK: Final = web.AppKey("chunk_size", int)
+
+
+BODY_TIMEOUTS: Final = web.AppKey("body_timeouts", BodyTimeouts)
+WORKER_ID: Final = web.RequestKey("worker_id", str)
+
+#: Routes that need no worker token (``join`` checks a join credential itself, ``requeue`` the
+#: operator token: a worker's token must not pass there).
+PUBLIC_ROUTES: Final = frozenset({"healthz", "metrics", "join", "requeue"})
+#: At most this many unit ids in one requeue request.
+MAX_REQUEUE_IDS: Final = 10_000
+
+
+def bearer(request: web.Request) -> str:
+    """The bearer credential of ``request``, or :class:`AuthError` (never echoed back)."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        raise AuthError("missing credentials: send 'Authorization: Bearer <token>'")
+    return value.strip()
+
+
+def _content_type(request: web.Request) -> str:
+    return request.content_type if request.body_exists else ""
+
+
+def _reply_type(request: web.Request) -> str:
+    if request.content_type == P.MSGPACK or P.MSGPACK in request.headers.get("Accept", ""):
+        return P.MSGPACK
+    return P.JSON
+
+
+async def read_control(request: web.Request, kind: str) -> dict[str, Any]:
+    """The checked control body of ``request``; the size is checked from Content-Length first."""
+    length = request.content_length
+    if length is not None and length > P.MAX_CONTROL_BYTES:
+        raise LimitExceededError(f"control body of {length} bytes is over {P.MAX_CONTROL_BYTES}",
+                                 field="body", limit=P.MAX_CONTROL_BYTES, value=length)
+    data = b""
+    if request.body_exists:  # to its end (read(n) returns what has arrived), capped, with timeouts
+        parts = [c async for c in read_body(request, P.MAX_CONTROL_BYTES, 4096,
+                                            request.app[BODY_TIMEOUTS])]
+        data = b"".join(parts)
+    return P.decode_control(data, _content_type(request), kind)
+
+
+def reply(request: web.Request, kind: str, body: dict[str, Any], status: int = 200) -> web.Response:
+    ctype = _reply_type(request)
+    return web.Response(body=P.encode_control(kind, body, ctype), status=status, content_type=ctype)
+
+
+def _lease_id(request: web.Request) -> str:
+    lease_id = request.match_info["lease"]
+    if not lease_id or len(lease_id) > 128:
+        raise FrameError("lease id in the path is empty or too long", field="lease")
+    return lease_id
+
+
+# -- handlers -------------------------------------------------------------------------------------
+
+async def healthz(request: web.Request) -> web.Response:
+    coord = request.app[COORDINATOR]
+    return web.json_response({"ok": True, "version": coord.version})
+
+
+async def join(request: web.Request) -> web.Response:
+    app = request.app
+    auth = app[AUTH]
+    try:
+        identity = auth.check_join(bearer(request))
+    except AuthError:
+        app[HTTP_METRICS].auth_failures += 1
+        raise
+    body = await read_control(request, "join")
+    name = P.get_field(body, "name", str, default="", max_len=128)
+    info = P.get_field(body, "info", dict, default={}, max_len=64)
+    if identity.name is not None:  # a pre-issued join token fixes the worker's name
+        name = identity.name
+    worker_id = await app[COORDINATOR].join(name, info)
+    token = await auth.issue(worker_id)
+    log.info("worker %s joined", worker_id)
+    return reply(request, "joined", {"worker_id": worker_id, "token": token})
+
+
+async def lease(request: web.Request) -> web.Response:
+    await read_control(request, "lease_request")
+    grant = await request.app[COORDINATOR].lease(request[WORKER_ID])
+    return reply(request, "lease", P.grant_to_body(grant), status=201)
+
+
+async def resume(request: web.Request) -> web.Response:
+    await read_control(request, "resume")
+    grant = await request.app[COORDINATOR].resume(request[WORKER_ID], _lease_id(request))
+    return reply(request, "lease", P.grant_to_body(grant))
+
+
+async def heartbeat(request: web.Request) -> web.Response:
+    body = await read_control(request, "heartbeat")
+    steps = P.get_field(body, "steps_done", int, minimum=0)
+    grant = await request.app[COORDINATOR].heartbeat(request[WORKER_ID], _lease_id(request), steps)
+    return reply(request, "lease", P.grant_to_body(grant))
+
+
+async def release(request: web.Request) -> web.Response:
+    body = await read_control(request, "release")
+    reason = P.get_field(body, "reason", str, default="", max_len=512)
+    failed = P.get_field(body, "failed", bool, default=True)   # False: preempted, nobody's fault
+    await request.app[COORDINATOR].release(request[WORKER_ID], _lease_id(request), reason,
+                                           failed=failed)
+    return reply(request, "released", {"lease_id": _lease_id(request)})
+
+
+async def result(request: web.Request) -> web.Response:
+    app = request.app
+    limit = app[MAX_RESULT]
+    length = request.content_length
+    if length is not None and length > limit:
+        raise LimitExceededError(f"result of {length} bytes is over the limit of {limit}",
+                                 field="body", limit=limit, value=length)
+    if request.body_exists and request.content_type not in (P.PAYLOAD, "application/octet-stream"):
+        raise FrameError(f"a result is a wire payload: send Content-Type {P.PAYLOAD}", field="content-type")
+    receipt = await app[COORDINATOR].submit(request[WORKER_ID], _lease_id(request),
+                                            read_body(request, limit, app[CHUNK], app[BODY_TIMEOUTS]))
+    return reply(request, "receipt", P.receipt_to_body(receipt))
+
+
+async def requeue(request: web.Request) -> web.Response:
+    """Operator: queue parked units again, ``{"units": [...]}`` or ``{}`` for every parked unit."""
+    app = request.app
+    try:
+        app[AUTH].check_operator(bearer(request))
+    except AuthError:
+        app[HTTP_METRICS].auth_failures += 1
+        raise
+    body = await read_control(request, "requeue")
+    units: list[str] | None = None
+    if "units" in body:
+        raw = P.get_field(body, "units", list, max_len=MAX_REQUEUE_IDS)
+        if not all(isinstance(u, str) and 0 < len(u) <= 256 for u in raw):
+            raise FrameError("field 'units' must be a list of unit ids (non-empty strings)",
+                             field="units")
+        units = raw
+    done = await app[COORDINATOR].requeue(units)
+    return reply(request, "requeued", {"units": done})
+
+
+def _parse_version(raw: str, current: int) -> int:
+    if raw == "latest":
+        return current
+    if not raw.isdigit() or len(raw) > 18:
+        raise FrameError(f"model version must be an integer or 'latest', got {raw[:32]!r}", field="version")
+    return int(raw)
+
+
+def _etag_matches(header: str, etag: str) -> bool:
+    if header.strip() == "*":
+        return True
+    for item in header.split(","):
+        tag = item.strip().removeprefix("W/")
+        if tag == etag:
+            return True
+    return False
+
+
+async def model(request: web.Request) -> web.StreamResponse:
+    coord = request.app[COORDINATOR]
+    version = _parse_version(request.match_info["version"], coord.version)
+    etag = f'"{coord.model_etag(version)}"'
+    headers = {"ETag": etag, "X-VCAsync-Version": str(version), "Cache-Control": "private, max-age=0"}
+    inm = request.headers.get("If-None-Match")
+    if inm is not None and _etag_matches(inm, etag):
+        return web.Response(status=304, headers=headers)
+    payload = coord.model_payload(version)
+    try:
+        first = await anext(payload)  # errors (e.g. a dropped version) surface before headers go out
+        resp = web.StreamResponse(status=200, headers={**headers, "Content-Type": P.PAYLOAD})
+        await resp.prepare(request)
+        await resp.write(first)
+        async for chunk in payload:
+            await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+    finally:
+        if isinstance(payload, AsyncGenerator):  # a client that hangs up must not pin the version
+            await payload.aclose()
+
+
+async def status(request: web.Request) -> web.Response:
+    coord = request.app[COORDINATOR]
+    body = _scrub({**coord.status(), "version": coord.version})
+    return web.Response(text=json.dumps(body, default=str, allow_nan=False), content_type=P.JSON)
+
+
+def _scrub(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _scrub(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_scrub(v) for v in obj]
+    return obj
+
+
+def routes(prefix: str = P.API_PREFIX) -> list[web.RouteDef]:
+    """Every route of the API, each named so middlewares can tell them apart."""
+    return [
+        web.get("/healthz", healthz, name="healthz"),
+        web.post(f"{prefix}/join", join, name="join"),
+        web.post(f"{prefix}/leases", lease, name="lease"),
+        web.post(f"{prefix}/leases/{{lease}}/resume", resume, name="resume"),
+        web.post(f"{prefix}/leases/{{lease}}/heartbeat", heartbeat, name="heartbeat"),
+        web.put(f"{prefix}/leases/{{lease}}/result", result, name="result"),
+        web.post(f"{prefix}/leases/{{lease}}/release", release, name="release"),
+        web.get(f"{prefix}/models/{{version}}", model, name="model", allow_head=False),
+        web.get(f"{prefix}/status", status, name="status"),
+        web.post(f"{prefix}/units/requeue", requeue, name="requeue"),
+    ]

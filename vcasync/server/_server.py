@@ -1,0 +1,300 @@
+"""The coordinator's HTTP server: a thin aiohttp skin over a :class:`~vcasync.coordinator.Coordinator`.
+
+Routes (all under ``/v1`` but the probes; every one but ``/healthz`` and ``/metrics`` needs a
+credential)::
+
+    POST /v1/join                       join credential -> {worker_id, token}
+    POST /v1/leases                     -> a lease (201), 503 + Retry-After, or 410 run_finished
+    POST /v1/leases/{lease}/resume      -> the same lease, if still valid
+    POST /v1/leases/{lease}/heartbeat   {steps_done} -> the lease with its new deadline
+    PUT  /v1/leases/{lease}/result      wire payload, streamed into the coordinator -> a receipt
+    POST /v1/leases/{lease}/release     {reason}
+    GET  /v1/models/{version|latest}    wire payload, streamed; ETag / If-None-Match -> 304
+    GET  /v1/status                     JSON
+    GET  /healthz   GET /metrics        liveness; Prometheus text
+
+Every error is a 4xx/5xx with a JSON body ``{"error": code, "message": ..., <context>}``; the table
+from exception class to status lives in :mod:`vcasync.protocol._errors`. While the coordinator's storage is
+unavailable, leases, results and joins are answered ``503 storage_unavailable`` with ``Retry-After``.
+Control bodies are msgpack (``application/x-msgpack``) or JSON. Credentials never reach a log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+
+from ..coordinator import Coordinator
+from ..errors import (
+    AuthError,
+    ClosedError,
+    ConfigError,
+    StorageError,
+    StorageFailedError,
+    StorageUnavailableError,
+    VCAsyncError,
+)
+from ..protocol._errors import error_fields, spec_for
+from ..wire import Limits
+from . import _routes as R
+from ._auth import TokenAuthority
+from ._http_metrics import HttpMetrics, render
+from ._parser_errors import JsonErrorRunner
+from ._upload_pace import BodyCutOff, BodyTimeouts, Pace
+
+__all__ = ["BodyTimeouts", "Pace", "Server", "ServerConfig", "build_app", "server_ssl_context"]
+
+log = logging.getLogger("vcasync.server")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
+               413: "limit_exceeded", 415: "unsupported_media_type"}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Where and how the server listens. ``port=0`` picks a free port (see :attr:`Server.url`)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8470
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    #: Largest result upload accepted; ``None``: the wire's default ``max_message_bytes``.
+    max_result_bytes: int | None = None
+    chunk_size: int = 1 << 20
+    access_log: bool = True
+    backlog: int = 2048
+    shutdown_timeout_s: float = 5.0
+    #: A request body that sends nothing for this long is cut off with 408 ...
+    body_idle_timeout_s: float = 30.0
+    #: ... and so is one that, once it ran ``upload_rate_grace_s``, brought less than this rate over
+    #: the last ``upload_rate_window_s``, or is not complete within ``upload_rate_grace_s`` plus its
+    #: size at this rate (see :mod:`vcasync.server._upload_pace` and docs/limits.md). 0 turns both checks off.
+    min_upload_bytes_per_s: float = 16 * 1024
+    upload_rate_grace_s: float = 10.0
+    upload_rate_window_s: float = 10.0
+    #: A connection that has not sent a whole request head for this long, counted from its connect
+    #: or its last answer, is closed: headers trickled in (slow loris), or a kept-alive connection
+    #: left idle (aiohttp's keep-alive timeout, which it arms at connect).
+    idle_timeout_s: float = 75.0
+
+    def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("TLS needs both a certificate file and a key file")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port {self.port} is out of range")
+        if self.max_result_bytes is not None and self.max_result_bytes <= 0:
+            raise ConfigError("max_result_bytes must be positive")
+        if not (self.body_idle_timeout_s > 0 and self.idle_timeout_s > 0 and self.upload_rate_window_s > 0
+                and self.upload_rate_grace_s >= 0 and 0 <= self.min_upload_bytes_per_s < math.inf):
+            raise ConfigError("body_idle_timeout_s, idle_timeout_s and upload_rate_window_s must be > 0, "
+                              "upload_rate_grace_s >= 0 and min_upload_bytes_per_s finite and >= 0")
+
+    @property
+    def body_timeouts(self) -> BodyTimeouts:
+        return BodyTimeouts(idle_s=self.body_idle_timeout_s, min_rate=self.min_upload_bytes_per_s,
+                            grace_s=self.upload_rate_grace_s, window_s=self.upload_rate_window_s)
+
+
+def server_ssl_context(cert: Path, key: Path) -> ssl.SSLContext:
+    """A TLS (>= 1.2) server context from PEM certificate and key files; ConfigError if unreadable."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(str(cert), str(key))
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load TLS certificate {cert} / key {key}: {exc}") from exc
+    return ctx
+
+
+def _error_response(status: int, code: str, message: str, fields: dict[str, Any] | None = None,
+                     headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": code, "message": message, **(fields or {})}, status=status,
+                             headers=headers)
+
+
+def _vcasync_error(exc: VCAsyncError) -> web.Response:
+    spec = spec_for(exc)
+    headers: dict[str, str] = {}
+    if isinstance(exc, AuthError):
+        headers["WWW-Authenticate"] = 'Bearer realm="vcasync"'
+    retry_after = getattr(exc, "retry_after", None)   # no work yet; storage unavailable
+    if spec.status == 503 and isinstance(retry_after, int | float):
+        headers["Retry-After"] = str(max(1, round(retry_after)))
+    if spec.status == 500:
+        log.warning("%s: %s", spec.code, exc)
+    return _error_response(spec.status, spec.code, str(exc), error_fields(exc), headers)
+
+
+async def _cut_off(request: web.Request, exc: BodyCutOff) -> web.StreamResponse:
+    """Answer a too-slow body with 408 and close its connection now: the rest of a drip is not
+    worth reading (aiohttp would linger on it for 10 s), and the client must not reuse it."""
+    resp = _error_response(exc.status, "request_timeout", exc.reason)
+    resp.force_close()
+    try:
+        await resp.prepare(request)
+        await resp.write_eof()
+    except (ConnectionError, RuntimeError):
+        pass        # the client hung up first: nothing to tell it
+    request.protocol.force_close()
+    return resp
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except (StorageUnavailableError, StorageFailedError) as exc:
+        return _vcasync_error(exc)
+    except StorageError as exc:
+        # A write of the coordinator's own (a join token) failed: that is its storage being
+        # down, not the caller's fault, so the caller is told to wait like everyone else.
+        return _vcasync_error(request.app[R.COORDINATOR].report_storage_failure(exc))
+    except VCAsyncError as exc:
+        return _vcasync_error(exc)
+    except BodyCutOff as exc:
+        return await _cut_off(request, exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = _HTTP_CODES.get(exc.status, f"http_{exc.status}")
+        return _error_response(exc.status, code, exc.reason, headers=None)
+    except (ConnectionResetError, TimeoutError):
+        raise
+    except Exception:
+        log.exception("internal error in %s %s", request.method, request.path)
+        return _error_response(500, "internal_error", "internal server error; see the coordinator's log")
+
+
+@web.middleware
+async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    name = request.match_info.route.name
+    if name is not None and name not in R.PUBLIC_ROUTES:
+        try:
+            request[R.WORKER_ID] = request.app[R.AUTH].verify(R.bearer(request))
+        except AuthError:
+            request.app[R.HTTP_METRICS].auth_failures += 1
+            raise
+    return await handler(request)
+
+
+@web.middleware
+async def _metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
+    start = time.perf_counter()
+    resp = await handler(request)
+    route = request.match_info.route.name or "unmatched"
+    out = resp.body_length if resp.prepared else (resp.content_length or 0)
+    request.app[R.HTTP_METRICS].observe(route, request.method, resp.status, time.perf_counter() - start,
+                                        request.content_length or 0, out)
+    return resp
+
+
+async def _metrics_page(request: web.Request) -> web.Response:
+    coord = request.app[R.COORDINATOR]
+    families = [*request.app[R.HTTP_METRICS].families()]
+    text = render(families) + coordinator_metrics_text(coord)
+    return web.Response(text=text, content_type="text/plain", charset="utf-8",
+                        headers={"X-Content-Type-Options": "nosniff"})
+
+
+def coordinator_metrics_text(coord: Coordinator) -> str:
+    """The coordinator's own metrics in Prometheus text format."""
+    return coord.metrics.render_prometheus()
+
+
+def build_app(coordinator: Coordinator, authority: TokenAuthority,
+              config: ServerConfig | None = None) -> web.Application:
+    """The aiohttp application exposing ``coordinator``; state under typed ``web.AppKey``\\ s."""
+    config = config or ServerConfig()
+    app = web.Application(middlewares=[_metrics, _errors, _auth], client_max_size=1 << 16)
+    app[R.COORDINATOR] = coordinator
+    app[R.AUTH] = authority
+    app[R.HTTP_METRICS] = HttpMetrics()
+    app[R.MAX_RESULT] = config.max_result_bytes or Limits().max_message_bytes
+    app[R.CHUNK] = config.chunk_size
+    app[R.BODY_TIMEOUTS] = config.body_timeouts
+    app.add_routes(R.routes())
+    app.router.add_get("/metrics", _metrics_page, name="metrics")
+    return app
+
+
+class Server:
+    """Serve ``coordinator`` over HTTP(S) while inside ``async with``; the coordinator's lifetime is
+    the caller's (open it first, close it after)."""
+
+    def __init__(self, coordinator: Coordinator, authority: TokenAuthority,
+                 config: ServerConfig | None = None) -> None:
+        self.config = config or ServerConfig()
+        self._coordinator = coordinator
+        self._authority = authority
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> Server:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        if self._closed:
+            raise ClosedError("this Server was closed; create a new one")
+        if self._runner is not None:
+            return
+        cfg = self.config
+        ctx = server_ssl_context(cfg.tls_cert, cfg.tls_key) if cfg.tls_cert and cfg.tls_key else None
+        await self._authority.load()
+        app = build_app(self._coordinator, self._authority, cfg)
+        kwargs: dict[str, Any] = {} if cfg.access_log else {"access_log": None}
+        runner = JsonErrorRunner(app, handle_signals=False, shutdown_timeout=cfg.shutdown_timeout_s,
+                                 keepalive_timeout=cfg.idle_timeout_s, **kwargs)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, cfg.host, cfg.port, ssl_context=ctx, backlog=cfg.backlog)
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self._port = int(runner.addresses[0][1])
+        log.info("serving on %s", self.url)
+
+    @property
+    def app(self) -> web.Application:
+        if self._runner is None:
+            raise ClosedError("the server is not running")
+        return self._runner.app
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise ClosedError("the server is not running")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """``http(s)://host:port`` of the listening socket (IPv6 hosts in brackets)."""
+        scheme = "https" if self.config.tls_cert else "http"
+        host = self.config.host or "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
+        return f"{scheme}://{host}:{self.port}"
+
+    async def aclose(self) -> None:
+        """Stop listening and finish in-flight requests (bounded by ``shutdown_timeout_s``)."""
+        self._closed = True
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()

@@ -1,0 +1,273 @@
+"""An HTTP client for the coordinator's API, used by :class:`~vcasync.worker.Worker` (and tests).
+
+One method per route. Errors come back as the same exception classes the coordinator raised (see
+:mod:`vcasync.protocol._errors`); transport failures stay aiohttp/OS errors, and :func:`is_transient`
+tells the caller which of either kind are worth retrying. Retrying itself is the caller's choice
+(:class:`Backoff`), because only it knows whether to keep going while it is being preempted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+
+from .._aio import buffer_blocks, file_blocks
+from ..errors import (
+    ClosedError,
+    ConfigError,
+    FrameError,
+    NoWorkAvailableError,
+    TransientStorageError,
+)
+from ..ledger._units import LeaseGrant, Receipt
+from ..protocol import _messages as P
+from ..protocol._errors import error_from_body
+
+__all__ = ["Backoff", "CoordinatorClient", "client_ssl_context", "is_transient"]
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Capped exponential backoff with full jitter: attempt ``n`` sleeps ``U(0, min(cap, base*2**n))``."""
+
+    base_s: float = 0.2
+    cap_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.base_s <= 0 or self.cap_s < self.base_s:
+            raise ConfigError("backoff needs 0 < base_s <= cap_s")
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        return rng.uniform(0.0, min(self.cap_s, self.base_s * 2.0 ** min(attempt, 30)))
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for failures that a retry may cure: the coordinator down, restarting or overloaded.
+
+    TLS failures (a certificate that does not verify) are not: retrying cannot fix them.
+    """
+    if isinstance(exc, (aiohttp.ClientSSLError, aiohttp.ClientConnectorCertificateError)):
+        return False
+    if isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError,
+                        TimeoutError, asyncio.TimeoutError)):
+        return True
+    if isinstance(exc, (ClosedError, TransientStorageError)):
+        return True
+    return isinstance(exc, aiohttp.ClientResponseError) and exc.status in (502, 503, 504)
+
+
+def client_ssl_context(ca_file: Path | None) -> ssl.SSLContext:
+    """Verify the coordinator's certificate against ``ca_file`` (or the system store when None)."""
+    try:
+        return ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load CA file {ca_file}: {exc}") from exc
+
+
+#: Upload block sizes. The first block is copied once to join the request headers; the rest of a
+#: buffer goes to the transport as memoryview slices, and a file is read one block per thread hop.
+UPLOAD_BLOCK = 1 << 20
+FILE_BLOCK = 4 << 20
+
+
+class CoordinatorClient:
+    """Talks to one coordinator; an async resource (``async with`` or ``aclose()``)."""
+
+    def __init__(self, url: str, *, token: str | None = None, ssl_context: ssl.SSLContext | None = None,
+                 timeout_s: float = 60.0, chunk_size: int = 1 << 20, limit_per_host: int = 4) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"coordinator URL must start with http:// or https://, got {url!r}")
+        self.url = url.rstrip("/")
+        self.token = token
+        self.chunk_size = chunk_size
+        self._ssl = ssl_context
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_read=timeout_s)
+        self._limit = limit_per_host
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"CoordinatorClient({self.url!r}, token={'set' if self.token else 'unset'})"
+
+    async def __aenter__(self) -> CoordinatorClient:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    def _sess(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise ClosedError("this CoordinatorClient was closed")
+        if self._session is None:
+            conn = aiohttp.TCPConnector(limit_per_host=self._limit, ssl=self._ssl if self._ssl else True)
+            self._session = aiohttp.ClientSession(connector=conn, timeout=self._timeout)
+        return self._session
+
+    def _headers(self, credential: str | None = None, ctype: str | None = P.MSGPACK) -> dict[str, str]:
+        h = {"Accept": f"{P.MSGPACK}, {P.JSON}"}
+        cred = credential or self.token
+        if cred:
+            h["Authorization"] = f"Bearer {cred}"
+        if ctype:
+            h["Content-Type"] = ctype
+        return h
+
+    async def _raise_for(self, resp: aiohttp.ClientResponse) -> None:
+        """Raise what the coordinator answered; a non-vcasync error body (a proxy) stays HTTP-level."""
+        if resp.status < 400:
+            return
+        data = await P.read_capped(resp.content, P.MAX_CONTROL_BYTES)
+        try:
+            body = json.loads(data)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or "error" not in body:
+            raise aiohttp.ClientResponseError(resp.request_info, resp.history, status=resp.status,
+                                              message=data[:200].decode("utf-8", "replace"))
+        exc = error_from_body(resp.status, body)
+        # The header is whole seconds; the body's ``retry_after`` (when sent) is the precise hint.
+        if isinstance(exc, NoWorkAvailableError) and "retry_after" not in body \
+                and "Retry-After" in resp.headers:
+            with contextlib.suppress(ValueError):
+                exc.retry_after = float(resp.headers["Retry-After"])
+        raise exc
+
+    async def _control(self, method: str, path: str, kind: str, body: Mapping[str, Any], reply_kind: str,
+                       *, credential: str | None = None) -> dict[str, Any]:
+        data = P.encode_control(kind, body, P.MSGPACK)
+        async with self._sess().request(method, self.url + path, data=data,
+                                        headers=self._headers(credential)) as resp:
+            await self._raise_for(resp)
+            raw = await P.read_capped(resp.content, P.MAX_CONTROL_BYTES)
+            return P.decode_control(raw, resp.content_type, reply_kind)
+
+    # -- the API ---------------------------------------------------------------------------------
+    async def join(self, credential: str, name: str = "", info: Mapping[str, Any] | None = None
+                   ) -> tuple[str, str]:
+        """Join with a join secret or pre-issued join token: ``(worker_id, token)``; keeps the token."""
+        body = await self._control("POST", f"{P.API_PREFIX}/join", "join",
+                                   {"name": name, "info": dict(info or {})}, "joined", credential=credential)
+        worker_id, token = P.get_field(body, "worker_id", str), P.get_field(body, "token", str)
+        self.token = token
+        return worker_id, token
+
+    async def lease(self) -> LeaseGrant:
+        body = await self._control("POST", f"{P.API_PREFIX}/leases", "lease_request", {}, "lease")
+        return P.grant_from_body(body)
+
+    async def resume(self, lease_id: str) -> LeaseGrant:
+        body = await self._control("POST", f"{P.API_PREFIX}/leases/{lease_id}/resume", "resume", {}, "lease")
+        return P.grant_from_body(body)
+
+    async def heartbeat(self, lease_id: str, steps_done: int) -> LeaseGrant:
+        body = await self._control("POST", f"{P.API_PREFIX}/leases/{lease_id}/heartbeat", "heartbeat",
+                                   {"steps_done": int(steps_done)}, "lease")
+        return P.grant_from_body(body)
+
+    async def release(self, lease_id: str, reason: str = "", *, failed: bool = True) -> None:
+        """Give a lease up; ``failed=False`` when it is nobody's fault (preemption, a lost base)."""
+        await self._control("POST", f"{P.API_PREFIX}/leases/{lease_id}/release", "release",
+                            {"reason": reason[:500], "failed": failed}, "released")
+
+    async def requeue(self, operator_token: str, units: list[str] | None = None) -> list[str]:
+        """Operator: queue parked units again (all, or ``units``); returns the ids requeued."""
+        body = await self._control("POST", f"{P.API_PREFIX}/units/requeue", "requeue",
+                                   {} if units is None else {"units": list(units)}, "requeued",
+                                   credential=operator_token)
+        done = P.get_field(body, "units", list, max_len=1 << 20)
+        return [str(u) for u in done]
+
+    async def submit(self, lease_id: str, body: bytes | bytearray | memoryview | Path | AsyncIterator[bytes],
+                     size: int | None = None) -> Receipt:
+        """Upload a result payload (bytes, a spooled file, or chunks); re-sending is harmless.
+
+        Bytes and files go out in blocks (:data:`UPLOAD_BLOCK`, :data:`FILE_BLOCK`): aiohttp given
+        one whole buffer copies it to prepend the headers (and again to cut it to a Content-Length),
+        so a 100 MB result would cost the worker two extra 100 MB copies before its first byte is sent.
+        ``size``: the Content-Length of chunks (without it they go chunked); for a buffer it must
+        match its length.
+        """
+        headers = self._headers(ctype=P.PAYLOAD)
+        url = f"{self.url}{P.API_PREFIX}/leases/{lease_id}/result"
+        if isinstance(body, Path):
+            f = await asyncio.to_thread(body.open, "rb")
+            try:
+                headers["Content-Length"] = str((await asyncio.to_thread(os.fstat, f.fileno())).st_size)
+                return await self._put_result(url, file_blocks(f, FILE_BLOCK), headers)
+            finally:
+                await asyncio.to_thread(f.close)
+        if isinstance(body, bytes | bytearray | memoryview):
+            view = memoryview(body).cast("B")
+            if size is not None and size != view.nbytes:
+                raise ConfigError(f"size {size} does not match the body's {view.nbytes} bytes")
+            headers["Content-Length"] = str(view.nbytes)
+            return await self._put_result(url, buffer_blocks(view, UPLOAD_BLOCK), headers)
+        if size is not None:
+            headers["Content-Length"] = str(size)
+        return await self._put_result(url, body, headers)
+
+    async def _put_result(self, url: str, data: Any, headers: dict[str, str]) -> Receipt:
+        async with self._sess().put(url, data=data, headers=headers) as resp:
+            await self._raise_for(resp)
+            raw = await P.read_capped(resp.content, P.MAX_CONTROL_BYTES)
+            return P.receipt_from_body(P.decode_control(raw, resp.content_type, "receipt"))
+
+    async def download_model(self, version: int | str, dest: Path, *, etag: str | None = None
+                             ) -> tuple[str | None, int]:
+        """Stream model ``version`` into ``dest`` (atomically); ``(etag, version)``.
+
+        With ``etag`` and a matching model on the coordinator, nothing is downloaded and ``dest`` is
+        left alone: the answer is ``(etag, version)`` from the 304.
+        """
+        headers = self._headers(ctype=None)
+        if etag:
+            headers["If-None-Match"] = etag
+        async with self._sess().get(f"{self.url}{P.API_PREFIX}/models/{version}", headers=headers) as resp:
+            await self._raise_for(resp)
+            got_version = _int_header(resp, "X-VCAsync-Version")
+            new_etag = resp.headers.get("ETag")
+            if resp.status == 304:
+                return new_etag or etag, got_version
+            tmp = dest.with_name(dest.name + ".part")
+            f = await asyncio.to_thread(tmp.open, "wb")
+            try:
+                async for chunk in resp.content.iter_chunked(self.chunk_size):
+                    await asyncio.to_thread(f.write, chunk)
+            finally:
+                await asyncio.to_thread(f.close)
+            await asyncio.to_thread(tmp.replace, dest)
+            return new_etag, got_version
+
+    async def status(self) -> dict[str, Any]:
+        async with self._sess().get(f"{self.url}{P.API_PREFIX}/status",
+                                    headers=self._headers(ctype=None)) as resp:
+            await self._raise_for(resp)
+            body = await resp.json()
+            if not isinstance(body, dict):
+                raise FrameError("status is not a JSON object", field="body")
+            return body
+
+
+def _int_header(resp: aiohttp.ClientResponse, name: str) -> int:
+    try:
+        return int(resp.headers[name])
+    except (KeyError, ValueError) as exc:
+        raise FrameError(f"response lacks a valid {name} header", field=name) from exc

@@ -1,0 +1,123 @@
+"""The worker's I/O with big tensors: models in (a cache checked by ETag), results out (spooled).
+
+Kept apart from the worker loop so each stays small; nothing here talks HTTP itself (the worker
+passes a ``fetch`` function that does, with its retries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._aio import file_blocks
+from ..errors import ConfigError, ValidationError, VCAsyncError
+from ..tensors import ModelSpec, ModelState, make_delta
+from ..trainer import TrainResult
+from ..wire import Limits, aencode_payload, decode_payload
+from ._state_dir import StateDir
+
+__all__ = ["ModelCache", "result_tensors", "spool_result"]
+
+log = logging.getLogger("vcasync.worker")
+
+#: ``fetch(path, etag)``: download the model into ``path`` unless ``etag`` still matches (then leave
+#: ``path`` alone); return the coordinator's current ETag for it.
+Fetch = Callable[[Path, "str | None"], Awaitable["str | None"]]
+
+
+class ModelCache:
+    """Model versions in memory (the newest ``keep``) and on disk, revalidated by ETag on every use.
+
+    Every use costs one conditional GET (a 304 without a body when the cache is good): a coordinator
+    restarted without durability, or a new run on the same URL, reuses version numbers for different
+    weights, and only the ETag tells them apart.
+    """
+
+    def __init__(self, state: StateDir, *, limits: Limits, keep: int) -> None:
+        self._state = state
+        self._limits = limits
+        self._keep = keep
+        self._memory: dict[int, tuple[str | None, ModelState]] = {}
+        self._spec: ModelSpec | None = None
+
+    async def get(self, version: int, fetch: Fetch) -> ModelState:
+        path = self._state.model_path(version)
+        cached = self._memory.get(version)
+        etag = cached[0] if cached is not None else await asyncio.to_thread(self._state.load_etag, version)
+        if cached is None and etag is not None and not await asyncio.to_thread(path.exists):
+            etag = None
+        got = await fetch(path, etag)
+        if cached is not None and got == etag:
+            return cached[1]
+        for attempt in range(2):
+            try:
+                model = await self._decode(path, version)
+                break
+            except (VCAsyncError, OSError) as exc:
+                await asyncio.to_thread(path.unlink, missing_ok=True)
+                if attempt:
+                    raise
+                log.warning("cached model v%d is unusable (%s); downloading it again", version, exc)
+                got = await fetch(path, None)
+        await asyncio.to_thread(self._state.save_etag, version, got)
+        self._memory[version] = (got, model)
+        for old in sorted(self._memory)[:-self._keep]:
+            del self._memory[old]
+        await asyncio.to_thread(self._state.prune_models, set(self._memory))
+        return model
+
+    async def _decode(self, path: Path, version: int) -> ModelState:
+        payload = await decode_payload(_file_chunks(path), limits=self._limits, spec=self._spec,
+                                       expected_kind="model")
+        got = payload.meta.get("version")
+        if got != version:
+            raise ValidationError(f"model file holds version {got}, expected {version}", reason="version")
+        model = ModelState(payload.tensors, version=version)
+        digest = payload.meta.get("digest")
+        if digest is not None and await asyncio.to_thread(model.digest) != digest:
+            raise ValidationError(f"model v{version} does not match its digest", reason="digest")
+        if self._spec is None:
+            self._spec = model.spec
+        return model
+
+
+async def _file_chunks(path: Path, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
+    f = await asyncio.to_thread(path.open, "rb")
+    try:
+        async for chunk in file_blocks(f, chunk_size):
+            yield chunk
+    finally:
+        await asyncio.to_thread(f.close)
+
+
+def result_tensors(base: ModelState, result: TrainResult, upload: str) -> dict[str, torch.Tensor]:
+    names = list(base)
+    got = set(result.tensors)
+    if got != set(names):
+        missing = [n for n in names if n not in got]
+        extra = sorted(got - set(names))
+        raise ConfigError(f"the trainer's result does not match the model: missing {missing[:3]}, "
+                          f"unknown {extra[:3]}")
+    if upload == "weights":
+        return {n: result.tensors[n].detach().cpu().contiguous() for n in names}
+    # Integer tensors go as increments (t - base) and bools as values, like the coordinator's
+    # reading of a full-weights result, so both upload modes merge to the same counters.
+    return make_delta(base, result.tensors)
+
+
+async def spool_result(path: Path, meta: Mapping[str, Any], tensors: Mapping[str, torch.Tensor],
+                 codec: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    f = await asyncio.to_thread(tmp.open, "wb")
+    try:
+        async for chunk in aencode_payload("result", meta, tensors, codec=codec):
+            await asyncio.to_thread(f.write, chunk)
+    finally:
+        await asyncio.to_thread(f.close)
+    await asyncio.to_thread(os.replace, tmp, path)

@@ -1,0 +1,311 @@
+"""Worker state anywhere: identity, lease and checkpoints kept in a :class:`~vcasync.storage.Storage`.
+
+A preempted spot VM usually comes back as a *different* machine with an empty disk. With
+``Worker(..., state="s3://bucket/workers/w7")`` (``vcasync worker --state URL``) the worker keeps what a
+restart needs in object storage, and a replacement given the same URL resumes the same lease from its
+last checkpoint::
+
+    identity.json                        {coordinator, worker_id, token}: the token is a credential,
+                                         so the state URL must be as private as the join secret
+    lease.json                           the lease being worked on
+    checkpoints/<lease>/<seq:012d>-<sha256:16>.pt
+                                         the trainer's checkpoints, newest ``keep`` kept; a restore
+                                         takes the newest whose digest matches
+    owner/<epoch:012d>.json              who holds the state now (see :mod:`vcasync.worker._state_lease`)
+
+The local :class:`~vcasync.worker._state_dir.StateDir` stays the working copy (model cache, spooled
+results, the receipts audit trail), and this class mirrors its writes: the worker calls the state's
+methods through :func:`asyncio.to_thread`, so each mirrored write blocks that thread until the object
+is stored, and "saved" means "saved remotely" when the call returns. The same goes for a synchronous
+trainer's ``ctx.save_checkpoint``: a SIGKILL after it returns loses nothing. Spooled results are not
+mirrored: one lost with its machine was either acknowledged (the lease is then closed and the
+replacement starts a fresh unit) or not (the replacement resumes the lease from its checkpoint).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, FrameError, ObjectNotFoundError, StorageError
+from ..ledger._units import LeaseGrant
+from ..protocol import _messages as P
+from ..storage import Storage, open_storage
+from ._state_dir import Identity, StateDir, _atomic_write, _safe
+from ._state_lease import StateLease
+
+__all__ = ["RemoteStateDir"]
+
+log = logging.getLogger("vcasync.worker")
+
+_IDENTITY = "identity.json"
+_LEASE = "lease.json"
+_CKPT = "checkpoints/"
+
+
+class RemoteStateDir(StateDir):
+    """A :class:`StateDir` at ``root`` whose identity, lease and checkpoints live in ``state``.
+
+    ``state`` is a storage URL (opened and closed here; ``options`` go to
+    :func:`~vcasync.storage.open_storage`) or an open :class:`Storage` (the caller closes it). Use it
+    inside :meth:`session`, which holds the state's owner lease.
+    """
+
+    def __init__(self, root: Path, state: str | Storage, *, keep_checkpoints: int = 2,
+                 lease_ttl_s: float = 30.0, options: Mapping[str, Any] | None = None) -> None:
+        if keep_checkpoints < 1:
+            raise ConfigError("keep_checkpoints must be at least 1")
+        if lease_ttl_s <= 0:
+            raise ConfigError("the state lease TTL must be positive")
+        super().__init__(root)
+        self._spec = state
+        self._options = dict(options or {})
+        self.keep_checkpoints = keep_checkpoints
+        self.lease_ttl_s = lease_ttl_s
+        self._storage: Storage | None = None
+        self._lease: StateLease | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._seq: dict[str, int] = {}
+        self._uploads: set[asyncio.Task[None]] = set()
+        #: One checkpoint upload at a time, in the order saved (an async trainer can save faster
+        #: than storage takes them): numbering and pruning stay in order.
+        self._upload_lock: asyncio.Lock | None = None
+
+    @property
+    def url(self) -> str:
+        return self._spec if isinstance(self._spec, str) else self._spec.url
+
+    def __repr__(self) -> str:
+        return f"RemoteStateDir({self.url!r}, local={str(self.root)!r})"
+
+    # -- the session -------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def session(self, on_lost: Callable[[], Any]) -> AsyncIterator[None]:
+        """Hold the state (refusing a second live worker), bring the local copy up to date from it,
+        and renew the hold until the block ends; ``on_lost()`` is called if the state is taken over."""
+        async with contextlib.AsyncExitStack() as stack:
+            if isinstance(self._spec, str):
+                storage = await stack.enter_async_context(open_storage(self._spec, **self._options))
+            else:
+                storage = self._spec
+            lease = StateLease(storage, ttl_s=self.lease_ttl_s)
+            await lease.acquire()
+            self._storage, self._lease, self._loop = storage, lease, asyncio.get_running_loop()
+            self._upload_lock = asyncio.Lock()
+            try:
+                await self._restore()
+                async with asyncio.TaskGroup() as tg:
+                    renewer = tg.create_task(lease.keep_renewed(on_lost), name="state-lease")
+                    try:
+                        yield
+                    finally:
+                        renewer.cancel()
+                        await self._settle_uploads()
+            finally:
+                await lease.release()
+                self._storage = self._lease = self._loop = None
+
+    async def _settle_uploads(self) -> None:
+        if self._uploads:
+            await asyncio.gather(*self._uploads, return_exceptions=True)
+
+    async def _restore(self) -> None:
+        """The remote state is the truth: copy it over the local one (or clear what it lacks)."""
+        st = self._st()
+        ident = await _get_json(st, _IDENTITY)
+        if ident is not None:
+            try:
+                saved = Identity(str(ident["coordinator"]), str(ident["worker_id"]), str(ident["token"]))
+            except (KeyError, TypeError):
+                log.warning("identity in %s is unreadable; the worker will join again", self.url)
+                await asyncio.to_thread(StateDir.forget_identity, self)
+            else:
+                await asyncio.to_thread(StateDir.save_identity, self, saved)
+        else:
+            await asyncio.to_thread(StateDir.forget_identity, self)
+        body = await _get_json(st, _LEASE)
+        grant = None
+        if body is not None:
+            try:
+                grant = P.grant_from_body(body)
+            except FrameError:
+                log.warning("lease record in %s is unreadable; starting fresh", self.url)
+        local = await asyncio.to_thread(StateDir.load_lease, self)
+        if local is not None and (grant is None or local.lease_id != grant.lease_id):
+            await asyncio.to_thread(StateDir.finish_lease, self, local.lease_id)
+        if grant is None:
+            return
+        await asyncio.to_thread(StateDir.save_lease, self, grant)
+        step = await self._restore_checkpoint(grant.lease_id)
+        log.info("restored lease %s from %s%s", grant.lease_id, self.url,
+                 f" with checkpoint #{step}" if step else " (no checkpoint yet)")
+
+    async def _restore_checkpoint(self, lease_id: str) -> int:
+        """Copy the newest intact checkpoint of ``lease_id`` to its local path; its number, or 0."""
+        st = self._st()
+        keys = [k async for k in st.list(f"{_CKPT}{_safe(lease_id)}/")]
+        for key in reversed(keys):
+            seq, digest = _parse_ckpt(key)
+            if seq is None:
+                continue
+            try:
+                data = await st.get(key)
+            except ObjectNotFoundError:
+                continue
+            if hashlib.sha256(data).hexdigest()[:16] != digest:
+                log.warning("checkpoint %s in %s does not match its digest; trying an older one", key,
+                            self.url)
+                continue
+            self._seq[lease_id] = max(self._seq.get(lease_id, 0), seq)
+            await asyncio.to_thread(_atomic_write, self.checkpoint_path(lease_id), data)
+            return seq
+        return 0
+
+    def _st(self) -> Storage:
+        if self._storage is None:
+            raise ConfigError(f"the worker state at {self.url} is used outside its session")
+        return self._storage
+
+    # -- the bridge from the worker's threads ------------------------------------------------------
+    def _blocking(self, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``make()`` on the session's loop and wait for it: called from a worker thread."""
+        loop = self._loop
+        if loop is None:
+            raise ConfigError(f"the worker state at {self.url} is used outside its session")
+        with contextlib.suppress(RuntimeError):
+            if asyncio.get_running_loop() is loop:
+                raise RuntimeError("RemoteStateDir writes block: call them via asyncio.to_thread")
+        asyncio.run_coroutine_threadsafe(make(), loop).result()
+
+    async def _write(self, key: str, data: bytes) -> None:
+        assert self._lease is not None
+        await self._lease.check()
+        await self._st().put(key, data)
+
+    async def _delete(self, keys: Callable[[Storage], Awaitable[list[str]]]) -> None:
+        assert self._lease is not None
+        await self._lease.check()
+        st = self._st()
+        for key in await keys(st):
+            with contextlib.suppress(ObjectNotFoundError):
+                await st.delete(key)
+
+    def _mirror(self, what: str, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """A mirrored write that storage trouble does not turn into a dead worker: the local copy
+        stands and the unit goes on; only a replacement machine would start it over. A takeover
+        (:class:`StateInUseError`, a ConfigError) still propagates: the worker must stop."""
+        try:
+            self._blocking(make)
+        except StorageError as exc:
+            log.warning("could not store the %s in %s (%s); kept locally, a replacement machine "
+                        "would not see it", what, self.url, type(exc).__name__)
+
+    # -- mirrored writes ---------------------------------------------------------------------------
+    def save_identity(self, ident: Identity) -> None:
+        super().save_identity(ident)
+        data = json.dumps({"coordinator": ident.coordinator, "worker_id": ident.worker_id,
+                           "token": ident.token}).encode()
+        self._mirror("identity", lambda: self._write(_IDENTITY, data))
+
+    def forget_identity(self) -> None:
+        super().forget_identity()
+
+        async def keys(_: Storage) -> list[str]:
+            return [_IDENTITY]
+
+        self._mirror("forgotten identity", lambda: self._delete(keys))
+
+    def save_lease(self, grant: LeaseGrant) -> None:
+        super().save_lease(grant)
+        data = json.dumps(P.grant_to_body(grant)).encode()
+        self._mirror("lease", lambda: self._write(_LEASE, data))
+
+    def finish_lease(self, lease_id: str) -> None:
+        super().finish_lease(lease_id)
+        prefix = f"{_CKPT}{_safe(lease_id)}/"
+
+        async def keys(st: Storage) -> list[str]:
+            body = await _get_json(st, _LEASE)
+            current = body.get("lease_id") if isinstance(body, dict) else None
+            return [k async for k in st.list(prefix)] + ([_LEASE] if current == lease_id else [])
+
+        async def finish() -> None:
+            assert self._upload_lock is not None
+            async with self._upload_lock:  # after any upload still queued, so none outlives this
+                await self._delete(keys)
+                self._seq.pop(lease_id, None)
+
+        self._mirror("finished lease", finish)
+
+    def checkpoint_saved(self, lease_id: str) -> None:
+        """The trainer saved ``checkpoint_path(lease_id)``: store it as the newest checkpoint.
+
+        From a trainer thread this returns once the checkpoint is stored; from the loop (an async
+        trainer) it is stored in the background, and the session waits for it before it ends.
+        """
+        path = self.checkpoint_path(lease_id)
+        loop = self._loop
+        on_loop = False
+        with contextlib.suppress(RuntimeError):
+            on_loop = loop is not None and asyncio.get_running_loop() is loop
+        if on_loop:
+            task = asyncio.ensure_future(self._upload_checkpoint(lease_id, path.read_bytes()))
+            self._uploads.add(task)
+            task.add_done_callback(self._upload_done)
+            return
+        data = path.read_bytes()
+        self._mirror("checkpoint", lambda: self._upload_checkpoint(lease_id, data))
+
+    def _upload_done(self, task: asyncio.Task[None]) -> None:
+        self._uploads.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.warning("storing a checkpoint in %s failed: %r", self.url, exc)
+
+    async def _upload_checkpoint(self, lease_id: str, data: bytes) -> None:
+        assert self._upload_lock is not None
+        async with self._upload_lock:
+            await self._upload_checkpoint_now(lease_id, data)
+
+    async def _upload_checkpoint_now(self, lease_id: str, data: bytes) -> None:
+        st = self._st()
+        prefix = f"{_CKPT}{_safe(lease_id)}/"
+        if lease_id not in self._seq:
+            seqs = [s for k in [k async for k in st.list(prefix)] if (s := _parse_ckpt(k)[0]) is not None]
+            self._seq[lease_id] = max(seqs, default=0)
+        seq = self._seq[lease_id] + 1
+        self._seq[lease_id] = seq
+        digest = hashlib.sha256(data).hexdigest()[:16]
+        await self._write(f"{prefix}{seq:012d}-{digest}.pt", data)
+        # Bounded: the new one is stored before the old ones go, so there is always one to restore.
+        keep = self.keep_checkpoints
+
+        async def old(st: Storage) -> list[str]:
+            keys = [k async for k in st.list(prefix) if _parse_ckpt(k)[0] is not None]
+            return keys[:-keep] if len(keys) > keep else []
+
+        with contextlib.suppress(StorageError):
+            await self._delete(old)
+
+
+def _parse_ckpt(key: str) -> tuple[int | None, str]:
+    name = key.rsplit("/", 1)[-1]
+    stem, _, digest = name.removesuffix(".pt").partition("-")
+    if not name.endswith(".pt") or len(stem) != 12 or not stem.isdigit() or len(digest) != 16:
+        return None, ""
+    return int(stem), digest
+
+
+async def _get_json(st: Storage, key: str) -> Any:
+    try:
+        return json.loads(await st.get(key))
+    except ObjectNotFoundError:
+        return None
+    except ValueError:
+        log.warning("%s in %s is not JSON; ignoring it", key, st.url)
+        return None

@@ -1,0 +1,171 @@
+"""A worker's state directory: who it is, what it holds, what it has not yet delivered.
+
+Layout (every write is write-to-temp then rename, so a SIGKILL never leaves half a file)::
+
+    identity.json          {coordinator, worker_id, token}   mode 0600: the token is a credential
+    lease.json             the lease being worked on (resumed after a restart if still valid)
+    checkpoints/<lease>.pt the trainer's checkpoints for that lease (torch.save / weights_only load)
+    results/<lease>.vca    a result payload written before upload, re-sent after a restart
+    receipts.jsonl         every receipt the coordinator answered with, one JSON line each, in order
+                           (the worker's own audit trail: what it was told was accepted)
+    models/v<N>.vca        downloaded model payloads (and their ETags), the newest few kept
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, FrameError
+from ..ledger._units import LeaseGrant, Receipt
+from ..protocol import _messages as P
+
+__all__ = ["Identity", "StateDir"]
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    coordinator: str
+    worker_id: str
+    token: str
+
+    def __repr__(self) -> str:  # the token is a credential: never in a repr or a log line
+        return f"Identity(coordinator={self.coordinator!r}, worker_id={self.worker_id!r})"
+
+
+def _atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+class StateDir:
+    """Typed access to the files above; methods are blocking (call them via ``asyncio.to_thread``
+    when they may touch large files)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        try:
+            for sub in ("checkpoints", "results", "models"):
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot use state dir {self.root}: {exc}") from exc
+
+    @contextlib.asynccontextmanager
+    async def session(self, on_lost: Callable[[], Any]) -> AsyncIterator[None]:
+        """While the worker runs. A local directory needs nothing here; a remote state
+        (:class:`~vcasync.worker._remote_state.RemoteStateDir`) holds its owner lease and restores."""
+        yield
+
+    # -- identity ----------------------------------------------------------------------------------
+    def load_identity(self, coordinator: str) -> Identity | None:
+        try:
+            raw = json.loads((self.root / "identity.json").read_bytes())
+            ident = Identity(str(raw["coordinator"]), str(raw["worker_id"]), str(raw["token"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return ident if ident.coordinator == coordinator else None
+
+    def save_identity(self, ident: Identity) -> None:
+        data = json.dumps({"coordinator": ident.coordinator, "worker_id": ident.worker_id,
+                           "token": ident.token}).encode()
+        _atomic_write(self.root / "identity.json", data, mode=0o600)
+
+    def forget_identity(self) -> None:
+        (self.root / "identity.json").unlink(missing_ok=True)
+
+    # -- the current lease -------------------------------------------------------------------------
+    def load_lease(self) -> LeaseGrant | None:
+        try:
+            return P.grant_from_body(json.loads((self.root / "lease.json").read_bytes()))
+        except (OSError, ValueError, FrameError):
+            return None
+
+    def save_lease(self, grant: LeaseGrant) -> None:
+        _atomic_write(self.root / "lease.json", json.dumps(P.grant_to_body(grant)).encode())
+
+    def finish_lease(self, lease_id: str) -> None:
+        """Forget everything about ``lease_id``: its record, checkpoint and spooled result."""
+        current = self.load_lease()
+        if current is not None and current.lease_id == lease_id:
+            (self.root / "lease.json").unlink(missing_ok=True)
+        self.checkpoint_path(lease_id).unlink(missing_ok=True)
+        self.result_path(lease_id).unlink(missing_ok=True)
+
+    # -- receipts ----------------------------------------------------------------------------------
+    def record_receipt(self, receipt: Receipt) -> None:
+        """Append ``receipt`` to ``receipts.jsonl`` and fsync it: a crash never loses a recorded line."""
+        line = json.dumps(P.receipt_to_body(receipt), separators=(",", ":")).encode() + b"\n"
+        fd = os.open(self.root / "receipts.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def receipts(self) -> list[Receipt]:
+        """Every receipt recorded so far (a torn last line, cut by a crash mid-write, is skipped)."""
+        try:
+            lines = (self.root / "receipts.jsonl").read_bytes().splitlines()
+        except FileNotFoundError:
+            return []
+        out: list[Receipt] = []
+        for line in lines:
+            try:
+                out.append(P.receipt_from_body(json.loads(line)))
+            except (ValueError, FrameError):
+                continue
+        return out
+
+    # -- checkpoints and results -------------------------------------------------------------------
+    def checkpoint_path(self, lease_id: str) -> Path:
+        return self.root / "checkpoints" / f"{_safe(lease_id)}.pt"
+
+    def checkpoint_saved(self, lease_id: str) -> None:
+        """The trainer just saved :meth:`checkpoint_path`; it is already where it belongs here."""
+
+    def result_path(self, lease_id: str) -> Path:
+        return self.root / "results" / f"{_safe(lease_id)}.vca"
+
+    def pending_results(self) -> list[tuple[str, Path]]:
+        """Spooled results not yet acknowledged: ``(lease_id, path)``, oldest first."""
+        files = sorted((self.root / "results").glob("*.vca"), key=lambda p: p.stat().st_mtime)
+        return [(p.stem, p) for p in files]
+
+    # -- model cache -------------------------------------------------------------------------------
+    def model_path(self, version: int) -> Path:
+        return self.root / "models" / f"v{version}.vca"
+
+    def load_etag(self, version: int) -> str | None:
+        try:
+            return (self.root / "models" / f"v{version}.etag").read_text().strip() or None
+        except OSError:
+            return None
+
+    def save_etag(self, version: int, etag: str | None) -> None:
+        path = self.root / "models" / f"v{version}.etag"
+        if etag is None:
+            path.unlink(missing_ok=True)
+        else:
+            _atomic_write(path, etag.encode())
+
+    def prune_models(self, keep: Mapping[int, Any] | set[int]) -> None:
+        for p in [*(self.root / "models").glob("v*.vca"), *(self.root / "models").glob("v*.etag")]:
+            with contextlib.suppress(ValueError):
+                if int(p.stem[1:]) not in keep:
+                    p.unlink(missing_ok=True)
+
+
+def _safe(lease_id: str) -> str:
+    if not lease_id or any(c in lease_id for c in "/\\\0") or lease_id.startswith("."):
+        raise FrameError(f"lease id {lease_id!r} cannot name a file", field="lease_id")
+    return lease_id

@@ -1,0 +1,533 @@
+"""The worker loop: join, lease, fetch the model, train, upload the result, repeat.
+
+``Worker(url, trainer, state_dir=...)`` runs a user's trainer (see :mod:`vcasync.trainer`) on the
+units a coordinator hands out, until the run is finished or the worker is told to stop.
+
+Preemption: :meth:`Worker.request_stop` (the CLI calls it on SIGTERM) sets ``ctx.should_stop``; the
+trainer returns at its next step and, within ``grace_period_s``, the worker either keeps the lease and
+the trainer's checkpoint in its state dir (``on_preempt="checkpoint"``: a restart with the same state
+dir resumes the same lease while it is valid) or uploads a partial result weighted by the steps done
+(``"partial"``). A SIGKILL loses only the progress since the trainer's last checkpoint.
+
+Failures: a trainer that raises releases its lease as a failure, which the coordinator attributes
+to this worker. It answers a worker that keeps failing with a back-off (:class:`WorkerBackoffError`:
+the worker waits that long before it leases again, so the unit goes to another worker) and then a
+quarantine (:class:`WorkerQuarantinedError`: the worker stops with that message). After
+``max_trainer_failures`` in a row the worker stops by itself with a :class:`TrainerError`.
+
+Outages: every call to the coordinator is retried with capped, jittered backoff while it is down or
+restarting. Results are written to the state dir before upload and re-sent until acknowledged: the
+lease id makes a re-send harmless. When the coordinator is up but its storage is not (``503
+storage_unavailable``), the worker says so ("coordinator's storage unavailable, waiting"), keeps its
+result and asks no new work, retrying as often as the coordinator's ``Retry-After`` says.
+
+State anywhere: ``Worker(..., state="s3://bucket/workers/w7")`` keeps identity, lease and checkpoints
+in a storage backend (see :mod:`vcasync.worker._remote_state`), so a replacement *machine* given the same URL
+resumes the lease from its last checkpoint; ``state_dir`` is then only a local cache (a temporary
+directory when omitted). A second live worker on the same state URL is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import random
+import socket
+import tempfile
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import torch
+
+from ..errors import (
+    AuthError,
+    ConfigError,
+    LeaseExpiredError,
+    LeaseNotFoundError,
+    LedgerError,
+    NotLeaseHolderError,
+    NoWorkAvailableError,
+    StorageUnavailableError,
+    TrainerError,
+    UnitClosedError,
+    VCAsyncError,
+    WorkerBackoffError,
+)
+from ..ledger._units import LeaseGrant, Receipt
+from ..storage import Storage
+from ..tensors import ModelState
+from ..trainer import TrainContext, Trainer, TrainResult
+from ..wire import Limits
+from ._client import Backoff, CoordinatorClient, client_ssl_context, is_transient
+from ._io import ModelCache, result_tensors, spool_result
+from ._remote_state import RemoteStateDir
+from ._state_dir import Identity, StateDir
+
+__all__ = ["Worker", "WorkerConfig", "WorkerReport"]
+
+log = logging.getLogger("vcasync.worker")
+T = TypeVar("T")
+
+_LEASE_GONE = (LeaseNotFoundError, NotLeaseHolderError, UnitClosedError, LeaseExpiredError)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """How a worker behaves; credentials are passed to :class:`Worker` separately (never in a repr)."""
+
+    name: str = ""
+    grace_period_s: float = 20.0
+    on_preempt: Literal["checkpoint", "partial"] = "checkpoint"
+    #: ``delta`` (:func:`vcasync.tensors.make_delta`: ``t - base``, bools as values) or ``weights``;
+    #: both merge to the same integer counters (the coordinator reads full weights as increments).
+    upload: Literal["delta", "weights"] = "delta"
+    codec: str = "raw"
+    backoff: Backoff = field(default_factory=Backoff)
+    #: Stop after this many units (tests, batch jobs); None: until the run is finished.
+    max_units: int | None = None
+    request_timeout_s: float = 60.0
+    ca_file: Path | None = None
+    keep_models: int = 2
+    max_trainer_failures: int = 3
+    limits: Limits = field(default_factory=Limits)
+    #: With a remote ``state``: checkpoints kept per lease, and the owner record's time to live.
+    keep_checkpoints: int = 2
+    state_lease_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.on_preempt not in ("checkpoint", "partial"):
+            raise ConfigError(f"on_preempt must be 'checkpoint' or 'partial', got {self.on_preempt!r}")
+        if self.upload not in ("delta", "weights"):
+            raise ConfigError(f"upload must be 'delta' or 'weights', got {self.upload!r}")
+        if self.grace_period_s <= 0:
+            raise ConfigError("grace_period_s must be positive")
+        if self.keep_models < 1:
+            raise ConfigError("keep_models must be at least 1")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReport:
+    """Why :meth:`Worker.run` returned and what it got done."""
+
+    reason: Literal["finished", "preempted", "max_units"]
+    worker_id: str
+    results_accepted: int
+    results_refused: int
+    units_abandoned: int
+    grace_exceeded: bool = False
+
+
+class _Stopped(Exception):
+    """Internal: the worker was asked to stop while waiting."""
+
+
+class Worker:
+    """Trains units for one coordinator until the run is finished, or :meth:`request_stop`."""
+
+    def __init__(self, coordinator_url: str, trainer: Trainer, *, state_dir: Path | str | None = None,
+                 state: str | Storage | None = None, state_options: Mapping[str, Any] | None = None,
+                 join_secret: str | None = None, join_token: str | None = None,
+                 config: WorkerConfig | None = None, rng: random.Random | None = None) -> None:
+        self.url = coordinator_url.rstrip("/")
+        self.trainer = trainer
+        self.config = config or WorkerConfig()
+        self.state = _state(state_dir, state, state_options, self.config)
+        self._credential = join_token or join_secret
+        self._rng = rng or random.Random()
+        self._client: CoordinatorClient | None = None
+        self._ident: Identity | None = None
+        self._models = ModelCache(self.state, limits=self.config.limits, keep=self.config.keep_models)
+        self._stop = asyncio.Event()
+        self._unit_stop: threading.Event | None = None
+        self._grace: asyncio.Timeout | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._accepted = self._refused = self._abandoned = self._units = 0
+
+    def __repr__(self) -> str:
+        return f"Worker({self.url!r}, state_dir={str(self.state.root)!r})"
+
+    # -- stopping ----------------------------------------------------------------------------------
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def request_stop(self) -> None:
+        """The preemption notice: stop at the next step and wrap up within ``grace_period_s``.
+
+        Safe to call from a signal handler on the loop, or from any thread.
+        """
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is not loop:
+                loop.call_soon_threadsafe(self._stop_now)
+                return
+        self._stop_now()
+
+    def _stop_now(self) -> None:
+        if self._stop.is_set():
+            return
+        log.info("stop requested: wrapping up within %.1fs", self.config.grace_period_s)
+        self._stop.set()
+        if self._unit_stop is not None:
+            self._unit_stop.set()
+        if self._grace is not None and self._loop is not None:
+            self._grace.reschedule(self._loop.time() + self.config.grace_period_s)
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep, but raise :class:`_Stopped` as soon as a stop is requested."""
+        if self.stopping:
+            raise _Stopped
+        try:
+            async with asyncio.timeout(seconds):
+                await self._stop.wait()
+        except TimeoutError:
+            return
+        raise _Stopped
+
+    # -- running -----------------------------------------------------------------------------------
+    async def run(self) -> WorkerReport:
+        """Work until the run is finished, ``max_units`` are done, or a stop was requested."""
+        self._loop = asyncio.get_running_loop()
+        ssl_ctx = client_ssl_context(self.config.ca_file) if self.url.startswith("https://") else None
+        grace_exceeded = False
+        async with CoordinatorClient(self.url, ssl_context=ssl_ctx,
+                                     timeout_s=self.config.request_timeout_s) as client:
+            self._client = client
+            try:
+                async with self.state.session(self.request_stop), asyncio.timeout(None) as grace:
+                    self._grace = grace
+                    if self.stopping:
+                        grace.reschedule(self._loop.time() + self.config.grace_period_s)
+                    reason = await self._main()
+            except TimeoutError:
+                if not self._grace or not self._grace.expired():
+                    raise
+                log.warning("grace period of %.1fs exceeded; leaving the lease for a restart",
+                            self.config.grace_period_s)
+                reason, grace_exceeded = "preempted", True
+            finally:
+                self._grace = None
+                self._client = None
+        worker_id = self._ident.worker_id if self._ident else ""
+        return WorkerReport(reason=reason, worker_id=worker_id, results_accepted=self._accepted,
+                            results_refused=self._refused, units_abandoned=self._abandoned,
+                            grace_exceeded=grace_exceeded)
+
+    async def _main(self) -> Literal["finished", "preempted", "max_units"]:
+        try:
+            await self._ensure_identity()
+            await self._deliver_pending()
+            grant = await self._restore_lease()
+            failures = 0
+            while not self.stopping:
+                if self.config.max_units is not None and self._units >= self.config.max_units:
+                    return "max_units"
+                if grant is None:
+                    grant = await self._next_lease()
+                    if grant is None:
+                        return "finished"
+                ok = await self._work(grant)
+                grant = None
+                failures = 0 if ok else failures + 1
+                if failures >= self.config.max_trainer_failures:
+                    raise TrainerError(f"the trainer failed {failures} units in a row; its errors "
+                                       "are in the log above")
+        except _Stopped:
+            pass
+        return "preempted"
+
+    # -- calls with retry --------------------------------------------------------------------------
+    def _cli(self) -> CoordinatorClient:
+        assert self._client is not None, "only inside run()"
+        return self._client
+
+    async def _call(self, what: str, fn: Callable[[], Awaitable[T]], *, interruptible: bool = True) -> T:
+        """``fn()`` retried with backoff while the coordinator is unreachable, and as often as it
+        asks while its storage is unavailable; re-joins on 401."""
+        attempt = 0
+        rejoined = False
+        storage_down = False
+        while True:
+            try:
+                answer = await fn()
+            except AuthError:
+                if rejoined:
+                    raise
+                log.warning("%s: the coordinator no longer knows our token; joining again", what)
+                rejoined = True
+                await self._join()
+                continue
+            except StorageUnavailableError as exc:
+                # The coordinator is up but cannot make anything durable: wait as long as it
+                # asks, keeping what we hold (a spooled result stays on disk until acknowledged).
+                delay = max(0.05, exc.retry_after) * self._rng.uniform(0.5, 1.0)
+                if not storage_down:
+                    log.warning("%s: coordinator's storage unavailable, waiting (%s); retrying as "
+                                "often as it says", what, exc)
+                storage_down = True
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                delay = self.config.backoff.delay(attempt, self._rng)
+                attempt += 1
+                log.warning("%s: coordinator unreachable (%s); retry %d in %.2fs", what,
+                            type(exc).__name__, attempt, delay)
+            else:
+                if storage_down:
+                    log.info("%s: the coordinator's storage is back", what)
+                return answer
+            if interruptible:
+                await self._sleep(delay)
+            else:
+                await asyncio.sleep(delay)
+
+    async def _ensure_identity(self) -> None:
+        ident = await asyncio.to_thread(self.state.load_identity, self.url)
+        if ident is None:
+            await self._call("join", self._join)
+            return
+        self._ident = ident
+        self._cli().token = ident.token
+        log.info("worker %s: resuming with the identity in %s", ident.worker_id, self.state.root)
+
+    async def _join(self) -> None:
+        if not self._credential:
+            raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET (or VCASYNC_JOIN_TOKEN)")
+        info = {"host": socket.gethostname(), "pid": os.getpid(),
+                "previous": self._ident.worker_id if self._ident else ""}
+        worker_id, token = await self._cli().join(self._credential, self.config.name, info)
+        self._ident = Identity(self.url, worker_id, token)
+        await asyncio.to_thread(self.state.save_identity, self._ident)
+        log.info("joined as worker %s", worker_id)
+
+    # -- leases ------------------------------------------------------------------------------------
+    async def _restore_lease(self) -> LeaseGrant | None:
+        saved = await asyncio.to_thread(self.state.load_lease)
+        if saved is None:
+            return None
+        try:
+            grant = await self._call("resume", lambda: self._cli().resume(saved.lease_id))
+        except LedgerError as exc:
+            log.info("lease %s cannot be resumed (%s); starting fresh", saved.lease_id, type(exc).__name__)
+            await asyncio.to_thread(self.state.finish_lease, saved.lease_id)
+            return None
+        log.info("resumed lease %s (unit %s)", grant.lease_id, grant.unit.unit_id)
+        return grant
+
+    async def _next_lease(self) -> LeaseGrant | None:
+        while True:
+            try:
+                return await self._call("lease", self._cli().lease)
+            except WorkerBackoffError as exc:
+                # Our last units failed: the coordinator gives them to other workers first. Wait
+                # the whole back-off (asking earlier only gets the same answer).
+                log.warning("backing off %.2fs: %s", exc.retry_after, exc)
+                await self._sleep(max(0.05, exc.retry_after) * self._rng.uniform(1.0, 1.1))
+            except NoWorkAvailableError as exc:
+                if exc.finished:
+                    log.info("the run is finished")
+                    return None
+                cap = self.config.backoff.cap_s
+                await self._sleep(min(cap, max(0.05, exc.retry_after)) * self._rng.uniform(0.5, 1.0))
+
+    # -- one unit ----------------------------------------------------------------------------------
+    async def _work(self, grant: LeaseGrant) -> bool:
+        """Train and deliver one unit; False only when the trainer raised."""
+        await asyncio.to_thread(self.state.save_lease, grant)
+        try:
+            base = await self._model(grant.base_version)
+        except LedgerError as exc:  # the coordinator no longer has that version: too stale to train
+            log.warning("model v%d for lease %s is gone (%s)", grant.base_version, grant.lease_id, exc)
+            await self._release(grant, "base model unavailable", failed=False)
+            return True
+        unit_stop = threading.Event()
+        if self.stopping:
+            unit_stop.set()
+        self._unit_stop = unit_stop
+        ckpt = self.state.checkpoint_path(grant.lease_id)
+        ctx = TrainContext(unit=grant.unit, lease_id=grant.lease_id, base_version=grant.base_version,
+                           model=base.clone(), checkpoint_path=ckpt, resumed=grant.resumed, stop=unit_stop,
+                           on_checkpoint=lambda: self.state.checkpoint_saved(grant.lease_id))
+        lost = asyncio.Event()
+        try:
+            result = await self._train(grant, ctx, lost)
+        except (_Stopped, ConfigError, TrainerError):
+            raise
+        except Exception as exc:
+            log.error("trainer failed on unit %s: %r", grant.unit.unit_id, exc)
+            self._abandoned += 1
+            await self._release(grant, f"trainer error: {type(exc).__name__}: {exc}")
+            return False
+        finally:
+            self._unit_stop = None
+        if lost.is_set():
+            log.warning("lease %s was lost; dropping unit %s", grant.lease_id, grant.unit.unit_id)
+            self._abandoned += 1
+            await asyncio.to_thread(self.state.finish_lease, grant.lease_id)
+            return True
+        partial = result.steps < grant.unit.steps
+        if self.stopping and partial and self.config.on_preempt == "checkpoint":
+            log.info("preempted after %d/%d steps of unit %s; the lease and checkpoint stay in %s",
+                     result.steps, grant.unit.steps, grant.unit.unit_id, self.state.root)
+            raise _Stopped
+        if result.steps <= 0:
+            # Nothing to send (a result needs at least one step): hand the unit back at once
+            # instead of uploading something the coordinator must refuse.
+            if self.stopping:
+                log.info("preempted before the first step of unit %s; releasing its lease",
+                         grant.unit.unit_id)
+                await self._release(grant, "preempted before the first step", failed=False)
+                return True
+            log.error("the trainer returned after 0 steps of unit %s", grant.unit.unit_id)
+            self._abandoned += 1
+            await self._release(grant, "the trainer did no steps")
+            return False
+        await self._deliver(grant, base, result, partial=partial)
+        self._units += 1
+        return True
+
+    async def _train(self, grant: LeaseGrant, ctx: TrainContext, lost: asyncio.Event) -> TrainResult:
+        """The trainer, with heartbeats flowing beside it until it returns."""
+        beats = asyncio.create_task(self._heartbeats(grant, ctx, lost), name=f"heartbeats-{grant.lease_id}")
+        try:
+            return await self._run_trainer(ctx)
+        finally:
+            beats.cancel()
+            await asyncio.gather(beats, return_exceptions=True)
+
+    async def _run_trainer(self, ctx: TrainContext) -> TrainResult:
+        if inspect.iscoroutinefunction(self.trainer):
+            out: Any = await self.trainer(ctx)
+        else:
+            out = await _in_daemon_thread(self.trainer, ctx)
+            if inspect.isawaitable(out):
+                out = await out
+        if isinstance(out, TrainResult):
+            return out
+        if isinstance(out, (torch.nn.Module, Mapping)):
+            return ctx.result(out)
+        raise TrainerError(f"the trainer returned {type(out).__name__}; return ctx.result(module) or a "
+                           "TrainResult")
+
+    async def _heartbeats(self, grant: LeaseGrant, ctx: TrainContext, lost: asyncio.Event) -> None:
+        interval = max(0.05, grant.heartbeat_interval_s)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                g = await self._cli().heartbeat(grant.lease_id, ctx.steps_done)
+                interval = max(0.05, g.heartbeat_interval_s)
+            except LeaseExpiredError:
+                log.info("lease %s expired; finishing anyway (a late result may still count)",
+                         grant.lease_id)
+                return
+            except (LeaseNotFoundError, NotLeaseHolderError, UnitClosedError):
+                lost.set()
+                ctx.stop_event.set()
+                return
+            except AuthError:
+                try:
+                    await self._join()
+                except Exception as exc:
+                    log.warning("re-joining failed: %s", type(exc).__name__)
+            except Exception as exc:  # never let a heartbeat problem kill the unit: the result may count
+                level = logging.DEBUG if is_transient(exc) else logging.WARNING
+                log.log(level, "heartbeat for %s failed: %r", grant.lease_id, exc)
+
+    async def _release(self, grant: LeaseGrant, reason: str, *, failed: bool = True) -> None:
+        """Hand the lease back; ``failed``: the unit failed here (the coordinator counts it)."""
+        with contextlib.suppress(LedgerError):
+            await self._call("release", lambda: self._cli().release(grant.lease_id, reason,
+                                                                   failed=failed))
+        await asyncio.to_thread(self.state.finish_lease, grant.lease_id)
+
+    # -- models ------------------------------------------------------------------------------------
+    async def _model(self, version: int) -> ModelState:
+        async def fetch(path: Path, etag: str | None) -> str | None:
+            got, _ = await self._call("model", lambda: self._cli().download_model(version, path, etag=etag))
+            return got
+
+        return await self._models.get(version, fetch)
+
+    # -- results -----------------------------------------------------------------------------------
+    async def _deliver(self, grant: LeaseGrant, base: ModelState, result: TrainResult, *,
+                       partial: bool) -> None:
+        tensors = await asyncio.to_thread(result_tensors, base, result, self.config.upload)
+        meta = {"lease_id": grant.lease_id, "base_version": grant.base_version, "kind": self.config.upload,
+                "samples": int(result.samples), "steps": int(result.steps), "partial": partial,
+                "metrics": {k: float(v) for k, v in result.metrics.items()}}
+        path = self.state.result_path(grant.lease_id)
+        await spool_result(path, meta, tensors, self.config.codec)
+        await self._upload(grant.lease_id, path)
+
+    async def _upload(self, lease_id: str, path: Path) -> None:
+        try:
+            receipt: Receipt = await self._call("upload", lambda: self._cli().submit(lease_id, path),
+                                                interruptible=False)
+        except (AuthError, ConfigError):
+            raise
+        except VCAsyncError as exc:  # refused for good (closed unit, expired lease, invalid): drop it
+            log.warning("result for lease %s refused: %s", lease_id, exc)
+            self._refused += 1
+        else:
+            await asyncio.to_thread(self.state.record_receipt, receipt)
+            if receipt.status == "rejected":
+                log.warning("result for lease %s rejected: %s", lease_id, receipt.reason)
+                self._refused += 1
+            else:
+                log.info("result for lease %s (unit %s) %s; model is now v%d", lease_id, receipt.unit_id,
+                         receipt.status, receipt.version)
+                self._accepted += 1
+        await asyncio.to_thread(self.state.finish_lease, lease_id)
+
+    async def _deliver_pending(self) -> None:
+        for lease_id, path in await asyncio.to_thread(self.state.pending_results):
+            log.info("re-sending the result spooled for lease %s", lease_id)
+            await self._upload(lease_id, path)
+
+
+def _state(state_dir: Path | str | None, state: str | Storage | None,
+           options: Mapping[str, Any] | None, config: WorkerConfig) -> StateDir:
+    """A local state dir, or a remote state with ``state_dir`` (or a temp dir) as its local cache."""
+    if state is None:
+        if state_dir is None:
+            raise ConfigError("a worker needs state_dir (local) or state (a storage URL)")
+        return StateDir(Path(state_dir))
+    root = Path(state_dir) if state_dir is not None else Path(tempfile.mkdtemp(prefix="vcasync-worker-"))
+    return RemoteStateDir(root, state, keep_checkpoints=config.keep_checkpoints,
+                          lease_ttl_s=config.state_lease_s, options=options)
+
+
+def _in_daemon_thread(fn: Callable[[TrainContext], Any], ctx: TrainContext) -> asyncio.Future[Any]:
+    """Run a sync trainer in a daemon thread: a trainer that ignores ``should_stop`` cannot keep a
+    preempted process alive past its grace period."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if fut.done():
+            return
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+    def body() -> None:
+        try:
+            outcome: tuple[bool, Any] = (True, fn(ctx))
+        except BaseException as exc:
+            outcome = (False, exc)
+        with contextlib.suppress(RuntimeError):  # the loop is gone: the worker gave up on this trainer
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=body, name=f"vcasync-trainer-{ctx.unit.unit_id}", daemon=True).start()
+    return fut
