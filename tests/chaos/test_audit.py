@@ -75,7 +75,7 @@ async def test_it_finds_a_result_merged_twice(tmp_path: Path) -> None:
     async with open_storage(url) as st:       # journal the first result again, as a buggy replay would
         key = sorted([k async for k in st.list("vcasync/journal/")])[0]
         first = await decode_payload(st.open_read(key), expected_kind="journal")
-        journal = Journal(st, config=CFG, spec=model().spec)
+        journal = Journal(st, config=CFG.journal_config(), spec=model().spec)
         await journal.open()
         await journal.load_snapshot()
         async for _ in journal.entries():

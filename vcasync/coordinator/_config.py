@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from ..errors import ConfigError
 from ..ledger import LedgerConfig
 from ..wire import Limits, resolve_codec
+from ._journal import Durability, JournalConfig
 
 __all__ = ["CoordinatorConfig", "Durability"]
 
-Durability = Literal["journal", "snapshot", "none"]
 GiB = 1 << 30
 
 
@@ -87,6 +86,12 @@ class CoordinatorConfig:
             except (ConfigError, ValueError, TypeError) as exc:
                 raise ConfigError(f"CoordinatorConfig.{name}: {exc}") from None
         self.ledger_config()   # lease settings are checked by the ledger's own config
+
+    def journal_config(self) -> JournalConfig:
+        return JournalConfig(durability=self.durability, state_prefix=self.state_prefix,
+                             limits=self.limits, codec=self.journal_codec,
+                             keep_snapshots=self.keep_snapshots, prune_on_close=self.prune_on_close,
+                             max_staleness=self.max_staleness)
 
     def ledger_config(self) -> LedgerConfig:
         return LedgerConfig(lease_timeout_s=self.lease_timeout_s,

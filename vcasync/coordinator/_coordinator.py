@@ -62,11 +62,10 @@ from ._buffers import BufferPool
 from ._config import CoordinatorConfig, Durability
 from ._identity import RunIdentity
 from ._journal import Journal
-from ._merger import Control, Job, Merger, retrieve
+from ._merger import Job, Merger, retrieve
 from ._model_owner import ModelOwner
 from ._result_checks import read_result, reject_reason
 from ._run_record import StartOptions
-from ._snapshots import SnapshotSlot
 from ._storage_health import StorageHealth
 
 __all__ = ["Coordinator", "CoordinatorConfig", "Durability", "StartOptions"]
@@ -105,7 +104,7 @@ class Coordinator:
         self._start = start or StartOptions()
         self._startup_retry = startup_retry
         self.identity = RunIdentity.of(self.spec, self._units_in, policy.name, policy_params)
-        self._journal = Journal(storage, config=self.config, spec=self.spec)
+        self._journal = Journal(storage, config=self.config.journal_config(), spec=self.spec)
         self.metrics = Metrics()
         self.metrics.bind(self._gauges)
         self._health = StorageHealth(probe_interval_s=self.config.storage_probe_interval_s,
@@ -114,7 +113,6 @@ class Coordinator:
         self._phase = "new"
         self._ledger: Ledger              # both decided by recovery in __aenter__
         self._owner: ModelOwner
-        self._slot: SnapshotSlot
         self._merger: Merger
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self._decode_slots = asyncio.Semaphore(self.config.max_concurrent_decodes)
@@ -158,15 +156,15 @@ class Coordinator:
         self._phase = "closing"
         try:
             self._stop.set()
-            self._slot.ready.set()            # wakes the snapshot writer so it can stop
-            self._merger.jobs.put_nowait(Control.STOP)
+            self._merger.snapshots.ready.set()     # wakes the snapshot writer so it can stop
+            self._merger.stop()
             if self._runner is not None:
                 await asyncio.gather(self._runner, return_exceptions=True)
             self._merger.fail_queued(ClosedError("the coordinator is closing; send the result "
                                                  "again"))
             if self._failure is None and self._journal.durable:
                 await self._final_snapshot()
-            self._slot.drop()
+            self._merger.snapshots.drop()
         finally:
             self._phase = "closed"
             self._closed.set()
@@ -176,7 +174,7 @@ class Coordinator:
         entries it covers. A failure is an error the operator must hear of (``storage_error``)."""
         try:
             # always: leases and failures change the ledger without any merge
-            await self._slot.capture(self._ledger.snapshot())
+            await self._merger.capture()
             await self._write_snapshot()
         except Exception as exc:
             self._final_error = exc
@@ -248,7 +246,7 @@ class Coordinator:
     async def _recover(self) -> None:
         """Read the run, load its newest snapshot, replay the journal after it. Runs again from the
         top (a fresh journal handle) when a transient storage error interrupts it."""
-        self._journal = Journal(self._storage, config=self.config, spec=self.spec)
+        self._journal = Journal(self._storage, config=self.config.journal_config(), spec=self.spec)
         run = await self._journal.open(self.identity, self._start)
         reset = run.recorded is not None and not run.recorded.same_policy(self.identity)
         cfg = self.config.ledger_config()
@@ -266,9 +264,9 @@ class Coordinator:
             self._ledger = Ledger.restore(rec.ledger, config=cfg, clock=self._clock,
                                           secret=run.secret)
             self._ledger.add_units(self._units_in)
-        self._slot = SnapshotSlot(self._journal, self._owner)
         self._merger = Merger(owner=self._owner, ledger=self._ledger, journal=self._journal,
-                              slot=self._slot, metrics=self.metrics, config=self.config,
+                              metrics=self.metrics, snapshot_every=self.config.snapshot_every,
+                              max_staleness=self.config.max_staleness,
                               settled=self._check_finished, health=self._health,
                               recycle=self._update_buffers.give)
         async for entry in self._journal.entries():
@@ -288,7 +286,7 @@ class Coordinator:
         if (rec is None or reset) and self._journal.durable:
             # The first snapshot pins the initial model: replay must start from exactly it. After a
             # reset it holds the new policy's state, so nothing is ever replayed with the old state.
-            await self._slot.capture(self._ledger.snapshot())
+            await self._merger.capture()
             await self._write_snapshot()
         if reset:
             await self._journal.record_identity(self.identity)
@@ -303,7 +301,7 @@ class Coordinator:
                               f"{exc}") from exc
 
     async def _write_snapshot(self) -> None:
-        if await self._slot.write():
+        if await self._merger.snapshots.write():
             self.metrics.snapshots += 1
 
     # -- workers ----------------------------------------------------------------------------------
@@ -406,7 +404,9 @@ class Coordinator:
             async with self._decode_slots:
                 meta, tensors = await read_result(
                     self._count(body), lease_id=lease_id, unit=unit, spec=self.spec,
-                    config=self.config, current_version=self.version, hold=self._owner.hold,
+                    limits=self.config.limits, require_finite=self.config.require_finite,
+                    max_norm=self.config.max_update_norm, current_version=self.version,
+                    hold=self._owner.hold,
                     release=self._owner.release, out=self._update_buffers.take())
         except (WireError, ValidationError) as exc:
             self.metrics.reject(reject_reason(exc), worker_id)
@@ -421,14 +421,14 @@ class Coordinator:
         self._check_running()
         future: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
         future.add_done_callback(retrieve)
-        self._merger.jobs.put_nowait(Job(worker_id, lease_id, unit, meta, tensors, future))
+        self._merger.submit(Job(worker_id, lease_id, unit, meta, tensors, future))
         return await asyncio.shield(future)
 
     def _check_finished(self) -> None:
         if self._ledger.counts()["parked"] > len(self._parked_logged):
             self._log_parked()
         merger = getattr(self, "_merger", None)
-        if self._ledger.finished and (merger is None or (merger.jobs.empty() and not merger.busy)):
+        if self._ledger.finished and (merger is None or merger.idle):
             self._finished.set()
 
     def _log_parked(self) -> None:
@@ -454,12 +454,9 @@ class Coordinator:
         while not self._stop.is_set():
             try:
                 async with asyncio.timeout(self.config.snapshot_interval_s):
-                    await self._slot.ready.wait()
+                    await self._merger.snapshots.ready.wait()
             except TimeoutError:
-                merger = self._merger
-                if merger.since_snapshot and not merger.capture_queued:
-                    merger.capture_queued = True
-                    merger.jobs.put_nowait(Control.CAPTURE)
+                self._merger.request_capture()
                 continue
             if self._stop.is_set():
                 return        # aclose() writes what is left
@@ -493,10 +490,7 @@ class Coordinator:
                     raise health.give_up() from exc
                 continue
             health.probe_ok()
-            merger = self._merger
-            if merger.since_snapshot and not merger.capture_queued:
-                merger.capture_queued = True
-                merger.jobs.put_nowait(Control.CAPTURE)
+            self._merger.request_capture()
 
     # -- views ------------------------------------------------------------------------------------
     @property
@@ -556,7 +550,7 @@ class Coordinator:
                 "worker_backoffs_total": stats["backoffs"],
                 "workers_quarantined": self._ledger.workers_quarantined(),
                 **{f"units_{k}": v for k, v in self._ledger.counts().items()},
-                "merge_queue": self._merger.jobs.qsize(),
+                "merge_queue": self._merger.queued,
                 "retained_versions": len(self._owner.versions.numbers()),
                 **self._health.gauges()}
 

@@ -36,7 +36,7 @@ import secrets
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
 import torch
 
@@ -54,6 +54,7 @@ from ..errors import (
 from ..storage import Storage
 from ..tensors import ModelSpec, ModelState
 from ..wire import (
+    Limits,
     aencode_payload,
     decode_payload,
     decode_payload_bytes,
@@ -64,13 +65,28 @@ from ..wire import (
 from ._identity import RunIdentity
 from ._run_record import StartOptions, open_run, write_record
 
-if TYPE_CHECKING:
-    from ._config import CoordinatorConfig
+__all__ = ["Captured", "Durability", "Entry", "Journal", "JournalConfig", "Recovered", "RunInfo"]
 
-__all__ = ["Captured", "Entry", "Journal", "Recovered", "RunInfo"]
+#: ``journal``: each result is written before it is merged; ``snapshot``: only snapshots;
+#: ``none``: nothing is kept.
+Durability = Literal["journal", "snapshot", "none"]
 
 FORMAT = 1
 FLOOR_BLOCK = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class JournalConfig:
+    """What the journal is told (the coordinator's :meth:`CoordinatorConfig.journal_config`, where
+    each field is checked)."""
+
+    durability: Durability
+    state_prefix: str          # where on the storage the state lives (``P`` above)
+    limits: Limits             # bounds for decoding what is read back
+    codec: str                 # how entries and snapshots are encoded
+    keep_snapshots: int        # snapshots kept while running, each with the entries after it
+    prune_on_close: bool       # delete what the final snapshot covers
+    max_staleness: int         # bases older than the oldest kept version by this are not needed
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,8 +128,7 @@ class Captured:
 class Journal:
     """The coordinator's durable state. With ``durability="none"`` (or no storage) it keeps nothing."""
 
-    def __init__(self, storage: Storage | None, *, config: CoordinatorConfig,
-                 spec: ModelSpec) -> None:
+    def __init__(self, storage: Storage | None, *, config: JournalConfig, spec: ModelSpec) -> None:
         self._storage = storage if config.durability != "none" else None
         self._config = config
         self._spec = spec
@@ -252,7 +267,7 @@ class Journal:
         # Zero-copy: the tensors are a validated result nobody changes before it is merged, which
         # waits for this write; a storage is done with the chunks once put_stream returns.
         chunks = aencode_payload("journal", {**meta, "seq": seq}, tensors,
-                                 codec=self._config.journal_codec, zero_copy=True)
+                                 codec=self._config.codec, zero_copy=True)
         try:
             await storage.put_stream(key, chunks, if_absent=True)
         except PreconditionFailedError:
@@ -279,7 +294,7 @@ class Journal:
         if model.version >= self._captured_version or model.version in self._bases:
             return
         data = await asyncio.to_thread(_encode_bytes, "model", {"version": model.version},
-                                       model.tensors, self._config.journal_codec)
+                                       model.tensors, self._config.codec)
         await self._need().put(self._base_key(model.version), data)
         self._bases.add(model.version)
 
@@ -294,7 +309,7 @@ class Journal:
         if self._store is None or captured.seq == self._snapshot_seq:
             return
         model = await asyncio.to_thread(_encode_bytes, "model", {"version": captured.model.version},
-                                        captured.model.tensors, self._config.journal_codec)
+                                        captured.model.tensors, self._config.codec)
         ledger = await asyncio.to_thread(pack_tree, captured.ledger)
         try:
             await self._store.write(captured.seq, {"model": model, "policy": captured.policy_state,

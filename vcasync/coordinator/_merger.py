@@ -6,6 +6,12 @@ unit may have closed meanwhile), staleness and the delta's base are checked, the
 and recorded in the ledger; its receipt resolves the submitter's future. Replay after a restart runs
 the same :meth:`Merger.apply`. Snapshots are captured here, between two jobs.
 
+The coordinator drives the loop through a small interface and never touches its state: it submits
+jobs (:meth:`~Merger.submit`), asks for a snapshot (:meth:`~Merger.request_capture`), reads
+:attr:`~Merger.idle` and stops it (:meth:`~Merger.stop`). The merger owns the :class:`SnapshotSlot` (it
+is the only one that captures); the coordinator's snapshot writer takes what it leaves there through
+:attr:`~Merger.snapshots`.
+
 A storage write a result needs (journal entry, base, version floor) that fails marks the storage
 unavailable (:mod:`vcasync.coordinator._storage_health`): the sender gets :class:`StorageUnavailableError`
 (nothing was merged, the unit stays leased to it) and keeps its result for later, and so does every
@@ -20,7 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -46,9 +52,6 @@ from ._result_checks import ResultMeta, reject_reason
 from ._snapshots import SnapshotSlot
 from ._storage_health import StorageHealth
 from ._versions import Version
-
-if TYPE_CHECKING:
-    from ._config import CoordinatorConfig
 
 __all__ = ["INCREMENTS", "Control", "Job", "Merger"]
 
@@ -82,43 +85,75 @@ def retrieve(fut: asyncio.Future[Any]) -> None:
 class Merger:
     """Runs the merge loop (:meth:`run`) for a coordinator; see the module docstring."""
 
-    def __init__(self, *, owner: ModelOwner, ledger: Ledger, journal: Journal, slot: SnapshotSlot,
-                 metrics: Metrics, config: CoordinatorConfig, settled: Callable[[], None],
+    def __init__(self, *, owner: ModelOwner, ledger: Ledger, journal: Journal, metrics: Metrics,
+                 snapshot_every: int, max_staleness: int, settled: Callable[[], None],
                  health: StorageHealth,
                  recycle: Callable[[dict[str, torch.Tensor]], object] | None = None) -> None:
         self._owner = owner
         self._health = health
         self._ledger = ledger
         self._journal = journal
-        self._slot = slot
+        self._slot = SnapshotSlot(journal, owner)
         self._metrics = metrics
-        self._config = config
+        self._snapshot_every = snapshot_every
+        self._max_staleness = max_staleness
         self._settled = settled       # called after anything that may have finished the run
         self._recycle = recycle       # takes a handled result's tensors back for reuse
-        self.jobs: asyncio.Queue[Job | Control] = asyncio.Queue()
-        self.busy = False
-        self.since_snapshot = 0
-        self.capture_queued = False
+        self._jobs: asyncio.Queue[Job | Control] = asyncio.Queue()
+        self._busy = False
+        self._since_snapshot = 0      # results applied since the last capture
+        self._capture_queued = False
+
+    # -- the merge-loop interface ----------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        """Queue a validated result; its receipt (or error) resolves ``job.future``."""
+        self._jobs.put_nowait(job)
+
+    def request_capture(self) -> None:
+        """Ask for a snapshot capture between two jobs, if anything was applied since the last one
+        (at most one request is queued at a time)."""
+        if self._since_snapshot and not self._capture_queued:
+            self._capture_queued = True
+            self._jobs.put_nowait(Control.CAPTURE)
+
+    def stop(self) -> None:
+        """End :meth:`run` once what is queued before this call is handled."""
+        self._jobs.put_nowait(Control.STOP)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing being merged."""
+        return self._jobs.empty() and not self._busy
+
+    @property
+    def queued(self) -> int:
+        """Jobs (and requests) waiting in the queue."""
+        return self._jobs.qsize()
+
+    @property
+    def snapshots(self) -> SnapshotSlot:
+        """Where captures wait for the snapshot writer (which takes them; only the merger captures)."""
+        return self._slot
 
     def fail_queued(self, exc: Exception) -> None:
-        while not self.jobs.empty():
-            job = self.jobs.get_nowait()
+        while not self._jobs.empty():
+            job = self._jobs.get_nowait()
             if isinstance(job, Job) and not job.future.done():
                 job.future.set_exception(exc)
 
     async def run(self) -> None:
         """The one writer of the model, the policy state and unit completion."""
         while True:
-            job = await self.jobs.get()
+            job = await self._jobs.get()
             if job is Control.STOP:
                 return
             if job is Control.CAPTURE:
-                self.capture_queued = False
-                if self.since_snapshot:
+                self._capture_queued = False
+                if self._since_snapshot:
                     await self.capture()
                 continue
             assert isinstance(job, Job)
-            self.busy = True
+            self._busy = True
             try:
                 job.future.set_result(await self._process(job))
             except LedgerError as exc:
@@ -134,11 +169,11 @@ class Merger:
                                                          "merge; send the result again"))
                 raise
             finally:
-                self.busy = False
+                self._busy = False
                 self._done_with(job)
             self.retain()
             self._settled()
-            if self.since_snapshot >= self._config.snapshot_every and self._journal.durable:
+            if self._since_snapshot >= self._snapshot_every and self._journal.durable:
                 await self.capture()
 
     def _storage_failed(self, exc: StorageError) -> StorageError:
@@ -157,7 +192,9 @@ class Merger:
             self._recycle(tensors)
 
     async def capture(self) -> None:
-        self.since_snapshot = 0
+        """Capture a consistent state now: from the loop between two jobs, or while it is not
+        running (start-up, close)."""
+        self._since_snapshot = 0
         await self._slot.capture(self._ledger.snapshot())
 
     async def _process(self, job: Job) -> Receipt:
@@ -166,10 +203,10 @@ class Merger:
             return self.duplicate(check.receipt)
         self._health.check()       # queued before the outage began: do not try every write again
         meta, current = job.meta, self._owner.version
-        if current - meta.base_version > self._config.max_staleness:
+        if current - meta.base_version > self._max_staleness:
             return await self._reject(job, "too_stale", f"based on version {meta.base_version}, "
                                       f"{current - meta.base_version} behind the model (max "
-                                      f"{self._config.max_staleness})")
+                                      f"{self._max_staleness})")
         # Counters travel as increments (the policy contract): full weights carry values, so
         # subtract the base version's before the result is journaled, and replay needs no base.
         if meta.kind == "weights" and not self._owner.counters.to_increments(job.tensors,
@@ -207,7 +244,7 @@ class Merger:
         return self.record_reject(job.lease_id, job.worker_id, job.unit.unit_id, reason)
 
     def record_reject(self, lease_id: str, worker_id: str, unit_id: str, reason: str) -> Receipt:
-        self.since_snapshot += 1
+        self._since_snapshot += 1
         self._journal.note_applied()
         self._metrics.reject(reason, worker_id)
         self._metrics.results["rejected"] += 1
@@ -234,7 +271,7 @@ class Merger:
         self._metrics.staleness.observe(update.staleness)
         self._metrics.merges += 1
         self._metrics.results["accepted"] += 1
-        self.since_snapshot += 1
+        self._since_snapshot += 1
         self._journal.note_applied()
         return self._ledger.record(meta.lease_id, unit_id=unit_id, worker_id=worker_id,
                                    status="accepted", version=self._owner.version,
@@ -242,7 +279,7 @@ class Merger:
                                    base_version=meta.base_version)
 
     def retain(self) -> None:
-        self._owner.retain(self._config.max_staleness, self._ledger.active_base_versions)
+        self._owner.retain(self._max_staleness, self._ledger.active_base_versions)
 
     async def replay(self, meta: Mapping[str, Any], tensors: dict[str, torch.Tensor]) -> None:
         """Apply one journal entry again, exactly as it was applied live."""

@@ -17,10 +17,9 @@ from .._aio import to_thread_released
 from ..errors import ValidationError, WireError
 from ..ledger._units import WorkUnit
 from ..tensors import ModelSpec, UpdateKind
-from ..wire import decode_payload
+from ..wire import Limits, decode_payload
 
 if TYPE_CHECKING:
-    from ._config import CoordinatorConfig
     from ._versions import Version
 
 __all__ = ["ResultMeta", "check_tensors", "parse_result_meta", "read_result", "reject_reason",
@@ -139,7 +138,8 @@ def reject_reason(exc: BaseException) -> str:
 
 
 async def read_result(body: AsyncIterable[bytes], *, lease_id: str, unit: WorkUnit, spec: ModelSpec,
-                      config: CoordinatorConfig, current_version: int,
+                      limits: Limits, require_finite: bool, max_norm: float | None,
+                      current_version: int,
                       hold: Callable[[int], Version | None],
                       release: Callable[[Version], None],
                       out: dict[str, torch.Tensor] | None = None,
@@ -150,18 +150,17 @@ async def read_result(body: AsyncIterable[bytes], *, lease_id: str, unit: WorkUn
     (recycled ones: no fresh pages to fault in). A full-weights result's norm is measured against
     its base version when it is still held (``hold``), else against the current model.
     """
-    payload = await decode_payload(body, limits=config.limits, spec=spec, expected_kind="result",
+    payload = await decode_payload(body, limits=limits, spec=spec, expected_kind="result",
                                    out=out)
     del out     # the result's tensors must end up referenced from one mapping only (recycling)
     meta = parse_result_meta(payload.meta, lease_id=lease_id, unit=unit,
                              current_version=current_version)
     ref = None
-    if config.max_update_norm is not None and meta.kind == "weights":
+    if max_norm is not None and meta.kind == "weights":
         ref = hold(meta.base_version) or hold(current_version)
     try:
         await to_thread_released(check_tensors, payload.tensors, spec,
-                                require_finite=config.require_finite,
-                                max_norm=config.max_update_norm,
+                                require_finite=require_finite, max_norm=max_norm,
                                 reference=None if ref is None else ref.model.tensors)
     finally:
         if ref is not None:

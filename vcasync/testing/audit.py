@@ -91,7 +91,7 @@ async def audit(storage: Storage, *, model: ModelState, units: Sequence[WorkUnit
     rep = AuditReport(version_start=model.version)
     async with Coordinator(model, units, policy=policy, storage=storage, config=config) as coord:
         final = coord.model()
-    journal = Journal(storage, config=config, spec=model.spec)
+    journal = Journal(storage, config=config.journal_config(), spec=model.spec)
     await journal.open()
     rec = await journal.load_snapshot()
     if rec is None:
