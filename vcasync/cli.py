@@ -8,7 +8,6 @@ another package adds one). Heavy imports happen inside ``run`` so ``vcasync --he
 from __future__ import annotations
 
 import argparse
-import enum
 import importlib
 import logging
 import os
@@ -20,21 +19,11 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from .errors import ConfigError, VCAsyncError
+from .exit_codes import ExitCode
 
 __all__ = ["Command", "ExitCode", "available_commands", "main", "read_secret"]
 
 log = logging.getLogger("vcasync.cli")
-
-
-class ExitCode(enum.IntEnum):
-    """What a ``vcasync`` command's exit status means (documented in docs/leases.md)."""
-
-    OK = 0            #: the run finished and every work unit was merged
-    ERROR = 1         #: an unexpected error ended the command
-    CONFIG = 2        #: the configuration (flags, run.toml, environment) is wrong; nothing was changed
-    PARKED = 3        #: the run ended with work units parked (given up after failing); nothing lost
-    STORAGE = 4       #: storage failed in a way that made progress impossible
-    INTERRUPTED = 130  #: stopped by a signal (SIGTERM, SIGINT) before the run finished
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,7 +85,7 @@ def _config(a: argparse.Namespace) -> Any:
 def run(a: argparse.Namespace) -> int:
     import torch
 
-    from .cnn import load_dataset
+    from ..examples.cnn import load_dataset
     from .ddp import DdpConfig, run_ddp
     from .report import build_report, write_report
     from .run import run_demo

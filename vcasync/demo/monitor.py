@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import VCAsyncError
+from ..examples.cnn import Dataset, SmallCNN, evaluate
 from ..wire import decode_payload_bytes
 from ..worker._client import CoordinatorClient
-from .cnn import Dataset, SmallCNN, evaluate
 from .procs import Slot
 
 __all__ = ["AccuracyPoint", "Monitor", "status_figure"]

@@ -291,8 +291,8 @@ async def _as_async(cm: contextlib.AbstractContextManager[Any]) -> AsyncIterator
 
 async def run_demo(cfg: DemoConfig) -> DemoRun:
     """Run the whole demo; returns what the report needs (the report is written by the caller)."""
+    from ..examples.cnn import load_dataset
     from ..worker._client import CoordinatorClient
-    from .cnn import load_dataset
     from .monitor import Monitor
 
     data = load_dataset(cfg.dataset)

@@ -136,7 +136,7 @@ def build_config(args: argparse.Namespace) -> SimConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import ExitCode
+    from ..exit_codes import ExitCode
 
     try:
         if args.list_prices:
