@@ -32,7 +32,6 @@ from urllib.parse import quote
 import aiohttp
 from gcloud.aio.storage import Storage as GcloudStorage
 
-from vcasync._aio import buffer_blocks
 from vcasync.errors import (
     AccessDeniedError,
     BucketNotFoundError,
@@ -50,6 +49,7 @@ from vcasync.storage import (
     MAX_KEY_BYTES,
     BytesLike,
     ObjectInfo,
+    buffer_blocks,
     validate_key,
     validate_prefix,
 )

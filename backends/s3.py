@@ -45,7 +45,6 @@ from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
 )
 
-from vcasync._aio import first_error
 from vcasync.errors import (
     AccessDeniedError,
     BucketNotFoundError,
@@ -63,6 +62,7 @@ from vcasync.storage import (
     MAX_KEY_BYTES,
     BytesLike,
     ObjectInfo,
+    first_error,
     validate_key,
     validate_prefix,
 )

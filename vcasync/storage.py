@@ -26,6 +26,12 @@ Durability rests on the if-absent law, and not every store keeps it (the stock G
 coordinator writes anything, :func:`probe_storage` runs the backend's own open-time checks (a
 :class:`Preflight` backend: bucket exists, credentials found) and then *tries* the law on a scratch
 key, so the coordinator can refuse a store that would let a restart overwrite its run.
+
+What a third-party backend needs is here and public: the contract (:class:`Storage`,
+:class:`ObjectInfo`, :data:`BytesLike`), the key rules (:func:`validate_key`,
+:func:`validate_prefix`), :data:`DEFAULT_CHUNK_SIZE`, and two asyncio helpers the built-in backends
+use, :func:`buffer_blocks` (a zero-copy streaming body) and :func:`first_error` (the failure inside a
+TaskGroup's exception group).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Self, TypeAlias, runtime_checkable
 from urllib.parse import urlsplit
 
+from ._aio import buffer_blocks, first_error
 from ._registry import Registry
 from .errors import (
     AccessDeniedError,
@@ -50,6 +57,7 @@ from .errors import (
 )
 
 __all__ = [
+    "DEFAULT_CHUNK_SIZE",
     "MAX_KEY_BYTES",
     "BytesLike",
     "ObjectInfo",
@@ -59,6 +67,8 @@ __all__ = [
     "StorageBackend",
     "available_backends",
     "backend_registry",
+    "buffer_blocks",
+    "first_error",
     "open_storage",
     "probe_storage",
     "register_backend",
@@ -70,6 +80,7 @@ MAX_KEY_BYTES = 1024
 """The longest key, in UTF-8 bytes, that every backend accepts (S3's and GCS's limit)."""
 
 DEFAULT_CHUNK_SIZE = 1 << 20
+"""How many bytes ``open_read`` yields at a time unless the caller asks otherwise."""
 
 BytesLike: TypeAlias = bytes | bytearray | memoryview
 """What ``put`` and ``put_stream`` accept; stored bytes are always a private copy."""
