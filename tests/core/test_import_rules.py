@@ -1,6 +1,6 @@
 """The import rules of docs/architecture.md, checked on the source (static: parsed with ``ast``).
 
-The page's two tables are the rules, so the page cannot drift from the code: the room table says
+The page's tables are the rules, so the page cannot drift from the code: the room table says
 which modules each room holds and which rooms it may import; the second table names third-party
 packages a room never imports, directly or through a room it imports. On top of them:
 
@@ -8,7 +8,8 @@ packages a room never imports, directly or through a room it imports. On top of 
   room, and every room of the table exists;
 * the rooms marked *public API only* import nothing private of another room: no ``vcasync._x`` or
   ``vcasync.pkg._x`` module, no name outside the module's ``__all__``;
-* there is no cycle between rooms.
+* there is no cycle between rooms;
+* the "Inside the big rooms" table names every module of those rooms, and no other.
 
 Imports under ``if TYPE_CHECKING:`` never run, so they are left out of the arrows (not of the
 public-API rule: a type is API too).
@@ -263,6 +264,24 @@ def check(rules: Rules, sources: Mapping[str, Path]) -> list[str]:
     return problems
 
 
+def check_inside(text: str, rules: Rules, sources: Mapping[str, Path]) -> list[str]:
+    """The page's "Inside the big rooms" table names each module of those rooms, and only those."""
+    modules = find_modules(sources)
+    rooms = {r.name: r for r in rules.rooms}
+    named: dict[str, set[str]] = {}
+    room = ""
+    for cells in _table(text, "## Inside the big rooms"):
+        room = (_names(cells[0]) or [room])[0]
+        named.setdefault(room, set()).update(_names(cells[1]))
+    problems = []
+    for name, listed in named.items():
+        package = rooms[name].modules[0]
+        inside = {m[len(package) + 1:] for m in modules if m.startswith(package + ".")}
+        problems += [f"{name}: {m} is not listed inside the room" for m in sorted(inside - listed)]
+        problems += [f"{name}: {m} is listed but does not exist" for m in sorted(listed - inside)]
+    return problems
+
+
 # -- the tests -----------------------------------------------------------------------------------
 
 def test_the_source_keeps_the_import_rules_of_the_architecture_page() -> None:
@@ -270,6 +289,11 @@ def test_the_source_keeps_the_import_rules_of_the_architecture_page() -> None:
     assert len(rules.rooms) > 10
     assert rules.never
     assert check(rules, SOURCES) == []
+
+
+def test_the_page_lists_every_module_of_the_big_rooms() -> None:
+    text = PAGE.read_text()
+    assert check_inside(text, parse_rules(text), SOURCES) == []
 
 
 def test_the_page_names_the_rules_the_issue_asks_for() -> None:
@@ -355,3 +379,10 @@ def test_a_cycle_between_rooms_is_named_and_type_checking_imports_are_not_arrows
 def test_a_stale_row_is_named(tmp_path: Path) -> None:
     page = PAGE_OF_A_SMALL_TREE.replace("| `aio` | `pkg._aio` |", "| `aio` | `pkg._aio`, `pkg.gone` |")
     assert "room aio: pkg.gone does not exist" in check(parse_rules(page), _tree(tmp_path, {}))
+
+
+def test_a_module_missing_from_the_inside_table_is_named(tmp_path: Path) -> None:
+    page = PAGE_OF_A_SMALL_TREE + "\n## Inside the big rooms\n\n| room | module | what |\n|---|---|---|\n" \
+        "| `core` | `_gone` | a module that was removed |\n"
+    assert check_inside(page, parse_rules(page), _tree(tmp_path, {})) == [
+        "core: _hidden is not listed inside the room", "core: _gone is listed but does not exist"]
