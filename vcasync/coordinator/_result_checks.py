@@ -1,7 +1,10 @@
 """Checks on one submitted result, before anything is merged: its metadata and its tensors.
 
-Pure functions. Each failure is a :class:`ValidationError` whose ``reason`` is short and stable (the
-coordinator counts rejects by it and the server reports it), and whose message names the field.
+The checks themselves (:func:`parse_result_meta`, :func:`check_tensors`) are pure functions;
+:func:`read_result` is the async step that decodes an upload and runs them in a worker thread,
+borrowing a held model version (``hold``/``release``) to measure a full-weights result's norm. Each
+failure is a :class:`ValidationError` whose ``reason`` is short and stable (the coordinator counts
+rejects by it and the server reports it), and whose message names the field.
 """
 
 from __future__ import annotations
