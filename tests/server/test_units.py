@@ -11,7 +11,6 @@ from vcasync import errors as E
 from vcasync._errmap import HTTP_ERRORS, error_fields, error_from_body, spec_for
 from vcasync.auth import StorageTokenStore, TokenAuthority
 from vcasync.errors import AuthError, ConfigError
-from vcasync.metrics_http import Family, HttpMetrics, Sample, render
 from vcasync.runconfig import UnitsConfig, load_run_config
 from vcasync.storage import open_storage
 
@@ -112,24 +111,6 @@ def test_error_fields_and_refinements() -> None:
     unknown = error_from_body(418, {"error": "teapot", "message": "short and stout"})
     assert type(unknown) is E.VCAsyncError
     assert "teapot" in str(unknown)
-
-
-# -- Prometheus text ----------------------------------------------------------------------------------
-
-
-def test_prometheus_rendering() -> None:
-    text = render([Family("x_total", "counter", "help me", [Sample((("a", 'q"\n\\'),), 3.0)]),
-                   Family("y", "gauge", "g", [Sample((), 0.25)])])
-    assert text == ('# HELP x_total help me\n# TYPE x_total counter\nx_total{a="q\\"\\n\\\\"} 3\n'
-                    "# HELP y g\n# TYPE y gauge\ny 0.25\n")
-    m = HttpMetrics()
-    m.observe("lease", "POST", 201, 0.003, 10, 200)
-    m.observe("lease", "POST", 201, 20.0, 10, 200)
-    out = render(m.families())
-    assert 'vcasync_http_requests_total{route="lease",method="POST",status="201"} 2' in out
-    assert 'vcasync_http_request_seconds_bucket{route="lease",le="0.005"} 1' in out
-    assert 'vcasync_http_request_seconds_bucket{route="lease",le="+Inf"} 2' in out
-    assert 'vcasync_http_request_seconds_count{route="lease"} 2' in out
 
 
 # -- run config ---------------------------------------------------------------------------------------
