@@ -56,7 +56,7 @@ from .wire import (
 
 if TYPE_CHECKING:
     from .auth import TokenAuthority
-    from .client import Backoff, CoordinatorClient
+    from .client import CoordinatorClient
     from .server import Server, ServerConfig
     from .trainer import TrainContext, TrainResult
     from .worker import Worker, WorkerConfig, WorkerReport
@@ -66,7 +66,6 @@ __version__ = "0.1.0"
 #: name -> module for the parts that import aiohttp; loaded on first attribute access.
 _LAZY = {
     "TokenAuthority": "auth",
-    "Backoff": "client",
     "CoordinatorClient": "client",
     "Server": "server",
     "ServerConfig": "server",
@@ -89,7 +88,6 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AuthError",
-    "Backoff",
     "CheckpointStore",
     "CodecSpec",
     "ConfigError",

@@ -17,15 +17,15 @@ import torch
 from vcasync._routes import HTTP_METRICS
 from vcasync._units import make_units
 from vcasync.auth import TokenAuthority
-from vcasync.client import Backoff
 from vcasync.errors import ConfigError, TrainerError
+from vcasync.retry import RetryPolicy
 from vcasync.server import Server, ServerConfig
 from vcasync.trainer import TrainContext, TrainResult
 from vcasync.worker import Worker, WorkerConfig
 
 from .conftest import SECRET, running, tiny_model
 
-FAST = Backoff(base_s=0.02, cap_s=0.2)
+FAST = RetryPolicy(base_delay_s=0.02, max_delay_s=0.2)
 StepHook = Callable[[TrainContext, int], None]
 
 
