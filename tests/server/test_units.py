@@ -144,7 +144,7 @@ def test_units_count() -> None:
 @pytest.mark.parametrize(("text", "match"), [
     ('[model]\nfactory = "m:f"\n[unitz]\nshards = 1\n', "unknown section.*unitz"),
     ('[model]\nfactory = "m:f"\n[units]\nshard = 1\n', r"unknown key\(s\) in \[units\]: shard"),
-    ('[model]\nfactory = "m:f"\n[units]\nshards = "two"\n', "units.shards must be an integer"),
+    ('[model]\nfactory = "m:f"\n[units]\nshards = "two"\n', "units.shards must be int, got .two."),
     ('[model]\nfactory = "m:f"\n[server]\nport = 99999\n', "port 99999 is out of range"),
     ('[model]\nfactory = "m:f"\n[server]\ntls_cert = "c.pem"\n', "needs both"),
     ('[units]\nshards = 1\n', "no model factory"),
