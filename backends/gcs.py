@@ -229,9 +229,7 @@ class GCSStorage(ObjectStore):
             metadata=meta, force_resumable_upload=False, timeout=int(self.options.timeout_s)))
 
     async def _writer(self, key: str) -> str | None:
-        meta = await self._call("stat", key, lambda g: g.download_metadata(
-            self.bucket, self._full(key), timeout=int(self.options.timeout_s)))
-        value = (meta.get("metadata") or {}).get(WRITER_META)
+        value = ((await self._metadata(key)).get("metadata") or {}).get(WRITER_META)
         return str(value) if value is not None else None
 
     async def _put_many(self, key: str, name: str, blocks: AsyncIterator[Block], if_absent: bool) -> None:
