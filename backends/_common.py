@@ -14,6 +14,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from typing import Any, Self, TypeVar
 from urllib.parse import SplitResult, parse_qs, urlsplit
 
+from vcasync.coerce import coerce
 from vcasync.errors import ClosedError, ConfigError
 from vcasync.retry import RetryPolicy
 
@@ -129,28 +130,6 @@ def _query(url: str, query: str) -> dict[str, str]:
     return out
 
 
-def _coerce(name: str, hint: Any, raw: str) -> Any:
-    args = set(typing.get_args(hint)) or {hint}
-    if raw == "" and type(None) in args:
-        return None
-    if bool in args:
-        low = raw.lower()
-        if low in ("1", "true", "yes", "on"):
-            return True
-        if low in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(f"option {name}={raw!r} is not a boolean")
-    for typ in (int, float):
-        if typ in args:
-            try:
-                return typ(raw)
-            except ValueError:
-                raise ConfigError(f"option {name}={raw!r} is not {typ.__name__}") from None
-    if str in args:
-        return raw
-    raise ConfigError(f"option {name!r} cannot be set in a URL; pass it as a keyword argument")
-
-
 def parse_options(cls: type[OptionsT], url: str, query: str, kwargs: Mapping[str, Any]) -> OptionsT:
     """Build the frozen options dataclass ``cls`` from the URL query and keyword arguments.
 
@@ -172,7 +151,7 @@ def parse_options(cls: type[OptionsT], url: str, query: str, kwargs: Mapping[str
         if fields[name].metadata.get("secret"):
             raise ConfigError(f"option {name!r} is a secret: pass it as a keyword argument or "
                               "through the standard credential chain, never in the URL")
-        values[name] = _coerce(name, hints[name], raw)
+        values[name] = coerce(raw, hints[name], f"option {name!r}", text=True)
     try:
         return cls(**values)
     except TypeError as exc:

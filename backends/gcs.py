@@ -23,7 +23,7 @@ import asyncio
 import logging
 import os
 import random
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from operator import methodcaller
 from typing import Any, TypeVar
@@ -33,21 +33,16 @@ import aiohttp
 from gcloud.aio.storage import Storage as GcloudStorage
 
 from vcasync.errors import (
-    AccessDeniedError,
-    BucketNotFoundError,
     ConfigError,
     InvalidKeyError,
     ObjectNotFoundError,
-    PreconditionFailedError,
     StorageError,
     TransientStorageError,
     VCAsyncError,
 )
-from vcasync.retry import Retrier, RetryPolicy
+from vcasync.retry import RetryPolicy
 from vcasync.storage import (
     DEFAULT_CHUNK_SIZE,
-    MAX_KEY_BYTES,
-    BytesLike,
     ObjectInfo,
     buffer_blocks,
     validate_key,
@@ -56,17 +51,15 @@ from vcasync.storage import (
 
 from ._common import (
     WRITER_META,
-    StorageBase,
     check_chunk_size,
-    check_data,
     check_positive,
     check_retry,
     parse_options,
-    rechunk,
     split_url,
     writer_token,
 )
 from ._gcp_credentials import find_credentials
+from ._objectstore import Block, ObjectStore, status_error
 
 __all__ = ["GCSOptions", "GCSStorage"]
 
@@ -105,27 +98,23 @@ class GCSOptions:
         check_retry("GCSOptions", self.retry)
 
 
-class GCSStorage(StorageBase):
+class GCSStorage(ObjectStore):
     """Objects under ``gs://bucket/prefix``; see the module docstring. Connects lazily."""
+
+    scheme = "gs"
+    store = "GCS"
+    _log = log
 
     def __init__(self, bucket: str, prefix: str = "", options: GCSOptions | None = None, *,
                  sleep: Callable[[float], Awaitable[object]] | None = None,
                  rng: random.Random | None = None) -> None:
-        if not bucket or "/" in bucket:
-            raise ConfigError(f"a GCS bucket name is required, got {bucket!r}")
-        prefix = prefix.strip("/")
-        if prefix:
-            validate_key(prefix)
-        self.bucket = bucket
-        self.prefix = prefix
         self.options = options if options is not None else GCSOptions()
         host = self.options.emulator_host
         if host and "://" not in host:
             host = f"http://{host}"
         self._emulator = host
-        super().__init__(f"gs://{bucket}/{prefix}" + (f"?emulator_host={host}" if host else ""))
-        self._root = f"{prefix}/" if prefix else ""
-        self._retrier = Retrier(self.options.retry, sleep=sleep, rng=rng)
+        super().__init__(bucket, prefix, f"?emulator_host={host}" if host else "", self.options.retry,
+                         sleep=sleep, rng=rng)
         self._session: aiohttp.ClientSession | None = None
         self._gcs: GcloudStorage | None = None
         self._connecting = asyncio.Lock()
@@ -172,39 +161,18 @@ class GCSStorage(StorageBase):
             return {}
         return {"Authorization": f"Bearer {await gcs.token.get()}"}
 
-    def _full(self, key: str) -> str:
-        self._check_open()
-        validate_key(key)
-        full = self._root + key
-        if len(full.encode("utf-8")) > MAX_KEY_BYTES:
-            raise InvalidKeyError(f"{self.url}: {key!r} is too long with the prefix", key=key)
-        return full
-
     def _translate(self, exc: Exception, what: str, key: str | None) -> Exception:
         if isinstance(exc, VCAsyncError):
             return exc
-        where = f"{self.url}: {what}" + (f" {key!r}" if key is not None else "")
+        where = self._where(what, key)
         status = exc.status if isinstance(exc, aiohttp.ClientResponseError | HTTPStatusError) else None
         if status is not None:
-            text = f"{where}: {exc}"
-            if status == 404:
-                if "bucket does not exist" in str(exc).lower():
-                    return self._no_bucket(where, key)
-                return ObjectNotFoundError(text, key=key)
-            if status in (401, 403):
-                return AccessDeniedError(text, key=key)
-            if status == 412:
-                return PreconditionFailedError(text, key=key)
-            if status in (408, 429) or status >= 500:
-                return TransientStorageError(text, key=key)
-            return StorageError(text, key=key)
+            if status == 404 and "bucket does not exist" in str(exc).lower():
+                return self._no_bucket(where, key)
+            return status_error(status, f"{where}: {exc}", key)
         if isinstance(exc, aiohttp.ClientError | TimeoutError | OSError):
             return TransientStorageError(f"{where}: {type(exc).__name__}: {exc}", key=key)
         return exc
-
-    def _no_bucket(self, where: str, key: str | None) -> BucketNotFoundError:
-        return BucketNotFoundError(f"{where}: the bucket {self.bucket!r} does not exist (create it, "
-                                   "or fix the storage URL)", bucket=self.bucket, key=key)
 
     def _uses_emulator(self) -> bool:
         return bool(self._emulator or os.environ.get("STORAGE_EMULATOR_HOST"))
@@ -216,27 +184,14 @@ class GCSStorage(StorageBase):
         if not self._uses_emulator():
             found = await find_credentials(self.url, self.options.service_file)
             log.info("%s: using credentials from %s", self.url, found)
+        await super().preflight()
 
+    async def _check_bucket(self) -> None:
         async def bucket(gcs: GcloudStorage) -> None:
             await self._request("GET", f"{self._api(gcs)}/storage/v1/b/{quote(self.bucket, safe='')}",
                                 ok=(200,))
 
-        try:
-            await self._call("check bucket", None, bucket)
-        except ObjectNotFoundError:
-            raise self._no_bucket(f"{self.url}: check bucket", None) from None
-
-    async def _call(self, what: str, key: str | None, fn: Callable[[GcloudStorage], Awaitable[T]], *,
-                    on_retry: Callable[[BaseException], None] | None = None) -> T:
-        async def attempt() -> T:
-            gcs = await self._connect()
-            try:
-                return await fn(gcs)
-            except Exception as exc:
-                raise self._translate(exc, what, key) from exc
-
-        return await self._retrier.call(attempt, describe=f"{self.url} {what} {key!r}",
-                                        on_retry=on_retry)
+        await self._call("check bucket", None, bucket)
 
     async def _request(self, method: str, url: str, *, ok: tuple[int, ...], **kwargs: Any
                        ) -> tuple[int, dict[str, str], bytes]:
@@ -254,69 +209,33 @@ class GCSStorage(StorageBase):
 
     # --- writes -------------------------------------------------------------------------------
 
-    async def put(self, key: str, data: BytesLike, *, if_absent: bool = False) -> None:
-        name = self._full(key)
-        view = check_data(data)
-        if len(view) <= self.options.simple_upload_max:
-            await self._simple(key, name, view.tobytes() if not isinstance(data, bytes) else data,
-                               if_absent)
-            return
-        token = writer_token() if if_absent else None
-        await self._resumable(key, name, _single(view), if_absent, token)
+    @property
+    def _one_request_max(self) -> int:
+        return self.options.simple_upload_max
 
-    async def put_stream(self, key: str, chunks: AsyncIterable[BytesLike], *,
-                         if_absent: bool = False) -> None:
-        name = self._full(key)
-        blocks = rechunk(chunks, self.options.chunk_size)
-        first = await anext(blocks, b"")
-        second = await anext(blocks, None)
-        if second is None and len(first) <= self.options.simple_upload_max:
-            await self._simple(key, name, first, if_absent)
-            return
+    @property
+    def _block_size(self) -> int:
+        return self.options.chunk_size
 
-        async def all_blocks() -> AsyncIterator[bytes]:
-            yield first
-            if second is not None:
-                yield second
-                async for block in blocks:
-                    yield block
+    async def _split(self, view: memoryview) -> AsyncIterator[Block]:
+        yield view          # one block: _send streams it in 1 MiB pieces
 
-        token = writer_token() if if_absent else None
-        await self._resumable(key, name, all_blocks(), if_absent, token)
-
-    async def _simple(self, key: str, name: str, body: bytes, if_absent: bool) -> None:
+    async def _put_one(self, key: str, name: str, body: bytes, if_absent: bool) -> None:
         token = writer_token() if if_absent else None
         params = {"ifGenerationMatch": "0"} if if_absent else None
         meta = {"metadata": {WRITER_META: token}} if token else None
-        await self._create(key, token, lambda g: g.upload(
+        await self._create(key, "put", token, lambda g: g.upload(
             self.bucket, name, body, content_type="application/octet-stream", parameters=params,
             metadata=meta, force_resumable_upload=False, timeout=int(self.options.timeout_s)))
 
-    async def _create(self, key: str, token: str | None,
-                      fn: Callable[[GcloudStorage], Awaitable[T]]) -> T | None:
-        """A creating call; a conditional one that was retried and then lost the race checks
-        whether the object is in fact its own (the first attempt's answer may have been lost)."""
-        retried = False
-
-        def seen(_exc: BaseException) -> None:
-            nonlocal retried
-            retried = True
-
-        try:
-            return await self._call("put", key, fn, on_retry=seen)
-        except PreconditionFailedError:
-            if token is None or not retried or await self._writer(key) != token:
-                raise
-            return None
-
     async def _writer(self, key: str) -> str | None:
-        meta = await self._call("stat", key, lambda g: g.download_metadata(
-            self.bucket, self._full(key), timeout=int(self.options.timeout_s)))
-        value = (meta.get("metadata") or {}).get(WRITER_META)
+        value = ((await self._metadata(key)).get("metadata") or {}).get(WRITER_META)
         return str(value) if value is not None else None
 
-    async def _resumable(self, key: str, name: str, blocks: AsyncIterator[bytes | memoryview],
-                         if_absent: bool, token: str | None) -> None:
+    async def _put_many(self, key: str, name: str, blocks: AsyncIterator[Block], if_absent: bool) -> None:
+        """A resumable upload, each block retried on its own; cancelled unless it completes."""
+        token = writer_token() if if_absent else None
+
         async def start(gcs: GcloudStorage) -> str:
             params = {"uploadType": "resumable", "name": name}
             if if_absent:
@@ -349,7 +268,7 @@ class GCSStorage(StorageBase):
                     tries += 1
                     await self._send(key, session_url, memoryview(b), o, e, resume=tries > 1)
 
-                await self._create(key, token if last else None, send)
+                await self._create(key, "put", token if last else None, send)
                 offset += len(block)
                 block = following
             finished = True
@@ -422,13 +341,6 @@ class GCSStorage(StorageBase):
         meta = await self._metadata(key)
         return ObjectInfo(key=key, size=int(meta["size"]), etag=str(meta.get("generation")))
 
-    async def exists(self, key: str) -> bool:
-        try:
-            await self._metadata(key)
-        except ObjectNotFoundError:
-            return False
-        return True
-
     async def list(self, prefix: str = "") -> AsyncIterator[str]:
         self._check_open()
         validate_prefix(prefix)
@@ -482,17 +394,7 @@ class GCSStorage(StorageBase):
                 if offset < size:
                     raise aiohttp.ClientPayloadError(f"the stream ended at byte {offset} of {size}")
             except Exception as exc:
-                error = self._translate(exc, "read", key)
-                if error is exc:
-                    raise
-                if isinstance(error, ObjectNotFoundError) and offset:
-                    raise StorageError(f"{self.url}: {key!r} was replaced or deleted while it was "
-                                       "being read", key=key) from exc
-                resumes += 1
-                if not isinstance(error, TransientStorageError) or resumes >= self._retrier.policy.attempts:
-                    raise error from exc
-                log.info("%s: read of %r broke at byte %d (%s); resuming", self.url, key, offset, exc)
-                await self._retrier.backoff(resumes)
+                resumes = await self._resume_read(exc, key, offset, resumes)
 
 
 def _persisted(headers: dict[str, str]) -> int:
@@ -502,6 +404,3 @@ def _persisted(headers: dict[str, str]) -> int:
         return 0
     return int(value.rpartition("-")[2]) + 1
 
-
-async def _single(view: memoryview) -> AsyncIterator[memoryview]:
-    yield view

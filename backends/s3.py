@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from operator import methodcaller
 from typing import Any, TypeVar
@@ -50,17 +50,14 @@ from vcasync.errors import (
     BucketNotFoundError,
     ConfigError,
     InvalidKeyError,
-    ObjectNotFoundError,
     PreconditionFailedError,
     StorageError,
     TransientStorageError,
     VCAsyncError,
 )
-from vcasync.retry import Retrier, RetryPolicy
+from vcasync.retry import RetryPolicy
 from vcasync.storage import (
     DEFAULT_CHUNK_SIZE,
-    MAX_KEY_BYTES,
-    BytesLike,
     ObjectInfo,
     first_error,
     validate_key,
@@ -69,16 +66,14 @@ from vcasync.storage import (
 
 from ._common import (
     WRITER_META,
-    StorageBase,
     check_chunk_size,
-    check_data,
     check_positive,
     check_retry,
     parse_options,
-    rechunk,
     split_url,
     writer_token,
 )
+from ._objectstore import Block, ObjectStore, status_error
 
 __all__ = ["S3Options", "S3Storage"]
 
@@ -125,25 +120,20 @@ class S3Options:
         check_retry("S3Options", self.retry)
 
 
-class S3Storage(StorageBase):
+class S3Storage(ObjectStore):
     """Objects under ``s3://bucket/prefix``; see the module docstring. The client connects lazily
     on first use, inside the running event loop."""
+
+    scheme = "s3"
+    store = "S3"
+    _log = log
 
     def __init__(self, bucket: str, prefix: str = "", options: S3Options | None = None, *,
                  sleep: Callable[[float], Awaitable[object]] | None = None,
                  rng: random.Random | None = None) -> None:
-        if not bucket or "/" in bucket:
-            raise ConfigError(f"an S3 bucket name is required, got {bucket!r}")
-        prefix = prefix.strip("/")
-        if prefix:
-            validate_key(prefix)
-        self.bucket = bucket
-        self.prefix = prefix
         self.options = options if options is not None else S3Options()
         query = f"?endpoint_url={self.options.endpoint_url}" if self.options.endpoint_url else ""
-        super().__init__(f"s3://{bucket}/{prefix}{query}")
-        self._root = f"{prefix}/" if prefix else ""
-        self._retrier = Retrier(self.options.retry, sleep=sleep, rng=rng)
+        super().__init__(bucket, prefix, query, self.options.retry, sleep=sleep, rng=rng)
         self._client: Any = None
         self._client_cm: Any = None
         self._connecting = asyncio.Lock()
@@ -189,19 +179,10 @@ class S3Storage(StorageBase):
         if cm is not None:
             await cm.__aexit__(None, None, None)
 
-    def _full(self, key: str) -> str:
-        self._check_open()
-        validate_key(key)
-        full = self._root + key
-        if len(full.encode("utf-8")) > MAX_KEY_BYTES:
-            raise InvalidKeyError(f"{self.url}: {key!r} is too long with the prefix "
-                                  f"({MAX_KEY_BYTES} bytes at most)", key=key)
-        return full
-
     def _translate(self, exc: Exception, what: str, key: str | None) -> Exception:
         if isinstance(exc, VCAsyncError):
             return exc
-        where = f"{self.url}: {what}" + (f" {key!r}" if key is not None else "")
+        where = self._where(what, key)
         if isinstance(exc, ClientError):
             err = exc.response.get("Error", {})
             code = str(err.get("Code", ""))
@@ -209,15 +190,17 @@ class S3Storage(StorageBase):
             msg = f"{where}: {code or status} {err.get('Message', '')}".rstrip()
             if code == "NoSuchBucket":
                 return self._no_bucket(where, key)
-            if code in _NOT_FOUND or (status == 404 and code != "NoSuchUpload"):
-                return ObjectNotFoundError(msg, key=key)
-            if code in _DENIED or status in (401, 403):
-                return AccessDeniedError(msg, key=key)
-            if code == "PreconditionFailed" or status == 412:
-                return PreconditionFailedError(msg, key=key)
-            if code in _TRANSIENT or status in (408, 429) or status >= 500:
-                return TransientStorageError(msg, key=key)
-            return StorageError(msg, key=key)
+            if code in _NOT_FOUND:
+                status = 404
+            elif code in _DENIED:
+                status = 403
+            elif code == "PreconditionFailed":
+                status = 412
+            elif code in _TRANSIENT:
+                status = 503
+            elif code == "NoSuchUpload":      # a 404 that is not a missing object
+                status = 400
+            return status_error(status, msg, key)
         if isinstance(exc, NoCredentialsError | PartialCredentialsError | CredentialRetrievalError):
             return AccessDeniedError(f"{where}: no usable AWS credentials ({exc}); set them in the "
                                      "environment, a profile, or as options", key=key)
@@ -228,90 +211,43 @@ class S3Storage(StorageBase):
             return StorageError(f"{where}: {exc}", key=key)
         return exc
 
-    def _no_bucket(self, where: str, key: str | None) -> BucketNotFoundError:
-        at = f" at {self.options.endpoint_url}" if self.options.endpoint_url else ""
-        return BucketNotFoundError(f"{where}: the bucket {self.bucket!r} does not exist{at} (create "
-                                   "it, or fix the storage URL)", bucket=self.bucket, key=key)
+    def _no_bucket(self, where: str, key: str | None, at: str = "") -> BucketNotFoundError:
+        at = at or (f" at {self.options.endpoint_url}" if self.options.endpoint_url else "")
+        return super()._no_bucket(where, key, at)
 
-    async def preflight(self) -> None:
-        """The bucket exists (HeadBucket, whose 404 has no body to tell a bucket from a key)."""
-        try:
-            await self._call("check bucket", None, lambda c: c.head_bucket(Bucket=self.bucket))
-        except ObjectNotFoundError:
-            raise self._no_bucket(f"{self.url}: check bucket", None) from None
+    async def _check_bucket(self) -> None:
+        """HeadBucket, whose 404 has no body to tell a bucket from a key."""
+        await self._call("check bucket", None, lambda c: c.head_bucket(Bucket=self.bucket))
 
-    async def _call(self, what: str, key: str | None, fn: Callable[[Any], Awaitable[T]], *,
-                    on_retry: Callable[[BaseException], None] | None = None) -> T:
-        async def attempt() -> T:
-            client = await self._connect()
-            try:
-                return await fn(client)
-            except Exception as exc:
-                raise self._translate(exc, what, key) from exc
-
-        return await self._retrier.call(attempt, describe=f"{self.url} {what} {key!r}",
-                                        on_retry=on_retry)
-
-    async def _create(self, key: str, what: str, token: str | None,
-                      fn: Callable[[Any], Awaitable[T]]) -> T | None:
-        """Run a creating call. If it is conditional (``token``), was retried, and then lost the
-        race, look at who wrote the object: the first attempt may have been ours after all."""
-        retried = False
-
-        def seen(_exc: BaseException) -> None:
-            nonlocal retried
-            retried = True
-
-        try:
-            return await self._call(what, key, fn, on_retry=seen)
-        except PreconditionFailedError:
-            if token is None or not retried:
-                raise
-            head = await self._call("head", key, lambda c: c.head_object(
-                Bucket=self.bucket, Key=self._full(key)))
-            if head.get("Metadata", {}).get(WRITER_META) == token:
-                return None
-            raise
+    async def _writer(self, key: str) -> str | None:
+        head = await self._call("head", key, lambda c: c.head_object(
+            Bucket=self.bucket, Key=self._full(key)))
+        value = head.get("Metadata", {}).get(WRITER_META)
+        return str(value) if value is not None else None
 
     # --- writes -------------------------------------------------------------------------------
 
-    async def put(self, key: str, data: BytesLike, *, if_absent: bool = False) -> None:
-        full = self._full(key)
-        view = check_data(data)
-        if len(view) > self.options.multipart_threshold:
-            size = self.options.part_size
-            parts = (bytes(view[i:i + size]) for i in range(0, len(view), size))
-            await self._multipart(key, full, _aiter(parts), if_absent)
-            return
-        body = data if isinstance(data, bytes) else view.tobytes()
-        await self._put_object(key, full, body, if_absent)
+    @property
+    def _one_request_max(self) -> int:
+        return self.options.multipart_threshold
 
-    async def put_stream(self, key: str, chunks: AsyncIterable[BytesLike], *,
-                         if_absent: bool = False) -> None:
-        full = self._full(key)
-        parts = rechunk(chunks, self.options.part_size)
-        first = await anext(parts, b"")
-        second = await anext(parts, None)
-        if second is None:
-            await self._put_object(key, full, first, if_absent)
-            return
+    @property
+    def _block_size(self) -> int:
+        return self.options.part_size
 
-        async def all_parts() -> AsyncIterator[bytes]:
-            yield first
-            yield second
-            async for part in parts:
-                yield part
+    async def _split(self, view: memoryview) -> AsyncIterator[Block]:
+        size = self.options.part_size
+        for i in range(0, len(view), size):
+            yield bytes(view[i:i + size])
 
-        await self._multipart(key, full, all_parts(), if_absent)
-
-    async def _put_object(self, key: str, full: str, body: bytes, if_absent: bool) -> None:
+    async def _put_one(self, key: str, full: str, body: bytes, if_absent: bool) -> None:
         token = writer_token() if if_absent else None
         extra: dict[str, Any] = {"IfNoneMatch": "*", "Metadata": {WRITER_META: token}} if token else {}
         await self._create(key, "put", token, lambda c: c.put_object(
             Bucket=self.bucket, Key=full, Body=body, **extra))
 
-    async def _multipart(self, key: str, full: str, parts: AsyncIterator[bytes],
-                         if_absent: bool) -> None:
+    async def _put_many(self, key: str, full: str, parts: AsyncIterator[Block], if_absent: bool) -> None:
+        """A multipart upload, ``max_concurrency`` parts in flight; aborted unless it completes."""
         token = writer_token() if if_absent else None
         meta: dict[str, Any] = {"Metadata": {WRITER_META: token}} if token else {}
         created = await self._call("create multipart upload", key, lambda c: c.create_multipart_upload(
@@ -320,10 +256,11 @@ class S3Storage(StorageBase):
         etags: dict[int, str] = {}
         slots = asyncio.Semaphore(self.options.max_concurrency)
 
-        async def upload(number: int, body: bytes) -> None:
+        async def upload(number: int, body: Block) -> None:
             try:
                 done = await self._call(f"upload part {number}", key, lambda c: c.upload_part(
-                    Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=number, Body=body))
+                    Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=number,
+                    Body=body if isinstance(body, bytes) else bytes(body)))
                 etags[number] = done["ETag"]
             finally:
                 slots.release()
@@ -379,13 +316,6 @@ class S3Storage(StorageBase):
         head = await self._call("head", key, lambda c: c.head_object(Bucket=self.bucket, Key=full))
         return ObjectInfo(key=key, size=int(head["ContentLength"]), etag=head["ETag"].strip('"'))
 
-    async def exists(self, key: str) -> bool:
-        try:
-            await self.stat(key)
-        except ObjectNotFoundError:
-            return False
-        return True
-
     async def list(self, prefix: str = "") -> AsyncIterator[str]:
         self._check_open()
         validate_prefix(prefix)
@@ -426,17 +356,7 @@ class S3Storage(StorageBase):
                     try:
                         chunk = await body.read(chunk_size)
                     except Exception as exc:
-                        error = self._translate(exc, "read", key)
-                        if error is exc:
-                            raise
-                        if not isinstance(error, TransientStorageError):
-                            raise error from exc
-                        resumes += 1
-                        if resumes >= self._retrier.policy.attempts:
-                            raise error from exc
-                        log.info("%s: read of %r broke at byte %d (%s); resuming", self.url, key,
-                                 offset, exc)
-                        await self._retrier.backoff(resumes)
+                        resumes = await self._resume_read(exc, key, offset, resumes)
                         break
                     if not chunk:
                         return
@@ -445,7 +365,3 @@ class S3Storage(StorageBase):
             finally:
                 body.close()
 
-
-async def _aiter(items: Any) -> AsyncIterator[bytes]:
-    for item in items:
-        yield item

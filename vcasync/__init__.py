@@ -59,14 +59,13 @@ if TYPE_CHECKING:
     from .server._auth import TokenAuthority
     from .trainer import TrainContext, TrainResult
     from .worker import Worker, WorkerConfig, WorkerReport
-    from .worker._client import Backoff, CoordinatorClient
+    from .worker._client import CoordinatorClient
 
 __version__ = "0.1.0"
 
 #: name -> module for the parts that import aiohttp; loaded on first attribute access.
 _LAZY = {
     "TokenAuthority": "server._auth",
-    "Backoff": "worker._client",
     "CoordinatorClient": "worker._client",
     "Server": "server",
     "ServerConfig": "server",
@@ -89,7 +88,6 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AuthError",
-    "Backoff",
     "CheckpointStore",
     "CodecSpec",
     "ConfigError",

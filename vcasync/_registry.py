@@ -21,11 +21,13 @@ class Registry(Generic[T]):
 
     def __init__(self, group: str, *, validate: Callable[[str, object], T],
                  missing: Callable[[str, str, ImportError], Exception],
-                 unknown: Callable[[str, list[str]], Exception]) -> None:
+                 unknown: Callable[[str, list[str]], Exception],
+                 duplicate: Callable[[str], Exception] | None = None) -> None:
         self.group = group
         self._validate = validate
         self._missing = missing
         self._unknown = unknown
+        self._duplicate = duplicate
         self._loaded: dict[str, T] = {}
         self._paths: dict[str, str] | None = None
 
@@ -37,6 +39,8 @@ class Registry(Generic[T]):
     def register(self, name: str, obj: object, *, replace: bool = False) -> T:
         """Validate and register ``obj`` under ``name``; returns it (validated)."""
         if not replace and (name in self._loaded):
+            if self._duplicate is not None:
+                raise self._duplicate(name)
             raise self._unknown(f"{name!r} is already registered in {self.group}", [])
         checked = self._validate(name, obj)
         self._loaded[name] = checked
@@ -59,6 +63,10 @@ class Registry(Generic[T]):
         return iter(self.names())
 
     def get(self, name: str) -> T:
+        """The plugin called ``name``; the registry's ``unknown`` error for any other name (and for
+        a value that is not a string at all, such as a hostile payload's)."""
+        if not isinstance(name, str):
+            raise self._unknown(name, self.names())
         if name in self._loaded:
             return self._loaded[name]
         path = self._entry_points().get(name)

@@ -1,9 +1,12 @@
-"""The coordinator's counters, gauges and histograms, and their Prometheus text form.
+"""The coordinator's counters, gauges and histograms, exposed through ``prometheus-client``.
 
 Counters only go up within one process (Prometheus handles restarts); gauges that other objects
-already know (current version, workers alive, lease counts) are *pulled* from a callback at render
-time instead of being copied on every change. Everything here is plain numbers: ``as_dict()`` is
-JSON-able for ``status()``, ``render_prometheus()`` is the text exposition format 0.0.4.
+already know (current version, workers alive, lease counts) are *pulled* from a callback at collect
+time instead of being copied on every change. The numbers are plain attributes: ``as_dict()`` is
+JSON-able for ``status()``; :meth:`Metrics.collect` hands them to prometheus-client as metric
+families, and each :class:`Metrics` owns its own ``CollectorRegistry`` (two coordinators in one
+process never share series), so ``render_prometheus()`` is the library's one text exposition
+(format 0.0.4: ``NaN``, ``+Inf`` and ``-Inf`` spelled the standard way).
 """
 
 from __future__ import annotations
@@ -11,8 +14,12 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 __all__ = ["Histogram", "Metrics"]
 
@@ -20,6 +27,8 @@ STALENESS_BUCKETS: tuple[float, ...] = (0, 1, 2, 4, 8, 16, 32, 64)
 #: Distinct (worker, reason) pairs counted in ``worker_rejects``: bounds the metric's cardinality.
 MAX_WORKER_SERIES = 1000
 SECONDS_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60)
+#: A bucket bound as an ``le`` label, the way prometheus-client's own histograms spell it.
+_le: Callable[[float], str] = floatToGoString
 
 
 class Histogram:
@@ -48,15 +57,27 @@ class Histogram:
     def as_dict(self) -> dict[str, Any]:
         return {"count": self.count, "sum": self.sum, "buckets": dict(self.cumulative())}
 
+    def add_to(self, family: HistogramMetricFamily, labels: Sequence[str] = ()) -> None:
+        """Add this histogram's buckets, sum and count to ``family`` under ``labels``."""
+        buckets: list[tuple[str, float]] = []
+        running = 0
+        for bound, n in zip([*self.bounds, math.inf], self.counts, strict=True):
+            running += n
+            buckets.append((_le(bound), running))
+        family.add_metric(list(labels), buckets, self.sum)
+
+    def family(self, name: str, help_: str) -> HistogramMetricFamily:
+        """This (unlabelled) histogram as a prometheus-client metric family."""
+        family = HistogramMetricFamily(name, help_)
+        self.add_to(family)
+        return family
+
 
 def _num(value: float) -> str:
+    """A bucket bound as ``status()`` keys it (``"1"``, ``"0.5"``); unchanged JSON for clients."""
     if value == int(value) and abs(value) < 1e15:
         return str(int(value))
     return repr(float(value))
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 class Metrics:
@@ -78,6 +99,8 @@ class Metrics:
         self.snapshot_failures = 0
         self.staleness = Histogram(STALENESS_BUCKETS)
         self.merge_seconds = Histogram(SECONDS_BUCKETS)
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(self)
 
     def bind(self, gauges: Callable[[], Mapping[str, float]]) -> None:
         """Where the pulled gauges come from (the coordinator binds itself)."""
@@ -116,53 +139,55 @@ class Metrics:
             "merge_seconds": self.merge_seconds.as_dict(), **self.gauges(),
         }
 
+    @property
+    def registry(self) -> CollectorRegistry:
+        """This coordinator's own registry (never the process-global default one): its metrics, and
+        whatever the server registers beside them (its HTTP counters)."""
+        return self._registry
+
     def render_prometheus(self) -> str:
-        """The Prometheus text exposition of every metric, each with HELP and TYPE lines."""
-        lines: list[str] = []
+        """The Prometheus text exposition (format 0.0.4) of everything in :attr:`registry`."""
+        return generate_latest(self._registry).decode("utf-8")
 
-        def family(name: str, kind: str, help_: str, samples: Iterable[tuple[str, float]]) -> None:
-            full = self.PREFIX + name
-            lines.append(f"# HELP {full} {help_}")
-            lines.append(f"# TYPE {full} {kind}")
-            for labels, value in samples:
-                lines.append(f"{full}{labels} {_num(value)}")
-
-        def labelled(label: str, counts: Mapping[str, int]) -> list[tuple[str, float]]:
-            return [(f'{{{label}="{_escape(k)}"}}', v) for k, v in sorted(counts.items())]
-
-        def hist(name: str, help_: str, h: Histogram) -> None:
-            full = self.PREFIX + name
-            lines.append(f"# HELP {full} {help_}")
-            lines.append(f"# TYPE {full} histogram")
-            for le, n in h.cumulative():
-                lines.append(f'{full}_bucket{{le="{le}"}} {n}')
-            lines.append(f"{full}_sum {_num(h.sum)}")
-            lines.append(f"{full}_count {h.count}")
-
-        family("merges_total", "counter", "Results merged into the model.", [("", self.merges)])
-        family("results_total", "counter", "Submitted results by receipt status.",
-               labelled("status", self.results))
-        family("rejects_total", "counter", "Results refused, by reason; never merged.",
-               labelled("reason", self.rejects))
-        family("worker_rejects_total", "counter", "Results refused, by sending worker and reason.",
-               [(f'{{worker="{_escape(w)}",reason="{_escape(r)}"}}', n)
-                for (w, r), n in sorted(self.worker_rejects.items())])
-        family("heartbeats_total", "counter", "Heartbeats received.", [("", self.heartbeats)])
-        family("bytes_in_total", "counter", "Result payload bytes received.", [("", self.bytes_in)])
-        family("bytes_out_total", "counter", "Model payload bytes sent.", [("", self.bytes_out)])
-        family("journal_writes_total", "counter", "Journal entries made durable.",
-               [("", self.journal_writes)])
-        family("snapshots_total", "counter", "Snapshots written.", [("", self.snapshots)])
-        family("snapshot_failures_total", "counter", "Snapshot writes that failed.",
-               [("", self.snapshot_failures)])
-        hist("staleness", "Versions between a merged result's base and the model it merged into.",
-             self.staleness)
-        hist("merge_seconds", "Seconds per merge (policy plus publishing the new version).",
-             self.merge_seconds)
+    def collect(self) -> Iterator[Metric]:
+        """The metric families at this instant (the prometheus-client collector protocol)."""
+        p = self.PREFIX
+        yield _counter(p + "merges_total", "Results merged into the model.", self.merges)
+        yield _labelled(p + "results_total", "Submitted results by receipt status.", ("status",),
+                        (((k,), v) for k, v in self.results.items()))
+        yield _labelled(p + "rejects_total", "Results refused, by reason; never merged.", ("reason",),
+                        (((k,), v) for k, v in self.rejects.items()))
+        yield _labelled(p + "worker_rejects_total", "Results refused, by sending worker and reason.",
+                        ("worker", "reason"), self.worker_rejects.items())
+        yield _counter(p + "heartbeats_total", "Heartbeats received.", self.heartbeats)
+        yield _counter(p + "bytes_in_total", "Result payload bytes received.", self.bytes_in)
+        yield _counter(p + "bytes_out_total", "Model payload bytes sent.", self.bytes_out)
+        yield _counter(p + "journal_writes_total", "Journal entries made durable.", self.journal_writes)
+        yield _counter(p + "snapshots_total", "Snapshots written.", self.snapshots)
+        yield _counter(p + "snapshot_failures_total", "Snapshot writes that failed.",
+                       self.snapshot_failures)
+        yield self.staleness.family(
+            p + "staleness", "Versions between a merged result's base and the model it merged into.")
+        yield self.merge_seconds.family(
+            p + "merge_seconds", "Seconds per merge (policy plus publishing the new version).")
         for name, value in sorted(self.gauges().items()):
-            kind = "counter" if name.endswith("_total") else "gauge"
-            family(name, kind, _GAUGE_HELP.get(name, name.replace("_", " ") + "."), [("", value)])
-        return "\n".join(lines) + "\n"
+            help_ = _GAUGE_HELP.get(name, name.replace("_", " ") + ".")
+            if name.endswith("_total"):
+                yield _counter(p + name, help_, value)
+            else:
+                yield GaugeMetricFamily(p + name, help_, value=value)
+
+
+def _counter(name: str, help_: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, help_, value=value)
+
+
+def _labelled(name: str, help_: str, labels: Sequence[str],
+              counts: Iterable[tuple[tuple[str, ...], float]]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, help_, labels=list(labels))
+    for key, value in sorted(counts):
+        family.add_metric(list(key), value)
+    return family
 
 
 _GAUGE_HELP = {

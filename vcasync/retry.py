@@ -1,8 +1,10 @@
-"""Capped, jittered exponential backoff for transient faults.
+"""Capped, jittered exponential backoff for transient faults, and which faults are transient.
 
-One small helper shared by everything that talks to something that can hiccup (storage backends,
-the worker's reconnect loop). Time and randomness are injected, so tests run retries in zero time
-and with a fixed seed::
+One policy type (:class:`RetryPolicy`) and one predicate (:func:`is_transient`) for everything that
+talks to something that can hiccup: storage backends, the coordinator's start-up, the worker's calls
+to its coordinator (``WorkerConfig.backoff``; the worker's former ``Backoff`` class is gone), and
+``vcasync.worker._client.is_transient`` is this module's function, re-exported. Time and randomness are
+injected, so tests run retries in zero time and with a fixed seed::
 
     retrier = Retrier(RetryPolicy(attempts=5), sleep=fake_sleep, rng=random.Random(0))
     data = await retrier.call(lambda: backend_get(key), describe=f"get {key!r}")
@@ -10,6 +12,12 @@ and with a fixed seed::
 The delay before retry ``n`` (1-based) is ``cap * (1 - jitter * u)`` with ``u`` uniform in [0, 1)
 and ``cap = min(max_delay_s, base_delay_s * multiplier ** (n - 1))``: "full jitter" when
 ``jitter == 1``, which spreads a thundering herd of clients best (AWS architecture blog, 2015).
+
+What is transient is one table, :data:`TRANSIENT`: exception class -> verdict (a bool, or a test of
+the instance). The most specific listed class in an exception's MRO decides; an exception with no
+listed class is not transient. This module lists the standard and vcasync errors; the HTTP client
+adds its transport's (aiohttp) errors with :func:`classify` when it is imported, so nothing here
+imports a transport.
 
 Logging: the first retry of an operation is INFO, later ones DEBUG (an outage must not bury the log
 in retry lines), and giving up is WARNING: the operation failed for good.
@@ -22,20 +30,44 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeAlias, TypeVar
 
-from .errors import ConfigError, StorageError, TransientStorageError
+from .errors import ClosedError, ConfigError, StorageError, TransientStorageError
 
-__all__ = ["Retrier", "RetryPolicy", "is_transient"]
+__all__ = ["TRANSIENT", "Retrier", "RetryPolicy", "Verdict", "classify", "is_transient"]
 
 T = TypeVar("T")
 
 log = logging.getLogger("vcasync.retry")
 
+#: Whether a retry may cure an exception of one class: a constant, or a test of the instance.
+Verdict: TypeAlias = bool | Callable[[BaseException], bool]
+
+#: The one classification table (see the module docstring). Extend it with :func:`classify`.
+TRANSIENT: dict[type[BaseException], Verdict] = {
+    TransientStorageError: True,     # a backend's timeout, 5xx or throttling (or storage unavailable)
+    ClosedError: True,               # the coordinator is stopping: a restarted one will answer
+    ConnectionError: True,           # refused, reset, aborted
+    TimeoutError: True,              # asyncio.TimeoutError is the same class
+}
+
+
+def classify(exc_type: type[BaseException], verdict: Verdict) -> None:
+    """Say whether ``exc_type`` (and subclasses not listed themselves) is worth another try."""
+    if not (isinstance(exc_type, type) and issubclass(exc_type, BaseException)):
+        raise ConfigError(f"classify() takes an exception class, got {exc_type!r}")
+    if not (isinstance(verdict, bool) or callable(verdict)):
+        raise ConfigError(f"a verdict is a bool or a test of the exception, got {verdict!r}")
+    TRANSIENT[exc_type] = verdict
+
 
 def is_transient(exc: BaseException) -> bool:
-    """The default retry predicate: only :class:`TransientStorageError` is worth another try."""
-    return isinstance(exc, TransientStorageError)
+    """True for failures that a retry may cure; the retry predicate of every :class:`Retrier`."""
+    for cls in type(exc).__mro__:
+        verdict = TRANSIENT.get(cls)
+        if verdict is not None:
+            return verdict if isinstance(verdict, bool) else bool(verdict(exc))
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +96,10 @@ class RetryPolicy:
 
     def delay(self, retry: int, rng: random.Random) -> float:
         """Seconds to wait before retry number ``retry`` (1 = the first retry)."""
-        cap = min(self.max_delay_s, self.base_delay_s * self.multiplier ** (retry - 1))
+        try:
+            cap = min(self.max_delay_s, self.base_delay_s * self.multiplier ** (retry - 1))
+        except OverflowError:       # a loop that never gives up (the worker's) is long since capped
+            cap = self.max_delay_s if self.base_delay_s > 0 else 0.0
         return cap * (1.0 - self.jitter * rng.random())
 
 

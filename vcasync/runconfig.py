@@ -38,23 +38,20 @@ Unknown keys are errors that name the key, so a typo never silently falls back t
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import tomllib
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from .coerce import coerce, from_table
 from .errors import ConfigError
 from .ledger._units import WorkUnit, make_units
 from .server import ServerConfig
 
 __all__ = ["RunConfig", "UnitsConfig", "dataclass_from_table", "load_run_config", "merge_tables"]
 
-D = TypeVar("D")
 _SECTIONS = frozenset({"model", "units", "policy", "storage", "coordinator", "server", "run"})
 
 
@@ -112,71 +109,8 @@ def merge_tables(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, 
     return out
 
 
-def _coerce(tp: Any, value: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(arg, value, where)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
-    if tp is Any or origin is typing.Literal:
-        if origin is typing.Literal and value not in args:
-            raise ConfigError(f"{where} must be one of {list(args)}, got {value!r}")
-        return value
-    if tp is Path:
-        if not isinstance(value, (str, Path)):
-            raise ConfigError(f"{where} must be a path string, got {value!r}")
-        return Path(value)
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where} must be a number, got {value!r}")
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where} must be an integer, got {value!r}")
-        return value
-    if tp in (str, bool):
-        if not isinstance(value, tp):
-            raise ConfigError(f"{where} must be a {tp.__name__}, got {value!r}")
-        return value
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        if isinstance(value, tp):
-            return value
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{where} must be a table, got {value!r}")
-        return dataclass_from_table(tp, value, where)
-    if origin in (Mapping, dict, typing.Mapping) or tp in (dict, Mapping):
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{where} must be a table, got {value!r}")
-        return dict(value)
-    if origin in (tuple, list, frozenset) and isinstance(value, (list, tuple)):
-        return origin(value)
-    return value
-
-
-def dataclass_from_table(cls: type[D], table: Mapping[str, Any], where: str) -> D:
-    """Build dataclass ``cls`` from a TOML table: unknown keys and wrong types are named errors."""
-    if not dataclasses.is_dataclass(cls):
-        raise TypeError(f"{cls!r} is not a dataclass")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(table) - names)
-    if unknown:
-        raise ConfigError(f"unknown key(s) in [{where}]: {', '.join(unknown)} "
-                          f"(known: {', '.join(sorted(names))})")
-    kwargs = {k: _coerce(hints[k], v, f"{where}.{k}") for k, v in table.items()}
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:
-        raise ConfigError(f"[{where}]: {exc}") from exc
+#: Dataclass from a TOML table: :func:`vcasync.coerce.from_table`, the same function.
+dataclass_from_table = from_table
 
 
 def load_run_config(path: Path | None, overrides: Mapping[str, Any] | None = None) -> RunConfig:
@@ -214,13 +148,13 @@ def load_run_config(path: Path | None, overrides: Mapping[str, Any] | None = Non
     if isinstance(policy, str):
         policy = {"name": policy}
     return RunConfig(
-        model=_coerce(str, model["factory"], "model.factory"),
-        seed=_coerce(int, model.get("seed", 0), "model.seed"),
+        model=coerce(model["factory"], str, "model.factory"),
+        seed=coerce(model.get("seed", 0), int, "model.seed"),
         units=dataclass_from_table(UnitsConfig, table.get("units", {}), "units"),
-        policy=_coerce(dict, policy, "policy"),
-        storage=_coerce(str, storage.get("url", "./vcasync-run"), "storage.url"),
-        coordinator=_coerce(dict, table.get("coordinator", {}), "coordinator"),
+        policy=coerce(policy, dict, "policy"),
+        storage=coerce(storage.get("url", "./vcasync-run"), str, "storage.url"),
+        coordinator=coerce(table.get("coordinator", {}), dict, "coordinator"),
         server=dataclass_from_table(ServerConfig, table.get("server", {}), "server"),
-        linger_s=_coerce(float, run.get("linger_s", 10.0), "run.linger_s"),
-        output=_coerce(Path | None, run.get("output"), "run.output"),
+        linger_s=coerce(run.get("linger_s", 10.0), float, "run.linger_s"),
+        output=coerce(run.get("output"), Path | None, "run.output"),
     )

@@ -68,9 +68,9 @@ async def test_lease_heartbeat_submit_download(kit, clock, policy) -> None:
         assert status["units"]["done"] == 1
         assert status["metrics"]["results"] == {"accepted": 1, "duplicate": 1}
         text = coord.metrics.render_prometheus()
-        assert 'vcasync_results_total{status="accepted"} 1' in text
-        assert "vcasync_leases_issued_total 1" in text
-        assert "vcasync_workers_alive 1" in text
+        assert 'vcasync_results_total{status="accepted"} 1.0' in text
+        assert "vcasync_leases_issued_total 1.0" in text
+        assert "vcasync_workers_alive 1.0" in text
 
 
 async def test_late_result_wins_and_newer_holder_is_refused(kit, clock, policy) -> None:

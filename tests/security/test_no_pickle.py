@@ -15,9 +15,9 @@ import torch
 
 import vcasync
 from vcasync.examples import digits
+from vcasync.retry import RetryPolicy
 from vcasync.trainer import TrainContext, TrainResult
 from vcasync.worker import Worker, WorkerConfig
-from vcasync.worker._client import Backoff
 
 from .conftest import SECRET, serving
 
@@ -99,7 +99,7 @@ async def test_a_training_cycle_never_unpickles(tmp_path: Path, monkeypatch: pyt
         return real_load(*args, **kwargs)
 
     monkeypatch.setattr(torch, "load", guarded_load)
-    cfg = WorkerConfig(backoff=Backoff(base_s=0.02, cap_s=0.2))
+    cfg = WorkerConfig(backoff=RetryPolicy(base_delay_s=0.02, max_delay_s=0.2))
     async with serving(tmp_path, units=3, steps=10) as (coord, server, _):
         report = await Worker(server.url, _trainer_with_checkpoints, state_dir=tmp_path / "w",
                               join_secret=SECRET, config=cfg).run()

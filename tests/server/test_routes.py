@@ -360,13 +360,13 @@ async def test_metrics_cover_the_run(served: Any, http: aiohttp.ClientSession) -
     async with http.get(f"{server.url}/metrics") as r:
         text = await r.text()
     lines = set(text.splitlines())
-    for needle in ("vcasync_merges_total 1", "vcasync_version 1", "vcasync_leases_issued_total 1",
-                   "vcasync_workers_alive 1", 'vcasync_staleness_bucket{le="+Inf"} 1',
-                   "vcasync_http_auth_failures_total 0"):
+    for needle in ("vcasync_merges_total 1.0", "vcasync_version 1.0", "vcasync_leases_issued_total 1.0",
+                   "vcasync_workers_alive 1.0", 'vcasync_staleness_bucket{le="+Inf"} 1.0',
+                   "vcasync_http_auth_failures_total 0.0"):
         assert needle in lines, needle
     assert any(line.startswith("vcasync_rejects_total{reason=") for line in lines)
-    assert any(line.startswith("vcasync_bytes_in_total ") and not line.endswith(" 0") for line in lines)
-    assert 'vcasync_http_requests_total{route="result",method="PUT",status="422"} 1' in lines
+    assert any(line.startswith("vcasync_bytes_in_total ") and not line.endswith(" 0.0") for line in lines)
+    assert 'vcasync_http_requests_total{method="PUT",route="result",status="422"} 1.0' in lines
     names = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
     assert len(names) == len(set(names)), "a metric family is declared twice"
 

@@ -102,8 +102,8 @@ async def test_requests_wait_out_a_storage_outage_and_nothing_is_lost(
                 assert body["retry_after"] == PROBE_S
             async with http.get(f"{server.url}/metrics") as resp:
                 metrics = await resp.text()
-        assert "\nvcasync_storage_state 2\n" in metrics
-        assert "\nvcasync_storage_outages_total 1\n" in metrics
+        assert "\nvcasync_storage_state 2.0\n" in metrics
+        assert "\nvcasync_storage_outages_total 1.0\n" in metrics
         async with CoordinatorClient(server.url) as other:           # a join's token write too
             with pytest.raises(StorageUnavailableError):
                 await other.join(SECRET, "b")

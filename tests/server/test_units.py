@@ -12,7 +12,6 @@ from vcasync.errors import AuthError, ConfigError
 from vcasync.protocol._errors import HTTP_ERRORS, error_fields, error_from_body, spec_for
 from vcasync.runconfig import UnitsConfig, load_run_config
 from vcasync.server._auth import StorageTokenStore, TokenAuthority
-from vcasync.server._http_metrics import Family, HttpMetrics, Sample, render
 from vcasync.storage import open_storage
 
 from .conftest import SECRET
@@ -114,24 +113,6 @@ def test_error_fields_and_refinements() -> None:
     assert "teapot" in str(unknown)
 
 
-# -- Prometheus text ----------------------------------------------------------------------------------
-
-
-def test_prometheus_rendering() -> None:
-    text = render([Family("x_total", "counter", "help me", [Sample((("a", 'q"\n\\'),), 3.0)]),
-                   Family("y", "gauge", "g", [Sample((), 0.25)])])
-    assert text == ('# HELP x_total help me\n# TYPE x_total counter\nx_total{a="q\\"\\n\\\\"} 3\n'
-                    "# HELP y g\n# TYPE y gauge\ny 0.25\n")
-    m = HttpMetrics()
-    m.observe("lease", "POST", 201, 0.003, 10, 200)
-    m.observe("lease", "POST", 201, 20.0, 10, 200)
-    out = render(m.families())
-    assert 'vcasync_http_requests_total{route="lease",method="POST",status="201"} 2' in out
-    assert 'vcasync_http_request_seconds_bucket{route="lease",le="0.005"} 1' in out
-    assert 'vcasync_http_request_seconds_bucket{route="lease",le="+Inf"} 2' in out
-    assert 'vcasync_http_request_seconds_count{route="lease"} 2' in out
-
-
 # -- run config ---------------------------------------------------------------------------------------
 
 
@@ -163,7 +144,7 @@ def test_units_count() -> None:
 @pytest.mark.parametrize(("text", "match"), [
     ('[model]\nfactory = "m:f"\n[unitz]\nshards = 1\n', "unknown section.*unitz"),
     ('[model]\nfactory = "m:f"\n[units]\nshard = 1\n', r"unknown key\(s\) in \[units\]: shard"),
-    ('[model]\nfactory = "m:f"\n[units]\nshards = "two"\n', "units.shards must be an integer"),
+    ('[model]\nfactory = "m:f"\n[units]\nshards = "two"\n', "units.shards must be int, got .two."),
     ('[model]\nfactory = "m:f"\n[server]\nport = 99999\n', "port 99999 is out of range"),
     ('[model]\nfactory = "m:f"\n[server]\ntls_cert = "c.pem"\n', "needs both"),
     ('[units]\nshards = 1\n', "no model factory"),

@@ -16,16 +16,16 @@ import torch
 
 from vcasync.errors import ConfigError, TrainerError
 from vcasync.ledger._units import make_units
+from vcasync.retry import RetryPolicy
 from vcasync.server import Server, ServerConfig
 from vcasync.server._auth import TokenAuthority
 from vcasync.server._routes import HTTP_METRICS
 from vcasync.trainer import TrainContext, TrainResult
 from vcasync.worker import Worker, WorkerConfig
-from vcasync.worker._client import Backoff
 
 from .conftest import SECRET, running, tiny_model
 
-FAST = Backoff(base_s=0.02, cap_s=0.2)
+FAST = RetryPolicy(base_delay_s=0.02, max_delay_s=0.2)
 StepHook = Callable[[TrainContext, int], None]
 
 

@@ -83,9 +83,9 @@ def test_bad_options_are_named(tmp_path: Path) -> None:
         open_storage("s3://bucket?region=a", region="b")
     with pytest.raises(ConfigError, match="part_size"):
         open_storage("s3://bucket?part_size=1024")
-    with pytest.raises(ConfigError, match="not int"):
+    with pytest.raises(ConfigError, match="'part_size' must be int"):
         open_storage("s3://bucket?part_size=big")
-    with pytest.raises(ConfigError, match="boolean"):
+    with pytest.raises(ConfigError, match="'durable' must be bool"):
         open_storage(f"{tmp_path.as_uri()}?durable=maybe")
     with pytest.raises(ConfigError, match="256 KiB"):
         open_storage("gs://bucket?chunk_size=1000")

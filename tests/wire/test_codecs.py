@@ -37,7 +37,7 @@ def test_presets() -> None:
     link = LinkProfile.mbit(100)
     assert resolve_codec("auto", link=link).link == link
     assert describe(resolve_codec("bf16")) == "zstd+l1+shuffle+bfloat16"
-    with pytest.raises(ConfigError, match="unknown codec 'lz77'"):
+    with pytest.raises(ConfigError, match="unknown codec 'lz77'; known: \\["):
         resolve_codec("lz77")
 
 
@@ -160,3 +160,27 @@ def test_encode_side_errors() -> None:
         list(encode_payload("", {}, {}))
     with pytest.raises(TypeError, match="msgpack"):
         list(encode_payload("m", {"o": object()}, {}))
+
+
+def test_both_codec_tables_are_the_one_registry_mechanism() -> None:
+    """Block codecs and codec presets live in ``_registry.Registry``, like policies and backends:
+    the same register/replace/duplicate rules and an unknown name answered by the registry."""
+    from vcasync._registry import Registry
+    from vcasync.wire import codecs as block_codecs
+    from vcasync.wire import plan
+
+    assert isinstance(block_codecs._BLOCK_CODECS, Registry)
+    assert isinstance(plan._PRESETS, Registry)
+    assert codec_names() == plan._PRESETS.names()
+    assert block_codec_names() == block_codecs._BLOCK_CODECS.names()
+
+
+@pytest.mark.parametrize("name", [None, 3, ["zstd"], "x" * 100])
+def test_a_hostile_codec_name_is_a_wire_error_never_a_crash(name: Any) -> None:
+    allowed = Limits().allowed_codecs
+    for limit in (None, allowed):
+        with pytest.raises(UnsupportedDtypeError, match="is not allowed") as info:
+            block_codec(name, limit)
+        assert info.value.field == "codec"
+    with pytest.raises(ConfigError, match="unknown codec"):
+        resolve_codec(name)

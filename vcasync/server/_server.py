@@ -21,6 +21,7 @@ Control bodies are msgpack (``application/x-msgpack``) or JSON. Credentials neve
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import ssl
@@ -47,7 +48,7 @@ from ..protocol._errors import error_fields, spec_for
 from ..wire import Limits
 from . import _routes as R
 from ._auth import TokenAuthority
-from ._http_metrics import HttpMetrics, render
+from ._http_metrics import HttpMetrics
 from ._parser_errors import JsonErrorRunner
 from ._upload_pace import BodyCutOff, BodyTimeouts, Pace
 
@@ -200,15 +201,14 @@ async def _metrics(request: web.Request, handler: Handler) -> web.StreamResponse
 
 
 async def _metrics_page(request: web.Request) -> web.Response:
-    coord = request.app[R.COORDINATOR]
-    families = [*request.app[R.HTTP_METRICS].families()]
-    text = render(families) + coordinator_metrics_text(coord)
-    return web.Response(text=text, content_type="text/plain", charset="utf-8",
+    """The coordinator's registry (its metrics and this server's HTTP counters), exposed once."""
+    return web.Response(text=coordinator_metrics_text(request.app[R.COORDINATOR]),
+                        content_type="text/plain", charset="utf-8",
                         headers={"X-Content-Type-Options": "nosniff"})
 
 
 def coordinator_metrics_text(coord: Coordinator) -> str:
-    """The coordinator's own metrics in Prometheus text format."""
+    """The Prometheus text exposition of the coordinator's registry."""
     return coord.metrics.render_prometheus()
 
 
@@ -219,12 +219,23 @@ def build_app(coordinator: Coordinator, authority: TokenAuthority,
     app = web.Application(middlewares=[_metrics, _errors, _auth], client_max_size=1 << 16)
     app[R.COORDINATOR] = coordinator
     app[R.AUTH] = authority
-    app[R.HTTP_METRICS] = HttpMetrics()
+    http_metrics = app[R.HTTP_METRICS] = HttpMetrics()
     app[R.MAX_RESULT] = config.max_result_bytes or Limits().max_message_bytes
     app[R.CHUNK] = config.chunk_size
     app[R.BODY_TIMEOUTS] = config.body_timeouts
     app.add_routes(R.routes())
     app.router.add_get("/metrics", _metrics_page, name="metrics")
+    registry = coordinator.metrics.registry
+
+    async def expose(_: web.Application) -> None:
+        registry.register(http_metrics)
+
+    async def withdraw(_: web.Application) -> None:
+        with contextlib.suppress(KeyError):          # startup never ran
+            registry.unregister(http_metrics)
+
+    app.on_startup.append(expose)
+    app.on_cleanup.append(withdraw)
     return app
 
 

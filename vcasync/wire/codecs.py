@@ -20,6 +20,7 @@ from typing import Any, Final, Protocol, runtime_checkable
 import numpy as np
 import zstandard
 
+from .._registry import Registry
 from ..errors import ConfigError, FrameError, LimitExceededError, UnsupportedDtypeError
 
 __all__ = [
@@ -163,35 +164,54 @@ class ZstdCodec:
 
 # --- registry -------------------------------------------------------------------------------
 
-_BLOCK_CODECS: Final[dict[str, BlockCodec]] = {}
+def _validate_block_codec(name: str, obj: object) -> BlockCodec:
+    if not isinstance(obj, BlockCodec) or not isinstance(getattr(obj, "name", None), str):
+        raise ConfigError(f"{obj!r} is not a BlockCodec (needs name, encoder, decoder, max_wire_len)")
+    if not obj.name or len(obj.name) > 32:
+        raise ConfigError(f"block codec name {obj.name!r} must be 1..32 characters")
+    if obj.name != name:
+        raise ConfigError(f"block codec {obj.name!r} registered under another name, {name!r}")
+    return obj
+
+
+def _not_allowed(name: object, known: list[str]) -> UnsupportedDtypeError:
+    shown = name if isinstance(name, str) and len(name) <= 40 else type(name).__name__
+    return UnsupportedDtypeError(f"codec {shown!r} is not allowed (allowed codecs: {known})",
+                                 field="codec")
+
+
+def _missing_block_codec(name: str, path: str, exc: ImportError) -> Exception:
+    return ConfigError(f"the block codec {name!r} ({path}) cannot be imported: {exc}")
+
+
+#: Wire name -> block codec: built-ins registered below, third parties by ``register_block_codec``
+#: or the ``vcasync.block_codecs`` entry-point group (the same Registry as policies and backends).
+_BLOCK_CODECS: Final = Registry[BlockCodec](
+    "vcasync.block_codecs", validate=_validate_block_codec, missing=_missing_block_codec,
+    unknown=_not_allowed, duplicate=lambda name: ConfigError(f"block codec {name!r} is already registered"))
 
 
 def register_block_codec(codec: BlockCodec, *, replace: bool = False) -> BlockCodec:
     """Register a block codec under ``codec.name`` (validated now, not at first use)."""
-    if not isinstance(codec, BlockCodec) or not isinstance(getattr(codec, "name", None), str):
-        raise ConfigError(f"{codec!r} is not a BlockCodec (needs name, encoder, decoder, "
-                          f"max_wire_len)")
-    if not codec.name or len(codec.name) > 32:
-        raise ConfigError(f"block codec name {codec.name!r} must be 1..32 characters")
-    if codec.name in _BLOCK_CODECS and not replace:
-        raise ConfigError(f"block codec {codec.name!r} is already registered")
-    _BLOCK_CODECS[codec.name] = codec
-    return codec
+    name = getattr(codec, "name", None)
+    return _BLOCK_CODECS.register(name if isinstance(name, str) else "", codec, replace=replace)
 
 
 def block_codec(name: object, allowed: frozenset[str] | None = None) -> BlockCodec:
     """The registered codec called ``name``; :class:`UnsupportedDtypeError` when unknown or not
     in ``allowed`` (the decoder passes ``Limits.allowed_codecs``)."""
-    if isinstance(name, str) and name in _BLOCK_CODECS and (allowed is None or name in allowed):
-        return _BLOCK_CODECS[name]
-    shown = name if isinstance(name, str) and len(name) <= 40 else type(name).__name__
-    known = sorted(_BLOCK_CODECS if allowed is None else set(_BLOCK_CODECS) & allowed)
-    raise UnsupportedDtypeError(f"codec {shown!r} is not allowed (allowed codecs: {known})",
-                                field="codec")
+    if allowed is not None and (not isinstance(name, str) or name not in allowed):
+        raise _not_allowed(name, sorted(set(_BLOCK_CODECS.names()) & allowed))
+    try:
+        return _BLOCK_CODECS.get(name)  # type: ignore[arg-type]  # get() refuses a non-string
+    except UnsupportedDtypeError:
+        if allowed is None:
+            raise
+        raise _not_allowed(name, sorted(set(_BLOCK_CODECS.names()) & allowed)) from None
 
 
 def block_codec_names() -> list[str]:
-    return sorted(_BLOCK_CODECS)
+    return _BLOCK_CODECS.names()
 
 
 register_block_codec(RawCodec())

@@ -28,6 +28,7 @@ from typing import Any, Final
 import numpy as np
 import torch
 
+from .._registry import Registry
 from ..errors import ConfigError
 from .codecs import block_codec, shuffle_into
 from .dtypes import LOSSY_TARGETS, dtype_name
@@ -111,7 +112,26 @@ class TensorPlan:
     stats: dict[str, float] = field(default_factory=dict, compare=False)
 
 
-_PRESETS: Final[dict[str, CodecSpec]] = {
+def _validate_spec(name: str, obj: object) -> CodecSpec:
+    if not isinstance(obj, CodecSpec):
+        raise ConfigError(f"codec {name!r} must be a CodecSpec, got {type(obj).__name__}")
+    return obj
+
+
+def _unknown_codec(name: object, known: list[str]) -> ConfigError:
+    return ConfigError(f"unknown codec {name!r}; known: {known}")
+
+
+def _missing_codec(name: str, path: str, exc: ImportError) -> ConfigError:
+    return ConfigError(f"the codec {name!r} ({path}) cannot be imported: {exc}")
+
+
+#: Preset name -> :class:`CodecSpec`, so configs can say ``codec = "zstd"``: the same Registry as
+#: policies and backends (third parties: :func:`register_codec` or the ``vcasync.codecs`` group).
+_PRESETS: Final = Registry[CodecSpec](
+    "vcasync.codecs", validate=_validate_spec, missing=_missing_codec, unknown=_unknown_codec,
+    duplicate=lambda name: ConfigError(f"codec {name!r} is already registered"))
+for _name, _spec in {
     "raw": CodecSpec("raw"),
     "zstd": CodecSpec("zstd", level=1, shuffle=True),
     "zstd-plain": CodecSpec("zstd", level=1, shuffle=False),
@@ -120,30 +140,23 @@ _PRESETS: Final[dict[str, CodecSpec]] = {
     "fp16": CodecSpec("zstd", level=1, shuffle=True, lossy="float16"),
     "bf16-raw": CodecSpec("raw", lossy="bfloat16"),
     "fp16-raw": CodecSpec("raw", lossy="float16"),
-}
+}.items():
+    _PRESETS.register(_name, _spec)
+del _name, _spec
 
 
 def register_codec(name: str, spec: CodecSpec, *, replace: bool = False) -> None:
     """Name a :class:`CodecSpec` so configs can say ``codec = "name"``."""
-    if not isinstance(spec, CodecSpec):
-        raise ConfigError(f"codec {name!r} must be a CodecSpec, got {type(spec).__name__}")
-    if name in _PRESETS and not replace:
-        raise ConfigError(f"codec {name!r} is already registered")
-    _PRESETS[name] = spec
+    _PRESETS.register(name, spec, replace=replace)
 
 
 def codec_names() -> list[str]:
-    return sorted(_PRESETS)
+    return _PRESETS.names()
 
 
 def resolve_codec(codec: str | CodecSpec, *, link: LinkProfile | None = None) -> CodecSpec:
     """A :class:`CodecSpec` from a preset name or a spec; ``link`` fills in an ``auto`` spec's."""
-    if isinstance(codec, CodecSpec):
-        spec = codec
-    elif isinstance(codec, str) and codec in _PRESETS:
-        spec = _PRESETS[codec]
-    else:
-        raise ConfigError(f"unknown codec {codec!r}; known: {codec_names()}")
+    spec = codec if isinstance(codec, CodecSpec) else _PRESETS.get(codec)
     if link is not None and spec.link is None:
         spec = replace(spec, link=link)
     return spec

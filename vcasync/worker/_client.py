@@ -2,8 +2,10 @@
 
 One method per route. Errors come back as the same exception classes the coordinator raised (see
 :mod:`vcasync.protocol._errors`); transport failures stay aiohttp/OS errors, and :func:`is_transient`
-tells the caller which of either kind are worth retrying. Retrying itself is the caller's choice
-(:class:`Backoff`), because only it knows whether to keep going while it is being preempted.
+(the one predicate of :mod:`vcasync.retry`, re-exported here; importing this module adds aiohttp's
+errors to its table) tells the caller which of either kind are worth retrying. Retrying itself is the
+caller's choice (a :class:`~vcasync.retry.RetryPolicy`), because only it knows whether to keep going
+while it is being preempted.
 """
 
 from __future__ import annotations
@@ -12,10 +14,8 @@ import asyncio
 import contextlib
 import json
 import os
-import random
 import ssl
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -28,43 +28,24 @@ from ..errors import (
     ConfigError,
     FrameError,
     NoWorkAvailableError,
-    TransientStorageError,
 )
 from ..ledger._units import LeaseGrant, Receipt
 from ..protocol import _messages as P
 from ..protocol._errors import error_from_body
+from ..retry import classify, is_transient
 
-__all__ = ["Backoff", "CoordinatorClient", "client_ssl_context", "is_transient"]
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Capped exponential backoff with full jitter: attempt ``n`` sleeps ``U(0, min(cap, base*2**n))``."""
-
-    base_s: float = 0.2
-    cap_s: float = 10.0
-
-    def __post_init__(self) -> None:
-        if self.base_s <= 0 or self.cap_s < self.base_s:
-            raise ConfigError("backoff needs 0 < base_s <= cap_s")
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        return rng.uniform(0.0, min(self.cap_s, self.base_s * 2.0 ** min(attempt, 30)))
+__all__ = ["CoordinatorClient", "client_ssl_context", "is_transient"]
 
 
-def is_transient(exc: BaseException) -> bool:
-    """True for failures that a retry may cure: the coordinator down, restarting or overloaded.
-
-    TLS failures (a certificate that does not verify) are not: retrying cannot fix them.
-    """
-    if isinstance(exc, (aiohttp.ClientSSLError, aiohttp.ClientConnectorCertificateError)):
-        return False
-    if isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError,
-                        TimeoutError, asyncio.TimeoutError)):
-        return True
-    if isinstance(exc, (ClosedError, TransientStorageError)):
-        return True
-    return isinstance(exc, aiohttp.ClientResponseError) and exc.status in (502, 503, 504)
+# The HTTP transport's entries in the one transient table (vcasync.retry.TRANSIENT): the
+# coordinator down, restarting or overloaded is worth another try; a certificate that does not verify
+# is not (a retry cannot fix it), nor is any other answer than 502, 503 or 504.
+classify(aiohttp.ClientConnectionError, True)
+classify(aiohttp.ClientPayloadError, True)
+classify(aiohttp.ClientSSLError, False)
+classify(aiohttp.ClientConnectorCertificateError, False)
+classify(aiohttp.ClientResponseError,
+         lambda exc: isinstance(exc, aiohttp.ClientResponseError) and exc.status in (502, 503, 504))
 
 
 def client_ssl_context(ca_file: Path | None) -> ssl.SSLContext:

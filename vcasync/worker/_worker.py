@@ -60,11 +60,12 @@ from ..errors import (
     WorkerBackoffError,
 )
 from ..ledger._units import LeaseGrant, Receipt
+from ..retry import RetryPolicy, is_transient
 from ..storage import Storage
 from ..tensors import ModelState
 from ..trainer import TrainContext, Trainer, TrainResult
 from ..wire import Limits
-from ._client import Backoff, CoordinatorClient, client_ssl_context, is_transient
+from ._client import CoordinatorClient, client_ssl_context
 from ._io import ModelCache, result_tensors, spool_result
 from ._remote_state import RemoteStateDir
 from ._state_dir import Identity, StateDir
@@ -73,6 +74,9 @@ __all__ = ["Worker", "WorkerConfig", "WorkerReport"]
 
 log = logging.getLogger("vcasync.worker")
 T = TypeVar("T")
+
+#: The worker's default waits while its coordinator is unreachable: 0.2 s doubling to at most 10 s.
+WORKER_BACKOFF = RetryPolicy(base_delay_s=0.2, max_delay_s=10.0)
 
 _LEASE_GONE = (LeaseNotFoundError, NotLeaseHolderError, UnitClosedError, LeaseExpiredError)
 
@@ -88,7 +92,9 @@ class WorkerConfig:
     #: both merge to the same integer counters (the coordinator reads full weights as increments).
     upload: Literal["delta", "weights"] = "delta"
     codec: str = "raw"
-    backoff: Backoff = field(default_factory=Backoff)
+    #: Delays between calls to a coordinator that is down: retried as long as the worker runs
+    #: (``attempts`` is not used), each wait drawn from the policy (capped, full jitter).
+    backoff: RetryPolicy = field(default_factory=lambda: WORKER_BACKOFF)
     #: Stop after this many units (tests, batch jobs); None: until the run is finished.
     max_units: int | None = None
     request_timeout_s: float = 60.0
@@ -109,6 +115,9 @@ class WorkerConfig:
             raise ConfigError("grace_period_s must be positive")
         if self.keep_models < 1:
             raise ConfigError("keep_models must be at least 1")
+        if not isinstance(self.backoff, RetryPolicy) or self.backoff.base_delay_s <= 0:
+            raise ConfigError(f"backoff must be a RetryPolicy with base_delay_s > 0 (the worker retries "
+                              f"a coordinator that is down without end), got {self.backoff!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,8 +287,8 @@ class Worker:
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                delay = self.config.backoff.delay(attempt, self._rng)
                 attempt += 1
+                delay = self.config.backoff.delay(attempt, self._rng)
                 log.warning("%s: coordinator unreachable (%s); retry %d in %.2fs", what,
                             type(exc).__name__, attempt, delay)
             else:
@@ -337,7 +346,7 @@ class Worker:
                 if exc.finished:
                     log.info("the run is finished")
                     return None
-                cap = self.config.backoff.cap_s
+                cap = self.config.backoff.max_delay_s
                 await self._sleep(min(cap, max(0.05, exc.retry_after)) * self._rng.uniform(0.5, 1.0))
 
     # -- one unit ----------------------------------------------------------------------------------

@@ -1,0 +1,212 @@
+"""One coercer from configuration values to annotated types: TOML/JSON values, or URL-query text.
+
+Three places read typed parameters from untyped sources: a policy's constructor parameters
+(:mod:`vcasync.policy`), the run configuration's tables (:mod:`vcasync.runconfig`) and a storage URL's
+query options (backends). They all call :func:`coerce`, so a value means the same everywhere and a
+wrong one is refused with the same message: ``<where> must be <type>, got <value>``.
+
+Vocabulary (:func:`supported`): ``Any``, ``bool``, ``int``, ``float`` (an ``int`` is accepted and
+converted), ``str``, ``None``, ``pathlib.Path`` (from a string), ``Literal[...]`` (same type and
+value), unions (``X | None``; exact types are tried before ``float`` and ``str``, so ``1`` stays an
+``int``), ``list[X]``, ``tuple[X, ...]``, ``Sequence[X]`` and ``frozenset[X]`` (items coerced),
+``dict[str, X]`` / ``Mapping[str, X]`` (built as a dict) and dataclasses (from a table: unknown keys
+are refused by name, fields coerced recursively).
+
+With ``text=True`` the value is a string from a URL query: ``bool`` reads ``1/true/yes/on`` and
+``0/false/no/off``, numbers are parsed, an empty string is ``None`` where ``None`` is allowed, and
+containers or tables cannot be given this way.
+
+>>> coerce(3, float, "alpha")
+3.0
+>>> coerce("off", bool | None, "option 'durable'", text=True)
+False
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union
+
+from .errors import ConfigError
+
+__all__ = ["coerce", "describe_type", "from_table", "supported"]
+
+D = TypeVar("D")
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+_SEQUENCES: tuple[Any, ...] = (list, tuple, Sequence, frozenset)
+_MAPPINGS: tuple[Any, ...] = (dict, Mapping)
+
+
+class _Mismatch(Exception):
+    """Internal: a value does not fit an annotation (the caller names both)."""
+
+
+def describe_type(hint: Any) -> str:
+    """A short readable name for an annotation (``float``, ``'a' | 'b'``, ``int | None``)."""
+    if hint is Any:
+        return "Any"
+    if hint is None or hint is type(None):
+        return "None"
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin in (Union, types.UnionType):
+        return " | ".join(describe_type(a) for a in args)
+    if origin is not None:
+        inner = ", ".join("..." if a is Ellipsis else describe_type(a) for a in args)
+        return f"{getattr(origin, '__name__', str(origin))}[{inner}]"
+    if dataclasses.is_dataclass(hint):
+        return f"a {getattr(hint, '__name__', repr(hint))} table"
+    return getattr(hint, "__name__", repr(hint))
+
+
+def supported(hint: Any) -> bool:
+    """Whether :func:`coerce` can build ``hint`` from a configuration value."""
+    if hint is Any or hint in (bool, int, float, str, None, type(None), Path):
+        return True
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return True
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is Literal:
+        return all(isinstance(a, (bool, int, float, str)) or a is None for a in args)
+    if origin in (Union, types.UnionType):
+        return all(supported(a) for a in args)
+    if origin in (list, Sequence, frozenset):
+        return len(args) == 1 and supported(args[0])
+    if origin is tuple:
+        return len(args) == 2 and args[1] is Ellipsis and supported(args[0])
+    if origin in _MAPPINGS:
+        return len(args) == 2 and args[0] is str and supported(args[1])
+    return hint in (dict, Mapping, list, tuple)
+
+
+def coerce(value: Any, hint: Any, where: str, *, text: bool = False) -> Any:
+    """``value`` as ``hint``; raise :class:`ConfigError` ``"<where> must be <type>, got <value>"``.
+
+    ``where`` names the parameter (``"units.shards"``, ``"parameter 'alpha' of policy 'vcasgd'"``,
+    ``"option 'durable'"``); a field of a nested table is named ``where.field``.
+    """
+    try:
+        return _coerce(value, hint, where, text)
+    except _Mismatch:
+        raise ConfigError(f"{where} must be {describe_type(hint)}, got {value!r}") from None
+
+
+def from_table(cls: type[D], table: Mapping[str, Any], where: str) -> D:
+    """Dataclass ``cls`` from a table: unknown keys and wrong types are :class:`ConfigError`\\ s
+    that name them; the dataclass's own checks (``__post_init__``) still run."""
+    if not (dataclasses.is_dataclass(cls) and isinstance(cls, type)):
+        raise TypeError(f"{cls!r} is not a dataclass")
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where} must be {describe_type(cls)}, got {table!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(str(k) for k in set(table) - names)
+    if unknown:
+        raise ConfigError(f"unknown key(s) in [{where}]: {', '.join(unknown)} "
+                          f"(known: {', '.join(sorted(names))})")
+    kwargs = {k: coerce(v, hints[k], f"{where}.{k}") for k, v in table.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"[{where}]: {exc}") from exc
+
+
+def _union_order(arg: Any) -> int:
+    """None first, then the exact scalars, ``float`` after ``int``, ``str`` last (it takes any text)."""
+    ranks = {type(None): 0, bool: 1, int: 2, float: 3, str: 5}
+    return ranks.get(arg, 4)
+
+
+def _coerce(value: Any, hint: Any, where: str, text: bool) -> Any:
+    if hint is Any:
+        return value
+    if hint is None or hint is type(None):
+        if value is None or (text and value == ""):
+            return None
+        raise _Mismatch
+    if text and isinstance(value, str):
+        value = _parse_text(value, hint, where)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise _Mismatch
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise _Mismatch
+    if hint is Path:
+        if isinstance(value, (str, Path)):
+            return Path(value)
+        raise _Mismatch
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is Literal:
+        for a in args:
+            candidate = value
+            if text and isinstance(value, str) and isinstance(a, bool | int | float):
+                candidate = _parse_text(value, type(a), where)      # ?mode=1 for Literal[1, 2]
+            if type(a) is type(candidate) and a == candidate:
+                return candidate
+        raise _Mismatch
+    if origin in (Union, types.UnionType):
+        for a in sorted(args, key=_union_order):
+            try:
+                return _coerce(value, a, where, text)
+            except _Mismatch:
+                continue
+        raise _Mismatch
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        if isinstance(value, hint):
+            return value
+        if not isinstance(value, Mapping):
+            raise _Mismatch
+        return from_table(hint, value, where)
+    if origin in _SEQUENCES or hint in (list, tuple):
+        if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, frozenset, set)):
+            raise _Mismatch
+        item = args[0] if args else Any
+        items = [_coerce(v, item, where, text) for v in value]
+        kind = origin or hint
+        return items if kind is list else frozenset(items) if kind is frozenset else tuple(items)
+    if origin in _MAPPINGS or hint in _MAPPINGS:
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise _Mismatch
+        item = args[1] if len(args) == 2 else Any
+        return {k: _coerce(v, item, f"{where}.{k}", text) for k, v in value.items()}
+    raise ConfigError(f"{where} has type {describe_type(hint)}, which a configuration value cannot "
+                      f"express")
+
+
+def _parse_text(raw: str, hint: Any, where: str) -> Any:
+    """URL-query text as the scalar ``hint`` wants (other hints get the string unchanged)."""
+    if hint is bool:
+        low = raw.lower()
+        return True if low in _TRUE else False if low in _FALSE else raw
+    if hint in (int, float):
+        try:
+            return hint(raw)
+        except ValueError:
+            return raw
+    origin = typing.get_origin(hint)
+    if origin in _SEQUENCES or origin in _MAPPINGS or hint in (list, tuple, dict, Mapping) or (
+            dataclasses.is_dataclass(hint)):
+        raise ConfigError(f"{where} cannot be given as text (a URL query); pass it as a keyword "
+                          f"argument")
+    return raw
