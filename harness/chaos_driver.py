@@ -14,18 +14,19 @@ from urllib.parse import urlsplit
 import aiohttp
 import torch
 
-from .. import _protocol as P
-from .._imports import import_object
-from .._units import Receipt, WorkUnit
-from ..client import CoordinatorClient, is_transient
-from ..coordinator import CoordinatorConfig
-from ..errors import VCAsyncError
-from ..policy import policy_from_config
-from ..runconfig import UnitsConfig, dataclass_from_table
-from ..storage import open_storage
-from ..tensors import ModelState, Update
-from ..trainer import TrainContext, TrainResult
-from ..wire import decode_payload_bytes, encode_payload
+from vcasync import _protocol as P
+from vcasync._imports import import_object
+from vcasync._units import Receipt, WorkUnit
+from vcasync.client import CoordinatorClient, is_transient
+from vcasync.coordinator import CoordinatorConfig
+from vcasync.errors import VCAsyncError
+from vcasync.policy import policy_from_config
+from vcasync.runconfig import UnitsConfig, dataclass_from_table
+from vcasync.storage import open_storage
+from vcasync.tensors import ModelState, Update
+from vcasync.trainer import TrainContext, TrainResult
+from vcasync.wire import decode_payload_bytes, encode_payload
+
 from .audit import AuditReport, audit
 
 if TYPE_CHECKING:

@@ -22,14 +22,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._units import Receipt, WorkUnit
-from ..checkpoint import CheckpointStore
-from ..coordinator import Coordinator, CoordinatorConfig
-from ..journal import Journal
-from ..policy import MergePolicy
-from ..storage import Storage
-from ..tensors import ModelState
-from ..wire import decode_payload
+from vcasync._units import Receipt, WorkUnit
+from vcasync.checkpoint import CheckpointStore
+from vcasync.coordinator import Coordinator, CoordinatorConfig
+from vcasync.journal import Journal
+from vcasync.policy import MergePolicy
+from vcasync.storage import Storage
+from vcasync.tensors import ModelState
+from vcasync.wire import decode_payload
 
 __all__ = ["AuditReport", "audit"]
 
