@@ -122,9 +122,10 @@ def test_the_kit_holds_the_kit_and_the_harness_holds_the_rest() -> None:
 def test_packaging_lists_only_vcasync_packages() -> None:
     import tomllib
 
-    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert all(p == "vcasync" or p.startswith("vcasync.") for p in setup["packages"]), setup["packages"]
-    assert "find" not in setup.get("packages", {}), "automatic discovery would pick up harness/"
+    # An explicit list (automatic discovery, a ``packages.find`` table, would pick up harness/).
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    assert isinstance(packages, list), packages
+    assert all(p == "vcasync" or p.startswith("vcasync.") for p in packages), packages
 
 
 def test_a_child_finds_the_harness_only_through_harness_env(tmp_path: Path) -> None:
