@@ -43,7 +43,7 @@ def _chaos(fig: dict[str, Any]) -> list[str]:
         f"{_v(fig, 'accuracy_undisturbed', '{:.4f}')} (gap {_v(fig, 'accuracy_gap', '{:+.4f}')}) |",
         f"| wall time, chaos / undisturbed | {fig['chaos_seconds']} s / {fig['undisturbed_seconds']} s |",
         "",
-        "Checked after the run from the durable state alone (`vcasync.testing.audit`): the run is "
+        "Checked after the run from the durable state alone (`harness.audit`): the run is "
         "recovered as a restarted coordinator would recover it; every unit of the final ledger must be "
         "done by exactly one accepted lease; the journal must be numbered without gaps and hold each "
         "lease at most once; the model version must equal the number of accepted results (a double "
@@ -78,7 +78,7 @@ def _fuzz(fig: dict[str, Any]) -> list[str]:
         f"| still serving afterwards | {fig['serving_after']} |",
         f"| rate | {fig['fuzz_inputs_per_s']:.0f} inputs/s |",
         "",
-        "Families (`vcasync.testing.hostile`, hypothesis strategies): bad credentials on every "
+        "Families (`harness.hostile`, hypothesis strategies): bad credentials on every "
         "protected route (none, malformed, forged, tampered, foreign, the join secret); wrong join "
         "credentials; random, truncated, mistyped, oversized and wrong-kind control bodies; unknown, "
         "overlong and other workers' lease ids, bad model versions, unknown routes and methods; "

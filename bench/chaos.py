@@ -4,10 +4,10 @@ Sections (``--only`` picks some):
 
 ``chaos``  a coordinator and 8 worker processes train the digits example while workers get
            ``--worker-kills`` SIGTERMs and SIGKILLs and the coordinator is SIGKILLed mid-merge,
-           mid-snapshot, mid-upload, after a journal write and at random (``vcasync.testing.chaos``),
+           mid-snapshot, mid-upload, after a journal write and at random (``harness.chaos``),
            with storage faults; then the audit of its durable state. The *same fleet undisturbed*
            (no kills, no faults) runs in the same invocation as the accuracy reference.
-``fuzz``   ``--inputs`` hostile inputs over every route (``vcasync.testing.hostile``) against a
+``fuzz``   ``--inputs`` hostile inputs over every route (``harness.hostile``) against a
            coordinator process, and a slow-loris attack.
 ``load``   ``bench.load``: 10,000 simulated workers heartbeating while results are merged.
 
@@ -31,10 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vcasync.testing.chaos import DEFAULT_FAULTS, ChaosConfig, run_chaos
-from vcasync.testing.fuzz import FuzzReport, fuzz, slow_loris
-from vcasync.testing.hostile import FAMILIES, prepare
-from vcasync.testing.probe import CoordinatorProcess, HttpProbe
+from harness.chaos import DEFAULT_FAULTS, ChaosConfig, run_chaos
+from harness.fuzz import FuzzReport, fuzz, slow_loris
+from harness.hostile import FAMILIES, prepare
+from harness.probe import CoordinatorProcess, HttpProbe
 
 from . import load as load_bench
 from ._reliability import render

@@ -1,8 +1,10 @@
-"""Run ``mypy --strict`` on vcasync, vcasync.backends and vcasync.plugins.
+"""Run ``mypy --strict`` on vcasync, vcasync.backends, vcasync.plugins and the test harness.
 
 mypy cannot follow setuptools' ``package-dir`` mapping (backends/ and plugins/ install as
 ``vcasync.backends`` and ``vcasync.plugins``), so this builds a link tree with the installed layout
-under ``.typecheck/`` and checks ``-p vcasync`` from there. Extra arguments go to mypy.
+under ``.typecheck/`` and checks ``-p vcasync`` from there; the repository's ``harness/`` (not
+installed, imported by the tests and bench/) is linked beside it and checked as ``-p harness``.
+Extra arguments go to mypy.
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ def build_tree() -> Path:
         (pkg / entry.name).symlink_to(entry)
     (pkg / "backends").symlink_to(ROOT / "backends")
     (pkg / "plugins").symlink_to(ROOT / "plugins")
+    (tree / "harness").symlink_to(ROOT / "harness")
     return tree
 
 
 def main() -> int:
     tree = build_tree()
     cmd = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
-           "-p", "vcasync", *sys.argv[1:]]
+           "-p", "vcasync", "-p", "harness", *sys.argv[1:]]
     return subprocess.call(cmd, cwd=tree, env={**os.environ, "MYPYPATH": ""})
 
 

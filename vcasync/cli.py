@@ -102,7 +102,7 @@ def build_parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, *, commands: Mapping[str, Command] | None = None) -> int:
     """Entry point of the ``vcasync`` console script; ``commands`` replaces the registry (for a
-    test-only entry point such as :mod:`vcasync.testing.chaos_coordinator`)."""
+    test-only entry point such as the repository's ``harness.chaos_coordinator``)."""
     commands = dict(commands) if commands is not None else available_commands()
     parser = build_parser(commands)
     args = parser.parse_args(argv)

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import torch
 
+from harness.audit import audit
 from vcasync.coordinator import Coordinator, CoordinatorConfig
 from vcasync.coordinator._journal import Journal
 from vcasync.ledger._units import Receipt, make_units
 from vcasync.policy import build_policy
 from vcasync.storage import open_storage
 from vcasync.tensors import ModelState
-from vcasync.testing.audit import audit
 from vcasync.wire import decode_payload, encode_payload
 
 CFG = CoordinatorConfig(keep_snapshots=1000, snapshot_every=2, prune_on_close=False)

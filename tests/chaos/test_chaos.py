@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from vcasync.testing.chaos import DEFAULT_FAULTS, JOIN_SECRET, PAUSE_KINDS, ChaosConfig, run_chaos
-from vcasync.testing.chaos_driver import reference_accuracy
+from harness.chaos import DEFAULT_FAULTS, JOIN_SECRET, PAUSE_KINDS, ChaosConfig, run_chaos
+from harness.chaos_driver import reference_accuracy
 
 #: Accuracy points the disturbed run may lose against the undisturbed reference (360 test images:
 #: one point is 3.6 images; asynchronous merging with staleness alone costs about one).

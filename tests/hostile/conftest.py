@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vcasync.testing.hostile import HostileContext, prepare
-from vcasync.testing.probe import CoordinatorProcess, HttpProbe
+from harness.hostile import HostileContext, prepare
+from harness.probe import CoordinatorProcess, HttpProbe
 
 SECRET = "hostile-join-secret-0123456789abcdef"
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from vcasync.testing import hostile_payloads as HP
-from vcasync.testing.fuzz import FuzzReport, fuzz, slow_loris
-from vcasync.testing.hostile import FAMILIES
-from vcasync.testing.probe import PAYLOAD
+from harness import hostile_payloads as HP
+from harness.fuzz import FuzzReport, fuzz, slow_loris
+from harness.hostile import FAMILIES
+from harness.probe import PAYLOAD
 
 MiB = 1 << 20
 PER_FAMILY = {"auth": 400, "join": 300, "control": 400, "path": 400, "result": 800, "replay": 50,

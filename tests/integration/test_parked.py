@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
+from harness.fleet import toml_text
 from vcasync.cli import ExitCode
-from vcasync.testing.fleet import toml_text
 
 from .conftest import HERE, SECRET, Procs, free_port
 

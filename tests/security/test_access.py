@@ -7,7 +7,7 @@ from pathlib import Path
 
 import aiohttp
 
-from vcasync.testing import hostile_payloads as HP
+from harness import hostile_payloads as HP
 
 from .conftest import PAYLOAD, SECRET, call, digits_model, join, lease, serving
 

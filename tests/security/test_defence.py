@@ -14,9 +14,9 @@ from pathlib import Path
 import aiohttp
 import torch
 
+from harness import hostile_payloads as HP
 from vcasync.policy import build_policy
 from vcasync.tensors import ModelState
-from vcasync.testing import hostile_payloads as HP
 
 from .conftest import PAYLOAD, call, digits_model, join, lease, serving
 

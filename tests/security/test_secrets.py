@@ -12,11 +12,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from harness import hostile_payloads as HP
+from harness.probe import HttpProbe, Reply
 from vcasync.errors import StorageError
 from vcasync.storage import open_storage
-from vcasync.testing import hostile_payloads as HP
 from vcasync.testing.faults import FaultPlan, FaultyStorage
-from vcasync.testing.probe import HttpProbe, Reply
 
 from .conftest import PAYLOAD, SECRET, call, digits_model, join, lease, serving
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.fleet import free_port, toml_text
 from vcasync._spawn import module_command
-from vcasync.testing.fleet import free_port, toml_text
 
 from .conftest import SECRET
 
@@ -88,7 +88,7 @@ def test_plain_http_to_the_tls_port_is_refused(tmp_path: Path) -> None:
     import http.client
     import ssl
 
-    from vcasync.testing.probe import CoordinatorProcess
+    from harness.probe import CoordinatorProcess
 
     cert, key = self_signed(tmp_path)
     table = {"model": {"factory": "vcasync.examples.digits:model"},

@@ -1,6 +1,8 @@
 """The production ``vcasync coordinator`` carries no test switches: with every chaos variable set
-(a pause at the start-up snapshot, every storage write failing) it starts and serves as if they were
-not there. Only the test-only ``python -m vcasync.testing.chaos_coordinator`` honours them."""
+(a pause at the start-up snapshot, every storage write failing) and the repository's ``harness`` on
+its ``PYTHONPATH``, it starts and serves as if they were not there. Only the test-only
+``python -m harness.chaos_coordinator`` honours them (tests/core/test_testkit.py checks that the
+installed package never imports the harness at all)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from harness import CHAOS_COORDINATOR, harness_env
+from harness.fleet import free_port, toml_text
 from vcasync._spawn import module_command
-from vcasync.testing.fleet import free_port, toml_text
 
 SECRET = "switches-join-secret-0123456789abcdef"
 
@@ -35,7 +38,7 @@ def _coordinator(module: str, run_dir: Path,
         proc = subprocess.Popen(
             module_command(module, "coordinator", "--config", str(run_dir / "run.toml"), "--port", str(port)),
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=run_dir,
-            env={**os.environ, "OMP_NUM_THREADS": "1", "VCASYNC_JOIN_SECRET": SECRET, **env})
+            env=harness_env({**os.environ, "OMP_NUM_THREADS": "1", "VCASYNC_JOIN_SECRET": SECRET, **env}))
     try:
         yield proc, port
     finally:
@@ -79,7 +82,7 @@ def test_the_chaos_entry_point_honours_them(tmp_path: Path) -> None:
     markers = tmp_path / "markers"
     markers.mkdir()
     env = {k: v for k, v in _switches(markers).items() if k != "VCASYNC_STORAGE_FAULTS"}
-    with _coordinator("vcasync.testing.chaos_coordinator", tmp_path / "chaos", env) as (proc, _port):
+    with _coordinator(CHAOS_COORDINATOR, tmp_path / "chaos", env) as (proc, _port):
         # It pauses inside its first snapshot write, and says so with a marker file.
         assert _until(lambda: (markers / f"snapshot.{proc.pid}").exists(), proc, 90), \
             (tmp_path / "chaos" / "coordinator.log").read_text()

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from harness import CHAOS_COORDINATOR, harness_env
 from vcasync.cli import ExitCode
 from vcasync.storage import open_storage
 from vcasync.testing.emulators import DUMMY_S3_CREDENTIALS
@@ -51,6 +52,8 @@ class Coord:
                    "AWS_ACCESS_KEY_ID": DUMMY_S3_CREDENTIALS["aws_access_key_id"],
                    "AWS_SECRET_ACCESS_KEY": DUMMY_S3_CREDENTIALS["aws_secret_access_key"],
                    **(env or {})}
+        if module == CHAOS_COORDINATOR:
+            environ = harness_env(environ)
         cmd = [sys.executable, "-m", module, "coordinator", "--model", MODEL, "--storage",
                storage, "--host", "127.0.0.1", "--port", "0", "--port-file", str(self.port_file),
                "--linger", "0", "--durability", "journal", *args]
@@ -274,7 +277,7 @@ def test_a_transient_fault_while_starting_is_retried(request: pytest.FixtureRequ
     # injected through the test-only entry point, which runs the same coordinator command.
     faults = {"VCASYNC_STORAGE_FAULTS": "fail=0.2,ops=put,seed=4"}
     c = start(coords, tmp_path, _url("s3", request, unique_prefix), "--units", "2", env=faults,
-              module="vcasync.testing.chaos_coordinator")
+              module=CHAOS_COORDINATOR)
     c.ready()
     assert "coordinator start-up failed" in c.log()
     c.stop()

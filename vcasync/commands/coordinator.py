@@ -29,7 +29,7 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..cli import Command, ExitCode, read_secret
 from ..errors import ClosedError, ConfigError
@@ -38,9 +38,21 @@ if TYPE_CHECKING:
     from ..coordinator import Coordinator, StartOptions
     from ..policy import MergePolicy
     from ..runconfig import RunConfig
-    from ..testing.hooks import ChaosHooks
+    from ..storage import Storage
 
 log = logging.getLogger("vcasync.cli")
+
+
+class ServeHooks(Protocol):
+    """What a test-only entry point may wrap around the coordinator's policy and storage.
+
+    The repository's chaos tests pass one (``harness.hooks.ChaosHooks``, in the source checkout and
+    never in the installed package); the ``vcasync coordinator`` command passes none.
+    """
+
+    def wrap_policy(self, policy: MergePolicy) -> MergePolicy: ...
+
+    def wrap_storage(self, storage: Storage, state_prefix: str) -> Storage: ...
 
 
 def _configure(p: argparse.ArgumentParser) -> None:
@@ -188,10 +200,10 @@ def _run(a: argparse.Namespace) -> int:
     return launch(a)
 
 
-def launch(a: argparse.Namespace, hooks: ChaosHooks | None = None) -> int:
+def launch(a: argparse.Namespace, hooks: ServeHooks | None = None) -> int:
     """Run the coordinator the parsed arguments ``a`` describe, until it is finished or stopped.
 
-    ``hooks`` come only from the test-only entry point ``python -m vcasync.testing.chaos_coordinator``:
+    ``hooks`` come only from the repository's test-only entry point ``python -m harness.chaos_coordinator``:
     the production command passes none and reads no test switch from the environment, so no
     variable left set on a server can turn on pause points or injected storage faults.
     """
@@ -228,14 +240,14 @@ def _policy(cfg: RunConfig) -> tuple[MergePolicy, dict[str, Any]]:
 
 async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                 port_file: Path | None = None, app_dir: Path | None = None,
-                hooks: ChaosHooks | None = None, operator_token: str | None = None,
+                hooks: ServeHooks | None = None, operator_token: str | None = None,
                 start: StartOptions | None = None) -> int:
     """Run the coordinator ``cfg`` describes until the run is finished (then ``linger_s``) or a signal.
 
     Returns :attr:`ExitCode.PARKED` when the run finished with parked units (an operator may requeue
     them while it lingers: the run then goes on), else :attr:`ExitCode.OK`.
 
-    ``hooks`` (chaos tests only, see :mod:`vcasync.testing.hooks`) wraps the policy and the storage so
+    ``hooks`` (chaos tests only, see :class:`ServeHooks`) wraps the policy and the storage so
     a test can kill the process at a known step and inject storage faults; None adds nothing.
     """
     import torch

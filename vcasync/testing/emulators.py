@@ -18,12 +18,11 @@ import os
 import selectors
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import types
 from typing import IO, Literal, Self
-
-from .._spawn import module_command
 
 __all__ = ["DUMMY_S3_CREDENTIALS", "Emulator"]
 
@@ -49,7 +48,9 @@ class Emulator:
     def start(self) -> Self:
         if self._proc is not None:
             return self
-        cmd = module_command("vcasync.testing._emulator_main", self.kind, "--port", "0")
+        # -P: the working directory stays off the child's sys.path, so a source checkout's vcasync/
+        # folder cannot shadow the installed package (as for every vcasync child process).
+        cmd = [sys.executable, "-P", "-m", "vcasync.testing._emulator_main", self.kind, "--port", "0"]
         if self.serialize and self.kind == "s3":
             cmd.append("--serialize")
         if not self.preconditions and self.kind == "gcs":

@@ -1,7 +1,7 @@
 """The laws of merge policies, each checkable on one example.
 
 Every function here takes a *factory* (anything that builds a fresh policy) and one example, and
-raises :class:`~vcasync.testing.harness.LawViolation` when the policy breaks the law. The
+raises :class:`~vcasync.testing.policy_run.LawViolation` when the policy breaks the law. The
 hypothesis-driven :func:`vcasync.testing.check_policy` (in :mod:`vcasync.testing.suite`) draws the
 examples; call these directly to pin a case you care about.
 
@@ -46,7 +46,7 @@ from collections.abc import Sequence
 import torch
 
 from ..tensors import ModelState, is_counter
-from .harness import LawViolation, PolicyFactory, PolicyRun, compare_runs, roundtrip_state
+from .policy_run import LawViolation, PolicyFactory, PolicyRun, compare_runs, roundtrip_state
 from .strategies import StreamItem, UpdateStream
 
 __all__ = [
@@ -129,7 +129,7 @@ def counters(factory: PolicyFactory, stream: UpdateStream) -> None:
     is its value after the previous merge plus the increments of every result accepted since
     (the results the policy kept for later included, refused ones not), each bool tensor the value
     of the last of them. Increments are the update's integers as the policy got them (a full-
-    weights result's values less its base version's: the harness converts like the coordinator)."""
+    weights result's values less its base version's: PolicyRun converts like the coordinator)."""
     run = PolicyRun(factory(), stream.model.clone())
     names = [n for n, t in stream.model.items() if not (t.is_floating_point() or t.is_complex())]
     if not names:

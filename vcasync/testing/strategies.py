@@ -13,15 +13,15 @@ shrinks to a readable counterexample. The pieces::
 
 An :class:`UpdateStream` records each result's *lag* (how many versions behind the current model
 its base is) rather than a fixed base version, because which versions exist depends on what the
-policy merged; :class:`vcasync.testing.harness.PolicyRun` turns lags into ``Update`` objects the way
+policy merged; :class:`vcasync.testing.policy_run.PolicyRun` turns lags into ``Update`` objects the way
 the coordinator would (``base_version``, ``staleness``, ``base``).
 
 Integer and bool tensors follow the policy contract: integers in a delta are the worker's
-increments, and in full weights its values (the harness turns them into increments against the
+increments, and in full weights its values (PolicyRun turns them into increments against the
 base version, as the coordinator does); bools are the worker's values in both.
 
 A stream's model starts at a drawn version (0 at times, up to 2**40), so a lag drawn from
-:func:`staleness_values` can make a result that stale: the harness takes versions before the start
+:func:`staleness_values` can make a result that stale: PolicyRun takes versions before the start
 to equal the starting model.
 """
 

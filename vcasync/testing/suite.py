@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from ..policy import KNOWN_LAWS, REQUIRED_LAWS
 from ..tensors import ModelState
 from . import laws as _laws
-from .harness import PolicyFactory
+from .policy_run import PolicyFactory
 from .strategies import DEFAULT_WINDOW, TAIL_MAX, UpdateStream, staleness_values, update_streams
 
 __all__ = [

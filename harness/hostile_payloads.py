@@ -17,8 +17,8 @@ from typing import Any, Final
 import msgpack
 import torch
 
-from ..tensors import ModelState
-from ..wire import PROTOCOL_VERSION, checksum, encode_payload
+from vcasync.tensors import ModelState
+from vcasync.wire import PROTOCOL_VERSION, checksum, encode_payload
 
 __all__ = [
     "MAGIC", "block", "bomb_payload", "crafted_payload", "frame", "result_meta", "tensor_frame",

@@ -1,9 +1,9 @@
 """Run hostile inputs against a live coordinator and count what happened.
 
-:func:`fuzz` draws :class:`~vcasync.testing.hostile.Hostile` requests with hypothesis, sends each
-over a keep-alive connection, checks every answer (:func:`~vcasync.testing.hostile.check_reply`) and,
+:func:`fuzz` draws :class:`~harness.hostile.Hostile` requests with hypothesis, sends each
+over a keep-alive connection, checks every answer (:func:`~harness.hostile.check_reply`) and,
 every ``check_every`` inputs and at the end, that the coordinator's state did not move
-(:func:`~vcasync.testing.probe.fingerprint`). :func:`slow_loris` holds connections that trickle
+(:func:`~harness.probe.fingerprint`). :func:`slow_loris` holds connections that trickle
 headers, control bodies and result uploads, and checks that honest workers are served meanwhile and
 that the trickles are cut off. Both return plain figures; a test asserts on them, a benchmark prints
 them.

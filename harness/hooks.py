@@ -21,9 +21,10 @@ Points:
 ops=put+put_stream+delete;delay=0.2,max_delay_s=0.1"``: writes fail (before or after they happen),
 and a fifth of all calls are slowed by up to 100 ms. Layers are separated by ``;``.
 
-Nothing here runs in production: only the test-only entry point ``python -m
-vcasync.testing.chaos_coordinator`` (:mod:`vcasync.testing.chaos_coordinator`) builds
-:class:`ChaosHooks` from the environment (``VCASYNC_PAUSE_AT="merge@3"``, ``VCASYNC_PAUSE_DIR``,
+Nothing here runs in production: this module is not even installed (it lives in the repository's
+``harness/``, outside the wheel), and only the test-only entry point ``python -m
+harness.chaos_coordinator`` (:mod:`harness.chaos_coordinator`) builds :class:`ChaosHooks` from the
+environment (``VCASYNC_PAUSE_AT="merge@3"``, ``VCASYNC_PAUSE_DIR``,
 ``VCASYNC_PAUSE_S``, ``VCASYNC_STORAGE_FAULTS``) and wraps the coordinator's policy and storage. The
 ``vcasync coordinator`` command never reads these variables, so a normal run has no extra call on
 any path and no forgotten variable can pause it or fail its writes.
@@ -41,11 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Final, cast
 
-from ..errors import ConfigError
-from ..policy import MergePolicy, PolicyState
-from ..storage import BytesLike, Storage
-from ..tensors import ModelState, Update
-from .faults import ForwardingStorage
+from vcasync.errors import ConfigError
+from vcasync.policy import MergePolicy, PolicyState
+from vcasync.storage import BytesLike, Storage
+from vcasync.tensors import ModelState, Update
+from vcasync.testing.faults import ForwardingStorage
 
 __all__ = ["POINTS", "ChaosHooks", "PausePlan", "PausePoints", "PausingStorage", "fault_layers"]
 
@@ -243,7 +244,7 @@ class ChaosHooks:
 
     def wrap_storage(self, storage: Storage, state_prefix: str) -> Storage:
         """Faults innermost (they hit the real calls), pauses outermost (after a write succeeded)."""
-        from .faults import FaultPlan, FaultyStorage
+        from vcasync.testing.faults import FaultPlan, FaultyStorage
 
         out: Storage = storage
         for n, layer in enumerate(self.faults):

@@ -1,9 +1,9 @@
 """A chaos run: a real fleet trains the digits example while its processes are killed and its storage
-misbehaves; then :mod:`vcasync.testing.audit` checks what survived.
+misbehaves; then :mod:`harness.audit` checks what survived.
 
 One coordinator and ``workers`` ``vcasync worker`` processes (half preempt with a checkpoint, half
 with a partial result). The coordinator runs through the test-only entry point
-:mod:`vcasync.testing.chaos_coordinator` (the ``vcasync coordinator`` command plus the hooks below;
+:mod:`harness.chaos_coordinator` (the ``vcasync coordinator`` command plus the hooks below;
 the production command ignores them). While they train:
 
 - workers get SIGTERM (a preemption notice, ``grace_period_s`` to wrap up; escalated to SIGKILL if
@@ -14,7 +14,7 @@ the production command ignores them). While they train:
   the acknowledgement), ``"snapshot"`` (a snapshot's data written, its manifest not yet),
   ``"journal"`` (a journal entry just written), ``"upload"`` (while a result upload, sent by this
   driver as a worker would, is half received), ``"random"``; the first three are reached through
-  the pause points of :mod:`vcasync.testing.hooks` and verified by their marker files;
+  the pause points of :mod:`harness.hooks` and verified by their marker files;
 - the coordinator's storage fails and slows calls (``storage_faults``, see ``hooks``).
 
 :func:`run_chaos` returns what it did and saw (:class:`ChaosResult`), including the audit.
@@ -34,8 +34,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..ledger._units import Receipt
-from ..worker._state_dir import StateDir
+from vcasync.ledger._units import Receipt
+from vcasync.worker._state_dir import StateDir
+
 from .audit import AuditReport
 from .chaos_driver import DriverWorker, audit_run, one_torch_thread
 from .fleet import Fleet, FleetSpec, Proc, free_port, toml_text

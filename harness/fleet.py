@@ -24,7 +24,9 @@ from typing import Self
 
 import aiohttp
 
-from .._spawn import module_command
+from vcasync._spawn import module_command
+
+from . import CHAOS_COORDINATOR, harness_env
 
 __all__ = ["Fleet", "FleetSpec", "Proc", "free_port", "process_memory", "toml_text"]
 
@@ -51,8 +53,8 @@ class FleetSpec:
     #: Extra environment for every process (``OMP_NUM_THREADS=1`` keeps 9 processes on 2 cores sane).
     env: Mapping[str, str] = field(default_factory=lambda: {"OMP_NUM_THREADS": "1",
                                                             "MKL_NUM_THREADS": "1"})
-    #: Start the coordinator through the test-only ``vcasync.testing.chaos_coordinator``, which
-    #: honours the pause points and storage faults of :mod:`vcasync.testing.hooks`.
+    #: Start the coordinator through the test-only ``harness.chaos_coordinator``, which
+    #: honours the pause points and storage faults of :mod:`harness.hooks`.
     chaos_hooks: bool = False
 
     @property
@@ -144,7 +146,7 @@ class Fleet:
                 *module_command(module, "--log-level", self.spec.log_level, *args,
                                 python=self.spec.python),
                 stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
-                env=self._env(env), cwd=self.spec.run_dir)
+                env=harness_env(self._env(env)), cwd=self.spec.run_dir)
         return Proc(name, n, proc, log)
 
     # -- coordinator ------------------------------------------------------------------------------
@@ -160,7 +162,7 @@ class Fleet:
         """Start the coordinator process and return at once."""
         if self.coordinator is not None and self.coordinator.running:
             raise RuntimeError("the coordinator is already running")
-        module = "vcasync.testing.chaos_coordinator" if self.spec.chaos_hooks else "vcasync"
+        module = CHAOS_COORDINATOR if self.spec.chaos_hooks else "vcasync"
         proc = await self._spawn("coordinator", ["coordinator", "--config", str(self.spec.run_toml),
                                                  "--port", str(self.spec.port)], env, module)
         self.coordinator = proc

@@ -35,10 +35,11 @@ import msgpack
 import torch
 from hypothesis import strategies as st
 
-from ..protocol import _messages as P
-from ..server._auth import TokenAuthority
-from ..tensors import ModelState
-from ..wire import decode_payload_bytes, encode_message
+from vcasync.protocol import _messages as P
+from vcasync.server._auth import TokenAuthority
+from vcasync.tensors import ModelState
+from vcasync.wire import decode_payload_bytes, encode_message
+
 from . import hostile_payloads as HP
 from .probe import MSGPACK, PAYLOAD, HttpProbe
 

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from .._spawn import module_command
-from ..errors import VCAsyncError
-from ..wire import decode_message, decode_payload_bytes, encode_message
+from vcasync._spawn import module_command
+from vcasync.errors import VCAsyncError
+from vcasync.wire import decode_message, decode_payload_bytes, encode_message
+
 from .fleet import free_port, process_memory, toml_text
 
 __all__ = ["CoordinatorProcess", "HttpProbe", "Reply", "fingerprint"]

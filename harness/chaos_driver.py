@@ -14,18 +14,19 @@ from urllib.parse import urlsplit
 import aiohttp
 import torch
 
-from .._imports import import_object
-from ..coordinator import CoordinatorConfig
-from ..errors import VCAsyncError
-from ..ledger._units import Receipt, WorkUnit
-from ..policy import policy_from_config
-from ..protocol import _messages as P
-from ..runconfig import UnitsConfig, dataclass_from_table
-from ..storage import open_storage
-from ..tensors import ModelState, Update
-from ..trainer import TrainContext, TrainResult
-from ..wire import decode_payload_bytes, encode_payload
-from ..worker._client import CoordinatorClient, is_transient
+from vcasync._imports import import_object
+from vcasync.coordinator import CoordinatorConfig
+from vcasync.errors import VCAsyncError
+from vcasync.ledger._units import Receipt, WorkUnit
+from vcasync.policy import policy_from_config
+from vcasync.protocol import _messages as P
+from vcasync.runconfig import UnitsConfig, dataclass_from_table
+from vcasync.storage import open_storage
+from vcasync.tensors import ModelState, Update
+from vcasync.trainer import TrainContext, TrainResult
+from vcasync.wire import decode_payload_bytes, encode_payload
+from vcasync.worker._client import CoordinatorClient, is_transient
+
 from .audit import AuditReport, audit
 
 if TYPE_CHECKING:

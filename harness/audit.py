@@ -22,14 +22,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..checkpoint import CheckpointStore
-from ..coordinator import Coordinator, CoordinatorConfig
-from ..coordinator._journal import Journal
-from ..ledger._units import Receipt, WorkUnit
-from ..policy import MergePolicy
-from ..storage import Storage
-from ..tensors import ModelState
-from ..wire import decode_payload
+from vcasync.checkpoint import CheckpointStore
+from vcasync.coordinator import Coordinator, CoordinatorConfig
+from vcasync.coordinator._journal import Journal
+from vcasync.ledger._units import Receipt, WorkUnit
+from vcasync.policy import MergePolicy
+from vcasync.storage import Storage
+from vcasync.tensors import ModelState
+from vcasync.wire import decode_payload
 
 __all__ = ["AuditReport", "audit"]
 

@@ -1,8 +1,8 @@
-"""``python -m vcasync.testing.chaos_coordinator [--log-level L] coordinator ARGS``: the
+"""``python -m harness.chaos_coordinator [--log-level L] coordinator ARGS``: the
 ``vcasync coordinator`` command with chaos hooks, for chaos tests only.
 
 The arguments are exactly those of ``vcasync coordinator``; on top, this entry point reads the test
-switches of :mod:`vcasync.testing.hooks` from the environment (``VCASYNC_PAUSE_AT``,
+switches of :mod:`harness.hooks` from the environment (``VCASYNC_PAUSE_AT``,
 ``VCASYNC_PAUSE_DIR``, ``VCASYNC_PAUSE_S``, ``VCASYNC_STORAGE_FAULTS``) and wraps the coordinator's
 policy and storage with them: pause points a test can SIGKILL the process at, and injected storage
 faults. The production command never reads those variables, so nothing left in a server's
@@ -17,9 +17,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ..cli import Command
-from ..cli import main as cli_main
-from ..commands import coordinator
+from vcasync.cli import Command
+from vcasync.cli import main as cli_main
+from vcasync.commands import coordinator
+
 from .hooks import ChaosHooks
 
 __all__ = ["COMMAND", "main"]
