@@ -72,6 +72,9 @@ class Job:
     meta: ResultMeta
     tensors: dict[str, torch.Tensor]
     future: asyncio.Future[Receipt]
+    #: Journal mode: the key of the result's bytes as received; kept when a record names them.
+    blob: str | None = None
+    blob_named: bool = False
 
 
 def retrieve(fut: asyncio.Future[Any]) -> None:
@@ -125,7 +128,7 @@ class Merger:
                 self._metrics.reject(reject_reason(exc))
                 job.future.set_exception(exc)
             except StorageError as exc:
-                job.future.set_exception(self._storage_failed(exc))
+                job.future.set_exception(self.storage_failed(exc))
             except VCAsyncError as exc:
                 job.future.set_exception(exc)
             except BaseException:
@@ -141,7 +144,7 @@ class Merger:
             if self.since_snapshot >= self._config.snapshot_every and self._journal.durable:
                 await self.capture()
 
-    def _storage_failed(self, exc: StorageError) -> StorageError:
+    def storage_failed(self, exc: StorageError) -> StorageError:
         """What the sender of a result whose write failed is told."""
         if isinstance(exc, StorageUnavailableError | PreconditionFailedError):
             return exc     # refused before any write / another coordinator: not a new outage
@@ -153,6 +156,8 @@ class Merger:
     def _done_with(self, job: Job) -> None:
         """The job's tensors are merged (or refused) and journaled: offer them for reuse."""
         tensors, job.tensors = job.tensors, {}
+        if job.blob is not None and not job.blob_named:
+            self._journal.discard_later(job.blob)
         if self._recycle is not None and tensors:
             self._recycle(tensors)
 
@@ -187,9 +192,14 @@ class Merger:
             if self._journal.journaling:
                 if held is not None:
                     await self._journal.ensure_base(held.model)
+                # The bytes as received stand for the result unless its counters were changed
+                # into increments above: then the tensors go inline, as format 1 wrote them.
+                by_ref = job.blob is not None and (meta.kind == "delta" or self._owner.counters.empty)
                 await self._journal.append(
                     {"type": "result", "worker_id": job.worker_id, "unit_id": job.unit.unit_id,
-                     "ints": INCREMENTS, **meta.to_dict()}, job.tensors)
+                     "ints": INCREMENTS, **meta.to_dict()}, {} if by_ref else job.tensors,
+                    blob=job.blob if by_ref else None)
+                job.blob_named = by_ref
                 self._metrics.journal_writes += 1
             return await self.apply(job.worker_id, job.unit.unit_id, meta, job.tensors,
                                      None if held is None else held.model)

@@ -19,7 +19,8 @@ from vcasync.wire import decode_payload_bytes
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 _spec = importlib.util.spec_from_file_location("make_v1", FIXTURES / "make_v1.py")
-assert _spec is not None and _spec.loader is not None
+assert _spec is not None
+assert _spec.loader is not None
 make_v1 = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(make_v1)
 
@@ -32,17 +33,17 @@ async def test_a_format_1_journal_replays_bit_for_bit(tmp_path: Path) -> None:
     expected = json.loads((FIXTURES / "journal_v1.json").read_text())
     shutil.copytree(FIXTURES / "journal_v1", tmp_path / "store")
     want = decode_payload_bytes(bytes.fromhex(expected["model"]), expected_kind="model").tensors
-    async with open_storage(f"file://{tmp_path / 'store'}") as storage:
-        async with Coordinator(make_v1.model(), make_v1.units(), policy=build_policy("vcasgd"),
-                               storage=storage, config=make_v1.config()) as coord:
-            assert coord.version == expected["version"]
-            got = coord.model()
-            for name, t in want.items():
-                assert torch.equal(got[name], t), name
-            for lease_id, status in expected["receipts"].items():
-                # the body is not read for a lease that has its receipt
-                r = await coord.submit(expected["worker_id"], lease_id, _one(b""))
-                assert r.status == ("duplicate" if status == "accepted" else status)
+    storage = open_storage(f"file://{tmp_path / 'store'}")
+    async with storage, Coordinator(make_v1.model(), make_v1.units(), policy=build_policy("vcasgd"),
+                                    storage=storage, config=make_v1.config()) as coord:
+        assert coord.version == expected["version"]
+        got = coord.model()
+        for name, t in want.items():
+            assert torch.equal(got[name], t), name
+        for lease_id, status in expected["receipts"].items():
+            # the body is not read for a lease that has its receipt
+            r = await coord.submit(expected["worker_id"], lease_id, _one(b""))
+            assert r.status == ("duplicate" if status == "accepted" else status)
 
 
 def test_format_1_control_messages_decode() -> None:
@@ -57,4 +58,5 @@ def test_format_1_control_messages_decode() -> None:
     assert (receipt.lease_id, receipt.unit_id, receipt.status, receipt.version,
             receipt.reason) == ("L1", "e0-s1", "accepted", 4, None)
     payload = decode_payload_bytes(bytes.fromhex(msgs["result_payload"]), expected_kind="result")
-    assert payload.meta["lease_id"] == "L1" and payload.meta["kind"] == "delta"
+    assert payload.meta["lease_id"] == "L1"
+    assert payload.meta["kind"] == "delta"
