@@ -68,9 +68,10 @@ def bench_delta(model: ModelState, seed: int = 1, scale: float = 1e-3) -> dict[s
             else torch.ones_like(v) for k, v in model.items()}
 
 
-def _rss_bytes() -> int:
+def _rss_bytes(field: str = "VmRSS") -> int:
+    """This process's resident memory now (``VmRSS``) or at its peak (``VmHWM``), in bytes."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
     return 0
 
@@ -133,7 +134,8 @@ async def coordinator(a: argparse.Namespace, stop: asyncio.Event) -> None:
     pauses = GcPauses()
     with tempfile.TemporaryDirectory(prefix="vcasync-bench-") as tmp:
         url = f"file://{tmp}/store" if a.durability != "none" else "memory://bench"
-        cfg = CoordinatorConfig(durability=a.durability, lease_timeout_s=a.lease_timeout)
+        cfg = CoordinatorConfig(durability=a.durability, lease_timeout_s=a.lease_timeout,
+                                **({} if a.max_staleness is None else {"max_staleness": a.max_staleness}))
         policy = build_policy("vcasgd")
         async with open_storage(url) as storage, \
                 Coordinator(model, units, policy=policy, storage=storage, config=cfg) as coord:
@@ -144,7 +146,8 @@ async def coordinator(a: argparse.Namespace, stop: asyncio.Event) -> None:
 
             async def rss(request: web.Request) -> web.Response:
                 cpu = os.times()
-                return web.json_response({"rss": _rss_bytes(), "version": coord.version,
+                return web.json_response({"rss": _rss_bytes(), "rss_peak": _rss_bytes("VmHWM"),
+                                          "version": coord.version,
                                           "cpu_s": cpu.user + cpu.system, **pauses.summary()})
 
             async def merged(request: web.Request) -> web.Response:
@@ -268,6 +271,7 @@ if __name__ == "__main__":
     p.add_argument("--steps", type=int, default=1)
     p.add_argument("--durability", default="none", choices=["none", "snapshot", "journal"])
     p.add_argument("--lease-timeout", type=float, default=600.0)
+    p.add_argument("--max-staleness", type=int, default=None, help="default: CoordinatorConfig's")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--stall-monitor", action="store_true", help="sample the loop's lateness every 1 ms")
     args = p.parse_args()
