@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._messages import JournalReject, JournalResult, ResultMeta, journal_record, to_body
 from ._model import ModelOwner
-from ._results import ResultMeta, reject_reason
+from ._results import reject_reason
 from ._snapshots import SnapshotSlot
 from ._storage_health import StorageHealth
 from ._units import Receipt, WorkUnit
@@ -33,6 +34,7 @@ from ._versions import Version
 from .errors import (
     ClosedError,
     CorruptObjectError,
+    FrameError,
     LedgerError,
     PolicyError,
     PreconditionFailedError,
@@ -195,10 +197,10 @@ class Merger:
                 # The bytes as received stand for the result unless its counters were changed
                 # into increments above: then the tensors go inline, as format 1 wrote them.
                 by_ref = job.blob is not None and (meta.kind == "delta" or self._owner.counters.empty)
-                await self._journal.append(
-                    {"type": "result", "worker_id": job.worker_id, "unit_id": job.unit.unit_id,
-                     "ints": INCREMENTS, **meta.to_dict()}, {} if by_ref else job.tensors,
-                    blob=job.blob if by_ref else None)
+                record = JournalResult.of(meta, worker_id=job.worker_id, unit_id=job.unit.unit_id,
+                                          ints=INCREMENTS)
+                await self._journal.append(to_body(record), {} if by_ref else job.tensors,
+                                           blob=job.blob if by_ref else None)
                 job.blob_named = by_ref
                 self._metrics.journal_writes += 1
             return await self.apply(job.worker_id, job.unit.unit_id, meta, job.tensors,
@@ -209,9 +211,8 @@ class Merger:
 
     async def _reject(self, job: Job, reason: str, message: str) -> Receipt:
         if self._journal.journaling:
-            await self._journal.append({"type": "reject", "lease_id": job.lease_id,
-                                        "worker_id": job.worker_id, "unit_id": job.unit.unit_id,
-                                        "reason": reason}, {})
+            await self._journal.append(to_body(JournalReject("reject", job.lease_id, job.worker_id,
+                                                             job.unit.unit_id, reason)), {})
             self._metrics.journal_writes += 1
         log.info("result of lease %s rejected: %s", job.lease_id, message)
         return self.record_reject(job.lease_id, job.worker_id, job.unit.unit_id, reason)
@@ -257,18 +258,15 @@ class Merger:
     async def replay(self, meta: Mapping[str, Any], tensors: dict[str, torch.Tensor]) -> None:
         """Apply one journal entry again, exactly as it was applied live."""
         try:
-            if meta["type"] == "reject":
-                self.record_reject(meta["lease_id"], meta["worker_id"], meta["unit_id"],
-                                   meta["reason"])
-                return
-            rm = ResultMeta(meta["lease_id"], int(meta["base_version"]), meta["kind"],
-                            int(meta["steps"]), int(meta["samples"]), bool(meta["partial"]),
-                            dict(meta["metrics"]))
-            worker_id, unit_id = str(meta["worker_id"]), str(meta["unit_id"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptObjectError(f"journal entry {meta.get('seq')} is malformed: {exc!r}",
+            record = journal_record(meta)
+        except FrameError as exc:
+            raise CorruptObjectError(f"journal entry {meta.get('seq')} is malformed: {exc}",
                                      key=str(meta.get("seq"))) from None
-        if rm.kind == "weights" and meta.get("ints") != INCREMENTS:   # written before increments
+        if isinstance(record, JournalReject):
+            self.record_reject(record.lease_id, record.worker_id, record.unit_id, record.reason)
+            return
+        rm, worker_id, unit_id = record.meta(), record.worker_id, record.unit_id
+        if rm.kind == "weights" and record.ints != INCREMENTS:   # written before increments
             self._owner.counters.legacy_increments(tensors, self._owner.versions.current.model)
         held: Version | None = None
         base: ModelState | None = None

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterable, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ._aio import to_thread_released
+from ._messages import ResultMeta
 from ._units import WorkUnit
 from .errors import ValidationError, WireError
-from .tensors import ModelSpec, UpdateKind
+from .tensors import ModelSpec
 from .wire import decode_payload
 
 if TYPE_CHECKING:
@@ -27,24 +27,6 @@ __all__ = ["ResultMeta", "check_tensors", "parse_result_meta", "read_result", "r
            "update_norm"]
 
 _MAX_METRICS = 64
-
-
-@dataclass(frozen=True, slots=True)
-class ResultMeta:
-    """The validated metadata of a result payload (kind ``"result"``)."""
-
-    lease_id: str
-    base_version: int
-    kind: UpdateKind
-    steps: int
-    samples: int = 0
-    partial: bool = False
-    metrics: dict[str, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"lease_id": self.lease_id, "base_version": self.base_version, "kind": self.kind,
-                "steps": self.steps, "samples": self.samples, "partial": self.partial,
-                "metrics": dict(self.metrics)}
 
 
 def _bad(message: str, reason: str, name: str | None = None) -> ValidationError:

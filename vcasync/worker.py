@@ -45,6 +45,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from ._messages import ResultMeta, to_body
 from ._remote_state import RemoteStateDir
 from ._units import LeaseGrant, Receipt
 from ._worker_io import ModelCache, result_tensors, spool_result
@@ -462,9 +463,9 @@ class Worker:
     async def _deliver(self, grant: LeaseGrant, base: ModelState, result: TrainResult, *,
                        partial: bool) -> None:
         tensors = await asyncio.to_thread(result_tensors, base, result, self.config.upload)
-        meta = {"lease_id": grant.lease_id, "base_version": grant.base_version, "kind": self.config.upload,
-                "samples": int(result.samples), "steps": int(result.steps), "partial": partial,
-                "metrics": {k: float(v) for k, v in result.metrics.items()}}
+        meta = to_body(ResultMeta(grant.lease_id, grant.base_version, self.config.upload,
+                                  steps=int(result.steps), samples=int(result.samples), partial=partial,
+                                  metrics={k: float(v) for k, v in result.metrics.items()}))
         path = self.state.result_path(grant.lease_id)
         await spool_result(path, meta, tensors, self.config.codec)
         await self._upload(grant.lease_id, path)

@@ -11,7 +11,15 @@ from pathlib import Path
 
 import torch
 
-from vcasync._protocol import MSGPACK, decode_control, grant_from_body, receipt_from_body
+from vcasync._protocol import (
+    MSGPACK,
+    decode_control,
+    decode_msg,
+    encode_msg,
+    grant_from_body,
+    receipt_from_body,
+)
+from vcasync._units import LeaseGrant, Receipt
 from vcasync.coordinator import Coordinator
 from vcasync.policy import build_policy
 from vcasync.storage import open_storage
@@ -60,3 +68,10 @@ def test_format_1_control_messages_decode() -> None:
     payload = decode_payload_bytes(bytes.fromhex(msgs["result_payload"]), expected_kind="result")
     assert payload.meta["lease_id"] == "L1"
     assert payload.meta["kind"] == "delta"
+
+
+def test_grants_and_receipts_encode_to_the_same_bytes_as_format_1() -> None:
+    msgs = json.loads((FIXTURES / "messages_v1.json").read_text())
+    for key, cls in (("grant_msgpack", LeaseGrant), ("receipt_msgpack", Receipt)):
+        old = bytes.fromhex(msgs[key])
+        assert encode_msg(decode_msg(cls, old, MSGPACK), MSGPACK) == old
