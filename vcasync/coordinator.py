@@ -3,7 +3,8 @@
 No HTTP here (the server is a thin skin over this). A result travels::
 
     submit: ledger check -> decode (wire, spec, limits) -> validate (finite, norm)   [any task]
-        -> merge queue -> merge loop: ledger re-check -> staleness / base -> journal (durable)
+            (journal mode: the same chunks written to storage as they arrive, vcasync._ingest)
+        -> merge queue -> merge loop: ledger re-check -> staleness / base -> journal record
         -> policy.merge into the private working model -> publish an immutable version -> receipt
 
 Decoding, validation, the merge and the copies run in worker threads, so heartbeats and leases keep

@@ -17,7 +17,7 @@ was; rejections are written too, small. The bytes of an upload are written to ``
 arrive, while they are decoded and checked (:mod:`vcasync._ingest`): the wire payload is already
 checksummed and self-describing, so it is never decoded and encoded again for the journal. Once the
 result passed its checks, the merge loop writes its record (kind ``journal-ref``, format 2: the
-typed metadata of :mod:`vcasync._records` and the key of those bytes) and only then merges it. An
+typed metadata of :mod:`vcasync._messages` and the key of those bytes) and only then merges it. An
 upload that fails its checks is never named by a record: replay cannot apply it, and its bytes are
 deleted (or swept at the next start). A full-weights result of a model with integer counters is
 journaled as before, tensors inline (kind ``journal``, format 1), because its counters become
