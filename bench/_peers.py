@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import math
 import os
 import signal
 import tempfile
@@ -40,16 +41,37 @@ from vcasync.tensors import ModelState
 SECRET = "bench-join-secret-0123456789"
 
 
-def bench_model(params: int, tensors: int = 4) -> ModelState:
-    """``params`` float32 parameters in ``tensors`` equal 1-D tensors."""
+#: ResNet-50's parameter count at scale 1 (float tensors; its 53 counters come on top).
+RESNET50_PARAMS = 25_557_032
+ARCHS = ("flat", "resnet50")
+
+
+def bench_model(params: int, tensors: int = 4, arch: str = "flat") -> ModelState:
+    """``params`` float32 parameters: ``flat``, in ``tensors`` equal 1-D tensors; ``resnet50``, in
+    a ResNet-50 state dict's 320 tensors (channels scaled to reach about ``params``; int64
+    ``num_batches_tracked`` counters included), trained-like values."""
+    if arch == "resnet50":
+        from .codec import resnet50_shapes, trained_like
+        shapes = resnet50_shapes(math.sqrt(params / RESNET50_PARAMS))
+        return ModelState(trained_like(shapes))
+    if arch != "flat":
+        raise ValueError(f"unknown bench model {arch!r}; use one of {ARCHS}")
     per = max(1, params // tensors)
     gen = torch.Generator().manual_seed(0)
     return ModelState({f"layer{i}.weight": torch.randn(per, generator=gen) for i in range(tensors)})
 
 
-def _rss_bytes() -> int:
+def bench_delta(model: ModelState, seed: int = 1, scale: float = 1e-3) -> dict[str, torch.Tensor]:
+    """A small random delta for ``model``: floats ~N(0, scale), counters +1."""
+    gen = torch.Generator().manual_seed(seed)
+    return {k: (torch.randn(v.shape, generator=gen) * scale).to(v.dtype) if v.is_floating_point()
+            else torch.ones_like(v) for k, v in model.items()}
+
+
+def _rss_bytes(field: str = "VmRSS") -> int:
+    """This process's resident memory now (``VmRSS``) or at its peak (``VmHWM``), in bytes."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
     return 0
 
@@ -106,13 +128,14 @@ async def _serve(app: web.Application, port_file: Path, stop: asyncio.Event, *, 
 
 
 async def coordinator(a: argparse.Namespace, stop: asyncio.Event) -> None:
-    model = bench_model(a.params)
+    model = bench_model(a.params, arch=a.arch)
     units = [WorkUnit(f"u{i}", steps=a.steps) for i in range(a.units)]
     monitor = StallMonitor()
     pauses = GcPauses()
     with tempfile.TemporaryDirectory(prefix="vcasync-bench-") as tmp:
         url = f"file://{tmp}/store" if a.durability != "none" else "memory://bench"
-        cfg = CoordinatorConfig(durability=a.durability, lease_timeout_s=a.lease_timeout)
+        cfg = CoordinatorConfig(durability=a.durability, lease_timeout_s=a.lease_timeout,
+                                **({} if a.max_staleness is None else {"max_staleness": a.max_staleness}))
         policy = build_policy("vcasgd")
         async with open_storage(url) as storage, \
                 Coordinator(model, units, policy=policy, storage=storage, config=cfg) as coord:
@@ -123,7 +146,8 @@ async def coordinator(a: argparse.Namespace, stop: asyncio.Event) -> None:
 
             async def rss(request: web.Request) -> web.Response:
                 cpu = os.times()
-                return web.json_response({"rss": _rss_bytes(), "version": coord.version,
+                return web.json_response({"rss": _rss_bytes(), "rss_peak": _rss_bytes("VmHWM"),
+                                          "version": coord.version,
                                           "cpu_s": cpu.user + cpu.system, **pauses.summary()})
 
             async def merged(request: web.Request) -> web.Response:
@@ -242,10 +266,12 @@ if __name__ == "__main__":
     p.add_argument("mode", choices=sorted(MODES))
     p.add_argument("--port-file", type=Path, required=True)
     p.add_argument("--params", type=int, default=1000)
+    p.add_argument("--arch", default="flat", choices=ARCHS)
     p.add_argument("--units", type=int, default=100)
     p.add_argument("--steps", type=int, default=1)
     p.add_argument("--durability", default="none", choices=["none", "snapshot", "journal"])
     p.add_argument("--lease-timeout", type=float, default=600.0)
+    p.add_argument("--max-staleness", type=int, default=None, help="default: CoordinatorConfig's")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--stall-monitor", action="store_true", help="sample the loop's lateness every 1 ms")
     args = p.parse_args()

@@ -21,12 +21,18 @@ of ``--reps`` after ``--warmup`` uploads; buffers warm: every run reuses the sam
 the servers' freed memory, and the warm-up fills the coordinator's staleness window
 (``max_staleness`` + 2 uploads by default), so it measures the steady state of a long run, where
 published versions and decoded uploads land in recycled memory instead of fresh pages), and
+``coordinator_cpu_s_per_upload_<mode>`` (the coordinator process's CPU seconds per measured upload:
+what one pass over the bytes saves shows here even on a noisy machine), and
 ``loop_stall_ms_p99_<mode>``: the p99 lateness of a 1 ms timer on the coordinator's event loop,
 sampled only while uploads are decoded, validated and merged (how long heartbeats would wait).
-``e2e_vs_raw_post`` / ``e2e_vs_raw_tcp`` are the first mode's (the headline: ``snapshot``, whose
-acknowledgement waits for no disk); ``loop_stall_ms_p99`` is the worst mode's. In ``journal`` mode
-every result is on disk (fsynced) before it is acknowledged, so that mode is bounded by the disk:
-compare it with the durable POST, which does only that.
+Each ratio is the median of per-round ratios, with ``_min`` / ``_max`` beside it; a failed or
+timed-out round counts (ratio 0), ``failed_<mode>`` says how many. The headline figures
+(``headline_durability``, ``e2e_vs_raw_post``, ``e2e_vs_durable_post``, ``e2e_vs_raw_tcp``) are the
+**default** durability's (``journal``), the other modes are reported beside them;
+``loop_stall_ms_p99`` is the worst mode's. In ``journal`` mode every result is on disk (fsynced)
+before it is acknowledged, so that mode is bounded by the disk: compare it with the durable POST,
+which does only that. The model is a ResNet-50 state dict by default (``--arch flat``: four equal
+tensors, the best case for per-tensor cost).
 """
 
 from __future__ import annotations
@@ -35,13 +41,13 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import statistics
 import sys
 import time
 from typing import Any
 
 import aiohttp
-import torch
 
 from vcasync._aio import buffer_blocks
 from vcasync._loop import run
@@ -49,7 +55,7 @@ from vcasync.coordinator import CoordinatorConfig
 from vcasync.wire import encode_payload
 from vcasync.worker._client import UPLOAD_BLOCK, CoordinatorClient
 
-from ._peers import SECRET, bench_model
+from ._peers import ARCHS, RESNET50_PARAMS, SECRET, bench_delta, bench_model
 from ._proc import peer
 
 
@@ -61,11 +67,9 @@ def _pct(values: list[float], q: float) -> float:
 class E2E:
     """Uploads one result per call to the coordinator: upload -> receipt -> version visible."""
 
-    def __init__(self, url: str, params: int) -> None:
+    def __init__(self, url: str, params: int, arch: str) -> None:
         self.url = url
-        spec = bench_model(params)
-        gen = torch.Generator().manual_seed(1)
-        self.delta = {k: torch.randn(v.shape, generator=gen) * 1e-3 for k, v in spec.items()}
+        self.delta = bench_delta(bench_model(params, arch=arch))
         self.stalls: list[float] = []
         self.size = 0
         self.last = b""
@@ -117,11 +121,25 @@ async def tcp_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, d
     return time.perf_counter() - t0
 
 
+#: One upload (or reference request) that takes longer than this counts as failed.
+OP_TIMEOUT_S = 300.0
+
+
+async def _timed(op: Any) -> float:
+    """Seconds ``op`` took; ``inf`` when it failed or timed out (counted, never dropped)."""
+    try:
+        async with asyncio.timeout(OP_TIMEOUT_S):
+            return float(await op)
+    except Exception as exc:     # any failure (a timeout too) is a failed iteration
+        print(f"  iteration failed: {exc!r}", file=sys.stderr)
+        return math.inf
+
+
 async def measure(curl: str, purl: str, durl: str, taddr: str, params: int, reps: int,
-                  warmup: int) -> dict[str, Any]:
+                  warmup: int, arch: str) -> dict[str, Any]:
     """``warmup`` uploads, then ``reps`` rounds; each round runs the four paths back to back, so a
-    noisy neighbour slows them alike."""
-    e2e = E2E(curl, params)
+    noisy neighbour slows them alike. Times per round (``inf``: that iteration failed)."""
+    e2e = E2E(curl, params, arch)
     times: dict[str, list[float]] = {name: [] for name, _ in PATHS}
     host, port = taddr.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
@@ -131,24 +149,43 @@ async def measure(curl: str, purl: str, durl: str, taddr: str, params: int, reps
             for _ in range(max(1, warmup)):  # warm-up, and it tells the payload size
                 await e2e.once(client, http, keep=False)
             data = e2e.last  # a real result payload: the sinks never look inside
+            cpu0 = await _coordinator_cpu_s(http, curl)
             for i in range(reps + 1):
                 keep = i > 0  # round 0 warms the sinks up
                 # References first, while the coordinator is idle.
-                got = {"raw_post": await post_once(http, purl, data),
-                       "whole_buffer_post": await post_once(http, purl, data, whole=True),
-                       "durable_post": await post_once(http, durl, data),
-                       "raw_tcp": await tcp_once(reader, writer, data)}
-                got["e2e"] = await e2e.once(client, http, keep)
+                got = {"raw_post": await _timed(post_once(http, purl, data)),
+                       "whole_buffer_post": await _timed(post_once(http, purl, data, whole=True)),
+                       "durable_post": await _timed(post_once(http, durl, data)),
+                       "raw_tcp": await _timed(tcp_once(reader, writer, data))}
+                got["e2e"] = await _timed(e2e.once(client, http, keep))
                 if keep:
                     for name, t in got.items():
                         times[name].append(t)
+            cpu_per_upload = (await _coordinator_cpu_s(http, curl) - cpu0) / (reps + 1)
     finally:
         writer.close()
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
-    return {"bytes": e2e.size, **{k: statistics.median(v) for k, v in times.items()},
+    return {"bytes": e2e.size, "times": times, "cpu_s_per_upload": cpu_per_upload,
             "stall_p99_ms": _pct(e2e.stalls, 0.99), "stall_max_ms": max(e2e.stalls, default=0.0),
             "stall_samples": len(e2e.stalls)}
+
+
+async def _coordinator_cpu_s(http: aiohttp.ClientSession, url: str) -> float:
+    """CPU seconds (user + system) the coordinator process has used so far."""
+    async with http.get(f"{url}/bench/rss") as r:
+        return float((await r.json())["cpu_s"])
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """min / median / max of per-round ratios (a failed round is 0: no throughput)."""
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def ratios(times: dict[str, list[float]], ref: str) -> list[float]:
+    """Per round: e2e throughput / ``ref``'s throughput (reference time / e2e time)."""
+    return [r / e if math.isfinite(e) and math.isfinite(r) else 0.0
+            for e, r in zip(times["e2e"], times[ref], strict=True)]
 
 
 PATHS = (("e2e", "upload -> ack -> merged"), ("raw_post", "raw aiohttp POST (same bytes)"),
@@ -157,13 +194,18 @@ PATHS = (("e2e", "upload -> ack -> merged"), ("raw_post", "raw aiohttp POST (sam
 
 
 def main(argv: list[str] | None = None) -> int:
+    default_mode = CoordinatorConfig().durability
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--params", type=int, default=25_000_000, help="float32 parameters (default 25M)")
+    p.add_argument("--params", type=int, default=RESNET50_PARAMS,
+                   help="float32 parameters (default: ResNet-50's 25.6M, a ~102 MB result)")
+    p.add_argument("--arch", default="resnet50", choices=ARCHS,
+                   help="tensor layout: a ResNet-50 state dict (320 tensors), or 4 flat tensors")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=CoordinatorConfig().max_staleness + 2,
                    help="uploads before measuring (default: the staleness window + 2, the steady state)")
-    p.add_argument("--durability", default="snapshot,journal",
-                   help="comma list of none, snapshot, journal; the first gives the headline figures")
+    p.add_argument("--durability", default=f"{default_mode},snapshot",
+                   help=f"comma list of none, snapshot, journal; the headline figures are the default "
+                        f"mode's ({default_mode}), else the first listed")
     p.add_argument("--quick", action="store_true", help="5M parameters, 3 reps")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
@@ -176,40 +218,57 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, Any]] = {}
     with peer("post") as purl, peer("durable") as durl, peer("tcp") as taddr:
         for mode in modes:
-            with peer("coordinator", "--params", str(a.params), "--units",
+            with peer("coordinator", "--params", str(a.params), "--arch", a.arch, "--units",
                       str(a.reps + a.warmup + 4), "--durability", mode, "--stall-monitor") as curl:
-                results[mode] = run(measure(curl, purl, durl, taddr, a.params, a.reps, a.warmup))
+                results[mode] = run(measure(curl, purl, durl, taddr, a.params, a.reps, a.warmup,
+                                            a.arch))
     figures: dict[str, Any] = {}
     for mode, e2e in results.items():
-        gbps = {name: e2e["bytes"] / e2e[name] / 1e9 for name, _ in PATHS}
-        figures.update({
-            f"e2e_{mode}_vs_raw_post": gbps["e2e"] / gbps["raw_post"],
-            f"e2e_{mode}_vs_raw_tcp": gbps["e2e"] / gbps["raw_tcp"],
-            f"e2e_{mode}_vs_durable_post": gbps["e2e"] / gbps["durable_post"],
-            f"e2e_{mode}_vs_whole_buffer_post": gbps["e2e"] / gbps["whole_buffer_post"],
-            f"loop_stall_ms_p99_{mode}": e2e["stall_p99_ms"],
-            f"loop_stall_ms_max_{mode}": e2e["stall_max_ms"],
-            f"e2e_{mode}_gbps": gbps["e2e"],
-        })
-        print(f"e2e over loopback, {e2e['bytes'] / 1e6:.0f} MB result payload, durability={mode}, "
-              f"median of {a.reps} interleaved rounds after {a.warmup} warm-up uploads (warm buffers)")
-        print(f"{'path':<34}{'seconds':>10}{'GB/s':>9}{'ratio':>9}")
+        times = e2e["times"]
+        med = {name: statistics.median(times[name]) for name, _ in PATHS}
+        gbps = {name: e2e["bytes"] / med[name] / 1e9 for name, _ in PATHS}
+        failed = sum(1 for t in times["e2e"] if not math.isfinite(t))
+        figures[f"failed_{mode}"] = failed
+        for ref in ("raw_post", "raw_tcp", "durable_post", "whole_buffer_post"):
+            sp = spread(ratios(times, ref))
+            figures[f"e2e_{mode}_vs_{ref}"] = sp["median"]
+            figures[f"e2e_{mode}_vs_{ref}_min"] = sp["min"]
+            figures[f"e2e_{mode}_vs_{ref}_max"] = sp["max"]
+        figures.update({f"loop_stall_ms_p99_{mode}": e2e["stall_p99_ms"],
+                        f"loop_stall_ms_max_{mode}": e2e["stall_max_ms"],
+                        f"e2e_{mode}_gbps": gbps["e2e"],
+                        f"coordinator_cpu_s_per_upload_{mode}": e2e["cpu_s_per_upload"]})
+        tag = " (default)" if mode == default_mode else ""
+        print(f"e2e over loopback, {e2e['bytes'] / 1e6:.0f} MB result payload ({a.arch}, "
+              f"{a.params / 1e6:.1f}M params), durability={mode}{tag}, "
+              f"{a.reps} interleaved rounds after {a.warmup} warm-up uploads (warm buffers); "
+              f"{failed} failed")
+        print(f"{'path':<34}{'median s':>10}{'GB/s':>9}{'ratio min / median / max':>28}")
         for name, label in PATHS:
-            print(f"{label:<34}{e2e[name]:>10.3f}{gbps[name]:>9.3f}{gbps['e2e'] / gbps[name]:>9.2f}")
+            sp = spread(ratios(times, name)) if name != "e2e" else {"min": 1.0, "median": 1.0, "max": 1.0}
+            print(f"{label:<34}{med[name]:>10.3f}{gbps[name]:>9.3f}"
+                  f"{sp['min']:>10.2f}{sp['median']:>9.2f}{sp['max']:>9.2f}")
+        print(f"coordinator CPU per upload: {e2e['cpu_s_per_upload']:.3f} s (user + system, "
+              f"all threads: a figure the machine's load does not inflate much)")
         print(f"coordinator loop stall while merging: p99 {e2e['stall_p99_ms']:.1f} ms, "
               f"max {e2e['stall_max_ms']:.1f} ms over {e2e['stall_samples']} samples\n")
-    head = modes[0]
+    head = default_mode if default_mode in modes else modes[0]
     last = results[modes[-1]]
-    headline = {"e2e_vs_raw_post": figures[f"e2e_{head}_vs_raw_post"],
-                "e2e_vs_raw_tcp": figures[f"e2e_{head}_vs_raw_tcp"],
-                "loop_stall_ms_p99": max(figures[f"loop_stall_ms_p99_{m}"] for m in modes),
-                "headline_durability": head}
+    headline = {"headline_durability": head,
+                **{k: figures[f"e2e_{head}_{k.removeprefix('e2e_')}"]
+                   for k in ("e2e_vs_raw_post", "e2e_vs_raw_post_min", "e2e_vs_raw_post_max",
+                             "e2e_vs_durable_post", "e2e_vs_durable_post_min",
+                             "e2e_vs_durable_post_max", "e2e_vs_raw_tcp")},
+                "failed": sum(figures[f"failed_{m}"] for m in modes),
+                "loop_stall_ms_p99": max(figures[f"loop_stall_ms_p99_{m}"] for m in modes)}
+    lt = last["times"]
     figures = {**headline, **figures,
-               "raw_post_gbps": last["bytes"] / last["raw_post"] / 1e9,
-               "whole_buffer_post_gbps": last["bytes"] / last["whole_buffer_post"] / 1e9,
-               "durable_post_gbps": last["bytes"] / last["durable_post"] / 1e9,
-               "raw_tcp_gbps": last["bytes"] / last["raw_tcp"] / 1e9,
-               "payload_mb": last["bytes"] / 1e6, "reps": a.reps, "warmup": a.warmup}
+               "raw_post_gbps": last["bytes"] / statistics.median(lt["raw_post"]) / 1e9,
+               "whole_buffer_post_gbps": last["bytes"] / statistics.median(lt["whole_buffer_post"]) / 1e9,
+               "durable_post_gbps": last["bytes"] / statistics.median(lt["durable_post"]) / 1e9,
+               "raw_tcp_gbps": last["bytes"] / statistics.median(lt["raw_tcp"]) / 1e9,
+               "payload_mb": last["bytes"] / 1e6, "arch": a.arch, "params": a.params,
+               "reps": a.reps, "warmup": a.warmup}
     if a.json:
         print(json.dumps(figures))
     return 0

@@ -74,14 +74,14 @@ async def test_it_finds_a_result_merged_twice(tmp_path: Path) -> None:
     receipts = await _run(url)
     async with open_storage(url) as st:       # journal the first result again, as a buggy replay would
         key = sorted([k async for k in st.list("vcasync/journal/")])[0]
-        first = await decode_payload(st.open_read(key), expected_kind="journal")
+        first = await decode_payload(st.open_read(key))
         journal = Journal(st, config=CFG.journal_config(), spec=model().spec)
         await journal.open()
         await journal.load_snapshot()
         async for _ in journal.entries():
             pass
-        meta = {k: v for k, v in first.meta.items() if k != "seq"}
-        await journal.append(meta, first.tensors)
+        meta = {k: v for k, v in first.meta.items() if k not in ("seq", "blob")}
+        await journal.append(meta, first.tensors, blob=first.meta.get("blob"))
     rep = await _audit(url, receipts)
     assert rep.double_merges >= 1
     assert not rep.ok

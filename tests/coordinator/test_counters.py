@@ -94,11 +94,11 @@ async def test_an_old_journal_of_full_weights_replays_by_the_old_rule(kit: Any, 
     storage = open_storage("memory://counters-legacy")
     append = Journal.append
 
-    async def old_writer(self: Journal, meta: dict[str, Any], tensors: Any) -> Any:
+    async def old_writer(self: Journal, meta: dict[str, Any], tensors: Any, **kw: Any) -> Any:
         # What such an entry looked like: no marker. Both results are based on version 0, whose
         # counter is 0, so their increments are the values the workers sent.
         meta = {k: v for k, v in meta.items() if k != "ints" or v != _merger.INCREMENTS}
-        return await append(self, meta, tensors)
+        return await append(self, meta, tensors, **kw)
 
     monkeypatch.setattr(Journal, "append", old_writer)
     a = await make(kit, storage, clock).__aenter__()

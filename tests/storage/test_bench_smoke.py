@@ -21,3 +21,20 @@ def test_bench_storage_prints_its_figures() -> None:
     assert list(figures)[:3] == ["local_overhead", "s3_overhead", "gcs_overhead"]
     assert all(isinstance(figures[k], float) for k in ("local_overhead", "s3_overhead", "gcs_overhead"))
     assert "overhead" in out.stdout
+
+
+@pytest.mark.slow
+def test_bench_modelsize_prints_its_figures() -> None:
+    out = subprocess.run([sys.executable, "-m", "bench.modelsize", "--quick", "--warmup", "1",
+                          "--json"], cwd=ROOT, capture_output=True, text=True, timeout=600, check=True)
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    assert list(figures)[:2] == ["ingest_linearity", "rss_multiple_max"]
+    assert figures["largest"] == "100mb"
+    assert figures["failed"] == 0
+    assert figures["rss_multiple_max"] > 1.0     # the coordinator holds at least the model
+
+
+def test_bench_modelsize_sizes_parse() -> None:
+    from bench.modelsize import parse_size
+    assert [parse_size(s) for s in ("10MB", "1GB", "4gb", "0.5GB")] == [10**7, 10**9, 4 * 10**9,
+                                                                        5 * 10**8]

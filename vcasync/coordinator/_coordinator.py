@@ -3,7 +3,8 @@
 No HTTP here (the server is a thin skin over this). A result travels::
 
     submit: ledger check -> decode (wire, spec, limits) -> validate (finite, norm)   [any task]
-        -> merge queue -> merge loop: ledger re-check -> staleness / base -> journal (durable)
+            (journal mode: the same chunks written to storage as they arrive, vcasync.coordinator._ingest)
+        -> merge queue -> merge loop: ledger re-check -> staleness / base -> journal record
         -> policy.merge into the private working model -> publish an immutable version -> receipt
 
 Decoding, validation, the merge and the copies run in worker threads, so heartbeats and leases keep
@@ -33,10 +34,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
+
+from torch import Tensor
 
 from .._aio import first_error
 from ..errors import (
@@ -61,10 +65,11 @@ from ._args import check_arguments
 from ._buffers import BufferPool
 from ._config import CoordinatorConfig, Durability
 from ._identity import RunIdentity
+from ._ingest import tee
 from ._journal import Journal
 from ._merger import Job, Merger, retrieve
 from ._model_owner import ModelOwner
-from ._result_checks import read_result, reject_reason
+from ._result_checks import ResultMeta, read_result, reject_reason
 from ._run_record import StartOptions
 from ._storage_health import StorageHealth
 
@@ -271,6 +276,7 @@ class Coordinator:
                               recycle=self._update_buffers.give)
         async for entry in self._journal.entries():
             await self._merger.replay(entry.meta, entry.tensors)
+        await self._journal.sweep()     # received bytes no entry names: refused or cut off
         floor = await self._journal.version_floor()
         if floor is not None and floor >= self.version:
             # Snapshot mode: versions up to the floor may have been served; never reuse a number.
@@ -400,29 +406,46 @@ class Coordinator:
 
     async def _submit(self, worker_id: str, lease_id: str, unit: WorkUnit,
                       body: AsyncIterable[bytes]) -> Receipt:
+        # Journal mode: the bytes are written as they arrive, while they are decoded (one pass);
+        # the merge loop owns them once the job is queued (it journals them or deletes them).
+        blob = self._journal.incoming_key() if self._journal.journaling else None
+
+        def read(chunks: AsyncIterable[bytes]) -> Awaitable[tuple[ResultMeta, dict[str, Tensor]]]:
+            return read_result(chunks, lease_id=lease_id, unit=unit, spec=self.spec,
+                               limits=self.config.limits, require_finite=self.config.require_finite,
+                               max_norm=self.config.max_update_norm, current_version=self.version,
+                               hold=self._owner.hold, release=self._owner.release,
+                               out=self._update_buffers.take())
         try:
             async with self._decode_slots:
-                meta, tensors = await read_result(
-                    self._count(body), lease_id=lease_id, unit=unit, spec=self.spec,
-                    limits=self.config.limits, require_finite=self.config.require_finite,
-                    max_norm=self.config.max_update_norm, current_version=self.version,
-                    hold=self._owner.hold,
-                    release=self._owner.release, out=self._update_buffers.take())
-        except (WireError, ValidationError) as exc:
-            self.metrics.reject(reject_reason(exc), worker_id)
-            # A well-formed upload that cannot fit the model (not finite, wrong spec, norm): the unit
-            # goes to another worker now, not at the deadline. Malformed bytes may be transport
-            # damage that a re-send fixes, so those change nothing.
-            if isinstance(exc, ValidationError) and self._ledger.refuse(worker_id, lease_id,
-                                                                        reject_reason(exc)):
-                self._merger.retain()
-                self._check_finished()
+                if blob is None:
+                    meta, tensors = await read(self._count(body))
+                else:
+                    meta, tensors = await tee(self._count(body),
+                                              functools.partial(self._journal.stage, blob), read)
+            self._check_running()
+        except BaseException as exc:
+            if blob is not None:
+                self._journal.discard_later(blob)
+            if isinstance(exc, StorageError):    # writing the bytes failed
+                raise self._merger.storage_failed(exc) from exc
+            if isinstance(exc, WireError | ValidationError):
+                self._refused(worker_id, lease_id, exc)
             raise
-        self._check_running()
         future: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
         future.add_done_callback(retrieve)
-        self._merger.submit(Job(worker_id, lease_id, unit, meta, tensors, future))
+        self._merger.submit(Job(worker_id, lease_id, unit, meta, tensors, future, blob))
         return await asyncio.shield(future)
+
+    def _refused(self, worker_id: str, lease_id: str, exc: WireError | ValidationError) -> None:
+        self.metrics.reject(reject_reason(exc), worker_id)
+        # A well-formed upload that cannot fit the model (not finite, wrong spec, norm): the unit
+        # goes to another worker now, not at the deadline. Malformed bytes may be transport
+        # damage that a re-send fixes, so those change nothing.
+        if isinstance(exc, ValidationError) and self._ledger.refuse(worker_id, lease_id,
+                                                                    reject_reason(exc)):
+            self._merger.retain()
+            self._check_finished()
 
     def _check_finished(self) -> None:
         if self._ledger.counts()["parked"] > len(self._parked_logged):

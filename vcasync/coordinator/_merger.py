@@ -33,6 +33,7 @@ import torch
 from ..errors import (
     ClosedError,
     CorruptObjectError,
+    FrameError,
     LedgerError,
     PolicyError,
     PreconditionFailedError,
@@ -45,6 +46,7 @@ from ..errors import (
 from ..ledger import Ledger
 from ..ledger._units import Receipt, WorkUnit
 from ..metrics import Metrics
+from ..protocol._bodies import JournalReject, JournalResult, journal_record, to_body
 from ..tensors import ModelState, Update
 from ._journal import Journal
 from ._model_owner import ModelOwner
@@ -75,6 +77,9 @@ class Job:
     meta: ResultMeta
     tensors: dict[str, torch.Tensor]
     future: asyncio.Future[Receipt]
+    #: Journal mode: the key of the result's bytes as received; kept when a record names them.
+    blob: str | None = None
+    blob_named: bool = False
 
 
 def retrieve(fut: asyncio.Future[Any]) -> None:
@@ -160,7 +165,7 @@ class Merger:
                 self._metrics.reject(reject_reason(exc))
                 job.future.set_exception(exc)
             except StorageError as exc:
-                job.future.set_exception(self._storage_failed(exc))
+                job.future.set_exception(self.storage_failed(exc))
             except VCAsyncError as exc:
                 job.future.set_exception(exc)
             except BaseException:
@@ -176,7 +181,7 @@ class Merger:
             if self._since_snapshot >= self._snapshot_every and self._journal.durable:
                 await self.capture()
 
-    def _storage_failed(self, exc: StorageError) -> StorageError:
+    def storage_failed(self, exc: StorageError) -> StorageError:
         """What the sender of a result whose write failed is told."""
         if isinstance(exc, StorageUnavailableError | PreconditionFailedError):
             return exc     # refused before any write / another coordinator: not a new outage
@@ -188,6 +193,8 @@ class Merger:
     def _done_with(self, job: Job) -> None:
         """The job's tensors are merged (or refused) and journaled: offer them for reuse."""
         tensors, job.tensors = job.tensors, {}
+        if job.blob is not None and not job.blob_named:
+            self._journal.discard_later(job.blob)
         if self._recycle is not None and tensors:
             self._recycle(tensors)
 
@@ -224,9 +231,14 @@ class Merger:
             if self._journal.journaling:
                 if held is not None:
                     await self._journal.ensure_base(held.model)
-                await self._journal.append(
-                    {"type": "result", "worker_id": job.worker_id, "unit_id": job.unit.unit_id,
-                     "ints": INCREMENTS, **meta.to_dict()}, job.tensors)
+                # The bytes as received stand for the result unless its counters were changed
+                # into increments above: then the tensors go inline, as format 1 wrote them.
+                by_ref = job.blob is not None and (meta.kind == "delta" or self._owner.counters.empty)
+                record = JournalResult.of(meta, worker_id=job.worker_id, unit_id=job.unit.unit_id,
+                                          ints=INCREMENTS)
+                await self._journal.append(to_body(record), {} if by_ref else job.tensors,
+                                           blob=job.blob if by_ref else None)
+                job.blob_named = by_ref
                 self._metrics.journal_writes += 1
             return await self.apply(job.worker_id, job.unit.unit_id, meta, job.tensors,
                                      None if held is None else held.model)
@@ -236,9 +248,8 @@ class Merger:
 
     async def _reject(self, job: Job, reason: str, message: str) -> Receipt:
         if self._journal.journaling:
-            await self._journal.append({"type": "reject", "lease_id": job.lease_id,
-                                        "worker_id": job.worker_id, "unit_id": job.unit.unit_id,
-                                        "reason": reason}, {})
+            await self._journal.append(to_body(JournalReject("reject", job.lease_id, job.worker_id,
+                                                             job.unit.unit_id, reason)), {})
             self._metrics.journal_writes += 1
         log.info("result of lease %s rejected: %s", job.lease_id, message)
         return self.record_reject(job.lease_id, job.worker_id, job.unit.unit_id, reason)
@@ -284,18 +295,15 @@ class Merger:
     async def replay(self, meta: Mapping[str, Any], tensors: dict[str, torch.Tensor]) -> None:
         """Apply one journal entry again, exactly as it was applied live."""
         try:
-            if meta["type"] == "reject":
-                self.record_reject(meta["lease_id"], meta["worker_id"], meta["unit_id"],
-                                   meta["reason"])
-                return
-            rm = ResultMeta(meta["lease_id"], int(meta["base_version"]), meta["kind"],
-                            int(meta["steps"]), int(meta["samples"]), bool(meta["partial"]),
-                            dict(meta["metrics"]))
-            worker_id, unit_id = str(meta["worker_id"]), str(meta["unit_id"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptObjectError(f"journal entry {meta.get('seq')} is malformed: {exc!r}",
+            record = journal_record(meta)
+        except FrameError as exc:
+            raise CorruptObjectError(f"journal entry {meta.get('seq')} is malformed: {exc}",
                                      key=str(meta.get("seq"))) from None
-        if rm.kind == "weights" and meta.get("ints") != INCREMENTS:   # written before increments
+        if isinstance(record, JournalReject):
+            self.record_reject(record.lease_id, record.worker_id, record.unit_id, record.reason)
+            return
+        rm, worker_id, unit_id = record.meta(), record.worker_id, record.unit_id
+        if rm.kind == "weights" and record.ints != INCREMENTS:   # written before increments
             self._owner.counters.legacy_increments(tensors, self._owner.versions.current.model)
         held: Version | None = None
         base: ModelState | None = None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterable, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,7 +18,8 @@ import torch
 from .._aio import to_thread_released
 from ..errors import ValidationError, WireError
 from ..ledger._units import WorkUnit
-from ..tensors import ModelSpec, UpdateKind
+from ..protocol._bodies import ResultMeta
+from ..tensors import ModelSpec
 from ..wire import Limits, decode_payload
 
 if TYPE_CHECKING:
@@ -29,24 +29,6 @@ __all__ = ["ResultMeta", "check_tensors", "parse_result_meta", "read_result", "r
            "update_norm"]
 
 _MAX_METRICS = 64
-
-
-@dataclass(frozen=True, slots=True)
-class ResultMeta:
-    """The validated metadata of a result payload (kind ``"result"``)."""
-
-    lease_id: str
-    base_version: int
-    kind: UpdateKind
-    steps: int
-    samples: int = 0
-    partial: bool = False
-    metrics: dict[str, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"lease_id": self.lease_id, "base_version": self.base_version, "kind": self.kind,
-                "steps": self.steps, "samples": self.samples, "partial": self.partial,
-                "metrics": dict(self.metrics)}
 
 
 def _bad(message: str, reason: str, name: str | None = None) -> ValidationError:

@@ -3,8 +3,8 @@
 Control messages are small msgpack maps (``vcasync.wire.encode_message``: protocol version + kind);
 JSON is accepted and returned for humans with curl. Tensors travel only as wire payloads
 (``application/x-vcasync-payload``): results uploaded with ``PUT``, models downloaded with ``GET``.
-This module converts the coordinator's value types to and from those bodies, checking every field, so
-server and client agree in one place.
+The messages themselves are typed structs (:mod:`vcasync.protocol._bodies`, one converter for all);
+this module wraps them in their envelope (:func:`encode_msg`, :func:`decode_msg`).
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ from types import EllipsisType
 from typing import Any, Final, Protocol, TypeVar
 
 from ..errors import FrameError, LimitExceededError
-from ..ledger._units import LeaseGrant, Receipt, ReceiptStatus, WorkUnit
+from ..ledger._units import LeaseGrant, Receipt
 from ..wire import decode_message, encode_message
+from ._bodies import from_body, kind_of, to_body
 
 __all__ = [
-    "API_PREFIX", "JSON", "MSGPACK", "PAYLOAD", "decode_control", "encode_control", "get_field",
+    "API_PREFIX", "JSON", "MSGPACK", "PAYLOAD", "decode_control", "decode_msg", "encode_control",
+    "encode_msg", "get_field",
     "grant_from_body", "grant_to_body", "read_capped", "receipt_from_body", "receipt_to_body",
 ]
 
@@ -105,44 +107,27 @@ def _as_number(value: Any) -> float:
     return float(value)
 
 
-def _unit_to_body(unit: WorkUnit) -> dict[str, Any]:
-    return {"unit_id": unit.unit_id, "shard": unit.shard, "num_shards": unit.num_shards,
-            "epoch": unit.epoch, "steps": unit.steps, "params": dict(unit.params)}
+def encode_msg(msg: Any, content_type: str) -> bytes:
+    """A typed message (:mod:`vcasync.protocol._bodies`) as a control body of its own kind."""
+    return encode_control(kind_of(type(msg)), to_body(msg), content_type)
+
+
+def decode_msg(cls: type[T], data: bytes, content_type: str) -> T:
+    """The typed message ``cls`` from a control body of its kind, every field checked."""
+    return from_body(cls, decode_control(data, content_type, kind_of(cls)))
 
 
 def grant_to_body(grant: LeaseGrant) -> dict[str, Any]:
-    return {"lease_id": grant.lease_id, "unit": _unit_to_body(grant.unit),
-            "base_version": grant.base_version, "deadline_s": grant.deadline_s,
-            "heartbeat_interval_s": grant.heartbeat_interval_s, "resumed": grant.resumed}
+    return to_body(grant)
 
 
 def grant_from_body(body: Mapping[str, Any]) -> LeaseGrant:
-    u = get_field(body, "unit", dict)
-    unit = WorkUnit(unit_id=get_field(u, "unit_id", str), shard=get_field(u, "shard", int, minimum=0),
-                    num_shards=get_field(u, "num_shards", int, minimum=1),
-                    epoch=get_field(u, "epoch", int, minimum=0), steps=get_field(u, "steps", int, minimum=0),
-                    params=get_field(u, "params", dict, default={}))
-    return LeaseGrant(lease_id=get_field(body, "lease_id", str), unit=unit,
-                      base_version=get_field(body, "base_version", int, minimum=0),
-                      deadline_s=get_field(body, "deadline_s", float),
-                      heartbeat_interval_s=get_field(body, "heartbeat_interval_s", float),
-                      resumed=get_field(body, "resumed", bool, default=False))
-
-
-_RECEIPT_STATUSES: Final[dict[str, ReceiptStatus]] = {
-    "accepted": "accepted", "duplicate": "duplicate", "rejected": "rejected"}
+    return from_body(LeaseGrant, body)
 
 
 def receipt_to_body(r: Receipt) -> dict[str, Any]:
-    return {"lease_id": r.lease_id, "unit_id": r.unit_id, "status": r.status, "version": r.version,
-            "reason": r.reason}
+    return to_body(r)
 
 
 def receipt_from_body(body: Mapping[str, Any]) -> Receipt:
-    reason = body.get("reason")
-    status = get_field(body, "status", str)
-    if status not in _RECEIPT_STATUSES:
-        raise FrameError(f"unknown receipt status {status!r}", field="status")
-    return Receipt(lease_id=get_field(body, "lease_id", str), unit_id=get_field(body, "unit_id", str),
-                   status=_RECEIPT_STATUSES[status], version=get_field(body, "version", int),
-                   reason=reason if isinstance(reason, str) else None)
+    return from_body(Receipt, body)

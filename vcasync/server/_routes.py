@@ -11,13 +11,24 @@ import json
 import logging
 import math
 from collections.abc import AsyncGenerator
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from aiohttp import web
 
 from ..coordinator import Coordinator
 from ..errors import AuthError, FrameError, LimitExceededError
 from ..protocol import _messages as P
+from ..protocol._bodies import (
+    HeartbeatRequest,
+    Joined,
+    JoinRequest,
+    Released,
+    ReleaseRequest,
+    Requeued,
+    RequeueRequest,
+    from_body,
+    kind_of,
+)
 from ._auth import TokenAuthority
 from ._http_metrics import HttpMetrics
 from ._upload_pace import BodyTimeouts, read_body
@@ -42,7 +53,7 @@ WORKER_ID: Final = web.RequestKey("worker_id", str)
 #: operator token: a worker's token must not pass there).
 PUBLIC_ROUTES: Final = frozenset({"healthz", "metrics", "join", "requeue"})
 #: At most this many unit ids in one requeue request.
-MAX_REQUEUE_IDS: Final = 10_000
+T = TypeVar("T")
 
 
 def bearer(request: web.Request) -> str:
@@ -78,9 +89,19 @@ async def read_control(request: web.Request, kind: str) -> dict[str, Any]:
     return P.decode_control(data, _content_type(request), kind)
 
 
+async def read_msg(request: web.Request, cls: type[T]) -> T:
+    """The typed control message ``cls`` a request carries (an empty body: its defaults)."""
+    return from_body(cls, await read_control(request, kind_of(cls)))
+
+
 def reply(request: web.Request, kind: str, body: dict[str, Any], status: int = 200) -> web.Response:
     ctype = _reply_type(request)
     return web.Response(body=P.encode_control(kind, body, ctype), status=status, content_type=ctype)
+
+
+def reply_msg(request: web.Request, msg: Any, status: int = 200) -> web.Response:
+    ctype = _reply_type(request)
+    return web.Response(body=P.encode_msg(msg, ctype), status=status, content_type=ctype)
 
 
 def _lease_id(request: web.Request) -> str:
@@ -105,43 +126,40 @@ async def join(request: web.Request) -> web.Response:
     except AuthError:
         app[HTTP_METRICS].auth_failures += 1
         raise
-    body = await read_control(request, "join")
-    name = P.get_field(body, "name", str, default="", max_len=128)
-    info = P.get_field(body, "info", dict, default={}, max_len=64)
+    req = await read_msg(request, JoinRequest)
+    name, info = req.name, req.info
     if identity.name is not None:  # a pre-issued join token fixes the worker's name
         name = identity.name
     worker_id = await app[COORDINATOR].join(name, info)
     token = await auth.issue(worker_id)
     log.info("worker %s joined", worker_id)
-    return reply(request, "joined", {"worker_id": worker_id, "token": token})
+    return reply_msg(request, Joined(worker_id, token))
 
 
 async def lease(request: web.Request) -> web.Response:
     await read_control(request, "lease_request")
     grant = await request.app[COORDINATOR].lease(request[WORKER_ID])
-    return reply(request, "lease", P.grant_to_body(grant), status=201)
+    return reply_msg(request, grant, status=201)
 
 
 async def resume(request: web.Request) -> web.Response:
     await read_control(request, "resume")
     grant = await request.app[COORDINATOR].resume(request[WORKER_ID], _lease_id(request))
-    return reply(request, "lease", P.grant_to_body(grant))
+    return reply_msg(request, grant)
 
 
 async def heartbeat(request: web.Request) -> web.Response:
-    body = await read_control(request, "heartbeat")
-    steps = P.get_field(body, "steps_done", int, minimum=0)
-    grant = await request.app[COORDINATOR].heartbeat(request[WORKER_ID], _lease_id(request), steps)
-    return reply(request, "lease", P.grant_to_body(grant))
+    beat = await read_msg(request, HeartbeatRequest)
+    grant = await request.app[COORDINATOR].heartbeat(request[WORKER_ID], _lease_id(request),
+                                                     beat.steps_done)
+    return reply_msg(request, grant)
 
 
 async def release(request: web.Request) -> web.Response:
-    body = await read_control(request, "release")
-    reason = P.get_field(body, "reason", str, default="", max_len=512)
-    failed = P.get_field(body, "failed", bool, default=True)   # False: preempted, nobody's fault
-    await request.app[COORDINATOR].release(request[WORKER_ID], _lease_id(request), reason,
-                                           failed=failed)
-    return reply(request, "released", {"lease_id": _lease_id(request)})
+    req = await read_msg(request, ReleaseRequest)
+    await request.app[COORDINATOR].release(request[WORKER_ID], _lease_id(request), req.reason,
+                                           failed=req.failed)
+    return reply_msg(request, Released(_lease_id(request)))
 
 
 async def result(request: web.Request) -> web.Response:
@@ -155,7 +173,7 @@ async def result(request: web.Request) -> web.Response:
         raise FrameError(f"a result is a wire payload: send Content-Type {P.PAYLOAD}", field="content-type")
     receipt = await app[COORDINATOR].submit(request[WORKER_ID], _lease_id(request),
                                             read_body(request, limit, app[CHUNK], app[BODY_TIMEOUTS]))
-    return reply(request, "receipt", P.receipt_to_body(receipt))
+    return reply_msg(request, receipt)
 
 
 async def requeue(request: web.Request) -> web.Response:
@@ -166,16 +184,9 @@ async def requeue(request: web.Request) -> web.Response:
     except AuthError:
         app[HTTP_METRICS].auth_failures += 1
         raise
-    body = await read_control(request, "requeue")
-    units: list[str] | None = None
-    if "units" in body:
-        raw = P.get_field(body, "units", list, max_len=MAX_REQUEUE_IDS)
-        if not all(isinstance(u, str) and 0 < len(u) <= 256 for u in raw):
-            raise FrameError("field 'units' must be a list of unit ids (non-empty strings)",
-                             field="units")
-        units = raw
-    done = await app[COORDINATOR].requeue(units)
-    return reply(request, "requeued", {"units": done})
+    req = await read_msg(request, RequeueRequest)
+    done = await app[COORDINATOR].requeue(req.units)
+    return reply_msg(request, Requeued(done))
 
 
 def _parse_version(raw: str, current: int) -> int:

@@ -18,7 +18,7 @@ import ssl
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -31,8 +31,22 @@ from ..errors import (
 )
 from ..ledger._units import LeaseGrant, Receipt
 from ..protocol import _messages as P
+from ..protocol._bodies import (
+    HeartbeatRequest,
+    Joined,
+    JoinRequest,
+    Released,
+    ReleaseRequest,
+    Requeued,
+    RequeueRequest,
+    from_body,
+    kind_of,
+    to_body,
+)
 from ..protocol._errors import error_from_body
 from ..retry import classify, is_transient
+
+M = TypeVar("M")
 
 __all__ = ["CoordinatorClient", "client_ssl_context", "is_transient"]
 
@@ -140,41 +154,45 @@ class CoordinatorClient:
             raw = await P.read_capped(resp.content, P.MAX_CONTROL_BYTES)
             return P.decode_control(raw, resp.content_type, reply_kind)
 
+    async def _send(self, msg: Any, reply: type[M], path: str, *, credential: str | None = None) -> M:
+        """POST a typed message to ``/v1{path}``; the typed answer, every field checked."""
+        body = await self._control("POST", f"{P.API_PREFIX}{path}", kind_of(type(msg)), to_body(msg),
+                                   kind_of(reply), credential=credential)
+        return from_body(reply, body)
+
     # -- the API ---------------------------------------------------------------------------------
     async def join(self, credential: str, name: str = "", info: Mapping[str, Any] | None = None
                    ) -> tuple[str, str]:
         """Join with a join secret or pre-issued join token: ``(worker_id, token)``; keeps the token."""
-        body = await self._control("POST", f"{P.API_PREFIX}/join", "join",
-                                   {"name": name, "info": dict(info or {})}, "joined", credential=credential)
-        worker_id, token = P.get_field(body, "worker_id", str), P.get_field(body, "token", str)
-        self.token = token
-        return worker_id, token
+        joined = await self._send(JoinRequest(name, dict(info or {})), Joined, "/join",
+                                  credential=credential)
+        self.token = joined.token
+        return joined.worker_id, joined.token
 
     async def lease(self) -> LeaseGrant:
         body = await self._control("POST", f"{P.API_PREFIX}/leases", "lease_request", {}, "lease")
-        return P.grant_from_body(body)
+        return from_body(LeaseGrant, body)
 
     async def resume(self, lease_id: str) -> LeaseGrant:
         body = await self._control("POST", f"{P.API_PREFIX}/leases/{lease_id}/resume", "resume", {}, "lease")
-        return P.grant_from_body(body)
+        return from_body(LeaseGrant, body)
 
     async def heartbeat(self, lease_id: str, steps_done: int) -> LeaseGrant:
-        body = await self._control("POST", f"{P.API_PREFIX}/leases/{lease_id}/heartbeat", "heartbeat",
-                                   {"steps_done": int(steps_done)}, "lease")
-        return P.grant_from_body(body)
+        return await self._send(HeartbeatRequest(int(steps_done)), LeaseGrant,
+                                f"/leases/{lease_id}/heartbeat")
 
     async def release(self, lease_id: str, reason: str = "", *, failed: bool = True) -> None:
         """Give a lease up; ``failed=False`` when it is nobody's fault (preemption, a lost base)."""
-        await self._control("POST", f"{P.API_PREFIX}/leases/{lease_id}/release", "release",
-                            {"reason": reason[:500], "failed": failed}, "released")
+        await self._send(ReleaseRequest(reason[:500], failed), Released,
+                         f"/leases/{lease_id}/release")
 
     async def requeue(self, operator_token: str, units: list[str] | None = None) -> list[str]:
         """Operator: queue parked units again (all, or ``units``); returns the ids requeued."""
-        body = await self._control("POST", f"{P.API_PREFIX}/units/requeue", "requeue",
-                                   {} if units is None else {"units": list(units)}, "requeued",
-                                   credential=operator_token)
-        done = P.get_field(body, "units", list, max_len=1 << 20)
-        return [str(u) for u in done]
+        msg = RequeueRequest(None if units is None else list(units))
+        body = to_body(msg) if units is not None else {}
+        done = await self._control("POST", f"{P.API_PREFIX}/units/requeue", kind_of(RequeueRequest),
+                                   body, kind_of(Requeued), credential=operator_token)
+        return [str(u) for u in from_body(Requeued, done).units]
 
     async def submit(self, lease_id: str, body: bytes | bytearray | memoryview | Path | AsyncIterator[bytes],
                      size: int | None = None) -> Receipt:
@@ -209,7 +227,7 @@ class CoordinatorClient:
         async with self._sess().put(url, data=data, headers=headers) as resp:
             await self._raise_for(resp)
             raw = await P.read_capped(resp.content, P.MAX_CONTROL_BYTES)
-            return P.receipt_from_body(P.decode_control(raw, resp.content_type, "receipt"))
+            return P.decode_msg(Receipt, raw, resp.content_type)
 
     async def download_model(self, version: int | str, dest: Path, *, etag: str | None = None
                              ) -> tuple[str | None, int]:

@@ -60,6 +60,7 @@ from ..errors import (
     WorkerBackoffError,
 )
 from ..ledger._units import LeaseGrant, Receipt
+from ..protocol._bodies import ResultMeta, to_body
 from ..retry import RetryPolicy, is_transient
 from ..storage import Storage
 from ..tensors import ModelState
@@ -471,9 +472,9 @@ class Worker:
     async def _deliver(self, grant: LeaseGrant, base: ModelState, result: TrainResult, *,
                        partial: bool) -> None:
         tensors = await asyncio.to_thread(result_tensors, base, result, self.config.upload)
-        meta = {"lease_id": grant.lease_id, "base_version": grant.base_version, "kind": self.config.upload,
-                "samples": int(result.samples), "steps": int(result.steps), "partial": partial,
-                "metrics": {k: float(v) for k, v in result.metrics.items()}}
+        meta = to_body(ResultMeta(grant.lease_id, grant.base_version, self.config.upload,
+                                  steps=int(result.steps), samples=int(result.samples), partial=partial,
+                                  metrics={k: float(v) for k, v in result.metrics.items()}))
         path = self.state.result_path(grant.lease_id)
         await spool_result(path, meta, tensors, self.config.codec)
         await self._upload(grant.lease_id, path)

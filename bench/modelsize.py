@@ -1,0 +1,169 @@
+"""Ingest time and coordinator memory against model size
+(``python -m bench.modelsize [--quick] [--json] [--max-size 4GB]``).
+
+For each size (10 MB, 100 MB, 1 GB by default; 4 GB only with ``--max-size 4GB``, when memory allows),
+a real coordinator process (the default ``journal`` durability on a ``file://`` store, ``vcasgd``,
+``max_staleness`` 8) serves a model with a ResNet-50 state dict's layout (320 tensors, channels scaled
+to the size, int64 counters included). This process uploads fp32 delta results (``raw`` codec)
+until the staleness window is full (8 + 2 warm-up uploads, so retained versions and recycled buffers
+are at their steady state), then ``--reps`` measured ones, then ``--reps`` bf16 delta uploads
+(codec ``bf16``: bf16 + shuffle + zstd-1). One upload's ingest time runs from the first byte sent
+until the receipt is back and the new version is served. Memory: the coordinator's resident set
+after the uploads and its peak (``VmHWM``), each read from the coordinator process itself.
+
+Figures (``--json``, last line): ``ingest_linearity`` (median seconds per model byte at the largest
+size / at 100 MB: 1.0 is linear, below is better than linear), ``rss_multiple_max`` (the
+coordinator's peak RSS / model bytes at the largest size), and per size ``ingest_s_<size>`` with
+``_min`` / ``_max``, ``ingest_gbps_<size>``, ``bf16_ingest_s_<size>``, ``rss_mb_<size>``,
+``rss_peak_mb_<size>``, ``rss_multiple_<size>``, ``failed_<size>`` (uploads that failed or timed
+out: counted, and their time is infinite in the figures, never dropped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import statistics
+import sys
+import time
+from typing import Any
+
+import aiohttp
+import torch
+
+from vcasync._loop import run
+from vcasync.wire import encode_payload
+from vcasync.worker._client import CoordinatorClient
+
+from ._peers import SECRET, bench_delta, bench_model
+from ._proc import peer
+
+STALENESS = 8
+OP_TIMEOUT_S = 900.0
+_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9}
+DEFAULT_SIZES = ("10MB", "100MB", "1GB", "4GB")
+
+
+def parse_size(text: str) -> int:
+    """``"100MB"`` -> 100_000_000 (decimal units)."""
+    t = text.strip().upper()
+    for unit, mult in _UNITS.items():
+        if t.endswith(unit):
+            return int(float(t[: -len(unit)]) * mult)
+    raise argparse.ArgumentTypeError(f"size {text!r}: use a number and KB, MB or GB")
+
+
+class Uploader:
+    """One delta result per call: lease, encode (before the clock starts), upload, wait merged."""
+
+    def __init__(self, url: str, params: int) -> None:
+        self.url = url
+        self.delta = bench_delta(bench_model(params, arch="resnet50"))
+        self.model_bytes = sum(t.numel() * t.element_size() for t in self.delta.values())
+
+    async def once(self, client: CoordinatorClient, http: aiohttp.ClientSession, codec: str) -> float:
+        grant = await client.lease()
+        meta = {"lease_id": grant.lease_id, "base_version": grant.base_version, "kind": "delta",
+                "samples": 1, "steps": 1, "partial": False, "metrics": {}}
+        data = await asyncio.to_thread(lambda: b"".join(encode_payload("result", meta, self.delta,
+                                                                       codec=codec)))
+        t0 = time.perf_counter()
+        receipt = await client.submit(grant.lease_id, data, size=len(data))
+        del data
+        async with http.get(f"{self.url}/bench/merged", params={"version": str(receipt.version)}) as r:
+            if (await r.json())["version"] < receipt.version:
+                raise RuntimeError(f"version {receipt.version} was never served")
+        if receipt.status != "accepted":
+            raise RuntimeError(f"the coordinator did not accept the result: {receipt}")
+        return time.perf_counter() - t0
+
+
+async def _timed(op: Any) -> float:
+    try:
+        async with asyncio.timeout(OP_TIMEOUT_S):
+            return float(await op)
+    except Exception as exc:     # a failed or timed-out upload counts, with an infinite time
+        print(f"  upload failed: {exc!r}", file=sys.stderr)
+        return math.inf
+
+
+async def measure(url: str, params: int, reps: int, warmup: int) -> dict[str, Any]:
+    up = Uploader(url, params)
+    async with CoordinatorClient(url, timeout_s=OP_TIMEOUT_S) as client, \
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=OP_TIMEOUT_S)) as http:
+        await client.join(SECRET, "bench")
+        for _ in range(warmup):
+            await up.once(client, http, "raw")
+        raw = [await _timed(up.once(client, http, "raw")) for _ in range(reps)]
+        bf16 = [await _timed(up.once(client, http, "bf16")) for _ in range(reps)]
+        async with http.get(f"{url}/bench/rss") as r:
+            mem = await r.json()
+    return {"bytes": up.model_bytes, "raw": raw, "bf16": bf16, "rss": mem["rss"],
+            "rss_peak": mem["rss_peak"]}
+
+
+def label(size: int) -> str:
+    return f"{size // 10**9}gb" if size >= 10**9 else f"{size // 10**6}mb"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--max-size", type=parse_size, default=parse_size("1GB"),
+                   help="the largest model (default 1GB; 4GB needs ~30 GB of free memory)")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=STALENESS + 2,
+                   help="uploads before measuring (default: the staleness window + 2)")
+    p.add_argument("--quick", action="store_true", help="10 MB and 100 MB only, 2 reps")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.max_size, a.reps = min(a.max_size, parse_size("100MB")), 2
+    sizes = [s for s in map(parse_size, DEFAULT_SIZES) if s <= a.max_size]
+    if parse_size("100MB") not in sizes:
+        p.error("--max-size must be at least 100MB (the linearity reference)")
+    results: dict[int, dict[str, Any]] = {}
+    for size in sizes:
+        params = size // 4
+        with peer("coordinator", "--params", str(params), "--arch", "resnet50", "--durability",
+                  "journal", "--max-staleness", str(STALENESS), "--units",
+                  str(a.warmup + 2 * a.reps + 4), timeout=600.0) as url:
+            results[size] = run(measure(url, params, a.reps, a.warmup))
+    figures: dict[str, Any] = {}
+    print(f"ingest against model size: ResNet-50 layout, journal durability, max_staleness "
+          f"{STALENESS}, {a.warmup} warm-up uploads, {a.reps} measured (min / median / max)")
+    print(f"{'model':>8}{'fp32 s min/med/max':>26}{'GB/s':>7}{'bf16 s':>8}{'RSS MB':>9}"
+          f"{'peak MB':>9}{'x model':>9}{'failed':>8}")
+    for size, r in results.items():
+        tag = label(size)
+        med = statistics.median(r["raw"])
+        failed = sum(not math.isfinite(t) for t in r["raw"] + r["bf16"])
+        figures.update({
+            f"ingest_s_{tag}": med, f"ingest_s_{tag}_min": min(r["raw"]),
+            f"ingest_s_{tag}_max": max(r["raw"]), f"ingest_gbps_{tag}": r["bytes"] / med / 1e9,
+            f"bf16_ingest_s_{tag}": statistics.median(r["bf16"]),
+            f"rss_mb_{tag}": r["rss"] / 1e6, f"rss_peak_mb_{tag}": r["rss_peak"] / 1e6,
+            f"rss_multiple_{tag}": r["rss_peak"] / r["bytes"], f"failed_{tag}": failed,
+            f"model_mb_{tag}": r["bytes"] / 1e6})
+        print(f"{tag:>8}{min(r['raw']):>10.3f}{med:>8.3f}{max(r['raw']):>8.3f}"
+              f"{r['bytes'] / med / 1e9:>7.3f}{statistics.median(r['bf16']):>8.3f}"
+              f"{r['rss'] / 1e6:>9.0f}{r['rss_peak'] / 1e6:>9.0f}{r['rss_peak'] / r['bytes']:>9.2f}"
+              f"{failed:>8}")
+    largest, ref = sizes[-1], parse_size("100MB")
+    per_byte = {s: statistics.median(results[s]["raw"]) / results[s]["bytes"] for s in (largest, ref)}
+    figures = {"ingest_linearity": per_byte[largest] / per_byte[ref],
+               "rss_multiple_max": results[largest]["rss_peak"] / results[largest]["bytes"],
+               "largest": label(largest), "failed": sum(figures[f"failed_{label(s)}"] for s in sizes),
+               **figures, "staleness": STALENESS, "reps": a.reps, "warmup": a.warmup}
+    print(f"ingest_linearity {figures['ingest_linearity']:.2f} (time per byte at {label(largest)} / "
+          f"at 100mb); rss_multiple_max {figures['rss_multiple_max']:.2f} (peak RSS / model bytes "
+          f"at {label(largest)})")
+    if a.json:
+        print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    sys.exit(main())

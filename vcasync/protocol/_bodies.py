@@ -1,0 +1,259 @@
+"""Every control message as a typed struct, converted to and from its wire map in this one place.
+
+A message is a frozen dataclass; :func:`to_body` gives the plain map that goes on the wire (msgpack
+or JSON, see :mod:`vcasync.protocol._messages`), :func:`from_body` builds the struct back from a received map
+and checks every field on the way in (type, ``minimum``, ``max_len`` from the field's metadata, a
+``Literal``'s values, nested structs), raising :class:`~vcasync.errors.FrameError` that names the
+field: the server answers it with the same 4xx JSON error as any malformed request. Keys the struct
+does not know are ignored (a newer peer may send more). The maps are the ones the previous
+hand-written converters built, key for key, so the wire format and the journal are unchanged.
+
+Plain dataclasses over the existing codec, not msgspec Structs: the reasons are in
+``docs/messages.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, Union
+
+from ..errors import ConfigError, FrameError
+from ..ledger._units import LeaseGrant, Receipt
+from ..tensors import UpdateKind
+
+__all__ = ["HeartbeatRequest", "JoinRequest", "Joined", "JournalReject", "JournalResult",
+           "Released", "ReleaseRequest", "Requeued", "RequeueRequest", "ResultMeta", "from_body",
+           "kind_of", "to_body"]
+
+M = TypeVar("M")
+
+#: The control message kind each struct travels as (the ``kind`` of its msgpack/JSON envelope).
+KINDS: dict[type[Any], str] = {LeaseGrant: "lease", Receipt: "receipt"}
+
+
+def rule(*, minimum: int | None = None, max_len: int | None = None) -> dict[str, Any]:
+    """A field's wire checks, as its metadata: ``field(metadata=rule(minimum=0))``."""
+    return {"minimum": minimum, "max_len": max_len}
+
+
+def kind_of(cls: type[Any]) -> str:
+    return KINDS[cls]
+
+
+def message(kind: str) -> Any:
+    """Class decorator: register a struct as control message ``kind``."""
+    def register(cls: type[M]) -> type[M]:
+        KINDS[cls] = kind
+        return cls
+    return register
+
+
+# -- the one converter ---------------------------------------------------------------------------
+def to_body(msg: Any) -> dict[str, Any]:
+    """The wire map of a message struct (nested structs become maps; dicts are copied)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(msg):
+        value = getattr(msg, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = to_body(value)
+        elif isinstance(value, dict):
+            value = dict(value)
+        elif isinstance(value, list):
+            value = list(value)
+        out[f.name] = value
+    return out
+
+
+def from_body(cls: type[M], body: Mapping[str, Any]) -> M:
+    """The struct ``cls`` from a received map, every field checked; :class:`FrameError` if not."""
+    if not isinstance(body, Mapping):
+        raise FrameError(f"a {cls.__name__} must be a map, got {type(body).__name__}",
+                         field=cls.__name__)
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in body:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise FrameError(f"missing field {f.name!r}", field=f.name)
+            continue
+        kwargs[f.name] = _check(hints[f.name], body[f.name], f.name, f.metadata)
+    try:
+        return cls(**kwargs)
+    except (ConfigError, ValueError, TypeError) as exc:
+        raise FrameError(f"invalid {cls.__name__}: {exc}", field=cls.__name__) from None
+
+
+_HINTS: dict[type[Any], dict[str, Any]] = {}
+
+
+def _hints(cls: type[Any]) -> dict[str, Any]:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
+_NAMES = {str: "str", int: "int", float: "float", bool: "bool", dict: "dict", list: "list"}
+
+
+def _check(tp: Any, value: Any, name: str, meta: Mapping[str, Any]) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _check(inner, value, name, meta)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise FrameError(f"field {name!r} must be one of {list(typing.get_args(tp))}, got "
+                             f"{str(value)[:40]!r}", field=name)
+        return value
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise FrameError(f"field {name!r} must be dict, got {type(value).__name__}", field=name)
+        return from_body(tp, value)
+    kind = origin or tp
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if (type(value) is bool and kind is not bool) or not isinstance(value, kind):
+        raise FrameError(f"field {name!r} must be {_NAMES.get(kind, str(kind))}, got "
+                         f"{type(value).__name__}", field=name)
+    minimum, max_len = meta.get("minimum"), meta.get("max_len", None)
+    if minimum is not None and value < minimum:
+        raise FrameError(f"field {name!r} must be >= {minimum}, got {value}", field=name)
+    if isinstance(value, str | dict | list) and len(value) > (1024 if max_len is None else max_len):
+        raise FrameError(f"field {name!r} is longer than {1024 if max_len is None else max_len}",
+                         field=name)
+    return value
+
+
+# -- requests and answers --------------------------------------------------------------------------
+@message("join")
+@dataclass(frozen=True, slots=True)
+class JoinRequest:
+    name: str = field(default="", metadata=rule(max_len=128))
+    info: dict[str, Any] = field(default_factory=dict, metadata=rule(max_len=64))
+
+
+@message("joined")
+@dataclass(frozen=True, slots=True)
+class Joined:
+    worker_id: str
+    token: str
+
+
+@message("heartbeat")
+@dataclass(frozen=True, slots=True)
+class HeartbeatRequest:
+    steps_done: int = field(metadata=rule(minimum=0))
+
+
+@message("release")
+@dataclass(frozen=True, slots=True)
+class ReleaseRequest:
+    reason: str = field(default="", metadata=rule(max_len=512))
+    failed: bool = True       # False: preempted, nobody's fault
+
+
+@message("released")
+@dataclass(frozen=True, slots=True)
+class Released:
+    lease_id: str
+
+
+#: Unit ids one requeue request may name.
+MAX_REQUEUE_IDS = 10_000
+
+
+@message("requeue")
+@dataclass(frozen=True, slots=True)
+class RequeueRequest:
+    """``units`` None (absent): every parked unit."""
+
+    units: list[str] | None = field(default=None, metadata=rule(max_len=MAX_REQUEUE_IDS))
+
+    def __post_init__(self) -> None:
+        if self.units is not None and not all(isinstance(u, str) and 0 < len(u) <= 256
+                                              for u in self.units):
+            raise FrameError("field 'units' must be a list of unit ids (non-empty strings)",
+                             field="units")
+
+
+@message("requeued")
+@dataclass(frozen=True, slots=True)
+class Requeued:
+    units: list[str] = field(metadata=rule(max_len=1 << 20))
+
+
+# -- a result's metadata and the journal's records ----------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ResultMeta:
+    """The metadata of a result payload (kind ``"result"``): built by the worker, validated against
+    its lease by :func:`vcasync.coordinator._result_checks.parse_result_meta`, stored in the
+    journal's record."""
+
+    lease_id: str
+    base_version: int
+    kind: UpdateKind
+    steps: int
+    samples: int = 0
+    partial: bool = False
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_body(self)
+
+
+@dataclass(frozen=True, slots=True)
+class JournalResult:
+    """The journal's record of a merged result (its tensors inline, or its received bytes named
+    by the entry's ``blob``; the entry adds ``seq``)."""
+
+    type: Literal["result"]
+    worker_id: str
+    unit_id: str
+    lease_id: str
+    base_version: int = field(metadata=rule(minimum=0))
+    kind: UpdateKind
+    steps: int = field(metadata=rule(minimum=0))
+    samples: int = field(metadata=rule(minimum=0))
+    partial: bool
+    metrics: dict[str, float] = field(metadata=rule(max_len=1 << 16))
+    #: ``"increment"``: integer tensors are increments (absent in entries from before the rule).
+    ints: str | None = None
+
+    @classmethod
+    def of(cls, meta: ResultMeta, *, worker_id: str, unit_id: str, ints: str) -> JournalResult:
+        return cls("result", worker_id, unit_id, meta.lease_id, meta.base_version, meta.kind,
+                   meta.steps, meta.samples, meta.partial, dict(meta.metrics), ints)
+
+    def meta(self) -> ResultMeta:
+        return ResultMeta(self.lease_id, self.base_version, self.kind, self.steps, self.samples,
+                          self.partial, dict(self.metrics))
+
+
+@dataclass(frozen=True, slots=True)
+class JournalReject:
+    """The journal's record of a valid result that was rejected (too stale, base unavailable)."""
+
+    type: Literal["reject"]
+    lease_id: str
+    worker_id: str
+    unit_id: str
+    reason: str
+
+
+def journal_record(body: Mapping[str, Any]) -> JournalResult | JournalReject:
+    """A journal entry's record by its ``type``; :class:`FrameError` when it is malformed."""
+    kinds: dict[str, type[JournalResult] | type[JournalReject]] = {
+        "result": JournalResult, "reject": JournalReject}
+    record_type = body.get("type")
+    cls = kinds.get(record_type) if isinstance(record_type, str) else None
+    if cls is None:
+        raise FrameError(f"unknown journal record type {str(body.get('type'))[:40]!r}", field="type")
+    return from_body(cls, body)
