@@ -39,6 +39,9 @@ import zstandard
 
 from vcasync.wire import CodecSpec, LinkProfile, PayloadDecoder, encode_payload
 from vcasync.wire.codecs import shuffle_into, unshuffle_into
+from vcasync.wire.frames import checksum
+
+from ._stats import spread
 
 State = dict[str, torch.Tensor]
 
@@ -118,8 +121,8 @@ def nearby_delta(sd: State, seed: int = 1, lr: float = 1e-3) -> State:
 
 # --- timing ---------------------------------------------------------------------------------
 
-def race(contenders: dict[str, Callable[[], Any]], reps: int,
-         min_round_s: float = 0.25) -> dict[str, float]:
+def race(contenders: dict[str, Callable[[], Any]], reps: int, min_round_s: float = 0.25,
+         rounds: dict[str, list[float]] | None = None) -> dict[str, float]:
     """Median seconds per call per contender, run round-robin after one warm-up each, so a load
     spike on this shared machine hits every contender alike instead of skewing one ratio. A
     fast contender is called several times in a row per round (enough for ``min_round_s``,
@@ -134,10 +137,14 @@ def race(contenders: dict[str, Callable[[], Any]], reps: int,
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(reps):
         for name, fn in contenders.items():
+            mine = []
             for _ in range(inner[name]):
                 t0 = time.perf_counter()
                 fn()
-                times[name].append(time.perf_counter() - t0)
+                mine.append(time.perf_counter() - t0)
+            times[name] += mine
+            if rounds is not None:     # each round's median: the spread of a ratio across rounds
+                rounds.setdefault(name, []).append(statistics.median(mine))
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
@@ -154,6 +161,24 @@ def memcpy_fn(sd: State) -> Callable[[], None]:
     def run() -> None:
         for s, d in zip(src, dst, strict=True):
             np.copyto(d, s)
+    return run
+
+
+def crc_floor_fn(sd: State, chunk: int = 1 << 20) -> Callable[[], None]:
+    """The floor of any CRC-32-checked stream, with no vcasync code: per 1 MiB block (the wire's
+    block), the sender's checksum of the source, a copy into the destination, the receiver's
+    checksum of what it received; the same checksum function the wire uses."""
+    src = [t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
+           for t in sd.values()]
+    dst = [np.empty_like(a) for a in src]
+
+    def run() -> None:
+        for s_, d in zip(src, dst, strict=True):
+            for off in range(0, max(s_.shape[0], 1), chunk):
+                a, b = s_[off:off + chunk], d[off:off + chunk]
+                checksum(a)
+                np.copyto(b, a)
+                checksum(b)
     return run
 
 
@@ -279,6 +304,7 @@ def run_size(label: str, scale: float, reps: int, rows: list[tuple[str, str, flo
     wire: dict[str, int] = {}
     fns: dict[str, Callable[[], Any]] = {
         "memcpy": memcpy_fn(weights),
+        "crc floor": crc_floor_fn(weights),
         "torch.save+load": torch_save_fn(weights),
         "pickle 5 oob buffers": pickle5_fn(weights),
         "zstandard alone": zstd_library_fn(weights, False, wire, "zstandard alone"),
@@ -293,9 +319,14 @@ def run_size(label: str, scale: float, reps: int, rows: list[tuple[str, str, flo
         sd = weights if which == "weights" else delta
         fns[name], fns[f"{name} (encode)"] = ours_fns(sd, codec, wire, name)
     fns["raw fresh"], _ = ours_fns(weights, "raw", wire, "raw fresh", reuse=False, zero_copy=False)
-    t = race(fns, reps)
+    per_round: dict[str, list[float]] = {}
+    t = race(fns, reps, rounds=per_round)
+
+    def ratio_spread(num: str, den: str) -> list[float]:
+        return spread([a / b for a, b in zip(per_round[num], per_round[den], strict=True)])
 
     notes = {"memcpy": "reference: copy into an existing buffer",
+             "crc floor": "crc32 + copy + crc32 per 1 MiB block, no vcasync code",
              "torch.save+load": "BytesIO, weights_only=True", "pickle 5 oob buffers":
              "dumps + copy buffers + loads", "safetensors bytes": "save + load",
              "zstandard alone": "level 1, frame per tensor", "zstandard + numpy shuffle": "level 1",
@@ -319,6 +350,11 @@ def run_size(label: str, scale: float, reps: int, rows: list[tuple[str, str, flo
     mem = t["memcpy"]
     figures.update({
         f"raw_vs_memcpy_{label}": mem / t["raw"],
+        f"raw_vs_memcpy_spread_{label}": ratio_spread("memcpy", "raw"),
+        f"crc_floor_vs_memcpy_{label}": mem / t["crc floor"],
+        f"raw_vs_crc_floor_{label}": t["crc floor"] / t["raw"],
+        f"raw_vs_crc_floor_spread_{label}": ratio_spread("crc floor", "raw"),
+        f"zstd_vs_library_spread_{label}": ratio_spread("zstandard + numpy shuffle", "zstd"),
         f"raw_vs_torch_save_{label}": t["torch.save+load"] / t["raw"],
         f"zstd_vs_library_{label}": t["zstandard + numpy shuffle"] / t["zstd"],
         f"zstd_plain_vs_library_{label}": t["zstandard alone"] / t["zstd-plain"],
@@ -359,13 +395,17 @@ def main(argv: list[str] | None = None) -> int:
     for label in sizes:
         run_size(label, scales[label], reps, rows, figures)
     headline = sizes[-1]
-    order = ["raw_vs_memcpy", "raw_vs_torch_save", "zstd_vs_library", "zstd_weights_ratio",
-             "bf16_delta_ratio"]
-    result = {k: round(figures[f"{k}_{headline}"], 3) for k in order}
+    order = ["raw_vs_memcpy", "raw_vs_memcpy_spread", "crc_floor_vs_memcpy", "raw_vs_crc_floor",
+             "raw_vs_crc_floor_spread", "raw_vs_torch_save", "zstd_vs_library",
+             "zstd_vs_library_spread", "zstd_weights_ratio", "bf16_delta_ratio"]
+    result = {k: figures[f"{k}_{headline}"] for k in order}
+    result = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()}
     result.update({k: (round(v, 3) if isinstance(v, float) else v) for k, v in figures.items()})
     result["mode"] = "warm: destinations allocated once and reused; medians after one warm-up"
     result["headline_size"] = headline
     result["reps"] = reps
+    result["failed"] = 0      # a failing round trip raises: no figure is made without it
+    result["config"] = "ResNet-50 tensor list, codec presets as listed, chunk 1 MiB, 1 torch thread"
     print(f"{'size':>5}  {'method':<28} {'time ms':>9} {'GB/s':>7} {'ratio':>7}  note")
     for label, name, secs, ratio, note in rows:
         speed = figures[f"bytes_{label}"] / secs / 1e9 if secs == secs else math.nan
