@@ -121,6 +121,12 @@ def nearby_delta(sd: State, seed: int = 1, lr: float = 1e-3) -> State:
 
 # --- timing ---------------------------------------------------------------------------------
 
+#: ``thread_time`` (CPU seconds of this thread: every contender runs in it, torch with one thread)
+#: unless ``--clock wall``: on a machine shared with other jobs, wall time also counts the time
+#: this process waited for a core.
+CLOCK: dict[str, Callable[[], float]] = {"cpu": time.thread_time, "wall": time.perf_counter}
+clock = CLOCK["cpu"]
+
 def race(contenders: dict[str, Callable[[], Any]], reps: int, min_round_s: float = 0.25,
          rounds: dict[str, list[float]] | None = None) -> dict[str, float]:
     """Median seconds per call per contender, run round-robin after one warm-up each, so a load
@@ -130,18 +136,18 @@ def race(contenders: dict[str, Callable[[], Any]], reps: int, min_round_s: float
     memcpy alone were 70 ms of a noisy machine, and the ratios wandered by 0.1 between runs."""
     inner: dict[str, int] = {}
     for name, fn in contenders.items():
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()                                   # warm-up: allocations, caches, lazy imports
-        warm = time.perf_counter() - t0
+        warm = clock() - t0
         inner[name] = max(1, min(20, round(min_round_s / max(warm, 1e-6))))
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(reps):
         for name, fn in contenders.items():
             mine = []
             for _ in range(inner[name]):
-                t0 = time.perf_counter()
+                t0 = clock()
                 fn()
-                mine.append(time.perf_counter() - t0)
+                mine.append(clock() - t0)
             times[name] += mine
             if rounds is not None:     # each round's median: the spread of a ratio across rounds
                 rounds.setdefault(name, []).append(statistics.median(mine))
@@ -384,8 +390,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="ResNet-50 at half width (~6M params), 3 reps")
     ap.add_argument("--sizes", default=None, help="comma list of 25m,100m (default both)")
     ap.add_argument("--reps", type=int, default=None, help="repetitions per figure (default 5)")
+    ap.add_argument("--clock", choices=sorted(CLOCK), default="cpu",
+                    help="cpu: this thread's CPU time (default), wall: elapsed time")
     ap.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     args = ap.parse_args(argv)
+    global clock
+    clock = CLOCK[args.clock]
     torch.set_num_threads(1)
     scales = {"6m": 0.5, "25m": 1.0, "100m": 2.0}
     sizes = ["6m"] if args.quick else (args.sizes or "25m,100m").split(",")
@@ -406,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     result["reps"] = reps
     result["failed"] = 0      # a failing round trip raises: no figure is made without it
     result["config"] = "ResNet-50 tensor list, codec presets as listed, chunk 1 MiB, 1 torch thread"
+    result["clock"] = args.clock
     print(f"{'size':>5}  {'method':<28} {'time ms':>9} {'GB/s':>7} {'ratio':>7}  note")
     for label, name, secs, ratio, note in rows:
         speed = figures[f"bytes_{label}"] / secs / 1e9 if secs == secs else math.nan
