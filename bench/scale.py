@@ -135,8 +135,12 @@ class Fleet:
             self._fail(type(exc).__name__)
             raise Failed(type(exc).__name__) from None
         if status >= 400:
-            self._fail(f"HTTP {status}")
-            raise Failed(str(status))
+            try:
+                code = f"{status} {json.loads(data).get('error', '?')}"
+            except ValueError:
+                code = f"{status} ?"
+            self._fail(code)
+            raise Failed(code)
         if self.run.server == "bare":
             return {"token": "bare", "lease_id": "bare"}
         return P.decode_control(data, P.MSGPACK, reply)
