@@ -30,11 +30,12 @@ Figures: ``p99_ms_1k``/``p99_ms_10k`` (pooled), ``p99_ms_10k_conn``, ``p99_ms_10
 ``bytes_per_worker_10k`` (the coordinator's resident memory once every worker has joined over its
 own connection, leased and heartbeated, minus its memory before the first join, divided by ``N``,
 in the run without merging, whose buffers would count too;
-``bytes_per_worker_10k_pool`` with pooled connections) and ``heartbeats_vs_bare_aiohttp``: heartbeats
-per server core-second (server CPU time over the heartbeat-only rounds, the same fleet on its own
-connections, no merging) against a bare aiohttp handler that reads the body and answers a few bytes
-(``bench._peers bare``) under the identical load. Raises ``RLIMIT_NOFILE`` to its hard limit here
-and in the server and says so if the hard limit is below what the fleet needs.
+``bytes_per_worker_10k_pool`` with pooled connections) and ``heartbeats_vs_bare_aiohttp``: successful
+heartbeats per server core-second (server CPU time over the heartbeat-only rounds, the same fleet on
+its own connections, no merging) against a bare aiohttp handler that reads the body and answers a
+few bytes (``bench._peers bare``) under the identical load. A server that cannot keep up is charged
+for the requests it failed: they are not counted as served, their CPU is. Raises ``RLIMIT_NOFILE``
+to its hard limit here and in the server and says so if the hard limit is below what the fleet needs.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class Fleet:
         self.lag_ms: list[float] = []
         self.errors: dict[str, int] = {}
         self.failed = 0
-        self.phases: list[float] = []
+        self.served: list[float] = []   # due offsets (from start) of heartbeats that succeeded
 
     def _http(self, i: int) -> LeanPool | OneConn:
         return self.pool if self.pool is not None else self.conns[i]
@@ -174,7 +175,6 @@ class Fleet:
     async def simulate(self, i: int, token: str, start: float, rng: random.Random) -> None:
         loop = asyncio.get_running_loop()
         phase = rng.uniform(0, self.interval)
-        self.phases.append(phase)
         due = start + phase
         await asyncio.sleep(max(0.0, due - loop.time()))
         self.lag_ms.append((loop.time() - due) * 1000)
@@ -193,7 +193,9 @@ class Fleet:
                 self._fail("no lease")
                 self.beat_ms.append(self.timeout * 1000)
                 continue
-            await self._timed(i, self.beat_ms, path, "heartbeat", {"steps_done": k}, "lease", token)
+            if await self._timed(i, self.beat_ms, path, "heartbeat", {"steps_done": k}, "lease",
+                                 token) is not None:
+                self.served.append(phase + k * self.interval)
 
     async def aclose(self) -> None:
         if self.pool is not None:
@@ -284,15 +286,16 @@ async def measure(run_: Run, url: str, a: argparse.Namespace, tls: Any) -> dict[
     n = run_.workers
     both = fleet.lease_ms + fleet.beat_ms
     lo, hi = a.interval, (a.rounds + 0.9) * a.interval   # the CPU window, after ``start``
-    window_beats = sum(1 for ph in fleet.phases for k in range(1, a.rounds + 1)
-                       if lo <= ph + k * a.interval <= hi)
+    # Only heartbeats that succeeded count: a failed one costs the server little and serves nobody.
+    window_beats = sum(1 for due in fleet.served if lo <= due <= hi)
+    cpu = c1 - c0
     return {"label": run_.label, "connect": run_.connect, "workers": n, "requests": len(both),
             "failed": fleet.failed + (merger.failed if merger else 0), "errors": fleet.errors,
             "p50_ms": _pct(both, 0.5), "p99_ms": _pct(both, 0.99),
             "lease_p99_ms": _pct(fleet.lease_ms, 0.99), "heartbeat_p99_ms": _pct(fleet.beat_ms, 0.99),
             "client_lag_ms_p99": _pct(fleet.lag_ms, 0.99), "join_per_s": n / join_s,
             "bytes_per_worker": (after - before) / n, "rate_per_s": n / a.interval,
-            "beats_per_core_s": window_beats / max(c1 - c0, 1e-9),
+            "beats_per_core_s": window_beats / cpu if cpu > 0.01 else None,   # None: too few to time
             "results_merged": merger.merged if merger else 0,
             "connections_opened": sum(c.opened for c in fleet.conns) if fleet.conns else a.connections,
             "server_gc_max_ms": info.get("gc_max_ms", 0.0)}
@@ -305,6 +308,10 @@ def runs(a: argparse.Namespace) -> list[Run]:
             Run(f"quiet_{big}", "conn", big, merging=False),
             Run(f"bare_{big}", "conn", big, merging=False, server="bare")]
     return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
 
 
 def _tag(n: int) -> str:
@@ -344,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['label']:>12}{r['rate_per_s']:>7.0f}{r['requests']:>9}{r['failed']:>7}{r['p50_ms']:>8.2f}"
               f"{r['p99_ms']:>8.2f}{r['lease_p99_ms']:>10.2f}{r['heartbeat_p99_ms']:>9.2f}"
-              f"{r['client_lag_ms_p99']:>8.2f}{r['bytes_per_worker']:>9.0f}{r['beats_per_core_s']:>13.0f}"
+              f"{r['client_lag_ms_p99']:>8.2f}{r['bytes_per_worker']:>9.0f}"
+              f"{r['beats_per_core_s'] or float('nan'):>13.0f}"
               f"{r['results_merged']:>7}")
         if r["errors"]:
             print(f"  errors: {r['errors']}")
@@ -355,8 +363,8 @@ def main(argv: list[str] | None = None) -> int:
         f"failed_{t}": by[f"conn_{big}"]["failed"] + by[f"tls_{big}"]["failed"],
         # memory per connected worker from the run without merging (merges allocate too)
         f"bytes_per_worker_{t}": by[f"quiet_{big}"]["bytes_per_worker"],
-        "heartbeats_vs_bare_aiohttp": by[f"quiet_{big}"]["beats_per_core_s"]
-        / by[f"bare_{big}"]["beats_per_core_s"],
+        "heartbeats_vs_bare_aiohttp": _ratio(by[f"quiet_{big}"]["beats_per_core_s"],
+                                             by[f"bare_{big}"]["beats_per_core_s"]),
     }
     for r in rows:
         if r["connect"] == "pool":
