@@ -50,6 +50,7 @@ import resource
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -205,7 +206,9 @@ class Fleet:
 
 
 class Merger:
-    """A real worker uploading delta results back to back while the fleet runs."""
+    """A real worker uploading delta results back to back while the fleet runs (in a process of
+    its own, ``python -m bench.scale --merger URL``: encoding results here would stall the
+    fleet's own loop and show up as server latency)."""
 
     def __init__(self, url: str, params: int, ssl_context: Any) -> None:
         self.url, self.ssl = url, ssl_context
@@ -235,6 +238,43 @@ class Merger:
                     self.failed += 1
 
 
+def merger_main(url: str, params: int, cert: str | None) -> int:
+    """The merger process: upload results until SIGTERM, then print ``merged failed``."""
+    import signal
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        m = Merger(url, params, client_context(Path(cert)) if cert else None)
+        try:
+            await m.loop(stop)
+        finally:
+            print(m.merged, m.failed, flush=True)
+
+    run(go())
+    return 0
+
+
+@contextlib.contextmanager
+def merger_process(url: str, params: int, cert: Path | None) -> Iterator[list[int]]:
+    """A merger process for the ``with`` block; yields ``[merged, failed]``, filled at exit."""
+    import subprocess
+    counts = [0, 0]
+    cmd = [sys.executable, "-m", "bench.scale", "--merger", url, "--params", str(params)]
+    proc = subprocess.Popen(cmd + (["--cert", str(cert)] if cert else []), stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        yield counts
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=120)
+        parts = out.split()
+        if len(parts) >= 2:
+            counts[0], counts[1] = int(parts[-2]), int(parts[-1])
+        else:   # it died: count that as a failure, never as silence
+            counts[1] += 1
+
+
 async def probe(url: str, tls: Any) -> tuple[int, float, dict[str, Any]]:
     """The server process's resident bytes, CPU seconds so far, and what else it reports."""
     c = OneConn(url, tls)
@@ -247,9 +287,8 @@ async def probe(url: str, tls: Any) -> tuple[int, float, dict[str, Any]]:
 
 
 async def measure(run_: Run, url: str, a: argparse.Namespace, tls: Any) -> dict[str, Any]:
+    """One run of the fleet (the merger, if any, runs in its own process meanwhile)."""
     fleet = Fleet(run_, url, a.interval, a.rounds, a.connections, a.timeout, tls)
-    merger = Merger(url, a.params, tls) if run_.merging else None
-    stop = asyncio.Event()
     try:
         before, _, _ = await probe(url, tls)
         t0 = time.perf_counter()
@@ -270,14 +309,9 @@ async def measure(run_: Run, url: str, a: argparse.Namespace, tls: Any) -> dict[
             return c0, c1
 
         async with asyncio.TaskGroup() as tg:
-            if merger is not None:
-                merging = tg.create_task(merger.loop(stop))
             window = tg.create_task(beats_window())
-            sims = [tg.create_task(fleet.simulate(i, tok, start, rng)) for i, tok in enumerate(tokens)]
-            await asyncio.gather(*sims)
-            stop.set()
-            if merger is not None:
-                await merging
+            for i, tok in enumerate(tokens):
+                tg.create_task(fleet.simulate(i, tok, start, rng))
         after, _, info = await probe(url, tls)
         c0, c1 = window.result()
     finally:
@@ -290,13 +324,13 @@ async def measure(run_: Run, url: str, a: argparse.Namespace, tls: Any) -> dict[
     window_beats = sum(1 for due in fleet.served if lo <= due <= hi)
     cpu = c1 - c0
     return {"label": run_.label, "connect": run_.connect, "workers": n, "requests": len(both),
-            "failed": fleet.failed + (merger.failed if merger else 0), "errors": fleet.errors,
+            "failed": fleet.failed, "errors": fleet.errors,
             "p50_ms": _pct(both, 0.5), "p99_ms": _pct(both, 0.99),
             "lease_p99_ms": _pct(fleet.lease_ms, 0.99), "heartbeat_p99_ms": _pct(fleet.beat_ms, 0.99),
             "client_lag_ms_p99": _pct(fleet.lag_ms, 0.99), "join_per_s": n / join_s,
             "bytes_per_worker": (after - before) / n, "rate_per_s": n / a.interval,
             "beats_per_core_s": window_beats / cpu if cpu > 0.01 else None,   # None: too few to time
-            "results_merged": merger.merged if merger else 0,
+            "results_merged": 0,
             "connections_opened": sum(c.opened for c in fleet.conns) if fleet.conns else a.connections,
             "server_gc_max_ms": info.get("gc_max_ms", 0.0)}
 
@@ -329,7 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=10.0, help="per request, seconds")
     p.add_argument("--quick", action="store_true", help="1,000 workers every 2 s, 1 round")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--merger", default=None, help=argparse.SUPPRESS)   # the merger process
+    p.add_argument("--cert", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.merger:
+        return merger_main(a.merger, a.params, a.cert)
     if a.quick:
         a.workers, a.interval, a.rounds = "1000", 2.0, 1
     big = max(int(x) for x in a.workers.split(","))
@@ -342,8 +380,13 @@ def main(argv: list[str] | None = None) -> int:
             extra = ["--tls-cert", str(cert), "--tls-key", str(key)] if tls else []
             args = ["--params", str(a.params), "--units", str(r.workers + 100_000), "--steps", "1000000",
                     "--durability", "none", "--lease-timeout", str(max(600.0, 10 * a.interval)), *extra]
-            with peer(r.server, *args) as url:
-                rows.append(run(measure(r, url, a, tls)))
+            with peer(r.server, *args) as url, contextlib.ExitStack() as stack:
+                counts = (stack.enter_context(merger_process(url, a.params, cert if tls else None))
+                          if r.merging else None)
+                row = run(measure(r, url, a, tls))
+            if counts is not None:   # the merger has exited: its counts are final
+                row["results_merged"], row["failed"] = counts[0], row["failed"] + counts[1]
+            rows.append(row)
     print(f"simulated workers over HTTP: heartbeat every {a.interval:g}s for {a.rounds} round(s), "
           f"open-loop arrivals, {a.timeout:g}s timeout (failures count as timeouts); {note}")
     print(f"{'run':>12}{'req/s':>7}{'requests':>9}{'failed':>7}{'p50 ms':>8}{'p99 ms':>8}"
