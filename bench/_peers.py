@@ -9,6 +9,10 @@
   coordinator's ``file://`` storage uses) and fsyncs it before answering: the least any server must
   do before it may acknowledge an upload durably.
 * ``tcp``: a bare asyncio TCP server: 8-byte length, that many bytes, one byte back.
+* ``bare``: a bare aiohttp server whose every ``POST`` reads its small body and answers a small
+  msgpack reply, plus ``GET /bench/rss``: the reference a control request is measured against.
+
+``--tls-cert``/``--tls-key`` serve HTTPS (``coordinator`` and ``bare``).
 
 Each writes its URL (or ``host:port``) to ``--port-file`` once it listens, then serves until SIGTERM.
 """
@@ -20,12 +24,14 @@ import asyncio
 import gc
 import math
 import os
+import resource
 import signal
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, cast
 
+import msgpack
 import torch
 from aiohttp import web
 
@@ -114,13 +120,19 @@ class StallMonitor:
         return s
 
 
-async def _serve(app: web.Application, port_file: Path, stop: asyncio.Event, *, access_log: bool) -> None:
+async def _serve(app: web.Application, port_file: Path, stop: asyncio.Event, *, access_log: bool,
+                 tls: tuple[Path, Path] | None = None) -> None:
     runner = web.AppRunner(app, handle_signals=False, **({} if access_log else {"access_log": None}))
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
+    ctx = None
+    if tls is not None:
+        from ._tls import server_context
+        ctx = server_context(*tls)
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096, ssl_context=ctx)
     await site.start()
     port = runner.addresses[0][1]
-    await asyncio.to_thread(port_file.write_text, f"http://127.0.0.1:{port}\n")
+    scheme = "https" if ctx else "http"
+    await asyncio.to_thread(port_file.write_text, f"{scheme}://127.0.0.1:{port}\n")
     try:
         await stop.wait()
     finally:
@@ -166,9 +178,36 @@ async def coordinator(a: argparse.Namespace, stop: asyncio.Event) -> None:
             async with asyncio.TaskGroup() as tg:
                 ticker = tg.create_task(monitor.run() if a.stall_monitor else asyncio.sleep(0))
                 try:
-                    await _serve(app, a.port_file, stop, access_log=False)
+                    await _serve(app, a.port_file, stop, access_log=False, tls=_tls(a))
                 finally:
                     ticker.cancel()
+
+
+def _tls(a: argparse.Namespace) -> tuple[Path, Path] | None:
+    return (a.tls_cert, a.tls_key) if a.tls_cert else None
+
+
+def _usage() -> dict[str, float]:
+    cpu = os.times()
+    return {"rss": _rss_bytes(), "cpu_s": cpu.user + cpu.system}
+
+
+async def bare(a: argparse.Namespace, stop: asyncio.Event) -> None:
+    """The least an aiohttp server does per control request: read the body, answer a few bytes."""
+    reply = msgpack.packb({"ok": True, "lease_id": "x" * 22, "deadline": 1.0})
+
+    async def handle(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=reply, content_type="application/msgpack")
+
+    async def usage(request: web.Request) -> web.Response:
+        return web.json_response(_usage())
+
+    app = web.Application(client_max_size=1 << 16)
+    app.router.add_get("/bench/rss", usage)
+    app.router.add_post("/{tail:.*}", handle)
+    gc.freeze()
+    await _serve(app, a.port_file, stop, access_log=False, tls=_tls(a))
 
 
 async def post_sink(a: argparse.Namespace, stop: asyncio.Event) -> None:
@@ -250,7 +289,7 @@ async def tcp_sink(a: argparse.Namespace, stop: asyncio.Event) -> None:
 
 
 MODES: dict[str, Any] = {"coordinator": coordinator, "post": post_sink, "durable": durable_sink,
-                         "tcp": tcp_sink}
+                         "tcp": tcp_sink, "bare": bare}
 
 
 async def main(a: argparse.Namespace) -> None:
@@ -273,7 +312,12 @@ if __name__ == "__main__":
     p.add_argument("--lease-timeout", type=float, default=600.0)
     p.add_argument("--max-staleness", type=int, default=None, help="default: CoordinatorConfig's")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--tls-cert", type=Path, default=None)
+    p.add_argument("--tls-key", type=Path, default=None)
     p.add_argument("--stall-monitor", action="store_true", help="sample the loop's lateness every 1 ms")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:   # a fleet of 10,000 connections needs more than the usual 1,024
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     run(main(args))

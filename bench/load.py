@@ -79,14 +79,15 @@ async def _submit_one(client: CoordinatorClient, path: Path, done: list[int], er
 
 async def measure(url: str, n: int, interval: float, rounds: int, connections: int,
                   submitters: int) -> dict[str, Any]:
-    fleet = scale.Fleet(url, n, interval, rounds, connections)
-    http = LeanPool(url, connections)
+    fleet = scale.Fleet(scale.Run("load", "pool", n), url, interval, rounds, connections,
+                        timeout=max(10.0, interval), tls=None)
+    http = LeanPool(url, 4)   # for the metrics probes; the fleet has its own pool
     merged: list[int] = []
     sub_errors: dict[str, int] = {}
     stop = asyncio.Event()
     try:
-        before, _, _ = await scale.probe(http)
-        tokens = await fleet.join_all(http)
+        before, _, _ = await scale.probe(url, None)
+        tokens = await fleet.join_all()
         gc.collect()
         gc.freeze()
         start = asyncio.get_running_loop().time() + 0.5
@@ -95,19 +96,21 @@ async def measure(url: str, n: int, interval: float, rounds: int, connections: i
             subs = [tg.create_task(submitter(url, stop, merged, sub_errors, random.Random(i)))
                     for i in range(submitters)]
             async with asyncio.TaskGroup() as sims:
-                for token in tokens:
-                    sims.create_task(fleet.simulate(http, token, start, random.Random(hash(token))))
+                for i, token in enumerate(tokens):
+                    sims.create_task(fleet.simulate(i, token, start, random.Random(hash(token))))
             stop.set()
             await asyncio.gather(*subs)
         seconds = time.perf_counter() - t0
         expired = await _metric(http, "vcasync_leases_expired_total")
         merges = await _metric(http, "vcasync_merges_total")
-        after, _, _ = await scale.probe(http)
+        after, _, _ = await scale.probe(url, None)
     finally:
         gc.unfreeze()
+        await fleet.aclose()
         await http.aclose()
     both = fleet.lease_ms + fleet.beat_ms
     return {"workers": n, "requests": len(both), "errors": fleet.errors, "submit_errors": sub_errors,
+            "failed": fleet.failed,
             "p50_ms": scale._pct(both, 0.5), "p99_ms": scale._pct(both, 0.99),
             "heartbeat_p99_ms": scale._pct(fleet.beat_ms, 0.99),
             "client_lag_ms_p99": scale._pct(fleet.lag_ms, 0.99),

@@ -10,8 +10,27 @@ merge round is paired with a memcpy timed right before it, and a ratio is the me
 per-pair ratios over ``--repeats`` pairs, so a machine whose load drifts cannot skew it. Buffered
 policies (fedbuff, median, trimmed_mean, sync) are timed over a whole round of ``K`` results and
 reported per result (the flush included); ``gate`` wraps vcasgd. ``<policy>_vs_memcpy`` is merge
-time / memcpy time (lower is better; the target for mixing policies is <= 2). Deltas arrive with
-their base (the worker's usual case); ``*_weights`` rows send full weights instead.
+time / memcpy time (lower is better). Deltas arrive with their base (the worker's usual case);
+``*_weights`` rows send full weights instead.
+
+The traffic floor. A merge must read and write a known number of model-sized streams; a memcpy
+moves two (it reads one, writes one), so a policy's floor is ``memcpy time x streams / 2`` and
+``<policy>_vs_floor`` is merge time / floor (1.0: the merge runs at memory speed; the target for
+mixing policies is <= 1.2). The streams per merged result, as :data:`STREAMS` states them:
+
+| case | reads | writes | streams |
+|---|---|---|---|
+| vcasgd, fedasync (delta) | model, base, delta | model | 4 |
+| vcasgd, fedasync (weights) | model, weights | model | 3 |
+| fedbuff (K=4) | buffer, delta; flush/K: model, buffer | buffer; flush/K: model, buffer | 3 + 4/K = 4 |
+| diloco (delta or weights) | model, momentum, result | model, momentum | 5 |
+| median, trimmed_mean (K=3) | delta; flush/K: K slots, model | slot; flush/K: model | 2 + (K+2)/K |
+| gate (vcasgd inside) | delta, reference (measure); model, base, delta, reference | model, reference | 8 |
+| sync (K=4) | mean, delta; flush/K: model, mean | mean; flush/K: model, mean | 3 + 4/K = 4 |
+
+Every figure is the median of ``--repeats`` paired ratios; ``<policy>_vs_floor_spread`` holds their
+[min, median, max]. A repetition that fails (a refused result) is counted in ``failed`` and stops the
+run: a figure never silently leaves one out.
 
     python -m bench.merge                 # 25M and 100M params
     python -m bench.merge --quick         # 5M and 25M params, fewer repeats
@@ -31,6 +50,7 @@ from typing import Any
 
 import torch
 
+from bench._stats import show, spread
 from vcasync.errors import UpdateRejectedError
 from vcasync.policy import MergePolicy, build_policy
 from vcasync.tensors import ModelState, Update, UpdateKind
@@ -63,6 +83,20 @@ CASES: list[Case] = [
     Case("sync", "sync", {"buffer_size": 4}, round_size=4),
 ]
 BUILTINS = ["vcasgd", "fedasync", "fedbuff", "diloco", "median", "trimmed_mean", "gate", "sync"]
+#: Mixing policies: linear updates that can run at memory speed (robust ones sort, gate measures).
+MIXING = ["vcasgd", "fedasync", "fedbuff", "diloco", "sync"]
+
+
+def streams(case: Case) -> float:
+    """Model-sized streams one merged result reads and writes (the table in the module doc)."""
+    k = case.round_size
+    flush = {"fedbuff": 4.0, "sync": 4.0, "median": k + 2.0, "trimmed_mean": k + 2.0}
+    per_result = {"vcasgd": 4.0 if case.kind == "delta" else 3.0,
+                  "fedasync": 4.0 if case.kind == "delta" else 3.0,
+                  "fedbuff": 3.0, "sync": 3.0, "diloco": 5.0, "gate": 8.0,
+                  "median": 2.0 if case.kind == "delta" else 3.0,
+                  "trimmed_mean": 2.0 if case.kind == "delta" else 3.0}
+    return per_result[case.policy] + flush.get(case.policy, 0.0) / k
 
 
 def make_model(params: int, value: float) -> ModelState:
@@ -82,22 +116,29 @@ def make_model(params: int, value: float) -> ModelState:
     return ModelState(tensors)
 
 
+#: The clock: ``thread_time`` (CPU seconds of this thread; torch runs single-threaded ops in the
+#: calling thread) unless ``--clock wall``. On a machine shared with other jobs, wall time also
+#: counts the time this process waited for a core; CPU time does not (the cache is still shared).
+CLOCK: dict[str, Callable[[], float]] = {"cpu": time.thread_time, "wall": time.perf_counter}
+clock = CLOCK["cpu"]
+
+
 def paired(fn: Callable[[], object], copy: Callable[[], object],
-           repeats: int) -> tuple[float, float, float]:
-    """``(median seconds of fn, median seconds of copy, median of the per-pair ratios)``."""
+           repeats: int) -> tuple[float, float, list[float]]:
+    """``(median seconds of fn, median seconds of copy, every per-pair ratio)``."""
     fn()  # warm-up
     copy()
     ts, cs, ratios = [], [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         copy()
-        mid = time.perf_counter()
+        mid = clock()
         fn()
-        end = time.perf_counter()
+        end = clock()
         cs.append(mid - start)
         ts.append(end - mid)
         ratios.append((end - mid) / (mid - start))
-    return statistics.median(ts), statistics.median(cs), statistics.median(ratios)
+    return statistics.median(ts), statistics.median(cs), ratios
 
 
 def memcpy_fn(model: ModelState) -> Callable[[], None]:
@@ -112,8 +153,8 @@ def memcpy_fn(model: ModelState) -> Callable[[], None]:
 
 
 def time_policy(case: Case, model: ModelState, base: ModelState, result: dict[str, torch.Tensor],
-                copy: Callable[[], None], repeats: int) -> tuple[float, float]:
-    """``(median seconds per merged result, ratio to memcpy)``, warm (see the module docstring)."""
+                copy: Callable[[], None], repeats: int) -> tuple[float, list[float]]:
+    """``(median seconds per merged result, ratios to memcpy)``, warm (see the module docstring)."""
     policy: MergePolicy = build_policy(case.policy, case.params)
     state = policy.init_state(model)
     update = Update(result, kind=case.kind, base=base if policy.needs_base else None, samples=10)
@@ -123,15 +164,16 @@ def time_policy(case: Case, model: ModelState, base: ModelState, result: dict[st
             try:
                 policy.merge(model, update, state)
             except UpdateRejectedError:  # pragma: no cover - the gate never rejects here
-                raise SystemExit("the gate refused a benchmark result") from None
+                raise SystemExit("failed: the gate refused a benchmark result (failed=1; no "
+                                 "figure is reported without it)") from None
 
     one_round()
-    seconds, _, ratio = paired(one_round, copy, repeats)
-    return seconds / case.round_size, ratio / case.round_size
+    seconds, _, ratios = paired(one_round, copy, repeats)
+    return seconds / case.round_size, [r / case.round_size for r in ratios]
 
 
 def time_flower(model: ModelState, result: dict[str, torch.Tensor], copy: Callable[[], None],
-                repeats: int) -> tuple[float, float] | None:
+                repeats: int) -> tuple[float, list[float]] | None:
     """Flower's FedAvg ``aggregate`` of the model and the result as two clients, or None."""
     try:
         from flwr.server.strategy.aggregate import aggregate
@@ -139,13 +181,13 @@ def time_flower(model: ModelState, result: dict[str, torch.Tensor], copy: Callab
         return None
     arrays_w = [t.numpy() for t in model.values() if t.is_floating_point()]
     arrays_r = [t.numpy() for n, t in result.items() if t.is_floating_point()]
-    seconds, _, ratio = paired(lambda: aggregate([(arrays_w, 10), (arrays_r, 10)]), copy, repeats)
-    return seconds, ratio
+    seconds, _, ratios = paired(lambda: aggregate([(arrays_w, 10), (arrays_r, 10)]), copy, repeats)
+    return seconds, ratios
 
 
 def run(sizes: list[int], repeats: int) -> dict[str, Any]:
     figures: dict[str, Any] = {}
-    rows: list[tuple[str, int, float, float]] = []
+    rows: list[tuple[str, int, float, list[float], float]] = []
     for size in sizes:
         model = make_model(size, 1.0)
         base = model.clone()
@@ -154,43 +196,56 @@ def run(sizes: list[int], repeats: int) -> dict[str, Any]:
                    zip(base.items(), delta.values(), strict=True)}
         copy = memcpy_fn(model)
         _, memcpy, _ = paired(copy, copy, repeats)
-        rows.append(("memcpy", size, memcpy, 1.0))
+        rows.append(("memcpy", size, memcpy, [1.0], 2.0))
         tag = f"{size // 1_000_000}m"
         figures[f"memcpy_ms_{tag}"] = round(memcpy * 1e3, 3)
         for case in CASES:
-            seconds, ratio = time_policy(case, model, base,
-                                         weights if case.kind == "weights" else delta, copy, repeats)
-            rows.append((case.label, size, seconds, ratio))
-            figures[f"{case.label}_vs_memcpy_{tag}"] = round(ratio, 3)
+            seconds, ratios = time_policy(case, model, base,
+                                          weights if case.kind == "weights" else delta, copy, repeats)
+            n = streams(case)
+            rows.append((case.label, size, seconds, ratios, n))
+            floor = [r * 2.0 / n for r in ratios]
+            figures[f"{case.label}_vs_memcpy_{tag}"] = spread(ratios)[1]
+            figures[f"{case.label}_vs_floor_{tag}"] = spread(floor)[1]
+            figures[f"{case.label}_vs_floor_spread_{tag}"] = spread(floor)
+            figures[f"{case.label}_streams"] = round(n, 3)
         flower = time_flower(model, weights, copy, repeats)
         if flower is not None:
-            rows.append(("flower_fedavg", size, *flower))
-            figures[f"flower_fedavg_vs_memcpy_{tag}"] = round(flower[1], 3)
+            rows.append(("flower_fedavg", size, flower[0], flower[1], 3.0))
+            figures[f"flower_fedavg_vs_memcpy_{tag}"] = spread(flower[1])[1]
         del model, base, delta, weights, copy
         gc.collect()
     _print_table(rows, sizes)
     top = f"{max(sizes) // 1_000_000}m"
-    head = {f"{c.label}_vs_memcpy": figures[f"{c.label}_vs_memcpy_{top}"] for c in CASES}
+    head: dict[str, Any] = {}
+    for c in CASES:
+        head[f"{c.label}_vs_floor"] = figures[f"{c.label}_vs_floor_{top}"]
+        head[f"{c.label}_vs_floor_spread"] = figures[f"{c.label}_vs_floor_spread_{top}"]
+    head.update({f"{c.label}_vs_memcpy": figures[f"{c.label}_vs_memcpy_{top}"] for c in CASES})
     if f"flower_fedavg_vs_memcpy_{top}" in figures:
         head["flower_fedavg_vs_memcpy"] = figures[f"flower_fedavg_vs_memcpy_{top}"]
-    missing = [b for b in BUILTINS if f"{b}_vs_memcpy" not in head]
+    missing = [b for b in BUILTINS if f"{b}_vs_floor" not in head]
     assert not missing, missing
-    return {**head, **figures, "mode": "warm", "sizes": sizes, "repeats": repeats,
-            "threads": torch.get_num_threads(), "flower": "flower_fedavg_vs_memcpy" in head}
+    head["mixing_max_vs_floor"] = max(head[f"{b}_vs_floor"] for b in MIXING)
+    return {**head, **figures, "failed": 0, "mode": "warm", "sizes": sizes, "repeats": repeats,
+            "threads": torch.get_num_threads(), "flower": "flower_fedavg_vs_memcpy" in head,
+            "config": "defaults of each policy except: vcasgd alpha 0.5, buffer sizes as in CASES"}
 
 
-def _print_table(rows: list[tuple[str, int, float, float]], sizes: list[int]) -> None:
+def _print_table(rows: list[tuple[str, int, float, list[float], float]], sizes: list[int]) -> None:
     labels = list(dict.fromkeys(r[0] for r in rows))
     by = {(r[0], r[1]): r for r in rows}
-    header = f"{'policy (warm, per result)':<26}" + "".join(
-        f"{f'{s // 1_000_000}M ms':>12}{'x memcpy':>10}" for s in sizes)
+    header = f"{'policy (warm, per result)':<26}{'streams':>8}" + "".join(
+        f"{f'{s // 1_000_000}M ms':>10}  {'x floor (min-max)':<24}" for s in sizes)
     print(header)
     print("-" * len(header))
     for label in labels:
-        line = f"{label:<26}"
+        first = next(by[(label, s)] for s in sizes if (label, s) in by)
+        line = f"{label:<26}{first[4]:>8.2f}"
         for s in sizes:
             r = by.get((label, s))
-            line += f"{r[2] * 1e3:>12.1f}{r[3]:>10.2f}" if r else f"{'-':>12}{'-':>10}"
+            cell = show([x * 2.0 / r[4] for x in r[3]]) if r else "-"
+            line += f"{r[2] * 1e3:>10.1f}  {cell:<24}" if r else f"{'-':>10}  {cell:<24}"
         print(line)
 
 
@@ -200,12 +255,22 @@ def main(argv: list[str] | None = None) -> None:
                         help="comma-separated model sizes in millions of parameters (default 25,100)")
     parser.add_argument("--quick", action="store_true", help="5M and 25M parameters, 3 repeats")
     parser.add_argument("--repeats", type=int, default=None, help="timed repetitions (default 5)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: a shared machine's second core is not ours)")
+    parser.add_argument("--clock", choices=sorted(CLOCK), default="cpu",
+                        help="cpu: this thread's CPU time (default; needs --threads 1), wall: elapsed")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
+    if args.clock == "cpu" and args.threads != 1:
+        parser.error("--clock cpu measures one thread: use --threads 1 or --clock wall")
+    global clock
+    clock = CLOCK[args.clock]
+    torch.set_num_threads(args.threads)
     sizes_text = args.sizes or ("5,25" if args.quick else "25,100")
     sizes = [int(float(s) * 1_000_000) for s in sizes_text.split(",")]
     repeats = args.repeats or (3 if args.quick else 5)
     figures = run(sizes, repeats)
+    figures["clock"] = args.clock
     if args.json:
         print(json.dumps(figures))
 

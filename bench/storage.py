@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench._stats import spread
+
 MiB = 1 << 20
 BUCKET = "vcasync-bench"
 
@@ -66,12 +68,16 @@ class Pair:
             ours, ref = self.median(what), self.median(f"ref_{what}")
         return ours / ref - 1.0
 
+    def paired(self) -> list[float]:
+        """(put + get) / (reference put + get) - 1 of every repetition (none dropped)."""
+        t = self.times
+        return [(p + g) / (rp + rg) - 1.0 for p, g, rp, rg in
+                zip(t["put"], t["get"], t["ref_put"], t["ref_get"], strict=True)]
+
     def paired_overhead(self) -> float:
         """Median over repetitions of (put + get) / (reference put + get) - 1: each ratio is taken
         within one repetition, so slow drift of a shared machine cancels out."""
-        t = self.times
-        return statistics.median((p + g) / (rp + rg) - 1.0 for p, g, rp, rg in
-                                 zip(t["put"], t["get"], t["ref_put"], t["ref_get"], strict=True))
+        return statistics.median(self.paired())
 
 
 async def _timed(op: Op) -> float:
@@ -269,13 +275,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         figures[f"{pair.name}_overhead"] = round(pair.overhead(), 4)
     for pair in pairs:
         figures[f"{pair.name}_overhead_paired"] = round(pair.paired_overhead(), 4)
+        figures[f"{pair.name}_overhead_spread"] = spread(pair.paired(), 4)   # [min, median, max]
     for pair in pairs:
         figures[f"{pair.name}_put_overhead"] = round(pair.overhead("put"), 4)
         figures[f"{pair.name}_get_overhead"] = round(pair.overhead("get"), 4)
     for pair in pairs:
         for what in ("put", "get", "ref_put", "ref_get"):
             figures[f"{pair.name}_{what}_mb_s"] = round(size / MiB / pair.median(what), 1)
-    figures.update(size_mb=args.size_mb, reps=args.reps, warmup=args.warmup,
+    figures.update(size_mb=args.size_mb, reps=args.reps, warmup=args.warmup, failed=0,
                    mode="fresh object per repetition, warm page cache on read; emulators in child processes")
     _table(pairs, size)
     return figures
@@ -286,8 +293,10 @@ def _table(pairs: list[Pair], size: int) -> None:
     print(f"{'backend':<10} {'put':>8} {'direct':>8} {'get':>8} {'direct':>8} {'overhead':>9} {'paired':>8}")
     for p in pairs:
         mbs = {w: size / MiB / p.median(w) for w in ("put", "ref_put", "get", "ref_get")}
+        lo, _, hi = spread(p.paired())
         print(f"{p.name:<10} {mbs['put']:>8.0f} {mbs['ref_put']:>8.0f} {mbs['get']:>8.0f} "
-              f"{mbs['ref_get']:>8.0f} {p.overhead():>+9.1%} {p.paired_overhead():>+8.1%}")
+              f"{mbs['ref_get']:>8.0f} {p.overhead():>+9.1%} {p.paired_overhead():>+8.1%} "
+              f"(min {lo:+.1%}, max {hi:+.1%})")
 
 
 def main(argv: list[str] | None = None) -> None:

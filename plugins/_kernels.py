@@ -41,6 +41,7 @@ __all__ = [
     "check_update",
     "delta_of",
     "dot3",
+    "fused",
     "lerp_delta",
     "mix_result",
     "mixable",
@@ -52,6 +53,12 @@ __all__ = [
 ROW = 16384
 #: Elements per block where a loop over blocks bounds scratch memory (a multiple of ROW).
 BLOCK = 16 * ROW
+#: Elements per span of a fused kernel: every pass of a multi-pass update runs over one span of
+#: each tensor before the next span, so a later pass reads what an earlier one wrote from cache
+#: instead of memory (512 KiB of float32 per stream). Measured on a 25M-parameter model, 1 thread,
+#: CPU time: 32K-256K elements are within noise of each other; smaller spans pay more per-op
+#: dispatch (~2 us a call), larger ones spill the cache.
+FUSE = 8 * ROW
 
 
 def mixable(t: torch.Tensor) -> bool:
@@ -121,6 +128,23 @@ def blocks(n: int, size: int = BLOCK) -> Iterator[tuple[int, int]]:
         yield start, min(start + size, n)
 
 
+def fused(*tensors: torch.Tensor) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Matching spans of ``tensors`` (same numel), as 1-d views, ``FUSE`` elements at a time.
+
+    An element-wise op over the spans gives the same bits as over the whole tensors (spans start
+    at multiples of ``FUSE``, so each span's vectorised body and tail line up like the whole
+    tensor's threads' do), so a kernel that runs several passes per span is a pure speed-up.
+    Small or non-contiguous tensors come whole, in their own shapes.
+    """
+    n = tensors[0].numel()
+    if n <= FUSE or not all(t.is_contiguous() for t in tensors):
+        yield tensors
+        return
+    flat = [t.view(-1) for t in tensors]
+    for s in range(0, n, FUSE):
+        yield tuple(f[s:s + FUSE] for f in flat)
+
+
 _HALF = (torch.float16, torch.bfloat16)
 
 
@@ -188,7 +212,8 @@ def mix_result(w: torch.Tensor, x: torch.Tensor, base: torch.Tensor | None, weig
                ws: Workspace) -> None:
     """``w <- (1 - weight) w + weight w_c`` in place, ``w_c = x`` or ``base + x`` (a delta).
 
-    Two passes, no temporary: ``lerp_`` towards the base, then add the weighted delta.
+    Two passes, no temporary: ``lerp_`` towards the base, then add the weighted delta, span by
+    span (:func:`fused`), so the model is read from memory once.
     """
     if not mixable(w):
         take_discrete(w, x)
@@ -198,19 +223,29 @@ def mix_result(w: torch.Tensor, x: torch.Tensor, base: torch.Tensor | None, weig
     if base is None:
         w.lerp_(x, weight)
     else:
-        axpy(w.lerp_(base, weight), x, weight, ws)
+        for ws_, bs, xs in fused(w, base, x):
+            axpy(ws_.lerp_(bs, weight), xs, weight, ws)
 
 
 def accumulate_delta(buf: torch.Tensor, w: torch.Tensor, x: torch.Tensor, *, weights: bool,
                      scale: float, ws: Workspace) -> None:
-    """``buf += scale * d`` with ``d = x`` (a delta) or ``x - w`` (full weights against the model)."""
-    axpy(buf, delta_of(x, w, ws) if weights else x, scale, ws)
+    """``buf += scale * d`` with ``d = x`` (a delta) or ``x - w`` (full weights against the model);
+    ``x - w`` is formed span by span, in cache."""
+    if not weights:
+        axpy(buf, x, scale, ws)
+        return
+    for bs, wsp, xs in fused(buf, w, x):
+        axpy(bs, delta_of(xs, wsp, ws), scale, ws)
 
 
 def lerp_delta(buf: torch.Tensor, w: torch.Tensor, x: torch.Tensor, *, weights: bool,
                ratio: float, ws: Workspace) -> None:
     """``buf <- (1 - ratio) buf + ratio d`` (a running mean of deltas), ``d`` as in accumulate."""
-    buf.lerp_(delta_of(x, w, ws) if weights else x, ratio)
+    if not weights:
+        buf.lerp_(x, ratio)
+        return
+    for bs, wsp, xs in fused(buf, w, x):
+        bs.lerp_(delta_of(xs, wsp, ws), ratio)
 
 
 def dot3(x: torch.Tensor, r: torch.Tensor, ws: Workspace, *,

@@ -32,6 +32,7 @@ from ._kernels import (
     buffer_discrete,
     check_update,
     delta_of,
+    fused,
     lerp_delta,
     mixable,
     take_discrete,
@@ -116,11 +117,15 @@ class DiLoCo:
     def _outer_step(self, w: torch.Tensor, m: torch.Tensor, x: torch.Tensor,
                     minus: torch.Tensor | None) -> None:
         """``d = x - minus`` (or ``x``); ``g = -d``; ``m <- mu m + g``; ``w <- w - lr (g + mu m)``."""
-        mu, lr = self.momentum, self.lr
-        d = x if minus is None else delta_of(x, minus, self._ws)  # scratch, before w changes
-        m.mul_(mu).sub_(d)
-        if self.nesterov:
-            axpy(w, d, lr, self._ws)
-            axpy(w, m, -lr * mu, self._ws)
-        else:
-            axpy(w, m, -lr, self._ws)
+        mu, lr, ws = self.momentum, self.lr, self._ws
+        # Span by span (``fused``): the four passes read w, m and d from memory once.
+        spans = fused(w, m, x) if minus is None else fused(w, m, x, minus)
+        for span in spans:
+            ws_, ms, xs = span[0], span[1], span[2]
+            d = xs if minus is None else delta_of(xs, span[3], ws)  # scratch, before w changes
+            ms.mul_(mu).sub_(d)
+            if self.nesterov:
+                axpy(ws_, d, lr, ws)
+                axpy(ws_, ms, -lr * mu, ws)
+            else:
+                axpy(ws_, ms, -lr, ws)

@@ -29,6 +29,7 @@ from ._kernels import (
     axpy,
     buffer_discrete,
     check_update,
+    fused,
     mixable,
     take_discrete,
 )
@@ -88,8 +89,9 @@ class FedBuff:
         step = self.server_lr / self.buffer_size
         for name, w in model.items():
             if mixable(w):
-                axpy(w, buffer[name], step, self._ws)
-                buffer[name].zero_()
+                for ws_, bs in fused(w, buffer[name]):   # the buffer is cleared while in cache
+                    axpy(ws_, bs, step, self._ws)
+                    bs.zero_()
             else:
                 take_discrete(w, ints[name])
         state["count"] = 0

@@ -24,7 +24,15 @@ from vcasync.errors import ConfigError
 from vcasync.policy import PolicyState
 from vcasync.tensors import ModelState, Update
 
-from ._kernels import Workspace, buffer_discrete, check_update, lerp_delta, mixable, take_discrete
+from ._kernels import (
+    Workspace,
+    buffer_discrete,
+    check_update,
+    fused,
+    lerp_delta,
+    mixable,
+    take_discrete,
+)
 
 __all__ = ["SyncAverage"]
 
@@ -72,8 +80,9 @@ class SyncAverage:
             return None
         for name, w in model.items():
             if mixable(w):
-                w.add_(mean[name])
-                mean[name].zero_()
+                for ws_, ms in fused(w, mean[name]):   # the mean is cleared while in cache
+                    ws_.add_(ms)
+                    ms.zero_()
             else:
                 take_discrete(w, ints[name])
         state["count"], state["samples"] = 0, 0
