@@ -5,7 +5,7 @@ Three parts, each against synchronous data-parallel training as the reference (s
 1. **Real runs** (the default workload, digits; ``vcasync demo``'s machinery): per seed, a coordinator
    and ``--workers`` worker processes on 127.0.0.1 that a spot market SIGTERMs and SIGKILLs, then the
    DDP baseline on as many real processes (torch.distributed, gloo). Both clocks start before the
-   first process. Cost to target by :mod:`vcasync.sim.target`: ``saving_real`` (mean over seeds) and
+   first process. Cost to target by :mod:`vcasync.costing.target`: ``saving_real`` (mean over seeds) and
    ``saving_real_ci_low`` (95 % interval's low end); a seed that never reaches the target is counted in
    ``targets_missed``.
 2. **Calibration**: each real run is replayed in the simulator with the compute, start-up and per-unit
@@ -40,14 +40,14 @@ from typing import Any
 
 import torch
 
+from vcasync.costing.prices import PriceTable
+from vcasync.costing.spread import spread
+from vcasync.costing.target import Span, async_cost
 from vcasync.demo.ddp import DdpConfig, run_ddp
 from vcasync.demo.report import build_report, read_events
 from vcasync.demo.run import DemoConfig, DemoRun, run_demo
 from vcasync.sim import FleetConfig, PoissonPreemption, SimConfig, Simulation, summarize
 from vcasync.sim.fleet import Outage
-from vcasync.sim.prices import PriceTable
-from vcasync.sim.spread import spread
-from vcasync.sim.target import Span, async_cost
 
 RATES_PLOT = (0.0, 0.3, 0.6, 1.0)
 

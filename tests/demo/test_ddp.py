@@ -13,9 +13,9 @@ import pytest
 pytest.importorskip("sklearn", reason="the demo needs scikit-learn (vcasync[demo])")
 
 from vcasync.demo.baseline import sync_sgd
-from vcasync.demo.cnn import load_dataset
 from vcasync.demo.ddp import DdpConfig, run_ddp
 from vcasync.errors import ConfigError
+from vcasync.examples.cnn import load_dataset
 
 
 def test_two_ranks_train_in_lockstep_like_one_big_batch(tmp_path: Path) -> None:

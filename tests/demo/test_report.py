@@ -14,12 +14,12 @@ import pytest
 
 pytest.importorskip("sklearn", reason="the demo needs scikit-learn (vcasync[demo])")
 
+from vcasync.costing.prices import PriceTable
 from vcasync.demo.ddp import DdpConfig, DdpResult
 from vcasync.demo.procs import Proc, Slot, Timeline, TimelineEvent
 from vcasync.demo.report import build_report
 from vcasync.demo.run import DemoConfig, DemoRun
 from vcasync.errors import ConfigError
-from vcasync.sim.prices import PriceTable
 
 T0_WALL = 1_000_000.0
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cnn import Dataset, SmallCNN, evaluate, unit_batches
+from ..examples.cnn import Dataset, SmallCNN, evaluate, unit_batches
 
 __all__ = ["BaselineResult", "sync_sgd"]
 

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError
-from ..sim.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 
 __all__ = ["configure", "run"]
 
@@ -60,7 +60,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def _config(a: argparse.Namespace) -> Any:
-    from ..sim.cli import parse_params
+    from ..costing.params import parse_params
     from .run import DemoConfig
 
     prices = PriceTable() if a.prices is None else PriceTable().merged(PriceTable.from_file(a.prices))
@@ -85,7 +85,7 @@ def _config(a: argparse.Namespace) -> Any:
 def run(a: argparse.Namespace) -> int:
     import torch
 
-    from .cnn import load_dataset
+    from ..examples.cnn import load_dataset
     from .ddp import DdpConfig, run_ddp
     from .report import build_report, write_report
     from .run import run_demo

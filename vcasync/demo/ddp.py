@@ -139,7 +139,7 @@ def _rank(rank: int, cfg: DdpConfig, out: Path, t0: float) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from .cnn import SmallCNN, evaluate, load_dataset, unit_batches
+    from ..examples.cnn import SmallCNN, evaluate, load_dataset, unit_batches
 
     torch.set_num_threads(cfg.threads)
     dist.init_process_group("gloo", rank=rank, world_size=cfg.workers,

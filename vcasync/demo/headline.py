@@ -2,7 +2,7 @@
 
 Both sides ran ``N`` processes on this machine, each standing for one instance of
 ``config.instance``; both clocks start before their first process. The target is the DDP run's final
-test accuracy minus 0.5 point (:class:`vcasync.sim.target.Target`). The fleet's sessions (each worker
+test accuracy minus 0.5 point (:class:`vcasync.costing.target.Target`). The fleet's sessions (each worker
 process from start to exit, restarts included) are billed per second after the provider's minimum at
 the spot price, plus the coordinator on demand from its start; DDP's ``N`` processes are billed on
 demand from the spawn to its time to target. Beside the money: wall time to target on each side, and
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..sim.target import Comparison, Span, Target, async_cost, ddp_cost, summarize_savings, time_to_target
+from ..costing.target import Comparison, Span, Target, async_cost, ddp_cost, summarize_savings, time_to_target
 from .ddp import DdpResult
 from .procs import Slot
 from .run import DemoRun

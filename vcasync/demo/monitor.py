@@ -17,8 +17,8 @@ from typing import Any
 
 from ..client import CoordinatorClient
 from ..errors import VCAsyncError
+from ..examples.cnn import Dataset, SmallCNN, evaluate
 from ..wire import decode_payload_bytes
-from .cnn import Dataset, SmallCNN, evaluate
 from .procs import Slot
 
 __all__ = ["AccuracyPoint", "Monitor", "status_figure"]

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError
-from ..sim.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from .market import SpotMarket
 from .procs import Proc, Slot, Timeline
 
@@ -292,7 +292,7 @@ async def _as_async(cm: contextlib.AbstractContextManager[Any]) -> AsyncIterator
 async def run_demo(cfg: DemoConfig) -> DemoRun:
     """Run the whole demo; returns what the report needs (the report is written by the caller)."""
     from ..client import CoordinatorClient
-    from .cnn import load_dataset
+    from ..examples.cnn import load_dataset
     from .monitor import Monitor
 
     data = load_dataset(cfg.dataset)

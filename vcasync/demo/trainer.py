@@ -1,4 +1,4 @@
-"""The demo's model factories and trainer: the small CNN of :mod:`vcasync.demo.cnn` as a vcasync job.
+"""The demo's model factories and trainer: the small CNN of :mod:`vcasync.examples.cnn` as a vcasync job.
 
     vcasync coordinator --model vcasync.demo.trainer:digits_model --unit-param 'dataset="digits"' ...
     vcasync worker --trainer vcasync.demo.trainer:train ...
@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from ..examples.cnn import Dataset, SmallCNN, load_dataset, shard_indices, unit_batches
 from ..trainer import TrainContext, TrainResult
-from .cnn import Dataset, SmallCNN, load_dataset, shard_indices, unit_batches
 
 __all__ = ["digits_model", "mnist5000_model", "train"]
 

@@ -6,7 +6,7 @@ Three functions make a complete vcasync job::
     vcasync worker --trainer vcasync.examples.digits:train ...
     accuracy = evaluate(model_state)
 
-The model and the data are the demo's (:mod:`vcasync.demo.cnn`: one definition of the small CNN and
+The model and the data are the demo's (:mod:`vcasync.examples.cnn`: one definition of the small CNN and
 one deterministic, stratified split of 1,437 training and 360 test images, standardised), so this
 example, ``vcasync demo`` and the simulator train the same network. A unit trains on shard
 ``unit.shard`` of ``unit.num_shards`` of the training set; its mini-batches are drawn from a seed derived
@@ -24,9 +24,9 @@ from functools import lru_cache
 import torch
 from torch import nn
 
-from ..demo.cnn import SmallCNN, load_dataset
 from ..tensors import ModelState
 from ..trainer import TrainContext, TrainResult
+from .cnn import SmallCNN, load_dataset
 
 __all__ = ["evaluate", "load_split", "model", "train"]
 

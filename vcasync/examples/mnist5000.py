@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..demo.cnn import SmallCNN, load_dataset
 from ..errors import ConfigError
 from ..tensors import ModelState
 from ..trainer import TrainContext, TrainResult
+from .cnn import SmallCNN, load_dataset
 
 __all__ = ["VALIDATION_FRACTION", "evaluate", "load_split", "model", "train"]
 

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 
 from ..coordinator import Coordinator, CoordinatorConfig
-from ..demo.cnn import shard_indices
+from ..examples.cnn import shard_indices
 from ..ledger import make_units
 from ..policy import build_policy
 from ..storage import open_storage

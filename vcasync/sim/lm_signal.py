@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..demo.cnn import Dataset, Evaluation
 from ..examples import tinylm
+from ..examples.cnn import Dataset, Evaluation
 from .signals import LocalTraining, SignalDefaults, TrainingSignal
 
 __all__ = ["EVAL_WINDOWS", "LMSignal", "lm_signal"]

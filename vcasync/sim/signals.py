@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..demo.cnn import Dataset, Evaluation, SmallCNN, evaluate, load_dataset, train_batches
 from ..errors import ConfigError
+from ..examples.cnn import Dataset, Evaluation, SmallCNN, evaluate, load_dataset, train_batches
 from ..tensors import ModelState
 
 __all__ = ["SIGNALS", "LocalTraining", "TrainingSignal", "make_signal", "synthetic_mixture"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..demo.cnn import unit_batches
+from ..examples.cnn import unit_batches
 from .cost import ring_allreduce_s
 from .fleet import MachineProfile
 from .records import EvalPoint

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from ..coordinator import Coordinator
-from ..demo.cnn import unit_batches
 from ..errors import LedgerError, NoWorkAvailableError, ValidationError, WireError
+from ..examples.cnn import unit_batches
 from ..ledger import LeaseGrant
 from ..tensors import ModelSpec
 from ..wire import aencode_payload, decode_payload
