@@ -90,7 +90,7 @@ def test_a_slot_that_never_came_back_before_an_unfinished_end_is_not_a_recovery(
 
 
 def _ddp(workers: int, points: list[tuple[float, int, float, float]]) -> DdpResult:
-    cfg = DdpConfig(workers=workers, dataset="digits", batch_size=32, samples=2000, lr=0.1)
+    cfg = DdpConfig(workers=workers, workload="digits", batch_size=32, samples=2000, lr=0.1)
     return DdpResult(cfg, points, first_step_s=4.0, wall_s=points[-1][0] + 1, digests=["a"] * workers)
 
 

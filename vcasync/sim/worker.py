@@ -28,6 +28,7 @@ from ..examples.cnn import unit_batches
 from ..ledger import LeaseGrant
 from ..tensors import ModelSpec
 from ..wire import aencode_payload, decode_payload
+from .cpu import CpuShare
 from .fleet import MachineProfile
 from .records import Recorder
 from .signals import TrainingSignal
@@ -94,21 +95,24 @@ class SimWorker:
     """One machine session of one slot: join, then lease-train-submit until stopped."""
 
     def __init__(self, coordinator: Coordinator, signal: TrainingSignal, models: ModelCache,
-                 work: Workload, profile: MachineProfile, rec: Recorder) -> None:
+                 work: Workload, profile: MachineProfile, rec: Recorder, cpu: CpuShare | None = None) -> None:
         self._coord = coordinator
         self._signal = signal
         self._models = models
         self._work = work
         self._profile = profile
         self._rec = rec
+        self._cpu = cpu if cpu is not None else CpuShare()
         self._loop = asyncio.get_running_loop()
         # What the session holds right now, for accounting a kill.
         self._phase = "idle"
         self._phase_t0 = 0.0
         self._steps_done = 0
+        self._step_s = self.step_s
 
     @property
     def step_s(self) -> float:
+        """One step's compute alone on this machine (before processor sharing)."""
         return self._work.batch_size * self._work.sample_cost_s / self._profile.speed
 
     def _now(self) -> float:
@@ -138,7 +142,7 @@ class SimWorker:
         """Book the work a kill loses (called by the engine after cancelling the session)."""
         steps = self._steps_done
         if self._phase == "train":
-            steps += int((self._now() - self._phase_t0) // self.step_s)
+            steps += int((self._now() - self._phase_t0) // self._step_s)
         if self._phase in ("train", "upload") and steps:
             samples = steps * self._work.batch_size
             self._rec.samples_trained += samples
@@ -167,20 +171,25 @@ class SimWorker:
         hb = max(self.step_s, min(grant.heartbeat_interval_s, self._work.heartbeat_s))
         per_beat = max(1, math.floor(hb / self.step_s))
         noticed = False
-        while self._steps_done < steps_total:
-            n = min(steps_total - self._steps_done, per_beat)
-            self._phase, self._phase_t0 = "train", self._now()
-            if await _wait_or(notice, n * self.step_s):
-                self._steps_done += int((self._now() - self._phase_t0) // self.step_s)
-                noticed = True
-                break
-            self._steps_done += n
-            if self._steps_done < steps_total:
-                try:
-                    await self._coord.heartbeat(worker_id, grant.lease_id, self._steps_done)
-                except LedgerError as exc:  # expired or taken away: the work is lost
-                    self._lose(exc.__class__.__name__, expired=True)
-                    return
+        self._cpu.running += 1
+        try:
+            while self._steps_done < steps_total:
+                n = min(steps_total - self._steps_done, per_beat)
+                self._phase, self._phase_t0 = "train", self._now()
+                self._step_s = self.step_s * self._cpu.stretch()
+                if await _wait_or(notice, n * self._step_s):
+                    self._steps_done += int((self._now() - self._phase_t0) // self._step_s)
+                    noticed = True
+                    break
+                self._steps_done += n
+                if self._steps_done < steps_total:
+                    try:
+                        await self._coord.heartbeat(worker_id, grant.lease_id, self._steps_done)
+                    except LedgerError as exc:  # expired or taken away: the work is lost
+                        self._lose(exc.__class__.__name__, expired=True)
+                        return
+        finally:
+            self._cpu.running -= 1
         self._phase = "upload"
         done = self._steps_done
         samples = done * self._work.batch_size
