@@ -55,7 +55,8 @@ def test_the_model_factory_the_coordinator_loads_is_the_workloads() -> None:
     for name in ("digits",):
         work = get_workload(name)
         module, fn = work.model_ref.split(":")
-        assert module == "vcasync.examples.digits" and fn == "model"
+        assert module == "vcasync.examples.digits"
+        assert fn == "model"
         torch.manual_seed(7)
         a = work.model().state_dict()
         torch.manual_seed(7)
