@@ -139,6 +139,7 @@ def test_a_fleet_that_never_reaches_the_target_reports_a_miss_not_a_saving(tmp_p
     ({"lr": 0.0}, "lr"),
     ({"restart_delay_s": (5.0, 1.0)}, "restart delay"),
     ({"instance": "no-such-instance"}, "no-such-instance"),
+    ({"workload": "imagenet"}, "unknown workload 'imagenet'"),
 ])
 def test_bad_demo_config_names_the_problem(kw: dict[str, Any], word: str) -> None:
     with pytest.raises(ConfigError, match=word):

@@ -37,3 +37,4 @@ def test_four_workers_on_two_cores_take_about_twice_as_long_to_compute() -> None
     # 8 units of 10 steps x 32 samples x 0.01 s on 4 machines: 6.4 s of compute after 1 s of boot
     assert shared - 1.0 == pytest.approx(2 * (alone - 1.0), rel=0.05)
     assert sync_shared - 1.0 == pytest.approx(2 * (sync_alone - 1.0), rel=0.05)
+

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..coordinator import Coordinator
-from ..errors import LedgerError, NoWorkAvailableError, ValidationError, WireError
+from ..errors import LedgerError, NoWorkAvailableError, ValidationError, WireError, WorkerQuarantinedError
 from ..examples.cnn import unit_batches
 from ..ledger import LeaseGrant
 from ..tensors import ModelSpec
@@ -129,6 +129,9 @@ class SimWorker:
         while not notice.is_set():
             try:
                 grant = await self._coord.lease(worker_id)
+            except WorkerQuarantinedError as exc:  # the real worker stops with that message; so does this one
+                self._event("quarantined", str(exc))
+                return
             except NoWorkAvailableError as exc:
                 if exc.finished:
                     return
