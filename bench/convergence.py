@@ -37,6 +37,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,6 +97,36 @@ def search_lr(workload: str, workers: int, epochs: int, steps: int | None) -> di
 
 
 # -- 1. real runs -------------------------------------------------------------------------------------
+class RunnableSampler:
+    """The machine's runnable threads (``/proc/loadavg``'s fourth field, less this sampler), twice a
+    second while a side runs: the processor contention the replay's CPU model is given."""
+
+    def __init__(self) -> None:
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1
+            except (OSError, ValueError, IndexError):
+                running = round(os.getloadavg()[0])
+            self.samples.append(max(0, running))
+
+    def __enter__(self) -> RunnableSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def mean(self) -> float | None:
+        return statistics.fmean(self.samples) if self.samples else None
+
+
 def real_run(workload: str, seed: int, workers: int, epochs: int, steps: int | None, base: Path, *,
              lr: float, sync_lr: float, preemptions: int) -> dict[str, Any]:
     """One seed of the demo (fleet, then DDP) and its report, plus what calibration needs."""
@@ -104,15 +135,18 @@ def real_run(workload: str, seed: int, workers: int, epochs: int, steps: int | N
                      batch_size=work.batch_size, lr=lr, sync_lr=sync_lr, preemptions=preemptions,
                      progress=False, run_dir=base / f"{workload}-seed{seed}")
     t0_wall, t0_mono = time.time(), time.monotonic()
-    run = asyncio.run(run_demo(cfg))
+    with RunnableSampler() as fleet_load:
+        run = asyncio.run(run_demo(cfg))
     t0_wall += run.timeline.t0 - t0_mono
     samples = run.total_units * run.unit_steps * cfg.batch_size
-    ddp = run_ddp(DdpConfig(workers=workers, workload=workload, batch_size=cfg.batch_size,
-                            samples=samples, lr=cfg.baseline_lr, momentum=cfg.momentum, seed=seed),
-                  run.run_dir / "ddp")
+    with RunnableSampler() as ddp_load:
+        ddp = run_ddp(DdpConfig(workers=workers, workload=workload, batch_size=cfg.batch_size,
+                                samples=samples, lr=cfg.baseline_lr, momentum=cfg.momentum, seed=seed),
+                      run.run_dir / "ddp")
     report = build_report(run, ddp, t0_wall)
     measured = _measure(run, t0_wall, ddp.points, ddp.first_step_s, ddp.config)
     measured["last_merge_s"] = run.versions[-1][0] if run.versions else None
+    measured["runnable_fleet"], measured["runnable_ddp"] = fleet_load.mean, ddp_load.mean
     return {"report": report, "measured": measured}
 
 
@@ -162,14 +196,18 @@ def _measure(run: DemoRun, t0_wall: float, ddp_points: list[tuple[float, int, fl
 
 
 def calibrate(real: dict[str, Any], workload: str, workers: int, seed: int, *,
-              cores: float | None, extra: float = 1.0) -> dict[str, Any]:
+              cores: float | None) -> dict[str, Any]:
     """Replay one real run in the simulator from its measured times; relative time-to-target errors.
 
     ``cores`` set: compute costs the measured CPU seconds per sample, stretched by processor sharing
-    on ``cores`` cores with ``extra`` always-busy processes (coordinator + monitor); ``cores`` None: the
-    wall seconds per sample measured inside units, and no sharing (the previous calibration).
+    on ``cores`` cores; the always-busy processes besides the fleet's workers (its coordinator and
+    monitor, other jobs on the machine) are the runnable threads measured during the run less the
+    workers. DDP's step: its CPU seconds stretched by the runnable threads measured while it ran.
+    ``cores`` None: the wall seconds per sample measured inside units, no sharing (the previous
+    calibration, kept to show what the CPU model changes).
     """
     m = real["measured"]
+    extra = max(0.0, (m.get("runnable_fleet") or workers) - workers)
     rep = real["report"]
     cost = m["sample_cpu_s"] if cores is not None else m["sample_cost_s"]
     if cost is None or rep["cost"].get("target") is None:
@@ -189,9 +227,12 @@ def calibrate(real: dict[str, Any], workload: str, workers: int, seed: int, *,
     # the simulated coordinator is up at 0; the real workers started once it was ready
     sim_fleet = time_to_target(((p[0] + m["first_worker_s"], p[col])
                                 for p in summarize(out)["evals"]), target)
-    # the simulator's DDP: the measured start-up, then its own step time (processor sharing included)
-    step_s = out.sync.step_s if (out.sync is not None and cores is not None) else m["ddp_step_s"]
+    # the simulator's DDP: the measured start-up, then a step of the measured CPU time stretched by the
+    # contention measured while DDP ran (or, without the CPU model, DDP's measured wall step)
     big = workers * m["batch_size"]
+    step_s = m["ddp_step_s"]
+    if cores is not None:
+        step_s = m["batch_size"] * cost * max(1.0, (m.get("runnable_ddp") or workers) / cores)
     sim_ddp = None if out.sync is None else time_to_target(
         ((m["ddp_first_step_s"] + p.samples_merged / big * step_s, p.accuracy if col == 3 else p.loss)
          for p in out.sync.evals), target)
@@ -201,7 +242,7 @@ def calibrate(real: dict[str, Any], workload: str, workers: int, seed: int, *,
         return None if sim is None or not real_t else abs(sim - real_t) / real_t
 
     sim_done = out.duration_s + m["first_worker_s"]
-    return {"workload": workload, "seed": seed, "cores": cores,
+    return {"workload": workload, "seed": seed, "cores": cores, "extra_runnable": extra if cores else 0.0,
             "error_duration": err(sim_done, m["last_merge_s"]), "sim_done_s": sim_done,
             "real_done_s": m["last_merge_s"], "sim_fleet_s": sim_fleet, "real_fleet_s": real_fleet,
             "sim_ddp_s": sim_ddp, "real_ddp_s": real_ddp,
@@ -333,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"fleet {rep['time_to_target_s']} s, "
                           f"DDP {rep['ddp_time_to_target_s']} s to target, calibration error "
                           f"{cal[-1].get('error_fleet')}/{cal[-1].get('error_ddp')} "
+                          f"(duration {cal[-1].get('error_duration')}), gap {rep['accuracy_gap']} acc / "
+                          f"{rep['loss_gap']} loss, lr {rep['config']['lr']:.4g}/{rep['config']['ddp_lr']:.4g} "
                           f"({time.perf_counter() - t:.0f} s)", file=log)
     digits = real.get("digits", [])
     saving_real = spread(r["saving"] for r in digits)
@@ -363,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     g50 = spread(gaps50)
 
     curve_rate: dict[str, Any] = {}
-    for rate in () if a.real_only else RATES_PLOT if not a.quick else (0.0, 1.0):
+    for rate in () if a.real_only else RATES_PLOT if (a.plot or not a.quick) else (0.0, 1.0):
         cells = [sim_cell("digits", 8, rate, seed, epochs=epochs_sim, hours=a.hours, identical=True)
                  for seed in seeds[:3]]
         curve_rate[f"{rate:g}"] = spread(c["saving_at_target"] for c in cells).as_dict()
