@@ -375,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"DDP {rep['ddp_time_to_target_s']} s to target, calibration error "
                           f"{cal[-1].get('error_fleet')}/{cal[-1].get('error_ddp')} "
                           f"(duration {cal[-1].get('error_duration')}), gap {rep['accuracy_gap']} acc / "
-                          f"{rep['loss_gap']} loss, lr {rep['config']['lr']:.4g}/{rep['config']['ddp_lr']:.4g} "
+                          f"{rep['loss_gap']} loss, "
+                          f"lr {rep['config']['lr']:.4g}/{rep['config']['ddp_lr']:.4g} "
                           f"({time.perf_counter() - t:.0f} s)", file=log)
     digits = real.get("digits", [])
     saving_real = spread(r["saving"] for r in digits)
