@@ -47,6 +47,7 @@ class Workload:
     model_bytes: int
     boot_s: float
     heartbeat_s: float
+    boot_cpu_s: float | None
     idle_poll_s: float
     on_notice: str
     seed: int
@@ -123,7 +124,14 @@ class SimWorker:
 
     async def run(self, notice: asyncio.Event) -> None:
         """Boot, join, and work until the run finishes or a notice stops the session."""
-        await asyncio.sleep(self._work.boot_s)
+        if self._work.boot_cpu_s is None:
+            await asyncio.sleep(self._work.boot_s)
+        else:  # start-up is compute (imports, decoding): it shares the cores with the others
+            self._cpu.running += 1
+            try:
+                await asyncio.sleep(self._work.boot_cpu_s * self._cpu.stretch())
+            finally:
+                self._cpu.running -= 1
         worker_id = await self._coord.join(f"slot-{self._profile.slot}",
                                            {"speed": self._profile.speed, "simulated": True})
         while not notice.is_set():
