@@ -158,15 +158,12 @@ def _measure(run: DemoRun, t0_wall: float, ddp_points: list[tuple[float, int, fl
     cpu_per_sample: list[float] = []
     overhead: list[float] = []
     boot: list[float] = []
-    boot_cpu: list[float] = []
     batch = run.config.batch_size
     for slot in run.slots:
         for (start, _), pid in zip(slot.sessions, slot.pids, strict=False):
             evs = sorted(events.get(pid, []), key=lambda e: e["t"])
             if evs:
                 boot.append(evs[0]["t"] - t0_wall - start)
-                if "cpu" in evs[0]:
-                    boot_cpu.append(evs[0]["cpu"])  # CPU seconds from process start to its first unit
             last_end = None
             began: dict[str, Any] = {}
             for e in evs:
@@ -192,7 +189,6 @@ def _measure(run: DemoRun, t0_wall: float, ddp_points: list[tuple[float, int, fl
             "sample_cpu_s": statistics.median(cpu_per_sample) if cpu_per_sample else None,
             "unit_overhead_s": statistics.median(overhead) if overhead else 0.0,
             "boot_s": statistics.median(boot) if boot else 0.0,
-            "boot_cpu_s": statistics.median(boot_cpu) if boot_cpu else None,
             "ddp_step_s": ddp_step, "ddp_first_step_s": ddp_first_step_s, "outages": outages,
             "first_worker_s": min((s.sessions[0][0] for s in run.slots if s.sessions), default=0.0),
             "unit_steps": run.unit_steps, "shards": run.config.num_shards(), "epochs": run.config.epochs,
@@ -203,8 +199,7 @@ def calibrate(real: dict[str, Any], workload: str, workers: int, seed: int, *,
               cores: float | None) -> dict[str, Any]:
     """Replay one real run in the simulator from its measured times; relative time-to-target errors.
 
-    ``cores`` set: compute (each worker's start-up, measured in CPU seconds from its process start to
-    its first unit, and training, the measured CPU seconds per sample) is stretched by processor sharing
+    ``cores`` set: compute costs the measured CPU seconds per sample, stretched by processor sharing
     on ``cores`` cores; the always-busy processes besides the fleet's workers (its coordinator and
     monitor, other jobs on the machine) are the runnable threads measured during the run less the
     workers. DDP's step: its CPU seconds stretched by the runnable threads measured while it ran.
@@ -224,9 +219,7 @@ def calibrate(real: dict[str, Any], workload: str, workers: int, seed: int, *,
                                                                  latency_s=m["unit_overhead_s"] / 2),
                     preemption=Replay(m["outages"]), epochs=m["epochs"], shards=m["shards"],
                     local_steps=m["unit_steps"], batch_size=m["batch_size"], lr=m["lr"], sync_lr=m["sync_lr"],
-                    sample_cost_s=cost, boot_s=m["boot_s"],
-                    boot_cpu_s=m.get("boot_cpu_s") if cores is not None else None,
-                    heartbeat_s=5.0, lease_timeout_s=10.0,
+                    sample_cost_s=cost, boot_s=m["boot_s"], heartbeat_s=5.0, lease_timeout_s=10.0,
                     cores=cores, extra_runnable=extra if cores is not None else 0.0, seed=seed,
                     eval_points=60, keep_timeline=False)
     out = Simulation(cfg).run()

@@ -40,8 +40,7 @@ class SimConfig:
     Evaluation: workloads are scored on ``eval_split`` (``test``, or ``validation`` for choosing
     hyper-parameters). CPU: ``cores`` (None: one machine per worker) and ``extra_runnable`` always-busy
     processes make the fleet share processors (:mod:`vcasync.sim.cpu`), to replay a real run of many
-    processes on one small machine; ``boot_cpu_s`` (None: start-up is ``boot_s`` of wall time) makes a
-    worker's start-up (interpreter, imports, join, first download) that much compute, shared too.
+    processes on one small machine.
     """
 
     @property
@@ -62,7 +61,6 @@ class SimConfig:
     sample_cost_s: float | None = None
     model_bytes: int | None = None
     boot_s: float = 30.0
-    boot_cpu_s: float | None = None
     heartbeat_s: float = 60.0
     lease_timeout_s: float = 600.0
     max_staleness: int | None = None
@@ -109,8 +107,6 @@ class SimConfig:
              f"eval_split must be 'validation' or 'test', got {self.eval_split!r}"),
             (self.cores is None or self.cores > 0, f"cores must be > 0, got {self.cores}"),
             (self.extra_runnable >= 0, f"extra_runnable must be >= 0, got {self.extra_runnable}"),
-            (self.boot_cpu_s is None or self.boot_cpu_s >= 0,
-             f"boot_cpu_s must be >= 0, got {self.boot_cpu_s}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -47,7 +47,6 @@ class Workload:
     model_bytes: int
     boot_s: float
     heartbeat_s: float
-    boot_cpu_s: float | None
     idle_poll_s: float
     on_notice: str
     seed: int
@@ -124,14 +123,7 @@ class SimWorker:
 
     async def run(self, notice: asyncio.Event) -> None:
         """Boot, join, and work until the run finishes or a notice stops the session."""
-        if self._work.boot_cpu_s is None:
-            await asyncio.sleep(self._work.boot_s)
-        else:  # start-up is compute (imports, decoding): it shares the cores with the others
-            self._cpu.running += 1
-            try:
-                await asyncio.sleep(self._work.boot_cpu_s * self._cpu.stretch())
-            finally:
-                self._cpu.running -= 1
+        await asyncio.sleep(self._work.boot_s)
         worker_id = await self._coord.join(f"slot-{self._profile.slot}",
                                            {"speed": self._profile.speed, "simulated": True})
         while not notice.is_set():
