@@ -147,6 +147,10 @@ def real_run(workload: str, seed: int, workers: int, epochs: int, steps: int | N
     measured = _measure(run, t0_wall, ddp.points, ddp.first_step_s, ddp.config)
     measured["last_merge_s"] = run.versions[-1][0] if run.versions else None
     measured["runnable_fleet"], measured["runnable_ddp"] = fleet_load.mean, ddp_load.mean
+    # the coordinator's merge time: versions over the span the monitor saw them being made
+    vs = [(t, v) for t, v in run.versions if v >= 1]
+    measured["merge_s"] = ((vs[-1][0] - vs[0][0]) / (vs[-1][1] - vs[0][1])
+                           if len(vs) >= 2 and vs[-1][1] > vs[0][1] else 0.0)
     return {"report": report, "measured": measured}
 
 
@@ -203,8 +207,10 @@ def calibrate(real: dict[str, Any], workload: str, workers: int, seed: int, *,
     on ``cores`` cores; the always-busy processes besides the fleet's workers (its coordinator and
     monitor, other jobs on the machine) are the runnable threads measured during the run less the
     workers. DDP's step: its CPU seconds stretched by the runnable threads measured while it ran.
-    ``cores`` None: the wall seconds per sample measured inside units, no sharing (the previous
-    calibration, kept to show what the CPU model changes).
+    The coordinator merges one result at a time for the merge time measured in that run (versions
+    over the seconds the monitor saw them made): uploads queue behind it. ``cores`` None: the wall
+    seconds per sample measured inside units, no sharing, free merges (the previous calibration,
+    kept to show what the model changes).
     """
     m = real["measured"]
     extra = max(0.0, (m.get("runnable_fleet") or workers) - workers)
@@ -220,7 +226,8 @@ def calibrate(real: dict[str, Any], workload: str, workers: int, seed: int, *,
                     preemption=Replay(m["outages"]), epochs=m["epochs"], shards=m["shards"],
                     local_steps=m["unit_steps"], batch_size=m["batch_size"], lr=m["lr"], sync_lr=m["sync_lr"],
                     sample_cost_s=cost, boot_s=m["boot_s"], heartbeat_s=5.0, lease_timeout_s=10.0,
-                    cores=cores, extra_runnable=extra if cores is not None else 0.0, seed=seed,
+                    cores=cores, extra_runnable=extra if cores is not None else 0.0,
+                    merge_s=m.get("merge_s", 0.0) if cores is not None else 0.0, seed=seed,
                     eval_points=60, keep_timeline=False)
     out = Simulation(cfg).run()
     col = 3 if metric == "accuracy" else 4

@@ -38,3 +38,17 @@ def test_four_workers_on_two_cores_take_about_twice_as_long_to_compute() -> None
     assert shared - 1.0 == pytest.approx(2 * (alone - 1.0), rel=0.05)
     assert sync_shared - 1.0 == pytest.approx(2 * (sync_alone - 1.0), rel=0.05)
 
+
+
+def test_a_slow_merge_loop_queues_the_uploads() -> None:
+    """Results arriving faster than the coordinator merges them wait: 8 merges of 2 s each take 16 s."""
+    def run(merge_s: float) -> float:
+        cfg = SimConfig(signal="surrogate", fleet=FleetConfig.identical(4, bandwidth_bps=1e12, latency_s=0.0),
+                        preemption=NoPreemption(), epochs=1, shards=8, local_steps=1, sample_cost_s=1e-6,
+                        boot_s=1.0, merge_s=merge_s, eval_points=2, seed=0, keep_timeline=False,
+                        sync_baseline=False)
+        return Simulation(cfg).run().duration_s
+
+    assert run(2.0) - run(0.0) == pytest.approx(16.0, abs=0.5)
+    with pytest.raises(ConfigError, match="merge_s"):
+        SimConfig(merge_s=-1.0)

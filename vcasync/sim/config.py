@@ -40,7 +40,8 @@ class SimConfig:
     Evaluation: workloads are scored on ``eval_split`` (``test``, or ``validation`` for choosing
     hyper-parameters). CPU: ``cores`` (None: one machine per worker) and ``extra_runnable`` always-busy
     processes make the fleet share processors (:mod:`vcasync.sim.cpu`), to replay a real run of many
-    processes on one small machine.
+    processes on one small machine; ``merge_s`` is the coordinator's time per merge, a queue the
+    workers' uploads wait in (:class:`vcasync.sim.cpu.MergeQueue`; 0: merging is free).
     """
 
     @property
@@ -75,6 +76,7 @@ class SimConfig:
     eval_split: str = "test"
     cores: float | None = None
     extra_runnable: float = 0.0
+    merge_s: float = 0.0
     seed: int = 0
     max_virtual_s: float = 30 * 24 * 3600.0
     keep_timeline: bool = True
@@ -107,6 +109,7 @@ class SimConfig:
              f"eval_split must be 'validation' or 'test', got {self.eval_split!r}"),
             (self.cores is None or self.cores > 0, f"cores must be > 0, got {self.cores}"),
             (self.extra_runnable >= 0, f"extra_runnable must be >= 0, got {self.extra_runnable}"),
+            (self.merge_s >= 0, f"merge_s must be >= 0, got {self.merge_s}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -14,11 +14,12 @@ the fleet's load as workers start, stop and are preempted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 
-__all__ = ["CpuShare"]
+__all__ = ["CpuShare", "MergeQueue"]
 
 
 @dataclass(slots=True)
@@ -44,3 +45,26 @@ class CpuShare:
         if self.cores is None:
             return 1.0
         return max(1.0, (processes + self.extra) / self.cores)
+
+
+@dataclass(slots=True)
+class MergeQueue:
+    """The coordinator's merge loop as one server: each accepted result holds it ``merge_s`` seconds.
+
+    A worker's upload is answered once its result is merged (the receipt names the new version), so
+    when results arrive faster than the coordinator merges them, workers wait in this queue. With
+    ``merge_s=0`` (the default) merging takes no virtual time, as on a coordinator that keeps up.
+    """
+
+    merge_s: float = 0.0
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def __post_init__(self) -> None:
+        if self.merge_s < 0:
+            raise ConfigError(f"merge_s must be >= 0, got {self.merge_s}")
+
+    async def serve(self) -> None:
+        if self.merge_s <= 0:
+            return
+        async with self._lock:
+            await asyncio.sleep(self.merge_s)

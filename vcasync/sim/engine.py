@@ -25,7 +25,7 @@ from ..storage import open_storage
 from .clock import VirtualClock, run_virtual
 from .config import SimConfig
 from .cost import Billing
-from .cpu import CpuShare
+from .cpu import CpuShare, MergeQueue
 from .fleet import MachineProfile, make_fleet
 from .records import EvalPoint, Recorder
 from .signals import TrainingSignal, make_signal
@@ -113,6 +113,7 @@ class Simulation:
                 Coordinator(model, self.unit_list, policy=policy, storage=storage, config=ccfg,
                             clock=clock) as coord:
             models = ModelCache(coord, spec, keep=cfg.staleness_window + 2)
+            self.merges = MergeQueue(cfg.merge_s)
             finished = True
             # A slot that crashes is a bug in the simulator: the TaskGroup surfaces it.
             async with asyncio.TaskGroup() as tg:
@@ -145,7 +146,8 @@ class Simulation:
                 nxt = next(outages, None)
             billing.start(slot, now)
             rec.event(now, slot, "up")
-            worker = SimWorker(coord, self.signal, models, self.workload, profile, rec, self.cpu)
+            worker = SimWorker(coord, self.signal, models, self.workload, profile, rec, self.cpu,
+                               self.merges)
             notice = asyncio.Event()
             kill_at = nxt.down_s if nxt is not None else None
             handle = None

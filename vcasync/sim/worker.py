@@ -28,7 +28,7 @@ from ..examples.cnn import unit_batches
 from ..ledger import LeaseGrant
 from ..tensors import ModelSpec
 from ..wire import aencode_payload, decode_payload
-from .cpu import CpuShare
+from .cpu import CpuShare, MergeQueue
 from .fleet import MachineProfile
 from .records import Recorder
 from .signals import TrainingSignal
@@ -95,7 +95,8 @@ class SimWorker:
     """One machine session of one slot: join, then lease-train-submit until stopped."""
 
     def __init__(self, coordinator: Coordinator, signal: TrainingSignal, models: ModelCache,
-                 work: Workload, profile: MachineProfile, rec: Recorder, cpu: CpuShare | None = None) -> None:
+                 work: Workload, profile: MachineProfile, rec: Recorder, cpu: CpuShare | None = None,
+                 merges: MergeQueue | None = None) -> None:
         self._coord = coordinator
         self._signal = signal
         self._models = models
@@ -103,6 +104,7 @@ class SimWorker:
         self._profile = profile
         self._rec = rec
         self._cpu = cpu if cpu is not None else CpuShare()
+        self._merges = merges if merges is not None else MergeQueue()
         self._loop = asyncio.get_running_loop()
         # What the session holds right now, for accounting a kill.
         self._phase = "idle"
@@ -211,6 +213,7 @@ class SimWorker:
         staleness = self._coord.version - grant.base_version
         self._rec.samples_trained += samples
         self._phase = "idle"
+        await self._merges.serve()  # the coordinator merges one result at a time
         try:
             receipt = await self._coord.submit(worker_id, grant.lease_id,
                                                _chunks(aencode_payload("result", meta, delta)))
