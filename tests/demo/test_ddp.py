@@ -15,11 +15,11 @@ pytest.importorskip("sklearn", reason="the demo needs scikit-learn (vcasync[demo
 from vcasync.demo.baseline import sync_sgd
 from vcasync.demo.ddp import DdpConfig, run_ddp
 from vcasync.errors import ConfigError
-from vcasync.examples.cnn import load_dataset
+from vcasync.examples.workloads import get_workload
 
 
 def test_two_ranks_train_in_lockstep_like_one_big_batch(tmp_path: Path) -> None:
-    cfg = DdpConfig(workers=2, dataset="digits", batch_size=16, samples=2 * 16 * 6, lr=0.1, seed=4,
+    cfg = DdpConfig(workers=2, workload="digits", batch_size=16, samples=2 * 16 * 6, lr=0.1, seed=4,
                     eval_points=3, timeout_s=180)
     res = run_ddp(cfg, tmp_path)
     assert len(res.digests) == 2
@@ -30,7 +30,7 @@ def test_two_ranks_train_in_lockstep_like_one_big_batch(tmp_path: Path) -> None:
     assert times == sorted(times)
     # the clock starts before the processes: start-up is paid, and is part of the curve
     assert 0 < res.first_step_s <= times[0] <= res.wall_s
-    ref = sync_sgd(load_dataset("digits"), workers=2, batch_size=16, samples=cfg.samples, lr=0.1,
+    ref = sync_sgd(get_workload("digits"), workers=2, batch_size=16, samples=cfg.samples, lr=0.1,
                    momentum=0.9, seed=4, eval_points=3)
     assert res.final_loss == pytest.approx(ref.points[-1][3], rel=1e-4)
     assert res.final_accuracy == pytest.approx(ref.final_accuracy, abs=0.003)
@@ -38,13 +38,13 @@ def test_two_ranks_train_in_lockstep_like_one_big_batch(tmp_path: Path) -> None:
 
 
 def test_a_failing_rank_is_a_clear_error(tmp_path: Path) -> None:
-    cfg = DdpConfig(workers=2, dataset="no-such-data", batch_size=8, samples=32, lr=0.1, timeout_s=60)
+    cfg = DdpConfig(workers=2, workload="no-such-data", batch_size=8, samples=32, lr=0.1, timeout_s=60)
     with pytest.raises(ConfigError, match="DDP rank failed"):
         run_ddp(cfg, tmp_path)
 
 
 def test_bad_config_is_refused() -> None:
     with pytest.raises(ConfigError):
-        DdpConfig(workers=0, dataset="digits", batch_size=8, samples=32, lr=0.1)
+        DdpConfig(workers=0, workload="digits", batch_size=8, samples=32, lr=0.1)
     with pytest.raises(ConfigError):
-        DdpConfig(workers=2, dataset="digits", batch_size=8, samples=32, lr=0.0)
+        DdpConfig(workers=2, workload="digits", batch_size=8, samples=32, lr=0.0)

@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("sklearn", reason="the demo needs scikit-learn (vcasync[demo])")
 pytest.importorskip("matplotlib", reason="the demo needs matplotlib (vcasync[demo])")
 
-from vcasync.sim.prices import PriceTable
+from vcasync.costing.prices import PriceTable
 
 pytestmark = pytest.mark.slow
 

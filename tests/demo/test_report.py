@@ -14,12 +14,12 @@ import pytest
 
 pytest.importorskip("sklearn", reason="the demo needs scikit-learn (vcasync[demo])")
 
+from vcasync.costing.prices import PriceTable
 from vcasync.demo.ddp import DdpConfig, DdpResult
 from vcasync.demo.procs import Proc, Slot, Timeline, TimelineEvent
 from vcasync.demo.report import build_report
 from vcasync.demo.run import DemoConfig, DemoRun
 from vcasync.errors import ConfigError
-from vcasync.sim.prices import PriceTable
 
 T0_WALL = 1_000_000.0
 
@@ -90,7 +90,7 @@ def test_a_slot_that_never_came_back_before_an_unfinished_end_is_not_a_recovery(
 
 
 def _ddp(workers: int, points: list[tuple[float, int, float, float]]) -> DdpResult:
-    cfg = DdpConfig(workers=workers, dataset="digits", batch_size=32, samples=2000, lr=0.1)
+    cfg = DdpConfig(workers=workers, workload="digits", batch_size=32, samples=2000, lr=0.1)
     return DdpResult(cfg, points, first_step_s=4.0, wall_s=points[-1][0] + 1, digests=["a"] * workers)
 
 
@@ -139,6 +139,7 @@ def test_a_fleet_that_never_reaches_the_target_reports_a_miss_not_a_saving(tmp_p
     ({"lr": 0.0}, "lr"),
     ({"restart_delay_s": (5.0, 1.0)}, "restart delay"),
     ({"instance": "no-such-instance"}, "no-such-instance"),
+    ({"workload": "imagenet"}, "unknown workload 'imagenet'"),
 ])
 def test_bad_demo_config_names_the_problem(kw: dict[str, Any], word: str) -> None:
     with pytest.raises(ConfigError, match=word):

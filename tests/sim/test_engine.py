@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("vcasync.coordinator", reason="the simulator drives the real Coordinator")
 
+from vcasync.costing.prices import PriceTable
 from vcasync.sim import FleetConfig, PoissonPreemption, SimConfig, Simulation, summarize
-from vcasync.sim.prices import PriceTable
 
 
 def _config(**kw: object) -> SimConfig:

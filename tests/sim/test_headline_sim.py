@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("vcasync.coordinator", reason="the simulator drives the real Coordinator")
 
+from vcasync.costing.prices import PriceTable
+from vcasync.costing.target import Comparison, SideCost, Target, summarize_savings
 from vcasync.sim import FleetConfig, NoPreemption, PoissonPreemption, SimConfig, Simulation, summarize
 from vcasync.sim.fleet import make_fleet
-from vcasync.sim.prices import PriceTable
-from vcasync.sim.target import Comparison, SideCost, Target, summarize_savings
 
 
 def _run(**kw: object) -> dict[str, object]:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from vcasync.cli import ExitCode
+from vcasync.costing.prices import PriceTable
 from vcasync.errors import ConfigError
-from vcasync.sim.prices import PriceTable
 
 ROW = {"provider": "acme", "instance": "big-1", "region": "moon-1", "vcpus": 8, "memory_gib": 32.0,
        "on_demand_per_h": 1.0, "spot_per_h": 0.2, "source": "acme price page", "as_of": "2026-11"}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from vcasync.costing.prices import DEFAULT_INSTANCE, DEFAULT_PRICES, InstancePrice, PriceTable
 from vcasync.errors import ConfigError
 from vcasync.sim.cost import Billing, ring_allreduce_s
 from vcasync.sim.fleet import FleetConfig, Outage, PoissonPreemption, TracePreemption, make_fleet
-from vcasync.sim.prices import DEFAULT_INSTANCE, DEFAULT_PRICES, InstancePrice, PriceTable
 
 
 def test_every_price_names_its_source_and_date_and_spot_is_cheaper() -> None:

@@ -10,11 +10,10 @@ import math
 
 import pytest
 
-from vcasync.errors import ConfigError
-from vcasync.sim.market import SpotTrace, SpotWalk
-from vcasync.sim.prices import InstancePrice
-from vcasync.sim.spread import spread, t_975
-from vcasync.sim.target import (
+from vcasync.costing.market import SpotTrace, SpotWalk
+from vcasync.costing.prices import InstancePrice
+from vcasync.costing.spread import spread, t_975
+from vcasync.costing.target import (
     Comparison,
     Span,
     Target,
@@ -24,6 +23,7 @@ from vcasync.sim.target import (
     summarize_savings,
     time_to_target,
 )
+from vcasync.errors import ConfigError
 
 WORKER = InstancePrice("x", "w", "r", 8, 32.0, on_demand_per_h=3.6, spot_per_h=0.36, source="test",
                        as_of="2026-01", min_billed_s=60.0)

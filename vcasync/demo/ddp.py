@@ -1,7 +1,8 @@
 """The baseline a user would run instead: synchronous data-parallel training with ``torch.distributed``.
 
 :func:`run_ddp` starts ``N`` real processes (``python -m vcasync.demo.ddp``), which join a gloo
-process group on 127.0.0.1 and train the demo's CNN with ``DistributedDataParallel``: every step each
+process group on 127.0.0.1 and train the workload's model (:mod:`vcasync.examples.workloads`) with
+``DistributedDataParallel``: every step each
 rank computes the gradient of its own ``batch_size`` samples, DDP averages them (an all-reduce), and
 all ranks apply the same SGD step, i.e. one step on a batch of ``N x batch_size`` samples, the same
 samples the single-process :func:`vcasync.demo.baseline.sync_sgd` draws. Rank 0 evaluates at regular
@@ -39,7 +40,7 @@ class DdpConfig:
     """One DDP run: ``workers`` processes, ``samples`` training samples in all."""
 
     workers: int
-    dataset: str
+    workload: str
     batch_size: int
     samples: int
     lr: float
@@ -139,20 +140,20 @@ def _rank(rank: int, cfg: DdpConfig, out: Path, t0: float) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from ..examples.cnn import SmallCNN, evaluate, load_dataset, unit_batches
+    from ..examples.cnn import unit_batches
+    from ..examples.workloads import get_workload
 
     torch.set_num_threads(cfg.threads)
     dist.init_process_group("gloo", rank=rank, world_size=cfg.workers,
                             timeout=timedelta(seconds=cfg.timeout_s))
     try:
-        data = load_dataset(cfg.dataset)
+        work = get_workload(cfg.workload)
         torch.manual_seed(cfg.seed)  # the coordinator seeds its model the same way
-        net = SmallCNN(data.side, data.classes)
+        net = work.model()
         model = DistributedDataParallel(net)
         big = cfg.workers * cfg.batch_size
-        batches = unit_batches(np.arange(data.num_train), cfg.steps, big, cfg.seed ^ 0x5EED)
-        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-        loss_fn = torch.nn.CrossEntropyLoss()
+        batches = unit_batches(np.arange(work.num_train), cfg.steps, big, cfg.seed ^ 0x5EED)
+        opt = work.optimizer(model.parameters(), cfg.lr, cfg.momentum)
         every = max(1, cfg.steps // cfg.eval_points)
         eval_s = 0.0
         points: list[tuple[float, int, float, float]] = []
@@ -160,7 +161,7 @@ def _rank(rank: int, cfg: DdpConfig, out: Path, t0: float) -> None:
         def score(samples: int) -> None:
             nonlocal eval_s
             began = time.time()
-            ev = evaluate(net, data)
+            ev = work.evaluate(net, "test")
             points.append((began - t0 - eval_s, samples, ev.accuracy, ev.loss))
             eval_s += time.time() - began
 
@@ -170,10 +171,9 @@ def _rank(rank: int, cfg: DdpConfig, out: Path, t0: float) -> None:
             score(0)
         for step, idx in enumerate(batches, start=1):
             net.train()
-            ix = torch.as_tensor(idx[rank * cfg.batch_size:(rank + 1) * cfg.batch_size], dtype=torch.long)
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(data.x_train[ix]), data.y_train[ix])
-            loss.backward()
+            loss = work.batch_loss(model, idx[rank * cfg.batch_size:(rank + 1) * cfg.batch_size])
+            loss.backward()  # type: ignore[no-untyped-call]
             opt.step()
             if rank == 0 and (step % every == 0 or step == cfg.steps):
                 score(step * big)

@@ -2,7 +2,8 @@
 
 Both sides ran ``N`` processes on this machine, each standing for one instance of
 ``config.instance``; both clocks start before their first process. The target is the DDP run's final
-test accuracy minus 0.5 point (:class:`vcasync.sim.target.Target`). The fleet's sessions (each worker
+test accuracy minus 0.5 point, or its final test loss plus 1 % for a loss-judged
+workload (:class:`vcasync.costing.target.Target`). The fleet's sessions (each worker
 process from start to exit, restarts included) are billed per second after the provider's minimum at
 the spot price, plus the coordinator on demand from its start; DDP's ``N`` processes are billed on
 demand from the spawn to its time to target. Beside the money: wall time to target on each side, and
@@ -16,15 +17,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..sim.target import Comparison, Span, Target, async_cost, ddp_cost, summarize_savings, time_to_target
+from ..costing.target import Comparison, Span, Target, async_cost, ddp_cost, summarize_savings, time_to_target
+from ..examples.workloads import get_workload
 from .ddp import DdpResult
 from .procs import Slot
 from .run import DemoRun
 
-__all__ = ["ACCURACY_TOLERANCE_POINTS", "headline", "restart_overhead_s"]
+__all__ = ["ACCURACY_TOLERANCE_POINTS", "LOSS_TOLERANCE", "headline", "restart_overhead_s"]
 
 #: How far below DDP's final accuracy the target sits (points of accuracy).
 ACCURACY_TOLERANCE_POINTS = 0.5
+#: How far above DDP's final loss the target sits for a loss-judged workload (tinylm): 1 %.
+LOSS_TOLERANCE = 0.01
 
 
 def restart_overhead_s(slots: Sequence[Slot], events: Mapping[int, list[dict[str, Any]]],
@@ -48,9 +52,16 @@ def headline(run: DemoRun, ddp: DdpResult | None, *, lost_s: float) -> dict[str,
                            "first_merge_s": first_merge, "seeds": 1, "saving_ci": None}
     if ddp is None:
         return out | {"saving": None, "target": None}
-    target = Target.from_baseline("accuracy", ddp.final_accuracy, accuracy_points=ACCURACY_TOLERANCE_POINTS)
-    t_async = time_to_target(((p[0], p[3]) for p in run.accuracy), target)
-    t_ddp = time_to_target(((p[0], p[2]) for p in ddp.points), target)
+    metric = get_workload(cfg.workload).metric
+    if metric == "accuracy":
+        target = Target.from_baseline("accuracy", ddp.final_accuracy,
+                                      accuracy_points=ACCURACY_TOLERANCE_POINTS)
+        t_async = time_to_target(((p[0], p[3]) for p in run.accuracy), target)
+        t_ddp = time_to_target(((p[0], p[2]) for p in ddp.points), target)
+    else:
+        target = Target.from_baseline("loss", ddp.final_loss, loss_fraction=LOSS_TOLERANCE)
+        t_async = time_to_target(((p[0], p[4]) for p in run.accuracy), target)
+        t_ddp = time_to_target(((p[0], p[3]) for p in ddp.points), target)
     sessions = [Span(a, b) for s in run.slots for a, b in s.sessions]
     end = max([run.wall_s, *(s.end_s for s in sessions)])
     fleet = async_cost(sessions, t_async, worker=price, coordinator=coord, lost_s=lost_s, end_s=end)

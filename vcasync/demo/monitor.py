@@ -2,8 +2,9 @@
 
 The monitor joins the coordinator like any client (a ``demo-monitor`` identity that never leases),
 polls ``GET /v1/status`` and, every few seconds, downloads the latest model (``GET /v1/models/latest``)
-and scores it on the held-out test split. The display reads ``version`` and ``units.done`` from the
-coordinator's status document (:meth:`vcasync.coordinator.Coordinator.status`); while the coordinator
+and scores it on the workload's test split (accuracy and loss). The display reads ``version`` and
+``units.done`` from the coordinator's status document (:meth:`vcasync.coordinator.Coordinator.status`);
+while the coordinator
 is down (restarting) they show as "?".
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import VCAsyncError
-from ..examples.cnn import Dataset, SmallCNN, evaluate
+from ..examples.workloads import Workload
 from ..wire import decode_payload_bytes
 from ..worker._client import CoordinatorClient
 from .procs import Slot
@@ -52,7 +53,7 @@ class Monitor:
     """Status and accuracy history of one run (times from ``t0``, ``time.monotonic``)."""
 
     client: CoordinatorClient
-    data: Dataset
+    work: Workload
     scratch: Path
     t0: float
     total_units: int
@@ -95,10 +96,10 @@ class Monitor:
         except (VCAsyncError, OSError, TimeoutError):
             self.errors += 1
             return None
-        net = SmallCNN(self.data.side, self.data.classes)
+        net = self.work.model()
         payload = decode_payload_bytes(dest.read_bytes(), expected_kind="model")
         net.load_state_dict(payload.tensors)
-        ev = evaluate(net, self.data)
+        ev = self.work.evaluate(net, "test")
         point = AccuracyPoint(time.monotonic() - self.t0, version, self.units_done(), ev.accuracy, ev.loss)
         self.accuracy.append(point)
         return point
@@ -127,8 +128,10 @@ class Monitor:
         table.add_row("workers alive / preempted / waiting",
                       f"{counts.get('running', 0)} / {down} / {counts.get('starting', 0)}{tail}")
         last = self.accuracy[-1] if self.accuracy else None
-        table.add_row("latest test accuracy",
-                      "-" if last is None else f"{last.accuracy:.3f} (v{last.version})")
+        metric = self.work.metric
+        value = None if last is None else last.accuracy if metric == "accuracy" else last.loss
+        table.add_row(f"latest test {metric}", "-" if value is None else f"{value:.3f} (v{last.version})"
+                      if last is not None else "-")
         table.add_row("merges / s", f"{self.merges_per_s():.1f}")
         table.add_row("coordinator", coordinator_state)
         return table

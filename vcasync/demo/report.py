@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..examples.workloads import get_workload
 from .ddp import DdpResult
 from .headline import headline, restart_overhead_s
 from .procs import Slot
@@ -114,6 +115,11 @@ def build_report(run: DemoRun, baseline: DdpResult | None, t0_wall: float) -> di
         "ddp_accuracy": None if baseline is None else baseline.final_accuracy,
         "accuracy_gap": (None if final is None or baseline is None
                          else baseline.final_accuracy - final[3]),
+        "final_loss": None if final is None else final[4],
+        "ddp_loss": None if baseline is None else baseline.final_loss,
+        "loss_gap": (None if final is None or baseline is None or not baseline.final_loss
+                     else (final[4] - baseline.final_loss) / baseline.final_loss),
+        "metric": get_workload(cfg.workload).metric,
         "chance_accuracy": 0.1,
         "finished": run.finished,
         "wall_s": run.wall_s,
@@ -127,7 +133,7 @@ def build_report(run: DemoRun, baseline: DdpResult | None, t0_wall: float) -> di
         "recovery": _recoveries(run, events, t0_wall),
         "coordinator_restarts": run.coordinator_restarts,
         "config": {
-            "workers": cfg.workers, "dataset": cfg.dataset, "policy": cfg.policy,
+            "workers": cfg.workers, "workload": cfg.workload, "policy": cfg.policy,
             "policy_params": dict(cfg.policy_params), "epochs": cfg.epochs, "shards": cfg.num_shards(),
             "units": run.total_units, "unit_steps": run.unit_steps, "batch_size": cfg.batch_size,
             "lr": cfg.worker_lr, "ddp_lr": cfg.baseline_lr, "momentum": cfg.momentum,
@@ -156,20 +162,23 @@ def plot_accuracy(report: dict[str, Any], path: Path) -> None:
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     acc = report["accuracy"]
+    metric = report.get("metric", "accuracy")
+    mine, theirs = (3, 2) if metric == "accuracy" else (4, 3)  # columns of the curves' points
     per_unit = report["config"]["unit_steps"] * report["config"]["batch_size"]
     label = f"async ({report['config']['policy']}, preempted)"
-    a1.plot([p[0] for p in acc], [p[3] for p in acc], marker=".", label=label)
-    a2.plot([(p[2] or 0) * per_unit for p in acc], [p[3] for p in acc], marker=".", label="async")
+    a1.plot([p[0] for p in acc], [p[mine] for p in acc], marker=".", label=label)
+    a2.plot([(p[2] or 0) * per_unit for p in acc], [p[mine] for p in acc], marker=".", label="async")
     base = report["baseline"]
     if base is not None:
         pts = base["points"]
-        a1.plot([p[0] for p in pts], [p[2] for p in pts], marker=".",
+        a1.plot([p[0] for p in pts], [p[theirs] for p in pts], marker=".",
                 label=f"DDP ({base['workers']} processes, gloo)")
-        a2.plot([p[1] for p in pts], [p[2] for p in pts], marker=".", label="DDP")
+        a2.plot([p[1] for p in pts], [p[theirs] for p in pts], marker=".", label="DDP")
     target = report["cost"].get("target")
     if target is not None:
         for a in (a1, a2):
-            a.axhline(target["value"], color="grey", linestyle=":", label="target (DDP - 0.5 pt)")
+            a.axhline(target["value"], color="grey", linestyle=":",
+                      label=f"target (DDP, {target['tolerance']})")
     first = report["first_merge_s"]
     if first is not None:
         a1.axvline(first, color="green", linestyle="--", label="first merged result")
@@ -179,10 +188,10 @@ def plot_accuracy(report: dict[str, Any], path: Path) -> None:
     a1.set_xlabel("wall seconds since the first process started (both sides)")
     a2.set_xlabel("training samples (async: units merged x unit samples)")
     for a in (a1, a2):
-        a.set_ylabel("test accuracy")
-        a.legend(loc="lower right")
-    a1.set_title("accuracy over time")
-    a2.set_title("accuracy at equal samples")
+        a.set_ylabel(f"test {metric}")
+        a.legend(loc="lower right" if metric == "accuracy" else "upper right")
+    a1.set_title(f"{metric} over time")
+    a2.set_title(f"{metric} at equal samples")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -28,14 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError
-from ..sim.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from .market import SpotMarket
 from .procs import Proc, Slot, Timeline
 
 __all__ = ["BASE_LR", "DemoConfig", "DemoRun", "run_demo"]
 
-#: The per-worker SGD learning rate the defaults scale by sqrt(workers).
+#: The digits workload's per-worker SGD learning rate (each workload has its own, ``Workload.lr``),
+#: which the defaults scale by sqrt(workers).
 BASE_LR = 0.05
 
 
@@ -44,7 +45,7 @@ class DemoConfig:
     """Everything about one demo run (the CLI fills it from flags)."""
 
     workers: int = 4
-    dataset: str = "digits"
+    workload: str = "digits"
     policy: str = "vcasgd"
     policy_params: Mapping[str, Any] = field(default_factory=dict)
     epochs: int = 20
@@ -98,23 +99,34 @@ class DemoConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        from ..examples.workloads import WORKLOADS
+
+        if self.workload not in WORKLOADS:
+            raise ConfigError(f"unknown workload {self.workload!r}; choose one of {sorted(WORKLOADS)}")
         self.prices.resolve(self.instance)
         self.prices.resolve(self.coordinator_instance)
 
     @property
     def worker_lr(self) -> float:
-        """The workers' learning rate: ``lr``, or the base rate x sqrt(workers) (see below)."""
-        return self.lr if self.lr is not None else BASE_LR * math.sqrt(self.workers)
+        """The workers' learning rate: ``lr``, or the workload's rate x sqrt(workers) (see below)."""
+        return self.lr if self.lr is not None else self._sqrt_rule()
 
     @property
     def baseline_lr(self) -> float:
-        """The synchronous baseline's learning rate: ``sync_lr``, or the base rate x sqrt(workers).
+        """The synchronous baseline's learning rate: ``sync_lr``, or the workload's rate x sqrt(workers).
 
-        Both default to the square-root rule: synchronous SGD steps on a ``workers``-times larger
-        batch, and VC-ASGD with ``workers`` results in flight advances by about one worker's progress
-        per ``workers`` merges, a large-batch method too (see :class:`vcasync.sim.SimConfig`).
+        Both default to the square-root rule, a documented default for a run without a learning-rate
+        search: synchronous SGD steps on a ``workers``-times larger batch, and VC-ASGD with
+        ``workers`` results in flight advances by about one worker's progress per ``workers`` merges,
+        a large-batch method too. ``bench/convergence.py`` searches both rates instead, with the same
+        budget on both sides, chosen on the validation split.
         """
-        return self.sync_lr if self.sync_lr is not None else BASE_LR * math.sqrt(self.workers)
+        return self.sync_lr if self.sync_lr is not None else self._sqrt_rule()
+
+    def _sqrt_rule(self) -> float:
+        from ..examples.workloads import get_workload
+
+        return get_workload(self.workload).lr * math.sqrt(self.workers)
 
     def num_shards(self) -> int:
         return self.shards if self.shards is not None else 2 * self.workers
@@ -166,7 +178,7 @@ def _toml(value: Any) -> str:
 
 
 class _Demo:
-    def __init__(self, cfg: DemoConfig, data_train: int) -> None:
+    def __init__(self, cfg: DemoConfig, data_train: int, model_ref: str) -> None:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
         self.run_dir = cfg.run_dir if cfg.run_dir is not None else _fresh_run_dir(Path("runs"))
@@ -184,10 +196,10 @@ class _Demo:
         self.coordinator_restarts = 0
         env = {"VCASYNC_JOIN_SECRET": self.secret, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         storage = cfg.storage or (self.run_dir / "state").resolve().as_uri()
-        params = {"dataset": cfg.dataset, "lr": cfg.worker_lr, "batch_size": cfg.batch_size,
+        params = {"workload": cfg.workload, "lr": cfg.worker_lr, "batch_size": cfg.batch_size,
                   "momentum": cfg.momentum, "min_step_s": cfg.min_step_s,
                   "events_dir": str((self.run_dir / "events").resolve())}
-        model = f"vcasync.demo.trainer:{cfg.dataset}_model"
+        model = model_ref
         args = ["coordinator", "--model", model, "--seed", str(cfg.seed),
                 "--shards", str(shards), "--epochs", str(cfg.epochs), "--steps", str(self.unit_steps),
                 "--policy", cfg.policy, "--storage", storage, "--durability", cfg.durability,
@@ -291,12 +303,12 @@ async def _as_async(cm: contextlib.AbstractContextManager[Any]) -> AsyncIterator
 
 async def run_demo(cfg: DemoConfig) -> DemoRun:
     """Run the whole demo; returns what the report needs (the report is written by the caller)."""
-    from ..examples.cnn import load_dataset
+    from ..examples.workloads import get_workload
     from ..worker._client import CoordinatorClient
     from .monitor import Monitor
 
-    data = load_dataset(cfg.dataset)
-    demo = _Demo(cfg, data.num_train)
+    work = get_workload(cfg.workload)
+    demo = _Demo(cfg, work.num_train, work.model_ref)
     out = DemoRun(cfg, demo.run_dir, demo.timeline, demo.slots, demo.total_units, demo.unit_steps)
     live_ctx: Any = contextlib.nullcontext()
     if cfg.progress:
@@ -308,7 +320,7 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
         await demo.start_coordinator()
         async with CoordinatorClient(demo.url) as client, _as_async(live_ctx) as live:
             await client.join(demo.secret, name="demo-monitor", info={"role": "monitor"})
-            mon = Monitor(client, data, demo.run_dir / "scratch", demo.timeline.t0, demo.total_units)
+            mon = Monitor(client, work, demo.run_dir / "scratch", demo.timeline.t0, demo.total_units)
             async with asyncio.TaskGroup() as tg:
                 slot_tasks = [tg.create_task(demo.run_slot(s)) for s in demo.slots]
                 injector = tg.create_task(demo.inject(mon))

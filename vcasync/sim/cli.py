@@ -11,30 +11,16 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
+from ..costing.params import parse_params
+from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError
 from .config import SimConfig
 from .fleet import FleetConfig, NoPreemption, PoissonPreemption, PreemptionModel, TracePreemption
-from .prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 
 __all__ = ["HELP", "build_config", "configure", "parse_params", "run"]
 
 HELP = "simulate a preemptible fleet on a virtual clock (real coordinator and policy)"
-
-
-def parse_params(items: list[str] | None) -> dict[str, Any]:
-    """``key=value`` pairs; values are JSON when they parse as JSON (numbers, true, lists), else strings."""
-    out: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--policy-param wants key=value, got {item!r}")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
 
 
 def configure(p: argparse.ArgumentParser) -> None:

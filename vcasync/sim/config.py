@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError
 from .fleet import FleetConfig, NoPreemption, PreemptionModel
-from .prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 
 __all__ = ["NoticeAction", "SimConfig"]
 
@@ -33,7 +33,15 @@ class SimConfig:
     an ``N``-times larger batch; VC-ASGD with ``N`` workers in flight advances the model by about one
     worker's progress per ``N`` merges (each result is averaged into a model that moved on), so it is
     a large-batch method too, and the same square-root rule suits both (on digits at 8 workers a
-    sweep found 0.14 best for synchronous SGD, and 0.1-0.14 best for VC-ASGD).
+    sweep found 0.14 best for synchronous SGD, and 0.1-0.14 best for VC-ASGD). That rule is the
+    default where no search is run; ``bench/convergence.py`` searches both rates on a grid, with the
+    same budget on both sides, scoring on ``eval_split="validation"``.
+
+    Evaluation: workloads are scored on ``eval_split`` (``test``, or ``validation`` for choosing
+    hyper-parameters). CPU: ``cores`` (None: one machine per worker) and ``extra_runnable`` always-busy
+    processes make the fleet share processors (:mod:`vcasync.sim.cpu`), to replay a real run of many
+    processes on one small machine; ``merge_s`` is the coordinator's time per merge, a queue the
+    workers' uploads wait in (:class:`vcasync.sim.cpu.MergeQueue`; 0: merging is free).
     """
 
     @property
@@ -65,6 +73,10 @@ class SimConfig:
     target_accuracy: float | None = None
     sync_baseline: bool = True
     sync_lr: float | None = None
+    eval_split: str = "test"
+    cores: float | None = None
+    extra_runnable: float = 0.0
+    merge_s: float = 0.0
     seed: int = 0
     max_virtual_s: float = 30 * 24 * 3600.0
     keep_timeline: bool = True
@@ -93,6 +105,11 @@ class SimConfig:
             (self.target_accuracy is None or 0 < self.target_accuracy <= 1,
              f"target_accuracy must be in (0, 1], got {self.target_accuracy}"),
             (self.max_virtual_s > 0, "max_virtual_s must be > 0"),
+            (self.eval_split in ("validation", "test"),
+             f"eval_split must be 'validation' or 'test', got {self.eval_split!r}"),
+            (self.cores is None or self.cores > 0, f"cores must be > 0, got {self.cores}"),
+            (self.extra_runnable >= 0, f"extra_runnable must be >= 0, got {self.extra_runnable}"),
+            (self.merge_s >= 0, f"merge_s must be >= 0, got {self.merge_s}"),
         ]
         for ok, message in checks:
             if not ok:

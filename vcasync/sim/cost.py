@@ -1,7 +1,7 @@
 """Cost accounting: what a run's machines are billed, on spot and on demand.
 
 A run is a set of machine *sessions* (an instance started, then stopped or preempted). Each session
-is billed per second after the provider's minimum (see :class:`~vcasync.sim.prices.InstancePrice`).
+is billed per second after the provider's minimum (see :class:`~vcasync.costing.prices.InstancePrice`).
 The same sessions priced on demand give the "on-demand equivalent" of an asynchronous run; the
 synchronous baseline is priced separately from its own duration and machine count.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .prices import InstancePrice
+from ..costing.prices import InstancePrice
 
 __all__ = ["Billing", "CostSummary", "Session", "ring_allreduce_s"]
 

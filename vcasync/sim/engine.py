@@ -25,6 +25,7 @@ from ..storage import open_storage
 from .clock import VirtualClock, run_virtual
 from .config import SimConfig
 from .cost import Billing
+from .cpu import CpuShare, MergeQueue
 from .fleet import MachineProfile, make_fleet
 from .records import EvalPoint, Recorder
 from .signals import TrainingSignal, make_signal
@@ -58,8 +59,9 @@ class Simulation:
 
     def __init__(self, config: SimConfig, signal: TrainingSignal | None = None) -> None:
         self.config = config
-        self.signal = signal if signal is not None else make_signal(config.signal)
+        self.signal = signal if signal is not None else make_signal(config.signal, config.eval_split)
         self.fleet = make_fleet(config.fleet, config.seed)
+        self.cpu = CpuShare(config.cores, config.extra_runnable)
         d = self.signal.defaults
         bs = config.batch_size or d.batch_size
         n_train = self.signal.num_train
@@ -89,7 +91,7 @@ class Simulation:
                 self.signal, self.fleet, total_samples=self.total_samples, batch_size=w.batch_size,
                 lr=sync_lr, momentum=w.momentum, sample_cost_s=w.sample_cost_s,
                 model_bytes=w.model_bytes, boot_s=w.boot_s, eval_points=self.config.eval_points,
-                seed=self.config.seed)
+                seed=self.config.seed, stretch=self.cpu.stretch_for(len(self.fleet)))
         return outcome
 
     def expected_duration_s(self) -> float:
@@ -111,6 +113,7 @@ class Simulation:
                 Coordinator(model, self.unit_list, policy=policy, storage=storage, config=ccfg,
                             clock=clock) as coord:
             models = ModelCache(coord, spec, keep=cfg.staleness_window + 2)
+            self.merges = MergeQueue(cfg.merge_s)
             finished = True
             # A slot that crashes is a bug in the simulator: the TaskGroup surfaces it.
             async with asyncio.TaskGroup() as tg:
@@ -143,7 +146,8 @@ class Simulation:
                 nxt = next(outages, None)
             billing.start(slot, now)
             rec.event(now, slot, "up")
-            worker = SimWorker(coord, self.signal, models, self.workload, profile, rec)
+            worker = SimWorker(coord, self.signal, models, self.workload, profile, rec, self.cpu,
+                               self.merges)
             notice = asyncio.Event()
             kill_at = nxt.down_s if nxt is not None else None
             handle = None

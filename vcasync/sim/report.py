@@ -1,6 +1,6 @@
 """Turn a :class:`~vcasync.sim.engine.SimOutcome` into figures: JSON, a text table and a plot.
 
-The headline figures are priced *to the target accuracy* with :mod:`vcasync.sim.target`: the
+The headline figures are priced *to the target accuracy* with :mod:`vcasync.costing.target`: the
 asynchronous run on spot machines (each session billed with the provider's minimum, plus an on-demand
 coordinator) until its model first reaches the target, against the synchronous on-demand baseline
 until its model first reaches it. Without an explicit target, the target is half a point of accuracy
@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..costing.prices import InstancePrice
+from ..costing.target import Comparison, Span, Target, async_cost, ddp_cost
 from .engine import SimOutcome
-from .prices import InstancePrice
 from .records import EvalPoint
-from .target import Comparison, Span, Target, async_cost, ddp_cost
 
 __all__ = ["plot_summary", "render_text", "summarize", "time_to_target"]
 

@@ -6,9 +6,10 @@ SGD, so merge policies see real updates) and evaluates a model on held-out data:
 * ``surrogate``: multinomial logistic regression on a fixed synthetic Gaussian mixture (64 features,
   10 overlapping classes, so accuracy saturates near 0.72 rather than 1). Its gradient is written out
   in numpy, cheap enough for fleets of thousands of workers.
-* ``digits`` / ``mnist5000``: the demo's small CNN on real images, for fidelity.
-* ``tinylm``: :mod:`vcasync.examples.tinylm`, a small transformer on the standard library's source,
-  judged by validation loss (:mod:`vcasync.sim.lm_signal`).
+* ``digits`` / ``mnist5000`` / ``tinylm``: the example workloads (:mod:`vcasync.examples.workloads`:
+  the small CNN on real images, a small transformer on the standard library's source), the very
+  model, data, optimiser and evaluation the demo's real processes train, for fidelity. They are
+  scored on their ``test`` split, or on ``validation`` when choosing learning rates.
 
 The *virtual* time a unit takes is not the CPU time spent here: it is the machine model's
 (``sample_cost_s`` per sample on a reference machine, divided by the machine's speed).
@@ -25,10 +26,11 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from ..examples.cnn import Dataset, Evaluation, SmallCNN, evaluate, load_dataset, train_batches
+from ..examples.cnn import Dataset, Evaluation, evaluate, train_batches
+from ..examples.workloads import WORKLOADS, Workload, get_workload
 from ..tensors import ModelState
 
-__all__ = ["SIGNALS", "LocalTraining", "TrainingSignal", "make_signal", "synthetic_mixture"]
+__all__ = ["SIGNALS", "LocalTraining", "TrainingSignal", "WorkloadSignal", "make_signal", "synthetic_mixture"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,31 +173,60 @@ def _surrogate() -> TrainingSignal:
                            SignalDefaults(lr=0.003, batch_size=32, sample_cost_s=1.0))
 
 
-def _cnn(name: str) -> Callable[[], TrainingSignal]:
-    def build() -> TrainingSignal:
-        data = load_dataset(name)
-        return TrainingSignal(name, data, lambda: SmallCNN(data.side, data.classes),
-                              SignalDefaults(lr=0.05, batch_size=32, sample_cost_s=1.0))
+class _WorkloadTraining:
+    def __init__(self, module: nn.Module, work: Workload, lr: float, momentum: float) -> None:
+        self._module = module
+        self._work = work
+        self._opt = work.optimizer(module.parameters(), lr, momentum)
+
+    def run(self, batches: Sequence[np.ndarray]) -> int:
+        return self._work.train_steps(self._module, self._opt, batches)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self._module.state_dict().items()}
+
+
+class WorkloadSignal(TrainingSignal):
+    """An example workload (:mod:`vcasync.examples.workloads`), scored on ``split``."""
+
+    def __init__(self, work: Workload, split: str = "test") -> None:
+        self.name = work.name
+        self.work = work
+        self.split = split
+        self.defaults = SignalDefaults(lr=work.lr, batch_size=work.batch_size, sample_cost_s=1.0)
+        self._make_model = work.model
+        self._module = work.model()
+
+    @property
+    def num_train(self) -> int:
+        return self.work.num_train
+
+    def session(self, tensors: Mapping[str, torch.Tensor], *, lr: float,
+                momentum: float = 0.9) -> LocalTraining:
+        module = self._make_model()
+        module.load_state_dict(dict(tensors))
+        return _WorkloadTraining(module, self.work, lr, momentum)
+
+    def evaluate(self, tensors: Mapping[str, torch.Tensor]) -> Evaluation:
+        self._module.load_state_dict(dict(tensors))
+        return self.work.evaluate(self._module, self.split)
+
+
+#: Signals by name (``split``: what a workload is scored on); each builder loads its data once.
+def _workload(name: str) -> Callable[[str], TrainingSignal]:
+    def build(split: str) -> TrainingSignal:
+        return WorkloadSignal(get_workload(name), split)
     return build
 
 
-def _tinylm() -> TrainingSignal:
-    from .lm_signal import lm_signal  # it imports this module
-
-    return lm_signal()
-
-
-#: Signals by name; each builder loads its data once.
-SIGNALS: Mapping[str, Callable[[], TrainingSignal]] = {
-    "surrogate": _surrogate,
-    "digits": _cnn("digits"),
-    "mnist5000": _cnn("mnist5000"),
-    "tinylm": _tinylm,
+SIGNALS: Mapping[str, Callable[[str], TrainingSignal]] = {
+    "surrogate": lambda split: _surrogate(),
+    **{name: _workload(name) for name in WORKLOADS},
 }
 
 
-def make_signal(name: str) -> TrainingSignal:
+def make_signal(name: str, split: str = "test") -> TrainingSignal:
     builder = SIGNALS.get(name)
     if builder is None:
         raise ConfigError(f"unknown training signal {name!r}; choose one of {sorted(SIGNALS)}")
-    return builder()
+    return builder(split)

@@ -38,12 +38,15 @@ class SyncResult:
 
 def simulate_sync(signal: TrainingSignal, fleet: Sequence[MachineProfile], *, total_samples: int,
                   batch_size: int, lr: float, momentum: float, sample_cost_s: float, model_bytes: int,
-                  boot_s: float, eval_points: int, seed: int) -> SyncResult:
-    """Train synchronously on ``total_samples`` samples and evaluate ``eval_points`` times."""
+                  boot_s: float, eval_points: int, seed: int, stretch: float = 1.0) -> SyncResult:
+    """Train synchronously on ``total_samples`` samples and evaluate ``eval_points`` times.
+
+    ``stretch``: how much longer compute takes because the ranks share processors (:mod:`.cpu`).
+    """
     n = len(fleet)
     big = n * batch_size
     steps = max(1, math.ceil(total_samples / big))
-    compute_s = max(batch_size * sample_cost_s / m.speed for m in fleet)
+    compute_s = stretch * max(batch_size * sample_cost_s / m.speed for m in fleet)
     step_s = compute_s + ring_allreduce_s(model_bytes, n, [m.bandwidth_bps for m in fleet],
                                           fleet[0].latency_s)
     batches = unit_batches(np.arange(signal.num_train), steps, big, seed ^ 0x5EED)

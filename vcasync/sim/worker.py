@@ -23,11 +23,12 @@ import numpy as np
 import torch
 
 from ..coordinator import Coordinator
-from ..errors import LedgerError, NoWorkAvailableError, ValidationError, WireError
+from ..errors import LedgerError, NoWorkAvailableError, ValidationError, WireError, WorkerQuarantinedError
 from ..examples.cnn import unit_batches
 from ..ledger import LeaseGrant
 from ..tensors import ModelSpec
 from ..wire import aencode_payload, decode_payload
+from .cpu import CpuShare, MergeQueue
 from .fleet import MachineProfile
 from .records import Recorder
 from .signals import TrainingSignal
@@ -94,21 +95,26 @@ class SimWorker:
     """One machine session of one slot: join, then lease-train-submit until stopped."""
 
     def __init__(self, coordinator: Coordinator, signal: TrainingSignal, models: ModelCache,
-                 work: Workload, profile: MachineProfile, rec: Recorder) -> None:
+                 work: Workload, profile: MachineProfile, rec: Recorder, cpu: CpuShare | None = None,
+                 merges: MergeQueue | None = None) -> None:
         self._coord = coordinator
         self._signal = signal
         self._models = models
         self._work = work
         self._profile = profile
         self._rec = rec
+        self._cpu = cpu if cpu is not None else CpuShare()
+        self._merges = merges if merges is not None else MergeQueue()
         self._loop = asyncio.get_running_loop()
         # What the session holds right now, for accounting a kill.
         self._phase = "idle"
         self._phase_t0 = 0.0
         self._steps_done = 0
+        self._step_s = self.step_s
 
     @property
     def step_s(self) -> float:
+        """One step's compute alone on this machine (before processor sharing)."""
         return self._work.batch_size * self._work.sample_cost_s / self._profile.speed
 
     def _now(self) -> float:
@@ -125,6 +131,9 @@ class SimWorker:
         while not notice.is_set():
             try:
                 grant = await self._coord.lease(worker_id)
+            except WorkerQuarantinedError as exc:  # the real worker stops with that message; so does this one
+                self._event("quarantined", str(exc))
+                return
             except NoWorkAvailableError as exc:
                 if exc.finished:
                     return
@@ -138,7 +147,7 @@ class SimWorker:
         """Book the work a kill loses (called by the engine after cancelling the session)."""
         steps = self._steps_done
         if self._phase == "train":
-            steps += int((self._now() - self._phase_t0) // self.step_s)
+            steps += int((self._now() - self._phase_t0) // self._step_s)
         if self._phase in ("train", "upload") and steps:
             samples = steps * self._work.batch_size
             self._rec.samples_trained += samples
@@ -167,20 +176,25 @@ class SimWorker:
         hb = max(self.step_s, min(grant.heartbeat_interval_s, self._work.heartbeat_s))
         per_beat = max(1, math.floor(hb / self.step_s))
         noticed = False
-        while self._steps_done < steps_total:
-            n = min(steps_total - self._steps_done, per_beat)
-            self._phase, self._phase_t0 = "train", self._now()
-            if await _wait_or(notice, n * self.step_s):
-                self._steps_done += int((self._now() - self._phase_t0) // self.step_s)
-                noticed = True
-                break
-            self._steps_done += n
-            if self._steps_done < steps_total:
-                try:
-                    await self._coord.heartbeat(worker_id, grant.lease_id, self._steps_done)
-                except LedgerError as exc:  # expired or taken away: the work is lost
-                    self._lose(exc.__class__.__name__, expired=True)
-                    return
+        self._cpu.running += 1
+        try:
+            while self._steps_done < steps_total:
+                n = min(steps_total - self._steps_done, per_beat)
+                self._phase, self._phase_t0 = "train", self._now()
+                self._step_s = self.step_s * self._cpu.stretch()
+                if await _wait_or(notice, n * self._step_s):
+                    self._steps_done += int((self._now() - self._phase_t0) // self._step_s)
+                    noticed = True
+                    break
+                self._steps_done += n
+                if self._steps_done < steps_total:
+                    try:
+                        await self._coord.heartbeat(worker_id, grant.lease_id, self._steps_done)
+                    except LedgerError as exc:  # expired or taken away: the work is lost
+                        self._lose(exc.__class__.__name__, expired=True)
+                        return
+        finally:
+            self._cpu.running -= 1
         self._phase = "upload"
         done = self._steps_done
         samples = done * self._work.batch_size
@@ -199,6 +213,7 @@ class SimWorker:
         staleness = self._coord.version - grant.base_version
         self._rec.samples_trained += samples
         self._phase = "idle"
+        await self._merges.serve()  # the coordinator merges one result at a time
         try:
             receipt = await self._coord.submit(worker_id, grant.lease_id,
                                                _chunks(aencode_payload("result", meta, delta)))

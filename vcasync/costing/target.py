@@ -11,7 +11,7 @@ This is the headline's arithmetic, kept pure (numbers in, numbers out) so every 
   since one would stop paying there. A preempted session is billed like any other: every second lost to
   preemption, restarts and re-downloads is inside some session, so it is paid for.
 * **The asynchronous side** pays its workers at the spot price (optionally a price that moves, see
-  :mod:`vcasync.sim.market`) and one coordinator at the on-demand price from its start to the target.
+  :mod:`vcasync.costing.market`) and one coordinator at the on-demand price from its start to the target.
 * **The DDP side** pays ``N`` on-demand machines from start to its own time to target.
 * **Saving** = ``1 - async / DDP``. A run that never reaches the target has no cost to target: its
   saving is ``None``, and :func:`summarize_savings` counts it as a miss, never dropping it.
