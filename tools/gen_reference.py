@@ -421,6 +421,19 @@ def generate() -> dict[str, str]:
             os.environ["COLUMNS"] = before
 
 
+def generate_fresh() -> dict[str, str]:
+    """:func:`generate` in a new interpreter: what a plain install registers, whatever this process
+    registered since it started (a test that registered a policy or a backend cannot change it)."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--json"], capture_output=True,
+                         text=True, timeout=300, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"tools/gen_reference.py --json failed:\n{out.stderr}")
+    pages: dict[str, str] = json.loads(out.stdout)
+    return pages
+
+
 def stale(pages: Mapping[str, str]) -> list[str]:
     """The pages whose committed text differs from ``pages``."""
     return [name for name, text in pages.items()
@@ -430,8 +443,12 @@ def stale(pages: Mapping[str, str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--check", action="store_true", help="only check; exit 1 if a page differs")
+    parser.add_argument("--json", action="store_true", help="print the pages as one JSON object")
     args = parser.parse_args(argv)
     pages = generate()
+    if args.json:
+        print(json.dumps(pages))
+        return 0
     differ = stale(pages)
     if args.check:
         for name in differ:

@@ -33,7 +33,7 @@ GEN = _generator()
 
 @pytest.fixture(scope="module")
 def pages() -> dict[str, str]:
-    return GEN.generate()
+    return GEN.generate_fresh()
 
 
 @pytest.mark.parametrize("name", ["cli.md", "run-toml.md", "metrics.md", "http.md"])
