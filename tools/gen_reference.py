@@ -307,6 +307,9 @@ async def live_exchanges() -> tuple[list[tuple[str, str, str]], dict[str, Exchan
                        {"reason": "preempted", "failed": False})
             await call("status", "GET", "/v1/status")
             await call("requeue", "POST", "/v1/units/requeue", {})
+            for method, path, name in routes:     # a plain GET added later (a page, a probe)
+                if name not in out and method == "GET" and "{" not in path and path != "/metrics":
+                    await call(name, "GET", path)
             async with http.get(server.url + "/metrics") as resp:
                 metrics = await resp.text()
             out["metrics"] = Exchange("(none)", resp.status, "Prometheus text format 0.0.4 (see the "
@@ -355,9 +358,23 @@ ROUTE_PURPOSE: Mapping[str, str] = {
 }
 
 
+def error_table() -> Mapping[type[BaseException], Any]:
+    """The one table from exception class to HTTP status and code (wherever the package keeps it)."""
+    import importlib
+
+    for name in ("vcasync.protocol._errors", "vcasync.protocol", "vcasync._errmap"):
+        try:
+            table: Mapping[type[BaseException], Any] = importlib.import_module(name).HTTP_ERRORS
+        except (ImportError, AttributeError):
+            continue
+        return table
+    raise RuntimeError("no HTTP_ERRORS table found in vcasync")
+
+
 def http_page(routes: list[tuple[str, str, str]], calls: Mapping[str, Exchange]) -> str:
     from vcasync import errors as E
-    from vcasync._errmap import HTTP_ERRORS
+
+    HTTP_ERRORS = error_table()
 
     missing = sorted({name for _, _, name in routes} - set(ROUTE_PURPOSE))
     if missing:

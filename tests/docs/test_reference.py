@@ -72,10 +72,9 @@ async def test_every_registered_route_is_on_the_http_page(pages: dict[str, str])
 
 
 def test_every_error_code_and_exit_status_is_documented(pages: dict[str, str]) -> None:
-    from vcasync._errmap import HTTP_ERRORS
     from vcasync.cli import ENVIRONMENT, ExitCode
 
-    for spec in HTTP_ERRORS.values():
+    for spec in GEN.error_table().values():
         assert f"| {spec.status} | `{spec.code}` |" in pages["http.md"]
     for code in ExitCode:
         assert re.search(rf"^\| {int(code)} \| `{code.name}` \| \S", pages["cli.md"], re.M), code
