@@ -13,11 +13,17 @@ MARKUP = re.compile(r"``|:(class|func|mod|meth|attr|data|exc):`")
 
 
 def _helps() -> dict[str, str]:
-    parser = build_parser(available_commands())
-    out = {"vcasync": parser.format_help()}
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            out.update({name: sub.format_help() for name, sub in action.choices.items()})
+    """``--help`` of ``vcasync`` and of every subcommand, nested ones (``ray up``) included."""
+    out: dict[str, str] = {}
+
+    def walk(name: str, parser: argparse.ArgumentParser) -> None:
+        out[name] = parser.format_help()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub_name, sub in action.choices.items():
+                    walk(sub_name if name == "vcasync" else f"{name} {sub_name}", sub)
+
+    walk("vcasync", build_parser(available_commands()))
     return out
 
 
@@ -25,6 +31,10 @@ def _helps() -> dict[str, str]:
 def test_help_is_plain_text(name: str) -> None:
     text = _helps()[name]
     assert not MARKUP.search(text), f"reStructuredText markup in '{name} --help':\n{text}"
+
+
+def test_nested_subcommands_are_checked_too() -> None:
+    assert {"ray up", "ray scale", "ray status", "ray down"} <= set(_helps())
 
 
 def test_top_level_help_names_every_exit_status() -> None:
