@@ -385,6 +385,13 @@ def http_page(routes: list[tuple[str, str, str]], calls: Mapping[str, Exchange])
              "tensors travel only as wire payloads (`application/x-vcasync-payload`). Credentials go in "
              "`Authorization: Bearer <token>`. Each answer below is the shape a live coordinator returned "
              "(a JSON answer also carries `\"kind\"`, the message type).\n\n",
+             "**Auth.** The credential column is what the route accepted on a live coordinator (each route "
+             "was called with none first, then a worker token, the join secret, the operator token). "
+             "`POST /v1/join` takes the join secret (or a pre-issued join token) and answers the worker's "
+             "own **worker token**, which every worker route then needs; the join secret is never accepted "
+             "there. Operator routes take only the operator token (configured on the coordinator, else "
+             "`403 operator_disabled`). A missing or wrong credential is `401 unauthorized` and is never "
+             "echoed or logged.\n\n",
              "| method | path | credential | purpose |\n|---|---|---|---|\n"]
     for method, path, name in routes:
         auth = calls[name].auth if name in calls else "?"
