@@ -21,9 +21,74 @@ from pathlib import Path
 from .errors import ConfigError, VCAsyncError
 from .exit_codes import ExitCode
 
-__all__ = ["Command", "ExitCode", "available_commands", "main", "read_secret"]
+__all__ = ["ENVIRONMENT", "Command", "EnvVar", "ExitCode", "available_commands", "environment_help", "main",
+           "read_secret"]
 
 log = logging.getLogger("vcasync.cli")
+
+
+@dataclass(frozen=True, slots=True)
+class EnvVar:
+    """An environment variable a ``vcasync`` command reads: what it means and which commands read it."""
+
+    meaning: str
+    commands: tuple[str, ...]
+
+
+_STORAGE_USERS = ("coordinator", "worker")
+
+#: Every environment variable the commands read (directly, or through a storage backend's client).
+#: Each command's ``--help`` lists its own (:func:`environment_help`); a test checks that every
+#: variable the source reads is listed here. Secrets come from here or from files, never from flags.
+ENVIRONMENT: Mapping[str, EnvVar] = {
+    "VCASYNC_JOIN_SECRET": EnvVar(
+        "the shared secret workers join with, at least 16 characters (or --join-secret-file); "
+        "make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'",
+        ("coordinator", "worker", "ray")),
+    "VCASYNC_JOIN_TOKENS": EnvVar(
+        "pre-issued join tokens, name=token,name=token, each bound to one worker name "
+        "(or --join-tokens-file, 'name token' per line)", ("coordinator",)),
+    "VCASYNC_JOIN_TOKEN": EnvVar("a worker's pre-issued join token, instead of the join secret",
+                                 ("worker", "ray")),
+    "VCASYNC_OPERATOR_TOKEN": EnvVar(
+        "optional operator token, at least 16 characters and different from every join credential "
+        "(or --operator-token-file): enables operator routes such as requeue; workers never hold it",
+        ("coordinator", "requeue")),
+    "AWS_ACCESS_KEY_ID": EnvVar("s3:// credentials, with AWS_SECRET_ACCESS_KEY (the AWS chain)",
+                                _STORAGE_USERS),
+    "AWS_SECRET_ACCESS_KEY": EnvVar("s3:// credentials, with AWS_ACCESS_KEY_ID", _STORAGE_USERS),
+    "AWS_SESSION_TOKEN": EnvVar("s3:// temporary credentials' session token", _STORAGE_USERS),
+    "AWS_PROFILE": EnvVar("s3:// profile of ~/.aws/config (or ?profile=)", _STORAGE_USERS),
+    "GOOGLE_APPLICATION_CREDENTIALS": EnvVar("gs:// service-account JSON file (or ?service_file=)",
+                                             _STORAGE_USERS),
+    "STORAGE_EMULATOR_HOST": EnvVar("gs:// against a GCS emulator at host:port (or ?emulator_host=)",
+                                    _STORAGE_USERS),
+    "CLOUDSDK_CONFIG": EnvVar("gs:// where gcloud keeps its application-default credentials "
+                              "(default ~/.config/gcloud)", _STORAGE_USERS),
+    "APPDATA": EnvVar("gs:// on Windows: the folder holding gcloud's configuration", _STORAGE_USERS),
+    "GCE_METADATA_HOST": EnvVar("gs:// the GCP metadata server to ask for credentials "
+                                "(default metadata.google.internal)", _STORAGE_USERS),
+    "GCE_METADATA_ROOT": EnvVar("gs:// the same, older name", _STORAGE_USERS),
+}
+
+
+def environment_help(command: str) -> str:
+    """The ``environment:`` section of ``vcasync COMMAND --help``: the variables ``command`` reads."""
+    rows = [(var, env.meaning) for var, env in sorted(ENVIRONMENT.items()) if command in env.commands]
+    if not rows:
+        return ""
+    width = max(len(var) for var, _ in rows) + 2
+    lines = ["environment variables:"]
+    for var, meaning in rows:
+        lines.extend(_wrap(f"  {var.ljust(width)}", meaning, " " * (width + 2)))
+    return "\n".join(lines) + "\n"
+
+
+def _wrap(first: str, text: str, indent: str, width: int = 96) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=indent,
+                         break_on_hyphens=False, break_long_words=False) or [first]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +162,10 @@ def build_parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
     for name, cmd in sorted(commands.items()):
         p = sub.add_parser(name, help=cmd.help, description=cmd.help)
         cmd.configure(p)
+        env = environment_help(name)
+        if env:
+            p.formatter_class = argparse.RawDescriptionHelpFormatter
+            p.epilog = f"{p.epilog.rstrip()}\n\n{env}" if p.epilog else env
     return parser
 
 

@@ -59,11 +59,11 @@ _SECTIONS = frozenset({"model", "units", "policy", "storage", "coordinator", "se
 class UnitsConfig:
     """How the training set is cut into work units."""
 
-    shards: int = 1
-    epochs: int = 1
-    steps: int = 100
-    count: int | None = None
-    params: Mapping[str, Any] = field(default_factory=dict)
+    shards: int = 1                     # data shards; ctx.unit.shard of ctx.unit.num_shards
+    epochs: int = 1                     # units per shard (one per epoch)
+    steps: int = 100                    # local steps per unit
+    count: int | None = None            # exactly this many units, cycling through the shards
+    params: Mapping[str, Any] = field(default_factory=dict)   # handed to the trainer: ctx.unit.params
 
     def build(self) -> list[WorkUnit]:
         """``shards x epochs`` units ``e{epoch}-s{shard}``; with ``count``, exactly ``count`` units cycling

@@ -72,6 +72,7 @@ __all__ = [
     "open_storage",
     "probe_storage",
     "register_backend",
+    "unregister_backend",
     "validate_key",
     "validate_prefix",
 ]
@@ -278,6 +279,11 @@ _BACKENDS = backend_registry()
 def register_backend(scheme: str, backend: object, *, replace: bool = False) -> None:
     """Add a backend for ``scheme://`` URLs at run time (entry points are the usual way)."""
     _BACKENDS.register(scheme, backend, replace=replace)
+
+
+def unregister_backend(scheme: str) -> None:
+    """Forget a backend :func:`register_backend` added (entry points stay); unknown schemes are a no-op."""
+    _BACKENDS.unregister(scheme)
 
 
 def available_backends() -> list[str]:

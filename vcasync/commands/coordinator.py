@@ -103,7 +103,19 @@ def _configure(p: argparse.ArgumentParser) -> None:
                             "writes, instead of refusing it")
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.epilog = EPILOG
+    p.epilog = installed_help() + "\n" + EPILOG
+
+
+def installed_help() -> str:
+    """The policies and storage schemes installed here, from their registries: a policy or backend
+    a plugin package registers shows up in ``--help`` as soon as it is installed."""
+    from ._help_text import wrap_list
+    from ..policy import available_policies
+    from ..storage import available_backends
+
+    return (wrap_list("merge policies installed (--policy, [policy] name):", available_policies())
+            + wrap_list("storage schemes installed (--storage, [storage] url):",
+                        [f"{s}://" for s in available_backends()]))
 
 
 #: The part of ``vcasync coordinator --help`` after the flags (docs/storage.md has the long form).

@@ -19,7 +19,7 @@ class CoordinatorConfig:
     """Everything a coordinator is told; validated here so a typo fails before anything starts."""
 
     max_staleness: int = 16               # results based on older versions are refused
-    durability: Durability = "journal"
+    durability: Durability = "journal"    # journal: each result durable before its ack; see docs/concepts.md
     snapshot_every: int = 100             # results between snapshots ...
     snapshot_interval_s: float = 60.0     # ... and at most this long when something changed
     keep_snapshots: int = 2               # while running, each with the journal entries after it
@@ -27,17 +27,17 @@ class CoordinatorConfig:
     #: (without those entries they would be fallbacks that drop results). False keeps the whole
     #: history that ``keep_snapshots`` kept (audits, post-mortems).
     prune_on_close: bool = True
-    lease_timeout_s: float = 60.0
-    heartbeat_interval_s: float | None = None
-    max_attempts: int = 5
-    deadline_slack: float = 3.0
+    lease_timeout_s: float = 60.0         # a lease without progress for this long expires
+    heartbeat_interval_s: float | None = None   # None: lease_timeout_s / 4
+    max_attempts: int = 5                 # failures of a unit before it may park ...
+    deadline_slack: float = 3.0           # a deadline is at least this x the worker's seconds per step
     park_after_workers: int = 3           # distinct workers that must fail a unit before it parks
     worker_backoff_s: float = 1.0         # a failing worker waits this, doubled per failure in a row,
     worker_backoff_max_s: float = 60.0    # ... up to this, before its next lease
     quarantine_after: int = 5             # failures in a row that stop a worker getting work ...
     quarantine_s: float | None = 3600.0   # ... for this long (None: the rest of the run)
-    require_finite: bool = True
-    max_update_norm: float | None = None
+    require_finite: bool = True           # refuse results holding NaN or Inf
+    max_update_norm: float | None = None  # refuse results whose delta norm is larger (None: no limit)
     limits: Limits = field(default_factory=Limits)
     model_codec: str = "raw"              # how model downloads are encoded (unless asked otherwise)
     journal_codec: str = "raw"            # how journal entries and snapshots are encoded
@@ -45,7 +45,7 @@ class CoordinatorConfig:
     max_concurrent_decodes: int = 2       # uploads decoded at once; each slot keeps one update-sized
                                           # set of buffers mapped, reused by the next upload
     state_prefix: str = "vcasync"         # where on the storage the coordinator keeps its state
-    expiry_interval_s: float = 1.0
+    expiry_interval_s: float = 1.0        # how often expired leases are looked for
     #: While storage is unavailable, probe writes check whether it is back: after 0.1 s, then at
     #: doubling intervals up to this one (workers are told to retry about when the next is due) ...
     storage_probe_interval_s: float = 5.0

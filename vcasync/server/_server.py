@@ -66,24 +66,24 @@ _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 
 class ServerConfig:
     """Where and how the server listens. ``port=0`` picks a free port (see :attr:`Server.url`)."""
 
-    host: str = "127.0.0.1"
-    port: int = 8470
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
+    host: str = "127.0.0.1"             # address to listen on ("0.0.0.0": every interface)
+    port: int = 8470                    # 0 picks a free port
+    tls_cert: Path | None = None        # PEM certificate (chain): serve HTTPS, TLS >= 1.2 ...
+    tls_key: Path | None = None         # ... with this PEM private key
     #: Largest result upload accepted; ``None``: the wire's default ``max_message_bytes``.
     max_result_bytes: int | None = None
-    chunk_size: int = 1 << 20
-    access_log: bool = True
-    backlog: int = 2048
-    shutdown_timeout_s: float = 5.0
+    chunk_size: int = 1 << 20           # bytes read from an upload at a time
+    access_log: bool = True             # one INFO line per request (logger aiohttp.access)
+    backlog: int = 2048                 # connections waiting to be accepted
+    shutdown_timeout_s: float = 5.0     # in-flight requests get this long at shutdown
     #: A request body that sends nothing for this long is cut off with 408 ...
     body_idle_timeout_s: float = 30.0
     #: ... and so is one that, once it ran ``upload_rate_grace_s``, brought less than this rate over
     #: the last ``upload_rate_window_s``, or is not complete within ``upload_rate_grace_s`` plus its
-    #: size at this rate (see :mod:`vcasync.server._upload_pace` and docs/limits.md). 0 turns both checks off.
+    #: size at this rate (see docs/limits.md). 0 turns both checks off.
     min_upload_bytes_per_s: float = 16 * 1024
-    upload_rate_grace_s: float = 10.0
-    upload_rate_window_s: float = 10.0
+    upload_rate_grace_s: float = 10.0   # see min_upload_bytes_per_s
+    upload_rate_window_s: float = 10.0  # see min_upload_bytes_per_s
     #: A connection that has not sent a whole request head for this long, counted from its connect
     #: or its last answer, is closed: headers trickled in (slow loris), or a kept-alive connection
     #: left idle (aiohttp's keep-alive timeout, which it arms at connect).
