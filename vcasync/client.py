@@ -195,6 +195,12 @@ class CoordinatorClient:
         done = P.get_field(body, "units", list, max_len=1 << 20)
         return [str(u) for u in done]
 
+    async def report_eval(self, version: int, values: Mapping[str, float]) -> None:
+        """Send an evaluator's figures for model ``version`` (e.g. ``{"accuracy": 0.91}``): the
+        status page draws them as curves (see :meth:`vcasync.coordinator.Coordinator.record_eval`)."""
+        await self._control("POST", f"{P.API_PREFIX}/evals", "eval",
+                            {"version": int(version), "values": dict(values)}, "eval_recorded")
+
     async def submit(self, lease_id: str, body: bytes | bytearray | memoryview | Path | AsyncIterator[bytes],
                      size: int | None = None) -> Receipt:
         """Upload a result payload (bytes, a spooled file, or chunks); re-sending is harmless.

@@ -38,6 +38,7 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
+from ._activity import Activity
 from ._aio import first_error
 from ._buffers import BufferPool
 from ._coordinator_args import check_arguments
@@ -53,12 +54,15 @@ from ._units import LeaseGrant, Receipt, WorkUnit
 from .errors import (
     ClosedError,
     ConfigError,
+    FrameError,
     LedgerError,
     StorageError,
     StorageFailedError,
     StorageUnavailableError,
     ValidationError,
     WireError,
+    WorkerBackoffError,
+    WorkerQuarantinedError,
 )
 from .journal import Journal
 from .ledger import Ledger
@@ -108,6 +112,8 @@ class Coordinator:
         self._journal = Journal(storage, config=self.config, spec=self.spec)
         self.metrics = Metrics()
         self.metrics.bind(self._gauges)
+        #: Recent events, merge rate and evaluation curve, for the live status page.
+        self.activity = Activity()
         self._health = StorageHealth(probe_interval_s=self.config.storage_probe_interval_s,
                                      limit_s=self.config.storage_outage_limit_s, clock=clock)
         self._final_error: BaseException | None = None   # the last snapshot could not be written
@@ -310,7 +316,9 @@ class Coordinator:
     async def join(self, name: str = "", info: Mapping[str, Any] | None = None) -> str:
         """Register a worker; returns its id (authentication is the server's business)."""
         self._check_running()
-        return self._ledger.join(name, info)
+        worker_id = self._ledger.join(name, info)
+        self.activity.note("join", worker=worker_id, detail=name)
+        return worker_id
 
     async def lease(self, worker_id: str) -> LeaseGrant:
         """The next unit, or :class:`NoWorkAvailableError` (``finished`` when the run is over);
@@ -319,6 +327,9 @@ class Coordinator:
         self._health.check()
         try:
             return self._ledger.lease(worker_id, self.version)
+        except (WorkerBackoffError, WorkerQuarantinedError) as exc:
+            self.activity.note("lease_refused", worker=worker_id, detail=exc)
+            raise
         finally:
             self._check_finished()      # leasing expires overdue leases, which may park the last unit
 
@@ -346,6 +357,7 @@ class Coordinator:
         self._check_running()
         try:
             self._ledger.release(worker_id, lease_id, reason, failed=failed)
+            self.activity.note("released" if failed else "preempted", worker=worker_id, detail=reason)
         finally:
             self._check_finished()
 
@@ -357,6 +369,7 @@ class Coordinator:
         for unit_id in done:
             self._parked_logged.discard(unit_id)
         if done:
+            self.activity.note("requeued", detail=f"{len(done)} unit(s): {', '.join(done[:5])}")
             log.warning("operator requeued %d parked unit(s): %s", len(done), ", ".join(done[:20]))
         if not self._ledger.finished:
             self._finished.clear()
@@ -379,6 +392,7 @@ class Coordinator:
                 check = self._ledger.check_result(worker_id, lease_id)
             except LedgerError as exc:
                 self.metrics.reject(reject_reason(exc), worker_id)
+                self.activity.note("result_refused", worker=worker_id, detail=reject_reason(exc))
                 raise
             if check.receipt is not None:
                 return self._merger.duplicate(check.receipt)
@@ -390,10 +404,16 @@ class Coordinator:
         gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._inflight[lease_id] = gate
         try:
-            return await self._submit(worker_id, lease_id, check.unit, body)
+            receipt = await self._submit(worker_id, lease_id, check.unit, body)
         finally:
             del self._inflight[lease_id]
             gate.set_result(None)
+        if receipt.status == "accepted":
+            self.activity.merged()
+        elif receipt.status == "rejected":
+            self.activity.note("result_rejected", worker=worker_id, unit=receipt.unit_id,
+                               detail=receipt.reason or "")
+        return receipt
 
     async def _count(self, body: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
         async for chunk in body:
@@ -410,6 +430,8 @@ class Coordinator:
                     release=self._owner.release, out=self._update_buffers.take())
         except (WireError, ValidationError) as exc:
             self.metrics.reject(reject_reason(exc), worker_id)
+            self.activity.note("result_refused", worker=worker_id, unit=unit.unit_id,
+                               detail=reject_reason(exc))
             # A well-formed upload that cannot fit the model (not finite, wrong spec, norm): the unit
             # goes to another worker now, not at the deadline. Malformed bytes may be transport
             # damage that a re-send fixes, so those change nothing.
@@ -436,6 +458,7 @@ class Coordinator:
         for unit_id, why in self._ledger.parked().items():
             if unit_id not in self._parked_logged:
                 self._parked_logged.add(unit_id)
+                self.activity.note("parked", unit=unit_id, detail=why)
                 log.error("unit %s parked: %s", unit_id, why)
 
     async def _expiry_loop(self) -> None:
@@ -445,7 +468,11 @@ class Coordinator:
                     await self._stop.wait()
             if self._health.refusing:
                 continue    # workers were told to wait: their leases must not run out for it
-            if self._ledger.expire():
+            expired = self._ledger.expire()
+            for lease_id in expired:
+                self.activity.note("expired", worker=self._ledger.lease_holder(lease_id),
+                                   detail=f"lease {lease_id}")
+            if expired:
                 self._merger.retain()
                 self._check_finished()
 
@@ -541,6 +568,24 @@ class Coordinator:
             closed.cancel()
         if not self._finished.is_set():
             raise ClosedError("the coordinator closed before the run finished")
+
+    def record_eval(self, version: int, values: Mapping[str, float]) -> None:
+        """An evaluation of model ``version`` (e.g. ``{"accuracy": 0.91, "loss": 0.3}``), shown as a
+        curve on the status page. The hook for a run's evaluator: call it in-process, or let a client send
+        it (:meth:`vcasync.client.CoordinatorClient.report_eval`). Bad names or values raise
+        :class:`~vcasync.errors.FrameError`; at most eight names per run."""
+        if version > self.version:
+            raise FrameError(f"model version {version} does not exist yet (latest {self.version})",
+                             field="version")
+        self.activity.record_eval(version, values)
+
+    def live_status(self, *, workers: int = 200, events: int = 50) -> dict[str, Any]:
+        """What the status page shows beyond :meth:`status`: workers by state and the ``workers``
+        most recently seen, the newest ``events``, merges per second and evaluation curves."""
+        if self._phase in ("new", "starting"):
+            return {"worker_states": {}, "worker_rows": [], **self.activity.view(events)}
+        states, rows = self._ledger.worker_rows(workers)
+        return {"worker_states": states, "worker_rows": rows, **self.activity.view(events)}
 
     def _gauges(self) -> dict[str, float]:
         if self._phase in ("new", "starting"):

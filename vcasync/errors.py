@@ -73,6 +73,7 @@ __all__ = [
     "ProtocolVersionError",
     "SpecMismatchError",
     "StateInUseError",
+    "StatusDisabledError",
     "StorageError",
     "StorageFailedError",
     "StorageUnavailableError",
@@ -336,3 +337,8 @@ class AuthError(VCAsyncError):
 class OperatorDisabledError(AuthError):
     """An operator route was called, but the coordinator has no operator token configured
     (``VCASYNC_OPERATOR_TOKEN`` or ``--operator-token-file``): operator actions are off."""
+
+
+class StatusDisabledError(AuthError):
+    """The status page's data was asked for from a non-loopback address, but the coordinator has no
+    status read token (``VCASYNC_STATUS_TOKEN`` or ``--status-token-file``): it is loopback-only."""
