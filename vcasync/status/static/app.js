@@ -120,7 +120,7 @@
     const top = Math.max(1, ...counts);
     const w = 300 / Math.max(1, labels.length);
     labels.forEach((le, i) => {
-      const h = 100 * counts[i] / top;
+      const h = 90 * counts[i] / top;
       const bar = svg(chart, "rect", { x: 10 + i * w, y: 110 - h, width: w - 4, height: h, class: "bar" });
       svg(bar, "title", {}, "<= " + le + ": " + counts[i]);
       svg(chart, "text", { x: 10 + i * w + (w - 4) / 2, y: 125, "text-anchor": "middle" }, le);
