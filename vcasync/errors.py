@@ -41,7 +41,8 @@ everything with one clause, or exactly one failure with a leaf class::
     │   └── VersionNotFoundError      that model version is not held (any more): fetch the latest
     ├── TrainerError                  the user's trainer kept failing (not a configuration problem)
     └── AuthError                     missing, malformed, forged, expired or revoked credentials
-        └── OperatorDisabledError     an operator route, but no operator token is configured
+        ├── OperatorDisabledError     an operator route, but no operator token is configured
+        └── StatusDisabledError       status data from off loopback, but no status read token is set
 
 Errors carry context as attributes and say what to do in their message.
 """

@@ -25,7 +25,7 @@ def test_help_names_the_read_token_its_variable_and_the_page(capsys: pytest.Capt
     with pytest.raises(SystemExit):
         main(["coordinator", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    for needle in ("VCASYNC_STATUS_TOKEN", "--status-token-file", "--status-require-token", "/status/"):
+    for needle in ("VCASYNC_STATUS_TOKEN", "--status-token-file", "--status-no-loopback", "/status/"):
         assert needle in out
 
 
@@ -47,6 +47,6 @@ def test_a_short_read_token_from_a_file_is_refused(tmp_path: Path,
     assert "status read token is too short" in capsys.readouterr().err
 
 
-def test_requiring_the_token_needs_one(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([*MODEL, "--status-require-token"]) == 2
-    assert "--status-require-token needs a status read token" in capsys.readouterr().err
+def test_distrusting_loopback_needs_a_read_token(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*MODEL, "--status-no-loopback"]) == 2
+    assert "--status-no-loopback needs a status read token" in capsys.readouterr().err

@@ -84,7 +84,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--status-token-file", type=Path,
                    help="file holding the status page's read token (else VCASYNC_STATUS_TOKEN); "
                         "without one, /status/ shows data to loopback only")
-    p.add_argument("--status-require-token", action="store_true",
+    p.add_argument("--status-no-loopback", action="store_true",
                    help="ask for the status read token on loopback too (behind a reverse proxy on "
                         "this host)")
     p.add_argument("--no-uvloop", action="store_true",
@@ -218,7 +218,7 @@ def launch(a: argparse.Namespace, hooks: ChaosHooks | None = None) -> int:
     operator = read_secret("VCASYNC_OPERATOR_TOKEN", a.operator_token_file, what="operator token")
     status_access = _status_access(read_secret("VCASYNC_STATUS_TOKEN", a.status_token_file,
                                                what="status read token"),
-                                   require=a.status_require_token,
+                                   require=a.status_no_loopback,
                                    others=(secret, operator, *tokens.values()))
     if not secret and not tokens:
         raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET (or --join-secret-file, "
@@ -242,7 +242,7 @@ def _status_access(token: str | None, *, require: bool,
         raise ConfigError("the status read token must differ from the join secret, join tokens and "
                           "operator token")
     if require and token is None:
-        raise ConfigError("--status-require-token needs a status read token: set "
+        raise ConfigError("--status-no-loopback needs a status read token: set "
                           "VCASYNC_STATUS_TOKEN or --status-token-file")
     return StatusAccess(token, open_on_loopback=not require)
 

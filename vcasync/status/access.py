@@ -4,7 +4,7 @@ The read token (``VCASYNC_STATUS_TOKEN`` or ``--status-token-file``) is a creden
 it is not the join secret (every volunteer holds that) nor the operator token (a browser keeps the
 read token in its session storage). Only its SHA-256 digest is kept, compared in constant time;
 ``repr`` says whether one is set, never what it is. Behind a reverse proxy on the same host every
-request comes from loopback: set ``open_on_loopback=False`` (``--status-require-token``) there.
+request comes from loopback: set ``open_on_loopback=False`` (``--status-no-loopback``) there.
 """
 
 from __future__ import annotations
