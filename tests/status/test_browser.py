@@ -233,3 +233,61 @@ def test_status_page_in_a_browser_during_a_live_run(browser_ready: None, tmp_pat
                 assert not problems, problems
             finally:
                 context.close()
+
+
+def test_read_token_flow_and_hostile_worker_names(browser_ready: None, tmp_path: Path) -> None:
+    """Loopback not trusted (``--status-no-loopback``): the page asks for the read token, takes it
+    from the form or from ``#token=`` (then drops it from the address bar), and a worker name
+    crafted as HTML is shown as text, never run."""
+    from playwright.sync_api import sync_playwright
+
+    read_token = "browser-test-read-token-61c0a9"
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with _processes(tmp_path) as start:
+        proc = start("coordinator", "coordinator", "--model", "vcasync.examples.digits:model",
+                     "--shards", "2", "--epochs", "1", "--steps", "5", "--durability", "none",
+                     "--port", str(port), "--status-no-loopback", "--status-token-file",
+                     str(_write(tmp_path / "read-token", read_token)))
+        _wait("the coordinator", lambda: _http(f"{url}/healthz")[0] == 200 or proc.poll() is not None, 90)
+        assert proc.poll() is None, (tmp_path / "coordinator.log").read_text()
+        hostile = '<img src=x id=pwned onerror="document.title=1">'
+        status, raw = _http(f"{url}/v1/join", "POST", {"name": hostile}, SECRET)
+        assert status == 200, raw
+
+        with sync_playwright() as pw:
+            context = pw.chromium.launch_persistent_context(
+                tempfile.mkdtemp(dir=tmp_path, prefix="chromium-"), executable_path=CHROMIUM,
+                headless=True, args=BROWSER_ARGS)
+            try:
+                page = context.new_page()
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                page.goto(f"{url}/status/")
+                page.wait_for_selector("#auth:not([hidden])", timeout=30_000)
+                assert "status read token" in str(page.text_content("#auth-message"))
+                page.fill("#auth-token", "a-wrong-token-of-some-length")
+                page.click("#auth button")
+                page.wait_for_timeout(1000)
+                assert page.get_attribute("body", "data-loaded") is None
+                page.fill("#auth-token", read_token)
+                page.click("#auth button")
+                page.wait_for_selector("body[data-loaded=true]", timeout=30_000)
+                assert page.is_hidden("#auth")
+                assert hostile in " ".join(page.locator("#workers tbody tr").all_text_contents())
+                assert page.locator("#pwned").count() == 0
+                assert page.title() == "vcasync status"
+                assert read_token not in page.content()
+
+                fresh = context.new_page()                      # a new tab: nothing kept, use #token=
+                fresh.goto(f"{url}/status/#token={read_token}")
+                fresh.wait_for_selector("body[data-loaded=true]", timeout=30_000)
+                assert "token" not in fresh.url
+                assert not errors, errors
+            finally:
+                context.close()
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text + "\n")
+    return path
