@@ -172,10 +172,11 @@ def test_status_page_in_a_browser_during_a_live_run(browser_ready: None, tmp_pat
             doc: dict[str, Any] = json.loads(body)
             return doc
 
+        workers = []
         for i in range(2):
-            start(f"w{i}", "worker", "--coordinator", url, "--trainer", "slow_digits:train",
+            workers.append(start(f"w{i}", "worker", "--coordinator", url, "--trainer", "slow_digits:train",
                   "--app-dir", str(SLOW_TRAINER_DIR), "--state-dir", str(tmp_path / f"w{i}"),
-                  "--name", f"spot-{i}")
+                  "--name", f"spot-{i}"))
 
         with sync_playwright() as pw:
             context = pw.chromium.launch_persistent_context(
@@ -195,8 +196,25 @@ def test_status_page_in_a_browser_during_a_live_run(browser_ready: None, tmp_pat
                 def shown(field: str) -> str:
                     return str(page.text_content(f'[data-field="{field}"]'))
 
+                def agrees(doc: dict[str, Any]) -> bool:
+                    return all(shown(f) == _field(doc, f) for f in SAME_AS_V1)
+
                 # It updates as units complete, without a reload.
                 seen = {shown("units.done")}
+                _wait("a unit to complete", lambda: shown("units.done") not in seen | {"0"}, 120)
+                seen.add(shown("units.done"))
+                # Mid-run, with the workers frozen (SIGSTOP) so nothing moves: the /v1/status numbers.
+                for w in workers:
+                    w.send_signal(signal.SIGSTOP)
+                try:
+                    time.sleep(1.0)               # an upload in flight lands, or stays frozen
+                    frozen = v1()
+                    assert not frozen["finished"], "the run finished before the mid-run check"
+                    _wait("the page to show the mid-run /v1/status numbers", lambda: agrees(frozen), 15)
+                    assert v1()["units"] == frozen["units"]
+                finally:
+                    for w in workers:
+                        w.send_signal(signal.SIGCONT)
                 deadline = time.monotonic() + 180
                 while (len(seen) < 3 or int(max(seen)) < UNITS) and time.monotonic() < deadline:
                     evaluator.step()
@@ -210,10 +228,7 @@ def test_status_page_in_a_browser_during_a_live_run(browser_ready: None, tmp_pat
                 _wait("the run to finish", lambda: v1().get("finished") is True, 60)
                 doc = v1()
 
-                def agrees() -> bool:
-                    return all(shown(f) == _field(doc, f) for f in SAME_AS_V1)
-
-                _wait("the page to show the /v1/status numbers", agrees, 15)
+                _wait("the page to show the /v1/status numbers", lambda: agrees(doc), 15)
                 assert shown("units.total") == str(UNITS)
                 rows = page.locator("#workers tbody tr")
                 names = " ".join(rows.all_text_contents())
