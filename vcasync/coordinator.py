@@ -357,7 +357,8 @@ class Coordinator:
         self._check_running()
         try:
             self._ledger.release(worker_id, lease_id, reason, failed=failed)
-            self.activity.note("released" if failed else "preempted", worker=worker_id, detail=reason)
+            self.activity.note("released" if failed else "preempted", worker=worker_id,
+                               unit=self._ledger.lease_unit(lease_id), detail=reason)
         finally:
             self._check_finished()
 
@@ -471,7 +472,7 @@ class Coordinator:
             expired = self._ledger.expire()
             for lease_id in expired:
                 self.activity.note("expired", worker=self._ledger.lease_holder(lease_id),
-                                   detail=f"lease {lease_id}")
+                                   unit=self._ledger.lease_unit(lease_id), detail=f"lease {lease_id}")
             if expired:
                 self._merger.retain()
                 self._check_finished()

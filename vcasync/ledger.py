@@ -569,6 +569,10 @@ class Ledger:
         lease = self._leases.get(lease_id)
         return None if lease is None else lease.worker_id
 
+    def lease_unit(self, lease_id: str) -> str | None:
+        lease = self._leases.get(lease_id)
+        return None if lease is None else lease.unit_id
+
     def active_base_versions(self) -> set[int]:
         return {lse.base_version for lse in self._leases.values() if lse.state is LeaseState.ACTIVE}
 

@@ -81,6 +81,7 @@ async def test_the_page_shows_the_v1_status_document_and_the_live_view(tmp_path:
         live = data["live"]
         assert [e["kind"] for e in live["events"]] == ["preempted", "join"]
         assert live["events"][0]["detail"] == "preempted: SIGTERM"
+        assert live["events"][0]["unit"] == grant["unit"]["unit_id"]
         assert live["worker_states"]["preempted"] == 1
         (row,) = live["worker_rows"]
         assert row["name"] == "spot-1"
