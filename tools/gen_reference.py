@@ -307,6 +307,7 @@ async def live_exchanges() -> tuple[list[tuple[str, str, str]], dict[str, Exchan
                        {"reason": "preempted", "failed": False})
             await call("status", "GET", "/v1/status")
             await call("requeue", "POST", "/v1/units/requeue", {})
+            await call("eval", "POST", "/v1/evals", {"version": 0, "values": {"accuracy": 0.91, "loss": 0.3}})
             for method, path, name in routes:     # a plain GET added later (a page, a probe)
                 if name not in out and method == "GET" and "{" not in path and path != "/metrics":
                     await call(name, "GET", path)
@@ -355,6 +356,15 @@ ROUTE_PURPOSE: Mapping[str, str] = {
              "answers 304",
     "status": "the run's state as JSON: units by state, workers, version, metrics, storage health",
     "requeue": "operator: queue parked units again, `{\"units\": [...]}` or `{}` for all",
+    "eval": "an evaluator reports scores of a model version (`{\"version\": 3, \"values\": {\"accuracy\": "
+            "0.91}}`, at most eight names a run) for the status page's curve",
+    "status_redirect": "redirects to `/status/`",
+    "status_page": "the live status page (HTML; loopback, or the read token: see the status page's docs)",
+    "status_asset_app_js": "the status page's script (package data, no CDN)",
+    "status_asset_app_css": "the status page's style sheet",
+    "status_asset_favicon_svg": "the status page's icon",
+    "status_data": "what the status page polls: `/v1/status` plus workers by state, recent events, the "
+                   "merge rate and evaluation curves (same access rule as the page)",
 }
 
 

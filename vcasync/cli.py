@@ -54,6 +54,10 @@ ENVIRONMENT: Mapping[str, EnvVar] = {
         "optional operator token, at least 16 characters and different from every join credential "
         "(or --operator-token-file): enables operator routes such as requeue; workers never hold it",
         ("coordinator", "requeue")),
+    "VCASYNC_STATUS_TOKEN": EnvVar(
+        "optional read token of the live status page (/status/), at least 16 characters and different "
+        "from every other credential (or --status-token-file): without one the page shows data to "
+        "loopback only", ("coordinator",)),
     "AWS_ACCESS_KEY_ID": EnvVar("s3:// credentials, with AWS_SECRET_ACCESS_KEY (the AWS chain)",
                                 _STORAGE_USERS),
     "AWS_SECRET_ACCESS_KEY": EnvVar("s3:// credentials, with AWS_ACCESS_KEY_ID", _STORAGE_USERS),

@@ -41,7 +41,8 @@ everything with one clause, or exactly one failure with a leaf class::
     │   └── VersionNotFoundError      that model version is not held (any more): fetch the latest
     ├── TrainerError                  the user's trainer kept failing (not a configuration problem)
     └── AuthError                     missing, malformed, forged, expired or revoked credentials
-        └── OperatorDisabledError     an operator route, but no operator token is configured
+        ├── OperatorDisabledError     an operator route, but no operator token is configured
+        └── StatusDisabledError       status data from off loopback, but no status read token is set
 
 Errors carry context as attributes and say what to do in their message.
 """
@@ -73,6 +74,7 @@ __all__ = [
     "ProtocolVersionError",
     "SpecMismatchError",
     "StateInUseError",
+    "StatusDisabledError",
     "StorageError",
     "StorageFailedError",
     "StorageUnavailableError",
@@ -336,3 +338,8 @@ class AuthError(VCAsyncError):
 class OperatorDisabledError(AuthError):
     """An operator route was called, but the coordinator has no operator token configured
     (``VCASYNC_OPERATOR_TOKEN`` or ``--operator-token-file``): operator actions are off."""
+
+
+class StatusDisabledError(AuthError):
+    """The status page's data was asked for from a non-loopback address, but the coordinator has no
+    status read token (``VCASYNC_STATUS_TOKEN`` or ``--status-token-file``): it is loopback-only."""

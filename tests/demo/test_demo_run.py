@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,13 @@ def test_the_run_finished_and_learned(demo: tuple[dict[str, Any], dict[str, Any]
     assert status["units"]["done"] >= units
     assert status["units"]["queued"] == status["units"]["leased"] == status["units"]["parked"] == 0
     assert report["samples"] == units * report["config"]["unit_steps"] * report["config"]["batch_size"]
+
+
+def test_the_demo_prints_the_status_page_address(
+        demo: tuple[dict[str, Any], dict[str, Any], Path]) -> None:
+    _, _, run_dir = demo
+    stderr = (run_dir.parent / "stderr.txt").read_text()
+    assert re.search(r"status page: http://127\.0\.0\.1:\d+/status/", stderr), stderr[:2000]
 
 
 def test_the_baseline_is_ddp_on_as_many_processes_on_the_same_clock(

@@ -1,5 +1,6 @@
-"""Access control: every route but the probes needs a worker token; tokens are per worker and
-revocable; a worker cannot touch another worker's lease, whatever route it tries."""
+"""Access control: every route but the probes and the status page needs a worker token; tokens are
+per worker and revocable; a worker cannot touch another worker's lease, whatever route it tries.
+(The status page's data has its own rule, loopback or a read token: tests/status/test_routes.py.)"""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from pathlib import Path
 import aiohttp
 
 from harness import hostile_payloads as HP
+from vcasync.server.status import PUBLIC_STATUS_ROUTES
 
 from .conftest import PAYLOAD, SECRET, call, digits_model, join, lease, serving
 
-PUBLIC = {"healthz", "metrics"}
+PUBLIC = {"healthz", "metrics", *PUBLIC_STATUS_ROUTES}
 
 
 async def test_every_route_but_the_probes_needs_a_worker_token(tmp_path: Path) -> None:

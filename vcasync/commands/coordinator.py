@@ -10,6 +10,8 @@ Secrets come from the environment or files, never from flag values (visible to a
   line): pre-issued join tokens, each bound to one worker name;
 * ``VCASYNC_OPERATOR_TOKEN`` (or ``--operator-token-file``): optional; enables operator routes such
   as ``vcasync requeue`` (parked units). Workers never hold it.
+* ``VCASYNC_STATUS_TOKEN`` (or ``--status-token-file``): optional; the read token of the live status
+  page (``/status/``) for browsers that are not on loopback (docs/status-page.md).
 
 The same command resumes a run stored under the storage prefix; a start whose model, units or
 policy differ is refused (exit 2) with what differs, and a finished run exits at once with its
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from ..coordinator import Coordinator, StartOptions
     from ..policy import MergePolicy
     from ..runconfig import RunConfig
+    from ..server.status import StatusAccess
     from ..storage import Storage
 
 log = logging.getLogger("vcasync.cli")
@@ -90,6 +93,12 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--join-tokens-file", type=Path)
     p.add_argument("--operator-token-file", type=Path,
                    help="file holding the operator token (or VCASYNC_OPERATOR_TOKEN)")
+    p.add_argument("--status-token-file", type=Path,
+                   help="file holding the status page's read token (else VCASYNC_STATUS_TOKEN); "
+                        "without one, /status/ shows data to loopback only")
+    p.add_argument("--status-no-loopback", action="store_true",
+                   help="ask for the status read token on loopback too (behind a reverse proxy on "
+                        "this host)")
     p.add_argument("--no-uvloop", action="store_true",
                    help="run on plain asyncio even if uvloop is installed")
     start = p.add_argument_group("one start only (see docs/runs.md)")
@@ -109,9 +118,9 @@ def _configure(p: argparse.ArgumentParser) -> None:
 def installed_help() -> str:
     """The policies and storage schemes installed here, from their registries: a policy or backend
     a plugin package registers shows up in ``--help`` as soon as it is installed."""
-    from ._help_text import wrap_list
     from ..policy import available_policies
     from ..storage import available_backends
+    from ._help_text import wrap_list
 
     return (wrap_list("merge policies installed (--policy, [policy] name):", available_policies())
             + wrap_list("storage schemes installed (--storage, [storage] url):",
@@ -136,6 +145,11 @@ credentials (from the environment or files, never in the URL or a flag):
          gcloud application-default credentials, the metadata server; none for an emulator
   workers join with VCASYNC_JOIN_SECRET or --join-secret-file (or VCASYNC_JOIN_TOKENS /
   --join-tokens-file: "name token" per line)
+
+live status page: http://HOST:PORT/status/ (read-only; the address is logged at start)
+  open to browsers on loopback; elsewhere it asks for the read token from VCASYNC_STATUS_TOKEN
+  or --status-token-file (16+ characters, not the join secret nor the operator token); open
+  http://HOST:PORT/status/#token=TOKEN once to keep it for that browser tab
 
 storage failing during a run:
   a write that results need fails -> storage "unavailable": workers are answered
@@ -226,6 +240,10 @@ def launch(a: argparse.Namespace, hooks: ServeHooks | None = None) -> int:
     secret = read_secret("VCASYNC_JOIN_SECRET", a.join_secret_file, what="join secret")
     tokens = _join_tokens(a.join_tokens_file)
     operator = read_secret("VCASYNC_OPERATOR_TOKEN", a.operator_token_file, what="operator token")
+    status_access = _status_access(read_secret("VCASYNC_STATUS_TOKEN", a.status_token_file,
+                                               what="status read token"),
+                                   require=a.status_no_loopback,
+                                   others=(secret, operator, *tokens.values()))
     if not secret and not tokens:
         raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET (or --join-secret-file, "
                           "VCASYNC_JOIN_TOKENS, --join-tokens-file)")
@@ -234,8 +252,23 @@ def launch(a: argparse.Namespace, hooks: ServeHooks | None = None) -> int:
     start = StartOptions(new_run=a.new_run, reset_policy=a.reset_policy,
                          allow_unsafe_store=a.allow_unsafe_store)
     return run(serve(cfg, secret, tokens, port_file=a.port_file, app_dir=a.app_dir, hooks=hooks,
-                     operator_token=operator, start=start),
+                     operator_token=operator, start=start, status_access=status_access),
                use_uvloop=False if a.no_uvloop else None)
+
+
+def _status_access(token: str | None, *, require: bool,
+                   others: tuple[str | None, ...]) -> StatusAccess:
+    """Who may read the status page; the read token must be none of the other credentials (a
+    browser keeps it, and every worker holds the join secret)."""
+    from ..server.status import StatusAccess
+
+    if token is not None and token in others:
+        raise ConfigError("the status read token must differ from the join secret, join tokens and "
+                          "operator token")
+    if require and token is None:
+        raise ConfigError("--status-no-loopback needs a status read token: set "
+                          "VCASYNC_STATUS_TOKEN or --status-token-file")
+    return StatusAccess(token, open_on_loopback=not require)
 
 
 def _policy(cfg: RunConfig) -> tuple[MergePolicy, dict[str, Any]]:
@@ -253,7 +286,7 @@ def _policy(cfg: RunConfig) -> tuple[MergePolicy, dict[str, Any]]:
 async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                 port_file: Path | None = None, app_dir: Path | None = None,
                 hooks: ServeHooks | None = None, operator_token: str | None = None,
-                start: StartOptions | None = None) -> int:
+                start: StartOptions | None = None, status_access: StatusAccess | None = None) -> int:
     """Run the coordinator ``cfg`` describes until the run is finished (then ``linger_s``) or a signal.
 
     Returns :attr:`ExitCode.PARKED` when the run finished with parked units (an operator may requeue
@@ -301,23 +334,28 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                 finished = True
             else:
                 finished = await _serve_until_done(cfg, coord, authority, port_file, stop,
-                                                   f"{len(units)} units, policy {policy.name}")
+                                                   f"{len(units)} units, policy {policy.name}",
+                                                   status_access)
     return _exit_code(coord, finished)
 
 
 async def _serve_until_done(cfg: RunConfig, coord: Coordinator, authority: Any, port_file: Path | None,
-                            stop: asyncio.Event, what: str) -> bool:
+                            stop: asyncio.Event, what: str,
+                            status_access: StatusAccess | None = None) -> bool:
     """Serve workers until the run is finished (then ``linger_s``, during which an operator may
     requeue parked units and the run goes on) or a signal; True if the run finished."""
     from ..server import Server
+    from ..server.status import StatusAccess
 
-    async with Server(coord, authority, cfg.server) as server:
+    async with Server(coord, authority, cfg.server, status_access=status_access) as server:
         # Everything allocated so far (torch, the model, the ledger) lives for the whole run: keep
         # it out of the collector's full passes, which otherwise stall the loop for 100+ ms once
         # thousands of workers have joined.
         gc.freeze()
         log.info("coordinator listening on %s (run %s, model v%d, %s)",
                  server.url, coord.status().get("run_id"), coord.version, what)
+        log.info("status page: %s (%s)", server.status_url,
+                 (status_access or StatusAccess()).describe())
         if port_file is not None:
             tmp = port_file.with_name(port_file.name + ".tmp")
             tmp.write_text(server.url + "\n")

@@ -46,12 +46,15 @@ from .._aio import first_error
 from ..errors import (
     ClosedError,
     ConfigError,
+    FrameError,
     LedgerError,
     StorageError,
     StorageFailedError,
     StorageUnavailableError,
     ValidationError,
     WireError,
+    WorkerBackoffError,
+    WorkerQuarantinedError,
 )
 from ..ledger import Ledger
 from ..ledger._units import LeaseGrant, Receipt, WorkUnit
@@ -61,6 +64,7 @@ from ..retry import Retrier, RetryPolicy
 from ..storage import Storage
 from ..tensors import ModelSpec, ModelState
 from ..wire import resolve_codec
+from ._activity import Activity
 from ._args import check_arguments
 from ._buffers import BufferPool
 from ._config import CoordinatorConfig, Durability
@@ -112,6 +116,8 @@ class Coordinator:
         self._journal = Journal(storage, config=self.config.journal_config(), spec=self.spec)
         self.metrics = Metrics()
         self.metrics.bind(self._gauges)
+        #: Recent events, merge rate and evaluation curve, for the live status page.
+        self.activity = Activity()
         self._health = StorageHealth(probe_interval_s=self.config.storage_probe_interval_s,
                                      limit_s=self.config.storage_outage_limit_s, clock=clock)
         self._final_error: BaseException | None = None   # the last snapshot could not be written
@@ -314,7 +320,9 @@ class Coordinator:
     async def join(self, name: str = "", info: Mapping[str, Any] | None = None) -> str:
         """Register a worker; returns its id (authentication is the server's business)."""
         self._check_running()
-        return self._ledger.join(name, info)
+        worker_id = self._ledger.join(name, info)
+        self.activity.note("join", worker=worker_id, detail=name)
+        return worker_id
 
     async def lease(self, worker_id: str) -> LeaseGrant:
         """The next unit, or :class:`NoWorkAvailableError` (``finished`` when the run is over);
@@ -323,6 +331,9 @@ class Coordinator:
         self._health.check()
         try:
             return self._ledger.lease(worker_id, self.version)
+        except (WorkerBackoffError, WorkerQuarantinedError) as exc:
+            self.activity.note("lease_refused", worker=worker_id, detail=exc)
+            raise
         finally:
             self._check_finished()      # leasing expires overdue leases, which may park the last unit
 
@@ -350,6 +361,8 @@ class Coordinator:
         self._check_running()
         try:
             self._ledger.release(worker_id, lease_id, reason, failed=failed)
+            self.activity.note("released" if failed else "preempted", worker=worker_id,
+                               unit=self._ledger.lease_unit(lease_id), detail=reason)
         finally:
             self._check_finished()
 
@@ -361,6 +374,7 @@ class Coordinator:
         for unit_id in done:
             self._parked_logged.discard(unit_id)
         if done:
+            self.activity.note("requeued", detail=f"{len(done)} unit(s): {', '.join(done[:5])}")
             log.warning("operator requeued %d parked unit(s): %s", len(done), ", ".join(done[:20]))
         if not self._ledger.finished:
             self._finished.clear()
@@ -383,6 +397,7 @@ class Coordinator:
                 check = self._ledger.check_result(worker_id, lease_id)
             except LedgerError as exc:
                 self.metrics.reject(reject_reason(exc), worker_id)
+                self.activity.note("result_refused", worker=worker_id, detail=reject_reason(exc))
                 raise
             if check.receipt is not None:
                 return self._merger.duplicate(check.receipt)
@@ -394,10 +409,16 @@ class Coordinator:
         gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._inflight[lease_id] = gate
         try:
-            return await self._submit(worker_id, lease_id, check.unit, body)
+            receipt = await self._submit(worker_id, lease_id, check.unit, body)
         finally:
             del self._inflight[lease_id]
             gate.set_result(None)
+        if receipt.status == "accepted":
+            self.activity.merged()
+        elif receipt.status == "rejected":
+            self.activity.note("result_rejected", worker=worker_id, unit=receipt.unit_id,
+                               detail=receipt.reason or "")
+        return receipt
 
     async def _count(self, body: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
         async for chunk in body:
@@ -430,15 +451,17 @@ class Coordinator:
             if isinstance(exc, StorageError):    # writing the bytes failed
                 raise self._merger.storage_failed(exc) from exc
             if isinstance(exc, WireError | ValidationError):
-                self._refused(worker_id, lease_id, exc)
+                self._refused(worker_id, lease_id, exc, unit_id=unit.unit_id)
             raise
         future: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
         future.add_done_callback(retrieve)
         self._merger.submit(Job(worker_id, lease_id, unit, meta, tensors, future, blob))
         return await asyncio.shield(future)
 
-    def _refused(self, worker_id: str, lease_id: str, exc: WireError | ValidationError) -> None:
+    def _refused(self, worker_id: str, lease_id: str, exc: WireError | ValidationError, *,
+                 unit_id: str) -> None:
         self.metrics.reject(reject_reason(exc), worker_id)
+        self.activity.note("result_refused", worker=worker_id, unit=unit_id, detail=reject_reason(exc))
         # A well-formed upload that cannot fit the model (not finite, wrong spec, norm): the unit
         # goes to another worker now, not at the deadline. Malformed bytes may be transport
         # damage that a re-send fixes, so those change nothing.
@@ -459,6 +482,7 @@ class Coordinator:
         for unit_id, why in self._ledger.parked().items():
             if unit_id not in self._parked_logged:
                 self._parked_logged.add(unit_id)
+                self.activity.note("parked", unit=unit_id, detail=why)
                 log.error("unit %s parked: %s", unit_id, why)
 
     async def _expiry_loop(self) -> None:
@@ -468,7 +492,11 @@ class Coordinator:
                     await self._stop.wait()
             if self._health.refusing:
                 continue    # workers were told to wait: their leases must not run out for it
-            if self._ledger.expire():
+            expired = self._ledger.expire()
+            for lease_id in expired:
+                self.activity.note("expired", worker=self._ledger.lease_holder(lease_id),
+                                   unit=self._ledger.lease_unit(lease_id), detail=f"lease {lease_id}")
+            if expired:
                 self._merger.retain()
                 self._check_finished()
 
@@ -558,6 +586,24 @@ class Coordinator:
             closed.cancel()
         if not self._finished.is_set():
             raise ClosedError("the coordinator closed before the run finished")
+
+    def record_eval(self, version: int, values: Mapping[str, float]) -> None:
+        """An evaluation of model ``version`` (e.g. ``{"accuracy": 0.91, "loss": 0.3}``), shown as a
+        curve on the status page. The hook for a run's evaluator: call it in-process, or let a client send
+        it (:meth:`vcasync.worker._client.CoordinatorClient.report_eval`). Bad names or values raise
+        :class:`~vcasync.errors.FrameError`; at most eight names per run."""
+        if version > self.version:
+            raise FrameError(f"model version {version} does not exist yet (latest {self.version})",
+                             field="version")
+        self.activity.record_eval(version, values)
+
+    def live_status(self, *, workers: int = 200, events: int = 50) -> dict[str, Any]:
+        """What the status page shows beyond :meth:`status`: workers by state and the ``workers``
+        most recently seen, the newest ``events``, merges per second and evaluation curves."""
+        if self._phase in ("new", "starting"):
+            return {"worker_states": {}, "worker_rows": [], **self.activity.view(events)}
+        states, rows = self._ledger.worker_rows(workers)
+        return {"worker_states": states, "worker_rows": rows, **self.activity.view(events)}
 
     def _gauges(self) -> dict[str, float]:
         if self._phase in ("new", "starting"):

@@ -2,10 +2,11 @@
 
 The monitor joins the coordinator like any client (a ``demo-monitor`` identity that never leases),
 polls ``GET /v1/status`` and, every few seconds, downloads the latest model (``GET /v1/models/latest``)
-and scores it on the workload's test split (accuracy and loss). The display reads ``version`` and
-``units.done`` from the coordinator's status document (:meth:`vcasync.coordinator.Coordinator.status`);
-while the coordinator
-is down (restarting) they show as "?".
+and scores it on the workload's test split (accuracy and loss); each score goes back to the coordinator
+(:meth:`~vcasync.worker._client.CoordinatorClient.report_eval`) for the status page's curve. The display
+reads ``version`` and ``units.done`` from the coordinator's status document
+(:meth:`vcasync.coordinator.Coordinator.status`); while the coordinator is down (restarting) they show
+as "?".
 """
 
 from __future__ import annotations
@@ -102,6 +103,10 @@ class Monitor:
         ev = self.work.evaluate(net, "test")
         point = AccuracyPoint(time.monotonic() - self.t0, version, self.units_done(), ev.accuracy, ev.loss)
         self.accuracy.append(point)
+        try:      # the status page's curve: the coordinator keeps what its evaluator reports
+            await self.client.report_eval(version, {"accuracy": ev.accuracy, "loss": ev.loss})
+        except (VCAsyncError, OSError, TimeoutError):
+            self.errors += 1
         return point
 
     def merges_per_s(self, window_s: float = 10.0) -> float:

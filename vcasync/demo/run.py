@@ -22,6 +22,7 @@ import random
 import secrets
 import signal
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -318,6 +319,8 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
         live_ctx = Live(console=Console(stderr=True), auto_refresh=False, transient=False)
     try:
         await demo.start_coordinator()
+        # stderr: --json keeps stdout for the report's figures
+        print(f"status page: {demo.url}/status/ (live while the run lasts)", file=sys.stderr, flush=True)
         async with CoordinatorClient(demo.url) as client, _as_async(live_ctx) as live:
             await client.join(demo.secret, name="demo-monitor", info={"role": "monitor"})
             mon = Monitor(client, work, demo.run_dir / "scratch", demo.timeline.t0, demo.total_units)

@@ -124,6 +124,7 @@ class Ledger:
         if w is None:
             w = self._workers[worker_id] = WorkerRecord(worker_id, "", {}, now)
         w.last_seen = now
+        w.preempted = False
         return w
 
     def _window(self, w: WorkerRecord) -> float:
@@ -328,7 +329,9 @@ class Ledger:
             u = self._units[lease.unit_id]
             if failed:
                 self._fail(u, lease, why)
-            elif u.state is UnitState.LEASED and u.lease_id == lease.lease_id:
+                return
+            self._workers[worker_id].preempted = True   # until it is heard from again
+            if u.state is UnitState.LEASED and u.lease_id == lease.lease_id:
                 u.lease_id = None
                 self._set(u, UnitState.QUEUED)
                 self._queue.appendleft(u.unit.unit_id)
@@ -456,6 +459,7 @@ class Ledger:
             self.stats["accepted"] += 1
             w = self._workers.get(worker_id)
             if w is not None:
+                w.done += 1
                 w.streak, w.backoff_until = 0, 0.0     # it works again: no more back-off
                 if lease.state is LeaseState.ACTIVE:
                     self._measure(w, lease, steps_done, now)
@@ -565,8 +569,36 @@ class Ledger:
         lease = self._leases.get(lease_id)
         return None if lease is None else lease.worker_id
 
+    def lease_unit(self, lease_id: str) -> str | None:
+        lease = self._leases.get(lease_id)
+        return None if lease is None else lease.unit_id
+
     def active_base_versions(self) -> set[int]:
         return {lse.base_version for lse in self._leases.values() if lse.state is LeaseState.ACTIVE}
+
+    def worker_state(self, w: WorkerRecord, now: float) -> str:
+        """``quarantined``, ``backed_off``, ``preempted``, ``alive`` or ``gone`` (not seen within
+        the alive window), the first that applies."""
+        if w.backoff_until > now:
+            return "quarantined" if w.quarantined is not None else "backed_off"
+        if w.preempted:
+            return "preempted"
+        return "alive" if w.last_seen >= now - self.config.alive_s else "gone"
+
+    def worker_rows(self, limit: int = 200) -> tuple[dict[str, int], list[dict[str, Any]]]:
+        """Workers by state (all of them), and the ``limit`` seen most recently: id, name, state,
+        seconds since last seen, units done, failures."""
+        now = self._clock()
+        counts = dict.fromkeys(("alive", "preempted", "backed_off", "quarantined", "gone"), 0)
+        rows: list[tuple[float, dict[str, Any]]] = []
+        for w in self._workers.values():
+            state = self.worker_state(w, now)
+            counts[state] += 1
+            rows.append((w.last_seen, {"id": w.worker_id, "name": w.name, "state": state,
+                                       "last_seen_s": round(max(now - w.last_seen, 0.0), 1),
+                                       "done": w.done, "failures": w.failures}))
+        rows.sort(key=lambda r: r[0], reverse=True)
+        return counts, [r for _, r in rows[:limit]]
 
     def workers_alive(self) -> int:
         horizon = self._clock() - self.config.alive_s
@@ -637,6 +669,10 @@ class Ledger:
                 w.streak, w.failures, w.quarantined, w.last_failure = row[5], row[6], row[8], row[9]
                 w.backoff_until = now + max(row[7], 0.0)
         self.stats.update(data["stats"])
+        for lease in self._leases.values():     # units done per worker: not in the snapshot
+            holder = self._workers.get(lease.worker_id)
+            if holder is not None and lease.receipt is not None and lease.receipt.status == "accepted":
+                holder.done += 1
         self._reconcile()
         return self
 

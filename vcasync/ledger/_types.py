@@ -141,8 +141,8 @@ class LeaseRecord:
 
 
 class WorkerRecord:
-    __slots__ = ("backoff_until", "failures", "info", "last_failure", "last_seen", "name",
-                 "quarantined", "spw", "streak", "worker_id")
+    __slots__ = ("backoff_until", "done", "failures", "info", "last_failure", "last_seen", "name",
+                 "preempted", "quarantined", "spw", "streak", "worker_id")
 
     def __init__(self, worker_id: str, name: str, info: dict[str, Any], now: float) -> None:
         self.worker_id = worker_id
@@ -155,6 +155,8 @@ class WorkerRecord:
         self.backoff_until = 0.0         # no lease before this time (the ledger's clock)
         self.quarantined: str | None = None   # why it gets no leases (until backoff_until)
         self.last_failure: str | None = None
+        self.done = 0                    # units it closed with an accepted result
+        self.preempted = False           # its last act was a release that was nobody's fault
 
 
 def plain(value: Any, depth: int = 0) -> Any:

@@ -190,6 +190,26 @@ class Requeued:
     units: list[str] = field(metadata=rule(max_len=1 << 20))
 
 
+#: Curves (score names) one run's evaluations may have: the status page draws each.
+MAX_EVAL_SERIES = 8
+
+
+@message("eval")
+@dataclass(frozen=True, slots=True)
+class EvalRequest:
+    """An evaluator's scores of model ``version``, e.g. ``{"accuracy": 0.91, "loss": 0.3}`` (names
+    and values are checked by :meth:`vcasync.coordinator.Coordinator.record_eval`)."""
+
+    version: int = field(metadata=rule(minimum=0))
+    values: dict[str, Any] = field(metadata=rule(max_len=MAX_EVAL_SERIES))
+
+
+@message("eval_recorded")
+@dataclass(frozen=True, slots=True)
+class EvalRecorded:
+    version: int = field(metadata=rule(minimum=0))
+
+
 # -- a result's metadata and the journal's records ----------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class ResultMeta:

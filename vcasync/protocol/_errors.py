@@ -15,7 +15,8 @@ Choices worth knowing:
   :class:`~vcasync.errors.StorageUnavailableError`.
 * ``AuthError`` is ``401`` (with ``WWW-Authenticate: Bearer``); ``NotLeaseHolderError`` is ``403``:
   the caller is known but the lease is someone else's. ``WorkerBackoffError`` is ``429`` with
-  ``retry_after``; ``WorkerQuarantinedError`` and ``OperatorDisabledError`` are ``403``.
+  ``retry_after``; ``WorkerQuarantinedError``, ``OperatorDisabledError`` and
+  ``StatusDisabledError`` are ``403``.
 * ``LimitExceededError`` is ``413``; a payload that is well formed but does not fit the model
   (``ValidationError``, ``SpecMismatchError``, a dtype outside the allow-list, a policy refusal) is
   ``422``; any other ``WireError`` is ``400``.
@@ -83,6 +84,7 @@ HTTP_ERRORS: Final[Mapping[type[BaseException], ErrorSpec]] = {
     E.TrainerError: ErrorSpec(500, "trainer_error"),
     E.AuthError: ErrorSpec(401, "unauthorized"),
     E.OperatorDisabledError: ErrorSpec(403, "operator_disabled"),
+    E.StatusDisabledError: ErrorSpec(403, "status_disabled"),
 }
 
 #: Attributes copied from an exception into the JSON body (when present and not None).

@@ -230,9 +230,14 @@ async def model(request: web.Request) -> web.StreamResponse:
             await payload.aclose()
 
 
+def status_body(coord: Coordinator) -> dict[str, Any]:
+    """The ``GET /v1/status`` document (the status page shows the same one)."""
+    body: dict[str, Any] = _scrub({**coord.status(), "version": coord.version})
+    return body
+
+
 async def status(request: web.Request) -> web.Response:
-    coord = request.app[COORDINATOR]
-    body = _scrub({**coord.status(), "version": coord.version})
+    body = status_body(request.app[COORDINATOR])
     return web.Response(text=json.dumps(body, default=str, allow_nan=False), content_type=P.JSON)
 
 

@@ -12,6 +12,7 @@ credential)::
     GET  /v1/models/{version|latest}    wire payload, streamed; ETag / If-None-Match -> 304
     GET  /v1/status                     JSON
     GET  /healthz   GET /metrics        liveness; Prometheus text
+    GET  /status/ ...  POST /v1/evals   the live status page (see :mod:`vcasync.server.status`)
 
 Every error is a 4xx/5xx with a JSON body ``{"error": code, "message": ..., <context>}``; the table
 from exception class to status lives in :mod:`vcasync.protocol._errors`. While the coordinator's storage is
@@ -51,12 +52,17 @@ from ._auth import TokenAuthority
 from ._http_metrics import HttpMetrics
 from ._parser_errors import JsonErrorRunner
 from ._upload_pace import BodyCutOff, BodyTimeouts, Pace
+from .status import PUBLIC_STATUS_ROUTES, STATUS_ACCESS, StatusAccess
+from .status import routes as status_routes
 
 __all__ = ["BodyTimeouts", "Pace", "Server", "ServerConfig", "build_app", "server_ssl_context"]
 
 log = logging.getLogger("vcasync.server")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: Routes that need no worker token (each checks its own credential, or serves no data).
+_PUBLIC_ROUTES = R.PUBLIC_ROUTES | PUBLIC_STATUS_ROUTES
 
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
                413: "limit_exceeded", 415: "unsupported_media_type"}
@@ -180,7 +186,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     name = request.match_info.route.name
-    if name is not None and name not in R.PUBLIC_ROUTES:
+    if name is not None and name not in _PUBLIC_ROUTES:
         try:
             request[R.WORKER_ID] = request.app[R.AUTH].verify(R.bearer(request))
         except AuthError:
@@ -213,8 +219,10 @@ def coordinator_metrics_text(coord: Coordinator) -> str:
 
 
 def build_app(coordinator: Coordinator, authority: TokenAuthority,
-              config: ServerConfig | None = None) -> web.Application:
-    """The aiohttp application exposing ``coordinator``; state under typed ``web.AppKey``\\ s."""
+              config: ServerConfig | None = None, *,
+              status_access: StatusAccess | None = None) -> web.Application:
+    """The aiohttp application exposing ``coordinator``; state under typed ``web.AppKey``\\ s.
+    ``status_access``: who may read the status page's data (default: loopback only)."""
     config = config or ServerConfig()
     app = web.Application(middlewares=[_metrics, _errors, _auth], client_max_size=1 << 16)
     app[R.COORDINATOR] = coordinator
@@ -223,7 +231,9 @@ def build_app(coordinator: Coordinator, authority: TokenAuthority,
     app[R.MAX_RESULT] = config.max_result_bytes or Limits().max_message_bytes
     app[R.CHUNK] = config.chunk_size
     app[R.BODY_TIMEOUTS] = config.body_timeouts
+    app[STATUS_ACCESS] = status_access or StatusAccess()
     app.add_routes(R.routes())
+    app.add_routes(status_routes())
     app.router.add_get("/metrics", _metrics_page, name="metrics")
     registry = coordinator.metrics.registry
 
@@ -241,11 +251,14 @@ def build_app(coordinator: Coordinator, authority: TokenAuthority,
 
 class Server:
     """Serve ``coordinator`` over HTTP(S) while inside ``async with``; the coordinator's lifetime is
-    the caller's (open it first, close it after)."""
+    the caller's (open it first, close it after). ``status_access``: who may read the live status
+    page's data, ``/status/data`` (default: loopback only; see
+    :class:`vcasync.server.status.StatusAccess`)."""
 
     def __init__(self, coordinator: Coordinator, authority: TokenAuthority,
-                 config: ServerConfig | None = None) -> None:
+                 config: ServerConfig | None = None, *, status_access: StatusAccess | None = None) -> None:
         self.config = config or ServerConfig()
+        self._status_access = status_access
         self._coordinator = coordinator
         self._authority = authority
         self._runner: web.AppRunner | None = None
@@ -268,7 +281,7 @@ class Server:
         cfg = self.config
         ctx = server_ssl_context(cfg.tls_cert, cfg.tls_key) if cfg.tls_cert and cfg.tls_key else None
         await self._authority.load()
-        app = build_app(self._coordinator, self._authority, cfg)
+        app = build_app(self._coordinator, self._authority, cfg, status_access=self._status_access)
         kwargs: dict[str, Any] = {} if cfg.access_log else {"access_log": None}
         runner = JsonErrorRunner(app, handle_signals=False, shutdown_timeout=cfg.shutdown_timeout_s,
                                  keepalive_timeout=cfg.idle_timeout_s, **kwargs)
@@ -302,6 +315,11 @@ class Server:
         host = self.config.host or "127.0.0.1"
         host = f"[{host}]" if ":" in host else host
         return f"{scheme}://{host}:{self.port}"
+
+    @property
+    def status_url(self) -> str:
+        """The live status page's address (``/status/``)."""
+        return f"{self.url}/status/"
 
     async def aclose(self) -> None:
         """Stop listening and finish in-flight requests (bounded by ``shutdown_timeout_s``)."""

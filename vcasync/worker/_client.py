@@ -32,6 +32,8 @@ from ..errors import (
 from ..ledger._units import LeaseGrant, Receipt
 from ..protocol import _messages as P
 from ..protocol._bodies import (
+    EvalRecorded,
+    EvalRequest,
     HeartbeatRequest,
     Joined,
     JoinRequest,
@@ -193,6 +195,12 @@ class CoordinatorClient:
         done = await self._control("POST", f"{P.API_PREFIX}/units/requeue", kind_of(RequeueRequest),
                                    body, kind_of(Requeued), credential=operator_token)
         return [str(u) for u in from_body(Requeued, done).units]
+
+    async def report_eval(self, version: int, values: Mapping[str, float]) -> None:
+        """Send an evaluator's figures for model ``version`` (e.g. ``{"accuracy": 0.91}``): the
+        status page draws them as curves (see :meth:`vcasync.coordinator.Coordinator.record_eval`)."""
+        await self._control("POST", f"{P.API_PREFIX}/evals", kind_of(EvalRequest),
+                            to_body(EvalRequest(int(version), dict(values))), kind_of(EvalRecorded))
 
     async def submit(self, lease_id: str, body: bytes | bytearray | memoryview | Path | AsyncIterator[bytes],
                      size: int | None = None) -> Receipt:
