@@ -9,7 +9,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from vcasync import client
 from vcasync.errors import (
     AccessDeniedError,
     ClosedError,
@@ -18,6 +17,7 @@ from vcasync.errors import (
     TransientStorageError,
 )
 from vcasync.retry import Retrier, RetryPolicy, classify, is_transient
+from vcasync.worker import _client as client
 
 
 def _bare(cls: type[BaseException]) -> BaseException:
