@@ -57,6 +57,7 @@ from typing import Any
 
 import torch
 
+from harness.tls import self_signed
 from vcasync._loop import run
 from vcasync.protocol import _messages as P
 from vcasync.wire import encode_payload
@@ -65,7 +66,7 @@ from vcasync.worker._client import CoordinatorClient
 from ._http import LeanPool, OneConn
 from ._peers import SECRET, bench_model
 from ._proc import peer
-from ._tls import client_context, self_signed
+from ._tls import client_context
 
 
 def _pct(values: list[float], q: float) -> float:

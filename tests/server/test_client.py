@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from harness.tls import self_signed
 from vcasync.errors import ConfigError
 from vcasync.ledger._units import make_units
 from vcasync.server import ServerConfig
@@ -17,7 +18,7 @@ from vcasync.wire import decode_payload_bytes
 from vcasync.worker import _client as client_mod
 from vcasync.worker._client import CoordinatorClient, client_ssl_context
 
-from .conftest import SECRET, result_payload, running, self_signed_cert
+from .conftest import SECRET, result_payload, running
 
 
 async def _model(coord: Any) -> ModelState:
@@ -87,7 +88,7 @@ async def test_blocks_over_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
     # The TLS transport holds the memoryview blocks until it has encrypted them.
     monkeypatch.setattr(client_mod, "UPLOAD_BLOCK", 64)
     monkeypatch.setattr(client_mod, "FILE_BLOCK", 64)
-    cert, key = self_signed_cert(tmp_path)
+    cert, key = self_signed(tmp_path)
     make = _as_file(tmp_path) if form == "file" else bytes
     async with running(tmp_path, units=make_units(2, steps=3), durability="none",
                        server_config=ServerConfig(port=0, tls_cert=cert, tls_key=key)) as (coord, server), \

@@ -10,6 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from harness.tls import self_signed
 from vcasync.ledger._units import make_units
 from vcasync.server import ServerConfig
 from vcasync.server._auth import TokenAuthority
@@ -17,7 +18,7 @@ from vcasync.wire import decode_message
 from vcasync.worker import Worker, WorkerConfig
 from vcasync.worker._client import CoordinatorClient, client_ssl_context
 
-from .conftest import SECRET, bearer, control, running, self_signed_cert
+from .conftest import SECRET, bearer, control, running
 from .test_worker import FAST, make_trainer
 
 
@@ -67,7 +68,7 @@ def test_authority_repr_holds_no_secret() -> None:
 
 
 async def test_tls_end_to_end(tmp_path: Path) -> None:
-    cert, key = self_signed_cert(tmp_path)
+    cert, key = self_signed(tmp_path)
     cfg = ServerConfig(port=0, tls_cert=cert, tls_key=key)
     async with running(tmp_path, units=make_units(2, steps=2), server_config=cfg) as (coord, server):
         assert server.url.startswith("https://127.0.0.1:")
