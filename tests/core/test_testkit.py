@@ -26,7 +26,7 @@ KIT = {"__init__", "_emulator_main", "emulators", "faults", "laws", "policy_run"
        "suite"}
 #: What moved out of vcasync.testing into harness/ and must not come back into the package.
 HARNESS = {"audit", "chaos", "chaos_coordinator", "chaos_driver", "fleet", "fuzz", "hooks", "hostile",
-           "hostile_payloads", "probe"}
+           "hostile_payloads", "probe", "tls"}
 #: The folders that install as vcasync (backends/ and plugins/ as vcasync.backends, .plugins).
 INSTALLED = ("vcasync", "backends", "plugins")
 
