@@ -82,7 +82,11 @@ async def read_control(request: web.Request, kind: str) -> dict[str, Any]:
         raise LimitExceededError(f"control body of {length} bytes is over {P.MAX_CONTROL_BYTES}",
                                  field="body", limit=P.MAX_CONTROL_BYTES, value=length)
     data = b""
-    if request.body_exists:  # to its end (read(n) returns what has arrived), capped, with timeouts
+    if request.body_exists and request.content.is_eof():
+        # The whole body has arrived with the head (the common case: a few bytes): nothing can
+        # stall or trickle any more, so it is taken as it is; decode_control checks its size.
+        data = request.content.read_nowait()
+    elif request.body_exists:  # to its end (read(n) returns what has arrived), capped, with timeouts
         parts = [c async for c in read_body(request, P.MAX_CONTROL_BYTES, 4096,
                                             request.app[BODY_TIMEOUTS])]
         data = b"".join(parts)

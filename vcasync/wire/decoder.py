@@ -34,7 +34,7 @@ from .admit import Admitted, admit
 from .codecs import BlockDecoder, block_codec, unshuffle_into
 from .frames import BLOCK, MAGIC, PREFIX, PROTOCOL_VERSION, checksum
 from .headers import FramePlan, frame_plan
-from .limits import Limits, check_limit
+from .limits import DEFAULT_LIMITS, Limits, check_limit
 
 __all__ = ["Payload", "PayloadDecoder"]
 
@@ -87,7 +87,7 @@ class PayloadDecoder:
     def __init__(self, *, limits: Limits | None = None, spec: ModelSpec | None = None,
                  expected_kind: str | None = None, out: Mapping[str, torch.Tensor] | None = None,
                  ext_hook: _msgpack.ExtHook | None = None) -> None:
-        self._limits = limits if limits is not None else Limits()
+        self._limits = limits if limits is not None else DEFAULT_LIMITS
         self._spec = spec
         self._expected_kind = expected_kind
         self._out = out

@@ -13,7 +13,7 @@ from typing import cast
 from ..errors import ConfigError, LimitExceededError
 from .dtypes import ALL_DTYPE_NAMES
 
-__all__ = ["Limits", "check_limit"]
+__all__ = ["DEFAULT_LIMITS", "Limits", "check_limit"]
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -62,6 +62,10 @@ class Limits:
             object.__setattr__(self, "allowed_dtypes", frozenset(self.allowed_dtypes))
         if not isinstance(cast(object, self.allowed_codecs), frozenset):
             object.__setattr__(self, "allowed_codecs", frozenset(self.allowed_codecs))
+
+
+#: The default limits, built once (frozen): what a parser uses when it is given none.
+DEFAULT_LIMITS = Limits()
 
 
 def check_limit(field_name: str, value: int, limit: int, *, what: str = "") -> None:

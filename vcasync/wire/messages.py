@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import FrameError, ProtocolVersionError
 from . import _msgpack
 from .frames import PROTOCOL_VERSION
-from .limits import Limits, check_limit
+from .limits import DEFAULT_LIMITS, Limits, check_limit
 
 __all__ = ["Message", "decode_message", "encode_message"]
 
@@ -40,7 +40,7 @@ def encode_message(kind: str, body: Mapping[str, Any] | None = None) -> bytes:
 def decode_message(data: bytes | bytearray | memoryview, *, expected_kind: str | None = None,
                    limits: Limits | None = None) -> Message:
     """Parse a control message; any problem raises a :class:`~vcasync.errors.WireError`."""
-    limits = limits if limits is not None else Limits()
+    limits = limits if limits is not None else DEFAULT_LIMITS
     if not isinstance(data, bytes | bytearray | memoryview):
         raise FrameError(f"a message must be bytes, got {type(data).__name__}", field="message")
     obj = _msgpack.unpack(data, limits, field="message", max_bytes=limits.max_meta_bytes)

@@ -22,7 +22,7 @@ from . import _msgpack
 from .codecs import block_codec
 from .decoder import PayloadDecoder
 from .encoder import iter_payload
-from .limits import Limits
+from .limits import DEFAULT_LIMITS, Limits
 from .plan import CodecSpec, resolve_codec
 
 __all__ = ["pack_tree", "unpack_tree"]
@@ -77,7 +77,7 @@ def _skeleton(obj: Any, tensors: dict[str, torch.Tensor], path: str) -> Any:
 
 def unpack_tree(data: bytes | bytearray | memoryview, *, limits: Limits | None = None) -> Any:
     """The object :func:`pack_tree` packed; any problem raises a :class:`~vcasync.errors.WireError`."""
-    limits = limits if limits is not None else Limits()
+    limits = limits if limits is not None else DEFAULT_LIMITS
     depth = 0
 
     def hook(code: int, payload: bytes) -> Any:
