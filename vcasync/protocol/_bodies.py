@@ -25,9 +25,9 @@ from ..errors import ConfigError, FrameError
 from ..ledger._units import LeaseGrant, Receipt
 from ..tensors import UpdateKind
 
-__all__ = ["HeartbeatRequest", "JoinRequest", "Joined", "JournalReject", "JournalResult",
-           "Released", "ReleaseRequest", "Requeued", "RequeueRequest", "ResultMeta", "from_body",
-           "kind_of", "to_body"]
+__all__ = ["MAX_EVAL_SERIES", "EvalRecorded", "EvalRequest", "HeartbeatRequest", "JoinRequest", "Joined",
+           "JournalReject", "JournalResult", "Released", "ReleaseRequest", "Requeued", "RequeueRequest",
+           "ResultMeta", "from_body", "kind_of", "to_body"]
 
 M = TypeVar("M")
 
