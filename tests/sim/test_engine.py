@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("vcasync.coordinator", reason="the simulator drives the real Coordinator")
 
 from vcasync.costing.prices import PriceTable
-from vcasync.sim import FleetConfig, PoissonPreemption, SimConfig, Simulation, summarize
+from vcasync.sim import FleetConfig, NoPreemption, PoissonPreemption, SimConfig, Simulation, summarize
 
 
 def _config(**kw: object) -> SimConfig:
@@ -73,3 +73,19 @@ def test_a_thousand_workers_simulate_in_seconds() -> None:
     assert s["merges"]["accepted"] >= s["config"]["units"]
     assert s["fleet"]["workers"] == 1000
     assert not math.isnan(s["final_loss"])
+
+
+def test_a_step_longer_than_ten_minutes_gets_a_lease_timeout_that_outlasts_it() -> None:
+    # Each step takes 20 minutes of virtual time (a scale model of a long job on few samples). The
+    # coordinator extends a lease only on progress, so a 600 s timeout would expire every lease
+    # and park the units; by default the simulator sets it the way an operator would.
+    kw: dict[str, object] = {"fleet": FleetConfig(workers=3, slow_fraction=0.5), "preemption": NoPreemption(),
+                             "sample_cost_s": 1200.0 / 32, "batch_size": 32, "heartbeat_s": 60.0}
+    sim = Simulation(_config(**kw))
+    assert sim.lease_timeout_s() >= 3 * 1200.0
+    s = summarize(sim.run())
+    assert s["finished"]
+    assert s["work"]["samples_wasted"] == 0
+    assert s["work"]["expired"] == 0
+    assert s["work"]["samples_merged"] >= s["work"]["samples_planned"]
+    assert Simulation(_config(lease_timeout_s=30.0)).lease_timeout_s() == 30.0  # as configured

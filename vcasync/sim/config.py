@@ -37,6 +37,11 @@ class SimConfig:
     default where no search is run; ``bench/convergence.py`` searches both rates on a grid, with the
     same budget on both sides, scoring on ``eval_split="validation"``.
 
+    Leases: ``lease_timeout_s`` None is what an operator would set: 600 s, or three of the slowest
+    machine's steps when a step takes longer (the coordinator extends a lease only on progress, so a
+    timeout shorter than one step expires every lease that machine takes, and after five such
+    failures a unit is parked and its samples never trained).
+
     Evaluation: workloads are scored on ``eval_split`` (``test``, or ``validation`` for choosing
     hyper-parameters). CPU: ``cores`` (None: one machine per worker) and ``extra_runnable`` always-busy
     processes make the fleet share processors (:mod:`vcasync.sim.cpu`), to replay a real run of many
@@ -63,7 +68,7 @@ class SimConfig:
     model_bytes: int | None = None
     boot_s: float = 30.0
     heartbeat_s: float = 60.0
-    lease_timeout_s: float = 600.0
+    lease_timeout_s: float | None = None
     max_staleness: int | None = None
     on_notice: NoticeAction = "partial"
     instance: str = DEFAULT_INSTANCE
@@ -95,7 +100,8 @@ class SimConfig:
              f"sample_cost_s must be > 0, got {self.sample_cost_s}"),
             (self.model_bytes is None or self.model_bytes >= 0,
              f"model_bytes must be >= 0, got {self.model_bytes}"),
-            (self.boot_s >= 0 and self.heartbeat_s > 0 and self.lease_timeout_s > 0,
+            (self.boot_s >= 0 and self.heartbeat_s > 0
+             and (self.lease_timeout_s is None or self.lease_timeout_s > 0),
              "boot_s >= 0, heartbeat_s > 0 and lease_timeout_s > 0 are required"),
             (self.max_staleness is None or self.max_staleness >= 0,
              f"max_staleness must be >= 0, got {self.max_staleness}"),

@@ -94,6 +94,16 @@ class Simulation:
                 seed=self.config.seed, stretch=self.cpu.stretch_for(len(self.fleet)))
         return outcome
 
+    def lease_timeout_s(self) -> float:
+        """The configured timeout, else 600 s or three of the slowest machine's steps (with the
+        processor sharing of the whole fleet computing at once), whichever is longer."""
+        if self.config.lease_timeout_s is not None:
+            return self.config.lease_timeout_s
+        w = self.workload
+        slowest = min(m.speed for m in self.fleet)
+        step_s = w.batch_size * w.sample_cost_s / slowest * self.cpu.stretch_for(len(self.fleet))
+        return max(600.0, 3.0 * step_s)
+
     def expected_duration_s(self) -> float:
         """A rough duration (all machines up, no waste) used to space evaluations."""
         speed = sum(m.speed for m in self.fleet)
@@ -107,7 +117,7 @@ class Simulation:
         spec = model.spec
         policy = build_policy(cfg.policy, dict(cfg.policy_params))
         ccfg = CoordinatorConfig(max_staleness=cfg.staleness_window, durability="none",
-                                 lease_timeout_s=cfg.lease_timeout_s)
+                                 lease_timeout_s=self.lease_timeout_s())
         loop = asyncio.get_running_loop()
         async with open_storage(f"memory://vcasync-sim-{id(self)}") as storage, \
                 Coordinator(model, self.unit_list, policy=policy, storage=storage, config=ccfg,
