@@ -1,0 +1,140 @@
+"""What closes the fleet's gap to DDP: more epochs, another alpha (simulated, marked as such).
+
+``python -m bench.gap_sweep [--workloads mnist5000 tinylm] [--seeds 0 1] [--json]``
+
+The real runs of ``bench.convergence`` on mnist5000 and tinylm end with the fleet short of DDP's
+final quality at the same samples (docs/headline.md). This measures, on the same model, data,
+optimiser and run shape as those real runs (4 workers, 2 shards a worker, the workload's batch size
+and steps per unit, preemptions at 30 %/h of a 5-hour job), how that gap moves with the number of
+epochs and with VC-ASGD's ``alpha`` (the weight kept on the server's copy: lower lets each result
+move the model further). Training is real (the simulator runs the workload's own trainer); only time
+is virtual, so the gaps are what the optimisation gives, not a model of it.
+
+Rates: the same learning-rate search as the real runs (``bench.convergence.search_lr``: 3 rates a
+side, validation split, one run each), once per workload and epoch count at the default alpha, so
+both sides get the same budget; the fleet's rate is then kept across alphas. The gap is DDP's final
+test quality minus the fleet's (points of accuracy, or the relative loss excess), per seed, with the
+mean and a 95 % interval; a cell "reaches" when the fleet came within the tolerance the headline uses
+(0.5 point, 1 % of loss) at any evaluation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Any
+
+from vcasync.costing.spread import spread
+from vcasync.costing.target import Target
+from vcasync.examples.workloads import get_workload
+from vcasync.sim import FleetConfig, PoissonPreemption, SimConfig, Simulation
+
+from .convergence import REAL_SHAPE, search_lr
+
+#: Epochs (multiples of the real runs') and alphas per workload: the default budget.
+GRID: dict[str, dict[str, tuple[Any, ...]]] = {
+    "mnist5000": {"epochs": (1, 2, 4), "alpha": (0.25, 0.5, 0.75)},
+    "tinylm": {"epochs": (1, 2), "alpha": (0.25, 0.5)},
+}
+WORKERS = 4
+RATE = 0.3     # preemptions per worker-hour
+HOURS = 5.0    # the job the real runs stand for
+
+
+def cell(workload: str, epochs: int, alpha: float, seed: int, *, lr: float, sync_lr: float,
+         steps: int | None, sync: bool) -> dict[str, Any]:
+    """One simulated run of the real runs' shape; DDP's arithmetic beside it when ``sync``."""
+    work = get_workload(workload)
+    cfg = SimConfig(signal=workload, policy="vcasgd", policy_params={"alpha": alpha},
+                    fleet=FleetConfig.identical(WORKERS),
+                    preemption=PoissonPreemption(RATE, restart_delay_s=120.0, notice_s=30.0),
+                    epochs=epochs, shards=2 * WORKERS, local_steps=steps, batch_size=work.batch_size,
+                    lr=lr, sync_lr=sync_lr,
+                    sample_cost_s=HOURS * 3600.0 * WORKERS / (epochs * work.num_train),
+                    eval_points=8, sync_baseline=sync, seed=seed, keep_timeline=False)
+    out = Simulation(cfg).run()
+    pick = (lambda e: e.accuracy) if work.metric == "accuracy" else (lambda e: e.loss)
+    return {"fleet": [pick(e) for e in out.rec.evals],
+            "sync": None if out.sync is None else pick(out.sync.evals[-1])}
+
+
+def gap(metric: str, fleet: float, ddp: float) -> float:
+    """Points of accuracy below DDP, or the fleet's relative loss excess (positive: behind)."""
+    return 100 * (ddp - fleet) if metric == "accuracy" else (fleet - ddp) / ddp
+
+
+def sweep(workload: str, seeds: list[int], grid: dict[str, tuple[Any, ...]],
+          log: Any = sys.stderr) -> dict[str, Any]:
+    work = get_workload(workload)
+    shape = REAL_SHAPE[workload]
+    base_epochs, steps = int(shape["epochs"][0]), shape["steps"]
+    cells: list[dict[str, Any]] = []
+    searches: dict[int, dict[str, Any]] = {}
+    for mult in grid["epochs"]:
+        epochs = base_epochs * int(mult)
+        t = time.perf_counter()
+        found = searches[epochs] = search_lr(workload, WORKERS, epochs, steps)
+        print(f"  {workload} {epochs} epochs: rates fleet {found['lr']:.4g}, DDP {found['sync_lr']:.4g} "
+              f"({time.perf_counter() - t:.0f} s)", file=log)
+        ddp: dict[int, float] = {}
+        for alpha in grid["alpha"]:
+            gaps: list[float | None] = []
+            reached = 0
+            for seed in seeds:
+                r = cell(workload, epochs, alpha, seed, lr=found["lr"], sync_lr=found["sync_lr"],
+                         steps=steps, sync=seed not in ddp)
+                if r["sync"] is not None:
+                    ddp[seed] = r["sync"]
+                ref = ddp[seed]
+                final = r["fleet"][-1]
+                ok = math.isfinite(final) and math.isfinite(ref)
+                gaps.append(gap(work.metric, final, ref) if ok else None)
+                target = Target.from_baseline(work.metric, ref) if math.isfinite(ref) else None
+                reached += int(target is not None and any(target.reached(v) for v in r["fleet"]))
+            s = spread(gaps)
+            cells.append({"epochs": epochs, "alpha": alpha, "gap": s.as_dict(), "reached": reached,
+                          "seeds": len(seeds), "ddp_final": [ddp[x] for x in seeds]})
+            print(f"  {workload} {epochs} epochs alpha {alpha}: gap {s.mean} "
+                  f"({s.ci_low} .. {s.ci_high}), reached {reached}/{len(seeds)}", file=log)
+    return {"workload": workload, "metric": work.metric, "unit": "points" if work.metric == "accuracy"
+            else "relative loss", "cells": cells, "learning_rates": searches}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--workloads", nargs="+", choices=sorted(GRID), default=["mnist5000"])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--quick", action="store_true",
+                   help="one seed, epochs x1 and x2, alpha 0.25 and 0.5")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    seeds = [a.seeds[0]] if a.quick else a.seeds
+    out = {"simulated": True, "workers": WORKERS, "preemptions_per_hour": RATE, "seeds": seeds,
+           "sweeps": []}
+    for w in a.workloads:
+        grid = {"epochs": (1, 2), "alpha": (0.25, 0.5)} if a.quick else GRID[w]
+        out["sweeps"].append(sweep(w, seeds, grid))
+    out["wall_s"] = time.perf_counter() - t0
+    for s in out["sweeps"]:
+        print(f"\n{s['workload']} (simulated; gap in {s['unit']}, positive: the fleet is behind DDP)")
+        print(f"{'epochs':>7}{'alpha':>7}{'gap mean':>10}{'95 % interval':>22}{'reached':>9}")
+        for c in s["cells"]:
+            g = c["gap"]
+            ci = "n/a" if g["ci_low"] is None else f"{g['ci_low']:.3f} .. {g['ci_high']:.3f}"
+            mean = "n/a" if g["mean"] is None else f"{g['mean']:.3f}"
+            print(f"{c['epochs']:>7}{c['alpha']:>7}{mean:>10}{ci:>22}{c['reached']:>6}/{c['seeds']}")
+    print(f"{out['wall_s']:.0f} s")
+    if a.json:
+        print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
