@@ -34,21 +34,24 @@ from vcasync.sim import FleetConfig, PoissonPreemption, SimConfig, Simulation
 
 from .convergence import REAL_SHAPE, search_lr
 
-#: Epochs (multiples of the real runs') and alphas per workload: the default budget.
+#: Epochs and alphas per workload: the default budget (3 and 2 were the real runs' epochs when the
+#: sweep was made; mnist5000's real runs train 12 since).
 GRID: dict[str, dict[str, tuple[Any, ...]]] = {
-    "mnist5000": {"epochs": (1, 2, 4), "alpha": (0.25, 0.5, 0.75)},
-    "tinylm": {"epochs": (1, 2), "alpha": (0.25, 0.5)},
+    "mnist5000": {"epochs": (3, 6, 12), "alpha": (0.25, 0.5, 0.75)},
+    "tinylm": {"epochs": (2, 4), "alpha": (0.25, 0.5)},
 }
 WORKERS = 4
 RATE = 0.3     # preemptions per worker-hour
 HOURS = 5.0    # the job the real runs stand for
 
 
-def cell(workload: str, epochs: int, alpha: float, seed: int, *, lr: float, sync_lr: float,
-         steps: int | None, sync: bool) -> dict[str, Any]:
-    """One simulated run of the real runs' shape; DDP's arithmetic beside it when ``sync``."""
+def cell(workload: str, epochs: int, alpha: float | None, seed: int, *, lr: float, sync_lr: float,
+         steps: int | None, sync: bool, policy: str = "vcasgd") -> dict[str, Any]:
+    """One simulated run of the real runs' shape; DDP's arithmetic beside it when ``sync``.
+    ``alpha`` is VC-ASGD's; another ``policy`` runs with its defaults (``alpha`` None)."""
     work = get_workload(workload)
-    cfg = SimConfig(signal=workload, policy="vcasgd", policy_params={"alpha": alpha},
+    params = {} if alpha is None else {"alpha": alpha}
+    cfg = SimConfig(signal=workload, policy=policy, policy_params=params,
                     fleet=FleetConfig.identical(WORKERS),
                     preemption=PoissonPreemption(RATE, restart_delay_s=120.0, notice_s=30.0),
                     epochs=epochs, shards=2 * WORKERS, local_steps=steps, batch_size=work.batch_size,
@@ -66,26 +69,26 @@ def gap(metric: str, fleet: float, ddp: float) -> float:
     return 100 * (ddp - fleet) if metric == "accuracy" else (fleet - ddp) / ddp
 
 
-def sweep(workload: str, seeds: list[int], grid: dict[str, tuple[Any, ...]],
-          log: Any = sys.stderr) -> dict[str, Any]:
+def sweep(workload: str, seeds: list[int], grid: dict[str, tuple[Any, ...]], *, policy: str = "vcasgd",
+          steps: int | None = None, log: Any = sys.stderr) -> dict[str, Any]:
     work = get_workload(workload)
-    shape = REAL_SHAPE[workload]
-    base_epochs, steps = int(shape["epochs"][0]), shape["steps"]
+    steps = steps if steps is not None else REAL_SHAPE[workload]["steps"]
     cells: list[dict[str, Any]] = []
     searches: dict[int, dict[str, Any]] = {}
-    for mult in grid["epochs"]:
-        epochs = base_epochs * int(mult)
+    for epochs in grid["epochs"]:
         t = time.perf_counter()
-        found = searches[epochs] = search_lr(workload, WORKERS, epochs, steps)
+        sim_shape = {"shards": 2 * WORKERS, "local_steps": steps, "batch_size": work.batch_size,
+                     "policy": policy}
+        found = searches[epochs] = search_lr(workload, WORKERS, epochs, steps, shape=sim_shape)
         print(f"  {workload} {epochs} epochs: rates fleet {found['lr']:.4g}, DDP {found['sync_lr']:.4g} "
               f"({time.perf_counter() - t:.0f} s)", file=log)
         ddp: dict[int, float] = {}
-        for alpha in grid["alpha"]:
+        for alpha in grid["alpha"] if policy == "vcasgd" else (None,):
             gaps: list[float | None] = []
             reached = 0
             for seed in seeds:
                 r = cell(workload, epochs, alpha, seed, lr=found["lr"], sync_lr=found["sync_lr"],
-                         steps=steps, sync=seed not in ddp)
+                         steps=steps, sync=seed not in ddp, policy=policy)
                 if r["sync"] is not None:
                     ddp[seed] = r["sync"]
                 ref = ddp[seed]
@@ -99,8 +102,9 @@ def sweep(workload: str, seeds: list[int], grid: dict[str, tuple[Any, ...]],
                           "seeds": len(seeds), "ddp_final": [ddp[x] for x in seeds]})
             print(f"  {workload} {epochs} epochs alpha {alpha}: gap {s.mean} "
                   f"({s.ci_low} .. {s.ci_high}), reached {reached}/{len(seeds)}", file=log)
-    return {"workload": workload, "metric": work.metric, "unit": "points" if work.metric == "accuracy"
-            else "relative loss", "cells": cells, "learning_rates": searches}
+    unit = "points" if work.metric == "accuracy" else "relative loss"
+    return {"workload": workload, "policy": policy, "steps": steps, "metric": work.metric, "unit": unit,
+            "cells": cells, "learning_rates": searches}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--quick", action="store_true",
                    help="one seed, epochs x1 and x2, alpha 0.25 and 0.5")
+    p.add_argument("--policy", default="vcasgd",
+                   help="merge policy (default vcasgd; another runs with its defaults, no alpha axis)")
+    p.add_argument("--steps", type=int, help="local steps per unit (default: the real runs')")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     import torch
@@ -119,11 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     out = {"simulated": True, "workers": WORKERS, "preemptions_per_hour": RATE, "seeds": seeds,
            "sweeps": []}
     for w in a.workloads:
-        grid = {"epochs": (1, 2), "alpha": (0.25, 0.5)} if a.quick else GRID[w]
-        out["sweeps"].append(sweep(w, seeds, grid))
+        grid = {"epochs": GRID[w]["epochs"][:2], "alpha": (0.25, 0.5)} if a.quick else GRID[w]
+        out["sweeps"].append(sweep(w, seeds, grid, policy=a.policy, steps=a.steps))
     out["wall_s"] = time.perf_counter() - t0
     for s in out["sweeps"]:
-        print(f"\n{s['workload']} (simulated; gap in {s['unit']}, positive: the fleet is behind DDP)")
+        print(f"\n{s['workload']}, {s['policy']} (simulated; gap in {s['unit']}, positive: the fleet is "
+              "behind DDP)")
         print(f"{'epochs':>7}{'alpha':>7}{'gap mean':>10}{'95 % interval':>22}{'reached':>9}")
         for c in s["cells"]:
             g = c["gap"]
