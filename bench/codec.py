@@ -433,9 +433,9 @@ def main(argv: list[str] | None = None) -> int:
         run_size(label, scales[label], reps, rows, figures)
     headline = sizes[-1]
     order = ["raw_vs_memcpy", "raw_vs_memcpy_spread", "crc_floor_vs_memcpy", "xxh3_floor_vs_memcpy",
-             "raw_vs_crc_floor",
-             "raw_vs_crc_floor_spread", "per_tensor_us", "per_tensor_share", "raw_vs_torch_save",
-             "zstd_vs_library", "zstd_vs_library_spread", "zstd_weights_ratio", "bf16_delta_ratio"]
+             "raw_vs_crc_floor", "raw_vs_crc_floor_spread", "per_tensor_us", "per_tensor_share",
+             "raw_vs_torch_save", "zstd_vs_library", "zstd_vs_library_spread", "zstd_weights_ratio",
+             "bf16_delta_ratio"]
     result = {k: figures[f"{k}_{headline}"] for k in order}
     result = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()}
     result.update({k: (round(v, 3) if isinstance(v, float) else v) for k, v in figures.items()})

@@ -32,7 +32,7 @@ from vcasync.costing.target import Target
 from vcasync.examples.workloads import get_workload
 from vcasync.sim import FleetConfig, PoissonPreemption, SimConfig, Simulation
 
-from .convergence import REAL_SHAPE, search_lr
+from .convergence import REAL_SHAPE, _sample_cost_s, search_lr
 
 #: Epochs and alphas per workload: the default budget (3 and 2 were the real runs' epochs when the
 #: sweep was made; mnist5000's real runs train 12 since).
@@ -56,7 +56,7 @@ def cell(workload: str, epochs: int, alpha: float | None, seed: int, *, lr: floa
                     preemption=PoissonPreemption(RATE, restart_delay_s=120.0, notice_s=30.0),
                     epochs=epochs, shards=2 * WORKERS, local_steps=steps, batch_size=work.batch_size,
                     lr=lr, sync_lr=sync_lr,
-                    sample_cost_s=HOURS * 3600.0 * WORKERS / (epochs * work.num_train),
+                    sample_cost_s=_sample_cost_s(work.num_train, WORKERS, epochs, HOURS),
                     eval_points=8, sync_baseline=sync, seed=seed, keep_timeline=False)
     out = Simulation(cfg).run()
     pick = (lambda e: e.accuracy) if work.metric == "accuracy" else (lambda e: e.loss)
