@@ -90,18 +90,27 @@ class Monitor:
             self.versions.append((time.monotonic() - self.t0, version))
 
     async def score(self) -> AccuracyPoint | None:
-        """Download the latest model and score it; None if the coordinator is unreachable."""
+        """Download the latest model and score it; None if the coordinator is unreachable.
+
+        The point is stamped when the scored model existed, not when its score was known: the first
+        status poll that showed its version, or the end of its download if no poll saw it. DDP's
+        points are stamped the same way (at the step, evaluation time left out,
+        :mod:`vcasync.demo.ddp`), so the fleet's time to target does not carry the download and the
+        evaluation as a lag DDP is spared.
+        """
         dest = self.scratch / "latest.model"
         try:
             _, version = await self.client.download_model("latest", dest)
         except (VCAsyncError, OSError, TimeoutError):
             self.errors += 1
             return None
+        fetched = time.monotonic() - self.t0
+        seen = next((t for t, v in self.versions if v == version), fetched)
         net = self.work.model()
         payload = decode_payload_bytes(dest.read_bytes(), expected_kind="model")
         net.load_state_dict(payload.tensors)
         ev = self.work.evaluate(net, "test")
-        point = AccuracyPoint(time.monotonic() - self.t0, version, self.units_done(), ev.accuracy, ev.loss)
+        point = AccuracyPoint(min(seen, fetched), version, self.units_done(), ev.accuracy, ev.loss)
         self.accuracy.append(point)
         try:      # the status page's curve: the coordinator keeps what its evaluator reports
             await self.client.report_eval(version, {"accuracy": ev.accuracy, "loss": ev.loss})

@@ -1,0 +1,67 @@
+"""The demo's monitor against a real coordinator on 127.0.0.1: each scored point is stamped when its
+model existed, not when the (slow) evaluation finished, so the fleet's time to target is on DDP's
+footing (DDP's points leave evaluation time out)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from tests.server.conftest import SECRET, running, tiny_model
+from vcasync.examples.cnn import Evaluation
+from vcasync.examples.workloads import Workload
+from vcasync.worker._client import CoordinatorClient
+
+pytest.importorskip("sklearn", reason="the demo needs scikit-learn (vcasync[demo])")
+
+from vcasync.demo.monitor import Monitor
+
+EVAL_S = 0.4
+
+
+class SlowEval(Workload):
+    """The coordinator's tiny model, scored after a fixed wait (an evaluation that takes time)."""
+
+    name, metric, model_ref, lr, batch_size = "slow", "accuracy", "tests:tiny", 0.1, 4
+
+    def model(self) -> nn.Module:
+        return tiny_model()
+
+    def evaluate(self, net: nn.Module, split: str = "test") -> Evaluation:
+        time.sleep(EVAL_S)
+        return Evaluation(accuracy=0.5, loss=float(sum(p.detach().abs().sum() for p in net.parameters())))
+
+
+async def test_a_point_is_stamped_when_its_version_was_first_seen(tmp_path: Path) -> None:
+    async with running(tmp_path) as (_, server), CoordinatorClient(server.url) as client:
+        await client.join(SECRET, name="demo-monitor", info={"role": "monitor"})
+        t0 = time.monotonic()
+        mon = Monitor(client, SlowEval(), tmp_path, t0, total_units=4)
+        await mon.poll()
+        ((seen, version),) = mon.versions
+        before = time.monotonic() - t0
+        point = await mon.score()
+        after = time.monotonic() - t0
+    assert point is not None
+    assert point.version == version == 0
+    assert point.t_s == seen < before
+    assert after - before >= EVAL_S  # the evaluation's time is not in the stamp
+
+
+async def test_a_version_no_poll_saw_is_stamped_at_its_download_not_after_its_evaluation(
+        tmp_path: Path) -> None:
+    async with running(tmp_path) as (_, server), CoordinatorClient(server.url) as client:
+        await client.join(SECRET, name="demo-monitor", info={"role": "monitor"})
+        t0 = time.monotonic()
+        mon = Monitor(client, SlowEval(), tmp_path, t0, total_units=4)
+        before = time.monotonic() - t0
+        point = await mon.score()
+        after = time.monotonic() - t0
+    assert point is not None
+    assert not mon.versions
+    assert before <= point.t_s <= after - EVAL_S
+    assert torch.isfinite(torch.tensor(point.loss))
