@@ -305,6 +305,33 @@ def calibrate(real: dict[str, Any], workload: str, workers: int, seed: int, *,
             "outages": sum(len(v) for v in m["outages"].values())}
 
 
+def calibration_summary(cal: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per workload and side, the simulator's mean time to target against the real runs' mean.
+
+    A replay cannot repeat the real run's order of merges, and near the target the fleet's curve is
+    flat, so one seed's crossing moves by tens of seconds with a fraction of a point: the per-seed
+    error (``sim_vs_real_error``) measures that noise as much as the model. What the simulator is
+    used for, the expected time and cost of a configuration, is judged here on the mean over the
+    seeds where both the run and its replay reached the target; a seed where only one of them did
+    is counted in ``disagree``, never dropped silently.
+    """
+    out: dict[str, Any] = {}
+    for w in dict.fromkeys(c["workload"] for c in cal):
+        rows = [c for c in cal if c["workload"] == w]
+        per: dict[str, Any] = {}
+        for side in ("fleet", "ddp"):
+            pairs = [(c[f"real_{side}_s"], c[f"sim_{side}_s"]) for c in rows if f"real_{side}_s" in c]
+            both = [(r, x) for r, x in pairs if r is not None and x is not None]
+            real_mean = statistics.fmean(r for r, _ in both) if both else None
+            sim_mean = statistics.fmean(x for _, x in both) if both else None
+            per[side] = {"pairs": len(both), "disagree": sum((r is None) != (x is None) for r, x in pairs),
+                         "real_mean_s": real_mean, "sim_mean_s": sim_mean,
+                         "error": (abs(sim_mean - real_mean) / real_mean
+                                   if real_mean and sim_mean is not None else None)}
+        out[w] = per
+    return out
+
+
 class Replay:
     """The real run's own outages, slot by slot (a slot without any is never preempted)."""
 
@@ -353,16 +380,28 @@ class SimRates:
         return float(found["lr"]), float(found["sync_lr"])
 
 
+def preempted_fleet(signal: str, workers: int, rate: float, seed: int, *, epochs: int, hours: float,
+                    identical: bool, policy: tuple[str, dict[str, Any]] = DEFAULT_POLICY,
+                    rates: tuple[float | None, float | None] = (None, None),
+                    **shape: Any) -> SimConfig:
+    """A simulated spot fleet preempted at ``rate`` per worker-hour (2-minute restarts, 30-s notice),
+    its virtual time priced so the job lasts about ``hours`` on the workload's own training split;
+    ``shape``: more ``SimConfig`` fields (shards, local steps, batch size, evaluation points)."""
+    fleet = FleetConfig.identical(workers) if identical else FleetConfig(workers=workers)
+    num_train = get_workload(signal).num_train
+    return SimConfig(signal=signal, policy=policy[0], policy_params=policy[1], fleet=fleet,
+                     preemption=PoissonPreemption(rate, restart_delay_s=120.0, notice_s=30.0),
+                     epochs=epochs, seed=seed,
+                     sample_cost_s=_sample_cost_s(num_train, workers, epochs, hours),
+                     lr=rates[0], sync_lr=rates[1], keep_timeline=False, **shape)
+
+
 def sim_cell(signal: str, workers: int, rate: float, seed: int, *, epochs: int, hours: float, identical: bool,
              policy: tuple[str, dict[str, Any]] = DEFAULT_POLICY,
              rates: tuple[float | None, float | None] = (None, None)) -> dict[str, Any]:
     """One simulated run; ``rates`` (fleet, synchronous): None is the square-root rule."""
-    num_train = 1437 if signal == "digits" else 4000
-    fleet = FleetConfig.identical(workers) if identical else FleetConfig(workers=workers)
-    cfg = SimConfig(signal=signal, policy=policy[0], policy_params=policy[1], fleet=fleet,
-                    preemption=PoissonPreemption(rate, restart_delay_s=120.0, notice_s=30.0),
-                    epochs=epochs, seed=seed, sample_cost_s=_sample_cost_s(num_train, workers, epochs, hours),
-                    lr=rates[0], sync_lr=rates[1], eval_points=30, keep_timeline=False)
+    cfg = preempted_fleet(signal, workers, rate, seed, epochs=epochs, hours=hours, identical=identical,
+                          policy=policy, rates=rates, eval_points=30)
     out = Simulation(cfg).run()
     s = summarize(out)
     s["_spans"] = [Span(x.start_s, x.end_s if x.end_s is not None else out.duration_s)
@@ -516,6 +555,8 @@ def main(argv: list[str] | None = None) -> int:
                       for d in (0.5, 0.6, 0.7, 0.8, 0.9)}
 
     errors = [e for c in cal for e in (c.get("error_fleet"), c.get("error_ddp")) if e is not None]
+    cal_mean = calibration_summary(cal)
+    errors_mean = [s["error"] for per in cal_mean.values() for s in per.values() if s["error"] is not None]
     errors_wall = [e for c in cal_wall for e in (c.get("error_fleet"), c.get("error_ddp")) if e is not None]
     missed = (saving_real.missing + g30.missing + lm.missing + s_hetero.missing + s_same.missing
               + sum(1 for runs in (mnist_runs, lm_runs) for r in runs if r["saving"] is None))
@@ -534,6 +575,9 @@ def main(argv: list[str] | None = None) -> int:
                                 if s["accuracy_gap_vs_sync"] is not None).mean,
         "adaptive_gap_50": None, "sim_saving": s_hetero.mean,
         "sim_vs_real_error": max(errors) if errors else None,
+        "sim_vs_real_error_mean": max(errors_mean) if errors_mean else None,
+        "sim_vs_real_disagree": sum(s["disagree"] for per in cal_mean.values() for s in per.values()),
+        "calibration_summary": cal_mean,
         "sim_vs_real_error_without_cpu_model": max(errors_wall) if errors_wall else None,
         "sim_vs_real_duration_error": max((c["error_duration"] for c in cal
                                            if c.get("error_duration") is not None), default=None),
@@ -600,7 +644,9 @@ def _print_table(f: dict[str, Any]) -> None:
     for name, s, pct in rows:
         ci = f"{_fmt(s['ci_low'], pct)} .. {_fmt(s['ci_high'], pct)}"
         print(f"{name:<58}{_fmt(s['mean'], pct):>10}{ci:>24}{s['missing']:>8}")
-    print(f"simulator vs real, largest time-to-target error: {_fmt(f['sim_vs_real_error'], True)}; "
+    print(f"simulator vs real, time-to-target error: largest per seed {_fmt(f['sim_vs_real_error'], True)}, "
+          f"of the seeds' mean {_fmt(f['sim_vs_real_error_mean'], True)} "
+          f"({f['sim_vs_real_disagree']} seeds where only one side reached the target); "
           f"seeds {f['seeds']}; targets missed {f['targets_missed']}; {f['wall_s']:.0f} s")
 
 
