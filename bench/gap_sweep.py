@@ -30,9 +30,9 @@ from typing import Any
 from vcasync.costing.spread import spread
 from vcasync.costing.target import Target
 from vcasync.examples.workloads import get_workload
-from vcasync.sim import FleetConfig, PoissonPreemption, SimConfig, Simulation
+from vcasync.sim import Simulation
 
-from .convergence import REAL_SHAPE, _sample_cost_s, search_lr
+from .convergence import REAL_SHAPE, preempted_fleet, search_lr
 
 #: Epochs and alphas per workload: the default budget (3 and 2 were the real runs' epochs when the
 #: sweep was made; mnist5000's real runs train 12 since).
@@ -46,18 +46,15 @@ HOURS = 5.0    # the job the real runs stand for
 
 
 def cell(workload: str, epochs: int, alpha: float | None, seed: int, *, lr: float, sync_lr: float,
-         steps: int | None, sync: bool, policy: str = "vcasgd") -> dict[str, Any]:
+         steps: int | None, sync: bool, policy: str = "vcasgd",
+         params: dict[str, Any] | None = None) -> dict[str, Any]:
     """One simulated run of the real runs' shape; DDP's arithmetic beside it when ``sync``.
-    ``alpha`` is VC-ASGD's; another ``policy`` runs with its defaults (``alpha`` None)."""
+    ``alpha`` is VC-ASGD's; another ``policy`` runs with ``params`` over its defaults (``alpha`` None)."""
     work = get_workload(workload)
-    params = {} if alpha is None else {"alpha": alpha}
-    cfg = SimConfig(signal=workload, policy=policy, policy_params=params,
-                    fleet=FleetConfig.identical(WORKERS),
-                    preemption=PoissonPreemption(RATE, restart_delay_s=120.0, notice_s=30.0),
-                    epochs=epochs, shards=2 * WORKERS, local_steps=steps, batch_size=work.batch_size,
-                    lr=lr, sync_lr=sync_lr,
-                    sample_cost_s=_sample_cost_s(work.num_train, WORKERS, epochs, HOURS),
-                    eval_points=8, sync_baseline=sync, seed=seed, keep_timeline=False)
+    params = dict(params or {}) if alpha is None else {**(params or {}), "alpha": alpha}
+    cfg = preempted_fleet(workload, WORKERS, RATE, seed, epochs=epochs, hours=HOURS, identical=True,
+                          policy=(policy, params), rates=(lr, sync_lr), shards=2 * WORKERS,
+                          local_steps=steps, batch_size=work.batch_size, eval_points=8, sync_baseline=sync)
     out = Simulation(cfg).run()
     pick = (lambda e: e.accuracy) if work.metric == "accuracy" else (lambda e: e.loss)
     return {"fleet": [pick(e) for e in out.rec.evals],
@@ -70,7 +67,8 @@ def gap(metric: str, fleet: float, ddp: float) -> float:
 
 
 def sweep(workload: str, seeds: list[int], grid: dict[str, tuple[Any, ...]], *, policy: str = "vcasgd",
-          steps: int | None = None, log: Any = sys.stderr) -> dict[str, Any]:
+          params: dict[str, Any] | None = None, steps: int | None = None,
+          log: Any = sys.stderr) -> dict[str, Any]:
     work = get_workload(workload)
     steps = steps if steps is not None else REAL_SHAPE[workload]["steps"]
     cells: list[dict[str, Any]] = []
@@ -78,7 +76,7 @@ def sweep(workload: str, seeds: list[int], grid: dict[str, tuple[Any, ...]], *, 
     for epochs in grid["epochs"]:
         t = time.perf_counter()
         sim_shape = {"shards": 2 * WORKERS, "local_steps": steps, "batch_size": work.batch_size,
-                     "policy": policy}
+                     "policy": policy, "policy_params": dict(params or {})}
         found = searches[epochs] = search_lr(workload, WORKERS, epochs, steps, shape=sim_shape)
         print(f"  {workload} {epochs} epochs: rates fleet {found['lr']:.4g}, DDP {found['sync_lr']:.4g} "
               f"({time.perf_counter() - t:.0f} s)", file=log)
@@ -88,7 +86,7 @@ def sweep(workload: str, seeds: list[int], grid: dict[str, tuple[Any, ...]], *, 
             reached = 0
             for seed in seeds:
                 r = cell(workload, epochs, alpha, seed, lr=found["lr"], sync_lr=found["sync_lr"],
-                         steps=steps, sync=seed not in ddp, policy=policy)
+                         steps=steps, sync=seed not in ddp, policy=policy, params=params)
                 if r["sync"] is not None:
                     ddp[seed] = r["sync"]
                 ref = ddp[seed]
@@ -103,8 +101,19 @@ def sweep(workload: str, seeds: list[int], grid: dict[str, tuple[Any, ...]], *, 
             print(f"  {workload} {epochs} epochs alpha {alpha}: gap {s.mean} "
                   f"({s.ci_low} .. {s.ci_high}), reached {reached}/{len(seeds)}", file=log)
     unit = "points" if work.metric == "accuracy" else "relative loss"
-    return {"workload": workload, "policy": policy, "steps": steps, "metric": work.metric, "unit": unit,
-            "cells": cells, "learning_rates": searches}
+    return {"workload": workload, "policy": policy, "params": dict(params or {}), "steps": steps,
+            "metric": work.metric, "unit": unit, "cells": cells, "learning_rates": searches}
+
+
+def parse_param(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with VALUE read as JSON (numbers, true/false), else kept as a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"--param wants KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="one seed, epochs x1 and x2, alpha 0.25 and 0.5")
     p.add_argument("--policy", default="vcasgd",
                    help="merge policy (default vcasgd; another runs with its defaults, no alpha axis)")
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="a policy parameter over its defaults (repeatable), e.g. lr=0.3 buffer_size=4")
+    p.add_argument("--epochs", type=int, nargs="+", help="epoch grid (default: the workload's)")
     p.add_argument("--steps", type=int, help="local steps per unit (default: the real runs')")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
@@ -125,13 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [a.seeds[0]] if a.quick else a.seeds
     out = {"simulated": True, "workers": WORKERS, "preemptions_per_hour": RATE, "seeds": seeds,
            "sweeps": []}
+    params = dict(parse_param(x) for x in a.param)
     for w in a.workloads:
-        grid = {"epochs": GRID[w]["epochs"][:2], "alpha": (0.25, 0.5)} if a.quick else GRID[w]
-        out["sweeps"].append(sweep(w, seeds, grid, policy=a.policy, steps=a.steps))
+        grid = {"epochs": GRID[w]["epochs"][:2], "alpha": (0.25, 0.5)} if a.quick else dict(GRID[w])
+        if a.epochs:
+            grid["epochs"] = tuple(a.epochs)
+        out["sweeps"].append(sweep(w, seeds, grid, policy=a.policy, params=params, steps=a.steps))
     out["wall_s"] = time.perf_counter() - t0
     for s in out["sweeps"]:
-        print(f"\n{s['workload']}, {s['policy']} (simulated; gap in {s['unit']}, positive: the fleet is "
-              "behind DDP)")
+        print(f"\n{s['workload']}, {s['policy']} {s['params'] or ''} (simulated; gap in {s['unit']}, "
+              "positive: the fleet is behind DDP)")
         print(f"{'epochs':>7}{'alpha':>7}{'gap mean':>10}{'95 % interval':>22}{'reached':>9}")
         for c in s["cells"]:
             g = c["gap"]
