@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             g = c["gap"]
             ci = "n/a" if g["ci_low"] is None else f"{g['ci_low']:.3f} .. {g['ci_high']:.3f}"
             mean = "n/a" if g["mean"] is None else f"{g['mean']:.3f}"
-            print(f"{c['epochs']:>7}{str(c['alpha']):>7}{mean:>10}{ci:>22}{c['reached']:>6}/{c['seeds']}")
+            print(f"{c['epochs']:>7}{c['alpha']!s:>7}{mean:>10}{ci:>22}{c['reached']:>6}/{c['seeds']}")
     print(f"{out['wall_s']:.0f} s")
     if a.json:
         print(json.dumps(out))

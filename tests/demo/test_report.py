@@ -120,6 +120,26 @@ def test_cost_to_target_bills_sessions_to_the_target_against_ddp_on_demand(tmp_p
     assert c["instance"]["as_of"]
 
 
+def test_the_per_second_saving_bills_the_same_sessions_without_the_minimum(tmp_path: Path) -> None:
+    # a short run: worker 0 restarted twice, every session shorter than the one-minute minimum
+    slots = [_slot(0, [(0.0, 10.0), (15.0, 25.0), (30.0, 45.0)], [1, 2, 3], tmp_path),
+             _slot(1, [(0.0, 45.0)], [4], tmp_path)]
+    run = _run(tmp_path, [], slots)
+    run.accuracy = [(20.0, 3, 2, 0.5, 1.0), (40.0, 9, 4, 0.95, 0.2)]
+    ddp = _ddp(2, [(5.0, 0, 0.1, 2.3), (30.0, 2000, 0.95, 0.2)])
+    c = build_report(run, ddp, T0_WALL)["cost"]
+    price = PriceTable()[DemoConfig().instance]
+    coord = PriceTable()[DemoConfig().coordinator_instance]
+    assert price.min_billed_s == 60.0
+    # with the minimum: 4 sessions x 60 s; per second: 10 + 10 + 10 + 40 s (cut at the target, 40 s)
+    fleet_min = 4 * 60 * price.spot_per_h / 3600 + 60 * coord.on_demand_per_h / 3600
+    fleet_s = 70 * price.spot_per_h / 3600 + 40 * coord.on_demand_per_h / 3600
+    ddp_min, ddp_s = 2 * 60 * price.on_demand_per_h / 3600, 2 * 30 * price.on_demand_per_h / 3600
+    assert c["saving"] == pytest.approx(1 - fleet_min / ddp_min)
+    assert c["saving_per_second"] == pytest.approx(1 - fleet_s / ddp_s)
+    assert c["saving_per_second"] != pytest.approx(c["saving"])
+
+
 def test_a_fleet_that_never_reaches_the_target_reports_a_miss_not_a_saving(tmp_path: Path) -> None:
     slots = [_slot(0, [(0.0, 200.0)], [1], tmp_path)]
     run = _run(tmp_path, [], slots)

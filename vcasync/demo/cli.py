@@ -156,6 +156,9 @@ def _print_summary(r: dict[str, Any], paths: list[Path]) -> None:
             f"(of which coordinator ${a['coordinator_usd']:.5f}) vs DDP on demand {_usd(d['usd'])}",
             f"  saving                  {saving} (one seed: no interval; bench/convergence.py runs seeds)",
         ]
+        if c.get("saving_per_second") is not None:
+            lines.append(f"  saving, billed per s    {100 * c['saving_per_second']:.0f} % (the same sessions "
+                         f"without the {inst['min_billed_s']:.0f}-s minimum each restart pays)")
     lines += [
         f"  wall time               {r['wall_s']:.0f} s (fleet) + {r['baseline']['wall_s']:.0f} s (DDP)",
         f"  preemptions             {rec['sigterm']} SIGTERM + {rec['sigkill']} SIGKILL, "

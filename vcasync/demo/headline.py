@@ -7,13 +7,16 @@ workload (:class:`vcasync.costing.target.Target`). The fleet's sessions (each wo
 process from start to exit, restarts included) are billed per second after the provider's minimum at
 the spot price, plus the coordinator on demand from its start; DDP's ``N`` processes are billed on
 demand from the spawn to its time to target. Beside the money: wall time to target on each side, and
-the time the fleet spent before its first merged result.
+the time the fleet spent before its first merged result, and ``saving_per_second``: the same
+sessions billed per second from the first (no minimum), which on a run shorter than the minimum
+separates what training and preemption cost from what the minimum adds to each restart.
 
 One run is one seed, so it has no interval; ``bench/convergence.py`` repeats it over seeds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -68,8 +71,15 @@ def headline(run: DemoRun, ddp: DdpResult | None, *, lost_s: float) -> dict[str,
     base = ddp_cost(cfg.workers, t_ddp, price=price)
     cmp = Comparison(cfg.seed, target, fleet, base)
     summary = summarize_savings([cmp])
+    # The same sessions billed per second from the first (no provider minimum): on a run shorter than
+    # the minimum the saving above counts sessions (a restart pays a whole minimum); this one is what
+    # the run's training, start-ups and preemptions cost.
+    per_s, coord_per_s = (dataclasses.replace(p, min_billed_s=0.0) for p in (price, coord))
+    fleet_s = async_cost(sessions, t_async, worker=per_s, coordinator=coord_per_s, lost_s=lost_s, end_s=end)
+    per_second = Comparison(cfg.seed, target, fleet_s, ddp_cost(cfg.workers, t_ddp, price=per_s)).saving
     return out | {
-        "target": target.as_dict(), "saving": cmp.saving, "targets_missed": summary["targets_missed"],
+        "target": target.as_dict(), "saving": cmp.saving, "saving_per_second": per_second,
+        "targets_missed": summary["targets_missed"],
         "async": fleet.as_dict(), "ddp": base.as_dict(), "time_ratio": cmp.time_ratio,
         "ddp_first_step_s": ddp.first_step_s,
         "note": "each process is priced as one instance; per-second billing after each provider's "
