@@ -35,9 +35,10 @@ counts restarts.
     python -m bench.convergence --real-only --workloads mnist5000 tinylm --json   # the two gaps
 
 Budget (a quiet 2-core machine): the default run (digits' real runs and every simulated part, 5
-seeds) is under 20 minutes; ``--quick`` about 1.5. A real mnist5000 seed (12 epochs) takes about
-100 s with its replay (search 71 s) and a tinylm seed about 283 s (search 139 s), so those
-workloads are asked for by name: 5 seeds of both take about 35 minutes.
+seeds) is under 20 minutes (11 on the machine of 2026-12-04 morning; a machine 3x slower to start
+processes spends 13.5 minutes in the real part alone); ``--quick`` about 1.5. A real mnist5000
+seed (12 epochs) takes about 100 s with its replay (search 71 s) and a tinylm seed about 283 s
+(search 139 s), so those workloads are asked for by name: 5 seeds of both take about 35 minutes.
 """
 
 from __future__ import annotations
@@ -508,8 +509,8 @@ def main(argv: list[str] | None = None) -> int:
     cores = a.cores or float(os.cpu_count() or 1)
     epochs_sim = 5 if a.quick else 20
     # mnist5000 has 2.8x digits' training images: 8 epochs of it are about 22 of digits, and keep the
-    # adaptive cells and their search inside the budget; the gap closes with epochs (1.64 points at
-    # 8, 0.30 at 20, measured): --adaptive-epochs 20 gives the longer figure
+    # adaptive cells and their search inside the budget; the gap narrows with epochs (1.64 points at
+    # 8, 0.74 at 20, measured; docs/headline.md): --adaptive-epochs 20 gives the longer figure
     epochs_mnist_sim = 5 if a.quick else a.adaptive_epochs
     sim_workers = 16 if a.quick else a.sim_workers
     # 30 %/h of a --hours job, over the workers: the real run's preemptions spread over its progress
