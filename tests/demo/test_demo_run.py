@@ -110,6 +110,10 @@ def test_cost_to_target_is_recomputed_from_sessions_and_curves(
     assert cost["async"]["usd"] == pytest.approx(fleet)
     assert report["saving"] == pytest.approx(1 - fleet / cost["ddp"]["usd"])
     assert head["saving"] == report["saving"]
+    # the same sessions billed per second from the first: no minimum on either side
+    fleet_s = (sum(b - a for a, b in sessions) * price.spot_per_h + t_async * coord.on_demand_per_h) / 3600
+    ddp_s = report["config"]["workers"] * t_ddp * price.on_demand_per_h / 3600
+    assert cost["saving_per_second"] == pytest.approx(1 - fleet_s / ddp_s)
 
 
 def test_every_preemption_is_matched_by_a_recovery(demo: tuple[dict[str, Any], dict[str, Any], Path]) -> None:
