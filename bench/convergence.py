@@ -445,12 +445,17 @@ def _real_figures(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for r in runs]
 
 
+def real_epochs(workload: str, quick: bool) -> int:
+    """The real runs' epochs for ``workload``: ``REAL_SHAPE``'s default, or its --quick length."""
+    return int(REAL_SHAPE[workload]["epochs"][1 if quick else 0])
+
+
 def real_rate_curve(a: argparse.Namespace, seeds: list[int], searches: dict[str, Any], tmp: Path,
                     log: Any) -> dict[str, Any]:
     """digits' real runs at each of ``a.real_rates`` preemptions per worker-hour of a ``--hours`` job
     (spread over the run's progress, as the headline's 30 %/h): saving and misses per rate."""
     shape = REAL_SHAPE["digits"]
-    epochs = shape["epochs"][1 if a.quick else 0]
+    epochs = real_epochs("digits", a.quick)
     if "digits" not in searches:
         searches["digits"] = search_lr("digits", a.workers, epochs, shape["steps"])
     lr, sync_lr = searches["digits"]["lr"], searches["digits"]["sync_lr"]
@@ -491,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--real-rates", type=float, nargs="+", metavar="PER_HOUR",
                    help="also run digits' real processes at these preemption rates (per worker-hour of a "
                         "--hours job, e.g. 0 0.3 0.6 1.0): saving against preemption rate, measured "
-                        "(about 50 s a seed and rate)")
+                        "(about 100 s a seed and rate on a slow 2-core machine)")
     p.add_argument("--adaptive-epochs", type=int, default=8,
                    help="epochs of the simulated mnist5000 adaptive cells (default 8, to fit the budget)")
     p.add_argument("--wall-replay", action="store_true",
@@ -528,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="vcasync-bench-") as tmp:
             for w in workloads:
                 shape = REAL_SHAPE[w]
-                epochs = shape["epochs"][1 if a.quick else 0]
+                epochs = real_epochs(w, a.quick)
                 if a.no_search:
                     base = get_workload(w).lr * math.sqrt(a.workers)
                     searches[w] = {"workload": w, "lr": base, "sync_lr": base, "grid": [],
