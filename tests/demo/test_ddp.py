@@ -37,6 +37,30 @@ def test_two_ranks_train_in_lockstep_like_one_big_batch(tmp_path: Path) -> None:
     assert (tmp_path / "ddp-rank1.log").exists()
 
 
+def test_paced_steps_take_their_time_and_change_no_arithmetic(tmp_path: Path) -> None:
+    """``min_step_s`` stands for a costlier model on both sides of the comparison: every step lasts
+    at least that long (the demo's workers are paced the same way), and the weights are those of
+    the unpaced run."""
+    cfg = DdpConfig(workers=2, workload="digits", batch_size=16, samples=2 * 16 * 6, lr=0.1, seed=4,
+                    eval_points=6, timeout_s=180, min_step_s=0.3)
+    res = run_ddp(cfg, tmp_path)
+    assert res.digests[0] == res.digests[1]
+    assert res.points[-1][0] - res.points[0][0] >= 6 * 0.3 - 0.05  # evaluation is off the clock
+    ref = sync_sgd(get_workload("digits"), workers=2, batch_size=16, samples=cfg.samples, lr=0.1,
+                   momentum=0.9, seed=4, eval_points=3)
+    assert res.final_loss == pytest.approx(ref.points[-1][3], rel=1e-4)
+
+
+def test_the_demo_compares_with_a_baseline_on_the_same_footing() -> None:
+    from vcasync.demo.run import DemoConfig
+
+    cfg = DemoConfig(workers=3, batch_size=16, momentum=0.8, seed=7, min_step_s=0.2, sync_lr=0.3,
+                     progress=False)
+    ddp = cfg.ddp_config(960)
+    assert (ddp.workers, ddp.workload, ddp.batch_size, ddp.samples) == (3, "digits", 16, 960)
+    assert (ddp.lr, ddp.momentum, ddp.seed, ddp.min_step_s) == (0.3, 0.8, 7, 0.2)
+
+
 def test_a_failing_rank_is_a_clear_error(tmp_path: Path) -> None:
     cfg = DdpConfig(workers=2, workload="no-such-data", batch_size=8, samples=32, lr=0.1, timeout_s=60)
     with pytest.raises(ConfigError, match="DDP rank failed"):
@@ -48,3 +72,5 @@ def test_bad_config_is_refused() -> None:
         DdpConfig(workers=0, workload="digits", batch_size=8, samples=32, lr=0.1)
     with pytest.raises(ConfigError):
         DdpConfig(workers=2, workload="digits", batch_size=8, samples=32, lr=0.0)
+    with pytest.raises(ConfigError, match="min_step_s"):
+        DdpConfig(workers=2, workload="digits", batch_size=8, samples=32, lr=0.1, min_step_s=-1.0)

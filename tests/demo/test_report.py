@@ -108,6 +108,9 @@ def test_cost_to_target_bills_sessions_to_the_target_against_ddp_on_demand(tmp_p
     assert rep["time_to_target_s"] == 150.0
     assert rep["ddp_time_to_target_s"] == 100.0
     assert rep["first_merge_s"] == 45.0
+    # the fleet reached it with 4 units merged, DDP with all of its 2,000 samples
+    per_unit = run.unit_steps * run.config.batch_size
+    assert c["samples_to_target"] == {"async": 4 * per_unit, "ddp": 2000, "ratio": 4 * per_unit / 2000}
     # sessions cut at the target, each billed per second after a one-minute minimum: 60 + 110 + 95 s
     assert c["async"]["billed_seconds"] == pytest.approx(60 + 110 + 95)
     fleet = 265 * price.spot_per_h / 3600 + 150 * coord.on_demand_per_h / 3600
@@ -148,6 +151,7 @@ def test_a_fleet_that_never_reaches_the_target_reports_a_miss_not_a_saving(tmp_p
     assert rep["saving"] is None
     assert rep["time_to_target_s"] is None
     assert rep["cost"]["targets_missed"] == 1
+    assert rep["cost"]["samples_to_target"] == {"async": None, "ddp": 2000, "ratio": None}
     assert rep["cost"]["async"]["machine_seconds"] == pytest.approx(200.0)  # spent, and shown
 
 

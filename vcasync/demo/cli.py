@@ -33,7 +33,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sync-lr", type=float, help="the DDP baseline's (default: the same rule)")
     p.add_argument("--batch-size", type=int, help="per process (default: the workload's)")
     p.add_argument("--min-step-s", type=float, default=0.0,
-                   help="pace training: each local step takes at least this long (default 0)")
+                   help="pace training: each local step takes at least this long, on the workers and in "
+                        "the DDP baseline alike (default 0)")
     p.add_argument("--preemptions", type=int, default=4,
                    help="preemptions spread over the run's progress (default 4; 0: none)")
     p.add_argument("--preempt-per-min", type=float, default=0.0,
@@ -91,7 +92,7 @@ def run(a: argparse.Namespace) -> int:
     import torch
 
     from ..examples.workloads import get_workload
-    from .ddp import DdpConfig, run_ddp
+    from .ddp import run_ddp
     from .report import build_report, write_report
     from .run import run_demo
 
@@ -106,8 +107,7 @@ def run(a: argparse.Namespace) -> int:
     if cfg.progress:
         print(f"DDP baseline: {cfg.workers} processes (gloo on 127.0.0.1), {samples} samples ...",
               file=sys.stderr)
-    ddp = DdpConfig(workers=cfg.workers, workload=cfg.workload, batch_size=cfg.batch_size, samples=samples,
-                    lr=cfg.baseline_lr, momentum=cfg.momentum, seed=cfg.seed, timeout_s=cfg.max_wall_s)
+    ddp = cfg.ddp_config(samples)
     baseline = run_ddp(ddp, result.run_dir / "ddp")
     report = build_report(result, baseline, t0_wall)
     paths = write_report(report, result.run_dir)
@@ -131,6 +131,12 @@ def _secs(x: float | None) -> str:
     return "never (target missed)" if x is None else f"{x:.0f} s"
 
 
+def _samples(n: dict[str, Any]) -> str:
+    fleet = "never" if n["async"] is None else f"{n['async']}"
+    ratio = "" if n["ratio"] is None else f" ({n['ratio']:.2f}x DDP's)"
+    return f"fleet {fleet}, DDP {n['ddp']}{ratio} (the fleet's: units merged x unit samples)"
+
+
 def _print_summary(r: dict[str, Any], paths: list[Path]) -> None:
     c = r["cost"]
     inst = c["instance"]
@@ -152,6 +158,7 @@ def _print_summary(r: dict[str, Any], paths: list[Path]) -> None:
             f"DDP {_secs(d['time_to_target_s'])}  (both clocks from the first process start)",
             f"  first merged result     {_secs(r['first_merge_s'])}; "
             f"DDP's first step {c['ddp_first_step_s']:.0f} s",
+            f"  samples to target       {_samples(c['samples_to_target'])}",
             f"  cost to target          fleet on spot {_usd(a['usd'])} "
             f"(of which coordinator ${a['coordinator_usd']:.5f}) vs DDP on demand {_usd(d['usd'])}",
             f"  saving                  {saving} (one seed: no interval; bench/convergence.py runs seeds)",

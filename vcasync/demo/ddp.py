@@ -11,7 +11,10 @@ steps and writes its curve to a JSON file.
 The clock starts in the parent **before the processes are spawned**, like the asynchronous run's clock
 starts before its coordinator: interpreter start, ``import torch``, data loading and the rendezvous
 are paid on both sides. Evaluation time is taken off rank 0's clock (the other ranks wait for it at
-the next all-reduce), since the asynchronous run is scored by a separate monitor.
+the next all-reduce), since the asynchronous run is scored by a separate monitor. ``min_step_s``
+paces each step (its gradient, all-reduce and update) to at least that long, as the demo's
+``--min-step-s`` paces the workers' steps: both sides then stand for a model that costs that much
+per batch of ``batch_size`` samples on each process.
 """
 
 from __future__ import annotations
@@ -49,10 +52,13 @@ class DdpConfig:
     eval_points: int = 20
     threads: int = 1
     timeout_s: float = 600.0
+    min_step_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.batch_size < 1 or self.samples < 1 or self.eval_points < 1:
             raise ConfigError("DDP needs workers, batch_size, samples and eval_points >= 1")
+        if not self.min_step_s >= 0:
+            raise ConfigError(f"DDP needs min_step_s >= 0, got {self.min_step_s}")
         if not self.lr > 0 or not 0 <= self.momentum < 1:
             raise ConfigError(f"DDP needs lr > 0 and momentum in [0, 1), got {self.lr}, {self.momentum}")
 
@@ -170,11 +176,14 @@ def _rank(rank: int, cfg: DdpConfig, out: Path, t0: float) -> None:
         if rank == 0:
             score(0)
         for step, idx in enumerate(batches, start=1):
+            began = time.monotonic()
             net.train()
             opt.zero_grad(set_to_none=True)
             loss = work.batch_loss(model, idx[rank * cfg.batch_size:(rank + 1) * cfg.batch_size])
             loss.backward()  # type: ignore[no-untyped-call]
             opt.step()
+            if cfg.min_step_s > 0:  # paced like the workers' steps (vcasync.demo.trainer)
+                time.sleep(max(0.0, cfg.min_step_s - (time.monotonic() - began)))
             if rank == 0 and (step % every == 0 or step == cfg.steps):
                 score(step * big)
         h = hashlib.blake2b(digest_size=16)

@@ -45,6 +45,11 @@ def restart_overhead_s(slots: Sequence[Slot], events: Mapping[int, list[dict[str
     return lost
 
 
+def _first_reaching(points: Sequence[tuple[float, int, float]], target: Target) -> int | None:
+    """The samples of the earliest ``(t_s, samples, value)`` point that reaches ``target``."""
+    return next((n for _, n, v in sorted(points, key=lambda p: p[0]) if target.reached(v)), None)
+
+
 def headline(run: DemoRun, ddp: DdpResult | None, *, lost_s: float) -> dict[str, Any]:
     """The cost-to-target section of ``report.json`` (``ddp`` None: no baseline, no saving)."""
     cfg = run.config
@@ -56,15 +61,24 @@ def headline(run: DemoRun, ddp: DdpResult | None, *, lost_s: float) -> dict[str,
     if ddp is None:
         return out | {"saving": None, "target": None}
     metric = get_workload(cfg.workload).metric
+    # (t_s, units merged or samples, value) on each side, the value being what the target judges
     if metric == "accuracy":
         target = Target.from_baseline("accuracy", ddp.final_accuracy,
                                       accuracy_points=ACCURACY_TOLERANCE_POINTS)
-        t_async = time_to_target(((p[0], p[3]) for p in run.accuracy), target)
-        t_ddp = time_to_target(((p[0], p[2]) for p in ddp.points), target)
+        fleet_curve = [(p[0], p[2] or 0, p[3]) for p in run.accuracy]
+        ddp_curve = [(p[0], p[1], p[2]) for p in ddp.points]
     else:
         target = Target.from_baseline("loss", ddp.final_loss, loss_fraction=LOSS_TOLERANCE)
-        t_async = time_to_target(((p[0], p[4]) for p in run.accuracy), target)
-        t_ddp = time_to_target(((p[0], p[3]) for p in ddp.points), target)
+        fleet_curve = [(p[0], p[2] or 0, p[4]) for p in run.accuracy]
+        ddp_curve = [(p[0], p[1], p[3]) for p in ddp.points]
+    t_async = time_to_target(((t, v) for t, _, v in fleet_curve), target)
+    t_ddp = time_to_target(((t, v) for t, _, v in ddp_curve), target)
+    # Samples each side had trained on when it first reached the target (the fleet: merged units x
+    # a unit's samples): more samples than DDP's is the fleet learning less per sample, which no
+    # saving on start-up or merging can buy back.
+    per_unit = run.unit_steps * cfg.batch_size
+    n_async = _first_reaching([(t, units * per_unit, v) for t, units, v in fleet_curve], target)
+    n_ddp = _first_reaching(ddp_curve, target)
     sessions = [Span(a, b) for s in run.slots for a, b in s.sessions]
     end = max([run.wall_s, *(s.end_s for s in sessions)])
     fleet = async_cost(sessions, t_async, worker=price, coordinator=coord, lost_s=lost_s, end_s=end)
@@ -82,6 +96,8 @@ def headline(run: DemoRun, ddp: DdpResult | None, *, lost_s: float) -> dict[str,
         "targets_missed": summary["targets_missed"],
         "async": fleet.as_dict(), "ddp": base.as_dict(), "time_ratio": cmp.time_ratio,
         "ddp_first_step_s": ddp.first_step_s,
+        "samples_to_target": {"async": n_async, "ddp": n_ddp,
+                              "ratio": None if n_async is None or not n_ddp else n_async / n_ddp},
         "note": "each process is priced as one instance; per-second billing after each provider's "
                 "minimum; list prices as published at the date shown, they drift",
     }

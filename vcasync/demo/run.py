@@ -31,6 +31,7 @@ from typing import Any
 
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError
+from .ddp import DdpConfig
 from .market import SpotMarket
 from .procs import Proc, Slot, Timeline
 
@@ -131,6 +132,13 @@ class DemoConfig:
 
     def num_shards(self) -> int:
         return self.shards if self.shards is not None else 2 * self.workers
+
+    def ddp_config(self, samples: int) -> DdpConfig:
+        """The DDP baseline this run is compared with: as many processes on the same ``samples``,
+        batch size, momentum, seed and step pace (``min_step_s``), at :attr:`baseline_lr`."""
+        return DdpConfig(workers=self.workers, workload=self.workload, batch_size=self.batch_size,
+                         samples=samples, lr=self.baseline_lr, momentum=self.momentum, seed=self.seed,
+                         timeout_s=self.max_wall_s, min_step_s=self.min_step_s)
 
 
 @dataclass(slots=True)
