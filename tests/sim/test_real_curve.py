@@ -16,7 +16,9 @@ import bench.convergence as conv
 
 def _report(saving: float | None, fleet_s: float | None) -> dict[str, Any]:
     return {"saving": saving, "time_to_target_s": fleet_s, "ddp_time_to_target_s": 20.0,
-            "cost": {"saving_per_second": None if saving is None else saving - 0.01},
+            "accuracy_gap": 0.002,
+            "cost": {"saving_per_second": None if saving is None else saving - 0.01,
+                     "samples_to_target": {"async": 1200, "ddp": 1000, "ratio": 1.2}},
             "workers": [{"sessions": [[0, 1], [2, 3]]}, {"sessions": [[0, 3]]}]}
 
 
@@ -45,6 +47,7 @@ def test_each_value_runs_every_seed_with_what_it_changes(monkeypatch: pytest.Mon
     assert second["per_second"]["mean"] == pytest.approx(0.765)
     assert second["min_step_s"] == 0.2
     assert second["sessions"] == [3, 3]
+    assert second["samples_ratio"] == [1.2, 1.2]
 
 
 def test_sweeps_only_needs_a_sweep() -> None:
