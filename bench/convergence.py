@@ -42,10 +42,10 @@ counts restarts.
 Budget (a quiet 2-core machine): the default run (digits' real runs, 5 seeds, then the simulated
 64-worker cells and the preemption-rate curve on ``--jobs`` processes) is under 20 minutes: on the
 slow machine of 2026-12-04 the real part took 10.5-12.5 minutes and the simulated part 5.4
-(``--no-real``); ``--quick`` (no search) 2 min 17 s there. The mnist5000 adaptive cells (``--adaptive``, about 6
-minutes more there), a real mnist5000 seed (12 epochs, about 100 s with its replay, search 71 s)
-and a tinylm seed (about 283 s, search 139 s) are asked for by name: 5 seeds of both real
-workloads take about 35 minutes.
+(``--no-real``); ``--quick`` (no search) 2 min 17 s there. The mnist5000 adaptive cells
+(``--adaptive``, about 6 minutes more there), a real mnist5000 seed (12 epochs, about 100 s with
+its replay, search 71 s) and a tinylm seed (about 283 s, search 139 s) are asked for by name: 5
+seeds of both real workloads take about 35 minutes.
 """
 
 from __future__ import annotations
