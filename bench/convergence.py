@@ -483,7 +483,8 @@ def real_epochs(workload: str, quick: bool) -> int:
 def real_curve(a: argparse.Namespace, seeds: list[int], searches: dict[str, Any], tmp: Path, log: Any, *,
                values: list[float], label: str, run_kw: Callable[[float], dict[str, Any]]) -> dict[str, Any]:
     """digits' real runs (fleet, then DDP) for each of ``values``, ``run_kw(value)`` naming what
-    changes (``preemptions`` or ``min_step_s``): the saving, both billings, and misses per value."""
+    changes (``preemptions``, ``min_step_s`` or ``policy_params``; the rest is the headline's
+    30 %/h run): the saving, both billings, samples to target and misses per value."""
     shape = REAL_SHAPE["digits"]
     epochs = real_epochs("digits", a.quick)
     if "digits" not in searches:
