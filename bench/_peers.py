@@ -7,7 +7,9 @@
 * ``post``: a bare aiohttp server whose ``POST /sink`` streams the body in and discards it.
 * ``durable``: the same, but it writes the body to a new file as it arrives (on the disk the
   coordinator's ``file://`` storage uses) and fsyncs it before answering: the least any server must
-  do before it may acknowledge an upload durably.
+  do before it may acknowledge an upload durably. It starts the disk's writeback every
+  ``WRITEBACK_BYTES`` as it goes, as the coordinator's storage does (so the floor is not one the
+  coordinator beats by a trick the reference lacks); ``durable-plain`` writes without that advice.
 * ``tcp``: a bare asyncio TCP server: 8-byte length, that many bytes, one byte back.
 * ``bare``: a bare aiohttp server whose every ``POST`` reads its small body and answers a small
   msgpack reply, plus ``GET /bench/rss``: the reference a control request is measured against.
@@ -35,6 +37,7 @@ import msgpack
 import torch
 from aiohttp import web
 
+from backends.local import _Writeback as Writeback  # the storage's own early writeback
 from vcasync._loop import run
 from vcasync.coordinator import Coordinator, CoordinatorConfig
 from vcasync.ledger._units import WorkUnit
@@ -222,7 +225,7 @@ async def post_sink(a: argparse.Namespace, stop: asyncio.Event) -> None:
     await _serve(app, a.port_file, stop, access_log=False)
 
 
-async def durable_sink(a: argparse.Namespace, stop: asyncio.Event) -> None:
+async def durable_sink(a: argparse.Namespace, stop: asyncio.Event, *, writeback: bool = True) -> None:
     with tempfile.TemporaryDirectory(prefix="vcasync-bench-durable-") as tmp:
         count = 0
 
@@ -232,12 +235,15 @@ async def durable_sink(a: argparse.Namespace, stop: asyncio.Event) -> None:
             n = 0
             # Plain blocking writes on the loop: one client at a time, the cheapest correct path.
             fd = os.open(Path(tmp) / f"{count:08d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            early = Writeback(fd) if writeback else None
             try:
                 async for chunk in request.content.iter_chunked(1 << 20):
                     view = memoryview(chunk)
                     while view:
                         view = view[os.write(fd, view):]
                     n += len(chunk)
+                    if early is not None:
+                        early.wrote(len(chunk))
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -288,8 +294,12 @@ async def tcp_sink(a: argparse.Namespace, stop: asyncio.Event) -> None:
         await stop.wait()
 
 
+async def durable_plain_sink(a: argparse.Namespace, stop: asyncio.Event) -> None:
+    await durable_sink(a, stop, writeback=False)
+
+
 MODES: dict[str, Any] = {"coordinator": coordinator, "post": post_sink, "durable": durable_sink,
-                         "tcp": tcp_sink, "bare": bare}
+                         "durable-plain": durable_plain_sink, "tcp": tcp_sink, "bare": bare}
 
 
 async def main(a: argparse.Namespace) -> None:

@@ -5,7 +5,9 @@ Server processes run side by side on 127.0.0.1, on the same event loop implement
 installed): the real coordinator behind the real vcasync server (``vcasgd``; one coordinator per
 durability mode in ``--durability``, one after the other), a bare aiohttp server that streams a POST
 body in and drops it, the same server writing the body to a file as it arrives and fsyncing it
-before it answers (on the disk the coordinator's ``file://`` storage uses), and a bare asyncio TCP
+before it answers (on the disk the coordinator's ``file://`` storage uses, starting the disk's
+writeback every 4 MiB as that storage does: the strictest floor; ``durable_plain_post`` is the same
+without that advice, informational), and a bare asyncio TCP
 server that reads a length-prefixed blob. This process uploads the *same bytes* (one raw-codec
 result payload, ``4 x --params`` bytes) to each: the coordinator through ``CoordinatorClient.submit``
 until the receipt comes back and the new version is visible, the others until their one-line answer.
@@ -135,11 +137,13 @@ async def _timed(op: Any) -> float:
         return math.inf
 
 
-async def measure(curl: str, purl: str, durl: str, taddr: str, params: int, reps: int,
+async def measure(curl: str, purl: str, durls: tuple[str, str], taddr: str, params: int, reps: int,
                   warmup: int, arch: str) -> dict[str, Any]:
-    """``warmup`` uploads, then ``reps`` rounds; each round runs the four paths back to back, so a
-    noisy neighbour slows them alike. Times per round (``inf``: that iteration failed)."""
+    """``warmup`` uploads, then ``reps`` rounds; each round runs every path back to back, so a
+    noisy neighbour slows them alike (``durls``: the durable sinks with and without early
+    writeback). Times per round (``inf``: that iteration failed)."""
     e2e = E2E(curl, params, arch)
+    durl, dpurl = durls
     times: dict[str, list[float]] = {name: [] for name, _ in PATHS}
     host, port = taddr.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
@@ -156,6 +160,7 @@ async def measure(curl: str, purl: str, durl: str, taddr: str, params: int, reps
                 got = {"raw_post": await _timed(post_once(http, purl, data)),
                        "whole_buffer_post": await _timed(post_once(http, purl, data, whole=True)),
                        "durable_post": await _timed(post_once(http, durl, data)),
+                       "durable_plain_post": await _timed(post_once(http, dpurl, data)),
                        "raw_tcp": await _timed(tcp_once(reader, writer, data))}
                 got["e2e"] = await _timed(e2e.once(client, http, keep))
                 if keep:
@@ -190,7 +195,8 @@ def ratios(times: dict[str, list[float]], ref: str) -> list[float]:
 
 PATHS = (("e2e", "upload -> ack -> merged"), ("raw_post", "raw aiohttp POST (same bytes)"),
          ("whole_buffer_post", "  the same, data=whole buffer"),
-         ("durable_post", "POST written + fsynced (same)"), ("raw_tcp", "raw TCP (same bytes)"))
+         ("durable_post", "POST written + fsynced (same)"),
+         ("durable_plain_post", "  the same, no early writeback"), ("raw_tcp", "raw TCP (same bytes)"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,12 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         a.params, a.reps = 5_000_000, 3
     results: dict[str, dict[str, Any]] = {}
-    with peer("post") as purl, peer("durable") as durl, peer("tcp") as taddr:
+    with (peer("post") as purl, peer("durable") as durl, peer("durable-plain") as dpurl,
+          peer("tcp") as taddr):
         for mode in modes:
             with peer("coordinator", "--params", str(a.params), "--arch", a.arch, "--units",
                       str(a.reps + a.warmup + 4), "--durability", mode, "--stall-monitor") as curl:
-                results[mode] = run(measure(curl, purl, durl, taddr, a.params, a.reps, a.warmup,
-                                            a.arch))
+                results[mode] = run(measure(curl, purl, (durl, dpurl), taddr, a.params, a.reps,
+                                            a.warmup, a.arch))
     figures: dict[str, Any] = {}
     for mode, e2e in results.items():
         times = e2e["times"]
@@ -229,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         gbps = {name: e2e["bytes"] / med[name] / 1e9 for name, _ in PATHS}
         failed = sum(1 for t in times["e2e"] if not math.isfinite(t))
         figures[f"failed_{mode}"] = failed
-        for ref in ("raw_post", "raw_tcp", "durable_post", "whole_buffer_post"):
+        for ref in ("raw_post", "raw_tcp", "durable_post", "durable_plain_post", "whole_buffer_post"):
             sp = spread(ratios(times, ref))
             figures[f"e2e_{mode}_vs_{ref}"] = sp["median"]
             figures[f"e2e_{mode}_vs_{ref}_min"] = sp["min"]
@@ -266,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                "raw_post_gbps": last["bytes"] / statistics.median(lt["raw_post"]) / 1e9,
                "whole_buffer_post_gbps": last["bytes"] / statistics.median(lt["whole_buffer_post"]) / 1e9,
                "durable_post_gbps": last["bytes"] / statistics.median(lt["durable_post"]) / 1e9,
+               "durable_plain_post_gbps": last["bytes"] / statistics.median(lt["durable_plain_post"]) / 1e9,
                "raw_tcp_gbps": last["bytes"] / statistics.median(lt["raw_tcp"]) / 1e9,
                "payload_mb": last["bytes"] / 1e6, "arch": a.arch, "params": a.params,
                "reps": a.reps, "warmup": a.warmup}

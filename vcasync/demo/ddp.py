@@ -191,6 +191,9 @@ def _rank(rank: int, cfg: DdpConfig, out: Path, t0: float) -> None:
             h.update(t.detach().contiguous().numpy().tobytes())
         out.write_text(json.dumps({"rank": rank, "points": points, "first_step_s": first_step_s,
                                    "digest": h.hexdigest()}))
+        # Leave together: a rank tearing gloo down while rank 0 still evaluates can abort a peer
+        # ("terminate called without an active exception", exit -6) after its work is done.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -1,0 +1,63 @@
+"""What bench.convergence measures in a real run for the simulator's replay: the coordinator's own
+merge time (not the pace at which the monitor saw versions appear), and a session's start-up up to
+the end of its slow first unit (torch's lazy set-up), not only up to that unit's start."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from bench.convergence import _measure, coordinator_merge_s
+from vcasync.demo.ddp import DdpConfig
+
+T0 = 1_000_000.0     # the run's wall clock at its start
+BATCH = 32
+
+
+def _session(pid: int, start_s: float, first_unit_s: float, later: list[float], gap_s: float) -> list[str]:
+    """Event lines of one worker process: its first unit starts 4 s after the session does."""
+    t, cpu, lines = T0 + start_s + 4.0, 1.0, []
+    for i, dur in enumerate([first_unit_s, *later]):
+        common = {"pid": pid, "unit": f"u{pid}-{i}"}
+        lines.append(json.dumps({**common, "t": t, "cpu": cpu, "kind": "unit_start", "start": 0,
+                                 "resumed": False}))
+        t, cpu = t + dur, cpu + dur / 2
+        lines.append(json.dumps({**common, "t": t, "cpu": cpu, "kind": "unit_end", "steps_done": 6}))
+        t += gap_s
+    return lines
+
+
+def _run(tmp_path: Path) -> SimpleNamespace:
+    events = tmp_path / "events"
+    events.mkdir()
+    sessions = {11: (0.0, 2.0), 12: (0.5, 2.2)}   # pid: (session start, its first unit's length)
+    for pid, (start, first) in sessions.items():
+        lines = _session(pid, start, first, [0.03, 0.03, 0.04, 0.03], gap_s=0.035)
+        (events / f"{pid}.jsonl").write_text("\n".join(lines) + "\n")
+    slots = [SimpleNamespace(index=i, name=f"w{i}", sessions=[(start, start + 30.0)], pids=[pid])
+             for i, (pid, (start, _)) in enumerate(sessions.items())]
+    config = SimpleNamespace(batch_size=BATCH, epochs=1, worker_lr=0.1, baseline_lr=0.1,
+                             num_shards=lambda: 2)
+    return SimpleNamespace(run_dir=tmp_path, slots=slots, config=config,
+                           timeline=SimpleNamespace(events=[]), unit_steps=6)
+
+
+def test_the_first_units_warm_up_is_start_up(tmp_path: Path) -> None:
+    ddp = DdpConfig(workers=4, workload="digits", batch_size=BATCH, samples=1280, lr=0.1)
+    m = _measure(_run(tmp_path), T0, [(5.0, 0, 0.1, 2.0), (6.0, 1280, 0.9, 0.3)], 5.0, ddp)  # type: ignore[arg-type]
+    later = 0.03     # the median of the later units
+    assert m["first_unit_extra_s"] == pytest.approx((2.0 + 2.2) / 2 - later)
+    assert m["boot_s"] == pytest.approx(4.0 + m["first_unit_extra_s"])
+    # the per-sample costs and the overhead between units stay the steady state's
+    assert m["sample_cost_s"] == pytest.approx(later / (6 * BATCH))
+    assert m["unit_overhead_s"] == pytest.approx(0.035)
+
+
+def test_the_merge_time_is_the_coordinators_own() -> None:
+    status = {"metrics": {"merge_seconds": {"count": 160, "sum": 0.096, "buckets": {}}}}
+    assert coordinator_merge_s(status) == pytest.approx(0.0006)
+    assert coordinator_merge_s({"metrics": {"merge_seconds": {"count": 0, "sum": 0.0}}}) == 0.0
+    assert coordinator_merge_s({}) == 0.0    # a coordinator that never answered: no queue
