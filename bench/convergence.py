@@ -16,8 +16,10 @@ Four parts, each against synchronous data-parallel training as the reference (se
    the relative test-loss gap (``lm_loss_gap_30``) and a saving where units are long. A seed that
    never reaches the target is counted in ``targets_missed``, never dropped.
 2. **Calibration**: each real run is replayed in the simulator with what that run measured (CPU
-   seconds per sample, start-up, per-unit overhead, its own preemption schedule) on the machine's
-   cores (processor sharing, :mod:`vcasync.sim.cpu`); ``sim_vs_real_error`` is the largest relative
+   seconds per sample, start-up to the end of the slow first unit, the CPU each unit costs outside
+   training on the worker and in the coordinator, the coordinator's own merge time, the rest of the
+   gap between units as waiting, its own preemption schedule) on the machine's cores (processor
+   sharing, :mod:`vcasync.sim.cpu`); ``sim_vs_real_error`` is the largest relative
    error of the simulator's time to target (fleet and DDP) against the real one, per seed and workload;
    ``sim_vs_real_error_mean`` the largest error of the replays' mean against the runs' mean per
    workload and side (:func:`calibration_summary`), with ``sim_vs_real_disagree`` seeds where only
@@ -40,9 +42,11 @@ counts restarts.
     python -m bench.convergence --sweeps-only --step-s 0.05 0.2 --json           # longer steps
 
 Budget (a quiet 2-core machine): the default run (digits' real runs, 5 seeds, then the simulated
-64-worker cells and the preemption-rate curve on ``--jobs`` processes) is under 20 minutes: on the
-slow machine of 2026-12-04 the real part took 10.5-12.5 minutes and the simulated part 5.4
-(``--no-real``); ``--quick`` (no search) 2 min 17 s there. The mnist5000 adaptive cells
+64-worker cells and the preemption-rate curve on ``--jobs`` processes) is under 20 minutes: 5 min 35 s
+to 6 min 35 s end to end on the 2-core machine of the night of 2026-12-04 (``import torch`` 1.3 s);
+on the slow machine of that evening (4.9 s) the real part took 10.5-12.5 minutes and the
+simulated part 5.4 (``--no-real``). ``--quick`` (no search) took 62 s on the first, 2 min 17 s on
+the second. The mnist5000 adaptive cells
 (``--adaptive``, about 6 minutes more there), a real mnist5000 seed (12 epochs, about 100 s with
 its replay, search 71 s) and a tinylm seed (about 283 s, search 139 s) are asked for by name: 5
 seeds of both real workloads take about 35 minutes.
@@ -221,7 +225,24 @@ def real_run(workload: str, seed: int, workers: int, epochs: int, steps: int | N
     measured["merge_interval_s"] = ((vs[-1][0] - vs[0][0]) / (vs[-1][1] - vs[0][1])
                                     if len(vs) >= 2 and vs[-1][1] > vs[0][1] else None)
     measured["merge_s"] = coordinator_merge_s(run.status)
+    measured["coordinator_cpu_per_result_s"] = coordinator_cpu_per_result(run.coordinator_cpu)
     return {"report": report, "measured": measured}
+
+
+def coordinator_cpu_per_result(points: list[tuple[int, float]]) -> float:
+    """The coordinator process's CPU seconds per merged result: ``(version, CPU seconds)`` as the
+    monitor saw them, over the last stretch where the CPU only grew (a restarted coordinator starts
+    again from zero) and from the first merged version on (start-up left out); 0 if unmeasured."""
+    span: list[tuple[int, float]] = []
+    for version, cpu in points:
+        if version < 1:
+            continue
+        if span and cpu < span[-1][1]:
+            span = []
+        span.append((version, cpu))
+    if len(span) < 2 or span[-1][0] <= span[0][0]:
+        return 0.0
+    return (span[-1][1] - span[0][1]) / (span[-1][0] - span[0][0])
 
 
 def coordinator_merge_s(status: dict[str, Any]) -> float:
@@ -248,6 +269,7 @@ def _measure(run: DemoRun, t0_wall: float, ddp_points: list[tuple[float, int, fl
     boot: list[float] = []
     first_units: list[float] = []
     later_units: list[float] = []
+    between_cpu: list[float] = []
     batch = run.config.batch_size
     for slot in run.slots:
         for (start, _), pid in zip(slot.sessions, slot.pids, strict=False):
@@ -256,10 +278,13 @@ def _measure(run: DemoRun, t0_wall: float, ddp_points: list[tuple[float, int, fl
                 boot.append(evs[0]["t"] - t0_wall - start)
             last_end = None
             began: dict[str, Any] = {}
+            last_ev: dict[str, Any] = {}
             for e in evs:
                 if e["kind"] == "unit_start":
                     if last_end is not None:
                         overhead.append(e["t"] - last_end)
+                        if "cpu" in e and "cpu" in last_ev:
+                            between_cpu.append(e["cpu"] - last_ev["cpu"])
                     began = e
                 elif e["kind"] == "unit_end" and not began.get("resumed") and began.get("start", 0) == 0:
                     n = e["steps_done"] * batch
@@ -267,7 +292,7 @@ def _measure(run: DemoRun, t0_wall: float, ddp_points: list[tuple[float, int, fl
                     per_sample.append((e["t"] - began["t"]) / n)
                     if "cpu" in e and "cpu" in began:
                         cpu_per_sample.append((e["cpu"] - began["cpu"]) / n)
-                    last_end = e["t"]
+                    last_end, last_ev = e["t"], e
     first_extra = (max(0.0, statistics.median(first_units) - statistics.median(later_units))
                    if first_units and later_units else 0.0)
     ddp_step = (ddp_points[-1][0] - ddp_first_step_s) / ddp.steps
@@ -281,6 +306,7 @@ def _measure(run: DemoRun, t0_wall: float, ddp_points: list[tuple[float, int, fl
     return {"sample_cost_s": statistics.median(per_sample) if per_sample else None,
             "sample_cpu_s": statistics.median(cpu_per_sample) if cpu_per_sample else None,
             "unit_overhead_s": statistics.median(overhead) if overhead else 0.0,
+            "unit_cpu_s": statistics.median(between_cpu) if between_cpu else 0.0,
             "boot_s": (statistics.median(boot) if boot else 0.0) + first_extra,
             "first_unit_extra_s": first_extra,
             "ddp_step_s": ddp_step, "ddp_first_step_s": ddp_first_step_s, "outages": outages,
@@ -297,10 +323,13 @@ def calibrate(real: dict[str, Any], workload: str, workers: int, seed: int, *,
     on ``cores`` cores; the always-busy processes besides the fleet's workers (its coordinator and
     monitor, other jobs on the machine) are the runnable threads measured during the run less the
     workers. DDP's step: its CPU seconds stretched by the runnable threads measured while it ran.
-    The coordinator merges one result at a time for the merge time measured in that run (versions
-    over the seconds the monitor saw them made): uploads queue behind it. ``cores`` None: the wall
-    seconds per sample measured inside units, no sharing, free merges (the previous calibration,
-    kept to show what the model changes).
+    The coordinator merges one result at a time for its own time per merge in that run: uploads
+    queue behind it. Between two units a worker's own CPU (encoding, uploading, leasing,
+    downloading: the trainer's CPU stamps) and the coordinator's CPU per merged result share the
+    cores as well (``unit_cpu_s``); what is left of the measured gap between units, once that CPU
+    is taken out at the contention measured inside units, is waiting (the link's latency).
+    ``cores`` None: the wall seconds per sample measured inside units, the whole gap as latency, no
+    sharing, free merges (the previous calibration, kept to show what the model changes).
     """
     m = real["measured"]
     extra = max(0.0, (m.get("runnable_fleet") or workers) - workers)
@@ -311,14 +340,20 @@ def calibrate(real: dict[str, Any], workload: str, workers: int, seed: int, *,
                 "error_duration": None}
     metric = rep["metric"]
     target = Target(metric, rep["cost"]["target"]["value"], rep["cost"]["target"]["reference"], "")
+    unit_cpu, waiting = 0.0, m["unit_overhead_s"]
+    if cores is not None:
+        unit_cpu = m.get("unit_cpu_s", 0.0) + m.get("coordinator_cpu_per_result_s", 0.0)
+        stretch = max(1.0, m["sample_cost_s"] / cost) if m.get("sample_cost_s") else 1.0
+        waiting = max(0.0, waiting - unit_cpu * stretch)
     cfg = SimConfig(signal=workload, fleet=FleetConfig.identical(workers, bandwidth_bps=1e12,
-                                                                 latency_s=m["unit_overhead_s"] / 2),
-                    preemption=Replay(m["outages"]), epochs=m["epochs"], shards=m["shards"],
+                                                                 latency_s=waiting / 2),
+                    preemption=Replay(shifted(m["outages"], -m["first_worker_s"])), epochs=m["epochs"],
+                    shards=m["shards"],
                     local_steps=m["unit_steps"], batch_size=m["batch_size"], lr=m["lr"], sync_lr=m["sync_lr"],
                     sample_cost_s=cost, boot_s=m["boot_s"], heartbeat_s=5.0, lease_timeout_s=10.0,
                     cores=cores, extra_runnable=extra if cores is not None else 0.0,
-                    merge_s=m.get("merge_s", 0.0) if cores is not None else 0.0, seed=seed,
-                    eval_points=60, keep_timeline=False)
+                    merge_s=m.get("merge_s", 0.0) if cores is not None else 0.0, unit_cpu_s=unit_cpu,
+                    seed=seed, eval_points=60, keep_timeline=False)
     out = Simulation(cfg).run()
     col = 3 if metric == "accuracy" else 4
     # the simulated coordinator is up at 0; the real workers started once it was ready
@@ -373,6 +408,15 @@ def calibration_summary(cal: list[dict[str, Any]]) -> dict[str, Any]:
                                    if real_mean and sim_mean is not None else None)}
         out[w] = per
     return out
+
+
+def shifted(per_slot: dict[int, list[Outage]], by_s: float) -> dict[int, list[Outage]]:
+    """The outages ``by_s`` later (earlier if negative). The run's clock starts before its
+    coordinator, the replay's when its coordinator is up (``first_worker_s`` later), so a real
+    outage at ``t`` falls at ``t - first_worker_s`` in the replay (until 2026-12-04 it fell
+    ``first_worker_s``, 1.4-2 s, late: after a replayed fleet had finished, on digits)."""
+    return {slot: [Outage(o.down_s + by_s, o.up_s + by_s, o.notice_s) for o in outages]
+            for slot, outages in per_slot.items()}
 
 
 class Replay:
@@ -528,6 +572,7 @@ def real_curve(a: argparse.Namespace, seeds: list[int], searches: dict[str, Any]
         curve[f"{value:g}"] = spread(rep["saving"] for rep in reports).as_dict() | {
             "per_second": spread(rep["cost"].get("saving_per_second") for rep in reports).as_dict(),
             "preemptions": kw["preemptions"], "min_step_s": kw.get("min_step_s", 0.0),
+            "policy": DEFAULT_POLICY[0], "policy_params": {**DEFAULT_POLICY[1], **kw.get("policy_params", {})},
             "sessions": [sum(len(s["sessions"]) for s in rep.get("workers", [])) for rep in reports],
             "time_to_target_s": [rep["time_to_target_s"] for rep in reports],
             "ddp_time_to_target_s": [rep["ddp_time_to_target_s"] for rep in reports],

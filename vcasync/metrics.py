@@ -209,6 +209,8 @@ _GAUGE_HELP = {
                     "exit code 3 unless an operator requeues them).",
     "merge_queue": "Validated results waiting for the merge loop.",
     "retained_versions": "Model versions kept in memory.",
+    "process_cpu_seconds_total": "CPU seconds (user + system, all threads) the coordinator's process "
+                                 "has used.",
     "storage_state": "Storage health: 0 ok, 1 degraded (a snapshot failed), 2 unavailable (results "
                      "refused with 503 storage_unavailable), 3 failed (the coordinator stops).",
     "storage_unavailable_seconds": "Seconds the storage has been unavailable (0 when it is not).",

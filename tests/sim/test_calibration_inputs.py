@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.convergence import _measure, coordinator_merge_s
+from bench.convergence import _measure, coordinator_cpu_per_result, coordinator_merge_s
 from vcasync.demo.ddp import DdpConfig
 
 T0 = 1_000_000.0     # the run's wall clock at its start
@@ -26,7 +26,7 @@ def _session(pid: int, start_s: float, first_unit_s: float, later: list[float], 
                                  "resumed": False}))
         t, cpu = t + dur, cpu + dur / 2
         lines.append(json.dumps({**common, "t": t, "cpu": cpu, "kind": "unit_end", "steps_done": 6}))
-        t += gap_s
+        t, cpu = t + gap_s, cpu + 0.01    # the worker's own CPU between units: 10 ms
     return lines
 
 
@@ -54,6 +54,7 @@ def test_the_first_units_warm_up_is_start_up(tmp_path: Path) -> None:
     # the per-sample costs and the overhead between units stay the steady state's
     assert m["sample_cost_s"] == pytest.approx(later / (6 * BATCH))
     assert m["unit_overhead_s"] == pytest.approx(0.035)
+    assert m["unit_cpu_s"] == pytest.approx(0.01)
 
 
 def test_the_merge_time_is_the_coordinators_own() -> None:
@@ -61,3 +62,21 @@ def test_the_merge_time_is_the_coordinators_own() -> None:
     assert coordinator_merge_s(status) == pytest.approx(0.0006)
     assert coordinator_merge_s({"metrics": {"merge_seconds": {"count": 0, "sum": 0.0}}}) == 0.0
     assert coordinator_merge_s({}) == 0.0    # a coordinator that never answered: no queue
+
+
+def test_the_coordinators_cpu_per_result_leaves_start_up_and_restarts_out() -> None:
+    # version 0 polled after 3 s of start-up; 10 results cost 0.1 s; a restart resets the counter
+    assert coordinator_cpu_per_result([(0, 3.0), (1, 3.01), (11, 3.11)]) == pytest.approx(0.01)
+    assert coordinator_cpu_per_result([(1, 3.0), (5, 3.2), (6, 2.5), (16, 2.7)]) == pytest.approx(0.02)
+    assert coordinator_cpu_per_result([(1, 3.0)]) == 0.0
+    assert coordinator_cpu_per_result([]) == 0.0
+
+
+def test_the_replay_meets_each_outage_when_the_run_did() -> None:
+    # the run's clock starts 1.5 s before its workers do; the replay's when they do
+    from bench.convergence import shifted
+    from vcasync.sim.fleet import Outage
+
+    real = {0: [Outage(9.8, 12.9, 1.3)], 2: [Outage(11.5, 14.7, 0.0), Outage(20.0, 22.0, 2.0)]}
+    assert shifted(real, -1.5) == {0: [Outage(8.3, 11.4, 1.3)],
+                                   2: [Outage(10.0, 13.2, 0.0), Outage(18.5, 20.5, 2.0)]}

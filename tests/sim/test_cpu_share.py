@@ -52,3 +52,21 @@ def test_a_slow_merge_loop_queues_the_uploads() -> None:
     assert run(2.0) - run(0.0) == pytest.approx(16.0, abs=0.5)
     with pytest.raises(ConfigError, match="merge_s"):
         SimConfig(merge_s=-1.0)
+
+
+def _unit_cpu_run(unit_cpu_s: float, cores: float | None) -> float:
+    cfg = SimConfig(signal="surrogate", fleet=FleetConfig.identical(4, bandwidth_bps=1e12, latency_s=0.0),
+                    preemption=NoPreemption(), epochs=1, shards=8, local_steps=1, sample_cost_s=1e-6,
+                    boot_s=1.0, cores=cores, unit_cpu_s=unit_cpu_s, eval_points=2, seed=0,
+                    keep_timeline=False, sync_baseline=False)
+    return Simulation(cfg).run().duration_s
+
+
+def test_the_cpu_between_units_is_paid_and_shared_like_training() -> None:
+    """8 units on 4 workers, 1 s of CPU each outside training: 2 rounds of 1 s on a machine per
+    worker, twice that when the four share 2 cores; none of it without ``unit_cpu_s``."""
+    free = _unit_cpu_run(0.0, 2)
+    assert _unit_cpu_run(1.0, None) - free == pytest.approx(2.0, abs=0.1)
+    assert _unit_cpu_run(1.0, 2) - free == pytest.approx(4.0, abs=0.2)
+    with pytest.raises(ConfigError, match="unit_cpu_s"):
+        SimConfig(unit_cpu_s=-0.1)

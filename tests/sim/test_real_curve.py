@@ -48,6 +48,15 @@ def test_each_value_runs_every_seed_with_what_it_changes(monkeypatch: pytest.Mon
     assert second["min_step_s"] == 0.2
     assert second["sessions"] == [3, 3]
     assert second["samples_ratio"] == [1.2, 1.2]
+    assert second["policy"] == "vcasgd" and second["policy_params"] == {"alpha": 0.5}
+
+
+def test_an_alpha_curve_records_the_policy_it_ran(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(conv, "real_run", lambda *args, **kw: {"report": _report(0.6, 30.0)})
+    a = argparse.Namespace(quick=True, workers=4, hours=5.0)
+    curve = conv.real_curve(a, [0], {"digits": {"lr": 0.1, "sync_lr": 0.2}}, tmp_path, None,
+                            values=[0.75], label="alpha", run_kw=lambda v: {"policy_params": {"alpha": v}})
+    assert curve["0.75"]["policy_params"] == {"alpha": 0.75}
 
 
 def test_sweeps_only_needs_a_sweep() -> None:

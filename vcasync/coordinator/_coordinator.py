@@ -621,6 +621,7 @@ class Coordinator:
                 **{f"units_{k}": v for k, v in self._ledger.counts().items()},
                 "merge_queue": self._merger.queued,
                 "retained_versions": len(self._owner.versions.numbers()),
+                "process_cpu_seconds_total": time.process_time(),
                 **self._health.gauges()}
 
     def status(self) -> dict[str, Any]:

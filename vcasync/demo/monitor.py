@@ -61,6 +61,8 @@ class Monitor:
     status: dict[str, Any] = field(default_factory=dict)
     accuracy: list[AccuracyPoint] = field(default_factory=list)
     versions: list[tuple[float, int]] = field(default_factory=list)
+    #: (version, the coordinator's process CPU seconds) at each new version a poll saw
+    coordinator_cpu: list[tuple[int, float]] = field(default_factory=list)
     errors: int = 0
 
     @property
@@ -88,6 +90,9 @@ class Monitor:
         version = status_figure(self.status, "version")
         if version is not None and (not self.versions or self.versions[-1][1] != version):
             self.versions.append((time.monotonic() - self.t0, version))
+            cpu = (self.status.get("metrics") or {}).get("process_cpu_seconds_total")
+            if isinstance(cpu, int | float) and not isinstance(cpu, bool):
+                self.coordinator_cpu.append((version, float(cpu)))
 
     async def score(self) -> AccuracyPoint | None:
         """Download the latest model and score it; None if the coordinator is unreachable.

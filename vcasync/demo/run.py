@@ -158,6 +158,7 @@ class DemoRun:
     accuracy: list[tuple[float, int, int | None, float, float]] = field(default_factory=list)
     status: dict[str, Any] = field(default_factory=dict)
     versions: list[tuple[float, int]] = field(default_factory=list)
+    coordinator_cpu: list[tuple[int, float]] = field(default_factory=list)
 
 
 def _free_port() -> int:
@@ -364,6 +365,7 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
             out.status = mon.status
             out.accuracy = [(p.t_s, p.version, p.units_done, p.accuracy, p.loss) for p in mon.accuracy]
             out.versions = list(mon.versions)
+            out.coordinator_cpu = list(mon.coordinator_cpu)
             out.wall_s = demo.timeline.now()
     finally:
         for s in demo.slots:

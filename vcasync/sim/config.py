@@ -46,7 +46,11 @@ class SimConfig:
     hyper-parameters). CPU: ``cores`` (None: one machine per worker) and ``extra_runnable`` always-busy
     processes make the fleet share processors (:mod:`vcasync.sim.cpu`), to replay a real run of many
     processes on one small machine; ``merge_s`` is the coordinator's time per merge, a queue the
-    workers' uploads wait in (:class:`vcasync.sim.cpu.MergeQueue`; 0: merging is free).
+    workers' uploads wait in (:class:`vcasync.sim.cpu.MergeQueue`; 0: merging is free);
+    ``unit_cpu_s`` the CPU seconds a worker spends on each unit outside training (encoding and
+    uploading its result, leasing, downloading and decoding the next model), on the reference
+    machine: with ``cores`` set it shares the processors like training does (0: that work is free,
+    only the link's latency and bandwidth are paid).
     """
 
     @property
@@ -82,6 +86,7 @@ class SimConfig:
     cores: float | None = None
     extra_runnable: float = 0.0
     merge_s: float = 0.0
+    unit_cpu_s: float = 0.0
     seed: int = 0
     max_virtual_s: float = 30 * 24 * 3600.0
     keep_timeline: bool = True
@@ -116,6 +121,7 @@ class SimConfig:
             (self.cores is None or self.cores > 0, f"cores must be > 0, got {self.cores}"),
             (self.extra_runnable >= 0, f"extra_runnable must be >= 0, got {self.extra_runnable}"),
             (self.merge_s >= 0, f"merge_s must be >= 0, got {self.merge_s}"),
+            (self.unit_cpu_s >= 0, f"unit_cpu_s must be >= 0, got {self.unit_cpu_s}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -76,7 +76,8 @@ class Simulation:
             model_bytes = self.signal.initial_model(config.seed).nbytes
         self.workload = Workload(
             batch_size=bs, lr=config.lr or d.lr * math.sqrt(config.fleet.workers), momentum=config.momentum,
-            sample_cost_s=config.sample_cost_s or d.sample_cost_s, model_bytes=model_bytes,
+            sample_cost_s=config.sample_cost_s or d.sample_cost_s, unit_cpu_s=config.unit_cpu_s,
+            model_bytes=model_bytes,
             boot_s=config.boot_s, heartbeat_s=config.heartbeat_s,
             idle_poll_s=min(60.0, config.heartbeat_s), on_notice=config.on_notice, seed=config.seed,
             shards=shard_idx)

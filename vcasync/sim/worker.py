@@ -44,6 +44,7 @@ class Workload:
     lr: float
     momentum: float
     sample_cost_s: float
+    unit_cpu_s: float
     model_bytes: int
     boot_s: float
     heartbeat_s: float
@@ -154,6 +155,16 @@ class SimWorker:
             self._rec.samples_lost_preempted += samples
         self._phase = "idle"
 
+    async def _compute(self, cpu_s: float) -> None:
+        """``cpu_s`` of this machine's CPU outside training, shared like training (none: no time)."""
+        if cpu_s <= 0:
+            return
+        self._cpu.running += 1
+        try:
+            await asyncio.sleep(cpu_s / self._profile.speed * self._cpu.stretch())
+        finally:
+            self._cpu.running -= 1
+
     def _batches(self, grant: LeaseGrant) -> list[np.ndarray]:
         unit = grant.unit
         root = str(unit.params.get("parent", unit.unit_id))
@@ -205,6 +216,7 @@ class SimWorker:
         weights, _ = self._signal.train(base, self._batches(grant), lr=self._work.lr,
                                         momentum=self._work.momentum, steps_limit=done)
         delta = {k: weights[k] - base[k] for k in base}
+        await self._compute(self._work.unit_cpu_s)  # encode, upload, lease, download, decode
         await asyncio.sleep(self._profile.transfer_s(self._work.model_bytes))
         partial = done < steps_total
         meta: Mapping[str, object] = {
