@@ -572,7 +572,8 @@ def real_curve(a: argparse.Namespace, seeds: list[int], searches: dict[str, Any]
         curve[f"{value:g}"] = spread(rep["saving"] for rep in reports).as_dict() | {
             "per_second": spread(rep["cost"].get("saving_per_second") for rep in reports).as_dict(),
             "preemptions": kw["preemptions"], "min_step_s": kw.get("min_step_s", 0.0),
-            "policy": DEFAULT_POLICY[0], "policy_params": {**DEFAULT_POLICY[1], **kw.get("policy_params", {})},
+            "policy": DEFAULT_POLICY[0],
+            "policy_params": {**DEFAULT_POLICY[1], **kw.get("policy_params", {})},
             "sessions": [sum(len(s["sessions"]) for s in rep.get("workers", [])) for rep in reports],
             "time_to_target_s": [rep["time_to_target_s"] for rep in reports],
             "ddp_time_to_target_s": [rep["ddp_time_to_target_s"] for rep in reports],

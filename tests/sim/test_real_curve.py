@@ -48,7 +48,8 @@ def test_each_value_runs_every_seed_with_what_it_changes(monkeypatch: pytest.Mon
     assert second["min_step_s"] == 0.2
     assert second["sessions"] == [3, 3]
     assert second["samples_ratio"] == [1.2, 1.2]
-    assert second["policy"] == "vcasgd" and second["policy_params"] == {"alpha": 0.5}
+    assert second["policy"] == "vcasgd"
+    assert second["policy_params"] == {"alpha": 0.5}
 
 
 def test_an_alpha_curve_records_the_policy_it_ran(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
