@@ -43,7 +43,7 @@ counts restarts.
 
 Budget (a quiet 2-core machine): the default run (digits' real runs, 5 seeds, then the simulated
 64-worker cells and the preemption-rate curve on ``--jobs`` processes) is under 20 minutes: 5 min 35 s
-to 6 min 35 s end to end on the 2-core machine of the night of 2026-12-04 (``import torch`` 1.3 s);
+to 6 min 35 s end to end on the 2-core machine of the night of 2026-12-04 to 05 (``import torch`` 1.3 s);
 on the slow machine of that evening (4.9 s) the real part took 10.5-12.5 minutes and the
 simulated part 5.4 (``--no-real``). ``--quick`` (no search) took 62 s on the first, 2 min 17 s on
 the second. The mnist5000 adaptive cells
