@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import math
 import os
@@ -294,12 +295,9 @@ async def tcp_sink(a: argparse.Namespace, stop: asyncio.Event) -> None:
         await stop.wait()
 
 
-async def durable_plain_sink(a: argparse.Namespace, stop: asyncio.Event) -> None:
-    await durable_sink(a, stop, writeback=False)
-
-
 MODES: dict[str, Any] = {"coordinator": coordinator, "post": post_sink, "durable": durable_sink,
-                         "durable-plain": durable_plain_sink, "tcp": tcp_sink, "bare": bare}
+                         "durable-plain": functools.partial(durable_sink, writeback=False),
+                         "tcp": tcp_sink, "bare": bare}
 
 
 async def main(a: argparse.Namespace) -> None:
