@@ -20,9 +20,10 @@ accepted deltas). It refuses, with :class:`~vcasync.errors.UpdateRejectedError`:
   cosine by more than ``z`` running standard deviations (the spread floored at 0.1).
 
 Only accepted results update the running statistics (exponential, ``decay``), so an attacker cannot
-drag them. Everything the gate keeps is in its state (scalars and ``r``) next to the wrapped
-policy's; norms and dot products are summed over fixed 16 Ki rows, the rows exactly, so the
-decisions do not depend on the thread count. ``needs_base`` and the claims come from the wrapped policy.
+drag them. Everything the gate keeps is in its state (scalars, ``r`` and ``r.r``, carried forward from
+the sums each merge measures, so that measuring a result reads ``r`` once) next to the wrapped policy's; norms
+and dot products are summed over fixed 16 Ki rows, the rows exactly, so the decisions do not
+depend on the thread count. ``needs_base`` and the claims come from the wrapped policy.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from vcasync.errors import ConfigError, UpdateRejectedError
 from vcasync.policy import MergePolicy, PolicyState, build_policy
 from vcasync.tensors import ModelState, Update, all_finite
 
-from ._kernels import Workspace, check_update, delta_of, dot3, mixable
+from ._kernels import Workspace, check_update, delta_of, dot2, mixable, sumsq
 
 __all__ = ["Gate"]
 
@@ -91,20 +92,32 @@ class Gate:
             "accepted": 0, "cos_seen": 0,
             "norm_mean": 0.0, "norm_var": 0.0, "cos_mean": 0.0, "cos_var": 0.0,
             "ref": {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in model.items() if mixable(t)},
+            "ref_sq": 0.0,
         }
 
-    def measure(self, model: ModelState, update: Update,
-                ref: Mapping[str, torch.Tensor]) -> tuple[float, float | None]:
+    def measure(self, model: ModelState, update: Update, ref: Mapping[str, torch.Tensor],
+                ref_sq: float | None = None) -> tuple[float, float | None]:
         """``(|d|, cos(d, ref))`` of a result; the cosine is None while either vector is zero.
 
-        The norm is NaN when the result holds NaN or Inf, and Inf when it is finite but too large
-        to measure (its squares overflow).
+        ``ref_sq`` is ``ref.ref`` when the caller keeps it (the gate's state does, so a merge reads
+        the reference once); None sums it. The norm is NaN when the result holds NaN or Inf, and
+        Inf when it is finite but too large to measure (its squares overflow).
         """
-        dd = dr = rr = 0.0
+        return self._norm_cos(update, ref, *self._dots(model, update, ref, ref_sq))
+
+    def _dots(self, model: ModelState, update: Update, ref: Mapping[str, torch.Tensor],
+              ref_sq: float | None) -> tuple[float, float, float]:
+        """``(d.d, d.r, r.r)`` over the floating-point tensors."""
+        dd = dr = 0.0
         for name, r in ref.items():
-            a, b, c = dot3(update.tensors[name], r, self._ws,
-                           x_minus=self._minus(model, update, name))
-            dd, dr, rr = dd + a, dr + b, rr + c
+            a, b = dot2(update.tensors[name], r, self._ws, x_minus=self._minus(model, update, name))
+            dd, dr = dd + a, dr + b
+        rr = math.fsum(sumsq(r) for r in ref.values()) if ref_sq is None else ref_sq
+        return dd, dr, rr
+
+    @staticmethod
+    def _norm_cos(update: Update, ref: Mapping[str, torch.Tensor], dd: float, dr: float,
+                  rr: float) -> tuple[float, float | None]:
         if not (math.isfinite(dd) and math.isfinite(dr)):
             finite = all(all_finite(update.tensors[n]) for n in ref)
             return (math.inf if finite else math.nan), None
@@ -150,7 +163,9 @@ class Gate:
     def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState | None:
         check_update(model, update, needs_base=self.needs_base)
         ref: dict[str, torch.Tensor] = state["ref"]
-        norm, cos = self.measure(model, update, ref)
+        # ``ref_sq`` is absent from the state of a checkpoint written before it was kept.
+        dd, dr, rr = self._dots(model, update, ref, state.get("ref_sq"))
+        norm, cos = self._norm_cos(update, ref, dd, dr, rr)
         self._decide(state, norm, cos)
         # Accepted: fold d into the reference before the wrapped policy changes the model (a full
         # weights result without a base is measured against the model as it is now).
@@ -158,6 +173,12 @@ class Gate:
         for name, r in ref.items():
             x, minus = update.tensors[name], self._minus(model, update, name)
             r.lerp_(x if minus is None else delta_of(x, minus, self._ws), rate)
+        # r' = (1 - rate) r + rate d, so r'.r' follows from the sums just measured without reading
+        # r again. The lerp's rounding makes it differ from a fresh sum by ~1e-7 relative (float32;
+        # ~1e-5 for half tensors), and the difference shrinks by (1 - rate)^2 at every merge
+        # instead of adding up.
+        state["ref_sq"] = max(0.0, (1.0 - rate) ** 2 * rr + 2.0 * rate * (1.0 - rate) * dr
+                              + rate * rate * dd)
         _ew_update(state, "norm", norm, self.decay, first=int(state["accepted"]) == 0)
         state["accepted"] = int(state["accepted"]) + 1
         if cos is not None:
