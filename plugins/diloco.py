@@ -10,10 +10,14 @@ momentum::
     w <- w - lr (g + mu m)          (plain momentum: w <- w - lr m)
 
 with the published defaults ``lr = 0.7``, ``mu = 0.9`` (inner steps H = 500 AdamW are the worker's
-business). Full weights become a delta against the current model, computed into one reused
-scratch the size of a tensor. Integer tensors add their increments (summed over a buffer) and bool
-tensors take the last value, applied with the outer step (the policy contract's rule). Momentum
-(and the buffer when ``buffer_size > 1``) is allocated once in ``init_state`` and updated in place.
+business). The state keeps the momentum of the deltas, ``v = -m`` (key ``velocity``), so that
+one pass updates it: ``v <- mu v + d``, ``w <- w + lr (d + mu v)`` (plain: ``w <- w + lr v``). A
+state written before (key ``momentum``) is converted on its first merge. Full weights become a
+delta against the current model, computed span by span into one reused scratch (``x - w`` first,
+so small deltas of large weights stay exact). Integer tensors add their increments (summed over
+a buffer) and bool tensors take the last value, applied with the outer step (the policy
+contract's rule). The velocity (and the buffer when ``buffer_size > 1``) is allocated once in
+``init_state`` and updated in place.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from ._kernels import (
     axpy,
     buffer_discrete,
     check_update,
+    decay_add,
     delta_of,
     fused,
     lerp_delta,
@@ -74,7 +79,7 @@ class DiLoCo:
         floats = [(n, t) for n, t in model.items() if mixable(t)]
         state: PolicyState = {
             "count": 0,
-            "momentum": {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in floats},
+            "velocity": {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in floats},
             "ints": {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in model.items()
                      if not mixable(t)},
         }
@@ -84,6 +89,7 @@ class DiLoCo:
 
     def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState | None:
         check_update(model, update, needs_base=False)
+        _upgrade(state)
         weights = update.kind == "weights"
         count = int(state["count"]) + 1
         ints = state["ints"]
@@ -100,7 +106,7 @@ class DiLoCo:
                 return None
             for name, w in model.items():
                 if mixable(w):
-                    self._outer_step(w, state["momentum"][name], state["buffer"][name], None)
+                    self._outer_step(w, state["velocity"][name], state["buffer"][name], False)
                     state["buffer"][name].zero_()
                 else:
                     take_discrete(w, ints[name])
@@ -108,24 +114,30 @@ class DiLoCo:
             for name, w in model.items():
                 x = update.tensors[name]
                 if mixable(w):
-                    self._outer_step(w, state["momentum"][name], x, w if weights else None)
+                    self._outer_step(w, state["velocity"][name], x, weights)
                 else:
                     take_discrete(w, x)
         state["count"] = 0
         return model
 
-    def _outer_step(self, w: torch.Tensor, m: torch.Tensor, x: torch.Tensor,
-                    minus: torch.Tensor | None) -> None:
-        """``d = x - minus`` (or ``x``); ``g = -d``; ``m <- mu m + g``; ``w <- w - lr (g + mu m)``."""
+    def _outer_step(self, w: torch.Tensor, v: torch.Tensor, x: torch.Tensor, weights: bool) -> None:
+        """``d = x - w`` (full weights) or ``x``; ``v <- mu v + d``; ``w <- w + lr (d + mu v)``.
+
+        Span by span (``fused``): the passes read w, v and x from memory once.
+        """
         mu, lr, ws = self.momentum, self.lr, self._ws
-        # Span by span (``fused``): the four passes read w, m and d from memory once.
-        spans = fused(w, m, x) if minus is None else fused(w, m, x, minus)
-        for span in spans:
-            ws_, ms, xs = span[0], span[1], span[2]
-            d = xs if minus is None else delta_of(xs, span[3], ws)  # scratch, before w changes
-            ms.mul_(mu).sub_(d)
+        for ws_, vs, xs in fused(w, v, x):
+            d = delta_of(xs, ws_, ws) if weights else xs  # scratch, before w changes
+            decay_add(vs, d, mu)
             if self.nesterov:
                 axpy(ws_, d, lr, ws)
-                axpy(ws_, ms, -lr * mu, ws)
+                axpy(ws_, vs, lr * mu, ws)
             else:
-                axpy(ws_, ms, -lr, ws)
+                axpy(ws_, vs, lr, ws)
+
+
+def _upgrade(state: PolicyState) -> None:
+    """Convert a state that kept ``m`` (key ``momentum``) to ``v = -m`` (key ``velocity``)."""
+    old = state.pop("momentum", None)
+    if old is not None:
+        state["velocity"] = {n: t.neg_() for n, t in old.items()}

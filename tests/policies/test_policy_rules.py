@@ -135,10 +135,24 @@ def test_diloco_nesterov_outer_step_per_result() -> None:
     p.merge(m, delta(2.0), state)
     # g = -2; m = -2; w = 1 - 0.5 (g + 0.5 m) = 1 + 1.5
     assert w(m) == [2.5]
-    assert state["momentum"]["w"].tolist() == [-2.0]
+    assert state["velocity"]["w"].tolist() == [2.0]  # the state keeps v = -m
     p.merge(m, weights(4.5), state)  # d = 4.5 - 2.5 = 2: m = -3; w = 2.5 + 0.5 (2 + 1.5)
     assert w(m) == [4.25]
-    assert state["momentum"]["w"].tolist() == [-3.0]
+    assert state["velocity"]["w"].tolist() == [3.0]
+
+
+def test_diloco_converts_a_state_that_kept_the_momentum() -> None:
+    # A checkpoint written before the state kept v = -m holds "momentum"; the next merge goes on
+    # from it exactly as the old code would have (m = -2 as in the test above: w = 4.25).
+    p = build_policy("diloco", {"lr": 0.5, "momentum": 0.5})
+    m = model(2.5)
+    state = p.init_state(m)
+    del state["velocity"]
+    state["momentum"] = {"w": torch.tensor([-2.0])}
+    p.merge(m, weights(4.5), state)
+    assert w(m) == [4.25]
+    assert "momentum" not in state
+    assert state["velocity"]["w"].tolist() == [3.0]
 
 
 def test_diloco_defaults_plain_momentum_and_buffering() -> None:
