@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import gc
 import math
@@ -43,7 +44,7 @@ from vcasync._loop import run
 from vcasync.coordinator import Coordinator, CoordinatorConfig
 from vcasync.ledger._units import WorkUnit
 from vcasync.policy import build_policy
-from vcasync.server import build_app
+from vcasync.server import CollectorGuard, build_app
 from vcasync.server._auth import TokenAuthority
 from vcasync.storage import open_storage
 from vcasync.tensors import ModelState
@@ -178,8 +179,11 @@ async def coordinator(a: argparse.Namespace, stop: asyncio.Event) -> None:
             app.router.add_get("/bench/stall", stall)
             app.router.add_get("/bench/rss", rss)
             app.router.add_get("/bench/merged", merged)
-            gc.freeze()  # as `vcasync coordinator` does once it is up
-            async with asyncio.TaskGroup() as tg:
+            # As `vcasync coordinator` does once it is up; --no-gc-guard: only the start-up freeze.
+            guard = CollectorGuard() if a.gc_guard else contextlib.nullcontext()
+            if not a.gc_guard:
+                gc.freeze()
+            async with guard, asyncio.TaskGroup() as tg:
                 ticker = tg.create_task(monitor.run() if a.stall_monitor else asyncio.sleep(0))
                 try:
                     await _serve(app, a.port_file, stop, access_log=False, tls=_tls(a))
@@ -210,8 +214,8 @@ async def bare(a: argparse.Namespace, stop: asyncio.Event) -> None:
     app = web.Application(client_max_size=1 << 16)
     app.router.add_get("/bench/rss", usage)
     app.router.add_post("/{tail:.*}", handle)
-    gc.freeze()
-    await _serve(app, a.port_file, stop, access_log=False, tls=_tls(a))
+    async with CollectorGuard():   # the same collector settings as the coordinator's peer
+        await _serve(app, a.port_file, stop, access_log=False, tls=_tls(a))
 
 
 async def post_sink(a: argparse.Namespace, stop: asyncio.Event) -> None:
@@ -322,6 +326,9 @@ if __name__ == "__main__":
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--tls-cert", type=Path, default=None)
     p.add_argument("--tls-key", type=Path, default=None)
+    p.add_argument("--no-gc-guard", dest="gc_guard", action="store_false",
+                   help="freeze the collector once at start-up only (the coordinator before "
+                        "CollectorGuard), to measure what the guard changes")
     p.add_argument("--stall-monitor", action="store_true", help="sample the loop's lateness every 1 ms")
     args = p.parse_args()
     torch.set_num_threads(args.threads)

@@ -36,6 +36,9 @@ its own connections, no merging) against a bare aiohttp handler that reads the b
 few bytes (``bench._peers bare``) under the identical load. A server that cannot keep up is charged
 for the requests it failed: they are not counted as served, their CPU is. Raises ``RLIMIT_NOFILE``
 to its hard limit here and in the server and says so if the hard limit is below what the fleet needs.
+``<run>_server_gc_max_ms``: the server's longest garbage-collector pass over the run (its joins
+included). Both servers run under :class:`vcasync.server.CollectorGuard`, as ``vcasync
+coordinator`` does (``python -m bench._peers coordinator --no-gc-guard`` runs one without it).
 """
 
 from __future__ import annotations
@@ -415,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
             figures[f"p99_ms_{_tag(r['workers'])}"] = r["p99_ms"]
             figures[f"bytes_per_worker_{_tag(r['workers'])}_pool"] = r["bytes_per_worker"]
         for k in ("p50_ms", "p99_ms", "failed", "bytes_per_worker", "beats_per_core_s",
-                  "results_merged", "client_lag_ms_p99", "heartbeat_p99_ms", "lease_p99_ms"):
+                  "results_merged", "client_lag_ms_p99", "heartbeat_p99_ms", "lease_p99_ms",
+                  "server_gc_max_ms"):
             figures[f"{r['label']}_{k}"] = r[k]
     figures["failed_total"] = sum(r["failed"] for r in rows)
     figures["config"] = (f"interval {a.interval:g}s, rounds {a.rounds}, pool {a.connections}, "

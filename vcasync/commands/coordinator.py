@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import os
 import signal
@@ -344,14 +343,14 @@ async def _serve_until_done(cfg: RunConfig, coord: Coordinator, authority: Any, 
                             status_access: StatusAccess | None = None) -> bool:
     """Serve workers until the run is finished (then ``linger_s``, during which an operator may
     requeue parked units and the run goes on) or a signal; True if the run finished."""
-    from ..server import Server
+    from ..server import CollectorGuard, Server
     from ..server.status import StatusAccess
 
-    async with Server(coord, authority, cfg.server, status_access=status_access) as server:
-        # Everything allocated so far (torch, the model, the ledger) lives for the whole run: keep
-        # it out of the collector's full passes, which otherwise stall the loop for 100+ ms once
-        # thousands of workers have joined.
-        gc.freeze()
+    async with Server(coord, authority, cfg.server, status_access=status_access) as server, \
+            CollectorGuard():
+        # The guard freezes what is allocated so far (torch, the model, the ledger) and what
+        # outlives the collector's passes: unguarded, those passes stall the loop for 50-340 ms
+        # once thousands of workers have joined (see vcasync.server._collector).
         log.info("coordinator listening on %s (run %s, model v%d, %s)",
                  server.url, coord.status().get("run_id"), coord.version, what)
         log.info("status page: %s (%s)", server.status_url,

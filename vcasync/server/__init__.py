@@ -3,11 +3,14 @@
 The public names are re-exported here; the modules beside them are private: ``_server`` (the app,
 its config and TLS), ``_routes`` (one handler per route), ``_auth`` (join credentials and per-worker
 tokens), ``_upload_pace`` (request bodies read against the clock), ``_parser_errors`` (JSON answers
-for requests aiohttp's parser refuses) and ``_http_metrics`` (HTTP-level counters).
+for requests aiohttp's parser refuses), ``_http_metrics`` (HTTP-level counters) and ``_collector``
+(the garbage collector kept from stalling the loop).
 """
 
 from __future__ import annotations
 
+from ._collector import CollectorGuard
 from ._server import BodyTimeouts, Pace, Server, ServerConfig, build_app, server_ssl_context
 
-__all__ = ["BodyTimeouts", "Pace", "Server", "ServerConfig", "build_app", "server_ssl_context"]
+__all__ = ["BodyTimeouts", "CollectorGuard", "Pace", "Server", "ServerConfig", "build_app",
+           "server_ssl_context"]
