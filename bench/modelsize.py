@@ -6,10 +6,14 @@ a real coordinator process (the default ``journal`` durability on a ``file://`` 
 ``max_staleness`` 8) serves a model with a ResNet-50 state dict's layout (320 tensors, channels scaled
 to the size, int64 counters included). This process uploads fp32 delta results (``raw`` codec)
 until the staleness window is full (8 + 2 warm-up uploads, so retained versions and recycled buffers
-are at their steady state), then ``--reps`` measured ones, then ``--reps`` bf16 delta uploads
-(codec ``bf16``: bf16 + shuffle + zstd-1). One upload's ingest time runs from the first byte sent
-until the receipt is back and the new version is served. Memory: the coordinator's resident set
-after the uploads and its peak (``VmHWM``), each read from the coordinator process itself.
+are at their steady state) while ``--held`` (default 8) more leases stay open, one taken on each of
+the last versions, as slow workers still training would hold them: the coordinator keeps a version
+only while a result may still be based on it, so this is the window full, the memory an operator
+plans for (``--held 0``: one worker, only the current version kept). Then ``--reps`` measured
+ones, then ``--reps`` bf16 delta uploads (codec ``bf16``: bf16 + shuffle + zstd-1). One upload's
+ingest time runs from the first byte sent until the receipt is back and the new version is
+served. Memory: the coordinator's resident set after the uploads and its peak (``VmHWM``), each
+read from the coordinator process itself.
 
 Figures (``--json``, last line): ``ingest_linearity`` (median seconds per model byte at the largest
 size / at 100 MB: 1.0 is linear, below is better than linear), ``rss_multiple_max`` (the
@@ -63,7 +67,10 @@ class Uploader:
         self.delta = bench_delta(bench_model(params, arch="resnet50"))
         self.model_bytes = sum(t.numel() * t.element_size() for t in self.delta.values())
 
-    async def once(self, client: CoordinatorClient, http: aiohttp.ClientSession, codec: str) -> float:
+    async def once(self, client: CoordinatorClient, http: aiohttp.ClientSession, codec: str,
+                   hold: bool = False) -> float:
+        if hold:     # a slow worker's lease on the current version, left open
+            await client.lease()
         grant = await client.lease()
         meta = {"lease_id": grant.lease_id, "base_version": grant.base_version, "kind": "delta",
                 "samples": 1, "steps": 1, "partial": False, "metrics": {}}
@@ -89,13 +96,13 @@ async def _timed(op: Any) -> float:
         return math.inf
 
 
-async def measure(url: str, params: int, reps: int, warmup: int) -> dict[str, Any]:
+async def measure(url: str, params: int, reps: int, warmup: int, held: int) -> dict[str, Any]:
     up = Uploader(url, params)
     async with CoordinatorClient(url, timeout_s=OP_TIMEOUT_S) as client, \
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=OP_TIMEOUT_S)) as http:
         await client.join(SECRET, "bench")
-        for _ in range(warmup):
-            await up.once(client, http, "raw")
+        for i in range(warmup):
+            await up.once(client, http, "raw", hold=i >= warmup - held)
         raw = [await _timed(up.once(client, http, "raw")) for _ in range(reps)]
         bf16 = [await _timed(up.once(client, http, "bf16")) for _ in range(reps)]
         async with http.get(f"{url}/bench/rss") as r:
@@ -115,12 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=STALENESS + 2,
                    help="uploads before measuring (default: the staleness window + 2)")
+    p.add_argument("--held", type=int, default=STALENESS,
+                   help="leases left open, one per version, as slow workers hold them (default: "
+                        "the staleness window, 8; at most --warmup)")
     p.add_argument("--quick", action="store_true", help="10 MB and 100 MB only, 2 reps")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     if a.quick:
         a.max_size, a.reps = min(a.max_size, parse_size("100MB")), 2
     sizes = [s for s in map(parse_size, DEFAULT_SIZES) if s <= a.max_size]
+    if not 0 <= a.held <= a.warmup:
+        p.error("--held must be between 0 and --warmup")
     if parse_size("100MB") not in sizes:
         p.error("--max-size must be at least 100MB (the linearity reference)")
     results: dict[int, dict[str, Any]] = {}
@@ -128,11 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         params = size // 4
         with peer("coordinator", "--params", str(params), "--arch", "resnet50", "--durability",
                   "journal", "--max-staleness", str(STALENESS), "--units",
-                  str(a.warmup + 2 * a.reps + 4), timeout=600.0) as url:
-            results[size] = run(measure(url, params, a.reps, a.warmup))
+                  str(a.warmup + a.held + 2 * a.reps + 4), timeout=600.0) as url:
+            results[size] = run(measure(url, params, a.reps, a.warmup, a.held))
     figures: dict[str, Any] = {}
     print(f"ingest against model size: ResNet-50 layout, journal durability, max_staleness "
-          f"{STALENESS}, {a.warmup} warm-up uploads, {a.reps} measured (min / median / max)")
+          f"{STALENESS}, {a.warmup} warm-up uploads, {a.held} leases held open, {a.reps} measured "
+          f"(min / median / max)")
     print(f"{'model':>8}{'fp32 s min/med/max':>26}{'GB/s':>7}{'bf16 s':>8}{'RSS MB':>9}"
           f"{'peak MB':>9}{'x model':>9}{'failed':>8}")
     for size, r in results.items():
@@ -155,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = {"ingest_linearity": per_byte[largest] / per_byte[ref],
                "rss_multiple_max": results[largest]["rss_peak"] / results[largest]["bytes"],
                "largest": label(largest), "failed": sum(figures[f"failed_{label(s)}"] for s in sizes),
-               **figures, "staleness": STALENESS, "reps": a.reps, "warmup": a.warmup}
+               **figures, "staleness": STALENESS, "held": a.held, "reps": a.reps, "warmup": a.warmup}
     print(f"ingest_linearity {figures['ingest_linearity']:.2f} (time per byte at {label(largest)} / "
           f"at 100mb); rss_multiple_max {figures['rss_multiple_max']:.2f} (peak RSS / model bytes "
           f"at {label(largest)})")

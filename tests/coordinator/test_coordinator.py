@@ -49,6 +49,7 @@ async def test_lease_heartbeat_submit_download(kit, clock, policy) -> None:
         assert (g.base_version, g.unit.unit_id, g.resumed) == (0, "e0-s0", False)
         hb = await coord.heartbeat(w, g.lease_id, 2)
         assert hb.deadline_s == 10.0
+        await coord.lease(w)                # a second unit, on version 0 too
         delta = kit.delta_like(start)
         r = await submit(kit, coord, w, g, delta)
         assert (r.status, r.version, r.unit_id) == ("accepted", 1, "e0-s0")
@@ -61,7 +62,7 @@ async def test_lease_heartbeat_submit_download(kit, clock, policy) -> None:
         payload = await decode_payload(coord.model_payload(1), spec=start.spec)
         assert payload.kind == "model"
         assert payload.meta == {"version": 1, "digest": coord.model().digest()}
-        assert coord.status()["retained_versions"] == [0, 1]     # 0 may still be a delta's base
+        assert coord.status()["retained_versions"] == [0, 1]     # 0 is still the other's base
         assert coord.model_etag(1) != coord.model_etag(0)
         status = coord.status()
         json.dumps(status, allow_nan=False)
@@ -69,7 +70,7 @@ async def test_lease_heartbeat_submit_download(kit, clock, policy) -> None:
         assert status["metrics"]["results"] == {"accepted": 1, "duplicate": 1}
         text = coord.metrics.render_prometheus()
         assert 'vcasync_results_total{status="accepted"} 1.0' in text
-        assert "vcasync_leases_issued_total 1.0" in text
+        assert "vcasync_leases_issued_total 2.0" in text
         assert "vcasync_workers_alive 1.0" in text
 
 
@@ -238,16 +239,35 @@ async def test_versions_are_retained_for_deltas_and_dropped_outside_the_window(k
     async with coordinator(kit, clock, policy, units=6, max_staleness=2) as coord:
         w = await coord.join()
         delta = kit.delta_like(coord.model())
-        for _ in range(5):
+        while coord.version < 3:
+            await coord.lease(w)                      # stays open: its base may still be needed
             g = await coord.lease(w)
-            await submit(kit, coord, w, g, delta)     # base 0... as long as it is held
-            if coord.version >= 3:
-                break
-        assert coord.status()["retained_versions"] == [1, 2, 3]
+            await submit(kit, coord, w, g, delta)
+        assert coord.status()["retained_versions"] == [1, 2, 3]   # 0 is outside the window
         with pytest.raises(VersionNotFoundError):
             coord.model_payload(0)
         with pytest.raises(VersionNotFoundError):
             coord.model_etag(0)
+
+
+async def test_only_bases_of_results_that_may_still_come_are_kept(kit, clock, policy) -> None:
+    async with coordinator(kit, clock, policy, units=6, max_staleness=8) as coord:
+        w = await coord.join()
+        delta = kit.delta_like(coord.model())
+        late = await coord.lease(w)                   # on version 0; it will expire
+        for _ in range(3):
+            g = await coord.lease(w)
+            await submit(kit, coord, w, g, delta)
+        # 1 and 2 were the bases of results already merged: within the window, but nothing can
+        # be based on them any more, so they are gone (their buffers recycled).
+        assert coord.status()["retained_versions"] == [0, 3]
+        clock.advance(1000.0)
+        coord._ledger.expire()
+        coord._merger.retain()
+        assert coord.status()["retained_versions"] == [0, 3]  # an expired lease may still deliver
+        r = await submit(kit, coord, w, late, delta)
+        assert r.status == "accepted"
+        assert coord.status()["retained_versions"] == [4]
 
 
 async def test_lifetime(kit, clock, policy) -> None:
@@ -283,11 +303,13 @@ def test_config_errors(kit, policy) -> None:
 
 async def test_memory_budget_drops_old_bases_and_refuses_their_deltas(kit, clock, policy) -> None:
     nbytes = kit.tiny_model().nbytes
-    async with coordinator(kit, clock, policy, units=5, max_retained_bytes=2 * nbytes) as coord:
+    async with coordinator(kit, clock, policy, units=7, max_retained_bytes=2 * nbytes) as coord:
         w = await coord.join()
         old = await coord.lease(w)
         delta = kit.delta_like(coord.model())
         for _ in range(3):
+            if coord.version:
+                await coord.lease(w)                  # an open lease on every version
             g = await coord.lease(w)
             await submit(kit, coord, w, g, delta, base_version=coord.version)
         assert coord.status()["retained_versions"] == [2, 3]     # two models fit the budget

@@ -290,7 +290,11 @@ class Merger:
                                    base_version=meta.base_version)
 
     def retain(self) -> None:
-        self._owner.retain(self._max_staleness, self._ledger.active_base_versions)
+        # A policy that applies a delta to its base keeps the bases of results that may still
+        # come; any other keeps only what open leases may still download.
+        bases = (self._ledger.open_base_versions if self._owner.needs_base
+                 else self._ledger.active_base_versions)
+        self._owner.retain(self._max_staleness, bases)
 
     async def replay(self, meta: Mapping[str, Any], tensors: dict[str, torch.Tensor]) -> None:
         """Apply one journal entry again, exactly as it was applied live."""

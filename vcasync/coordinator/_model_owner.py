@@ -95,15 +95,13 @@ class ModelOwner:
         self.counters.record(published)
 
     def retain(self, max_staleness: int, lease_bases: Callable[[], set[int]]) -> None:
-        """Keep what a result may still be based on: the staleness window (policies that need a
-        delta's base), else only versions open leases were granted at (downloads)."""
+        """Keep, within the staleness window, the versions ``lease_bases`` names (besides the
+        current one): the bases of results that may still come (policies that apply a delta to its
+        base), or of open leases (downloads). Others go, and their buffers are recycled."""
         floor = self.version - max_staleness
         self.counters.retain(floor)
-        if self.needs_base:
-            self.versions.retain(lambda n: n >= floor)
-        else:
-            bases = lease_bases()
-            self.versions.retain(lambda n: n >= floor and n in bases)
+        bases = lease_bases()
+        self.versions.retain(lambda n: n >= floor and n in bases)
 
     async def pack_state(self) -> bytes:
         return await asyncio.to_thread(pack_tree, dict(self.state))

@@ -82,6 +82,9 @@ def _printable(text: str, limit: int = 200) -> str:
     return "".join(c if c.isprintable() else "?" for c in str(text)[:limit])
 
 
+#: Lease states whose result may still arrive and be merged.
+_MAY_DELIVER = frozenset({LeaseState.ACTIVE, LeaseState.EXPIRED, LeaseState.RELEASED})
+
 class Ledger:
     """Which unit is where, who holds which lease until when, and what every result came to."""
 
@@ -574,7 +577,15 @@ class Ledger:
         return None if lease is None else lease.unit_id
 
     def active_base_versions(self) -> set[int]:
+        """Base versions of active leases: what their holders may still download."""
         return {lse.base_version for lse in self._leases.values() if lse.state is LeaseState.ACTIVE}
+
+    def open_base_versions(self) -> set[int]:
+        """Base versions of leases whose result may still be merged: active, expired or released
+        (a late result is still welcome), with no receipt yet and their unit not done."""
+        return {lse.base_version for lse in self._leases.values()
+                if lse.receipt is None and lse.state in _MAY_DELIVER
+                and self._units[lse.unit_id].state is not UnitState.DONE}
 
     def worker_state(self, w: WorkerRecord, now: float) -> str:
         """``quarantined``, ``backed_off``, ``preempted``, ``alive`` or ``gone`` (not seen within
