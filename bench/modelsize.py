@@ -122,15 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=STALENESS + 2,
                    help="uploads before measuring (default: the staleness window + 2)")
-    p.add_argument("--held", type=int, default=STALENESS,
+    p.add_argument("--held", type=int, default=None,
                    help="leases left open, one per version, as slow workers hold them (default: "
-                        "the staleness window, 8; at most --warmup)")
+                        "the staleness window, 8, or --warmup if that is fewer)")
     p.add_argument("--quick", action="store_true", help="10 MB and 100 MB only, 2 reps")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     if a.quick:
         a.max_size, a.reps = min(a.max_size, parse_size("100MB")), 2
     sizes = [s for s in map(parse_size, DEFAULT_SIZES) if s <= a.max_size]
+    if a.held is None:
+        a.held = min(STALENESS, a.warmup)
     if not 0 <= a.held <= a.warmup:
         p.error("--held must be between 0 and --warmup")
     if parse_size("100MB") not in sizes:
