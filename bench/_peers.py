@@ -101,6 +101,9 @@ class GcPauses:
         else:
             self.pauses.append((info["generation"], (time.perf_counter() - self._t0) * 1000.0))
 
+    def reset(self) -> None:
+        self.pauses.clear()
+
     def summary(self) -> dict[str, float]:
         gen2 = [ms for g, ms in self.pauses if g == 2]
         return {"gc_passes": len(self.pauses), "gc_gen2_passes": len(gen2),
@@ -184,6 +187,7 @@ async def coordinator(a: argparse.Namespace, stop: asyncio.Event) -> None:
             if not a.gc_guard:
                 gc.freeze()
             async with guard, asyncio.TaskGroup() as tg:
+                pauses.reset()   # the start-up collection is not a pause anyone waits on
                 ticker = tg.create_task(monitor.run() if a.stall_monitor else asyncio.sleep(0))
                 try:
                     await _serve(app, a.port_file, stop, access_log=False, tls=_tls(a))

@@ -27,3 +27,18 @@ def test_no_lease_expires_wrongly_while_results_are_merged() -> None:
     assert figures["leases_expired"] == 0
     assert figures["merges"] > 10
     assert figures["results_accepted"] == figures["merges"]
+
+
+@pytest.mark.slow
+def test_bench_scale_runs_every_connection_mode_and_counts_failures() -> None:
+    # A small fleet through every run of bench.scale (pooled, own connections, TLS, quiet, bare
+    # aiohttp), both servers under the collector guard: figures come out, nothing fails.
+    out = subprocess.run([sys.executable, "-m", "bench.scale", "--workers", "200", "--interval", "1",
+                          "--rounds", "1", "--params", "10000", "--json"], cwd=REPO,
+                         capture_output=True, text=True, timeout=600, check=True)
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    assert figures["failed_total"] == 0
+    for key in ("p99_ms_200_conn", "p99_ms_200_tls", "heartbeats_vs_bare_aiohttp",
+                "conn_200_server_gc_max_ms"):
+        assert isinstance(figures[key], float), key
+    assert figures["conn_200_results_merged"] > 0
