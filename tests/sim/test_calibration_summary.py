@@ -38,3 +38,34 @@ def test_failed_replays_without_times_are_left_out() -> None:
     s = calibration_summary([{"workload": "tinylm", "error_fleet": None, "error_ddp": None}])
     assert s["tinylm"]["fleet"]["pairs"] == 0
     assert s["tinylm"]["fleet"]["disagree"] == 0
+
+
+# One digits run's measurements (seed 1 of the default run of 2026-12-05), without preemptions.
+_MEASURED = {"sample_cost_s": 1.4e-4, "sample_cpu_s": 7.1e-5, "unit_overhead_s": 0.033,
+             "unit_cpu_s": 0.009, "boot_s": 6.64, "first_unit_extra_s": 2.03, "ddp_step_s": 0.0136,
+             "ddp_first_step_s": 7.69, "first_worker_s": 1.45, "unit_steps": 6, "shards": 8,
+             "epochs": 4, "batch_size": 32, "lr": 0.1, "sync_lr": 0.1, "last_merge_s": 28.4,
+             "runnable_fleet": 2.82, "runnable_ddp": 3.65, "merge_interval_s": 0.13,
+             "merge_s": 0.0004, "coordinator_cpu_per_result_s": 0.0067, "outages": {}}
+
+
+def _replay(ddp_step_s: float) -> dict[str, object]:
+    from bench.convergence import calibrate
+    real = {"measured": {**_MEASURED, "ddp_step_s": ddp_step_s},
+            "report": {"metric": "accuracy", "time_to_target_s": 10.6, "ddp_time_to_target_s": 8.8,
+                       "cost": {"target": {"value": 0.90, "reference": 0.95}}}}
+    return calibrate(real, "digits", 4, 1, cores=2.0)
+
+
+@pytest.mark.slow
+def test_the_ddp_replay_runs_on_ddps_measured_step() -> None:
+    # DDP's replay is its own training at its measured start-up and step: doubling the step
+    # doubles the training part of its time to target. The step the CPU model alone gives (the
+    # fleet's CPU per sample, stretched) is reported beside it, not used.
+    one, two = _replay(0.0136), _replay(0.0272)
+    first = _MEASURED["ddp_first_step_s"]
+    assert one["sim_ddp_s"] is not None
+    assert two["sim_ddp_s"] - first == pytest.approx(2 * (one["sim_ddp_s"] - first))
+    assert one["error_ddp"] == pytest.approx(abs(one["sim_ddp_s"] - 8.8) / 8.8)
+    assert one["error_ddp_cpu_only"] is not None
+    assert one["error_ddp_cpu_only"] == two["error_ddp_cpu_only"]   # the step it ignores
