@@ -319,3 +319,20 @@ async def test_memory_budget_drops_old_bases_and_refuses_their_deltas(kit, clock
         g = await coord.lease(w)                                 # full weights need no base
         assert (await submit(kit, coord, w, g, w_c, kind="weights", base_version=0)).status \
             == "accepted"
+
+
+async def test_with_many_leases_the_scan_for_bases_is_amortised(kit, clock, policy) -> None:
+    # 2,000 open leases: the merge loop scans them once every 2 versions (2,000 / SCAN_PER_MERGE)
+    # and keeps every version since its last scan meanwhile, so nothing a new lease is based on
+    # can go; what no lease is based on goes at the next scan.
+    async with coordinator(kit, clock, policy, units=2003, max_staleness=8) as coord:
+        w = await coord.join()
+        for _ in range(2000):
+            await coord.lease(w)                      # all on version 0, left open
+        delta = kit.delta_like(coord.model())
+        seen = []
+        for _ in range(3):
+            g = await coord.lease(w)
+            await submit(kit, coord, w, g, delta)
+            seen.append(coord.status()["retained_versions"])
+        assert seen == [[0, 1], [0, 1, 2], [0, 3]]

@@ -87,6 +87,10 @@ def retrieve(fut: asyncio.Future[Any]) -> None:
         fut.exception()    # mark it retrieved: the submitter may have gone away
 
 
+#: Leases scanned per merged result, amortised, when the merge loop looks for versions to drop.
+SCAN_PER_MERGE = 1000
+
+
 class Merger:
     """Runs the merge loop (:meth:`run`) for a coordinator; see the module docstring."""
 
@@ -108,6 +112,7 @@ class Merger:
         self._busy = False
         self._since_snapshot = 0      # results applied since the last capture
         self._capture_queued = False
+        self._bases_scan: tuple[int, set[int]] | None = None   # (version, bases) of the last scan
 
     # -- the merge-loop interface ----------------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -290,11 +295,24 @@ class Merger:
                                    base_version=meta.base_version)
 
     def retain(self) -> None:
-        # A policy that applies a delta to its base keeps the bases of results that may still
-        # come; any other keeps only what open leases may still download.
-        bases = (self._ledger.open_base_versions if self._owner.needs_base
-                 else self._ledger.active_base_versions)
-        self._owner.retain(self._max_staleness, bases)
+        """Drop the versions nothing can be based on any more: a policy that applies a delta to
+        its base keeps the bases of results that may still come, any other what open leases may
+        still download.
+
+        Finding those bases scans every lease, ~1 us each on the merge loop (10 ms at 10,000
+        workers, against ~1 ms to merge a 1M-parameter result), so with many leases the scan is
+        taken once every ``leases / SCAN_PER_MERGE`` versions (at most half the staleness window),
+        and meanwhile every version since the scan is kept too: a lease granted after it is based
+        on one of them.
+        """
+        version = self._owner.version
+        every = max(1, min(self._max_staleness // 2, self._ledger.num_leases // SCAN_PER_MERGE))
+        if self._bases_scan is None or not 0 <= version - self._bases_scan[0] < every:
+            bases = (self._ledger.open_base_versions() if self._owner.needs_base
+                     else self._ledger.active_base_versions())
+            self._bases_scan = (version, bases)
+        at, scanned = self._bases_scan
+        self._owner.retain(self._max_staleness, lambda: scanned | set(range(at, version + 1)))
 
     async def replay(self, meta: Mapping[str, Any], tensors: dict[str, torch.Tensor]) -> None:
         """Apply one journal entry again, exactly as it was applied live."""
