@@ -496,8 +496,8 @@ class Coordinator:
             for lease_id in expired:
                 self.activity.note("expired", worker=self._ledger.lease_holder(lease_id),
                                    unit=self._ledger.lease_unit(lease_id), detail=f"lease {lease_id}")
+            self._merger.retain(rescan=True)   # with many leases, the merges do not scan them
             if expired:
-                self._merger.retain()
                 self._check_finished()
 
     async def _snapshot_loop(self) -> None:

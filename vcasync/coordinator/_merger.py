@@ -87,7 +87,7 @@ def retrieve(fut: asyncio.Future[Any]) -> None:
         fut.exception()    # mark it retrieved: the submitter may have gone away
 
 
-#: Leases scanned per merged result, amortised, when the merge loop looks for versions to drop.
+#: Up to this many leases, the merge loop scans them for bases after every merge (see retain).
 SCAN_PER_MERGE = 1000
 
 
@@ -294,20 +294,19 @@ class Merger:
                                    steps_done=meta.steps, partial=meta.partial,
                                    base_version=meta.base_version)
 
-    def retain(self) -> None:
+    def retain(self, *, rescan: bool = False) -> None:
         """Drop the versions nothing can be based on any more: a policy that applies a delta to
         its base keeps the bases of results that may still come, any other what open leases may
-        still download.
+        still download; never the current version, never one outside the staleness window.
 
-        Finding those bases scans every lease, ~1 us each on the merge loop (10 ms at 10,000
-        workers, against ~1 ms to merge a 1M-parameter result), so with many leases the scan is
-        taken once every ``leases / SCAN_PER_MERGE`` versions (at most half the staleness window),
-        and meanwhile every version since the scan is kept too: a lease granted after it is based
+        Finding those bases scans every lease, ~1 us each (10 ms at 10,000 workers, against ~1 ms
+        to merge a 1M-parameter result). Below ``SCAN_PER_MERGE`` leases the scan runs at every
+        call; above, only when ``rescan`` asks (the coordinator's expiry loop, once a second), and
+        meanwhile every version since the last scan is kept too: a lease granted after it is based
         on one of them.
         """
         version = self._owner.version
-        every = max(1, min(self._max_staleness // 2, self._ledger.num_leases // SCAN_PER_MERGE))
-        if self._bases_scan is None or not 0 <= version - self._bases_scan[0] < every:
+        if rescan or self._bases_scan is None or self._ledger.num_leases < SCAN_PER_MERGE:
             bases = (self._ledger.open_base_versions() if self._owner.needs_base
                      else self._ledger.active_base_versions())
             self._bases_scan = (version, bases)
