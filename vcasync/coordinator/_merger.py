@@ -303,9 +303,12 @@ class Merger:
         to merge a 1M-parameter result). Below ``SCAN_PER_MERGE`` leases the scan runs at every
         call; above, only when ``rescan`` asks (the coordinator's expiry loop, once a second), and
         meanwhile every version since the last scan is kept too: a lease granted after it is based
-        on one of them.
+        on one of them. While only the current version is held there is nothing to scan for.
         """
         version = self._owner.version
+        if self._owner.versions.numbers() == [version]:
+            self._owner.retain(self._max_staleness, set)   # nothing to drop: no scan
+            return
         if rescan or self._bases_scan is None or self._ledger.num_leases < SCAN_PER_MERGE:
             bases = (self._ledger.open_base_versions() if self._owner.needs_base
                      else self._ledger.active_base_versions())
