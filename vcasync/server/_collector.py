@@ -7,8 +7,8 @@ CPython's collector walks every object of the generations it collects in one pas
 waits. Measured with ``bench.scale`` (10,000 workers, each on its own connection, heartbeating every
 10 s while results merge; 2 shared cores): full passes of 100-340 ms and middle-generation passes
 (70-120 thousand objects that outlived one young pass) of 45-115 ms, every one a loop stall;
-together they made the p99 of lease and heartbeat latency 50-180 ms. Under the guard: 5.8-8.4 ms
-(TLS 11-14 ms), the longest pass 14-20 ms.
+together they made the p99 of lease and heartbeat latency 50-180 ms. Under the guard: 5.7-8.4 ms
+(TLS 9-14 ms) over five runs, the longest pass 13-20 ms.
 
 :class:`CollectorGuard` freezes (``gc.freeze``) what has outlived a pass, so that later passes walk
 only what was allocated since:
