@@ -307,14 +307,14 @@ class Merger:
         """
         version = self._owner.version
         if self._owner.versions.numbers() == [version]:
-            self._owner.retain(self._max_staleness, set)   # nothing to drop: no scan
+            self._owner.retain(self._max_staleness, ())   # nothing to drop: no scan
             return
         if rescan or self._bases_scan is None or self._ledger.num_leases < SCAN_PER_MERGE:
             bases = (self._ledger.open_base_versions() if self._owner.needs_base
                      else self._ledger.active_base_versions())
             self._bases_scan = (version, bases)
         at, scanned = self._bases_scan
-        self._owner.retain(self._max_staleness, lambda: scanned | set(range(at, version + 1)))
+        self._owner.retain(self._max_staleness, scanned | set(range(at, version + 1)))
 
     async def replay(self, meta: Mapping[str, Any], tensors: dict[str, torch.Tensor]) -> None:
         """Apply one journal entry again, exactly as it was applied live."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Container
 
 import torch
 
@@ -94,13 +94,12 @@ class ModelOwner:
         self.versions.publish(published)
         self.counters.record(published)
 
-    def retain(self, max_staleness: int, lease_bases: Callable[[], set[int]]) -> None:
-        """Keep, within the staleness window, the versions ``lease_bases`` names (besides the
-        current one): the bases of results that may still come (policies that apply a delta to its
-        base), or of open leases (downloads). Others go, and their buffers are recycled."""
+    def retain(self, max_staleness: int, bases: Container[int]) -> None:
+        """Keep, within the staleness window, the versions ``bases`` holds (besides the current
+        one): the bases of results that may still come (policies that apply a delta to its base),
+        or of open leases (downloads). Others go, and their buffers are recycled."""
         floor = self.version - max_staleness
         self.counters.retain(floor)
-        bases = lease_bases()
         self.versions.retain(lambda n: n >= floor and n in bases)
 
     async def pack_state(self) -> bytes:
