@@ -211,9 +211,8 @@ class Journal:
         except SpecMismatchError as exc:
             raise ConfigError(f"the state under {self._prefix!r} on {self._need().url} belongs to "
                               f"another model ({exc}); use another state_prefix or storage") from None
-        policy_state = unpack_tree(await self._store.read(manifest, "policy"),
-                                   limits=self._config.limits)
-        ledger = unpack_tree(await self._store.read(manifest, "ledger"), limits=self._config.limits)
+        policy_state = self._unpack_state(await self._store.read(manifest, "policy"))
+        ledger = self._unpack_state(await self._store.read(manifest, "ledger"))
         if not isinstance(policy_state, dict) or not isinstance(ledger, dict):
             raise CorruptObjectError("snapshot policy state or ledger is not a map")
         version, seq = int(meta["version"]), int(meta["seq"])
@@ -226,6 +225,11 @@ class Journal:
         async for key in self._storage_list("bases/"):
             self._bases.add(int(key.rsplit("/", 1)[1]))
         return Recovered(model.tensors, version, policy_state, ledger, seq)
+
+    def _unpack_state(self, data: bytes) -> Any:
+        """A snapshot's ledger or policy state: our own writing, whose metadata grows with the run
+        (a ledger is ~300 bytes a unit), so read under limits sized to the object in hand."""
+        return unpack_tree(data, limits=self._config.limits.for_stored_state(len(data)))
 
     async def _storage_list(self, sub: str) -> AsyncIterator[str]:
         async for key in self._need().list(self._key(sub)):

@@ -7,7 +7,7 @@ naming the field, the value and the limit, so a 100-byte message can never make 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 from ..errors import ConfigError, LimitExceededError
@@ -62,6 +62,23 @@ class Limits:
             object.__setattr__(self, "allowed_dtypes", frozenset(self.allowed_dtypes))
         if not isinstance(cast(object, self.allowed_codecs), frozenset):
             object.__setattr__(self, "allowed_codecs", frozenset(self.allowed_codecs))
+
+
+    def for_stored_state(self, nbytes: int) -> Limits:
+        """These limits, for reading back state a coordinator wrote itself (a snapshot's ledger or
+        policy state) that is ``nbytes`` long and already in memory.
+
+        A ledger's metadata grows with the run (about 300 bytes a unit with its lease), so the
+        bounds meant for one network message (``max_meta_bytes``, ``max_header_bytes``,
+        ``max_items``) would refuse the snapshot of any run past a few thousand units. Here they
+        may reach ``nbytes``: a frame cannot declare more header than the bytes in hand, nor a
+        msgpack container more items than bytes. Depth, tensor, dtype and codec bounds stay.
+        """
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise ConfigError(f"nbytes must be a non-negative int, got {nbytes!r}")
+        return replace(self, max_meta_bytes=max(self.max_meta_bytes, nbytes),
+                       max_header_bytes=max(self.max_header_bytes, nbytes),
+                       max_items=max(self.max_items, nbytes))
 
 
 #: The default limits, built once (frozen): what a parser uses when it is given none.
