@@ -156,6 +156,30 @@ def test_pack_tree_refuses_what_it_cannot_round_trip(obj: Any, match: str) -> No
         pack_tree(obj)
 
 
+def test_columns_of_plain_values_pack_as_they_are_and_keep_every_check() -> None:
+    """Flat lists of scalars skip the item-by-item walk (a ledger snapshot is such columns);
+    what the walk refused is still refused, and named."""
+    import enum
+
+    class Colour(enum.StrEnum):
+        RED = "red"
+
+    cols = {"ids": [f"u{i}" for i in range(1000)], "n": list(range(1000)), "x": [0.5, None, True],
+            "s": [Colour.RED, "blue"], "mixed": [1, "a", [2, (3,)], b"z"], "empty": []}
+    assert unpack_tree(pack_tree(cols)) == {**cols, "s": ["red", "blue"]}
+    with pytest.raises(TypeError, match=r"tree\.n: int 18446744073709551616 does not fit"):
+        pack_tree({"n": [1, None, 2**64]})
+    with pytest.raises(TypeError, match="does not fit"):
+        pack_tree({"n": [-(2**63) - 1]})
+    assert unpack_tree(pack_tree({"n": [-(2**63), 2**64 - 1]})) == {"n": [-(2**63), 2**64 - 1]}
+    # a flat list at the depth limit: its items are one level too deep, as they were walked
+    from vcasync.wire._msgpack import check_plain
+    check_plain([1, 2], Limits(max_depth=1), field="f")
+    for flat in ([[1, 2]], [["a", None]], [[{"k": 1}]]):
+        with pytest.raises(LimitExceededError, match="deeper"):
+            check_plain(flat, Limits(max_depth=1), field="f")
+
+
 def _tree_payload(meta: Any, tensors: int = 0) -> bytes:
     from vcasync.wire.encoder import iter_payload
     from vcasync.wire.plan import CodecSpec

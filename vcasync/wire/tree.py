@@ -30,6 +30,7 @@ __all__ = ["pack_tree", "unpack_tree"]
 _EXT_TENSOR = 1
 _EXT_TUPLE = 2
 _INDEX = struct.Struct("<I")
+_INT_MIN, _INT_END = -(1 << 63), 1 << 64
 _KIND = "tree"
 
 
@@ -62,6 +63,11 @@ def _skeleton(obj: Any, tensors: dict[str, torch.Tensor], path: str) -> Any:
             out[k] = _skeleton(v, tensors, f"{path}.{k}")
         return out
     if isinstance(obj, list):
+        kinds = set(map(type, obj))
+        if kinds <= _msgpack.EXACT_SCALARS:     # a column of plain values: packed as it is
+            if int in kinds:
+                _check_ints(obj if len(kinds) == 1 else [v for v in obj if type(v) is int], path)
+            return obj
         return [_skeleton(v, tensors, f"{path}[{i}]") for i, v in enumerate(obj)]
     if isinstance(obj, tuple):
         inner = [_skeleton(v, tensors, f"{path}[{i}]") for i, v in enumerate(obj)]
@@ -69,10 +75,16 @@ def _skeleton(obj: Any, tensors: dict[str, torch.Tensor], path: str) -> Any:
     if isinstance(obj, bool | str | bytes | float | type(None)):
         return obj
     if isinstance(obj, int):
-        if not -(1 << 63) <= obj < (1 << 64):
+        if not _INT_MIN <= obj < _INT_END:
             raise TypeError(f"{path}: int {obj} does not fit in 64 bits")
         return obj
     raise TypeError(f"{path}: cannot pack a {type(obj).__name__} (plain data and tensors only)")
+
+
+def _check_ints(ints: list[int], path: str) -> None:
+    if ints and not (min(ints) >= _INT_MIN and max(ints) < _INT_END):
+        bad = next(v for v in ints if not _INT_MIN <= v < _INT_END)
+        raise TypeError(f"{path}: int {bad} does not fit in 64 bits")
 
 
 def unpack_tree(data: bytes | bytearray | memoryview, *, limits: Limits | None = None) -> Any:
@@ -128,6 +140,8 @@ def _fill(node: Any, tensors: dict[str, torch.Tensor], used: set[int]) -> Any:
     if isinstance(node, dict):
         return {k: _fill(v, tensors, used) for k, v in node.items()}
     if isinstance(node, list):
+        if _msgpack.all_scalars(node):     # no tensor reference inside: as msgpack made it
+            return node
         return [_fill(v, tensors, used) for v in node]
     if isinstance(node, tuple):
         return tuple(_fill(v, tensors, used) for v in node)
