@@ -25,6 +25,7 @@ from typing import Any
 from vcasync.checkpoint import CheckpointStore
 from vcasync.coordinator import Coordinator, CoordinatorConfig
 from vcasync.coordinator._journal import ENTRY_INLINE, ENTRY_REF, Journal
+from vcasync.ledger import Ledger, UnitState
 from vcasync.ledger._units import Receipt, WorkUnit
 from vcasync.policy import MergePolicy
 from vcasync.storage import Storage
@@ -118,13 +119,11 @@ def _check_ledger(rep: AuditReport, ledger: Mapping[str, Any],
     accepted: dict[str, Receipt] = {}
     per_unit: Counter[str] = Counter()
     versions: Counter[int] = Counter()
-    for lid, unit_id, _worker, _base, _remaining, _steps, _state, receipt in ledger["leases"]:
-        if receipt is None:
-            continue
-        r = Receipt.from_dict(receipt)
+    led = Ledger.restore(ledger, clock=lambda: 0.0)     # whatever the snapshot's format
+    for r in led.receipts():
         if r.status == "accepted":
-            accepted[lid] = r
-            per_unit[unit_id] += 1
+            accepted[r.lease_id] = r
+            per_unit[r.unit_id] += 1
             versions[r.version] += 1
         elif r.status == "rejected":
             rep.rejected_results += 1
@@ -136,16 +135,16 @@ def _check_ledger(rep: AuditReport, ledger: Mapping[str, Any],
     for version, n in versions.items():
         if n > 1 and one_version_per_merge:
             rep.note(f"{n} accepted results claim model version {version}")
-    for row in ledger["units"]:
-        unit, state, reason = row[0], row[1], row[5]
+    parked = led.parked()
+    for unit, state in led.units():
         rep.units_total += 1
-        rep.remainders += "~" in unit["unit_id"]
-        if state == "done":
+        rep.remainders += "~" in unit.unit_id
+        if state is UnitState.DONE:
             rep.units_done += 1
-        elif state == "parked":
-            rep.parked[unit["unit_id"]] = str(reason)
+        elif state is UnitState.PARKED:
+            rep.parked[unit.unit_id] = parked[unit.unit_id]
         else:
-            rep.open_units.append(unit["unit_id"])
+            rep.open_units.append(unit.unit_id)
     merges = rep.version_final - rep.version_start
     if one_version_per_merge and merges != rep.accepted_results:
         rep.double_merges += max(0, merges - rep.accepted_results)

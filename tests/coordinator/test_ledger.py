@@ -201,7 +201,20 @@ def test_snapshot_round_trip_rebases_deadlines(clock) -> None:
     assert restored.counts() == led.counts()
     assert restored.lease(w, 0).unit.unit_id == "e0-s2"   # the queue order survived
     assert restored.heartbeat(w, g.lease_id, 1).deadline_s == 10.0   # grace on restore
-    assert restored.snapshot()["units"][:2] == snap["units"][:2]
+    assert unit_rows(restored.snapshot())[:2] == unit_rows(snap)[:2]
+
+
+def unit_rows(snap: dict) -> list[dict]:
+    """A snapshot's unit columns as one dict a unit (its sparse columns filled in)."""
+    table = snap["units"]
+    n = len(table["unit_id"])
+    dense = {k: v for k, v in table.items() if k not in ("params", "failed_by")}
+    rows = [{k: col[i] for k, col in dense.items()} for i in range(n)]
+    for name in ("params", "failed_by"):
+        at = dict(zip(*table[name], strict=True))
+        for i, row in enumerate(rows):
+            row[name] = at.get(i)
+    return rows
 
 
 def test_bad_config_and_units() -> None:
@@ -213,3 +226,63 @@ def test_bad_config_and_units() -> None:
         Ledger([WorkUnit("u"), WorkUnit("u")], clock=lambda: 0.0)
     with pytest.raises(ConfigError, match="unknown fields"):
         WorkUnit.from_dict({"unit_id": "u", "stepz": 3})
+
+
+def as_format_1(snap: dict) -> dict:
+    """The same ledger in the row format coordinators wrote before columns (format 1)."""
+    units = []
+    for row in unit_rows(snap):
+        spec = {k: row[k] for k in ("unit_id", "shard", "num_shards", "epoch", "steps")}
+        units.append([{**spec, "params": row["params"] or {}}, str(row["state"]), row["attempts"],
+                      row["issued"], row["lease_id"], row["reason"], row["done_by"],
+                      row["failed_by"] or [], row["last_failure"]])
+    leases = []
+    for (lid, unit_id, worker_id, base, remaining, steps, state, status, version,
+         reason) in zip(*(snap["leases"][k] for k in (
+             "lease_id", "unit_id", "worker_id", "base_version", "remaining", "steps_done", "state",
+             "receipt_status", "receipt_version", "receipt_reason")), strict=True):
+        receipt = None if status is None else {"lease_id": lid, "unit_id": unit_id,
+                                               "status": status, "version": version,
+                                               "reason": reason}
+        leases.append([lid, unit_id, worker_id, base, remaining, steps, str(state), receipt])
+    w = snap["workers"]
+    workers = [list(row) for row in zip(*(w[k] for k in (
+        "worker_id", "name", "info", "since", "spw", "streak", "failures", "backoff", "quarantined",
+        "last_failure")), strict=True)]
+    return {**snap, "format": 1, "units": units, "leases": leases, "workers": workers}
+
+
+def test_a_format_1_snapshot_restores_as_its_columns_do(clock) -> None:
+    """Snapshots written as rows (before columns) are still read, to the same ledger."""
+    led = make(clock, n=4, max_attempts=2, park_after_workers=1)
+    a, b, c, d, e = (led.join(x) for x in "abcde")
+    accept(led, a, led.lease(a, 0))                                  # closed
+    accept(led, a, led.lease(a, 0), steps=4, partial=True)          # a remainder with params
+    for w in (b, c):                                                 # it fails twice: parked
+        led.release(w, led.lease(w, 1).lease_id, "trainer error")
+    late = led.lease(d, 1)
+    clock.advance(11)
+    led.expire()                                                     # expired, requeued
+    held = led.lease(e, 2)                                           # active
+    accept(led, d, late)                                             # late result: e's superseded
+    live = led.lease(e, 2)
+    snap = led.snapshot()
+    assert any(snap["units"]["params"][1])
+    assert any(snap["units"]["failed_by"][1])
+    states = set(snap["leases"]["state"])
+    assert {"closed", "released", "superseded", "active"} <= states, states
+    new = Ledger.restore(snap, config=led.config, clock=clock, secret=SECRET)
+    old = Ledger.restore(as_format_1(snap), config=led.config, clock=clock, secret=SECRET)
+    for back in (new, old):
+        assert back.counts() == led.counts()
+        assert back.stats == led.stats
+        assert back.parked() == led.parked()
+        assert back.lease_state(held.lease_id) is LeaseState.SUPERSEDED
+        assert back.heartbeat(e, live.lease_id, 1).lease_id == live.lease_id
+        assert back.worker_health() == led.worker_health()
+    assert unit_rows(new.snapshot()) == unit_rows(old.snapshot())
+    with pytest.raises(ConfigError, match="format 3"):
+        Ledger.restore({**snap, "format": 3}, config=led.config, clock=clock, secret=SECRET)
+    broken = {**snap, "leases": {**snap["leases"], "state": snap["leases"]["state"][:-1]}}
+    with pytest.raises(ConfigError, match="differ in length"):
+        Ledger.restore(broken, config=led.config, clock=clock, secret=SECRET)

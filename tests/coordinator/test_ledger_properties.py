@@ -23,6 +23,7 @@ from hypothesis.stateful import (
 
 from vcasync.errors import LedgerError, ValidationError
 from vcasync.ledger import LeaseState, Ledger, LedgerConfig, UnitState
+from vcasync.ledger._columns import unit_states
 from vcasync.ledger._units import WorkUnit
 
 SECRET = b"k" * 32
@@ -142,7 +143,9 @@ class LedgerMachine(RuleBasedStateMachine):
             self.clock = Clock()
             self.clock.now = 1e6
         self.ledger = Ledger.restore(snap, config=self.config, clock=self.clock, secret=SECRET)
-        assert self.ledger.snapshot()["units"] == snap["units"]
+        again = self.ledger.snapshot()
+        assert again["units"] == snap["units"]
+        assert lease_rows(again) == lease_rows(snap)      # the same leases (in any order)
 
     @rule()
     def checkpoint(self) -> None:
@@ -177,6 +180,17 @@ class LedgerMachine(RuleBasedStateMachine):
                 assert len(u.failed_by) >= self.config.park_workers
                 assert u.attempts >= self.config.max_attempts
         assert led.stats["issued"] >= sum(u.issued for u in units.values())
+        # the open leases (what scans for bases read) are exactly those whose result may come
+        may_come = {lid for lid, lse in led._leases.items()
+                    if lse.state in (LeaseState.ACTIVE, LeaseState.EXPIRED, LeaseState.RELEASED)}
+        assert set(led._open) == may_come
+        assert all(led._leases[lid].receipt is None for lid in may_come)
+        assert len(led._archive) + len(led._open) == len(led._leases)
+        # a capture reads again only the units touched since the last one: it must still agree
+        # with every unit read afresh (a change made without touching its unit would not)
+        units_snap = led.snapshot()["units"]
+        fresh = unit_states(led._order)
+        assert {k: units_snap[k] for k in fresh} == fresh
         counts = led.counts()
         assert sum(counts.values()) == len(units)
         actual = Counter(u.state.value for u in units.values())
@@ -205,3 +219,10 @@ LedgerMachine.TestCase.settings = settings(
     max_examples=200, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestLedgerMachine = LedgerMachine.TestCase
+
+
+def lease_rows(snap: dict) -> list[tuple]:
+    """A snapshot's leases as sorted rows, without their remaining seconds (a restore gives an
+    active lease at least the grace period)."""
+    table = {k: v for k, v in snap["leases"].items() if k != "remaining"}
+    return sorted(zip(*table.values(), strict=True))

@@ -37,7 +37,7 @@ from __future__ import annotations
 import heapq
 import secrets
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from ..errors import (
@@ -51,6 +51,16 @@ from ..errors import (
     ValidationError,
     WorkerBackoffError,
     WorkerQuarantinedError,
+)
+from ._columns import (
+    LeaseArchive,
+    UnitSpecs,
+    UnitStates,
+    lease_records,
+    restore_unit_states,
+    unit_specs,
+    worker_rows,
+    worker_table,
 )
 from ._lease_id import LeaseIdSigner
 from ._types import (
@@ -69,7 +79,8 @@ __all__ = ["LeaseGrant", "LeaseState", "Ledger", "LedgerConfig", "Receipt", "Res
            "UnitState", "WorkUnit", "make_units"]
 
 Clock = Callable[[], float]
-SNAPSHOT_FORMAT = 1
+#: 2: columns (:mod:`._columns`); 1, rows, is still read.
+SNAPSHOT_FORMAT = 2
 #: How far into the queue :meth:`Ledger.lease` looks for a unit the worker has not failed yet.
 _PICK_WINDOW = 256
 #: "The rest of the run" as a finite number of seconds (snapshots and JSON hold it).
@@ -82,7 +93,8 @@ def _printable(text: str, limit: int = 200) -> str:
     return "".join(c if c.isprintable() else "?" for c in str(text)[:limit])
 
 
-#: Lease states whose result may still arrive and be merged.
+#: Lease states whose result may still arrive and be merged: the *open* leases. The others
+#: (closed, superseded) are over and never change again.
 _MAY_DELIVER = frozenset({LeaseState.ACTIVE, LeaseState.EXPIRED, LeaseState.RELEASED})
 
 class Ledger:
@@ -96,7 +108,11 @@ class Ledger:
         self._units: dict[str, UnitRecord] = {}
         self._order: list[UnitRecord] = []
         self._queue: deque[str] = deque()
-        self._leases: dict[str, LeaseRecord] = {}
+        self._leases: dict[str, LeaseRecord] = {}     # every lease ever granted or adopted
+        self._open: dict[str, LeaseRecord] = {}       # those whose result may still come
+        self._archive = LeaseArchive()                # the others, as snapshot columns
+        self._specs = UnitSpecs()
+        self._states = UnitStates()                   # kept as columns: touch a unit you change
         self._workers: dict[str, WorkerRecord] = {}
         self._heap: list[tuple[float, str]] = []   # (deadline, lease id); stale entries are skipped
         self._count: dict[UnitState, int] = dict.fromkeys(UnitState, 0)
@@ -156,7 +172,7 @@ class Ledger:
         lease_id = self._signer.make(u.index, u.unit.unit_id, base_version)
         now = self._clock()
         lease = LeaseRecord(lease_id, u.unit.unit_id, worker_id, base_version, now + self._window(w), now)
-        self._leases[lease_id] = lease
+        self._keep(lease)
         self._activate(u, lease)
         self._count_issue(u)
         return self._grant(lease, resumed=False)
@@ -165,6 +181,7 @@ class Ledger:
         self.stats["issued"] += 1
         if u.issued:
             self.stats["reissued"] += 1
+        self._states.touch(u)
         u.issued += 1
 
     def _admit(self, w: WorkerRecord) -> None:
@@ -208,6 +225,7 @@ class Ledger:
     def _set(self, u: UnitRecord, state: UnitState) -> None:
         self._count[u.state] -= 1
         self._count[state] += 1
+        self._states.touch(u)
         u.state = state
 
     def _activate(self, u: UnitRecord, lease: LeaseRecord) -> None:
@@ -235,11 +253,11 @@ class Ledger:
         now = self._clock()
         lease = LeaseRecord(lease_id, u.unit.unit_id, worker_id, base_version, now, now,
                        state=LeaseState.EXPIRED)
-        self._leases[lease_id] = lease
+        self._keep(lease)
         self.stats["adopted"] += 1
         self._count_issue(u)      # granted after the last snapshot: the counters must include it
         if u.state is UnitState.DONE:
-            lease.state = LeaseState.SUPERSEDED
+            self._end(lease, LeaseState.SUPERSEDED)
         elif u.state is UnitState.QUEUED:
             self._revive(u, lease)
         return lease
@@ -392,6 +410,7 @@ class Ledger:
         """
         if u.state is UnitState.DONE:
             return
+        self._states.touch(u)
         u.attempts += 1
         u.last_failure = f"{why[:300]} (worker {lease.worker_id}, lease {lease.lease_id})"
         if blame:
@@ -451,8 +470,9 @@ class Ledger:
                                   unit_id=unit_id, lease_id=lease_id)
         now = self._clock()
         if lease is None:   # replay, or granted after the last snapshot: it was issued all the same
-            lease = self._leases[lease_id] = LeaseRecord(lease_id, unit_id, worker_id, base_version, now,
-                                                    now, state=LeaseState.EXPIRED)
+            lease = LeaseRecord(lease_id, unit_id, worker_id, base_version, now, now,
+                                state=LeaseState.EXPIRED)
+            self._keep(lease)
             self._count_issue(u)
         receipt = Receipt(lease_id, unit_id, status, version, reason)
         if status == "rejected":
@@ -469,14 +489,27 @@ class Ledger:
             if u.state is UnitState.QUEUED:
                 self._queue.remove(unit_id)
             elif u.state is UnitState.LEASED and u.lease_id != lease_id and u.lease_id is not None:
-                self._leases[u.lease_id].state = LeaseState.SUPERSEDED
+                self._end(self._leases[u.lease_id], LeaseState.SUPERSEDED)
             self._set(u, UnitState.DONE)
             u.lease_id, u.done_by = None, lease_id
             if partial and 0 < steps_done < u.unit.steps:
                 self._add_unit(u.unit.remainder(steps_done), front=True)
-        lease.state = LeaseState.CLOSED
         lease.receipt = receipt
+        self._end(lease, LeaseState.CLOSED)
         return receipt
+
+    def _keep(self, lease: LeaseRecord) -> None:
+        self._leases[lease.lease_id] = lease
+        if lease.state in _MAY_DELIVER:
+            self._open[lease.lease_id] = lease
+        else:
+            self._archive.append(lease)
+
+    def _end(self, lease: LeaseRecord, state: LeaseState) -> None:
+        """The lease is over (closed or superseded): it never changes again."""
+        del self._open[lease.lease_id]
+        lease.state = state
+        self._archive.append(lease)
 
     def _add_unit(self, unit: WorkUnit, *, front: bool) -> None:
         if unit.unit_id in self._units:
@@ -489,6 +522,7 @@ class Ledger:
             else:
                 raise ConfigError(f"duplicate work unit id {unit.unit_id!r}")
         u = UnitRecord(unit, len(self._order))
+        self._specs.append(u.index, unit)
         self._count[UnitState.QUEUED] += 1
         self._units[unit.unit_id] = u
         self._order.append(u)
@@ -548,6 +582,10 @@ class Ledger:
     def units(self) -> list[tuple[WorkUnit, UnitState]]:
         return [(u.unit, u.state) for u in self._order]
 
+    def receipts(self) -> list[Receipt]:
+        """What every recorded result came to (accepted or rejected), in no particular order."""
+        return [x.receipt for x in self._leases.values() if x.receipt is not None]
+
     def parked(self) -> dict[str, str]:
         return {u.unit.unit_id: u.reason or "" for u in self._order if u.state is UnitState.PARKED}
 
@@ -578,14 +616,13 @@ class Ledger:
 
     def active_base_versions(self) -> set[int]:
         """Base versions of active leases: what their holders may still download."""
-        return {lse.base_version for lse in self._leases.values() if lse.state is LeaseState.ACTIVE}
+        return {lse.base_version for lse in self._open.values() if lse.state is LeaseState.ACTIVE}
 
     def open_base_versions(self) -> set[int]:
         """Base versions of leases whose result may still be merged: active, expired or released
         (a late result is still welcome), with no receipt yet and their unit not done."""
-        return {lse.base_version for lse in self._leases.values()
-                if lse.receipt is None and lse.state in _MAY_DELIVER
-                and self._units[lse.unit_id].state is not UnitState.DONE}
+        return {lse.base_version for lse in self._open.values()
+                if self._units[lse.unit_id].state is not UnitState.DONE}
 
     def worker_state(self, w: WorkerRecord, now: float) -> str:
         """``quarantined``, ``backed_off``, ``preempted``, ``alive`` or ``gone`` (not seen within
@@ -627,52 +664,55 @@ class Ledger:
     def num_leases(self) -> int:
         return len(self._leases)
 
+    @property
+    def num_open_leases(self) -> int:
+        """Leases whose result may still come (active, expired, released): what a scan for
+        bases reads, whatever the length of the run."""
+        return len(self._open)
+
     # -- snapshot / restore ------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        """Plain data (``pack_tree``-able); times are stored relative to now."""
+        """Plain data (``pack_tree``-able), units and leases as columns (:mod:`._columns`); times
+        are stored relative to now. Reads only what may have changed: the units' states and the
+        open leases (the units' specs and the leases that are over are kept as columns)."""
         now = self._clock()
         return {
             "format": SNAPSHOT_FORMAT,
-            "units": [[u.unit.to_dict(), u.state.value, u.attempts, u.issued, u.lease_id, u.reason,
-                       u.done_by, sorted(u.failed_by), u.last_failure] for u in self._order],
+            "units": {**self._specs.table(), **self._states.table(self._order)},
             "queue": list(self._queue),
-            "leases": [[x.lease_id, x.unit_id, x.worker_id, x.base_version, x.deadline - now,
-                        x.steps_done, x.state.value,
-                        None if x.receipt is None else x.receipt.to_dict()]
-                       for x in self._leases.values()],
-            "workers": [[w.worker_id, w.name, w.info, now - w.last_seen, w.spw, w.streak, w.failures,
-                         w.backoff_until - now, w.quarantined, w.last_failure]
-                        for w in self._workers.values()],
+            "leases": self._archive.table(self._open.values(), now),
+            "workers": worker_table(self._workers.values(), now),
             "stats": dict(self.stats),
         }
 
     @classmethod
     def restore(cls, data: Mapping[str, Any], *, config: LedgerConfig | None = None, clock: Clock,
                 secret: bytes | None = None) -> Ledger:
-        """Rebuild a ledger; active leases get at least ``restore_grace_s`` to reconnect."""
-        if data.get("format") != SNAPSHOT_FORMAT:
-            raise ConfigError(f"ledger snapshot format {data.get('format')!r} is not "
-                              f"{SNAPSHOT_FORMAT}")
-        self = cls([WorkUnit.from_dict(row[0]) for row in data["units"]], config=config,
-                   clock=clock, secret=secret)
+        """Rebuild a ledger (from format 2 or 1); active leases get at least ``restore_grace_s``
+        to reconnect."""
+        fmt = data.get("format")
+        if fmt not in (1, SNAPSHOT_FORMAT):
+            raise ConfigError(f"ledger snapshot format {fmt!r} is not 1 or {SNAPSHOT_FORMAT}")
+        units = (unit_specs(data["units"]) if fmt == SNAPSHOT_FORMAT
+                 else [WorkUnit.from_dict(row[0]) for row in data["units"]])
+        self = cls(units, config=config, clock=clock, secret=secret)
         now = clock()
-        for u, row in zip(self._order, data["units"], strict=True):
-            _, state, attempts, issued, lease_id, reason, done_by = row[:7]
-            self._set(u, UnitState(state))
-            u.attempts, u.issued = attempts, issued
-            u.lease_id, u.reason, u.done_by = lease_id, reason, done_by
-            if len(row) >= 9:     # older snapshots lack failure attribution
-                u.failed_by, u.last_failure = set(row[7]), row[8]
+        if fmt == SNAPSHOT_FORMAT:
+            restore_unit_states(data["units"], self._order)
+            leases = lease_records(data["leases"], now)
+        else:
+            _unit_rows(data["units"], self._order)
+            leases = _lease_rows(data["leases"], now)
+        self._count = dict.fromkeys(UnitState, 0)
+        for u in self._order:
+            self._count[u.state] += 1
         self._queue = deque(data["queue"])
-        for lid, unit_id, worker_id, base, remaining, steps, state, receipt in data["leases"]:
-            lease = LeaseRecord(lid, unit_id, worker_id, base, now, now, LeaseState(state))
-            lease.steps_done = steps
-            lease.receipt = None if receipt is None else Receipt.from_dict(receipt)
+        for lease, remaining in leases:
             if lease.state is LeaseState.ACTIVE:
                 lease.deadline = now + max(remaining, self.config.grace_s)
-                heapq.heappush(self._heap, (lease.deadline, lid))
-            self._leases[lid] = lease
-        for row in data["workers"]:
+                heapq.heappush(self._heap, (lease.deadline, lease.lease_id))
+            self._keep(lease)
+        for row in (worker_rows(data["workers"]) if fmt == SNAPSHOT_FORMAT else data["workers"]):
             worker_id, name, info, since, spw = row[:5]
             w = self._workers[worker_id] = WorkerRecord(worker_id, name, info, now - since)
             w.spw = spw
@@ -696,3 +736,23 @@ class Ledger:
         reissued = sum(max(u.issued - 1, 0) for u in self._order)
         self.stats["reissued"] = max(self.stats["reissued"], reissued)
         self.stats["parked"] = max(self.stats["parked"], self._count[UnitState.PARKED])
+
+
+def _unit_rows(rows: Iterable[Any], order: Iterable[UnitRecord]) -> None:
+    """Unit states from a format-1 snapshot (one row a unit)."""
+    for u, row in zip(order, rows, strict=True):
+        _, state, attempts, issued, lease_id, reason, done_by = row[:7]
+        u.state = UnitState(state)
+        u.attempts, u.issued = attempts, issued
+        u.lease_id, u.reason, u.done_by = lease_id, reason, done_by
+        if len(row) >= 9:     # older snapshots lack failure attribution
+            u.failed_by, u.last_failure = set(row[7]), row[8]
+
+
+def _lease_rows(rows: Iterable[Any], now: float) -> Iterator[tuple[LeaseRecord, float]]:
+    """Leases and their remaining seconds from a format-1 snapshot (one row a lease)."""
+    for lid, unit_id, worker_id, base, remaining, steps, state, receipt in rows:
+        lease = LeaseRecord(lid, unit_id, worker_id, base, now, now, LeaseState(state))
+        lease.steps_done = steps
+        lease.receipt = None if receipt is None else Receipt.from_dict(receipt)
+        yield lease, remaining
