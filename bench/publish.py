@@ -45,6 +45,9 @@ BENCHES: dict[str, tuple[list[str], list[str], str]] = {
             "and durable aiohttp POSTs and raw TCP"),
     "modelsize": ([], ["--quick"],
                   "ingest time and coordinator RSS from 10 MB to the largest model memory allows"),
+    "ledger": ([], ["--quick"],
+               "a long run's ledger snapshot: its capture on the event loop, packing and reading "
+               "back, against msgpack alone and the row format coordinators wrote before"),
 }
 
 #: Every figure issue 18 names, by bench: each appears on the page, measured or not.

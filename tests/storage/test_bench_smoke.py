@@ -38,3 +38,16 @@ def test_bench_modelsize_sizes_parse() -> None:
     from bench.modelsize import parse_size
     assert [parse_size(s) for s in ("10MB", "1GB", "4gb", "0.5GB")] == [10**7, 10**9, 4 * 10**9,
                                                                         5 * 10**8]
+
+
+@pytest.mark.slow
+def test_bench_ledger_prints_its_figures() -> None:
+    out = subprocess.run([sys.executable, "-m", "bench.ledger", "--sizes", "3000", "--reps", "1",
+                          "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    assert figures["snapshot_format"] == 2
+    for name in ("capture_ms", "capture_vs_msgpack", "pack_vs_msgpack", "pack_vs_rows",
+                 "read_vs_rows", "bytes_per_unit"):
+        assert figures[f"{name}_3k"] > 0
+        assert len(figures[f"{name}_3k_spread"]) == 3
+    assert figures["bytes_vs_rows_3k"] < 1.0        # columns are smaller than rows (bytes: exact)
