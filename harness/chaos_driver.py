@@ -147,7 +147,14 @@ class DriverWorker:
             answered = await asyncio.wait_for(reader.read(1), 0.05)
         except TimeoutError:
             return half
+        # Answered at once: refused, most often because the result's unit was done by another
+        # worker meanwhile (the lease expired while the driver waited for its moment: heartbeats
+        # without progress do not extend it). Re-sending the same result would be refused the
+        # same way until the run ends, with the kill never made: drop it, and prepare a new one.
         self.last_error = f"answered before the kill: {answered!r}"
+        self.abandon_upload()
+        self._pending = None
+        await self._stop_heartbeats()
         return None
 
     def abandon_upload(self) -> None:
