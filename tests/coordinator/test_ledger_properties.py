@@ -186,6 +186,8 @@ class LedgerMachine(RuleBasedStateMachine):
         assert set(led._open) == may_come
         assert all(led._leases[lid].receipt is None for lid in may_come)
         assert len(led._archive) + len(led._open) == len(led._leases)
+        assert led.parked() == {u.unit.unit_id: u.reason or "" for u in led._order
+                                if u.state is UnitState.PARKED}
         # a capture reads again only the units touched since the last one: it must still agree
         # with every unit read afresh (a change made without touching its unit would not)
         units_snap = led.snapshot()["units"]

@@ -24,7 +24,7 @@ from ._units import Receipt, WorkUnit
 
 __all__ = ["LEASE_FIELDS", "WORKER_FIELDS", "LeaseArchive", "UnitSpecs", "UnitStates",
            "lease_records",
-           "restore_unit_states", "unit_specs", "unit_states", "worker_rows", "worker_table"]
+           "restore_unit_states", "unit_specs", "unit_states", "worker_table", "worker_table_rows"]
 
 #: Snapshot columns of a unit's spec (its ``params`` are kept sparse: most units have none).
 SPEC_FIELDS = ("unit_id", "shard", "num_shards", "epoch", "steps")
@@ -232,7 +232,7 @@ def restore_unit_states(table: Mapping[str, Any], order: Sequence[UnitRecord]) -
         u.failed_by = set(failed.get(u.index, ()))
 
 
-def worker_rows(table: Any) -> Iterable[tuple[Any, ...]]:
+def worker_table_rows(table: Any) -> Iterable[tuple[Any, ...]]:
     """A format-2 worker table as format 1's rows (the field order of ``WORKER_FIELDS``)."""
     cols, _ = _columns(table, WORKER_FIELDS, "workers")
     return zip(*cols, strict=True)

@@ -59,8 +59,8 @@ from ._columns import (
     lease_records,
     restore_unit_states,
     unit_specs,
-    worker_rows,
     worker_table,
+    worker_table_rows,
 )
 from ._lease_id import LeaseIdSigner
 from ._types import (
@@ -113,6 +113,7 @@ class Ledger:
         self._archive = LeaseArchive()                # the others, as snapshot columns
         self._specs = UnitSpecs()
         self._states = UnitStates()                   # kept as columns: touch a unit you change
+        self._parked: dict[int, UnitRecord] = {}      # by unit index (status reads them often)
         self._workers: dict[str, WorkerRecord] = {}
         self._heap: list[tuple[float, str]] = []   # (deadline, lease id); stale entries are skipped
         self._count: dict[UnitState, int] = dict.fromkeys(UnitState, 0)
@@ -226,6 +227,10 @@ class Ledger:
         self._count[u.state] -= 1
         self._count[state] += 1
         self._states.touch(u)
+        if u.state is UnitState.PARKED:
+            del self._parked[u.index]
+        if state is UnitState.PARKED:
+            self._parked[u.index] = u
         u.state = state
 
     def _activate(self, u: UnitRecord, lease: LeaseRecord) -> None:
@@ -550,7 +555,7 @@ class Ledger:
         nothing changes. Returns the ids requeued (in unit order).
         """
         if unit_ids is None:
-            chosen = [u for u in self._order if u.state is UnitState.PARKED]
+            chosen = [self._parked[i] for i in sorted(self._parked)]
         else:
             chosen = []
             for unit_id in dict.fromkeys(unit_ids):
@@ -587,7 +592,8 @@ class Ledger:
         return [x.receipt for x in self._leases.values() if x.receipt is not None]
 
     def parked(self) -> dict[str, str]:
-        return {u.unit.unit_id: u.reason or "" for u in self._order if u.state is UnitState.PARKED}
+        return {self._parked[i].unit.unit_id: self._parked[i].reason or ""
+                for i in sorted(self._parked)}
 
     def worker_health(self) -> dict[str, dict[str, Any]]:
         """Workers that failed: id -> failures, failures in a row, back-off left, quarantine reason."""
@@ -706,13 +712,16 @@ class Ledger:
         self._count = dict.fromkeys(UnitState, 0)
         for u in self._order:
             self._count[u.state] += 1
+            if u.state is UnitState.PARKED:
+                self._parked[u.index] = u
         self._queue = deque(data["queue"])
         for lease, remaining in leases:
             if lease.state is LeaseState.ACTIVE:
                 lease.deadline = now + max(remaining, self.config.grace_s)
                 heapq.heappush(self._heap, (lease.deadline, lease.lease_id))
             self._keep(lease)
-        for row in (worker_rows(data["workers"]) if fmt == SNAPSHOT_FORMAT else data["workers"]):
+        for row in (worker_table_rows(data["workers"]) if fmt == SNAPSHOT_FORMAT
+                    else data["workers"]):
             worker_id, name, info, since, spw = row[:5]
             w = self._workers[worker_id] = WorkerRecord(worker_id, name, info, now - since)
             w.spw = spw
