@@ -46,7 +46,7 @@ from vcasync.storage import DEFAULT_CHUNK_SIZE, BytesLike, ObjectInfo, validate_
 
 from ._common import StorageBase, check_chunk_size, check_data, parse_options, split_url, writer_token
 
-__all__ = ["LocalOptions", "LocalStorage"]
+__all__ = ["LocalOptions", "LocalStorage", "Writeback"]
 
 T = TypeVar("T")
 
@@ -58,7 +58,7 @@ WRITEBACK_BYTES = 4 << 20
 _FADVISE = getattr(os, "posix_fadvise", None)  # Linux, the BSDs; absent on macOS and Windows
 
 
-class _Writeback:
+class Writeback:
     """Start the asynchronous writeback of a file being written, every ``WRITEBACK_BYTES``."""
 
     __slots__ = ("fd", "started", "written")
@@ -301,7 +301,7 @@ class LocalStorage(StorageBase):
         with self._os_errors(key):  # in the loop's thread: a cancelled hop would leak the descriptor
             fd, tmp = self._open_temp()
         handed_over = False
-        writeback = _Writeback(fd) if self.options.durable else None
+        writeback = Writeback(fd) if self.options.durable else None
 
         def write(view: memoryview) -> None:
             self._write_all(fd, view)

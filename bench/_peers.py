@@ -39,7 +39,8 @@ import msgpack
 import torch
 from aiohttp import web
 
-from backends.local import _Writeback as Writeback  # the storage's own early writeback
+from backends.local import Writeback  # the storage's own early writeback
+from harness.fleet import process_memory
 from vcasync._loop import run
 from vcasync.coordinator import Coordinator, CoordinatorConfig
 from vcasync.ledger._units import WorkUnit
@@ -77,14 +78,6 @@ def bench_delta(model: ModelState, seed: int = 1, scale: float = 1e-3) -> dict[s
     gen = torch.Generator().manual_seed(seed)
     return {k: (torch.randn(v.shape, generator=gen) * scale).to(v.dtype) if v.is_floating_point()
             else torch.ones_like(v) for k, v in model.items()}
-
-
-def _rss_bytes(field: str = "VmRSS") -> int:
-    """This process's resident memory now (``VmRSS``) or at its peak (``VmHWM``), in bytes."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 class GcPauses:
@@ -166,7 +159,8 @@ async def coordinator(a: argparse.Namespace, stop: asyncio.Event) -> None:
 
             async def rss(request: web.Request) -> web.Response:
                 cpu = os.times()
-                return web.json_response({"rss": _rss_bytes(), "rss_peak": _rss_bytes("VmHWM"),
+                mem = process_memory(os.getpid())
+                return web.json_response({"rss": mem.get("rss", 0), "rss_peak": mem.get("peak", 0),
                                           "version": coord.version,
                                           "cpu_s": cpu.user + cpu.system, **pauses.summary()})
 
@@ -201,7 +195,7 @@ def _tls(a: argparse.Namespace) -> tuple[Path, Path] | None:
 
 def _usage() -> dict[str, float]:
     cpu = os.times()
-    return {"rss": _rss_bytes(), "cpu_s": cpu.user + cpu.system}
+    return {"rss": process_memory(os.getpid()).get("rss", 0), "cpu_s": cpu.user + cpu.system}
 
 
 async def bare(a: argparse.Namespace, stop: asyncio.Event) -> None:
