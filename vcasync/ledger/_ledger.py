@@ -38,6 +38,7 @@ import heapq
 import secrets
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from operator import attrgetter
 from typing import Any
 
 from ..errors import (
@@ -644,15 +645,14 @@ class Ledger:
         seconds since last seen, units done, failures."""
         now = self._clock()
         counts = dict.fromkeys(("alive", "preempted", "backed_off", "quarantined", "gone"), 0)
-        rows: list[tuple[float, dict[str, Any]]] = []
         for w in self._workers.values():
-            state = self.worker_state(w, now)
-            counts[state] += 1
-            rows.append((w.last_seen, {"id": w.worker_id, "name": w.name, "state": state,
-                                       "last_seen_s": round(max(now - w.last_seen, 0.0), 1),
-                                       "done": w.done, "failures": w.failures}))
-        rows.sort(key=lambda r: r[0], reverse=True)
-        return counts, [r for _, r in rows[:limit]]
+            counts[self.worker_state(w, now)] += 1
+        # rows only for the ``limit`` shown: a run's workers include every machine that ever
+        # joined (100,000 rows built and sorted took ~0.3 s of the loop at each status poll)
+        recent = heapq.nlargest(limit, self._workers.values(), key=_last_seen)
+        return counts, [{"id": w.worker_id, "name": w.name, "state": self.worker_state(w, now),
+                         "last_seen_s": round(max(now - w.last_seen, 0.0), 1),
+                         "done": w.done, "failures": w.failures} for w in recent]
 
     def workers_alive(self) -> int:
         horizon = self._clock() - self.config.alive_s
@@ -745,6 +745,9 @@ class Ledger:
         reissued = sum(max(u.issued - 1, 0) for u in self._order)
         self.stats["reissued"] = max(self.stats["reissued"], reissued)
         self.stats["parked"] = max(self.stats["parked"], self._count[UnitState.PARKED])
+
+
+_last_seen = attrgetter("last_seen")
 
 
 def _unit_rows(rows: Iterable[Any], order: Iterable[UnitRecord]) -> None:
