@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from pathlib import Path
 
@@ -68,6 +69,36 @@ async def test_tokens_survive_a_restart_through_storage_as_digests_only() -> Non
         for blob in blobs:
             assert token.encode() not in blob
             assert token.split("_", 2)[2].encode() not in blob   # the secret part, "_" and all
+
+
+async def test_many_tokens_load_in_parallel_and_a_corrupt_one_is_named() -> None:
+    """Each machine that joins leaves a record; a restart reads them ``LOAD_PARALLEL`` at a time
+    (counted at the storage), every one of them, and names a corrupt one."""
+    async with open_storage("memory://tokens-many") as storage:
+        first = TokenAuthority(join_secret=SECRET, store=StorageTokenStore(storage))
+        tokens = {f"w{i}": await first.issue(f"w{i}") for i in range(200)}
+        in_flight, most = 0, 0
+        real_get = storage.get
+
+        async def counting_get(key: str) -> bytes:
+            nonlocal in_flight, most
+            in_flight += 1
+            most = max(most, in_flight)
+            try:
+                await asyncio.sleep(0.001)
+                return await real_get(key)
+            finally:
+                in_flight -= 1
+
+        storage.get = counting_get  # type: ignore[method-assign]
+        second = TokenAuthority(join_secret=SECRET, store=StorageTokenStore(storage))
+        await second.load()
+        assert all(second.verify(tok) == w for w, tok in tokens.items())
+        assert most == StorageTokenStore.LOAD_PARALLEL
+        key = [k async for k in storage.list("auth/tokens/")][7]
+        await storage.put(key, b"{not json")
+        with pytest.raises(ConfigError, match="is corrupt"):
+            await StorageTokenStore(storage).load()
 
 
 # -- the error table --------------------------------------------------------------------------------
