@@ -338,3 +338,20 @@ async def test_with_many_leases_the_bases_are_scanned_by_the_expiry_loop(kit, cl
         assert seen == [[0, 1], [0, 1, 2], [0, 1, 2, 3]]
         coord._merger.retain(rescan=True)             # what the expiry loop does every second
         assert coord.status()["retained_versions"] == [0, 3]
+
+
+async def test_the_expiry_loop_forgets_long_silent_workers(kit, clock, policy) -> None:
+    async with coordinator(kit, clock, policy, forget_workers_s=30.0,
+                           expiry_interval_s=0.01) as coord:
+        gone, busy = await coord.join("gone"), await coord.join("busy")
+        g = await coord.lease(busy)
+        await asyncio.sleep(0.05)                     # the loop has started (its minute counts)
+        clock.advance(61.0)                           # past the horizon and the loop's minute
+        await coord.heartbeat(busy, g.lease_id, 1)
+        for _ in range(200):
+            if coord.status()["workers"]["known"] == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert coord.status()["workers"]["known"] == 1   # "gone" forgotten, "busy" kept
+        await coord.lease(gone)                       # back: registered again
+        assert coord.status()["workers"]["known"] == 2

@@ -181,3 +181,31 @@ def test_a_workers_reason_cannot_forge_log_lines(clock) -> None:
     assert "\n" not in reason
     assert "\x1b" not in reason
     assert "boom?ERROR" in reason
+
+
+def test_long_silent_workers_are_forgotten_unless_they_hold_work_or_a_penalty(clock) -> None:
+    led = make(clock, n=4, forget_workers_s=100.0, quarantine_after=1, quarantine_s=None)
+    idle, holder, punished, recent = (led.join(x) for x in ("idle", "holder", "punished", "recent"))
+    g = led.lease(holder, 0)
+    led.release(punished, led.lease(punished, 0).lease_id, "trainer error")   # quarantined
+    clock.advance(150)
+    led.join("newer")
+    led.lease(recent, 0)                 # it takes the holder's unit, whose lease expired
+    assert led.forget_workers() == 1                       # idle only
+    assert led.num_workers == 4
+    assert led.lease_state(g.lease_id) is LeaseState.EXPIRED    # the holder's lease: still open
+    clock.advance(200)
+    led.record(g.lease_id, unit_id=g.unit.unit_id, worker_id=holder, status="accepted",
+               version=1, steps_done=10)                    # a late result closes it
+    gone = led.forget_workers()
+    assert gone == 3        # holder (its lease closed), recent and newer; the quarantined one stays
+    assert led.worker_health().keys() == {punished}
+    # a forgotten worker that comes back is registered again on its next request
+    again = led.lease(idle, 1)
+    assert led.lease_holder(again.lease_id) == idle
+    assert led.num_workers == 2
+    # None keeps every record
+    keep = make(clock, n=1, forget_workers_s=None)
+    keep.join("x")
+    clock.advance(1e6)
+    assert keep.forget_workers() == 0

@@ -36,6 +36,8 @@ class CoordinatorConfig:
     worker_backoff_max_s: float = 60.0    # ... up to this, before its next lease
     quarantine_after: int = 5             # failures in a row that stop a worker getting work ...
     quarantine_s: float | None = 3600.0   # ... for this long (None: the rest of the run)
+    forget_workers_s: float | None = 3600.0   # drop records of workers silent this long (no lease,
+                                          # back-off or quarantine); None: keep them all
     require_finite: bool = True           # refuse results holding NaN or Inf
     max_update_norm: float | None = None  # refuse results whose delta norm is larger (None: no limit)
     limits: Limits = field(default_factory=Limits)
@@ -101,4 +103,5 @@ class CoordinatorConfig:
                             worker_backoff_s=self.worker_backoff_s,
                             worker_backoff_max_s=self.worker_backoff_max_s,
                             quarantine_after=self.quarantine_after,
-                            quarantine_s=self.quarantine_s)
+                            quarantine_s=self.quarantine_s,
+                            forget_workers_s=self.forget_workers_s)

@@ -84,6 +84,8 @@ log = logging.getLogger("vcasync.coordinator")
 #: Start-up (probe, run record, snapshot, journal, first snapshot) is retried as a whole on a
 #: transient storage error, like every other storage call: a hiccup must not end the process.
 STARTUP_RETRY = RetryPolicy(attempts=6, base_delay_s=0.2, max_delay_s=5.0)
+#: How often the expiry loop drops the records of long-silent workers (LedgerConfig.forget_workers_s).
+FORGET_EVERY_S = 60.0
 
 
 class Coordinator:
@@ -486,6 +488,7 @@ class Coordinator:
                 log.error("unit %s parked: %s", unit_id, why)
 
     async def _expiry_loop(self) -> None:
+        next_forget = self._clock() + FORGET_EVERY_S
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.config.expiry_interval_s):
@@ -499,6 +502,12 @@ class Coordinator:
             self._merger.retain(rescan=True)   # with many leases, the merges do not scan them
             if expired:
                 self._check_finished()
+            if self._clock() >= next_forget:
+                next_forget = self._clock() + FORGET_EVERY_S
+                forgotten = self._ledger.forget_workers()
+                if forgotten:
+                    log.info("forgot %d worker(s) silent for %.0fs (they register again if they "
+                             "come back)", forgotten, self.config.forget_workers_s or 0.0)
 
     async def _snapshot_loop(self) -> None:
         """Writes what the merge loop captured; asks for a capture when the interval passes."""

@@ -654,6 +654,23 @@ class Ledger:
                          "last_seen_s": round(max(now - w.last_seen, 0.0), 1),
                          "done": w.done, "failures": w.failures} for w in recent]
 
+    def forget_workers(self) -> int:
+        """Drop the records of workers silent for ``forget_workers_s`` that hold no open lease and
+        are neither backed off nor quarantined; how many went. One pass over the workers: call it
+        now and then (the coordinator: once a minute), not per request."""
+        horizon = self.config.forget_workers_s
+        if horizon is None:
+            return 0
+        now = self._clock()
+        cutoff = now - horizon
+        holding = {lse.worker_id for lse in self._open.values()}
+        # a quarantine is a back-off until its end (for the rest of the run: ~forever)
+        gone = [wid for wid, w in self._workers.items()
+                if w.last_seen < cutoff and w.backoff_until <= now and wid not in holding]
+        for wid in gone:
+            del self._workers[wid]
+        return len(gone)
+
     def workers_alive(self) -> int:
         horizon = self._clock() - self.config.alive_s
         return sum(1 for w in self._workers.values() if w.last_seen >= horizon)

@@ -54,12 +54,19 @@ class LedgerConfig:
     #: failure quarantines it again (a spot machine may have been unlucky, not broken).
     quarantine_after: int = 5
     quarantine_s: float | None = 3600.0
+    #: The record of a worker not heard from for this long, holding no open lease and neither
+    #: backed off nor quarantined, is dropped (None: every worker is kept for the whole run). Each
+    #: spot machine that comes back without its state joins anew, so a long run's records would
+    #: otherwise grow with every restart; a forgotten worker that does come back is registered
+    #: again on its next request (its token still holds), without its name.
+    forget_workers_s: float | None = 3600.0
 
     def __post_init__(self) -> None:
         for name in ("lease_timeout_s", "deadline_slack", "worker_backoff_s", "worker_backoff_max_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("heartbeat_interval_s", "restore_grace_s", "alive_window_s", "quarantine_s"):
+        for name in ("heartbeat_interval_s", "restore_grace_s", "alive_window_s", "quarantine_s",
+                     "forget_workers_s"):
             v = getattr(self, name)
             if v is not None and not v > 0:
                 raise ConfigError(f"{name} must be > 0 or None, got {v!r}")
