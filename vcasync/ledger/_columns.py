@@ -81,6 +81,14 @@ class UnitStates:
         self._failed: dict[int, list[str]] = {}
         self._dirty: set[int] = set()
 
+    def seed(self, table: Mapping[str, Any]) -> None:
+        """Start from a format-2 snapshot's unit columns (what :func:`restore_unit_states` just
+        set), so that the first capture after a restart reads only what changed since."""
+        self._cols = {name: list(table[name]) for name in STATE_FIELDS}
+        at, failed = table["failed_by"]
+        self._failed = {i: list(f) for i, f in zip(at, failed, strict=True)}
+        self._dirty.clear()
+
     def touch(self, u: UnitRecord) -> None:
         """``u`` changed (or is about to, before the next capture)."""
         self._dirty.add(u.index)

@@ -722,6 +722,7 @@ class Ledger:
         now = clock()
         if fmt == SNAPSHOT_FORMAT:
             restore_unit_states(data["units"], self._order)
+            self._states.seed(data["units"])
             leases = lease_records(data["leases"], now)
         else:
             _unit_rows(data["units"], self._order)
