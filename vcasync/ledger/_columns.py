@@ -23,8 +23,7 @@ from ._types import LeaseRecord, LeaseState, UnitRecord, UnitState, WorkerRecord
 from ._units import Receipt, WorkUnit
 
 __all__ = ["LEASE_FIELDS", "WORKER_FIELDS", "LeaseArchive", "UnitSpecs", "UnitStates",
-           "lease_records",
-           "restore_unit_states", "unit_specs", "unit_states", "worker_table", "worker_table_rows"]
+           "lease_records", "restore_unit_states", "unit_specs", "worker_table", "worker_table_rows"]
 
 #: Snapshot columns of a unit's spec (its ``params`` are kept sparse: most units have none).
 SPEC_FIELDS = ("unit_id", "shard", "num_shards", "epoch", "steps")
@@ -94,6 +93,7 @@ class UnitStates:
         self._dirty.add(u.index)
 
     def table(self, order: Sequence[UnitRecord]) -> dict[str, Any]:
+        """The columns now (copies). A fresh instance reads every unit: what a cache must match."""
         cols, failed = self._cols, self._failed
         known = len(cols["state"])
         for i in self._dirty:
@@ -117,15 +117,6 @@ class UnitStates:
             self._failed[u.index] = sorted(u.failed_by)
         else:
             self._failed.pop(u.index, None)
-
-
-def unit_states(order: Sequence[UnitRecord]) -> dict[str, Any]:
-    """The units' states as columns, all read now (what :class:`UnitStates` must agree with)."""
-    # a map per column: no tuple per unit (200,000 of them cost 7x more, mostly collector passes)
-    out: dict[str, Any] = {name: list(map(get, order)) for name, get in _STATE_GETTERS.items()}
-    failed = [(u.index, sorted(u.failed_by)) for u in order if u.failed_by]
-    out["failed_by"] = [[i for i, _ in failed], [f for _, f in failed]]
-    return out
 
 
 class LeaseArchive:
