@@ -40,15 +40,12 @@ from typing import Any
 import msgpack
 
 from vcasync.ledger import Ledger, WorkUnit
+from vcasync.ledger._columns import LEASE_FIELDS, WORKER_FIELDS
 from vcasync.wire import Limits, pack_tree, unpack_tree
 
 from ._stats import spread
 
 WORKERS = 1000
-LEASE_FIELDS = ("lease_id", "unit_id", "worker_id", "base_version", "remaining", "steps_done",
-                "state", "receipt_status", "receipt_version", "receipt_reason")
-WORKER_FIELDS = ("worker_id", "name", "info", "since", "spw", "streak", "failures", "backoff",
-                 "quarantined", "last_failure")
 
 
 def build(n: int) -> Ledger:

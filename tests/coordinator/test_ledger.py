@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.ledger import as_rows  # the format-1 rows, as coordinators wrote them
 from vcasync.errors import (
     ConfigError,
     LeaseExpiredError,
@@ -228,30 +229,6 @@ def test_bad_config_and_units() -> None:
         WorkUnit.from_dict({"unit_id": "u", "stepz": 3})
 
 
-def as_format_1(snap: dict) -> dict:
-    """The same ledger in the row format coordinators wrote before columns (format 1)."""
-    units = []
-    for row in unit_rows(snap):
-        spec = {k: row[k] for k in ("unit_id", "shard", "num_shards", "epoch", "steps")}
-        units.append([{**spec, "params": row["params"] or {}}, str(row["state"]), row["attempts"],
-                      row["issued"], row["lease_id"], row["reason"], row["done_by"],
-                      row["failed_by"] or [], row["last_failure"]])
-    leases = []
-    for (lid, unit_id, worker_id, base, remaining, steps, state, status, version,
-         reason) in zip(*(snap["leases"][k] for k in (
-             "lease_id", "unit_id", "worker_id", "base_version", "remaining", "steps_done", "state",
-             "receipt_status", "receipt_version", "receipt_reason")), strict=True):
-        receipt = None if status is None else {"lease_id": lid, "unit_id": unit_id,
-                                               "status": status, "version": version,
-                                               "reason": reason}
-        leases.append([lid, unit_id, worker_id, base, remaining, steps, str(state), receipt])
-    w = snap["workers"]
-    workers = [list(row) for row in zip(*(w[k] for k in (
-        "worker_id", "name", "info", "since", "spw", "streak", "failures", "backoff", "quarantined",
-        "last_failure")), strict=True)]
-    return {**snap, "format": 1, "units": units, "leases": leases, "workers": workers}
-
-
 def test_a_format_1_snapshot_restores_as_its_columns_do(clock) -> None:
     """Snapshots written as rows (before columns) are still read, to the same ledger."""
     led = make(clock, n=4, max_attempts=2, park_after_workers=1)
@@ -272,7 +249,7 @@ def test_a_format_1_snapshot_restores_as_its_columns_do(clock) -> None:
     states = set(snap["leases"]["state"])
     assert {"closed", "released", "superseded", "active"} <= states, states
     new = Ledger.restore(snap, config=led.config, clock=clock, secret=SECRET)
-    old = Ledger.restore(as_format_1(snap), config=led.config, clock=clock, secret=SECRET)
+    old = Ledger.restore(as_rows(snap), config=led.config, clock=clock, secret=SECRET)
     for back in (new, old):
         assert back.counts() == led.counts()
         assert back.stats == led.stats

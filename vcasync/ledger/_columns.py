@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ._types import LeaseRecord, LeaseState, UnitRecord, UnitState, WorkerRecord
-from ._units import Receipt, WorkUnit
+from ._units import Receipt, WorkUnit, receipt_status
 
 __all__ = ["LEASE_FIELDS", "WORKER_FIELDS", "LeaseArchive", "UnitSpecs", "UnitStates",
            "lease_records", "restore_unit_states", "unit_specs", "worker_table", "worker_table_rows"]
@@ -246,8 +246,6 @@ def lease_records(table: Any, now: float) -> Iterable[tuple[LeaseRecord, float]]
                             _known(_LEASE_STATES, state, "lease"))
         lease.steps_done = steps
         if r_status is not None:
-            if r_status not in ("accepted", "duplicate", "rejected"):
-                raise ConfigError(f"receipt status {r_status!r} is not one of "
-                                  "accepted/duplicate/rejected")
-            lease.receipt = Receipt(lid, unit_id, r_status, int(r_version), r_reason)
+            lease.receipt = Receipt(lid, unit_id, receipt_status(r_status), int(r_version),
+                                    r_reason)
         yield lease, remaining

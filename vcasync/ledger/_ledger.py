@@ -506,10 +506,10 @@ class Ledger:
 
     def _keep(self, lease: LeaseRecord) -> None:
         self._leases[lease.lease_id] = lease
-        if lease.state in _MAY_DELIVER:
-            self._open[lease.lease_id] = lease
+        if lease.state is LeaseState.CLOSED or lease.state is LeaseState.SUPERSEDED:
+            self._archive.append(lease)    # (identity tests: an enum's hash is Python code)
         else:
-            self._archive.append(lease)
+            self._open[lease.lease_id] = lease
 
     def _end(self, lease: LeaseRecord, state: LeaseState) -> None:
         """The lease is over (closed or superseded): it never changes again."""

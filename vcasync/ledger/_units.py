@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from ..errors import ConfigError
 
-__all__ = ["LeaseGrant", "Receipt", "ReceiptStatus", "WorkUnit", "make_units"]
+__all__ = ["LeaseGrant", "Receipt", "ReceiptStatus", "WorkUnit", "make_units", "receipt_status"]
 
 ReceiptStatus = Literal["accepted", "duplicate", "rejected"]
 
@@ -131,6 +131,13 @@ class LeaseGrant:
                    resumed=bool(data.get("resumed", False)))
 
 
+def receipt_status(value: Any) -> ReceiptStatus:
+    """``value`` as a receipt status, or :class:`ConfigError` (read back from stored state)."""
+    if value not in ("accepted", "duplicate", "rejected"):
+        raise ConfigError(f"receipt status {value!r} is not one of accepted/duplicate/rejected")
+    return cast(ReceiptStatus, value)
+
+
 @dataclass(frozen=True, slots=True)
 class Receipt:
     """What a submitted result came to. ``version`` is the model version after it was handled.
@@ -152,8 +159,6 @@ class Receipt:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Receipt:
-        status = data["status"]
-        if status not in ("accepted", "duplicate", "rejected"):
-            raise ConfigError(f"receipt status {status!r} is not one of accepted/duplicate/rejected")
-        return cls(lease_id=str(data["lease_id"]), unit_id=str(data["unit_id"]), status=status,
+        return cls(lease_id=str(data["lease_id"]), unit_id=str(data["unit_id"]),
+                   status=receipt_status(data["status"]),
                    version=int(data["version"]), reason=data.get("reason"))
