@@ -233,9 +233,14 @@ class _Run:
                 self.pending.pop(0)
                 await self.kill_coordinator(kind, verified=True, occurrence=self.plan_for[proc.pid][1])
                 continue
-            if kind == "upload" and self.version >= self.target_version(n) - self.lead:
-                await self.driver.prepare()    # a trained result ready to send at the moment
-            if self.version < self.target_version(n):
+            # The upload kill's moment is the driver's result, trained from ``lead`` versions before
+            # the target on and sent as soon as it is ready: held back until the target, its
+            # lease (which heartbeats without progress do not extend) ran out, another worker
+            # did its unit, the upload was refused at once, and with every unit leased the
+            # driver found no other: the upload, journal and random kills never came.
+            ready = (kind == "upload" and self.version >= self.target_version(n) - self.lead
+                     and await self.driver.prepare())
+            if self.version < self.target_version(n) and not ready:
                 await _sleep_or(self.done, 0.1)
                 continue
             if kind == "upload":

@@ -147,14 +147,18 @@ class DriverWorker:
             answered = await asyncio.wait_for(reader.read(1), 0.05)
         except TimeoutError:
             return half
-        # Answered at once: refused, most often because the result's unit was done by another
-        # worker meanwhile (the lease expired while the driver waited for its moment: heartbeats
-        # without progress do not extend it). Re-sending the same result would be refused the
-        # same way until the run ends, with the kill never made: drop it, and prepare a new one.
-        self.last_error = f"answered before the kill: {answered!r}"
+        with contextlib.suppress(TimeoutError, OSError):
+            answered += await asyncio.wait_for(reader.read(4096), 0.5)
+        # Answered at once. A 503 (the coordinator's storage failed, injected faults included)
+        # took nothing in: the same result is sent again next time. Anything else refused it,
+        # e.g. because its unit was done by another worker meanwhile (its lease expired:
+        # heartbeats without progress do not extend it); re-sent, it would be refused the same
+        # way until the run ends, with the kill never made: drop it, and prepare a new one.
+        self.last_error = f"answered before the kill: {answered[:600]!r}"
         self.abandon_upload()
-        self._pending = None
-        await self._stop_heartbeats()
+        if _status(answered) != 503:
+            self._pending = None
+            await self._stop_heartbeats()
         return None
 
     def abandon_upload(self) -> None:
@@ -177,6 +181,12 @@ class DriverWorker:
             self.receipts.append(receipt)
         self._pending = None
         await self._stop_heartbeats()
+
+
+def _status(answer: bytes) -> int | None:
+    """The status code of an HTTP response's first bytes, or None when they hold none."""
+    parts = answer.split(b" ", 2)
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
 
 
 async def audit_run(cfg: ChaosConfig, store_url: str, receipts: Mapping[str, Sequence[Receipt]],
