@@ -34,3 +34,21 @@ def test_missing_and_diverged_scores_never_win() -> None:
     assert best_rate(rows, "sync_validation", "accuracy") == 0.2
     assert next_rate(rows, "accuracy") is None
     assert math.isnan(best_rate(_rows((0.1, None, None)), "sync_validation", "accuracy"))
+
+
+def test_a_search_over_several_seeds_scores_each_rate_by_its_mean() -> None:
+    # real simulations (digits, 2 workers, 1 epoch): every rate is trained once per seed, and the
+    # rate a side gets is the best mean, not the best single run
+    from bench.convergence import search_lr
+
+    found = search_lr("digits", 2, 1, None, shape={"policy": "vcasgd", "policy_params": {"alpha": 0.5}},
+                      seeds=(1000, 1001))
+    assert found["seeds"] == [1000, 1001]
+    assert found["runs_per_side"] == 2 * len(found["grid"])
+    for row in found["grid"]:
+        for side in ("fleet", "sync"):
+            per_seed = row[f"{side}_validation_per_seed"]
+            assert len(per_seed) == 2
+            assert math.isclose(row[f"{side}_validation"], sum(per_seed) / 2)
+    assert found["lr"] == best_rate(found["grid"], "fleet_validation", "accuracy")
+    assert found["sync_lr"] == best_rate(found["grid"], "sync_validation", "accuracy")
