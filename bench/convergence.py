@@ -43,10 +43,12 @@ counts restarts.
     python -m bench.convergence --sweeps-only --step-s 0.05 0.2 --json           # longer steps
 
 Budget (a quiet 2-core machine): the default run (digits' real runs, 5 seeds, then the simulated
-64-worker cells and the preemption-rate curve on ``--jobs`` processes) is under 20 minutes: 5 min 35 s
-to 6 min 35 s end to end on the 2-core machine of the night of 2026-12-04 to 05 (``import torch`` 1.3 s);
-on the slow machine of that evening (4.9 s) the real part took 10.5-12.5 minutes and the
-simulated part 5.4 (``--no-real``). ``--quick`` (no search) took 62 s on the first, 2 min 17 s on
+64-worker cells and the preemption-rate curve on ``--jobs`` processes) is under 20 minutes: 8 min 44 s
+end to end on the 2-core machine of 2026-12-05 (``import torch`` 1.3 s; the simulated part alone
+293 s) once the 64-worker cells trained 60 epochs with 3-seed searches; 5 min 35 s to 6 min 35 s
+there before, when they trained 20. On the slow machine of 2026-12-04 (4.9 s) the real part took
+10.5-12.5 minutes and the 20-epoch simulated part 5.4 (``--no-real``); the longer cells were not
+timed there. ``--quick`` (no search) took 62 s on the first, 2 min 17 s on
 the second. The mnist5000 adaptive cells
 (``--adaptive``, about 6 minutes more there), a real mnist5000 seed (12 epochs, about 100 s with
 its replay, search 71 s) and a tinylm seed (about 283 s, search 139 s) are asked for by name: 5
