@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterable, AsyncIterator
-from typing import Any
+from typing import Any, ClassVar
 
 from vcasync.errors import ConfigError, ObjectNotFoundError, PreconditionFailedError
 from vcasync.storage import DEFAULT_CHUNK_SIZE, BytesLike, ObjectInfo, validate_key, validate_prefix
@@ -32,6 +32,9 @@ class _Objects:
 
 class MemoryStorage(StorageBase):
     """An in-process object store. ``url`` is ``memory://name``; the name is only a label."""
+
+    #: Its objects live in this process: gone when it exits (:func:`vcasync.storage.outlives_process`).
+    process_local: ClassVar[bool] = True
 
     def __init__(self, name: str = "default", *, _objects: _Objects | None = None) -> None:
         super().__init__(f"memory://{name}")

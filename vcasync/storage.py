@@ -70,6 +70,7 @@ __all__ = [
     "buffer_blocks",
     "first_error",
     "open_storage",
+    "outlives_process",
     "probe_storage",
     "register_backend",
     "unregister_backend",
@@ -299,6 +300,17 @@ def url_scheme(url: str) -> str:
     if "://" not in url or len(scheme) <= 1:
         return "file"
     return scheme.lower()
+
+
+def outlives_process(url: str | os.PathLike[str], *,
+                     registry: Registry[StorageBackend] | None = None) -> bool:
+    """Whether what the store ``url`` names outlives the process that opens it. False for a
+    backend that says ``process_local = True`` (``memory://``: its objects live in that process
+    and are gone when it exits, so a coordinator restarted on it starts the run over); True for
+    every other (a backend that does not say is taken to be durable)."""
+    url = os.fspath(url) if isinstance(url, os.PathLike) else url
+    backend = (registry if registry is not None else _BACKENDS).get(url_scheme(url))
+    return not bool(getattr(backend, "process_local", False))
 
 
 def open_storage(url: str | os.PathLike[str], *, registry: Registry[StorageBackend] | None = None,

@@ -74,3 +74,15 @@ def test_bad_config_is_refused() -> None:
         DdpConfig(workers=2, workload="digits", batch_size=8, samples=32, lr=0.0)
     with pytest.raises(ConfigError, match="min_step_s"):
         DdpConfig(workers=2, workload="digits", batch_size=8, samples=32, lr=0.1, min_step_s=-1.0)
+
+
+def test_a_coordinator_kill_on_storage_that_dies_with_it_is_refused(tmp_path: Path) -> None:
+    # memory:// lives in the coordinator's process: killed and restarted on it, the run started
+    # over from a fresh model and ended at chance accuracy while the report said "all recovered"
+    from vcasync.demo.run import DemoConfig
+
+    with pytest.raises(ConfigError, match="outlives the coordinator process; memory://x"):
+        DemoConfig(kill_coordinator=True, storage="memory://x")
+    DemoConfig(kill_coordinator=False, storage="memory://x")           # no restart: fine
+    DemoConfig(kill_coordinator=True, storage=str(tmp_path / "state"))  # on disk: fine
+    DemoConfig(kill_coordinator=True, storage=(tmp_path / "s").as_uri())

@@ -20,6 +20,7 @@ from vcasync.storage import (
     available_backends,
     backend_registry,
     open_storage,
+    outlives_process,
     register_backend,
     validate_key,
     validate_prefix,
@@ -181,3 +182,26 @@ def test_validation_only_ever_raises_invalid_key(text: str) -> None:
     assert not text.startswith("/")
     assert "//" not in text
     assert not text.endswith("/")
+
+
+def test_which_stores_outlive_the_process_that_opens_them(tmp_path: Path) -> None:
+    # memory:// is gone with its process (a coordinator restarted on it starts the run over)
+    assert not outlives_process("memory://x")
+    for url in (str(tmp_path), tmp_path.as_uri(), tmp_path, "s3://bucket/p", "gs://bucket/p"):
+        assert outlives_process(url), url
+
+    class ThirdParty:                        # says nothing: taken to be durable
+        @staticmethod
+        def from_url(url: str, **options: object) -> Storage:
+            raise AssertionError("never opened")
+
+    class Scratch(ThirdParty):
+        process_local = True
+
+    registry = backend_registry()
+    registry.register("third", ThirdParty)
+    registry.register("scratch", Scratch)
+    assert outlives_process("third://x", registry=registry)
+    assert not outlives_process("scratch://x", registry=registry)
+    with pytest.raises(BackendUnavailableError, match="nope"):
+        outlives_process("nope://x", registry=registry)

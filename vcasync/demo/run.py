@@ -31,6 +31,7 @@ from typing import Any
 
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError
+from ..storage import outlives_process
 from .ddp import DdpConfig
 from .market import SpotMarket
 from .procs import Proc, Slot, Timeline
@@ -97,6 +98,11 @@ class DemoConfig:
              f"durability must be journal, snapshot or none, got {self.durability!r}"),
             (not (self.kill_coordinator and self.durability == "none"),
              "kill_coordinator needs durable state: durability journal or snapshot"),
+            # memory:// lives in the coordinator's process: restarted on it, the run started over
+            # from a fresh model, ended at chance accuracy, and the report said "all recovered"
+            (not (self.kill_coordinator and self.storage is not None and not outlives_process(self.storage)),
+             f"kill_coordinator needs storage that outlives the coordinator process; {self.storage} "
+             f"is gone when it exits: use a path, file://, s3:// or gs://"),
         ]
         for ok, message in checks:
             if not ok:
