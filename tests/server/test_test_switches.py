@@ -2,7 +2,8 @@
 (a pause at the start-up snapshot, every storage write failing) and the repository's ``harness`` on
 its ``PYTHONPATH``, it starts and serves as if they were not there. Only the test-only
 ``python -m harness.chaos_coordinator`` honours them (tests/core/test_testkit.py checks that the
-installed package never imports the harness at all)."""
+installed package never imports the harness at all). And what it says at start-up when its storage
+would not outlive it."""
 
 from __future__ import annotations
 
@@ -21,18 +22,18 @@ from vcasync._spawn import module_command
 SECRET = "switches-join-secret-0123456789abcdef"
 
 
-def _table(store: Path) -> dict[str, object]:
+def _table(store: str) -> dict[str, object]:
     return {"model": {"factory": "vcasync.examples.digits:model"},
             "units": {"shards": 2, "epochs": 1, "steps": 5},
-            "storage": {"url": f"file://{store}"},
+            "storage": {"url": store},
             "coordinator": {"durability": "journal"}}
 
 
 @contextlib.contextmanager
-def _coordinator(module: str, run_dir: Path,
-                 env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+def _coordinator(module: str, run_dir: Path, env: dict[str, str],
+                 storage: str | None = None) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "run.toml").write_text(toml_text(_table(run_dir / "store")))
+    (run_dir / "run.toml").write_text(toml_text(_table(storage or f"file://{run_dir / 'store'}")))
     port = free_port()
     with (run_dir / "coordinator.log").open("wb") as log:
         proc = subprocess.Popen(
@@ -86,3 +87,17 @@ def test_the_chaos_entry_point_honours_them(tmp_path: Path) -> None:
         # It pauses inside its first snapshot write, and says so with a marker file.
         assert _until(lambda: (markers / f"snapshot.{proc.pid}").exists(), proc, 90), \
             (tmp_path / "chaos" / "coordinator.log").read_text()
+
+
+def test_a_coordinator_on_storage_inside_its_process_warns_that_a_restart_starts_over(tmp_path: Path) -> None:
+    # memory:// is gone with the process: under a supervisor that restarts it (Kubernetes, systemd)
+    # the run would start over silently
+    run_dir = tmp_path / "mem"
+    with _coordinator("vcasync", run_dir, {}, storage="memory://trial") as (proc, port):
+        assert _until(lambda: _healthy(port), proc, 90), (run_dir / "coordinator.log").read_text()
+    log = (run_dir / "coordinator.log").read_text()
+    assert "storage memory://trial lives in this process" in log, log
+    assert "starts the run over" in log
+    with _coordinator("vcasync", tmp_path / "disk", {}) as (proc, port):
+        assert _until(lambda: _healthy(port), proc, 90)
+    assert "lives in this process" not in (tmp_path / "disk" / "coordinator.log").read_text()

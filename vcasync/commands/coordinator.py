@@ -300,7 +300,7 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     from ..coordinator import Coordinator, CoordinatorConfig
     from ..runconfig import dataclass_from_table
     from ..server._auth import StorageTokenStore, TokenAuthority
-    from ..storage import open_storage
+    from ..storage import open_storage, outlives_process
     from ..tensors import ModelState
 
     factory = import_object(cfg.model, what="model factory", app_dir=app_dir)
@@ -316,6 +316,10 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if not outlives_process(cfg.storage):
+        log.warning("storage %s lives in this process: the run's state is gone when it exits, and a "
+                    "restarted coordinator starts the run over (for a run that resumes: a path, "
+                    "file://, s3:// or gs://)", cfg.storage)
     async with open_storage(cfg.storage) as storage:
         if hooks is not None:
             policy = hooks.wrap_policy(policy)
