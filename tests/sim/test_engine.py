@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 
@@ -11,6 +12,13 @@ pytest.importorskip("vcasync.coordinator", reason="the simulator drives the real
 
 from vcasync.costing.prices import PriceTable
 from vcasync.sim import FleetConfig, NoPreemption, PoissonPreemption, SimConfig, Simulation, summarize
+from vcasync.sim.cli import configure, run
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    configure(p)
+    return p
 
 
 def _config(**kw: object) -> SimConfig:
@@ -89,3 +97,30 @@ def test_a_step_longer_than_ten_minutes_gets_a_lease_timeout_that_outlasts_it() 
     assert s["work"]["expired"] == 0
     assert s["work"]["samples_merged"] >= s["work"]["samples_planned"]
     assert Simulation(_config(lease_timeout_s=30.0)).lease_timeout_s() == 30.0  # as configured
+
+
+def test_a_run_whose_units_were_parked_is_not_finished() -> None:
+    # Found by hand: a step longer than the time between preemptions parked the only unit; the
+    # coordinator counts a parked unit as settled, and the simulator said "finished True" with
+    # nothing merged. Now it says what was given up, and the command exits 3 as the real one does.
+    from vcasync.sim.report import render_text
+
+    cfg = SimConfig(fleet=FleetConfig(workers=2), preemption=PoissonPreemption(20.0, hard_fraction=1.0),
+                    epochs=1, shards=1, sample_cost_s=100.0, sync_baseline=False, seed=0)
+    s = summarize(Simulation(cfg).run())
+    assert not s["finished"]
+    assert s["units_parked"] == 1
+    assert "failed 5 times" in s["parked"]["e0-s0"]
+    assert s["merges"]["accepted"] == 0
+    assert "1 unit(s) never trained" in render_text(s)
+    args = _parser().parse_args(["--workers", "2", "--epochs", "1", "--shards", "1", "--sample-cost-s",
+                                      "100", "--preemption-rate", "20", "--hard-fraction", "1", "--no-sync",
+                                      "--json"])
+    assert run(args) == 3
+    assert summarize(Simulation(_config()).run())["units_parked"] == 0
+
+
+@pytest.mark.parametrize("rate", ["-1", "nan"])
+def test_a_negative_or_nan_preemption_rate_is_refused(rate: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(_parser().parse_args(["--preemption-rate", rate])) == 2
+    assert "rate_per_hour must be a finite rate >= 0" in capsys.readouterr().err

@@ -100,7 +100,7 @@ def build_config(args: argparse.Namespace) -> SimConfig:
     preemption: PreemptionModel
     if args.trace is not None:
         preemption = TracePreemption.from_csv(args.trace)
-    elif args.preemption_rate > 0:
+    elif args.preemption_rate != 0:   # a negative or NaN rate is refused by PoissonPreemption
         preemption = PoissonPreemption(args.preemption_rate, restart_delay_s=args.restart_delay_s,
                                        notice_s=args.notice_s, hard_fraction=args.hard_fraction)
     else:
@@ -149,4 +149,4 @@ def run(args: argparse.Namespace) -> int:
         print(render_text(summary))
         if args.plot is not None:
             print(f"plot: {args.plot}")
-    return ExitCode.OK
+    return ExitCode.PARKED if summary["units_parked"] else ExitCode.OK

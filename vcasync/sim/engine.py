@@ -52,6 +52,9 @@ class SimOutcome:
     billing: Billing
     sync: SyncResult | None
     coordinator_status: dict[str, object]
+    #: units given up on after failing on several workers (unit id -> why): their samples were
+    #: never trained, so a run with any is not ``finished``
+    parked: dict[str, str]
 
 
 class Simulation:
@@ -142,8 +145,13 @@ class Simulation:
             await self._evaluate(coord, models, rec)
             status = coord.status()
             version = coord.version
+            # the coordinator's "finished" counts a parked unit as settled; a run that never
+            # trained some of its units is not finished here (the real command exits 3 for it)
+            parked = coord.parked()
+            finished = finished and not parked
         return SimOutcome(cfg, self.fleet, self.workload, len(self.unit_list), self.unit_steps,
-                          self.total_samples, finished, end, version, rec, billing, None, status)
+                          self.total_samples, finished, end, version, rec, billing, None, status,
+                          parked)
 
     async def _slot(self, coord: Coordinator, profile: MachineProfile, models: ModelCache,
                     rec: Recorder, billing: Billing) -> None:

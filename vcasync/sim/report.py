@@ -102,6 +102,8 @@ def summarize(out: SimOutcome, target: float | None = None) -> dict[str, Any]:
         "final_loss": None if final is None else final.loss,
         "sync_final_accuracy": None if sync_final is None else sync_final.accuracy,
         "finished": out.finished,
+        "units_parked": len(out.parked),
+        "parked": dict(list(out.parked.items())[:20]),
         "duration_s": out.duration_s,
         "final_version": out.final_version,
         "cost_at_target": at_target,
@@ -182,6 +184,10 @@ def render_text(s: dict[str, Any]) -> str:
         f"  staleness              {_staleness_text(s['staleness_histogram'])}",
         f"  finished               {s['finished']} after {_fmt(_hours(s['duration_s']))} h virtual",
     ]
+    if s["units_parked"]:
+        why = next(iter(s["parked"].values()), "")
+        lines.append(f"  parked                 {s['units_parked']} unit(s) never trained: they failed on "
+                     f"several workers (first: {why})")
     return "\n".join(lines)
 
 
