@@ -506,8 +506,8 @@ class Coordinator:
                 next_forget = self._clock() + FORGET_EVERY_S
                 forgotten = self._ledger.forget_workers()
                 if forgotten:
-                    log.info("forgot %d worker(s) silent for %.0fs (they register again if they "
-                             "come back)", forgotten, self.config.forget_workers_s or 0.0)
+                    log.debug("forgot %d worker(s) silent for %.0fs (they register again if they "
+                              "come back)", forgotten, self.config.forget_workers_s or 0.0)
 
     async def _snapshot_loop(self) -> None:
         """Writes what the merge loop captured; asks for a capture when the interval passes."""
