@@ -73,8 +73,9 @@ class UnitsConfig:
             if self.count < 1:
                 raise ConfigError(f"units.count must be >= 1, got {self.count}")
             epochs = math.ceil(self.count / max(1, self.shards))
-        units = make_units(self.shards, epochs=epochs, steps=self.steps, params=dict(self.params))
-        return units[: self.count] if self.count is not None else units
+        # with count, only those units are built (5 units of 10**9 shards built them all)
+        return make_units(self.shards, epochs=epochs, steps=self.steps, params=dict(self.params),
+                          count=self.count)
 
 
 @dataclass(frozen=True, slots=True)

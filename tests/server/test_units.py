@@ -10,6 +10,7 @@ import pytest
 
 from vcasync import errors as E
 from vcasync.errors import AuthError, ConfigError
+from vcasync.ledger import MAX_UNITS
 from vcasync.protocol._errors import HTTP_ERRORS, error_fields, error_from_body, spec_for
 from vcasync.runconfig import UnitsConfig, load_run_config
 from vcasync.server._auth import StorageTokenStore, TokenAuthority
@@ -170,6 +171,23 @@ def test_units_count() -> None:
     units = UnitsConfig(shards=4, count=10, steps=2).build()
     assert len(units) == 10
     assert {u.shard for u in units} == {0, 1, 2, 3}
+    # only the units asked for are built: 5 of a billion shards, at once
+    few = UnitsConfig(shards=10**9, count=5).build()
+    assert [u.unit_id for u in few] == [f"e0-s{i}" for i in range(5)]
+    assert few[0].num_shards == 10**9
+
+
+@pytest.mark.parametrize(("table", "match"), [
+    ({"shards": 2, "epochs": 100_000_000},
+     r"2 shards x 100000000 epochs = 200,000,000 work units; the limit is 10,000,000"),
+    ({"shards": 10**9}, r"1000000000 shards x 1 epochs = 1,000,000,000 work units"),
+    ({"shards": 3, "count": MAX_UNITS + 1}, r"count = 10,000,001 work units; the limit"),
+])
+def test_a_run_of_more_units_than_the_ledger_keeps_is_refused_before_any_is_built(
+        table: dict[str, int], match: str) -> None:
+    # a typo (epochs = 100000000) used to build 200 million units until the machine ran out of memory
+    with pytest.raises(ConfigError, match=match):
+        UnitsConfig(**table).build()  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("text", "match"), [

@@ -18,6 +18,7 @@ from ._ledger import (
     WorkUnit,
     make_units,
 )
+from ._units import MAX_UNITS
 
-__all__ = ["LeaseGrant", "LeaseState", "Ledger", "LedgerConfig", "Receipt", "ResultCheck",
+__all__ = ["MAX_UNITS", "LeaseGrant", "LeaseState", "Ledger", "LedgerConfig", "Receipt", "ResultCheck",
            "UnitState", "WorkUnit", "make_units"]

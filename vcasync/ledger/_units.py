@@ -6,13 +6,20 @@ validated on the way in, so a malformed unit list fails with a :class:`ConfigErr
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from ..errors import ConfigError
 
-__all__ = ["LeaseGrant", "Receipt", "ReceiptStatus", "WorkUnit", "make_units", "receipt_status"]
+__all__ = ["MAX_UNITS", "LeaseGrant", "Receipt", "ReceiptStatus", "WorkUnit", "make_units",
+           "receipt_status"]
+
+#: The most units :func:`make_units` builds: a run's ledger keeps a unit's state and spec in memory
+#: and in every snapshot (about 185 bytes a unit there, ``bench.ledger``), so a typo such as
+#: ``epochs = 100000000`` is refused at once instead of filling the machine's memory.
+MAX_UNITS = 10_000_000
 
 ReceiptStatus = Literal["accepted", "duplicate", "rejected"]
 
@@ -92,13 +99,21 @@ class WorkUnit:
 
 
 def make_units(num_shards: int, *, epochs: int = 1, steps: int = 1,
-               params: Mapping[str, Any] | None = None) -> list[WorkUnit]:
-    """One unit per (epoch, shard), ids ``e{epoch}-s{shard}``: the usual data-parallel split."""
+               params: Mapping[str, Any] | None = None, count: int | None = None) -> list[WorkUnit]:
+    """One unit per (epoch, shard), ids ``e{epoch}-s{shard}``: the usual data-parallel split.
+    ``count``: only the first ``count`` of them (epoch by epoch), however many ``epochs`` say.
+    More than :data:`MAX_UNITS` units raise :class:`ConfigError` before any is built."""
     _int("num_shards", num_shards, minimum=1)
     _int("epochs", epochs, minimum=1)
-    return [WorkUnit(f"e{e}-s{s}", shard=s, num_shards=num_shards, epoch=e, steps=steps,
-                     params=dict(params or {}))
-            for e in range(epochs) for s in range(num_shards)]
+    total = num_shards * epochs if count is None else _int("count", count, minimum=1)
+    if total > MAX_UNITS:
+        made = (f"{num_shards} shards x {epochs} epochs" if count is None else "count")
+        raise ConfigError(f"{made} = {total:,} work units; the limit is {MAX_UNITS:,} "
+                          f"(vcasync.ledger.MAX_UNITS: the ledger keeps every unit in memory)")
+    units = (WorkUnit(f"e{e}-s{s}", shard=s, num_shards=num_shards, epoch=e, steps=steps,
+                      params=dict(params or {}))
+             for e in range(epochs) for s in range(num_shards))
+    return list(itertools.islice(units, total))
 
 
 @dataclass(frozen=True, slots=True)
