@@ -100,3 +100,16 @@ def test_coordinator_help_documents_storage_urls_options_and_failures(
                    "?service_file=", "503 storage_unavailable", "storage_outage_limit_s",
                    "storage_probe_interval_s", "exit status 4"):
         assert needle in text, f"{needle!r} is not in 'vcasync coordinator --help'"
+
+
+def test_worker_refuses_zero_threads_and_warns_of_state_that_dies_with_it(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # --threads 0 was taken as "not given"; --state memory:// cannot be resumed from anywhere
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    args = ["worker", "--coordinator", "http://127.0.0.1:9", "--trainer", "vcasync.examples.digits:train",
+            "--state", "memory://w", "--threads", "0"]
+    with caplog.at_level(logging.WARNING, logger="vcasync.cli"):
+        assert main(args) == 2
+    assert "--threads must be >= 1, got 0" in capsys.readouterr().err
+    assert "--state memory://w lives in this process" in caplog.text

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..cli import Command, read_secret
 from ..errors import ConfigError
+from ..storage import outlives_process
 
 log = logging.getLogger("vcasync.cli")
 
@@ -60,13 +61,19 @@ def _run(a: argparse.Namespace) -> int:
 
     if a.state_dir is None and a.state is None:
         raise ConfigError("give --state-dir DIR (local state) or --state URL (state in storage)")
+    if a.state is not None and not outlives_process(a.state):
+        log.warning("--state %s lives in this process: a worker started again (here or on another "
+                    "machine) will not find its identity, lease or checkpoints there (for a state "
+                    "that resumes: s3://, gs:// or file://)", a.state)
+    if a.threads is not None and a.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {a.threads}")
     secret = read_secret("VCASYNC_JOIN_SECRET", a.join_secret_file, what="join secret")
     token = os.environ.get("VCASYNC_JOIN_TOKEN") or None
     if not secret and not token:
         raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET or VCASYNC_JOIN_TOKEN "
                           "(or --join-secret-file)")
     trainer = import_object(a.trainer, what="trainer", app_dir=a.app_dir)
-    if a.threads:
+    if a.threads is not None:
         import torch
 
         torch.set_num_threads(a.threads)
