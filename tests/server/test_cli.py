@@ -113,3 +113,16 @@ def test_worker_refuses_zero_threads_and_warns_of_state_that_dies_with_it(
         assert main(args) == 2
     assert "--threads must be >= 1, got 0" in capsys.readouterr().err
     assert "--state memory://w lives in this process" in caplog.text
+
+
+def test_requeue_against_a_coordinator_that_is_not_there_says_so(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.fleet import free_port
+
+    monkeypatch.setenv("VCASYNC_OPERATOR_TOKEN", "o" * 20)
+    url = f"http://127.0.0.1:{free_port()}"       # nothing listens there
+    assert main(["requeue", "--coordinator", url]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot reach the coordinator at {url}" in err
+    assert "nothing was requeued" in err
+    assert "Traceback" not in err

@@ -44,7 +44,18 @@ def _run(a: argparse.Namespace) -> int:
         async with CoordinatorClient(url, ssl_context=ssl_ctx) as client:
             return await client.requeue(token, a.units or None)
 
-    done = asyncio.run(main())
+    import sys
+
+    import aiohttp
+
+    try:
+        done = asyncio.run(main())
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        # a traceback here told the operator nothing they could act on
+        detail = str(exc) or type(exc).__name__
+        print(f"vcasync requeue: cannot reach the coordinator at {url}: {detail} (nothing was "
+              f"requeued; is it running, and is the URL its listening address?)", file=sys.stderr)
+        return ExitCode.ERROR
     print(json.dumps({"requeued": done}))
     log.info("requeued %d unit(s)", len(done))
     return ExitCode.OK
