@@ -46,6 +46,21 @@ def test_a_json_or_toml_price_file_adds_and_replaces_rows(tmp_path: Path) -> Non
     assert PriceTable.from_file(tm)["big-1"].spot_per_h == 0.3
 
 
+def test_a_csv_price_file_reads_like_the_json_rows(tmp_path: Path) -> None:
+    # the file a user exports from a spreadsheet or an invoice: a header row, a row per instance
+    path = tmp_path / "p.CSV"
+    path.write_text("provider,instance,region,vcpus,memory_gib,on_demand_per_h,spot_per_h,source,as_of,"
+                    "approximate,min_billed_s,note\n"
+                    "acme,big-1,moon-1,8,32,1.0,0.2,acme price page,2026-11,yes,,\n"
+                    'acme,big-2,moon-1,16,64,2.0,0.5,"page, p. 2",2026-11,false,0,per second\n')
+    table = PriceTable.from_file(path)
+    one, two = table["acme:big-1"], table["acme:big-2"]
+    assert one == PriceTable.from_rows([{**ROW, "approximate": True}])["acme:big-1"]
+    assert one.min_billed_s == 60.0            # an empty cell: the field's default
+    assert (two.vcpus, two.source, two.approximate, two.min_billed_s, two.note) == (
+        16, "page, p. 2", False, 0.0, "per second")
+
+
 @pytest.mark.parametrize(("content", "suffix", "word"), [
     (None, ".json", "cannot read"),
     ("{not json", ".json", "not valid"),
@@ -57,12 +72,22 @@ def test_a_json_or_toml_price_file_adds_and_replaces_rows(tmp_path: Path) -> Non
     (json.dumps([{**ROW, "spot_per_h": "cheap"}]), ".json", "must be a number"),
     (json.dumps([{**ROW, "spot_per_h": -1}]), ".json", "finite price"),
     (json.dumps([ROW, ROW]), ".json", "twice"),
+    ("provider,instance\n", ".csv", "non-empty list"),
+    (",".join(ROW) + "\n" + ",".join(str(v) for v in ROW.values()) + ",extra\n", ".csv", "more cells"),
+    (",".join(ROW) + "\n" + ",".join("cheap" if k == "spot_per_h" else str(v) for k, v in ROW.items())
+     + "\n", ".csv", "line 2: spot_per_h = 'cheap' is not a number"),
+    (",".join([*ROW, "approximate"]) + "\n" + ",".join([*(str(v) for v in ROW.values()), "maybe"]) + "\n",
+     ".csv", "approximate = 'maybe' is not a true/false"),
+    (",".join(k for k in ROW if k != "vcpus") + "\n"
+     + ",".join(str(v) for k, v in ROW.items() if k != "vcpus") + "\n", ".csv",
+     r"missing field\(s\) \['vcpus'\]"),
+    ("\udcff", ".csv", "cannot read"),
 ])
 def test_a_bad_price_file_is_a_config_error_that_names_it(tmp_path: Path, content: str | None, suffix: str,
                                                            word: str) -> None:
     path = tmp_path / f"prices{suffix}"
-    if content is not None:
-        path.write_text(content)
+    if content is not None:   # a lone surrogate stands for bytes that are not UTF-8
+        path.write_bytes(content.encode("utf-8", "surrogateescape"))
     with pytest.raises(ConfigError, match=word) as info:
         PriceTable.from_file(path)
     assert "prices" in str(info.value)

@@ -18,6 +18,8 @@ and could not be re-checked from a machine without network access. Bring your ow
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import tomllib
 from collections.abc import Iterator, Mapping
@@ -194,21 +196,25 @@ class PriceTable(Mapping[str, InstancePrice]):
 
     @classmethod
     def from_file(cls, path: str | Path) -> PriceTable:
-        """Rows from a JSON list (or ``{"prices": [...]}``) or a TOML file of ``[[prices]]`` tables."""
+        """Rows from a JSON list (or ``{"prices": [...]}``), a TOML file of ``[[prices]]`` tables,
+        or a ``.csv`` file with a header row of field names (empty cells: the field's default)."""
         p = Path(path)
         try:
             text = p.read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read price file {str(p)!r}: {exc.strerror}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise ConfigError(f"cannot read price file {str(p)!r}: {why}") from None
+        fmt = {".toml": "TOML", ".csv": "CSV"}.get(p.suffix.lower(), "JSON")
         try:
-            doc: object = tomllib.loads(text) if p.suffix == ".toml" else json.loads(text)
-        except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"price file {str(p)!r} is not valid {p.suffix.lstrip('.') or 'JSON'}: "
-                              f"{exc}") from None
+            doc: object = (tomllib.loads(text) if fmt == "TOML" else _csv_rows(text) if fmt == "CSV"
+                           else json.loads(text))
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError, csv.Error, ValueError) as exc:
+            raise ConfigError(f"price file {str(p)!r} is not valid {fmt}: {exc}") from None
         rows = doc.get("prices") if isinstance(doc, dict) else doc
         if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
             raise ConfigError(f"price file {str(p)!r} must hold a non-empty list of price rows "
-                              '(JSON: [{...}] or {"prices": [...]}; TOML: [[prices]] tables)')
+                              '(JSON: [{...}] or {"prices": [...]}; TOML: [[prices]] tables; CSV: a '
+                              "header row and a row per instance)")
         try:
             return cls.from_rows(rows)
         except ConfigError as exc:
@@ -236,3 +242,35 @@ class PriceTable(Mapping[str, InstancePrice]):
             except TypeError as exc:
                 raise ConfigError(f"price row {i}: {exc}") from None
         return cls(prices)
+
+
+_CSV_NUMBERS = {"vcpus": int, "memory_gib": float, "on_demand_per_h": float, "spot_per_h": float,
+                "min_billed_s": float}
+_CSV_BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
+def _csv_rows(text: str) -> list[dict[str, object]]:
+    """A CSV price file's rows as the JSON rows ``from_rows`` takes: numbers and ``approximate``
+    parsed, empty cells left out (the field's default, or "missing" for a required one)."""
+    rows: list[dict[str, object]] = []
+    reader = csv.DictReader(io.StringIO(text), strict=True)
+    for line, raw in enumerate(reader, start=2):
+        if None in raw:
+            raise ValueError(f"line {line} has more cells than the header")
+        row: dict[str, object] = {}
+        for name, cell in raw.items():
+            cell = (cell or "").strip()
+            if not cell:
+                continue
+            try:
+                if name in _CSV_NUMBERS:
+                    row[name] = _CSV_NUMBERS[name](cell)
+                elif name == "approximate":
+                    row[name] = _CSV_BOOLS[cell.lower()]
+                else:
+                    row[name] = cell
+            except (KeyError, ValueError):
+                raise ValueError(f"line {line}: {name} = {cell!r} is not a "
+                                 f"{'true/false' if name == 'approximate' else 'number'}") from None
+        rows.append(row)
+    return rows

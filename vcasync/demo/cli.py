@@ -52,7 +52,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--coordinator-instance", default=DEFAULT_COORDINATOR_INSTANCE,
                    help="instance type of the coordinator (on demand)")
     p.add_argument("--prices", type=Path, metavar="FILE",
-                   help="JSON or TOML price rows that add to / replace the built-in table")
+                   help="JSON, TOML or CSV price rows that add to / replace the built-in table")
     p.add_argument("--spot-price", type=float, help="override the instance's spot $/h")
     p.add_argument("--on-demand-price", type=float, help="override the instance's on-demand $/h")
     p.add_argument("--seed", type=int, default=0)

@@ -68,7 +68,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     c.add_argument("--price-table", type=Path,
                    help="JSON list of instance prices replacing the built-in table")
     c.add_argument("--prices", type=Path, metavar="FILE",
-                   help="JSON or TOML price rows that add to / replace rows of the table")
+                   help="JSON, TOML or CSV price rows that add to / replace rows of the table")
     c.add_argument("--list-prices", action="store_true", help="print the price table and exit")
     o = p.add_argument_group("output")
     o.add_argument("--target-accuracy", type=float)
