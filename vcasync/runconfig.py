@@ -91,7 +91,8 @@ class RunConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     #: Seconds to keep serving after the run is finished (workers hear "finished"), then exit.
     linger_s: float = 10.0
-    #: Where to write the final weights (``torch.save`` of the state dict), if anywhere.
+    #: Where to write the final weights (``torch.save`` of the state dict), if anywhere; its
+    #: directory must exist (checked when the coordinator starts).
     output: Path | None = None
 
 

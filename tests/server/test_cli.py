@@ -126,3 +126,20 @@ def test_requeue_against_a_coordinator_that_is_not_there_says_so(
     assert f"cannot reach the coordinator at {url}" in err
     assert "nothing was requeued" in err
     assert "Traceback" not in err
+
+
+def test_coordinator_refuses_an_output_it_could_not_write_and_an_unknown_storage_scheme(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Both were found only late: the output when the run finished (after all of it), the scheme
+    # as an "unexpected error" (exit 1) instead of a configuration one
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    base = ["coordinator", "--model", "vcasync.examples.digits:model", "--port", "0"]
+    store = ["--storage", str(tmp_path / "store")]
+    assert main([*base, *store, "--output", str(tmp_path / "missing" / "w.pt")]) == 2
+    assert f"the directory {tmp_path / 'missing'} does not exist" in capsys.readouterr().err
+    assert main([*base, *store, "--output", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert not (tmp_path / "store").exists()          # refused before anything was made
+    assert main([*base, "--storage", "zzz://bucket"]) == 2
+    err = capsys.readouterr().err
+    assert "configuration error: no storage backend for the URL scheme 'zzz'" in err

@@ -84,7 +84,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
                    help="seconds to keep serving after the run is finished (default 10)")
     p.add_argument("--output", type=Path,
                    help="write the final weights here (torch.save of a state dict) as soon as the run "
-                        "finishes; not written when it is stopped before")
+                        "finishes; not written when it is stopped before; its directory must exist")
     p.add_argument("--port-file", type=Path, help="write the bound URL here once listening")
     p.add_argument("--app-dir", type=Path, default=Path("."),
                    help="put this directory on sys.path to find the model factory (default: .)")
@@ -296,6 +296,8 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     """
     import torch
 
+    _check_output(cfg.output)
+
     from .._imports import import_object
     from ..coordinator import Coordinator, CoordinatorConfig
     from ..runconfig import dataclass_from_table
@@ -384,6 +386,21 @@ async def _serve_until_done(cfg: RunConfig, coord: Coordinator, authority: Any, 
                      f"; {cfg.output} not written (the weights are not final)"
                      if cfg.output is not None else "")
         return finished
+
+
+def _check_output(output: Path | None) -> None:
+    """Refuse at start-up an ``output`` the final weights could not be written to: found only when
+    the run finished, it failed the command after the whole run."""
+    if output is None:
+        return
+    if output.is_dir():
+        raise ConfigError(f"run.output {output} is a directory; name the file the final weights go to")
+    parent = output.parent
+    if not parent.is_dir():
+        raise ConfigError(f"run.output: the directory {parent} does not exist (the final weights are "
+                          f"written to {output} when the run finishes)")
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(f"run.output: the directory {parent} is not writable by this process")
 
 
 def _write_output(cfg: RunConfig, coord: Coordinator) -> None:
