@@ -6,6 +6,7 @@ gradients really were all-reduced), and the result equals single-process SGD on 
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,18 @@ def test_a_coordinator_kill_on_storage_that_dies_with_it_is_refused(tmp_path: Pa
     DemoConfig(kill_coordinator=False, storage="memory://x")           # no restart: fine
     DemoConfig(kill_coordinator=True, storage=str(tmp_path / "state"))  # on disk: fine
     DemoConfig(kill_coordinator=True, storage=(tmp_path / "s").as_uri())
+
+
+def test_a_run_dir_that_holds_an_earlier_run_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    # Found by running the demo twice with one --run-dir: the coordinator found the earlier run
+    # finished and exited, and the demo said only "the coordinator exited at start"
+    from vcasync.demo.run import DemoConfig, run_demo
+
+    (tmp_path / "state").mkdir()
+    (tmp_path / "report.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"is not empty \(it holds an earlier demo run\)"):
+        asyncio.run(run_demo(DemoConfig(run_dir=tmp_path, progress=False)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "state"]   # nothing added
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="is not a directory"):
+        asyncio.run(run_demo(DemoConfig(run_dir=tmp_path / "file", progress=False)))

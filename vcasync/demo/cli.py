@@ -44,7 +44,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restart-delay", type=float, nargs=2, default=(1.0, 4.0), metavar=("MIN", "MAX"))
     p.add_argument("--grace", type=float, default=5.0, help="seconds a SIGTERMed worker has to wrap up")
     p.add_argument("--kill-coordinator", action="store_true", help="SIGKILL and restart the coordinator once")
-    p.add_argument("--run-dir", type=Path, help="where state, logs and the report go (default ./runs/<time>)")
+    p.add_argument("--run-dir", type=Path,
+                   help="where state, logs and the report go: a new or empty directory "
+                        "(default ./runs/<time>)")
     p.add_argument("--storage", help="storage URL for the coordinator (default: <run-dir>/state on disk)")
     p.add_argument("--durability", default="journal", choices=["journal", "snapshot", "none"],
                    help="coordinator durability (default journal: acknowledged results survive a crash)")

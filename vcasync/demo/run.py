@@ -185,6 +185,16 @@ def _fresh_run_dir(base: Path) -> Path:
     raise ConfigError(f"cannot create a fresh run directory under {base}")
 
 
+def _check_empty(run_dir: Path) -> None:
+    """A demo run needs a directory of its own: in one that holds an earlier run, the coordinator
+    found that run finished and exited at once, and the demo said only "exited at start"."""
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        what = "is not a directory" if not run_dir.is_dir() else "is not empty"
+        earlier = " (it holds an earlier demo run)" if (run_dir / "state").exists() else ""
+        raise ConfigError(f"--run-dir {run_dir} {what}{earlier}: each demo run needs a fresh "
+                          f"directory; name another, or leave --run-dir out for ./runs/<time>")
+
+
 def _toml(value: Any) -> str:
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -197,6 +207,8 @@ class _Demo:
     def __init__(self, cfg: DemoConfig, data_train: int, model_ref: str) -> None:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
+        if cfg.run_dir is not None:
+            _check_empty(cfg.run_dir)
         self.run_dir = cfg.run_dir if cfg.run_dir is not None else _fresh_run_dir(Path("runs"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for sub in ("logs", "events", "workers", "scratch"):
