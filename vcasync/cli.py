@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from .errors import BackendUnavailableError, ConfigError, VCAsyncError
+from .errors import BackendUnavailableError, ConfigError, UnknownPolicyError, VCAsyncError
 from .exit_codes import ExitCode
 
 __all__ = ["ENVIRONMENT", "Command", "EnvVar", "ExitCode", "available_commands", "environment_help", "main",
@@ -182,9 +182,9 @@ def main(argv: Sequence[str] | None = None, *, commands: Mapping[str, Command] |
     setup_logging(args.log_level)
     try:
         return commands[args.command].run(args)
-    except (ConfigError, BackendUnavailableError) as exc:
-        # an unknown storage URL scheme, or a backend whose package is not installed: the
-        # configuration (or the install) to fix, nothing that ran and failed
+    except (ConfigError, BackendUnavailableError, UnknownPolicyError) as exc:
+        # an unknown storage URL scheme or policy name, or a backend whose package is not
+        # installed: the configuration (or the install) to fix, nothing that ran and failed
         print(f"vcasync {args.command}: configuration error: {exc}", file=sys.stderr)
         return ExitCode.CONFIG
     except VCAsyncError as exc:

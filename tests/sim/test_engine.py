@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -124,3 +125,15 @@ def test_a_run_whose_units_were_parked_is_not_finished() -> None:
 def test_a_negative_or_nan_preemption_rate_is_refused(rate: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(_parser().parse_args(["--preemption-rate", rate])) == 2
     assert "rate_per_hour must be a finite rate >= 0" in capsys.readouterr().err
+
+
+def test_an_unwritable_plot_or_unknown_policy_is_refused_before_the_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # --plot into a missing directory failed with a traceback after the whole simulation;
+    # an unknown policy was exit 1 ("unexpected error") instead of a configuration error
+    from vcasync.cli import main
+
+    assert run(_parser().parse_args(["--plot", str(tmp_path / "no" / "p.png")])) == 2
+    assert f"the directory {tmp_path / 'no'} does not exist" in capsys.readouterr().err
+    assert main(["simulate", "--policy", "nosuch"]) == 2
+    assert "configuration error: no merge policy named 'nosuch'" in capsys.readouterr().err

@@ -121,6 +121,17 @@ def build_config(args: argparse.Namespace) -> SimConfig:
         seed=args.seed)
 
 
+def _check_plot(path: Path) -> None:
+    """Refuse before the run a ``--plot`` that could not be written (found after it, the run's
+    figures ended in a traceback): a missing directory, or no matplotlib."""
+    import importlib.util
+
+    if not Path(path).parent.is_dir():
+        raise ConfigError(f"--plot {path}: the directory {Path(path).parent} does not exist")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ConfigError("--plot needs matplotlib: pip install 'vcasync[demo]'")
+
+
 def run(args: argparse.Namespace) -> int:
     from ..exit_codes import ExitCode
 
@@ -134,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{', approximate' if r['approximate'] else ''})" for r in rows))
             return ExitCode.OK
         config = build_config(args)
+        if args.plot is not None:
+            _check_plot(args.plot)
         from .engine import Simulation
         from .report import plot_summary, render_text, summarize
 
