@@ -451,3 +451,20 @@ def test_uvloop_is_used_when_installed() -> None:
     assert run(loop_module(), use_uvloop=False).startswith("asyncio")
     if uvloop_available():
         assert run(loop_module()).startswith("uvloop")
+
+
+@pytest.mark.parametrize(("field", "value", "match"), [
+    ("codec", "nosuch", "unknown codec 'nosuch'; known: .*'raw'"),
+    ("max_units", 0, "max_units must be >= 1 or None, got 0"),
+    ("request_timeout_s", 0.0, "request_timeout_s must be > 0"),
+    ("max_trainer_failures", 0, "max_trainer_failures must be >= 1"),
+    ("keep_checkpoints", -1, "keep_checkpoints must be >= 1, got -1"),
+    ("state_lease_s", 0.0, "state_lease_s must be > 0"),
+])
+def test_a_worker_config_that_could_never_work_is_refused_when_made(field: str, value: object,
+                                                                    match: str) -> None:
+    # found by starting 'vcasync worker' with each: all were taken, the codec failing only at
+    # the first upload, after a whole unit's training
+    with pytest.raises(ConfigError, match=match):
+        WorkerConfig(**{field: value})  # type: ignore[arg-type]
+    WorkerConfig(codec="zstd", max_units=1, keep_checkpoints=1)

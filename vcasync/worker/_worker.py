@@ -65,7 +65,7 @@ from ..retry import RetryPolicy, is_transient
 from ..storage import Storage
 from ..tensors import ModelState
 from ..trainer import TrainContext, Trainer, TrainResult
-from ..wire import Limits
+from ..wire import Limits, resolve_codec
 from ._client import CoordinatorClient, client_ssl_context
 from ._io import ModelCache, result_tensors, spool_result
 from ._remote_state import RemoteStateDir
@@ -116,6 +116,21 @@ class WorkerConfig:
             raise ConfigError("grace_period_s must be positive")
         if self.keep_models < 1:
             raise ConfigError("keep_models must be at least 1")
+        # Each was taken as it came and found wrong only late: a codec at the first upload, after
+        # a unit's training; max_units 0, a worker that can do nothing; a state lease of 0 s.
+        checks = [
+            (self.max_units is None or self.max_units >= 1,
+             f"max_units must be >= 1 or None, got {self.max_units}"),
+            (self.request_timeout_s > 0, f"request_timeout_s must be > 0, got {self.request_timeout_s}"),
+            (self.max_trainer_failures >= 1,
+             f"max_trainer_failures must be >= 1, got {self.max_trainer_failures}"),
+            (self.keep_checkpoints >= 1, f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}"),
+            (self.state_lease_s > 0, f"state_lease_s must be > 0, got {self.state_lease_s}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+        resolve_codec(self.codec)     # an unknown codec names the known ones
         if not isinstance(self.backoff, RetryPolicy) or self.backoff.base_delay_s <= 0:
             raise ConfigError(f"backoff must be a RetryPolicy with base_delay_s > 0 (the worker retries "
                               f"a coordinator that is down without end), got {self.backoff!r}")
