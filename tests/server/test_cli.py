@@ -143,3 +143,19 @@ def test_coordinator_refuses_an_output_it_could_not_write_and_an_unknown_storage
     assert main([*base, "--storage", "zzz://bucket"]) == 2
     err = capsys.readouterr().err
     assert "configuration error: no storage backend for the URL scheme 'zzz'" in err
+
+
+def test_coordinator_on_a_port_in_use_is_a_configuration_error(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["coordinator", "--model", "vcasync.examples.digits:model", "--port", str(port),
+                     "--storage", str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err
+    assert "address already in use" in err

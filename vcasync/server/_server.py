@@ -289,6 +289,11 @@ class Server:
         try:
             site = web.TCPSite(runner, cfg.host, cfg.port, ssl_context=ctx, backlog=cfg.backlog)
             await site.start()
+        except OSError as exc:     # a port in use, a host that is not this machine's: a traceback before
+            await runner.cleanup()
+            why = exc.strerror or str(exc) or type(exc).__name__
+            raise ConfigError(f"cannot listen on {cfg.host}:{cfg.port}: {why} (server.host is one of this "
+                              f"machine's addresses, server.port a free port or 0)") from exc
         except BaseException:
             await runner.cleanup()
             raise
