@@ -175,3 +175,25 @@ def test_learning_rates_default_to_the_square_root_rule() -> None:
     assert cfg.worker_lr == pytest.approx(0.1)
     assert cfg.baseline_lr == pytest.approx(0.1)
     assert DemoConfig(workers=4, lr=0.3, sync_lr=0.2).worker_lr == 0.3
+
+
+def test_the_summary_shows_the_loss_a_loss_judged_workload_is_targeted_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # tinylm's summary showed only accuracies beside a target in loss ("DDP's final minus 1 % of loss")
+    from vcasync.demo.cli import _print_summary
+
+    slots = [_slot(0, [(0.0, 200.0)], [1], tmp_path)]
+    run = _run(tmp_path, [], slots)
+    run.accuracy = [(60.0, 3, 2, 0.5, 1.0), (150.0, 9, 4, 0.95, 0.2)]
+    rep = build_report(run, _ddp(1, [(5.0, 0, 0.1, 2.3), (100.0, 2000, 0.95, 0.25)]), T0_WALL)
+    _print_summary(rep, [])
+    out = capsys.readouterr().out
+    assert "final test loss" not in out
+    assert "(DDP's final minus 0.5 point(s))" in out
+    rep["metric"] = "loss"
+    rep["cost"]["target"]["tolerance"] = "1 % of loss"
+    _print_summary(rep, [])
+    out = capsys.readouterr().out
+    assert f"final test loss         {rep['final_loss']:.3f}" in out
+    assert f"samples: {rep['ddp_loss']:.3f})" in out
+    assert "(DDP's final loss plus 1 % of loss)" in out
