@@ -114,6 +114,9 @@ def test_a_run_whose_units_were_parked_is_not_finished() -> None:
     assert "failed 5 times" in s["parked"]["e0-s0"]
     assert s["merges"]["accepted"] == 0
     assert "1 unit(s) never trained" in render_text(s)
+    assert "never reached the target" not in render_text(s)      # no baseline: no target
+    s["target_accuracy"] = 0.9                                   # a target the fleet missed
+    assert "n/a: async never reached the target, so the full run's saving" in render_text(s)
     args = _parser().parse_args(["--workers", "2", "--epochs", "1", "--shards", "1", "--sample-cost-s",
                                       "100", "--preemption-rate", "20", "--hard-fraction", "1", "--no-sync",
                                       "--json"])
