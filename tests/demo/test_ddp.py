@@ -102,3 +102,16 @@ def test_a_run_dir_that_holds_an_earlier_run_is_refused_before_anything_starts(t
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match="is not a directory"):
         asyncio.run(run_demo(DemoConfig(run_dir=tmp_path / "file", progress=False)))
+
+
+def test_a_storage_that_holds_an_earlier_run_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    # the coordinator resumed what it found there: an earlier finished run ended it at once
+    from vcasync.demo.run import DemoConfig, run_demo
+
+    store = tmp_path / "store"
+    (store / "vcasync").mkdir(parents=True)
+    (store / "vcasync" / "run.json").write_text("{}")
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"--storage .* is not empty \(it holds 'vcasync/run.json'"):
+        asyncio.run(run_demo(DemoConfig(run_dir=run_dir, storage=store.as_uri(), progress=False)))
+    assert not run_dir.exists()                      # refused before anything was made

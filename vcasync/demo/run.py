@@ -31,7 +31,7 @@ from typing import Any
 
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError
-from ..storage import outlives_process
+from ..storage import open_storage, outlives_process
 from .ddp import DdpConfig
 from .market import SpotMarket
 from .procs import Proc, Slot, Timeline
@@ -195,6 +195,15 @@ def _check_empty(run_dir: Path) -> None:
                           f"directory; name another, or leave --run-dir out for ./runs/<time>")
 
 
+async def _check_fresh_storage(url: str) -> None:
+    """The demo's coordinator starts a run of its own: on a store that holds one already it
+    resumes that (a finished one ends at once, and the demo said only "exited at start")."""
+    async with open_storage(url) as storage:
+        async for key in storage.list(""):
+            raise ConfigError(f"--storage {url} is not empty (it holds {key!r}, perhaps an earlier "
+                              f"run, which the coordinator would resume): name an empty store")
+
+
 def _toml(value: Any) -> str:
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -336,6 +345,8 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
     from .monitor import Monitor
 
     work = get_workload(cfg.workload)
+    if cfg.storage is not None:
+        await _check_fresh_storage(cfg.storage)
     demo = _Demo(cfg, work.num_train, work.model_ref)
     out = DemoRun(cfg, demo.run_dir, demo.timeline, demo.slots, demo.total_units, demo.unit_steps)
     live_ctx: Any = contextlib.nullcontext()
