@@ -144,12 +144,14 @@ def _print_summary(r: dict[str, Any], paths: list[Path]) -> None:
     inst = c["instance"]
     rec = r["recovery"]
     lost = r["work_lost"]
-    ddp = f"(DDP, {r['config']['workers']} processes, same {r['samples']} samples:"
+    n = r["config"]["workers"]
+    ddp = f"(DDP, {n} process{'es' if n != 1 else ''}, same {r['samples']} samples:"
     by_loss = r.get("metric") == "loss"
     # a workload judged by loss (tinylm) showed only its accuracy, beside a target in loss
     lines = [
         "",
-        f"vcasync demo: {r['config']['workers']} workers, {r['config']['policy']}, {r['config']['workload']}",
+        f"vcasync demo: {n} worker{'s' if n != 1 else ''}, {r['config']['policy']}, "
+        f"{r['config']['workload']}",
         *([f"  final test loss         {r['final_loss']:.3f}   {ddp} {r['ddp_loss']:.3f})"]
           if by_loss else []),
         f"  final test accuracy     {r['final_accuracy']:.3f}   {ddp} {r['ddp_accuracy']:.3f})",
