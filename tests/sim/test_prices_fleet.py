@@ -100,6 +100,22 @@ def test_trace_parses_validates_and_wraps() -> None:
         TracePreemption.parse("worker,down_s,up_s\n0,x,20\n")
 
 
+def test_a_trace_the_fleet_would_not_replay_is_refused_and_one_it_cuts_short_said(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # a trace of worker 99 for 2 workers ran with no preemption at all, silently
+    from vcasync.sim import SimConfig
+
+    only_99 = TracePreemption.parse("worker,down_s,up_s\n99,10,20\n", source="t.csv")
+    with pytest.raises(ConfigError, match=r"t.csv: a fleet of 2 worker\(s\) replays trace workers 0..1.*"
+                                          r"only for \[99\]: no preemption would happen"):
+        SimConfig(fleet=FleetConfig(workers=2), preemption=only_99)
+    SimConfig(fleet=FleetConfig(workers=100), preemption=only_99)        # worker 99 is in this fleet
+    some = TracePreemption.parse("worker,down_s,up_s\n0,10,20\n5,10,20\n", source="t.csv")
+    with caplog.at_level("WARNING", logger="vcasync.sim"):
+        SimConfig(fleet=FleetConfig(workers=2), preemption=some)
+    assert "the trace's workers [5] are beyond the fleet's 2 and not replayed" in caplog.text
+
+
 def test_ring_allreduce_uses_the_slowest_link() -> None:
     assert ring_allreduce_s(1000, 1, [1e9], 0.01) == 0.0
     t = ring_allreduce_s(1_000_000, 4, [1e9, 1e8, 1e9, 1e9], 0.0)

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError
-from .fleet import FleetConfig, NoPreemption, PreemptionModel
+from .fleet import FleetConfig, NoPreemption, PreemptionModel, TracePreemption
 
 __all__ = ["NoticeAction", "SimConfig"]
 
@@ -126,5 +126,7 @@ class SimConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        if isinstance(self.preemption, TracePreemption):
+            self.preemption.check_fleet(self.fleet.workers)
         self.prices.resolve(self.instance)
         self.prices.resolve(self.coordinator_instance)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import io
 import itertools
+import logging
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import ConfigError
+
+log = logging.getLogger("vcasync.sim")
 
 __all__ = [
     "FleetConfig",
@@ -236,6 +239,20 @@ class TracePreemption:
 
     def outages(self, slot: int, seed: int) -> Iterator[Outage]:
         return iter(self._per.get(slot % self._workers, []))
+
+    def check_fleet(self, workers: int) -> None:
+        """Refuse a trace none of whose outages a fleet of ``workers`` would replay (a trace of
+        worker 99 for 2 workers ran with no preemption, silently), and say which trace workers a
+        smaller fleet leaves out."""
+        replayed = {k % self._workers for k in range(workers)}
+        if not replayed & set(self._per):
+            raise ConfigError(f"{self.source}: a fleet of {workers} worker(s) replays trace workers "
+                              f"0..{min(workers, self._workers) - 1}, and the trace has outages only "
+                              f"for {sorted(self._per)[:5]}: no preemption would happen")
+        left = sorted(set(self._per) - replayed)
+        if left:
+            log.warning("%s: the trace's workers %s%s are beyond the fleet's %d and not replayed",
+                        self.source, left[:5], " ..." if len(left) > 5 else "", workers)
 
     def describe(self) -> dict[str, object]:
         return {"kind": "trace", "source": self.source, "workers": self._workers,
