@@ -22,10 +22,12 @@ import csv
 import io
 import json
 import tomllib
+import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..coerce import coerce
 from ..errors import ConfigError
 
 __all__ = [
@@ -244,14 +246,11 @@ class PriceTable(Mapping[str, InstancePrice]):
         return cls(prices)
 
 
-_CSV_NUMBERS = {"vcpus": int, "memory_gib": float, "on_demand_per_h": float, "spot_per_h": float,
-                "min_billed_s": float}
-_CSV_BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
-
-
 def _csv_rows(text: str) -> list[dict[str, object]]:
-    """A CSV price file's rows as the JSON rows ``from_rows`` takes: numbers and ``approximate``
-    parsed, empty cells left out (the field's default, or "missing" for a required one)."""
+    """A CSV price file's rows as the JSON rows ``from_rows`` takes: each cell coerced to its
+    :class:`InstancePrice` field's type as text (:func:`vcasync.coerce.coerce`, as URL options
+    are), empty cells left out (the field's default, or "missing" for a required one)."""
+    hints = typing.get_type_hints(InstancePrice)
     rows: list[dict[str, object]] = []
     reader = csv.DictReader(io.StringIO(text), strict=True)
     for line, raw in enumerate(reader, start=2):
@@ -262,15 +261,11 @@ def _csv_rows(text: str) -> list[dict[str, object]]:
             cell = (cell or "").strip()
             if not cell:
                 continue
+            hint = hints.get(name, str)     # an unknown field is named by from_rows
             try:
-                if name in _CSV_NUMBERS:
-                    row[name] = _CSV_NUMBERS[name](cell)
-                elif name == "approximate":
-                    row[name] = _CSV_BOOLS[cell.lower()]
-                else:
-                    row[name] = cell
-            except (KeyError, ValueError):
+                row[name] = coerce(cell, hint, name, text=True)
+            except ConfigError:
                 raise ValueError(f"line {line}: {name} = {cell!r} is not a "
-                                 f"{'true/false' if name == 'approximate' else 'number'}") from None
+                                 f"{'true/false' if hint is bool else 'number'}") from None
         rows.append(row)
     return rows
