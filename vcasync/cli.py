@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from .errors import BackendUnavailableError, ConfigError, UnknownPolicyError, VCAsyncError
+from .errors import BackendUnavailableError, ConfigError, RunIncompleteError, UnknownPolicyError, VCAsyncError
 from .exit_codes import ExitCode
 
 __all__ = ["ENVIRONMENT", "Command", "EnvVar", "ExitCode", "available_commands", "environment_help", "main",
@@ -173,6 +173,16 @@ def build_parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
     return parser
 
 
+#: The exit status of an error that ends a command, first match wins (``what`` prefixes its message).
+#: An unknown storage URL scheme or policy name, or a backend whose package is not installed, is
+#: the configuration (or the install) to fix, nothing that ran and failed.
+_EXIT_FOR: tuple[tuple[type[VCAsyncError] | tuple[type[VCAsyncError], ...], ExitCode, str], ...] = (
+    ((ConfigError, BackendUnavailableError, UnknownPolicyError), ExitCode.CONFIG, "configuration error"),
+    (RunIncompleteError, ExitCode.INCOMPLETE, "incomplete"),
+    (VCAsyncError, ExitCode.ERROR, ""),
+)
+
+
 def main(argv: Sequence[str] | None = None, *, commands: Mapping[str, Command] | None = None) -> int:
     """Entry point of the ``vcasync`` console script; ``commands`` replaces the registry (for a
     test-only entry point such as the repository's ``harness.chaos_coordinator``)."""
@@ -182,13 +192,9 @@ def main(argv: Sequence[str] | None = None, *, commands: Mapping[str, Command] |
     setup_logging(args.log_level)
     try:
         return commands[args.command].run(args)
-    except (ConfigError, BackendUnavailableError, UnknownPolicyError) as exc:
-        # an unknown storage URL scheme or policy name, or a backend whose package is not
-        # installed: the configuration (or the install) to fix, nothing that ran and failed
-        print(f"vcasync {args.command}: configuration error: {exc}", file=sys.stderr)
-        return ExitCode.CONFIG
     except VCAsyncError as exc:
-        print(f"vcasync {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return ExitCode.ERROR
+        code, what = next((code, what) for kinds, code, what in _EXIT_FOR if isinstance(exc, kinds))
+        print(f"vcasync {args.command}: {what or type(exc).__name__}: {exc}", file=sys.stderr)
+        return code
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED

@@ -7,6 +7,7 @@ everything with one clause, or exactly one failure with a leaf class::
     ├── ConfigError                   bad configuration: unknown option, wrong type, missing value
     │   └── StateInUseError           a live worker already holds that worker state URL (``.url``)
     ├── ClosedError                   *we* closed the resource (contrast: the peer broke it)
+    ├── RunIncompleteError            a run stopped at its time limit with work left (exit status 5)
     ├── WireError                     anything wrong with bytes that came off the network
     │   ├── FrameError                malformed, truncated or mis-ordered frames / messages
     │   ├── ProtocolVersionError      a protocol version this build does not speak
@@ -72,6 +73,7 @@ __all__ = [
     "PolicyError",
     "PreconditionFailedError",
     "ProtocolVersionError",
+    "RunIncompleteError",
     "SpecMismatchError",
     "StateInUseError",
     "StatusDisabledError",
@@ -113,6 +115,11 @@ class StateInUseError(ConfigError):
 
 class ClosedError(VCAsyncError):
     """The resource was closed by its owner; create a new one instead of reusing it."""
+
+
+class RunIncompleteError(VCAsyncError):
+    """A run stopped at its time limit before all its work was done (``vcasync demo --max-wall``):
+    nothing is wrong with the configuration, and what was done is kept and reported."""
 
 
 # --- wire -----------------------------------------------------------------------------------

@@ -109,3 +109,24 @@ def test_join_secret_help_states_the_minimum_the_coordinator_enforces() -> None:
     TokenAuthority(join_secret="x" * 16)
     for name in ("coordinator", "worker"):
         assert "at least 16 characters" in " ".join(_helps()[name].split())
+
+
+@pytest.mark.parametrize(("error", "code", "said"), [
+    ("ConfigError", ExitCode.CONFIG, "configuration error: bad"),
+    ("UnknownPolicyError", ExitCode.CONFIG, "configuration error: bad"),
+    ("RunIncompleteError", ExitCode.INCOMPLETE, "incomplete: bad"),
+    ("StorageFailedError", ExitCode.ERROR, "StorageFailedError: bad"),
+    ("VCAsyncError", ExitCode.ERROR, "VCAsyncError: bad"),
+])
+def test_an_error_that_ends_a_command_maps_to_its_exit_status(
+        error: str, code: ExitCode, said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # a run stopped at its time limit was exit 2 ("the configuration is wrong; nothing was changed")
+    import vcasync.errors
+    from vcasync.cli import Command, main
+
+    def fail(_: argparse.Namespace) -> int:
+        raise getattr(vcasync.errors, error)("bad")
+
+    cmd = Command("boom", "fails", lambda p: None, fail)
+    assert main(["boom"], commands={"boom": cmd}) == code
+    assert capsys.readouterr().err.strip() == f"vcasync boom: {said}"

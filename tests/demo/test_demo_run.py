@@ -164,3 +164,23 @@ def test_plots_and_logs_are_written(demo: tuple[dict[str, Any], dict[str, Any], 
     assert any((run_dir / "events").iterdir())
     live = (run_dir.parent / "stderr.txt").read_text()
     assert "units done / total" in live  # the rich display ran (on stderr)
+
+
+def test_a_fleet_stopped_at_max_wall_is_reported_and_exits_incomplete(tmp_path: Path) -> None:
+    # A fleet stopped by --max-wall was exit 2, "configuration error" (nothing changed), and a short
+    # --max-wall also cut the DDP baseline, so the report of what the fleet did was never written.
+    from vcasync.cli import ExitCode
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "vcasync", "demo", "--quick", "--max-wall", "4", "--json",
+                           "--no-progress", "--run-dir", str(run_dir)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == ExitCode.INCOMPLETE, proc.stderr
+    assert "did not finish within --max-wall 4 s" in proc.stderr
+    assert "configuration error" not in proc.stderr
+    head = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = json.loads((run_dir / "report.json").read_text())
+    assert head["finished"] is False
+    assert report["finished"] is False
+    assert report["baseline"] is not None                      # the comparison was still made
+    assert head["ddp_accuracy"] > 0.5

@@ -124,6 +124,22 @@ def test_a_run_whose_units_were_parked_is_not_finished() -> None:
     assert summarize(Simulation(_config()).run())["units_parked"] == 0
 
 
+def test_a_run_stopped_at_its_virtual_limit_exits_incomplete(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A simulation cut by max_virtual_s said "finished False" and exited 0, as a finished one does.
+    import dataclasses
+
+    import vcasync.sim.cli as sim_cli
+    from vcasync.cli import ExitCode
+
+    build = sim_cli.build_config
+    monkeypatch.setattr(sim_cli, "build_config",
+                        lambda a: dataclasses.replace(build(a), max_virtual_s=60.0))
+    args = _parser().parse_args(["--workers", "2", "--epochs", "1", "--no-sync", "--json"])
+    assert run(args) == ExitCode.INCOMPLETE
+    monkeypatch.undo()
+    assert run(args) == ExitCode.OK
+
+
 @pytest.mark.parametrize("rate", ["-1", "nan"])
 def test_a_negative_or_nan_preemption_rate_is_refused(rate: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(_parser().parse_args(["--preemption-rate", rate])) == 2

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
-from ..errors import ConfigError
+from ..errors import RunIncompleteError
 
 __all__ = ["configure", "run"]
 
@@ -58,7 +58,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spot-price", type=float, help="override the instance's spot $/h")
     p.add_argument("--on-demand-price", type=float, help="override the instance's on-demand $/h")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-wall", type=float, default=900.0, help="give up after this many seconds")
+    p.add_argument("--max-wall", type=float, default=900.0,
+                   help="stop the fleet after this many seconds (the DDP baseline after as many, at least "
+                        "120); a fleet stopped early is reported as it stood, and the command exits 5")
     p.add_argument("--quick", action="store_true",
                    help="a small run (seconds of training): 2 workers, 3 epochs unless given")
     p.add_argument("--no-progress", action="store_true", help="no live display")
@@ -120,8 +122,9 @@ def run(a: argparse.Namespace) -> int:
         print(json.dumps(head | {"cost": report["cost"], "run_dir": str(result.run_dir)}))
     else:
         _print_summary(report, paths)
-    if not result.finished:
-        raise ConfigError(f"the run did not finish within {cfg.max_wall_s:.0f} s; see {result.run_dir}/logs")
+    if not result.finished:   # it ran and stopped: not a configuration error (exit 2: nothing changed)
+        raise RunIncompleteError(f"the fleet did not finish within --max-wall {cfg.max_wall_s:.0f} s; "
+                                 f"the report covers what was merged; see {result.run_dir}/logs")
     return 0
 
 

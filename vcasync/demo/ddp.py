@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .._spawn import module_command
-from ..errors import ConfigError
+from ..errors import ConfigError, RunIncompleteError
 
 __all__ = ["DdpConfig", "DdpResult", "run_ddp"]
 
@@ -120,7 +120,7 @@ def run_ddp(cfg: DdpConfig, out_dir: Path) -> DdpResult:
             try:
                 codes.append(p.wait(max(0.1, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
-                raise ConfigError(f"the DDP baseline did not finish in {cfg.timeout_s:.0f} s; "
+                raise RunIncompleteError(f"the DDP baseline did not finish in {cfg.timeout_s:.0f} s; "
                                   f"see {out_dir}/ddp-rank*.log") from None
         wall = time.time() - t0
     finally:

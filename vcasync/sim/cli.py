@@ -162,4 +162,6 @@ def run(args: argparse.Namespace) -> int:
         print(render_text(summary))
         if args.plot is not None:
             print(f"plot: {args.plot}")
-    return ExitCode.PARKED if summary["units_parked"] else ExitCode.OK
+    if summary["units_parked"]:
+        return ExitCode.PARKED
+    return ExitCode.OK if summary["finished"] else ExitCode.INCOMPLETE
