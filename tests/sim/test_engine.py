@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("vcasync.coordinator", reason="the simulator drives the real Coordinator")
 
 from vcasync.costing.prices import PriceTable
+from vcasync.errors import ConfigError
 from vcasync.sim import FleetConfig, NoPreemption, PoissonPreemption, SimConfig, Simulation, summarize
 from vcasync.sim.cli import configure, run
 
@@ -115,7 +116,7 @@ def test_a_run_whose_units_were_parked_is_not_finished() -> None:
     assert s["merges"]["accepted"] == 0
     assert "1 unit(s) never trained" in render_text(s)
     assert "never reached the target" not in render_text(s)      # no baseline: no target
-    s["target_accuracy"] = 0.9                                   # a target the fleet missed
+    s["target"] = s["target_accuracy"] = 0.9                     # a target the fleet missed
     assert "n/a: async never reached the target, so the full run's saving" in render_text(s)
     args = _parser().parse_args(["--workers", "2", "--epochs", "1", "--shards", "1", "--sample-cost-s",
                                       "100", "--preemption-rate", "20", "--hard-fraction", "1", "--no-sync",
@@ -156,3 +157,38 @@ def test_an_unwritable_plot_or_unknown_policy_is_refused_before_the_run(
     assert f"the directory {tmp_path / 'no'} does not exist" in capsys.readouterr().err
     assert main(["simulate", "--policy", "nosuch"]) == 2
     assert "configuration error: no merge policy named 'nosuch'" in capsys.readouterr().err
+
+
+def test_a_signal_judged_by_loss_is_priced_to_a_loss_target() -> None:
+    # `vcasync simulate --signal tinylm` set its target on token accuracy, where the demo, the DDP
+    # baseline and the benchmarks judge the language model by validation loss.
+    from vcasync.sim.report import render_text
+    from vcasync.sim.signals import make_signal
+
+    signal = make_signal("surrogate")
+    signal.metric = "loss"                       # the surrogate, judged as tinylm is
+    out = Simulation(_config(), signal=signal).run()
+    s = summarize(out)
+    assert s["metric"] == "loss"
+    assert s["target_accuracy"] is None
+    assert s["target"] == s["target_loss"] == pytest.approx(1.01 * s["sync_final_loss"])
+    assert s["comparison"]["target"]["metric"] == "loss"
+    reached = [e[0] for e in s["evals"] if e[4] <= s["target"]]
+    assert s["time_to_target_s"] == (reached[0] if reached else None)
+    # a target half-way down the fleet's loss curve: reached where the loss first gets there, not
+    # where accuracy (higher is better) would say
+    mid = sorted(e[4] for e in s["evals"])[len(s["evals"]) // 2]
+    easy = summarize(out, target=mid)
+    first = next(e for e in easy["evals"] if e[4] <= mid)
+    assert easy["time_to_target_s"] == first[0]
+    assert first[0] > s["evals"][0][0]                               # not the untrained model
+    ref = s["sync_final_loss"]
+    assert s["loss_gap_vs_sync"] == pytest.approx((s["final_loss"] - ref) / ref)
+    text = render_text(s)
+    assert "target loss" in text
+    assert "final loss" in text
+    with pytest.raises(ConfigError, match="judged by validation loss"):
+        Simulation(_config(target_accuracy=0.9), signal=signal)
+    accuracy = summarize(Simulation(_config()).run())                 # the default: accuracy
+    assert accuracy["metric"] == "accuracy"
+    assert accuracy["target"] == accuracy["target_accuracy"]

@@ -71,7 +71,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="JSON, TOML or CSV price rows that add to / replace rows of the table")
     c.add_argument("--list-prices", action="store_true", help="print the price table and exit")
     o = p.add_argument_group("output")
-    o.add_argument("--target-accuracy", type=float)
+    o.add_argument("--target-accuracy", type=float,
+                   help="the accuracy both sides are priced to (default: the synchronous baseline's final "
+                        "accuracy less 0.5 point); a signal judged by loss (tinylm) takes its target from "
+                        "the baseline's final loss + 1 %%")
     o.add_argument("--no-sync", action="store_true", help="skip the synchronous on-demand baseline")
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--json", action="store_true", help="print one JSON object")

@@ -18,7 +18,9 @@ import math
 from dataclasses import dataclass
 
 from ..coordinator import Coordinator, CoordinatorConfig
+from ..errors import ConfigError
 from ..examples.cnn import shard_indices
+from ..examples.workloads import Metric
 from ..ledger import make_units
 from ..policy import build_policy
 from ..storage import open_storage
@@ -55,6 +57,8 @@ class SimOutcome:
     #: units given up on after failing on several workers (unit id -> why): their samples were
     #: never trained, so a run with any is not ``finished``
     parked: dict[str, str]
+    #: what the run is judged by: the signal's metric (``accuracy``, or ``loss`` for a language model)
+    metric: Metric = "accuracy"
 
 
 class Simulation:
@@ -63,6 +67,10 @@ class Simulation:
     def __init__(self, config: SimConfig, signal: TrainingSignal | None = None) -> None:
         self.config = config
         self.signal = signal if signal is not None else make_signal(config.signal, config.eval_split)
+        if config.target_accuracy is not None and self.signal.metric != "accuracy":
+            raise ConfigError(f"signal {self.signal.name!r} is judged by validation {self.signal.metric}, "
+                              "so a target accuracy does not apply (its target is the synchronous "
+                              "baseline's final loss + 1 %)")
         self.fleet = make_fleet(config.fleet, config.seed)
         self.cpu = CpuShare(config.cores, config.extra_runnable)
         d = self.signal.defaults
@@ -151,7 +159,7 @@ class Simulation:
             finished = finished and not parked
         return SimOutcome(cfg, self.fleet, self.workload, len(self.unit_list), self.unit_steps,
                           self.total_samples, finished, end, version, rec, billing, None, status,
-                          parked)
+                          parked, self.signal.metric)
 
     async def _slot(self, coord: Coordinator, profile: MachineProfile, models: ModelCache,
                     rec: Recorder, billing: Billing) -> None:

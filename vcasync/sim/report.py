@@ -4,30 +4,52 @@ The headline figures are priced *to the target accuracy* with :mod:`vcasync.cost
 asynchronous run on spot machines (each session billed with the provider's minimum, plus an on-demand
 coordinator) until its model first reaches the target, against the synchronous on-demand baseline
 until its model first reaches it. Without an explicit target, the target is half a point of accuracy
-below the synchronous baseline's final accuracy. A run that never reaches it has no saving
+below the synchronous baseline's final accuracy, or, on a signal judged by loss (``tinylm``), 1 %
+above its final validation loss. A run that never reaches it has no saving
 (``target_missed``), never a dropped figure.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..costing.prices import InstancePrice
-from ..costing.target import Comparison, Span, Target, async_cost, ddp_cost
+from ..costing.target import Comparison, Metric, Span, Target, async_cost, ddp_cost
 from .engine import SimOutcome
 from .records import EvalPoint
 
-__all__ = ["plot_summary", "render_text", "summarize", "time_to_target"]
+__all__ = ["plot_summary", "quality", "render_text", "summarize", "time_to_target"]
 
 
-def time_to_target(evals: Sequence[EvalPoint], target: float) -> float | None:
-    """Virtual seconds until the first evaluation at or above ``target``; None if never."""
+def quality(p: EvalPoint, metric: Metric) -> float:
+    """The figure a run is judged by at one evaluation: accuracy, or loss."""
+    return p.accuracy if metric == "accuracy" else p.loss
+
+
+def time_to_target(evals: Sequence[EvalPoint], target: float, metric: Metric = "accuracy") -> float | None:
+    """Virtual seconds until the first evaluation that reaches ``target`` (accuracy at or above it,
+    loss at or below it); None if never."""
     for p in evals:
-        if p.accuracy >= target:
+        if (p.accuracy >= target) if metric == "accuracy" else (p.loss <= target):
             return p.t_s
     return None
+
+
+def _learned(evals: Sequence[EvalPoint], metric: Metric) -> bool:
+    """Whether a run learned at all: 5 points of accuracy, or 5 % of its first loss."""
+    first, last = evals[0], evals[-1]
+    if metric == "accuracy":
+        return last.accuracy > first.accuracy + 0.05
+    return last.loss < 0.95 * first.loss
+
+
+def _tolerance(metric: Metric, target: float, ref: float) -> str:
+    if metric == "accuracy":
+        return f"{100 * (ref - target):.2f} point(s)"
+    return f"{100 * (target / ref - 1):.2f} % of loss"
 
 
 def _costs(out: SimOutcome, until_s: float | None, sync_until_s: float | None) -> dict[str, Any]:
@@ -57,29 +79,30 @@ def _comparison(out: SimOutcome, target: float | None, t_async: float | None,
     """Both sides' cost to target by the headline's rules (None without a baseline or a target)."""
     if out.sync is None or target is None:
         return None
-    cfg = out.config
+    cfg, metric = out.config, out.metric
     price, coord = cfg.prices[cfg.instance], cfg.prices[cfg.coordinator_instance]
     spans = [Span(s.start_s, out.duration_s if s.end_s is None else s.end_s) for s in out.billing.sessions]
-    ref = out.sync.evals[-1].accuracy
-    if ref <= out.sync.evals[0].accuracy + 0.05:
+    if not _learned(out.sync.evals, metric):
         return None  # the baseline did not learn (e.g. its learning rate diverged): no target to price
-    tgt = Target("accuracy", target, ref, f"{100 * (ref - target):.2f} point(s)")
+    ref = quality(out.sync.evals[-1], metric)
+    tgt = Target(metric, target, ref, _tolerance(metric, target, ref))
     fleet = async_cost(spans, t_async, worker=price, coordinator=coord, end_s=out.duration_s)
     return Comparison(cfg.seed, tgt, fleet, ddp_cost(out.sync.workers, t_sync, price=price))
 
 
 def summarize(out: SimOutcome, target: float | None = None) -> dict[str, Any]:
     """All figures of a run as a JSON-able dict (ratios and headline figures first)."""
-    cfg, rec = out.config, out.rec
+    cfg, rec, metric = out.config, out.rec, out.metric
     sync = out.sync
     final = rec.evals[-1] if rec.evals else None
     sync_final = sync.evals[-1] if sync is not None else None
-    if target is None:
+    if target is None and metric == "accuracy":
         target = cfg.target_accuracy
-    if target is None and sync_final is not None:
-        target = Target.from_baseline("accuracy", sync_final.accuracy).value
-    t_async = time_to_target(rec.evals, target) if target is not None else None
-    t_sync = time_to_target(sync.evals, target) if (sync is not None and target is not None) else None
+    if target is None and sync_final is not None and math.isfinite(quality(sync_final, metric)):
+        target = Target.from_baseline(metric, quality(sync_final, metric)).value
+    t_async = time_to_target(rec.evals, target, metric) if target is not None else None
+    t_sync = (time_to_target(sync.evals, target, metric)
+              if (sync is not None and target is not None) else None)
     at_target = _costs(out, t_async, t_sync) if t_async is not None else None
     cmp = _comparison(out, target, t_async, t_sync)
     full = _costs(out, None, sync.duration_s if sync is not None else None)
@@ -88,19 +111,24 @@ def summarize(out: SimOutcome, target: float | None = None) -> dict[str, Any]:
     return {
         "saving_at_target": None if cmp is None else cmp.saving,
         "target_missed": t_async is None,
-        "baseline_learned": (None if sync is None or not sync.evals
-                             else sync.evals[-1].accuracy > sync.evals[0].accuracy + 0.05),
+        "metric": metric,
+        "baseline_learned": None if sync is None or not sync.evals else _learned(sync.evals, metric),
         "comparison": None if cmp is None else cmp.as_dict(),
         "saving_full_run": full["saving"],
         "accuracy_gap_vs_sync": (None if final is None or sync_final is None
                                  else sync_final.accuracy - final.accuracy),
+        "loss_gap_vs_sync": (None if final is None or sync_final is None or not sync_final.loss
+                             else (final.loss - sync_final.loss) / sync_final.loss),
         "wasted_fraction": (rec.samples_wasted / trained) if trained else 0.0,
-        "target_accuracy": target,
+        "target": target,
+        "target_accuracy": target if metric == "accuracy" else None,
+        "target_loss": target if metric == "loss" else None,
         "time_to_target_s": t_async,
         "sync_time_to_target_s": t_sync,
         "final_accuracy": None if final is None else final.accuracy,
         "final_loss": None if final is None else final.loss,
         "sync_final_accuracy": None if sync_final is None else sync_final.accuracy,
+        "sync_final_loss": None if sync_final is None else sync_final.loss,
         "finished": out.finished,
         "units_parked": len(out.parked),
         "parked": dict(list(out.parked.items())[:20]),
@@ -126,6 +154,7 @@ def summarize(out: SimOutcome, target: float | None = None) -> dict[str, Any]:
         "config": {
             "signal": cfg.signal, "policy": cfg.policy, "policy_params": dict(cfg.policy_params),
             "seed": cfg.seed, "epochs": cfg.epochs, "units": out.units, "unit_steps": out.unit_steps,
+            "eval_split": cfg.eval_split,
             "batch_size": out.workload.batch_size, "lr": out.workload.lr,
             "momentum": out.workload.momentum, "sample_cost_s": out.workload.sample_cost_s,
             "model_bytes": out.workload.model_bytes, "on_notice": cfg.on_notice,
@@ -161,17 +190,20 @@ def render_text(s: dict[str, Any]) -> str:
         f"prices: {inst['provider']}:{inst['instance']} ({inst['region']}) on-demand "
         f"${inst['on_demand_per_h']}/h, spot ${inst['spot_per_h']}/h; {inst['source']}, as of "
         f"{inst['as_of']}{' (approximate)' if inst['approximate'] else ''}: list prices, they drift",
-        f"  target accuracy        {_fmt(s['target_accuracy'])}",
+        f"  {'target ' + s['metric']:<22} {_fmt(s['target'])}",
         f"  time to target         async {_fmt(_hours(s['time_to_target_s']))} h   "
         f"sync on-demand {_fmt(_hours(s['sync_time_to_target_s']))} h",
         f"  final accuracy         async {_fmt(s['final_accuracy'])}   sync {_fmt(s['sync_final_accuracy'])}",
     ]
+    if s["metric"] == "loss":
+        lines.append(f"  final loss             async {_fmt(s['final_loss'])}   "
+                     f"sync {_fmt(s['sync_final_loss'])}")
     at = s["cost_at_target"]
     if at is not None:
         lines.append(f"  cost to target         spot ${at['spot_usd']:.4f} + coordinator "
                      f"${at['coordinator_usd']:.4f}   sync on-demand {_money(at['sync_on_demand_usd'])}"
                      f"   saving {_fmt(at['saving'], pct=True)}")
-    elif s["target_accuracy"] is not None:
+    elif s["target"] is not None:
         # the full run's saving alone read as the result (77.6 % on a tinylm fleet 4 points short)
         lines.append("  cost to target         n/a: async never reached the target, so the full run's "
                      "saving below is not at equal quality")
@@ -229,17 +261,18 @@ def plot_summary(s: dict[str, Any], path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    ev = s["evals"]
-    ax1.plot([p[0] / 3600 for p in ev], [p[3] for p in ev], label=f"async ({s['config']['policy']}, spot)")
+    ev, metric = s["evals"], s["metric"]
+    col = 3 if metric == "accuracy" else 4           # evals: t, version, samples, accuracy, loss
+    ax1.plot([p[0] / 3600 for p in ev], [p[col] for p in ev], label=f"async ({s['config']['policy']}, spot)")
     if s["sync"] is not None:
-        sv = s["sync"]["evals"]
-        ax1.plot([p[0] / 3600 for p in sv], [p[2] for p in sv], label="sync SGD (on-demand)")
-    if s["target_accuracy"] is not None:
-        ax1.axhline(s["target_accuracy"], color="grey", linestyle=":", label="target")
+        sv = s["sync"]["evals"]                      # t, samples, accuracy, loss
+        ax1.plot([p[0] / 3600 for p in sv], [p[col - 1] for p in sv], label="sync SGD (on-demand)")
+    if s["target"] is not None:
+        ax1.axhline(s["target"], color="grey", linestyle=":", label="target")
     ax1.set_xlabel("virtual hours")
-    ax1.set_ylabel("test accuracy")
-    ax1.legend(loc="lower right")
-    ax1.set_title("accuracy over time")
+    ax1.set_ylabel(f"{s['config']['eval_split']} {metric}")
+    ax1.legend(loc="lower right" if metric == "accuracy" else "upper right")
+    ax1.set_title(f"{metric} over time")
     hist = s["staleness_histogram"]
     ax2.bar([int(k) for k in hist], list(hist.values()))
     ax2.set_xlabel("staleness (versions)")

@@ -27,7 +27,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..examples.cnn import Dataset, Evaluation, evaluate, train_batches
-from ..examples.workloads import WORKLOADS, Workload, get_workload
+from ..examples.workloads import WORKLOADS, Metric, Workload, get_workload
 from ..tensors import ModelState
 
 __all__ = ["SIGNALS", "LocalTraining", "TrainingSignal", "WorkloadSignal", "make_signal", "synthetic_mixture"]
@@ -44,6 +44,10 @@ class SignalDefaults:
 
 class TrainingSignal:
     """A model and its data; ``train`` runs real SGD on a copy, ``evaluate`` scores a model."""
+
+    #: what a run on this signal is judged by (its target, time to target and gap): a language
+    #: model by validation loss, a classifier by accuracy
+    metric: Metric = "accuracy"
 
     def __init__(self, name: str, data: Dataset, make_model: Callable[[], nn.Module],
                  defaults: SignalDefaults) -> None:
@@ -192,6 +196,7 @@ class WorkloadSignal(TrainingSignal):
     def __init__(self, work: Workload, split: str = "test") -> None:
         self.name = work.name
         self.work = work
+        self.metric = work.metric
         self.split = split
         self.defaults = SignalDefaults(lr=work.lr, batch_size=work.batch_size, sample_cost_s=1.0)
         self._make_model = work.model
