@@ -234,6 +234,27 @@ async def test_snapshot_mode_recovers_the_snapshot_and_versions_go_forward(kit, 
         assert g.unit.unit_id == "e0-s2"              # the lost result's unit is open again
 
 
+async def test_snapshot_mode_finishes_only_once_a_snapshot_holds_the_last_results(kit, clock,
+                                                                                   storage) -> None:
+    # Found with `vcasync demo --durability snapshot --kill-coordinator`: the run said "finished",
+    # its worker left, the coordinator was killed before any snapshot held the last results, and
+    # the restarted one had the first model back, units open and nobody left to train them.
+    a = await make(kit, storage, clock, durability="snapshot", snapshot_every=100, units=3).__aenter__()
+    w = await a.join()
+    for _ in range(3):
+        g = await a.lease(w)
+        await submit(kit, a, w, g, base_version=a.version)
+    await asyncio.wait_for(a.wait_finished(), 10)
+    final, version = a.model(), a.version
+    assert a.status()["finished"]
+    await crash(a)                                    # SIGKILL right after workers heard "finished"
+    async with make(kit, storage, clock, durability="snapshot", snapshot_every=100, units=3) as b:
+        assert b.model().equal(final)
+        assert b.status()["units"]["done"] == 3
+        assert b.finished
+        assert b.version >= version
+
+
 async def test_none_mode_keeps_nothing(kit, clock, storage) -> None:
     async with make(kit, storage, clock, durability="none") as a:
         w = await a.join()

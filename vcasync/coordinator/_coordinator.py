@@ -132,6 +132,7 @@ class Coordinator:
         # Uploads decode into recycled tensor sets: one per decode slot stays mapped between uploads.
         self._update_buffers = BufferPool(self.spec, self.config.max_concurrent_decodes)
         self._finished = asyncio.Event()
+        self._finish_wanted = asyncio.Event()    # settled, waiting for a snapshot (snapshot mode)
         self._closed = asyncio.Event()
         self._stop = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
@@ -241,6 +242,8 @@ class Coordinator:
                 if self._journal.durable:
                     tg.create_task(self._snapshot_loop(), name="vcasync-snapshots")
                     tg.create_task(self._storage_probe_loop(), name="vcasync-storage-probe")
+                if self._journal.durable and not self._journal.journaling:
+                    tg.create_task(self._finish_loop(), name="vcasync-finish")
         except asyncio.CancelledError:
             self._failure = ClosedError("the coordinator's loops were cancelled")
             self._merger.fail_queued(self._failure)
@@ -304,6 +307,7 @@ class Coordinator:
             await self._write_snapshot()
         if reset:
             await self._journal.record_identity(self.identity)
+        self._merger.snapshots.written_version = self.version     # what was recovered is stored
 
     def _recorded_policy(self, recorded: RunIdentity | None) -> MergePolicy:
         assert recorded is not None
@@ -380,6 +384,7 @@ class Coordinator:
             log.warning("operator requeued %d parked unit(s): %s", len(done), ", ".join(done[:20]))
         if not self._ledger.finished:
             self._finished.clear()
+            self._finish_wanted.clear()
         return done
 
     def parked(self) -> dict[str, str]:
@@ -477,7 +482,12 @@ class Coordinator:
             self._log_parked()
         merger = getattr(self, "_merger", None)
         if self._ledger.finished and (merger is None or merger.idle):
-            self._finished.set()
+            journal = getattr(self, "_journal", None)
+            if (journal is not None and journal.durable and not journal.journaling and merger is not None
+                    and merger.snapshots.written_version < self.version):
+                self._finish_wanted.set()      # the last results are in no journal: snapshot first
+            else:
+                self._finished.set()
 
     def _log_parked(self) -> None:
         """Every newly parked unit, once, at ERROR: a unit is never given up on silently."""
@@ -508,6 +518,30 @@ class Coordinator:
                 if forgotten:
                     log.debug("forgot %d worker(s) silent for %.0fs (they register again if they "
                               "come back)", forgotten, self.config.forget_workers_s or 0.0)
+
+    async def _finish_loop(self) -> None:
+        """Durability ``snapshot``: the run is finished (and workers told so, and they leave) only
+        once a snapshot holds its last results. Those are in no journal: a crash before would lose
+        them, and with every worker gone nobody would train their units again, so a restarted run
+        would stop short and call itself finished."""
+        slot = self._merger.snapshots
+        while not self._stop.is_set():
+            await _first_of(self._finish_wanted.wait(), self._stop.wait())
+            if self._stop.is_set():
+                return
+            if not (self._ledger.finished and self._merger.idle):
+                self._finish_wanted.clear()       # requeued meanwhile: not finished after all
+                continue
+            if slot.written_version >= self.version:
+                self._finish_wanted.clear()
+                self._finished.set()
+                continue
+            slot.written.clear()
+            self._merger.request_capture()        # a capture of the last merge, unless one waits
+            slot.retry()                          # or a failed write of it, tried again
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await _first_of(slot.written.wait(), self._stop.wait())
 
     async def _snapshot_loop(self) -> None:
         """Writes what the merge loop captured; asks for a capture when the interval passes."""

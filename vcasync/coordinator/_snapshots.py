@@ -25,6 +25,10 @@ class SnapshotSlot:
         self._owner = owner
         self._pending: tuple[Captured, Version] | None = None
         self.ready = asyncio.Event()
+        #: the model version the newest written snapshot holds (or the state recovery started
+        #: from, durable already); ``written`` is set at each write
+        self.written_version = -1
+        self.written = asyncio.Event()
 
     async def capture(self, ledger: dict[str, Any]) -> None:
         """Merge loop only: take a consistent state now (the ledger snapshot is taken by the caller
@@ -57,8 +61,15 @@ class SnapshotSlot:
         except BaseException:
             self._retry_later(taken)
             raise
+        self.written_version = max(self.written_version, taken[1].number)
+        self.written.set()
         self._owner.release(taken[1])
         return True
+
+    def retry(self) -> None:
+        """Wake the writer for a capture whose write failed (it stays pending until written)."""
+        if self._pending is not None:
+            self.ready.set()
 
     def _retry_later(self, taken: tuple[Captured, Version]) -> None:
         if self._pending is None:

@@ -128,6 +128,13 @@ def run(a: argparse.Namespace) -> int:
     return 0
 
 
+def _not_killed(r: dict[str, Any]) -> str:
+    """Why a --kill-coordinator run has no restart: the run finished before the kill point."""
+    if not r["config"]["kill_coordinator"] or r["coordinator_restarts"]:
+        return ""
+    return " (--kill-coordinator: not killed, the run finished before 40 % of its units were seen done)"
+
+
 def _usd(x: float | None) -> str:
     return "n/a" if x is None else f"${x:.5f}"
 
@@ -182,7 +189,7 @@ def _print_summary(r: dict[str, Any], paths: list[Path]) -> None:
         f"  wall time               {r['wall_s']:.0f} s (fleet) + {r['baseline']['wall_s']:.0f} s (DDP)",
         f"  preemptions             {rec['sigterm']} SIGTERM + {rec['sigkill']} SIGKILL, "
         f"{'all recovered' if rec['all_recovered'] else 'not all recovered'}; coordinator restarts: "
-        f"{r['coordinator_restarts']}",
+        f"{r['coordinator_restarts']}{_not_killed(r)}",
         f"  seconds lost            {lost['seconds_lost_to_kills']:.1f} s of training cut by SIGKILL, "
         f"{lost['seconds_restarting']:.1f} s restarting (billed, in the cost above)",
         f"  prices                  {inst['provider']}:{inst['instance']} spot ${inst['spot_per_h']}/h, "

@@ -123,6 +123,19 @@ class Monitor:
             self.errors += 1
         return point
 
+    def score_weights(self, path: Path) -> AccuracyPoint:
+        """Score final weights the coordinator wrote (``--output``) when it is no longer there to
+        serve them: at the last version seen, stamped now."""
+        import torch
+
+        net = self.work.model()
+        net.load_state_dict(torch.load(path, weights_only=True))
+        ev = self.work.evaluate(net, "test")
+        version = self.versions[-1][1] if self.versions else 0
+        point = AccuracyPoint(time.monotonic() - self.t0, version, self.units_done(), ev.accuracy, ev.loss)
+        self.accuracy.append(point)
+        return point
+
     def merges_per_s(self, window_s: float = 10.0) -> float:
         if len(self.versions) < 2:
             return 0.0

@@ -236,6 +236,10 @@ class _Demo:
         self.timeline = Timeline()
         self.stop_injecting = asyncio.Event()
         self.coordinator_restarts = 0
+        self.restarting = False      # the coordinator was SIGKILLed and is being brought back
+        self.found_finished = False  # ... and its restart found the run finished: nothing to serve
+        #: where the coordinator writes the final weights when the run finishes (``--output``)
+        self.final_weights = (self.run_dir / "final.pt").resolve()
         env = {"VCASYNC_JOIN_SECRET": self.secret, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         storage = cfg.storage or (self.run_dir / "state").resolve().as_uri()
         params = {"workload": cfg.workload, "lr": cfg.worker_lr, "batch_size": cfg.batch_size,
@@ -246,7 +250,7 @@ class _Demo:
                 "--shards", str(shards), "--epochs", str(cfg.epochs), "--steps", str(self.unit_steps),
                 "--policy", cfg.policy, "--storage", storage, "--durability", cfg.durability,
                 "--lease-timeout", str(cfg.lease_timeout_s), "--host", "127.0.0.1", "--port", str(self.port),
-                "--linger", "600"]
+                "--linger", "600", "--output", str(self.final_weights)]
         for k, v in params.items():
             args += ["--unit-param", f"{k}={_toml(v)}"]
         for k, v in cfg.policy_params.items():
@@ -271,6 +275,12 @@ class _Demo:
         async with aiohttp.ClientSession() as http:
             while time.monotonic() < deadline:
                 if not self.coordinator.running:
+                    if self.restarting and await self.coordinator.wait(0) == 0:
+                        # the kill came as the run finished: the restart found it done (and wrote
+                        # the final weights) and exited, as a finished run's start does
+                        self.found_finished = True
+                        self.timeline.add("coordinator", "ready", "the run had finished: nothing to serve")
+                        return
                     raise ConfigError(f"the coordinator exited at start; see {self.coordinator.log_path}")
                 with contextlib.suppress(aiohttp.ClientError, OSError):
                     async with http.get(f"{self.url}/healthz") as resp:
@@ -281,12 +291,21 @@ class _Demo:
         raise ConfigError(f"the coordinator did not come up in 120 s; see {self.coordinator.log_path}")
 
     async def restart_coordinator_once(self, monitor: Any) -> None:
-        """SIGKILL the coordinator when ~40 % of the units are done, then start it again."""
+        """SIGKILL the coordinator when ~40 % of the units are done, then start it again; not once
+        the run has finished (a short run can finish between two looks): nothing is left to
+        recover into, and the kill would leave the final model unscored. The kill and restart run
+        to the end even when the run finishes meanwhile (``await`` the task, do not cancel it once
+        :attr:`restarting` is set)."""
         while True:
             await asyncio.sleep(0.5)
+            await monitor.poll()              # a fresh look: the run may have finished meanwhile
+            if monitor.finished():
+                self.timeline.add("coordinator", "not killed", "the run finished before 40 % was seen")
+                return
             done = monitor.units_done()
             if done is not None and done >= 0.4 * self.total_units:
                 break
+        self.restarting = True
         self.coordinator.send(signal.SIGKILL)
         await self.coordinator.wait()
         self.timeline.add("coordinator", "killed", "SIGKILL")
@@ -387,15 +406,27 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
                     await asyncio.sleep(0.5)
                 demo.stop_injecting.set()
                 if killer is not None and not killer.done():
-                    killer.cancel()
+                    if demo.restarting:
+                        await killer             # killed: let it come back before the last score
+                    else:
+                        killer.cancel()
                 injector.cancel()
                 for s, t in zip(demo.slots, slot_tasks, strict=True):
                     if not t.done():
                         t.cancel()
                         await s.proc.stop(cfg.grace_s + 5)
-            out.finished = all(s.state == "done" for s in demo.slots)
-            await mon.poll()
-            await mon.score()
+            # the last look: from a coordinator that is up (a restart can be finishing), and a run
+            # is finished when its workers are done *and* the coordinator says so
+            for _ in range(1 if demo.found_finished else 40):
+                await mon.poll()
+                if "unreachable" not in mon.status and await mon.score() is not None:
+                    break
+                await asyncio.sleep(0.5)
+            else:
+                if demo.found_finished and demo.final_weights.exists():
+                    mon.score_weights(demo.final_weights)      # the run's own final weights
+            out.finished = (all(s.state == "done" for s in demo.slots)
+                            and (mon.finished() or demo.found_finished))
             out.status = mon.status
             out.accuracy = [(p.t_s, p.version, p.units_done, p.accuracy, p.loss) for p in mon.accuracy]
             out.versions = list(mon.versions)
