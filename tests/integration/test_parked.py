@@ -128,6 +128,21 @@ def test_parked_unit_is_logged_requeued_by_the_operator_and_ends_the_run_with_ex
     assert OPERATOR not in log
     assert SECRET not in log
 
+    # Started again on the same storage, the run (finished with a parked unit) is served, not
+    # exited at once: operating.md says "requeue them and start the coordinator again", and a
+    # start that exited at once left nothing to requeue on.
+    again = procs.start("again", "coordinator", "--config", str(tmp_path / "run.toml"),
+                        "--operator-token-file", str(tmp_path / "operator"))
+    wait_until("the restarted coordinator", lambda: again.poll() is not None or _healthy(url), 90)
+    assert again.poll() is None, procs.log("again")
+    wait_until("the parked notice", lambda: "ended with 1 parked unit(s); serving" in procs.log("again"), 30)
+    out = subprocess.run([sys.executable, "-P", "-m", "vcasync", "requeue", "--coordinator", url],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == ExitCode.OK, out.stderr
+    assert units(url, fail_once(url, "fifth")) == {"queued": 1, "leased": 0, "done": 0, "parked": 0}
+    again.send_signal(signal.SIGTERM)
+    assert again.wait(60) == ExitCode.INTERRUPTED
+
 
 def _healthy(url: str) -> bool:
     try:

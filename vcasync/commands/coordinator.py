@@ -330,7 +330,7 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                                    operator_token=operator_token)
         async with Coordinator(model, units, policy=policy, storage=storage, config=coord_cfg,
                                policy_params=policy_params, start=start) as coord:
-            if coord.finished:
+            if coord.finished and not coord.parked():
                 status = coord.status()
                 log.info("run %s is already finished at model v%d (units: %s); nothing to serve",
                          status.get("run_id"), coord.version, status.get("units"))
@@ -338,6 +338,10 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                 _write_output(cfg, coord)
                 finished = True
             else:
+                if coord.finished:   # only parked units are left: serve, so they can be requeued
+                    log.info("run %s ended with %d parked unit(s); serving %.0fs so an operator can "
+                             "requeue them (vcasync requeue)", coord.status().get("run_id"),
+                             len(coord.parked()), cfg.linger_s)
                 finished = await _serve_until_done(cfg, coord, authority, port_file, stop,
                                                    f"{len(units)} units, policy {policy.name}",
                                                    status_access)

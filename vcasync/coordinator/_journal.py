@@ -157,6 +157,10 @@ class Journal:
         self._floor: int | None = None
         self._store: CheckpointStore | None = None
         self._snapshot_seq = -1
+        #: the newest snapshot's checkpoint step (None: not looked up yet). Steps count snapshots,
+        #: not journal entries: the ledger changes without a result (leases, parked units), and a
+        #: snapshot of that is a new step at the same ``seq`` (its manifest's meta)
+        self._step: int | None = None
         self._blobs: dict[int, str] = {}     # entry number -> the received bytes it names
         self._forgetting: set[asyncio.Task[None]] = set()
 
@@ -220,6 +224,7 @@ class Journal:
             raise CorruptObjectError(f"snapshot model is version {model.meta.get('version')}, "
                                      f"its manifest says {version}")
         self.seq = self._snapshot_seq = seq
+        self._step = max(await self._store.steps())    # a newer, incomplete one is not reused
         self._captured_version = version
         self._kept.append((seq, version))
         async for key in self._storage_list("bases/"):
@@ -408,19 +413,26 @@ class Journal:
         return Captured(model, policy_state, ledger, self.seq)
 
     async def write_snapshot(self, captured: Captured) -> None:
-        """Write a captured state, then prune what no kept snapshot needs."""
-        if self._store is None or captured.seq == self._snapshot_seq:
+        """Write a captured state as the next snapshot (also at the ``seq`` of the last one: the
+        ledger may have changed without a result, e.g. a unit parked or a lease granted, and a
+        clean restart must find that), then prune what no kept snapshot needs."""
+        if self._store is None:
             return
+        if self._step is None:
+            self._step = max(await self._store.steps(), default=-1)
+        step = self._step + 1
         model = await asyncio.to_thread(_encode_bytes, "model", {"version": captured.model.version},
                                         captured.model.tensors, self._config.codec)
         ledger = await asyncio.to_thread(pack_tree, captured.ledger)
         try:
-            await self._store.write(captured.seq, {"model": model, "policy": captured.policy_state,
-                                                   "ledger": ledger},
+            await self._store.write(step, {"model": model, "policy": captured.policy_state,
+                                           "ledger": ledger},
                                     {"format": FORMAT, "version": captured.model.version,
                                      "seq": captured.seq, "run_id": self.run_id})
         except BaseExceptionGroup as group:    # parallel object writes: report the first failure
             raise first_error(group) from group
+        finally:
+            self._step = step            # written or not, a later snapshot takes the next step
         self._snapshot_seq = captured.seq
         self._kept.append((captured.seq, captured.model.version))
         while len(self._kept) > self._config.keep_snapshots:
