@@ -9,7 +9,7 @@ import hashlib
 import random
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -19,7 +19,7 @@ from vcasync.checkpoint import CheckpointStore
 from vcasync.errors import TransientStorageError
 from vcasync.storage import Storage, open_storage
 from vcasync.testing.emulators import DUMMY_S3_CREDENTIALS
-from vcasync.testing.faults import FaultPlan, FaultyStorage
+from vcasync.testing.faults import FaultPlan, FaultyStorage, ForwardingStorage
 from vcasync.testing.storage import StorageConformance
 
 T = TypeVar("T")
@@ -62,6 +62,24 @@ class TestFaultyWrapperIsAStorage(StorageConformance):
     async def open_peer(self, storage: Storage) -> Storage:
         assert isinstance(storage, FaultyStorage)
         return FaultyStorage(storage.inner.peer(), FaultPlan(delay=0.5, max_delay_s=0.002), seed=4)  # type: ignore[attr-defined]
+
+
+class TestForwardingWrapperIsAStorage(StorageConformance):
+    """The base docs/testing.md offers for one's own wrapper keeps every storage law as it is.
+
+    Found by a tester: entering a closed ForwardingStorage did not raise ClosedError."""
+
+    large_size = 3 << 20
+    many_keys = 120
+    holds_object_and_prefix = False
+
+    @pytest.fixture
+    async def storage(self, tmp_path: Path) -> AsyncIterator[Storage]:
+        async with ForwardingStorage(open_storage((tmp_path / "root").as_uri())) as st:
+            yield st
+
+    async def open_peer(self, storage: Storage) -> Storage:
+        return ForwardingStorage(open_storage(storage.url))
 
 
 @pytest.mark.parametrize("seed", [1, 2])

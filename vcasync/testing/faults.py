@@ -73,6 +73,7 @@ class ForwardingStorage:
         await self.inner.aclose()
 
     async def __aenter__(self) -> Self:
+        await self.inner.__aenter__()  # a closed inner refuses (ClosedError), as the contract says
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
