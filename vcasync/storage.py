@@ -15,6 +15,7 @@ The laws every backend obeys are spelled out, and tested, by
   failed or cancelled write (``put_stream`` whose input raises) leaves nothing under the key;
 - ``put(..., if_absent=True)`` creates or raises :class:`PreconditionFailedError`; of several
   concurrent writers exactly one wins;
+- ``get`` returns ``bytes`` and ``open_read`` yields ``bytes`` (never a memoryview or bytearray);
 - ``get``/``stat``/``open_read`` of a missing key raise :class:`ObjectNotFoundError`; ``delete`` of a
   missing key is a no-op (so retries and concurrent cleaners are harmless);
 - ``list(prefix)`` yields every key that starts with ``prefix`` (a plain string prefix, not a

@@ -12,6 +12,7 @@ from vcasync.backends.s3 import S3Storage
 
 from vcasync.storage import Storage, open_storage
 from vcasync.testing.emulators import DUMMY_S3_CREDENTIALS
+from vcasync.testing.faults import ForwardingStorage
 from vcasync.testing.storage import StorageConformance
 
 S3_BUCKET = GCS_BUCKET = "vcasync-tests"
@@ -56,3 +57,16 @@ class TestGCS(StorageConformance):
     async def storage(self, gcs_endpoint: str, unique_prefix: str) -> AsyncIterator[Storage]:
         async with open_storage(f"gs://{GCS_BUCKET}/{unique_prefix}?emulator_host={gcs_endpoint}") as st:
             yield st
+
+
+class _MemoryviewReads(ForwardingStorage):
+    async def get(self, key: str) -> bytes:
+        return memoryview(await self.inner.get(key))  # type: ignore[return-value]
+
+
+async def test_the_suite_refuses_a_get_that_is_not_bytes() -> None:
+    # Found by a tester: a backend whose get returned a memoryview passed the whole suite, and a
+    # coordinator on it then failed to restart with "not a vcasync run record".
+    async with _MemoryviewReads(open_storage("memory://not-bytes")) as st:
+        with pytest.raises(AssertionError, match=r"_MemoryviewReads\.get must return bytes.*memoryview"):
+            await StorageConformance().test_reads_return_bytes(st)

@@ -154,6 +154,19 @@ class StorageConformance:
         await storage.put("small/view", memoryview(data)[10:20])
         assert await storage.get("small/view") == data[10:20]
 
+    async def test_reads_return_bytes(self, storage: Storage) -> None:
+        # The contract types get and open_read as bytes, and callers rely on it: json.loads refuses
+        # a memoryview, so a coordinator on such a store took its own run record for a corrupt one.
+        await storage.put("typed/get", b"some bytes")
+        got = await storage.get("typed/get")
+        assert isinstance(got, bytes), (
+            f"{type(storage).__name__}.get must return bytes (the Storage contract), "
+            f"got {type(got).__name__}")
+        for chunk in [c async for c in storage.open_read("typed/get", chunk_size=4)]:
+            assert isinstance(chunk, bytes), (
+                f"{type(storage).__name__}.open_read must yield bytes (the Storage contract), "
+                f"got {type(chunk).__name__}")
+
     async def test_put_replaces_atomically(self, storage: Storage) -> None:
         await storage.put("k", b"first")
         before = await storage.stat("k")
