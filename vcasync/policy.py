@@ -63,6 +63,7 @@ __all__ = [
     "refresh_policies",
     "register_policy",
     "unregister_policy",
+    "validate_policy",
 ]
 
 #: Policy state: names -> tensors, ints, floats, bools, strings, None, or lists/dicts of those.
@@ -129,7 +130,7 @@ class PolicySpec:
             policy = self.cls(**kwargs)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"policy {self.name!r}: {exc}") from exc
-        _check_instance(self.name, policy)
+        validate_policy(policy, name=self.name)
         return policy  # type: ignore[no-any-return]
 
 
@@ -149,6 +150,21 @@ def _check_attr(plugin: str, owner: object, attr: str) -> None:
         if unknown:
             raise PluginValidationError(f"claims unknown law(s) {unknown}; known: "
                                         f"{sorted(KNOWN_LAWS)}", plugin=plugin)
+
+
+def _check_methods(plugin: str, owner: object, *, bound: bool) -> None:
+    for meth, arity in (("init_state", 2), ("merge", 4)):
+        fn = getattr(owner, meth, None)
+        if not callable(fn):
+            raise PluginValidationError(f"missing method {meth!r}", plugin=plugin)
+        try:
+            inspect.signature(fn).bind(*([None] * (arity - bound)))
+        except TypeError:
+            want = "(self, model)" if meth == "init_state" else "(self, model, update, state)"
+            raise PluginValidationError(f"method {meth!r} must accept {want}",
+                                        plugin=plugin) from None
+        except ValueError:  # pragma: no cover - builtins without signatures
+            pass
 
 
 def _check_instance(plugin: str, policy: object) -> None:
@@ -178,19 +194,23 @@ def _validate(name: str, obj: object) -> PolicySpec:
         if inspect.getattr_static(obj, attr, None) is None:
             raise PluginValidationError(f"missing attribute {attr!r}", plugin=name)
         _check_attr(name, obj, attr)
-    for meth, arity in (("init_state", 2), ("merge", 4)):
-        fn = getattr(obj, meth, None)
-        if not callable(fn):
-            raise PluginValidationError(f"missing method {meth!r}", plugin=name)
-        try:
-            inspect.signature(fn).bind(*([None] * arity))
-        except TypeError:
-            want = "(self, model)" if meth == "init_state" else "(self, model, update, state)"
-            raise PluginValidationError(f"method {meth!r} must accept {want}",
-                                        plugin=name) from None
-        except ValueError:  # pragma: no cover - builtins without signatures
-            pass
+    _check_methods(name, obj, bound=False)
     return PolicySpec(name, obj, param_specs(name, obj))
+
+
+def validate_policy(policy: object, *, name: str | None = None) -> None:
+    """Check a built policy as the registry checks every policy it builds.
+
+    ``policy`` needs ``init_state(model)`` and ``merge(model, update, state)``, a bool
+    ``needs_base``, a frozenset ``claims`` of known laws, and an int ``max_outliers`` >= 0 when it
+    claims ``bounded_influence``. Raises :class:`PluginValidationError` naming the policy (``name``,
+    else its ``name`` attribute, else its type) and the problem. ``vcasync.testing.check_policy``
+    runs it before any law.
+    """
+    declared = getattr(policy, "name", None)
+    plugin = name if name is not None else declared if isinstance(declared, str) else type(policy).__name__
+    _check_methods(plugin, policy, bound=True)
+    _check_instance(plugin, policy)
 
 
 def _missing(name: str, path: str, exc: ImportError) -> Exception:

@@ -7,16 +7,17 @@ breaks exactly one rule; check_law must raise LawViolation naming that law.
 from __future__ import annotations
 
 import random
+import re
 from typing import Any, ClassVar
 
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, settings
 
-from vcasync.errors import UpdateRejectedError
-from vcasync.policy import PolicyState
+from vcasync.errors import ConfigError, PluginValidationError, UpdateRejectedError
+from vcasync.policy import PolicyState, register_policy
 from vcasync.tensors import ModelState, Update
-from vcasync.testing import LawViolation, check_law
+from vcasync.testing import LawViolation, check_law, check_policy
 from vcasync.testing.strategies import model_states
 
 
@@ -262,3 +263,71 @@ def test_law_catches_the_broken_policy(cls: type[Any], law: str) -> None:
                                  "finite", "identity", "convex", "staleness_monotone", "counters"])
 def test_the_correct_mix_passes(law: str) -> None:
     check_law(law, Mix, max_examples=20)
+
+
+# Found by a tester: the kit let through what the registry refuses (needs_base="yes", claims as a
+# plain set), let a policy's own exceptions escape raw, and answered a misspelled law with a
+# ValueError outside vcasync's error tree.
+
+class ReadsBaseWithoutAsking(Mix):
+    needs_base: ClassVar[bool] = False  # so a delta comes without update.base: merge fails on None
+
+    def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState | None:
+        if update.kind == "delta":
+            for name, w in model.items():
+                w.copy_(update.base[name] + update.tensors[name])  # type: ignore[index]
+        return model
+
+
+class InitFails(Mix):
+    def init_state(self, model: ModelState) -> PolicyState:
+        raise RuntimeError("the policy's own bug")
+
+
+def test_a_merge_that_raises_breaks_the_contract() -> None:
+    with pytest.raises(LawViolation) as info:
+        check_law("contract", ReadsBaseWithoutAsking, settings=FIND)
+    assert info.value.law == "contract"
+    assert "ReadsBaseWithoutAsking" in str(info.value)
+    assert "merge raised TypeError" in str(info.value)
+    assert "needs_base=False" in str(info.value)
+    assert isinstance(info.value.__cause__, TypeError)
+
+
+def test_any_other_error_of_the_policy_names_the_law_and_the_policy() -> None:
+    with pytest.raises(LawViolation) as info:
+        check_law("identity", InitFails, settings=FIND)
+    assert info.value.law == "identity"
+    assert "InitFails" in str(info.value)
+    assert "RuntimeError: the policy's own bug" in str(info.value)
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+@pytest.mark.parametrize(("attrs", "message"), [
+    ({"needs_base": "yes"}, "needs a bool attribute 'needs_base'"),
+    ({"claims": {"identity"}}, "needs a frozenset[str] attribute 'claims'"),
+    ({"claims": ["identity"]}, "needs a frozenset[str] attribute 'claims'"),
+    ({"claims": frozenset({"convexity"})}, "claims unknown law(s) ['convexity']"),
+    ({"claims": frozenset({"bounded_influence"})}, "no int attribute 'max_outliers'"),
+])
+def test_check_policy_validates_like_the_registry(attrs: dict[str, Any], message: str) -> None:
+    broken = type("Broken", (Mix,), attrs)
+    with pytest.raises(PluginValidationError, match=re.escape(message)) as kit:
+        check_policy(broken, max_examples=2)
+    assert kit.value.plugin == "mix"
+    if "bounded_influence" not in attrs.get("claims", ()):  # max_outliers is checked at build time
+        with pytest.raises(PluginValidationError, match=re.escape(message)):
+            register_policy("mix", broken)
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: check_law("convexity", Mix), r"unknown law\(s\) \['convexity'\]; known: \['bounded_influence'"),
+    (lambda: check_policy(Mix, laws=["convexity"]), r"unknown law\(s\) \['convexity'\]"),
+    (lambda: check_policy(Mix, laws="contract"), "laws must be a list of law names, got str"),
+    (lambda: check_policy(Mix(), max_examples=2), "a policy factory must be callable"),
+    (lambda: check_law("contract", Mix, max_examples=0), "max_examples must be an int >= 1, got 0"),
+    (lambda: check_law("contract", Mix, window=-1), r"window \(the coordinator's max_staleness\) must be"),
+])
+def test_kit_misuse_is_a_config_error(call: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        call()

@@ -14,7 +14,8 @@ rules of :mod:`vcasync.policy`:
 - a merged model keeps the names, shapes and dtypes;
 - the update's tensors, its base and its metadata (kind, versions, staleness, samples, steps,
   worker, unit, metrics) are never changed;
-- the state stays serialisable by :func:`vcasync.wire.pack_tree`.
+- the state stays serialisable by :func:`vcasync.wire.pack_tree`;
+- ``merge`` raises nothing but :class:`~vcasync.errors.UpdateRejectedError`.
 
 Any breach raises :class:`LawViolation` (an ``AssertionError``, so test runners report it as a
 failure) that names the law, the policy, the step and the tensor.
@@ -169,6 +170,12 @@ class PolicyRun:
             step = Step("rejected", exc.reason, self.model.clone(), self.version, update)
             self.steps.append(step)
             return step
+        except Exception as exc:
+            hint = (" (the policy says needs_base=False, so a delta comes with update.base None)"
+                    if item.kind == "delta" and base is None else "")
+            raise LawViolation("contract", f"{label}: merge raised {type(exc).__name__}: {exc}{hint}; "
+                                           f"a policy refuses a result only with UpdateRejectedError"
+                               ) from exc
         if self.check:
             self._inputs(update, inputs, base, base_copy, meta, label)
             self._packed(label)
