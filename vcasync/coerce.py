@@ -97,7 +97,15 @@ def coerce(value: Any, hint: Any, where: str, *, text: bool = False) -> Any:
     try:
         return _coerce(value, hint, where, text)
     except _Mismatch:
-        raise ConfigError(f"{where} must be {describe_type(hint)}, got {value!r}") from None
+        raise ConfigError(f"{where} must be {describe_type(hint)}, got {_show(value)}") from None
+
+
+def _show(value: Any) -> str:
+    """``repr(value)``, but an int too long to print (over 4,300 digits) by its size."""
+    try:
+        return repr(value)
+    except ValueError:
+        return f"an int of {value.bit_length()} bits" if isinstance(value, int) else object.__repr__(value)
 
 
 def from_table(cls: type[D], table: Mapping[str, Any], where: str) -> D:
@@ -145,7 +153,11 @@ def _coerce(value: Any, hint: Any, where: str, text: bool) -> Any:
         raise _Mismatch
     if hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:
+                raise ConfigError(f"{where} must be float, got an int of {int(value).bit_length()} bits, too "
+                                  f"large for a float (the largest is about 1.8e308)") from None
         raise _Mismatch
     if hint is str:
         if isinstance(value, str):

@@ -136,3 +136,16 @@ def test_the_three_readers_share_it() -> None:
         LocalStorage.from_url("file:///tmp/x?durable=maybe")
     with pytest.raises(ConfigError, match=r"^inner\.rate must be float, got True$"):
         from_table(Inner, {"rate": True}, "inner")
+
+
+def test_an_int_too_large_for_a_float_is_a_config_error() -> None:
+    # Found by a tester: build_policy("vcasgd", {"alpha": 10**400}) (or --policy-param alpha=1 and
+    # 400 zeros) raised a raw OverflowError.
+    with pytest.raises(ConfigError, match=r"^parameter 'alpha' of policy 'vcasgd' must be float, got an "
+                                          r"int of 1329 bits, too large for a float"):
+        build_policy("vcasgd", {"alpha": 10**400})
+    with pytest.raises(ConfigError, match=r"^p must be float, got an int of"):
+        coerce([1.0, 10**400], list[float | None], "p")
+    # An int too long even to print (Python refuses over 4,300 digits) is named by its size.
+    with pytest.raises(ConfigError, match=r"^p must be str, got an int of 16610 bits$"):
+        coerce(10**5000, str, "p")
