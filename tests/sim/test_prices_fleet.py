@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from vcasync.costing.market import SpotTrace
 from vcasync.costing.prices import DEFAULT_INSTANCE, DEFAULT_PRICES, InstancePrice, PriceTable
 from vcasync.errors import ConfigError
 from vcasync.sim.cost import Billing, ring_allreduce_s
@@ -120,3 +124,16 @@ def test_ring_allreduce_uses_the_slowest_link() -> None:
     assert ring_allreduce_s(1000, 1, [1e9], 0.01) == 0.0
     t = ring_allreduce_s(1_000_000, 4, [1e9, 1e8, 1e9, 1e9], 0.0)
     assert t == pytest.approx(2 * 3 / 4 * 8e6 / 1e8)
+
+
+@pytest.mark.parametrize(("read", "what"), [(TracePreemption.from_csv, "preemption trace"),
+                                            (SpotTrace.from_csv, "spot trace")])
+def test_a_trace_file_that_is_not_utf8_is_a_config_error(tmp_path: Path, read: Any, what: str) -> None:
+    # Found by a tester: simulate --trace FILE with a non-UTF-8 file raised UnicodeDecodeError, where
+    # --prices read the same file cleanly; both now read their files through one function.
+    path = tmp_path / "t.csv"
+    path.write_bytes(b"worker,down_s,up_s\n0,\xff\xfe,3\n")
+    with pytest.raises(ConfigError, match=rf"^cannot read {what} '.*t\.csv': not UTF-8 text$"):
+        read(path)
+    with pytest.raises(ConfigError, match=rf"^cannot read {what} '.*gone\.csv': No such file"):
+        read(tmp_path / "gone.csv")

@@ -23,6 +23,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import ConfigError
+from .params import read_text_file
 
 __all__ = ["SpotPath", "SpotTrace", "SpotWalk"]
 
@@ -81,11 +82,7 @@ class SpotTrace:
 
     @classmethod
     def from_csv(cls, path: str | Path) -> SpotTrace:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read spot trace {str(path)!r}: {exc.strerror}") from None
-        return cls.parse(text, source=str(path))
+        return cls.parse(read_text_file(path, "spot trace"), source=str(path))
 
     def usd(self, base_per_h: float, start_s: float, end_s: float) -> float:
         return _integrate(list(self.times), list(self.rates), start_s, end_s)

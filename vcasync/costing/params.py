@@ -1,13 +1,25 @@
-"""``key=value`` command-line parameters (``--policy-param``), shared by ``vcasync simulate`` and ``demo``."""
+"""Command-line inputs shared by ``vcasync simulate`` and ``demo``: ``key=value`` parameters
+(``--policy-param``), and the text of a file a flag names (``--prices``, ``--trace``, ...)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["parse_params"]
+__all__ = ["parse_params", "read_text_file"]
+
+
+def read_text_file(path: str | Path, what: str) -> str:
+    """The UTF-8 text of ``path``; a missing, unreadable or non-UTF-8 file is a :class:`ConfigError`
+    ``cannot read <what> '<path>': <why>``."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = (exc.strerror or str(exc)) if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"cannot read {what} {str(path)!r}: {why}") from None
 
 
 def parse_params(items: list[str] | None) -> dict[str, Any]:

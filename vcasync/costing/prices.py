@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ..coerce import coerce
 from ..errors import ConfigError
+from .params import read_text_file
 
 __all__ = [
     "DEFAULT_COORDINATOR_INSTANCE", "DEFAULT_INSTANCE", "DEFAULT_PRICES", "InstancePrice", "PriceTable",
@@ -201,11 +202,7 @@ class PriceTable(Mapping[str, InstancePrice]):
         """Rows from a JSON list (or ``{"prices": [...]}``), a TOML file of ``[[prices]]`` tables,
         or a ``.csv`` file with a header row of field names (empty cells: the field's default)."""
         p = Path(path)
-        try:
-            text = p.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-            raise ConfigError(f"cannot read price file {str(p)!r}: {why}") from None
+        text = read_text_file(p, "price file")
         fmt = {".toml": "TOML", ".csv": "CSV"}.get(p.suffix.lower(), "JSON")
         try:
             doc: object = (tomllib.loads(text) if fmt == "TOML" else _csv_rows(text) if fmt == "CSV"

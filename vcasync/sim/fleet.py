@@ -29,6 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ..costing.params import read_text_file
 from ..errors import ConfigError
 
 log = logging.getLogger("vcasync.sim")
@@ -214,12 +215,7 @@ class TracePreemption:
 
     @classmethod
     def from_csv(cls, path: str | Path) -> TracePreemption:
-        p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read preemption trace {str(p)!r}: {exc.strerror}") from None
-        return cls.parse(text, source=str(p))
+        return cls.parse(read_text_file(path, "preemption trace"), source=str(path))
 
     @classmethod
     def parse(cls, text: str, *, source: str = "trace") -> TracePreemption:
