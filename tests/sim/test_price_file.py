@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 from vcasync.cli import ExitCode
 from vcasync.costing.prices import PriceTable
 from vcasync.errors import ConfigError
+from vcasync.sim.cli import configure, run
 
 ROW = {"provider": "acme", "instance": "big-1", "region": "moon-1", "vcpus": 8, "memory_gib": 32.0,
        "on_demand_per_h": 1.0, "spot_per_h": 0.2, "source": "acme price page", "as_of": "2026-11"}
@@ -108,3 +110,31 @@ def test_the_commands_take_prices_file_and_refuse_a_bad_one(tmp_path: Path) -> N
         assert out.returncode == ExitCode.CONFIG, (cmd, out.stdout, out.stderr)
         assert "bad.json" in out.stderr
         assert not (tmp_path / "runs").exists()  # nothing was started
+
+
+@pytest.mark.parametrize(("content", "word"), [
+    ("[1, 2]", "must hold a non-empty list of price rows"),
+    (json.dumps([{**ROW, "colour": "red"}]), "unknown field"),
+    ("\udcff", "not UTF-8 text"),
+])
+def test_a_bad_price_table_is_refused_as_a_bad_prices_file_is(tmp_path: Path, content: str, word: str,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    # Found by a tester: simulate --list-prices --price-table FILE holding [1,2] raised TypeError
+    # ('int' object is not iterable); --price-table now reads its file as --prices does.
+    path = tmp_path / "table.json"
+    path.write_bytes(content.encode("utf-8", "surrogateescape"))
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    assert run(parser.parse_args(["--list-prices", "--price-table", str(path)])) == ExitCode.CONFIG
+    err = capsys.readouterr().err
+    assert "table.json" in err
+    assert word in err
+
+
+def test_a_price_table_replaces_the_built_in_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps([ROW]))
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    assert run(parser.parse_args(["--list-prices", "--json", "--price-table", str(path)])) == ExitCode.OK
+    assert [r["instance"] for r in json.loads(capsys.readouterr().out)] == ["big-1"]

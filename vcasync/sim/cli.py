@@ -65,8 +65,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     c.add_argument("--coordinator-instance", default=DEFAULT_COORDINATOR_INSTANCE)
     c.add_argument("--on-demand-price", type=float, help="override the instance's on-demand $/h")
     c.add_argument("--spot-price", type=float, help="override the instance's spot $/h")
-    c.add_argument("--price-table", type=Path,
-                   help="JSON list of instance prices replacing the built-in table")
+    c.add_argument("--price-table", type=Path, metavar="FILE",
+                   help="price rows replacing the built-in table (JSON, TOML or CSV, as --prices)")
     c.add_argument("--prices", type=Path, metavar="FILE",
                    help="JSON, TOML or CSV price rows that add to / replace rows of the table")
     c.add_argument("--list-prices", action="store_true", help="print the price table and exit")
@@ -83,14 +83,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def _prices(args: argparse.Namespace) -> PriceTable:
     table = PriceTable()
-    if args.price_table is not None:
-        try:
-            rows = json.loads(Path(args.price_table).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"cannot read price table {str(args.price_table)!r}: {exc}") from None
-        if not isinstance(rows, list):
-            raise ConfigError(f"{args.price_table}: the price table must be a JSON list of objects")
-        table = PriceTable.from_rows(rows)
+    if args.price_table is not None:   # read and checked as a --prices file is, then replaces the table
+        table = PriceTable.from_file(args.price_table)
     if args.prices is not None:
         table = table.merged(PriceTable.from_file(args.prices))
     if args.on_demand_price is not None or args.spot_price is not None:
