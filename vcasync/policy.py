@@ -45,7 +45,7 @@ from typing import Any, ClassVar, Final, Protocol, runtime_checkable
 
 from ._params import ParamSpec, coerce_params, param_specs
 from ._registry import Registry
-from .errors import ConfigError, PluginValidationError, UnknownPolicyError
+from .errors import ConfigError, PluginValidationError, UnknownPolicyError, VCAsyncError
 from .tensors import ModelState, Update
 
 __all__ = [
@@ -128,8 +128,13 @@ class PolicySpec:
         kwargs = coerce_params(self.name, self.params, params or {})
         try:
             policy = self.cls(**kwargs)
-        except (ValueError, TypeError) as exc:
+        except VCAsyncError:
+            raise                   # already says what is wrong (a ConfigError, an unknown inner policy)
+        except (ValueError, TypeError) as exc:  # how a constructor refuses a parameter
             raise ConfigError(f"policy {self.name!r}: {exc}") from exc
+        except Exception as exc:    # anything else may be a bug: say what and keep it as the cause
+            raise ConfigError(f"policy {self.name!r} could not be built with {dict(kwargs)!r}: its "
+                              f"constructor raised {type(exc).__name__}: {exc}") from exc
         validate_policy(policy, name=self.name)
         return policy  # type: ignore[no-any-return]
 

@@ -187,6 +187,20 @@ def test_constructor_value_error_becomes_config_error(registered: Callable[[str,
         build_policy("good", {"rate": -1.0})
 
 
+def test_any_other_constructor_error_becomes_a_config_error_that_keeps_it(
+        registered: Callable[[str, type], Any]) -> None:
+    # Found by a tester: a constructor raising RuntimeError passed through build_policy unwrapped.
+    def init(self: Any, rate: float = 0.5) -> None:
+        if rate > 1:
+            raise RuntimeError("no device for rate > 1")
+
+    registered("good", _mutant(__init__=init))
+    said = r"^policy 'good' could not be built with \{'rate': 2\.0\}: its constructor raised RuntimeError: "
+    with pytest.raises(ConfigError, match=said + "no device for rate > 1$") as info:
+        build_policy("good", {"rate": 2.0})
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
 def test_policy_from_toml() -> None:
     doc = tomllib.loads("""
         [policy]
