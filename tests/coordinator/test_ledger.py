@@ -229,6 +229,29 @@ def test_bad_config_and_units() -> None:
         WorkUnit.from_dict({"unit_id": "u", "stepz": 3})
 
 
+@pytest.mark.parametrize(("params", "message"), [
+    ([1], r"^make_units: params must be a mapping of str keys .*, got list \[1\]$"),
+    ({"x": {1: 2}}, r"^work unit 'e0-s0': params\.x has the key 1 of type int: keys must be strings$"),
+    ({"x": [0, object()]}, r"^work unit 'e0-s0': params\.x\[1\] is of type object; params hold None, "),
+    ({"x": 2**64}, r"^work unit 'e0-s0': params\.x = 18446744073709551616 does not fit in 64 bits$"),
+])
+def test_unit_params_are_plain_data_checked_when_units_are_made(params: object, message: str) -> None:
+    # Found by a tester: make_units(2, params=[1]) raised TypeError, and params {"x": {1: 2}} were
+    # taken, then a Coordinator failed on them with TypeError "dict keys must be str" (a snapshot
+    # cannot hold them, nor can the JSON a worker gets).
+    with pytest.raises(ConfigError, match=message):
+        make_units(2, params=params)  # type: ignore[arg-type]
+
+
+def test_plain_unit_params_are_taken_and_checked_on_every_way_in() -> None:
+    params = {"lr": 0.1, "aug": ["flip", None], "cfg": {"k": [1, 2.5, True]}, "t": (1, 2)}
+    assert make_units(1, params=params)[0].params == params
+    with pytest.raises(ConfigError, match=r"^work unit 'u': params\.x has the key 1 of type int"):
+        WorkUnit("u", params={"x": {1: 2}})
+    with pytest.raises(ConfigError, match=r"^work unit 'u': params\.x is of type set"):
+        WorkUnit.from_dict({"unit_id": "u", "params": {"x": {1}}})
+
+
 def test_a_format_1_snapshot_restores_as_its_columns_do(clock) -> None:
     """Snapshots written as rows (before columns) are still read, to the same ledger."""
     led = make(clock, n=4, max_attempts=2, park_after_workers=1)

@@ -37,6 +37,33 @@ def _int(name: str, value: Any, *, minimum: int) -> int:
     return value
 
 
+_INT_MIN, _INT_END = -(1 << 63), 1 << 64     # what a snapshot (vcasync.wire.pack_tree) can hold
+_PLAIN_DATA = "None, bool, int, float, str, and lists and dicts with str keys of those"
+
+
+def _check_plain(unit_id: str, path: str, value: Any) -> None:
+    """Refuse what a unit's params cannot carry: they go to workers as JSON and into snapshots."""
+    if value is None or isinstance(value, bool | str | float):
+        return
+    if isinstance(value, int):
+        if not _INT_MIN <= value < _INT_END:
+            raise ConfigError(f"work unit {unit_id!r}: {path} = {value} does not fit in 64 bits")
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ConfigError(f"work unit {unit_id!r}: {path} has the key {k!r} of type "
+                                  f"{type(k).__name__}: keys must be strings")
+            _check_plain(unit_id, f"{path}.{k}", v)
+        return
+    if isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check_plain(unit_id, f"{path}[{i}]", v)
+        return
+    raise ConfigError(f"work unit {unit_id!r}: {path} is of type {type(value).__name__}; params hold "
+                      f"{_PLAIN_DATA}")
+
+
 @dataclass(frozen=True, slots=True)
 class WorkUnit:
     """A data shard and a number of local steps to train from one model version.
@@ -64,8 +91,11 @@ class WorkUnit:
         if self.shard >= self.num_shards:
             raise ConfigError(f"work unit {self.unit_id!r}: shard {self.shard} >= num_shards "
                               f"{self.num_shards}")
-        if not isinstance(self.params, dict) or not all(isinstance(k, str) for k in self.params):
-            raise ConfigError(f"work unit {self.unit_id!r}: params must be a dict with str keys")
+        if not isinstance(self.params, dict):
+            raise ConfigError(f"work unit {self.unit_id!r}: params must be a dict with str keys, got "
+                              f"{type(self.params).__name__}")
+        if self.params:
+            _check_plain(self.unit_id, "params", self.params)
 
     __hash__ = None  # type: ignore[assignment]  # params is a dict
 
@@ -105,6 +135,9 @@ def make_units(num_shards: int, *, epochs: int = 1, steps: int = 1,
     More than :data:`MAX_UNITS` units raise :class:`ConfigError` before any is built."""
     _int("num_shards", num_shards, minimum=1)
     _int("epochs", epochs, minimum=1)
+    if params is not None and not isinstance(params, Mapping):
+        raise ConfigError(f"make_units: params must be a mapping of str keys (what the trainer reads "
+                          f"in ctx.unit.params), got {type(params).__name__} {params!r}")
     total = num_shards * epochs if count is None else _int("count", count, minimum=1)
     if total > MAX_UNITS:
         made = (f"{num_shards} shards x {epochs} epochs" if count is None else "count")
