@@ -68,7 +68,8 @@ def param_specs(plugin: str, cls: type) -> dict[str, ParamSpec]:
             raise PluginValidationError(
                 f"constructor parameter {p.name!r} has type {describe_type(hint)}, which a config "
                 f"file cannot express (use bool, int, float, str, None, Path, Literal, unions, "
-                f"lists, tuples, dict[str, ...] or dataclasses)", plugin=plugin)
+                f"list[X], tuple[X, ...], Sequence[X], frozenset[X], dict[str, X] or dataclasses)",
+                plugin=plugin)
         try:
             coerce(p.default, hint, f"the default of {p.name!r}")
         except ConfigError:

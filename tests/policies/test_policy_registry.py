@@ -134,6 +134,7 @@ def _no_annotation(self: Any, rate=0.5) -> None: ...  # type: ignore[no-untyped-
 def _var_kw(self: Any, **kw: Any) -> None: ...
 def _callable_param(self: Any, fn: Callable[[int], int] | None = None) -> None: ...
 def _bad_default(self: Any, rate: float = "fast") -> None: ...  # type: ignore[assignment]
+def _pair_param(self: Any, size: tuple[int, int] = (1, 2)) -> None: ...
 def _bad_merge(self: Any, model: Any) -> None: ...
 
 
@@ -150,6 +151,8 @@ def _bad_merge(self: Any, model: Any) -> None: ...
     ({"__init__": _no_annotation}, "'rate' needs a type annotation"),
     ({"__init__": _var_kw}, "plain keyword parameter"),
     ({"__init__": _callable_param}, "'fn' has type"),
+    # found by a tester: a tuple[int, int] was refused by a message that offered "tuples"
+    ({"__init__": _pair_param}, r"'size' has type tuple\[int, int\], .*\(use .* tuple\[X, \.\.\.\], "),
     ({"__init__": _bad_default}, "default 'fast' is not a float"),
 ])
 def test_validation_names_the_plugin_and_the_problem(changes: dict[str, Any], message: str) -> None:
