@@ -111,3 +111,9 @@ def test_actor_options_place_workers_on_spot_and_keep_the_secret_out_of_the_spec
     assert spec.state_url(7) == "s3://b/w/worker-7"
     with pytest.raises(ConfigError, match="without a query"):
         RayWorkerSpec(coordinator="http://c", trainer="m:f", state_root="s3://b/w?region=x")
+    # found by a tester: NaN passed the `grace_period_s <= 0` check (as it did WorkerConfig's)
+    where = {"coordinator": "http://c", "trainer": "m:f", "state_root": "s3://b/w"}
+    with pytest.raises(ConfigError, match="grace_period_s must be a finite number > 0, got nan"):
+        RayWorkerSpec(**where, grace_period_s=float("nan"))
+    with pytest.raises(ConfigError, match="num_cpus and num_gpus must be >= 0"):
+        RayWorkerSpec(**where, num_gpus=float("nan"))

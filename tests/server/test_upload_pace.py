@@ -176,3 +176,8 @@ def test_bad_timeouts_are_refused() -> None:
         BodyTimeouts(window_s=0)
     with pytest.raises(ConfigError):
         ServerConfig(upload_rate_window_s=-1)
+    # found by a tester: shutdown_timeout_s had no check at all, so NaN (or -1) was taken
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ConfigError, match=rf"shutdown_timeout_s must be a finite number >= 0 .* {bad}$"):
+            ServerConfig(shutdown_timeout_s=bad)
+    ServerConfig(shutdown_timeout_s=0.0)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import math
 import os
 import tempfile
 import threading
@@ -95,8 +96,11 @@ class RayWorkerSpec:
         if "?" in self.state_root or self.state_root.endswith("/"):
             raise ConfigError(f"state_root {self.state_root!r} must be a storage URL without a query or a "
                               "trailing '/': each worker's state is state_root + '/worker-<i>'")
-        if self.grace_period_s <= 0 or self.num_cpus < 0 or self.num_gpus < 0:
-            raise ConfigError("grace_period_s must be positive and resources non-negative")
+        if not (self.grace_period_s > 0 and math.isfinite(self.grace_period_s)):  # NaN fails `<= 0` too
+            raise ConfigError(f"grace_period_s must be a finite number > 0, got {self.grace_period_s!r}")
+        if not (self.num_cpus >= 0 and self.num_gpus >= 0):
+            raise ConfigError(f"num_cpus and num_gpus must be >= 0, got {self.num_cpus!r} and "
+                              f"{self.num_gpus!r}")
 
     def state_url(self, index: int) -> str:
         return f"{self.state_root}/worker-{index}"

@@ -102,6 +102,9 @@ class ServerConfig:
             raise ConfigError(f"port {self.port} is out of range")
         if self.max_result_bytes is not None and self.max_result_bytes <= 0:
             raise ConfigError("max_result_bytes must be positive")
+        if not 0 <= self.shutdown_timeout_s < math.inf:     # NaN fails this, as it did no `< 0` check
+            raise ConfigError(f"shutdown_timeout_s must be a finite number >= 0 (0: in-flight requests "
+                              f"are not waited for), got {self.shutdown_timeout_s!r}")
         if not (self.body_idle_timeout_s > 0 and self.idle_timeout_s > 0 and self.upload_rate_window_s > 0
                 and self.upload_rate_grace_s >= 0 and 0 <= self.min_upload_bytes_per_s < math.inf):
             raise ConfigError("body_idle_timeout_s, idle_timeout_s and upload_rate_window_s must be > 0, "

@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import math
 import os
 import random
 import socket
@@ -112,8 +113,8 @@ class WorkerConfig:
             raise ConfigError(f"on_preempt must be 'checkpoint' or 'partial', got {self.on_preempt!r}")
         if self.upload not in ("delta", "weights"):
             raise ConfigError(f"upload must be 'delta' or 'weights', got {self.upload!r}")
-        if self.grace_period_s <= 0:
-            raise ConfigError("grace_period_s must be positive")
+        if not (self.grace_period_s > 0 and math.isfinite(self.grace_period_s)):  # NaN fails `<= 0` too
+            raise ConfigError(f"grace_period_s must be a finite number > 0, got {self.grace_period_s!r}")
         if self.keep_models < 1:
             raise ConfigError("keep_models must be at least 1")
         # Each was taken as it came and found wrong only late: a codec at the first upload, after
