@@ -26,6 +26,7 @@ import contextlib
 import errno
 import functools
 import os
+import re
 import stat
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
@@ -82,6 +83,10 @@ class LocalOptions:
     durable: bool = True
 
 
+#: ``scheme:rest``: what a URL missing its ``//`` looks like (``file:run``, ``s3:bucket``)
+_URL_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
+
+
 def _check_root(root: Path) -> None:
     """A :class:`ConfigError` now, when the storage is opened, if ``root`` (or the nearest part of
     it that exists) is not a directory: otherwise the mistake surfaces at the first write, deep in a
@@ -115,6 +120,13 @@ class LocalStorage(StorageBase):
     @classmethod
     def from_url(cls, url: str, **options: Any) -> LocalStorage:
         if "://" not in url:
+            # a plain path; a typo for a URL would become a directory named after it
+            if _URL_LIKE.match(url):
+                raise ConfigError(f"{url!r} looks like a URL without '//': write file:///absolute/path "
+                                  "(or a plain path)")
+            if "?" in url:
+                raise ConfigError(f"{url!r}: a plain path takes no options (they would become part of "
+                                  "the directory's name); write file:///absolute/path?option=value")
             return cls(url, parse_options(LocalOptions, url, "", options))
         parts = split_url(url, "file")
         if parts.netloc not in ("", "localhost"):
@@ -179,13 +191,16 @@ class LocalStorage(StorageBase):
             try:
                 mode = os.stat(probe).st_mode  # one look: another thread may be creating it
             except FileNotFoundError:
-                missing.append(probe)
-                if probe == self.root or probe.parent == probe:
+                missing.append(probe)      # the root's own missing parents too: created as promised
+                if probe.parent == probe:
                     break
                 probe = probe.parent
                 continue
             if stat.S_ISDIR(mode):
                 break
+            if not probe.is_relative_to(self.root) or probe == self.root:
+                raise ConfigError(f"{self.url}: cannot create the storage root: {probe} is not a "
+                                  "directory")
             conflict = probe.relative_to(self.root).as_posix()
             raise InvalidKeyError(f"{self.url}: cannot store {key!r}: {conflict!r} is an object, "
                                   "and a file system cannot hold an object and a prefix of the "

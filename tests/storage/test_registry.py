@@ -97,6 +97,23 @@ def test_bad_options_are_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         open_storage("memory://x?option=1")
     assert open_storage(f"{tmp_path.as_uri()}?durable=false").options.durable is False  # type: ignore[attr-defined]
+    # found by hand: these became directories named 'file:rel' and 'plain?durable=false'
+    with pytest.raises(ConfigError, match="looks like a URL without '//'"):
+        open_storage("file:rel")
+    with pytest.raises(ConfigError, match="a plain path takes no options"):
+        open_storage(f"{tmp_path}/plain?durable=false")
+
+
+async def test_a_root_whose_parents_are_missing_is_created_with_them(tmp_path: Path) -> None:
+    # The docs promise "a missing one is created on the first write"; a root two levels below
+    # anything that existed failed every write with ENOENT (the k8s base layout's state root).
+    root = tmp_path / "not" / "yet" / "run"
+    async with open_storage(root.as_uri()) as st:
+        await st.put("a/b", b"x")
+        assert await st.get("a/b") == b"x"
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(ConfigError, match="is not a directory"):
+        open_storage((tmp_path / "file" / "run").as_uri())
 
 
 def test_register_backend_validates() -> None:
