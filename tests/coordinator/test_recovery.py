@@ -255,6 +255,37 @@ async def test_snapshot_mode_finishes_only_once_a_snapshot_holds_the_last_result
         assert b.version >= version
 
 
+@pytest.mark.parametrize("damage", ["delete", "truncate"])
+@pytest.mark.parametrize("durability", ["journal", "snapshot"])
+async def test_a_run_whose_snapshots_are_lost_is_refused_not_begun_again(kit, clock, storage, damage,
+                                                                         durability) -> None:
+    # Found by hand: a finished run whose only snapshot was cut short (or deleted) started again
+    # at v0 under the same run id, every merged result silently gone.
+    async with make(kit, storage, clock, durability=durability, units=2) as a:
+        w = await a.join()
+        for _ in range(2):
+            await submit(kit, a, w, await a.lease(w), base_version=a.version)
+    keys = [k async for k in storage.list("vcasync/snapshots/")]
+    for key in keys:
+        if damage == "delete":
+            await storage.delete(key)
+        elif "/data/" in key:
+            await storage.put(key, (await storage.get(key))[:10])
+    with pytest.raises(CorruptObjectError, match="cannot be recovered.*--new-run"):
+        await make(kit, storage, clock, durability=durability, units=2).__aenter__()
+
+
+async def test_a_run_that_died_before_its_first_snapshot_begins_again(kit, clock, storage) -> None:
+    # the one state a start may begin again from: the run record and nothing after it
+    async with make(kit, storage, clock, units=2):
+        pass
+    for prefix in ("vcasync/snapshots/", "vcasync/started"):
+        for key in [k async for k in storage.list(prefix)]:
+            await storage.delete(key)
+    async with make(kit, storage, clock, units=2) as b:
+        assert b.version == 0
+
+
 async def test_none_mode_keeps_nothing(kit, clock, storage) -> None:
     async with make(kit, storage, clock, durability="none") as a:
         w = await a.join()

@@ -46,6 +46,7 @@ from .._aio import first_error
 from ..errors import (
     ClosedError,
     ConfigError,
+    CorruptObjectError,
     FrameError,
     LedgerError,
     StorageError,
@@ -267,6 +268,13 @@ class Coordinator:
         reset = run.recorded is not None and not run.recorded.same_policy(self.identity)
         cfg = self.config.ledger_config()
         rec = await self._journal.load_snapshot()
+        if rec is None and run.recorded is not None and self._journal.durable:
+            lost = await self._journal.lost_state()
+            if lost is not None:       # starting over would silently drop every merged result
+                raise CorruptObjectError(
+                    f"run {run.run_id} on {self._storage.url if self._storage else '?'} cannot be "
+                    f"recovered: {lost}. Restore its snapshots, or start a new run (--new-run, or "
+                    "another state_prefix)", key=self.config.state_prefix)
         if rec is None:
             self._owner = ModelOwner(self._policy, self._model_in,
                                      max_retained_bytes=self.config.max_retained_bytes)
@@ -305,6 +313,8 @@ class Coordinator:
             # reset it holds the new policy's state, so nothing is ever replayed with the old state.
             await self._merger.capture()
             await self._write_snapshot()
+            if rec is None:
+                await self._journal.mark_started()
         if reset:
             await self._journal.record_identity(self.identity)
         self._merger.snapshots.written_version = self.version     # what was recovered is stored

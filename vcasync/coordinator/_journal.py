@@ -11,6 +11,8 @@ Layout under ``config.state_prefix`` (``P``)::
                           regenerate it (older than the newest snapshot)
     P/floor               versions that may have been served (durability "snapshot")
     P/probe               a small object rewritten to learn whether storage is back after an outage
+    P/started             written once the run's first snapshot is: from then on a start that
+                          finds no readable snapshot refuses to begin the run again
 
 **Journal mode.** Each result is written *before* it is merged and acknowledged, as the input it
 was; rejections are written too, small. The bytes of an upload are written to ``P/incoming`` as they
@@ -481,6 +483,27 @@ class Journal:
         if self._dirty is not None:
             await _forget(storage, self._dirty)
             self._dirty = None
+
+    # -- history --------------------------------------------------------------------------------
+    async def mark_started(self) -> None:
+        """After the run's first snapshot: the run has state that a start must never drop."""
+        await self._need().put(self._key("started"), json.dumps({"run_id": self.run_id}).encode())
+
+    async def lost_state(self) -> str | None:
+        """Why a run whose start found no readable snapshot must not begin again (None: it may,
+        it never got past its first snapshot): its snapshots are there but damaged, its journal
+        or version floor shows it ran, or it wrote its first snapshot."""
+        storage, store = self._need(), self._store
+        assert store is not None
+        steps = await store.steps()
+        if steps:
+            return f"{len(steps)} snapshot(s) under {self._key('snapshots')}, none complete and intact"
+        async for _ in self._storage_list("journal/"):
+            return f"journal entries under {self._key('journal')} but no snapshot to replay them on"
+        for name in ("started", "floor"):
+            if await storage.exists(self._key(name)):
+                return f"no snapshot under {self._key('snapshots')}, though the run wrote one"
+        return None
 
     # -- version floor (snapshot mode) -----------------------------------------------------------
     async def version_floor(self) -> int | None:
