@@ -19,6 +19,7 @@ everything with one clause, or exactly one failure with a leaf class::
     ├── StorageError                  a storage backend failed (``.key`` names the object)
     │   ├── ObjectNotFoundError       no object under that key
     │   ├── PreconditionFailedError   if-absent / generation precondition failed (someone else won)
+    │   │   └── PrefixTakenError      another coordinator writes the same state prefix: this one stops
     │   ├── AccessDeniedError         the backend refused our credentials (or found none)
     │   ├── BucketNotFoundError       the bucket (or container) the URL names does not exist
     │   ├── TransientStorageError     timeout, 5xx, throttling: retried, then raised
@@ -72,6 +73,7 @@ __all__ = [
     "PluginValidationError",
     "PolicyError",
     "PreconditionFailedError",
+    "PrefixTakenError",
     "ProtocolVersionError",
     "RunIncompleteError",
     "SpecMismatchError",
@@ -192,6 +194,12 @@ class ObjectNotFoundError(StorageError):
 
 class PreconditionFailedError(StorageError):
     """A conditional write lost: the object already exists or its generation changed."""
+
+
+class PrefixTakenError(PreconditionFailedError):
+    """Another coordinator writes to the same state prefix (it wrote a journal entry this one was
+    about to write): two coordinators on one run would lose each other's results, so this one
+    stops. Give each coordinator its own prefix; restart this one once the other is gone."""
 
 
 class AccessDeniedError(StorageError):

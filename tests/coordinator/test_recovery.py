@@ -271,7 +271,7 @@ async def test_a_run_whose_snapshots_are_lost_is_refused_not_begun_again(kit, cl
             await storage.delete(key)
         elif "/data/" in key:
             await storage.put(key, (await storage.get(key))[:10])
-    with pytest.raises(CorruptObjectError, match="cannot be recovered.*--new-run"):
+    with pytest.raises(CorruptObjectError, match=r"cannot be recovered.*--new-run"):
         await make(kit, storage, clock, durability=durability, units=2).__aenter__()
 
 
@@ -284,6 +284,30 @@ async def test_a_run_that_died_before_its_first_snapshot_begins_again(kit, clock
             await storage.delete(key)
     async with make(kit, storage, clock, units=2) as b:
         assert b.version == 0
+
+
+async def test_a_second_coordinator_on_the_same_run_stops_at_its_first_conflict(kit, clock, storage) -> None:
+    # Found by hand: a second coordinator on the same prefix logged ~30 "storage is back" pairs
+    # for its journal conflicts, went on taking results, and acknowledged some that the run then
+    # lost. Now the conflict stops it before it acknowledges anything.
+    from vcasync.errors import ClosedError, PrefixTakenError
+
+    async with make(kit, storage, clock, units=4) as a:
+        b = await make(kit, storage, clock, units=4).__aenter__()
+        wa, wb = await a.join(), await b.join()
+        ga, gb = await a.lease(wa), await b.lease(wb)
+        assert (await submit(kit, a, wa, ga, base_version=a.version)).status == "accepted"
+        with pytest.raises(ClosedError, match="another one writes this run"):
+            await submit(kit, b, wb, gb, base_version=b.version)
+        await asyncio.wait_for(b._closed.wait(), 5)
+        assert isinstance(b.storage_error, PrefixTakenError)
+        with pytest.raises(ClosedError):
+            await b.lease(wb)
+        assert (await submit(kit, a, wa, await a.lease(wa), base_version=a.version)).status == "accepted"
+        version = a.version
+    async with make(kit, storage, clock, units=4) as c:      # nothing a acknowledged is lost
+        assert c.version == version
+        assert c.status()["units"]["done"] == 2
 
 
 async def test_none_mode_keeps_nothing(kit, clock, storage) -> None:

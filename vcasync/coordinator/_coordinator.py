@@ -49,6 +49,7 @@ from ..errors import (
     CorruptObjectError,
     FrameError,
     LedgerError,
+    PrefixTakenError,
     StorageError,
     StorageFailedError,
     StorageUnavailableError,
@@ -253,7 +254,9 @@ class Coordinator:
             failure = first_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
             self._failure = failure
             self._phase = "failed" if self._phase == "running" else self._phase
-            if not isinstance(failure, StorageFailedError):    # that one was logged, and why
+            if isinstance(failure, PrefixTakenError):
+                log.error("%s", failure)
+            elif not isinstance(failure, StorageFailedError):    # that one was logged, and why
                 log.exception("coordinator loop failed; stopping")
             self._merger.fail_queued(ClosedError(f"the coordinator stopped after an error: "
                                                  f"{exc!r}"))

@@ -58,6 +58,7 @@ from ..errors import (
     CorruptObjectError,
     ObjectNotFoundError,
     PreconditionFailedError,
+    PrefixTakenError,
     SpecMismatchError,
     ValidationError,
     WireError,
@@ -379,8 +380,9 @@ class Journal:
         try:
             await storage.put_stream(key, chunks, if_absent=True)
         except PreconditionFailedError:
-            raise PreconditionFailedError(f"journal entry {key} exists already: another coordinator "
-                                          "writes to this state prefix", key=key) from None
+            raise PrefixTakenError(f"journal entry {key} exists already: another coordinator writes "
+                                   "to this state prefix; this one stops (give each coordinator its "
+                                   "own state_prefix)", key=key) from None
         except BaseException:
             try:
                 await storage.delete(key)

@@ -37,6 +37,7 @@ from ..errors import (
     LedgerError,
     PolicyError,
     PreconditionFailedError,
+    PrefixTakenError,
     StorageError,
     StorageUnavailableError,
     UpdateRejectedError,
@@ -169,6 +170,12 @@ class Merger:
             except LedgerError as exc:
                 self._metrics.reject(reject_reason(exc))
                 job.future.set_exception(exc)
+            except PrefixTakenError:
+                # two coordinators on one run: acknowledging more would lose results; the sender
+                # keeps its result for whichever coordinator serves the run
+                job.future.set_exception(ClosedError("the coordinator stopped: another one writes "
+                                                     "this run; send the result again"))
+                raise
             except StorageError as exc:
                 job.future.set_exception(self.storage_failed(exc))
             except VCAsyncError as exc:
