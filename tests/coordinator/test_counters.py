@@ -113,3 +113,21 @@ async def test_an_old_journal_of_full_weights_replays_by_the_old_rule(kit: Any, 
         assert b.version == 2
         assert b.model()["n"].item() == 7                        # max(0, 5) then max(5, 7)
     await storage.aclose()
+
+
+async def test_a_counter_that_would_go_down_is_refused_in_both_upload_modes(kit: Any, clock: Any) -> None:
+    # Found by hand: a delta with num_batches_tracked = -10**15 was accepted, and the model's
+    # counter became -10**15 (max_update_norm and require_finite look at floating tensors only).
+    storage = open_storage("memory://counters-negative")
+    async with make(kit, storage, clock) as a:
+        w = await a.join("w")
+        g = await a.lease(w)
+        assert (await send(kit, a, w, g, "delta", 3)).status == "accepted"
+        before = a.model()
+        for kind, n in (("delta", -10**15), ("weights", 2)):     # weights: 2 is 1 below the model's 3
+            receipt = await send(kit, a, w, await a.lease(w), kind, n)
+            assert (receipt.status, receipt.reason) == ("rejected", "negative_increment"), kind
+            assert a.model().equal(before)
+        assert (await send(kit, a, w, await a.lease(w), "weights", 3)).status == "accepted"   # +0
+        assert a.model()["n"].item() == 3
+    await storage.aclose()

@@ -67,6 +67,16 @@ class CounterBases:
             tensors[name].sub_(base[name])
         return True
 
+    def first_negative(self, tensors: Mapping[str, torch.Tensor]) -> str | None:
+        """The first integer tensor of an update (its increments) with an element below zero:
+        counters count, so a negative increment is a broken or hostile worker's (one result set
+        ``num_batches_tracked`` to -10**15 before this was checked)."""
+        for name in self._names:
+            t = tensors[name]
+            if t.numel() and bool((t < 0).any()):
+                return name
+        return None
+
     def legacy_increments(self, tensors: Mapping[str, torch.Tensor], model: ModelState) -> None:
         """A full-weights journal entry written before counters were increments: its integers are
         values that policies then merged by element-wise maximum. ``max(value - model, 0)`` added to

@@ -233,6 +233,11 @@ class Merger:
             return await self._reject(job, "base_unavailable",
                                       f"the integer tensors of base version {meta.base_version} "
                                       f"are no longer held; lease again")
+        negative = self._owner.counters.first_negative(job.tensors)
+        if negative is not None:
+            return await self._reject(job, "negative_increment",
+                                      f"integer tensor {negative!r} would go down: counters only "
+                                      "count up (an increment below zero)")
         held: Version | None = None
         if self._owner.needs_base and meta.kind == "delta":
             held = self._owner.hold(meta.base_version)
