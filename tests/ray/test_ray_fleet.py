@@ -109,11 +109,34 @@ def test_actor_options_place_workers_on_spot_and_keep_the_secret_out_of_the_spec
     assert "s3cret" not in json.dumps(spec.to_dict())
     assert RayWorkerSpec.from_dict(spec.to_dict()) == spec
     assert spec.state_url(7) == "s3://b/w/worker-7"
-    with pytest.raises(ConfigError, match="without a query"):
-        RayWorkerSpec(coordinator="http://c", trainer="m:f", state_root="s3://b/w?region=x")
     # found by a tester: NaN passed the `grace_period_s <= 0` check (as it did WorkerConfig's)
     where = {"coordinator": "http://c", "trainer": "m:f", "state_root": "s3://b/w"}
     with pytest.raises(ConfigError, match="grace_period_s must be a finite number > 0, got nan"):
         RayWorkerSpec(**where, grace_period_s=float("nan"))
     with pytest.raises(ConfigError, match="num_cpus and num_gpus must be >= 0"):
         RayWorkerSpec(**where, num_gpus=float("nan"))
+
+
+_WHERE = {"coordinator": "http://c:8470", "trainer": "m:f"}
+
+
+def test_state_urls_keep_the_query_and_relative_paths_are_refused() -> None:
+    from vcasync.errors import ConfigError
+    from vcasync.launch.ray import RayWorkerSpec
+
+    # found by a tester: '?endpoint_url=...' was refused though storage options go in the URL query
+    spec = RayWorkerSpec(**_WHERE, state_root="s3://b/p?endpoint_url=http://127.0.0.1:9000&region=x")
+    assert spec.state_url(3) == "s3://b/p/worker-3?endpoint_url=http://127.0.0.1:9000&region=x"
+    assert RayWorkerSpec(**_WHERE, state_root="/abs/dir").state_url(0) == "/abs/dir/worker-0"
+    assert RayWorkerSpec(**_WHERE, state_root="file://localhost/abs").state_url(1) == "file://localhost/abs/worker-1"
+    assert RayWorkerSpec(**_WHERE, state_root="file:///a?durable=false").state_url(0) == (
+        "file:///a/worker-0?durable=false")
+    # found by a tester: a relative path resolved in each actor's own working directory
+    for relative in ("relstate", "./relstate", "~/state", "file:relstate"):
+        with pytest.raises(ConfigError, match="is a relative path"):
+            RayWorkerSpec(**_WHERE, state_root=relative)
+    for bad in ("s3://b/p/", "s3://b/p/?region=x"):
+        with pytest.raises(ConfigError, match="must not end with '/'"):
+            RayWorkerSpec(**_WHERE, state_root=bad)
+    with pytest.raises(ConfigError, match="fragment"):
+        RayWorkerSpec(**_WHERE, state_root="s3://b/p#x")

@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 
@@ -93,9 +94,7 @@ class RayWorkerSpec:
     env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if "?" in self.state_root or self.state_root.endswith("/"):
-            raise ConfigError(f"state_root {self.state_root!r} must be a storage URL without a query or a "
-                              "trailing '/': each worker's state is state_root + '/worker-<i>'")
+        _check_state_root(self.state_root)
         if not (self.grace_period_s > 0 and math.isfinite(self.grace_period_s)):  # NaN fails `<= 0` too
             raise ConfigError(f"grace_period_s must be a finite number > 0, got {self.grace_period_s!r}")
         if not (self.num_cpus >= 0 and self.num_gpus >= 0):
@@ -103,7 +102,9 @@ class RayWorkerSpec:
                               f"{self.num_gpus!r}")
 
     def state_url(self, index: int) -> str:
-        return f"{self.state_root}/worker-{index}"
+        """``{state_root}/worker-{index}``, the URL's query (its storage options) kept at the end."""
+        base, sep, query = _split_query(self.state_root)
+        return f"{base}/worker-{index}{sep}{query}"
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "env": dict(self.env), "spot_labels": dict(self.spot_labels)}
@@ -111,6 +112,29 @@ class RayWorkerSpec:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> RayWorkerSpec:
         return cls(**{k: v for k, v in raw.items() if k in {f.name for f in dataclasses.fields(cls)}})
+
+
+def _split_query(url: str) -> tuple[str, str, str]:
+    """``(base, "?", query)`` of a storage URL; a plain path has no query (a '?' there is a name)."""
+    return url.partition("?") if "://" in url else (url, "", "")
+
+
+def _check_state_root(root: str) -> None:
+    if not isinstance(root, str) or not root:
+        raise ConfigError(f"state_root must be a non-empty storage URL, got {root!r}")
+    base, _, _ = _split_query(root)
+    if "://" in root and "#" in root:
+        raise ConfigError(f"state_root {root!r} must not have a '#fragment'")
+    if base.endswith("/"):
+        raise ConfigError(f"state_root {root!r} must not end with '/': each worker's state is "
+                          "state_root + '/worker-<i>' (before the URL's query, if any)")
+    parts = urlsplit(base) if "://" in base else None
+    path = base if parts is None else parts.path if parts.scheme.lower() == "file" else "/"
+    if not path.startswith("/"):
+        raise ConfigError(f"state_root {root!r} is a relative path: every actor would resolve it in its "
+                          "own working directory, on its own node, so a restarted worker would not find "
+                          "its state; give an absolute path every node reaches (file:///shared/run1) or "
+                          "an object store URL (s3://bucket/run1/workers)")
 
 
 class _Ring(logging.Handler):
