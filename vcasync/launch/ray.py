@@ -30,27 +30,28 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import logging
 import math
 import os
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
+from ._fleet_state import FAILED, death_reason, fleet_done, placement_problem, spec_differences
 
-__all__ = ["RayFleet", "RayWorkerSpec", "actor_options", "ray_available"]
+__all__ = ["FAILED", "RayFleet", "RayWorkerSpec", "actor_options", "ray_available", "shutdown_fleet"]
 
 log = logging.getLogger("vcasync.launch.ray")
 
 ACTOR_PREFIX = "vcasync-worker-"
 _LOG_LINES = 200
-_DONE = frozenset({"finished", "failed", "preempted", "max_units"})
 
 
 def _ray() -> Any:
@@ -218,68 +219,140 @@ class WorkerActor:
 
 
 class RayFleet:
-    """The worker actors of one fleet (by their names in ``spec.namespace``); needs ``ray.init()``."""
+    """The worker actors of one fleet (by their names in ``spec.namespace``); needs ``ray.init()``.
+
+    Every call that talks to the actors is bounded: an actor Ray cannot place yet (no node has the
+    resources it asks for) is reported as ``pending``, one that died (its constructor raised, say)
+    as ``dead``, never waited on."""
 
     def __init__(self, spec: RayWorkerSpec) -> None:
         self.spec = spec
         self._ray = _ray()
         if not self._ray.is_initialized():
             raise ConfigError("call ray.init(address=...) before creating a RayFleet")
+        #: The Ray actor id of each worker this fleet started or saw: one that leaves the namespace
+        #: (a detached actor's name goes when it dies) is reported as dead, not forgotten.
+        self._ids: dict[int, str] = {}
 
     @classmethod
-    def attach(cls, namespace: str = "vcasync") -> RayFleet:
-        """The fleet already running in ``namespace`` (its spec read back from a live actor)."""
+    def attach(cls, namespace: str = "vcasync", timeout_s: float = 30.0) -> RayFleet:
+        """The fleet already running in ``namespace``, with the spec it was started with."""
         ray = _ray()
-        names = _actor_names(ray, namespace)
-        if not names:
+        actors = _actors(ray, namespace)
+        if not actors:
             raise ConfigError(f"no vcasync workers in the Ray namespace {namespace!r}; start some with "
                               "'vcasync ray up'")
-        actor = ray.get_actor(names[min(names)], namespace=namespace)
-        return cls(RayWorkerSpec.from_dict(ray.get(actor.status.remote())["spec"]))
-
-    def _actors(self) -> dict[int, Any]:
-        return {i: self._ray.get_actor(name, namespace=self.spec.namespace)
-                for i, name in _actor_names(self._ray, self.spec.namespace).items()}
+        spec = _running_spec(ray, namespace, actors, timeout_s)
+        if spec is None:
+            raise ConfigError(f"cannot read the spec of the fleet in the Ray namespace {namespace!r}: no "
+                              f"worker answered within {timeout_s:g}s; 'vcasync ray down' stops it anyway")
+        fleet = cls(spec)
+        fleet._ids.update({i: _actor_id(a) for i, a in actors.items()})
+        return fleet
 
     def scale(self, count: int) -> list[int]:
         """Run ``count`` workers: start the missing indices, stop (gracefully) and remove the highest
-        ones beyond ``count``. Returns the indices now running."""
+        ones beyond ``count``. Returns the indices now running. Refuses (:class:`ConfigError`) when
+        the namespace already runs workers with another spec: mixing two would be silent damage."""
         if count < 0:
             raise ConfigError("the worker count must be >= 0")
-        actors = self._actors()
-        cls = self._ray.remote(WorkerActor)
-        for i in range(count):
-            if i not in actors:
-                opts = actor_options(self.spec, i, os.environ)
-                actors[i] = cls.options(**opts).remote(self.spec.to_dict(), i)
-                log.info("started worker actor %d", i)
-        extra = sorted((i for i in actors if i >= count), reverse=True)
-        stops = {i: actors[i].stop.remote() for i in extra}
-        for i, ref in stops.items():
-            try:
-                self._ray.get(ref, timeout=self.spec.grace_period_s + 30)
-            except Exception as exc:  # a dead or wedged actor: kill it all the same
-                log.warning("worker actor %d did not stop cleanly: %s", i, type(exc).__name__)
-            self._ray.kill(actors.pop(i), no_restart=True)
-            log.info("stopped worker actor %d", i)
+        ray, ns = self._ray, self.spec.namespace
+        actors = _actors(ray, ns)
+        if actors:
+            self._check_same_spec(actors)
+        cls = ray.remote(WorkerActor)
+        started = [i for i in range(count) if i not in actors]
+        if started:
+            _put_spec_record(ns, self.spec)
+        for i in started:
+            opts = actor_options(self.spec, i, os.environ)
+            actors[i] = cls.options(**opts).remote(self.spec.to_dict(), i)
+            self._ids[i] = _actor_id(actors[i])
+            log.info("started worker actor %d", i)
+        extra = {i: actors.pop(i) for i in sorted(actors) if i >= count}
+        _stop(ray, extra, self.spec.grace_period_s + 30)
+        for i in extra:
+            self._ids.pop(i, None)
+        if not actors:
+            _delete_spec_record(ns)
         return sorted(actors)
 
+    def _check_same_spec(self, actors: Mapping[int, Any]) -> None:
+        ns = self.spec.namespace
+        running = _running_spec(self._ray, ns, actors, 30.0)
+        if running is None:
+            raise ConfigError(f"the Ray namespace {ns!r} has workers {sorted(actors)} whose spec cannot be "
+                              "read (none answered within 30s): 'vcasync ray down' first to replace them")
+        diff = spec_differences(running.to_dict(), self.spec.to_dict())
+        if diff:
+            raise ConfigError(f"the Ray namespace {ns!r} already runs workers {sorted(actors)} with another "
+                              f"spec ({'; '.join(diff)}): 'vcasync ray down' first to replace the fleet, or "
+                              "'vcasync ray scale N' to resize it as it is")
+
+    def placement_problem(self) -> str | None:
+        """Why no node of the cluster could take a worker of this spec (a resource or label no alive
+        node has), or None. Ray keeps such actors pending until a fitting node joins."""
+        needs = {"CPU": self.spec.num_cpus, "GPU": self.spec.num_gpus}
+        if self.spec.spot_resource:
+            needs[self.spec.spot_resource] = _SPOT_SLIVER
+        try:
+            nodes = self._ray.nodes()
+        except Exception as exc:  # the answer is advice; never fail a command over it
+            log.debug("ray.nodes() failed: %s", exc)
+            return None
+        return placement_problem(needs, self.spec.spot_labels, nodes)
+
     def status(self, timeout_s: float = 30.0) -> dict[int, dict[str, Any]]:
-        """Each actor's status (``{"state": "unavailable"}`` while Ray is restarting it)."""
+        """Each worker's status, within ``timeout_s`` for the whole fleet: a live actor's own report;
+        ``pending`` (not placed yet, ``error`` says why when no node could take it), ``unavailable``
+        (Ray is restarting it, or it did not answer in time) or ``dead`` (``error``: what of)."""
+        ray = self._ray
+        actors = _actors(ray, self.spec.namespace)
+        self._ids.update({i: _actor_id(a) for i, a in actors.items()})
+        states = _gcs_states(ray, self._ids)
         out: dict[int, dict[str, Any]] = {}
-        for i, actor in sorted(self._actors().items()):
+        asks: dict[int, Any] = {}
+        pending_why: str | None = None
+        for i in sorted(set(self._ids) | set(actors)):
+            state, reason = states.get(i, (None, None))
+            if i not in actors or state == "DEAD":
+                out[i] = {"index": i, "state": "dead", "error": reason or _GONE}
+            elif state in ("PENDING_CREATION", "DEPENDENCIES_UNREADY"):
+                if pending_why is None:
+                    problem = self.placement_problem()
+                    pending_why = f"cannot be placed: {problem}" if problem else _STARTING
+                out[i] = {"index": i, "state": "pending", "error": pending_why}
+            elif state == "RESTARTING":
+                out[i] = {"index": i, "state": "unavailable", "error": "Ray is restarting the actor"}
+            else:
+                asks[i] = actors[i].status.remote()
+        ready: list[Any] = []
+        if asks:
+            ready, _ = ray.wait(list(asks.values()), num_returns=len(asks), timeout=timeout_s)
+        for i, ref in asks.items():
+            if ref not in ready:
+                out[i] = {"index": i, "state": "unavailable", "error": f"no answer within {timeout_s:g}s"}
+                continue
             try:
-                out[i] = self._ray.get(actor.status.remote(), timeout=timeout_s)
+                out[i] = ray.get(ref, timeout=0)
             except Exception as exc:
                 out[i] = {"index": i, "state": "unavailable", "error": type(exc).__name__}
-        return out
+        return dict(sorted(out.items()))
 
-    def wait(self, timeout_s: float | None = None, poll_s: float = 2.0) -> dict[int, dict[str, Any]]:
-        """Block until every worker is done (finished, failed or stopped); their final status."""
+    def wait(self, timeout_s: float | None = None, poll_s: float = 2.0,
+             on_change: Callable[[int, dict[str, Any]], None] | None = None) -> dict[int, dict[str, Any]]:
+        """Block until every worker is done (finished, failed, stopped, or its actor dead); their final
+        status. ``on_change(index, status)`` is called whenever a worker's state changes."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        seen: dict[int, tuple[Any, Any]] = {}
         while True:
             st = self.status()
-            if st and all(s["state"] in _DONE for s in st.values()):
+            for i, s in st.items():
+                key = (s.get("state"), s.get("error"))
+                if seen.get(i) != key and on_change is not None:
+                    on_change(i, s)
+                seen[i] = key
+            if fleet_done(st):
                 return st
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"the fleet was not done after {timeout_s}s: "
@@ -288,7 +361,137 @@ class RayFleet:
 
     def shutdown(self) -> None:
         """Stop every worker gracefully and remove the actors."""
-        self.scale(0)
+        shutdown_fleet(self.spec.namespace, self.spec.grace_period_s + 30)
+        self._ids.clear()
+
+
+def shutdown_fleet(namespace: str, timeout_s: float | None = None) -> list[int]:
+    """Stop every worker in ``namespace`` (gracefully where its actor is alive, within ``timeout_s``,
+    by default its spec's grace period + 30 s) and remove the actors; needs no live actor, so it
+    also clears a fleet that Ray could never place. Returns the indices it removed."""
+    ray = _ray()
+    actors = _actors(ray, namespace)
+    if timeout_s is None:
+        spec = _spec_record(namespace)
+        timeout_s = (spec.grace_period_s if spec is not None else 20.0) + 30
+    _stop(ray, actors, timeout_s)
+    _delete_spec_record(namespace)
+    return sorted(actors)
+
+
+_SPOT_SLIVER = 0.001
+_GONE = "the actor is gone from the Ray namespace (it died, or something else removed it)"
+_STARTING = "waiting for Ray to place and start it"
+_KV_NAMESPACE = "vcasync"
+
+
+def _stop(ray: Any, actors: Mapping[int, Any], timeout_s: float) -> None:
+    """Stop ``actors`` gracefully where alive (all within ``timeout_s``), then kill them for good."""
+    if not actors:
+        return
+    states = _gcs_states(ray, {i: _actor_id(a) for i, a in actors.items()})
+    stops = {i: a.stop.remote() for i, a in actors.items() if states.get(i, ("ALIVE", None))[0] == "ALIVE"}
+    ready: list[Any] = []
+    if stops:
+        ready, _ = ray.wait(list(stops.values()), num_returns=len(stops), timeout=timeout_s)
+    for i, ref in stops.items():
+        try:
+            if ref not in ready:
+                raise TimeoutError(f"no answer within {timeout_s:g}s")
+            ray.get(ref, timeout=0)
+        except Exception as exc:  # a dead or wedged actor: kill it all the same
+            log.warning("worker actor %d did not stop cleanly: %s", i, type(exc).__name__)
+    for i, actor in sorted(actors.items(), reverse=True):
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception as exc:  # already gone
+            log.debug("killing worker actor %d: %s", i, exc)
+        log.info("stopped worker actor %d", i)
+
+
+def _actor_id(handle: Any) -> str:
+    return str(handle._actor_id.hex())
+
+
+def _gcs_states(ray: Any, ids: Mapping[int, str]) -> dict[int, tuple[str, str | None]]:
+    """Ray's own view of each actor (``ALIVE``, ``PENDING_CREATION``, ``RESTARTING``, ``DEAD``...) and,
+    for a dead one, why; from the GCS actor table, which keeps dead actors that lost their name. An
+    actor Ray does not know (or a Ray without this table) is left out: the caller asks the actor."""
+    try:
+        from ray._private.state import actors as actor_table
+    except ImportError:
+        return {}
+    out: dict[int, tuple[str, str | None]] = {}
+    for i, actor_id in ids.items():
+        try:
+            info = actor_table(actor_id=actor_id)
+        except Exception as exc:
+            log.debug("actor table lookup of worker %d failed: %s", i, exc)
+            continue
+        if info:
+            state = str(info.get("State"))
+            out[i] = (state, death_reason(info.get("DeathCause")) if state == "DEAD" else None)
+    return out
+
+
+def _actors(ray: Any, namespace: str) -> dict[int, Any]:
+    out: dict[int, Any] = {}
+    for i, name in _actor_names(ray, namespace).items():
+        try:
+            out[i] = ray.get_actor(name, namespace=namespace)
+        except ValueError:  # it died between the listing and the lookup
+            continue
+    return out
+
+
+def _running_spec(ray: Any, namespace: str, actors: Mapping[int, Any],
+                  timeout_s: float) -> RayWorkerSpec | None:
+    """The spec the fleet in ``namespace`` runs: the record ``scale`` keeps in Ray's key-value store,
+    else (a fleet started before there was one) the first live worker's answer within ``timeout_s``."""
+    spec = _spec_record(namespace)
+    if spec is not None:
+        return spec
+    states = _gcs_states(ray, {i: _actor_id(a) for i, a in actors.items()})
+    refs = [a.status.remote() for i, a in actors.items() if states.get(i, ("ALIVE", None))[0] == "ALIVE"]
+    deadline = time.monotonic() + timeout_s
+    while refs and (left := deadline - time.monotonic()) > 0:
+        ready, refs = ray.wait(refs, num_returns=1, timeout=left)
+        for ref in ready:
+            try:
+                return RayWorkerSpec.from_dict(ray.get(ref, timeout=0)["spec"])
+            except Exception as exc:
+                log.debug("reading the spec from a worker failed: %s", exc)
+    return None
+
+
+def _spec_key(namespace: str) -> str:
+    return f"fleet-spec/{namespace}"
+
+
+def _spec_record(namespace: str) -> RayWorkerSpec | None:
+    try:
+        from ray.experimental.internal_kv import _internal_kv_get
+        raw = _internal_kv_get(_spec_key(namespace), namespace=_KV_NAMESPACE)
+        return RayWorkerSpec.from_dict(json.loads(raw)) if raw else None
+    except Exception as exc:  # no record store in this Ray, or a record we cannot read: ask the actors
+        log.debug("reading the fleet's spec record failed: %s", exc)
+        return None
+
+
+def _put_spec_record(namespace: str, spec: RayWorkerSpec) -> None:
+    try:
+        from ray.experimental.internal_kv import _internal_kv_put
+        _internal_kv_put(_spec_key(namespace), json.dumps(spec.to_dict()), True, namespace=_KV_NAMESPACE)
+    except Exception as exc:
+        log.debug("storing the fleet's spec record failed: %s", exc)
+
+
+def _delete_spec_record(namespace: str) -> None:
+    try:
+        from ray.experimental.internal_kv import _internal_kv_del
+        _internal_kv_del(_spec_key(namespace), namespace=_KV_NAMESPACE)
+    except Exception as exc:
+        log.debug("deleting the fleet's spec record failed: %s", exc)
 
 
 def actor_options(spec: RayWorkerSpec, index: int, environ: Mapping[str, str]) -> dict[str, Any]:
@@ -304,7 +507,7 @@ def actor_options(spec: RayWorkerSpec, index: int, environ: Mapping[str, str]) -
         "max_restarts": -1, "max_task_retries": 0, "max_concurrency": 4,
         "num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus, "runtime_env": {"env_vars": env}}
     if spec.spot_resource:
-        opts["resources"] = {spec.spot_resource: 0.001}
+        opts["resources"] = {spec.spot_resource: _SPOT_SLIVER}
     if spec.spot_labels:
         opts["label_selector"] = dict(spec.spot_labels)
     return opts

@@ -1,0 +1,78 @@
+"""The Ray launcher's decisions without a Ray cluster: when a fleet is done, why a worker cannot be
+placed, how two fleet specs differ, and what a dead actor died of. Each was
+a defect a tester found."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from vcasync.launch._fleet_state import death_reason, fleet_done, placement_problem, spec_differences
+from vcasync.launch.ray import RayFleet, RayWorkerSpec
+
+WHERE = {"coordinator": "http://c:8470", "trainer": "m:f"}
+
+
+def _fleet_reporting(*reports: dict[int, dict[str, Any]]) -> RayFleet:
+    """A RayFleet whose status() answers ``reports`` in turn (the last one again and again)."""
+    fleet = object.__new__(RayFleet)
+    answers = list(reports)
+    fleet.status = lambda timeout_s=30.0: answers.pop(0) if len(answers) > 1 else answers[0]  # type: ignore
+    return fleet
+
+
+def test_a_fleet_whose_actors_died_is_done_and_an_empty_one_too() -> None:
+    # found by a tester: a trainer that did not import killed the actor, its name left the namespace,
+    # and `up --wait` waited for ever on an empty status ("if st and all(...)")
+    assert fleet_done({})
+    assert fleet_done({0: {"state": "dead"}, 1: {"state": "finished"}})
+    assert not fleet_done({0: {"state": "dead"}, 1: {"state": "pending"}})
+    assert not fleet_done({0: {"state": "unavailable"}})
+    t0 = time.monotonic()
+    changes: list[tuple[int, str]] = []
+    fleet = _fleet_reporting({0: {"state": "pending"}}, {0: {"state": "running"}},
+                             {0: {"state": "dead", "error": "creation_task_failure: ConfigError: x"}})
+    final = fleet.wait(timeout_s=5, poll_s=0.01, on_change=lambda i, s: changes.append((i, s["state"])))
+    assert final[0]["state"] == "dead"
+    assert changes == [(0, "pending"), (0, "running"), (0, "dead")]
+    assert _fleet_reporting({}).wait(timeout_s=5, poll_s=0.01) == {}
+    assert time.monotonic() - t0 < 2
+
+
+def test_placement_problem_names_the_resource_or_label_no_node_has() -> None:
+    head = {"Alive": True, "Resources": {"CPU": 2.0, "memory": 1e9}, "Labels": {"ray.io/node-id": "x"}}
+    spot = {"Alive": True, "Resources": {"CPU": 1.0, "spot": 1.0}, "Labels": {"ray.io/market-type": "spot"}}
+    dead_spot = {**spot, "Alive": False}
+    needs = {"CPU": 1.0, "GPU": 0.0, "spot": 0.001}
+    assert placement_problem(needs, {}, [head]) == "needs resource 'spot', which no alive node has"
+    assert placement_problem(needs, {}, [head, dead_spot]) == "needs resource 'spot', which no alive node has"
+    assert placement_problem(needs, {}, [head, spot]) is None
+    assert placement_problem({"CPU": 1.0}, {"ray.io/market-type": "spot"}, [head]) == (
+        "needs node label ray.io/market-type=spot, which no alive node carries")
+    assert placement_problem({"CPU": 2.0, "spot": 0.001}, {}, [head, spot]) == (
+        "needs CPU 2, spot 0.001 on one node, and no alive node has that much")
+    assert placement_problem({"CPU": 1.0}, {}, []) == "no alive node in the cluster"
+
+
+def test_spec_differences_name_each_field_and_keep_env_values_out() -> None:
+    old = RayWorkerSpec(**WHERE, state_root="file:///a", env={"EP": "http://secret-ish"}).to_dict()
+    new = RayWorkerSpec(coordinator="http://127.0.0.1:9999", trainer="m:f", state_root="file:///b").to_dict()
+    diff = spec_differences(old, new)
+    assert diff == ["coordinator: running 'http://c:8470', asked 'http://127.0.0.1:9999'",
+                    "env: running with keys ['EP'], asked for keys [] (or different values)",
+                    "state_root: running 'file:///a', asked 'file:///b'"]
+    assert "secret-ish" not in " ".join(diff)
+    assert spec_differences(old, dict(old)) == []
+
+
+def test_death_reason_is_the_last_line_of_what_the_constructor_raised() -> None:
+    from ray.core.generated import common_pb2
+
+    cause = common_pb2.ActorDeathCause()
+    cause.creation_task_failure_context.formatted_exception_string = (
+        "Traceback (most recent call last):\n  File x\nvcasync.errors.ConfigError: cannot import 'nope'\n")
+    assert death_reason(cause) == "creation_task_failure: vcasync.errors.ConfigError: cannot import 'nope'"
+    other = common_pb2.ActorDeathCause()
+    other.actor_died_error_context.error_message = "The actor was killed by ray.kill"
+    assert death_reason(other) == "actor_died_error: The actor was killed by ray.kill"
+    assert death_reason(common_pb2.ActorDeathCause()) == "unknown cause"
