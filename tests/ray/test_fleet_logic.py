@@ -1,11 +1,13 @@
 """The Ray launcher's decisions without a Ray cluster: when a fleet is done, why a worker cannot be
-placed, how two fleet specs differ, and what a dead actor died of. Each was
-a defect a tester found."""
+placed, how two fleet specs differ, what a dead actor died of, and the command's answer when no Ray
+cluster is there. Each was a defect a tester found."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
+
+import pytest
 
 from vcasync.launch._fleet_state import death_reason, fleet_done, placement_problem, spec_differences
 from vcasync.launch.ray import RayFleet, RayWorkerSpec
@@ -76,3 +78,30 @@ def test_death_reason_is_the_last_line_of_what_the_constructor_raised() -> None:
     other.actor_died_error_context.error_message = "The actor was killed by ray.kill"
     assert death_reason(other) == "actor_died_error: The actor was killed by ray.kill"
     assert death_reason(common_pb2.ActorDeathCause()) == "unknown cause"
+
+
+def test_no_ray_cluster_is_a_one_line_configuration_error(capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # found by a tester: a traceback (ConnectionError) with no cluster; a hang past 60 s at 127.0.0.1:1
+    from vcasync.cli import main
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    t0 = time.monotonic()
+    assert main(["ray", "--address", "127.0.0.1:1", "status"]) == 2
+    err = capsys.readouterr().err
+    # (Ray turns 127.0.0.1 into this machine's address, and connects there: that is what is probed)
+    assert err.startswith("vcasync ray: configuration error: no Ray cluster answers at ")
+    assert ":1 (--address 127.0.0.1:1) within 10s" in err
+    assert err.count("\n") == 1
+    assert "Traceback" not in err
+    assert time.monotonic() - t0 < 15
+
+    def no_cluster(address: str) -> str:
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setattr("ray._private.services.canonicalize_bootstrap_address", no_cluster)
+    assert main(["ray", "down"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vcasync ray: configuration error: no Ray cluster to connect to (--address auto): "
+                          "Could not find any running Ray instance; start one with 'ray start --head'")
+    assert err.count("\n") == 1

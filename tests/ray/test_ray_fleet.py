@@ -140,3 +140,40 @@ def test_state_urls_keep_the_query_and_relative_paths_are_refused() -> None:
             RayWorkerSpec(**_WHERE, state_root=bad)
     with pytest.raises(ConfigError, match="fragment"):
         RayWorkerSpec(**_WHERE, state_root="s3://b/p#x")
+
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="a loopback-only network namespace needs root and unshare (CI has both)")
+def test_the_command_ends_and_explains_when_workers_die_or_cannot_be_placed(tmp_path: Path) -> None:
+    # found by a tester: `up --wait` hung on a dead fleet; status and down hung on a pending actor; a
+    # second `up` with another spec silently mixed two fleets
+    result_file = tmp_path / "result.json"
+    script = f"ip link set lo up && exec {sys.executable} {HERE / 'cli_scenario.py'} {tmp_path} {result_file}"
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(["unshare", "--net", "--", "bash", "-c", script], cwd=root,
+                          capture_output=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
+    r = json.loads(result_file.read_text())
+    bad = r["bad"]
+    assert bad["rc"] == 1, bad
+    assert bad["lines"][-1]["state"] == "dead", bad
+    assert "nonexistent" in bad["lines"][-1]["error"], bad
+    up = r["pending_up"]
+    assert (up["rc"], up["lines"]) == (0, [{"running": [0]}]), up
+    assert "warning: Ray cannot place the workers: needs resource 'spot', which no alive node has" in (
+        up["err"])
+    (st,) = r["pending_status"]["lines"]
+    assert (r["pending_status"]["rc"], st["state"]) == (0, "pending"), r["pending_status"]
+    assert st["error"] == "cannot be placed: needs resource 'spot', which no alive node has"
+    assert r["pending_status"]["s"] < 30
+    other = r["other_spec"]
+    assert other["rc"] == 2, other
+    assert "coordinator: running 'http://127.0.0.1:9', asked 'http://127.0.0.1:9999'" in other["err"]
+    assert "state_root: running" in other["err"]
+    assert "'vcasync ray down' first" in other["err"]
+    assert (r["down"]["rc"], r["down"]["lines"]) == (0, [{"stopped": [0]}]), r["down"]
+    assert r["down"]["s"] < 30
+    assert r["after_down"]["rc"] == 2
+    assert "no vcasync workers in the Ray namespace 'pend'" in r["after_down"]["err"]

@@ -2,15 +2,19 @@
 
 ::
 
-    vcasync ray up --address auto --workers 16 --coordinator http://HEAD:8470 \\
+    vcasync ray --address auto up --workers 16 --coordinator http://HEAD:8470 \\
         --trainer mypkg.train:train --state-root s3://bucket/run1/workers
     vcasync ray status            # each worker: node, restarted?, state, last log line
     vcasync ray scale 8           # while the run goes
     vcasync ray down
 
-The join secret comes from ``VCASYNC_JOIN_SECRET`` (or ``VCASYNC_JOIN_TOKEN``) on the driver, never a
-flag. ``up --wait`` stays until every worker is done, printing status changes; the exit status is
-OK when the run finished, ERROR when a worker failed.
+``--address`` and ``--namespace`` come before the action. The join secret comes from
+``VCASYNC_JOIN_SECRET`` (or ``VCASYNC_JOIN_TOKEN``) on the driver, never a flag. ``up`` refuses a
+spec that differs from the fleet already running in the namespace (``down`` first to replace it;
+``scale`` keeps the running spec), and warns when no node could take a worker (a resource or label no
+alive node has). ``up --wait`` stays until every worker is done, printing status changes; the exit
+status is OK when the run finished, ERROR when a worker failed or its actor died, INCOMPLETE when
+``--wait-timeout`` passed first. No Ray cluster at ``--address`` is a configuration error.
 """
 
 from __future__ import annotations
@@ -18,10 +22,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
+from typing import Any
 
 from ..cli import Command, ExitCode
-from ..errors import ConfigError
+from ..errors import ConfigError, RunIncompleteError
+
+#: How long the driver waits for a Ray cluster's address to answer before it calls it absent.
+CONNECT_TIMEOUT_S = 10.0
 
 
 def _configure(p: argparse.ArgumentParser) -> None:
@@ -44,10 +53,12 @@ def _configure(p: argparse.ArgumentParser) -> None:
     up.add_argument("--cpus", type=float, default=1.0, help="CPUs per worker actor")
     up.add_argument("--gpus", type=float, default=0.0, help="GPUs per worker actor")
     up.add_argument("--wait", action="store_true", help="stay until every worker is done")
+    up.add_argument("--wait-timeout", type=float, default=None, metavar="SECONDS",
+                    help="with --wait: give up after this long (exit status 5); default: no limit")
     scale = sub.add_parser("scale", help="change the number of workers while the run goes")
     scale.add_argument("count", type=int)
     sub.add_parser("status", help="print each worker's status as JSON lines")
-    sub.add_parser("down", help="stop every worker gracefully and remove the actors")
+    sub.add_parser("down", help="stop every worker gracefully and remove the actors (pending ones too)")
 
 
 def _labels(items: list[str]) -> dict[str, str]:
@@ -66,40 +77,97 @@ def _summary(st: dict[str, object]) -> dict[str, object]:
         "last_log": lines[-1] if isinstance(lines, list) and lines else None}
 
 
+def _ray_target(address: str) -> str | None:
+    """The ``host:port`` the driver will connect to for ``address`` (``auto`` looked up the way Ray
+    does it), or None where Ray starts a local instance itself."""
+    if address.startswith("ray://"):
+        return address.removeprefix("ray://").partition("/")[0]
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+    except ImportError:  # a Ray without this helper: let ray.init find it
+        return None
+    try:
+        target = canonicalize_bootstrap_address(address)
+    except ConnectionError as exc:
+        raise ConfigError(f"no Ray cluster to connect to (--address {address}): {exc}".rstrip(".")
+                          + "; start one with 'ray start --head', or pass its address") from None
+    except ValueError as exc:
+        raise ConfigError(f"--address {address!r} is not a Ray address (HOST:PORT, auto or ray://HOST:PORT):"
+                          f" {exc}") from None
+    return str(target) if target else None
+
+
+def _connect(ray: Any, address: str, namespace: str, log_to_driver: bool) -> None:
+    """``ray.init``, after checking within :data:`CONNECT_TIMEOUT_S` that something answers at the
+    cluster's address (Ray itself retries an absent address for minutes)."""
+    target = _ray_target(address)
+    if target is not None:
+        host, _, port = target.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S):
+                pass
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"no Ray cluster answers at {target} (--address {address}) within "
+                              f"{CONNECT_TIMEOUT_S:g}s: {exc}") from None
+    try:
+        ray.init(address=address, namespace=namespace, log_to_driver=log_to_driver)
+    except ConnectionError as exc:
+        raise ConfigError(f"cannot connect to the Ray cluster at {address}: {exc}") from None
+
+
 def _run(a: argparse.Namespace) -> int:
-    from ..launch.ray import RayFleet, RayWorkerSpec, _ray
+    from ..launch.ray import FAILED, RayFleet, RayWorkerSpec, _ray, shutdown_fleet
 
     ray = _ray()
     credential = os.environ.get("VCASYNC_JOIN_SECRET") or os.environ.get("VCASYNC_JOIN_TOKEN")
-    if a.action == "up" and not credential:
-        raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET or VCASYNC_JOIN_TOKEN")
-    ray.init(address=a.address, namespace=a.namespace, log_to_driver=a.action == "up")
+    spec = None
+    if a.action == "up":
+        if not credential:
+            raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET or VCASYNC_JOIN_TOKEN")
+        if a.wait_timeout is not None and not a.wait_timeout > 0:
+            raise ConfigError(f"--wait-timeout must be > 0 seconds, got {a.wait_timeout!r}")
+        # Checked before connecting: a bad spec is refused without touching the cluster.
+        spec = RayWorkerSpec(coordinator=a.coordinator, trainer=a.trainer, state_root=a.state_root,
+                             app_dir=a.app_dir, grace_period_s=a.grace_period,
+                             state_lease_s=a.state_lease, spot_resource=a.spot_resource or None,
+                             spot_labels=_labels(a.spot_label), num_cpus=a.cpus, num_gpus=a.gpus,
+                             namespace=a.namespace)
+    _connect(ray, a.address, a.namespace, log_to_driver=a.action == "up")
     try:
-        if a.action == "up":
-            spec = RayWorkerSpec(coordinator=a.coordinator, trainer=a.trainer, state_root=a.state_root,
-                                 app_dir=a.app_dir, grace_period_s=a.grace_period,
-                                 state_lease_s=a.state_lease, spot_resource=a.spot_resource or None,
-                                 spot_labels=_labels(a.spot_label), num_cpus=a.cpus, num_gpus=a.gpus,
-                                 namespace=a.namespace)
+        if spec is not None:
             fleet = RayFleet(spec)
             print(json.dumps({"running": fleet.scale(a.workers)}), flush=True)
+            problem = fleet.placement_problem() if a.workers > 0 else None
+            if problem:
+                print(f"vcasync ray up: warning: Ray cannot place the workers: {problem}; they stay "
+                      "pending until such a node joins ('vcasync ray down' removes them)",
+                      file=sys.stderr, flush=True)
             if not a.wait:
                 return ExitCode.OK
-            final = fleet.wait()
+            try:
+                final = fleet.wait(timeout_s=a.wait_timeout, on_change=lambda _i, st: print(
+                    json.dumps(_summary(st)), flush=True))
+            except TimeoutError as exc:
+                raise RunIncompleteError(f"{exc}; the workers keep running ('vcasync ray status')") from None
             for st in final.values():
                 print(json.dumps(_summary(st)), flush=True)
-            return ExitCode.ERROR if any(s["state"] == "failed" for s in final.values()) else ExitCode.OK
+            return ExitCode.ERROR if any(s["state"] in FAILED for s in final.values()) else ExitCode.OK
+        if a.action == "down":
+            stopped = shutdown_fleet(a.namespace)
+            if not stopped:
+                raise ConfigError(f"no vcasync workers in the Ray namespace {a.namespace!r}")
+            print(json.dumps({"stopped": stopped}), flush=True)
+            return ExitCode.OK
         fleet = RayFleet.attach(a.namespace)
         if a.action == "scale":
             print(json.dumps({"running": fleet.scale(a.count)}), flush=True)
-        elif a.action == "status":
+        else:
             for st in fleet.status().values():
                 print(json.dumps(_summary(st)), flush=True)
-        else:
-            fleet.shutdown()
         return ExitCode.OK
     finally:
-        ray.shutdown()
+        if ray.is_initialized():
+            ray.shutdown()
         sys.stdout.flush()
 
 
