@@ -96,19 +96,38 @@ class RunConfig:
     output: Path | None = None
 
 
-def merge_tables(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """``over`` on top of ``base``, recursively for tables; ``None`` values in ``over`` are skipped."""
+def merge_tables(base: Mapping[str, Any], over: Mapping[str, Any], where: str = "") -> dict[str, Any]:
+    """``over`` on top of ``base``, recursively for tables; ``None`` values in ``over`` are skipped.
+
+    A table in ``over`` (command-line flags) never replaces a value of ``base`` that is not a table
+    (``storage = "/path"`` written for ``[storage] url = "/path"``): that is a :class:`ConfigError`
+    naming the key (``where`` prefixes it), not a silent fallback to the defaults.
+    """
     out = dict(base)
     for k, v in over.items():
         if v is None:
             continue
         if isinstance(v, Mapping):
-            merged = merge_tables(out[k] if isinstance(out.get(k), Mapping) else {}, v)
+            if k in out and not isinstance(out[k], Mapping):
+                raise ConfigError(_not_a_table(f"{where}{k}", out[k]))
+            merged = merge_tables(out.get(k, {}), v, f"{where}{k}.")
             if merged or k in out:
                 out[k] = merged
         else:
             out[k] = v
     return out
+
+
+def _not_a_table(name: str, value: Any) -> str:
+    return (f"[{name}] must be a table, got {_toml_type(value)} {value!r} (write [{name}] with "
+            f"its keys below it, or {name}.key = value)")
+
+
+def _toml_type(value: Any) -> str:
+    """The TOML name of a parsed value's type, for messages."""
+    names = ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"),
+             (list, "an array"))
+    return next((name for kind, name in names if isinstance(value, kind)), f"a {type(value).__name__}")
 
 
 #: Dataclass from a TOML table: :func:`vcasync.coerce.from_table`, the same function.
@@ -125,15 +144,20 @@ def load_run_config(path: Path | None, overrides: Mapping[str, Any] | None = Non
             raise ConfigError(f"cannot read config file {path}: {exc}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
-    # No [policy] in the file means the default policy, so ``--policy-param`` alone tunes vcasgd.
-    table.setdefault("policy", {"name": "vcasgd"})
-    if isinstance(table["policy"], str):              # policy = "name": a table, so flags merge in
+    if isinstance(table.get("policy"), str):          # policy = "name": a table, so flags merge in
         table["policy"] = {"name": table["policy"]}
-    table = merge_tables(table, overrides or {})
     unknown = sorted(set(table) - _SECTIONS)
     if unknown:
         raise ConfigError(f"unknown section(s) in the config: {', '.join(unknown)} "
                           f"(known: {', '.join(sorted(_SECTIONS))})")
+    # A section that is not a table (storage = "/path") was replaced by the flags' empty table,
+    # and the run started with every default of that section, in ./vcasync-run.
+    for name, value in table.items():
+        if not isinstance(value, Mapping):
+            raise ConfigError(_not_a_table(name, value))
+    table = merge_tables(table, overrides or {})
+    # No [policy] in the file means the default policy, so ``--policy-param`` alone tunes vcasgd.
+    table.setdefault("policy", {"name": "vcasgd"})
     model = dict(table.get("model", {}))
     if "factory" not in model:
         raise ConfigError("no model factory: set [model] factory = \"pkg.mod:fn\" or pass --model")
@@ -146,14 +170,11 @@ def load_run_config(path: Path | None, overrides: Mapping[str, Any] | None = Non
     run = dict(table.get("run", {}))
     if set(run) - {"linger_s", "output"}:
         raise ConfigError(f"unknown key(s) in [run]: {', '.join(sorted(set(run) - {'linger_s', 'output'}))}")
-    policy = table.get("policy", {"name": "vcasgd"})
-    if isinstance(policy, str):
-        policy = {"name": policy}
     return RunConfig(
         model=coerce(model["factory"], str, "model.factory"),
         seed=coerce(model.get("seed", 0), int, "model.seed"),
         units=dataclass_from_table(UnitsConfig, table.get("units", {}), "units"),
-        policy=coerce(policy, dict, "policy"),
+        policy=coerce(table["policy"], dict, "policy"),
         storage=coerce(storage.get("url", "./vcasync-run"), str, "storage.url"),
         coordinator=coerce(table.get("coordinator", {}), dict, "coordinator"),
         server=dataclass_from_table(ServerConfig, table.get("server", {}), "server"),

@@ -204,3 +204,30 @@ def test_bad_run_configs_name_the_problem(tmp_path: Path, text: str, match: str)
     path.write_text(text)
     with pytest.raises(ConfigError, match=match):
         load_run_config(path)
+
+
+#: What ``vcasync coordinator`` passes when no flag is given: every key None, every section a table.
+NO_FLAGS = {"model": {"factory": None, "seed": None}, "units": {"steps": None},
+            "policy": {"name": None}, "storage": {"url": None},
+            "coordinator": {"durability": None, "lease_timeout_s": None},
+            "server": {"host": None, "port": None}, "run": {"linger_s": None, "output": None}}
+
+
+@pytest.mark.parametrize(("text", "flags", "match"), [
+    ('storage = "/srv/run1"\n', {}, r"\[storage\] must be a table, got a string '/srv/run1'"),
+    ('coordinator = "none"\n', {}, r"\[coordinator\] must be a table, got a string 'none'"),
+    ("server = 5\n", {}, r"\[server\] must be a table, got an integer 5"),
+    ("run = [1]\n", {}, r"\[run\] must be a table, got an array \[1\]"),
+    ("units.params = 0.1\n", {"units": {"params": {"lr": 0.2}}},
+     r"\[units.params\] must be a table, got a float 0.1"),
+])
+def test_a_section_that_is_not_a_table_is_refused_with_the_flags_given(
+        tmp_path: Path, text: str, flags: dict[str, dict[str, object]], match: str) -> None:
+    # the flags' tables (all None) replaced the string by {}: storage = "/srv/run1" ran in ./vcasync-run
+    path = tmp_path / "run.toml"
+    path.write_text('model = {factory = "vcasync.examples.digits:model"}\n' + text)
+    overrides = {k: {**v, **flags.get(k, {})} for k, v in NO_FLAGS.items()}
+    with pytest.raises(ConfigError, match=match):
+        load_run_config(path, overrides)
+    with pytest.raises(ConfigError, match=match.split(r"\]")[0].replace(r"\[", "")):   # no flags
+        load_run_config(path)
