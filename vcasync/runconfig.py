@@ -156,8 +156,9 @@ def load_run_config(path: Path | None, overrides: Mapping[str, Any] | None = Non
         if not isinstance(value, Mapping):
             raise ConfigError(_not_a_table(name, value))
     table = merge_tables(table, overrides or {})
-    # No [policy] in the file means the default policy, so ``--policy-param`` alone tunes vcasgd.
-    table.setdefault("policy", {"name": "vcasgd"})
+    # The name's default applies to a [policy] (or [policy.params]) that does not give one, as it
+    # does with no [policy] at all: so ``--policy-param`` alone tunes vcasgd.
+    table["policy"] = {"name": "vcasgd", **table.get("policy", {})}
     model = dict(table.get("model", {}))
     if "factory" not in model:
         raise ConfigError("no model factory: set [model] factory = \"pkg.mod:fn\" or pass --model")

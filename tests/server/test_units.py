@@ -231,3 +231,15 @@ def test_a_section_that_is_not_a_table_is_refused_with_the_flags_given(
         load_run_config(path, overrides)
     with pytest.raises(ConfigError, match=match.split(r"\]")[0].replace(r"\[", "")):   # no flags
         load_run_config(path)
+
+
+@pytest.mark.parametrize("flags", [{}, NO_FLAGS])
+def test_policy_params_without_a_name_tune_the_default_policy(tmp_path: Path,
+                                                               flags: dict[str, object]) -> None:
+    # run-toml.md gives the name's default as "vcasgd", but [policy.params] alone was refused:
+    # "the policy table needs a 'name'"
+    path = tmp_path / "run.toml"
+    path.write_text('[model]\nfactory = "m:f"\n[policy.params]\nalpha = 0.3\n')
+    assert load_run_config(path, flags).policy == {"name": "vcasgd", "params": {"alpha": 0.3}}
+    path.write_text('[model]\nfactory = "m:f"\n[policy]\nname = "fedasync"\n')
+    assert load_run_config(path, flags).policy == {"name": "fedasync"}
