@@ -95,6 +95,12 @@ class RunConfig:
     #: directory must exist (checked when the coordinator starts).
     output: Path | None = None
 
+    def __post_init__(self) -> None:
+        # -5 and nan were taken ("serving -5s more", "serving nans more"): nan passes a "< 0" check
+        if not (math.isfinite(self.linger_s) and self.linger_s >= 0):
+            raise ConfigError(f"run.linger_s (--linger) must be a finite number of seconds >= 0, "
+                              f"got {self.linger_s!r}")
+
 
 def merge_tables(base: Mapping[str, Any], over: Mapping[str, Any], where: str = "") -> dict[str, Any]:
     """``over`` on top of ``base``, recursively for tables; ``None`` values in ``over`` are skipped.

@@ -145,6 +145,20 @@ def test_coordinator_refuses_an_output_it_could_not_write_and_an_unknown_storage
     assert "configuration error: no storage backend for the URL scheme 'zzz'" in err
 
 
+@pytest.mark.parametrize("linger", ["nan", "-5", "inf"])
+def test_coordinator_refuses_a_linger_that_is_negative_or_not_finite_before_starting(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        linger: str) -> None:
+    # --linger -5 and nan were taken, and logged when the run finished: "serving nans more". The
+    # model cannot be imported: what is refused first shows the check comes before anything runs.
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    assert main(["coordinator", "--model", "no.such.module:model", "--port", "0", "--linger", linger,
+                 "--storage", str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err
+    assert f"run.linger_s (--linger) must be a finite number of seconds >= 0, got {float(linger)!r}" in err
+    assert not (tmp_path / "store").exists()
+
+
 def test_coordinator_on_a_port_in_use_is_a_configuration_error(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import socket

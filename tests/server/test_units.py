@@ -198,6 +198,11 @@ def test_a_run_of_more_units_than_the_ledger_keeps_is_refused_before_any_is_buil
     ('[model]\nfactory = "m:f"\n[server]\ntls_cert = "c.pem"\n', "needs both"),
     ('[units]\nshards = 1\n', "no model factory"),
     ("[model\n", "not valid TOML"),
+    # each was served: "run finished; serving -5s more" (and "nans more")
+    ('[model]\nfactory = "m:f"\n[run]\nlinger_s = -5\n', r"run.linger_s \(--linger\) must be a finite "
+                                                        r"number of seconds >= 0, got -5.0"),
+    ('[model]\nfactory = "m:f"\n[run]\nlinger_s = nan\n', "run.linger_s .* got nan"),
+    ('[model]\nfactory = "m:f"\n[run]\nlinger_s = inf\n', "run.linger_s .* got inf"),
 ])
 def test_bad_run_configs_name_the_problem(tmp_path: Path, text: str, match: str) -> None:
     path = tmp_path / "run.toml"
