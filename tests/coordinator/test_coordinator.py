@@ -294,6 +294,16 @@ def test_config_errors(kit, policy) -> None:
         CoordinatorConfig(durability="sometimes")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="model_codec"):
         CoordinatorConfig(model_codec="gzip-9000")
+    # heartbeat 50 s on a lease of 4 s: every lease expired between heartbeats, units trained twice
+    with pytest.raises(ConfigError, match=r"heartbeat_interval_s must be at most a third of "
+                                          r"lease_timeout_s \(1\.33333 s\).*got 50\.0"):
+        CoordinatorConfig(lease_timeout_s=4.0, heartbeat_interval_s=50.0)
+    with pytest.raises(ConfigError, match="heartbeat_interval_s"):
+        CoordinatorConfig(lease_timeout_s=60.0, heartbeat_interval_s=30.0)
+    with pytest.raises(ConfigError, match=r"lease_timeout_s must be finite.*got inf"):
+        CoordinatorConfig(lease_timeout_s=float("inf"))
+    third = CoordinatorConfig(lease_timeout_s=60.0, heartbeat_interval_s=20.0)
+    assert third.ledger_config().heartbeat_s == 20.0
     with pytest.raises(ConfigError, match="needs a storage"):
         Coordinator(kit.tiny_model(), make_units(1), policy=policy, storage=None)
     with pytest.raises(ConfigError, match="MergePolicy"):

@@ -159,6 +159,20 @@ def test_coordinator_refuses_a_linger_that_is_negative_or_not_finite_before_star
     assert not (tmp_path / "store").exists()
 
 
+def test_coordinator_refuses_a_heartbeat_slower_than_the_lease_timeout_before_starting(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # lease timeout 4 s, heartbeat 50 s: each lease expired before its first heartbeat, and the
+    # unit was leased to another worker and trained twice
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    config = tmp_path / "run.toml"
+    config.write_text("[coordinator]\nlease_timeout_s = 4\nheartbeat_interval_s = 50\n")
+    assert main(["coordinator", "--config", str(config), "--model", "no.such.module:model",
+                 "--port", "0", "--storage", str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err
+    assert "heartbeat_interval_s must be at most a third of lease_timeout_s (1.33333 s)" in err
+    assert not (tmp_path / "store").exists()
+
+
 def test_coordinator_on_a_port_in_use_is_a_configuration_error(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import socket

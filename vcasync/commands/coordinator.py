@@ -305,6 +305,8 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     from ..storage import open_storage, outlives_process
     from ..tensors import ModelState
 
+    # before the model is built: its settings are checked when made (heartbeat vs lease timeout)
+    coord_cfg = dataclass_from_table(CoordinatorConfig, cfg.coordinator, "coordinator")
     factory = import_object(cfg.model, what="model factory", app_dir=app_dir)
     torch.manual_seed(cfg.seed)
     module = factory()
@@ -313,7 +315,6 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     model = ModelState.from_module(module)
     policy, policy_params = _policy(cfg)
     units = cfg.units.build()
-    coord_cfg = dataclass_from_table(CoordinatorConfig, cfg.coordinator, "coordinator")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

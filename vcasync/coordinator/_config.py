@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
@@ -28,7 +29,7 @@ class CoordinatorConfig:
     #: history that ``keep_snapshots`` kept (audits, post-mortems).
     prune_on_close: bool = True
     lease_timeout_s: float = 60.0         # a lease without progress for this long expires
-    heartbeat_interval_s: float | None = None   # None: lease_timeout_s / 4
+    heartbeat_interval_s: float | None = None   # at most lease_timeout_s / 3; None: lease_timeout_s / 4
     max_attempts: int = 5                 # failures of a unit before it may park ...
     deadline_slack: float = 3.0           # a deadline is at least this x the worker's seconds per step
     park_after_workers: int = 3           # distinct workers that must fail a unit before it parks
@@ -88,6 +89,14 @@ class CoordinatorConfig:
             except (ConfigError, ValueError, TypeError) as exc:
                 raise ConfigError(f"CoordinatorConfig.{name}: {exc}") from None
         self.ledger_config()   # lease settings are checked by the ledger's own config
+        # Workers heartbeat as often as their lease grant says, which is this setting: 50 s on a
+        # lease of 4 s let every lease expire between heartbeats, and a unit was leased again and
+        # trained twice. A third of the timeout leaves room for one lost heartbeat.
+        need(math.isfinite(self.lease_timeout_s), "lease_timeout_s",
+             "must be finite (workers heartbeat at a fraction of it)")
+        need(self.heartbeat_interval_s is None or self.heartbeat_interval_s <= self.lease_timeout_s / 3,
+             "heartbeat_interval_s", f"must be at most a third of lease_timeout_s "
+             f"({self.lease_timeout_s / 3:g} s), or a lease expires between two heartbeats")
 
     def journal_config(self) -> JournalConfig:
         return JournalConfig(durability=self.durability, state_prefix=self.state_prefix,
