@@ -145,6 +145,22 @@ def test_coordinator_refuses_an_output_it_could_not_write_and_an_unknown_storage
     assert "configuration error: no storage backend for the URL scheme 'zzz'" in err
 
 
+def test_coordinator_refuses_a_port_file_it_could_not_write_before_serving(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a missing directory was found once serving: a FileNotFoundError traceback, exit status 1
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    base = ["coordinator", "--model", "vcasync.examples.digits:model", "--port", "0",
+            "--storage", str(tmp_path / "store")]
+    assert main([*base, "--port-file", str(tmp_path / "missing" / "port")]) == 2
+    err = capsys.readouterr().err
+    assert f"--port-file: the directory {tmp_path / 'missing'} does not exist (the coordinator's URL " \
+           f"is written to {tmp_path / 'missing' / 'port'} once it listens)" in err
+    assert "Traceback" not in err
+    assert main([*base, "--port-file", str(tmp_path)]) == 2
+    assert f"--port-file {tmp_path} is a directory" in capsys.readouterr().err
+    assert not (tmp_path / "store").exists()          # refused before anything was made
+
+
 @pytest.mark.parametrize("linger", ["nan", "-5", "inf"])
 def test_coordinator_refuses_a_linger_that_is_negative_or_not_finite_before_starting(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -85,7 +85,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", type=Path,
                    help="write the final weights here (torch.save of a state dict) as soon as the run "
                         "finishes; not written when it is stopped before; its directory must exist")
-    p.add_argument("--port-file", type=Path, help="write the bound URL here once listening")
+    p.add_argument("--port-file", type=Path,
+                   help="write the bound URL here once listening; its directory must exist")
     p.add_argument("--app-dir", type=Path, default=Path("."),
                    help="put this directory on sys.path to find the model factory (default: .)")
     p.add_argument("--join-secret-file", type=Path)
@@ -296,7 +297,10 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     """
     import torch
 
-    _check_output(cfg.output)
+    _check_writable(cfg.output, "run.output",
+                    f"the final weights are written to {cfg.output} when the run finishes")
+    _check_writable(port_file, "--port-file",
+                    f"the coordinator's URL is written to {port_file} once it listens")
 
     from .._imports import import_object
     from ..coordinator import Coordinator, CoordinatorConfig
@@ -393,19 +397,19 @@ async def _serve_until_done(cfg: RunConfig, coord: Coordinator, authority: Any, 
         return finished
 
 
-def _check_output(output: Path | None) -> None:
-    """Refuse at start-up an ``output`` the final weights could not be written to: found only when
-    the run finished, it failed the command after the whole run."""
-    if output is None:
+def _check_writable(path: Path | None, what: str, purpose: str) -> None:
+    """Refuse at start-up a file ``path`` (``what`` names its setting) that could not be written
+    later: found only when it was written (``purpose`` says when), it failed the command after the
+    whole run (``--output``) or as a traceback once serving (``--port-file``)."""
+    if path is None:
         return
-    if output.is_dir():
-        raise ConfigError(f"run.output {output} is a directory; name the file the final weights go to")
-    parent = output.parent
+    if path.is_dir():
+        raise ConfigError(f"{what} {path} is a directory; name the file itself ({purpose})")
+    parent = path.parent
     if not parent.is_dir():
-        raise ConfigError(f"run.output: the directory {parent} does not exist (the final weights are "
-                          f"written to {output} when the run finishes)")
+        raise ConfigError(f"{what}: the directory {parent} does not exist ({purpose})")
     if not os.access(parent, os.W_OK):
-        raise ConfigError(f"run.output: the directory {parent} is not writable by this process")
+        raise ConfigError(f"{what}: the directory {parent} is not writable by this process ({purpose})")
 
 
 def _write_output(cfg: RunConfig, coord: Coordinator) -> None:
