@@ -115,6 +115,38 @@ def test_worker_refuses_zero_threads_and_warns_of_state_that_dies_with_it(
     assert "--state memory://w lives in this process" in caplog.text
 
 
+@pytest.mark.parametrize(("url", "why"), [
+    ("http://127.0.0.1:99999", "is not a valid URL: Port out of range 0-65535"),
+    ("http://[::1", "is not a valid URL: Invalid IPv6 URL"),
+    ("ftp://127.0.0.1:9", "must look like http(s)://host:port"),
+])
+def test_worker_refuses_a_coordinator_url_no_request_can_go_to(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str,
+        why: str) -> None:
+    # aiohttp found the first two at the first request: an InvalidUrlClientError traceback, exit 1
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    assert main(["worker", "--coordinator", url, "--trainer", "vcasync.examples.digits:train",
+                 "--state-dir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err
+    assert "--coordinator" in err
+    assert why in err
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--grace-period", "nan"), ("--grace-period", "inf"),
+                                             ("--grace-period", "0"), ("--state-lease", "nan")])
+def test_worker_refuses_seconds_that_are_not_finite_and_positive(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str,
+        value: str) -> None:
+    # --grace-period nan was taken, and SIGTERM ended the worker in an asyncio traceback: "cannot
+    # convert float NaN to integer". The trainer cannot be imported: what is refused first shows
+    # the check comes before anything runs.
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    assert main(["worker", "--coordinator", "http://127.0.0.1:9", "--trainer", "no.such.module:train",
+                 "--state-dir", str(tmp_path / "w"), flag, value]) == 2
+    assert f"{flag} must be a finite number of seconds > 0, got {float(value)}" in capsys.readouterr().err
+
+
 def test_requeue_against_a_coordinator_that_is_not_there_says_so(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from harness.fleet import free_port
