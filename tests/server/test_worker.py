@@ -268,6 +268,22 @@ async def test_worker_joins_again_when_its_token_is_unknown(tmp_path: Path) -> N
         assert again.worker_id != first.worker_id
 
 
+@pytest.mark.parametrize("kind", ["secret", "token"])
+async def test_a_refused_first_join_is_a_configuration_error(tmp_path: Path, kind: str,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    # a wrong join secret was taken for a token the coordinator forgot: "the coordinator no longer
+    # knows our token; joining again", then AuthError (exit status 1) instead of a configuration error
+    wrong = "not-the-join-secret-of-this-run"
+    async with running(tmp_path, units=make_units(1, steps=2)) as (_, server):
+        w = Worker(server.url, make_trainer(), state_dir=tmp_path / "w", config=WorkerConfig(backoff=FAST),
+                   join_secret=wrong if kind == "secret" else None,
+                   join_token=wrong if kind == "token" else None)
+        with pytest.raises(ConfigError, match=f"the coordinator at {server.url} refused this worker's "
+                                              f"join {kind} .*join refused.*: set VCASYNC_JOIN_"):
+            await w.run()
+    assert "no longer knows our token" not in caplog.text
+
+
 async def test_failing_trainer_releases_and_gives_up(tmp_path: Path) -> None:
     async with running(tmp_path, units=make_units(2, steps=2)) as (_, server):
         def broken(ctx: TrainContext) -> TrainResult:

@@ -165,6 +165,8 @@ class Worker:
         self.config = config or WorkerConfig()
         self.state = _state(state_dir, state, state_options, self.config)
         self._credential = join_token or join_secret
+        self._credential_what = (("token", "VCASYNC_JOIN_TOKEN") if join_token else
+                                 ("secret", "VCASYNC_JOIN_SECRET or --join-secret-file"))
         self._rng = rng or random.Random()
         self._client: CoordinatorClient | None = None
         self._ident: Identity | None = None
@@ -277,11 +279,12 @@ class Worker:
         assert self._client is not None, "only inside run()"
         return self._client
 
-    async def _call(self, what: str, fn: Callable[[], Awaitable[T]], *, interruptible: bool = True) -> T:
+    async def _call(self, what: str, fn: Callable[[], Awaitable[T]], *, interruptible: bool = True,
+                    rejoin: bool = True) -> T:
         """``fn()`` retried with backoff while the coordinator is unreachable, and as often as it
-        asks while its storage is unavailable; re-joins on 401."""
+        asks while its storage is unavailable; re-joins on 401 (unless not ``rejoin``: a join)."""
         attempt = 0
-        rejoined = False
+        rejoined = not rejoin
         storage_down = False
         while True:
             try:
@@ -320,7 +323,14 @@ class Worker:
     async def _ensure_identity(self) -> None:
         ident = await asyncio.to_thread(self.state.load_identity, self.url)
         if ident is None:
-            await self._call("join", self._join)
+            try:
+                await self._call("join", self._join, rejoin=False)
+            except AuthError as exc:
+                # Our first join: the credential we were given is wrong, which no retry mends. It
+                # was taken for a token the coordinator forgot ("joining again", then exit 1).
+                kind, source = self._credential_what
+                raise ConfigError(f"the coordinator at {self.url} refused this worker's join {kind} "
+                                  f"({exc}): set {source} to the coordinator's") from exc
             return
         self._ident = ident
         self._cli().token = ident.token
