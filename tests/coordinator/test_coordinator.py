@@ -137,6 +137,36 @@ async def test_policy_rejection_is_a_receipt_and_changes_no_model(kit, clock, po
         assert coord.version == 0
 
 
+@pytest.mark.parametrize("breakage", ["dtype", "shape", "extra", "missing"])
+async def test_a_policy_that_breaks_the_model_in_place_publishes_nothing(kit, clock, breakage) -> None:
+    # Found by hand: a policy that changed a tensor's dtype in the model it was given (not in a
+    # new object) had v1 published as float64; every later result was then refused as the
+    # worker's dtype_mismatch and the run stalled.
+    class Breaks(type(kit.HalfWay())):     # type: ignore[misc]
+        def merge(self, model, update, state):
+            super().merge(model, update, state)
+            t = model.tensors
+            if breakage == "dtype":
+                t["w"] = t["w"].double()
+            elif breakage == "shape":
+                t["w"] = torch.zeros(13)
+            elif breakage == "extra":
+                t["new"] = torch.zeros(1)
+            else:
+                del t["b"]
+            return model
+
+    async with coordinator(kit, clock, Breaks()) as coord:
+        w = await coord.join()
+        before = coord.model()
+        r = await submit(kit, coord, w, await coord.lease(w), kit.delta_like(before))
+        assert (r.status, r.reason) == ("rejected", "policy")
+        assert coord.version == 0
+        assert coord.model().equal(before)
+        assert coord._owner._working.spec == before.spec      # the working copy is whole again
+        assert coord._owner._working.equal(before)
+
+
 def _bad_bodies(kit, g, good):
     shape = dict(good, w=torch.zeros(3, 4))
     nan = dict(good, b=torch.tensor([0.0, float("nan"), 0.0]))

@@ -15,7 +15,13 @@ from collections.abc import AsyncIterator, Callable, Container
 import torch
 
 from .._aio import to_thread_released
-from ..errors import PolicyError, UpdateRejectedError, ValidationError, VersionNotFoundError
+from ..errors import (
+    PolicyError,
+    SpecMismatchError,
+    UpdateRejectedError,
+    ValidationError,
+    VersionNotFoundError,
+)
 from ..policy import MergePolicy, PolicyState
 from ..tensors import ModelSpec, ModelState, Update
 from ..wire import aencode_payload, pack_tree
@@ -73,11 +79,19 @@ class ModelOwner:
         working = self._working
         try:
             out = self.policy.merge(working, update, self.state)
-            if out is not None and out is not working:
+            if out is not None:
+                # in place too: a policy may have put a tensor of another dtype or shape into the
+                # model's dict, and that must never be published
                 self.spec.check(out.tensors)
-                copy_tensors(out.tensors, working.tensors)
+                if out is not working:
+                    copy_tensors(out.tensors, working.tensors)
         except Exception as exc:
-            copy_tensors(self.versions.current.model.tensors, working.tensors)
+            self._restore_working()
+            if isinstance(exc, SpecMismatchError):
+                log.error("merge policy %s changed the model's %s: refused, the model is as it was",
+                          self.policy.name, exc)
+                raise PolicyError(f"merge policy {self.policy.name!r} broke the model's spec: "
+                                  f"{exc}"[:300]) from exc
             if isinstance(exc, UpdateRejectedError | ValidationError):
                 raise
             log.exception("merge policy %s failed on unit %s", self.policy.name, update.unit_id)
@@ -86,6 +100,24 @@ class ModelOwner:
             return None
         working.version = current + 1
         return ModelState(copy_tensors(working.tensors, buffer), current + 1)
+
+    def _restore_working(self) -> None:
+        """The working copy back to the current version: values, and the tensor objects too when
+        a policy replaced, added or dropped some (a merge must change nothing when it fails)."""
+        current, work = self.versions.current.model.tensors, self._working.tensors
+        for name in [n for n in work if n not in current]:
+            del work[name]
+        with torch.no_grad():
+            for name, t in current.items():
+                mine = work.get(name)
+                if mine is None or mine.dtype != t.dtype or mine.shape != t.shape:
+                    work[name] = t.detach().clone()
+                else:
+                    mine.copy_(t)
+        if list(work) != list(current):         # the model's order, too
+            ordered = {name: work[name] for name in current}
+            work.clear()
+            work.update(ordered)
 
     def jump(self, version: int) -> None:
         """Publish the current tensors again under a higher number (snapshot-mode recovery)."""
