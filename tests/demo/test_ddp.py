@@ -115,3 +115,17 @@ def test_a_storage_that_holds_an_earlier_run_is_refused_before_anything_starts(t
     with pytest.raises(ConfigError, match=r"--storage .* is not empty \(it holds 'vcasync/run.json'"):
         asyncio.run(run_demo(DemoConfig(run_dir=run_dir, storage=store.as_uri(), progress=False)))
     assert not run_dir.exists()                      # refused before anything was made
+
+
+def test_a_negative_seed_and_a_count_beside_a_rate_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # Found by hand: --seed -1 started the whole fleet, then failed as "a DDP rank failed";
+    # --preemptions 2 beside --preempt-per-min 1 was ignored without a word.
+    from vcasync.cli import main
+    from vcasync.demo.run import DemoConfig
+
+    with pytest.raises(ConfigError, match=r"seed must be in \[0, 2\*\*32\)"):
+        DemoConfig(seed=-1)
+    assert main(["demo", "--preemptions", "2", "--preempt-per-min", "1"]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert main(["demo", "--seed", "-1"]) == 2
+    assert "seed must be" in capsys.readouterr().err

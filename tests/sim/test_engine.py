@@ -157,6 +157,17 @@ def test_an_unwritable_plot_or_unknown_policy_is_refused_before_the_run(
     assert f"the directory {tmp_path / 'no'} does not exist" in capsys.readouterr().err
     assert main(["simulate", "--policy", "nosuch"]) == 2
     assert "configuration error: no merge policy named 'nosuch'" in capsys.readouterr().err
+    # found by hand: '.txt' failed after the run, a directory or '' wrote '<dir>.png' or './.png'
+    # while the report said "plot: <dir>"
+    for plot, said in ((tmp_path / "p.txt", "must end in an image format"),
+                       (tmp_path, "name the image file"), ("", "name the image file")):
+        assert run(_parser().parse_args(["--plot", str(plot)])) == 2, plot
+        assert said in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+    assert not Path(".png").exists()
+    for seed in ("-1", str(2**32)):
+        assert run(_parser().parse_args(["--seed", seed])) == 2
+        assert "seed must be in [0, 2**32)" in capsys.readouterr().err
 
 
 def test_a_signal_judged_by_loss_is_priced_to_a_loss_target() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
-from ..errors import RunIncompleteError
+from ..errors import ConfigError, RunIncompleteError
 
 __all__ = ["configure", "run"]
 
@@ -35,8 +35,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-step-s", type=float, default=0.0,
                    help="pace training: each local step takes at least this long, on the workers and in "
                         "the DDP baseline alike (default 0)")
-    p.add_argument("--preemptions", type=int, default=4,
-                   help="preemptions spread over the run's progress (default 4; 0: none)")
+    p.add_argument("--preemptions", type=int,
+                   help="preemptions spread over the run's progress (default 4 unless --preempt-per-min; "
+                        "0: none)")
     p.add_argument("--preempt-per-min", type=float, default=0.0,
                    help="instead, a Poisson rate per minute of a worker's training")
     p.add_argument("--kill-fraction", type=float, default=0.25,
@@ -82,7 +83,7 @@ def _config(a: argparse.Namespace) -> Any:
                       policy_params=parse_params(a.policy_param), epochs=epochs, shards=a.shards,
                       steps=a.steps, batch_size=batch, min_step_s=a.min_step_s,
                       lr=a.lr, sync_lr=a.sync_lr,
-                      preemptions=a.preemptions, preempt_per_min=a.preempt_per_min,
+                      preemptions=_preemptions(a), preempt_per_min=a.preempt_per_min,
                       kill_fraction=a.kill_fraction,
                       restart_delay_s=tuple(a.restart_delay),
                       grace_s=a.grace, kill_coordinator=a.kill_coordinator, run_dir=a.run_dir,
@@ -126,6 +127,17 @@ def run(a: argparse.Namespace) -> int:
         raise RunIncompleteError(f"the fleet did not finish within --max-wall {cfg.max_wall_s:.0f} s; "
                                  f"the report covers what was merged; see {result.run_dir}/logs")
     return 0
+
+
+def _preemptions(a: argparse.Namespace) -> int:
+    """--preemptions, or its default when no rate was asked for: the two are one choice (a count
+    given beside a rate was ignored without a word)."""
+    if a.preempt_per_min and a.preemptions is not None:
+        raise ConfigError("give --preemptions (a count spread over the run) or --preempt-per-min "
+                          "(a rate), not both")
+    if a.preemptions is not None:
+        return int(a.preemptions)
+    return 0 if a.preempt_per_min else 4
 
 
 def _not_killed(r: dict[str, Any]) -> str:

@@ -95,6 +95,7 @@ class DemoConfig:
             (self.preempt_per_min >= 0, f"preempt_per_min must be >= 0, got {self.preempt_per_min}"),
             (0 <= self.kill_fraction <= 1, f"kill_fraction must be in [0, 1], got {self.kill_fraction}"),
             (self.preemptions >= 0, f"preemptions must be >= 0, got {self.preemptions}"),
+            (0 <= self.seed < 2**32, f"seed must be in [0, 2**32), got {self.seed}"),
             (0 <= self.restart_delay_s[0] <= self.restart_delay_s[1],
              f"restart delay must be 0 <= min <= max, got {self.restart_delay_s}"),
             (self.grace_s > 0 and self.lease_timeout_s > 0, "grace_s and lease_timeout_s must be > 0"),

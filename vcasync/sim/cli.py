@@ -119,14 +119,24 @@ def build_config(args: argparse.Namespace) -> SimConfig:
 
 
 def _check_plot(path: Path) -> None:
-    """Refuse before the run a ``--plot`` that could not be written (found after it, the run's
-    figures ended in a traceback): a missing directory, or no matplotlib."""
+    """Refuse before the run a ``--plot`` that could not be written as named (found after it, the
+    run's figures ended in a traceback, or the image went elsewhere): no file name, a directory, a
+    missing directory, an image format matplotlib does not write, or no matplotlib."""
     import importlib.util
 
-    if not Path(path).parent.is_dir():
-        raise ConfigError(f"--plot {path}: the directory {Path(path).parent} does not exist")
+    path = Path(path)
+    if not str(path) or path.name in ("", ".", "..") or path.is_dir():
+        raise ConfigError(f"--plot {str(path)!r}: name the image file to write, e.g. saving.png")
+    if not path.parent.is_dir():
+        raise ConfigError(f"--plot {path}: the directory {path.parent} does not exist")
     if importlib.util.find_spec("matplotlib") is None:
         raise ConfigError("--plot needs matplotlib: pip install 'vcasync[demo]'")
+    from matplotlib.figure import Figure
+
+    formats = Figure().canvas.get_supported_filetypes()
+    if path.suffix.lstrip(".").lower() not in formats:
+        raise ConfigError(f"--plot {path}: the file name must end in an image format matplotlib "
+                          f"writes ({', '.join('.' + f for f in sorted(formats))})")
 
 
 def run(args: argparse.Namespace) -> int:

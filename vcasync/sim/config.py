@@ -116,6 +116,7 @@ class SimConfig:
             (self.target_accuracy is None or 0 < self.target_accuracy <= 1,
              f"target_accuracy must be in (0, 1], got {self.target_accuracy}"),
             (self.max_virtual_s > 0, "max_virtual_s must be > 0"),
+            (0 <= self.seed < 2**32, f"seed must be in [0, 2**32), got {self.seed}"),
             (self.eval_split in ("validation", "test"),
              f"eval_split must be 'validation' or 'test', got {self.eval_split!r}"),
             (self.cores is None or self.cores > 0, f"cores must be > 0, got {self.cores}"),
