@@ -317,6 +317,16 @@ async def test_none_mode_keeps_nothing(kit, clock, storage) -> None:
     assert [k async for k in storage.list("")] == []
 
 
+async def test_none_mode_on_a_stored_run_is_refused(kit, clock, storage) -> None:
+    # Found by hand: durability none on storage holding a journaled run started a new run at v0
+    # beside it without a word (and a later durable start resumed the old one again).
+    async with make(kit, storage, clock) as a:
+        w = await a.join()
+        await submit(kit, a, w, await a.lease(w))
+    with pytest.raises(ConfigError, match="holds a run under 'vcasync'; durability 'none' would ignore it"):
+        await make(kit, storage, clock, durability="none").__aenter__()
+
+
 @pytest.mark.parametrize("seed", range(12))
 async def test_random_storage_faults_never_lose_or_double_an_acknowledged_result(kit, clock, seed):
     """Failed writes, lost replies (the write happened, the answer did not come back) and delays on

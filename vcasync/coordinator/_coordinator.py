@@ -267,6 +267,14 @@ class Coordinator:
         """Read the run, load its newest snapshot, replay the journal after it. Runs again from the
         top (a fresh journal handle) when a transient storage error interrupts it."""
         self._journal = Journal(self._storage, config=self.config.journal_config(), spec=self.spec)
+        prefix = self.config.state_prefix.strip("/")
+        if (self.config.durability == "none" and self._storage is not None and not self._start.new_run
+                and await self._storage.exists(f"{prefix}/run")):
+            # durability none keeps nothing: it would start a new run beside the stored one, its
+            # results merged into nothing that lasts, while the stored run waits
+            raise ConfigError(f"{self._storage.url} holds a run under {prefix!r}; durability 'none' "
+                              "would ignore it: resume it with durability journal or snapshot, or "
+                              "use another state_prefix or storage")
         run = await self._journal.open(self.identity, self._start)
         reset = run.recorded is not None and not run.recorded.same_policy(self.identity)
         cfg = self.config.ledger_config()
