@@ -112,6 +112,20 @@ async def _status(url: str) -> dict[str, Any]:
         return await client.status()
 
 
+async def _token(url: str) -> str:
+    async with CoordinatorClient(url) as client:
+        _, token = await client.join(SECRET, "w")
+        return str(token)
+
+
+async def _status_with(url: str, token: str) -> int:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http, \
+            http.get(f"{url}/v1/status", headers={"Authorization": f"Bearer {token}"}) as resp:
+        return resp.status
+
+
 # -- issue 19: a restart must never forget the run --------------------------------------------------
 
 @pytest.mark.slow
@@ -209,9 +223,13 @@ def test_a_different_configuration_is_refused_and_the_same_one_resumes(
     reset.stop()
     again = start(coords, tmp_path, storage, "--units", "4", "--policy", "fedasync", name="again")
     assert asyncio.run(_status(again.ready()))["run_id"] == run_id   # recorded: no flag needed now
+    old_token = asyncio.run(_token(again.ready()))
     again.stop()
     new = start(coords, tmp_path, storage, "--units", "8", "--new-run", name="new")
     assert asyncio.run(_status(new.ready()))["run_id"] != run_id
+    # found by hand: the old run's worker tokens outlived --new-run, so its workers joined the
+    # new run without its join secret
+    assert asyncio.run(_status_with(new.ready(), old_token)) == 401
     new.stop()
 
 

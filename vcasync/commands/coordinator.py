@@ -331,7 +331,10 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
         if hooks is not None:
             policy = hooks.wrap_policy(policy)
             storage = hooks.wrap_storage(storage, coord_cfg.state_prefix)
-        authority = TokenAuthority(join_secret=secret, join_tokens=tokens, store=StorageTokenStore(storage),
+        # the run's tokens live with the run: --new-run (which deletes the prefix) revokes them
+        # with it, and runs under other prefixes of one storage keep theirs
+        token_store = StorageTokenStore(storage, f"{coord_cfg.state_prefix.strip('/')}/auth/tokens/")
+        authority = TokenAuthority(join_secret=secret, join_tokens=tokens, store=token_store,
                                    operator_token=operator_token)
         async with Coordinator(model, units, policy=policy, storage=storage, config=coord_cfg,
                                policy_params=policy_params, start=start) as coord:
