@@ -191,6 +191,7 @@ class Coordinator:
         try:
             # always: leases and failures change the ledger without any merge
             await self._merger.capture()
+            await self._store_open_bases()
             await self._write_snapshot()
         except Exception as exc:
             self._final_error = exc
@@ -203,6 +204,32 @@ class Coordinator:
         except Exception as exc:   # the snapshot is written: what is left over is only clutter
             log.warning("pruning the journal after the final snapshot failed (the next start "
                         "skips what the snapshot covers): %r", exc)
+
+    async def _store_open_bases(self) -> None:
+        """A clean stop: the older versions still held (the bases of leases whose results may
+        come) go to storage, so the next start holds them again and those results are merged, not
+        refused as ``base_unavailable`` (runs.md: every lease in flight at a restart stays valid)."""
+        if not self._journal.journaling:
+            return     # snapshot mode: a start jumps versions past the window, every old lease is stale
+        current = self.version
+        for number in self._owner.versions.numbers():
+            held = self._owner.hold(number) if number != current else None
+            if held is None:
+                continue
+            try:
+                await self._journal.ensure_base(held.model)
+            finally:
+                self._owner.release(held)
+
+    async def _adopt_open_bases(self) -> None:
+        """Start-up: hold again the stored bases that open leases (within the window) need."""
+        current = self.version
+        wanted = (self._ledger.open_base_versions() if self._owner.needs_base
+                  else self._ledger.active_base_versions())
+        for number in sorted(wanted):
+            if (number < current and current - number <= self.config.max_staleness
+                    and self._journal.has_base(number)):
+                self._owner.adopt(await self._journal.load_base(number))
 
     def report_storage_failure(self, exc: BaseException) -> StorageUnavailableError:
         """A storage write outside the merge loop failed (the server calls this, e.g. when a join
@@ -307,6 +334,7 @@ class Coordinator:
         async for entry in self._journal.entries():
             await self._merger.replay(entry.meta, entry.tensors)
         await self._journal.sweep()     # received bytes no entry names: refused or cut off
+        await self._adopt_open_bases()
         floor = await self._journal.version_floor()
         if floor is not None and floor >= self.version:
             # Snapshot mode: versions up to the floor may have been served; never reuse a number.

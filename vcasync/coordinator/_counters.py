@@ -49,6 +49,11 @@ class CounterBases:
             kept[name] = old if old is not None and torch.equal(old, t) else t.detach().clone()
         self._by_version[model.version] = kept
 
+    def adopt(self, model: ModelState) -> None:
+        """Keep the integer tensors of an older version read back at a restart."""
+        if self._names and model.version not in self._by_version:
+            self._by_version[model.version] = {n: model[n].detach().clone() for n in self._names}
+
     def retain(self, floor: int) -> None:
         """Forget versions below ``floor`` (the newest is always kept)."""
         newest = max(self._by_version, default=None)

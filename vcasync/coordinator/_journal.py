@@ -344,6 +344,9 @@ class Journal:
     def _base_key(self, version: int) -> str:
         return self._key("bases", f"{version:016d}")
 
+    def has_base(self, version: int) -> bool:
+        return version in self._bases
+
     async def load_base(self, version: int) -> ModelState:
         key = self._base_key(version)
         try:

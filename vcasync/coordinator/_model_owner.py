@@ -119,6 +119,11 @@ class ModelOwner:
             work.clear()
             work.update(ordered)
 
+    def adopt(self, model: ModelState) -> None:
+        """An older version, held again (start-up only): a base open leases' results need."""
+        self.versions.adopt(model)
+        self.counters.adopt(model)
+
     def jump(self, version: int) -> None:
         """Publish the current tensors again under a higher number (snapshot-mode recovery)."""
         self._working.version = version

@@ -97,6 +97,14 @@ class VersionStore:
         self._current = v
         return v
 
+    def adopt(self, model: ModelState) -> None:
+        """Hold an older version again (a restart reads back the bases open leases need); a
+        number already held, or not older than the current one, is left as it is."""
+        if model.version in self._versions or model.version >= self._current.number:
+            return
+        self._versions[model.version] = Version(ModelState(copy_tensors(model.tensors, None),
+                                                           model.version))
+
     def retain(self, keep: Callable[[int], bool]) -> list[int]:
         """Drop every version but the current one that ``keep`` refuses, then the oldest over budget."""
         drop = [n for n in self._versions if n != self._current.number and not keep(n)]
