@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from vcasync.backends.memory import MemoryStorage
 
-from vcasync.errors import ConfigError, StateInUseError
+from vcasync.errors import AuthError, ConfigError, StateInUseError, TrainerError
 from vcasync.ledger._units import make_units
 from vcasync.trainer import TrainContext, TrainResult
 from vcasync.worker import Worker, WorkerConfig
@@ -124,6 +124,30 @@ async def test_a_corrupt_newest_checkpoint_falls_back_to_the_older_one(tmp_path:
         again = await remote_worker(server.url, store.peer(), make_trainer(None, log)).run()
         assert again.results_accepted == 1
         assert log[1]["start"] == 6
+
+
+async def test_errors_leave_a_remote_state_worker_as_they_leave_a_local_one(tmp_path: Path) -> None:
+    """Not wrapped in the session's exception group: callers (and the CLI) catch our error classes."""
+    def broken(ctx: TrainContext) -> TrainResult:
+        raise RuntimeError("boom")
+
+    async with running(tmp_path, units=make_units(2, steps=2)) as (_, server):
+        with pytest.raises(TrainerError, match="failed 3 units in a row"):
+            await remote_worker(server.url, MemoryStorage("workers"), broken).run()
+        wrong = Worker(server.url, make_trainer(), state=MemoryStorage("others"), join_secret="x" * 20,
+                       config=WorkerConfig(backoff=FAST))
+        with pytest.raises(AuthError, match="join refused"):
+            await wrong.run()
+    async with running(tmp_path / "again", units=make_units(1, steps=20)) as (_, server):
+        blocker = Blocker(at_step=2)
+        blocker.ignore_stop = True
+        w = remote_worker(server.url, MemoryStorage("stubborn"), make_trainer(blocker), grace_period_s=0.3)
+        task = asyncio.create_task(w.run())
+        await blocker.wait_reached()
+        w.request_stop()
+        report = await task
+        blocker.release.set()
+        assert (report.reason, report.grace_exceeded) == ("preempted", True)
 
 
 def test_a_worker_needs_some_state() -> None:

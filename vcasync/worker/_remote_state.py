@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mappi
 from pathlib import Path
 from typing import Any
 
+from .._aio import first_error
 from ..errors import ConfigError, FrameError, ObjectNotFoundError, StorageError
 from ..ledger._units import LeaseGrant
 from ..protocol import _messages as P
@@ -98,15 +99,24 @@ class RemoteStateDir(StateDir):
             await lease.acquire()
             self._storage, self._lease, self._loop = storage, lease, asyncio.get_running_loop()
             self._upload_lock = asyncio.Lock()
+            failure: BaseException | None = None
             try:
                 await self._restore()
-                async with asyncio.TaskGroup() as tg:
-                    renewer = tg.create_task(lease.keep_renewed(on_lost), name="state-lease")
-                    try:
-                        yield
-                    finally:
-                        renewer.cancel()
-                        await self._settle_uploads()
+                try:
+                    async with asyncio.TaskGroup() as tg:
+                        renewer = tg.create_task(lease.keep_renewed(on_lost), name="state-lease")
+                        try:
+                            yield
+                        finally:
+                            renewer.cancel()
+                            await self._settle_uploads()
+                except BaseExceptionGroup as group:
+                    # The group wraps the worker's own error (its grace TimeoutError, an AuthError,
+                    # a TrainerError): callers catch those, so it must leave as it came, the same
+                    # as with a local state dir. Raised outside this handler: no group as context.
+                    failure = first_error(group)
+                if failure is not None:
+                    raise failure
             finally:
                 await lease.release()
                 self._storage = self._lease = self._loop = None

@@ -1,0 +1,45 @@
+"""How a ``vcasync worker`` process ends with ``--state URL``: the same one line and exit status as with
+``--state-dir`` (a grace period exceeded after SIGTERM exits 0, a refused join secret exits 1 with
+"AuthError: ..."), never an exception-group traceback."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from vcasync.cli import ExitCode
+
+from .conftest import HERE, Procs
+from .test_remote_state import start_coordinator, state_url, stored, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def test_sigterm_past_the_grace_period_with_remote_state_exits_0_with_one_line(
+        procs: Procs, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    url = state_url("file", tmp_path, request)
+    coordinator = start_coordinator(procs, tmp_path)
+    worker = procs.start("w", "worker", "--coordinator", coordinator, "--trainer", "stubborn_trainer:train",
+                         "--app-dir", str(HERE), "--state", url, "--grace-period", "2")
+    wait_until("the worker holding a lease", lambda: bool(stored(url, "lease.json")))
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(60) == 0, procs.log("w")[-3000:]
+    log = procs.log("w")
+    assert "grace period of 2.0s exceeded; leaving the lease for a restart" in log
+    assert "Traceback" not in log
+    assert stored(url, "lease.json") == ["lease.json"]      # left for a restart, as with --state-dir
+
+
+def test_a_refused_join_secret_with_remote_state_is_one_line_and_exit_1(
+        procs: Procs, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    url = state_url("file", tmp_path, request)
+    coordinator = start_coordinator(procs, tmp_path)
+    procs.env["VCASYNC_JOIN_SECRET"] = "not-the-join-secret-of-this-run"
+    worker = procs.start("w", "worker", "--coordinator", coordinator, "--trainer", "stubborn_trainer:train",
+                         "--app-dir", str(HERE), "--state", url)
+    assert worker.wait(60) == ExitCode.ERROR, procs.log("w")[-3000:]
+    log = procs.log("w")
+    assert "vcasync worker: AuthError: join refused" in log
+    assert "Traceback" not in log
