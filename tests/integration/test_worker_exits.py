@@ -1,6 +1,7 @@
 """How a ``vcasync worker`` process ends with ``--state URL``: the same one line and exit status as with
 ``--state-dir`` (a grace period exceeded after SIGTERM exits 0, a refused join secret exits 1 with
-"AuthError: ..."), never an exception-group traceback."""
+"AuthError: ..."), never an exception-group traceback; and without ``--state-dir`` the temporary local
+cache (it holds the worker's token) is gone when the process ends, on those paths too."""
 
 from __future__ import annotations
 
@@ -17,24 +18,37 @@ from .test_remote_state import start_coordinator, state_url, stored, wait_until
 pytestmark = pytest.mark.slow
 
 
+def private_tmp(procs: Procs, tmp_path: Path) -> Path:
+    """The worker's TMPDIR: where its temporary local cache goes, watched by the test alone."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    procs.env["TMPDIR"] = str(tmp)
+    return tmp
+
+
 def test_sigterm_past_the_grace_period_with_remote_state_exits_0_with_one_line(
         procs: Procs, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     url = state_url("file", tmp_path, request)
+    tmp = private_tmp(procs, tmp_path)
     coordinator = start_coordinator(procs, tmp_path)
     worker = procs.start("w", "worker", "--coordinator", coordinator, "--trainer", "stubborn_trainer:train",
                          "--app-dir", str(HERE), "--state", url, "--grace-period", "2")
     wait_until("the worker holding a lease", lambda: bool(stored(url, "lease.json")))
+    (cache,) = tmp.iterdir()
+    assert (cache / "identity.json").exists()
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(60) == 0, procs.log("w")[-3000:]
     log = procs.log("w")
     assert "grace period of 2.0s exceeded; leaving the lease for a restart" in log
     assert "Traceback" not in log
     assert stored(url, "lease.json") == ["lease.json"]      # left for a restart, as with --state-dir
+    assert list(tmp.iterdir()) == []                        # the cache and the token in it are gone
 
 
 def test_a_refused_join_secret_with_remote_state_is_one_line_and_exit_1(
         procs: Procs, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     url = state_url("file", tmp_path, request)
+    tmp = private_tmp(procs, tmp_path)
     coordinator = start_coordinator(procs, tmp_path)
     procs.env["VCASYNC_JOIN_SECRET"] = "not-the-join-secret-of-this-run"
     worker = procs.start("w", "worker", "--coordinator", coordinator, "--trainer", "stubborn_trainer:train",
@@ -43,3 +57,4 @@ def test_a_refused_join_secret_with_remote_state_is_one_line_and_exit_1(
     log = procs.log("w")
     assert "vcasync worker: AuthError: join refused" in log
     assert "Traceback" not in log
+    assert list(tmp.iterdir()) == []

@@ -150,6 +150,21 @@ async def test_errors_leave_a_remote_state_worker_as_they_leave_a_local_one(tmp_
         assert (report.reason, report.grace_exceeded) == ("preempted", True)
 
 
+async def test_without_a_state_dir_the_temporary_local_cache_is_removed_when_the_worker_ends(
+        tmp_path: Path) -> None:
+    store = MemoryStorage("workers")
+    async with running(tmp_path, units=make_units(2, steps=2)) as (_, server):
+        w = remote_worker(server.url, store.peer(), make_trainer(), max_units=1)
+        assert w.state.root.name.startswith("vcasync-worker-")
+        assert (await w.run()).results_accepted == 1
+        assert not w.state.root.exists()                   # it held the worker's token
+        assert (await w.run()).results_accepted == 1       # run again: a cache is made again
+        assert not w.state.root.exists()
+        local = remote_worker(server.url, store.peer(), make_trainer(), tmp_path / "mine")
+        assert (await local.run()).reason == "finished"
+        assert (tmp_path / "mine" / "identity.json").exists()    # a --state-dir the user gave stays
+
+
 def test_a_worker_needs_some_state() -> None:
     with pytest.raises(ConfigError, match="state_dir"):
         Worker("http://127.0.0.1:1", make_trainer(), join_secret=SECRET)

@@ -29,6 +29,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
@@ -55,11 +56,14 @@ class RemoteStateDir(StateDir):
 
     ``state`` is a storage URL (opened and closed here; ``options`` go to
     :func:`~vcasync.storage.open_storage`) or an open :class:`Storage` (the caller closes it). Use it
-    inside :meth:`session`, which holds the state's owner lease.
+    inside :meth:`session`, which holds the state's owner lease. ``temporary``: ``root`` is a cache
+    made for this worker (no ``--state-dir``), removed when each session ends: it holds the worker's
+    token, and nothing there outlives the process anyway (the next start makes another).
     """
 
     def __init__(self, root: Path, state: str | Storage, *, keep_checkpoints: int = 2,
-                 lease_ttl_s: float = 30.0, options: Mapping[str, Any] | None = None) -> None:
+                 lease_ttl_s: float = 30.0, options: Mapping[str, Any] | None = None,
+                 temporary: bool = False) -> None:
         if keep_checkpoints < 1:
             raise ConfigError("keep_checkpoints must be at least 1")
         if lease_ttl_s <= 0:
@@ -67,6 +71,7 @@ class RemoteStateDir(StateDir):
         super().__init__(root)
         self._spec = state
         self._options = dict(options or {})
+        self.temporary = temporary
         self.keep_checkpoints = keep_checkpoints
         self.lease_ttl_s = lease_ttl_s
         self._storage: Storage | None = None
@@ -91,6 +96,9 @@ class RemoteStateDir(StateDir):
         """Hold the state (refusing a second live worker), bring the local copy up to date from it,
         and renew the hold until the block ends; ``on_lost()`` is called if the state is taken over."""
         async with contextlib.AsyncExitStack() as stack:
+            if self.temporary:
+                await asyncio.to_thread(self._make_dirs)    # a second session: the last removed it
+                stack.callback(shutil.rmtree, self.root, ignore_errors=True)
             if isinstance(self._spec, str):
                 storage = await stack.enter_async_context(open_storage(self._spec, **self._options))
             else:

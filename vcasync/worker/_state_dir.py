@@ -54,6 +54,9 @@ class StateDir:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        self._make_dirs()
+
+    def _make_dirs(self) -> None:
         try:
             for sub in ("checkpoints", "results", "models"):
                 (self.root / sub).mkdir(parents=True, exist_ok=True)

@@ -538,9 +538,11 @@ def _state(state_dir: Path | str | None, state: str | Storage | None,
         if state_dir is None:
             raise ConfigError("a worker needs state_dir (local) or state (a storage URL)")
         return StateDir(Path(state_dir))
-    root = Path(state_dir) if state_dir is not None else Path(tempfile.mkdtemp(prefix="vcasync-worker-"))
+    # Without state_dir the local cache is a temporary dir, removed when the worker's session ends.
+    temporary = state_dir is None
+    root = Path(tempfile.mkdtemp(prefix="vcasync-worker-") if state_dir is None else state_dir)
     return RemoteStateDir(root, state, keep_checkpoints=config.keep_checkpoints,
-                          lease_ttl_s=config.state_lease_s, options=options)
+                          lease_ttl_s=config.state_lease_s, options=options, temporary=temporary)
 
 
 def _in_daemon_thread(fn: Callable[[TrainContext], Any], ctx: TrainContext) -> asyncio.Future[Any]:
