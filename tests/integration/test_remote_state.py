@@ -150,3 +150,28 @@ def test_a_second_live_worker_on_the_same_state_url_is_refused(procs: Procs, tmp
     assert "in use by a live worker" in procs.log("second")
     assert first.poll() is None                        # the holder carries on, its state untouched
     assert stored(url, "owner/") == ["owner/000000000001.json"]
+
+
+def test_a_state_url_added_to_a_killed_workers_state_dir_takes_its_lease_over(
+        procs: Procs, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    url = state_url("file", tmp_path, request)
+    procs.env["SLOW_DIGITS_DELAY_S"] = "0.05"
+    coordinator = start_coordinator(procs, tmp_path)
+    disk = tmp_path / "disk"
+    args = ["worker", "--coordinator", coordinator, "--trainer", "resume_probe:train", "--app-dir", str(HERE),
+            "--state-dir", str(disk)]
+    first = procs.start("local", *args)                 # a local state dir only
+    wait_until("a local checkpoint", lambda: any((disk / "checkpoints").glob("*.pt")))
+    lease = json.loads((disk / "lease.json").read_text())["lease_id"]
+    first.send_signal(signal.SIGKILL)
+    first.wait(30)
+    assert not ACK.search(procs.log("local")), "the unit ended before the kill; nothing to resume"
+
+    second = procs.start("remote", *args, "--state", url, "--state-lease", "2")
+    assert second.wait(180) == 0, procs.log("remote")[-3000:]
+    log = procs.log("remote")
+    assert f"moved the local state in {disk} into it" in log, log[-3000:]
+    assert f"resumed lease {lease}" in log
+    starts = {lease_id: int(step) for _, lease_id, step in START.findall(log)}
+    assert starts[lease] > 0, f"the resumed unit started over: {starts}"
+    assert stored(url, "identity.json") == ["identity.json"]    # the state now lives in storage

@@ -6,6 +6,7 @@ time. (Real processes killed with SIGKILL: tests/integration/test_remote_state.p
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from vcasync.worker import Worker, WorkerConfig
 from vcasync.worker._state_lease import StateLease
 
 from .conftest import SECRET, running, tiny_model
-from .test_worker import FAST, Blocker, make_trainer
+from .test_worker import FAST, Blocker, eventually, make_trainer
 
 
 def remote_worker(url: str, state: Any, trainer: Any, local: Path | None = None, **cfg: Any) -> Worker:
@@ -163,6 +164,55 @@ async def test_without_a_state_dir_the_temporary_local_cache_is_removed_when_the
         local = remote_worker(server.url, store.peer(), make_trainer(), tmp_path / "mine")
         assert (await local.run()).reason == "finished"
         assert (tmp_path / "mine" / "identity.json").exists()    # a --state-dir the user gave stays
+
+
+async def preempted_locally(url: str, local: Path, log: list[dict[str, Any]]) -> str:
+    """A worker with a local --state-dir only, stopped mid-unit: its lease and checkpoint stay there."""
+    blocker = Blocker(at_step=5)
+    w = Worker(url, make_trainer(blocker, log), state_dir=local, join_secret=SECRET,
+               config=WorkerConfig(backoff=FAST))
+    task = asyncio.create_task(w.run())
+    await blocker.wait_reached()
+    w.request_stop()
+    report = await task
+    assert report.reason == "preempted"
+    assert (local / "lease.json").exists()
+    return report.worker_id
+
+
+async def test_adding_a_state_url_to_a_state_dir_moves_the_local_state_into_it(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "vcasync.worker")
+    store = MemoryStorage("workers")
+    async with running(tmp_path, units=make_units(2, steps=20)) as (_, server):
+        log: list[dict[str, Any]] = []
+        worker_id = await preempted_locally(server.url, tmp_path / "disk", log)
+        again = remote_worker(server.url, store.peer(), make_trainer(None, log), tmp_path / "disk",
+                              max_units=1)
+        task = asyncio.create_task(again.run())
+        await eventually(lambda: len(log) == 2)
+        assert "lease.json" in await keys(store)            # stored remotely before the trainer ran
+        assert len(await keys(store, "checkpoints/")) == 1
+        report = await task
+        assert report.worker_id == worker_id                # the same worker...
+        assert log[1]["lease"] == log[0]["lease"]           # ...resumed the same lease...
+        assert log[1]["start"] == 6                         # ...from its local checkpoint
+        assert "moved the local state" in caplog.text
+
+
+async def test_a_local_state_the_remote_state_overrides_is_dropped_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = MemoryStorage("workers")
+    async with running(tmp_path, units=make_units(3, steps=20)) as (_, server):
+        first = await remote_worker(server.url, store.peer(), make_trainer(), max_units=1).run()
+        log: list[dict[str, Any]] = []
+        local_id = await preempted_locally(server.url, tmp_path / "disk", log)
+        lease = log[0]["lease"]
+        again = await remote_worker(server.url, store.peer(), make_trainer(), tmp_path / "disk",
+                                    max_units=1).run()
+        assert again.worker_id == first.worker_id           # the remote state is the truth
+        assert f"(worker {local_id}) is replaced" in caplog.text
+        assert f"dropping the local lease {lease}" in caplog.text
 
 
 def test_a_worker_needs_some_state() -> None:

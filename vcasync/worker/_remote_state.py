@@ -134,20 +134,27 @@ class RemoteStateDir(StateDir):
             await asyncio.gather(*self._uploads, return_exceptions=True)
 
     async def _restore(self) -> None:
-        """The remote state is the truth: copy it over the local one (or clear what it lacks)."""
+        """The remote state is the truth: copy it over the local one (or clear what it lacks). An
+        empty remote state takes the local one instead (see :meth:`_migrate`)."""
         st = self._st()
         ident = await _get_json(st, _IDENTITY)
+        body = await _get_json(st, _LEASE)
+        if ident is None and body is None and await self._migrate():
+            return
+        local_ident = await asyncio.to_thread(StateDir.stored_identity, self)
+        saved: Identity | None = None
         if ident is not None:
             try:
                 saved = Identity(str(ident["coordinator"]), str(ident["worker_id"]), str(ident["token"]))
             except (KeyError, TypeError):
                 log.warning("identity in %s is unreadable; the worker will join again", self.url)
-                await asyncio.to_thread(StateDir.forget_identity, self)
-            else:
-                await asyncio.to_thread(StateDir.save_identity, self, saved)
+        if local_ident is not None and (saved is None or saved.worker_id != local_ident.worker_id):
+            log.warning("the local identity in %s (worker %s) is replaced by %s's", self.root,
+                        local_ident.worker_id, self.url)
+        if saved is not None:
+            await asyncio.to_thread(StateDir.save_identity, self, saved)
         else:
             await asyncio.to_thread(StateDir.forget_identity, self)
-        body = await _get_json(st, _LEASE)
         grant = None
         if body is not None:
             try:
@@ -156,6 +163,9 @@ class RemoteStateDir(StateDir):
                 log.warning("lease record in %s is unreadable; starting fresh", self.url)
         local = await asyncio.to_thread(StateDir.load_lease, self)
         if local is not None and (grant is None or local.lease_id != grant.lease_id):
+            log.warning("dropping the local lease %s (and its checkpoint) in %s: the state in %s holds %s",
+                        local.lease_id, self.root, self.url,
+                        f"lease {grant.lease_id}" if grant is not None else "no lease")
             await asyncio.to_thread(StateDir.finish_lease, self, local.lease_id)
         if grant is None:
             return
@@ -163,6 +173,40 @@ class RemoteStateDir(StateDir):
         step = await self._restore_checkpoint(grant.lease_id)
         log.info("restored lease %s from %s%s", grant.lease_id, self.url,
                  f" with checkpoint #{step}" if step else " (no checkpoint yet)")
+
+    async def _migrate(self) -> bool:
+        """The remote state holds no identity and no lease but the local dir does (a worker that ran
+        with ``--state-dir`` alone, restarted with ``--state`` added): store the local identity, lease
+        and checkpoint there instead of dropping them. False when there was nothing to move.
+
+        Safe because the owner lease is held (no other worker writes there) and the remote state
+        had nothing to lose; a write that fails leaves the local copy as it is, for this run.
+        """
+        ident = await asyncio.to_thread(StateDir.stored_identity, self)
+        grant = await asyncio.to_thread(StateDir.load_lease, self)
+        if ident is None and grant is None:
+            return False
+        ckpt = None
+        if grant is not None:
+            path = self.checkpoint_path(grant.lease_id)
+            ckpt = await asyncio.to_thread(lambda: path.read_bytes() if path.exists() else None)
+        try:
+            if ident is not None:
+                await self._write(_IDENTITY, _identity_json(ident))
+            if grant is not None:
+                await self._write(_LEASE, json.dumps(P.grant_to_body(grant)).encode())
+                if ckpt is not None:
+                    await self._upload_checkpoint(grant.lease_id, ckpt)
+        except StorageError as exc:
+            log.warning("could not move the local state in %s into the empty %s (%s); working from "
+                        "the local copy", self.root, self.url, type(exc).__name__)
+            return True
+        parts = ([f"worker {ident.worker_id}"] if ident is not None else []) + (
+            [f"lease {grant.lease_id} " + ("with its checkpoint" if ckpt is not None else "(no checkpoint)")]
+            if grant is not None else [])
+        log.info("the worker state at %s was empty: moved the local state in %s into it (%s)",
+                    self.url, self.root, ", ".join(parts))
+        return True
 
     async def _restore_checkpoint(self, lease_id: str) -> int:
         """Copy the newest intact checkpoint of ``lease_id`` to its local path; its number, or 0."""
@@ -227,8 +271,7 @@ class RemoteStateDir(StateDir):
     # -- mirrored writes ---------------------------------------------------------------------------
     def save_identity(self, ident: Identity) -> None:
         super().save_identity(ident)
-        data = json.dumps({"coordinator": ident.coordinator, "worker_id": ident.worker_id,
-                           "token": ident.token}).encode()
+        data = _identity_json(ident)
         self._mirror("identity", lambda: self._write(_IDENTITY, data))
 
     def forget_identity(self) -> None:
@@ -309,6 +352,11 @@ class RemoteStateDir(StateDir):
 
         with contextlib.suppress(StorageError):
             await self._delete(old)
+
+
+def _identity_json(ident: Identity) -> bytes:
+    return json.dumps({"coordinator": ident.coordinator, "worker_id": ident.worker_id,
+                       "token": ident.token}).encode()
 
 
 def _parse_ckpt(key: str) -> tuple[int | None, str]:

@@ -71,12 +71,16 @@ class StateDir:
 
     # -- identity ----------------------------------------------------------------------------------
     def load_identity(self, coordinator: str) -> Identity | None:
+        ident = self.stored_identity()
+        return ident if ident is not None and ident.coordinator == coordinator else None
+
+    def stored_identity(self) -> Identity | None:
+        """The identity saved here, whichever coordinator it is for; None when there is none."""
         try:
             raw = json.loads((self.root / "identity.json").read_bytes())
-            ident = Identity(str(raw["coordinator"]), str(raw["worker_id"]), str(raw["token"]))
+            return Identity(str(raw["coordinator"]), str(raw["worker_id"]), str(raw["token"]))
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        return ident if ident.coordinator == coordinator else None
 
     def save_identity(self, ident: Identity) -> None:
         data = json.dumps({"coordinator": ident.coordinator, "worker_id": ident.worker_id,
