@@ -1,19 +1,24 @@
 """How a ``vcasync worker`` process ends with ``--state URL``: the same one line and exit status as with
 ``--state-dir`` (a grace period exceeded after SIGTERM exits 0, a refused join secret exits 1 with
-"AuthError: ..."), never an exception-group traceback; and without ``--state-dir`` the temporary local
-cache (it holds the worker's token) is gone when the process ends, on those paths too."""
+"AuthError: ..."), never an exception-group traceback; without ``--state-dir`` the temporary local
+cache (it holds the worker's token) is gone when the process ends, on those paths too; a store that
+ignores conditional writes is refused (exit 2) unless ``--allow-unsafe-store``, as a coordinator's is."""
 
 from __future__ import annotations
 
+import json
 import signal
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from vcasync.cli import ExitCode
+from vcasync.testing.emulators import Emulator
 
 from .conftest import HERE, Procs
-from .test_remote_state import start_coordinator, state_url, stored, wait_until
+from .test_remote_state import BUCKET, http, start_coordinator, state_url, stored, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -58,3 +63,32 @@ def test_a_refused_join_secret_with_remote_state_is_one_line_and_exit_1(
     assert "vcasync worker: AuthError: join refused" in log
     assert "Traceback" not in log
     assert list(tmp.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def stock_gcs() -> Iterator[str]:
+    """gcp-storage-emulator as shipped: it takes ``ifGenerationMatch=0`` on an existing object."""
+    with Emulator("gcs", preconditions=False) as gcs:
+        http("POST", f"{gcs.endpoint}/storage/v1/b?project=test", json.dumps({"name": BUCKET}).encode(),
+             {"Content-Type": "application/json"})
+        yield gcs.endpoint
+
+
+def test_a_state_store_that_ignores_conditional_writes_is_refused_unless_allowed(
+        procs: Procs, tmp_path: Path, stock_gcs: str) -> None:
+    url = f"gs://{BUCKET}/w-{uuid.uuid4().hex[:10]}?emulator_host={stock_gcs}"
+    args = ["--trainer", "stubborn_trainer:train", "--app-dir", str(HERE), "--state", url,
+            "--grace-period", "1"]
+    refused = procs.start("refused", "worker", "--coordinator", "http://127.0.0.1:9", *args)
+    assert refused.wait(60) == ExitCode.CONFIG, procs.log("refused")[-3000:]
+    log = procs.log("refused")
+    assert "does not honour conditional writes" in log
+    assert "--allow-unsafe-store" in log
+    assert "Traceback" not in log
+
+    coordinator = start_coordinator(procs, tmp_path)
+    allowed = procs.start("allowed", "worker", "--coordinator", coordinator, *args, "--allow-unsafe-store")
+    wait_until("the worker joining", lambda: "joined as worker" in procs.log("allowed"))
+    assert "UNSAFE STORE" in procs.log("allowed")
+    allowed.send_signal(signal.SIGTERM)
+    assert allowed.wait(60) == 0, procs.log("allowed")[-3000:]

@@ -15,6 +15,7 @@ from vcasync.backends.memory import MemoryStorage
 
 from vcasync.errors import AuthError, ConfigError, StateInUseError, TrainerError
 from vcasync.ledger._units import make_units
+from vcasync.testing.storage import IgnoringPreconditions
 from vcasync.trainer import TrainContext, TrainResult
 from vcasync.worker import Worker, WorkerConfig
 from vcasync.worker._state_lease import StateLease
@@ -213,6 +214,21 @@ async def test_a_local_state_the_remote_state_overrides_is_dropped_with_a_warnin
         assert again.worker_id == first.worker_id           # the remote state is the truth
         assert f"(worker {local_id}) is replaced" in caplog.text
         assert f"dropping the local lease {lease}" in caplog.text
+
+
+async def test_a_state_store_that_ignores_conditional_writes_is_refused_unless_allowed(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = MemoryStorage("workers")
+    async with running(tmp_path, units=make_units(1, steps=2)) as (_, server):
+        with pytest.raises(ConfigError, match="does not honour conditional writes") as info:
+            await remote_worker(server.url, IgnoringPreconditions(store.peer()), make_trainer()).run()
+        assert "--allow-unsafe-store" in str(info.value)
+        assert await keys(store) == []                      # refused before anything was written
+        report = await remote_worker(server.url, IgnoringPreconditions(store.peer()), make_trainer(),
+                                     allow_unsafe_store=True).run()
+        assert report.results_accepted == 1
+        assert "UNSAFE STORE" in caplog.text
+        assert await keys(store, "probe/") == []            # the probe cleans up
 
 
 def test_a_worker_needs_some_state() -> None:

@@ -41,6 +41,9 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-lease", type=float, default=30.0, metavar="SECONDS",
                    help="with --state: how long a silent owner keeps the state from a replacement")
     p.add_argument("--keep-checkpoints", type=int, default=2, help="with --state: checkpoints kept per lease")
+    p.add_argument("--allow-unsafe-store", action="store_true",
+                   help="with --state: run (with a loud warning) on a store that ignores conditional "
+                        "writes, instead of refusing it")
     p.add_argument("--name", default="", help="a human-readable worker name")
     p.add_argument("--grace-period", type=float, default=20.0, help="seconds to wrap up after SIGTERM")
     p.add_argument("--on-preempt", choices=["checkpoint", "partial"], default="checkpoint")
@@ -98,7 +101,8 @@ def _run(a: argparse.Namespace) -> int:
         torch.set_num_threads(a.threads)
     config = WorkerConfig(name=a.name, grace_period_s=a.grace_period, on_preempt=a.on_preempt,
                           upload=a.upload, codec=a.codec, max_units=a.max_units, ca_file=a.ca_file,
-                          keep_checkpoints=a.keep_checkpoints, state_lease_s=a.state_lease)
+                          keep_checkpoints=a.keep_checkpoints, state_lease_s=a.state_lease,
+                          allow_unsafe_store=a.allow_unsafe_store)
     worker = Worker(a.coordinator, trainer, state_dir=a.state_dir, state=a.state, join_secret=secret,
                     join_token=token, config=config)
 

@@ -13,6 +13,10 @@ last checkpoint::
                                          takes the newest whose digest matches
     owner/<epoch:012d>.json              who holds the state now (see :mod:`vcasync.worker._state_lease`)
 
+That owner lease stands on create-if-absent, so the store is probed first, as a coordinator probes
+its own (:func:`~vcasync.storage.probe_storage`, a scratch object under ``probe/``): one that ignores
+conditional writes is refused with a :class:`~vcasync.errors.ConfigError` unless ``allow_unsafe_store``.
+
 The local :class:`~vcasync.worker._state_dir.StateDir` stays the working copy (model cache, spooled
 results, the receipts audit trail), and this class mirrors its writes: the worker calls the state's
 methods through :func:`asyncio.to_thread`, so each mirrored write blocks that thread until the object
@@ -38,7 +42,7 @@ from .._aio import first_error
 from ..errors import ConfigError, FrameError, ObjectNotFoundError, StorageError
 from ..ledger._units import LeaseGrant
 from ..protocol import _messages as P
-from ..storage import Storage, open_storage
+from ..storage import Storage, open_storage, probe_storage
 from ._state_dir import Identity, StateDir, _atomic_write, _safe
 from ._state_lease import StateLease
 
@@ -49,6 +53,7 @@ log = logging.getLogger("vcasync.worker")
 _IDENTITY = "identity.json"
 _LEASE = "lease.json"
 _CKPT = "checkpoints/"
+_PROBE = "probe"
 
 
 class RemoteStateDir(StateDir):
@@ -63,7 +68,7 @@ class RemoteStateDir(StateDir):
 
     def __init__(self, root: Path, state: str | Storage, *, keep_checkpoints: int = 2,
                  lease_ttl_s: float = 30.0, options: Mapping[str, Any] | None = None,
-                 temporary: bool = False) -> None:
+                 temporary: bool = False, allow_unsafe_store: bool = False) -> None:
         if keep_checkpoints < 1:
             raise ConfigError("keep_checkpoints must be at least 1")
         if lease_ttl_s <= 0:
@@ -72,6 +77,7 @@ class RemoteStateDir(StateDir):
         self._spec = state
         self._options = dict(options or {})
         self.temporary = temporary
+        self.allow_unsafe_store = allow_unsafe_store
         self.keep_checkpoints = keep_checkpoints
         self.lease_ttl_s = lease_ttl_s
         self._storage: Storage | None = None
@@ -103,6 +109,7 @@ class RemoteStateDir(StateDir):
                 storage = await stack.enter_async_context(open_storage(self._spec, **self._options))
             else:
                 storage = self._spec
+            await self._check_store(storage)
             lease = StateLease(storage, ttl_s=self.lease_ttl_s)
             await lease.acquire()
             self._storage, self._lease, self._loop = storage, lease, asyncio.get_running_loop()
@@ -128,6 +135,21 @@ class RemoteStateDir(StateDir):
             finally:
                 await lease.release()
                 self._storage = self._lease = self._loop = None
+
+    async def _check_store(self, storage: Storage) -> None:
+        """Refuse a store that ignores if-absent writes (the owner lease needs them), unless allowed."""
+        probe = await probe_storage(storage, _PROBE)
+        if probe.conditional_writes:
+            return
+        what = (f"{probe.url} does not honour conditional writes (a second if-absent write of one key "
+                "succeeded), so the worker state's owner lease cannot keep a second worker on it from "
+                "writing over the first one's lease and checkpoints")
+        if not self.allow_unsafe_store:
+            raise ConfigError(f"{what}; use a store that honours them (see docs/runs.md) or pass "
+                              "--allow-unsafe-store (WorkerConfig(allow_unsafe_store=True)) to run "
+                              "anyway, one worker per state URL")
+        log.warning("UNSAFE STORE: %s. Running anyway (--allow-unsafe-store): never start two workers "
+                    "on this state URL.", what)
 
     async def _settle_uploads(self) -> None:
         if self._uploads:

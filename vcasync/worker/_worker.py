@@ -107,6 +107,9 @@ class WorkerConfig:
     #: With a remote ``state``: checkpoints kept per lease, and the owner record's time to live.
     keep_checkpoints: int = 2
     state_lease_s: float = 30.0
+    #: With a remote ``state``: run (with a loud warning) on a store that ignores conditional writes
+    #: instead of refusing it; then only you keep a second worker off the same state.
+    allow_unsafe_store: bool = False
 
     def __post_init__(self) -> None:
         if self.on_preempt not in ("checkpoint", "partial"):
@@ -542,7 +545,8 @@ def _state(state_dir: Path | str | None, state: str | Storage | None,
     temporary = state_dir is None
     root = Path(tempfile.mkdtemp(prefix="vcasync-worker-") if state_dir is None else state_dir)
     return RemoteStateDir(root, state, keep_checkpoints=config.keep_checkpoints,
-                          lease_ttl_s=config.state_lease_s, options=options, temporary=temporary)
+                          lease_ttl_s=config.state_lease_s, options=options, temporary=temporary,
+                          allow_unsafe_store=config.allow_unsafe_store)
 
 
 def _in_daemon_thread(fn: Callable[[TrainContext], Any], ctx: TrainContext) -> asyncio.Future[Any]:
