@@ -295,6 +295,56 @@ async def test_failing_trainer_releases_and_gives_up(tmp_path: Path) -> None:
         assert not isinstance(ei.value, ConfigError)
 
 
+def _nan_metric(ctx: TrainContext, sd: dict[str, torch.Tensor]) -> TrainResult:
+    return ctx.result(sd, steps=ctx.unit.steps, loss=float("nan"))
+
+
+def _too_many_steps(ctx: TrainContext, sd: dict[str, torch.Tensor]) -> TrainResult:
+    return ctx.result(sd, steps=ctx.unit.steps * 10)
+
+
+def _wrong_shape(ctx: TrainContext, sd: dict[str, torch.Tensor]) -> TrainResult:
+    return ctx.result({**sd, "0.bias": torch.zeros(2)}, steps=ctx.unit.steps)
+
+
+def _float64(ctx: TrainContext, sd: dict[str, torch.Tensor]) -> TrainResult:
+    return ctx.result({k: v.double() for k, v in sd.items()}, steps=ctx.unit.steps)
+
+
+def _missing(ctx: TrainContext, sd: dict[str, torch.Tensor]) -> TrainResult:
+    return ctx.result({k: v for k, v in sd.items() if k != "2.bias"}, steps=ctx.unit.steps)
+
+
+@pytest.mark.parametrize("upload", ["delta", "weights"])
+@pytest.mark.parametrize(("mistake", "message"), [
+    (_nan_metric, "metric 'loss' is nan: metrics must be finite numbers"),
+    (_too_many_steps, "the result claims 20 steps; unit e0-s0 has 2"),
+    (_wrong_shape, "tensor '0.bias' has shape (2,), the model has (3,)"),
+    (_float64, "tensor '0.weight' has dtype torch.float64, the model has torch.float32"),
+    (_missing, "lacks tensor '2.bias'"),
+])
+async def test_a_result_the_coordinator_must_refuse_fails_the_unit_here_whatever_the_upload(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, upload: str, message: str,
+        mistake: Callable[[TrainContext, dict[str, torch.Tensor]], TrainResult]) -> None:
+    """Found before any upload, named, and counted as a trainer failure (not ~5 refused uploads and a
+    quarantine); a float64 result is refused in both upload modes, not cast in one of them."""
+    def train(ctx: TrainContext) -> TrainResult:
+        net = tiny_model()
+        ctx.model.load_into(net)
+        return mistake(ctx, {k: v.clone() for k, v in net.state_dict().items()})
+
+    async with running(tmp_path, units=make_units(2, steps=2)) as (coord, server):
+        v0 = coord.version
+        with pytest.raises(TrainerError, match="failed 1 units in a row"):
+            await asyncio.wait_for(worker(server.url, tmp_path / "w", train, upload=upload,
+                                          max_trainer_failures=1).run(), 60)
+        assert "trainer failed on unit e0-s0: " in caplog.text
+        assert message in caplog.text
+        assert "refused" not in caplog.text                 # nothing was uploaded
+        assert coord.version == v0
+        assert not list((tmp_path / "w" / "results").iterdir())
+
+
 async def test_async_trainer(tmp_path: Path) -> None:
     async with running(tmp_path, units=make_units(2, steps=2)) as (_, server):
         async def train(ctx: TrainContext) -> TrainResult:

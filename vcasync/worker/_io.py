@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
@@ -16,13 +17,14 @@ from typing import Any
 import torch
 
 from .._aio import file_blocks
-from ..errors import ConfigError, ValidationError, VCAsyncError
+from ..errors import SpecMismatchError, ValidationError, VCAsyncError
+from ..ledger._units import WorkUnit
 from ..tensors import ModelSpec, ModelState, make_delta
 from ..trainer import TrainResult
 from ..wire import Limits, aencode_payload, decode_payload
 from ._state_dir import StateDir
 
-__all__ = ["ModelCache", "result_tensors", "spool_result"]
+__all__ = ["ModelCache", "result_problem", "result_tensors", "spool_result"]
 
 log = logging.getLogger("vcasync.worker")
 
@@ -96,14 +98,38 @@ async def _file_chunks(path: Path, chunk_size: int = 1 << 20) -> AsyncIterator[b
         await asyncio.to_thread(f.close)
 
 
+def result_problem(base: ModelState, result: TrainResult, unit: WorkUnit) -> str | None:
+    """What makes ``result`` one the coordinator must refuse, found before any upload; None if nothing.
+
+    Names, shapes and dtypes against the model the trainer started from, ``steps`` within the unit
+    (at least one step is checked by the worker before), ``samples`` not negative, metrics finite
+    numbers. The same for both upload modes: a float64 result of a float32 model is refused, not cast
+    (a ``weights`` upload would be refused for it, so a ``delta`` one must not hide it).
+    """
+    tensors: Mapping[Any, object] = result.tensors     # a hand-made TrainResult may hold anything
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            return f"result tensor {name!r} is a {type(t).__name__}, not a torch.Tensor"
+    try:
+        base.spec.check(result.tensors)     # what the coordinator checks first, with its messages
+    except SpecMismatchError as exc:
+        return f"the result does not match the model: {exc}"
+    if result.steps > unit.steps:
+        return f"the result claims {result.steps} steps; unit {unit.unit_id} has {unit.steps}"
+    if result.samples < 0:
+        return f"the result claims {result.samples} samples; it must be >= 0"
+    metrics: Mapping[Any, object] = result.metrics
+    for key, value in metrics.items():
+        if not isinstance(key, str):
+            return f"metric name {key!r} is not a str"
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            return f"metric {key!r} is {value!r}: metrics must be finite numbers"
+    return None
+
+
 def result_tensors(base: ModelState, result: TrainResult, upload: str) -> dict[str, torch.Tensor]:
+    """The tensors to upload of a result :func:`result_problem` found nothing wrong with."""
     names = list(base)
-    got = set(result.tensors)
-    if got != set(names):
-        missing = [n for n in names if n not in got]
-        extra = sorted(got - set(names))
-        raise ConfigError(f"the trainer's result does not match the model: missing {missing[:3]}, "
-                          f"unknown {extra[:3]}")
     if upload == "weights":
         return {n: result.tensors[n].detach().cpu().contiguous() for n in names}
     # Integer tensors go as increments (t - base) and bools as values, like the coordinator's

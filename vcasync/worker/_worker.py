@@ -9,10 +9,12 @@ the trainer's checkpoint in its state dir (``on_preempt="checkpoint"``: a restar
 dir resumes the same lease while it is valid) or uploads a partial result weighted by the steps done
 (``"partial"``). A SIGKILL loses only the progress since the trainer's last checkpoint.
 
-Failures: a trainer that raises releases its lease as a failure, which the coordinator attributes
-to this worker. It answers a worker that keeps failing with a back-off (:class:`WorkerBackoffError`:
-the worker waits that long before it leases again, so the unit goes to another worker) and then a
-quarantine (:class:`WorkerQuarantinedError`: the worker stops with that message). After
+Failures: a trainer that raises, or returns a result the coordinator would refuse (checked here
+before any upload: tensor names, shapes and dtypes, steps within the unit, finite metrics), releases
+its lease as a failure, which the coordinator attributes to this worker. It answers a worker that
+keeps failing with a back-off (:class:`WorkerBackoffError`: the worker waits that long before it
+leases again, so the unit goes to another worker) and then a quarantine
+(:class:`WorkerQuarantinedError`: the worker stops with that message). After
 ``max_trainer_failures`` in a row the worker stops by itself with a :class:`TrainerError`.
 
 Outages: every call to the coordinator is retried with capped, jittered backoff while it is down or
@@ -68,7 +70,7 @@ from ..tensors import ModelState
 from ..trainer import TrainContext, Trainer, TrainResult
 from ..wire import Limits, resolve_codec
 from ._client import CoordinatorClient, client_ssl_context
-from ._io import ModelCache, result_tensors, spool_result
+from ._io import ModelCache, result_problem, result_tensors, spool_result
 from ._remote_state import RemoteStateDir
 from ._state_dir import Identity, StateDir
 
@@ -430,6 +432,14 @@ class Worker:
             log.error("the trainer returned after 0 steps of unit %s", grant.unit.unit_id)
             self._abandoned += 1
             await self._release(grant, "the trainer did no steps")
+            return False
+        problem = result_problem(base, result, grant.unit)
+        if problem is not None:
+            # Refused for certain by the coordinator (several times, then a quarantine): a trainer
+            # failure found here, counted as one whose trainer raised, whatever the upload mode.
+            log.error("trainer failed on unit %s: %s", grant.unit.unit_id, problem)
+            self._abandoned += 1
+            await self._release(grant, f"trainer error: {problem}")
             return False
         await self._deliver(grant, base, result, partial=partial)
         self._units += 1
