@@ -332,6 +332,11 @@ def test_config_errors(kit, policy) -> None:
         CoordinatorConfig(lease_timeout_s=60.0, heartbeat_interval_s=30.0)
     with pytest.raises(ConfigError, match=r"lease_timeout_s must be finite.*got inf"):
         CoordinatorConfig(lease_timeout_s=float("inf"))
+    # found by hand: '../up' failed at the first write (exit 1); an infinite interval never expired
+    with pytest.raises(ConfigError, match=r"state_prefix '\.\./up'.*'\.\.' part"):
+        CoordinatorConfig(state_prefix="../up")
+    with pytest.raises(ConfigError, match=r"expiry_interval_s must be finite"):
+        CoordinatorConfig(expiry_interval_s=float("inf"))
     third = CoordinatorConfig(lease_timeout_s=60.0, heartbeat_interval_s=20.0)
     assert third.ledger_config().heartbeat_s == 20.0
     with pytest.raises(ConfigError, match="needs a storage"):

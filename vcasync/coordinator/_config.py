@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError
+from ..errors import ConfigError, InvalidKeyError
 from ..ledger import LedgerConfig
+from ..storage import validate_prefix
 from ..wire import Limits, resolve_codec
 from ._journal import Durability, JournalConfig
 
@@ -83,6 +84,13 @@ class CoordinatorConfig:
         need(isinstance(self.limits, Limits), "limits", "must be a vcasync.wire.Limits")
         need(isinstance(self.state_prefix, str) and bool(self.state_prefix.strip("/")),
              "state_prefix", "must be a non-empty key prefix")
+        try:
+            validate_prefix(self.state_prefix)
+        except InvalidKeyError as exc:    # '../up' was exit 1 at the first write, not a config error
+            raise ConfigError(f"CoordinatorConfig.state_prefix {self.state_prefix!r}: {exc}") from None
+        for name in ("snapshot_interval_s", "expiry_interval_s", "storage_probe_interval_s",
+                     "storage_outage_limit_s"):
+            need(math.isfinite(getattr(self, name)), name, "must be finite")
         for name in ("model_codec", "journal_codec"):
             try:
                 resolve_codec(getattr(self, name))
