@@ -138,3 +138,17 @@ def test_a_price_table_replaces_the_built_in_one(tmp_path: Path, capsys: pytest.
     configure(parser)
     assert run(parser.parse_args(["--list-prices", "--json", "--price-table", str(path)])) == ExitCode.OK
     assert [r["instance"] for r in json.loads(capsys.readouterr().out)] == ["big-1"]
+
+
+def test_a_free_reference_and_an_upside_down_bandwidth_are_refused(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Found by hand: --on-demand-price 0 ran and every saving came out null; a bad
+    # --bandwidth-mbps was named by an internal field (bandwidth_min_bps) only.
+    from vcasync.cli import main
+
+    assert main(["simulate", "--on-demand-price", "0"]) == 2
+    assert "on_demand_per_h must be > 0" in capsys.readouterr().err
+    assert main(["simulate", "--bandwidth-mbps", "500", "100"]) == 2
+    assert "got 500 100 Mbit/s (--bandwidth-mbps" in capsys.readouterr().err
+    free_spot = ["simulate", "--spot-price", "0", "--epochs", "1", "--workers", "2", "--json"]
+    assert main(free_spot) == 0                                      # volunteers: fine

@@ -59,6 +59,9 @@ class InstancePrice:
             value = getattr(self, name)
             if not (value >= 0.0) or value == float("inf"):
                 raise ConfigError(f"{self.instance}: {name} must be a finite price >= 0, got {value!r}")
+        if self.on_demand_per_h == 0:   # spot may be free (volunteers); the reference may not
+            raise ConfigError(f"{self.instance}: on_demand_per_h must be > 0: every saving is measured "
+                              "against it")
         if self.min_billed_s < 0:
             raise ConfigError(f"{self.instance}: min_billed_s must be >= 0, got {self.min_billed_s!r}")
 

@@ -97,7 +97,9 @@ class FleetConfig:
         if self.speed_sigma < 0 or not 0 <= self.slow_fraction <= 1 or self.slow_factor < 1:
             raise ConfigError("speed_sigma >= 0, slow_fraction in [0, 1] and slow_factor >= 1 are required")
         if not 0 < self.bandwidth_min_bps <= self.bandwidth_max_bps:
-            raise ConfigError("need 0 < bandwidth_min_bps <= bandwidth_max_bps")
+            lo, hi = self.bandwidth_min_bps / 1e6, self.bandwidth_max_bps / 1e6
+            raise ConfigError(f"bandwidth needs 0 < MIN <= MAX, got {lo:g} {hi:g} Mbit/s "
+                              "(--bandwidth-mbps; FleetConfig.bandwidth_min_bps/_max_bps)")
         if self.latency_s < 0:
             raise ConfigError(f"latency_s must be >= 0, got {self.latency_s}")
 
