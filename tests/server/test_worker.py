@@ -226,6 +226,19 @@ async def test_worker_waits_for_a_coordinator_that_is_down(tmp_path: Path) -> No
         assert report.results_accepted == 2
 
 
+async def test_a_worker_gives_up_on_a_coordinator_gone_for_good(tmp_path: Path) -> None:
+    # Found by hand: a worker whose coordinator had exited for good retried "coordinator
+    # unreachable ... retry 12" until killed: a spot machine billing for ever.
+    from vcasync.errors import ClosedError
+
+    w = worker(f"http://127.0.0.1:{free_port()}", tmp_path / "w", make_trainer(), give_up_after_s=0.5)
+    with pytest.raises(ClosedError, match=r"unreachable for \d+ s \(give_up_after_s, --give-up-after\)"):
+        await asyncio.wait_for(w.run(), 30)
+    with pytest.raises(ConfigError, match="give_up_after_s must be > 0"):
+        WorkerConfig(give_up_after_s=float("nan"))
+    assert WorkerConfig(give_up_after_s=float("inf")).give_up_after_s == float("inf")
+
+
 async def test_result_spooled_during_an_outage_is_resent_after_restart(tmp_path: Path) -> None:
     port = free_port()
     auth = TokenAuthority(join_secret=SECRET)

@@ -46,6 +46,9 @@ def _configure(p: argparse.ArgumentParser) -> None:
                         "writes, instead of refusing it")
     p.add_argument("--name", default="", help="a human-readable worker name")
     p.add_argument("--grace-period", type=float, default=20.0, help="seconds to wrap up after SIGTERM")
+    p.add_argument("--give-up-after", type=float, default=3600.0, metavar="SECONDS",
+                   help="exit with an error once the coordinator has been unreachable this long without a "
+                        "break (default 3600; inf: never); the lease and checkpoints stay for a restart")
     p.add_argument("--on-preempt", choices=["checkpoint", "partial"], default="checkpoint")
     p.add_argument("--upload", choices=["delta", "weights"], default="delta")
     p.add_argument("--codec", default="raw", help="wire codec for results (raw, zstd, ...)")
@@ -102,7 +105,7 @@ def _run(a: argparse.Namespace) -> int:
     config = WorkerConfig(name=a.name, grace_period_s=a.grace_period, on_preempt=a.on_preempt,
                           upload=a.upload, codec=a.codec, max_units=a.max_units, ca_file=a.ca_file,
                           keep_checkpoints=a.keep_checkpoints, state_lease_s=a.state_lease,
-                          allow_unsafe_store=a.allow_unsafe_store)
+                          allow_unsafe_store=a.allow_unsafe_store, give_up_after_s=a.give_up_after)
     worker = Worker(a.coordinator, trainer, state_dir=a.state_dir, state=a.state, join_secret=secret,
                     join_token=token, config=config)
 

@@ -41,6 +41,7 @@ import random
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,7 @@ import torch
 
 from ..errors import (
     AuthError,
+    ClosedError,
     ConfigError,
     LeaseExpiredError,
     LeaseNotFoundError,
@@ -112,6 +114,10 @@ class WorkerConfig:
     #: With a remote ``state``: run (with a loud warning) on a store that ignores conditional writes
     #: instead of refusing it; then only you keep a second worker off the same state.
     allow_unsafe_store: bool = False
+    #: Give up (an error; lease and checkpoints stay for a restart) once the coordinator has been
+    #: unreachable this long without a break: a spot machine whose coordinator is gone for good
+    #: must not bill for ever. ``inf``: never.
+    give_up_after_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.on_preempt not in ("checkpoint", "partial"):
@@ -132,6 +138,8 @@ class WorkerConfig:
              f"max_trainer_failures must be >= 1, got {self.max_trainer_failures}"),
             (self.keep_checkpoints >= 1, f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}"),
             (self.state_lease_s > 0, f"state_lease_s must be > 0, got {self.state_lease_s}"),
+            (self.give_up_after_s > 0,
+             f"give_up_after_s must be > 0 (inf: never), got {self.give_up_after_s}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -291,6 +299,7 @@ class Worker:
         attempt = 0
         rejoined = not rejoin
         storage_down = False
+        unreachable_since: float | None = None
         while True:
             try:
                 answer = await fn()
@@ -313,6 +322,12 @@ class Worker:
                 if not is_transient(exc):
                     raise
                 attempt += 1
+                now = time.monotonic()
+                unreachable_since = now if unreachable_since is None else unreachable_since
+                if now - unreachable_since >= self.config.give_up_after_s:
+                    raise ClosedError(f"{what}: the coordinator at {self.url} has been unreachable for "
+                                      f"{now - unreachable_since:.0f} s (give_up_after_s, --give-up-after):"
+                                      " giving up; a restart resumes from the state kept") from exc
                 delay = self.config.backoff.delay(attempt, self._rng)
                 log.warning("%s: coordinator unreachable (%s); retry %d in %.2fs", what,
                             type(exc).__name__, attempt, delay)
