@@ -116,6 +116,9 @@ def run(a: argparse.Namespace) -> int:
     baseline = run_ddp(ddp, result.run_dir / "ddp")
     report = build_report(result, baseline, t0_wall)
     paths = write_report(report, result.run_dir)
+    final = result.run_dir / "final.pt"      # the coordinator's --output, once the run finished
+    if final.exists():
+        paths = [*paths, final]
     if a.json:
         keys = ("final_accuracy", "ddp_accuracy", "accuracy_gap", "saving", "time_to_target_s",
                 "ddp_time_to_target_s", "first_merge_s", "finished", "wall_s")
