@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from .errors import BackendUnavailableError, ConfigError, RunIncompleteError, UnknownPolicyError, VCAsyncError
+from .errors import (
+    BackendUnavailableError,
+    ConfigError,
+    RunIncompleteError,
+    StorageError,
+    UnknownPolicyError,
+    VCAsyncError,
+)
 from .exit_codes import ExitCode
 
 __all__ = ["ENVIRONMENT", "Command", "EnvVar", "ExitCode", "available_commands", "environment_help", "main",
@@ -179,6 +186,9 @@ def build_parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
 _EXIT_FOR: tuple[tuple[type[VCAsyncError] | tuple[type[VCAsyncError], ...], ExitCode, str], ...] = (
     ((ConfigError, BackendUnavailableError, UnknownPolicyError), ExitCode.CONFIG, "configuration error"),
     (RunIncompleteError, ExitCode.INCOMPLETE, "incomplete"),
+    # storage that cannot be used (a lost snapshot, another coordinator on the run, a missing
+    # bucket): "restart and the run resumes" (exit 1) would loop; the storage is what to fix
+    (StorageError, ExitCode.STORAGE, "storage error"),
     (VCAsyncError, ExitCode.ERROR, ""),
 )
 

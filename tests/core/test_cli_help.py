@@ -115,7 +115,9 @@ def test_join_secret_help_states_the_minimum_the_coordinator_enforces() -> None:
     ("ConfigError", ExitCode.CONFIG, "configuration error: bad"),
     ("UnknownPolicyError", ExitCode.CONFIG, "configuration error: bad"),
     ("RunIncompleteError", ExitCode.INCOMPLETE, "incomplete: bad"),
-    ("StorageFailedError", ExitCode.ERROR, "StorageFailedError: bad"),
+    ("StorageFailedError", ExitCode.STORAGE, "storage error: bad"),
+    ("CorruptObjectError", ExitCode.STORAGE, "storage error: bad"),
+    ("BackendUnavailableError", ExitCode.CONFIG, "configuration error: bad"),
     ("VCAsyncError", ExitCode.ERROR, "VCAsyncError: bad"),
 ])
 def test_an_error_that_ends_a_command_maps_to_its_exit_status(
