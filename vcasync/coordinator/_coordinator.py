@@ -135,6 +135,7 @@ class Coordinator:
         self._update_buffers = BufferPool(self.spec, self.config.max_concurrent_decodes)
         self._finished = asyncio.Event()
         self._finish_wanted = asyncio.Event()    # settled, waiting for a snapshot (snapshot mode)
+        self._touched = False        # a worker or operator call came: the ledger may have changed
         self._closed = asyncio.Event()
         self._stop = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
@@ -189,10 +190,15 @@ class Coordinator:
         """Nothing merges any more: write what the last snapshot lacks, then drop the journal
         entries it covers. A failure is an error the operator must hear of (``storage_error``)."""
         try:
-            # always: leases and failures change the ledger without any merge
-            await self._merger.capture()
-            await self._store_open_bases()
-            await self._write_snapshot()
+            # leases and failures change the ledger without any merge: a snapshot whenever a call
+            # came, not only after results; none when nothing did (a finished run started again
+            # and stopped must leave its storage as it was)
+            if self._touched or self._merger.snapshots.written_version < self.version:
+                await self._merger.capture()
+                await self._store_open_bases()
+                await self._write_snapshot()
+            # every version served is in that snapshot now: the next start need not jump past any
+            await self._journal.settle_version_floor(self.version)
         except Exception as exc:
             self._final_error = exc
             lost = ("the journal still holds every acknowledged result; the next start replays it"
@@ -209,8 +215,6 @@ class Coordinator:
         """A clean stop: the older versions still held (the bases of leases whose results may
         come) go to storage, so the next start holds them again and those results are merged, not
         refused as ``base_unavailable`` (runs.md: every lease in flight at a restart stays valid)."""
-        if not self._journal.journaling:
-            return     # snapshot mode: a start jumps versions past the window, every old lease is stale
         current = self.version
         for number in self._owner.versions.numbers():
             held = self._owner.hold(number) if number != current else None
@@ -257,6 +261,7 @@ class Coordinator:
         return self._final_error
 
     def _check_running(self) -> None:
+        self._touched = True         # a call that may change the ledger: the final snapshot is due
         if self._phase != "running":
             if self._failure is not None:
                 raise ClosedError(f"the coordinator stopped after an error: {self._failure!r}")
@@ -336,8 +341,9 @@ class Coordinator:
         await self._journal.sweep()     # received bytes no entry names: refused or cut off
         await self._adopt_open_bases()
         floor = await self._journal.version_floor()
-        if floor is not None and floor >= self.version:
-            # Snapshot mode: versions up to the floor may have been served; never reuse a number.
+        if floor is not None and floor > self.version:
+            # Snapshot mode: versions up to the floor may have been served; never reuse a number
+            # (the floor's own number is the snapshot's version when a clean stop settled it).
             self._owner.jump(floor + 1)
             self._merger.retain()
         await self._journal.raise_version_floor(self.version)

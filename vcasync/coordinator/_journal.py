@@ -532,6 +532,14 @@ class Journal:
         await self._storage.put(self._key("floor"), json.dumps({"floor": floor}).encode())
         self._floor = floor
 
+    async def settle_version_floor(self, version: int) -> None:
+        """Snapshot mode, after a clean stop's final snapshot (at ``version``): no version above it
+        was served, so the next start keeps its numbers and the leases in flight stay valid."""
+        if self._storage is None or self._config.durability != "snapshot" or self._floor == version:
+            return
+        await self._storage.put(self._key("floor"), json.dumps({"floor": version}).encode())
+        self._floor = version
+
     def status(self) -> dict[str, Any]:
         return {"durability": self._config.durability if self.durable else "none",
                 "seq": self.seq, "last_snapshot_seq": self._snapshot_seq,
