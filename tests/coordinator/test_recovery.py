@@ -355,6 +355,26 @@ async def test_a_finished_run_started_again_leaves_its_storage_as_it_was(kit, cl
         {k: v for k, v in before.items() if not k.endswith(("/probe", "probe/"))}
 
 
+async def test_a_second_coordinator_that_outlived_the_first_says_so_at_its_snapshot(kit, clock,
+                                                                                    storage) -> None:
+    # Found by hand: a second coordinator took its first result after the first had finished and
+    # pruned its journal; its final snapshot then failed with "checkpoint step 1 already exists"
+    # and the log said "the journal still holds every acknowledged result", which was false.
+    from vcasync.errors import PrefixTakenError
+
+    a = await make(kit, storage, clock, units=4).__aenter__()
+    b = await make(kit, storage, clock, units=4).__aenter__()
+    wa, wb = await a.join(), await b.join()
+    gb = await b.lease(wb)
+    for _ in range(2):
+        await submit(kit, a, wa, await a.lease(wa), base_version=a.version)
+    await a.aclose()
+    await submit(kit, b, wb, gb, base_version=b.version)
+    await b.aclose()
+    assert isinstance(b.storage_error, PrefixTakenError)
+    assert "another coordinator writes to this state prefix" in str(b.storage_error)
+
+
 async def test_none_mode_keeps_nothing(kit, clock, storage) -> None:
     async with make(kit, storage, clock, durability="none") as a:
         w = await a.join()

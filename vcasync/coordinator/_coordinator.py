@@ -201,6 +201,9 @@ class Coordinator:
             await self._journal.settle_version_floor(self.version)
         except Exception as exc:
             self._final_error = exc
+            if isinstance(exc, PrefixTakenError):
+                log.error("final snapshot refused: %s", exc)
+                return
             lost = ("the journal still holds every acknowledged result; the next start replays it"
                     if self._journal.journaling else "results merged since the last snapshot are lost")
             log.error("final snapshot failed (%r): %s", exc, lost)
@@ -611,6 +614,8 @@ class Coordinator:
                 return        # aclose() writes what is left
             try:
                 await self._write_snapshot()
+            except PrefixTakenError:
+                raise                   # another coordinator writes this run: this one stops
             except Exception as exc:    # a failed snapshot must never stop the coordinator
                 self.metrics.snapshot_failures += 1
                 log.warning("snapshot failed (the next one retries): %r", exc)

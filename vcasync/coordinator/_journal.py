@@ -438,6 +438,11 @@ class Journal:
                                      "seq": captured.seq, "run_id": self.run_id})
         except BaseExceptionGroup as group:    # parallel object writes: report the first failure
             raise first_error(group) from group
+        except PreconditionFailedError as exc:
+            raise PrefixTakenError(f"snapshot step {step} exists already: another coordinator writes to "
+                                   "this state prefix; the results this one acknowledged since its last "
+                                   "snapshot may be lost with it (give each coordinator its own "
+                                   "state_prefix)", key=exc.key) from exc
         finally:
             self._step = step            # written or not, a later snapshot takes the next step
         self._snapshot_seq = captured.seq
