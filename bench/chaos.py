@@ -13,8 +13,10 @@ Sections (``--only`` picks some):
 
 ``--json`` prints one JSON object on the last line: ``worker_kills``, ``coordinator_kills``,
 ``results_lost``, ``double_merges``, ``hostile_inputs``, ``hostile_accepted`` first, then the rest.
-Every run saves its figures to ``--results`` (default ``docs/reliability.json``); ``--write-docs``
-renders ``docs/RELIABILITY.md`` from that file (after running, or alone with ``--only none``).
+A long run saves its figures to ``--results`` (default ``docs/reliability.json``, the published
+figures); a ``--quick`` run saves them only where ``--results`` says (it overwrote the published
+long-run figures before). ``--write-docs`` renders ``docs/RELIABILITY.md`` from that file (after
+running, or alone with ``--only none``).
 """
 
 from __future__ import annotations
@@ -164,10 +166,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker-kills", type=int, default=0)
     p.add_argument("--inputs", type=int, default=0, help="hostile inputs (default 100,000; quick 3,000)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--results", type=Path, default=ROOT / "docs" / "reliability.json")
+    p.add_argument("--results", type=Path, default=None,
+                   help="where the figures are saved (default docs/reliability.json for a long run; "
+                        "a --quick run is saved only when this is given)")
     p.add_argument("--write-docs", action="store_true", help="render docs/RELIABILITY.md from --results")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
+    published = ROOT / "docs" / "reliability.json"
+    save_to = a.results if a.results is not None else (None if a.quick else published)
+    a.results = a.results if a.results is not None else published    # what --write-docs reads
     sections = {s for s in a.only.split(",") if s and s != "none"}
     fig: dict[str, Any] = {}
     if sections:
@@ -186,9 +193,12 @@ def main(argv: list[str] | None = None) -> int:
                     "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
                     "seed": a.seed})
         ordered = {**{k: fig[k] for k in FIRST if k in fig}, **fig}
-        a.results.parent.mkdir(parents=True, exist_ok=True)
-        a.results.write_text(json.dumps(ordered, indent=1, default=str) + "\n")
-        print(f"hardening run ({ordered['mode']}, {ordered['total_seconds']}s), figures in {a.results}")
+        if save_to is not None:
+            save_to.parent.mkdir(parents=True, exist_ok=True)
+            save_to.write_text(json.dumps(ordered, indent=1, default=str) + "\n")
+        where = (f"in {save_to}" if save_to is not None
+                 else "not saved (--quick; --results PATH saves them)")
+        print(f"hardening run ({ordered['mode']}, {ordered['total_seconds']}s), figures {where}")
         _table(ordered)
         fig = ordered
     if a.write_docs:

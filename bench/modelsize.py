@@ -16,7 +16,9 @@ served. Memory: the coordinator's resident set after the uploads and its peak (`
 read from the coordinator process itself.
 
 Figures (``--json``, last line): ``ingest_linearity`` (median seconds per model byte at the largest
-size / at 100 MB: 1.0 is linear, below is better than linear), ``rss_multiple_max`` (the
+size / at 100 MB: 1.0 is linear, below is better than linear; null, with a reason, when no size is
+above 100 MB, as in ``--quick``), ``ingest_linearity_small`` (the same, 100 MB / the smallest size),
+``rss_multiple_max`` (the
 coordinator's peak RSS / model bytes at the largest size), and per size ``ingest_s_<size>`` with
 ``_min`` / ``_max``, ``ingest_gbps_<size>``, ``bf16_ingest_s_<size>``, ``rss_mb_<size>``,
 ``rss_peak_mb_<size>``, ``rss_multiple_<size>``, ``failed_<size>`` (uploads that failed or timed
@@ -166,14 +168,20 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['rss'] / 1e6:>9.0f}{r['rss_peak'] / 1e6:>9.0f}{r['rss_peak'] / r['bytes']:>9.2f}"
               f"{failed:>8}")
     largest, ref = sizes[-1], parse_size("100MB")
-    per_byte = {s: statistics.median(results[s]["raw"]) / results[s]["bytes"] for s in (largest, ref)}
-    figures = {"ingest_linearity": per_byte[largest] / per_byte[ref],
+    per_byte = {s: statistics.median(results[s]["raw"]) / results[s]["bytes"] for s in sizes}
+    # at 100 MB against itself the ratio is 1.0 whatever happened (it was, in --quick): no figure
+    linearity = per_byte[largest] / per_byte[ref] if largest > ref else None
+    figures = {"ingest_linearity": linearity,
                "rss_multiple_max": results[largest]["rss_peak"] / results[largest]["bytes"],
                "largest": label(largest), "failed": sum(figures[f"failed_{label(s)}"] for s in sizes),
                **figures, "staleness": STALENESS, "held": a.held, "reps": a.reps, "warmup": a.warmup}
-    print(f"ingest_linearity {figures['ingest_linearity']:.2f} (time per byte at {label(largest)} / "
-          f"at 100mb); rss_multiple_max {figures['rss_multiple_max']:.2f} (peak RSS / model bytes "
-          f"at {label(largest)})")
+    if linearity is None:
+        figures["reasons"] = {"ingest_linearity": "needs a size above 100 MB (--max-size); the "
+                                                  "smallest size against 100 MB is ingest_linearity_small"}
+    figures["ingest_linearity_small"] = per_byte[ref] / per_byte[sizes[0]] if sizes[0] < ref else None
+    said = "n/a (no size above 100 MB)" if linearity is None else f"{linearity:.2f}"
+    print(f"ingest_linearity {said} (time per byte at {label(largest)} / at 100mb); rss_multiple_max "
+          f"{figures['rss_multiple_max']:.2f} (peak RSS / model bytes at {label(largest)})")
     if a.json:
         print(json.dumps(figures))
     return 0

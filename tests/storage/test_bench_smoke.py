@@ -31,6 +31,10 @@ def test_bench_modelsize_prints_its_figures() -> None:
     assert list(figures)[:2] == ["ingest_linearity", "rss_multiple_max"]
     assert figures["largest"] == "100mb"
     assert figures["failed"] == 0
+    # at 100 MB against itself the ratio was 1.0 whatever the run did: no figure, a reason instead
+    assert figures["ingest_linearity"] is None
+    assert "above 100 MB" in figures["reasons"]["ingest_linearity"]
+    assert figures["ingest_linearity_small"] > 0
     assert figures["rss_multiple_max"] > 1.0     # the coordinator holds at least the model
 
 
