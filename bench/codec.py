@@ -41,7 +41,7 @@ from vcasync.wire import CodecSpec, LinkProfile, PayloadDecoder, encode_payload
 from vcasync.wire.codecs import shuffle_into, unshuffle_into
 from vcasync.wire.frames import checksum
 
-from ._stats import spread
+from ._stats import positive_int, spread
 
 State = dict[str, torch.Tensor]
 
@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="ResNet-50 at half width (~6M params), 3 reps")
     ap.add_argument("--sizes", default=None, help="comma list of 25m,100m (default both)")
-    ap.add_argument("--reps", type=int, default=None, help="repetitions per figure (default 5)")
+    ap.add_argument("--reps", type=positive_int, default=None, help="repetitions per figure (default 5)")
     ap.add_argument("--clock", choices=sorted(CLOCK), default="cpu",
                     help="cpu: this thread's CPU time (default), wall: elapsed time")
     ap.add_argument("--json", action="store_true", help="print one JSON object on the last line")

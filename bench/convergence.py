@@ -86,6 +86,7 @@ from vcasync.sim import FleetConfig, NoPreemption, PoissonPreemption, SimConfig,
 from vcasync.sim.fleet import Outage
 
 from ._simpool import SimPool
+from ._stats import positive_int
 
 RATES_PLOT = (0.0, 0.3, 0.6, 1.0)
 #: The learning-rate grid, as multiples of the square-root rule (the workload's rate x sqrt(workers)).
@@ -106,6 +107,7 @@ REAL_SHAPE: dict[str, dict[str, Any]] = {
     "mnist5000": {"epochs": (12, 1), "steps": None},
     "tinylm": {"epochs": (2, 1), "steps": 40},
 }
+
 
 
 # -- 0. learning rates, the same search on both sides, chosen on validation ---------------------------
@@ -620,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", nargs="+", choices=sorted(REAL_SHAPE),
                    help="real-process workloads (default digits: the default run fits 20 minutes on 2 "
                         "cores; mnist5000 adds about 10 minutes for 5 seeds, tinylm about 26)")
-    p.add_argument("--workers", type=int, default=4, help="real worker / DDP processes (default 4)")
+    p.add_argument("--workers", type=positive_int, default=4, help="real worker / DDP processes (default 4)")
     p.add_argument("--sim-workers", type=int, default=64)
     p.add_argument("--sim-epochs", type=int, default=60,
                    help="epochs of the --sim-workers cells (default 60: at 20, 64 workers on digits' 1,437 "

@@ -59,6 +59,7 @@ from vcasync.worker._client import UPLOAD_BLOCK, CoordinatorClient
 
 from ._peers import ARCHS, RESNET50_PARAMS, SECRET, bench_delta, bench_model
 from ._proc import peer
+from ._stats import positive_int
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="float32 parameters (default: ResNet-50's 25.6M, a ~102 MB result)")
     p.add_argument("--arch", default="resnet50", choices=ARCHS,
                    help="tensor layout: a ResNet-50 state dict (320 tensors), or 4 flat tensors")
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--reps", type=positive_int, default=5)
     p.add_argument("--warmup", type=int, default=CoordinatorConfig().max_staleness + 2,
                    help="uploads before measuring (default: the staleness window + 2, the steady state)")
     p.add_argument("--durability", default=f"{default_mode},snapshot",

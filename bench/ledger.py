@@ -43,7 +43,7 @@ from vcasync.ledger import Ledger, WorkUnit
 from vcasync.ledger._columns import LEASE_FIELDS, WORKER_FIELDS
 from vcasync.wire import Limits, pack_tree, unpack_tree
 
-from ._stats import spread
+from ._stats import positive_int, spread
 
 WORKERS = 1000
 
@@ -133,7 +133,7 @@ def ratios(num: list[float], den: list[float]) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--sizes", type=int, nargs="+", default=None, help="units per ledger")
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--reps", type=positive_int, default=5)
     p.add_argument("--quick", action="store_true", help="10,000 and 50,000 units, 3 reps")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)

@@ -37,6 +37,7 @@ from . import scale
 from ._http import LeanPool
 from ._peers import SECRET
 from ._proc import peer
+from ._stats import positive_float, positive_int
 
 
 async def _metric(http: LeanPool, name: str) -> float:
@@ -128,8 +129,8 @@ def load(workers: int, interval: float, rounds: int, connections: int, submitter
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--workers", type=int, default=10_000)
-    p.add_argument("--interval", type=float, default=10.0, help="heartbeat interval, seconds")
+    p.add_argument("--workers", type=positive_int, default=10_000)
+    p.add_argument("--interval", type=positive_float, default=10.0, help="heartbeat interval, seconds")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--connections", type=int, default=256)
     p.add_argument("--submitters", type=int, default=4)

@@ -55,7 +55,10 @@ from vcasync.errors import UpdateRejectedError
 from vcasync.policy import MergePolicy, build_policy
 from vcasync.tensors import ModelState, Update, UpdateKind
 
+from ._stats import positive_int
+
 BLOCK = 4_000_000  # elements per weight tensor; each block also has a bias of 1,024 elements
+
 
 
 @dataclass(frozen=True)
@@ -254,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", default=None,
                         help="comma-separated model sizes in millions of parameters (default 25,100)")
     parser.add_argument("--quick", action="store_true", help="5M and 25M parameters, 3 repeats")
-    parser.add_argument("--repeats", type=int, default=None, help="timed repetitions (default 5)")
+    parser.add_argument("--repeats", type=positive_int, default=None, help="timed repetitions (default 5)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (default 1: a shared machine's second core is not ours)")
     parser.add_argument("--clock", choices=sorted(CLOCK), default="cpu",

@@ -45,11 +45,13 @@ from vcasync.worker._client import CoordinatorClient
 
 from ._peers import SECRET, bench_delta, bench_model
 from ._proc import peer
+from ._stats import positive_int
 
 STALENESS = 8
 OP_TIMEOUT_S = 900.0
 _UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9}
 DEFAULT_SIZES = ("10MB", "100MB", "1GB", "4GB")
+
 
 
 def parse_size(text: str) -> int:
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--max-size", type=parse_size, default=parse_size("1GB"),
                    help="the largest model (default 1GB; 4GB needs ~30 GB of free memory)")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=positive_int, default=3)
     p.add_argument("--warmup", type=int, default=STALENESS + 2,
                    help="uploads before measuring (default: the staleness window + 2)")
     p.add_argument("--held", type=int, default=None,

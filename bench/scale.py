@@ -69,6 +69,7 @@ from vcasync.worker._client import CoordinatorClient
 from ._http import LeanPool, OneConn
 from ._peers import SECRET, bench_model
 from ._proc import peer
+from ._stats import positive_float, positive_ints
 from ._tls import client_context
 
 
@@ -358,9 +359,10 @@ def _tag(n: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--workers", default="1000,10000", help="pooled fleet sizes; the largest also "
+    p.add_argument("--workers", type=positive_ints, default="1000,10000",
+                   help="pooled fleet sizes; the largest also "
                    "runs on its own connections, over TLS, and against bare aiohttp")
-    p.add_argument("--interval", type=float, default=10.0, help="heartbeat interval, seconds")
+    p.add_argument("--interval", type=positive_float, default=10.0, help="heartbeat interval, seconds")
     p.add_argument("--rounds", type=int, default=3, help="heartbeats per worker after its lease")
     p.add_argument("--connections", type=int, default=256, help="pool size of the pooled runs")
     p.add_argument("--params", type=int, default=1_000_000, help="model size the merger uploads")

@@ -37,10 +37,13 @@ from typing import Any
 
 from bench._stats import spread
 
+from ._stats import positive_int
+
 MiB = 1 << 20
 BUCKET = "vcasync-bench"
 
 Op = Callable[[], Awaitable[object]]
+
 
 
 @dataclass
@@ -302,7 +305,7 @@ def _table(pairs: list[Pair], size: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.storage", description=__doc__.split("\n")[0])
     parser.add_argument("--size-mb", type=int, default=400)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=positive_int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="64 MB, 3 repetitions")
     parser.add_argument("--backends", default="local,s3,gcs", help="comma-separated: local,s3,gcs")

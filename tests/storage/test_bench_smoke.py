@@ -55,3 +55,23 @@ def test_bench_ledger_prints_its_figures() -> None:
         assert figures[f"{name}_3k"] > 0
         assert len(figures[f"{name}_3k_spread"]) == 3
     assert figures["bytes_vs_rows_3k"] < 1.0        # columns are smaller than rows (bytes: exact)
+
+
+@pytest.mark.parametrize(("bench", "argv", "said"), [
+    ("codec", ["--reps", "0"], "--reps: must be >= 1, got 0"),
+    ("merge", ["--repeats", "-1"], "--repeats: must be >= 1, got -1"),
+    ("scale", ["--workers", "-5"], "--workers: must be >= 1, got -5"),
+    ("scale", ["--interval", "0"], "--interval: must be a finite number > 0"),
+    ("modelsize", ["--reps", "0"], "--reps: must be >= 1, got 0"),
+    ("ledger", ["--reps", "x"], "--reps: 'x' is not a whole number"),
+])
+def test_a_bench_refuses_counts_that_cannot_make_a_figure(bench: str, argv: list[str], said: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # Found by a user trying the benchmarks: 0 or -1 repetitions ended in "no median for empty
+    # data", --workers -5 hung bench.scale, --interval 0 divided by zero.
+    import importlib
+
+    with pytest.raises(SystemExit) as info:
+        importlib.import_module(f"bench.{bench}").main(argv)
+    assert info.value.code == 2
+    assert said in capsys.readouterr().err
