@@ -231,9 +231,13 @@ async def test_a_worker_gives_up_on_a_coordinator_gone_for_good(tmp_path: Path) 
     # unreachable ... retry 12" until killed: a spot machine billing for ever.
     from vcasync.errors import ClosedError
 
-    w = worker(f"http://127.0.0.1:{free_port()}", tmp_path / "w", make_trainer(), give_up_after_s=0.5)
+    slow = RetryPolicy(base_delay_s=3.0, max_delay_s=10.0)        # waits that would overshoot
+    w = Worker(f"http://127.0.0.1:{free_port()}", make_trainer(), state_dir=tmp_path / "w",
+               join_secret=SECRET, config=WorkerConfig(backoff=slow, give_up_after_s=0.5))
+    started = asyncio.get_running_loop().time()
     with pytest.raises(ClosedError, match=r"unreachable for \d+ s \(give_up_after_s, --give-up-after\)"):
         await asyncio.wait_for(w.run(), 30)
+    assert asyncio.get_running_loop().time() - started < 2.5     # not a 3-10 s backoff past it
     with pytest.raises(ConfigError, match="give_up_after_s must be > 0"):
         WorkerConfig(give_up_after_s=float("nan"))
     assert WorkerConfig(give_up_after_s=float("inf")).give_up_after_s == float("inf")

@@ -84,6 +84,9 @@ def _run(a: argparse.Namespace) -> int:
     for flag, seconds in (("--grace-period", a.grace_period), ("--state-lease", a.state_lease)):
         if not (math.isfinite(seconds) and seconds > 0):
             raise ConfigError(f"{flag} must be a finite number of seconds > 0, got {seconds}")
+    if not a.give_up_after > 0:     # NaN too
+        raise ConfigError(f"--give-up-after must be a number of seconds > 0 (inf: never), "
+                          f"got {a.give_up_after}")
     if a.state_dir is None and a.state is None:
         raise ConfigError("give --state-dir DIR (local state) or --state URL (state in storage)")
     if a.state is not None and not outlives_process(a.state):

@@ -328,7 +328,9 @@ class Worker:
                     raise ClosedError(f"{what}: the coordinator at {self.url} has been unreachable for "
                                       f"{now - unreachable_since:.0f} s (give_up_after_s, --give-up-after):"
                                       " giving up; a restart resumes from the state kept") from exc
-                delay = self.config.backoff.delay(attempt, self._rng)
+                # no wait past the give-up time (a 5 s limit gave up after 9-11 s)
+                left = self.config.give_up_after_s - (now - unreachable_since)
+                delay = min(self.config.backoff.delay(attempt, self._rng), max(left, 0.01))
                 log.warning("%s: coordinator unreachable (%s); retry %d in %.2fs", what,
                             type(exc).__name__, attempt, delay)
             else:
