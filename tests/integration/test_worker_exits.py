@@ -1,6 +1,6 @@
 """How a ``vcasync worker`` process ends with ``--state URL``: the same one line and exit status as with
-``--state-dir`` (a grace period exceeded after SIGTERM exits 0, a refused join secret exits 1 with
-"AuthError: ..."), never an exception-group traceback; without ``--state-dir`` the temporary local
+``--state-dir`` (a grace period exceeded after SIGTERM exits 0, a refused join secret exits 2 as a
+configuration error), never an exception-group traceback; without ``--state-dir`` the temporary local
 cache (it holds the worker's token) is gone when the process ends, on those paths too; a store that
 ignores conditional writes is refused (exit 2) unless ``--allow-unsafe-store``, as a coordinator's is."""
 
@@ -50,7 +50,7 @@ def test_sigterm_past_the_grace_period_with_remote_state_exits_0_with_one_line(
     assert list(tmp.iterdir()) == []                        # the cache and the token in it are gone
 
 
-def test_a_refused_join_secret_with_remote_state_is_one_line_and_exit_1(
+def test_a_refused_join_secret_with_remote_state_is_one_line_and_exit_2(
         procs: Procs, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     url = state_url("file", tmp_path, request)
     tmp = private_tmp(procs, tmp_path)
@@ -58,9 +58,10 @@ def test_a_refused_join_secret_with_remote_state_is_one_line_and_exit_1(
     procs.env["VCASYNC_JOIN_SECRET"] = "not-the-join-secret-of-this-run"
     worker = procs.start("w", "worker", "--coordinator", coordinator, "--trainer", "stubborn_trainer:train",
                          "--app-dir", str(HERE), "--state", url)
-    assert worker.wait(60) == ExitCode.ERROR, procs.log("w")[-3000:]
+    assert worker.wait(60) == ExitCode.CONFIG, procs.log("w")[-3000:]    # a wrong secret: configuration
     log = procs.log("w")
-    assert "vcasync worker: AuthError: join refused" in log
+    assert "vcasync worker: configuration error: the coordinator at" in log
+    assert "refused this worker's join secret" in log
     assert "Traceback" not in log
     assert list(tmp.iterdir()) == []
 
