@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from vcasync.backends.memory import MemoryStorage
 
-from vcasync.errors import AuthError, ConfigError, StateInUseError, TrainerError
+from vcasync.errors import ConfigError, StateInUseError, TrainerError
 from vcasync.ledger._units import make_units
 from vcasync.testing.storage import IgnoringPreconditions
 from vcasync.trainer import TrainContext, TrainResult
@@ -21,7 +21,7 @@ from vcasync.worker import Worker, WorkerConfig
 from vcasync.worker._state_lease import StateLease
 
 from .conftest import SECRET, running, tiny_model
-from .test_worker import FAST, Blocker, eventually, make_trainer
+from .test_worker import FAST, Blocker, make_trainer
 
 
 def remote_worker(url: str, state: Any, trainer: Any, local: Path | None = None, **cfg: Any) -> Worker:
@@ -138,7 +138,7 @@ async def test_errors_leave_a_remote_state_worker_as_they_leave_a_local_one(tmp_
             await remote_worker(server.url, MemoryStorage("workers"), broken).run()
         wrong = Worker(server.url, make_trainer(), state=MemoryStorage("others"), join_secret="x" * 20,
                        config=WorkerConfig(backoff=FAST))
-        with pytest.raises(AuthError, match="join refused"):
+        with pytest.raises(ConfigError, match="refused this worker's join secret"):   # a first join
             await wrong.run()
     async with running(tmp_path / "again", units=make_units(1, steps=20)) as (_, server):
         blocker = Blocker(at_step=2)
@@ -188,12 +188,14 @@ async def test_adding_a_state_url_to_a_state_dir_moves_the_local_state_into_it(
     async with running(tmp_path, units=make_units(2, steps=20)) as (_, server):
         log: list[dict[str, Any]] = []
         worker_id = await preempted_locally(server.url, tmp_path / "disk", log)
-        again = remote_worker(server.url, store.peer(), make_trainer(None, log), tmp_path / "disk",
+        held = Blocker(at_step=8)                            # the unit stays open while we look
+        again = remote_worker(server.url, store.peer(), make_trainer(held, log), tmp_path / "disk",
                               max_units=1)
         task = asyncio.create_task(again.run())
-        await eventually(lambda: len(log) == 2)
+        await held.wait_reached()
         assert "lease.json" in await keys(store)            # stored remotely before the trainer ran
-        assert len(await keys(store, "checkpoints/")) == 1
+        assert len(await keys(store, "checkpoints/")) >= 1
+        held.release.set()
         report = await task
         assert report.worker_id == worker_id                # the same worker...
         assert log[1]["lease"] == log[0]["lease"]           # ...resumed the same lease...
