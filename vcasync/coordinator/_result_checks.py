@@ -18,7 +18,7 @@ import torch
 from .._aio import to_thread_released
 from ..errors import ValidationError, WireError
 from ..ledger._units import WorkUnit
-from ..protocol._bodies import ResultMeta
+from ..protocol._bodies import ResultMeta, metrics_problem
 from ..tensors import ModelSpec
 from ..wire import Limits, decode_payload
 
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 __all__ = ["ResultMeta", "check_tensors", "parse_result_meta", "read_result", "reject_reason",
            "update_norm"]
 
-_MAX_METRICS = 64
 
 
 def _bad(message: str, reason: str, name: str | None = None) -> ValidationError:
@@ -70,15 +69,10 @@ def parse_result_meta(meta: Mapping[str, Any], *, lease_id: str, unit: WorkUnit,
     if not isinstance(partial, bool):
         raise _bad(f"'partial' must be a bool, got {partial!r}"[:100], "bad_meta", "partial")
     raw = meta.get("metrics") or {}
-    if not isinstance(raw, Mapping) or len(raw) > _MAX_METRICS:
-        raise _bad(f"'metrics' must be a map of at most {_MAX_METRICS} names to numbers",
-                   "bad_meta", "metrics")
-    metrics: dict[str, float] = {}
-    for name, value in raw.items():
-        if not isinstance(name, str) or len(name) > 128 or isinstance(value, bool) \
-                or not isinstance(value, int | float) or not math.isfinite(value):
-            raise _bad(f"metric {str(name)[:60]!r} must be a finite number", "bad_meta", "metrics")
-        metrics[name] = float(value)
+    problem = metrics_problem(raw)
+    if problem is not None:
+        raise _bad(problem, "bad_meta", "metrics")
+    metrics = {name: float(value) for name, value in raw.items()}
     return ResultMeta(lease_id, base_version, kind, steps, _int(meta, "samples", default=0),
                       partial and steps < unit.steps, metrics)
 

@@ -15,6 +15,7 @@ Plain dataclasses over the existing codec, not msgspec Structs: the reasons are 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -25,9 +26,9 @@ from ..errors import ConfigError, FrameError
 from ..ledger._units import LeaseGrant, Receipt
 from ..tensors import UpdateKind
 
-__all__ = ["MAX_EVAL_SERIES", "EvalRecorded", "EvalRequest", "HeartbeatRequest", "JoinRequest", "Joined",
-           "JournalReject", "JournalResult", "Released", "ReleaseRequest", "Requeued", "RequeueRequest",
-           "ResultMeta", "from_body", "kind_of", "to_body"]
+__all__ = ["MAX_EVAL_SERIES", "MAX_METRICS", "EvalRecorded", "EvalRequest", "HeartbeatRequest", "JoinRequest",
+           "Joined", "JournalReject", "JournalResult", "Released", "ReleaseRequest", "Requeued",
+           "RequeueRequest", "ResultMeta", "from_body", "kind_of", "metrics_problem", "to_body"]
 
 M = TypeVar("M")
 
@@ -224,6 +225,26 @@ class EvalRecorded:
 
 
 # -- a result's metadata and the journal's records ----------------------------------------------------
+#: A result's metrics: at most this many names, each at most ``MAX_METRIC_NAME`` characters.
+MAX_METRICS = 64
+MAX_METRIC_NAME = 128
+
+
+def metrics_problem(metrics: object) -> str | None:
+    """What makes a result's ``metrics`` ones the coordinator refuses (None: nothing): not a map,
+    over :data:`MAX_METRICS` names, a name that is not a str of at most 128 characters, a value that
+    is not a finite number. One rule for the worker, which checks before it uploads, and the
+    coordinator, which checks what arrives."""
+    if not isinstance(metrics, Mapping) or len(metrics) > MAX_METRICS:
+        return f"'metrics' must be a map of at most {MAX_METRICS} names to numbers"
+    for name, value in metrics.items():
+        if not isinstance(name, str) or len(name) > MAX_METRIC_NAME:
+            return f"metric name {str(name)[:60]!r} must be a str of at most {MAX_METRIC_NAME} characters"
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            return f"metric {name[:60]!r} is {str(value)[:40]}: metrics must be finite numbers"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class ResultMeta:
     """The metadata of a result payload (kind ``"result"``): built by the worker, validated against

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 from .._aio import file_blocks
 from ..errors import SpecMismatchError, ValidationError, VCAsyncError
 from ..ledger._units import WorkUnit
+from ..protocol._bodies import metrics_problem
 from ..tensors import ModelSpec, ModelState, make_delta
 from ..trainer import TrainResult
 from ..wire import Limits, aencode_payload, decode_payload
@@ -118,13 +118,7 @@ def result_problem(base: ModelState, result: TrainResult, unit: WorkUnit) -> str
         return f"the result claims {result.steps} steps; unit {unit.unit_id} has {unit.steps}"
     if result.samples < 0:
         return f"the result claims {result.samples} samples; it must be >= 0"
-    metrics: Mapping[Any, object] = result.metrics
-    for key, value in metrics.items():
-        if not isinstance(key, str):
-            return f"metric name {key!r} is not a str"
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            return f"metric {key!r} is {value!r}: metrics must be finite numbers"
-    return None
+    return metrics_problem(result.metrics)       # the coordinator's own rule
 
 
 def result_tensors(base: ModelState, result: TrainResult, upload: str) -> dict[str, torch.Tensor]:
