@@ -1,12 +1,15 @@
 """The coordinator's counters, gauges and histograms, exposed through ``prometheus-client``.
 
-Counters only go up within one process (Prometheus handles restarts); gauges that other objects
-already know (current version, workers alive, lease counts) are *pulled* from a callback at collect
-time instead of being copied on every change. The numbers are plain attributes: ``as_dict()`` is
-JSON-able for ``status()``; :meth:`Metrics.collect` hands them to prometheus-client as metric
-families, and each :class:`Metrics` owns its own ``CollectorRegistry`` (two coordinators in one
-process never share series), so ``render_prometheus()`` is the library's one text exposition
-(format 0.0.4: ``NaN``, ``+Inf`` and ``-Inf`` spelled the standard way).
+Counters only go up within one process (Prometheus handles restarts), except the run's result
+counts (``merges``, ``results`` accepted and rejected): a restarted coordinator takes them up where
+its ledger left them (:meth:`Metrics.resume_results`), so they count the run, not the process, in
+every durability mode. Gauges that other objects already know (current version, workers alive,
+lease counts) are *pulled* from a callback at collect time instead of being copied on every change.
+The numbers are plain attributes: ``as_dict()`` is JSON-able for ``status()``;
+:meth:`Metrics.collect` hands them to prometheus-client as metric families, and each
+:class:`Metrics` owns its own ``CollectorRegistry`` (two coordinators in one process never share
+series), so ``render_prometheus()`` is the library's one text exposition (format 0.0.4: ``NaN``,
+``+Inf`` and ``-Inf`` spelled the standard way).
 """
 
 from __future__ import annotations
@@ -106,6 +109,15 @@ class Metrics:
         """Where the pulled gauges come from (the coordinator binds itself)."""
         self._gauges = gauges
 
+    def resume_results(self, *, accepted: int, rejected: int) -> None:
+        """Start from the run's counts so far (a restart: what its ledger recorded); results merged
+        or rejected from then on, a journal's replay included, add to them."""
+        self.merges = accepted
+        for status, n in (("accepted", accepted), ("rejected", rejected)):
+            self.results.pop(status, None)
+            if n:                # a status shows once a result had it, as in a fresh run
+                self.results[status] = n
+
     def reject(self, reason: str, worker_id: str | None = None) -> None:
         """Count a refused result; with ``worker_id``, also against its sender (a worker sending
         scaled, flipped or random updates shows up here, in ``status()["suspects"]`` and as
@@ -152,8 +164,11 @@ class Metrics:
     def collect(self) -> Iterator[Metric]:
         """The metric families at this instant (the prometheus-client collector protocol)."""
         p = self.PREFIX
-        yield _counter(p + "merges_total", "Results merged into the model.", self.merges)
-        yield _labelled(p + "results_total", "Submitted results by receipt status.", ("status",),
+        yield _counter(p + "merges_total", "Results merged into the model since the run began.",
+                       self.merges)
+        yield _labelled(p + "results_total", "Submitted results by receipt status (accepted and "
+                        "rejected: since the run began; duplicate: since the process started).",
+                        ("status",),
                         (((k,), v) for k, v in self.results.items()))
         yield _labelled(p + "rejects_total", "Results refused, by reason; never merged.", ("reason",),
                         (((k,), v) for k, v in self.rejects.items()))

@@ -334,6 +334,10 @@ class Coordinator:
             self._ledger = Ledger.restore(rec.ledger, config=cfg, clock=self._clock,
                                           secret=run.secret)
             self._ledger.add_units(self._units_in)
+        # merges count the run, not this process: from the ledger's count (the snapshot's, or 0)
+        # on, each replayed entry adding itself, so journal and snapshot mode say the same
+        self.metrics.resume_results(accepted=self._ledger.stats["accepted"],
+                                    rejected=self._ledger.stats["rejected"])
         self._merger = Merger(owner=self._owner, ledger=self._ledger, journal=self._journal,
                               metrics=self.metrics, snapshot_every=self.config.snapshot_every,
                               max_staleness=self.config.max_staleness,
