@@ -119,6 +119,7 @@ def test_join_secret_help_states_the_minimum_the_coordinator_enforces() -> None:
     ("CorruptObjectError", ExitCode.STORAGE, "storage error: bad"),
     ("BackendUnavailableError", ExitCode.CONFIG, "configuration error: bad"),
     ("VCAsyncError", ExitCode.ERROR, "VCAsyncError: bad"),
+    ("TrainerError", ExitCode.ERROR, "TrainerError: bad"),     # a worker that delivered nothing
 ])
 def test_an_error_that_ends_a_command_maps_to_its_exit_status(
         error: str, code: ExitCode, said: str, capsys: pytest.CaptureFixture[str]) -> None:

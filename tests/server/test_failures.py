@@ -83,3 +83,24 @@ async def test_a_raising_trainer_is_backed_off_then_quarantined_and_never_parks(
         healthy = await asyncio.wait_for(worker(server.url, tmp_path / "ok", make_trainer()).run(), 30)
         assert healthy.results_accepted == 1
         assert coord.status()["units"]["done"] == 1
+
+
+async def test_a_worker_whose_trainer_failed_every_unit_does_not_end_as_finished(tmp_path: Path) -> None:
+    # Found by a probe: two workers whose trainer always raises got the unit parked, heard "the run
+    # is finished" and returned a plain "finished" report: `vcasync worker` exited 0, as a success.
+    def broken(ctx: TrainContext) -> TrainResult:
+        raise RuntimeError("boom")
+
+    cfg = {"worker_backoff_s": 0.2, "max_attempts": 2, "park_after_workers": 2}
+    async with running(tmp_path, units=make_units(1, steps=2), coordinator=cfg) as (coord, server):
+        outcomes = await asyncio.gather(
+            *(asyncio.wait_for(worker(server.url, tmp_path / f"bad{i}", broken).run(), 30)
+              for i in range(2)), return_exceptions=True)
+        assert coord.status()["units"]["parked"] == 1
+        for outcome in outcomes:
+            assert isinstance(outcome, TrainerError), outcome
+            assert "delivered no result" in str(outcome)
+            assert "failed all 1 unit(s)" in str(outcome)
+        # a worker that delivered what it got ends as finished, as before
+        healthy = await asyncio.wait_for(worker(server.url, tmp_path / "ok", make_trainer()).run(), 30)
+        assert healthy.reason == "finished"

@@ -59,6 +59,17 @@ def _configure(p: argparse.ArgumentParser) -> None:
                    help="put this directory on sys.path to find the trainer (default: .)")
     p.add_argument("--join-secret-file", type=Path)
     p.add_argument("--no-uvloop", action="store_true")
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = EPILOG
+
+
+#: The part of ``vcasync worker --help`` after the flags (docs/leases.md has the long form).
+EPILOG = """\
+exit status: 0 the run is finished (or the worker was preempted: SIGTERM, SIGINT; or it did
+  --max-units), 1 error: also a trainer that failed 3 units in a row, or every unit it got before
+  the run finished (no result delivered), a quarantine, --give-up-after, 2 configuration error
+  (a refused join credential, --state held by another live worker), 4 --state storage failed
+"""
 
 
 def _check_coordinator_url(url: str) -> None:

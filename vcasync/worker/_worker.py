@@ -15,7 +15,8 @@ its lease as a failure, which the coordinator attributes to this worker. It answ
 keeps failing with a back-off (:class:`WorkerBackoffError`: the worker waits that long before it
 leases again, so the unit goes to another worker) and then a quarantine
 (:class:`WorkerQuarantinedError`: the worker stops with that message). After
-``max_trainer_failures`` in a row the worker stops by itself with a :class:`TrainerError`.
+``max_trainer_failures`` in a row the worker stops by itself with a :class:`TrainerError`; so does
+one that hears the run is finished when its trainer failed every unit it got (none delivered).
 
 Outages: every call to the coordinator is retried with capped, jittered backoff while it is down or
 restarting. Results are written to the state dir before upload and re-sent until acknowledged: the
@@ -189,6 +190,7 @@ class Worker:
         self._grace: asyncio.Timeout | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._accepted = self._refused = self._abandoned = self._units = 0
+        self._trainer_failures = 0      # units this worker's trainer failed (raised, or a bad result)
 
     def __repr__(self) -> str:
         return f"Worker({self.url!r}, state_dir={str(self.state.root)!r})"
@@ -276,16 +278,27 @@ class Worker:
                 if grant is None:
                     grant = await self._next_lease()
                     if grant is None:
+                        self._check_delivered()
                         return "finished"
                 ok = await self._work(grant)
                 grant = None
                 failures = 0 if ok else failures + 1
+                self._trainer_failures += not ok
                 if failures >= self.config.max_trainer_failures:
                     raise TrainerError(f"the trainer failed {failures} units in a row; its errors "
                                        "are in the log above")
         except _Stopped:
             pass
         return "preempted"
+
+    def _check_delivered(self) -> None:
+        """The run is finished: a worker whose trainer failed every unit it got, so that it
+        delivered nothing, did not do its job (the run may have ended with those units parked
+        after failing here): a :class:`TrainerError` (exit 1), not a plain "finished"."""
+        if self._trainer_failures and not (self._accepted or self._refused):
+            raise TrainerError(f"the run is finished and this worker delivered no result: its trainer "
+                               f"failed all {self._trainer_failures} unit(s) it was given; its errors "
+                               "are in the log above")
 
     # -- calls with retry --------------------------------------------------------------------------
     def _cli(self) -> CoordinatorClient:
