@@ -218,6 +218,38 @@ def unit_rows(snap: dict) -> list[dict]:
     return rows
 
 
+_SECONDS = ("lease_timeout_s", "deadline_slack", "worker_backoff_s", "worker_backoff_max_s")
+_OPTIONAL = ("heartbeat_interval_s", "restore_grace_s", "alive_window_s", "quarantine_s",
+             "forget_workers_s")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("name", _SECONDS + _OPTIONAL + ("speed_smoothing",))
+def test_every_float_setting_must_be_finite(name: str, bad: float) -> None:
+    # Found by a probe: worker_backoff_s = inf and deadline_slack = inf were taken (inf passed the
+    # '> 0' checks): every back-off was the cap, and a lease's deadline inf, or NaN at 0 s a step.
+    if bad == float("inf") and name in ("quarantine_s", "forget_workers_s"):
+        assert getattr(LedgerConfig(**{name: bad}), name) is None     # inf: never, as None says
+        return
+    with pytest.raises(ConfigError, match=rf"^{name} must be .*got -?(nan|inf)$"):
+        LedgerConfig(**{name: bad})
+
+
+def test_run_toml_names_a_non_finite_ledger_setting() -> None:
+    from vcasync.coordinator import CoordinatorConfig
+    from vcasync.runconfig import dataclass_from_table
+
+    for key in ("worker_backoff_s", "deadline_slack", "worker_backoff_max_s", "heartbeat_interval_s",
+                "forget_workers_s"):
+        with pytest.raises(ConfigError, match=rf"{key} must be a finite number > 0"):
+            dataclass_from_table(CoordinatorConfig, {key: float("nan")}, "coordinator")
+        if key != "forget_workers_s":
+            with pytest.raises(ConfigError, match=rf"{key} must be a finite number > 0"):
+                dataclass_from_table(CoordinatorConfig, {key: float("inf")}, "coordinator")
+    cfg = dataclass_from_table(CoordinatorConfig, {"quarantine_s": float("inf")}, "coordinator")
+    assert cfg.ledger_config().quarantine_s is None
+
+
 def test_bad_config_and_units() -> None:
     with pytest.raises(ConfigError, match="max_attempts"):
         LedgerConfig(max_attempts=0)

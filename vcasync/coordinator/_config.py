@@ -37,9 +37,9 @@ class CoordinatorConfig:
     worker_backoff_s: float = 1.0         # a failing worker waits this, doubled per failure in a row,
     worker_backoff_max_s: float = 60.0    # ... up to this, before its next lease
     quarantine_after: int = 5             # failures in a row that stop a worker getting work ...
-    quarantine_s: float | None = 3600.0   # ... for this long (None: the rest of the run)
+    quarantine_s: float | None = 3600.0   # ... for this long (None or inf: the rest of the run)
     forget_workers_s: float | None = 3600.0   # drop records of workers silent this long (no lease,
-                                          # back-off or quarantine); None: keep them all
+                                          # back-off or quarantine); None or inf: keep them all
     require_finite: bool = True           # refuse results holding NaN or Inf
     max_update_norm: float | None = None  # refuse results whose delta norm is larger (None: no limit)
     limits: Limits = field(default_factory=Limits)
@@ -96,12 +96,12 @@ class CoordinatorConfig:
                 resolve_codec(getattr(self, name))
             except (ConfigError, ValueError, TypeError) as exc:
                 raise ConfigError(f"CoordinatorConfig.{name}: {exc}") from None
-        self.ledger_config()   # lease settings are checked by the ledger's own config
         # Workers heartbeat as often as their lease grant says, which is this setting: 50 s on a
         # lease of 4 s let every lease expire between heartbeats, and a unit was leased again and
         # trained twice. A third of the timeout leaves room for one lost heartbeat.
         need(math.isfinite(self.lease_timeout_s), "lease_timeout_s",
              "must be finite (workers heartbeat at a fraction of it)")
+        self.ledger_config()   # lease settings are checked by the ledger's own config
         need(self.heartbeat_interval_s is None or self.heartbeat_interval_s <= self.lease_timeout_s / 3,
              "heartbeat_interval_s", f"must be at most a third of lease_timeout_s "
              f"({self.lease_timeout_s / 3:g} s), or a lease expires between two heartbeats")

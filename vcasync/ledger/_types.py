@@ -7,6 +7,7 @@ live at once at scale, so they are kept small); everything handed out is a froze
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -50,26 +51,34 @@ class LedgerConfig:
     worker_backoff_s: float = 1.0
     worker_backoff_max_s: float = 60.0
     #: ... and after this many failures in a row it is quarantined: refused leases for
-    #: ``quarantine_s`` (None: the rest of the run). After that it gets one more try; one more
-    #: failure quarantines it again (a spot machine may have been unlucky, not broken).
+    #: ``quarantine_s`` (None, or inf, which becomes None: the rest of the run). After that it
+    #: gets one more try; one more failure quarantines it again (a spot machine may have been
+    #: unlucky, not broken).
     quarantine_after: int = 5
     quarantine_s: float | None = 3600.0
     #: The record of a worker not heard from for this long, holding no open lease and neither
-    #: backed off nor quarantined, is dropped (None: every worker is kept for the whole run). Each
-    #: spot machine that comes back without its state joins anew, so a long run's records would
-    #: otherwise grow with every restart; a forgotten worker that does come back is registered
-    #: again on its next request (its token still holds), without its name.
+    #: backed off nor quarantined, is dropped (None, or inf, which becomes None: every worker is
+    #: kept for the whole run). Each spot machine that comes back without its state joins anew, so
+    #: a long run's records would otherwise grow with every restart; a forgotten worker that does
+    #: come back is registered again on its next request (its token still holds), without its name.
     forget_workers_s: float | None = 3600.0
 
     def __post_init__(self) -> None:
+        # NaN fails every '> 0'; inf passed them: worker_backoff_s = inf backed every failing worker
+        # off for the cap, deadline_slack = inf gave leases that never expire (or a NaN deadline)
         for name in ("lease_timeout_s", "deadline_slack", "worker_backoff_s", "worker_backoff_max_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+            v = getattr(self, name)
+            if not (v > 0 and math.isfinite(v)):
+                raise ConfigError(f"{name} must be a finite number > 0, got {v!r}")
+        for name in ("quarantine_s", "forget_workers_s"):
+            if getattr(self, name) == math.inf:   # "never", as TOML (which has no None) can say it
+                object.__setattr__(self, name, None)
         for name in ("heartbeat_interval_s", "restore_grace_s", "alive_window_s", "quarantine_s",
                      "forget_workers_s"):
             v = getattr(self, name)
-            if v is not None and not v > 0:
-                raise ConfigError(f"{name} must be > 0 or None, got {v!r}")
+            if v is not None and not (v > 0 and math.isfinite(v)):
+                never = " (inf: never)" if name in ("quarantine_s", "forget_workers_s") else ""
+                raise ConfigError(f"{name} must be a finite number > 0 or None{never}, got {v!r}")
         if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) \
                 or self.max_attempts < 1:
             raise ConfigError(f"max_attempts must be an int >= 1, got {self.max_attempts!r}")
