@@ -115,6 +115,9 @@ def test_actor_options_place_workers_on_spot_and_keep_the_secret_out_of_the_spec
         RayWorkerSpec(**where, grace_period_s=float("nan"))
     with pytest.raises(ConfigError, match="num_cpus and num_gpus must be >= 0"):
         RayWorkerSpec(**where, num_gpus=float("nan"))
+    # found by a probe: every actor of a spec with a bad coordinator URL failed at its first call
+    with pytest.raises(ConfigError, match=r"coordinator 'http://c:99999' is not a valid URL"):
+        RayWorkerSpec(**{**where, "coordinator": "http://c:99999"})
 
 
 _WHERE = {"coordinator": "http://c:8470", "trainer": "m:f"}

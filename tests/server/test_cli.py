@@ -147,6 +147,32 @@ def test_worker_refuses_seconds_that_are_not_finite_and_positive(
     assert f"{flag} must be a finite number of seconds > 0, got {float(value)}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("url", "why"), [
+    ("http://127.0.0.1:99999", "is not a valid URL: Port out of range 0-65535"),
+    ("http://[::1", "is not a valid URL: Invalid IPv6 URL"),
+    ("ftp://127.0.0.1:9", "must look like http(s)://host:port"),
+])
+def test_requeue_and_ray_up_refuse_a_coordinator_url_as_the_worker_does(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], url: str, why: str) -> None:
+    # Found by a probe: requeue said "cannot reach the coordinator" (exit 1, as if it were down) for
+    # a port out of range; `ray up` took any URL and started actors that each failed at their first
+    # request. The worker's check (exit 2, the flag named) now guards both.
+    monkeypatch.setenv("VCASYNC_OPERATOR_TOKEN", "o" * 20)
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert main(["requeue", "--coordinator", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vcasync requeue: configuration error: --coordinator "), err
+    assert why in err
+    pytest.importorskip("ray")
+    # --address 127.0.0.1:1: had the URL passed, "no Ray cluster answers" would be the error
+    assert main(["ray", "--address", "127.0.0.1:1", "up", "--workers", "1", "--coordinator", url,
+                 "--trainer", "m:f", "--state-root", "s3://b/w"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vcasync ray: configuration error: --coordinator "), err
+    assert why in err
+
+
 def test_requeue_against_a_coordinator_that_is_not_there_says_so(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from harness.fleet import free_port

@@ -122,6 +122,9 @@ def _run(a: argparse.Namespace) -> int:
     credential = os.environ.get("VCASYNC_JOIN_SECRET") or os.environ.get("VCASYNC_JOIN_TOKEN")
     spec = None
     if a.action == "up":
+        from ..worker._client import check_coordinator_url
+
+        check_coordinator_url(a.coordinator)     # the flag named, before the spec's own check
         if not credential:
             raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET or VCASYNC_JOIN_TOKEN")
         if a.wait_timeout is not None and not a.wait_timeout > 0:

@@ -31,8 +31,9 @@ def _configure(p: argparse.ArgumentParser) -> None:
 def _run(a: argparse.Namespace) -> int:
     import asyncio
 
-    from ..worker._client import CoordinatorClient, client_ssl_context
+    from ..worker._client import CoordinatorClient, check_coordinator_url, client_ssl_context
 
+    check_coordinator_url(a.coordinator)     # a typo is a configuration error, not "cannot reach"
     token = read_secret("VCASYNC_OPERATOR_TOKEN", a.operator_token_file, what="operator token")
     if not token:
         raise ConfigError("no operator token: set VCASYNC_OPERATOR_TOKEN or --operator-token-file "

@@ -72,25 +72,13 @@ exit status: 0 the run is finished (or the worker was preempted: SIGTERM, SIGINT
 """
 
 
-def _check_coordinator_url(url: str) -> None:
-    """Refuse a ``--coordinator`` no request can be sent to. aiohttp found a port out of range or
-    an unclosed IPv6 bracket only at the first request: a traceback and exit status 1."""
-    import yarl
-
-    try:
-        parsed = yarl.URL(url)
-    except ValueError as exc:
-        raise ConfigError(f"--coordinator {url!r} is not a valid URL: {exc}") from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ConfigError(f"--coordinator must look like http(s)://host:port, got {url!r}")
-
-
 def _run(a: argparse.Namespace) -> int:
     from .._imports import import_object
     from .._loop import run
     from ..worker import Worker, WorkerConfig
+    from ..worker._client import check_coordinator_url
 
-    _check_coordinator_url(a.coordinator)
+    check_coordinator_url(a.coordinator)
     # nan passed the "<= 0" check and failed on SIGTERM ("cannot convert float NaN to integer")
     for flag, seconds in (("--grace-period", a.grace_period), ("--state-lease", a.state_lease)):
         if not (math.isfinite(seconds) and seconds > 0):

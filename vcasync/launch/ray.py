@@ -95,6 +95,9 @@ class RayWorkerSpec:
     env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        from ..worker._client import check_coordinator_url
+
+        check_coordinator_url(self.coordinator, "coordinator")   # or every actor fails at its first call
         _check_state_root(self.state_root)
         if not (self.grace_period_s > 0 and math.isfinite(self.grace_period_s)):  # NaN fails `<= 0` too
             raise ConfigError(f"grace_period_s must be a finite number > 0, got {self.grace_period_s!r}")

@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import aiohttp
+import yarl
 
 from .._aio import buffer_blocks, file_blocks
 from ..errors import (
@@ -50,7 +51,7 @@ from ..retry import classify, is_transient
 
 M = TypeVar("M")
 
-__all__ = ["CoordinatorClient", "client_ssl_context", "is_transient"]
+__all__ = ["CoordinatorClient", "check_coordinator_url", "client_ssl_context", "is_transient"]
 
 
 # The HTTP transport's entries in the one transient table (vcasync.retry.TRANSIENT): the
@@ -62,6 +63,19 @@ classify(aiohttp.ClientSSLError, False)
 classify(aiohttp.ClientConnectorCertificateError, False)
 classify(aiohttp.ClientResponseError,
          lambda exc: isinstance(exc, aiohttp.ClientResponseError) and exc.status in (502, 503, 504))
+
+
+def check_coordinator_url(url: str, name: str = "--coordinator") -> None:
+    """Refuse a coordinator URL no request can be sent to, as a :class:`ConfigError` naming it
+    (``name``: the flag or field it came from). aiohttp found a port out of range or an unclosed
+    IPv6 bracket only at the first request: a traceback and exit status 1, or for ``vcasync
+    requeue`` "cannot reach the coordinator", as if it were down."""
+    try:
+        parsed = yarl.URL(url)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{name} {url!r} is not a valid URL: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(f"{name} must look like http(s)://host:port, got {url!r}")
 
 
 def client_ssl_context(ca_file: Path | None) -> ssl.SSLContext:
@@ -83,8 +97,7 @@ class CoordinatorClient:
 
     def __init__(self, url: str, *, token: str | None = None, ssl_context: ssl.SSLContext | None = None,
                  timeout_s: float = 60.0, chunk_size: int = 1 << 20, limit_per_host: int = 4) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"coordinator URL must start with http:// or https://, got {url!r}")
+        check_coordinator_url(url, "coordinator URL")
         self.url = url.rstrip("/")
         self.token = token
         self.chunk_size = chunk_size
