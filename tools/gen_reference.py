@@ -342,7 +342,8 @@ def metrics_page(metrics: str) -> str:
 #: What each route is for, by route name (the route table's ``name=``). A route missing here makes
 #: the generator fail, so a new route cannot ship undocumented.
 ROUTE_PURPOSE: Mapping[str, str] = {
-    "healthz": "liveness probe: the process serves and its model version",
+    "healthz": "liveness probe: the process serves, its model version and the id of the run it "
+               "serves (a worker checks it before it shows a saved token)",
     "metrics": "Prometheus metrics",
     "join": "a worker joins with the join secret (or a pre-issued join token) and gets its own worker "
             "token; `name` and `info` are optional",

@@ -5,6 +5,7 @@ forgot our token, results spooled and re-sent, trainers that fail or ignore the 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 from collections.abc import Callable
@@ -145,6 +146,52 @@ async def test_preempted_worker_keeps_the_lease_and_resumes_it(tmp_path: Path) -
         assert log[1]["start"] == 6  # the checkpoint saved when it stopped after step index 5
         assert again.worker_id == report.worker_id  # same identity from the state dir
         assert units_done(coord) in (2, -1)
+
+
+async def test_a_run_reached_at_another_address_keeps_the_identity_and_the_lease(tmp_path: Path) -> None:
+    # Found by a probe: the saved identity was keyed by the exact URL, so the same coordinator on a
+    # new port (a restart), or by a hostname for its address, got a new worker: its lease was not
+    # resumed, its checkpoint dropped, and the unit waited for the old lease to expire.
+    auth = TokenAuthority(join_secret=SECRET)        # kept, as a coordinator keeps tokens on storage
+    async with running(tmp_path, units=make_units(2, steps=20), authority=auth) as (coord, server):
+        blocker, log = Blocker(at_step=5), []
+        w = worker(server.url, tmp_path / "w", make_trainer(blocker, log))
+        task = asyncio.create_task(w.run())
+        await blocker.wait_reached()
+        w.request_stop()
+        first = await task
+        saved = json.loads((tmp_path / "w" / "identity.json").read_text())
+        assert saved["run_id"] == coord.run_id
+        await server.aclose()
+        port = free_port()
+        async with Server(coord, auth, ServerConfig(port=port)):
+            again = await worker(f"http://localhost:{port}", tmp_path / "w", make_trainer(None, log)).run()
+        assert again.worker_id == first.worker_id
+        assert again.results_accepted == 2
+        assert (log[1]["lease"], log[1]["resumed"], log[1]["start"]) == (log[0]["lease"], True, 6)
+        saved = json.loads((tmp_path / "w" / "identity.json").read_text())
+        assert (saved["coordinator"], saved["run_id"]) == (f"http://localhost:{port}", coord.run_id)
+
+
+async def test_an_identity_of_another_run_is_not_sent_there_and_an_old_one_learns_its_run(
+        tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    async with running(tmp_path / "a", units=make_units(2, steps=2)) as (coord_a, server_a):
+        first = await worker(server_a.url, tmp_path / "w", make_trainer(), max_units=1).run()
+        # an identity.json written before identities named their run: kept at its own URL, and
+        # given the run it is used in
+        ident = tmp_path / "w" / "identity.json"
+        old = json.loads(ident.read_text())
+        ident.write_text(json.dumps({k: old[k] for k in ("coordinator", "worker_id", "token")}))
+        again = await worker(server_a.url, tmp_path / "w", make_trainer()).run()
+        assert again.worker_id == first.worker_id
+        assert json.loads(ident.read_text())["run_id"] == coord_a.run_id
+    async with running(tmp_path / "b", units=make_units(1, steps=2)) as (coord_b, server_b):
+        other = await worker(server_b.url, tmp_path / "w", make_trainer()).run()
+        assert other.worker_id != first.worker_id       # another run: joined anew ...
+        assert server_b.app[HTTP_METRICS].auth_failures == 0   # ... without showing run a's token
+        assert json.loads(ident.read_text())["run_id"] == coord_b.run_id
 
 
 async def test_partial_result_on_preemption(tmp_path: Path) -> None:

@@ -656,6 +656,12 @@ class Coordinator:
         return self._owner.version
 
     @property
+    def run_id(self) -> str:
+        """The run this coordinator serves (kept across restarts on its storage): what a worker's
+        saved identity belongs to, whichever address reaches the coordinator."""
+        return self._journal.run_id
+
+    @property
     def finished(self) -> bool:
         """Every unit is done or parked and every accepted result merged (possibly at start-up:
         a restart of a finished run)."""

@@ -159,6 +159,9 @@ class JoinRequest:
 class Joined:
     worker_id: str
     token: str
+    #: The run the token belongs to ("" from coordinators that did not say): a worker keys its
+    #: saved identity by it, not by the URL it used.
+    run_id: str = field(default="", metadata=rule(max_len=64))
 
 
 @message("heartbeat")

@@ -119,7 +119,7 @@ def _lease_id(request: web.Request) -> str:
 
 async def healthz(request: web.Request) -> web.Response:
     coord = request.app[COORDINATOR]
-    return web.json_response({"ok": True, "version": coord.version})
+    return web.json_response({"ok": True, "version": coord.version, "run_id": coord.run_id})
 
 
 async def join(request: web.Request) -> web.Response:
@@ -137,7 +137,7 @@ async def join(request: web.Request) -> web.Response:
     worker_id = await app[COORDINATOR].join(name, info)
     token = await auth.issue(worker_id)
     log.info("worker %s joined", worker_id)
-    return reply_msg(request, Joined(worker_id, token))
+    return reply_msg(request, Joined(worker_id, token, app[COORDINATOR].run_id))
 
 
 async def lease(request: web.Request) -> web.Response:

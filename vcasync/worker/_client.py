@@ -100,6 +100,8 @@ class CoordinatorClient:
         check_coordinator_url(url, "coordinator URL")
         self.url = url.rstrip("/")
         self.token = token
+        #: The run the last join's token belongs to (None until a join; "" unsaid by the coordinator).
+        self.run_id: str | None = None
         self.chunk_size = chunk_size
         self._ssl = ssl_context
         self._timeout = aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_read=timeout_s)
@@ -182,7 +184,25 @@ class CoordinatorClient:
         joined = await self._send(JoinRequest(name, dict(info or {})), Joined, "/join",
                                   credential=credential)
         self.token = joined.token
+        self.run_id = joined.run_id
         return joined.worker_id, joined.token
+
+    async def served_run(self) -> str | None:
+        """The id of the run the coordinator serves (``GET /healthz``, no credential: nothing is
+        sent before the worker knows its token belongs there); None when it does not say, nor when
+        the route is not there (a proxy that passes only ``/v1/``): a 502, 503 or 504 is raised, to
+        be retried like any call."""
+        async with self._sess().get(f"{self.url}/healthz", headers={"Accept": P.JSON}) as resp:
+            if resp.status in (502, 503, 504):
+                await self._raise_for(resp)
+            if resp.status != 200:
+                return None
+            raw = await P.read_capped(resp.content, P.MAX_CONTROL_BYTES)
+        try:
+            run_id = json.loads(raw).get("run_id")
+        except (ValueError, AttributeError):
+            return None
+        return run_id if isinstance(run_id, str) and run_id else None
 
     async def lease(self) -> LeaseGrant:
         body = await self._control("POST", f"{P.API_PREFIX}/leases", "lease_request", {}, "lease")

@@ -5,8 +5,9 @@ A preempted spot VM usually comes back as a *different* machine with an empty di
 restart needs in object storage, and a replacement given the same URL resumes the same lease from its
 last checkpoint::
 
-    identity.json                        {coordinator, worker_id, token}: the token is a credential,
-                                         so the state URL must be as private as the join secret
+    identity.json                        {coordinator, run_id, worker_id, token}: the token is a
+                                         credential, so the state URL must be as private as the
+                                         join secret
     lease.json                           the lease being worked on
     checkpoints/<lease>/<seq:012d>-<sha256:16>.pt
                                          the trainer's checkpoints, newest ``keep`` kept; a restore
@@ -167,7 +168,7 @@ class RemoteStateDir(StateDir):
         saved: Identity | None = None
         if ident is not None:
             try:
-                saved = Identity(str(ident["coordinator"]), str(ident["worker_id"]), str(ident["token"]))
+                saved = Identity.from_json(ident)
             except (KeyError, TypeError):
                 log.warning("identity in %s is unreadable; the worker will join again", self.url)
         if local_ident is not None and (saved is None or saved.worker_id != local_ident.worker_id):
@@ -214,7 +215,7 @@ class RemoteStateDir(StateDir):
             ckpt = await asyncio.to_thread(lambda: path.read_bytes() if path.exists() else None)
         try:
             if ident is not None:
-                await self._write(_IDENTITY, _identity_json(ident))
+                await self._write(_IDENTITY, ident.to_json())
             if grant is not None:
                 await self._write(_LEASE, json.dumps(P.grant_to_body(grant)).encode())
                 if ckpt is not None:
@@ -293,7 +294,7 @@ class RemoteStateDir(StateDir):
     # -- mirrored writes ---------------------------------------------------------------------------
     def save_identity(self, ident: Identity) -> None:
         super().save_identity(ident)
-        data = _identity_json(ident)
+        data = ident.to_json()
         self._mirror("identity", lambda: self._write(_IDENTITY, data))
 
     def forget_identity(self) -> None:
@@ -374,11 +375,6 @@ class RemoteStateDir(StateDir):
 
         with contextlib.suppress(StorageError):
             await self._delete(old)
-
-
-def _identity_json(ident: Identity) -> bytes:
-    return json.dumps({"coordinator": ident.coordinator, "worker_id": ident.worker_id,
-                       "token": ident.token}).encode()
 
 
 def _parse_ckpt(key: str) -> tuple[int | None, str]:

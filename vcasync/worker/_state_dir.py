@@ -2,7 +2,8 @@
 
 Layout (every write is write-to-temp then rename, so a SIGKILL never leaves half a file)::
 
-    identity.json          {coordinator, worker_id, token}   mode 0600: the token is a credential
+    identity.json          {coordinator, run_id, worker_id, token}   mode 0600: the token is a
+                           credential; run_id (absent in older dirs) says which run it is for
     lease.json             the lease being worked on (resumed after a restart if still valid)
     checkpoints/<lease>.pt the trainer's checkpoints for that lease (torch.save / weights_only load)
     results/<lease>.vca    a result payload written before upload, re-sent after a restart
@@ -30,12 +31,31 @@ __all__ = ["Identity", "StateDir"]
 
 @dataclass(frozen=True, slots=True)
 class Identity:
+    """Who the worker is in one run. ``run_id`` is the run the token belongs to (None: saved
+    before identities named their run, or by a coordinator that did not say); ``coordinator`` is
+    the URL it last reached that run at, which may change (a restart on another port, a hostname
+    for an address) without making it another run."""
+
     coordinator: str
     worker_id: str
     token: str
+    run_id: str | None = None
 
     def __repr__(self) -> str:  # the token is a credential: never in a repr or a log line
-        return f"Identity(coordinator={self.coordinator!r}, worker_id={self.worker_id!r})"
+        return (f"Identity(coordinator={self.coordinator!r}, worker_id={self.worker_id!r}, "
+                f"run_id={self.run_id!r})")
+
+    def to_json(self) -> bytes:
+        return json.dumps({"coordinator": self.coordinator, "run_id": self.run_id,
+                           "worker_id": self.worker_id, "token": self.token}).encode()
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Identity:
+        """From the parsed ``identity.json`` (either layout); KeyError or TypeError if it is not one."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("run_id", ""), str | None):
+            raise TypeError("not an identity record")
+        run_id = raw.get("run_id")
+        return cls(str(raw["coordinator"]), str(raw["worker_id"]), str(raw["token"]), run_id or None)
 
 
 def _atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
@@ -70,22 +90,16 @@ class StateDir:
         yield
 
     # -- identity ----------------------------------------------------------------------------------
-    def load_identity(self, coordinator: str) -> Identity | None:
-        ident = self.stored_identity()
-        return ident if ident is not None and ident.coordinator == coordinator else None
-
     def stored_identity(self) -> Identity | None:
-        """The identity saved here, whichever coordinator it is for; None when there is none."""
+        """The identity saved here, whichever run it is for (the worker decides whether it is this
+        one: :meth:`vcasync.worker.Worker.run`); None when there is none."""
         try:
-            raw = json.loads((self.root / "identity.json").read_bytes())
-            return Identity(str(raw["coordinator"]), str(raw["worker_id"]), str(raw["token"]))
+            return Identity.from_json(json.loads((self.root / "identity.json").read_bytes()))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
     def save_identity(self, ident: Identity) -> None:
-        data = json.dumps({"coordinator": ident.coordinator, "worker_id": ident.worker_id,
-                           "token": ident.token}).encode()
-        _atomic_write(self.root / "identity.json", data, mode=0o600)
+        _atomic_write(self.root / "identity.json", ident.to_json(), mode=0o600)
 
     def forget_identity(self) -> None:
         (self.root / "identity.json").unlink(missing_ok=True)

@@ -356,7 +356,7 @@ class Worker:
                 await asyncio.sleep(delay)
 
     async def _ensure_identity(self) -> None:
-        ident = await asyncio.to_thread(self.state.load_identity, self.url)
+        ident = await self._identity_of_this_run(await asyncio.to_thread(self.state.stored_identity))
         if ident is None:
             try:
                 await self._call("join", self._join, rejoin=False)
@@ -371,13 +371,46 @@ class Worker:
         self._cli().token = ident.token
         log.info("worker %s: resuming with the identity in %s", ident.worker_id, self.state.root)
 
+    async def _identity_of_this_run(self, stored: Identity | None) -> Identity | None:
+        """The saved identity if it belongs to the run the coordinator serves, else None (join).
+
+        A run is its run id, not the URL that reaches it: a coordinator restarted on another port,
+        or reached by a hostname instead of its address, serves the same run, and the worker keeps
+        its id, its lease and its checkpoint. The run id comes from ``/healthz``, so the token goes
+        to no coordinator of another run. An identity saved before identities named their run
+        (or by a coordinator that does not say) is kept at its own URL only, as it always was, and
+        learns its run there."""
+        if stored is None:
+            return None
+        served = await self._call("run id", self._cli().served_run, rejoin=False)
+        if stored.run_id is None or served is None:
+            if stored.coordinator != self.url:
+                log.info("the identity in %s is for %s, not %s, and does not name its run: joining "
+                         "as a new worker", self.state.root, stored.coordinator, self.url)
+                return None
+            # a token of another run at this URL is refused at the first call: joined again then
+            ident = Identity(self.url, stored.worker_id, stored.token, served or stored.run_id)
+        elif stored.run_id != served:
+            log.info("the identity in %s (worker %s) belongs to run %s; the coordinator at %s serves "
+                     "run %s: joining as a new worker", self.state.root, stored.worker_id,
+                     stored.run_id, self.url, served)
+            return None
+        else:
+            ident = Identity(self.url, stored.worker_id, stored.token, served)
+            if stored.coordinator != self.url:
+                log.info("run %s is now at %s (was %s): keeping worker %s, its lease and checkpoints",
+                         served, self.url, stored.coordinator, stored.worker_id)
+        if ident != stored:
+            await asyncio.to_thread(self.state.save_identity, ident)
+        return ident
+
     async def _join(self) -> None:
         if not self._credential:
             raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET (or VCASYNC_JOIN_TOKEN)")
         info = {"host": socket.gethostname(), "pid": os.getpid(),
                 "previous": self._ident.worker_id if self._ident else ""}
         worker_id, token = await self._cli().join(self._credential, self.config.name, info)
-        self._ident = Identity(self.url, worker_id, token)
+        self._ident = Identity(self.url, worker_id, token, self._cli().run_id or None)
         await asyncio.to_thread(self.state.save_identity, self._ident)
         log.info("joined as worker %s", worker_id)
 
