@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -165,6 +166,11 @@ def test_an_unwritable_plot_or_unknown_policy_is_refused_before_the_run(
         assert said in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
     assert not Path(".png").exists()
+    # the coordinator's check (now the one both use) also refused a directory it may not write
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "access", lambda path, mode: Path(path) != tmp_path)
+        assert run(_parser().parse_args(["--plot", str(tmp_path / "p.png")])) == 2
+    assert f"--plot: the directory {tmp_path} is not writable" in capsys.readouterr().err
     for seed in ("-1", str(2**32)):
         assert run(_parser().parse_args(["--seed", seed])) == 2
         assert "seed must be in [0, 2**32)" in capsys.readouterr().err

@@ -32,6 +32,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .._paths import check_output_file
 from ..cli import Command, ExitCode, read_secret
 from ..errors import ClosedError, ConfigError
 
@@ -297,10 +298,12 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     """
     import torch
 
-    _check_writable(cfg.output, "run.output",
-                    f"the final weights are written to {cfg.output} when the run finishes")
-    _check_writable(port_file, "--port-file",
-                    f"the coordinator's URL is written to {port_file} once it listens")
+    if cfg.output is not None:
+        check_output_file(cfg.output, "run.output",
+                          purpose=f"the final weights are written to {cfg.output} when the run finishes")
+    if port_file is not None:
+        check_output_file(port_file, "--port-file",
+                          purpose=f"the coordinator's URL is written to {port_file} once it listens")
 
     from .._imports import import_object
     from ..coordinator import Coordinator, CoordinatorConfig
@@ -398,21 +401,6 @@ async def _serve_until_done(cfg: RunConfig, coord: Coordinator, authority: Any, 
                      f"; {cfg.output} not written (the weights are not final)"
                      if cfg.output is not None else "")
         return finished
-
-
-def _check_writable(path: Path | None, what: str, purpose: str) -> None:
-    """Refuse at start-up a file ``path`` (``what`` names its setting) that could not be written
-    later: found only when it was written (``purpose`` says when), it failed the command after the
-    whole run (``--output``) or as a traceback once serving (``--port-file``)."""
-    if path is None:
-        return
-    if path.is_dir():
-        raise ConfigError(f"{what} {path} is a directory; name the file itself ({purpose})")
-    parent = path.parent
-    if not parent.is_dir():
-        raise ConfigError(f"{what}: the directory {parent} does not exist ({purpose})")
-    if not os.access(parent, os.W_OK):
-        raise ConfigError(f"{what}: the directory {parent} is not writable by this process ({purpose})")
 
 
 def _write_output(cfg: RunConfig, coord: Coordinator) -> None:

@@ -121,14 +121,12 @@ def build_config(args: argparse.Namespace) -> SimConfig:
 def _check_plot(path: Path) -> None:
     """Refuse before the run a ``--plot`` that could not be written as named (found after it, the
     run's figures ended in a traceback, or the image went elsewhere): no file name, a directory, a
-    missing directory, an image format matplotlib does not write, or no matplotlib."""
+    missing or read-only directory, an image format matplotlib does not write, or no matplotlib."""
     import importlib.util
 
-    path = Path(path)
-    if not str(path) or path.name in ("", ".", "..") or path.is_dir():
-        raise ConfigError(f"--plot {str(path)!r}: name the image file to write, e.g. saving.png")
-    if not path.parent.is_dir():
-        raise ConfigError(f"--plot {path}: the directory {path.parent} does not exist")
+    from .._paths import check_output_file
+
+    path = check_output_file(path, "--plot", kind="image file", example="saving.png")
     if importlib.util.find_spec("matplotlib") is None:
         raise ConfigError("--plot needs matplotlib: pip install 'vcasync[demo]'")
     from matplotlib.figure import Figure
