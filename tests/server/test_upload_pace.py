@@ -181,3 +181,13 @@ def test_bad_timeouts_are_refused() -> None:
         with pytest.raises(ConfigError, match=rf"shutdown_timeout_s must be a finite number >= 0 .* {bad}$"):
             ServerConfig(shutdown_timeout_s=bad)
     ServerConfig(shutdown_timeout_s=0.0)
+
+
+@pytest.mark.parametrize("field", ["body_idle_timeout_s", "idle_timeout_s", "upload_rate_window_s",
+                                   "upload_rate_grace_s", "min_upload_bytes_per_s"])
+def test_each_timeout_is_refused_by_its_own_name(field: str) -> None:
+    # found by a tester: inf passed every check (a slow-loris guard silently off), and the one
+    # error named all five fields whichever was wrong
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ConfigError, match=rf"^{field} must be a finite number .* got {bad}$"):
+            ServerConfig(**{field: bad})

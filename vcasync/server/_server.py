@@ -105,10 +105,19 @@ class ServerConfig:
         if not 0 <= self.shutdown_timeout_s < math.inf:     # NaN fails this, as it did no `< 0` check
             raise ConfigError(f"shutdown_timeout_s must be a finite number >= 0 (0: in-flight requests "
                               f"are not waited for), got {self.shutdown_timeout_s!r}")
-        if not (self.body_idle_timeout_s > 0 and self.idle_timeout_s > 0 and self.upload_rate_window_s > 0
-                and self.upload_rate_grace_s >= 0 and 0 <= self.min_upload_bytes_per_s < math.inf):
-            raise ConfigError("body_idle_timeout_s, idle_timeout_s and upload_rate_window_s must be > 0, "
-                              "upload_rate_grace_s >= 0 and min_upload_bytes_per_s finite and >= 0")
+        # Each bound is checked on its own so the error names the one field that is wrong; an
+        # infinite timeout is refused like a negative one: it would switch a slow-loris guard off
+        # without saying so (min_upload_bytes_per_s = 0 is the documented way to switch the rate
+        # checks off).
+        for name, low, strict in (("body_idle_timeout_s", 0.0, True), ("idle_timeout_s", 0.0, True),
+                                  ("upload_rate_window_s", 0.0, True),
+                                  ("upload_rate_grace_s", 0.0, False),
+                                  ("min_upload_bytes_per_s", 0.0, False)):
+            value = getattr(self, name)
+            ok = (value > low if strict else value >= low) and value < math.inf
+            if not ok:     # NaN fails both comparisons
+                raise ConfigError(f"{name} must be a finite number {'>' if strict else '>='} {low:g}, "
+                                  f"got {value!r}")
 
     @property
     def body_timeouts(self) -> BodyTimeouts:
