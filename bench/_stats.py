@@ -3,8 +3,10 @@ max of its repetitions, so a reader sees how much a noisy machine moved it."""
 
 from __future__ import annotations
 
+import argparse
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 
 def spread(values: Sequence[float], digits: int = 3) -> list[float]:
@@ -24,8 +26,6 @@ def show(values: Sequence[float], digits: int = 2) -> str:
 def positive_int(text: str) -> int:
     """An argparse type: a whole number >= 1 (0 or -1 repetitions ended in 'no median for empty
     data', a negative fleet in a hang)."""
-    import argparse
-
     try:
         value = int(text)
     except ValueError:
@@ -37,7 +37,6 @@ def positive_int(text: str) -> int:
 
 def positive_float(text: str) -> float:
     """An argparse type: a finite number > 0."""
-    import argparse
     import math
 
     try:
@@ -54,3 +53,86 @@ def positive_ints(text: str) -> str:
     for part in text.split(","):
         positive_int(part)
     return text
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: a whole number >= 0 (warm-up counts, kills)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite number >= 0 (rates, paces)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def vcasgd_alpha(text: str) -> float:
+    """An argparse type: VC-ASGD's alpha, a number >= 0 and < 1 (the policy's own range)."""
+    value = non_negative_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be >= 0 and < 1, got {text}")
+    return value
+
+
+def one_of(allowed: Sequence[str]) -> Callable[[str], str]:
+    """An argparse type: comma-separated names, each one of ``allowed``; kept as the text. An
+    unknown name is named with the allowed ones (a size missing from a table ended in a
+    ``KeyError`` traceback)."""
+    def check(text: str) -> str:
+        parts = [p.strip() for p in text.split(",")]
+        bad = [p for p in parts if p not in allowed]
+        if bad or not parts:
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(map(repr, bad)) or 'empty list'}; choose from {', '.join(allowed)}")
+        return text
+    return check
+
+
+def add_quick(parser: argparse.ArgumentParser, quick: Mapping[str, Any], what: str) -> None:
+    """Add ``--quick``: ``what`` it does, and ``quick``'s values for the parser's own options
+    (``dest -> value``) as new defaults; parse with :func:`parse_args`, so a flag given explicitly
+    still wins over them."""
+    flags = ", ".join(" ".join(quick_flags({k: v})) for k, v in quick.items())
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{what}" + (f" ({flags}; a flag given explicitly wins)" if flags else ""))
+    parser.set_defaults(**{_QUICK: dict(quick)})
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``; with ``--quick``, the values :func:`add_quick` named replace the
+    defaults and ``argv`` is parsed again, so ``--quick --reps 5`` runs 5 repetitions (``--quick``
+    overwrote explicit flags before)."""
+    args = parser.parse_args(argv)
+    quick: dict[str, Any] = vars(args).pop(_QUICK, {})
+    unknown = sorted(set(quick) - set(vars(args)))
+    if unknown:
+        raise ValueError(f"--quick names options this parser lacks: {unknown}")
+    if getattr(args, "quick", False) and quick:
+        parser.set_defaults(**quick)
+        args = parser.parse_args(argv)
+        vars(args).pop(_QUICK, None)
+    return args
+
+
+_QUICK = "_quick_defaults"
+
+
+def quick_flags(quick: Mapping[str, Any]) -> list[str]:
+    """The command-line flags that say what ``quick`` says (``{"reps": 3}`` -> ``--reps 3``)."""
+    out: list[str] = []
+    for k, v in quick.items():
+        out += [f"--{k.replace('_', '-')}", *(map(str, v) if isinstance(v, list | tuple) else [str(v)])]
+    return out

@@ -40,6 +40,7 @@ from harness.probe import CoordinatorProcess, HttpProbe
 
 from . import load as load_bench
 from ._reliability import render
+from ._stats import add_quick, non_negative_int, one_of, parse_args, positive_int
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Share of the hostile inputs per family (replays have six distinct cases: they end after those).
@@ -50,10 +51,10 @@ FUZZ_SECRET = "bench-hostile-join-secret-0123456789"
 
 def chaos_config(a: argparse.Namespace) -> ChaosConfig:
     if a.quick:
-        return ChaosConfig(workers=8, worker_kills=a.worker_kills or 12, shards=8, epochs=5, steps=40,
+        return ChaosConfig(workers=8, worker_kills=a.worker_kills, shards=8, epochs=5, steps=40,
                            kill_interval_s=2.0, storage_faults=DEFAULT_FAULTS, seed=a.seed,
                            timeout_s=600.0)
-    return ChaosConfig(workers=8, worker_kills=a.worker_kills or 100, shards=8, epochs=12, steps=60,
+    return ChaosConfig(workers=8, worker_kills=a.worker_kills, shards=8, epochs=12, steps=60,
                        coordinator_kills=("merge", "snapshot", "upload", "journal", "random",
                                           "merge", "snapshot", "upload"),
                        kill_interval_s=1.2, storage_faults=DEFAULT_FAULTS, seed=a.seed, timeout_s=1500.0)
@@ -95,7 +96,7 @@ def section_chaos(a: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 def section_fuzz(a: argparse.Namespace, work: Path) -> dict[str, Any]:
-    inputs = a.inputs or (3000 if a.quick else 100_000)
+    inputs = a.inputs
     table = {"model": {"factory": "vcasync.examples.digits:model"},
              "units": {"shards": 4, "epochs": 4, "steps": 20},
              "storage": {"url": f"file://{work / 'fuzz' / 'store'}"},
@@ -159,19 +160,28 @@ def _table(fig: dict[str, Any]) -> None:
         print(f"  {label:<36} {shown}")
 
 
-def main(argv: list[str] | None = None) -> int:
+QUICK: dict[str, Any] = {"worker_kills": 12, "inputs": 3000}
+SECTIONS = ("chaos", "fuzz", "load", "none")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--quick", action="store_true", help="the CI sizes (a few minutes)")
-    p.add_argument("--only", default="chaos,fuzz,load", help="sections, comma-separated ('none': none)")
-    p.add_argument("--worker-kills", type=int, default=0)
-    p.add_argument("--inputs", type=int, default=0, help="hostile inputs (default 100,000; quick 3,000)")
+    add_quick(p, QUICK, "the CI sizes (a few minutes)")
+    p.add_argument("--only", type=one_of(SECTIONS), default="chaos,fuzz,load",
+                   help="sections, comma-separated ('none': none)")
+    p.add_argument("--worker-kills", type=non_negative_int, default=100, help="default 100")
+    p.add_argument("--inputs", type=positive_int, default=100_000, help="hostile inputs (default 100,000)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--results", type=Path, default=None,
                    help="where the figures are saved (default docs/reliability.json for a long run; "
                         "a --quick run is saved only when this is given)")
     p.add_argument("--write-docs", action="store_true", help="render docs/RELIABILITY.md from --results")
     p.add_argument("--json", action="store_true")
-    a = p.parse_args(argv)
+    return parse_args(p, argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
     published = ROOT / "docs" / "reliability.json"
     save_to = a.results if a.results is not None else (None if a.quick else published)
     a.results = a.results if a.results is not None else published    # what --write-docs reads

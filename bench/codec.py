@@ -41,7 +41,7 @@ from vcasync.wire import CodecSpec, LinkProfile, PayloadDecoder, encode_payload
 from vcasync.wire.codecs import shuffle_into, unshuffle_into
 from vcasync.wire.frames import checksum
 
-from ._stats import positive_int, spread
+from ._stats import add_quick, one_of, parse_args, positive_int, spread
 
 State = dict[str, torch.Tensor]
 
@@ -412,25 +412,33 @@ def run_size(label: str, scale: float, reps: int, rows: list[tuple[str, str, flo
             figures[f"{name.split()[0]}_vs_memcpy_{label}"] = mem / t[name]
 
 
-def main(argv: list[str] | None = None) -> int:
+SCALES = {"6m": 0.5, "25m": 1.0, "100m": 2.0}
+QUICK: dict[str, Any] = {"sizes": "6m", "reps": 3}
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    ap.add_argument("--quick", action="store_true", help="ResNet-50 at half width (~6M params), 3 reps")
-    ap.add_argument("--sizes", default=None, help="comma list of 25m,100m (default both)")
-    ap.add_argument("--reps", type=positive_int, default=None, help="repetitions per figure (default 5)")
+    add_quick(ap, QUICK, "ResNet-50 at half width (~6M params), 3 reps")
+    ap.add_argument("--sizes", type=one_of(list(SCALES)), default="25m,100m",
+                    help=f"comma list of {', '.join(SCALES)} (default 25m,100m)")
+    ap.add_argument("--reps", type=positive_int, default=5, help="repetitions per figure (default 5)")
     ap.add_argument("--clock", choices=sorted(CLOCK), default="cpu",
                     help="cpu: this thread's CPU time (default), wall: elapsed time")
     ap.add_argument("--json", action="store_true", help="print one JSON object on the last line")
-    args = ap.parse_args(argv)
+    return parse_args(ap, argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     global clock
     clock = CLOCK[args.clock]
     torch.set_num_threads(1)
-    scales = {"6m": 0.5, "25m": 1.0, "100m": 2.0}
-    sizes = ["6m"] if args.quick else (args.sizes or "25m,100m").split(",")
-    reps = args.reps or (3 if args.quick else 5)
+    sizes = [s.strip() for s in args.sizes.split(",")]
+    reps = args.reps
     rows: list[tuple[str, str, float, float, str]] = []
     figures: dict[str, Any] = {}
     for label in sizes:
-        run_size(label, scales[label], reps, rows, figures)
+        run_size(label, SCALES[label], reps, rows, figures)
     headline = sizes[-1]
     order = ["raw_vs_memcpy", "raw_vs_memcpy_spread", "crc_floor_vs_memcpy", "xxh3_floor_vs_memcpy",
              "raw_vs_crc_floor", "raw_vs_crc_floor_spread", "per_tensor_us", "per_tensor_share",

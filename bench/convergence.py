@@ -86,7 +86,7 @@ from vcasync.sim import FleetConfig, NoPreemption, PoissonPreemption, SimConfig,
 from vcasync.sim.fleet import Outage
 
 from ._simpool import SimPool
-from ._stats import positive_int
+from ._stats import add_quick, non_negative_float, parse_args, positive_float, positive_int, vcasgd_alpha
 
 RATES_PLOT = (0.0, 0.3, 0.6, 1.0)
 #: The learning-rate grid, as multiples of the square-root rule (the workload's rate x sqrt(workers)).
@@ -613,59 +613,69 @@ def real_curve(a: argparse.Namespace, seeds: list[int], searches: dict[str, Any]
     return curve
 
 
-def main(argv: list[str] | None = None) -> int:
+#: What --quick changes among the options (explicit flags win); it also shortens the real runs
+#: (``REAL_SHAPE``'s quick epochs) and the 8-worker curve (5 epochs), and skips the searches.
+QUICK: dict[str, Any] = {"seeds": [0], "sim_workers": 16, "sim_epochs": 5, "adaptive_epochs": 5}
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--quick", action="store_true",
-                   help="one seed, short runs, digits only, no learning-rate search (about 2 minutes)")
+    add_quick(p, QUICK, "short runs, digits only, no learning-rate search (about 2 minutes)")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--seeds", type=int, nargs="+", help="default 0-4 (0 with --quick)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="default 0-4")
     p.add_argument("--workloads", nargs="+", choices=sorted(REAL_SHAPE),
                    help="real-process workloads (default digits: the default run fits 20 minutes on 2 "
                         "cores; mnist5000 adds about 10 minutes for 5 seeds, tinylm about 26)")
     p.add_argument("--workers", type=positive_int, default=4, help="real worker / DDP processes (default 4)")
-    p.add_argument("--sim-workers", type=int, default=64)
-    p.add_argument("--sim-epochs", type=int, default=60,
+    p.add_argument("--sim-workers", type=positive_int, default=64)
+    p.add_argument("--sim-epochs", type=positive_int, default=60,
                    help="epochs of the --sim-workers cells (default 60: at 20, 64 workers on digits' 1,437 "
                         "images merge ~280 results in a run and no seed reached the target)")
-    p.add_argument("--hours", type=float, default=5.0, help="simulated length of a run (default 5 h)")
-    p.add_argument("--cores", type=float, help="cores the real runs share (default: this machine's)")
+    p.add_argument("--hours", type=positive_float, default=5.0,
+                   help="simulated length of a run (default 5 h)")
+    p.add_argument("--cores", type=positive_float, help="cores the real runs share (default: this machine's)")
     p.add_argument("--no-real", action="store_true", help="skip the real runs (simulated figures only)")
     p.add_argument("--real-only", action="store_true", help="only the real runs and their calibration")
     p.add_argument("--no-search", action="store_true",
                    help="skip the learning-rate search: the square-root rule on both sides")
-    p.add_argument("--real-rates", type=float, nargs="+", metavar="PER_HOUR",
+    p.add_argument("--real-rates", type=non_negative_float, nargs="+", metavar="PER_HOUR",
                    help="also run digits' real processes at these preemption rates (per worker-hour of a "
                         "--hours job, e.g. 0 0.3 0.6 1.0): saving against preemption rate, measured "
                         "(about 100 s a seed and rate on a slow 2-core machine)")
-    p.add_argument("--step-s", type=float, nargs="+", metavar="SECONDS",
+    p.add_argument("--step-s", type=non_negative_float, nargs="+", metavar="SECONDS",
                    help="also run digits' real processes with every step paced to at least this long on "
                         "both sides (a costlier model; data, units and overheads unchanged, e.g. 0.05 "
                         "0.2): the saving as training outweighs the per-unit overheads")
-    p.add_argument("--alpha", type=float, nargs="+",
+    p.add_argument("--alpha", type=vcasgd_alpha, nargs="+",
                    help="also run digits' real processes with VC-ASGD at these alphas (the weight kept "
                         "on the server's copy; default 0.5), the searched learning rates kept")
     p.add_argument("--sweeps-only", action="store_true",
                    help="with --real-rates / --step-s / --alpha: only those curves (skip the default runs)")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+    p.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1,
                    help="processes for the simulated part (default: this machine's cores; its figures "
                         "do not depend on it, real runs always run alone)")
     p.add_argument("--adaptive", action="store_true",
                    help="also the simulated mnist5000 adaptive cells at 50 %%/h (adaptive_gap_mnist_50; "
                         "about 6 minutes on 2 cores)")
-    p.add_argument("--adaptive-epochs", type=int, default=8,
+    p.add_argument("--adaptive-epochs", type=positive_int, default=8,
                    help="epochs of the --adaptive cells (default 8)")
     p.add_argument("--wall-replay", action="store_true",
                    help="also replay digits' runs without the CPU model (the earlier calibration)")
     p.add_argument("--plot", type=Path, help="write saving vs preemption rate and spot discount here")
-    a = p.parse_args(argv)
+    a = parse_args(p, argv)
+    if a.sweeps_only and not (a.real_rates or a.step_s or a.alpha):
+        p.error("--sweeps-only needs --real-rates, --step-s or --alpha")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
     torch.set_num_threads(1)
-    seeds = a.seeds or ([0] if a.quick else [0, 1, 2, 3, 4])
+    seeds = a.seeds
     # The default run fits 20 minutes on a slow 2-core machine (5 seeds: digits' real runs 10.5-12.5
     # min, the simulated cells and their searches 5.4 on 2 processes); a real mnist5000 seed takes
     # ~100 s and a tinylm seed ~283 s (plus its 139 s search), so those are asked for by name, as the
     # adaptive cells are (docs/headline.md).
-    if a.sweeps_only and not (a.real_rates or a.step_s or a.alpha):
-        p.error("--sweeps-only needs --real-rates, --step-s or --alpha")
     # --quick is a smoke run (2 minutes): the square-root rule instead of the searches (~50 s here)
     a.no_search = a.no_search or a.quick
     workloads = [] if a.sweeps_only else a.workloads or ["digits"]
@@ -677,9 +687,9 @@ def main(argv: list[str] | None = None) -> int:
     # mnist5000 has 2.8x digits' training images: 8 epochs of it are about 22 of digits, and keep the
     # adaptive cells and their search inside the budget; the gap narrows with epochs (1.64 points at
     # 8, 0.74 at 20, measured; docs/headline.md): --adaptive-epochs 20 gives the longer figure
-    epochs_mnist_sim = 5 if a.quick else a.adaptive_epochs
-    sim_workers = 16 if a.quick else a.sim_workers
-    epochs_big = 5 if a.quick else a.sim_epochs     # the --sim-workers cells; the 8-worker curve: epochs_sim
+    epochs_mnist_sim = a.adaptive_epochs
+    sim_workers = a.sim_workers
+    epochs_big = a.sim_epochs     # the --sim-workers cells; the 8-worker curve: epochs_sim
     # 30 %/h of a --hours job, over the workers: the real run's preemptions spread over its progress
     preempt_30 = max(1, round(0.3 * a.hours * a.workers))
     t0 = time.perf_counter()

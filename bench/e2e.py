@@ -59,7 +59,7 @@ from vcasync.worker._client import UPLOAD_BLOCK, CoordinatorClient
 
 from ._peers import ARCHS, RESNET50_PARAMS, SECRET, bench_delta, bench_model
 from ._proc import peer
-from ._stats import positive_int
+from ._stats import add_quick, non_negative_int, parse_args, positive_int
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -200,28 +200,37 @@ PATHS = (("e2e", "upload -> ack -> merged"), ("raw_post", "raw aiohttp POST (sam
          ("durable_plain_post", "  the same, no early writeback"), ("raw_tcp", "raw TCP (same bytes)"))
 
 
-def main(argv: list[str] | None = None) -> int:
+QUICK: dict[str, Any] = {"params": 5_000_000, "reps": 3}
+MODES = ("none", "snapshot", "journal")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     default_mode = CoordinatorConfig().durability
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--params", type=int, default=RESNET50_PARAMS,
+    p.add_argument("--params", type=positive_int, default=RESNET50_PARAMS,
                    help="float32 parameters (default: ResNet-50's 25.6M, a ~102 MB result)")
     p.add_argument("--arch", default="resnet50", choices=ARCHS,
                    help="tensor layout: a ResNet-50 state dict (320 tensors), or 4 flat tensors")
     p.add_argument("--reps", type=positive_int, default=5)
-    p.add_argument("--warmup", type=int, default=CoordinatorConfig().max_staleness + 2,
+    p.add_argument("--warmup", type=non_negative_int, default=CoordinatorConfig().max_staleness + 2,
                    help="uploads before measuring (default: the staleness window + 2, the steady state)")
     p.add_argument("--durability", default=f"{default_mode},snapshot",
                    help=f"comma list of none, snapshot, journal; the headline figures are the default "
                         f"mode's ({default_mode}), else the first listed")
-    p.add_argument("--quick", action="store_true", help="5M parameters, 3 reps")
+    add_quick(p, QUICK, "5M parameters, 3 reps")
     p.add_argument("--json", action="store_true")
-    a = p.parse_args(argv)
+    a = parse_args(p, argv)
     modes = [m.strip() for m in a.durability.split(",") if m.strip()]
-    bad = [m for m in modes if m not in ("none", "snapshot", "journal")]
+    bad = [m for m in modes if m not in MODES]
     if bad or not modes:
-        p.error(f"--durability: unknown mode(s) {bad}; use none, snapshot, journal")
-    if a.quick:
-        a.params, a.reps = 5_000_000, 3
+        p.error(f"--durability: unknown mode(s) {bad}; use {', '.join(MODES)}")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    default_mode = CoordinatorConfig().durability
+    a = parse(argv)
+    modes = [m.strip() for m in a.durability.split(",") if m.strip()]
     results: dict[str, dict[str, Any]] = {}
     with (peer("post") as purl, peer("durable") as durl, peer("durable-plain") as dpurl,
           peer("tcp") as taddr):

@@ -32,9 +32,12 @@ from typing import Any
 
 from vcasync.costing.spread import spread
 from vcasync.costing.target import Target
+from vcasync.errors import ConfigError
 from vcasync.examples.workloads import get_workload
+from vcasync.policy import available_policies, build_policy
 from vcasync.sim import Simulation
 
+from ._stats import add_quick, parse_args, positive_int, vcasgd_alpha
 from .convergence import REAL_SHAPE, preempted_fleet, search_lr
 
 #: Epochs and alphas per workload: the default budget (3 and 2 were the real runs' epochs when the
@@ -132,36 +135,54 @@ def parse_param(text: str) -> tuple[str, Any]:
     """``KEY=VALUE`` with VALUE read as JSON (numbers, true/false), else kept as a string."""
     key, sep, value = text.partition("=")
     if not sep or not key:
-        raise SystemExit(f"--param wants KEY=VALUE, got {text!r}")
+        raise argparse.ArgumentTypeError(f"wants KEY=VALUE, got {text!r}")
     try:
         return key, json.loads(value)
     except json.JSONDecodeError:
         return key, value
 
 
-def main(argv: list[str] | None = None) -> int:
+QUICK: dict[str, Any] = {"seeds": [0]}
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--workloads", nargs="+", choices=sorted(GRID), default=["mnist5000"])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    p.add_argument("--quick", action="store_true",
-                   help="one seed, epochs x1 and x2, alpha 0.25 and 0.5")
-    p.add_argument("--policy", default="vcasgd",
+    add_quick(p, QUICK, "one seed, the first two epoch counts, alpha 0.25 and 0.5")
+    p.add_argument("--policy", default="vcasgd", choices=available_policies(),
                    help="merge policy (default vcasgd; another runs with its defaults, no alpha axis)")
-    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--param", type=parse_param, action="append", default=[], metavar="KEY=VALUE",
                    help="a policy parameter over its defaults (repeatable), e.g. lr=0.3 buffer_size=4")
-    p.add_argument("--epochs", type=int, nargs="+", help="epoch grid (default: the workload's)")
-    p.add_argument("--steps", type=int, help="local steps per unit (default: the real runs')")
-    p.add_argument("--alpha", type=float, nargs="+", help="VC-ASGD alpha grid (default: the workload's)")
+    p.add_argument("--epochs", type=positive_int, nargs="+", help="epoch grid (default: the workload's)")
+    p.add_argument("--steps", type=positive_int, help="local steps per unit (default: the real runs')")
+    p.add_argument("--alpha", type=vcasgd_alpha, nargs="+",
+                   help="VC-ASGD alpha grid (default: the workload's)")
     p.add_argument("--json", action="store_true")
-    a = p.parse_args(argv)
+    a = parse_args(p, argv)
+    # the policy's own checks, before any training: an unknown or out-of-range parameter ended
+    # in a traceback from the first simulated cell
+    for alpha in (a.alpha or [None]) if a.policy == "vcasgd" else [None]:
+        params = dict(a.param) | ({} if alpha is None else {"alpha": alpha})
+        try:
+            build_policy(a.policy, params)
+        except ConfigError as exc:
+            given = (f" --alpha {alpha}" if alpha is not None else "") + "".join(
+                f" --param {k}={v}" for k, v in a.param)
+            p.error(f"--policy {a.policy}{given}: {exc}")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
     import torch
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    seeds = [a.seeds[0]] if a.quick else a.seeds
+    seeds = a.seeds
     out = {"simulated": True, "workers": WORKERS, "preemptions_per_hour": RATE, "seeds": seeds,
            "sweeps": []}
-    params = dict(parse_param(x) for x in a.param)
+    params = dict(a.param)
     for w in a.workloads:
         grid = ({**GRID[w], "epochs": GRID[w]["epochs"][:2], "alpha": (0.25, 0.5)} if a.quick
                 else dict(GRID[w]))

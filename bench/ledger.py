@@ -43,7 +43,7 @@ from vcasync.ledger import Ledger, WorkUnit
 from vcasync.ledger._columns import LEASE_FIELDS, WORKER_FIELDS
 from vcasync.wire import Limits, pack_tree, unpack_tree
 
-from ._stats import positive_int, spread
+from ._stats import add_quick, parse_args, positive_int, spread
 
 WORKERS = 1000
 
@@ -130,17 +130,25 @@ def ratios(num: list[float], den: list[float]) -> list[float]:
     return [a / b for a, b in zip(num, den, strict=True)]
 
 
-def main(argv: list[str] | None = None) -> int:
+QUICK: dict[str, Any] = {"sizes": [10_000, 50_000], "reps": 3}
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--sizes", type=int, nargs="+", default=None, help="units per ledger")
+    p.add_argument("--sizes", type=positive_int, nargs="+", default=[10_000, 100_000, 300_000],
+                   help="units per ledger (default 10000 100000 300000)")
     p.add_argument("--reps", type=positive_int, default=5)
-    p.add_argument("--quick", action="store_true", help="10,000 and 50,000 units, 3 reps")
+    add_quick(p, QUICK, "10,000 and 50,000 units, 3 reps")
     p.add_argument("--json", action="store_true")
-    a = p.parse_args(argv)
-    sizes = a.sizes or ([10_000, 50_000] if a.quick else [10_000, 100_000, 300_000])
-    reps = 3 if a.quick else a.reps
-    if any(n <= WORKERS for n in sizes):
-        p.error(f"every size must exceed the {WORKERS} workers")
+    a = parse_args(p, argv)
+    if any(n <= WORKERS for n in a.sizes):
+        p.error(f"--sizes: every size must exceed the {WORKERS} workers, got {a.sizes}")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    sizes, reps = a.sizes, a.reps
     figures: dict[str, Any] = {"workers": WORKERS, "reps": reps, "snapshot_format": 2}
     print(f"ledger snapshots: {WORKERS} workers, every unit but one a worker done, {reps} reps "
           "(median, min-max)")

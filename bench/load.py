@@ -37,7 +37,7 @@ from . import scale
 from ._http import LeanPool
 from ._peers import SECRET
 from ._proc import peer
-from ._stats import positive_float, positive_int
+from ._stats import add_quick, parse_args, positive_float, positive_int
 
 
 async def _metric(http: LeanPool, name: str) -> float:
@@ -127,21 +127,26 @@ def load(workers: int, interval: float, rounds: int, connections: int, submitter
         return run(measure(url, workers, interval, rounds, connections, submitters))
 
 
-def main(argv: list[str] | None = None) -> int:
+QUICK: dict[str, Any] = {"workers": 1000, "interval": 2.0, "rounds": 2}
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--workers", type=positive_int, default=10_000)
     p.add_argument("--interval", type=positive_float, default=10.0, help="heartbeat interval, seconds")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--connections", type=int, default=256)
-    p.add_argument("--submitters", type=int, default=4)
-    p.add_argument("--params", type=int, default=100_000, help="model size (float32 parameters)")
-    p.add_argument("--timeout-factor", type=float, default=3.0,
+    p.add_argument("--rounds", type=positive_int, default=3)
+    p.add_argument("--connections", type=positive_int, default=256)
+    p.add_argument("--submitters", type=positive_int, default=4)
+    p.add_argument("--params", type=positive_int, default=100_000, help="model size (float32 parameters)")
+    p.add_argument("--timeout-factor", type=positive_float, default=3.0,
                    help="lease timeout in heartbeat intervals")
-    p.add_argument("--quick", action="store_true", help="1,000 workers, 2 s heartbeats, 2 rounds")
+    add_quick(p, QUICK, "1,000 workers, 2 s heartbeats, 2 rounds")
     p.add_argument("--json", action="store_true")
-    a = p.parse_args(argv)
-    if a.quick:
-        a.workers, a.interval, a.rounds = 1000, 2.0, 2
+    return parse_args(p, argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
     r = load(a.workers, a.interval, a.rounds, a.connections, a.submitters, a.params, a.timeout_factor)
     print(f"{r['workers']} simulated workers, heartbeat every {a.interval:g}s x {a.rounds}, lease timeout "
           f"{a.timeout_factor * a.interval:g}s, {a.submitters} submitters merging {a.params:,}-param results")

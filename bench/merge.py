@@ -55,7 +55,7 @@ from vcasync.errors import UpdateRejectedError
 from vcasync.policy import MergePolicy, build_policy
 from vcasync.tensors import ModelState, Update, UpdateKind
 
-from ._stats import positive_int
+from ._stats import add_quick, parse_args, positive_int, positive_ints
 
 BLOCK = 4_000_000  # elements per weight tensor; each block also has a bias of 1,024 elements
 
@@ -252,26 +252,33 @@ def _print_table(rows: list[tuple[str, int, float, list[float], float]], sizes: 
         print(line)
 
 
-def main(argv: list[str] | None = None) -> None:
+QUICK: dict[str, Any] = {"sizes": "5,25", "repeats": 3}
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default=None,
-                        help="comma-separated model sizes in millions of parameters (default 25,100)")
-    parser.add_argument("--quick", action="store_true", help="5M and 25M parameters, 3 repeats")
-    parser.add_argument("--repeats", type=positive_int, default=None, help="timed repetitions (default 5)")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--sizes", type=positive_ints, default="25,100",
+                        help="comma-separated model sizes in whole millions of parameters (default 25,100)")
+    add_quick(parser, QUICK, "5M and 25M parameters, 3 repeats")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="timed repetitions (default 5)")
+    parser.add_argument("--threads", type=positive_int, default=1,
                         help="torch threads (default 1: a shared machine's second core is not ours)")
     parser.add_argument("--clock", choices=sorted(CLOCK), default="cpu",
                         help="cpu: this thread's CPU time (default; needs --threads 1), wall: elapsed")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     if args.clock == "cpu" and args.threads != 1:
         parser.error("--clock cpu measures one thread: use --threads 1 or --clock wall")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
     global clock
     clock = CLOCK[args.clock]
     torch.set_num_threads(args.threads)
-    sizes_text = args.sizes or ("5,25" if args.quick else "25,100")
-    sizes = [int(float(s) * 1_000_000) for s in sizes_text.split(",")]
-    repeats = args.repeats or (3 if args.quick else 5)
+    sizes = [int(s) * 1_000_000 for s in args.sizes.split(",")]
+    repeats = args.repeats
     figures = run(sizes, repeats)
     figures["clock"] = args.clock
     if args.json:

@@ -45,7 +45,7 @@ from vcasync.worker._client import CoordinatorClient
 
 from ._peers import SECRET, bench_delta, bench_model
 from ._proc import peer
-from ._stats import positive_int
+from ._stats import add_quick, non_negative_int, parse_args, positive_int
 
 STALENESS = 8
 OP_TIMEOUT_S = 900.0
@@ -119,28 +119,34 @@ def label(size: int) -> str:
     return f"{size // 10**9}gb" if size >= 10**9 else f"{size // 10**6}mb"
 
 
-def main(argv: list[str] | None = None) -> int:
+QUICK: dict[str, Any] = {"max_size": "100MB", "reps": 2}   # strings go through the type
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--max-size", type=parse_size, default=parse_size("1GB"),
                    help="the largest model (default 1GB; 4GB needs ~30 GB of free memory)")
     p.add_argument("--reps", type=positive_int, default=3)
-    p.add_argument("--warmup", type=int, default=STALENESS + 2,
+    p.add_argument("--warmup", type=non_negative_int, default=STALENESS + 2,
                    help="uploads before measuring (default: the staleness window + 2)")
-    p.add_argument("--held", type=int, default=None,
+    p.add_argument("--held", type=non_negative_int, default=None,
                    help="leases left open, one per version, as slow workers hold them (default: "
                         "the staleness window, 8, or --warmup if that is fewer)")
-    p.add_argument("--quick", action="store_true", help="10 MB and 100 MB only, 2 reps")
+    add_quick(p, QUICK, "10 MB and 100 MB only, 2 reps")
     p.add_argument("--json", action="store_true")
-    a = p.parse_args(argv)
-    if a.quick:
-        a.max_size, a.reps = min(a.max_size, parse_size("100MB")), 2
-    sizes = [s for s in map(parse_size, DEFAULT_SIZES) if s <= a.max_size]
+    a = parse_args(p, argv)
     if a.held is None:
         a.held = min(STALENESS, a.warmup)
     if not 0 <= a.held <= a.warmup:
-        p.error("--held must be between 0 and --warmup")
-    if parse_size("100MB") not in sizes:
-        p.error("--max-size must be at least 100MB (the linearity reference)")
+        p.error(f"--held must be between 0 and --warmup ({a.warmup}), got {a.held}")
+    if a.max_size < parse_size("100MB"):
+        p.error(f"--max-size must be at least 100MB (the linearity reference), got {a.max_size:,} bytes")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    sizes = [s for s in map(parse_size, DEFAULT_SIZES) if s <= a.max_size]
     results: dict[int, dict[str, Any]] = {}
     for size in sizes:
         params = size // 4

@@ -69,7 +69,7 @@ from vcasync.worker._client import CoordinatorClient
 from ._http import LeanPool, OneConn
 from ._peers import SECRET, bench_model
 from ._proc import peer
-from ._stats import positive_float, positive_ints
+from ._stats import add_quick, parse_args, positive_float, positive_int, positive_ints
 from ._tls import client_context
 
 
@@ -357,25 +357,30 @@ def _tag(n: int) -> str:
     return f"{n // 1000}k" if n % 1000 == 0 else str(n)
 
 
-def main(argv: list[str] | None = None) -> int:
+QUICK: dict[str, Any] = {"workers": "1000", "interval": 2.0, "rounds": 1}
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--workers", type=positive_ints, default="1000,10000",
                    help="pooled fleet sizes; the largest also "
                    "runs on its own connections, over TLS, and against bare aiohttp")
     p.add_argument("--interval", type=positive_float, default=10.0, help="heartbeat interval, seconds")
-    p.add_argument("--rounds", type=int, default=3, help="heartbeats per worker after its lease")
-    p.add_argument("--connections", type=int, default=256, help="pool size of the pooled runs")
-    p.add_argument("--params", type=int, default=1_000_000, help="model size the merger uploads")
-    p.add_argument("--timeout", type=float, default=10.0, help="per request, seconds")
-    p.add_argument("--quick", action="store_true", help="1,000 workers every 2 s, 1 round")
+    p.add_argument("--rounds", type=positive_int, default=3, help="heartbeats per worker after its lease")
+    p.add_argument("--connections", type=positive_int, default=256, help="pool size of the pooled runs")
+    p.add_argument("--params", type=positive_int, default=1_000_000, help="model size the merger uploads")
+    p.add_argument("--timeout", type=positive_float, default=10.0, help="per request, seconds")
+    add_quick(p, QUICK, "1,000 workers every 2 s, 1 round")
     p.add_argument("--json", action="store_true")
     p.add_argument("--merger", default=None, help=argparse.SUPPRESS)   # the merger process
     p.add_argument("--cert", default=None, help=argparse.SUPPRESS)
-    a = p.parse_args(argv)
+    return parse_args(p, argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
     if a.merger:
         return merger_main(a.merger, a.params, a.cert)
-    if a.quick:
-        a.workers, a.interval, a.rounds = "1000", 2.0, 1
     big = max(int(x) for x in a.workers.split(","))
     note = raise_nofile(big + 1000)
     rows = []

@@ -37,7 +37,7 @@ from typing import Any
 
 from bench._stats import spread
 
-from ._stats import positive_int
+from ._stats import add_quick, non_negative_int, one_of, parse_args, positive_int
 
 MiB = 1 << 20
 BUCKET = "vcasync-bench"
@@ -302,18 +302,25 @@ def _table(pairs: list[Pair], size: int) -> None:
               f"(min {lo:+.1%}, max {hi:+.1%})")
 
 
-def main(argv: list[str] | None = None) -> None:
+QUICK: dict[str, Any] = {"size_mb": 64, "reps": 3}
+BACKENDS = ("local", "s3", "gcs")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.storage", description=__doc__.split("\n")[0])
-    parser.add_argument("--size-mb", type=int, default=400)
+    parser.add_argument("--size-mb", type=positive_int, default=400)
     parser.add_argument("--reps", type=positive_int, default=5)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="64 MB, 3 repetitions")
-    parser.add_argument("--backends", default="local,s3,gcs", help="comma-separated: local,s3,gcs")
+    parser.add_argument("--warmup", type=non_negative_int, default=1)
+    add_quick(parser, QUICK, "64 MB, 3 repetitions")
+    parser.add_argument("--backends", type=one_of(BACKENDS), default="local,s3,gcs",
+                        help="comma-separated: local,s3,gcs")
     parser.add_argument("--dir", default=None, help="directory for the local case (default: tmp)")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.size_mb, args.reps = 64, 3
+    return parse_args(parser, argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
     args.backends = {b.strip() for b in args.backends.split(",") if b.strip()}
     figures = asyncio.run(main_async(args))
     if args.json:

@@ -1,0 +1,113 @@
+"""The benchmarks' arguments: ``--quick`` sets defaults that a flag given explicitly beats, and a bad
+value is refused by argparse (exit 2, the value and what is allowed named), never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+import pytest
+
+from bench._stats import add_quick, parse_args, positive_int, quick_flags
+
+BENCHES = ["chaos", "codec", "convergence", "e2e", "gap_sweep", "ledger", "load", "merge", "modelsize",
+           "scale", "storage"]
+
+
+def _parse(bench: str, argv: list[str]) -> argparse.Namespace:
+    ns: argparse.Namespace = importlib.import_module(f"bench.{bench}").parse(argv)
+    return ns
+
+
+def test_an_explicit_flag_beats_quick_and_quick_beats_the_default() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--reps", type=positive_int, default=5)
+    p.add_argument("--size", default="big")
+    add_quick(p, {"reps": 3, "size": "small"}, "small and few")
+    assert vars(parse_args(p, [])) == {"reps": 5, "size": "big", "quick": False}
+    assert vars(parse_args(p, ["--quick"])) == {"reps": 3, "size": "small", "quick": True}
+    assert vars(parse_args(p, ["--quick", "--reps", "5"])) == {"reps": 5, "size": "small", "quick": True}
+    assert vars(parse_args(p, ["--reps", "7", "--quick"])) == {"reps": 7, "size": "small", "quick": True}
+
+
+def test_quick_may_only_name_options_the_parser_has() -> None:
+    p = argparse.ArgumentParser()
+    add_quick(p, {"repz": 3}, "typo")
+    with pytest.raises(ValueError, match="repz"):
+        parse_args(p, ["--quick"])
+
+
+@pytest.mark.parametrize("bench", BENCHES)
+def test_in_every_bench_quick_means_its_flags(bench: str) -> None:
+    quick: dict[str, Any] = importlib.import_module(f"bench.{bench}").QUICK
+    assert vars(_parse(bench, ["--quick"])) == vars(_parse(bench, ["--quick", *quick_flags(quick)]))
+    assert vars(_parse(bench, ["--quick"])) == {**vars(_parse(bench, quick_flags(quick))), "quick": True}
+    assert _parse(bench, []).quick is False
+
+
+@pytest.mark.parametrize(("bench", "argv", "dest", "value"), [
+    # found by a user: `bench.codec --quick --reps 5` ran 3 repetitions
+    ("codec", ["--reps", "5"], "reps", 5),
+    ("codec", ["--sizes", "25m"], "sizes", "25m"),
+    ("merge", ["--repeats", "7"], "repeats", 7),
+    ("merge", ["--sizes", "100"], "sizes", "100"),
+    ("e2e", ["--reps", "5"], "reps", 5),
+    ("e2e", ["--params", "1000"], "params", 1000),
+    ("ledger", ["--reps", "5"], "reps", 5),
+    ("ledger", ["--sizes", "3000"], "sizes", [3000]),
+    ("load", ["--workers", "200"], "workers", 200),
+    ("modelsize", ["--max-size", "1GB"], "max_size", 10**9),
+    ("modelsize", ["--reps", "3"], "reps", 3),
+    ("scale", ["--workers", "10000"], "workers", "10000"),
+    ("scale", ["--rounds", "3"], "rounds", 3),
+    ("storage", ["--size-mb", "1"], "size_mb", 1),
+    ("storage", ["--reps", "5"], "reps", 5),
+    ("chaos", ["--inputs", "50"], "inputs", 50),
+    ("chaos", ["--worker-kills", "0"], "worker_kills", 0),
+    ("gap_sweep", ["--seeds", "3", "4"], "seeds", [3, 4]),
+    ("convergence", ["--sim-workers", "64"], "sim_workers", 64),
+    ("convergence", ["--seeds", "0", "1"], "seeds", [0, 1]),
+])
+def test_an_explicit_flag_wins_over_quick_in_every_bench(bench: str, argv: list[str], dest: str,
+                                                         value: Any) -> None:
+    for order in (["--quick", *argv], [*argv, "--quick"]):
+        assert getattr(_parse(bench, order), dest) == value
+
+
+@pytest.mark.parametrize(("bench", "argv", "said"), [
+    # found by a user: each of these three ended in a traceback
+    ("codec", ["--sizes", "7m"], "unknown '7m'; choose from 6m, 25m, 100m"),
+    ("gap_sweep", ["--policy", "bogus"], "invalid choice: 'bogus' (choose from 'diloco', 'fedasync'"),
+    ("convergence", ["--workers", "0"], "--workers: must be >= 1, got 0"),
+    # the same class of problem elsewhere
+    ("codec", ["--sizes", "25m,"], "unknown ''; choose from"),
+    ("merge", ["--sizes", "2.5"], "--sizes: '2.5' is not a whole number"),
+    ("merge", ["--threads", "0"], "--threads: must be >= 1, got 0"),
+    ("storage", ["--backends", "local,s4"], "unknown 's4'; choose from local, s3, gcs"),
+    ("storage", ["--size-mb", "0"], "--size-mb: must be >= 1, got 0"),
+    ("storage", ["--warmup", "-1"], "--warmup: must be >= 0, got -1"),
+    ("chaos", ["--only", "chaos,fuz"], "unknown 'fuz'; choose from chaos, fuzz, load, none"),
+    ("chaos", ["--worker-kills", "-3"], "--worker-kills: must be >= 0, got -3"),
+    ("gap_sweep", ["--param", "lr"], "--param: wants KEY=VALUE, got 'lr'"),
+    ("gap_sweep", ["--param", "bogus=1"], "unknown parameter(s) for policy 'vcasgd': bogus"),
+    ("gap_sweep", ["--alpha", "1"], "--alpha: must be >= 0 and < 1, got 1"),
+    ("gap_sweep", ["--epochs", "0"], "--epochs: must be >= 1, got 0"),
+    ("convergence", ["--jobs", "0"], "--jobs: must be >= 1, got 0"),
+    ("convergence", ["--sim-workers", "0"], "--sim-workers: must be >= 1, got 0"),
+    ("convergence", ["--hours", "-1"], "--hours: must be a finite number > 0, got -1"),
+    ("convergence", ["--alpha", "1.5"], "--alpha: must be >= 0 and < 1, got 1.5"),
+    ("scale", ["--rounds", "0"], "--rounds: must be >= 1, got 0"),
+    ("scale", ["--timeout", "0"], "--timeout: must be a finite number > 0, got 0"),
+    ("load", ["--connections", "0"], "--connections: must be >= 1, got 0"),
+    ("e2e", ["--warmup", "-1"], "--warmup: must be >= 0, got -1"),
+    ("e2e", ["--durability", "journal,fsync"], "unknown mode(s) ['fsync']; use none, snapshot, journal"),
+    ("modelsize", ["--max-size", "10MB"], "--max-size must be at least 100MB"),
+    ("ledger", ["--sizes", "0"], "--sizes: must be >= 1, got 0"),
+])
+def test_a_bad_value_is_an_argparse_error_that_names_it(bench: str, argv: list[str], said: str,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        importlib.import_module(f"bench.{bench}").main(argv)
+    assert info.value.code == 2
+    assert said in capsys.readouterr().err
