@@ -136,3 +136,17 @@ def quick_flags(quick: Mapping[str, Any]) -> list[str]:
     for k, v in quick.items():
         out += [f"--{k.replace('_', '-')}", *(map(str, v) if isinstance(v, list | tuple) else [str(v)])]
     return out
+
+
+def finite(obj: Any) -> Any:
+    """``obj`` with every infinite or NaN float made None, for ``--json`` (a failed repetition is an
+    infinite time; JSON has no Infinity, and a figure it made is no figure)."""
+    import math
+
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite(v) for v in obj]
+    return obj

@@ -11,6 +11,11 @@ Mode, for every figure: *warm*. Every destination is allocated once and reused (
 run repeatedly so freed memory is reused. ``raw fresh`` additionally shows our decoder allocating
 new tensors each time. Each figure is the median of ``--reps`` runs after one warm-up.
 
+Failures: every round trip of ours is checked outside the clock (every tensor back, bit-exact, or
+within the documented bound of a lossy codec); a call that raises or comes back wrong, warm-ups
+included, is counted in ``failed`` (``failures_<size>`` names the contender and the first error)
+and enters its median as an infinite time, so its ratios sink to 0 (or null), never leave it out.
+
 Data: no pretrained weights can be downloaded here, so the weights are synthetic but shaped like
 trained ones: Laplace-distributed (heavy-tailed, as trained conv weights are) with a He-style scale
 per layer, BatchNorm gamma ~ N(1, 0.1), beta ~ N(0, 0.05), running means/vars, int64 counters. The
@@ -39,9 +44,11 @@ import zstandard
 
 from vcasync.wire import CodecSpec, LinkProfile, PayloadDecoder, encode_payload
 from vcasync.wire.codecs import shuffle_into, unshuffle_into
+from vcasync.wire.dtypes import LOSSY_TARGETS
 from vcasync.wire.frames import checksum
+from vcasync.wire.plan import lossy_bound, resolve_codec
 
-from ._stats import add_quick, one_of, parse_args, positive_int, spread
+from ._stats import add_quick, finite, one_of, parse_args, positive_int, spread
 
 State = dict[str, torch.Tensor]
 
@@ -127,27 +134,59 @@ def nearby_delta(sd: State, seed: int = 1, lr: float = 1e-3) -> State:
 CLOCK: dict[str, Callable[[], float]] = {"cpu": time.thread_time, "wall": time.perf_counter}
 clock = CLOCK["cpu"]
 
+class Failures:
+    """Calls that raised or whose output was wrong, per contender: counted, never dropped (a
+    failed call's time is infinite in the figures, so its ratio to memcpy is 0)."""
+
+    def __init__(self) -> None:
+        self.count: dict[str, int] = {}
+        self.first: dict[str, str] = {}
+
+    def add(self, name: str, why: str) -> float:
+        self.count[name] = self.count.get(name, 0) + 1
+        self.first.setdefault(name, why)
+        return math.inf
+
+    def total(self) -> int:
+        return sum(self.count.values())
+
+
+def timed_call(name: str, fn: Callable[[], Any], check: Callable[[], str | None] | None,
+               failures: Failures) -> float:
+    """Seconds of one call of ``fn`` (infinite when it raised or ``check`` then found its output
+    wrong: ``check`` runs outside the clock and says what is wrong, or None)."""
+    t0 = clock()
+    try:
+        fn()
+    except Exception as exc:   # counted in the figures, the race goes on
+        return failures.add(name, f"{type(exc).__name__}: {exc}")
+    elapsed = clock() - t0
+    wrong = check() if check is not None else None
+    return elapsed if wrong is None else failures.add(name, wrong)
+
+
 def race(contenders: dict[str, Callable[[], Any]], reps: int, min_round_s: float = 0.25,
-         rounds: dict[str, list[float]] | None = None) -> dict[str, float]:
+         rounds: dict[str, list[float]] | None = None,
+         checks: dict[str, Callable[[], str | None]] | None = None,
+         failures: Failures | None = None) -> dict[str, float]:
     """Median seconds per call per contender, run round-robin after one warm-up each, so a load
     spike on this shared machine hits every contender alike instead of skewing one ratio. A
     fast contender is called several times in a row per round (enough for ``min_round_s``,
     at most 20), so its median rests on as much wall time as a slow one's: 7 rounds of a 10 ms
-    memcpy alone were 70 ms of a noisy machine, and the ratios wandered by 0.1 between runs."""
+    memcpy alone were 70 ms of a noisy machine, and the ratios wandered by 0.1 between runs.
+    A call that raises, or whose output ``checks[name]`` finds wrong, is counted in ``failures``
+    (warm-ups too) and enters its median as an infinite time."""
+    checks = checks or {}
+    failures = failures if failures is not None else Failures()
     inner: dict[str, int] = {}
     for name, fn in contenders.items():
-        t0 = clock()
-        fn()                                   # warm-up: allocations, caches, lazy imports
-        warm = clock() - t0
-        inner[name] = max(1, min(20, round(min_round_s / max(warm, 1e-6))))
+        # warm-up: allocations, caches, lazy imports
+        warm = timed_call(name, fn, checks.get(name), failures)
+        inner[name] = max(1, min(20, round(min_round_s / max(warm, 1e-6)))) if math.isfinite(warm) else 1
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(reps):
         for name, fn in contenders.items():
-            mine = []
-            for _ in range(inner[name]):
-                t0 = clock()
-                fn()
-                mine.append(clock() - t0)
+            mine = [timed_call(name, fn, checks.get(name), failures) for _ in range(inner[name])]
             times[name] += mine
             if rounds is not None:     # each round's median: the spread of a ratio across rounds
                 rounds.setdefault(name, []).append(statistics.median(mine))
@@ -280,26 +319,52 @@ def hivemind_fn(sd: State) -> Callable[[], None] | None:
 
 # --- ours -----------------------------------------------------------------------------------
 
+def mismatch(sent: State, got: dict[str, torch.Tensor], lossy: str | None) -> str | None:
+    """What is wrong with ``got`` as the decoding of ``sent`` (None: nothing): every tensor back,
+    same dtype and shape, bit-exact, or within the documented bound of a ``lossy`` codec."""
+    if set(got) != set(sent):
+        return f"tensors differ: {sorted(set(sent) ^ set(got))[:3]}"
+    rel, absolute = lossy_bound(LOSSY_TARGETS[lossy]) if lossy else (0.0, 0.0)
+    for k, x in sent.items():
+        y = got[k]
+        if y.dtype != x.dtype or y.shape != x.shape:
+            return f"{k}: {y.dtype} {tuple(y.shape)} back for {x.dtype} {tuple(x.shape)}"
+        if lossy and x.is_floating_point():
+            if not bool(((y - x).abs() <= x.abs() * rel + absolute).all()):
+                return f"{k}: off by more than the {lossy} bound"
+        elif not torch.equal(y, x):
+            return f"{k}: not bit-exact"
+    return None
+
+
 def ours_fns(sd: State, codec: str | CodecSpec, wire: dict[str, int], key: str, *,
-             reuse: bool = True, zero_copy: bool = True) -> tuple[Callable[[], None], Callable[[], None]]:
-    """(round trip, encode only): streamed encode -> decode, chunk by chunk (the whole message is
-    never built), into reused ``out`` buffers when ``reuse``."""
+             reuse: bool = True, zero_copy: bool = True
+             ) -> tuple[Callable[[], None], Callable[[], None], Callable[[], str | None]]:
+    """(round trip, encode only, check): streamed encode -> decode, chunk by chunk (the whole
+    message is never built), into reused ``out`` buffers when ``reuse``; ``check`` says what is
+    wrong with the last round trip's tensors (None: nothing)."""
     out = {k: torch.empty_like(v) for k, v in sd.items()} if reuse else None
+    spec = resolve_codec(codec)
+    last: dict[str, dict[str, torch.Tensor]] = {}
 
     def roundtrip() -> None:
+        last.clear()
         dec = PayloadDecoder(out=out)
         total = 0
         for chunk in encode_payload("model", {"version": 1}, sd, codec=codec, zero_copy=zero_copy):
             total += len(chunk)
             dec.feed(chunk)
-        dec.finish()
+        last["tensors"] = dec.finish().tensors
         wire[key] = total
 
     def encode_only() -> None:
         for _ in encode_payload("model", {"version": 1}, sd, codec=codec, zero_copy=zero_copy):
             pass
 
-    return roundtrip, encode_only
+    def check() -> str | None:
+        return mismatch(sd, last["tensors"], spec.lossy) if "tensors" in last else "no output"
+
+    return roundtrip, encode_only, check
 
 
 # --- driver ---------------------------------------------------------------------------------
@@ -337,17 +402,20 @@ def run_size(label: str, scale: float, reps: int, rows: list[tuple[str, str, flo
     for name, fn in peers.items():
         if fn is not None:
             fns[name] = fn
+    checks: dict[str, Callable[[], str | None]] = {}
     for name, codec, which in CODECS:
         sd = weights if which == "weights" else delta
-        fns[name], fns[f"{name} (encode)"] = ours_fns(sd, codec, wire, name)
-    fns["raw fresh"], _ = ours_fns(weights, "raw", wire, "raw fresh", reuse=False, zero_copy=False)
+        fns[name], fns[f"{name} (encode)"], checks[name] = ours_fns(sd, codec, wire, name)
+    fns["raw fresh"], _, checks["raw fresh"] = ours_fns(weights, "raw", wire, "raw fresh", reuse=False,
+                                                        zero_copy=False)
     # The same entries at 1/8 of the channels (~2% of the bytes): its round trip is mostly the
     # per-tensor cost (headers, checks, allocation lookups), the part a format cannot amortise.
     tiny = trained_like([(n, s if len(s) < 2 else (max(s[0] // 8, 8), max(s[1] // 8, 8), *s[2:]), d)
                          for n, s, d in shapes])
-    fns["raw tiny"], _ = ours_fns(tiny, "raw", wire, "raw tiny")
+    fns["raw tiny"], _, checks["raw tiny"] = ours_fns(tiny, "raw", wire, "raw tiny")
     per_round: dict[str, list[float]] = {}
-    t = race(fns, reps, rounds=per_round)
+    failures = Failures()
+    t = race(fns, reps, rounds=per_round, checks=checks, failures=failures)
 
     def ratio_spread(num: str, den: str) -> list[float]:
         return spread([a / b for a, b in zip(per_round[num], per_round[den], strict=True)])
@@ -389,21 +457,23 @@ def run_size(label: str, scale: float, reps: int, rows: list[tuple[str, str, flo
         f"raw_vs_torch_save_{label}": t["torch.save+load"] / t["raw"],
         f"zstd_vs_library_{label}": t["zstandard + numpy shuffle"] / t["zstd"],
         f"zstd_plain_vs_library_{label}": t["zstandard alone"] / t["zstd-plain"],
-        f"zstd_weights_ratio_{label}": size / wire["zstd"],
-        f"zstd_plain_weights_ratio_{label}": size / wire["zstd-plain"],
-        f"zstd_delta_ratio_{label}": nbytes(delta) / wire["zstd delta"],
-        f"bf16_delta_ratio_{label}": nbytes(delta) / wire["bf16 delta"],
-        f"fp16_delta_ratio_{label}": nbytes(delta) / wire["fp16 delta"],
+        f"zstd_weights_ratio_{label}": size / wire.get("zstd", math.nan),
+        f"zstd_plain_weights_ratio_{label}": size / wire.get("zstd-plain", math.nan),
+        f"zstd_delta_ratio_{label}": nbytes(delta) / wire.get("zstd delta", math.nan),
+        f"bf16_delta_ratio_{label}": nbytes(delta) / wire.get("bf16 delta", math.nan),
+        f"fp16_delta_ratio_{label}": nbytes(delta) / wire.get("fp16 delta", math.nan),
         f"raw_fresh_vs_memcpy_{label}": mem / t["raw fresh"],
         f"per_tensor_us_{label}": t["raw tiny"] / len(tiny) * 1e6,
         f"per_tensor_share_{label}": t["raw tiny"] / t["raw"],
         f"torch_save_vs_memcpy_{label}": mem / t["torch.save+load"],
         f"pickle5_vs_memcpy_{label}": mem / t["pickle 5 oob buffers"],
-        f"auto_100mbit_ratio_{label}": size / wire["auto@100Mbit"],
-        f"auto_10gbit_ratio_{label}": size / wire["auto@10Gbit"],
+        f"auto_100mbit_ratio_{label}": size / wire.get("auto@100Mbit", math.nan),
+        f"auto_10gbit_ratio_{label}": size / wire.get("auto@10Gbit", math.nan),
         f"memcpy_gbps_{label}": size / mem / 1e9,
         f"raw_gbps_{label}": size / t["raw"] / 1e9,
         f"zstd_gbps_{label}": size / t["zstd"] / 1e9,
+        f"failed_{label}": failures.total(),
+        f"failures_{label}": {n: {"count": c, "first": failures.first[n]} for n, c in failures.count.items()},
         f"params_{label}": params,
         f"bytes_{label}": size,
     })
@@ -450,7 +520,9 @@ def main(argv: list[str] | None = None) -> int:
     result["mode"] = "warm: destinations allocated once and reused; medians after one warm-up"
     result["headline_size"] = headline
     result["reps"] = reps
-    result["failed"] = 0      # a failing round trip raises: no figure is made without it
+    # calls (warm-ups included) that raised or decoded wrong: each is an infinite time in its
+    # median, so a figure that depends on it sinks (or is null), never a figure without it
+    result["failed"] = sum(figures[f"failed_{label}"] for label in sizes)
     result["config"] = "ResNet-50 tensor list, codec presets as listed, chunk 1 MiB, 1 torch thread"
     result["clock"] = args.clock
     print(f"{'size':>5}  {'method':<28} {'time ms':>9} {'GB/s':>7} {'ratio':>7}  note")
@@ -458,8 +530,11 @@ def main(argv: list[str] | None = None) -> int:
         speed = figures[f"bytes_{label}"] / secs / 1e9 if secs == secs else math.nan
         print(f"{label:>5}  {name:<28} {secs * 1e3:9.1f} {speed:7.2f} {ratio:7.3f}  {note}")
     print("\n" + "  ".join(f"{k}={result[k]}" for k in order))
+    for label in sizes:
+        for name, what in figures[f"failures_{label}"].items():
+            print(f"FAILED {label} {name}: {what['count']} call(s), first: {what['first']}")
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(finite(result)))
     return 0
 
 

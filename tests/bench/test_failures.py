@@ -1,0 +1,78 @@
+"""A benchmark counts the repetitions that failed (raised, or produced wrong output) and keeps them
+in its figures as infinite times; ``failed`` was a hard-coded 0 in codec and merge."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+import bench.codec as codec
+from bench._stats import finite
+
+
+def test_race_counts_calls_that_raise_or_come_out_wrong() -> None:
+    calls = {"n": 0}
+
+    def flaky() -> None:
+        calls["n"] += 1
+        if calls["n"] % 2 == 0:
+            raise OSError("disk on fire")
+
+    failures = codec.Failures()
+    t = codec.race({"ok": lambda: None, "flaky": flaky, "wrong": lambda: None}, reps=3,
+                   min_round_s=0.0, checks={"wrong": lambda: "not bit-exact"}, failures=failures)
+    assert math.isfinite(t["ok"])
+    assert failures.count["wrong"] == 4                     # the warm-up and 3 rounds, none dropped
+    assert t["wrong"] == math.inf
+    assert failures.count["flaky"] == 2                     # calls 2 and 4 of 4
+    assert failures.first["flaky"] == "OSError: disk on fire"
+    assert failures.total() == 6
+    assert "ok" not in failures.count
+
+
+def test_the_round_trip_check_holds_lossless_codecs_to_bits_and_lossy_ones_to_their_bound() -> None:
+    sd = codec.trained_like(codec.resnet50_shapes(0.05))
+    wire: dict[str, int] = {}
+    for name in ("raw", "zstd", "bf16", "fp16"):
+        roundtrip, _, check = codec.ours_fns(sd, name, wire, name)
+        assert check() == "no output"
+        roundtrip()
+        assert check() is None, name
+    got = {k: v.clone() for k, v in sd.items()}
+    got["fc.bias"][0] += 1e-6
+    assert codec.mismatch(sd, got, None) == "fc.bias: not bit-exact"
+    assert codec.mismatch(sd, got, "bfloat16") is None      # within bf16's bound
+    got["fc.bias"][0] += 1.0
+    assert codec.mismatch(sd, got, "bfloat16") == "fc.bias: off by more than the bfloat16 bound"
+    del got["fc.bias"]
+    assert "tensors differ" in (codec.mismatch(sd, got, None) or "")
+
+
+def test_a_wrong_decoder_is_counted_in_failed_and_sinks_the_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Corrupting(codec.PayloadDecoder):
+        def finish(self) -> Any:
+            payload = super().finish()
+            payload.tensors["fc.bias"].add_(1.0)
+            return payload
+
+    def broken_save(sd: codec.State) -> Any:
+        def run() -> None:
+            raise RuntimeError("pickling failed")
+        return run
+
+    monkeypatch.setattr(codec, "PayloadDecoder", Corrupting)
+    monkeypatch.setattr(codec, "torch_save_fn", broken_save)
+    torch.set_num_threads(1)
+    rows: list[Any] = []
+    figures: dict[str, Any] = {}
+    codec.run_size("tiny", 0.05, 1, rows, figures)
+    failures = figures["failures_tiny"]
+    assert failures["raw"]["first"] == "fc.bias: not bit-exact"
+    assert failures["bf16 delta"]["count"] >= 2             # warm-up and the round
+    assert failures["torch.save+load"]["first"] == "RuntimeError: pickling failed"
+    assert figures["failed_tiny"] == sum(f["count"] for f in failures.values())
+    assert figures["raw_vs_memcpy_tiny"] == 0.0             # an infinite time, not a dropped one
+    assert finite({"x": figures["raw_vs_torch_save_tiny"]}) == {"x": None}    # inf / inf
