@@ -29,8 +29,10 @@ mixing policies is <= 1.2). The streams per merged result, as :data:`STREAMS` st
 | sync (K=4) | mean, delta; flush/K: model, mean | mean; flush/K: model, mean | 3 + 4/K = 4 |
 
 Every figure is the median of ``--repeats`` paired ratios; ``<policy>_vs_floor_spread`` holds their
-[min, median, max]. A repetition that fails (a refused result) is counted in ``failed`` and stops the
-run: a figure never silently leaves one out.
+[min, median, max]. A repetition that fails (the merge raised, a refused result among them; warm-ups
+too) or a case whose model ends with a non-finite value is counted in ``failed`` (per case in
+``failed_<case>_<size>``, the first error in ``failures``); a failed repetition is an infinite time
+and ratio in its figure (null in the JSON), never left out.
 
     python -m bench.merge                 # 25M and 100M params
     python -m bench.merge --quick         # 5M and 25M params, fewer repeats
@@ -42,6 +44,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -51,11 +54,10 @@ from typing import Any
 import torch
 
 from bench._stats import show, spread
-from vcasync.errors import UpdateRejectedError
 from vcasync.policy import MergePolicy, build_policy
 from vcasync.tensors import ModelState, Update, UpdateKind
 
-from ._stats import add_quick, parse_args, positive_int, positive_ints
+from ._stats import add_quick, finite, parse_args, positive_int, positive_ints
 
 BLOCK = 4_000_000  # elements per weight tensor; each block also has a bias of 1,024 elements
 
@@ -126,21 +128,33 @@ CLOCK: dict[str, Callable[[], float]] = {"cpu": time.thread_time, "wall": time.p
 clock = CLOCK["cpu"]
 
 
-def paired(fn: Callable[[], object], copy: Callable[[], object],
-           repeats: int) -> tuple[float, float, list[float]]:
-    """``(median seconds of fn, median seconds of copy, every per-pair ratio)``."""
-    fn()  # warm-up
+def paired(fn: Callable[[], object], copy: Callable[[], object], repeats: int,
+           failures: list[str] | None = None) -> tuple[float, float, list[float]]:
+    """``(median seconds of fn, median seconds of copy, every per-pair ratio)``; a call of ``fn``
+    that raises (the warm-up too) is appended to ``failures`` and its repetition is an infinite
+    time and ratio."""
+    failed = failures if failures is not None else []
+
+    def attempt() -> bool:
+        try:
+            fn()
+        except Exception as exc:   # counted, the run goes on
+            failed.append(f"{type(exc).__name__}: {exc}")
+            return False
+        return True
+
+    attempt()  # warm-up
     copy()
     ts, cs, ratios = [], [], []
     for _ in range(repeats):
         start = clock()
         copy()
         mid = clock()
-        fn()
+        ok = attempt()
         end = clock()
         cs.append(mid - start)
-        ts.append(end - mid)
-        ratios.append((end - mid) / (mid - start))
+        ts.append(end - mid if ok else math.inf)
+        ratios.append(ts[-1] / (mid - start))
     return statistics.median(ts), statistics.median(cs), ratios
 
 
@@ -156,27 +170,29 @@ def memcpy_fn(model: ModelState) -> Callable[[], None]:
 
 
 def time_policy(case: Case, model: ModelState, base: ModelState, result: dict[str, torch.Tensor],
-                copy: Callable[[], None], repeats: int) -> tuple[float, list[float]]:
-    """``(median seconds per merged result, ratios to memcpy)``, warm (see the module docstring)."""
+                copy: Callable[[], None], repeats: int,
+                failures: list[str] | None = None) -> tuple[float, list[float]]:
+    """``(median seconds per merged result, ratios to memcpy)``, warm (see the module docstring);
+    failed repetitions (a merge raised, the gate refusing a result among them) are appended to
+    ``failures``, and a model left with a non-finite value counts as one more."""
+    failed = failures if failures is not None else []
     policy: MergePolicy = build_policy(case.policy, case.params)
     state = policy.init_state(model)
     update = Update(result, kind=case.kind, base=base if policy.needs_base else None, samples=10)
 
     def one_round() -> None:
         for _ in range(case.round_size):
-            try:
-                policy.merge(model, update, state)
-            except UpdateRejectedError:  # pragma: no cover - the gate never rejects here
-                raise SystemExit("failed: the gate refused a benchmark result (failed=1; no "
-                                 "figure is reported without it)") from None
+            policy.merge(model, update, state)
 
-    one_round()
-    seconds, _, ratios = paired(one_round, copy, repeats)
+    seconds, _, ratios = paired(one_round, copy, repeats, failed)
+    bad = [n for n, t in model.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        failed.append(f"non-finite values in {bad[:3]} after the merges")
     return seconds / case.round_size, [r / case.round_size for r in ratios]
 
 
 def time_flower(model: ModelState, result: dict[str, torch.Tensor], copy: Callable[[], None],
-                repeats: int) -> tuple[float, list[float]] | None:
+                repeats: int, failures: list[str] | None = None) -> tuple[float, list[float]] | None:
     """Flower's FedAvg ``aggregate`` of the model and the result as two clients, or None."""
     try:
         from flwr.server.strategy.aggregate import aggregate
@@ -184,12 +200,13 @@ def time_flower(model: ModelState, result: dict[str, torch.Tensor], copy: Callab
         return None
     arrays_w = [t.numpy() for t in model.values() if t.is_floating_point()]
     arrays_r = [t.numpy() for n, t in result.items() if t.is_floating_point()]
-    seconds, _, ratios = paired(lambda: aggregate([(arrays_w, 10), (arrays_r, 10)]), copy, repeats)
+    seconds, _, ratios = paired(lambda: aggregate([(arrays_w, 10), (arrays_r, 10)]), copy, repeats, failures)
     return seconds, ratios
 
 
 def run(sizes: list[int], repeats: int) -> dict[str, Any]:
     figures: dict[str, Any] = {}
+    failures: dict[str, list[str]] = {}
     rows: list[tuple[str, int, float, list[float], float]] = []
     for size in sizes:
         model = make_model(size, 1.0)
@@ -203,8 +220,11 @@ def run(sizes: list[int], repeats: int) -> dict[str, Any]:
         tag = f"{size // 1_000_000}m"
         figures[f"memcpy_ms_{tag}"] = round(memcpy * 1e3, 3)
         for case in CASES:
+            failed = failures.setdefault(f"{case.label}_{tag}", [])
             seconds, ratios = time_policy(case, model, base,
-                                          weights if case.kind == "weights" else delta, copy, repeats)
+                                          weights if case.kind == "weights" else delta, copy, repeats,
+                                          failed)
+            figures[f"failed_{case.label}_{tag}"] = len(failed)
             n = streams(case)
             rows.append((case.label, size, seconds, ratios, n))
             floor = [r * 2.0 / n for r in ratios]
@@ -212,7 +232,7 @@ def run(sizes: list[int], repeats: int) -> dict[str, Any]:
             figures[f"{case.label}_vs_floor_{tag}"] = spread(floor)[1]
             figures[f"{case.label}_vs_floor_spread_{tag}"] = spread(floor)
             figures[f"{case.label}_streams"] = round(n, 3)
-        flower = time_flower(model, weights, copy, repeats)
+        flower = time_flower(model, weights, copy, repeats, failures.setdefault(f"flower_fedavg_{tag}", []))
         if flower is not None:
             rows.append(("flower_fedavg", size, flower[0], flower[1], 3.0))
             figures[f"flower_fedavg_vs_memcpy_{tag}"] = spread(flower[1])[1]
@@ -230,7 +250,11 @@ def run(sizes: list[int], repeats: int) -> dict[str, Any]:
     missing = [b for b in BUILTINS if f"{b}_vs_floor" not in head]
     assert not missing, missing
     head["mixing_max_vs_floor"] = max(head[f"{b}_vs_floor"] for b in MIXING)
-    return {**head, **figures, "failed": 0, "mode": "warm", "sizes": sizes, "repeats": repeats,
+    head["failed"] = sum(len(f) for f in failures.values())
+    head["failures"] = {k: {"count": len(f), "first": f[0]} for k, f in failures.items() if f}
+    for k, what in head["failures"].items():
+        print(f"FAILED {k}: {what['count']} repetition(s), first: {what['first']}")
+    return {**head, **figures, "mode": "warm", "sizes": sizes, "repeats": repeats,
             "threads": torch.get_num_threads(), "flower": "flower_fedavg_vs_memcpy" in head,
             "config": "defaults of each policy except: vcasgd alpha 0.5, buffer sizes as in CASES"}
 
@@ -282,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     figures = run(sizes, repeats)
     figures["clock"] = args.clock
     if args.json:
-        print(json.dumps(figures))
+        print(json.dumps(finite(figures)))
 
 
 if __name__ == "__main__":

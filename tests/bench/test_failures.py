@@ -11,6 +11,7 @@ import torch
 
 import bench.codec as codec
 from bench._stats import finite
+from vcasync.errors import UpdateRejectedError
 
 
 def test_race_counts_calls_that_raise_or_come_out_wrong() -> None:
@@ -76,3 +77,40 @@ def test_a_wrong_decoder_is_counted_in_failed_and_sinks_the_figures(monkeypatch:
     assert figures["failed_tiny"] == sum(f["count"] for f in failures.values())
     assert figures["raw_vs_memcpy_tiny"] == 0.0             # an infinite time, not a dropped one
     assert finite({"x": figures["raw_vs_torch_save_tiny"]}) == {"x": None}    # inf / inf
+
+
+def test_merge_counts_failed_repetitions_and_keeps_them_as_infinite(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.merge as merge
+
+    real_build = merge.build_policy
+    calls = {"n": 0}
+
+    class Flaky:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+            self.needs_base = inner.needs_base
+
+        def init_state(self, model: Any) -> Any:
+            return self.inner.init_state(model)
+
+        def merge(self, model: Any, update: Any, state: Any) -> None:
+            calls["n"] += 1
+            if calls["n"] % 2 == 0:
+                raise UpdateRejectedError("refused by the test", reason="test")
+            self.inner.merge(model, update, state)
+
+    monkeypatch.setattr(merge, "build_policy", lambda name, params: Flaky(real_build(name, params)))
+    monkeypatch.setattr(merge, "CASES", [merge.Case("vcasgd", "vcasgd", {"alpha": 0.5})])
+    monkeypatch.setattr(merge, "BUILTINS", ["vcasgd"])
+    monkeypatch.setattr(merge, "MIXING", ["vcasgd"])
+    monkeypatch.setattr(merge, "time_flower", lambda *a, **k: None)
+    figures = merge.run([1_000_000], repeats=3)
+    # the warm-up (call 1) works; of the 3 timed repetitions, calls 2 and 4 raised
+    assert figures["failed"] == 2
+    assert figures["failed_vcasgd_1m"] == 2
+    assert figures["failures"]["vcasgd_1m"]["count"] == 2
+    assert "refused by the test" in figures["failures"]["vcasgd_1m"]["first"]
+    spread_ = figures["vcasgd_vs_floor_spread"]
+    assert math.isfinite(spread_[0])
+    assert spread_[1] == spread_[2] == math.inf            # 2 of 3 repetitions infinite
+    assert finite(spread_)[1:] == [None, None]
