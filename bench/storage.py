@@ -17,6 +17,11 @@ References, measured in the same run on the same bytes, alternating with the bac
 child processes (moto not serialised); numbers are emulator-bound and only meaningful as ratios.
 Mode: the same source buffer every repetition; each repetition creates a fresh object, reads it
 back from a warm page cache, and deletes it (untimed), for backend and reference alike.
+
+Failures: a put, get or delete that raises or takes longer than ``--timeout``, or a get that
+returns other bytes than were put (compared outside the clock), warm-ups included, is counted in
+``failed`` (``<backend>_failed``; the first errors in ``failures``) and its time is infinite in
+the figures (null in the JSON), never left out.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import sys
@@ -37,7 +43,7 @@ from typing import Any
 
 from bench._stats import spread
 
-from ._stats import add_quick, non_negative_int, one_of, parse_args, positive_int
+from ._stats import add_quick, finite, non_negative_int, one_of, parse_args, positive_float, positive_int
 
 MiB = 1 << 20
 BUCKET = "vcasync-bench"
@@ -59,6 +65,7 @@ class Pair:
     ref_clean: Op
     times: dict[str, list[float]] = field(default_factory=lambda: {
         "put": [], "get": [], "ref_put": [], "ref_get": []})
+    failures: list[str] = field(default_factory=list)
 
     def median(self, what: str) -> float:
         return statistics.median(self.times[what])
@@ -83,23 +90,43 @@ class Pair:
         return statistics.median(self.paired())
 
 
-async def _timed(op: Op) -> float:
+async def _timed(op: Op, failures: list[str], what: str, limit_s: float,
+                 expect: bytes | None = None) -> float:
+    """Seconds of ``op``; infinite, and a line in ``failures``, when it raised, took longer than
+    ``limit_s`` or (a read) returned other bytes than ``expect``."""
     start = time.perf_counter()
-    await op()
-    return time.perf_counter() - start
+    try:
+        async with asyncio.timeout(limit_s):
+            got = await op()
+    except TimeoutError:
+        failures.append(f"{what}: timed out after {limit_s:g} s")
+        return math.inf
+    except Exception as exc:   # counted in the figures, the run goes on
+        failures.append(f"{what}: {type(exc).__name__}: {exc}")
+        return math.inf
+    elapsed = time.perf_counter() - start
+    if expect is not None and got != expect:     # outside the clock
+        failures.append(f"{what}: read back {len(got) if isinstance(got, bytes | bytearray) else '?'} "
+                        f"bytes that differ from the {len(expect)} written")
+        return math.inf
+    return elapsed
 
 
-async def run_pair(pair: Pair, reps: int, warmup: int, size: int) -> None:
+async def run_pair(pair: Pair, reps: int, warmup: int, size: int, data: bytes,
+                   limit_s: float = 600.0) -> None:
     """Each repetition writes a fresh object, reads it, and deletes it (untimed), so neither side
-    pays for replacing the other's leftovers; backend and reference alternate who goes first."""
+    pays for replacing the other's leftovers; backend and reference alternate who goes first.
+    A put, get or delete that fails or times out (warm-ups too), or a get that returns other
+    bytes, is counted in ``pair.failures``; its time is infinite in the figures, never left out."""
     for rep in range(warmup + reps):
         sides = ("", "ref_") if rep % 2 else ("ref_", "")
         for side in sides:
             for what in (f"{side}put", f"{side}get"):
-                elapsed = await _timed(getattr(pair, what))
+                elapsed = await _timed(getattr(pair, what), pair.failures, what, limit_s,
+                                       data if what.endswith("get") else None)
                 if rep >= warmup:
                     pair.times[what].append(elapsed)
-            await getattr(pair, f"{side}clean")()
+            await _timed(getattr(pair, f"{side}clean"), pair.failures, f"{side}clean", limit_s)
         print(f"  {pair.name} rep {rep + 1}/{warmup + reps}: " + ", ".join(
             f"{w} {size / MiB / pair.times[w][-1]:.0f} MB/s" for w in ("put", "ref_put", "get", "ref_get")
             if rep >= warmup), file=sys.stderr, flush=True)
@@ -267,7 +294,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 _create_bucket("gcs", servers[-1].endpoint)
                 pairs.append(await gcs_pair(data, servers[-1].endpoint, opened))
             for pair in pairs:
-                await run_pair(pair, args.reps, args.warmup, size)
+                await run_pair(pair, args.reps, args.warmup, size, data, args.timeout)
     finally:
         await _close(opened)
         for server in servers:
@@ -285,7 +312,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     for pair in pairs:
         for what in ("put", "get", "ref_put", "ref_get"):
             figures[f"{pair.name}_{what}_mb_s"] = round(size / MiB / pair.median(what), 1)
-    figures.update(size_mb=args.size_mb, reps=args.reps, warmup=args.warmup, failed=0,
+    for pair in pairs:
+        figures[f"{pair.name}_failed"] = len(pair.failures)
+        if pair.failures:
+            print(f"FAILED {pair.name}: {len(pair.failures)}, first: {pair.failures[0]}")
+    figures["failures"] = {p.name: p.failures[:5] for p in pairs if p.failures}
+    figures.update(size_mb=args.size_mb, reps=args.reps, warmup=args.warmup,
+                   failed=sum(len(p.failures) for p in pairs), timeout_s=args.timeout,
                    mode="fresh object per repetition, warm page cache on read; emulators in child processes")
     _table(pairs, size)
     return figures
@@ -314,6 +347,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add_quick(parser, QUICK, "64 MB, 3 repetitions")
     parser.add_argument("--backends", type=one_of(BACKENDS), default="local,s3,gcs",
                         help="comma-separated: local,s3,gcs")
+    parser.add_argument("--timeout", type=positive_float, default=600.0,
+                        help="seconds one put, get or delete may take before it counts as failed")
     parser.add_argument("--dir", default=None, help="directory for the local case (default: tmp)")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     return parse_args(parser, argv)
@@ -324,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
     args.backends = {b.strip() for b in args.backends.split(",") if b.strip()}
     figures = asyncio.run(main_async(args))
     if args.json:
-        print(json.dumps(figures))
+        print(json.dumps(finite(figures)))
 
 
 if __name__ == "__main__":

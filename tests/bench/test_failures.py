@@ -114,3 +114,38 @@ def test_merge_counts_failed_repetitions_and_keeps_them_as_infinite(monkeypatch:
     assert math.isfinite(spread_[0])
     assert spread_[1] == spread_[2] == math.inf            # 2 of 3 repetitions infinite
     assert finite(spread_)[1:] == [None, None]
+
+
+def test_storage_counts_failed_timed_out_and_wrong_operations() -> None:
+    import asyncio
+
+    import bench.storage as storage
+
+    data = b"x" * 1000
+    calls = {"put": 0}
+
+    async def put() -> None:
+        calls["put"] += 1
+        if calls["put"] == 2:
+            raise ConnectionResetError("emulator went away")
+
+    async def get() -> bytes:
+        return data
+
+    async def bad_get() -> bytes:
+        return data[:-1] + b"y"
+
+    async def slow_clean() -> None:
+        await asyncio.sleep(10)
+
+    async def nothing() -> None:
+        return None
+
+    pair = storage.Pair("fake", put, get, nothing, nothing, bad_get, slow_clean)
+    asyncio.run(storage.run_pair(pair, reps=2, warmup=1, size=len(data), data=data, limit_s=0.05))
+    assert pair.failures[0] == "ref_get: read back 1000 bytes that differ from the 1000 written"
+    assert "put: ConnectionResetError: emulator went away" in pair.failures
+    assert pair.failures.count("ref_clean: timed out after 0.05 s") == 3
+    assert len(pair.failures) == 3 + 1 + 3                  # every repetition's ref_get, a put, cleans
+    assert pair.times["ref_get"] == [math.inf, math.inf]    # kept, as infinite times
+    assert pair.times["put"].count(math.inf) == 1
