@@ -111,3 +111,35 @@ def test_a_bad_value_is_an_argparse_error_that_names_it(bench: str, argv: list[s
         importlib.import_module(f"bench.{bench}").main(argv)
     assert info.value.code == 2
     assert said in capsys.readouterr().err
+
+
+def _row(label: str, connect: str, workers: int, **kw: Any) -> dict[str, Any]:
+    row = {"label": label, "connect": connect, "workers": workers, "p50_ms": 1.0, "p99_ms": 2.0,
+           "failed": 0, "bytes_per_worker": 10_000.0, "beats_per_core_s": 1000.0, "results_merged": 0,
+           "client_lag_ms_p99": 0.5, "heartbeat_p99_ms": 2.0, "lease_p99_ms": 2.0,
+           "server_gc_max_ms": 1.0}
+    return row | kw
+
+
+@pytest.mark.parametrize(("workers", "tag"), [("1000,10000", "10k"), ("1000", "1k"), ("2500", "2500")])
+def test_scale_names_its_figures_by_the_fleet_it_ran(workers: str, tag: str) -> None:
+    import bench.scale as scale
+
+    a = scale.parse(["--workers", workers])
+    rows = [_row(r.label, r.connect, r.workers) for r in scale.runs(a)]
+    figures = scale.headline(rows)
+    for name in ("p99_ms_{}_conn", "p99_ms_{}_tls", "failed_{}", "bytes_per_worker_{}",
+                 "bytes_per_worker_{}_vs_bare_aiohttp"):
+        assert name.format(tag) in figures
+    assert figures["workers"] == max(int(w) for w in workers.split(","))
+    other = "1k" if tag != "1k" else "10k"
+    assert f"p99_ms_{other}_conn" not in figures
+
+
+def test_scale_sizes_the_memory_runs_ledger_to_its_fleet() -> None:
+    import bench.scale as scale
+
+    runs = {r.label: r for r in scale.runs(scale.parse(["--workers", "1000"]))}
+    # a 101,000-unit ledger left freed heap the connections fit in: 102 bytes per worker
+    assert scale.units(runs["quiet_1000"]) == scale.units(runs["bare_1000"]) == 2000
+    assert scale.units(runs["conn_1000"]) == 101_000           # the merger consumes units
