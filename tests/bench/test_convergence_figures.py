@@ -1,0 +1,41 @@
+"""bench.convergence's simulated figures say what they hold: a figure named _64 is 64 workers' or
+null with a reason, and a gap or saving against an unsearched (untuned) baseline is withheld."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.convergence import sim_figures
+
+
+def _cell(saving: float, acc: float, sync_acc: float) -> dict[str, Any]:
+    return {"saving_at_target": saving, "final_accuracy": acc, "sync_final_accuracy": sync_acc,
+            "accuracy_gap_vs_sync": sync_acc - acc}
+
+
+def test_a_quick_run_names_its_16_worker_saving_by_what_it_holds_and_withholds_the_untuned_gap() -> None:
+    # what a --quick run measured: DDP at the square-root rule's rate ended at 33 %, the fleet at 78 %
+    sim = sim_figures([_cell(0.86, 0.7833, 0.3333)], [_cell(0.8, 0.78, 0.3333)], [], workers=16,
+                      searched=False, adaptive=False)
+    f, why = sim["figures"], sim["reasons"]
+    assert f["saving_sim_64"] is None
+    assert why["saving_sim_64"] == ("this run simulated 16 workers, not 64 (--quick or --sim-workers): "
+                                    "see saving_sim_16")
+    assert f["saving_sim_16"] is None
+    assert f["vcasgd_gap_30"] is None                        # it read -45 (points): the baseline's
+    assert "ended at 33.3% accuracy (the fleet 78.3%)" in why["vcasgd_gap_30"]
+    assert sim["spread"]["vcasgd_gap_30"]["values"] == [-45.0]    # kept, not dropped
+    assert sim["spread"]["saving_sim_16"]["values"] == [0.86]
+    assert f["sim_sync_final_accuracy"] == 0.3333
+    assert f["adaptive_gap_50"] is None
+    assert "--adaptive" in why["adaptive_gap_50"]
+
+
+def test_a_searched_64_worker_run_reports_its_figures_in_points() -> None:
+    sim = sim_figures([_cell(0.9, 0.95, 0.96), _cell(0.92, 0.955, 0.96)], [_cell(0.7, 0.96, 0.96)],
+                      [0.3, 0.5], workers=64, searched=True, adaptive=True)
+    f = sim["figures"]
+    assert f["saving_sim_64"] == f["sim_saving"] == 0.91
+    assert abs(f["vcasgd_gap_30"] - 0.75) < 1e-9              # points: DDP 96 %, the fleet 95.25 %
+    assert f["adaptive_gap_50"] == f["adaptive_gap_mnist_50"] == 0.4
+    assert sim["reasons"] == {}
