@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from typing import Any
@@ -131,6 +132,23 @@ def sweep(workload: str, seeds: list[int], grid: dict[str, tuple[Any, ...]], *, 
             "metric": work.metric, "unit": unit, "cells": cells, "learning_rates": searches}
 
 
+def flat_figures(sweeps: list[dict[str, Any]]) -> dict[str, Any]:
+    """One figure per cell, first in the JSON: ``gap_<workload>_<epochs>ep[_alpha<a>]`` (mean over
+    seeds, in the sweep's unit), its ``_spread`` ([min, median, max] over the seeds that ended with a
+    finite quality), ``_reached`` (seeds within the tolerance / seeds) and ``samples_ratio_...``."""
+    out: dict[str, Any] = {}
+    for s in sweeps:
+        for c in s["cells"]:
+            tag = f"{s['workload']}_{c['epochs']}ep" + ("" if c["alpha"] is None else f"_alpha{c['alpha']:g}")
+            values = [v for v in c["gap"]["values"] if v is not None]
+            out[f"gap_{tag}"] = c["gap"]["mean"]
+            out[f"gap_{tag}_spread"] = ([min(values), statistics.median(values), max(values)]
+                                        if values else None)
+            out[f"gap_{tag}_reached"] = f"{c['reached']}/{c['seeds']}"
+            out[f"samples_ratio_{tag}"] = c["samples_ratio"]["mean"]
+    return out
+
+
 def parse_param(text: str) -> tuple[str, Any]:
     """``KEY=VALUE`` with VALUE read as JSON (numbers, true/false), else kept as a string."""
     key, sep, value = text.partition("=")
@@ -192,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             grid["alpha"] = tuple(a.alpha)
         out["sweeps"].append(sweep(w, seeds, grid, policy=a.policy, params=params, steps=a.steps))
     out["wall_s"] = time.perf_counter() - t0
+    out = {**flat_figures(out["sweeps"]), **out}
     for s in out["sweeps"]:
         print(f"\n{s['workload']}, {s['policy']} {s['params'] or ''} (simulated; gap in {s['unit']}, "
               "positive: the fleet is behind DDP)")
