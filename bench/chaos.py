@@ -41,6 +41,7 @@ from harness.probe import CoordinatorProcess, HttpProbe
 from . import load as load_bench
 from ._reliability import render
 from ._stats import add_quick, non_negative_int, one_of, parse_args, positive_int
+from .publish import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Share of the hostile inputs per family (replays have six distinct cases: they end after those).
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     fig: dict[str, Any] = {}
     if sections:
         started = time.perf_counter()
+        code = {k: v for k, v in provenance().items() if k in ("commit", "dirty")}   # what is measured
         with tempfile.TemporaryDirectory(prefix="vcasync-chaos-") as tmp:
             work = Path(tmp)
             if "chaos" in sections:
@@ -201,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                     "total_seconds": round(time.perf_counter() - started, 1),
                     "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
                     "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+                    **code,
                     "seed": a.seed})
         ordered = {**{k: fig[k] for k in FIRST if k in fig}, **fig}
         if save_to is not None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from bench.publish import BENCHES, ISSUE_18, PAGE, load_results, render
 
@@ -30,3 +33,94 @@ def test_render_is_deterministic_and_shows_spreads_and_the_machine(tmp_path: Pat
     assert "| `merge` | `vcasgd_vs_floor` | 1.1 (1-1.3) |" in page
     assert "| cpu | Test CPU |" in page
     assert "| `codec` | `raw_vs_memcpy_25m` | not measured |" in page
+
+
+def _save(directory: Path, name: str, result: dict[str, Any]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.json").write_text(json.dumps(result))
+
+
+def test_each_result_shows_when_and_at_which_commit_and_where_it_was_measured(tmp_path: Path) -> None:
+    where = {"cpu": "Test CPU", "cores": 2}
+    _save(tmp_path, "merge", {"command": "python -m bench.merge --json", "quick": False, "seconds": 1.0,
+                              "measured": {"date": "2026-12-06 10:00 UTC", "commit": "abcdef1234567",
+                                           "dirty": True, "load_average_at_start": 0.5},
+                              "machine": where, "figures": {"vcasgd_vs_floor": 1.1, "failed": 0}})
+    _save(tmp_path, "codec", {"command": "python -m bench.codec --sizes 25m --reps 3 --json", "quick": True,
+                              "seconds": 2.0, "measured": {"date": "2026-12-06 11:00 UTC",
+                                                           "commit": "0123456789ab", "dirty": False},
+                              "machine": {**where, "cores": 4}, "figures": {"raw_vs_memcpy_25m": 0.5}})
+    page = render(*load_results(tmp_path, root=tmp_path))
+    assert ("| `merge` | default | 2026-12-06 10:00 UTC | `abcdef1234` (uncommitted changes) | B | 0.5 |"
+            in page)
+    assert "| `codec` | **quick** | 2026-12-06 11:00 UTC | `0123456789` | A |  |" in page
+    assert "Machine A (`codec`)" in page                    # machines in the page's bench order
+    assert "Machine B (`merge`)" in page
+    assert "| `codec` | `raw_vs_memcpy_25m` | 0.5 (quick) |" in page
+    assert "at the **quick** sizes, not the default configuration" in page
+    assert "| `storage` | not measured | | | | |" in page
+
+
+def test_a_bench_that_saves_its_own_figures_is_published_and_a_quick_run_does_not_displace_it(
+        tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    long_run = {"worker_kills": 100, "results_lost": 0, "mode": "long", "date": "2026-12-03 15:40 UTC",
+                "machine": "x86_64, 2 cores, 3.11.7", "total_seconds": 755.6}
+    (tmp_path / "docs" / "reliability.json").write_text(json.dumps(long_run))
+    results = tmp_path / "results"
+    _save(results, "chaos", {"command": "python -m bench.chaos --quick --json", "quick": True, "seconds": 9,
+                             "measured": {"date": "2026-12-07 09:00 UTC", "commit": "feed", "dirty": False},
+                             "figures": {"worker_kills": 12, "mode": "quick"}})
+    _, saved = load_results(results, root=tmp_path)
+    assert saved["chaos"]["figures"]["worker_kills"] == 100
+    page = render({}, saved)
+    assert "| `chaos` | `worker_kills` | 100 |" in page
+    assert "from `docs/reliability.json`" in page
+    assert "before it recorded the commit" in page
+    # a later long run saved by publish wins over the older one
+    _save(results, "chaos", {"command": "python -m bench.chaos --json", "quick": False, "seconds": 700,
+                             "measured": {"date": "2026-12-08 09:00 UTC", "commit": "beef", "dirty": False},
+                             "figures": {"worker_kills": 99, "mode": "long"}})
+    assert load_results(results, root=tmp_path)[1]["chaos"]["figures"]["worker_kills"] == 99
+
+
+def test_storage_convergence_and_chaos_are_published_benches() -> None:
+    assert {"storage", "convergence", "chaos", "gap_sweep", "load"} <= set(BENCHES)
+    page = PAGE.read_text()
+    for bench in ("storage", "convergence", "chaos", "gap_sweep", "load"):
+        assert f"## `bench.{bench}`" in page
+
+
+def test_provenance_names_the_commit_and_whether_the_tree_was_dirty(tmp_path: Path) -> None:
+    import subprocess
+
+    from bench.publish import provenance
+
+    assert provenance(tmp_path)["commit"] is None           # not a git checkout: not recorded
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=tmp_path,
+                       check=True, capture_output=True)
+    git("init", "-q")
+    (tmp_path / "f.txt").write_text("a")
+    git("add", "f.txt")
+    git("commit", "-q", "-m", "one")
+    clean = provenance(tmp_path)
+    assert len(clean["commit"]) == 40
+    assert clean["dirty"] is False
+    assert clean["date"].endswith(" UTC")
+    (tmp_path / "f.txt").write_text("b")
+    assert provenance(tmp_path)["dirty"] is True
+
+
+def test_run_records_the_command_sizes_date_commit_and_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.publish as publish
+
+    monkeypatch.setitem(publish.BENCHES, "ledger",
+                        publish.Bench(["--sizes", "3000", "--reps", "1"], ["--quick", "--sizes", "3000",
+                                                                           "--reps", "1"], "ledger"))
+    result = publish.run_bench("ledger", quick=True)
+    assert result["command"] == "python -m bench.ledger --quick --sizes 3000 --reps 1 --json"
+    assert result["quick"] is True
+    assert set(result["measured"]) >= {"date", "commit", "dirty"}
+    assert result["machine"]["cores"] >= 1
+    assert result["figures"]["bytes_per_unit_3k"] > 0
