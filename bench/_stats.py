@@ -1,9 +1,12 @@
 """Spreads for honest figures: every headline ratio is printed and saved with the min, median and
-max of its repetitions, so a reader sees how much a noisy machine moved it."""
+max of its repetitions, so a reader sees how much a noisy machine moved it. Also what every bench's
+arguments share: types that refuse a value argparse-style (exit 2, the value and what is allowed
+named), and ``--quick`` as a set of defaults that a flag given explicitly beats."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -37,8 +40,6 @@ def positive_int(text: str) -> int:
 
 def positive_float(text: str) -> float:
     """An argparse type: a finite number > 0."""
-    import math
-
     try:
         value = float(text)
     except ValueError:
@@ -68,8 +69,6 @@ def non_negative_int(text: str) -> int:
 
 def non_negative_float(text: str) -> float:
     """An argparse type: a finite number >= 0 (rates, paces)."""
-    import math
-
     try:
         value = float(text)
     except ValueError:
@@ -101,6 +100,10 @@ def one_of(allowed: Sequence[str]) -> Callable[[str], str]:
     return check
 
 
+#: Where :func:`add_quick` leaves ``--quick``'s values for :func:`parse_args` (a parser default).
+_QUICK = "_quick_defaults"
+
+
 def add_quick(parser: argparse.ArgumentParser, quick: Mapping[str, Any], what: str) -> None:
     """Add ``--quick``: ``what`` it does, and ``quick``'s values for the parser's own options
     (``dest -> value``) as new defaults; parse with :func:`parse_args`, so a flag given explicitly
@@ -127,9 +130,6 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> a
     return args
 
 
-_QUICK = "_quick_defaults"
-
-
 def quick_flags(quick: Mapping[str, Any]) -> list[str]:
     """The command-line flags that say what ``quick`` says (``{"reps": 3}`` -> ``--reps 3``)."""
     out: list[str] = []
@@ -141,8 +141,6 @@ def quick_flags(quick: Mapping[str, Any]) -> list[str]:
 def finite(obj: Any) -> Any:
     """``obj`` with every infinite or NaN float made None, for ``--json`` (a failed repetition is an
     infinite time; JSON has no Infinity, and a figure it made is no figure)."""
-    import math
-
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
