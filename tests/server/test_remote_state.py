@@ -18,7 +18,7 @@ from vcasync.ledger._units import make_units
 from vcasync.testing.storage import IgnoringPreconditions
 from vcasync.trainer import TrainContext, TrainResult
 from vcasync.worker import Worker, WorkerConfig
-from vcasync.worker._state_lease import StateLease
+from vcasync.worker._remote_state import state_lease
 
 from .conftest import SECRET, running, tiny_model
 from .test_worker import FAST, Blocker, make_trainer
@@ -256,9 +256,9 @@ class Clocks:
 async def test_a_dead_owner_is_taken_over_after_one_ttl_of_silence() -> None:
     store = MemoryStorage("s")
     c = Clocks()
-    dead = StateLease(store.peer(), ttl_s=10, clock=c.time, monotonic=c.monotonic)
+    dead = state_lease(store.peer(), 10, clock=c.time, monotonic=c.monotonic)
     await dead.acquire()
-    newcomer = StateLease(store.peer(), ttl_s=10, clock=c.time, monotonic=c.monotonic)
+    newcomer = state_lease(store.peer(), 10, clock=c.time, monotonic=c.monotonic)
     waiting = asyncio.create_task(newcomer.acquire(poll_s=0.001))
     await asyncio.sleep(0.05)
     assert not waiting.done()                               # the record might still be renewed
@@ -273,9 +273,9 @@ async def test_a_dead_owner_is_taken_over_after_one_ttl_of_silence() -> None:
 async def test_a_live_owner_is_refused_as_soon_as_it_renews() -> None:
     store = MemoryStorage("s")
     c = Clocks()
-    live = StateLease(store.peer(), ttl_s=10, clock=c.time, monotonic=c.monotonic)
+    live = state_lease(store.peer(), 10, clock=c.time, monotonic=c.monotonic)
     await live.acquire()
-    newcomer = StateLease(store.peer(), ttl_s=10, clock=c.time, monotonic=c.monotonic)
+    newcomer = state_lease(store.peer(), 10, clock=c.time, monotonic=c.monotonic)
     waiting = asyncio.create_task(newcomer.acquire(poll_s=0.001))
     await asyncio.sleep(0.05)
     await live.renew()
@@ -287,13 +287,13 @@ async def test_a_live_owner_is_refused_as_soon_as_it_renews() -> None:
 async def test_released_or_long_stale_records_are_taken_at_once() -> None:
     store = MemoryStorage("s")
     c = Clocks()
-    one = StateLease(store.peer(), ttl_s=10, clock=c.time, monotonic=c.monotonic)
+    one = state_lease(store.peer(), 10, clock=c.time, monotonic=c.monotonic)
     await one.acquire()
     await one.release()
-    two = StateLease(store.peer(), ttl_s=10, clock=c.time, monotonic=c.monotonic)
+    two = state_lease(store.peer(), 10, clock=c.time, monotonic=c.monotonic)
     await asyncio.wait_for(two.acquire(poll_s=0.001), 1)    # a clean exit: no wait
     c.wall += 25                                            # over 2 TTLs since its last beat
-    three = StateLease(store.peer(), ttl_s=10, clock=c.time, monotonic=c.monotonic)
+    three = state_lease(store.peer(), 10, clock=c.time, monotonic=c.monotonic)
     await asyncio.wait_for(three.acquire(poll_s=0.001), 1)
     assert three.held
     assert await keys(store, "owner/") == ["owner/000000000002.json", "owner/000000000003.json"]

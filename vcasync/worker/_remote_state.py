@@ -12,7 +12,7 @@ last checkpoint::
     checkpoints/<lease>/<seq:012d>-<sha256:16>.pt
                                          the trainer's checkpoints, newest ``keep`` kept; a restore
                                          takes the newest whose digest matches
-    owner/<epoch:012d>.json              who holds the state now (see :mod:`vcasync.worker._state_lease`)
+    owner/<epoch:012d>.json              who holds the state now (see :mod:`vcasync._owner_lease`)
 
 That owner lease stands on create-if-absent, so the store is probed first, as a coordinator probes
 its own (:func:`~vcasync.storage.probe_storage`, a scratch object under ``probe/``): one that ignores
@@ -40,12 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from .._aio import first_error
-from ..errors import ConfigError, FrameError, ObjectNotFoundError, StorageError
+from .._owner_lease import OwnerLease
+from ..errors import ConfigError, FrameError, ObjectNotFoundError, StateInUseError, StorageError
 from ..ledger._units import LeaseGrant
 from ..protocol import _messages as P
 from ..storage import Storage, open_storage, probe_storage
 from ._state_dir import Identity, StateDir, _atomic_write, _safe
-from ._state_lease import StateLease
 
 __all__ = ["RemoteStateDir"]
 
@@ -55,6 +55,16 @@ _IDENTITY = "identity.json"
 _LEASE = "lease.json"
 _CKPT = "checkpoints/"
 _PROBE = "probe"
+
+
+def state_lease(storage: Storage, ttl_s: float, **kw: Any) -> OwnerLease:
+    """The owner lease of a worker state: one live worker per state URL (``kw``: test clocks)."""
+    def refused(message: str, holder: str | None) -> StateInUseError:
+        return StateInUseError(message, url=storage.url, holder=holder)
+
+    return OwnerLease(storage, error=refused, prefix="owner/", ttl_s=ttl_s,
+                      subject=f"the worker state at {storage.url}", role="worker",
+                      hint="give each worker its own --state URL", logger=log, **kw)
 
 
 class RemoteStateDir(StateDir):
@@ -82,7 +92,7 @@ class RemoteStateDir(StateDir):
         self.keep_checkpoints = keep_checkpoints
         self.lease_ttl_s = lease_ttl_s
         self._storage: Storage | None = None
-        self._lease: StateLease | None = None
+        self._lease: OwnerLease | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._seq: dict[str, int] = {}
         self._uploads: set[asyncio.Task[None]] = set()
@@ -111,7 +121,7 @@ class RemoteStateDir(StateDir):
             else:
                 storage = self._spec
             await self._check_store(storage)
-            lease = StateLease(storage, ttl_s=self.lease_ttl_s)
+            lease = state_lease(storage, self.lease_ttl_s)
             await lease.acquire()
             self._storage, self._lease, self._loop = storage, lease, asyncio.get_running_loop()
             self._upload_lock = asyncio.Lock()

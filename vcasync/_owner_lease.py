@@ -1,0 +1,378 @@
+"""An owner lease on a storage prefix: one live holder at a time, by records, not by luck.
+
+Two users need it. A worker's remote state (``--state URL``): a spot VM that dies without notice
+comes back as another machine and must take over the dead worker's state, while a *second live*
+worker pointed at that URL by mistake must be refused (both would train one lease and overwrite each
+other's checkpoints). A coordinator's state prefix: a restarted coordinator must take its run over,
+while a second live one must be refused before it reads or serves anything (both would journal and
+acknowledge results of one run, and one's results would be lost).
+
+Object stores offer one atomic primitive everywhere: create-if-absent. So ownership is a sequence of
+owner records under ``prefix``, each created if-absent, the highest one current::
+
+    <prefix><epoch:012d>.json   {"holder", "host", "node", "pid", "ttl_s", "beat", "since",
+                                 "renewed_at", "released"}
+
+- the owner renews its record every ``ttl_s / 3`` (``beat`` + 1, a new ``renewed_at``), checking
+  before and after the write that its epoch is still the current one;
+- a newcomer takes over by creating ``<epoch + 1>`` if-absent, at once when the current record is
+  ``released`` (a clean exit); or its ``renewed_at`` is over ``2 * ttl_s`` old by the newcomer's wall
+  clock (so a replacement booted long after the death need not wait; this trusts the two clocks to
+  agree within ``ttl_s``); or its holder is provably dead: it ran on this very machine (same host
+  name, boot id and pid namespace, so the pid means the same process) and its pid no longer runs
+  (or is a zombie), or it is this process and the lease object that held it let it go without a
+  release (:meth:`OwnerLease.abandon`, what a crash leaves in a test). A pid that runs is never
+  taken for dead: it may be reused, and then the newcomer waits as below;
+- otherwise the newcomer watches the record for ``ttl_s`` by its own monotonic clock (which needs
+  no agreement between clocks): unchanged for that long, the owner stopped renewing and is taken
+  over; changed, the owner is alive and the newcomer is refused with the error the user chose
+  (naming the holder: host, pid, since when);
+- of two newcomers racing for one epoch exactly one create succeeds; the loser looks again.
+
+An owner that finds a higher epoch than its own (or another holder in its epoch, on a store that
+ignores if-absent) has been taken over (it stalled longer than ``ttl_s``): :meth:`OwnerLease.check`
+raises and the owner stops instead of writing over its successor. :meth:`OwnerLease.ensure` is that
+check for the moments that matter (a coordinator acknowledging a result): free while the last
+renewal that was confirmed by a read after it started less than ``2/3 ttl_s`` ago (no newcomer can
+take over before one ``ttl_s`` after it), a renewal first otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ObjectNotFoundError, PreconditionFailedError, StorageError
+from .storage import Storage
+
+__all__ = ["OwnerLease", "OwnerRecord", "this_node"]
+
+_DIGITS = 12
+#: Holder tokens of the leases this process holds now (see the module docstring: a record naming
+#: this process whose holder is not here was let go without a release).
+_HELD: set[str] = set()
+
+#: ``(message, holder)`` -> the exception a refused newcomer or a superseded owner raises.
+ErrorFactory = Callable[[str, str | None], Exception]
+
+
+def this_node() -> str | None:
+    """What makes a pid mean one process: host name, boot id and pid namespace (None where they
+    cannot be read, off Linux: no holder is then ever provably dead, a newcomer waits its TTL)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        pidns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+    return f"{socket.gethostname()}/{boot}/{pidns}"
+
+
+def _pid_gone(pid: int) -> bool:
+    """True only when process ``pid`` (of this pid namespace) surely does not run."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:          # PermissionError: it runs, as another user
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    state = stat.rpartition(")")[2].split()[:1]
+    return state in (["Z"], ["X"])     # killed, not yet reaped by its parent
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerRecord:
+    """One owner record as stored (see the module docstring)."""
+
+    holder: str
+    host: str
+    pid: int
+    ttl_s: float
+    beat: int
+    renewed_at: float
+    released: bool = False
+    since: float = 0.0             # when the holder took the lease (wall clock)
+    node: str | None = None        # this_node() of the holder
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"holder": self.holder, "host": self.host, "node": self.node,
+                           "pid": self.pid, "ttl_s": self.ttl_s, "beat": self.beat,
+                           "since": self.since, "renewed_at": self.renewed_at,
+                           "released": self.released}).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> OwnerRecord | None:
+        """The record, or None for one that does not parse (treated as released: it protects nothing)."""
+        try:
+            raw = json.loads(data)
+            node = raw.get("node")
+            return cls(str(raw["holder"]), str(raw["host"]), int(raw["pid"]), float(raw["ttl_s"]),
+                       int(raw["beat"]), float(raw["renewed_at"]), bool(raw.get("released", False)),
+                       float(raw.get("since", raw["renewed_at"])), None if node is None else str(node))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    def describe(self) -> str:
+        return f"host {self.host}, pid {self.pid}, since {_when(self.since)}"
+
+
+class OwnerLease:
+    """Holds ``storage``'s owner lease under ``prefix`` for this process: :meth:`acquire`,
+    :meth:`renew` (every :attr:`renew_every_s`, or :meth:`keep_renewed`), :meth:`check` or
+    :meth:`ensure` before writes, :meth:`release` on a clean exit.
+
+    ``subject`` names what is held in messages ("the worker state at s3://..."), ``role`` who holds
+    it ("worker"), ``hint`` what to do when refused; ``error(message, holder)`` builds what is raised
+    when a live holder refuses a newcomer or an owner finds itself taken over. ``clock`` (wall time,
+    seconds) and ``monotonic`` are injectable so tests can age records.
+    """
+
+    def __init__(self, storage: Storage, *, error: ErrorFactory, prefix: str = "owner/",
+                 ttl_s: float = 30.0, subject: str = "", role: str = "owner", hint: str = "",
+                 logger: logging.Logger | None = None,
+                 clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        if ttl_s <= 0:
+            raise ValueError("ttl_s must be positive")
+        if prefix and not prefix.endswith("/"):
+            raise ValueError("prefix must end with '/'")
+        self.storage = storage
+        self.prefix = prefix
+        self.ttl_s = ttl_s
+        self.subject = subject or f"the owner lease at {storage.url}/{prefix}"
+        self.role = role
+        self.hint = hint
+        self._error = error
+        self._log = logger or logging.getLogger("vcasync")
+        self._clock = clock
+        self._monotonic = monotonic
+        self._holder = secrets.token_hex(8)
+        self._node = this_node()
+        self._epoch: int | None = None
+        self._beat = 0
+        self._since = 0.0
+        self._lost = False
+        self._confirmed: float | None = None    # monotonic start of the last confirmed renewal
+        #: What :meth:`check` raised when the lease was found taken over (None while held).
+        self.error: Exception | None = None
+
+    @property
+    def renew_every_s(self) -> float:
+        return self.ttl_s / 3
+
+    @property
+    def held(self) -> bool:
+        return self._epoch is not None and not self._lost
+
+    @property
+    def epoch(self) -> int | None:
+        return self._epoch
+
+    def _key(self, epoch: int) -> str:
+        return f"{self.prefix}{epoch:0{_DIGITS}d}.json"
+
+    def _record(self, *, released: bool = False) -> OwnerRecord:
+        return OwnerRecord(self._holder, socket.gethostname(), os.getpid(), self.ttl_s, self._beat,
+                           self._clock(), released, self._since, self._node)
+
+    async def _current(self) -> tuple[int, OwnerRecord | None] | None:
+        """The highest epoch and its record (None when it does not parse); None when there is none."""
+        keys = [k async for k in self.storage.list(self.prefix)]
+        for key in reversed(keys):  # list is in key order, and epochs are zero-padded
+            name = key[len(self.prefix):]
+            if "/" in name or not name.endswith(".json"):
+                continue
+            try:
+                epoch = int(name[:-len(".json")])
+            except ValueError:
+                continue
+            try:
+                data = await self.storage.get(key)
+            except ObjectNotFoundError:  # pruned by a newer owner between list and get: look again
+                return await self._current()
+            return epoch, OwnerRecord.from_bytes(data)
+        return None
+
+    def _free(self, rec: OwnerRecord | None) -> str | None:
+        """Why ``rec`` protects nothing (it may be taken at once), or None while it may be live."""
+        if rec is None:
+            return "unreadable"
+        if rec.released:
+            return "released"
+        if self._clock() - rec.renewed_at > 2 * rec.ttl_s:
+            return f"not renewed since {_when(rec.renewed_at)}"
+        if self._node is not None and rec.node == self._node:
+            if rec.pid == os.getpid():
+                if rec.holder not in _HELD:
+                    return "let go by this process without a release"
+            elif _pid_gone(rec.pid):
+                return "its process no longer runs"
+        return None
+
+    async def acquire(self, *, poll_s: float | None = None) -> None:
+        """Become the owner, or raise ``error`` when a live holder holds the prefix.
+
+        Takes at most about one ``ttl_s`` of the current owner (the time to see it is dead), and no
+        time when the owner released it, or provably died on this machine.
+        """
+        poll = poll_s if poll_s is not None else max(0.05, min(1.0, self.ttl_s / 6))
+        watched: tuple[int, OwnerRecord | None] | None = None
+        since = self._monotonic()
+        told = False
+        while True:
+            cur = await self._current()
+            why = self._free(cur[1]) if cur is not None else "none"
+            if cur is not None and why is None:
+                epoch, rec = cur
+                assert rec is not None
+                if watched is None or watched[0] != epoch:
+                    watched, since = cur, self._monotonic()
+                elif watched[1] != rec:
+                    raise self._error(f"{self.subject} is in use by a live {self.role} "
+                                      f"({rec.describe()}){'; ' + self.hint if self.hint else ''}",
+                                      rec.describe())
+                if self._monotonic() - since < rec.ttl_s:
+                    if not told:
+                        told = True
+                        self._log.info("%s is held by a %s (%s): waiting up to %.0fs to see "
+                                       "whether it is alive", self.subject, self.role,
+                                       rec.describe(), rec.ttl_s)
+                    await asyncio.sleep(poll)
+                    continue
+                self._log.warning("the previous %s of %s (%s) stopped renewing %.0fs ago; taking "
+                                  "over", self.role, self.subject, rec.describe(),
+                                  self._monotonic() - since)
+            elif cur is not None and cur[1] is not None and why != "released":
+                self._log.warning("the previous %s of %s (%s) is gone (%s); taking over", self.role,
+                                  self.subject, cur[1].describe(), why)
+            epoch = cur[0] + 1 if cur is not None else 1
+            self._beat, self._since = 0, self._clock()
+            started = self._monotonic()
+            try:
+                await self.storage.put(self._key(epoch), self._record().to_bytes(), if_absent=True)
+            except PreconditionFailedError:  # another newcomer won this epoch: look at it
+                watched = None
+                continue
+            self._epoch, self._lost, self.error = epoch, False, None
+            self._confirmed = started
+            _HELD.add(self._holder)
+            self._log.info("holding %s (owner epoch %d)", self.subject, epoch)
+            await self._prune(epoch)
+            return
+
+    async def _prune(self, epoch: int) -> None:
+        """Old records protect nothing; keep the previous one for whoever wants to know who it was."""
+        async for key in self.storage.list(self.prefix):
+            if key < self._key(epoch - 1):
+                with contextlib.suppress(StorageError):
+                    await self.storage.delete(key)
+
+    def _taken(self, message: str, holder: str | None = None) -> Exception:
+        self._lost = True
+        self._confirmed = None
+        _HELD.discard(self._holder)
+        self.error = self._error(message, holder)
+        return self.error
+
+    async def check(self) -> None:
+        """Raise ``error`` if a newer owner took the prefix over (we stalled past ``ttl_s``); called
+        before writes, so a superseded owner never clobbers its successor."""
+        if self._epoch is None:
+            raise self._error(f"{self.subject} is not held; acquire it first", None)
+        if self._lost:
+            assert self.error is not None
+            raise self.error
+        cur = await self._current()
+        if cur is None or cur[0] != self._epoch or cur[1] is None or cur[1].holder != self._holder:
+            who = cur[1].describe() if cur is not None and cur[1] is not None else "nobody"
+            raise self._taken(f"{self.subject} was taken over by another {self.role} ({who}) while "
+                              f"this one stalled; stopping", who)
+
+    async def renew(self) -> None:
+        """Prove we are alive: a new beat in our record, between two :meth:`check`\\ s (the second
+        confirms that nobody took over before the write landed)."""
+        await self.check()
+        assert self._epoch is not None
+        self._beat += 1
+        started = self._monotonic()
+        await self.storage.put(self._key(self._epoch), self._record().to_bytes())
+        await self.check()
+        self._confirmed = started
+
+    async def ensure(self) -> None:
+        """Raise ``error`` if the lease is lost; a storage round trip only when the last confirmed
+        renewal started ``2/3 ttl_s`` ago or more (a newcomer needs a whole ``ttl_s`` after it)."""
+        if (self.held and self._confirmed is not None
+                and self._monotonic() - self._confirmed < self.ttl_s * 2 / 3):
+            return
+        await self.renew()
+
+    async def release(self) -> None:
+        """Mark our record released so a successor takes over at once (a clean exit)."""
+        if not self.held:
+            self._epoch = None
+            return
+        try:
+            await self.check()
+            assert self._epoch is not None
+            await self.storage.put(self._key(self._epoch), self._record(released=True).to_bytes())
+            self._log.info("released %s", self.subject)
+        except StorageError as exc:  # a successor then waits one TTL instead of none
+            if not self._lost:
+                self._log.warning("could not release %s (%s)", self.subject, type(exc).__name__)
+        except Exception:
+            if not self._lost:
+                raise
+        finally:
+            _HELD.discard(self._holder)
+            self._epoch = None
+            self._confirmed = None
+
+    def abandon(self) -> None:
+        """Let go without writing anything, as a killed process does: a newcomer in this process
+        takes over at once, one elsewhere after ``ttl_s`` (tests simulate a crash this way)."""
+        _HELD.discard(self._holder)
+        self._epoch = None
+        self._confirmed = None
+
+    async def keep_renewed(self, on_lost: Callable[[], Any]) -> None:
+        """Renew every :attr:`renew_every_s` until cancelled; call ``on_lost()`` once and return if
+        the prefix was taken over (:attr:`error` says how). Storage hiccups are logged and retried at
+        the next beat."""
+        while True:
+            await asyncio.sleep(self.renew_every_s)
+            if self._epoch is None:
+                return
+            try:
+                await self.renew()
+            except Exception as exc:
+                if self._lost:
+                    self._log.error("%s", exc)
+                    on_lost()
+                    return
+                if not isinstance(exc, StorageError):
+                    raise
+                self._log.warning("renewing the lease on %s failed (%s); retrying", self.subject,
+                                  type(exc).__name__)
