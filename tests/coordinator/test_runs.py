@@ -37,6 +37,7 @@ async def crash(coord: Coordinator) -> None:
     assert coord._runner is not None
     coord._runner.cancel()
     await asyncio.gather(coord._runner, return_exceptions=True)
+    coord._abandon_prefix()                 # no renewal, no release: as SIGKILL leaves it
     coord._phase = "closed"
 
 

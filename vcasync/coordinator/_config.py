@@ -56,6 +56,11 @@ class CoordinatorConfig:
     #: ... and how long it may stay unavailable before the coordinator gives up and stops
     #: (``vcasync coordinator`` exits with ``ExitCode.STORAGE``).
     storage_outage_limit_s: float = 600.0
+    #: One live coordinator per run: the one serving renews an owner record under the state prefix
+    #: every third of this; a start that finds a live one is refused, and one that stopped renewing
+    #: (killed elsewhere) is taken over after this long (at once when it released it at a clean
+    #: stop, or provably died on this machine). See docs/runs.md.
+    owner_ttl_s: float = 30.0
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, what: str) -> None:
@@ -77,6 +82,7 @@ class CoordinatorConfig:
         need(self.expiry_interval_s > 0, "expiry_interval_s", "must be > 0")
         need(self.storage_probe_interval_s > 0, "storage_probe_interval_s", "must be > 0")
         need(self.storage_outage_limit_s > 0, "storage_outage_limit_s", "must be > 0")
+        need(self.owner_ttl_s > 0, "owner_ttl_s", "must be > 0")
         need(self.max_update_norm is None or self.max_update_norm > 0, "max_update_norm",
              "must be > 0 or None")
         need(self.max_retained_bytes is None or self.max_retained_bytes >= 0, "max_retained_bytes",
@@ -89,7 +95,7 @@ class CoordinatorConfig:
         except InvalidKeyError as exc:    # '../up' was exit 1 at the first write, not a config error
             raise ConfigError(f"CoordinatorConfig.state_prefix {self.state_prefix!r}: {exc}") from None
         for name in ("snapshot_interval_s", "expiry_interval_s", "storage_probe_interval_s",
-                     "storage_outage_limit_s"):
+                     "storage_outage_limit_s", "owner_ttl_s"):
             need(math.isfinite(getattr(self, name)), name, "must be finite")
         for name in ("model_codec", "journal_codec"):
             try:

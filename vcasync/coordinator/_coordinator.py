@@ -43,6 +43,7 @@ from typing import Any
 from torch import Tensor
 
 from .._aio import first_error
+from .._owner_lease import OwnerLease
 from ..errors import (
     ClosedError,
     ConfigError,
@@ -76,7 +77,7 @@ from ._journal import Journal
 from ._merger import Job, Merger, retrieve
 from ._model_owner import ModelOwner
 from ._result_checks import ResultMeta, read_result, reject_reason
-from ._run_record import StartOptions
+from ._run_record import OWNER, StartOptions, check_store
 from ._storage_health import StorageHealth
 
 __all__ = ["Coordinator", "CoordinatorConfig", "Durability", "StartOptions"]
@@ -141,6 +142,11 @@ class Coordinator:
         self._runner: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         self._parked_logged: set[str] = set()
+        #: The run's owner lease (durable state only): taken before anything is read, renewed by
+        #: ``_renewer`` until aclose() released it; lost, ``_prefix_lost`` stops the coordinator.
+        self._prefix_lease: OwnerLease | None = None
+        self._renewer: asyncio.Task[None] | None = None
+        self._prefix_lost = asyncio.Event()
 
     # -- lifetime ---------------------------------------------------------------------------------
     async def __aenter__(self) -> Coordinator:
@@ -148,10 +154,14 @@ class Coordinator:
             raise ClosedError("a Coordinator is entered once; make a new one")
         self._phase = "starting"
         try:
-            await Retrier(self._startup_retry).call(self._recover, describe="coordinator start-up")
+            retrier = Retrier(self._startup_retry)
+            await retrier.call(self._take_prefix, describe="coordinator start-up")
+            await retrier.call(self._recover, describe="coordinator start-up")
+            await self._ensure_prefix()       # still this run's coordinator after the recovery
         except BaseException:
             self._phase = "closed"
             self._closed.set()
+            await self._let_go_of_prefix()
             raise
         self._runner = asyncio.create_task(self._run(), name="vcasync-coordinator")
         self._phase = "running"
@@ -185,6 +195,68 @@ class Coordinator:
         finally:
             self._phase = "closed"
             self._closed.set()
+            await self._let_go_of_prefix()
+
+    # -- the run's owner lease ------------------------------------------------------------------------
+    async def _take_prefix(self) -> None:
+        """Before anything of the run is read: probe the store (the lease stands on if-absent
+        writes), then take the run's owner lease, or raise :class:`PrefixTakenError` naming the live
+        coordinator that holds it. Waits up to ``owner_ttl_s`` for one that may be dead."""
+        storage = self._storage
+        if storage is None or self.config.durability == "none" or self._prefix_lease is not None:
+            return
+        prefix = self.config.state_prefix.strip("/")
+        await check_store(storage, prefix, self._start.allow_unsafe_store)
+
+        def taken(message: str, holder: str | None) -> PrefixTakenError:
+            return PrefixTakenError(message, key=f"{prefix}/{OWNER}")
+
+        lease = OwnerLease(storage, error=taken, prefix=f"{prefix}/{OWNER}",
+                           ttl_s=self.config.owner_ttl_s,
+                           subject=f"the run under {prefix!r} on {storage.url}", role="coordinator",
+                           hint="stop that one first, or give this coordinator its own state "
+                                "prefix (another storage URL or [coordinator] state_prefix)",
+                           logger=log)
+        await lease.acquire()
+        self._prefix_lease = lease
+        self._renewer = asyncio.create_task(lease.keep_renewed(self._prefix_lost.set),
+                                            name="vcasync-owner-lease")
+
+    async def _ensure_prefix(self) -> None:
+        """Raise :class:`PrefixTakenError` if another coordinator took the run over (this one
+        stalled past ``owner_ttl_s``): called before each acknowledgement and snapshot. Free while
+        the lease was renewed recently (see :meth:`vcasync._owner_lease.OwnerLease.ensure`)."""
+        if self._prefix_lease is not None:
+            await self._prefix_lease.ensure()
+
+    async def _watch_prefix(self) -> None:
+        """Stop the coordinator's loops once the renewer found the run taken over."""
+        await _first_of(self._prefix_lost.wait(), self._stop.wait())
+        if not self._prefix_lost.is_set():
+            return
+        lease = self._prefix_lease
+        assert lease is not None
+        assert lease.error is not None
+        raise lease.error
+
+    async def _let_go_of_prefix(self) -> None:
+        """Stop renewing and release the lease (a successor starts at once). Idempotent."""
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None:
+            renewer.cancel()
+            await asyncio.gather(renewer, return_exceptions=True)
+        lease, self._prefix_lease = self._prefix_lease, None
+        if lease is not None:
+            await lease.release()
+
+    def _abandon_prefix(self) -> None:
+        """What SIGKILL does to the owner lease: no more renewals, no release (the tests' crash)."""
+        if self._renewer is not None:
+            self._renewer.cancel()
+            self._renewer = None
+        if self._prefix_lease is not None:
+            self._prefix_lease.abandon()
+            self._prefix_lease = None
 
     async def _final_snapshot(self) -> None:
         """Nothing merges any more: write what the last snapshot lacks, then drop the journal
@@ -281,6 +353,8 @@ class Coordinator:
                     tg.create_task(self._storage_probe_loop(), name="vcasync-storage-probe")
                 if self._journal.durable and not self._journal.journaling:
                     tg.create_task(self._finish_loop(), name="vcasync-finish")
+                if self._prefix_lease is not None:
+                    tg.create_task(self._watch_prefix(), name="vcasync-owner-watch")
         except asyncio.CancelledError:
             self._failure = ClosedError("the coordinator's loops were cancelled")
             self._merger.fail_queued(self._failure)
@@ -310,7 +384,8 @@ class Coordinator:
             raise ConfigError(f"{self._storage.url} holds a run under {prefix!r}; durability 'none' "
                               "would ignore it: resume it with durability journal or snapshot, or "
                               "use another state_prefix or storage")
-        run = await self._journal.open(self.identity, self._start)
+        run = await self._journal.open(self.identity, self._start,
+                                       probed=self._prefix_lease is not None)
         reset = run.recorded is not None and not run.recorded.same_policy(self.identity)
         cfg = self.config.ledger_config()
         rec = await self._journal.load_snapshot()
@@ -342,7 +417,7 @@ class Coordinator:
                               metrics=self.metrics, snapshot_every=self.config.snapshot_every,
                               max_staleness=self.config.max_staleness,
                               settled=self._check_finished, health=self._health,
-                              recycle=self._update_buffers.give)
+                              recycle=self._update_buffers.give, guard=self._ensure_prefix)
         async for entry in self._journal.entries():
             await self._merger.replay(entry.meta, entry.tensors)
         await self._journal.sweep()     # received bytes no entry names: refused or cut off
@@ -381,6 +456,7 @@ class Coordinator:
                               f"{exc}") from exc
 
     async def _write_snapshot(self) -> None:
+        await self._ensure_prefix()       # a coordinator taken over must not write the run's state
         if await self._merger.snapshots.write():
             self.metrics.snapshots += 1
 

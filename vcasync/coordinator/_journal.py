@@ -11,6 +11,8 @@ Layout under ``config.state_prefix`` (``P``)::
                           regenerate it (older than the newest snapshot)
     P/floor               versions that may have been served (durability "snapshot")
     P/probe               a small object rewritten to learn whether storage is back after an outage
+    P/owner/<epoch>.json  who holds the run now: the one live coordinator's owner lease
+                          (:mod:`vcasync._owner_lease`), taken before anything else is read
     P/started             written once the run's first snapshot is: from then on a start that
                           finds no readable snapshot refuses to begin the run again
 
@@ -184,14 +186,16 @@ class Journal:
 
     # -- start ------------------------------------------------------------------------------------
     async def open(self, identity: RunIdentity | None = None,
-                   options: StartOptions | None = None) -> RunInfo:
-        """Probe the store, then read (or create, once) the run: its id, the lease-id secret, and
-        the identity it was recorded with (a different one is refused, see :mod:`._runrecord`;
-        ``identity`` None, for tools that only inspect a stored run, compares nothing)."""
+                   options: StartOptions | None = None, *, probed: bool = False) -> RunInfo:
+        """Probe the store (unless ``probed``: the coordinator did, before it took the run's owner
+        lease), then read (or create, once) the run: its id, the lease-id secret, and the identity
+        it was recorded with (a different one is refused, see :mod:`._run_record`; ``identity``
+        None, for tools that only inspect a stored run, compares nothing)."""
         if self._storage is None:
             return RunInfo(self.run_id, secrets.token_bytes(32))
         self._store = CheckpointStore(self._storage, self._key("snapshots"))
-        record = await open_run(self._storage, self._prefix, identity, options or StartOptions())
+        record = await open_run(self._storage, self._prefix, identity, options or StartOptions(),
+                                probe=not probed)
         self.run_id = record.run_id
         self._secret = record.secret
         return RunInfo(record.run_id, record.secret, record.recorded)

@@ -24,7 +24,7 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,8 +98,12 @@ class Merger:
     def __init__(self, *, owner: ModelOwner, ledger: Ledger, journal: Journal, metrics: Metrics,
                  snapshot_every: int, max_staleness: int, settled: Callable[[], None],
                  health: StorageHealth,
-                 recycle: Callable[[dict[str, torch.Tensor]], object] | None = None) -> None:
+                 recycle: Callable[[dict[str, torch.Tensor]], object] | None = None,
+                 guard: Callable[[], Awaitable[None]] | None = None) -> None:
         self._owner = owner
+        #: Called before a result is journaled or acknowledged: raises PrefixTakenError once another
+        #: coordinator took the run over (the coordinator's owner lease), which stops the loop.
+        self._guard = guard
         self._health = health
         self._ledger = ledger
         self._journal = journal
@@ -221,6 +225,8 @@ class Merger:
         if check.receipt is not None:
             return self.duplicate(check.receipt)
         self._health.check()       # queued before the outage began: do not try every write again
+        if self._guard is not None:
+            await self._guard()    # another coordinator took the run over: acknowledge nothing
         meta, current = job.meta, self._owner.version
         if current - meta.base_version > self._max_staleness:
             return await self._reject(job, "too_stale", f"based on version {meta.base_version}, "

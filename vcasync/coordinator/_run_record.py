@@ -25,9 +25,11 @@ from ..errors import ConfigError, CorruptObjectError, ObjectNotFoundError, Preco
 from ..storage import Storage, probe_storage
 from ._identity import RunIdentity
 
-__all__ = ["FORMAT", "RunRecord", "StartOptions", "open_run", "write_record"]
+__all__ = ["FORMAT", "OWNER", "RunRecord", "StartOptions", "check_store", "open_run", "write_record"]
 
 FORMAT = 1
+#: Under the state prefix: the owner records of the run's one live coordinator (vcasync._owner_lease).
+OWNER = "owner/"
 log = logging.getLogger("vcasync.coordinator")
 
 NEW_RUN_HINT = ("to resume this run, start with its configuration; to start a new run, use another "
@@ -72,7 +74,8 @@ def _decode(key: str, raw: bytes) -> tuple[str, bytes, RunIdentity | None]:
         raise CorruptObjectError(f"{key}: not a vcasync run record ({exc!r})", key=key) from None
 
 
-async def _check_store(storage: Storage, prefix: str, allow_unsafe: bool) -> None:
+async def check_store(storage: Storage, prefix: str, allow_unsafe: bool) -> None:
+    """Probe the store; refuse one that ignores if-absent writes unless ``allow_unsafe``."""
     probe = await probe_storage(storage, prefix)
     if probe.conditional_writes:
         return
@@ -88,8 +91,10 @@ async def _check_store(storage: Storage, prefix: str, allow_unsafe: bool) -> Non
 
 
 async def _wipe(storage: Storage, prefix: str, record_key: str) -> int:
-    """Delete the stored run (the record last: an interrupted wipe still looks like a run)."""
-    keys = [k async for k in storage.list(f"{prefix}/") if k != record_key]
+    """Delete the stored run (the record last: an interrupted wipe still looks like a run), all but
+    the owner records: the start that wipes holds the lease they make."""
+    owner = f"{prefix}/{OWNER}"
+    keys = [k async for k in storage.list(f"{prefix}/") if k != record_key and not k.startswith(owner)]
     for key in keys:
         with contextlib.suppress(ObjectNotFoundError):
             await storage.delete(key)
@@ -104,13 +109,15 @@ async def write_record(storage: Storage, key: str, run_id: str, secret: bytes,
 
 
 async def open_run(storage: Storage, prefix: str, wanted: RunIdentity | None,
-                   options: StartOptions) -> RunRecord:
-    """Probe the store, then read the run record (creating it only when there is none).
+                   options: StartOptions, *, probe: bool = True) -> RunRecord:
+    """Probe the store (unless the caller did: ``probe`` False), then read the run record (creating
+    it only when there is none).
 
     ``wanted`` None (tools that inspect a stored run, such as the chaos audit) compares nothing.
     """
     key = f"{prefix}/run"
-    await _check_store(storage, prefix, options.allow_unsafe_store)
+    if probe:
+        await check_store(storage, prefix, options.allow_unsafe_store)
     if options.new_run:
         deleted = await _wipe(storage, prefix, key)
         log.warning("--new-run: deleted the run stored under %r on %s (%d objects)", prefix,

@@ -1,0 +1,120 @@
+"""One live coordinator per run: the owner lease on the state prefix, in one process.
+
+A second coordinator started while the first serves is refused before it reads anything; one that
+stalled past its TTL is taken over and acknowledges nothing more; a clean stop, a refused start and a
+crash hand the run on at once. (Real processes, SIGKILL and exit statuses: tests/storage/test_owner_cli.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from vcasync.coordinator import StartOptions
+from vcasync.errors import ClosedError, ConfigError, PrefixTakenError
+from vcasync.storage import open_storage
+
+from .test_recovery import crash, make, submit
+
+TTL = 0.6
+
+
+@pytest.fixture
+async def storage(tmp_path):
+    st = open_storage(f"file://{tmp_path}/state")
+    yield st
+    await st.aclose()
+
+
+async def owners(storage) -> list[str]:
+    return [k async for k in storage.list("vcasync/owner/")]
+
+
+async def test_a_second_coordinator_on_a_live_run_is_refused_before_it_reads_anything(
+        kit, clock, storage) -> None:
+    async with make(kit, storage, clock, units=4, owner_ttl_s=TTL) as a:
+        w = await a.join()
+        await submit(kit, a, w, await a.lease(w), base_version=a.version)
+        started = time.monotonic()
+        with pytest.raises(PrefixTakenError) as info:
+            await make(kit, storage, clock, units=4, owner_ttl_s=TTL).__aenter__()
+        assert time.monotonic() - started < 5 * TTL          # refused at a's next renewal
+        message = str(info.value)
+        assert "is in use by a live coordinator" in message
+        for part in ("host ", "pid ", "since ", " UTC"):
+            assert part in message
+        assert "state_prefix" in message
+        # the refused start changed nothing: a goes on, and so does its lease
+        await submit(kit, a, w, await a.lease(w), base_version=a.version)
+        assert a.version == 2
+        assert await owners(storage) == ["vcasync/owner/000000000001.json"]
+    async with make(kit, storage, clock, units=4, owner_ttl_s=TTL) as b:     # released: at once
+        assert b.version == 2
+
+
+async def test_a_stalled_coordinator_is_taken_over_and_acknowledges_nothing_more(
+        kit, clock, storage) -> None:
+    a = await make(kit, storage, clock, units=4, owner_ttl_s=TTL).__aenter__()
+    w = await a.join()
+    held = await a.lease(w)
+    await submit(kit, a, w, await a.lease(w), base_version=a.version)
+    assert a._renewer is not None
+    a._renewer.cancel()                     # a stalls (SIGSTOP, a long pause): no renewals
+    b = await asyncio.wait_for(make(kit, storage, clock, units=4, owner_ttl_s=TTL).__aenter__(),
+                               10 * TTL)   # waits one TTL of silence, then takes the run over
+    assert b.version == 1
+    with pytest.raises(ClosedError, match="another one writes this run"):
+        await submit(kit, a, w, held, base_version=0)          # a wakes up: its ack is refused
+    await asyncio.wait_for(a._closed.wait(), 5)
+    assert isinstance(a.storage_error, PrefixTakenError)
+    assert "was taken over by another coordinator" in str(a.storage_error)
+    await a.aclose()                        # no final snapshot over b's state, no release of b's lease
+    wb = await b.join()
+    assert (await submit(kit, b, wb, await b.lease(wb), base_version=b.version)).status == "accepted"
+    await b.aclose()
+    async with make(kit, storage, clock, units=4, owner_ttl_s=TTL) as c:
+        assert c.version == 2
+
+
+async def test_a_crashed_coordinator_is_taken_over_at_once_in_its_own_process(kit, clock,
+                                                                              storage) -> None:
+    a = await make(kit, storage, clock, units=4, owner_ttl_s=30.0).__aenter__()
+    w = await a.join()
+    await submit(kit, a, w, await a.lease(w), base_version=a.version)
+    await crash(a)
+    started = time.monotonic()
+    async with make(kit, storage, clock, units=4, owner_ttl_s=30.0) as b:
+        assert b.version == 1
+    assert time.monotonic() - started < 10          # not the 30 s TTL
+
+
+async def test_a_refused_start_releases_the_run(kit, clock, storage) -> None:
+    async with make(kit, storage, clock, units=4, owner_ttl_s=30.0):
+        pass
+    with pytest.raises(ConfigError):
+        await make(kit, storage, clock, units=6, owner_ttl_s=30.0).__aenter__()     # other units
+    started = time.monotonic()
+    async with make(kit, storage, clock, units=4, owner_ttl_s=30.0) as c:
+        assert c.version == 0
+    assert time.monotonic() - started < 10
+
+
+async def test_a_new_run_keeps_the_owner_lease_it_holds(kit, clock, storage) -> None:
+    async with make(kit, storage, clock, units=4, owner_ttl_s=TTL) as a:
+        run_id = a.status()["run_id"]
+    fresh = make(kit, storage, clock, units=4, owner_ttl_s=TTL)
+    fresh._start = StartOptions(new_run=True)
+    async with fresh as b:
+        assert b.status()["run_id"] != run_id
+        assert await owners(storage) == ["vcasync/owner/000000000001.json",
+                                          "vcasync/owner/000000000002.json"]
+        assert b._prefix_lease is not None
+        assert b._prefix_lease.epoch == 2
+        await b._ensure_prefix()           # still held after the wipe
+
+
+async def test_durability_none_takes_no_lease(kit, clock, storage) -> None:
+    async with make(kit, storage, clock, durability="none"):
+        assert await owners(storage) == []
