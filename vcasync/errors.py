@@ -19,7 +19,7 @@ everything with one clause, or exactly one failure with a leaf class::
     ├── StorageError                  a storage backend failed (``.key`` names the object)
     │   ├── ObjectNotFoundError       no object under that key
     │   ├── PreconditionFailedError   if-absent / generation precondition failed (someone else won)
-    │   │   └── PrefixTakenError      another coordinator writes the same state prefix: this one stops
+    │   │   └── PrefixTakenError      another coordinator holds the same state prefix: this one stops
     │   ├── AccessDeniedError         the backend refused our credentials (or found none)
     │   ├── BucketNotFoundError       the bucket (or container) the URL names does not exist
     │   ├── TransientStorageError     timeout, 5xx, throttling: retried, then raised
@@ -197,9 +197,11 @@ class PreconditionFailedError(StorageError):
 
 
 class PrefixTakenError(PreconditionFailedError):
-    """Another coordinator writes to the same state prefix (it wrote a journal entry this one was
-    about to write): two coordinators on one run would lose each other's results, so this one
-    stops. Give each coordinator its own prefix; restart this one once the other is gone."""
+    """Another coordinator holds or writes the same state prefix: a live one holds the run's owner
+    lease (a start is refused, the message names it), took the run over while this one stalled, or
+    wrote a journal entry this one was about to write. Two coordinators on one run would lose each
+    other's results, so this one stops. Give each coordinator its own prefix; restart this one once
+    the other is gone."""
 
 
 class AccessDeniedError(StorageError):

@@ -1,0 +1,140 @@
+"""One live coordinator per run, seen through real ``vcasync coordinator`` processes on a file store.
+
+A second coordinator on a running run exits with the STORAGE status (4) naming the first (host, pid,
+since), before it reads or serves anything, also in the case docs/runs.md used to call a hole (a
+second coordinator that would have taken no result until the first finished and pruned its
+journal); a SIGKILLed coordinator restarted on the same machine takes its run over at once; one that
+was paused past its TTL and taken over stops with the STORAGE status when it wakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vcasync.cli import ExitCode
+from vcasync.storage import open_storage
+
+from .test_runs_cli import SECRET, Coord, _status, start
+
+REFUSED = "is in use by a live coordinator"
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Coord]]:
+    """Every coordinator a test starts; any still running is killed (by its own pid) at the end."""
+    started: list[Coord] = []
+    yield started
+    for c in started:
+        if c.proc.poll() is None:
+            c.proc.send_signal(signal.SIGCONT)
+            c.proc.kill()
+            c.proc.wait()
+
+
+def toml(tmp: Path, ttl: float) -> str:
+    path = tmp / f"owner-{ttl:g}.toml"
+    path.write_text(f"[coordinator]\nowner_ttl_s = {ttl}\n")
+    return str(path)
+
+
+def check_refused(second: Coord, first: Coord) -> None:
+    assert second.wait() == ExitCode.STORAGE
+    log = second.log()
+    assert REFUSED in log, log[-3000:]
+    assert f"pid {first.proc.pid}, since " in log
+    assert "state_prefix" in log
+    assert not second.port_file.exists()          # it never served
+
+
+def test_a_second_coordinator_on_a_running_run_is_refused_with_exit_4(tmp_path: Path,
+                                                                      procs: list[Coord]) -> None:
+    storage = (tmp_path / "store").as_uri()
+    config = toml(tmp_path, 2.0)
+    first = start(procs, tmp_path, storage, "--units", "4", "--config", config)
+    url = first.ready()
+    run_id = asyncio.run(_status(url))["run_id"]
+    second = start(procs, tmp_path, storage, "--units", "4", "--config", config, name="second")
+    check_refused(second, first)
+    assert asyncio.run(_status(url))["run_id"] == run_id       # the first serves on, untouched
+    first.stop()
+    assert "released the run under 'vcasync'" in first.log()
+
+
+def test_a_killed_coordinator_restarted_on_its_machine_takes_over_at_once(
+        tmp_path: Path, procs: list[Coord]) -> None:
+    storage = (tmp_path / "store").as_uri()
+    first = start(procs, tmp_path, storage, "--units", "4")        # the default TTL: 30 s
+    run_id = asyncio.run(_status(first.ready()))["run_id"]
+    first.stop(signal.SIGKILL)                                      # no release
+    began = time.monotonic()
+    again = start(procs, tmp_path, storage, "--units", "4", name="again")
+    url = again.ready()
+    assert time.monotonic() - began < 25, "waited out the TTL"
+    log = again.log()
+    assert "its process no longer runs); taking over" in log, log[-3000:]
+    assert f"pid {first.proc.pid}" in log
+    assert asyncio.run(_status(url))["run_id"] == run_id
+    again.stop()
+
+
+def test_a_second_coordinator_that_would_outlive_the_first_is_refused(tmp_path: Path,
+                                                                       procs: list[Coord]) -> None:
+    # The hole docs/runs.md named: a second coordinator on the run, taking no result while the
+    # first ran to its end and pruned its journal, then journaling results the next start did not
+    # replay. Now it is refused at its start, and the first's run is whole.
+    storage = (tmp_path / "store").as_uri()
+    args = ("--units", "2", "--steps", "5", "--config", toml(tmp_path, 2.0))
+    first = start(procs, tmp_path, storage, *args)
+    url = first.ready()
+    second = start(procs, tmp_path, storage, *args, name="second")
+    check_refused(second, first)
+    env = {**os.environ, "VCASYNC_JOIN_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
+    with (tmp_path / "worker.log").open("ab") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "vcasync", "worker", "--coordinator", url,
+                                   "--trainer", "vcasync.examples.digits:train", "--state-dir",
+                                   str(tmp_path / "w")], stdout=log, stderr=subprocess.STDOUT,
+                                  env=env, cwd=tmp_path)
+    try:
+        assert first.wait(240) == ExitCode.OK
+    finally:
+        worker.kill()
+        worker.wait()
+    again = start(procs, tmp_path, storage, *args, name="again")   # released: no wait
+    assert again.wait() == ExitCode.OK
+    assert "already finished" in again.log()
+
+    async def journal() -> list[str]:
+        async with open_storage(storage) as st:
+            return [k async for k in st.list("vcasync/journal/")]
+
+    assert asyncio.run(journal()) == []       # pruned by the first, and nobody wrote after it
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
+def test_a_paused_coordinator_taken_over_stops_when_it_wakes(tmp_path: Path,
+                                                             procs: list[Coord]) -> None:
+    storage = (tmp_path / "store").as_uri()
+    config = toml(tmp_path, 2.0)
+    first = start(procs, tmp_path, storage, "--units", "4", "--config", config)
+    run_id = asyncio.run(_status(first.ready()))["run_id"]
+    first.proc.send_signal(signal.SIGSTOP)        # a long pause: no renewals
+    try:
+        second = start(procs, tmp_path, storage, "--units", "4", "--config", config,
+                       name="second")
+        url = second.ready()                      # after one TTL of silence
+        assert "; taking over" in second.log()      # stale by one rule or the other
+    finally:
+        first.proc.send_signal(signal.SIGCONT)
+    assert first.wait(60) == ExitCode.STORAGE
+    assert "was taken over by another coordinator" in first.log()
+    assert asyncio.run(_status(url))["run_id"] == run_id      # the second serves the run
+    second.stop()
