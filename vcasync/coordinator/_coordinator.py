@@ -23,6 +23,12 @@ merged and acknowledged, and replays the journal on start; ``"snapshot"`` only w
 snapshots (a crash loses what came after the last one, and versions jump forward past anything that
 may have been served); ``"none"`` keeps nothing.
 
+One live coordinator per run (durable state; docs/runs.md): before anything of the run is read, the
+coordinator takes the run's owner lease under the state prefix (:mod:`vcasync._owner_lease`), or is
+refused with :class:`~vcasync.errors.PrefixTakenError` naming the live holder; it renews it while
+it runs, checks it before each acknowledgement and snapshot, stops if another took the run over,
+and releases it when it closes.
+
 Storage outages (see :mod:`vcasync.coordinator._storage_health`): when a write that results need fails, the
 coordinator takes nothing in (leases and results are refused with
 :class:`~vcasync.errors.StorageUnavailableError`, which workers wait out with their results in hand)
