@@ -209,3 +209,18 @@ def test_a_signal_judged_by_loss_is_priced_to_a_loss_target() -> None:
     accuracy = summarize(Simulation(_config()).run())                 # the default: accuracy
     assert accuracy["metric"] == "accuracy"
     assert accuracy["target"] == accuracy["target_accuracy"]
+
+
+def test_staleness_is_counted_when_the_coordinator_merges_not_when_the_upload_ends() -> None:
+    # 64 identical workers uploaded at the same virtual instant; each read the version as its upload
+    # ended (before the merge queue) and all 50 results were staleness 0, while the coordinator,
+    # merging them one after another, measured 0, 1, ..., 49 (sum 1225)
+    n = 12
+    cfg = _config(fleet=FleetConfig.identical(n), preemption=NoPreemption(), sync_baseline=False,
+                  shards=n, keep_timeline=False)
+    s = summarize(Simulation(cfg).run())
+    hist = {int(k): v for k, v in s["staleness_histogram"].items()}
+    coord = s["coordinator_status"]["metrics"]["staleness"]
+    assert sum(hist.values()) == coord["count"] == s["merges"]["accepted"]
+    assert sum(k * v for k, v in hist.items()) == coord["sum"]
+    assert all(hist.get(k) for k in range(n)), hist    # the first round alone merges at 0 .. n-1

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 from ..coordinator import Coordinator, CoordinatorConfig
@@ -22,6 +23,7 @@ from ..errors import ConfigError
 from ..examples.cnn import shard_indices
 from ..examples.workloads import Metric
 from ..ledger import make_units
+from ..metrics import Histogram
 from ..policy import build_policy
 from ..storage import open_storage
 from .clock import VirtualClock, run_virtual
@@ -35,6 +37,28 @@ from .sync import SyncResult, simulate_sync
 from .worker import ModelCache, SimWorker, Workload
 
 __all__ = ["SimOutcome", "Simulation"]
+
+
+class _ExactStaleness(Histogram):
+    """The coordinator's staleness histogram that also counts each merge's exact staleness.
+
+    Staleness is the number of versions merged between a result's base and its own merge, known only
+    when the coordinator's merge loop takes the result: a worker that read the version when its
+    upload ended was wrong whenever results queued for merging (64 uploads at once all read 0 while
+    the coordinator merged them at 0, 1, ..., 63). Counting what the coordinator observes keeps the
+    simulator's histogram the coordinator's own figure, per version instead of per bucket.
+    """
+
+    __slots__ = ("exact",)
+
+    def __init__(self, inner: Histogram, exact: Counter[int]) -> None:
+        super().__init__(inner.bounds)
+        self.counts, self.count, self.sum = list(inner.counts), inner.count, inner.sum
+        self.exact = exact
+
+    def observe(self, value: float) -> None:
+        super().observe(value)
+        self.exact[int(value)] += 1
 
 
 @dataclass(slots=True)
@@ -134,6 +158,7 @@ class Simulation:
         async with open_storage(f"memory://vcasync-sim-{id(self)}") as storage, \
                 Coordinator(model, self.unit_list, policy=policy, storage=storage, config=ccfg,
                             clock=clock) as coord:
+            coord.metrics.staleness = _ExactStaleness(coord.metrics.staleness, rec.staleness)
             models = ModelCache(coord, spec, keep=cfg.staleness_window + 2)
             self.merges = MergeQueue(cfg.merge_s)
             finished = True

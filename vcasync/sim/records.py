@@ -48,6 +48,8 @@ class Recorder:
     partial_results: int = 0
     receipts: Counter[str] = field(default_factory=Counter)
     reject_reasons: Counter[str] = field(default_factory=Counter)
+    #: merged results by staleness, as the coordinator's merge loop measured it (the engine counts
+    #: what the coordinator observes: a worker cannot know when its result will be merged)
     staleness: Counter[int] = field(default_factory=Counter)
     evals: list[EvalPoint] = field(default_factory=list)
     timeline: list[TimelineEvent] = field(default_factory=list)

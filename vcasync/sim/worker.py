@@ -222,7 +222,6 @@ class SimWorker:
         meta: Mapping[str, object] = {
             "lease_id": grant.lease_id, "base_version": grant.base_version, "kind": "delta",
             "samples": samples, "steps": done, "partial": partial, "metrics": {}}
-        staleness = self._coord.version - grant.base_version
         self._rec.samples_trained += samples
         self._phase = "idle"
         await self._merges.serve()  # the coordinator merges one result at a time
@@ -238,7 +237,6 @@ class SimWorker:
         self._rec.receipts[receipt.status] += 1
         if receipt.status == "accepted":
             self._rec.samples_merged += samples
-            self._rec.staleness[staleness] += 1
             if partial:
                 self._rec.partial_results += 1
             tag = " partial" if partial else ""
