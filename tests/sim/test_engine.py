@@ -224,3 +224,18 @@ def test_staleness_is_counted_when_the_coordinator_merges_not_when_the_upload_en
     assert sum(hist.values()) == coord["count"] == s["merges"]["accepted"]
     assert sum(k * v for k, v in hist.items()) == coord["sum"]
     assert all(hist.get(k) for k in range(n)), hist    # the first round alone merges at 0 .. n-1
+
+
+def test_the_json_and_the_text_say_the_figures_are_simulated(capsys: pytest.CaptureFixture[str]) -> None:
+    # `simulate --json` had no field saying its figures were simulated (only the text's "h virtual"
+    # on its last line): a tool collecting savings could take them for measured ones
+    args = _parser().parse_args(["--workers", "2", "--epochs", "1", "--preemption-rate", "0", "--json"])
+    assert run(args) == 0
+    s = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert s["simulated"] is True
+    assert s["clock"] == "virtual seconds"
+    args.json = False
+    assert run(args) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("vcasync simulate (simulated figures: virtual clock")
+    assert " h virtual   sync on-demand " in text

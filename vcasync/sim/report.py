@@ -109,6 +109,9 @@ def summarize(out: SimOutcome, target: float | None = None) -> dict[str, Any]:
     merged = rec.receipts.get("accepted", 0)
     trained = rec.samples_trained
     return {
+        # figures of a model run, not a measurement: every "*_s" figure is virtual seconds
+        "simulated": True,
+        "clock": "virtual seconds",
         "saving_at_target": None if cmp is None else cmp.saving,
         "target_missed": t_async is None,
         "metric": metric,
@@ -185,14 +188,15 @@ def render_text(s: dict[str, Any]) -> str:
     cfg = s["config"]
     inst = cfg["instance"]
     lines = [
-        f"vcasync simulate: {s['fleet']['workers']} workers, policy {cfg['policy']}, signal "
+        f"vcasync simulate (simulated figures: virtual clock, modelled machines and preemptions): "
+        f"{s['fleet']['workers']} workers, policy {cfg['policy']}, signal "
         f"{cfg['signal']}, seed {cfg['seed']}, preemption {cfg['preemption']}",
         f"prices: {inst['provider']}:{inst['instance']} ({inst['region']}) on-demand "
         f"${inst['on_demand_per_h']}/h, spot ${inst['spot_per_h']}/h; {inst['source']}, as of "
         f"{inst['as_of']}{' (approximate)' if inst['approximate'] else ''}: list prices, they drift",
         f"  {'target ' + s['metric']:<22} {_fmt(s['target'])}",
-        f"  time to target         async {_fmt(_hours(s['time_to_target_s']))} h   "
-        f"sync on-demand {_fmt(_hours(s['sync_time_to_target_s']))} h",
+        f"  time to target         async {_fmt(_hours(s['time_to_target_s']))} h virtual   "
+        f"sync on-demand {_fmt(_hours(s['sync_time_to_target_s']))} h virtual",
         f"  final accuracy         async {_fmt(s['final_accuracy'])}   sync {_fmt(s['sync_final_accuracy'])}",
     ]
     if s["metric"] == "loss":
