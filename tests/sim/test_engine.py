@@ -239,3 +239,23 @@ def test_the_json_and_the_text_say_the_figures_are_simulated(capsys: pytest.Capt
     text = capsys.readouterr().out
     assert text.startswith("vcasync simulate (simulated figures: virtual clock")
     assert " h virtual   sync on-demand " in text
+
+
+def test_without_a_baseline_or_a_target_nothing_is_missed(capsys: pytest.CaptureFixture[str]) -> None:
+    # --no-sync gave "target_missed": true beside "target": null, counted as a miss by a tool
+    # counting misses
+    args = _parser().parse_args(["--workers", "2", "--epochs", "1", "--preemption-rate", "0", "--no-sync",
+                                 "--json"])
+    assert run(args) == 0
+    s = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert s["target"] is None
+    assert s["target_missed"] is None
+    args.json = False
+    assert run(args) == 0
+    text = capsys.readouterr().out
+    assert "missed" not in text
+    assert "never reached" not in text
+    assert "none (no baseline to set it, none given)" in text
+    args.target_accuracy, args.json = 0.999, True            # a target given and not reached: a miss
+    assert run(args) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["target_missed"] is True

@@ -6,7 +6,8 @@ coordinator) until its model first reaches the target, against the synchronous o
 until its model first reaches it. Without an explicit target, the target is half a point of accuracy
 below the synchronous baseline's final accuracy, or, on a signal judged by loss (``tinylm``), 1 %
 above its final validation loss. A run that never reaches it has no saving
-(``target_missed``), never a dropped figure.
+(``target_missed`` true), never a dropped figure; a run without a target (``--no-sync`` and no
+``--target-accuracy``) has ``target_missed`` null.
 """
 
 from __future__ import annotations
@@ -113,7 +114,9 @@ def summarize(out: SimOutcome, target: float | None = None) -> dict[str, Any]:
         "simulated": True,
         "clock": "virtual seconds",
         "saving_at_target": None if cmp is None else cmp.saving,
-        "target_missed": t_async is None,
+        # no target (no baseline, none given): nothing was missed, and a tool counting misses must
+        # not count this run
+        "target_missed": None if target is None else t_async is None,
         "metric": metric,
         "baseline_learned": None if sync is None or not sync.evals else _learned(sync.evals, metric),
         "comparison": None if cmp is None else cmp.as_dict(),
@@ -194,7 +197,8 @@ def render_text(s: dict[str, Any]) -> str:
         f"prices: {inst['provider']}:{inst['instance']} ({inst['region']}) on-demand "
         f"${inst['on_demand_per_h']}/h, spot ${inst['spot_per_h']}/h; {inst['source']}, as of "
         f"{inst['as_of']}{' (approximate)' if inst['approximate'] else ''}: list prices, they drift",
-        f"  {'target ' + s['metric']:<22} {_fmt(s['target'])}",
+        f"  {'target ' + s['metric']:<22} "
+        f"{_fmt(s['target']) if s['target'] is not None else 'none (no baseline to set it, none given)'}",
         f"  time to target         async {_fmt(_hours(s['time_to_target_s']))} h virtual   "
         f"sync on-demand {_fmt(_hours(s['sync_time_to_target_s']))} h virtual",
         f"  final accuracy         async {_fmt(s['final_accuracy'])}   sync {_fmt(s['sync_final_accuracy'])}",
