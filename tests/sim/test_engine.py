@@ -15,7 +15,7 @@ pytest.importorskip("vcasync.coordinator", reason="the simulator drives the real
 from vcasync.costing.prices import PriceTable
 from vcasync.errors import ConfigError
 from vcasync.sim import FleetConfig, NoPreemption, PoissonPreemption, SimConfig, Simulation, summarize
-from vcasync.sim.cli import configure, run
+from vcasync.sim.cli import build_config, configure, run
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -259,3 +259,29 @@ def test_without_a_baseline_or_a_target_nothing_is_missed(capsys: pytest.Capture
     args.target_accuracy, args.json = 0.999, True            # a target given and not reached: a miss
     assert run(args) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["target_missed"] is True
+
+
+def test_a_trace_beside_the_poisson_flags_is_refused_and_its_wrapping_is_shown(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # --trace silently replaced --preemption-rate 5 --hard-fraction 1; and a 2-outage trace on 4
+    # workers said "outages: 2" then "preemptions 4" with nothing saying the trace wraps around
+    trace = tmp_path / "tr.csv"
+    trace.write_text("worker,down_s,up_s,notice_s\n0,600,900,30\n1,1200,1500,0\n")
+    base = ["--workers", "4", "--epochs", "1", "--no-sync", "--trace", str(trace)]
+    assert run(_parser().parse_args([*base, "--preemption-rate", "5", "--hard-fraction", "1"])) == 2
+    err = capsys.readouterr().err
+    assert "--trace replays its own outages, so --preemption-rate, --hard-fraction would be ignored" in err
+    for flag in ("--notice-s", "--restart-delay-s"):
+        assert run(_parser().parse_args([*base, flag, "10"])) == 2
+        assert flag in capsys.readouterr().err
+    assert "slot k takes trace worker k mod W" in " ".join(_parser().format_help().split())
+    assert run(_parser().parse_args([*base, "--json"])) == 0
+    pre = json.loads(capsys.readouterr().out.splitlines()[-1])["config"]["preemption"]
+    assert (pre["outages"], pre["outages_scheduled"], pre["wraps"]) == (2, 4, True)
+    assert run(_parser().parse_args(base)) == 0
+    assert ("trace: 2 outage(s) of 2 worker(s), 4 scheduled on the 4 slots (wrapped: slot k replays "
+            "trace worker k mod 2)") in capsys.readouterr().out
+    # without --trace the Poisson flags still default as before
+    cfg = build_config(_parser().parse_args(["--hard-fraction", "1"]))
+    assert cfg.preemption == PoissonPreemption(0.3, restart_delay_s=120.0, notice_s=30.0, hard_fraction=1.0)
+    assert isinstance(build_config(_parser().parse_args(["--preemption-rate", "0"])).preemption, NoPreemption)

@@ -52,13 +52,17 @@ def configure(p: argparse.ArgumentParser) -> None:
     f.add_argument("--slow-fraction", type=float, default=0.1)
     f.add_argument("--slow-factor", type=float, default=3.0)
     f.add_argument("--bandwidth-mbps", type=float, nargs=2, metavar=("MIN", "MAX"), default=(100.0, 2000.0))
-    f.add_argument("--preemption-rate", type=float, default=0.3,
-                   help="preemptions per worker-hour (0.3: 30%% of workers per hour)")
-    f.add_argument("--restart-delay-s", type=float, default=120.0)
-    f.add_argument("--notice-s", type=float, default=30.0)
-    f.add_argument("--hard-fraction", type=float, default=0.1, help="fraction of preemptions with no notice")
+    f.add_argument("--preemption-rate", type=float,
+                   help="Poisson preemptions per worker-hour (default 0.3: 30%% of workers per hour)")
+    f.add_argument("--restart-delay-s", type=float,
+                   help="Poisson: mean delay before a preempted slot's machine is back (default 120)")
+    f.add_argument("--notice-s", type=float, help="Poisson: notice before a preemption (default 30)")
+    f.add_argument("--hard-fraction", type=float,
+                   help="Poisson: fraction of preemptions with no notice (default 0.1)")
     f.add_argument("--trace", type=Path,
-                   help="CSV of outages (worker,down_s,up_s[,notice_s]); replaces Poisson")
+                   help="CSV of outages (worker,down_s,up_s[,notice_s]) replacing the Poisson model "
+                        "(refused beside its flags); a fleet larger than the trace's workers replays it "
+                        "again: slot k takes trace worker k mod W's outages (the report says how many)")
     f.add_argument("--on-notice", choices=("partial", "abandon"), default="partial")
     c = p.add_argument_group("prices")
     c.add_argument("--instance", default=DEFAULT_INSTANCE)
@@ -93,15 +97,28 @@ def _prices(args: argparse.Namespace) -> PriceTable:
     return table
 
 
-def build_config(args: argparse.Namespace) -> SimConfig:
-    preemption: PreemptionModel
+#: The Poisson model's flags and their defaults (None in argparse, so a --trace beside one is seen).
+POISSON_FLAGS: dict[str, float] = {"preemption_rate": 0.3, "restart_delay_s": 120.0, "notice_s": 30.0,
+                                   "hard_fraction": 0.1}
+
+
+def _preemption(args: argparse.Namespace) -> PreemptionModel:
+    given = [f"--{k.replace('_', '-')}" for k in POISSON_FLAGS if getattr(args, k, None) is not None]
     if args.trace is not None:
-        preemption = TracePreemption.from_csv(args.trace)
-    elif args.preemption_rate != 0:   # a negative or NaN rate is refused by PoissonPreemption
-        preemption = PoissonPreemption(args.preemption_rate, restart_delay_s=args.restart_delay_s,
-                                       notice_s=args.notice_s, hard_fraction=args.hard_fraction)
-    else:
-        preemption = NoPreemption()
+        if given:   # the trace replaced them without a word (its rows carry their own notice)
+            raise ConfigError(f"--trace replays its own outages, so {', '.join(given)} would be "
+                              "ignored: give --trace or the Poisson flags, not both")
+        return TracePreemption.from_csv(args.trace)
+    p = {k: d if getattr(args, k, None) is None else getattr(args, k) for k, d in POISSON_FLAGS.items()}
+    if p["preemption_rate"] == 0:
+        return NoPreemption()
+    # a negative or NaN rate is refused by PoissonPreemption
+    return PoissonPreemption(p["preemption_rate"], restart_delay_s=p["restart_delay_s"],
+                             notice_s=p["notice_s"], hard_fraction=p["hard_fraction"])
+
+
+def build_config(args: argparse.Namespace) -> SimConfig:
+    preemption = _preemption(args)
     lo, hi = args.bandwidth_mbps
     fleet = FleetConfig(workers=args.workers, speed_sigma=args.speed_sigma, slow_fraction=args.slow_fraction,
                         slow_factor=args.slow_factor, bandwidth_min_bps=lo * 1e6, bandwidth_max_bps=hi * 1e6)

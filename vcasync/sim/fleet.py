@@ -191,7 +191,8 @@ class TracePreemption:
     """Outages replayed from a CSV trace with a header ``worker,down_s,up_s`` (and ``notice_s``).
 
     ``worker`` is the slot index; rows of a slot must not overlap. Slots beyond the trace's workers
-    wrap around (slot ``k`` replays worker ``k mod W``), so a small trace can drive a big fleet.
+    wrap around (slot ``k`` replays worker ``k mod W``), so a small trace can drive a big fleet;
+    :meth:`on_fleet` says how many outages a fleet is scheduled, and the report shows it.
     """
 
     def __init__(self, rows: Sequence[tuple[int, Outage]], *, source: str = "trace") -> None:
@@ -255,3 +256,11 @@ class TracePreemption:
     def describe(self) -> dict[str, object]:
         return {"kind": "trace", "source": self.source, "workers": self._workers,
                 "outages": sum(len(v) for v in self._per.values())}
+
+    def on_fleet(self, workers: int) -> dict[str, object]:
+        """What a fleet of ``workers`` replays: a larger fleet than the trace's wraps around (slot
+        ``k`` replays trace worker ``k mod W``), so it is scheduled more outages than the trace has
+        (a 2-outage trace on 4 slots: 4). Wrapping is on purpose: a slot the trace does not cover
+        would otherwise never be preempted, and the fleet would look safer than the market was."""
+        return {"fleet_workers": workers, "wraps": workers > self._workers,
+                "outages_scheduled": sum(len(self._per.get(k % self._workers, [])) for k in range(workers))}

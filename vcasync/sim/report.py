@@ -20,6 +20,7 @@ from typing import Any
 from ..costing.prices import InstancePrice
 from ..costing.target import Comparison, Metric, Span, Target, async_cost, ddp_cost
 from .engine import SimOutcome
+from .fleet import TracePreemption
 from .records import EvalPoint
 
 __all__ = ["plot_summary", "quality", "render_text", "summarize", "time_to_target"]
@@ -164,7 +165,7 @@ def summarize(out: SimOutcome, target: float | None = None) -> dict[str, Any]:
             "batch_size": out.workload.batch_size, "lr": out.workload.lr,
             "momentum": out.workload.momentum, "sample_cost_s": out.workload.sample_cost_s,
             "model_bytes": out.workload.model_bytes, "on_notice": cfg.on_notice,
-            "max_staleness": cfg.staleness_window, "preemption": cfg.preemption.describe(),
+            "max_staleness": cfg.staleness_window, "preemption": _preemption(out),
             "instance": cfg.prices[cfg.instance].as_dict(),
             "coordinator_instance": cfg.prices[cfg.coordinator_instance].as_dict(),
         },
@@ -176,6 +177,15 @@ def summarize(out: SimOutcome, target: float | None = None) -> dict[str, Any]:
         "evals": [[p.t_s, p.version, p.samples_merged, p.accuracy, p.loss] for p in rec.evals],
         "coordinator_status": out.coordinator_status,
     }
+
+
+def _preemption(out: SimOutcome) -> dict[str, object]:
+    """The preemption model, and for a trace what this fleet replays of it (it wraps around)."""
+    model = out.config.preemption
+    described = model.describe()
+    if isinstance(model, TracePreemption):
+        described |= model.on_fleet(len(out.fleet))
+    return described
 
 
 def _fmt(x: object, pct: bool = False) -> str:
@@ -224,7 +234,8 @@ def render_text(s: dict[str, Any]) -> str:
         f"{s['work']['expired']} expired)",
         f"  merges                 {s['merges']['accepted']} accepted, {s['merges']['rejected']} rejected, "
         f"{s['merges']['duplicate']} duplicate, {s['merges']['partial_results']} partial",
-        f"  preemptions            {s['fleet']['preemptions']} ({s['fleet']['hard_kills']} without notice)",
+        f"  preemptions            {s['fleet']['preemptions']} ({s['fleet']['hard_kills']} without notice)"
+        f"{_trace_text(cfg['preemption'])}",
         f"  staleness              {_staleness_text(s['staleness_histogram'])}",
         f"  finished               {s['finished']} after {_fmt(_hours(s['duration_s']))} h virtual",
     ]
@@ -233,6 +244,16 @@ def render_text(s: dict[str, Any]) -> str:
         lines.append(f"  parked                 {s['units_parked']} unit(s) never trained: they failed on "
                      f"several workers (first: {why})")
     return "\n".join(lines)
+
+
+def _trace_text(pre: dict[str, Any]) -> str:
+    """For a trace: how many of its outages the fleet was scheduled, and that a larger fleet wraps
+    (a 2-outage trace said "outages: 2" above "preemptions 4", and nothing said why)."""
+    if pre.get("kind") != "trace":
+        return ""
+    wraps = f" (wrapped: slot k replays trace worker k mod {pre['workers']})" if pre["wraps"] else ""
+    return (f"; trace: {pre['outages']} outage(s) of {pre['workers']} worker(s), "
+            f"{pre['outages_scheduled']} scheduled on the {pre['fleet_workers']} slots{wraps}")
 
 
 def _staleness_text(hist: dict[str, int]) -> str:
