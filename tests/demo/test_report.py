@@ -197,3 +197,20 @@ def test_the_summary_shows_the_loss_a_loss_judged_workload_is_targeted_on(
     assert f"final test loss         {rep['final_loss']:.3f}" in out
     assert f"samples: {rep['ddp_loss']:.3f})" in out
     assert "(DDP's final loss plus 1 % of loss)" in out
+
+
+def test_a_fleet_that_merged_nothing_says_so_not_that_it_missed_the_target(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `demo --max-wall 4` printed "first merged result  never (target missed)" for a fleet that
+    # merged no result at all
+    from vcasync.demo.cli import _print_summary
+
+    run = _run(tmp_path, [], [_slot(0, [(0.0, 4.0)], [1], tmp_path)], finished=False)
+    run.accuracy = [(1.0, 0, 0, 0.1, 2.3)]
+    run.versions = [(1.0, 0)]
+    rep = build_report(run, _ddp(1, [(5.0, 0, 0.1, 2.3), (100.0, 2000, 0.95, 0.25)]), T0_WALL)
+    assert rep["first_merge_s"] is None
+    _print_summary(rep, [])
+    line = next(x for x in capsys.readouterr().out.splitlines() if "first merged result" in x)
+    assert "none: no result was merged" in line
+    assert "target" not in line

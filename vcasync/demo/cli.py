@@ -158,6 +158,12 @@ def _secs(x: float | None) -> str:
     return "never (target missed)" if x is None else f"{x:.0f} s"
 
 
+def _first_merge(x: float | None) -> str:
+    """When the fleet's first result was merged; none at all is not a missed target (a --max-wall 4
+    run said "never (target missed)" of a fleet that merged nothing)."""
+    return "none: no result was merged" if x is None else f"{x:.0f} s"
+
+
 def _samples(n: dict[str, Any]) -> str:
     fleet = "never" if n["async"] is None else f"{n['async']}"
     ratio = "" if n["ratio"] is None else f" ({n['ratio']:.2f}x DDP's)"
@@ -190,7 +196,7 @@ def _print_summary(r: dict[str, Any], paths: list[Path]) -> None:
             f"{t['tolerance']})",
             f"  wall time to target     fleet {_secs(a['time_to_target_s'])}, "
             f"DDP {_secs(d['time_to_target_s'])}  (both clocks from the first process start)",
-            f"  first merged result     {_secs(r['first_merge_s'])}; "
+            f"  first merged result     {_first_merge(r['first_merge_s'])}; "
             f"DDP's first step {c['ddp_first_step_s']:.0f} s",
             f"  samples to target       {_samples(c['samples_to_target'])}",
             f"  cost to target          fleet on spot {_usd(a['usd'])} "
