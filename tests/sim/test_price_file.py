@@ -152,3 +152,20 @@ def test_a_free_reference_and_an_upside_down_bandwidth_are_refused(
     assert "got 500 100 Mbit/s (--bandwidth-mbps" in capsys.readouterr().err
     free_spot = ["simulate", "--spot-price", "0", "--epochs", "1", "--workers", "2", "--json"]
     assert main(free_spot) == 0                                      # volunteers: fine
+
+
+def test_a_spot_price_above_on_demand_is_kept_with_a_warning_naming_the_row(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # accepted silently, it gave a negative saving with nothing said; a user may model a spike on
+    # purpose, so it is a warning, not an error
+    with caplog.at_level("WARNING", logger="vcasync.costing"):
+        table = PriceTable.from_rows([{**ROW, "spot_per_h": 1.5}])
+    assert table["acme:big-1"].spot_per_h == 1.5
+    assert "price row acme:big-1: spot $1.5/h is above on-demand $1/h" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="vcasync.costing"):
+        PriceTable.from_rows([{**ROW, "spot_per_h": 1.0}])                  # equal: no saving, no loss
+        PriceTable()
+        assert not caplog.text
+        PriceTable().with_override("n1-standard-8", spot_per_h=0.5)         # --spot-price too
+    assert "price row gcp:n1-standard-8: spot $0.5/h is above on-demand" in caplog.text

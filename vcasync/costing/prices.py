@@ -6,7 +6,8 @@ rarely, spot prices move daily (AWS, Azure) or up to monthly (GCP Spot VMs). Ent
 ``approximate`` quote a spot price that the provider's page shows as a moving market figure, so
 the number is a representative snapshot rather than a fixed list price. Every figure can be
 overridden (``PriceTable.with_override`` or ``vcasync simulate --spot-price/--on-demand-price``):
-check the provider's page before trusting a saving computed from these.
+check the provider's page before trusting a saving computed from these. A row whose spot price is
+above its on-demand price is kept (a price spike may be modelled on purpose) with a warning naming it.
 
 The GCP figures are built from the per-vCPU and per-GiB rates of the page (predefined N1/N2 machine
 types are billed as vCPUs plus memory since October 2018). The two GCP rows dated 2021-01 are the
@@ -21,6 +22,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import tomllib
 import typing
 from collections.abc import Iterator, Mapping
@@ -30,6 +32,8 @@ from pathlib import Path
 from ..coerce import coerce
 from ..errors import ConfigError
 from .params import read_text_file
+
+log = logging.getLogger("vcasync.costing")
 
 __all__ = [
     "DEFAULT_COORDINATOR_INSTANCE", "DEFAULT_INSTANCE", "DEFAULT_PRICES", "InstancePrice", "PriceTable",
@@ -64,6 +68,10 @@ class InstancePrice:
                               "against it")
         if self.min_billed_s < 0:
             raise ConfigError(f"{self.instance}: min_billed_s must be >= 0, got {self.min_billed_s!r}")
+        if self.spot_per_h > self.on_demand_per_h:   # allowed (a spike may be modelled), never silent
+            log.warning("price row %s: spot $%g/h is above on-demand $%g/h, so running spot costs more "
+                        "and every saving against on-demand comes out negative", self.key,
+                        self.spot_per_h, self.on_demand_per_h)
 
     @property
     def key(self) -> str:
