@@ -6,6 +6,7 @@ a traceback or a failed command.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from .errors import ConfigError
@@ -16,7 +17,8 @@ __all__ = ["check_output_file"]
 def check_output_file(path: Path | str, what: str, *, purpose: str = "", kind: str = "file",
                       example: str = "") -> Path:
     """``path`` as a :class:`Path`, once a file can be written there: it names a file (not ``''``,
-    ``'..'`` or a directory) in a directory that exists and that this process may write. Else a
+    ``'..'`` or a directory) in a directory that exists and where this process could create a file
+    (tried: a hidden file is created there and removed), and an existing file it may write. Else a
     :class:`ConfigError` naming the setting (``what``), saying when the file is written
     (``purpose``) and what to name (``kind``, e.g. ``"image file"``, with an ``example``)."""
     path = Path(path)
@@ -31,4 +33,15 @@ def check_output_file(path: Path | str, what: str, *, purpose: str = "", kind: s
         raise ConfigError(f"{what}: the directory {parent} does not exist{why}")
     if not os.access(parent, os.W_OK):
         raise ConfigError(f"{what}: the directory {parent} is not writable by this process{why}")
+    # os.access answers from the permission bits, and root passes them everywhere: /proc said
+    # "writable" and the run failed at its end. Creating (and removing) a file there is the answer.
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".vcasync-check-")
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot create a file in the directory {parent} "
+                          f"({exc.strerror or exc}){why}") from None
+    os.close(fd)
+    os.unlink(probe)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ConfigError(f"{what}: {path} exists and is not writable by this process{why}")
     return path

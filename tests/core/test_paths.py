@@ -37,3 +37,28 @@ def test_a_directory_this_process_may_not_write_is_refused(tmp_path: Path,
     with pytest.raises(ConfigError, match=rf"--port-file: the directory {tmp_path} is not writable by "
                                           r"this process \(the URL\)$"):
         check_output_file(tmp_path / "port", "--port-file", purpose="the URL")
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_directory_no_file_can_be_created_in_is_refused_whatever_its_permission_bits_say(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # as root os.access says /proc may be written: `simulate --plot /proc/nope.png` ran the whole
+    # simulation and ended in a FileNotFoundError traceback (exit 1); the check now creates a file
+    with pytest.raises(ConfigError, match=r"^--plot: cannot create a file in the directory /proc \("):
+        check_output_file("/proc/nope.png", "--plot")
+    from vcasync.cli import main
+
+    assert main(["simulate", "--plot", "/proc/nope.png"]) == 2       # refused before the run
+    assert "--plot: cannot create a file in the directory /proc" in capsys.readouterr().err
+
+
+def test_the_check_leaves_nothing_behind_and_refuses_an_existing_file_it_may_not_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "w.pt"
+    assert check_output_file(target, "--output") == target
+    assert not list(tmp_path.iterdir())
+    target.write_text("old")
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != target)
+    with pytest.raises(ConfigError, match=rf"^--output: {target} exists and is not writable"):
+        check_output_file(target, "--output")
+    assert target.read_text() == "old"
