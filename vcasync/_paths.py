@@ -1,6 +1,7 @@
-"""Local files a command will write, checked before it starts (``--output``, ``--port-file``,
-``--plot``): a file that could not be written was found only when it was, after the whole run, as
-a traceback or a failed command.
+"""Local files and directories a command will write, checked before it starts (``--output``,
+``--port-file``, ``--plot``, ``demo --run-dir``): a file that could not be written was found only
+when it was, after the whole run, as a traceback or a failed command; a run directory that could
+not be made was a ``FileNotFoundError`` or ``NotADirectoryError`` traceback.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from .errors import ConfigError
 
-__all__ = ["check_output_file"]
+__all__ = ["check_output_dir", "check_output_file", "make_output_dir"]
 
 
 def check_output_file(path: Path | str, what: str, *, purpose: str = "", kind: str = "file",
@@ -44,4 +45,43 @@ def check_output_file(path: Path | str, what: str, *, purpose: str = "", kind: s
     os.unlink(probe)
     if path.exists() and not os.access(path, os.W_OK):
         raise ConfigError(f"{what}: {path} exists and is not writable by this process{why}")
+    return path
+
+
+def check_output_dir(path: Path | str, what: str, *, purpose: str = "") -> Path:
+    """``path`` as a :class:`Path`, once a directory can be written there: an existing directory
+    this process may write, or a path whose nearest existing ancestor is such a directory (the
+    rest is made by :func:`make_output_dir`). Else a :class:`ConfigError` naming the setting
+    (``what``), the path and what is in the way."""
+    path = Path(path)
+    why = f" ({purpose})" if purpose else ""
+    if str(path) == "":
+        raise ConfigError(f"{what}: name a directory{why}")
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(f"{what} {path} is not a directory{why}")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(f"{what} {path}: the directory is not writable by this process{why}")
+        return path
+    ancestor = path.absolute().parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(f"{what} {path} cannot be made: {ancestor} is a file, not a directory{why}")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {path} cannot be made: the directory {ancestor} is not writable by "
+                          f"this process{why}")
+    return path
+
+
+def make_output_dir(path: Path | str, what: str, *, purpose: str = "") -> Path:
+    """:func:`check_output_dir`, then make the directory (and its missing parents); what the
+    checks cannot see (``/proc``, a read-only mount, a full disk, which ``os.access`` passes for
+    root) is the same :class:`ConfigError`, naming the path and the system's reason."""
+    path = check_output_dir(path, what, purpose=purpose)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = f" ({purpose})" if purpose else ""
+        raise ConfigError(f"{what} {path} cannot be made: {exc.strerror or exc}{why}") from None
     return path

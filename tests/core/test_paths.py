@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vcasync._paths import check_output_file
+from vcasync._paths import check_output_dir, check_output_file, make_output_dir
 from vcasync.errors import ConfigError
 
 
@@ -62,3 +62,39 @@ def test_the_check_leaves_nothing_behind_and_refuses_an_existing_file_it_may_not
     with pytest.raises(ConfigError, match=rf"^--output: {target} exists and is not writable"):
         check_output_file(target, "--output")
     assert target.read_text() == "old"
+
+
+def test_a_directory_that_could_be_made_is_taken(tmp_path: Path) -> None:
+    assert check_output_dir(tmp_path / "a" / "b", "--run-dir") == tmp_path / "a" / "b"
+    assert check_output_dir(tmp_path, "--run-dir") == tmp_path
+    made = make_output_dir(tmp_path / "a" / "b", "--run-dir")
+    assert made.is_dir()
+
+
+def test_a_directory_below_a_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "file.json").write_text("{}")
+    with pytest.raises(ConfigError) as info:
+        make_output_dir(tmp_path / "file.json" / "sub", "--run-dir")
+    assert str(info.value) == (f"--run-dir {tmp_path}/file.json/sub cannot be made: {tmp_path}/file.json "
+                               f"is a file, not a directory")
+    with pytest.raises(ConfigError, match=rf"--run-dir {tmp_path}/file.json is not a directory"):
+        check_output_dir(tmp_path / "file.json", "--run-dir")
+
+
+def test_a_directory_the_checks_pass_but_the_system_refuses_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # /proc as root: os.access says writable, mkdir fails (ENOENT); any such refusal is named
+    def refuse(self: Path, *args: object, **kwargs: object) -> None:
+        raise FileNotFoundError(2, "No such file or directory", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    with pytest.raises(ConfigError,
+                       match=rf"^--run-dir {tmp_path}/x cannot be made: No such file or directory$"):
+        make_output_dir(tmp_path / "x", "--run-dir")
+
+
+def test_a_directory_this_process_may_not_write_in_is_refused(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != tmp_path)
+    with pytest.raises(ConfigError, match=rf"the directory {tmp_path} is not writable by this process"):
+        check_output_dir(tmp_path / "new", "--run-dir")

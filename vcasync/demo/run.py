@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._paths import make_output_dir
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError
 from ..storage import open_storage, outlives_process
@@ -180,13 +181,17 @@ def _free_port() -> int:
 
 
 def _fresh_run_dir(base: Path) -> Path:
+    make_output_dir(base, "the default run directory", purpose="or name one with --run-dir")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for n in range(1000):
         d = base / (stamp if n == 0 else f"{stamp}-{n}")
         try:
-            d.mkdir(parents=True)
+            d.mkdir()
         except FileExistsError:
             continue
+        except OSError as exc:
+            raise ConfigError(f"cannot create the run directory {d}: {exc.strerror or exc}; "
+                              f"name one with --run-dir") from None
         return d
     raise ConfigError(f"cannot create a fresh run directory under {base}")
 
@@ -224,8 +229,10 @@ class _Demo:
         self.rng = random.Random(cfg.seed)
         if cfg.run_dir is not None:
             _check_empty(cfg.run_dir)
+            # a path that cannot be made (under /proc, below a file) is named here, before anything
+            # starts: it was a FileNotFoundError or NotADirectoryError traceback
+            make_output_dir(cfg.run_dir, "--run-dir", purpose="where state, logs and the report go")
         self.run_dir = cfg.run_dir if cfg.run_dir is not None else _fresh_run_dir(Path("runs"))
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         for sub in ("logs", "events", "workers", "scratch"):
             (self.run_dir / sub).mkdir(exist_ok=True)
         shards = cfg.num_shards()
