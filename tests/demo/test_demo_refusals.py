@@ -43,3 +43,25 @@ def test_a_run_dir_the_system_will_not_make_is_refused_by_name(capsys: pytest.Ca
     assert code == ExitCode.CONFIG, err
     assert "--run-dir /proc/nope cannot be made" in err
     assert not Path("/proc/nope").exists()
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--policy", "nosuch"], "no merge policy named 'nosuch'; available: "),
+    (["--policy-param", "alpha=abc"], "parameter 'alpha' of policy 'vcasgd' must be float, got 'abc'"),
+    (["--policy-param", "beta=1"], "unknown parameter(s) for policy 'vcasgd': beta"),
+    (["--policy-param", "alpha=5"], "alpha must be in [0, 1), got 5"),
+])
+def test_a_policy_the_coordinator_would_refuse_is_named_and_the_run_dir_left_alone(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], said: str) -> None:
+    # it was "the coordinator exited at start; see .../logs/coordinator.log", with the run dir
+    # filled, so a re-run with the same --run-dir was refused as not empty
+    run_dir = tmp_path / "run"
+    code, err = _demo(capsys, "--run-dir", str(run_dir), *args)
+    assert code == ExitCode.CONFIG, err
+    assert said in err
+    assert "exited at start" not in err
+    assert not run_dir.exists()
+    run_dir.mkdir()                      # an empty directory given: still empty after the refusal
+    code, err = _demo(capsys, "--run-dir", str(run_dir), *args)
+    assert code == ExitCode.CONFIG, err
+    assert not any(run_dir.iterdir())

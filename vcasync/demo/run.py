@@ -31,7 +31,7 @@ from typing import Any
 
 from .._paths import make_output_dir
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
-from ..errors import ConfigError
+from ..errors import ConfigError, PolicyError
 from ..storage import open_storage, outlives_process
 from .ddp import DdpConfig
 from .market import SpotMarket
@@ -120,6 +120,15 @@ class DemoConfig:
             raise ConfigError(f"unknown workload {self.workload!r}; choose one of {sorted(WORKLOADS)}")
         self.prices.resolve(self.instance)
         self.prices.resolve(self.coordinator_instance)
+        # the policy and its parameters, built here as the coordinator will build them: refused
+        # there, the demo said only "the coordinator exited at start" and left its run directory
+        # behind (a re-run with the same --run-dir was then refused as not empty)
+        from ..policy import build_policy
+
+        try:
+            build_policy(self.policy, self.policy_params)
+        except PolicyError as exc:  # an unknown name, a plugin that fails validation
+            raise ConfigError(f"policy {self.policy!r}: {exc}") from None
 
     @property
     def worker_lr(self) -> float:
