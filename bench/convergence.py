@@ -14,7 +14,9 @@ Four parts, each against synchronous data-parallel training as the reference (se
    ``digits`` gives ``saving_real``; ``mnist5000`` the accuracy gap on 1,000 test images
    (``gap_mnist_30``: preemptions at 30 %/h of a ``--hours`` job, spread over its progress); ``tinylm``
    the relative test-loss gap (``lm_loss_gap_30``) and a saving where units are long. A seed that
-   never reaches the target is counted in ``targets_missed``, never dropped.
+   never reaches the target is counted in ``targets_missed``, never dropped: every mean is of the
+   seeds that reached it and says "n of m seeds reached", and a miss leaves that figure's interval
+   unbounded on its side (``saving_real_ci_low`` None; :mod:`vcasync.costing.spread`).
 2. **Calibration**: each real run is replayed in the simulator with what that run measured (CPU
    seconds per sample, start-up to the end of the slow first unit, the CPU each unit costs outside
    training on the worker and in the coordinator, the coordinator's own merge time, the rest of the
@@ -602,8 +604,9 @@ def real_curve(a: argparse.Namespace, seeds: list[int], searches: dict[str, Any]
                   f"{rep['cost'].get('saving_per_second')}), fleet {rep['time_to_target_s']} s, "
                   f"DDP {rep['ddp_time_to_target_s']} s to target, samples to target "
                   f"{(rep['cost'].get('samples_to_target') or {}).get('ratio')}x DDP's", file=log)
-        curve[f"{value:g}"] = spread(rep["saving"] for rep in reports).as_dict() | {
-            "per_second": spread(rep["cost"].get("saving_per_second") for rep in reports).as_dict(),
+        curve[f"{value:g}"] = spread((rep["saving"] for rep in reports), miss="low").as_dict() | {
+            "per_second": spread((rep["cost"].get("saving_per_second") for rep in reports),
+                                 miss="low").as_dict(),
             "preemptions": kw["preemptions"], "min_step_s": kw.get("min_step_s", 0.0),
             "policy": DEFAULT_POLICY[0],
             "policy_params": {**DEFAULT_POLICY[1], **kw.get("policy_params", {})},
@@ -747,16 +750,22 @@ def main(argv: list[str] | None = None) -> int:
                 alpha_curve = real_curve(a, seeds, searches, Path(tmp), log, values=a.alpha, label="alpha",
                                          run_kw=lambda v: {"policy_params": {"alpha": v}})
     digits = real.get("digits", [])
-    saving_real = spread(r["saving"] for r in digits)
-    saving_real_s = spread(r["cost"].get("saving_per_second") for r in digits)
+    # a seed that missed the target is counted and leaves the interval unbounded on its side (a
+    # saving: below; a ratio or a gap: above), vcasync.costing.spread's rule; every mean is of the
+    # seeds that reached it and says "n of m seeds reached"
+    saving_real = spread((r["saving"] for r in digits), miss="low")
+    saving_real_s = spread((r["cost"].get("saving_per_second") for r in digits), miss="low")
     # samples each side had used at the target (the fleet's / DDP's): above 1, the fleet learns less
     # per sample, a cost that shorter start-ups or cheaper merges cannot remove
-    samples_ratio = spread((r["cost"].get("samples_to_target") or {}).get("ratio") for r in digits)
+    samples_ratio = spread(((r["cost"].get("samples_to_target") or {}).get("ratio") for r in digits),
+                           miss="high")
     mnist_runs = real.get("mnist5000", [])
-    g30 = spread(None if r["accuracy_gap"] is None else 100 * r["accuracy_gap"] for r in mnist_runs)
+    g30 = spread((None if r["accuracy_gap"] is None else 100 * r["accuracy_gap"] for r in mnist_runs),
+                 miss="high")
     lm_runs = real.get("tinylm", [])
-    lm = spread(r["loss_gap"] for r in lm_runs)
-    savings_by_workload = {w: spread(r["saving"] for r in runs).as_dict() for w, runs in real.items()}
+    lm = spread((r["loss_gap"] for r in lm_runs), miss="high")
+    savings_by_workload = {w: spread((r["saving"] for r in runs), miss="low").as_dict()
+                           for w, runs in real.items()}
 
     # The simulated part on a.jobs processes (bench._simpool): a cell's figures depend only on its
     # arguments, so this changes the wall time, not a result. Searches first, the longest first.
@@ -802,13 +811,13 @@ def main(argv: list[str] | None = None) -> int:
         at_30: list[dict[str, Any]] = []
         for rate, jobs in jobs_rate.items():
             cells = [j.result() for j in jobs]
-            curve_rate[f"{rate:g}"] = spread(c["saving_at_target"] for c in cells).as_dict()
+            curve_rate[f"{rate:g}"] = spread((c["saving_at_target"] for c in cells), miss="low").as_dict()
             if rate == 0.3:
                 at_30 = cells
     sim = sim_figures(hetero, same, gaps50, workers=sim_workers, searched=not a.no_search, adaptive=mnist)
     # The same 30 %/h runs on identical machines, priced at other spot discounts (the price does not
     # change the training, only the bill): where the saving comes from, the discount apart.
-    curve_discount = {f"{d:g}": spread(_saving_at_discount(s, d) for s in at_30).as_dict()
+    curve_discount = {f"{d:g}": spread((_saving_at_discount(s, d) for s in at_30), miss="low").as_dict()
                       for d in (0.5, 0.6, 0.7, 0.8, 0.9)}
 
     errors = [e for c in cal for e in (c.get("error_fleet"), c.get("error_ddp")) if e is not None]
@@ -822,6 +831,7 @@ def main(argv: list[str] | None = None) -> int:
                     "cells; see also --quick / --no-real / --real-only)")
     figures: dict[str, Any] = {
         "saving_real": saving_real.mean, "saving_real_ci_low": saving_real.ci_low,
+        "saving_real_reached": saving_real.label(),   # the mean is of these seeds only
         # the same runs billed per second without the provider's minimum (docs/headline.md)
         "saving_real_per_second": saving_real_s.mean, "saving_real_per_second_ci_low": saving_real_s.ci_low,
         "samples_to_target_ratio": samples_ratio.mean,
@@ -893,9 +903,10 @@ def sim_figures(hetero: list[dict[str, Any]], same: list[dict[str, Any]], gaps50
     baseline, not the fleet. ``adaptive_gap_50`` (kept from the earlier benchmark) is
     ``adaptive_gap_mnist_50``'s cells, measured with ``--adaptive`` (it was a constant None)."""
     name = f"saving_sim_{workers}"
-    s_hetero = spread(s["saving_at_target"] for s in hetero)
-    s_same = spread(s["saving_at_target"] for s in same)
-    gap30 = spread(100 * s["accuracy_gap_vs_sync"] for s in hetero if s["accuracy_gap_vs_sync"] is not None)
+    s_hetero = spread((s["saving_at_target"] for s in hetero), miss="low")
+    s_same = spread((s["saving_at_target"] for s in same), miss="low")
+    gap30 = spread((None if (g := s["accuracy_gap_vs_sync"]) is None else 100 * g for s in hetero),
+                   miss="high")
     g50 = spread(gaps50)
 
     def mean(key: str) -> float | None:
@@ -951,6 +962,13 @@ def _fmt(x: Any, pct: bool = False) -> str:
     return f"{100 * x:.1f} %" if pct else f"{x:.3f}"
 
 
+def _ci_end(s: dict[str, Any], end: str, pct: bool) -> str:
+    """One end of a spread's interval: ``unbounded`` where a missed seed left it so."""
+    if s.get("unbounded") in (end, "both"):
+        return "unbounded"
+    return _fmt(s[f"ci_{end}"], pct)
+
+
 def _print_table(f: dict[str, Any]) -> None:
     sp = f["spread"]
     rows = [
@@ -965,10 +983,12 @@ def _print_table(f: dict[str, Any]) -> None:
         ("gap to DDP, adaptive at 50 %/h (points)", sp["adaptive_gap_mnist_50"], False),
         ("relative test-loss gap, tiny LM, real processes", sp["lm_loss_gap_30"], True),
     ]
-    print(f"\n{'figure':<58}{'mean':>10}{'95 % interval':>24}{'missed':>8}")
+    # the mean is of the seeds that reached the target ("reached": n of m); a miss leaves the
+    # interval "unbounded" on its side (vcasync.costing.spread)
+    print(f"\n{'figure':<58}{'mean':>10}{'95 % interval':>26}{'reached':>10}")
     for name, s, pct in rows:
-        ci = f"{_fmt(s['ci_low'], pct)} .. {_fmt(s['ci_high'], pct)}"
-        print(f"{name:<58}{_fmt(s['mean'], pct):>10}{ci:>24}{s['missing']:>8}")
+        ci = " .. ".join(_ci_end(s, end, pct) for end in ("low", "high"))
+        print(f"{name:<58}{_fmt(s['mean'], pct):>10}{ci:>26}{s['n']:>5} of {s['n'] + s['missing']}")
     print(f"simulator vs real, time-to-target error: largest per seed {_fmt(f['sim_vs_real_error'], True)}, "
           f"of the seeds' mean {_fmt(f['sim_vs_real_error_mean'], True)} "
           f"({f['sim_vs_real_disagree']} seeds where only one side reached the target); "
@@ -995,11 +1015,15 @@ def _plot(rate: dict[str, Any], discount: dict[str, Any], path: Path,
             ax.text(0.5, 0.5, "not measured in this run", ha="center", transform=ax.transAxes)
         xs = [float(k) for k in data]
         vals = list(data.values())
-        low = [(v["mean"] - v["ci_low"]) if v["ci_low"] is not None else 0 for v in vals]
+        # a missed seed leaves the interval unbounded below: the bar runs off the bottom of the plot
+        low = [(v["mean"] - v["ci_low"]) if v["ci_low"] is not None
+               else 10.0 if v.get("unbounded") in ("low", "both") and v["mean"] is not None else 0
+               for v in vals]
         high = [(v["ci_high"] - v["mean"]) if v["ci_high"] is not None else 0 for v in vals]
         ax.errorbar(xs, [v["mean"] if v["mean"] is not None else math.nan for v in vals], yerr=[low, high],
                     marker="o", capsize=3,
-                    label="simulated, 8 identical workers: mean, 95 % interval over seeds that reached it")
+                    label="simulated, 8 identical workers: mean of the seeds that reached it, 95 % "
+                          "interval (a miss: unbounded below)")
         for x, v in zip(xs, vals, strict=True):   # every seed plotted, and the misses counted on it
             ax.scatter([x] * len(v["values"]), v["values"], s=12, color="grey", zorder=3)
             ax.annotate(f"{v['n']}/{v['n'] + v['missing']}", (x, v["mean"] if v["mean"] is not None else 0),

@@ -214,3 +214,21 @@ def test_a_fleet_that_merged_nothing_says_so_not_that_it_missed_the_target(
     line = next(x for x in capsys.readouterr().out.splitlines() if "first merged result" in x)
     assert "none: no result was merged" in line
     assert "target" not in line
+
+
+def test_the_summary_says_how_many_seeds_reached(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # every printed saving says "n of m seeds reached" (vcasync.costing.spread's rule), here m = 1
+    from vcasync.demo.cli import _print_summary
+
+    slots = [_slot(0, [(0.0, 200.0)], [1], tmp_path)]
+    run = _run(tmp_path, [], slots)
+    ddp = _ddp(1, [(5.0, 0, 0.1, 2.3), (100.0, 2000, 0.95, 0.25)])
+    run.accuracy = [(60.0, 3, 2, 0.5, 1.0), (150.0, 9, 4, 0.95, 0.2)]
+    rep = build_report(run, ddp, T0_WALL)
+    assert rep["cost"]["reached"] == "1 of 1 seed reached"
+    _print_summary(rep, [])
+    assert "% (1 of 1 seed reached; one seed: no interval" in capsys.readouterr().out
+    run.accuracy = [(60.0, 3, 2, 0.5, 1.0), (150.0, 9, 4, 0.90, 0.2)]
+    rep = build_report(run, ddp, T0_WALL)
+    _print_summary(rep, [])
+    assert "n/a: the fleet never reached the target (0 of 1 seed reached)" in capsys.readouterr().out

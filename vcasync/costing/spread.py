@@ -2,19 +2,38 @@
 
 The interval is Student's t on the seeds' values (``mean +/- t(0.975, n-1) * sd / sqrt(n)``): with five
 seeds the half-width is 1.24 standard deviations, which is what a reader should see beside the mean.
-Values that do not exist (a run that never reached its target) are not values: they are counted in
-``missing`` and make the summary :attr:`Spread.complete` false, so a caller can never average them
-away silently.
+
+A value that does not exist (a run that never reached its target) is not dropped, and it is not
+given a number either. The rule:
+
+* it is counted (``missing``): every summary says ``n of m seeds reached``, and :attr:`Spread.mean`
+  is the mean *of the reached seeds* only, labelled so (:meth:`Spread.label`);
+* it makes the interval **unbounded on its side** (``None``): a run that paid for machines and never
+  reached the target has an unbounded cost to target, so its saving is unbounded below
+  (``miss="low"``) and its time or samples to target unbounded above (``miss="high"``); with the side
+  not known (``miss="unknown"``, the default) both ends are unbounded. The other end is the reached
+  seeds' interval: a miss can only move the true figure towards its own side.
+
+Counting a miss as the worst saving observed was the other candidate and is not used: it invents a
+finite saving for a run that bought nothing, and with one seed (the demo) there is no worst to take.
+So ``spread([0.60, None, None, None, None], miss="low")`` is "0.60, 1 of 5 seeds reached, interval
+unbounded below", never the same summary as five seeds at 0.60, and a headline check on the
+interval's low end (``saving_real_ci_low >= 0.70``) cannot pass with a seed missing.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Literal
 
-__all__ = ["Spread", "spread", "t_975"]
+__all__ = ["Miss", "Spread", "spread", "t_975"]
+
+#: Where a missing value lies: below every value (a saving), above (a time or samples ratio, a gap),
+#: or not known.
+Miss = Literal["low", "high", "unknown"]
 
 # Two-sided 95 % quantiles of Student's t for 1..30 degrees of freedom; beyond that the normal 1.96
 # is within 2 %.
@@ -32,7 +51,8 @@ def t_975(dof: int) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Spread:
-    """``n`` values' mean, 95 % interval (None under two values) and how many were missing."""
+    """``n`` reached values' mean, the 95 % interval (None under two values, and on the side a
+    missing value lies), and how many were missing; see the module docstring for the rule."""
 
     n: int
     missing: int
@@ -40,28 +60,81 @@ class Spread:
     ci_low: float | None
     ci_high: float | None
     values: tuple[float, ...]
+    miss: Miss = "unknown"
+
+    @property
+    def seeds(self) -> int:
+        """Every seed, reached or not."""
+        return self.n + self.missing
 
     @property
     def complete(self) -> bool:
         """True when every seed produced a value (no run missed its target)."""
         return self.missing == 0 and self.n > 0
 
+    @property
+    def unbounded(self) -> str | None:
+        """Which end a miss left unbounded: ``"low"``, ``"high"``, ``"both"``; None without a miss."""
+        if not self.missing:
+            return None
+        return "both" if self.miss == "unknown" else self.miss
+
+    def label(self) -> str:
+        """``n of m seeds reached``, what every printed mean is said to be over."""
+        return f"{self.n} of {self.seeds} seed{'s' if self.seeds != 1 else ''} reached"
+
+    def describe(self, fmt: Callable[[float], str] = "{:.3f}".format) -> str:
+        """One line: the mean (of the reached seeds), the interval with its unbounded ends, and
+        how many seeds reached, e.g. ``0.600 (95 % interval unbounded .. 0.812; 4 of 5 seeds
+        reached, the mean is theirs)``."""
+        if self.mean is None:
+            return f"n/a ({self.label()})"
+        if self.seeds < 2:
+            ci = "one seed: no interval"
+        else:
+            low, high = self.interval_ends(fmt)
+            ci = f"95 % interval {low} .. {high}"
+        theirs = ", the mean is theirs" if self.missing else ""
+        return f"{fmt(self.mean)} ({ci}; {self.label()}{theirs})"
+
+    def interval_ends(self, fmt: Callable[[float], str] = "{:.3f}".format) -> tuple[str, str]:
+        """The interval's ends as text: ``unbounded`` where a miss left it so, ``n/a`` under two
+        reached values."""
+        side = self.unbounded
+
+        def end(value: float | None, which: str) -> str:
+            if side in (which, "both"):
+                return "unbounded"
+            return "n/a" if value is None else fmt(value)
+
+        return end(self.ci_low, "low"), end(self.ci_high, "high")
+
     def as_dict(self) -> dict[str, object]:
         return {"mean": self.mean, "ci_low": self.ci_low, "ci_high": self.ci_high, "n": self.n,
-                "missing": self.missing, "values": list(self.values)}
+                "missing": self.missing, "seeds": self.seeds, "reached": self.label(),
+                "mean_of": "reached seeds", "unbounded": self.unbounded, "values": list(self.values)}
 
 
-def spread(values: Iterable[float | None]) -> Spread:
-    """Summarise per-seed values; ``None`` entries are counted as missing, never dropped unseen."""
+def spread(values: Iterable[float | None], *, miss: Miss = "unknown") -> Spread:
+    """Summarise per-seed values; ``None`` entries are missing: counted, never dropped unseen, and
+    the interval is unbounded on their side (``miss``; both ends when ``"unknown"``)."""
+    if miss not in ("low", "high", "unknown"):
+        raise ValueError(f"miss must be 'low', 'high' or 'unknown', got {miss!r}")
     seen = list(values)
     got = tuple(float(v) for v in seen if v is not None)
     missing = len(seen) - len(got)
     if any(not math.isfinite(v) for v in got):
         raise ValueError(f"values must be finite, got {got}")
     if not got:
-        return Spread(0, missing, None, None, None, ())
+        return Spread(0, missing, None, None, None, (), miss)
     mean = statistics.fmean(got)
-    if len(got) < 2:
-        return Spread(1, missing, mean, None, None, got)
-    half = t_975(len(got) - 1) * statistics.stdev(got) / math.sqrt(len(got))
-    return Spread(len(got), missing, mean, mean - half, mean + half, got)
+    low: float | None = None
+    high: float | None = None
+    if len(got) >= 2:
+        half = t_975(len(got) - 1) * statistics.stdev(got) / math.sqrt(len(got))
+        low, high = mean - half, mean + half
+    if missing and miss in ("low", "unknown"):
+        low = None
+    if missing and miss in ("high", "unknown"):
+        high = None
+    return Spread(len(got), missing, mean, low, high, got, miss)

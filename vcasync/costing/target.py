@@ -14,7 +14,9 @@ This is the headline's arithmetic, kept pure (numbers in, numbers out) so every 
   :mod:`vcasync.costing.market`) and one coordinator at the on-demand price from its start to the target.
 * **The DDP side** pays ``N`` on-demand machines from start to its own time to target.
 * **Saving** = ``1 - async / DDP``. A run that never reaches the target has no cost to target: its
-  saving is ``None``, and :func:`summarize_savings` counts it as a miss, never dropping it.
+  saving is ``None``, and :func:`summarize_savings` counts it as a miss, never dropping it: the mean
+  is labelled "n of m seeds reached" and the interval is unbounded below
+  (:mod:`vcasync.costing.spread`).
 """
 
 from __future__ import annotations
@@ -200,13 +202,18 @@ class Comparison:
 
 
 def summarize_savings(runs: Sequence[Comparison]) -> dict[str, object]:
-    """Mean saving with its 95 % interval over the seeds that reached the target; misses counted.
+    """Mean saving with its 95 % interval, by :mod:`vcasync.costing.spread`'s rule for a miss.
 
-    ``complete`` is False as soon as one seed missed: the mean is then over fewer runs than were made,
-    and ``targets_missed`` says how many, so a reader never sees a figure with its failures removed.
+    A seed that never reached the target is counted (``targets_missed``, ``reached``: "n of m seeds
+    reached"); the mean is over the seeds that reached it, labelled so, and a miss leaves the
+    saving's interval unbounded below (``saving_ci_low`` None: its cost to target is unbounded) and
+    the time ratio's unbounded above. ``complete`` is False as soon as one seed missed, so a reader
+    never sees a figure with its failures removed.
     """
-    s = spread(r.saving for r in runs)
-    t = spread(r.time_ratio for r in runs)
+    s = spread((r.saving for r in runs), miss="low")
+    t = spread((r.time_ratio for r in runs), miss="high")
     return {"saving": s.mean, "saving_ci_low": s.ci_low, "saving_ci_high": s.ci_high,
-            "time_ratio": t.mean, "seeds": [r.seed for r in runs], "runs": len(runs),
-            "targets_missed": s.missing, "complete": s.complete, "savings": list(s.values)}
+            "saving_text": s.describe("{:.1%}".format), "reached": s.label(), "seeds_reached": s.n,
+            "time_ratio": t.mean, "time_ratio_ci_high": t.ci_high, "seeds": [r.seed for r in runs],
+            "runs": len(runs), "targets_missed": s.missing, "complete": s.complete,
+            "savings": list(s.values)}

@@ -189,8 +189,11 @@ def _print_summary(r: dict[str, Any], paths: list[Path]) -> None:
     ]
     if c.get("target") is not None:
         a, d, t = c["async"], c["ddp"], c["target"]
-        saving = ("n/a: the fleet never reached the target" if c["saving"] is None
-                  else f"{100 * c['saving']:.0f} %")
+        # "n of m seeds reached" on every saving (vcasync.costing.spread's rule): here m is 1
+        reached = c["reached"]
+        saving = (f"n/a: the fleet never reached the target ({reached})" if c["saving"] is None
+                  else f"{100 * c['saving']:.0f} % ({reached}; one seed: no interval; "
+                       f"bench/convergence.py runs seeds)")
         lines += [
             f"  target                  {t['value']:.3f} (DDP's final {'loss plus' if by_loss else 'minus'} "
             f"{t['tolerance']})",
@@ -201,7 +204,7 @@ def _print_summary(r: dict[str, Any], paths: list[Path]) -> None:
             f"  samples to target       {_samples(c['samples_to_target'])}",
             f"  cost to target          fleet on spot {_usd(a['usd'])} "
             f"(of which coordinator ${a['coordinator_usd']:.5f}) vs DDP on demand {_usd(d['usd'])}",
-            f"  saving                  {saving} (one seed: no interval; bench/convergence.py runs seeds)",
+            f"  saving                  {saving}",
         ]
         if c.get("saving_per_second") is not None:
             lines.append(f"  saving, billed per s    {100 * c['saving_per_second']:.0f} % (the same sessions "

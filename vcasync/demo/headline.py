@@ -93,7 +93,7 @@ def headline(run: DemoRun, ddp: DdpResult | None, *, lost_s: float) -> dict[str,
     per_second = Comparison(cfg.seed, target, fleet_s, ddp_cost(cfg.workers, t_ddp, price=per_s)).saving
     return out | {
         "target": target.as_dict(), "saving": cmp.saving, "saving_per_second": per_second,
-        "targets_missed": summary["targets_missed"],
+        "targets_missed": summary["targets_missed"], "reached": summary["reached"],
         "async": fleet.as_dict(), "ddp": base.as_dict(), "time_ratio": cmp.time_ratio,
         "ddp_first_step_s": ddp.first_step_s,
         "samples_to_target": {"async": n_async, "ddp": n_ddp,
