@@ -232,3 +232,66 @@ def test_the_summary_says_how_many_seeds_reached(tmp_path: Path, capsys: pytest.
     rep = build_report(run, ddp, T0_WALL)
     _print_summary(rep, [])
     assert "n/a: the fleet never reached the target (0 of 1 seed reached)" in capsys.readouterr().out
+
+
+def test_seconds_lost_are_split_at_the_fleets_time_to_target(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    # The probe's --quick run: target at 13.2 s, both restarts after it (14.5 and 15.5 s, after all
+    # work was done). The summary said "12.0 s restarting (billed, in the cost above)"; none of it
+    # was in the cost to target, and the sessions restarted after the work had never restarted any.
+    from vcasync.demo.cli import _print_summary
+
+    slots = [_slot(0, [(1.0, 12.0), (14.5, 16.5)], [1, 2], tmp_path),
+             _slot(1, [(1.0, 13.0), (15.5, 17.0)], [3, 4], tmp_path)]
+    trainer = {1: [{"t_s": 5.0, "kind": "unit_start", "unit": "e0-s0"},
+                   {"t_s": 9.0, "kind": "unit_end", "unit": "e0-s0", "steps_done": 5}],
+               3: [{"t_s": 5.0, "kind": "unit_start", "unit": "e0-s1"},
+                   {"t_s": 10.0, "kind": "unit_end", "unit": "e0-s1", "steps_done": 5}]}
+    events = [_ev(11.5, "w0", "preempted", "SIGTERM"), _ev(12.5, "w1", "preempted", "SIGTERM")]
+    run = _run(tmp_path, events, slots, trainer=trainer)
+    run.accuracy = [(6.0, 1, 1, 0.5, 1.0), (13.2, 4, 4, 0.95, 0.2)]
+    rep = build_report(run, _ddp(2, [(5.0, 0, 0.1, 2.3), (8.0, 2000, 0.95, 0.2)]), T0_WALL)
+    lost = rep["work_lost"]
+    assert lost["time_to_target_s"] == pytest.approx(13.2)
+    assert lost["before_target"] == {"seconds_lost_to_kills": 0.0, "seconds_restarting": 0.0,
+                                     "seconds_restarted_after_work_done": 0.0, "in_cost_to_target": True}
+    assert lost["after_target"]["seconds_restarted_after_work_done"] == pytest.approx(2.0 + 1.5)
+    assert lost["after_target"]["seconds_restarting"] == 0.0
+    assert lost["seconds_restarting"] == 0.0      # was 3.5: the whole of both idle sessions
+    assert lost["sessions_after_work_done"] == 2
+    assert rep["cost"]["async"]["lost_s"] == 0.0  # nothing lost is inside the cost to target
+    _print_summary(rep, [])
+    out = capsys.readouterr().out
+    assert ("seconds lost to target  0.0 s of training cut by SIGKILL, 0.0 s restarting (billed, in the "
+            "cost to target)") in out
+    assert ("seconds lost after it   0.0 s of training cut by SIGKILL, 0.0 s restarting, 3.5 s in sessions "
+            "restarted after all work was done (billed to the run, not in the cost to target)") in out
+    assert "in the cost above" not in out
+
+
+def test_a_restart_and_a_kill_across_the_target_are_split_at_it(tmp_path: Path) -> None:
+    slots = [_slot(0, [(1.0, 6.0), (7.0, 30.0)], [1, 2], tmp_path), _slot(1, [(1.0, 30.0)], [3], tmp_path)]
+    trainer = {1: [{"t_s": 3.0, "kind": "unit_start", "unit": "e0-s0"}],
+               2: [{"t_s": 11.0, "kind": "unit_start", "unit": "e0-s0"},
+                   {"t_s": 13.0, "kind": "unit_end", "unit": "e0-s0", "steps_done": 5}],
+               3: [{"t_s": 3.0, "kind": "unit_start", "unit": "e0-s1"},
+                   {"t_s": 4.0, "kind": "unit_end", "unit": "e0-s1", "steps_done": 5},
+                   {"t_s": 18.0, "kind": "unit_start", "unit": "e1-s1"}]}
+    events = [_ev(6.0, "w0", "preempted", "SIGKILL"), _ev(7.0, "w0", "restart"),
+              _ev(20.0, "w1", "preempted", "SIGKILL")]
+    run = _run(tmp_path, events, slots, trainer=trainer)
+    run.accuracy = [(5.0, 1, 1, 0.5, 1.0), (9.0, 4, 4, 0.95, 0.2)]
+    rep = build_report(run, _ddp(2, [(5.0, 0, 0.1, 2.3), (8.0, 2000, 0.95, 0.2)]), T0_WALL)
+    lost = rep["work_lost"]
+    # kills: w0 at 6 s cut 3 s of its unit (3..6, before the 9-s target); w1 at 20 s cut 2 s (after)
+    assert lost["before_target"]["seconds_lost_to_kills"] == pytest.approx(3.0)
+    assert lost["after_target"]["seconds_lost_to_kills"] == pytest.approx(2.0)
+    # w0's restart booted from 7 s to its first unit at 11 s: 2 s before the target, 2 s after
+    assert lost["before_target"]["seconds_restarting"] == pytest.approx(2.0)
+    assert lost["after_target"]["seconds_restarting"] == pytest.approx(2.0)
+    assert rep["cost"]["async"]["lost_s"] == pytest.approx(5.0)
+    run.accuracy = [(5.0, 1, 1, 0.5, 1.0)]        # never reached: no split, all of it billed to the run
+    rep = build_report(run, _ddp(2, [(5.0, 0, 0.1, 2.3), (8.0, 2000, 0.95, 0.2)]), T0_WALL)
+    assert rep["work_lost"]["before_target"] is None
+    assert rep["work_lost"]["seconds_lost_to_kills"] == pytest.approx(5.0)
+    assert "never reached the target" in rep["work_lost"]["split"]

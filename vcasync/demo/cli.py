@@ -150,6 +150,24 @@ def _not_killed(r: dict[str, Any]) -> str:
     return " (--kill-coordinator: not killed, the run finished before 40 % of its units were seen done)"
 
 
+def _lost_lines(lost: dict[str, Any]) -> list[str]:
+    """Seconds lost to preemption, said apart: before the fleet's time to target (billed, in the
+    cost to target) and after it (billed to the run, not in that cost). One line said "billed, in
+    the cost above" of all of them, restarts after the target included."""
+    def part(d: dict[str, Any]) -> str:
+        idle = d.get("seconds_restarted_after_work_done") or 0.0
+        tail = f", {idle:.1f} s in sessions restarted after all work was done" if idle else ""
+        return (f"{d['seconds_lost_to_kills']:.1f} s of training cut by SIGKILL, "
+                f"{d['seconds_restarting']:.1f} s restarting{tail}")
+
+    before, after = lost.get("before_target"), lost.get("after_target")
+    if before is None or after is None:
+        why = lost.get("split", "")
+        return [f"  seconds lost            {part(lost)} (billed; {why.removeprefix('none: ')})"]
+    return [f"  seconds lost to target  {part(before)} (billed, in the cost to target)",
+            f"  seconds lost after it   {part(after)} (billed to the run, not in the cost to target)"]
+
+
 def _usd(x: float | None) -> str:
     return "n/a" if x is None else f"${x:.5f}"
 
@@ -214,8 +232,7 @@ def _print_summary(r: dict[str, Any], paths: list[Path]) -> None:
         f"  preemptions             {rec['sigterm']} SIGTERM + {rec['sigkill']} SIGKILL, "
         f"{'all recovered' if rec['all_recovered'] else 'not all recovered'}; coordinator restarts: "
         f"{r['coordinator_restarts']}{_not_killed(r)}",
-        f"  seconds lost            {lost['seconds_lost_to_kills']:.1f} s of training cut by SIGKILL, "
-        f"{lost['seconds_restarting']:.1f} s restarting (billed, in the cost above)",
+        *_lost_lines(lost),
         f"  prices                  {inst['provider']}:{inst['instance']} spot ${inst['spot_per_h']}/h, "
         f"on demand ${inst['on_demand_per_h']}/h ({inst['source']}, as of {inst['as_of']})",
         "  wrote " + ", ".join(str(p) for p in paths),

@@ -26,7 +26,8 @@ from .ddp import DdpResult
 from .procs import Slot
 from .run import DemoRun
 
-__all__ = ["ACCURACY_TOLERANCE_POINTS", "LOSS_TOLERANCE", "headline", "restart_overhead_s"]
+__all__ = ["ACCURACY_TOLERANCE_POINTS", "LOSS_TOLERANCE", "LostSpan", "headline", "restart_overhead",
+           "split_at"]
 
 #: How far below DDP's final accuracy the target sits (points of accuracy).
 ACCURACY_TOLERANCE_POINTS = 0.5
@@ -34,15 +35,42 @@ ACCURACY_TOLERANCE_POINTS = 0.5
 LOSS_TOLERANCE = 0.01
 
 
-def restart_overhead_s(slots: Sequence[Slot], events: Mapping[int, list[dict[str, Any]]],
-                       t0_wall: float) -> float:
-    """Seconds of restarted sessions before their first training event (boot, import, re-download)."""
-    lost = 0.0
+#: A span of lost time on the run's clock, ``(start_s, end_s)``.
+LostSpan = tuple[float, float]
+
+
+def restart_overhead(slots: Sequence[Slot], events: Mapping[int, list[dict[str, Any]]],
+                     t0_wall: float) -> tuple[list[LostSpan], list[LostSpan]]:
+    """Restarted sessions' time before their first training event (boot, import, re-download):
+    ``(restarting, after_work)``, the second being the whole of each restarted session that never
+    trained and began once every unit had been trained (it came back to hear the run was over).
+
+    Spans, not a sum: :func:`split_at` tells the seconds before the fleet reached its target (in
+    the cost to target) from those after (billed to the run, not to the target).
+    """
+    last_end = max((e["t"] - t0_wall for evs in events.values() for e in evs if e.get("kind") == "unit_end"),
+                   default=None)
+    restarting: list[LostSpan] = []
+    after_work: list[LostSpan] = []
     for s in slots:
         for (start, end), pid in list(zip(s.sessions, s.pids, strict=False))[1:]:
             first = min((e["t"] - t0_wall for e in events.get(pid, [])), default=None)
-            lost += (end - start) if first is None else max(0.0, min(first, end) - start)
-    return lost
+            if first is None and last_end is not None and start >= last_end:
+                after_work.append((start, end))
+            elif first is None:
+                restarting.append((start, end))
+            elif first > start:
+                restarting.append((start, min(first, end)))
+    return restarting, after_work
+
+
+def split_at(spans: Sequence[LostSpan], t_s: float | None) -> tuple[float, float]:
+    """Seconds of ``spans`` before ``t_s`` and after it (``t_s`` None: all before, none after)."""
+    total = sum(b - a for a, b in spans)
+    if t_s is None:
+        return total, 0.0
+    before = sum(max(0.0, min(b, t_s) - a) for a, b in spans)
+    return before, total - before
 
 
 def _first_reaching(points: Sequence[tuple[float, int, float]], target: Target) -> int | None:
@@ -50,8 +78,12 @@ def _first_reaching(points: Sequence[tuple[float, int, float]], target: Target) 
     return next((n for _, n, v in sorted(points, key=lambda p: p[0]) if target.reached(v)), None)
 
 
-def headline(run: DemoRun, ddp: DdpResult | None, *, lost_s: float) -> dict[str, Any]:
-    """The cost-to-target section of ``report.json`` (``ddp`` None: no baseline, no saving)."""
+def headline(run: DemoRun, ddp: DdpResult | None, *, lost: Sequence[LostSpan] = ()) -> dict[str, Any]:
+    """The cost-to-target section of ``report.json`` (``ddp`` None: no baseline, no saving).
+
+    ``lost``: spans of time lost to preemption (training cut by a SIGKILL, restarts); the fleet's
+    ``lost_s`` is their part before its time to target, the part inside its cost to target.
+    """
     cfg = run.config
     price = cfg.prices[cfg.instance]
     coord = cfg.prices[cfg.coordinator_instance]
@@ -81,6 +113,7 @@ def headline(run: DemoRun, ddp: DdpResult | None, *, lost_s: float) -> dict[str,
     n_ddp = _first_reaching(ddp_curve, target)
     sessions = [Span(a, b) for s in run.slots for a, b in s.sessions]
     end = max([run.wall_s, *(s.end_s for s in sessions)])
+    lost_s = split_at(lost, t_async)[0]     # no target reached: all of it, in the machine time spent
     fleet = async_cost(sessions, t_async, worker=price, coordinator=coord, lost_s=lost_s, end_s=end)
     base = ddp_cost(cfg.workers, t_ddp, price=price)
     cmp = Comparison(cfg.seed, target, fleet, base)

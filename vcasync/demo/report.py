@@ -3,7 +3,9 @@
 Costs are cost to target against the DDP baseline (:mod:`vcasync.demo.headline`). Work lost to
 preemption is the training time between a SIGKILLed worker's last checkpoint (or unit start) and the
 kill, read from the trainer's event log (SIGTERMed workers checkpoint and lose nothing), plus the
-start-up of every restarted worker before it trained again; both are inside billed sessions.
+start-up of every restarted worker before it trained again; both are inside billed sessions, and
+are split at the fleet's time to target: the seconds before it are in the cost to target, those
+after it are billed to the run but not to the target.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 from ..examples.workloads import get_workload
 from .ddp import DdpResult
-from .headline import headline, restart_overhead_s
+from .headline import LostSpan, headline, restart_overhead, split_at
 from .procs import Slot
 from .run import DemoRun
 
@@ -49,10 +51,11 @@ def _in_progress(events: list[dict[str, Any]], t_wall: float) -> dict[str, Any] 
     return None
 
 
-def _lost_work(run: DemoRun, events: dict[int, list[dict[str, Any]]], t0_wall: float) -> dict[str, Any]:
-    """Seconds of training lost to SIGKILLs: from the last checkpoint (or unit start) to the kill."""
-    lost_s = 0.0
-    interrupted = 0
+def _killed_training(run: DemoRun, events: dict[int, list[dict[str, Any]]],
+                     t0_wall: float) -> list[LostSpan]:
+    """Training lost to SIGKILLs: from the last checkpoint (or unit start) to the kill, one span
+    per kill that cut a unit in progress."""
+    spans: list[LostSpan] = []
     by_name = {s.name: s for s in run.slots}
     for kill in run.timeline.events:
         slot = by_name.get(kill.who)
@@ -61,9 +64,40 @@ def _lost_work(run: DemoRun, events: dict[int, list[dict[str, Any]]], t0_wall: f
         pid = _pid_at(slot, kill.t_s)
         last = None if pid is None else _in_progress(events.get(pid, []), t0_wall + kill.t_s)
         if last is not None:
-            lost_s += t0_wall + kill.t_s - last["t"]
-            interrupted += 1
-    return {"seconds_lost_to_kills": lost_s, "units_interrupted_by_kill": interrupted}
+            spans.append((last["t"] - t0_wall, kill.t_s))
+    return spans
+
+
+def _lost_work(kills: list[LostSpan], restarting: list[LostSpan], after_work: list[LostSpan],
+               cost: dict[str, Any]) -> dict[str, Any]:
+    """Seconds lost to preemption, split at the fleet's time to target: before it they are billed
+    in the cost to target; after it they are billed to the run but are no part of that cost (the
+    summary said "billed, in the cost above" of restarts that came after the target)."""
+    reached = cost.get("target") is not None and (cost.get("async") or {}).get("time_to_target_s") is not None
+    t = (cost.get("async") or {}).get("time_to_target_s") if reached else None
+    k_before, k_after = split_at(kills, t)
+    r_before, r_after = split_at(restarting, t)
+    w_before, w_after = split_at(after_work, t)
+    out: dict[str, Any] = {
+        "seconds_lost_to_kills": k_before + k_after, "units_interrupted_by_kill": len(kills),
+        "seconds_restarting": r_before + r_after,
+        # restarted sessions that never trained, begun once every unit was trained: not restarts
+        # of work, but billed all the same
+        "seconds_restarted_after_work_done": w_before + w_after, "sessions_after_work_done": len(after_work),
+        "time_to_target_s": t,
+        "split": "at the fleet's time to target" if reached else (
+            "none: the fleet never reached the target, so no cost to target holds these seconds; all "
+            "are billed in the machine time the run spent" if cost.get("target") is not None else
+            "none: no target (no baseline)"),
+    }
+    if reached:
+        out["before_target"] = {"seconds_lost_to_kills": k_before, "seconds_restarting": r_before,
+                                "seconds_restarted_after_work_done": w_before, "in_cost_to_target": True}
+        out["after_target"] = {"seconds_lost_to_kills": k_after, "seconds_restarting": r_after,
+                               "seconds_restarted_after_work_done": w_after, "in_cost_to_target": False}
+    else:
+        out["before_target"] = out["after_target"] = None
+    return out
 
 
 def _recoveries(run: DemoRun, events: dict[int, list[dict[str, Any]]], t0_wall: float) -> dict[str, Any]:
@@ -107,9 +141,10 @@ def build_report(run: DemoRun, baseline: DdpResult | None, t0_wall: float) -> di
     events = read_events(run.run_dir / "events")
     final = run.accuracy[-1] if run.accuracy else None
     samples = run.total_units * run.unit_steps * cfg.batch_size
-    lost = _lost_work(run, events, t0_wall)
-    lost["seconds_restarting"] = restart_overhead_s(run.slots, events, t0_wall)
-    cost = headline(run, baseline, lost_s=lost["seconds_lost_to_kills"] + lost["seconds_restarting"])
+    kills = _killed_training(run, events, t0_wall)
+    restarting, after_work = restart_overhead(run.slots, events, t0_wall)
+    cost = headline(run, baseline, lost=[*kills, *restarting, *after_work])
+    lost = _lost_work(kills, restarting, after_work, cost)
     return {
         "final_accuracy": None if final is None else final[3],
         "ddp_accuracy": None if baseline is None else baseline.final_accuracy,
