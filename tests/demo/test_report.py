@@ -295,3 +295,42 @@ def test_a_restart_and_a_kill_across_the_target_are_split_at_it(tmp_path: Path) 
     assert rep["work_lost"]["before_target"] is None
     assert rep["work_lost"]["seconds_lost_to_kills"] == pytest.approx(5.0)
     assert "never reached the target" in rep["work_lost"]["split"]
+
+
+def test_the_report_says_how_many_preemptions_were_asked_fired_and_cut_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Two --quick runs asked for 4 and fired 2, both with no unit in progress, after all units were
+    # merged; the summary said "1 SIGTERM + 1 SIGKILL, all recovered" and nothing of the other two.
+    from vcasync.demo.cli import _print_summary
+
+    slots = [_slot(0, [(1.0, 10.0), (12.0, 20.0)], [101, 102], tmp_path),
+             _slot(1, [(1.0, 11.0), (13.0, 20.0)], [103, 104], tmp_path)]
+    trainer = {101: [{"t_s": 8.0, "kind": "unit_start", "unit": "e0-s1"}],
+               102: [{"t_s": 13.0, "kind": "unit_start", "unit": "e0-s1"},
+                     {"t_s": 14.0, "kind": "unit_end", "unit": "e0-s1", "steps_done": 5}],
+               103: [{"t_s": 8.0, "kind": "unit_start", "unit": "e0-s0"},
+                     {"t_s": 9.0, "kind": "unit_end", "unit": "e0-s0", "steps_done": 5}]}
+    events = [_ev(9.5, "w0", "preempted", "SIGKILL"), _ev(10.5, "w1", "preempted", "SIGTERM"),
+              _ev(12.0, "w0", "restart"), _ev(13.0, "w1", "restart")]
+    run = _run(tmp_path, events, slots, trainer=trainer)
+    run.market = {"asked": 4, "rate_per_min": None, "fired": 2, "in_unit_at_signal": 1, "not_fired": 2}
+    rec = build_report(run, None, T0_WALL)["recovery"]
+    assert (rec["asked"], rec["fired"], rec["cut_unit_in_progress"]) == (4, 2, 1)
+    assert rec["fewer_than_asked"]
+    assert rec["not_fired"] == 2
+    assert rec["why_fewer"] == "the fleet finished its units before the other 2 found a worker inside a unit"
+    rep = build_report(run, _ddp(2, [(5.0, 0, 0.1, 2.3), (8.0, 2000, 0.95, 0.2)]), T0_WALL)
+    _print_summary(rep, [])
+    assert ("preemptions             4 asked, only 2 fired (1 SIGTERM + 1 SIGKILL): the fleet finished "
+            "its units before the other 2 found a worker inside a unit, 1 of 2 cut a unit in progress, "
+            "all recovered") in capsys.readouterr().out
+    run.market = {"asked": 2, "fired": 2}
+    rec = build_report(run, None, T0_WALL)["recovery"]
+    assert not rec["fewer_than_asked"]
+    assert rec["why_fewer"] is None
+    run.timeline.events = []
+    run.market = {"asked": 4, "fired": 0}
+    rep = build_report(run, _ddp(2, [(5.0, 0, 0.1, 2.3), (8.0, 2000, 0.95, 0.2)]), T0_WALL)
+    _print_summary(rep, [])
+    assert "4 asked, only 0 fired (0 SIGTERM + 0 SIGKILL): the fleet finished its units before the other 4 " \
+           "found a worker inside a unit; nothing to recover" in capsys.readouterr().out

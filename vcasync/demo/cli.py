@@ -36,8 +36,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="pace training: each local step takes at least this long, on the workers and in "
                         "the DDP baseline alike (default 0)")
     p.add_argument("--preemptions", type=int,
-                   help="preemptions spread over the run's progress (default 4 unless --preempt-per-min; "
-                        "0: none)")
+                   help="preemptions spread over the training's progress (10-80 %% of the units), each "
+                        "part way into a unit a worker is training (default 4 unless --preempt-per-min; "
+                        "0: none); the summary says how many fired")
     p.add_argument("--preempt-per-min", type=float, default=0.0,
                    help="instead, a Poisson rate per minute of a worker's training")
     p.add_argument("--kill-fraction", type=float, default=0.25,
@@ -150,6 +151,26 @@ def _not_killed(r: dict[str, Any]) -> str:
     return " (--kill-coordinator: not killed, the run finished before 40 % of its units were seen done)"
 
 
+def _preemptions_text(rec: dict[str, Any]) -> str:
+    """Asked, fired (by signal), how many cut a unit in progress, and whether each recovered; fewer
+    fired than asked is said plainly (it read "2 SIGTERM + 0 SIGKILL, all recovered" for 4 asked,
+    both after every unit was merged)."""
+    fired, asked, cut = rec["fired"], rec["asked"], rec["cut_unit_in_progress"]
+    signals = f"{rec['sigterm']} SIGTERM + {rec['sigkill']} SIGKILL"
+    if asked is None:
+        head = f"at {rec['rate_per_min']:g}/min of training: {fired} fired ({signals})"
+    elif asked == 0:
+        return "none asked (--preemptions 0)"
+    elif rec["fewer_than_asked"]:
+        head = f"{asked} asked, only {fired} fired ({signals}): {rec['why_fewer']}"
+    else:
+        head = f"{asked} asked, {fired} fired ({signals})"
+    if not fired:
+        return f"{head}; nothing to recover"
+    recovered = "all recovered" if rec["all_recovered"] else "NOT all recovered"
+    return f"{head}, {cut} of {fired} cut a unit in progress, {recovered}"
+
+
 def _lost_lines(lost: dict[str, Any]) -> list[str]:
     """Seconds lost to preemption, said apart: before the fleet's time to target (billed, in the
     cost to target) and after it (billed to the run, not in that cost). One line said "billed, in
@@ -229,8 +250,7 @@ def _print_summary(r: dict[str, Any], paths: list[Path]) -> None:
                          f"without the {inst['min_billed_s']:.0f}-s minimum each restart pays)")
     lines += [
         f"  wall time               {r['wall_s']:.0f} s (fleet) + {r['baseline']['wall_s']:.0f} s (DDP)",
-        f"  preemptions             {rec['sigterm']} SIGTERM + {rec['sigkill']} SIGKILL, "
-        f"{'all recovered' if rec['all_recovered'] else 'not all recovered'}; coordinator restarts: "
+        f"  preemptions             {_preemptions_text(rec)}; coordinator restarts: "
         f"{r['coordinator_restarts']}{_not_killed(r)}",
         *_lost_lines(lost),
         f"  prices                  {inst['provider']}:{inst['instance']} spot ${inst['spot_per_h']}/h, "

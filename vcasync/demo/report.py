@@ -130,7 +130,24 @@ def _recoveries(run: DemoRun, events: dict[int, list[dict[str, Any]]], t0_wall: 
                       "unit": root, "steps_done": steps,
                       "unit_finished_at_s": None if done_at is None else round(done_at - t0_wall, 3),
                       "recovered": restarted and unit_ok})
+    cfg = run.config
+    rate = cfg.preempt_per_min if cfg.preempt_per_min > 0 else None
+    asked: int | None = None if rate is not None else int(run.market.get("asked", cfg.preemptions))
+    fired = len(pairs)
+    not_fired = 0 if asked is None else max(0, asked - fired)
+    fewer = not_fired > 0
     return {"preemptions": pairs,
+            # asked for (a count, or None beside a rate), sent, and how many cut a unit in progress
+            # (the trainer's last event before the signal a unit_start or checkpoint): a preemption
+            # between units, or after the work, cuts nothing, and "all recovered" is then no news
+            "asked": asked, "rate_per_min": rate, "fired": fired,
+            "cut_unit_in_progress": sum(1 for p in pairs if p["unit"] is not None),
+            "fewer_than_asked": fewer,
+            "not_fired": not_fired,
+            "why_fewer": None if not fewer else (
+                f"the fleet finished its units before the other {not_fired} found a worker inside a "
+                f"unit" if run.finished else f"the run was stopped before the other {not_fired} "
+                f"found a worker inside a unit"),
             "sigterm": sum(1 for p in pairs if p["signal"] == "SIGTERM"),
             "sigkill": sum(1 for p in pairs if p["signal"] == "SIGKILL"),
             "all_recovered": all(p["recovered"] for p in pairs)}

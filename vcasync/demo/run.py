@@ -181,6 +181,8 @@ class DemoRun:
     status: dict[str, Any] = field(default_factory=dict)
     versions: list[tuple[float, int]] = field(default_factory=list)
     coordinator_cpu: list[tuple[int, float]] = field(default_factory=list)
+    #: the spot market's :meth:`~vcasync.demo.market.SpotMarket.stats`: preemptions asked and fired
+    market: dict[str, Any] = field(default_factory=dict)
 
 
 def _free_port() -> int:
@@ -281,6 +283,10 @@ class _Demo:
                      "--state-dir", str(self.run_dir / "workers" / name), "--name", name,
                      "--grace-period", str(cfg.grace_s), "--threads", "1", "--on-preempt", "checkpoint"]
             self.slots.append(Slot(i, Proc(name, wargs, env=env, log_path=logs / f"{name}.log")))
+        self.market = SpotMarket(self.slots, self.timeline, self.run_dir / "events", self.rng,
+                                 stop=self.stop_injecting, kill_fraction=cfg.kill_fraction)
+        self.market.asked = cfg.preemptions if cfg.preempt_per_min <= 0 else None
+        self.market.rate_per_min = cfg.preempt_per_min if cfg.preempt_per_min > 0 else None
 
     # -- coordinator ---------------------------------------------------------------------------
     async def start_coordinator(self) -> None:
@@ -361,15 +367,14 @@ class _Demo:
             await asyncio.sleep(1.0)
             slot.state = "starting"
 
-    async def inject(self, monitor: Any) -> None:
+    async def inject(self) -> None:
         """Play the spot market (:mod:`vcasync.demo.market`) until the run is in its tail."""
         cfg = self.cfg
-        market = SpotMarket(self.slots, self.timeline, self.run_dir / "events", self.rng,
-                            stop=self.stop_injecting, kill_fraction=cfg.kill_fraction)
+        market = self.market
         if cfg.preempt_per_min > 0:
             await market.in_time(cfg.preempt_per_min)
         elif cfg.preemptions > 0:
-            await market.by_progress(cfg.preemptions, self.total_units, monitor.units_done)
+            await market.by_progress(cfg.preemptions, self.total_units)
 
 
 @contextlib.asynccontextmanager
@@ -405,7 +410,7 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
             mon = Monitor(client, work, demo.run_dir / "scratch", demo.timeline.t0, demo.total_units)
             async with asyncio.TaskGroup() as tg:
                 slot_tasks = [tg.create_task(demo.run_slot(s)) for s in demo.slots]
-                injector = tg.create_task(demo.inject(mon))
+                injector = tg.create_task(demo.inject())
                 killer = tg.create_task(demo.restart_coordinator_once(mon)) if cfg.kill_coordinator else None
                 next_eval = 0.0
                 while not all(t.done() for t in slot_tasks):
@@ -456,4 +461,5 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
         await demo.coordinator.stop(15.0)
         demo.timeline.add("coordinator", "stopped")
     out.coordinator_restarts = demo.coordinator_restarts
+    out.market = demo.market.stats()
     return out
