@@ -26,27 +26,32 @@ def show(values: Sequence[float], digits: int = 2) -> str:
     return f"{mid:.{digits}f} ({lo:.{digits}f}-{hi:.{digits}f})"
 
 
+def _number(text: str, kind: type[int] | type[float], low: float, strict: bool) -> float:
+    """``text`` as a finite ``kind`` above ``low`` (``strict``) or at least ``low``, else an
+    argparse error naming it."""
+    try:
+        value = kind(text)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if not (math.isfinite(value) and (value > low if strict else value >= low)):
+        if kind is int:     # a whole number > 0 is one >= 1
+            bound = f">= {int(low) + 1}" if strict else f">= {int(low)}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        bound = f"{'>' if strict else '>='} {low:g}"
+        raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a whole number >= 1 (0 or -1 repetitions ended in 'no median for empty
     data', a negative fleet in a hang)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+    return int(_number(text, int, 0, strict=True))
 
 
 def positive_float(text: str) -> float:
     """An argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
+    return _number(text, float, 0.0, strict=True)
 
 
 def positive_ints(text: str) -> str:
@@ -58,24 +63,12 @@ def positive_ints(text: str) -> str:
 
 def non_negative_int(text: str) -> int:
     """An argparse type: a whole number >= 0 (warm-up counts, kills)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+    return int(_number(text, int, 0, strict=False))
 
 
 def non_negative_float(text: str) -> float:
     """An argparse type: a finite number >= 0 (rates, paces)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
+    return _number(text, float, 0.0, strict=False)
 
 
 def vcasgd_alpha(text: str) -> float:
