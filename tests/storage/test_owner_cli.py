@@ -10,10 +10,7 @@ was paused past its TTL and taken over stops with the STORAGE status when it wak
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +20,7 @@ import pytest
 from vcasync.cli import ExitCode
 from vcasync.storage import open_storage
 
-from .test_runs_cli import SECRET, Coord, _status, start
+from .test_runs_cli import Coord, _status, start, start_worker
 
 REFUSED = "is in use by a live coordinator"
 
@@ -97,12 +94,7 @@ def test_a_second_coordinator_that_would_outlive_the_first_is_refused(tmp_path: 
     url = first.ready()
     second = start(procs, tmp_path, storage, *args, name="second")
     check_refused(second, first)
-    env = {**os.environ, "VCASYNC_JOIN_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
-    with (tmp_path / "worker.log").open("ab") as log:
-        worker = subprocess.Popen([sys.executable, "-m", "vcasync", "worker", "--coordinator", url,
-                                   "--trainer", "vcasync.examples.digits:train", "--state-dir",
-                                   str(tmp_path / "w")], stdout=log, stderr=subprocess.STDOUT,
-                                  env=env, cwd=tmp_path)
+    worker = start_worker(tmp_path, url)
     try:
         assert first.wait(240) == ExitCode.OK
     finally:

@@ -126,6 +126,16 @@ async def _status_with(url: str, token: str) -> int:
         return resp.status
 
 
+def start_worker(tmp_path: Path, url: str) -> subprocess.Popen[bytes]:
+    """A real digits worker on ``url``, its log in ``tmp_path/worker.log``, its state in ``w``."""
+    env = {**os.environ, "VCASYNC_JOIN_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
+    with (tmp_path / "worker.log").open("ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "vcasync", "worker", "--coordinator", url,
+                                 "--trainer", "vcasync.examples.digits:train", "--state-dir",
+                                 str(tmp_path / "w")], stdout=log, stderr=subprocess.STDOUT,
+                                env=env, cwd=tmp_path)
+
+
 # -- issue 19: a restart must never forget the run --------------------------------------------------
 
 @pytest.mark.slow
@@ -241,12 +251,7 @@ def test_a_finished_run_exits_at_once_with_its_result(request: pytest.FixtureReq
     args = ("--units", "2", "--steps", "5")
     first = start(coords, tmp_path, storage, *args)
     url = first.ready()
-    env = {**os.environ, "VCASYNC_JOIN_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
-    with (tmp_path / "worker.log").open("ab") as log:
-        worker = subprocess.Popen([sys.executable, "-m", "vcasync", "worker", "--coordinator", url,
-                                   "--trainer", "vcasync.examples.digits:train", "--state-dir",
-                                   str(tmp_path / "w")], stdout=log, stderr=subprocess.STDOUT,
-                                  env=env, cwd=tmp_path)
+    worker = start_worker(tmp_path, url)
     try:
         assert first.wait(240) == ExitCode.OK
     finally:
