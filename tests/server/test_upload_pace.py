@@ -191,3 +191,11 @@ def test_each_timeout_is_refused_by_its_own_name(field: str) -> None:
     for bad in (float("nan"), float("inf"), -1.0):
         with pytest.raises(ConfigError, match=rf"^{field} must be a finite number .* got {bad}$"):
             ServerConfig(**{field: bad})
+
+
+@pytest.mark.parametrize(("field", "bad"), [("chunk_size", 0), ("chunk_size", -1), ("chunk_size", 1 << 31),
+                                            ("backlog", 0), ("backlog", -1)])
+def test_a_read_size_or_backlog_that_cannot_work_is_refused(field: str, bad: int) -> None:
+    # found by a tester: chunk_size = 0 was taken and every upload was then refused as truncated
+    with pytest.raises(ConfigError, match=rf"^{field} must be a whole number"):
+        ServerConfig(**{field: bad})

@@ -102,6 +102,13 @@ class ServerConfig:
             raise ConfigError(f"port {self.port} is out of range")
         if self.max_result_bytes is not None and self.max_result_bytes <= 0:
             raise ConfigError("max_result_bytes must be positive")
+        # chunk_size 0 read nothing from every upload (each refused as truncated, and counted
+        # against its worker); a negative backlog is the kernel's to clamp, silently
+        if not 1 <= self.chunk_size <= 1 << 30:
+            raise ConfigError(f"chunk_size must be a whole number of bytes from 1 to 1 GiB, got "
+                              f"{self.chunk_size!r}")
+        if self.backlog < 1:
+            raise ConfigError(f"backlog must be a whole number >= 1, got {self.backlog!r}")
         if not 0 <= self.shutdown_timeout_s < math.inf:     # NaN fails this, as it did no `< 0` check
             raise ConfigError(f"shutdown_timeout_s must be a finite number >= 0 (0: in-flight requests "
                               f"are not waited for), got {self.shutdown_timeout_s!r}")
