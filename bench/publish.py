@@ -316,7 +316,8 @@ def render(mach: dict[str, Any], saved: dict[str, dict[str, Any]]) -> str:
             value = figs.get(n)
             shown = "not measured" if value is None else _cell(value)
             if value is None and n in (figs.get("reasons") or {}):
-                shown += f": {_cell(figs['reasons'][n])}"
+                why = str(figs["reasons"][n]).replace("|", "\\|")     # the why, whole
+                shown = why if why.startswith("not measured") else f"{shown}: {why}"
             between = spread_of(figs, n) if value is not None else None
             if between is not None:
                 shown += f" ({_cell(between[0])}-{_cell(between[1])})"
