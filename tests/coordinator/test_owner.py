@@ -8,12 +8,13 @@ crash hand the run on at once. (Real processes, SIGKILL and exit statuses: tests
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
 
 from vcasync.coordinator import StartOptions
-from vcasync.errors import ClosedError, ConfigError, PrefixTakenError
+from vcasync.errors import ClosedError, ConfigError, ObjectNotFoundError, PrefixTakenError
 from vcasync.storage import open_storage
 
 from .test_recovery import crash, make, submit
@@ -118,3 +119,52 @@ async def test_a_new_run_keeps_the_owner_lease_it_holds(kit, clock, storage) -> 
 async def test_durability_none_takes_no_lease(kit, clock, storage) -> None:
     async with make(kit, storage, clock, durability="none"):
         assert await owners(storage) == []
+
+
+async def stored(storage) -> dict[str, bytes]:
+    """Everything of the run but its owner records (the live owner renews its own), once the live
+    owner's snapshot writer is done with it (two reads alike)."""
+    async def read() -> dict[str, bytes]:
+        out = {}
+        async for k in storage.list("vcasync/"):
+            if not k.startswith("vcasync/owner/"):
+                with contextlib.suppress(ObjectNotFoundError):
+                    out[k] = await storage.get(k)
+        return out
+    last = await read()
+    while True:
+        await asyncio.sleep(0.1)
+        now = await read()
+        if now == last:
+            return now
+        last = now
+
+
+@pytest.mark.parametrize("durability", ["snapshot", "journal"])
+async def test_a_taken_over_coordinator_stopping_cleanly_writes_nothing(kit, clock, storage,
+                                                                        durability) -> None:
+    a = await make(kit, storage, clock, units=4, owner_ttl_s=TTL, durability=durability,
+                   snapshot_every=1).__aenter__()
+    w = await a.join()
+    await submit(kit, a, w, await a.lease(w), base_version=a.version)
+    held = await a.lease(w)                 # a lease in flight: its base is an open base at a stop
+    await submit(kit, a, w, await a.lease(w), base_version=a.version)
+    assert a._renewer is not None
+    a._renewer.cancel()                     # a stalls: no renewals, nobody tells a it was taken over
+    b = await asyncio.wait_for(make(kit, storage, clock, units=4, owner_ttl_s=TTL,
+                                    durability=durability, snapshot_every=1).__aenter__(), 10 * TTL)
+    wb = await b.join()
+    assert (await submit(kit, b, wb, await b.lease(wb), base_version=b.version)).status == "accepted"
+    before, owners_before = await stored(storage), await owners(storage)
+    assert held is not None
+    a._prefix_lease._confirmed = time.monotonic()    # a's stale view: "renewed a moment ago"
+    await a.aclose()                        # a "clean" stop of a coordinator taken over
+    assert isinstance(a.failure, PrefixTakenError)
+    assert isinstance(a.storage_error, PrefixTakenError)
+    assert await stored(storage) == before  # no snapshot, open base, floor or prune by a
+    assert await owners(storage) == owners_before
+    version = b.version
+    await crash(b)                          # b dies: c must start where b was, not where a was
+    async with make(kit, storage, clock, units=4, owner_ttl_s=TTL, durability=durability,
+                     snapshot_every=1) as c:
+        assert c.version >= version

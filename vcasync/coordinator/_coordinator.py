@@ -197,6 +197,8 @@ class Coordinator:
                                                  "again"))
             if self._failure is None and self._journal.durable:
                 await self._final_snapshot()
+                if isinstance(self._final_error, PrefixTakenError):
+                    self._failure = self._final_error    # taken over: this stop was no clean one
             self._merger.snapshots.drop()
         finally:
             self._phase = "closed"
@@ -231,8 +233,16 @@ class Coordinator:
     async def _ensure_prefix(self) -> None:
         """Raise :class:`PrefixTakenError` if another coordinator took the run over (this one
         stalled past ``owner_ttl_s``): called before each acknowledgement and snapshot. Free while
-        the lease was renewed recently (see :meth:`vcasync._owner_lease.OwnerLease.ensure`)."""
-        if self._prefix_lease is not None:
+        the lease was renewed recently (see :meth:`vcasync._owner_lease.OwnerLease.ensure`), except
+        while closing: then a read of the owner records each time. A coordinator that stalled (its
+        renewer stopped, the process was SIGSTOPped) may still believe in a recent renewal, and
+        a stop's writes (final snapshot, open bases, version floor, prune) would overwrite or
+        delete the state of the coordinator that took the run over."""
+        if self._prefix_lease is None:
+            return
+        if self._phase == "closing":
+            await self._prefix_lease.check()
+        else:
             await self._prefix_lease.ensure()
 
     async def _watch_prefix(self) -> None:
@@ -271,11 +281,15 @@ class Coordinator:
             # leases and failures change the ledger without any merge: a snapshot whenever a call
             # came, not only after results; none when nothing did (a finished run started again
             # and stopped must leave its storage as it was)
+            # each write below is preceded by a read of the owner records (see _ensure_prefix):
+            # once the run was taken over, this coordinator writes and deletes nothing of it
+            await self._ensure_prefix()
             if self._touched or self._merger.snapshots.written_version < self.version:
                 await self._merger.capture()
                 await self._store_open_bases()
                 await self._write_snapshot()
             # every version served is in that snapshot now: the next start need not jump past any
+            await self._ensure_prefix()
             await self._journal.settle_version_floor(self.version)
         except Exception as exc:
             self._final_error = exc
@@ -287,7 +301,11 @@ class Coordinator:
             log.error("final snapshot failed (%r): %s", exc, lost)
             return
         try:
+            await self._ensure_prefix()
             await self._journal.prune_final()
+        except PrefixTakenError as exc:
+            self._final_error = exc
+            log.error("final prune refused: %s", exc)
         except Exception as exc:   # the snapshot is written: what is left over is only clutter
             log.warning("pruning the journal after the final snapshot failed (the next start "
                         "skips what the snapshot covers): %r", exc)
@@ -302,6 +320,7 @@ class Coordinator:
             if held is None:
                 continue
             try:
+                await self._ensure_prefix()
                 await self._journal.ensure_base(held.model)
             finally:
                 self._owner.release(held)
