@@ -168,3 +168,29 @@ async def test_a_taken_over_coordinator_stopping_cleanly_writes_nothing(kit, clo
     async with make(kit, storage, clock, units=4, owner_ttl_s=TTL, durability=durability,
                      snapshot_every=1) as c:
         assert c.version >= version
+
+
+async def test_durability_none_refuses_new_run_and_any_stored_state_before_writing(
+        kit, clock, storage) -> None:
+    # Found by a probe: durability none with --new-run beside a live journal-mode run deleted
+    # nothing, started anyway, and its worker's token landed in the live run's auth/tokens/
+    async with make(kit, storage, clock, units=4, owner_ttl_s=30.0) as a:
+        w = await a.join()
+        await submit(kit, a, w, await a.lease(w), base_version=a.version)
+        before = await stored(storage)
+        none = make(kit, storage, clock, units=4, durability="none")
+        none._start = StartOptions(new_run=True)
+        with pytest.raises(ConfigError) as info:
+            await none.__aenter__()
+        assert "--new-run" in str(info.value)
+        assert "durability 'none'" in str(info.value)
+        assert await stored(storage) == before
+    # anything of a run under the prefix (here only a worker token) keeps durability none off it
+    other = open_storage(f"{storage.url}-tokens")
+    try:
+        await other.put("vcasync/auth/tokens/t1.json", b"{}")
+        with pytest.raises(ConfigError, match="holds a run under 'vcasync'"):
+            await make(kit, other, clock, units=4, durability="none").__aenter__()
+        assert [k async for k in other.list("")] == ["vcasync/auth/tokens/t1.json"]
+    finally:
+        await other.aclose()

@@ -335,8 +335,11 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
             policy = hooks.wrap_policy(policy)
             storage = hooks.wrap_storage(storage, coord_cfg.state_prefix)
         # the run's tokens live with the run: --new-run (which deletes the prefix) revokes them
-        # with it, and runs under other prefixes of one storage keep theirs
-        token_store = StorageTokenStore(storage, f"{coord_cfg.state_prefix.strip('/')}/auth/tokens/")
+        # with it, and runs under other prefixes of one storage keep theirs. Durability none keeps
+        # no run, so it keeps its tokens in memory: stored, they would outlive it and be accepted
+        # by whichever run is started under that prefix later
+        token_store = (StorageTokenStore(storage, f"{coord_cfg.state_prefix.strip('/')}/auth/tokens/")
+                       if coord_cfg.durability != "none" else None)
         authority = TokenAuthority(join_secret=secret, join_tokens=tokens, store=token_store,
                                    operator_token=operator_token)
         async with Coordinator(model, units, policy=policy, storage=storage, config=coord_cfg,

@@ -402,13 +402,19 @@ class Coordinator:
         top (a fresh journal handle) when a transient storage error interrupts it."""
         self._journal = Journal(self._storage, config=self.config.journal_config(), spec=self.spec)
         prefix = self.config.state_prefix.strip("/")
-        if (self.config.durability == "none" and self._storage is not None and not self._start.new_run
-                and await self._storage.exists(f"{prefix}/run")):
-            # durability none keeps nothing: it would start a new run beside the stored one, its
-            # results merged into nothing that lasts, while the stored run waits
-            raise ConfigError(f"{self._storage.url} holds a run under {prefix!r}; durability 'none' "
-                              "would ignore it: resume it with durability journal or snapshot, or "
-                              "use another state_prefix or storage")
+        if self.config.durability == "none" and self._storage is not None:
+            # durability none takes no owner lease and keeps nothing: beside a stored run (live or
+            # not) it would start a new run whose results last nowhere, and its workers' tokens or
+            # uploads would land in the stored run's state; checked before anything is written
+            if self._start.new_run:
+                raise ConfigError("--new-run (StartOptions(new_run=True)) with durability 'none': "
+                                  "durability none deletes nothing and keeps nothing, so --new-run "
+                                  "would do nothing; drop --new-run, or use durability journal or "
+                                  "snapshot to start the stored run over")
+            if await self._holds_state(prefix):
+                raise ConfigError(f"{self._storage.url} holds a run under {prefix!r}; durability "
+                                  "'none' would ignore it: resume it with durability journal or "
+                                  "snapshot, or use another state_prefix or storage")
         run = await self._journal.open(self.identity, self._start,
                                        probed=self._prefix_lease is not None)
         reset = run.recorded is not None and not run.recorded.same_policy(self.identity)
@@ -470,6 +476,13 @@ class Coordinator:
         if reset:
             await self._journal.record_identity(self.identity)
         self._merger.snapshots.written_version = self.version     # what was recovered is stored
+
+    async def _holds_state(self, prefix: str) -> bool:
+        """Whether anything is stored under the run's prefix (a run record, owner records, tokens)."""
+        assert self._storage is not None
+        async for _ in self._storage.list(f"{prefix}/"):
+            return True
+        return await self._storage.exists(f"{prefix}/run")
 
     def _recorded_policy(self, recorded: RunIdentity | None) -> MergePolicy:
         assert recorded is not None
