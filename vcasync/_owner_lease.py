@@ -57,6 +57,12 @@ from .storage import Storage
 __all__ = ["OwnerLease", "OwnerRecord", "this_node"]
 
 _DIGITS = 12
+#: The shortest TTL a coordinator's ``owner_ttl_s`` or a worker's ``state_lease_s`` may have. The
+#: owner renews every ``ttl / 3``, and a renewal is about five storage round trips on S3 or GCS (a
+#: list and a get before and after a put), each up to hundreds of milliseconds under load: a shorter
+#: TTL lets a live owner miss renewals and be taken over, and renews hundreds of times a second when
+#: very short (0.001 s: ~650 a second, 71 % of a core). Read at validation time (tests lower it).
+MIN_TTL_S = 3.0
 #: Holder tokens of the leases this process holds now (see the module docstring: a record naming
 #: this process whose holder is not here was let go without a release).
 _HELD: set[str] = set()

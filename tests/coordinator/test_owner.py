@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from vcasync import _owner_lease
 from vcasync.coordinator import StartOptions
 from vcasync.errors import ClosedError, ConfigError, ObjectNotFoundError, PrefixTakenError
 from vcasync.storage import open_storage
@@ -20,6 +21,12 @@ from vcasync.storage import open_storage
 from .test_recovery import crash, make, submit
 
 TTL = 0.6
+
+
+@pytest.fixture(autouse=True)
+def quick_ttl(monkeypatch):
+    """Owner TTLs below the 3 s minimum, so that takeovers here take a fraction of a second."""
+    monkeypatch.setattr(_owner_lease, "MIN_TTL_S", 0.1)
 
 
 @pytest.fixture

@@ -109,7 +109,7 @@ def test_a_replacement_machine_resumes_a_killed_workers_lease_from_remote_state(
     def start_worker(name: str) -> Any:
         return procs.start(name, "worker", "--coordinator", coordinator, "--trainer", "resume_probe:train",
                            "--app-dir", str(HERE), "--state", url, "--state-dir", str(tmp_path / name),
-                           "--state-lease", "2")
+                           "--state-lease", "3")
 
     first = start_worker("machine-a")
     wait_until("a checkpoint in the remote state", lambda: bool(stored(url, "checkpoints/")))
@@ -142,7 +142,7 @@ def test_a_second_live_worker_on_the_same_state_url_is_refused(procs: Procs, tmp
     procs.env["SLOW_DIGITS_DELAY_S"] = "1.0"           # the first worker holds its unit for a minute
     coordinator = start_coordinator(procs, tmp_path)
     args = ["worker", "--coordinator", coordinator, "--trainer", "resume_probe:train", "--app-dir", str(HERE),
-            "--state", url, "--state-lease", "2"]
+            "--state", url, "--state-lease", "3"]
     first = procs.start("first", *args, "--state-dir", str(tmp_path / "first"))
     wait_until("the first worker training", lambda: "starts at step" in procs.log("first"))
     second = procs.start("second", *args, "--state-dir", str(tmp_path / "second"))
@@ -167,7 +167,7 @@ def test_a_state_url_added_to_a_killed_workers_state_dir_takes_its_lease_over(
     first.wait(30)
     assert not ACK.search(procs.log("local")), "the unit ended before the kill; nothing to resume"
 
-    second = procs.start("remote", *args, "--state", url, "--state-lease", "2")
+    second = procs.start("remote", *args, "--state", url, "--state-lease", "3")
     assert second.wait(180) == 0, procs.log("remote")[-3000:]
     log = procs.log("remote")
     assert f"moved the local state in {disk} into it" in log, log[-3000:]

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from vcasync.backends.memory import MemoryStorage
 
+from vcasync import _owner_lease
 from vcasync.errors import ConfigError, StateInUseError, TrainerError
 from vcasync.ledger._units import make_units
 from vcasync.testing.storage import IgnoringPreconditions
@@ -22,6 +23,12 @@ from vcasync.worker._remote_state import state_lease
 
 from .conftest import SECRET, running, tiny_model
 from .test_worker import FAST, Blocker, make_trainer
+
+
+@pytest.fixture(autouse=True)
+def quick_ttl(monkeypatch):
+    """Owner TTLs below the 3 s minimum, so that takeovers here take a fraction of a second."""
+    monkeypatch.setattr(_owner_lease, "MIN_TTL_S", 0.1)
 
 
 def remote_worker(url: str, state: Any, trainer: Any, local: Path | None = None, **cfg: Any) -> Worker:

@@ -55,7 +55,7 @@ def check_refused(second: Coord, first: Coord) -> None:
 def test_a_second_coordinator_on_a_running_run_is_refused_with_exit_4(tmp_path: Path,
                                                                       procs: list[Coord]) -> None:
     storage = (tmp_path / "store").as_uri()
-    config = toml(tmp_path, 2.0)
+    config = toml(tmp_path, 3.0)
     first = start(procs, tmp_path, storage, "--units", "4", "--config", config)
     url = first.ready()
     run_id = asyncio.run(_status(url))["run_id"]
@@ -89,7 +89,7 @@ def test_a_second_coordinator_that_would_outlive_the_first_is_refused(tmp_path: 
     # first ran to its end and pruned its journal, then journaling results the next start did not
     # replay. Now it is refused at its start, and the first's run is whole.
     storage = (tmp_path / "store").as_uri()
-    args = ("--units", "2", "--steps", "5", "--config", toml(tmp_path, 2.0))
+    args = ("--units", "2", "--steps", "5", "--config", toml(tmp_path, 3.0))
     first = start(procs, tmp_path, storage, *args)
     url = first.ready()
     second = start(procs, tmp_path, storage, *args, name="second")
@@ -115,7 +115,7 @@ def test_a_second_coordinator_that_would_outlive_the_first_is_refused(tmp_path: 
 def test_a_paused_coordinator_taken_over_stops_when_it_wakes(tmp_path: Path,
                                                              procs: list[Coord]) -> None:
     storage = (tmp_path / "store").as_uri()
-    config = toml(tmp_path, 2.0)
+    config = toml(tmp_path, 3.0)
     first = start(procs, tmp_path, storage, "--units", "4", "--config", config)
     run_id = asyncio.run(_status(first.ready()))["run_id"]
     first.proc.send_signal(signal.SIGSTOP)        # a long pause: no renewals

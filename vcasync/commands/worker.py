@@ -39,7 +39,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
                    help="keep identity, lease and checkpoints in storage (file://, s3://, gs://) so a "
                         "replacement machine resumes them")
     p.add_argument("--state-lease", type=float, default=30.0, metavar="SECONDS",
-                   help="with --state: how long a silent owner keeps the state from a replacement")
+                   help="with --state: how long a silent owner keeps the state from a replacement "
+                        "(at least 3; renewed every third of it)")
     p.add_argument("--keep-checkpoints", type=int, default=2, help="with --state: checkpoints kept per lease")
     p.add_argument("--allow-unsafe-store", action="store_true",
                    help="with --state: run (with a loud warning) on a store that ignores conditional "
@@ -73,6 +74,7 @@ exit status: 0 the run is finished (or the worker was preempted: SIGTERM, SIGINT
 
 
 def _run(a: argparse.Namespace) -> int:
+    from .. import _owner_lease
     from .._imports import import_object
     from .._loop import run
     from ..worker import Worker, WorkerConfig
@@ -83,6 +85,10 @@ def _run(a: argparse.Namespace) -> int:
     for flag, seconds in (("--grace-period", a.grace_period), ("--state-lease", a.state_lease)):
         if not (math.isfinite(seconds) and seconds > 0):
             raise ConfigError(f"{flag} must be a finite number of seconds > 0, got {seconds}")
+    if a.state_lease < _owner_lease.MIN_TTL_S:
+        raise ConfigError(f"--state-lease must be at least {_owner_lease.MIN_TTL_S:g} seconds (the "
+                          "state is renewed every third of it, each renewal several storage round "
+                          f"trips), got {a.state_lease}")
     if not a.give_up_after > 0:     # NaN too
         raise ConfigError(f"--give-up-after must be a number of seconds > 0 (inf: never), "
                           f"got {a.give_up_after}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .. import _owner_lease
 from ..errors import ConfigError, InvalidKeyError
 from ..ledger import LedgerConfig
 from ..storage import validate_prefix
@@ -59,7 +60,8 @@ class CoordinatorConfig:
     #: One live coordinator per run: the one serving renews an owner record under the state prefix
     #: every third of this; a start that finds a live one is refused, and one that stopped renewing
     #: (killed elsewhere) is taken over after this long (at once when it released it at a clean
-    #: stop, or provably died on this machine). See docs/runs.md.
+    #: stop, or provably died on this machine). At least 3 s: a renewal is several storage round
+    #: trips (about five on S3 or GCS). See docs/runs.md.
     owner_ttl_s: float = 30.0
 
     def __post_init__(self) -> None:
@@ -82,7 +84,9 @@ class CoordinatorConfig:
         need(self.expiry_interval_s > 0, "expiry_interval_s", "must be > 0")
         need(self.storage_probe_interval_s > 0, "storage_probe_interval_s", "must be > 0")
         need(self.storage_outage_limit_s > 0, "storage_outage_limit_s", "must be > 0")
-        need(self.owner_ttl_s > 0, "owner_ttl_s", "must be > 0")
+        need(self.owner_ttl_s >= _owner_lease.MIN_TTL_S, "owner_ttl_s",
+             f"must be >= {_owner_lease.MIN_TTL_S:g} s (renewed every third of it, each renewal "
+             "several storage round trips: a shorter TTL gets a live coordinator taken over)")
         need(self.max_update_norm is None or self.max_update_norm > 0, "max_update_norm",
              "must be > 0 or None")
         need(self.max_retained_bytes is None or self.max_retained_bytes >= 0, "max_retained_bytes",

@@ -50,6 +50,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from .. import _owner_lease
 from ..errors import (
     AuthError,
     ClosedError,
@@ -138,7 +139,10 @@ class WorkerConfig:
             (self.max_trainer_failures >= 1,
              f"max_trainer_failures must be >= 1, got {self.max_trainer_failures}"),
             (self.keep_checkpoints >= 1, f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}"),
-            (self.state_lease_s > 0, f"state_lease_s must be > 0, got {self.state_lease_s}"),
+            (self.state_lease_s >= _owner_lease.MIN_TTL_S,
+             f"state_lease_s must be >= {_owner_lease.MIN_TTL_S:g} s (renewed every third of it, each "
+             "renewal several storage round trips: a shorter lease gets a live worker's state taken "
+             f"over), got {self.state_lease_s}"),
             (self.give_up_after_s > 0,
              f"give_up_after_s must be > 0 (inf: never), got {self.give_up_after_s}"),
         ]
