@@ -201,3 +201,29 @@ async def test_durability_none_refuses_new_run_and_any_stored_state_before_writi
         assert [k async for k in other.list("")] == ["vcasync/auth/tokens/t1.json"]
     finally:
         await other.aclose()
+
+
+async def test_a_taken_over_coordinator_stores_no_upload(kit, clock, storage) -> None:
+    # a coordinator woken from a stall wrote an upload into the run's incoming/ before any check
+    a = await make(kit, storage, clock, units=4, owner_ttl_s=TTL).__aenter__()
+    w = await a.join()
+    held = await a.lease(w)
+    assert a._renewer is not None
+    a._renewer.cancel()                     # a stalls
+    b = await asyncio.wait_for(make(kit, storage, clock, units=4, owner_ttl_s=TTL).__aenter__(),
+                               10 * TTL)
+    staged: list[str] = []
+    stage = a._journal.stage
+
+    async def spy(key, chunks):
+        staged.append(key)
+        await stage(key, chunks)
+
+    a._journal.stage = spy
+    with pytest.raises(ClosedError, match="another one writes this run"):
+        await submit(kit, a, w, held, base_version=0)
+    assert staged == []
+    assert [k async for k in storage.list("vcasync/incoming/")] == []
+    await a.aclose()
+    assert isinstance(a.failure, PrefixTakenError)
+    await b.aclose()

@@ -613,6 +613,15 @@ class Coordinator:
         # Journal mode: the bytes are written as they arrive, while they are decoded (one pass);
         # the merge loop owns them once the job is queued (it journals them or deletes them).
         blob = self._journal.incoming_key() if self._journal.journaling else None
+        if blob is not None:
+            # the bytes go to the run's incoming/ as they arrive: not from a coordinator taken over
+            # (one woken from a stall past owner_ttl_s; free while the lease was renewed recently)
+            try:
+                await self._ensure_prefix()
+            except PrefixTakenError as exc:
+                self._prefix_lost.set()      # this coordinator stops, as when the merge loop finds it
+                raise ClosedError("the coordinator stopped: another one writes this run; send the "
+                                  "result again") from exc
 
         def read(chunks: AsyncIterable[bytes]) -> Awaitable[tuple[ResultMeta, dict[str, Tensor]]]:
             return read_result(chunks, lease_id=lease_id, unit=unit, spec=self.spec,
