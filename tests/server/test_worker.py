@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from vcasync.errors import ConfigError, TrainerError
+from vcasync.errors import ConfigError, StateInUseError, TrainerError
 from vcasync.ledger._units import make_units
 from vcasync.retry import RetryPolicy
 from vcasync.server import Server, ServerConfig
@@ -146,6 +146,35 @@ async def test_preempted_worker_keeps_the_lease_and_resumes_it(tmp_path: Path) -
         assert log[1]["start"] == 6  # the checkpoint saved when it stopped after step index 5
         assert again.worker_id == report.worker_id  # same identity from the state dir
         assert units_done(coord) in (2, -1)
+
+
+async def test_a_second_worker_on_a_state_dir_in_use_waits_for_it_then_is_refused(tmp_path: Path) -> None:
+    # Found by a probe: a second live worker on the same --state-dir took the same identity and
+    # resumed the lease the first was training; both wrote checkpoints for it, and one deleted
+    # the other's spooled result under it (a FileNotFoundError traceback, exit 1).
+    async with running(tmp_path, units=make_units(2, steps=20)) as (_, server):
+        blocker, log = Blocker(at_step=5), []
+        first = worker(server.url, tmp_path / "w", make_trainer(blocker, log))
+        task = asyncio.create_task(first.run())
+        await blocker.wait_reached()
+        second = worker(server.url, tmp_path / "w", make_trainer(None, log))
+        second.state.lock_wait_s = 0.3
+        with pytest.raises(StateInUseError, match=r"in use by a live worker \(pid \d+ on host") as info:
+            await second.run()
+        assert info.value.url == str(tmp_path / "w")
+        assert len(log) == 1                                # it touched nothing
+
+        # a restart while the first wraps up (a supervisor during the grace period) waits for it
+        third = worker(server.url, tmp_path / "w", make_trainer(None, log))
+        later = asyncio.create_task(third.run())
+        await asyncio.sleep(0.3)
+        assert len(log) == 1
+        assert not later.done()
+        first.request_stop()
+        assert (await task).reason == "preempted"
+        report = await later
+        assert (report.reason, report.results_accepted) == ("finished", 2)
+        assert (log[1]["lease"], log[1]["resumed"]) == (log[0]["lease"], True)
 
 
 async def test_a_run_reached_at_another_address_keeps_the_identity_and_the_lease(tmp_path: Path) -> None:

@@ -79,12 +79,13 @@ class RemoteStateDir(StateDir):
 
     def __init__(self, root: Path, state: str | Storage, *, keep_checkpoints: int = 2,
                  lease_ttl_s: float = 30.0, options: Mapping[str, Any] | None = None,
-                 temporary: bool = False, allow_unsafe_store: bool = False) -> None:
+                 temporary: bool = False, allow_unsafe_store: bool = False,
+                 lock_wait_s: float = 30.0) -> None:
         if keep_checkpoints < 1:
             raise ConfigError("keep_checkpoints must be at least 1")
         if lease_ttl_s <= 0:
             raise ConfigError("the state lease TTL must be positive")
-        super().__init__(root)
+        super().__init__(root, lock_wait_s=lock_wait_s)
         self._spec = state
         self._options = dict(options or {})
         self.temporary = temporary
@@ -104,6 +105,10 @@ class RemoteStateDir(StateDir):
     def url(self) -> str:
         return self._spec if isinstance(self._spec, str) else self._spec.url
 
+    @property
+    def where(self) -> str:
+        return self.url
+
     def __repr__(self) -> str:
         return f"RemoteStateDir({self.url!r}, local={str(self.root)!r})"
 
@@ -116,6 +121,8 @@ class RemoteStateDir(StateDir):
             if self.temporary:
                 await asyncio.to_thread(self._make_dirs)    # a second session: the last removed it
                 stack.callback(shutil.rmtree, self.root, ignore_errors=True)
+            else:   # a --state-dir cache is one worker's too, whichever --state it mirrors
+                await stack.enter_async_context(self.locked())
             if isinstance(self._spec, str):
                 storage = await stack.enter_async_context(open_storage(self._spec, **self._options))
             else:

@@ -10,23 +10,47 @@ Layout (every write is write-to-temp then rename, so a SIGKILL never leaves half
     receipts.jsonl         every receipt the coordinator answered with, one JSON line each, in order
                            (the worker's own audit trail: what it was told was accepted)
     models/v<N>.vca        downloaded model payloads (and their ETags), the newest few kept
+    lock                   held (``flock``) by the live worker using the dir; it names that worker's
+                           pid and host. The kernel lets go when the process dies, SIGKILL included
+                           (no lock where ``fcntl`` is missing: Windows)
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import logging
 import os
+import socket
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, FrameError
+from ..errors import ConfigError, FrameError, StateInUseError
 from ..ledger._units import LeaseGrant, Receipt
 from ..protocol import _messages as P
 
+
+def _try_lock(fd: int) -> None:
+    """Take the exclusive lock on ``fd`` or raise BlockingIOError (held elsewhere) at once."""
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+try:
+    import fcntl
+    _TRY_LOCK: Callable[[int], None] | None = _try_lock
+except ImportError:  # pragma: no cover - Windows: no lock (documented in docs/operating.md)
+    _TRY_LOCK = None
+
 __all__ = ["Identity", "StateDir"]
+
+log = logging.getLogger("vcasync.worker")
+
+#: How often a worker waiting for a state dir's lock tries it again.
+_LOCK_POLL_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +96,17 @@ class StateDir:
     """Typed access to the files above; methods are blocking (call them via ``asyncio.to_thread``
     when they may touch large files)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, lock_wait_s: float = 30.0) -> None:
         self.root = Path(root)
+        #: How long :meth:`session` waits for a worker already using the dir to exit (a supervisor
+        #: restart during the old one's grace period) before refusing with StateInUseError.
+        self.lock_wait_s = lock_wait_s
         self._make_dirs()
+
+    @property
+    def where(self) -> str:
+        """Where the state is kept, for messages: the dir (a remote state names its URL)."""
+        return str(self.root)
 
     def _make_dirs(self) -> None:
         try:
@@ -87,7 +119,60 @@ class StateDir:
     async def session(self, on_lost: Callable[[], Any]) -> AsyncIterator[None]:
         """While the worker runs. A local directory needs nothing here; a remote state
         (:class:`~vcasync.worker._remote_state.RemoteStateDir`) holds its owner lease and restores."""
-        yield
+        async with self.locked():
+            yield
+
+    @contextlib.asynccontextmanager
+    async def locked(self) -> AsyncIterator[None]:
+        """Hold the dir's lock file for the block: one live worker per state dir. Two would resume
+        the same lease and overwrite each other's checkpoints and spooled results. A worker still
+        holding it is waited for up to ``lock_wait_s`` (it may be wrapping up after a SIGTERM), then
+        refused with :class:`StateInUseError` naming it."""
+        if _TRY_LOCK is None:
+            yield
+            return
+        path = self.root / "lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ConfigError(f"cannot use state dir {self.root}: {exc}") from exc
+        try:
+            await self._acquire(fd, path)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode(), 0)
+            try:
+                yield
+            finally:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)    # lets the lock go
+
+    async def _acquire(self, fd: int, path: Path) -> None:
+        assert _TRY_LOCK is not None
+        deadline = time.monotonic() + self.lock_wait_s
+        waiting = False
+        while True:
+            try:
+                _TRY_LOCK(fd)
+                if waiting:
+                    log.info("the worker using %s has exited: going on", self.root)
+                return
+            except BlockingIOError:
+                pass
+            except OSError as exc:      # a file system without locks: say so, not a traceback
+                raise ConfigError(f"cannot lock state dir {self.root} ({path}): {exc}") from exc
+            holder = _lock_holder(path)
+            if time.monotonic() >= deadline:
+                raise StateInUseError(
+                    f"the state dir {self.root} is in use by a live worker ({holder}), still after "
+                    f"{self.lock_wait_s:.0f} s: give each worker its own --state-dir",
+                    url=str(self.root), holder=holder)
+            if not waiting:
+                log.warning("the state dir %s is in use by another worker (%s): waiting up to %.0f s "
+                            "for it to exit", self.root, holder, self.lock_wait_s)
+                waiting = True
+            await asyncio.sleep(_LOCK_POLL_S)
 
     # -- identity ----------------------------------------------------------------------------------
     def stored_identity(self) -> Identity | None:
@@ -184,6 +269,15 @@ class StateDir:
             with contextlib.suppress(ValueError):
                 if int(p.stem[1:]) not in keep:
                     p.unlink(missing_ok=True)
+
+
+def _lock_holder(path: Path) -> str:
+    """Who holds the lock at ``path``, as its file says ("pid P on host H"; "unknown" if unsaid)."""
+    try:
+        raw = json.loads(path.read_bytes())
+        return f"pid {int(raw['pid'])} on host {raw['host']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "holder unknown"
 
 
 def _safe(lease_id: str) -> str:

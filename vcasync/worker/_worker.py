@@ -27,7 +27,9 @@ result and asks no new work, retrying as often as the coordinator's ``Retry-Afte
 State anywhere: ``Worker(..., state="s3://bucket/workers/w7")`` keeps identity, lease and checkpoints
 in a storage backend (see :mod:`vcasync.worker._remote_state`), so a replacement *machine* given the same URL
 resumes the lease from its last checkpoint; ``state_dir`` is then only a local cache (a temporary
-directory when omitted). A second live worker on the same state URL is refused.
+directory when omitted). A second live worker on the same state URL is refused; so is one on a
+``state_dir`` in use (a lock held for the worker's life), once the holder has had its grace period
+and 10 s more to exit.
 """
 
 from __future__ import annotations
@@ -617,13 +619,19 @@ def _state(state_dir: Path | str | None, state: str | Storage | None,
     if state is None:
         if state_dir is None:
             raise ConfigError("a worker needs state_dir (local) or state (a storage URL)")
-        return StateDir(Path(state_dir))
+        return StateDir(Path(state_dir), lock_wait_s=_lock_wait(config))
     # Without state_dir the local cache is a temporary dir, removed when the worker's session ends.
     temporary = state_dir is None
     root = Path(tempfile.mkdtemp(prefix="vcasync-worker-") if state_dir is None else state_dir)
     return RemoteStateDir(root, state, keep_checkpoints=config.keep_checkpoints,
                           lease_ttl_s=config.state_lease_s, options=options, temporary=temporary,
-                          allow_unsafe_store=config.allow_unsafe_store)
+                          allow_unsafe_store=config.allow_unsafe_store, lock_wait_s=_lock_wait(config))
+
+
+def _lock_wait(config: WorkerConfig) -> float:
+    """How long a worker waits for one still using its state dir: a supervisor may restart it while
+    the old process wraps up (its grace period, then a moment to exit) before it refuses."""
+    return config.grace_period_s + 10.0
 
 
 def _in_daemon_thread(fn: Callable[[TrainContext], Any], ctx: TrainContext) -> asyncio.Future[Any]:
