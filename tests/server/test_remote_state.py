@@ -66,6 +66,28 @@ async def test_a_replacement_on_a_fresh_disk_resumes_the_lease_from_its_checkpoi
         assert "lease.json" not in await keys(store)
 
 
+async def test_a_state_url_holding_work_of_another_run_is_refused_by_its_url(tmp_path: Path) -> None:
+    # Found by a probe: restarted against run B, the worker dropped run A's lease and checkpoint
+    # from the state URL, and its message named the temporary local cache instead of the URL.
+    store = MemoryStorage("workers")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    async with running(tmp_path / "a", units=make_units(1, steps=20)) as (coord_a, server_a), \
+            running(tmp_path / "b", units=make_units(1, steps=2)) as (coord_b, server_b):
+        blocker = Blocker(at_step=5)
+        first = remote_worker(server_a.url, store.peer(), make_trainer(blocker))
+        task = asyncio.create_task(first.run())
+        await blocker.wait_reached()
+        first.request_stop()
+        await task
+        before = {k: await store.get(k) for k in await keys(store) if not k.startswith(("owner/", "probe"))}
+        with pytest.raises(ConfigError, match=f"in {store.url} belongs to run {coord_a.run_id}") as info:
+            await remote_worker(server_b.url, store.peer(), make_trainer()).run()
+        assert coord_b.run_id in str(info.value)
+        after = {k: await store.get(k) for k in await keys(store) if not k.startswith(("owner/", "probe"))}
+        assert after == before
+
+
 async def test_a_second_live_worker_on_the_same_state_is_refused(tmp_path: Path) -> None:
     store = MemoryStorage("workers")
     async with running(tmp_path, units=make_units(1, steps=20)) as (_, server):

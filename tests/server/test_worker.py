@@ -223,6 +223,40 @@ async def test_an_identity_of_another_run_is_not_sent_there_and_an_old_one_learn
         assert json.loads(ident.read_text())["run_id"] == coord_b.run_id
 
 
+async def test_a_state_holding_work_of_another_run_is_refused_untouched(tmp_path: Path) -> None:
+    # Found by a probe: a worker killed mid-unit on run A and restarted against run B joined B as
+    # a new worker, sent A's lease id to B ("cannot be resumed ... starting fresh") and deleted the
+    # lease and checkpoint: pointed back at A, the unit was lost.
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    state = tmp_path / "w"
+    async with running(tmp_path / "a", units=make_units(1, steps=20)) as (coord_a, server_a), \
+            running(tmp_path / "b", units=make_units(1, steps=2)) as (coord_b, server_b):
+        blocker, log = Blocker(at_step=5), []
+        w = worker(server_a.url, state, make_trainer(blocker, log))
+        task = asyncio.create_task(w.run())
+        await blocker.wait_reached()
+        w.request_stop()
+        first = await task
+        before = {p.relative_to(state): p.read_bytes() for p in state.rglob("*")
+                  if p.is_file() and p.name != "lock"}
+        with pytest.raises(ConfigError) as info:
+            await worker(server_b.url, state, make_trainer(None, log)).run()
+        message = str(info.value)
+        assert coord_a.run_id in message
+        assert coord_b.run_id in message
+        assert f"lease {log[0]['lease']}" in message
+        after = {p.relative_to(state): p.read_bytes() for p in state.rglob("*")
+                 if p.is_file() and p.name != "lock"}
+        assert after == before                                  # nothing touched
+        assert server_b.app[HTTP_METRICS].auth_failures == 0
+        assert coord_b.status()["workers"]["known"] == 0       # B never saw this worker
+        again = await worker(server_a.url, state, make_trainer(None, log)).run()
+        assert again.worker_id == first.worker_id
+        assert again.results_accepted == 1
+        assert (log[1]["lease"], log[1]["resumed"], log[1]["start"]) == (log[0]["lease"], True, 6)
+
+
 async def test_partial_result_on_preemption(tmp_path: Path) -> None:
     async with running(tmp_path, units=make_units(1, steps=20)) as (coord, server):
         blocker = Blocker(at_step=4)

@@ -375,7 +375,7 @@ class Worker:
             return
         self._ident = ident
         self._cli().token = ident.token
-        log.info("worker %s: resuming with the identity in %s", ident.worker_id, self.state.root)
+        log.info("worker %s: resuming with the identity in %s", ident.worker_id, self.state.where)
 
     async def _identity_of_this_run(self, stored: Identity | None) -> Identity | None:
         """The saved identity if it belongs to the run the coordinator serves, else None (join).
@@ -392,14 +392,24 @@ class Worker:
         if stored.run_id is None or served is None:
             if stored.coordinator != self.url:
                 log.info("the identity in %s is for %s, not %s, and does not name its run: joining "
-                         "as a new worker", self.state.root, stored.coordinator, self.url)
+                         "as a new worker", self.state.where, stored.coordinator, self.url)
                 return None
             # a token of another run at this URL is refused at the first call: joined again then
             ident = Identity(self.url, stored.worker_id, stored.token, served or stored.run_id)
         elif stored.run_id != served:
-            log.info("the identity in %s (worker %s) belongs to run %s; the coordinator at %s serves "
-                     "run %s: joining as a new worker", self.state.root, stored.worker_id,
-                     stored.run_id, self.url, served)
+            held = await asyncio.to_thread(self._work_held)
+            if held:
+                # Joining run B here would drop run A's lease and checkpoint (and show run A's lease
+                # id to run B): the state goes untouched; the operator says which run it is for.
+                raise ConfigError(
+                    f"the worker state in {self.state.where} belongs to run {stored.run_id} (worker "
+                    f"{stored.worker_id}) and holds {held} of it, but the coordinator at {self.url} "
+                    f"serves run {served}: point this worker at run {stored.run_id}'s coordinator to "
+                    f"finish that work, or give it another --state-dir/--state for run {served} (or "
+                    "remove the old state if that work is not wanted); nothing was changed")
+            log.info("the identity in %s (worker %s) belongs to run %s and holds no work of it; the "
+                     "coordinator at %s serves run %s: joining as a new worker", self.state.where,
+                     stored.worker_id, stored.run_id, self.url, served)
             return None
         else:
             ident = Identity(self.url, stored.worker_id, stored.token, served)
@@ -409,6 +419,17 @@ class Worker:
         if ident != stored:
             await asyncio.to_thread(self.state.save_identity, ident)
         return ident
+
+    def _work_held(self) -> str:
+        """What of its run the state holds ("" for nothing): a lease, results not yet delivered."""
+        parts = []
+        grant = self.state.load_lease()
+        if grant is not None:
+            parts.append(f"lease {grant.lease_id} (unit {grant.unit.unit_id})")
+        pending = len(self.state.pending_results())
+        if pending:
+            parts.append(f"{pending} undelivered result(s)")
+        return " and ".join(parts)
 
     async def _join(self) -> None:
         if not self._credential:
@@ -488,7 +509,7 @@ class Worker:
         partial = result.steps < grant.unit.steps
         if self.stopping and partial and self.config.on_preempt == "checkpoint":
             log.info("preempted after %d/%d steps of unit %s; the lease and checkpoint stay in %s",
-                     result.steps, grant.unit.steps, grant.unit.unit_id, self.state.root)
+                     result.steps, grant.unit.steps, grant.unit.unit_id, self.state.where)
             raise _Stopped
         if result.steps <= 0:
             # Nothing to send (a result needs at least one step): hand the unit back at once
