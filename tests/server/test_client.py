@@ -100,3 +100,10 @@ async def test_blocks_over_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
         receipt = await client.submit(grant.lease_id, make(data))
         assert receipt.status == "accepted"
         assert coord.version == grant.base_version + 1
+
+
+@pytest.mark.parametrize("url", ["http://coord.example:8470/vcasync/", "https://[::1]:8470/a/b",
+                                 "http://xn--bcher-kva.example:1", "http://my_host:1"])
+def test_a_coordinator_url_may_have_a_path_a_proxy_mounts_it_under(url: str) -> None:
+    client_mod.check_coordinator_url(url)
+    assert CoordinatorClient(url).url == url.rstrip("/")     # requests go to URL + "/v1/..."

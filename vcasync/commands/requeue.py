@@ -20,7 +20,8 @@ log = logging.getLogger("vcasync.cli")
 
 
 def _configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--coordinator", required=True, help="the coordinator's URL, http(s)://host:port")
+    p.add_argument("--coordinator", required=True,
+                   help="the coordinator's URL, http(s)://host:port (a path if a proxy mounts it under one)")
     p.add_argument("--unit", action="append", default=[], metavar="UNIT_ID", dest="units",
                    help="a parked unit to requeue (repeatable); none: every parked unit")
     p.add_argument("--operator-token-file", type=Path,

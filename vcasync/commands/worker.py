@@ -30,7 +30,8 @@ log = logging.getLogger("vcasync.cli")
 
 
 def _configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--coordinator", required=True, help="the coordinator's URL, http(s)://host:port")
+    p.add_argument("--coordinator", required=True,
+                   help="the coordinator's URL, http(s)://host:port (a path if a proxy mounts it under one)")
     p.add_argument("--trainer", required=True,
                    help="trainer 'pkg.mod:fn' (e.g. vcasync.examples.digits:train)")
     p.add_argument("--state-dir", type=Path,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import os
 import ssl
@@ -69,13 +70,37 @@ def check_coordinator_url(url: str, name: str = "--coordinator") -> None:
     """Refuse a coordinator URL no request can be sent to, as a :class:`ConfigError` naming it
     (``name``: the flag or field it came from). aiohttp found a port out of range or an unclosed
     IPv6 bracket only at the first request: a traceback and exit status 1, or for ``vcasync
-    requeue`` "cannot reach the coordinator", as if it were down."""
+    requeue`` "cannot reach the coordinator", as if it were down; so were whitespace in the host
+    and a query. A path is kept (a reverse proxy may mount the coordinator under one): requests go
+    to ``URL + "/v1/..."``."""
+    if any(c.isspace() or not c.isprintable() for c in url):
+        # yarl dropped a tab and kept "a b" as a host: "cannot reach the coordinator", exit 1
+        raise ConfigError(f"{name} {url!r} is not a valid URL: it holds whitespace or a control "
+                          "character")
     try:
         parsed = yarl.URL(url)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{name} {url!r} is not a valid URL: {exc}") from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise ConfigError(f"{name} must look like http(s)://host:port, got {url!r}")
+    if not _valid_host(parsed.raw_host or ""):
+        raise ConfigError(f"{name} {url!r} is not a valid URL: {parsed.host!r} is not a host name "
+                          "or an IP address")
+    if "?" in url or "#" in url:
+        # requests go to URL + "/v1/...": a query or fragment would end up in the middle of each
+        raise ConfigError(f"{name} {url!r} has a query or fragment: give http(s)://host:port, "
+                          "with a path if a reverse proxy mounts the coordinator under one")
+
+
+def _valid_host(host: str) -> bool:
+    """An IP address, or a DNS name (letters, digits, '-' and '_' in dot-separated labels;
+    yarl gives an international name in its ASCII form)."""
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(host)
+        return True
+    labels = host.removesuffix(".").split(".")
+    return all(0 < len(label) <= 63 and all(c.isascii() and (c.isalnum() or c in "-_") for c in label)
+               for label in labels)
 
 
 def client_ssl_context(ca_file: Path | None) -> ssl.SSLContext:
