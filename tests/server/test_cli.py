@@ -115,7 +115,8 @@ def test_worker_refuses_zero_threads_and_warns_of_state_that_dies_with_it(
     assert "--state memory://w lives in this process" in caplog.text
 
 
-@pytest.mark.parametrize(("url", "why"), [
+#: Coordinator URLs no request can go to, and what the one check (check_coordinator_url) says.
+BAD_URLS = [
     ("http://127.0.0.1:99999", "is not a valid URL: Port out of range 0-65535"),
     ("http://[::1", "is not a valid URL: Invalid IPv6 URL"),
     ("ftp://127.0.0.1:9", "must look like http(s)://host:port"),
@@ -123,7 +124,10 @@ def test_worker_refuses_zero_threads_and_warns_of_state_that_dies_with_it(
     ("https://a b:1", "is not a valid URL: it holds whitespace"),
     ("http://a..b:1", "'a..b' is not a host name or an IP address"),
     ("http://127.0.0.1:1/path?q", "has a query or fragment"),
-])
+]
+
+
+@pytest.mark.parametrize(("url", "why"), BAD_URLS)
 def test_worker_refuses_a_coordinator_url_no_request_can_go_to(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str,
         why: str) -> None:
@@ -151,15 +155,7 @@ def test_worker_refuses_seconds_that_are_not_finite_and_positive(
     assert f"{flag} must be a finite number of seconds > 0, got {float(value)}" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("url", "why"), [
-    ("http://127.0.0.1:99999", "is not a valid URL: Port out of range 0-65535"),
-    ("http://[::1", "is not a valid URL: Invalid IPv6 URL"),
-    ("ftp://127.0.0.1:9", "must look like http(s)://host:port"),
-    # found by a probe: taken, then "cannot reach the coordinator" (exit 1, as if it were down)
-    ("https://a b:1", "is not a valid URL: it holds whitespace"),
-    ("http://a..b:1", "'a..b' is not a host name or an IP address"),
-    ("http://127.0.0.1:1/path?q", "has a query or fragment"),
-])
+@pytest.mark.parametrize(("url", "why"), BAD_URLS)
 def test_requeue_and_ray_up_refuse_a_coordinator_url_as_the_worker_does(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], url: str, why: str) -> None:
     # Found by a probe: requeue said "cannot reach the coordinator" (exit 1, as if it were down) for
