@@ -652,7 +652,7 @@ def test_uvloop_is_used_when_installed() -> None:
     ("request_timeout_s", 0.0, "request_timeout_s must be > 0"),
     ("max_trainer_failures", 0, "max_trainer_failures must be >= 1"),
     ("keep_checkpoints", -1, "keep_checkpoints must be >= 1, got -1"),
-    ("state_lease_s", 0.0, "state_lease_s must be > 0"),
+    ("state_lease_s", 0.0, r"state_lease_s must be >= 3 s .*, got 0.0"),
     # found by a tester: NaN passed the `grace_period_s <= 0` check
     ("grace_period_s", float("nan"), r"grace_period_s must be a finite number > 0, got nan"),
     ("grace_period_s", float("inf"), r"grace_period_s must be a finite number > 0, got inf"),
