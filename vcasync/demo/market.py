@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import signal
 import statistics
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .procs import Slot, Timeline
+from .trainer import parse_event
 
 __all__ = ["SpotMarket"]
 
@@ -92,11 +92,8 @@ class SpotMarket:
                 continue
             self._read[path] = done + end
             for line in chunk[:end].splitlines():
-                try:
-                    ev = json.loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    continue        # a line cut by SIGKILL
-                if not isinstance(ev, dict) or not isinstance(ev.get("pid"), int):
+                ev = parse_event(line)
+                if ev is None:
                     continue
                 kind, pid, at = str(ev.get("kind", "")), ev["pid"], ev.get("t")
                 self._last[pid] = kind

@@ -19,6 +19,7 @@ from .ddp import DdpResult
 from .headline import LostSpan, headline, restart_overhead, split_at
 from .procs import Slot
 from .run import DemoRun
+from .trainer import parse_event
 
 __all__ = ["build_report", "plot_accuracy", "plot_timeline", "read_events", "write_report"]
 
@@ -28,11 +29,8 @@ def read_events(events_dir: Path) -> dict[int, list[dict[str, Any]]]:
     out: dict[int, list[dict[str, Any]]] = {}
     for path in sorted(events_dir.glob("*.jsonl")):
         for line in path.read_text().splitlines():
-            try:
-                ev = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by SIGKILL
-            if isinstance(ev, dict) and isinstance(ev.get("pid"), int):
+            ev = parse_event(line)
+            if ev is not None:
                 out.setdefault(ev["pid"], []).append(ev)
     return out
 

@@ -21,13 +21,14 @@ import time
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError
 from ..examples.cnn import shard_indices, unit_batches
 from ..examples.workloads import get_workload
 from ..trainer import TrainContext, TrainResult
 
-__all__ = ["train"]
+__all__ = ["parse_event", "train"]
 
 
 def _num(params: Mapping[str, object], name: str, default: float) -> float:
@@ -45,6 +46,16 @@ def _log(events_dir: object, kind: str, unit_id: str, **extra: object) -> None:
     path = Path(events_dir) / f"{os.getpid()}.jsonl"
     with path.open("a") as f:
         f.write(line + "\n")
+
+
+def parse_event(line: bytes | str) -> dict[str, Any] | None:
+    """One line :func:`_log` wrote, or None for a line it did not (one cut by SIGKILL): the one
+    reading of the events files, for the report (whole files) and the spot market (as written)."""
+    try:
+        ev = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return ev if isinstance(ev, dict) and isinstance(ev.get("pid"), int) else None
 
 
 def train(ctx: TrainContext) -> TrainResult:
