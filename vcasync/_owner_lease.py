@@ -329,11 +329,26 @@ class OwnerLease:
 
     async def ensure(self) -> None:
         """Raise ``error`` if the lease is lost; a storage round trip only when the last confirmed
-        renewal started ``2/3 ttl_s`` ago or more (a newcomer needs a whole ``ttl_s`` after it)."""
-        if (self.held and self._confirmed is not None
-                and self._monotonic() - self._confirmed < self.ttl_s * 2 / 3):
+        renewal started ``2/3 ttl_s`` ago or more (a newcomer needs a whole ``ttl_s`` after it).
+
+        A renewal that fails on storage (a hiccup: the put refused, its reply lost) while the last
+        confirmed one started less than ``5/6 ttl_s`` ago is not an answer: nobody can have taken
+        over yet, so the caller goes on (the renewer tries again soon). Past that, the
+        :class:`StorageError` is raised: the lease cannot be vouched for."""
+        if self.held and self._confirmed is not None and self._age() < self.ttl_s * 2 / 3:
             return
-        await self.renew()
+        try:
+            await self.renew()
+        except StorageError:
+            if self._lost or self._confirmed is None or self._age() >= self.ttl_s * 5 / 6:
+                raise
+            self._log.info("renewing the lease on %s failed; still ours for %.1f s", self.subject,
+                           self.ttl_s - self._age())
+
+    def _age(self) -> float:
+        """Seconds since the last confirmed renewal started (call only with one confirmed)."""
+        assert self._confirmed is not None
+        return self._monotonic() - self._confirmed
 
     async def release(self) -> None:
         """Mark our record released so a successor takes over at once (a clean exit)."""
@@ -365,10 +380,13 @@ class OwnerLease:
 
     async def keep_renewed(self, on_lost: Callable[[], Any]) -> None:
         """Renew every :attr:`renew_every_s` until cancelled; call ``on_lost()`` once and return if
-        the prefix was taken over (:attr:`error` says how). Storage hiccups are logged and retried at
-        the next beat."""
+        the prefix was taken over (:attr:`error` says how). A renewal that failed on storage is
+        logged and tried again after a quarter of a beat, not a whole one: one hiccup must not age
+        the confirmation past the point where :meth:`ensure` needs storage on every call."""
+        wait = self.renew_every_s
         while True:
-            await asyncio.sleep(self.renew_every_s)
+            await asyncio.sleep(wait)
+            wait = self.renew_every_s
             if self._epoch is None:
                 return
             try:
@@ -382,3 +400,4 @@ class OwnerLease:
                     raise
                 self._log.warning("renewing the lease on %s failed (%s); retrying", self.subject,
                                   type(exc).__name__)
+                wait = self.renew_every_s / 4

@@ -14,7 +14,7 @@ import pytest
 from vcasync.backends.memory import MemoryStorage
 
 from vcasync._owner_lease import OwnerLease, OwnerRecord, this_node
-from vcasync.errors import PrefixTakenError
+from vcasync.errors import PrefixTakenError, StorageUnavailableError
 
 pytestmark = pytest.mark.skipif(this_node() is None, reason="needs /proc (Linux) to tell a pid's fate")
 
@@ -101,3 +101,65 @@ async def test_records_from_before_the_new_fields_still_read() -> None:
     assert (rec.node, rec.since) == (None, 100.0)
     assert rec.describe() == "host x, pid 7, since 1970-01-01 00:01:40 UTC"
     assert OwnerRecord.from_bytes(b"[1, 2]") is None
+
+
+class Hiccups:
+    """The lease's storage with puts that fail while ``failing`` (reads still answer)."""
+
+    def __init__(self, store: MemoryStorage) -> None:
+        self.store = store
+        self.failing = False
+        self.puts = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+    async def put(self, key: str, data: bytes, **kw: object) -> object:
+        self.puts += 1
+        if self.failing:
+            raise StorageUnavailableError("injected: the put was refused")
+        return await self.store.put(key, data, **kw)  # type: ignore[arg-type]
+
+
+async def test_a_storage_hiccup_does_not_refuse_while_the_lease_is_provably_still_ours() -> None:
+    # under injected storage faults a failed renewal refused the coordinator's uploads (503) though
+    # nobody could have taken over yet: a newcomer needs a whole TTL after the last confirmed beat
+    now = [1000.0]
+    flaky = Hiccups(MemoryStorage("s").peer())
+    own = OwnerLease(flaky, error=refused, prefix="p/owner/", ttl_s=30.0, subject="the run",  # type: ignore[arg-type]
+                     role="coordinator", monotonic=lambda: now[0])
+    await own.acquire()
+    await own.renew()                      # confirmed at t=1000
+    flaky.failing = True
+    now[0] += 19.0
+    await own.ensure()                     # fresh: no storage at all
+    assert flaky.puts == 2
+    now[0] += 5.0                          # 24 s old: ensure renews, the put fails, still ours
+    await own.ensure()
+    assert flaky.puts == 3
+    assert own.held
+    now[0] += 1.5                          # 25.5 s old (>= 5/6 TTL): it cannot be vouched for
+    with pytest.raises(StorageUnavailableError):
+        await own.ensure()
+    flaky.failing = False
+    await own.ensure()                     # storage back: renewed and confirmed again
+    assert own.held
+    assert flaky.puts == 5
+    await own.release()
+
+
+async def test_a_failed_renewal_is_tried_again_after_a_quarter_beat() -> None:
+    flaky = Hiccups(MemoryStorage("s").peer())
+    own = OwnerLease(flaky, error=refused, prefix="p/owner/", ttl_s=1.2, subject="the run",  # type: ignore[arg-type]
+                     role="coordinator")
+    await own.acquire()
+    flaky.failing = True
+    renewer = asyncio.create_task(own.keep_renewed(lambda: None))
+    await asyncio.sleep(0.4 + 0.05)        # the first beat (ttl/3) failed
+    assert flaky.puts == 2
+    flaky.failing = False
+    await asyncio.sleep(0.1 + 0.05)        # retried a quarter beat later, not a whole beat
+    assert flaky.puts == 3
+    renewer.cancel()
+    await asyncio.gather(renewer, return_exceptions=True)
+    await own.release()
