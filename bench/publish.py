@@ -17,12 +17,27 @@ A bench that saves its own published figures elsewhere (``bench.chaos``'s long r
 ``docs/reliability.json``) is read from there too; of the two, a default-size result wins over a
 ``--quick`` one, then the later. Results saved before the per-bench record existed say so, with
 the commit that saved them.
+
+Each figure with a spread says what it is: ``median V (min-max A-B over repetitions)`` for a bench
+that repeats, or ``mean V (95 % interval L .. H; n of m seeds reached)`` over seeds
+(``vcasync.costing.spread``): a seed that missed its target makes its side of the interval
+``unbounded`` and the mean is then the reached seeds' (said so), never a finite range of the
+reached values alone. A figure saved as NaN is shown as "not a number" with the bench's reason
+when it gave one (infinite: "infinite"), never as ``nan``.
+
+    python -m bench.publish --check        # exit 1 (and a diff summary) if the page is stale
+
+A missing ``--results`` directory, or a results file that is not a JSON object with a
+``figures`` object, is refused (exit 2, the file and the problem named) and the page is left as
+it was; ``--only`` is for ``--run``.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+import math
 import os
 import platform
 import subprocess
@@ -48,12 +63,16 @@ class Bench:
     published: str | None = None
     #: said on the page while the bench has no saved result
     unmeasured: str = ""
+    #: what a figure kept with a spread is when it is not the spread's median (e.g. "median" for
+    #: ``NAME_min`` / ``NAME_max``, "ratio of the median times"), said beside it
+    centre: str = ""
 
 
 BENCHES: dict[str, Bench] = {
     "codec": Bench(["--sizes", "25m,100m"], ["--sizes", "25m", "--reps", "3"],
                    "encode + decode of a ResNet-50 state dict against memcpy, bare zstandard and a "
-                   "CRC-32 floor (checksum + copy + checksum, no vcasync code), warm buffers"),
+                   "CRC-32 floor (checksum + copy + checksum, no vcasync code), warm buffers",
+                   centre="ratio of the median times"),
     "merge": Bench([], ["--quick"],
                    "each built-in policy merging one result, against memcpy and against its traffic "
                    "floor (memcpy time x model-sized streams / 2), warm, 1 torch thread"),
@@ -69,7 +88,7 @@ BENCHES: dict[str, Bench] = {
                   "leases expired wrongly, memory per worker"),
     "e2e": Bench([], ["--quick"],
                  "worker upload -> acknowledged -> merged, loopback, separate processes, against raw "
-                 "and durable aiohttp POSTs and raw TCP"),
+                 "and durable aiohttp POSTs and raw TCP", centre="median"),
     "modelsize": Bench([], ["--quick"],
                        "ingest time and coordinator RSS from 10 MB to the largest model memory allows"),
     "ledger": Bench([], ["--quick"],
@@ -183,54 +202,123 @@ def _pick(candidates: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(candidates, key=key) if candidates else None
 
 
+class ResultsError(Exception):
+    """A results directory or file the page cannot be rendered from: the path and the problem."""
+
+
+def _read_json(path: Path, *, figures: bool) -> dict[str, Any]:
+    """``path``'s JSON object; with ``figures``, one holding a ``figures`` object. Else a
+    :class:`ResultsError` naming the file and what is wrong (a truncated or empty file was a bare
+    ``JSONDecodeError`` traceback, ``"figures": [...]`` an ``AttributeError`` at render)."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"{path}: not valid JSON ({exc}); rerun its bench or remove the file") from None
+    if not isinstance(data, dict):
+        raise ResultsError(f"{path}: a JSON object was expected, got a {type(data).__name__}")
+    if figures and not isinstance(data.get("figures"), dict):
+        got = "missing" if "figures" not in data else f"a {type(data['figures']).__name__}"
+        raise ResultsError(f"{path}: \"figures\" must be an object of the bench's figures, got {got}")
+    return data
+
+
 def load_results(directory: Path = RESULTS, root: Path = ROOT
                  ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """``(legacy machine, {bench: saved result})`` from ``directory`` (and the benches' own
     ``published`` files under ``root``); a missing bench is not measured. ``machine.json`` is the
-    one machine record ``--run`` kept for all benches before each result carried its own."""
+    one machine record ``--run`` kept for all benches before each result carried its own. A
+    missing ``directory`` or a malformed file is a :class:`ResultsError`: a mistyped directory
+    rendered every figure as "not measured"."""
+    if not directory.is_dir():
+        raise ResultsError(f"{directory}: no such results directory"
+                           + (" (it is a file)" if directory.exists() else ""))
     mfile = directory / "machine.json"
-    mach = json.loads(mfile.read_text()) if mfile.exists() else {}
+    mach = _read_json(mfile, figures=False) if mfile.exists() else {}
     saved: dict[str, dict[str, Any]] = {}
     for name, bench in BENCHES.items():
         candidates = []
         if (directory / f"{name}.json").exists():
-            candidates.append(json.loads((directory / f"{name}.json").read_text()))
+            candidates.append(_read_json(directory / f"{name}.json", figures=True))
         if bench.published and (root / bench.published).exists():
-            candidates.append(_from_published(name, json.loads((root / bench.published).read_text())))
+            candidates.append(_from_published(name, _read_json(root / bench.published, figures=False)))
         best = _pick(candidates)
         if best is not None:
             saved[name] = best
     return mach, saved
 
 
-def _cell(value: Any) -> str:
+def _number(value: float) -> str:
+    """A float for the page; NaN and infinity in words (``nan`` read as a figure)."""
+    if math.isnan(value):
+        return "not a number"
+    if math.isinf(value):
+        return "infinite" if value > 0 else "minus infinite"
+    return f"{value:.4g}"
+
+
+def _cell(value: Any, key: str = "") -> str:
     if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, list) and len(value) == 3 and all(isinstance(v, int | float) for v in value):
-        return f"{value[1]:.4g} ({value[0]:.4g}-{value[2]:.4g})"
+        return _number(value)
+    if ("_spread" in key and isinstance(value, list) and len(value) == 3
+            and all(isinstance(v, int | float) for v in value)):
+        return f"min {_cell(value[0])}, median {_cell(value[1])}, max {_cell(value[2])}"
     text = json.dumps(value) if not isinstance(value, str) else value
     if len(text) > 200:
         return f"({type(value).__name__} of {len(value)}: in the saved JSON)"
     return text.replace("|", "\\|")
 
 
-def spread_of(figs: dict[str, Any], name: str) -> tuple[Any, Any] | None:
-    """``(min, max)`` of a figure over its repetitions or seeds, wherever its bench keeps them:
-    ``NAME_spread`` or ``BASE_spread_SIZE`` (``[min, median, max]``), ``NAME_min``/``NAME_max``,
-    or ``spread[NAME]["values"]``."""
+def _same(a: Any, b: Any) -> bool:
+    return (isinstance(a, int | float) and isinstance(b, int | float)
+            and math.isclose(a, b, rel_tol=2e-3, abs_tol=1e-9))
+
+
+def summary_of(figs: dict[str, Any], name: str, centre: str = "") -> str | None:
+    """A figure with what it is and its spread over repetitions or seeds, wherever its bench keeps
+    them, or None without one:
+
+    * ``spread[NAME]``, a seed summary (``vcasync.costing.spread``): ``mean V (95 % interval L ..
+      H; n of m seeds reached)``; a missed seed leaves its side ``unbounded`` and the mean is said
+      to be the reached seeds' (the min-max of the reached values alone read as a clean range);
+    * ``NAME_spread`` or ``BASE_spread_SIZE`` (``[min, median, max]``): ``median V (min-max A-B
+      over repetitions)``, or ``CENTRE V`` and the three named when the figure is not their median;
+    * ``NAME_min`` / ``NAME_max``: ``CENTRE V (min-max A-B over repetitions)``."""
+    value = figs.get(name)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    v = _cell(value)
+    nested = figs.get("spread")
+    seeds = nested.get(name) if isinstance(nested, dict) else None
+    if isinstance(seeds, dict) and "mean" in seeds and "reached" in seeds:
+        side = seeds.get("unbounded")
+
+        def end(x: Any, which: str) -> str:
+            if side in (which, "both"):
+                return "unbounded"
+            return "n/a" if x is None else _cell(x)
+
+        total = seeds.get("seeds", (seeds.get("n") or 0) + (seeds.get("missing") or 0))
+        ci = ("one seed: no interval" if total < 2 else
+              f"95 % interval {end(seeds.get('ci_low'), 'low')} .. {end(seeds.get('ci_high'), 'high')}")
+        if seeds.get("missing"):
+            where = {"low": "below", "high": "above"}.get(str(side), "on both sides")
+            return (f"mean of the reached seeds {v} ({ci}; {seeds['reached']}: a missed seed leaves "
+                    f"the interval unbounded {where})")
+        return f"mean {v} ({ci}; {seeds['reached']})"
     base, _, size = name.rpartition("_")
     for key in (f"{name}_spread", f"{base}_spread_{size}"):
-        value = figs.get(key)
-        if isinstance(value, list) and len(value) == 3:
-            return value[0], value[2]
+        three = figs.get(key)
+        if isinstance(three, list) and len(three) == 3 and all(isinstance(x, int | float) for x in three):
+            lo, mid, hi = (_cell(x) for x in three)
+            if _same(value, three[1]):
+                return f"median {v} (min-max {lo}-{hi} over repetitions)"
+            what = f"{centre} " if centre else ""
+            return f"{what}{v} (per-repetition ratios: min {lo}, median {mid}, max {hi})"
     if f"{name}_min" in figs and f"{name}_max" in figs:
-        return figs[f"{name}_min"], figs[f"{name}_max"]
-    nested = figs.get("spread")
-    values = nested.get(name, {}).get("values") if isinstance(nested, dict) else None
-    if values:
-        finite = [v for v in values if isinstance(v, int | float)]
-        if len(finite) > 1:
-            return min(finite), max(finite)
+        what = f"{centre} " if centre else ""
+        return f"{what}{v} (min-max {_cell(figs[f'{name}_min'])}-{_cell(figs[f'{name}_max'])} over repetitions)"
     return None
 
 
@@ -276,9 +364,14 @@ def render(mach: dict[str, Any], saved: dict[str, dict[str, Any]]) -> str:
         "then says so).",
         "",
         "Every figure is a ratio against a reference measured in the same run, on the same data. "
-        "Where a bench repeats, a headline ratio is shown as `median (min-max)` over its "
-        "repetitions; failed or timed-out iterations are counted (`failed`), never dropped. "
-        "The machine is shared: the spread says how much that moved a figure.",
+        "Each figure with a spread says what it is: `median V (min-max A-B over repetitions)` "
+        "where a bench repeats, `mean V (95 % interval L .. H; n of m seeds reached)` over seeds. "
+        "A seed that missed its target is counted, never dropped: the interval is `unbounded` on "
+        "its side (below for a saving, above for a time, a ratio or a gap; "
+        "`vcasync.costing.spread`) and the mean is the reached seeds'. Failed or timed-out "
+        "iterations are counted (`failed`), never dropped; a figure saved as NaN is shown as "
+        "\"not a number\" with its reason. The machine is shared: the spread says how much that "
+        "moved a figure.",
         "",
         "## When, where and at which commit",
         "",
@@ -314,13 +407,16 @@ def render(mach: dict[str, Any], saved: dict[str, dict[str, Any]]) -> str:
         figs = result.get("figures", {})
         for n in names:
             value = figs.get(n)
+            nan = isinstance(value, float) and math.isnan(value)
             shown = "not measured" if value is None else _cell(value)
-            if value is None and n in (figs.get("reasons") or {}):
+            if (value is None or nan) and n in (figs.get("reasons") or {}):
                 why = str(figs["reasons"][n]).replace("|", "\\|")     # the why, whole
-                shown = why if why.startswith("not measured") else f"{shown}: {why}"
-            between = spread_of(figs, n) if value is not None else None
-            if between is not None:
-                shown += f" ({_cell(between[0])}-{_cell(between[1])})"
+                shown = why if why.startswith("not measured") and not nan else f"{shown}: {why}"
+            elif nan:
+                shown += " (the bench saved NaN and gave no reason)"
+            summary = summary_of(figs, n, BENCHES[bench].centre) if not nan else None
+            if summary is not None:
+                shown = summary
             if result.get("quick"):
                 shown += " (quick)"
             if n in (result.get("caveats") or {}):
@@ -343,28 +439,60 @@ def render(mach: dict[str, Any], saved: dict[str, dict[str, Any]]) -> str:
         for figure, caveat in (result.get("caveats") or {}).items():
             lines += ["", f"Caveat, `{figure}`: {caveat}."]
         lines += ["", "| figure | value |", "|---|---|"]
-        lines += [f"| `{k}` | {_cell(v)} |" for k, v in result["figures"].items()]
+        lines += [f"| `{k}` | {_cell(v, k)} |" for k, v in result["figures"].items()]
     return "\n".join(lines) + "\n"
+
+
+def check(page: Path, text: str) -> int:
+    """0 when ``page`` holds ``text``; else 1, with a summary of the difference printed (nothing
+    is written)."""
+    current = page.read_text() if page.exists() else ""
+    if current == text:
+        print(f"{page} is what the saved results render to")
+        return 0
+    diff = list(difflib.unified_diff(current.splitlines(), text.splitlines(), str(page),
+                                     "rendered from the results", lineterm="", n=0))
+    changed = [d for d in diff if d[:1] in "+-" and not d.startswith(("+++", "---"))]
+    print(f"{page} differs from what the saved results render to ({len(changed)} lines); "
+          f"regenerate it with: python -m bench.publish")
+    print("\n".join(diff[:60]) + ("\n..." if len(diff) > 60 else ""))
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--run", action="store_true", help="run the benches first and save their figures")
     p.add_argument("--quick", action="store_true", help="with --run: quick sizes (the page says so)")
-    p.add_argument("--only", default=",".join(BENCHES), help="with --run: comma list of benches")
+    p.add_argument("--only", help="with --run: comma list of benches (default: all)")
     p.add_argument("--results", type=Path, default=RESULTS, help="where results are saved and read")
     p.add_argument("--page", type=Path, default=PAGE, help="the page to write")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing: exit 1 with a diff summary if the page differs from what the "
+                        "saved results render to")
     a = p.parse_args(argv)
+    if not a.run and (a.only is not None or a.quick):
+        p.error(f"{'--only' if a.only is not None else '--quick'} is for --run (the render reads "
+                "the saved results only)")
+    if a.run and a.check:
+        p.error("--check renders the saved results; it does not run the benches (drop --run)")
     if a.run:
-        names = [n for n in a.only.split(",") if n]
+        names = [n for n in (a.only or ",".join(BENCHES)).split(",") if n]
         unknown = [n for n in names if n not in BENCHES]
-        if unknown:
-            p.error(f"--only: unknown bench(es) {', '.join(unknown)}; known: {', '.join(BENCHES)}")
+        if unknown or not names:
+            p.error(f"--only: unknown bench(es) {', '.join(unknown) or '(none named)'}; "
+                    f"known: {', '.join(BENCHES)}")
         a.results.mkdir(parents=True, exist_ok=True)
         for name in names:
             print(f"running bench.{name} ...", flush=True)
             (a.results / f"{name}.json").write_text(json.dumps(run_bench(name, a.quick), indent=1) + "\n")
-    a.page.write_text(render(*load_results(a.results)))
+    try:
+        text = render(*load_results(a.results))
+    except ResultsError as exc:
+        print(f"bench.publish: {exc}; {a.page} not written", file=sys.stderr)
+        return 2
+    if a.check:
+        return check(a.page, text)
+    a.page.write_text(text)
     print(f"wrote {a.page}")
     return 0
 

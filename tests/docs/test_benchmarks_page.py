@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from bench.publish import BENCHES, ISSUE_18, PAGE, load_results, render
+from bench.publish import BENCHES, ISSUE_18, PAGE, load_results, main, render
 
 
-def test_the_page_is_in_sync_with_the_saved_figures() -> None:
-    assert PAGE.read_text() == render(*load_results()), "run: python -m bench.publish"
+def test_the_page_is_in_sync_with_the_saved_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--check"]) == 0, "run: python -m bench.publish\n" + capsys.readouterr().out
 
 
 def test_every_figure_issue_18_names_is_on_the_page() -> None:
@@ -30,7 +30,7 @@ def test_render_is_deterministic_and_shows_spreads_and_the_machine(tmp_path: Pat
                                                      "seconds": 1.0, "figures": figures}))
     page = render(*load_results(tmp_path))
     assert page == render(*load_results(tmp_path))
-    assert "| `merge` | `vcasgd_vs_floor` | 1.1 (1-1.3) |" in page
+    assert "| `merge` | `vcasgd_vs_floor` | median 1.1 (min-max 1-1.3 over repetitions) |" in page
     assert "| cpu | Test CPU |" in page
     assert "| `codec` | `raw_vs_memcpy_25m` | not measured |" in page
 
@@ -124,3 +124,88 @@ def test_run_records_the_command_sizes_date_commit_and_machine(monkeypatch: pyte
     assert set(result["measured"]) >= {"date", "commit", "dirty"}
     assert result["machine"]["cores"] >= 1
     assert result["figures"]["bytes_per_unit_3k"] > 0
+
+
+def _convergence(directory: Path, figures: dict[str, Any]) -> None:
+    _save(directory, "convergence", {"command": "python -m bench.convergence --json", "figures": figures})
+
+
+def test_a_figure_with_a_missed_seed_shows_n_of_m_and_an_unbounded_side_never_a_clean_range(
+        tmp_path: Path) -> None:
+    from vcasync.costing.spread import spread
+
+    missed = spread([0.89, 0.91, 0.91, None, 0.88], miss="low")
+    full = spread([0.53, 0.75, 0.75, 0.69, 0.53], miss="low")
+    _convergence(tmp_path, {"saving_sim_64": missed.mean, "saving_sim_64_ci_low": None,
+                            "saving_real": full.mean, "saving_real_ci_low": full.ci_low,
+                            "spread": {"saving_sim_64": missed.as_dict(), "saving_real": full.as_dict()}})
+    page = render(*load_results(tmp_path, root=tmp_path))
+    row = next(line for line in page.splitlines() if line.startswith("| `convergence` | `saving_sim_64`"))
+    assert "4 of 5 seeds reached" in row
+    assert "95 % interval unbounded .. " in row
+    assert "mean of the reached seeds 0.8975" in row
+    assert "0.88-0.91" not in row                       # the reached values' range, as if none missed
+    assert "median" not in row                          # a mean, said to be one
+    full_row = next(line for line in page.splitlines() if line.startswith("| `convergence` | `saving_real`"))
+    assert full_row == (f"| `convergence` | `saving_real` | mean 0.65 (95 % interval {full.ci_low:.4g} .. "
+                        f"{full.ci_high:.4g}; 5 of 5 seeds reached) |")
+
+
+def test_a_nan_figure_is_shown_as_not_a_number_with_its_reason(tmp_path: Path) -> None:
+    (tmp_path / "convergence.json").write_text(
+        '{"command": "c", "figures": {"saving_real": NaN, "sim_vs_real_error": NaN, '
+        '"reasons": {"saving_real": "every seed crashed"}}}')
+    page = render(*load_results(tmp_path, root=tmp_path))
+    assert "| `convergence` | `saving_real` | not a number: every seed crashed |" in page
+    assert ("| `convergence` | `sim_vs_real_error` | not a number (the bench saved NaN and gave no "
+            "reason) |") in page
+    assert "nan" not in page.replace("not a number", "")
+
+
+def test_a_missing_results_directory_is_refused_and_the_page_left_alone(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("before")
+    assert main(["--results", str(tmp_path / "result"), "--page", str(page)]) == 2
+    assert str(tmp_path / "result") in capsys.readouterr().err
+    assert page.read_text() == "before"
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("", "not valid JSON"), ('{"command": "x", "figu', "not valid JSON"),
+    ('{"command": "x", "figures": [1, 2]}', '"figures" must be an object'),
+    ('{"command": "x"}', "got missing"), ("[1]", "a JSON object was expected")])
+def test_a_malformed_results_file_is_named_with_its_problem_and_the_page_left_alone(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, problem: str) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "merge.json").write_text(text)
+    page = tmp_path / "page.md"
+    page.write_text("before")
+    assert main(["--results", str(results), "--page", str(page)]) == 2
+    err = capsys.readouterr().err
+    assert str(results / "merge.json") in err
+    assert problem in err
+    assert page.read_text() == "before"
+
+
+def test_only_and_quick_without_run_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    for args in (["--only", "codec"], ["--quick"]):
+        with pytest.raises(SystemExit) as exc:
+            main(args)
+        assert exc.value.code == 2
+        assert "is for --run" in capsys.readouterr().err
+
+
+def test_check_says_whether_the_page_is_stale_and_writes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    results = tmp_path / "results"
+    _save(results, "merge", {"command": "python -m bench.merge --json", "figures": {"vcasgd_vs_floor": 1.1}})
+    page = tmp_path / "page.md"
+    page.write_text("stale\n")
+    assert main(["--results", str(results), "--page", str(page), "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "differs" in out and "-stale" in out
+    assert page.read_text() == "stale\n"
+    assert main(["--results", str(results), "--page", str(page)]) == 0
+    assert main(["--results", str(results), "--page", str(page), "--check"]) == 0
