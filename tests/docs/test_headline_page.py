@@ -64,3 +64,15 @@ def test_a_command_given_a_price_file_is_priced_with_its_rows(tmp_path: Path,
         used = {args.instance, args.coordinator_instance}
         assert used & set(rows), (f"{command!r} loads {args.prices} but prices with {used}, "
                                   f"not its rows {list(rows)}")
+
+
+def test_a_saving_with_a_missed_seed_is_never_quoted_with_a_finite_interval() -> None:
+    """A miss leaves a saving's interval unbounded below (``vcasync.costing.spread``): the page
+    quoted ``saving_same_machines 0.572, 95 % 0.482 .. 0.663, 1 target missed``, the reached seeds'
+    interval as if it were the figure's."""
+    finite = re.compile(r"95 % (?:interval )?-?\d")
+    missed = re.compile(r"\b(?:[1-9]\d*|one|two|three|four|seeds? [\d ,and]+) (?:targets? |seeds? )?missed\b"
+                        r"|\bseeds? [\d ,and]+missed\b")
+    bad = [f"{n}: {line.strip()}" for n, line in enumerate(PAGE.read_text().splitlines(), 1)
+           if "saving" in line and finite.search(line) and missed.search(line)]
+    assert bad == []
