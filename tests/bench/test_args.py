@@ -97,6 +97,11 @@ def test_an_explicit_flag_wins_over_quick_in_every_bench(bench: str, argv: list[
     ("convergence", ["--sim-workers", "0"], "--sim-workers: must be >= 1, got 0"),
     ("convergence", ["--hours", "-1"], "--hours: must be a finite number > 0, got -1"),
     ("convergence", ["--alpha", "1.5"], "--alpha: must be >= 0 and < 1, got 1.5"),
+    # found by QA: a ConfigError traceback, and a --plot refused only after the ~13-minute run
+    ("convergence", ["--seeds", "-1", "--no-real", "--quick"], "--seeds: must be >= 0, got -1"),
+    ("convergence", ["--plot", "x.txt"], "the file name must end in an image format matplotlib writes"),
+    ("convergence", ["--plot", "saving"], "the file name must end in an image format matplotlib writes"),
+    ("convergence", ["--plot", "missing/dir/x.png"], "the directory missing/dir does not exist"),
     ("scale", ["--rounds", "0"], "--rounds: must be >= 1, got 0"),
     ("scale", ["--timeout", "0"], "--timeout: must be a finite number > 0, got 0"),
     ("load", ["--connections", "0"], "--connections: must be >= 1, got 0"),

@@ -1,0 +1,38 @@
+"""bench.convergence's figures come out even when its ``--plot`` cannot be drawn at the end: the
+plot was drawn before the table and the JSON were printed, so a failure there lost a ~13-minute
+run's figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import bench.convergence as convergence
+
+
+def test_a_plot_that_fails_at_the_end_leaves_the_table_and_json_printed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(convergence, "_print_table", lambda f: print("TABLE"))
+    a = convergence.parse(["--json", "--plot", str(tmp_path / "saving.png")])
+
+    def broken() -> None:
+        raise OSError(28, "No space left on device")
+
+    assert convergence.finish({"saving_real": 0.65}, a, broken) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0] == "TABLE"
+    assert json.loads(out.splitlines()[-1]) == {"saving_real": 0.65}
+    assert f"--plot {tmp_path / 'saving.png'} not written" in err and "No space left" in err
+
+
+def test_a_plot_that_draws_exits_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(convergence, "_print_table", lambda f: None)
+    drawn: list[bool] = []
+    a = convergence.parse(["--plot", str(tmp_path / "saving.svg")])
+    assert convergence.finish({}, a, lambda: drawn.append(True)) == 0
+    assert drawn == [True]
+    assert convergence.finish({}, convergence.parse([]), lambda: drawn.append(False)) == 0
+    assert drawn == [True]
