@@ -318,7 +318,8 @@ def summary_of(figs: dict[str, Any], name: str, centre: str = "") -> str | None:
             return f"{what}{v} (per-repetition ratios: min {lo}, median {mid}, max {hi})"
     if f"{name}_min" in figs and f"{name}_max" in figs:
         what = f"{centre} " if centre else ""
-        return f"{what}{v} (min-max {_cell(figs[f'{name}_min'])}-{_cell(figs[f'{name}_max'])} over repetitions)"
+        lo, hi = _cell(figs[f"{name}_min"]), _cell(figs[f"{name}_max"])
+        return f"{what}{v} (min-max {lo}-{hi} over repetitions)"
     return None
 
 
@@ -459,7 +460,8 @@ def check(page: Path, text: str) -> int:
     return 1
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, refused argparse-style (exit 2) where it asks for what is not done."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--run", action="store_true", help="run the benches first and save their figures")
     p.add_argument("--quick", action="store_true", help="with --run: quick sizes (the page says so)")
@@ -481,6 +483,14 @@ def main(argv: list[str] | None = None) -> int:
         if unknown or not names:
             p.error(f"--only: unknown bench(es) {', '.join(unknown) or '(none named)'}; "
                     f"known: {', '.join(BENCHES)}")
+        a.only = names
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    if a.run:
+        names = a.only
         a.results.mkdir(parents=True, exist_ok=True)
         for name in names:
             print(f"running bench.{name} ...", flush=True)

@@ -24,7 +24,8 @@ def test_a_plot_that_fails_at_the_end_leaves_the_table_and_json_printed(
     out, err = capsys.readouterr()
     assert out.splitlines()[0] == "TABLE"
     assert json.loads(out.splitlines()[-1]) == {"saving_real": 0.65}
-    assert f"--plot {tmp_path / 'saving.png'} not written" in err and "No space left" in err
+    assert f"--plot {tmp_path / 'saving.png'} not written" in err
+    assert "No space left" in err
 
 
 def test_a_plot_that_draws_exits_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -2,16 +2,19 @@
 and every shell line is a command this repository accepts (flags, extras, tox environments,
 environment variables); the main and test commands themselves are run by tests/demo and the suite.
 
-The shell blocks of every docs page are held to the same check.
+The shell blocks of every docs page are held to the same check; ``python -m vcasync ...`` and
+``python -m bench.NAME ...`` lines are parsed by the real parser (the bench's ``parse``), never run.
 """
 
 from __future__ import annotations
 
 import argparse
 import configparser
+import importlib
 import re
 import shlex
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,7 +24,8 @@ from vcasync.cli import ENVIRONMENT, available_commands, build_parser
 ROOT = Path(__file__).resolve().parents[2]
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.S | re.M)
 SHELL_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-#: Other programs' commands the pages show (cloud and container tools): not ours to check.
+#: Other programs' commands the pages show (cloud and container tools): not ours to check; ``python``
+#: is ours with ``-m vcasync`` or ``-m bench.NAME`` (:func:`_check_module_line`).
 FOREIGN = frozenset({"pytest", "mkdocs", "cd", "git", "python", "curl", "kubectl", "docker", "gcloud", "aws",
                      "ray", "kustomize"})
 
@@ -40,6 +44,30 @@ def _tox_envs() -> set[str]:
     ini = configparser.ConfigParser()
     ini.read(ROOT / "tox.ini")
     return {s.removeprefix("testenv:") for s in ini.sections() if s.startswith("testenv:")}
+
+
+def _parses(command: str, parse: Callable[[list[str]], object], args: list[str]) -> None:
+    try:
+        parse(args)
+    except SystemExit as exc:
+        if exc.code != 0:          # 0: --help
+            raise AssertionError(f"{command!r} is not a valid command line") from exc
+
+
+def _check_module_line(command: str, module: str, args: list[str], parser: argparse.ArgumentParser) -> None:
+    """``python -m vcasync ARGS`` by the vcasync parser, ``python -m bench.NAME ARGS`` by the bench's
+    own ``parse`` (what its ``main`` parses with): parsed only, never run."""
+    if module == "vcasync":
+        _parses(command, parser.parse_args, args)
+        return
+    name = module.removeprefix("bench.")
+    try:
+        bench = importlib.import_module(f"bench.{name}")
+    except ModuleNotFoundError as exc:
+        raise AssertionError(f"{command!r}: there is no bench {module}") from exc
+    parse = getattr(bench, "parse", None)
+    assert callable(parse), f"{command!r}: {module} has no parse(argv) to check it with; add one"
+    _parses(command, parse, args)
 
 
 def check_shell_line(line: str, parser: argparse.ArgumentParser) -> None:
@@ -62,6 +90,9 @@ def check_shell_line(line: str, parser: argparse.ArgumentParser) -> None:
         elif words[0] == "tox":
             assert words[1:2] == ["-e"], f"{command!r}: name the tox env with -e"
             assert words[2] in _tox_envs(), f"{command!r}: no such tox env"
+        elif (words[0] in ("python", "python3") and words[1:2] == ["-m"] and len(words) > 2
+              and (words[2] == "vcasync" or words[2].startswith("bench."))):
+            _check_module_line(command, words[2], words[3:], parser)
         elif words[0] == "export":
             var = words[1].partition("=")[0]
             assert var in ENVIRONMENT, f"{command!r}: {var} is not a variable vcasync reads"
@@ -98,10 +129,17 @@ def test_shell_line_is_a_command_we_accept(where: str, line: str, monkeypatch: p
 def test_shell_line_check_catches_mistakes() -> None:
     parser = build_parser(available_commands())
     for bad in ("vcasync coordinator --no-such-flag", 'pip install ".[nonesuch]"', "tox -e nonesuch",
-                "export VCASYNC_NO_SUCH=1", "frobnicate"):
+                "export VCASYNC_NO_SUCH=1", "frobnicate", "python -m vcasync coordinator --no-such-flag",
+                "python -m bench.convergence --no-such-flag", "python -m bench.convergence --seeds -1",
+                "python -m bench.publish --only codec", "python -m bench.nonesuch --json"):
         with pytest.raises(AssertionError):
             check_shell_line(bad, parser)
     check_shell_line("vcasync worker --coordinator http://h:1 --trainer a.b:c --state-dir /x", parser)
+    check_shell_line("python -m vcasync worker --coordinator http://h:1 --trainer a.b:c --state-dir /x",
+                     parser)
+    check_shell_line("python -m bench.convergence --quick --json && python -m bench.publish --check", parser)
+    check_shell_line("python -m bench.codec --help", parser)
+    check_shell_line("python -m pytest tests/docs", parser)      # another program's: not checked
 
 
 def test_readme_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
