@@ -23,6 +23,10 @@ itself, for scale), ``capture_vs_msgpack_<n>`` (capture / msgpack's packing of t
 1 the loop spends less than one C serialisation of it), ``pack_vs_msgpack_<n>``,
 ``pack_vs_rows_<n>`` and ``read_vs_rows_<n>`` (time against the row format: below 1 is faster),
 ``bytes_per_unit_<n>`` and ``bytes_vs_rows_<n>``.
+
+Failures: an iteration that raised (capture, pack or read) is counted in ``failed`` (``failed_<n>``
+per size, ``failures_<n>`` its first error) and enters every figure of that iteration as an
+infinite time and size (a ratio against it 0, of it null in the JSON), never dropped.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import statistics
 import sys
 import time
@@ -43,7 +48,7 @@ from vcasync.ledger import Ledger, WorkUnit
 from vcasync.ledger._columns import LEASE_FIELDS, WORKER_FIELDS
 from vcasync.wire import Limits, pack_tree, unpack_tree
 
-from ._stats import add_quick, parse_args, positive_int, spread
+from ._stats import add_quick, finite, parse_args, positive_int, spread
 
 WORKERS = 1000
 
@@ -112,13 +117,23 @@ def one_rep(led: Ledger, out: dict[str, list[float]]) -> None:
     out["rows_bytes"].append(len(rows_data))
 
 
-def measure(n: int, reps: int) -> dict[str, list[float]]:
+def measure(n: int, reps: int, failures: list[str] | None = None) -> dict[str, list[float]]:
+    """``reps`` iterations on a ledger of ``n`` units; one that raised is appended to ``failures``
+    and enters as infinite everywhere (counted, never dropped)."""
     led = build(n)
-    out: dict[str, list[float]] = {k: [] for k in (
-        "capture", "msgpack", "pack", "read", "rows_pack", "rows_read", "bytes", "rows_bytes")}
+    keys = ("capture", "msgpack", "pack", "read", "rows_pack", "rows_read", "bytes", "rows_bytes")
+    out: dict[str, list[float]] = {k: [] for k in keys}
     for _ in range(reps):
         gc.collect()
-        one_rep(led, out)
+        one: dict[str, list[float]] = {k: [] for k in keys}
+        try:
+            one_rep(led, one)
+        except Exception as exc:  # any failure of an iteration: counted, its figures infinite
+            if failures is not None:
+                failures.append(f"{type(exc).__name__}: {exc}")
+            one = {k: [math.inf] for k in keys}
+        for k in keys:
+            out[k] += one[k]
     return out
 
 
@@ -127,7 +142,8 @@ def label(n: int) -> str:
 
 
 def ratios(num: list[float], den: list[float]) -> list[float]:
-    return [a / b for a, b in zip(num, den, strict=True)]
+    """``num / den`` per iteration; a failed one (infinite) is infinite on top, 0 below."""
+    return [math.inf if math.isinf(a) else a / b for a, b in zip(num, den, strict=True)]
 
 
 QUICK: dict[str, Any] = {"sizes": [10_000, 50_000], "reps": 3}
@@ -149,14 +165,21 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     sizes, reps = a.sizes, a.reps
-    figures: dict[str, Any] = {"workers": WORKERS, "reps": reps, "snapshot_format": 2}
+    figures: dict[str, Any] = {"workers": WORKERS, "reps": reps, "snapshot_format": 2, "failed": 0}
     print(f"ledger snapshots: {WORKERS} workers, every unit but one a worker done, {reps} reps "
           "(median, min-max)")
     print(f"{'units':>8} {'capture ms':>16} {'vs msgpack':>11} {'pack vs msgpack':>16} "
           f"{'pack vs rows':>13} {'read vs rows':>13} {'bytes/unit':>11} {'vs rows':>8}")
     for n in sizes:
-        m = measure(n, reps)
+        failures: list[str] = []
+        m = measure(n, reps, failures)
         k = label(n)
+        figures[f"failed_{k}"] = len(failures)
+        figures["failed"] += len(failures)
+        if failures:
+            figures[f"failures_{k}"] = failures[0]
+            print(f"{n:>8} units: {len(failures)} of {reps} iterations FAILED (first: {failures[0]})",
+                  flush=True)
         cols = {
             f"capture_ms_{k}": [t * 1e3 for t in m["capture"]],
             f"capture_vs_msgpack_{k}": ratios(m["capture"], m["msgpack"]),
@@ -176,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{figures[f'read_vs_rows_{k}']:>13.3f} {figures[f'bytes_per_unit_{k}']:>11.0f} "
               f"{figures[f'bytes_vs_rows_{k}']:>8.2f}", flush=True)
     if a.json:
-        print(json.dumps(figures))
+        print(json.dumps(finite(figures)))
     return 0
 
 

@@ -149,3 +149,31 @@ def test_storage_counts_failed_timed_out_and_wrong_operations() -> None:
     assert len(pair.failures) == 3 + 1 + 3                  # every repetition's ref_get, a put, cleans
     assert pair.times["ref_get"] == [math.inf, math.inf]    # kept, as infinite times
     assert pair.times["put"].count(math.inf) == 1
+
+
+def test_ledger_counts_iterations_that_raised_and_keeps_them_as_infinite(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """bench.ledger had no ``failed``: an iteration that raised ended the bench, its figures lost."""
+    import json
+
+    import bench.ledger as ledger
+
+    real = ledger.one_rep
+    calls = {"n": 0}
+
+    def flaky(led: Any, out: dict[str, list[float]]) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError("snapshot on fire")
+        real(led, out)
+
+    monkeypatch.setattr(ledger, "one_rep", flaky)
+    assert ledger.main(["--sizes", "1500", "--reps", "3", "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert figures["failed"] == figures["failed_1k"] == 1
+    assert figures["failures_1k"] == "OSError: snapshot on fire"
+    assert figures["capture_ms_1k_spread"][2] is None          # the failed iteration: infinite, kept
+    assert figures["capture_ms_1k"] > 0                         # the median of the three still a figure
+    clean = ledger.main(["--sizes", "1500", "--reps", "1", "--json"])
+    assert clean == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["failed"] == 0
