@@ -264,6 +264,19 @@ def real_run(workload: str, seed: int, workers: int, epochs: int, steps: int | N
     return {"report": report, "measured": measured}
 
 
+def attempted(failures: list[dict[str, Any]], what: dict[str, Any], log: Any, *args: Any,
+              **kw: Any) -> dict[str, Any] | None:
+    """``real_run(*args, **kw)``, or None when it raised (a rank that crashed, a run past its wall
+    limit): counted in ``failures`` with ``what`` and the error, never dropped and never a missed
+    target (a crash ended the whole bench before, its finished seeds lost)."""
+    try:
+        return real_run(*args, **kw)
+    except Exception as exc:  # any crash or time-out of one real run: counted, the others go on
+        failures.append({**what, "error": f"{type(exc).__name__}: {exc}"})
+        print(f"  real run {what} FAILED: {type(exc).__name__}: {exc}", file=log)
+        return None
+
+
 def coordinator_cpu_per_result(points: list[tuple[int, float]]) -> float:
     """The coordinator process's CPU seconds per merged result: ``(version, CPU seconds)`` as the
     monitor saw them, over the last stretch where the CPU only grew (a restarted coordinator starts
@@ -590,10 +603,14 @@ def real_epochs(workload: str, quick: bool) -> int:
 
 
 def real_curve(a: argparse.Namespace, seeds: list[int], searches: dict[str, Any], tmp: Path, log: Any, *,
-               values: list[float], label: str, run_kw: Callable[[float], dict[str, Any]]) -> dict[str, Any]:
+               values: list[float], label: str, run_kw: Callable[[float], dict[str, Any]],
+               failures: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """digits' real runs (fleet, then DDP) for each of ``values``, ``run_kw(value)`` naming what
     changes (``preemptions``, ``min_step_s`` or ``policy_params``; the rest is the headline's
-    30 %/h run): the saving, both billings, samples to target and misses per value."""
+    30 %/h run): the saving, both billings, samples to target and misses per value; a run that
+    crashed or timed out is counted in ``failures`` and its seed in the value's ``failed`` (and as
+    no saving in its spread: it reached nothing), not as a missed target."""
+    failures = [] if failures is None else failures
     shape = REAL_SHAPE["digits"]
     epochs = real_epochs("digits", a.quick)
     if "digits" not in searches:
@@ -603,18 +620,25 @@ def real_curve(a: argparse.Namespace, seeds: list[int], searches: dict[str, Any]
     for value in values:
         kw = {"preemptions": max(1, round(0.3 * a.hours * a.workers))} | run_kw(value)
         reports = []
+        crashed = 0
         for seed in seeds:
-            r = real_run("digits", seed, a.workers, epochs, shape["steps"], tmp / f"{label}{value:g}",
-                         lr=lr, sync_lr=sync_lr, **kw)
+            r = attempted(failures, {"workload": "digits", label: value, "seed": seed}, log,
+                          "digits", seed, a.workers, epochs, shape["steps"], tmp / f"{label}{value:g}",
+                          lr=lr, sync_lr=sync_lr, **kw)
+            if r is None:
+                crashed += 1
+                continue
             rep = r["report"]
             reports.append(rep)
             print(f"  real digits, {label} {value:g} seed {seed}: saving {rep['saving']} (per second "
                   f"{rep['cost'].get('saving_per_second')}), fleet {rep['time_to_target_s']} s, "
                   f"DDP {rep['ddp_time_to_target_s']} s to target, samples to target "
                   f"{(rep['cost'].get('samples_to_target') or {}).get('ratio')}x DDP's", file=log)
-        curve[f"{value:g}"] = spread((rep["saving"] for rep in reports), miss="low").as_dict() | {
-            "per_second": spread((rep["cost"].get("saving_per_second") for rep in reports),
+        none = [None] * crashed
+        curve[f"{value:g}"] = spread([*(rep["saving"] for rep in reports), *none], miss="low").as_dict() | {
+            "per_second": spread([*(rep["cost"].get("saving_per_second") for rep in reports), *none],
                                  miss="low").as_dict(),
+            "failed": crashed,
             "preemptions": kw["preemptions"], "min_step_s": kw.get("min_step_s", 0.0),
             "policy": DEFAULT_POLICY[0],
             "policy_params": {**DEFAULT_POLICY[1], **kw.get("policy_params", {})},
@@ -741,6 +765,10 @@ def main(argv: list[str] | None = None) -> int:
     step_curve: dict[str, Any] = {}
     alpha_curve: dict[str, Any] = {}
     real: dict[str, list[dict[str, Any]]] = {w: [] for w in workloads}
+    # real runs that crashed or timed out: counted (``failed``), their seeds no saving in the spreads
+    # (they reached nothing), never a missed target and never dropped
+    failures: list[dict[str, Any]] = []
+    crashed: dict[str, int] = {w: 0 for w in workloads}
     cal: list[dict[str, Any]] = []
     cal_wall: list[dict[str, Any]] = []
     if not a.no_real:
@@ -759,8 +787,12 @@ def main(argv: list[str] | None = None) -> int:
                           f"DDP {searches[w]['sync_lr']:.4g} ({time.perf_counter() - t:.0f} s)", file=log)
                 for seed in seeds:
                     t = time.perf_counter()
-                    r = real_run(w, seed, a.workers, epochs, shape["steps"], Path(tmp),
-                                 lr=searches[w]["lr"], sync_lr=searches[w]["sync_lr"], preemptions=preempt_30)
+                    r = attempted(failures, {"workload": w, "seed": seed}, log,
+                                  w, seed, a.workers, epochs, shape["steps"], Path(tmp), lr=searches[w]["lr"],
+                                  sync_lr=searches[w]["sync_lr"], preemptions=preempt_30)
+                    if r is None:
+                        crashed[w] += 1
+                        continue
                     real[w].append(r["report"])
                     cal.append(calibrate(r, w, a.workers, seed, cores=cores))
                     if w == "digits" and a.wall_replay:  # the old replay: what the CPU model changes
@@ -777,29 +809,35 @@ def main(argv: list[str] | None = None) -> int:
                           f"({time.perf_counter() - t:.0f} s)", file=log)
             if a.real_rates:  # preemptions per worker-hour of a --hours job, spread over progress
                 rate_curve = real_curve(a, seeds, searches, Path(tmp), log, values=a.real_rates, label="rate",
-                                        run_kw=lambda v: {"preemptions": round(v * a.hours * a.workers)})
+                                        run_kw=lambda v: {"preemptions": round(v * a.hours * a.workers)},
+                                        failures=failures)
             if a.step_s:  # the same comparison with a costlier step on both sides
                 step_curve = real_curve(a, seeds, searches, Path(tmp), log, values=a.step_s, label="step",
-                                        run_kw=lambda v: {"min_step_s": v})
+                                        run_kw=lambda v: {"min_step_s": v}, failures=failures)
             if a.alpha:  # the merge rule: VC-ASGD's alpha, the learning rates kept
                 alpha_curve = real_curve(a, seeds, searches, Path(tmp), log, values=a.alpha, label="alpha",
-                                         run_kw=lambda v: {"policy_params": {"alpha": v}})
+                                         run_kw=lambda v: {"policy_params": {"alpha": v}}, failures=failures)
     digits = real.get("digits", [])
+
+    def crashes(w: str) -> list[None]:     # a crashed seed reached nothing: no value, counted
+        return [None] * crashed.get(w, 0)
+
     # a seed that missed the target is counted and leaves the interval unbounded on its side (a
     # saving: below; a ratio or a gap: above), vcasync.costing.spread's rule; every mean is of the
     # seeds that reached it and says "n of m seeds reached"
-    saving_real = spread((r["saving"] for r in digits), miss="low")
-    saving_real_s = spread((r["cost"].get("saving_per_second") for r in digits), miss="low")
+    saving_real = spread([*(r["saving"] for r in digits), *crashes("digits")], miss="low")
+    saving_real_s = spread([*(r["cost"].get("saving_per_second") for r in digits), *crashes("digits")],
+                           miss="low")
     # samples each side had used at the target (the fleet's / DDP's): above 1, the fleet learns less
     # per sample, a cost that shorter start-ups or cheaper merges cannot remove
-    samples_ratio = spread(((r["cost"].get("samples_to_target") or {}).get("ratio") for r in digits),
-                           miss="high")
+    samples_ratio = spread([*((r["cost"].get("samples_to_target") or {}).get("ratio") for r in digits),
+                            *crashes("digits")], miss="high")
     mnist_runs = real.get("mnist5000", [])
-    g30 = spread((None if r["accuracy_gap"] is None else 100 * r["accuracy_gap"] for r in mnist_runs),
-                 miss="high")
+    g30 = spread([*(None if r["accuracy_gap"] is None else 100 * r["accuracy_gap"] for r in mnist_runs),
+                  *crashes("mnist5000")], miss="high")
     lm_runs = real.get("tinylm", [])
-    lm = spread((r["loss_gap"] for r in lm_runs), miss="high")
-    savings_by_workload = {w: spread((r["saving"] for r in runs), miss="low").as_dict()
+    lm = spread([*(r["loss_gap"] for r in lm_runs), *crashes("tinylm")], miss="high")
+    savings_by_workload = {w: spread([*(r["saving"] for r in runs), *crashes(w)], miss="low").as_dict()
                            for w, runs in real.items()}
 
     # The simulated part on a.jobs processes (bench._simpool): a cell's figures depend only on its
@@ -859,7 +897,9 @@ def main(argv: list[str] | None = None) -> int:
     cal_mean = calibration_summary(cal)
     errors_mean = [s["error"] for per in cal_mean.values() for s in per.values() if s["error"] is not None]
     errors_wall = [e for c in cal_wall for e in (c.get("error_fleet"), c.get("error_ddp")) if e is not None]
-    missed = (saving_real.missing + g30.missing + lm.missing + sim["missing"]
+    # a crashed run is in ``failed``, not here: the spreads count it missing, this does not
+    missed = (saving_real.missing - crashed.get("digits", 0) + g30.missing - crashed.get("mnist5000", 0)
+              + lm.missing - crashed.get("tinylm", 0) + sim["missing"]
               + sum(1 for runs in (mnist_runs, lm_runs) for r in runs if r["saving"] is None))
     not_measured = ("not measured in this run (the default run is digits only, to fit 20 minutes: "
                     "add --workloads mnist5000 tinylm for the real gaps, --adaptive for the adaptive "
@@ -882,6 +922,9 @@ def main(argv: list[str] | None = None) -> int:
         "sim_vs_real_duration_error": max((c["error_duration"] for c in cal
                                            if c.get("error_duration") is not None), default=None),
         "seeds": seeds, "targets_missed": missed,
+        # real runs that crashed or timed out (a rank that died, a run past its wall limit), the
+        # sweeps' included: counted apart from missed targets, each named in failed_runs
+        "failed": len(failures), "failed_runs": failures,
         "targets": {"saving_real_ci_low": ">= 0.70", "gap_mnist_30": "<= 1",
                     "adaptive_gap_mnist_50": "<= 0.5",
                     "lm_loss_gap_30": "<= 0.01", "sim_vs_real_error": "<= 0.20"},
@@ -1040,7 +1083,8 @@ def _print_table(f: dict[str, Any]) -> None:
     print(f"simulator vs real, time-to-target error: largest per seed {_fmt(f['sim_vs_real_error'], True)}, "
           f"of the seeds' mean {_fmt(f['sim_vs_real_error_mean'], True)} "
           f"({f['sim_vs_real_disagree']} seeds where only one side reached the target); "
-          f"seeds {f['seeds']}; targets missed {f['targets_missed']}; {f['wall_s']:.0f} s")
+          f"seeds {f['seeds']}; targets missed {f['targets_missed']}; real runs failed (crashed or "
+          f"timed out) {f.get('failed', 0)}; {f['wall_s']:.0f} s")
     withheld: dict[str, list[str]] = {}
     for key in sp:
         if f.get(key) is None and key in f.get("reasons", {}) and sp[key]["n"]:

@@ -37,3 +37,25 @@ def test_a_plot_that_draws_exits_0(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert drawn == [True]
     assert convergence.finish({}, convergence.parse([]), lambda: drawn.append(False)) == 0
     assert drawn == [True]
+
+
+def test_a_real_run_that_crashes_is_counted_in_failed_not_in_targets_missed_and_the_bench_goes_on(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from vcasync.errors import RunIncompleteError
+
+    calls: list[int] = []
+
+    def crash(workload: str, seed: int, *args: object, **kw: object) -> dict[str, object]:
+        calls.append(seed)
+        raise RunIncompleteError(f"the fleet did not finish (seed {seed})")
+
+    monkeypatch.setattr(convergence, "real_run", crash)
+    monkeypatch.setattr(convergence.torch, "set_num_threads", lambda n: None)
+    assert convergence.main(["--quick", "--real-only", "--seeds", "0", "1", "--json"]) == 0
+    assert calls == [0, 1]                                  # the first crash did not end the bench
+    figures = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert figures["failed"] == 2
+    assert [(f["workload"], f["seed"]) for f in figures["failed_runs"]] == [("digits", 0), ("digits", 1)]
+    assert "RunIncompleteError" in figures["failed_runs"][0]["error"]
+    assert figures["targets_missed"] == 0                   # a crash is not a missed target
+    assert figures["spread"]["saving_real"]["reached"] == "0 of 2 seeds reached"   # nor dropped
