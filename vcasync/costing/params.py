@@ -14,9 +14,10 @@ __all__ = ["parse_params", "read_text_file"]
 
 def read_text_file(path: str | Path, what: str) -> str:
     """The UTF-8 text of ``path``; a missing, unreadable or non-UTF-8 file is a :class:`ConfigError`
-    ``cannot read <what> '<path>': <why>``."""
+    ``cannot read <what> '<path>': <why>``. A leading byte-order mark is dropped: Excel's "CSV UTF-8"
+    writes one, and it was read as part of the first header name (``'\ufeffprovider'``)."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         why = (exc.strerror or str(exc)) if isinstance(exc, OSError) else "not UTF-8 text"
         raise ConfigError(f"cannot read {what} {str(path)!r}: {why}") from None

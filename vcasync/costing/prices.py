@@ -14,7 +14,8 @@ types are billed as vCPUs plus memory since October 2018). The two GCP rows date
 paper's era (preemptible VMs, fixed prices); the rows dated 2024-06 are today's kind of market (Spot
 VMs, GPU types) and are ``approximate``: they were copied from the providers' pages as of that month
 and could not be re-checked from a machine without network access. Bring your own with
-``--prices FILE`` (:meth:`PriceTable.from_file`: JSON or TOML rows of :class:`InstancePrice` fields).
+``--prices FILE`` (:meth:`PriceTable.from_file`: JSON, TOML or CSV rows of :class:`InstancePrice`
+fields, each field checked when the row is built; a bad one names the file, the row and the field).
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ import csv
 import io
 import json
 import logging
+import math
 import tomllib
 import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..coerce import coerce
 from ..errors import ConfigError
 from .params import read_text_file
 
@@ -40,6 +41,16 @@ __all__ = [
 ]
 
 
+def _is_finite_number(value: object) -> bool:
+    """An int or float (not a bool) that is finite (an int too large for a float is not)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class InstancePrice:
     """What one instance type costs per hour, and where the figures come from."""
@@ -47,7 +58,7 @@ class InstancePrice:
     provider: str
     instance: str
     region: str
-    vcpus: int
+    vcpus: float
     memory_gib: float
     on_demand_per_h: float
     spot_per_h: float
@@ -59,19 +70,43 @@ class InstancePrice:
     accelerator: str = ""
 
     def __post_init__(self) -> None:
-        for name in ("on_demand_per_h", "spot_per_h"):
+        # Every field is checked here, where a row is built from a file or in code: a price file
+        # with ``"provider": 5`` or ``"instance": [1]`` was accepted and crashed --list-prices with
+        # a TypeError, ``"approximate": "yes"`` counted as true, and a NaN ``min_billed_s`` removed
+        # the billing minimum without a word (``max(uptime, nan)``).
+        for name in ("provider", "instance", "region", "source", "as_of"):
             value = getattr(self, name)
-            if not (value >= 0.0) or value == float("inf"):
-                raise ConfigError(f"{self.instance}: {name} must be a finite price >= 0, got {value!r}")
+            if not isinstance(value, str) or not value.strip():
+                raise ConfigError(f"{self._label()}: {name} must be a non-empty string, got {value!r}")
+        for name in ("note", "accelerator"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise ConfigError(f"{self._label()}: {name} must be a string, got {value!r}")
+        if not isinstance(self.approximate, bool):
+            raise ConfigError(f"{self._label()}: approximate must be true or false, got {self.approximate!r}")
+        # fractional vCPUs are real (GCP's shared-core e2-micro has 0.25)
+        for name, what, low, strict in (("vcpus", "number", 0.0, True), ("memory_gib", "number", 0.0, True),
+                                        ("on_demand_per_h", "price", 0.0, False),
+                                        ("spot_per_h", "price", 0.0, False),
+                                        ("min_billed_s", "number of seconds", 0.0, False)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"{self._label()}: {name} must be a number, got {value!r}")
+            if not (_is_finite_number(value) and (value > low if strict else value >= low)):
+                raise ConfigError(f"{self._label()}: {name} must be a finite {what} "
+                                  f"{'>' if strict else '>='} {low:g}, got {value!r}")
         if self.on_demand_per_h == 0:   # spot may be free (volunteers); the reference may not
-            raise ConfigError(f"{self.instance}: on_demand_per_h must be > 0: every saving is measured "
+            raise ConfigError(f"{self._label()}: on_demand_per_h must be > 0: every saving is measured "
                               "against it")
-        if self.min_billed_s < 0:
-            raise ConfigError(f"{self.instance}: min_billed_s must be >= 0, got {self.min_billed_s!r}")
         if self.spot_per_h > self.on_demand_per_h:   # allowed (a spike may be modelled), never silent
             log.warning("price row %s: spot $%g/h is above on-demand $%g/h, so running spot costs more "
                         "and every saving against on-demand comes out negative", self.key,
                         self.spot_per_h, self.on_demand_per_h)
+
+    def _label(self) -> str:
+        """``provider:instance`` for an error message, once both are names."""
+        ok = all(isinstance(v, str) and v.strip() for v in (self.provider, self.instance))
+        return f"price row {self.key}" if ok else "price row"
 
     @property
     def key(self) -> str:
@@ -211,69 +246,93 @@ class PriceTable(Mapping[str, InstancePrice]):
     @classmethod
     def from_file(cls, path: str | Path) -> PriceTable:
         """Rows from a JSON list (or ``{"prices": [...]}``), a TOML file of ``[[prices]]`` tables,
-        or a ``.csv`` file with a header row of field names (empty cells: the field's default)."""
+        or a ``.csv`` file with a header row of field names (empty cells: the field's default).
+
+        A bad row is a :class:`ConfigError` naming the file, the row (``line N`` of a CSV file, as
+        an editor numbers it; ``price row N``, counted from 1, of a JSON or TOML list) and the field."""
         p = Path(path)
         text = read_text_file(p, "price file")
         fmt = {".toml": "TOML", ".csv": "CSV"}.get(p.suffix.lower(), "JSON")
+        labels: list[str] | None = None
         try:
-            doc: object = (tomllib.loads(text) if fmt == "TOML" else _csv_rows(text) if fmt == "CSV"
-                           else json.loads(text))
-        except (tomllib.TOMLDecodeError, json.JSONDecodeError, csv.Error, ValueError) as exc:
+            if fmt == "CSV":
+                lines, csv_rows = _csv_rows(text)
+                doc: object = csv_rows
+                labels = [f"line {n}" for n in lines]
+            else:
+                doc = tomllib.loads(text) if fmt == "TOML" else json.loads(text)
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError, csv.Error) as exc:
             raise ConfigError(f"price file {str(p)!r} is not valid {fmt}: {exc}") from None
+        except ConfigError as exc:      # a CSV cell that is not of its field's type
+            raise ConfigError(f"price file {str(p)!r}: {exc}") from None
         rows = doc.get("prices") if isinstance(doc, dict) else doc
         if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
             raise ConfigError(f"price file {str(p)!r} must hold a non-empty list of price rows "
                               '(JSON: [{...}] or {"prices": [...]}; TOML: [[prices]] tables; CSV: a '
                               "header row and a row per instance)")
         try:
-            return cls.from_rows(rows)
+            return cls.from_rows(rows, labels=labels)
         except ConfigError as exc:
             raise ConfigError(f"price file {str(p)!r}: {exc}") from None
 
     @classmethod
-    def from_rows(cls, rows: list[Mapping[str, object]]) -> PriceTable:
-        """Build a table from JSON-like rows (the fields of :class:`InstancePrice`)."""
+    def from_rows(cls, rows: list[Mapping[str, object]], *, labels: list[str] | None = None) -> PriceTable:
+        """Build a table from JSON-like rows (the fields of :class:`InstancePrice`); an error names
+        the row by ``labels[i]`` (default ``price row i+1``) and the field."""
         prices: list[InstancePrice] = []
         fields = set(InstancePrice.__dataclass_fields__)
         for i, row in enumerate(rows):
+            where = labels[i] if labels is not None else f"price row {i + 1}"
             unknown = sorted(set(row) - fields)
             if unknown:
-                raise ConfigError(f"price row {i}: unknown field(s) {unknown}")
+                raise ConfigError(f"{where}: unknown field(s) {unknown}")
             missing = sorted(f for f in ("provider", "instance", "region", "vcpus", "memory_gib",
                                          "on_demand_per_h", "spot_per_h", "source", "as_of") if f not in row)
             if missing:
-                raise ConfigError(f"price row {i}: missing field(s) {missing}")
-            for name in ("on_demand_per_h", "spot_per_h", "min_billed_s", "vcpus", "memory_gib"):
-                value = row.get(name, 0)
-                if isinstance(value, bool) or not isinstance(value, int | float):
-                    raise ConfigError(f"price row {i}: {name} must be a number, got {value!r}")
+                raise ConfigError(f"{where}: missing field(s) {missing}")
             try:
                 prices.append(InstancePrice(**row))  # type: ignore[arg-type]
-            except TypeError as exc:
-                raise ConfigError(f"price row {i}: {exc}") from None
+            except (TypeError, ConfigError) as exc:
+                raise ConfigError(f"{where}: {str(exc).removeprefix('price row: ')}") from None
         return cls(prices)
 
 
-def _csv_rows(text: str) -> list[dict[str, object]]:
-    """A CSV price file's rows as the JSON rows ``from_rows`` takes: each cell coerced to its
-    :class:`InstancePrice` field's type as text (:func:`vcasync.coerce.coerce`, as URL options
-    are), empty cells left out (the field's default, or "missing" for a required one)."""
+#: What a CSV cell of a true/false field may say (anything else is refused, not read as false).
+_CSV_BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
+def _csv_rows(text: str) -> tuple[list[int], list[dict[str, object]]]:
+    """A CSV price file's rows as the JSON rows ``from_rows`` takes, and the line each ends on: each
+    cell read as its :class:`InstancePrice` field's type (numbers as numbers, true/false/yes/no/1/0
+    for a true/false field), empty cells left out (the field's default, or "missing" for a required
+    one). A cell that is not of its type is a :class:`ConfigError` naming its line and field."""
     hints = typing.get_type_hints(InstancePrice)
     rows: list[dict[str, object]] = []
+    lines: list[int] = []
     reader = csv.DictReader(io.StringIO(text), strict=True)
-    for line, raw in enumerate(reader, start=2):
+    for raw in reader:
+        line = reader.line_num     # the file line the row ends on (a quoted cell may span lines)
         if None in raw:
-            raise ValueError(f"line {line} has more cells than the header")
+            raise ConfigError(f"line {line} has more cells than the header")
         row: dict[str, object] = {}
         for name, cell in raw.items():
             cell = (cell or "").strip()
             if not cell:
                 continue
             hint = hints.get(name, str)     # an unknown field is named by from_rows
-            try:
-                row[name] = coerce(cell, hint, name, text=True)
-            except ConfigError:
-                raise ValueError(f"line {line}: {name} = {cell!r} is not a "
-                                 f"{'true/false' if hint is bool else 'number'}") from None
+            if hint is bool:
+                if cell.lower() not in _CSV_BOOLS:
+                    raise ConfigError(f"line {line}: {name} = {cell!r} is not a true/false value "
+                                      "(true/false, yes/no or 1/0)")
+                row[name] = _CSV_BOOLS[cell.lower()]
+            elif hint in (int, float):
+                try:
+                    number = float(cell)
+                except ValueError:
+                    raise ConfigError(f"line {line}: {name} = {cell!r} is not a number") from None
+                row[name] = int(number) if name == "vcpus" and number.is_integer() else number
+            else:
+                row[name] = cell
         rows.append(row)
-    return rows
+        lines.append(line)
+    return lines, rows

@@ -1,0 +1,165 @@
+"""Price rows are checked field by field, wherever they come from, and a bad one is named by file,
+line (CSV) or row, and field; found by a QA probe of ``--prices`` / ``--price-table`` files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from vcasync.costing.prices import InstancePrice, PriceTable
+from vcasync.errors import ConfigError
+from vcasync.exit_codes import ExitCode
+from vcasync.sim.cli import configure, run
+
+ROW: dict[str, object] = {
+    "provider": "acme", "instance": "big-8", "region": "eu-1", "vcpus": 8, "memory_gib": 32.0,
+    "on_demand_per_h": 0.4, "spot_per_h": 0.09, "source": "acme price page", "as_of": "2026-11"}
+HEADER = ",".join(ROW)
+
+
+def _csv(tmp_path: Path, *cells: dict[str, str], bom: bool = False) -> Path:
+    """A CSV price file of ROW's fields, one data line per ``cells`` (overriding ROW's)."""
+    names = list(ROW) + sorted({k for c in cells for k in c} - set(ROW))
+    lines = [",".join(names)]
+    for c in cells:
+        lines.append(",".join(c.get(k, str(ROW.get(k, ""))) for k in names))
+    path = tmp_path / "prices.csv"
+    path.write_bytes(("\ufeff" if bom else "").encode() + ("\n".join(lines) + "\n").encode())
+    return path
+
+
+def _simulate(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    return int(run(parser.parse_args(argv)))
+
+
+# 1. min_billed_s: NaN removed the 60-s minimum (max(uptime, nan) is uptime), inf priced a run at $inf
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0])
+def test_a_min_billed_s_that_is_not_a_finite_number_of_seconds_is_refused(value: float) -> None:
+    with pytest.raises(ConfigError, match=r"price row 1: price row acme:big-8: min_billed_s must be a "
+                                          r"finite number of seconds >= 0"):
+        PriceTable.from_rows([{**ROW, "min_billed_s": value}])
+
+
+@pytest.mark.parametrize("text", ["NaN", "Infinity"])
+def test_simulate_refuses_a_json_price_file_with_a_non_finite_minimum(
+        tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "inf.json"
+    path.write_text(json.dumps([ROW])[:-2] + f', "min_billed_s": {text}}}]')
+    assert json.loads(path.read_text())[0]["min_billed_s"] != 60      # the file says what it meant
+    assert _simulate(["--prices", str(path), "--instance", "acme:big-8", "--workers", "2",
+                      "--json"]) == ExitCode.CONFIG
+    captured = capsys.readouterr()
+    assert "inf.json" in captured.err
+    assert "price row 1" in captured.err
+    assert "min_billed_s" in captured.err
+    assert captured.out == ""
+
+
+# 2. field types: every field is checked, not only the numbers
+
+
+@pytest.mark.parametrize(("field", "value", "word"), [
+    ("provider", 5, "provider must be a non-empty string, got 5"),
+    ("instance", [1], r"instance must be a non-empty string, got \[1\]"),
+    ("region", None, "region must be a non-empty string, got None"),
+    ("provider", "", "provider must be a non-empty string, got ''"),
+    ("instance", " ", "instance must be a non-empty string"),
+    ("source", 1.5, "source must be a non-empty string"),
+    ("note", 3, "note must be a string"),
+    ("vcpus", -8, "vcpus must be a finite number > 0, got -8"),
+    ("vcpus", 0, "vcpus must be a finite number > 0"),
+    ("vcpus", float("inf"), "vcpus must be a finite number > 0"),
+    ("memory_gib", -1, "memory_gib must be a finite number > 0, got -1"),
+    ("memory_gib", float("nan"), "memory_gib must be a finite number > 0"),
+    ("vcpus", True, "vcpus must be a number, got True"),
+    ("on_demand_per_h", 10**400, "on_demand_per_h must be a finite price"),
+    ("approximate", "yes", "approximate must be true or false, got 'yes'"),
+    ("approximate", 1, "approximate must be true or false, got 1"),
+])
+def test_a_json_row_with_a_field_of_the_wrong_type_is_refused_naming_row_and_field(
+        tmp_path: Path, field: str, value: object, word: str) -> None:
+    path = tmp_path / "badtypes.json"
+    path.write_text(json.dumps([ROW, {**ROW, "instance": "big-16", field: value}]))
+    with pytest.raises(ConfigError, match=word) as info:
+        PriceTable.from_file(path)
+    assert "badtypes.json" in str(info.value)
+    assert "price row 2" in str(info.value)
+
+
+def test_list_prices_refuses_the_qa_probe_s_bad_types_file_with_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # it was accepted, and --list-prices then crashed with a TypeError formatting the row
+    path = tmp_path / "badtypes.json"
+    path.write_text(json.dumps([{**ROW, "provider": 5, "instance": [1], "region": None, "vcpus": -8,
+                                 "memory_gib": -1}]))
+    assert _simulate(["--list-prices", "--prices", str(path)]) == ExitCode.CONFIG
+    captured = capsys.readouterr()
+    assert "badtypes.json" in captured.err
+    assert "price row 1" in captured.err
+    assert "provider must be a non-empty string" in captured.err
+    assert captured.out == ""
+
+
+def test_a_row_built_in_code_is_checked_as_a_file_row_is() -> None:
+    with pytest.raises(ConfigError, match="approximate must be true or false"):
+        InstancePrice("acme", "x", "eu-1", 8, 32.0, 1.0, 0.2, "page", "2026", approximate="no")  # type: ignore[arg-type]
+    micro = InstancePrice("gcp", "e2-micro", "us-central1", 0.25, 1.0, 0.008, 0.002, "page", "2026")
+    assert micro.vcpus == 0.25
+
+
+# 3. CSV as spreadsheets write it: a BOM, fractional vCPUs, errors by line
+
+
+def test_a_csv_file_with_a_byte_order_mark_reads_as_without(tmp_path: Path) -> None:
+    # Excel's "CSV UTF-8" starts with a BOM: it was read into the first header, '\ufeffprovider'
+    path = _csv(tmp_path, {}, bom=True)
+    assert PriceTable.from_file(path)["acme:big-8"] == PriceTable.from_rows([ROW])["acme:big-8"]
+
+
+def test_a_json_file_with_a_byte_order_mark_reads_as_without(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps([ROW]).encode())
+    assert PriceTable.from_file(path)["acme:big-8"].spot_per_h == 0.09
+
+
+def test_fractional_vcpus_are_accepted_from_csv_and_whole_ones_stay_whole(tmp_path: Path) -> None:
+    # GCP's shared-core e2-micro has 0.25 vCPU; '8.5' was refused as "not a number"
+    path = _csv(tmp_path, {"instance": "micro", "vcpus": "0.25"}, {"vcpus": "8"})
+    table = PriceTable.from_file(path)
+    assert table["acme:micro"].vcpus == 0.25
+    assert table["acme:big-8"].vcpus == 8
+    assert isinstance(table["acme:big-8"].vcpus, int)
+
+
+@pytest.mark.parametrize(("cells", "word"), [
+    ({"min_billed_s": "nan"},
+     "line 3: price row acme:big-16: min_billed_s must be a finite number of seconds"),
+    ({"min_billed_s": "inf"}, "line 3: .*min_billed_s must be a finite"),
+    ({"vcpus": "-8"}, "line 3: .*vcpus must be a finite number > 0"),
+    ({"vcpus": "eight"}, "line 3: vcpus = 'eight' is not a number"),
+    ({"approximate": "maybe"}, "line 3: approximate = 'maybe' is not a true/false value"),
+    ({"approximate": "on"}, "line 3: approximate = 'on' is not a true/false value"),
+    ({"colour": "red"}, r"line 3: unknown field\(s\) \['colour'\]"),
+])
+def test_a_bad_csv_row_is_named_by_its_line_in_the_file(tmp_path: Path, cells: dict[str, str],
+                                                         word: str) -> None:
+    path = _csv(tmp_path, {}, {"instance": "big-16", **cells})
+    with pytest.raises(ConfigError, match=word) as info:
+        PriceTable.from_file(path)
+    assert "prices.csv" in str(info.value)
+    assert "price row 0" not in str(info.value)
+    assert "price row 1:" not in str(info.value)
+
+
+@pytest.mark.parametrize(("cell", "value"), [("true", True), ("YES", True), ("1", True), ("false", False),
+                                             ("no", False), ("0", False)])
+def test_a_csv_true_false_cell_reads_the_documented_words(tmp_path: Path, cell: str, value: bool) -> None:
+    path = _csv(tmp_path, {"approximate": cell})
+    assert PriceTable.from_file(path)["acme:big-8"].approximate is value
