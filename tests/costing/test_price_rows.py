@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vcasync.costing.prices import InstancePrice, PriceTable
+from vcasync.costing.prices import DEFAULT_COORDINATOR_INSTANCE, InstancePrice, PriceTable
 from vcasync.errors import ConfigError
 from vcasync.exit_codes import ExitCode
 from vcasync.sim.cli import configure, run
@@ -163,3 +163,19 @@ def test_a_bad_csv_row_is_named_by_its_line_in_the_file(tmp_path: Path, cells: d
 def test_a_csv_true_false_cell_reads_the_documented_words(tmp_path: Path, cell: str, value: bool) -> None:
     path = _csv(tmp_path, {"approximate": cell})
     assert PriceTable.from_file(path)["acme:big-8"].approximate is value
+
+
+# 4. a table without the coordinator's (default) instance says so and names the flag
+
+
+def test_a_table_without_the_coordinator_s_instance_says_whose_it_is_and_how_to_choose(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ConfigError, match=r"coordinator's instance .*--coordinator-instance"):
+        PriceTable.from_rows([ROW]).resolve(DEFAULT_COORDINATOR_INSTANCE)
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps([ROW]))
+    argv = ["--price-table", str(path), "--instance", "acme:big-8", "--workers", "2"]
+    assert _simulate(argv) == ExitCode.CONFIG
+    err = capsys.readouterr().err
+    assert DEFAULT_COORDINATOR_INSTANCE in err
+    assert "--coordinator-instance" in err

@@ -218,8 +218,16 @@ class PriceTable(Mapping[str, InstancePrice]):
             return matches[0]
         if len(matches) > 1:
             raise ConfigError(f"instance {name!r} is ambiguous: say one of {matches}")
-        raise ConfigError(f"no price for instance {name!r}; known: {sorted(self._by_key)} "
-                          "(add one with --prices FILE or override the prices)")
+        # a table without the default coordinator's row (a --price-table of one's own instances)
+        # was refused with no word that the missing instance was the coordinator's, nor which flag
+        # chooses another
+        hint = ("; it is the coordinator's instance (the default): choose one the table has with "
+                "--coordinator-instance, or add a row for it with --prices FILE"
+                if name == DEFAULT_COORDINATOR_INSTANCE else
+                "; it is the workers' instance (the default): choose one the table has with --instance, "
+                "or add a row for it with --prices FILE" if name == DEFAULT_INSTANCE else
+                " (add one with --prices FILE or override the prices)")
+        raise ConfigError(f"no price for instance {name!r}; known: {sorted(self._by_key)}{hint}")
 
     def with_override(self, name: str, *, on_demand_per_h: float | None = None,
                       spot_per_h: float | None = None, source: str = "user override") -> PriceTable:
