@@ -23,9 +23,14 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import ConfigError
-from .params import read_text_file
+from .params import is_finite_number, read_text_file
 
-__all__ = ["SpotPath", "SpotTrace", "SpotWalk"]
+__all__ = ["MIN_WALK_STEP_S", "SpotPath", "SpotTrace", "SpotWalk"]
+
+
+#: The shortest step of a :class:`SpotWalk`: it draws one price per step from the run's start, so a
+#: step of microseconds drew billions (no provider moves a spot price more often than hourly).
+MIN_WALK_STEP_S = 1.0
 
 
 class SpotPath(Protocol):
@@ -59,10 +64,16 @@ class SpotTrace:
     def __post_init__(self) -> None:
         if not self.times or len(self.times) != len(self.rates):
             raise ConfigError(f"{self.source}: a spot trace needs one price per time, and at least one")
+        # a NaN time passed the increasing check (every comparison with NaN is false) and priced
+        # its hour with whatever bisect made of it
+        bad = [t for t in self.times if not is_finite_number(t)]
+        if bad:
+            raise ConfigError(f"{self.source}: trace times must be finite numbers of seconds, got {bad[0]!r}")
         if any(b <= a for a, b in zip(self.times, self.times[1:], strict=False)):
             raise ConfigError(f"{self.source}: trace times must increase")
-        if any(not (math.isfinite(r) and r >= 0) for r in self.rates):
-            raise ConfigError(f"{self.source}: trace prices must be finite and >= 0")
+        bad = [r for r in self.rates if not (is_finite_number(r) and r >= 0)]
+        if bad:
+            raise ConfigError(f"{self.source}: trace prices must be finite and >= 0, got {bad[0]!r}")
 
     @classmethod
     def parse(cls, text: str, *, source: str = "trace") -> SpotTrace:
@@ -72,12 +83,18 @@ class SpotTrace:
                               f"got {reader.fieldnames}")
         times: list[float] = []
         rates: list[float] = []
-        for line, rec in enumerate(reader, start=2):
+        for rec in reader:
+            line = reader.line_num
             try:
-                times.append(float(rec["t_s"]))
-                rates.append(float(rec["spot_per_h"]))
+                t, rate = float(rec["t_s"]), float(rec["spot_per_h"])
             except (TypeError, ValueError):
                 raise ConfigError(f"{source}:{line}: not a number in {dict(rec)}") from None
+            if not (math.isfinite(t) and math.isfinite(rate) and rate >= 0):
+                raise ConfigError(f"{source}:{line}: t_s must be a finite number of seconds and spot_per_h "
+                                  f"a finite price >= 0, got t_s={rec['t_s']!r}, "
+                                  f"spot_per_h={rec['spot_per_h']!r}")
+            times.append(t)
+            rates.append(rate)
         return cls(tuple(times), tuple(rates), source)
 
     @classmethod
@@ -100,8 +117,20 @@ class SpotWalk:
     _cache: dict[int, float] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.step_s <= 0 or self.sigma < 0 or not 0 < self.low <= 1 <= self.high:
-            raise ConfigError("a spot walk needs step_s > 0, sigma >= 0 and 0 < low <= 1 <= high")
+        # NaN passed the old comparisons: sigma=nan clipped every step to ``low`` (half the list
+        # price, silently), step_s=nan raised a bare ValueError when pricing; inf was accepted
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError(f"SpotWalk.seed must be an int, got {self.seed!r}")
+        for name, ok, what in (
+                ("step_s", lambda v: v >= MIN_WALK_STEP_S,
+                 f"a finite number of seconds >= {MIN_WALK_STEP_S:g} (one price step each; spot "
+                 "prices move hourly at the fastest)"),
+                ("sigma", lambda v: v >= 0, "a finite number >= 0 (the log-normal step's spread)"),
+                ("low", lambda v: 0 < v <= 1, "a finite factor in (0, 1] of the list price"),
+                ("high", lambda v: v >= 1, "a finite factor >= 1 of the list price")):
+            value = getattr(self, name)
+            if not (is_finite_number(value) and ok(value)):
+                raise ConfigError(f"SpotWalk.{name} must be {what}, got {value!r}")
 
     def factor(self, step: int) -> float:
         """The multiplier in force during step ``step`` (step 0 is the list price)."""

@@ -24,7 +24,6 @@ import csv
 import io
 import json
 import logging
-import math
 import tomllib
 import typing
 from collections.abc import Iterator, Mapping
@@ -32,23 +31,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import ConfigError
-from .params import read_text_file
+from .params import is_finite_number, read_text_file
 
 log = logging.getLogger("vcasync.costing")
 
 __all__ = [
     "DEFAULT_COORDINATOR_INSTANCE", "DEFAULT_INSTANCE", "DEFAULT_PRICES", "InstancePrice", "PriceTable",
 ]
-
-
-def _is_finite_number(value: object) -> bool:
-    """An int or float (not a bool) that is finite (an int too large for a float is not)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +81,7 @@ class InstancePrice:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ConfigError(f"{self._label()}: {name} must be a number, got {value!r}")
-            if not (_is_finite_number(value) and (value > low if strict else value >= low)):
+            if not (is_finite_number(value) and (value > low if strict else value >= low)):
                 raise ConfigError(f"{self._label()}: {name} must be a finite {what} "
                                   f"{'>' if strict else '>='} {low:g}, got {value!r}")
         if self.on_demand_per_h == 0:   # spot may be free (volunteers); the reference may not

@@ -1,0 +1,60 @@
+"""A moving spot price refuses figures that are not finite, naming the one that is wrong (a QA probe
+found SpotWalk(sigma=nan) priced every hour at half the list rate without a word)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from vcasync.costing.market import SpotTrace, SpotWalk
+from vcasync.errors import ConfigError
+
+NAN, INF = math.nan, math.inf
+
+
+@pytest.mark.parametrize(("kwargs", "word"), [
+    ({"sigma": NAN}, r"SpotWalk.sigma must be a finite number >= 0 \(.*\), got nan"),
+    ({"sigma": INF}, "SpotWalk.sigma must be a finite"),
+    ({"sigma": -0.1}, "SpotWalk.sigma must be"),
+    ({"step_s": NAN}, "SpotWalk.step_s must be a finite number of seconds >= 1"),
+    ({"step_s": INF}, "SpotWalk.step_s must be a finite"),
+    ({"step_s": 0.0}, "SpotWalk.step_s must be"),
+    ({"step_s": 1e-9}, "SpotWalk.step_s must be"),
+    ({"high": INF}, r"SpotWalk.high must be a finite factor >= 1 of the list price, got inf"),
+    ({"high": NAN}, "SpotWalk.high must be"),
+    ({"high": 0.9}, "SpotWalk.high must be"),
+    ({"low": NAN}, r"SpotWalk.low must be a finite factor in \(0, 1\]"),
+    ({"low": 0.0}, "SpotWalk.low must be"),
+    ({"seed": 1.5}, "SpotWalk.seed must be an int"),
+])
+def test_a_spot_walk_refuses_a_figure_that_is_not_finite_or_out_of_range(kwargs: dict[str, float],
+                                                                         word: str) -> None:
+    with pytest.raises(ConfigError, match=word):
+        SpotWalk(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_valid_walk_still_prices() -> None:
+    assert SpotWalk(sigma=0.0).usd(0.36, 0, 7200) == pytest.approx(0.72)
+    assert SpotWalk(seed=3, step_s=1.0, sigma=0.1, high=3.0).usd(0.36, 0, 60) > 0
+
+
+@pytest.mark.parametrize(("times", "rates", "word"), [
+    ((0.0, NAN), (0.1, 0.2), "trace times must be finite numbers of seconds, got nan"),
+    ((NAN,), (0.1,), "trace times must be finite"),
+    ((0.0, INF), (0.1, 0.2), "trace times must be finite"),
+    ((0.0,), (NAN,), "trace prices must be finite and >= 0, got nan"),
+])
+def test_a_spot_trace_refuses_a_time_or_price_that_is_not_finite(times: tuple[float, ...],
+                                                                 rates: tuple[float, ...], word: str) -> None:
+    with pytest.raises(ConfigError, match=word):
+        SpotTrace(times, rates, "t.csv")
+
+
+@pytest.mark.parametrize("row", ["nan,0.2", "inf,0.2", "60,nan", "60,-inf"])
+def test_a_spot_trace_file_names_the_line_of_a_non_finite_cell(tmp_path: Path, row: str) -> None:
+    path = tmp_path / "spot.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + f"t_s,spot_per_h\n0,0.1\n{row}\n".encode())   # a BOM, as Excel writes
+    with pytest.raises(ConfigError, match=r"spot.csv:3: t_s must be a finite number of seconds"):
+        SpotTrace.from_csv(path)
