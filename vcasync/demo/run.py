@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .._paths import make_output_dir
+from ..costing.params import is_finite_number
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError, PolicyError
 from ..storage import open_storage, outlives_process
@@ -43,6 +44,19 @@ __all__ = ["BASE_LR", "DemoConfig", "DemoRun", "run_demo"]
 #: which the defaults scale by sqrt(workers).
 BASE_LR = 0.05
 
+
+#: Upper bounds of the demo's configuration, checked before anything starts. Every worker is a
+#: process importing torch (a few hundred MB each), and the demo runs on one machine: 100,000 of
+#: them were accepted, as were 2**40 local steps per unit and delays of ``inf`` seconds.
+MAX_WORKERS = 64
+MAX_EPOCHS = 10_000
+MAX_STEPS = 1_000_000
+MAX_PREEMPTIONS = 10_000
+MAX_PREEMPT_PER_MIN = 60.0
+#: the longest delay, pause or timeout a demo takes (a step's pace, a restart, a grace period, a lease)
+MAX_DELAY_S = 3600.0
+#: the longest --max-wall (a week: a demo is not a production run)
+MAX_WALL_S = 7 * 24 * 3600.0
 
 #: The least time the DDP baseline is given: a short ``max_wall_s`` bounds the fleet, and the
 #: report of a fleet stopped early still needs its comparison (DDP's start-up alone takes seconds).
@@ -84,23 +98,51 @@ class DemoConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        def seconds(value: float, top: float, *, strict: bool) -> bool:
+            """A finite number of seconds, > 0 (``strict``) or >= 0, at most ``top``."""
+            return is_finite_number(value) and (value > 0 if strict else value >= 0) and value <= top
+
+        lo, hi = self.restart_delay_s
         checks = [
-            (self.workers >= 1, f"workers must be >= 1, got {self.workers}"),
-            (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
-            (self.shards is None or self.shards >= 1, f"shards must be >= 1, got {self.shards}"),
-            (self.steps is None or self.steps >= 1, f"steps must be >= 1, got {self.steps}"),
+            (1 <= self.workers <= MAX_WORKERS,
+             f"workers must be 1 to {MAX_WORKERS} (each is a process importing torch, on this one "
+             f"machine), got {self.workers}"),
+            (1 <= self.epochs <= MAX_EPOCHS, f"epochs must be 1 to {MAX_EPOCHS}, got {self.epochs}"),
+            (self.shards is None or self.shards >= 1,
+             f"shards must be >= 1 (and at most the data set's training samples), got {self.shards}"),
+            (self.steps is None or 1 <= self.steps <= MAX_STEPS,
+             f"steps must be 1 to {MAX_STEPS} local steps per unit, got {self.steps}"),
             (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
-            (self.min_step_s >= 0, f"min_step_s must be >= 0, got {self.min_step_s}"),
-            (self.lr is None or self.lr > 0, f"lr must be > 0, got {self.lr}"),
-            (self.sync_lr is None or self.sync_lr > 0, f"sync_lr must be > 0, got {self.sync_lr}"),
-            (self.preempt_per_min >= 0, f"preempt_per_min must be >= 0, got {self.preempt_per_min}"),
+            (seconds(self.min_step_s, MAX_DELAY_S, strict=False),
+             f"min_step_s must be a finite number of seconds from 0 to {MAX_DELAY_S:g}, "
+             f"got {self.min_step_s}"),
+            (self.lr is None or (is_finite_number(self.lr) and self.lr > 0),
+             f"lr must be a finite number > 0, got {self.lr}"),
+            (self.sync_lr is None or (is_finite_number(self.sync_lr) and self.sync_lr > 0),
+             f"sync_lr must be a finite number > 0, got {self.sync_lr}"),
+            (is_finite_number(self.momentum) and 0 <= self.momentum < 1,
+             f"momentum must be in [0, 1), got {self.momentum}"),
+            (is_finite_number(self.preempt_per_min) and 0 <= self.preempt_per_min <= MAX_PREEMPT_PER_MIN,
+             f"preempt_per_min must be a finite rate from 0 to {MAX_PREEMPT_PER_MIN:g} per minute, "
+             f"got {self.preempt_per_min}"),
             (0 <= self.kill_fraction <= 1, f"kill_fraction must be in [0, 1], got {self.kill_fraction}"),
-            (self.preemptions >= 0, f"preemptions must be >= 0, got {self.preemptions}"),
+            (0 <= self.preemptions <= MAX_PREEMPTIONS,
+             f"preemptions must be 0 to {MAX_PREEMPTIONS}, got {self.preemptions}"),
             (0 <= self.seed < 2**32, f"seed must be in [0, 2**32), got {self.seed}"),
-            (0 <= self.restart_delay_s[0] <= self.restart_delay_s[1],
-             f"restart delay must be 0 <= min <= max, got {self.restart_delay_s}"),
-            (self.grace_s > 0 and self.lease_timeout_s > 0, "grace_s and lease_timeout_s must be > 0"),
-            (self.max_wall_s > 0 and self.eval_every_s > 0, "max_wall_s and eval_every_s must be > 0"),
+            (seconds(lo, MAX_DELAY_S, strict=False) and seconds(hi, MAX_DELAY_S, strict=False) and lo <= hi,
+             f"restart delay must be finite seconds 0 <= min <= max <= {MAX_DELAY_S:g}, "
+             f"got {self.restart_delay_s}"),
+            (seconds(self.grace_s, MAX_DELAY_S, strict=True),
+             f"grace_s must be a finite number of seconds > 0 and <= {MAX_DELAY_S:g}, got {self.grace_s}"),
+            (seconds(self.lease_timeout_s, MAX_DELAY_S, strict=True),
+             f"lease_timeout_s must be a finite number of seconds > 0 and <= {MAX_DELAY_S:g}, "
+             f"got {self.lease_timeout_s}"),
+            (seconds(self.max_wall_s, MAX_WALL_S, strict=True),
+             f"max_wall_s must be a finite number of seconds > 0 and <= {MAX_WALL_S:g} (a week), "
+             f"got {self.max_wall_s}"),
+            (seconds(self.eval_every_s, MAX_DELAY_S, strict=True),
+             f"eval_every_s must be a finite number of seconds > 0 and <= {MAX_DELAY_S:g}, "
+             f"got {self.eval_every_s}"),
             (self.durability in ("journal", "snapshot", "none"),
              f"durability must be journal, snapshot or none, got {self.durability!r}"),
             (not (self.kill_coordinator and self.durability == "none"),
@@ -154,6 +196,14 @@ class DemoConfig:
 
     def num_shards(self) -> int:
         return self.shards if self.shards is not None else 2 * self.workers
+
+    def check_data(self, samples: int) -> None:
+        """Refuse a configuration the workload's ``samples`` training samples cannot hold: more
+        shards than samples left shards empty (``--shards 100000`` on 1,293 images was accepted)."""
+        if self.num_shards() > samples:
+            flag = "--shards" if self.shards is not None else "--workers (2 shards each by default)"
+            raise ConfigError(f"shards must be at most the {self.workload} workload's {samples} training "
+                              f"samples, got {self.num_shards()}: lower {flag}")
 
     def ddp_config(self, samples: int) -> DdpConfig:
         """The DDP baseline this run is compared with: as many processes on the same ``samples``,
@@ -391,6 +441,7 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
     from .monitor import Monitor
 
     work = get_workload(cfg.workload)
+    cfg.check_data(work.num_train)   # before the run directory or storage is touched
     if cfg.storage is not None:
         await _check_fresh_storage(cfg.storage)
     demo = _Demo(cfg, work.num_train, work.model_ref)

@@ -1,0 +1,73 @@
+"""``vcasync demo`` refuses non-finite and unbounded settings before anything starts (a QA probe:
+``--min-step-s inf``, ``--restart-delay 0 inf``, ``--grace inf``, ``--preempt-per-min inf``,
+``--workers 100000``, ``--steps 2**40`` and ``--shards 100000`` on 1,293 images were accepted)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("sklearn", reason="the demo needs scikit-learn (vcasync[demo])")
+
+from vcasync.cli import main
+from vcasync.demo.run import MAX_DELAY_S, MAX_WORKERS, DemoConfig, run_demo
+from vcasync.errors import ConfigError
+
+INF, NAN = math.inf, math.nan
+
+
+@pytest.mark.parametrize(("kwargs", "word"), [
+    ({"min_step_s": INF}, "min_step_s must be a finite number of seconds"),
+    ({"min_step_s": NAN}, "min_step_s must be a finite"),
+    ({"min_step_s": MAX_DELAY_S + 1}, "min_step_s must be"),
+    ({"restart_delay_s": (0.0, INF)}, "restart delay must be finite seconds"),
+    ({"restart_delay_s": (NAN, 1.0)}, "restart delay must be finite"),
+    ({"grace_s": INF}, "grace_s must be a finite number of seconds > 0"),
+    ({"lease_timeout_s": INF}, "lease_timeout_s must be a finite"),
+    ({"eval_every_s": INF}, "eval_every_s must be a finite"),
+    ({"max_wall_s": INF}, "max_wall_s must be a finite"),
+    ({"preempt_per_min": INF}, "preempt_per_min must be a finite rate"),
+    ({"preempt_per_min": NAN}, "preempt_per_min must be a finite rate"),
+    ({"workers": 100_000}, f"workers must be 1 to {MAX_WORKERS} "),
+    ({"workers": 0}, "workers must be 1 to"),
+    ({"steps": 2**40}, "steps must be 1 to"),
+    ({"epochs": 10**9}, "epochs must be 1 to"),
+    ({"preemptions": 10**9}, "preemptions must be 0 to"),
+    ({"lr": INF}, "lr must be a finite number > 0"),
+    ({"sync_lr": NAN}, "sync_lr must be a finite number > 0"),
+    ({"momentum": 1.0}, r"momentum must be in \[0, 1\)"),
+    ({"momentum": NAN}, "momentum must be in"),
+])
+def test_a_setting_that_is_not_finite_or_is_too_large_is_refused(kwargs: dict[str, Any], word: str) -> None:
+    with pytest.raises(ConfigError, match=word):
+        DemoConfig(**kwargs)
+
+
+def test_the_bounds_leave_the_defaults_and_the_largest_allowed_values_alone() -> None:
+    DemoConfig()
+    DemoConfig(workers=MAX_WORKERS, min_step_s=MAX_DELAY_S, restart_delay_s=(0.0, MAX_DELAY_S),
+               grace_s=MAX_DELAY_S, preempt_per_min=1.0, preemptions=0)
+
+
+def test_more_shards_than_training_samples_are_refused_before_a_run_directory_is_made(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"shards must be at most the digits workload's \d+ training "
+                                          r"samples, got 100000: lower --shards"):
+        asyncio.run(run_demo(DemoConfig(shards=100_000, run_dir=run_dir, progress=False)))
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("argv", [["--min-step-s", "inf"], ["--restart-delay", "0", "inf"],
+                                  ["--grace", "inf"], ["--preempt-per-min", "inf"], ["--workers", "100000"],
+                                  ["--steps", str(2**40)], ["--shards", "100000"]])
+def test_the_cli_exits_2_and_creates_nothing(argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--no-progress", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "must be" in err
+    assert list(tmp_path.iterdir()) == []      # no ./runs, no run directory
