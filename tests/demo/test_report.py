@@ -334,3 +334,38 @@ def test_the_report_says_how_many_preemptions_were_asked_fired_and_cut_work(
     _print_summary(rep, [])
     assert "4 asked, only 0 fired (0 SIGTERM + 0 SIGKILL): the fleet finished its units before the other 4 " \
            "found a worker inside a unit; nothing to recover" in capsys.readouterr().out
+
+
+def _strict(text: str) -> Any:
+    """JSON as a strict reader (jq, JavaScript) parses it: NaN and Infinity are not JSON."""
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} is not strict JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_report_json_is_strict_json_with_a_diverged_loss_written_as_null_and_named(
+        tmp_path: Path) -> None:
+    # json.dumps' default wrote NaN/Infinity (a loss that diverged), which strict readers refuse
+    from vcasync.demo.report import strict_json, write_report
+
+    slots = [_slot(0, [(0.0, 100.0)], [1], tmp_path)]
+    run = _run(tmp_path, [], slots)
+    run.accuracy = [(50.0, 2, 2, 0.5, 1.0), (100.0, 4, 4, 0.1, float("nan"))]
+    rep = build_report(run, _ddp(1, [(5.0, 0, 0.1, 2.3), (90.0, 1000, 0.9, float("inf"))]), T0_WALL)
+    write_report(rep, tmp_path)
+    doc = _strict((tmp_path / "report.json").read_text())
+    assert doc["final_loss"] is None
+    assert doc["ddp_loss"] is None
+    assert doc["accuracy"][1][4] is None
+    assert doc["final_accuracy"] == 0.1                  # finite figures are kept
+    fields = doc["non_finite"]["fields"]
+    assert "final_loss (nan)" in fields
+    assert "ddp_loss (inf)" in fields
+    assert "accuracy[1][4] (nan)" in fields
+    assert "not a finite number" in doc["non_finite"]["why"]
+    # the --json headline goes through the same writer
+    assert _strict(strict_json({"saving": float("-inf"), "cost": {"usd": 1.5}})) == {
+        "saving": None, "cost": {"usd": 1.5}, "non_finite": {
+            "fields": ["saving (-inf)"], "why": "not a finite number, so written as null"}}
+    assert "non_finite" not in _strict(strict_json({"saving": 0.5}))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 from pathlib import Path
@@ -99,7 +98,7 @@ def run(a: argparse.Namespace) -> int:
 
     from ..examples.workloads import get_workload
     from .ddp import run_ddp
-    from .report import build_report, write_report
+    from .report import build_report, strict_json, write_report
     from .run import run_demo
 
     cfg = _config(a)
@@ -124,7 +123,7 @@ def run(a: argparse.Namespace) -> int:
         keys = ("final_accuracy", "ddp_accuracy", "accuracy_gap", "saving", "time_to_target_s",
                 "ddp_time_to_target_s", "first_merge_s", "finished", "wall_s")
         head = {k: report[k] for k in keys}
-        print(json.dumps(head | {"cost": report["cost"], "run_dir": str(result.run_dir)}))
+        print(strict_json(head | {"cost": report["cost"], "run_dir": str(result.run_dir)}))
     else:
         _print_summary(report, paths)
     if not result.finished:   # it ran and stopped: not a configuration error (exit 2: nothing changed)
