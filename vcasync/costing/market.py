@@ -121,15 +121,17 @@ class SpotWalk:
         # price, silently), step_s=nan raised a bare ValueError when pricing; inf was accepted
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError(f"SpotWalk.seed must be an int, got {self.seed!r}")
-        for name, ok, what in (
-                ("step_s", lambda v: v >= MIN_WALK_STEP_S,
+        for name, lo, hi, what in (
+                ("step_s", MIN_WALK_STEP_S, math.inf,
                  f"a finite number of seconds >= {MIN_WALK_STEP_S:g} (one price step each; spot "
                  "prices move hourly at the fastest)"),
-                ("sigma", lambda v: v >= 0, "a finite number >= 0 (the log-normal step's spread)"),
-                ("low", lambda v: 0 < v <= 1, "a finite factor in (0, 1] of the list price"),
-                ("high", lambda v: v >= 1, "a finite factor >= 1 of the list price")):
+                ("sigma", 0.0, math.inf, "a finite number >= 0 (the log-normal step's spread)"),
+                ("low", 0.0, 1.0, "a finite factor in (0, 1] of the list price"),
+                ("high", 1.0, math.inf, "a finite factor >= 1 of the list price")):
             value = getattr(self, name)
-            if not (is_finite_number(value) and ok(value)):
+            # low is the one open bound: a factor of 0 would make the spot price free
+            if not is_finite_number(value) or not (
+                    (value > lo if name == "low" else value >= lo) and value <= hi):
                 raise ConfigError(f"SpotWalk.{name} must be {what}, got {value!r}")
 
     def factor(self, step: int) -> float:
