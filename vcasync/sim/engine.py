@@ -110,7 +110,8 @@ class Simulation:
         if model_bytes is None:
             model_bytes = self.signal.initial_model(config.seed).nbytes
         self.workload = Workload(
-            batch_size=bs, lr=config.lr or d.lr * math.sqrt(config.fleet.workers), momentum=config.momentum,
+            batch_size=bs, momentum=config.momentum,
+            lr=d.lr * math.sqrt(config.fleet.workers) if config.lr is None else config.lr,
             sample_cost_s=config.sample_cost_s or d.sample_cost_s, unit_cpu_s=config.unit_cpu_s,
             model_bytes=model_bytes,
             boot_s=config.boot_s, heartbeat_s=config.heartbeat_s,
@@ -122,7 +123,9 @@ class Simulation:
         outcome = run_virtual(self._main)
         if self.config.sync_baseline:
             w = self.workload
-            sync_lr = self.config.sync_lr or self.signal.defaults.lr * math.sqrt(len(self.fleet))
+            sync_lr = self.config.sync_lr   # None is the default (SimConfig refuses 0, NaN and < 0)
+            if sync_lr is None:
+                sync_lr = self.signal.defaults.lr * math.sqrt(len(self.fleet))
             outcome.sync = simulate_sync(
                 self.signal, self.fleet, total_samples=self.total_samples, batch_size=w.batch_size,
                 lr=sync_lr, momentum=w.momentum, sample_cost_s=w.sample_cost_s,
