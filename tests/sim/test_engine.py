@@ -144,8 +144,12 @@ def test_a_run_stopped_at_its_virtual_limit_exits_incomplete(monkeypatch: pytest
 
 @pytest.mark.parametrize("rate", ["-1", "nan"])
 def test_a_negative_or_nan_preemption_rate_is_refused(rate: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(_parser().parse_args(["--preemption-rate", rate])) == 2
-    assert "rate_per_hour must be a finite rate >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:     # by the flag's type, naming it, before the run
+        _parser().parse_args(["--preemption-rate", rate])
+    assert exc.value.code == 2
+    assert "argument --preemption-rate: must be a finite number >= 0" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="rate_per_hour must be a finite rate >= 0"):
+        PoissonPreemption(float(rate))
 
 
 def test_an_unwritable_plot_or_unknown_policy_is_refused_before_the_run(

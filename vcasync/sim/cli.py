@@ -9,18 +9,52 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ..costing.params import parse_params
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError
-from .config import SimConfig
-from .fleet import FleetConfig, NoPreemption, PoissonPreemption, PreemptionModel, TracePreemption
+from .config import MAX_EPOCHS, MAX_LOCAL_STEPS, SimConfig
+from .fleet import MAX_WORKERS, FleetConfig, NoPreemption, PoissonPreemption, PreemptionModel, TracePreemption
 
-__all__ = ["HELP", "build_config", "configure", "parse_params", "run"]
+__all__ = ["HELP", "build_config", "configure", "number", "parse_params", "run"]
 
 HELP = "simulate a preemptible fleet on a virtual clock (real coordinator and policy)"
+
+
+def number(kind: type[int] | type[float], low: float | None = None, *, strict: bool = False,
+           high: float | None = None, high_strict: bool = False) -> Callable[[str], float]:
+    """An argparse ``type=``: ``kind`` parsed from the text, finite, and within ``[low, high]``
+    (``strict``/``high_strict``: the bound itself is excluded). A bad value is argparse's error,
+    which names the flag and exits 2 before anything runs: ``--model-mb nan`` was a ValueError
+    traceback, ``--slow-factor inf`` a ZeroDivisionError, ``--restart-delay-s inf`` a run that never
+    ended, and ``--workers 2**40`` one that never started."""
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {'a whole number' if kind is int else 'a number'}") from None
+        fmt = ",d" if kind is int else ",g"
+        bounds = []
+        if low is not None:
+            bounds.append(f"{'>' if strict else '>='} {kind(low):{fmt}}")
+        if high is not None:
+            bounds.append(f"{'<' if high_strict else '<='} {kind(high):{fmt}}")
+        ok = math.isfinite(value)
+        ok = ok and (low is None or (value > low if strict else value >= low))
+        ok = ok and (high is None or (value < high if high_strict else value <= high))
+        if not ok:
+            what = "a whole number" if kind is int else "a finite number"
+            raise argparse.ArgumentTypeError(f"must be {what}{' ' if bounds else ''}{' and '.join(bounds)}, "
+                                             f"got {text}")
+        return value
+
+    parse.__name__ = kind.__name__      # argparse names the type in "invalid <name> value"
+    return parse
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -30,34 +64,38 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="surrogate | digits | mnist5000 | tinylm (default surrogate)")
     g.add_argument("--policy", default="vcasgd", help="merge policy name (default vcasgd)")
     g.add_argument("--policy-param", action="append", metavar="KEY=VALUE", help="policy parameter (repeat)")
-    g.add_argument("--epochs", type=int, default=5)
-    g.add_argument("--shards", type=int)
-    g.add_argument("--local-steps", type=int, help="steps per work unit (default: one pass over a shard)")
-    g.add_argument("--batch-size", type=int)
-    g.add_argument("--lr", type=float,
+    g.add_argument("--epochs", type=number(int, 1, high=MAX_EPOCHS), default=5,
+                   help=f"passes over the training set (default 5, at most {MAX_EPOCHS:,})")
+    g.add_argument("--shards", type=number(int, 1))
+    g.add_argument("--local-steps", type=number(int, 1, high=MAX_LOCAL_STEPS),
+                   help=f"steps per work unit (default: one pass over a shard; at most {MAX_LOCAL_STEPS:,}, "
+                        "each step is really trained)")
+    g.add_argument("--batch-size", type=number(int, 1))
+    g.add_argument("--lr", type=number(float, 0, strict=True),
                    help="the workers' learning rate (default: the signal's base rate x sqrt(workers))")
-    g.add_argument("--momentum", type=float, default=0.9)
-    g.add_argument("--sync-lr", type=float,
+    g.add_argument("--momentum", type=number(float, 0, high=1, high_strict=True), default=0.9)
+    g.add_argument("--sync-lr", type=number(float, 0, strict=True),
                    help="learning rate of the synchronous baseline (default: base rate x sqrt(workers))")
-    g.add_argument("--sample-cost-s", type=float,
+    g.add_argument("--sample-cost-s", type=number(float, 0, strict=True),
                    help="virtual seconds per training sample on a reference machine")
-    g.add_argument("--model-mb", type=float, help="model size for transfer times (default: real size)")
-    g.add_argument("--max-staleness", type=int, help="versions a result may lag (default 2 x workers)")
+    g.add_argument("--model-mb", type=number(float, 0), help="model size for transfer times (default: real size)")
+    g.add_argument("--max-staleness", type=number(int, 0), help="versions a result may lag (default 2 x workers)")
     f = p.add_argument_group("fleet")
-    f.add_argument("--workers", type=int, default=8)
+    f.add_argument("--workers", type=number(int, 1, high=MAX_WORKERS), default=8,
+                   help=f"worker slots (default 8, at most {MAX_WORKERS:,})")
     f.add_argument("--identical", action="store_true",
                    help="identical reference machines on both sides: only the spot discount and the "
                         "preemptions differ (ignores the speed and bandwidth spread flags)")
-    f.add_argument("--speed-sigma", type=float, default=0.25)
-    f.add_argument("--slow-fraction", type=float, default=0.1)
-    f.add_argument("--slow-factor", type=float, default=3.0)
-    f.add_argument("--bandwidth-mbps", type=float, nargs=2, metavar=("MIN", "MAX"), default=(100.0, 2000.0))
-    f.add_argument("--preemption-rate", type=float,
+    f.add_argument("--speed-sigma", type=number(float, 0), default=0.25)
+    f.add_argument("--slow-fraction", type=number(float, 0, high=1), default=0.1)
+    f.add_argument("--slow-factor", type=number(float, 1), default=3.0)
+    f.add_argument("--bandwidth-mbps", type=number(float, 0, strict=True), nargs=2, metavar=("MIN", "MAX"), default=(100.0, 2000.0))
+    f.add_argument("--preemption-rate", type=number(float, 0),
                    help="Poisson preemptions per worker-hour (default 0.3: 30%% of workers per hour)")
-    f.add_argument("--restart-delay-s", type=float,
+    f.add_argument("--restart-delay-s", type=number(float, 0),
                    help="Poisson: mean delay before a preempted slot's machine is back (default 120)")
-    f.add_argument("--notice-s", type=float, help="Poisson: notice before a preemption (default 30)")
-    f.add_argument("--hard-fraction", type=float,
+    f.add_argument("--notice-s", type=number(float, 0), help="Poisson: notice before a preemption (default 30)")
+    f.add_argument("--hard-fraction", type=number(float, 0, high=1),
                    help="Poisson: fraction of preemptions with no notice (default 0.1)")
     f.add_argument("--trace", type=Path,
                    help="CSV of outages (worker,down_s,up_s[,notice_s]) replacing the Poisson model "
@@ -75,12 +113,12 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="JSON, TOML or CSV price rows that add to / replace rows of the table")
     c.add_argument("--list-prices", action="store_true", help="print the price table and exit")
     o = p.add_argument_group("output")
-    o.add_argument("--target-accuracy", type=float,
+    o.add_argument("--target-accuracy", type=number(float, 0, strict=True, high=1),
                    help="the accuracy both sides are priced to (default: the synchronous baseline's final "
                         "accuracy less 0.5 point); a signal judged by loss (tinylm) takes its target from "
                         "the baseline's final loss + 1 %%")
     o.add_argument("--no-sync", action="store_true", help="skip the synchronous on-demand baseline")
-    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--seed", type=int, default=0)   # SimConfig says [0, 2**32)
     o.add_argument("--json", action="store_true", help="print one JSON object")
     o.add_argument("--plot", type=Path, help="write a PNG plot here")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -10,7 +11,13 @@ from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, Pri
 from ..errors import ConfigError
 from .fleet import FleetConfig, NoPreemption, PreemptionModel, TracePreemption
 
-__all__ = ["NoticeAction", "SimConfig"]
+__all__ = ["MAX_EPOCHS", "MAX_LOCAL_STEPS", "NoticeAction", "SimConfig"]
+
+#: The most steps one work unit may train (``local_steps``): a unit's steps are really trained, at
+#: about 5 ms a step, so 10**5 is minutes per unit; 2**40 ran for ever.
+MAX_LOCAL_STEPS = 100_000
+#: The most passes over the training set (``epochs``): each pass makes ``shards`` units.
+MAX_EPOCHS = 10_000
 
 #: What a worker does with a preemption notice: upload a partial result (weighted by the steps done),
 #: or drop the unit (its lease expires and the unit is trained again by someone else).
@@ -29,7 +36,8 @@ class SimConfig:
     busy, a result is typically about ``N`` versions old when it arrives).
 
     Learning rates: ``lr`` (the workers') and ``sync_lr`` (the synchronous baseline's) both default
-    to the signal's base rate times ``sqrt(N)``. Synchronous SGD over ``N`` workers takes one step on
+    to the signal's base rate times ``sqrt(N)`` when None (0 is refused, not taken for the default: a
+    rate must be finite and > 0). Synchronous SGD over ``N`` workers takes one step on
     an ``N``-times larger batch; VC-ASGD with ``N`` workers in flight advances the model by about one
     worker's progress per ``N`` merges (each result is averaged into a model that moved on), so it is
     a large-batch method too, and the same square-root rule suits both (on digits at 8 workers a
@@ -92,22 +100,36 @@ class SimConfig:
     keep_timeline: bool = True
 
     def __post_init__(self) -> None:
+        def finite(x: float | None) -> bool:   # None is the default; NaN and inf are neither
+            return x is None or math.isfinite(x)
+
+        def rate(name: str) -> tuple[bool, str]:
+            # None means the default (base rate x sqrt(workers)); 0 is not "the default" but a
+            # learning rate that never learns, and NaN or a negative one made a baseline that never
+            # learned and a saving priced against it
+            x: float | None = getattr(self, name)
+            return (x is None or (math.isfinite(x) and x > 0),
+                    f"{name} must be a finite learning rate > 0 (None: the default), got {x}")
+
         checks: list[tuple[bool, str]] = [
-            (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
+            (1 <= self.epochs <= MAX_EPOCHS, f"epochs must be in [1, {MAX_EPOCHS}], got {self.epochs}"),
             (self.shards is None or self.shards >= 1, f"shards must be >= 1, got {self.shards}"),
-            (self.local_steps is None or self.local_steps >= 1,
-             f"local_steps must be >= 1, got {self.local_steps}"),
+            (self.local_steps is None or 1 <= self.local_steps <= MAX_LOCAL_STEPS,
+             f"local_steps must be in [1, {MAX_LOCAL_STEPS}], got {self.local_steps}"),
             (self.batch_size is None or self.batch_size >= 1,
              f"batch_size must be >= 1, got {self.batch_size}"),
-            (self.lr is None or self.lr > 0, f"lr must be > 0, got {self.lr}"),
+            rate("lr"),
+            rate("sync_lr"),
             (0 <= self.momentum < 1, f"momentum must be in [0, 1), got {self.momentum}"),
-            (self.sample_cost_s is None or self.sample_cost_s > 0,
-             f"sample_cost_s must be > 0, got {self.sample_cost_s}"),
+            (self.sample_cost_s is None or (math.isfinite(self.sample_cost_s) and self.sample_cost_s > 0),
+             f"sample_cost_s must be a finite number > 0, got {self.sample_cost_s}"),
             (self.model_bytes is None or self.model_bytes >= 0,
              f"model_bytes must be >= 0, got {self.model_bytes}"),
-            (self.boot_s >= 0 and self.heartbeat_s > 0
-             and (self.lease_timeout_s is None or self.lease_timeout_s > 0),
-             "boot_s >= 0, heartbeat_s > 0 and lease_timeout_s > 0 are required"),
+            (finite(self.boot_s) and self.boot_s >= 0, f"boot_s must be a finite number >= 0, got {self.boot_s}"),
+            (finite(self.heartbeat_s) and self.heartbeat_s > 0,
+             f"heartbeat_s must be a finite number > 0, got {self.heartbeat_s}"),
+            (self.lease_timeout_s is None or (math.isfinite(self.lease_timeout_s) and self.lease_timeout_s > 0),
+             f"lease_timeout_s must be a finite number > 0, got {self.lease_timeout_s}"),
             (self.max_staleness is None or self.max_staleness >= 0,
              f"max_staleness must be >= 0, got {self.max_staleness}"),
             (self.on_notice in ("partial", "abandon"),
@@ -115,14 +137,18 @@ class SimConfig:
             (self.eval_points >= 2, f"eval_points must be >= 2, got {self.eval_points}"),
             (self.target_accuracy is None or 0 < self.target_accuracy <= 1,
              f"target_accuracy must be in (0, 1], got {self.target_accuracy}"),
-            (self.max_virtual_s > 0, "max_virtual_s must be > 0"),
+            (self.max_virtual_s > 0 and math.isfinite(self.max_virtual_s),
+             f"max_virtual_s must be a finite number > 0, got {self.max_virtual_s}"),
             (0 <= self.seed < 2**32, f"seed must be in [0, 2**32), got {self.seed}"),
             (self.eval_split in ("validation", "test"),
              f"eval_split must be 'validation' or 'test', got {self.eval_split!r}"),
-            (self.cores is None or self.cores > 0, f"cores must be > 0, got {self.cores}"),
-            (self.extra_runnable >= 0, f"extra_runnable must be >= 0, got {self.extra_runnable}"),
-            (self.merge_s >= 0, f"merge_s must be >= 0, got {self.merge_s}"),
-            (self.unit_cpu_s >= 0, f"unit_cpu_s must be >= 0, got {self.unit_cpu_s}"),
+            (self.cores is None or (math.isfinite(self.cores) and self.cores > 0),
+             f"cores must be a finite number > 0, got {self.cores}"),
+            (finite(self.extra_runnable) and self.extra_runnable >= 0,
+             f"extra_runnable must be a finite number >= 0, got {self.extra_runnable}"),
+            (finite(self.merge_s) and self.merge_s >= 0, f"merge_s must be a finite number >= 0, got {self.merge_s}"),
+            (finite(self.unit_cpu_s) and self.unit_cpu_s >= 0,
+             f"unit_cpu_s must be a finite number >= 0, got {self.unit_cpu_s}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -35,6 +35,7 @@ from ..errors import ConfigError
 log = logging.getLogger("vcasync.sim")
 
 __all__ = [
+    "MAX_WORKERS",
     "FleetConfig",
     "MachineProfile",
     "NoPreemption",
@@ -45,6 +46,11 @@ __all__ = [
     "make_fleet",
     "slot_rng",
 ]
+
+
+#: The most worker slots a simulated fleet may have: each is a task on one event loop, drawn and
+#: scheduled up front (2**40 workers ran for ever before the first event).
+MAX_WORKERS = 100_000
 
 
 def slot_rng(seed: int, stream: str, slot: int) -> np.random.Generator:
@@ -92,13 +98,26 @@ class FleetConfig:
                    bandwidth_max_bps=bandwidth_bps, latency_s=latency_s)
 
     def __post_init__(self) -> None:
-        if self.workers < 1:
-            raise ConfigError(f"a fleet needs at least one worker, got {self.workers}")
-        if self.speed_sigma < 0 or not 0 <= self.slow_fraction <= 1 or self.slow_factor < 1:
-            raise ConfigError("speed_sigma >= 0, slow_fraction in [0, 1] and slow_factor >= 1 are required")
-        if not 0 < self.bandwidth_min_bps <= self.bandwidth_max_bps:
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise ConfigError(f"a fleet needs 1 to {MAX_WORKERS:,} workers (--workers), got {self.workers}")
+        # each by name, and finite: NaN passed every comparison below, and inf slowed a machine to
+        # speed 0 (ZeroDivisionError) or overflowed the log-uniform bandwidth draw
+        for name, flag in (("speed_sigma", "--speed-sigma"), ("slow_fraction", "--slow-fraction"),
+                           ("slow_factor", "--slow-factor"), ("latency_s", None)):
+            value = getattr(self, name)
+            if not math.isfinite(value):
+                raise ConfigError(f"FleetConfig.{name}{f' ({flag})' if flag else ''} must be finite, "
+                                  f"got {value}")
+        if self.speed_sigma < 0:
+            raise ConfigError(f"FleetConfig.speed_sigma (--speed-sigma) must be >= 0, got {self.speed_sigma}")
+        if not 0 <= self.slow_fraction <= 1:
+            raise ConfigError(f"FleetConfig.slow_fraction (--slow-fraction) must be in [0, 1], "
+                              f"got {self.slow_fraction}")
+        if self.slow_factor < 1:
+            raise ConfigError(f"FleetConfig.slow_factor (--slow-factor) must be >= 1, got {self.slow_factor}")
+        if not (0 < self.bandwidth_min_bps <= self.bandwidth_max_bps and math.isfinite(self.bandwidth_max_bps)):
             lo, hi = self.bandwidth_min_bps / 1e6, self.bandwidth_max_bps / 1e6
-            raise ConfigError(f"bandwidth needs 0 < MIN <= MAX, got {lo:g} {hi:g} Mbit/s "
+            raise ConfigError(f"bandwidth needs finite 0 < MIN <= MAX, got {lo:g} {hi:g} Mbit/s "
                               "(--bandwidth-mbps; FleetConfig.bandwidth_min_bps/_max_bps)")
         if self.latency_s < 0:
             raise ConfigError(f"latency_s must be >= 0, got {self.latency_s}")
@@ -162,8 +181,12 @@ class PoissonPreemption:
     def __post_init__(self) -> None:
         if not self.rate_per_hour >= 0 or math.isinf(self.rate_per_hour):
             raise ConfigError(f"rate_per_hour must be a finite rate >= 0, got {self.rate_per_hour}")
-        if self.restart_delay_s < 0 or self.notice_s < 0:
-            raise ConfigError("restart_delay_s and notice_s must be >= 0")
+        # finite: a delay of inf slept for ever (the run never ended), NaN ran to the virtual limit
+        for name, flag in (("restart_delay_s", "--restart-delay-s"), ("notice_s", "--notice-s")):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"PoissonPreemption.{name} ({flag}) must be a finite number of "
+                                  f"seconds >= 0, got {value}")
         if not 0 <= self.hard_fraction <= 1:
             raise ConfigError(f"hard_fraction must be in [0, 1], got {self.hard_fraction}")
 
@@ -200,8 +223,10 @@ class TracePreemption:
         for worker, outage in rows:
             if worker < 0:
                 raise ConfigError(f"{source}: worker index must be >= 0, got {worker}")
-            if not 0 <= outage.down_s <= outage.up_s or outage.notice_s < 0:
-                raise ConfigError(f"{source}: need 0 <= down_s <= up_s and notice_s >= 0 "
+            if not (0 <= outage.down_s <= outage.up_s and outage.notice_s >= 0
+                    and all(map(math.isfinite, (outage.down_s, outage.up_s, outage.notice_s)))):
+                # up_s inf: the machine never came back and the run waited for it for ever
+                raise ConfigError(f"{source}: need finite times, 0 <= down_s <= up_s and notice_s >= 0 "
                                   f"(worker {worker}: {outage})")
             per.setdefault(worker, []).append(outage)
         for worker, outs in per.items():

@@ -1,0 +1,108 @@
+"""``vcasync simulate`` refuses bad numbers before anything runs, naming the flag (found by a QA probe:
+NaN and inf gave tracebacks, hangs and savings priced against a baseline that never learned)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vcasync.coordinator", reason="the simulator drives the real Coordinator")
+
+from vcasync.errors import ConfigError
+from vcasync.sim import FleetConfig, NoPreemption, PoissonPreemption, SimConfig, Simulation, summarize
+from vcasync.sim.cli import configure, run
+from vcasync.sim.fleet import TracePreemption
+from vcasync.sim.report import render_text
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vcasync simulate")
+    configure(p)
+    return p
+
+
+BAD_FLAGS = [
+    # defect 1: learning rates (0 silently became the default, NaN/-1 a baseline that never learned)
+    ["--sync-lr", "nan"], ["--sync-lr", "0"], ["--sync-lr", "-1"], ["--sync-lr", "inf"],
+    ["--lr", "nan"], ["--lr", "0"], ["--lr", "inf"],
+    # defect 2: tracebacks (ValueError, OverflowError, ZeroDivisionError) or a field name, not the flag
+    ["--model-mb", "nan"], ["--model-mb", "inf"], ["--speed-sigma", "nan"], ["--slow-factor", "nan"],
+    ["--slow-factor", "inf"], ["--bandwidth-mbps", "1", "inf"], ["--sample-cost-s", "inf"],
+    ["--slow-fraction", "nan"], ["--momentum", "nan"], ["--target-accuracy", "nan"],
+    # defect 3: runs that never ended, or ran to the virtual limit
+    ["--restart-delay-s", "inf"], ["--restart-delay-s", "nan"], ["--notice-s", "nan"], ["--notice-s", "inf"],
+    ["--workers", "1099511627776"], ["--local-steps", "1099511627776"], ["--epochs", "1099511627776"],
+]
+
+
+@pytest.mark.parametrize("argv", BAD_FLAGS, ids=[" ".join(a) for a in BAD_FLAGS])
+def test_a_bad_number_is_refused_by_flag_before_the_run(argv: list[str], tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    plot = tmp_path / "p.png"
+    with pytest.raises(SystemExit) as exc:
+        run(_parser().parse_args([*argv, "--plot", str(plot)]))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {argv[0]}:" in err
+    assert argv[-1] in err
+    assert not plot.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_flag_help_states_the_upper_bounds() -> None:
+    text = " ".join(_parser().format_help().split())
+    assert "at most 100,000" in text        # --workers and --local-steps
+    assert "at most 10,000" in text         # --epochs
+
+
+def test_a_trace_whose_machine_never_comes_back_is_refused(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    for row in ("0,10,inf", "0,nan,20", "0,10,20,inf"):
+        trace = tmp_path / "tr.csv"
+        trace.write_text(f"worker,down_s,up_s,notice_s\n{row}\n")
+        args = _parser().parse_args(["--trace", str(trace), "--workers", "2", "--epochs", "1"])
+        assert run(args) == 2, row
+        assert "need finite times" in capsys.readouterr().err
+
+
+def test_the_config_values_check_finiteness_and_bounds_by_name() -> None:
+    nan, inf = math.nan, math.inf
+    for kw, name in ((dict(speed_sigma=nan), "speed_sigma"), (dict(slow_factor=inf), "slow_factor"),
+                     (dict(slow_factor=nan), "slow_factor"), (dict(slow_fraction=nan), "slow_fraction"),
+                     (dict(bandwidth_max_bps=inf), "bandwidth"), (dict(latency_s=nan), "latency_s"),
+                     (dict(workers=2**40), "--workers")):
+        with pytest.raises(ConfigError, match=name):
+            FleetConfig(**kw)  # type: ignore[arg-type]
+    for kw, name in ((dict(restart_delay_s=inf), "restart_delay_s"), (dict(restart_delay_s=nan), "restart_delay_s"),
+                     (dict(notice_s=nan), "notice_s"), (dict(notice_s=inf), "notice_s")):
+        with pytest.raises(ConfigError, match=name):
+            PoissonPreemption(0.3, **kw)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="finite times"):
+        TracePreemption.parse("worker,down_s,up_s\n0,10,inf\n")
+    for kw, name in ((dict(sync_lr=0.0), "sync_lr"), (dict(sync_lr=nan), "sync_lr"), (dict(sync_lr=-1.0), "sync_lr"),
+                     (dict(sync_lr=inf), "sync_lr"), (dict(lr=inf), "lr"), (dict(lr=0.0), "lr"),
+                     (dict(sample_cost_s=inf), "sample_cost_s"), (dict(local_steps=2**40), "local_steps"),
+                     (dict(epochs=2**40), "epochs"), (dict(boot_s=nan), "boot_s"),
+                     (dict(lease_timeout_s=inf), "lease_timeout_s"), (dict(merge_s=inf), "merge_s"),
+                     (dict(cores=inf), "cores")):
+        with pytest.raises(ConfigError, match=name):
+            SimConfig(**kw)  # type: ignore[arg-type]
+    assert SimConfig(sync_lr=None).sync_lr is None      # None is the default, kept apart from 0
+
+
+def test_no_saving_is_reported_against_a_baseline_that_did_not_learn() -> None:
+    # --sync-lr nan printed "saving 81.5 %" beside "baseline_learned": false and
+    # "saving_at_target": null; a tiny rate (still allowed) never learns either
+    cfg = SimConfig(fleet=FleetConfig.identical(2), preemption=NoPreemption(), epochs=1, seed=0,
+                    eval_points=4, sync_lr=1e-9)
+    s = summarize(Simulation(cfg).run())
+    assert s["baseline_learned"] is False
+    assert s["saving_at_target"] is None
+    assert s["cost_at_target"] is None or s["cost_at_target"]["saving"] is None
+    assert s["cost_full_run"]["saving"] is None
+    line = next(ln for ln in render_text(s).splitlines() if "cost to target" in ln)
+    assert "no target" in line
+    assert "saving" not in line.replace("no saving", "")
