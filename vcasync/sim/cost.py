@@ -83,7 +83,8 @@ class CostSummary:
     on_demand_equivalent_usd: float
     coordinator_usd: float
     sync_workers: int
-    sync_hours: float | None
+    #: the baseline's wall-clock hours (its machine-hours are ``sync_workers`` times as many)
+    sync_wall_hours: float | None
     sync_on_demand_usd: float | None
 
     @property
@@ -102,6 +103,8 @@ class CostSummary:
             "worker_hours": self.worker_hours, "spot_usd": self.spot_usd,
             "on_demand_equivalent_usd": self.on_demand_equivalent_usd,
             "coordinator_usd": self.coordinator_usd, "total_usd": self.total_usd,
-            "sync_workers": self.sync_workers, "sync_hours": self.sync_hours,
+            "sync_workers": self.sync_workers, "sync_wall_hours": self.sync_wall_hours,
+            "sync_machine_hours": (None if self.sync_wall_hours is None
+                                   else self.sync_workers * self.sync_wall_hours),
             "sync_on_demand_usd": self.sync_on_demand_usd, "saving": self.saving,
         }

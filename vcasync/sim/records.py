@@ -51,6 +51,10 @@ class Recorder:
     #: merged results by staleness, as the coordinator's merge loop measured it (the engine counts
     #: what the coordinator observes: a worker cannot know when its result will be merged)
     staleness: Counter[int] = field(default_factory=Counter)
+    #: ``(start_s, end_s)`` of machine time whose work a preemption threw away: from the start of
+    #: the unit a killed (or, with ``on_notice="abandon"``, noticed) session was working on, to the
+    #: kill; the cost to target reports the part before the target as ``lost_s``
+    lost_spans: list[tuple[float, float]] = field(default_factory=list)
     evals: list[EvalPoint] = field(default_factory=list)
     timeline: list[TimelineEvent] = field(default_factory=list)
     keep_timeline: bool = True

@@ -23,7 +23,7 @@ from .engine import SimOutcome
 from .fleet import TracePreemption
 from .records import EvalPoint
 
-__all__ = ["plot_summary", "quality", "render_text", "summarize", "time_to_target"]
+__all__ = ["lost_seconds", "plot_summary", "quality", "render_text", "summarize", "time_to_target"]
 
 
 def quality(p: EvalPoint, metric: Metric) -> float:
@@ -46,6 +46,14 @@ def _learned(evals: Sequence[EvalPoint], metric: Metric) -> bool:
     if metric == "accuracy":
         return last.accuracy > first.accuracy + 0.05
     return last.loss < 0.95 * first.loss
+
+
+def lost_seconds(spans: Sequence[tuple[float, float]], until_s: float | None) -> float:
+    """Machine seconds of ``spans`` (work thrown away by preemptions) before ``until_s`` (None: all,
+    as the cost of a run that missed its target counts all the time spent)."""
+    if until_s is None:
+        return sum(b - a for a, b in spans)
+    return sum(max(0.0, min(b, until_s) - a) for a, b in spans)
 
 
 def _tolerance(metric: Metric, target: float, ref: float) -> str:
@@ -77,11 +85,16 @@ def _costs(out: SimOutcome, until_s: float | None, sync_until_s: float | None) -
         sync_usd = out.sync.workers * price.cost(sync_until_s, spot=False)
     total = spot + coordinator
     return {
-        "worker_hours": out.billing.machine_seconds(until_s) / 3600.0,
+        "worker_hours": out.billing.machine_seconds(until_s) / 3600.0,   # machine-hours
         "spot_usd": spot, "coordinator_usd": coordinator, "total_usd": total,
         "on_demand_equivalent_usd": on_demand_eq,
         "sync_on_demand_usd": sync_usd,
-        "sync_hours": None if sync_until_s is None else sync_until_s / 3600.0,
+        # the baseline's wall-clock hours, and its machine-hours (all its workers for all of
+        # them), the figure to set beside worker_hours (a single "sync_hours" was the first, read
+        # as the second)
+        "sync_wall_hours": None if sync_until_s is None else sync_until_s / 3600.0,
+        "sync_machine_hours": (None if sync_until_s is None or out.sync is None
+                               else out.sync.workers * sync_until_s / 3600.0),
         "saving": None if not sync_usd or _baseline_learned(out) is False else 1.0 - total / sync_usd,
     }
 
@@ -98,7 +111,8 @@ def _comparison(out: SimOutcome, target: float | None, t_async: float | None,
         return None  # the baseline did not learn (e.g. its learning rate diverged): no target to price
     ref = quality(out.sync.evals[-1], metric)
     tgt = Target(metric, target, ref, _tolerance(metric, target, ref))
-    fleet = async_cost(spans, t_async, worker=price, coordinator=coord, end_s=out.duration_s)
+    fleet = async_cost(spans, t_async, worker=price, coordinator=coord, end_s=out.duration_s,
+                       lost_s=lost_seconds(out.rec.lost_spans, t_async))
     return Comparison(cfg.seed, tgt, fleet, ddp_cost(out.sync.workers, t_sync, price=price))
 
 
@@ -156,7 +170,8 @@ def summarize(out: SimOutcome, target: float | None = None) -> dict[str, Any]:
         "work": {
             "samples_planned": out.total_samples, "samples_trained": trained,
             "samples_merged": rec.samples_merged, "samples_wasted": rec.samples_wasted,
-            "lost_to_preemption": rec.samples_lost_preempted, "rejected": rec.samples_rejected,
+            "lost_to_preemption": rec.samples_lost_preempted,
+            "lost_to_preemption_s": lost_seconds(rec.lost_spans, None), "rejected": rec.samples_rejected,
             "duplicate": rec.samples_duplicate, "expired": rec.samples_expired,
         },
         "merges": {"accepted": merged, "duplicate": rec.receipts.get("duplicate", 0),

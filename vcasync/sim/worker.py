@@ -110,6 +110,7 @@ class SimWorker:
         # What the session holds right now, for accounting a kill.
         self._phase = "idle"
         self._phase_t0 = 0.0
+        self._unit_t0 = 0.0   # when the current unit's work began (its download), for lost time
         self._steps_done = 0
         self._step_s = self.step_s
 
@@ -153,6 +154,7 @@ class SimWorker:
             samples = steps * self._work.batch_size
             self._rec.samples_trained += samples
             self._rec.samples_lost_preempted += samples
+            self._rec.lost_spans.append((self._unit_t0, self._now()))
         self._phase = "idle"
 
     async def _compute(self, cpu_s: float) -> None:
@@ -175,7 +177,7 @@ class SimWorker:
         return full[offset:]
 
     async def _unit(self, worker_id: str, grant: LeaseGrant, notice: asyncio.Event) -> None:
-        self._phase, self._steps_done = "download", 0
+        self._phase, self._steps_done, self._unit_t0 = "download", 0, self._now()
         await asyncio.sleep(self._profile.transfer_s(self._work.model_bytes))
         try:
             base = await self._models.get(grant.base_version)
@@ -255,5 +257,7 @@ class SimWorker:
             self._rec.samples_expired += samples
         else:
             self._rec.samples_lost_preempted += samples
+            if samples:
+                self._rec.lost_spans.append((self._unit_t0, self._now()))
         self._event("lost", why)
         self._phase, self._steps_done = "idle", 0

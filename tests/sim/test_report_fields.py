@@ -1,0 +1,42 @@
+"""The JSON fields of ``vcasync simulate`` say what they measure (found by a QA probe)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vcasync.coordinator", reason="the simulator drives the real Coordinator")
+
+from vcasync.sim import FleetConfig, PoissonPreemption, SimConfig, Simulation, summarize
+from vcasync.sim.report import lost_seconds
+
+
+def test_lost_time_and_the_baselines_hours_are_reported_as_what_they_are() -> None:
+    # comparison.async.lost_s was 0.0 beside 17 preemptions and 1,216 samples lost (never passed);
+    # cost_at_target.sync_hours was wall-clock hours beside worker_hours in machine-hours
+    cfg = SimConfig(fleet=FleetConfig(workers=4), preemption=PoissonPreemption(1.0, hard_fraction=0.5),
+                    epochs=2, seed=1, eval_points=10)
+    out = Simulation(cfg).run()
+    s = summarize(out)
+    assert s["fleet"]["preemptions"] > 0
+    assert s["work"]["lost_to_preemption"] > 0
+    assert out.rec.lost_spans and all(a <= b for a, b in out.rec.lost_spans)
+    assert s["work"]["lost_to_preemption_s"] == pytest.approx(lost_seconds(out.rec.lost_spans, None))
+    assert s["work"]["lost_to_preemption_s"] > 0
+    cmp = s["comparison"]
+    assert cmp is not None
+    t_async = s["time_to_target_s"]
+    assert cmp["async"]["lost_s"] == pytest.approx(lost_seconds(out.rec.lost_spans, t_async))
+    assert 0 < cmp["async"]["lost_s"] <= cmp["async"]["machine_seconds"]
+    assert out.sync is not None
+    for costs in (s["cost_full_run"], s["cost_at_target"]):
+        assert "sync_hours" not in costs
+        if costs["sync_wall_hours"] is not None:
+            assert costs["sync_machine_hours"] == pytest.approx(out.sync.workers * costs["sync_wall_hours"])
+    assert s["cost_full_run"]["sync_wall_hours"] == pytest.approx(out.sync.duration_s / 3600)
+
+
+def test_lost_seconds_counts_only_the_part_before_the_target() -> None:
+    spans = [(0.0, 10.0), (20.0, 30.0)]
+    assert lost_seconds(spans, None) == 20.0
+    assert lost_seconds(spans, 25.0) == 15.0
+    assert lost_seconds(spans, 5.0) == 5.0
