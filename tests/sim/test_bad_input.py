@@ -76,13 +76,15 @@ def test_the_config_values_check_finiteness_and_bounds_by_name() -> None:
                      (dict(workers=2**40), "--workers")):
         with pytest.raises(ConfigError, match=name):
             FleetConfig(**kw)  # type: ignore[arg-type]
-    for kw, name in ((dict(restart_delay_s=inf), "restart_delay_s"), (dict(restart_delay_s=nan), "restart_delay_s"),
+    for kw, name in ((dict(restart_delay_s=inf), "restart_delay_s"),
+                     (dict(restart_delay_s=nan), "restart_delay_s"),
                      (dict(notice_s=nan), "notice_s"), (dict(notice_s=inf), "notice_s")):
         with pytest.raises(ConfigError, match=name):
             PoissonPreemption(0.3, **kw)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="finite times"):
         TracePreemption.parse("worker,down_s,up_s\n0,10,inf\n")
-    for kw, name in ((dict(sync_lr=0.0), "sync_lr"), (dict(sync_lr=nan), "sync_lr"), (dict(sync_lr=-1.0), "sync_lr"),
+    for kw, name in ((dict(sync_lr=0.0), "sync_lr"), (dict(sync_lr=nan), "sync_lr"),
+                     (dict(sync_lr=-1.0), "sync_lr"),
                      (dict(sync_lr=inf), "sync_lr"), (dict(lr=inf), "lr"), (dict(lr=0.0), "lr"),
                      (dict(sample_cost_s=inf), "sample_cost_s"), (dict(local_steps=2**40), "local_steps"),
                      (dict(epochs=2**40), "epochs"), (dict(boot_s=nan), "boot_s"),

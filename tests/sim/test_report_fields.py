@@ -19,7 +19,8 @@ def test_lost_time_and_the_baselines_hours_are_reported_as_what_they_are() -> No
     s = summarize(out)
     assert s["fleet"]["preemptions"] > 0
     assert s["work"]["lost_to_preemption"] > 0
-    assert out.rec.lost_spans and all(a <= b for a, b in out.rec.lost_spans)
+    assert out.rec.lost_spans
+    assert all(a <= b for a, b in out.rec.lost_spans)
     assert s["work"]["lost_to_preemption_s"] == pytest.approx(lost_seconds(out.rec.lost_spans, None))
     assert s["work"]["lost_to_preemption_s"] > 0
     cmp = s["comparison"]

@@ -78,8 +78,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="learning rate of the synchronous baseline (default: base rate x sqrt(workers))")
     g.add_argument("--sample-cost-s", type=number(float, 0, strict=True),
                    help="virtual seconds per training sample on a reference machine")
-    g.add_argument("--model-mb", type=number(float, 0), help="model size for transfer times (default: real size)")
-    g.add_argument("--max-staleness", type=number(int, 0), help="versions a result may lag (default 2 x workers)")
+    g.add_argument("--model-mb", type=number(float, 0),
+                   help="model size for transfer times (default: real size)")
+    g.add_argument("--max-staleness", type=number(int, 0),
+                   help="versions a result may lag (default 2 x workers)")
     f = p.add_argument_group("fleet")
     f.add_argument("--workers", type=number(int, 1, high=MAX_WORKERS), default=8,
                    help=f"worker slots (default 8, at most {MAX_WORKERS:,})")
@@ -89,12 +91,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     f.add_argument("--speed-sigma", type=number(float, 0), default=0.25)
     f.add_argument("--slow-fraction", type=number(float, 0, high=1), default=0.1)
     f.add_argument("--slow-factor", type=number(float, 1), default=3.0)
-    f.add_argument("--bandwidth-mbps", type=number(float, 0, strict=True), nargs=2, metavar=("MIN", "MAX"), default=(100.0, 2000.0))
+    f.add_argument("--bandwidth-mbps", type=number(float, 0, strict=True), nargs=2, metavar=("MIN", "MAX"),
+                   default=(100.0, 2000.0))
     f.add_argument("--preemption-rate", type=number(float, 0),
                    help="Poisson preemptions per worker-hour (default 0.3: 30%% of workers per hour)")
     f.add_argument("--restart-delay-s", type=number(float, 0),
                    help="Poisson: mean delay before a preempted slot's machine is back (default 120)")
-    f.add_argument("--notice-s", type=number(float, 0), help="Poisson: notice before a preemption (default 30)")
+    f.add_argument("--notice-s", type=number(float, 0),
+                   help="Poisson: notice before a preemption (default 30)")
     f.add_argument("--hard-fraction", type=number(float, 0, high=1),
                    help="Poisson: fraction of preemptions with no notice (default 0.1)")
     f.add_argument("--trace", type=Path,

@@ -115,7 +115,8 @@ class FleetConfig:
                               f"got {self.slow_fraction}")
         if self.slow_factor < 1:
             raise ConfigError(f"FleetConfig.slow_factor (--slow-factor) must be >= 1, got {self.slow_factor}")
-        if not (0 < self.bandwidth_min_bps <= self.bandwidth_max_bps and math.isfinite(self.bandwidth_max_bps)):
+        lo_ok = 0 < self.bandwidth_min_bps <= self.bandwidth_max_bps
+        if not (lo_ok and math.isfinite(self.bandwidth_max_bps)):
             lo, hi = self.bandwidth_min_bps / 1e6, self.bandwidth_max_bps / 1e6
             raise ConfigError(f"bandwidth needs finite 0 < MIN <= MAX, got {lo:g} {hi:g} Mbit/s "
                               "(--bandwidth-mbps; FleetConfig.bandwidth_min_bps/_max_bps)")
