@@ -7,7 +7,13 @@ until its model first reaches it. Without an explicit target, the target is half
 below the synchronous baseline's final accuracy, or, on a signal judged by loss (``tinylm``), 1 %
 above its final validation loss. A run that never reaches it has no saving
 (``target_missed`` true), never a dropped figure; a run without a target (``--no-sync`` and no
-``--target-accuracy``) has ``target_missed`` null.
+``--target-accuracy``) has ``target_missed`` null. A baseline that did not learn (5 points of accuracy,
+or 5 % of its first loss) prices no saving at all, at the target or over the full run.
+
+Hours in ``cost_at_target`` / ``cost_full_run``: ``worker_hours`` are the fleet's machine-hours;
+``sync_wall_hours`` the baseline's wall-clock hours and ``sync_machine_hours`` its machine-hours (its
+workers times those). ``comparison.async.lost_s`` is the machine time, before the target, spent on
+units a preemption threw away (``work.lost_to_preemption_s``: over the whole run).
 """
 
 from __future__ import annotations
