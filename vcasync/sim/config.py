@@ -45,6 +45,13 @@ class SimConfig:
     default where no search is run; ``bench/convergence.py`` searches both rates on a grid, with the
     same budget on both sides, scoring on ``eval_split="validation"``.
 
+    Start-up: a session's machine needs ``boot_s`` virtual seconds before it joins (booting,
+    installing, loading the framework); a slot's first session, at the run's start, takes
+    ``boot_s``, a session after a preemption ``restart_boot_s`` (None: ``boot_s`` too). They differ
+    where the whole fleet starts at once on shared resources: on the benchmark's 2-core machine the
+    four workers' first start-ups took 9-10 s together, a lone restart 3-5 s (``bench/convergence.py``
+    measures both in each real run it replays).
+
     Leases: ``lease_timeout_s`` None is what an operator would set: 600 s, or three of the slowest
     machine's steps when a step takes longer (the coordinator extends a lease only on progress, so a
     timeout shorter than one step expires every lease that machine takes, and after five such
@@ -79,6 +86,7 @@ class SimConfig:
     sample_cost_s: float | None = None
     model_bytes: int | None = None
     boot_s: float = 30.0
+    restart_boot_s: float | None = None
     heartbeat_s: float = 60.0
     lease_timeout_s: float | None = None
     max_staleness: int | None = None
@@ -127,6 +135,8 @@ class SimConfig:
              f"model_bytes must be >= 0, got {self.model_bytes}"),
             (finite(self.boot_s) and self.boot_s >= 0,
              f"boot_s must be a finite number >= 0, got {self.boot_s}"),
+            (self.restart_boot_s is None or (finite(self.restart_boot_s) and self.restart_boot_s >= 0),
+             f"restart_boot_s must be a finite number >= 0 (None: boot_s), got {self.restart_boot_s}"),
             (finite(self.heartbeat_s) and self.heartbeat_s > 0,
              f"heartbeat_s must be a finite number > 0, got {self.heartbeat_s}"),
             (self.lease_timeout_s is None or (finite(self.lease_timeout_s) and self.lease_timeout_s > 0),

@@ -195,6 +195,7 @@ class Simulation:
         outages = self.config.preemption.outages(profile.slot, self.config.seed)
         nxt = next(outages, None)
         slot = profile.slot
+        boot_s = self.config.boot_s     # the slot's first session; a restart's below
         while True:
             now = loop.time()
             while nxt is not None and nxt.down_s <= now:  # an outage that fell in the downtime
@@ -211,7 +212,7 @@ class Simulation:
             killed = False
             try:
                 async with asyncio.timeout_at(kill_at):
-                    await worker.run(notice)
+                    await worker.run(notice, boot_s)
                     if notice.is_set() and kill_at is not None:
                         await asyncio.sleep(max(0.0, kill_at - loop.time()))  # billed until reclaimed
             except TimeoutError:
@@ -230,6 +231,8 @@ class Simulation:
             rec.event(loop.time(), slot, "preempted", "hard" if nxt.hard else "notice")
             await asyncio.sleep(max(0.0, nxt.up_s - loop.time()))
             nxt = next(outages, None)
+            if self.config.restart_boot_s is not None:
+                boot_s = self.config.restart_boot_s
 
     async def _evaluate_loop(self, coord: Coordinator, models: ModelCache, rec: Recorder) -> None:
         every = max(1.0, self.expected_duration_s() / self.config.eval_points)

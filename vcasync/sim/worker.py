@@ -125,9 +125,10 @@ class SimWorker:
     def _event(self, kind: str, detail: str = "") -> None:
         self._rec.event(self._now(), self._profile.slot, kind, detail)
 
-    async def run(self, notice: asyncio.Event) -> None:
-        """Boot, join, and work until the run finishes or a notice stops the session."""
-        await asyncio.sleep(self._work.boot_s)
+    async def run(self, notice: asyncio.Event, boot_s: float | None = None) -> None:
+        """Boot (``boot_s``, default the workload's), join, and work until the run finishes or a
+        notice stops the session."""
+        await asyncio.sleep(self._work.boot_s if boot_s is None else boot_s)
         worker_id = await self._coord.join(f"slot-{self._profile.slot}",
                                            {"speed": self._profile.speed, "simulated": True})
         while not notice.is_set():
