@@ -18,10 +18,11 @@ Four parts, each against synchronous data-parallel training as the reference (se
    seeds that reached it and says "n of m seeds reached", and a miss leaves that figure's interval
    unbounded on its side (``saving_real_ci_low`` None; :mod:`vcasync.costing.spread`).
 2. **Calibration**: each real run is replayed in the simulator with what that run measured (CPU
-   seconds per sample, start-up to the end of the slow first unit, the CPU each unit costs outside
-   training on the worker and in the coordinator, the coordinator's own merge time, the rest of the
-   gap between units as waiting, its own preemption schedule) on the machine's cores (processor
-   sharing, :mod:`vcasync.sim.cpu`); ``sim_vs_real_error`` is the largest relative
+   seconds per sample, start-up to the end of the slow first unit, the fleet's first start apart
+   from a restart's, the CPU each unit costs outside training on the worker and in the
+   coordinator, the coordinator's own merge time, the rest of the gap between units as waiting,
+   its own preemption schedule) on the machine's cores (processor sharing, :mod:`vcasync.sim.cpu`,
+   with the contention measured inside its units); ``sim_vs_real_error`` is the largest relative
    error of the simulator's time to target (fleet and DDP) against the real one, per seed and workload;
    ``sim_vs_real_error_mean`` the largest error of the replays' mean against the runs' mean per
    workload and side (:func:`calibration_summary`), with ``sim_vs_real_disagree`` seeds where only
@@ -309,21 +310,32 @@ def _measure(run: DemoRun, t0_wall: float, ddp_points: list[tuple[float, int, fl
     A session's first unit runs several times longer than the rest (the first forward and backward
     pass pays torch's lazy set-up: ~2 s against ~0.03 s on digits here); that extra is start-up, so
     ``boot_s`` (session start to its first unit) includes it and ``first_unit_extra_s`` says how much.
+
+    Start-up is measured apart for the slots' first sessions (``boot_s``: every worker starts at
+    once, each process's ~2.3 s of CPU for the interpreter, ``import torch`` and joining plus ~1 s
+    for the first unit, four of them on the shared cores) and for the sessions after a preemption
+    (``restart_boot_s``, ``restart_first_unit_extra_s``: one or two processes starting while the
+    others train). Until 2026-12-05 one median over all sessions stood for both: it fell between
+    them, so every replay started training 1.5-3 s before its run did (9.2-9.6 s against a median
+    of 6.6 on seed 3) and met the run's preemptions, which the market times by progress, with more
+    of its work done: the replays were early (the fleet's mean 18 % early over 5 seeds).
     """
     events = read_events(run.run_dir / "events")
     per_sample: list[float] = []
     cpu_per_sample: list[float] = []
     overhead: list[float] = []
-    boot: list[float] = []
-    first_units: list[float] = []
+    # by session kind: a slot's first session (0), a session after a preemption (1)
+    boot: tuple[list[float], list[float]] = ([], [])
+    first_units: tuple[list[float], list[float]] = ([], [])
     later_units: list[float] = []
     between_cpu: list[float] = []
     batch = run.config.batch_size
     for slot in run.slots:
-        for (start, _), pid in zip(slot.sessions, slot.pids, strict=False):
+        for n, ((start, _), pid) in enumerate(zip(slot.sessions, slot.pids, strict=False)):
+            kind = min(n, 1)
             evs = sorted(events.get(pid, []), key=lambda e: e["t"])
             if evs:
-                boot.append(evs[0]["t"] - t0_wall - start)
+                boot[kind].append(evs[0]["t"] - t0_wall - start)
             last_end = None
             began: dict[str, Any] = {}
             last_ev: dict[str, Any] = {}
@@ -336,13 +348,19 @@ def _measure(run: DemoRun, t0_wall: float, ddp_points: list[tuple[float, int, fl
                     began = e
                 elif e["kind"] == "unit_end" and not began.get("resumed") and began.get("start", 0) == 0:
                     n = e["steps_done"] * batch
-                    (first_units if began is evs[0] else later_units).append(e["t"] - began["t"])
+                    (first_units[kind] if began is evs[0] else later_units).append(e["t"] - began["t"])
                     per_sample.append((e["t"] - began["t"]) / n)
                     if "cpu" in e and "cpu" in began:
                         cpu_per_sample.append((e["cpu"] - began["cpu"]) / n)
                     last_end, last_ev = e["t"], e
-    first_extra = (max(0.0, statistics.median(first_units) - statistics.median(later_units))
-                   if first_units and later_units else 0.0)
+    def extra(firsts: list[float]) -> float:
+        return (max(0.0, statistics.median(firsts) - statistics.median(later_units))
+                if firsts and later_units else 0.0)
+
+    first_extra = extra(first_units[0] or first_units[1])
+    restart_extra = extra(first_units[1]) if first_units[1] else first_extra
+    boot_first = statistics.median(boot[0] or boot[1]) if boot[0] or boot[1] else 0.0
+    boot_restart = statistics.median(boot[1]) if boot[1] else boot_first
     ddp_step = (ddp_points[-1][0] - ddp_first_step_s) / ddp.steps
     outages: dict[int, list[Outage]] = {}
     for slot in run.slots:
@@ -355,12 +373,33 @@ def _measure(run: DemoRun, t0_wall: float, ddp_points: list[tuple[float, int, fl
             "sample_cpu_s": statistics.median(cpu_per_sample) if cpu_per_sample else None,
             "unit_overhead_s": statistics.median(overhead) if overhead else 0.0,
             "unit_cpu_s": statistics.median(between_cpu) if between_cpu else 0.0,
-            "boot_s": (statistics.median(boot) if boot else 0.0) + first_extra,
-            "first_unit_extra_s": first_extra,
+            "boot_s": boot_first + first_extra, "first_unit_extra_s": first_extra,
+            "restart_boot_s": boot_restart + restart_extra, "restart_first_unit_extra_s": restart_extra,
+            "restarts_measured": len(boot[1]),
             "ddp_step_s": ddp_step, "ddp_first_step_s": ddp_first_step_s, "outages": outages,
             "first_worker_s": min((s.sessions[0][0] for s in run.slots if s.sessions), default=0.0),
             "unit_steps": run.unit_steps, "shards": run.config.num_shards(), "epochs": run.config.epochs,
             "batch_size": batch, "lr": run.config.worker_lr, "sync_lr": run.config.baseline_lr}
+
+
+def replay_extra_runnable(m: dict[str, Any], workers: int, cores: float | None) -> float:
+    """The always-busy processes the replay's CPU model adds to the fleet's workers: those that,
+    with every worker computing, stretch a second of compute as much as the run measured inside its
+    units (wall over CPU seconds per sample): ``cores x stretch - workers``, at least 0. 0 without
+    ``cores`` (no sharing).
+
+    Until 2026-12-05 they were the runnable threads ``/proc/loadavg`` showed during the run less the
+    workers, which does not say how much CPU those threads took from the workers: on the default
+    run of 2026-12-05 it gave stretches of 2.5-2.95 where the units measured 3.2-3.4 (seeds 0, 3
+    and 4: the replays trained too fast and came out early), and beside other jobs on the machine
+    11.7 runnable threads, a stretch of 5.8, where the units measured 2.2 (a replay too slow).
+    The loadavg figure is kept in the report (``runnable_fleet``)."""
+    if cores is None:
+        return 0.0
+    wall, cpu = m.get("sample_cost_s"), m.get("sample_cpu_s")
+    if not wall or not cpu:       # no unit timed both ways: the runnable threads, as before
+        return max(0.0, (m.get("runnable_fleet") or workers) - workers)
+    return max(0.0, cores * max(1.0, wall / cpu) - workers)
 
 
 def calibrate(real: dict[str, Any], workload: str, workers: int, seed: int, *,
@@ -369,8 +408,10 @@ def calibrate(real: dict[str, Any], workload: str, workers: int, seed: int, *,
 
     ``cores`` set: compute costs the measured CPU seconds per sample, stretched by processor sharing
     on ``cores`` cores; the always-busy processes besides the fleet's workers (its coordinator and
-    monitor, other jobs on the machine) are the runnable threads measured during the run less the
-    workers. DDP's step: the one it measured (its compute on the shared cores and its all-reduce).
+    monitor, other jobs on the machine) are those that make the stretch the run measured inside its
+    units (:func:`replay_extra_runnable`). Start-up: the slots' first sessions take the first
+    sessions' measured start-up, a session after a preemption the restarts' (:func:`_measure`).
+    DDP's step: the one it measured (its compute on the shared cores and its all-reduce).
     The coordinator merges one result at a time for its own time per merge in that run: uploads
     queue behind it. Between two units a worker's own CPU (encoding, uploading, leasing,
     downloading: the trainer's CPU stamps) and the coordinator's CPU per merged result share the
@@ -380,7 +421,7 @@ def calibrate(real: dict[str, Any], workload: str, workers: int, seed: int, *,
     sharing, free merges (the previous calibration, kept to show what the model changes).
     """
     m = real["measured"]
-    extra = max(0.0, (m.get("runnable_fleet") or workers) - workers)
+    extra = replay_extra_runnable(m, workers, cores)
     rep = real["report"]
     cost = m["sample_cpu_s"] if cores is not None else m["sample_cost_s"]
     if cost is None or rep["cost"].get("target") is None:
@@ -398,7 +439,8 @@ def calibrate(real: dict[str, Any], workload: str, workers: int, seed: int, *,
                     preemption=Replay(shifted(m["outages"], -m["first_worker_s"])), epochs=m["epochs"],
                     shards=m["shards"],
                     local_steps=m["unit_steps"], batch_size=m["batch_size"], lr=m["lr"], sync_lr=m["sync_lr"],
-                    sample_cost_s=cost, boot_s=m["boot_s"], heartbeat_s=5.0, lease_timeout_s=10.0,
+                    sample_cost_s=cost, boot_s=m["boot_s"], restart_boot_s=m.get("restart_boot_s"),
+                    heartbeat_s=5.0, lease_timeout_s=10.0,
                     cores=cores, extra_runnable=extra if cores is not None else 0.0,
                     merge_s=m.get("merge_s", 0.0) if cores is not None else 0.0, unit_cpu_s=unit_cpu,
                     seed=seed, eval_points=60, keep_timeline=False)
@@ -429,7 +471,7 @@ def calibrate(real: dict[str, Any], workload: str, workers: int, seed: int, *,
         return None if sim is None or not real_t else abs(sim - real_t) / real_t
 
     sim_done = out.duration_s + m["first_worker_s"]
-    return {"workload": workload, "seed": seed, "cores": cores, "extra_runnable": extra if cores else 0.0,
+    return {"workload": workload, "seed": seed, "cores": cores, "extra_runnable": extra,
             "error_duration": err(sim_done, m["last_merge_s"]), "sim_done_s": sim_done,
             "real_done_s": m["last_merge_s"], "sim_fleet_s": sim_fleet, "real_fleet_s": real_fleet,
             "sim_ddp_s": sim_ddp, "real_ddp_s": real_ddp,

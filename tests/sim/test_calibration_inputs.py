@@ -1,6 +1,7 @@
 """What bench.convergence measures in a real run for the simulator's replay: the coordinator's own
-merge time (not the pace at which the monitor saw versions appear), and a session's start-up up to
-the end of its slow first unit (torch's lazy set-up), not only up to that unit's start."""
+merge time (not the pace at which the monitor saw versions appear), a session's start-up up to
+the end of its slow first unit (torch's lazy set-up), not only up to that unit's start, apart for
+the slots' first sessions and for restarts, and the contention its units measured."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ T0 = 1_000_000.0     # the run's wall clock at its start
 BATCH = 32
 
 
-def _session(pid: int, start_s: float, first_unit_s: float, later: list[float], gap_s: float) -> list[str]:
-    """Event lines of one worker process: its first unit starts 4 s after the session does."""
-    t, cpu, lines = T0 + start_s + 4.0, 1.0, []
+def _session(pid: int, start_s: float, first_unit_s: float, later: list[float], gap_s: float,
+             boot_s: float = 4.0) -> list[str]:
+    """Event lines of one worker process: its first unit starts ``boot_s`` after the session does."""
+    t, cpu, lines = T0 + start_s + boot_s, 1.0, []
     for i, dur in enumerate([first_unit_s, *later]):
         common = {"pid": pid, "unit": f"u{pid}-{i}"}
         lines.append(json.dumps({**common, "t": t, "cpu": cpu, "kind": "unit_start", "start": 0,
@@ -55,6 +57,50 @@ def test_the_first_units_warm_up_is_start_up(tmp_path: Path) -> None:
     assert m["sample_cost_s"] == pytest.approx(later / (6 * BATCH))
     assert m["unit_overhead_s"] == pytest.approx(0.035)
     assert m["unit_cpu_s"] == pytest.approx(0.01)
+
+
+def test_a_restart_start_up_is_measured_apart_from_the_first_sessions(tmp_path: Path) -> None:
+    """Two slots start together (7 s to the first unit, 2 s for it); slot 0 comes back after a
+    preemption alone (3 s, then 1 s): the first sessions' start-up is theirs, not a median with
+    the restart's."""
+    run = _run(tmp_path)
+    events = tmp_path / "events"
+    later = [0.03, 0.03, 0.03]
+    for pid, start, first, boot in ((11, 0.0, 2.0, 7.0), (12, 0.0, 2.0, 7.0), (13, 20.0, 1.0, 3.0)):
+        lines = _session(pid, start, first, later, gap_s=0.035, boot_s=boot)
+        (events / f"{pid}.jsonl").write_text("\n".join(lines) + "\n")
+    slots = [SimpleNamespace(index=0, name="w0", sessions=[(0.0, 15.0), (20.0, 40.0)], pids=[11, 13]),
+             SimpleNamespace(index=1, name="w1", sessions=[(0.0, 40.0)], pids=[12])]
+    run.slots = slots
+    ddp = DdpConfig(workers=4, workload="digits", batch_size=BATCH, samples=1280, lr=0.1)
+    m = _measure(run, T0, [(5.0, 0, 0.1, 2.0), (6.0, 1280, 0.9, 0.3)], 5.0, ddp)  # type: ignore[arg-type]
+    assert m["boot_s"] == pytest.approx(7.0 + 2.0 - 0.03)
+    assert m["first_unit_extra_s"] == pytest.approx(2.0 - 0.03)
+    assert m["restart_boot_s"] == pytest.approx(3.0 + 1.0 - 0.03)
+    assert m["restart_first_unit_extra_s"] == pytest.approx(1.0 - 0.03)
+    assert m["restarts_measured"] == 1
+
+
+def test_a_run_without_restarts_restarts_as_it_first_started(tmp_path: Path) -> None:
+    ddp = DdpConfig(workers=4, workload="digits", batch_size=BATCH, samples=1280, lr=0.1)
+    m = _measure(_run(tmp_path), T0, [(5.0, 0, 0.1, 2.0), (6.0, 1280, 0.9, 0.3)], 5.0, ddp)  # type: ignore[arg-type]
+    assert m["restart_boot_s"] == m["boot_s"]
+    assert m["restarts_measured"] == 0
+
+
+def test_the_replays_contention_is_the_stretch_its_units_measured() -> None:
+    """Wall over CPU seconds per sample inside units 3.0 on 2 cores with 4 workers: 2 always-busy
+    processes more, whatever /proc/loadavg's runnable threads said; never below none."""
+    from bench.convergence import replay_extra_runnable
+
+    m = {"sample_cost_s": 3e-4, "sample_cpu_s": 1e-4, "runnable_fleet": 11.7}
+    assert replay_extra_runnable(m, 4, 2.0) == pytest.approx(2.0)
+    assert replay_extra_runnable({**m, "runnable_fleet": 4.5}, 4, 2.0) == pytest.approx(2.0)
+    assert replay_extra_runnable({**m, "sample_cost_s": 1.4e-4}, 4, 2.0) == 0.0  # 2.8 < 4 workers
+    assert replay_extra_runnable(m, 4, None) == 0.0                              # no sharing modelled
+    # nothing timed inside a unit: the runnable threads less the workers, as before
+    assert replay_extra_runnable({"sample_cost_s": None, "sample_cpu_s": None, "runnable_fleet": 5.5},
+                                 4, 2.0) == pytest.approx(1.5)
 
 
 def test_the_merge_time_is_the_coordinators_own() -> None:
