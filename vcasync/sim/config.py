@@ -48,9 +48,10 @@ class SimConfig:
     Start-up: a session's machine needs ``boot_s`` virtual seconds before it joins (booting,
     installing, loading the framework); a slot's first session, at the run's start, takes
     ``boot_s``, a session after a preemption ``restart_boot_s`` (None: ``boot_s`` too). They differ
-    where the whole fleet starts at once on shared resources: on the benchmark's 2-core machine the
-    four workers' first start-ups took 9-10 s together, a lone restart 3-5 s (``bench/convergence.py``
-    measures both in each real run it replays).
+    where the whole fleet starts at once on shared resources: in the benchmark's real runs on 2
+    cores (``bench/convergence.py`` measures both in each run it replays) the four workers' first
+    start-ups, to the end of their first unit, took 9.7 s on one seed and its restarts 5.4 s; over
+    10 seeds the two differed by up to 10 s, either way.
 
     Leases: ``lease_timeout_s`` None is what an operator would set: 600 s, or three of the slowest
     machine's steps when a step takes longer (the coordinator extends a lease only on progress, so a
