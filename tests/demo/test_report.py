@@ -347,7 +347,8 @@ def _strict(text: str) -> Any:
 def test_report_json_is_strict_json_with_a_diverged_loss_written_as_null_and_named(
         tmp_path: Path) -> None:
     # json.dumps' default wrote NaN/Infinity (a loss that diverged), which strict readers refuse
-    from vcasync.demo.report import strict_json, write_report
+    from vcasync._json import strict_json
+    from vcasync.demo.report import write_report
 
     slots = [_slot(0, [(0.0, 100.0)], [1], tmp_path)]
     run = _run(tmp_path, [], slots)

@@ -41,3 +41,32 @@ def test_lost_seconds_counts_only_the_part_before_the_target() -> None:
     assert lost_seconds(spans, None) == 20.0
     assert lost_seconds(spans, 25.0) == 15.0
     assert lost_seconds(spans, 5.0) == 5.0
+
+
+def test_simulate_json_is_strict_json_a_non_finite_figure_null_and_named(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # simulate --json printed Python's NaN/Infinity, which strict readers (jq, JavaScript) refuse
+    import argparse
+    import json
+
+    import vcasync.sim.report as report
+    from vcasync.sim.cli import configure, run
+
+    real = report.summarize
+
+    def diverged(out: object) -> dict[str, object]:
+        s = real(out)  # type: ignore[arg-type]
+        s["final_loss"] = float("nan")
+        return s
+
+    monkeypatch.setattr(report, "summarize", diverged)
+    p = argparse.ArgumentParser()
+    configure(p)
+    run(p.parse_args(["--epochs", "1", "--workers", "2", "--preemption-rate", "0", "--json"]))
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} is not strict JSON")
+
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1], parse_constant=refuse)
+    assert doc["final_loss"] is None
+    assert doc["non_finite"]["fields"] == ["final_loss (nan)"]

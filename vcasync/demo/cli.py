@@ -96,9 +96,10 @@ def _config(a: argparse.Namespace) -> Any:
 def run(a: argparse.Namespace) -> int:
     import torch
 
+    from .._json import strict_json
     from ..examples.workloads import get_workload
     from .ddp import run_ddp
-    from .report import build_report, strict_json, write_report
+    from .report import build_report, write_report
     from .run import run_demo
 
     cfg = _config(a)

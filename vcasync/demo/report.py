@@ -10,11 +10,10 @@ after it are billed to the run but not to the target.
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 from typing import Any
 
+from .._json import strict_json
 from ..examples.workloads import get_workload
 from .ddp import DdpResult
 from .headline import LostSpan, headline, restart_overhead, split_at
@@ -22,7 +21,7 @@ from .procs import Slot
 from .run import DemoRun
 from .trainer import parse_event
 
-__all__ = ["build_report", "plot_accuracy", "plot_timeline", "read_events", "strict_json", "write_report"]
+__all__ = ["build_report", "plot_accuracy", "plot_timeline", "read_events", "write_report"]
 
 
 def read_events(events_dir: Path) -> dict[int, list[dict[str, Any]]]:
@@ -279,29 +278,6 @@ def plot_timeline(report: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-
-
-def _finite_or_null(obj: Any, path: str, found: list[str]) -> Any:
-    """``obj`` with every NaN or infinite float replaced by None, the JSON path of each added to ``found``."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        found.append(f"{path} ({obj!r})")
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite_or_null(v, f"{path}.{k}" if path else str(k), found) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite_or_null(v, f"{path}[{i}]", found) for i, v in enumerate(obj)]
-    return obj
-
-
-def strict_json(report: dict[str, Any], **kwargs: Any) -> str:
-    """``report`` as strict JSON (``allow_nan=False``): a figure that is NaN or infinite (a loss
-    that diverged, say) is written as null and named, with its value, in ``non_finite``. Python's
-    default wrote ``NaN``/``Infinity``, which strict JSON readers (jq, JavaScript) refuse."""
-    found: list[str] = []
-    safe = _finite_or_null(report, "", found)
-    if found:
-        safe["non_finite"] = {"fields": found, "why": "not a finite number, so written as null"}
-    return json.dumps(safe, allow_nan=False, default=str, **kwargs)
 
 
 def write_report(report: dict[str, Any], run_dir: Path) -> list[Path]:

@@ -8,12 +8,12 @@ line); ``--plot PATH`` writes a PNG.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from .._json import strict_json
 from ..costing.params import parse_params
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError
@@ -203,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         if args.list_prices:
             table = _prices(args)
             rows = [table[k].as_dict() for k in table]
-            print(json.dumps(rows, indent=1) if args.json else "\n".join(
+            print(strict_json(rows, indent=1) if args.json else "\n".join(
                 f"{r['provider']}:{r['instance']:<14} {r['region']:<12} on-demand ${r['on_demand_per_h']}/h"
                 f"  spot ${r['spot_per_h']}/h  ({r['source']}, as of {r['as_of']}"
                 f"{', approximate' if r['approximate'] else ''})" for r in rows))
@@ -221,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         plot_summary(summary, args.plot)
     if args.json:
-        print(json.dumps(summary))
+        print(strict_json(summary))
     else:
         print(render_text(summary))
         if args.plot is not None:
