@@ -150,7 +150,9 @@ def machine() -> dict[str, Any]:
 
 def provenance(root: Path = ROOT) -> dict[str, Any]:
     """When and at which commit a bench is being measured: the UTC date, ``git rev-parse HEAD`` and
-    whether tracked files differ from it (``dirty``: the figures are of code no commit holds)."""
+    whether tracked files differ from it (``dirty``: the figures are of code no commit holds). What
+    publishing itself writes (``bench/results/``, ``docs/benchmarks.md``) is not code: a ``--run``
+    of several benches marked every bench after the first dirty by the first one's saved result."""
     def git(*args: str) -> str | None:
         try:
             out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
@@ -159,7 +161,8 @@ def provenance(root: Path = ROOT) -> dict[str, Any]:
         return out.stdout.strip() if out.returncode == 0 else None
 
     commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                 ":(exclude)bench/results", ":(exclude)docs/benchmarks.md") if commit else None
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
             "dirty": None if status is None else bool(status),

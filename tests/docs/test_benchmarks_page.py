@@ -108,6 +108,16 @@ def test_provenance_names_the_commit_and_whether_the_tree_was_dirty(tmp_path: Pa
     assert len(clean["commit"]) == 40
     assert clean["dirty"] is False
     assert clean["date"].endswith(" UTC")
+    # what publishing writes is not code: a bench's saved result leaves the next one clean
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "bench" / "results" / "codec.json").write_text("{}")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "benchmarks.md").write_text("# old")
+    git("add", ".")
+    git("commit", "-q", "-m", "two")
+    (tmp_path / "bench" / "results" / "codec.json").write_text('{"figures": {}}')
+    (tmp_path / "docs" / "benchmarks.md").write_text("# new")
+    assert provenance(tmp_path)["dirty"] is False
     (tmp_path / "f.txt").write_text("b")
     assert provenance(tmp_path)["dirty"] is True
 
