@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.server.conftest import coordinator_refused
 from vcasync.cli import main
 from vcasync.coordinator import CoordinatorConfig
 from vcasync.errors import ConfigError
@@ -29,13 +30,8 @@ def test_an_owner_ttl_below_the_minimum_is_refused_by_name(ttl: float) -> None:
 
 def test_the_cli_refuses_a_short_owner_ttl_and_state_lease_with_exit_2(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
-    config = tmp_path / "run.toml"
-    config.write_text("[coordinator]\nowner_ttl_s = 0.001\n")
-    assert main(["coordinator", "--config", str(config), "--model", "no.such.module:model",
-                 "--port", "0", "--storage", str(tmp_path / "store")]) == 2
+    assert coordinator_refused(tmp_path, monkeypatch, toml="[coordinator]\nowner_ttl_s = 0.001\n") == 2
     assert "owner_ttl_s must be >= 3 s" in capsys.readouterr().err
-    assert not (tmp_path / "store").exists()
     assert main(["worker", "--coordinator", "http://127.0.0.1:9", "--trainer", "no.such.module:train",
                  "--state", (tmp_path / "ws").as_uri(), "--state-lease", "0.001"]) == 2
     assert "--state-lease must be at least 3 seconds" in capsys.readouterr().err

@@ -83,3 +83,22 @@ def result_payload(coord_model: ModelState, lease_id: str, base_version: int, *,
     meta = {"lease_id": lease_id, "base_version": base_version, "kind": "delta", "samples": 32,
             "steps": steps, "partial": False, "metrics": {"loss": 1.0}}
     return b"".join(encode_payload("result", meta, delta))
+
+
+def coordinator_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *flags: str,
+                        toml: str | None = None) -> int:
+    """``vcasync coordinator`` with ``flags`` (and ``toml`` as its ``--config``) on a model that cannot
+    be imported: its exit status, once checked that it made no storage (a bad setting must be
+    refused before anything runs; the model's import would fail later)."""
+    from vcasync.cli import main
+
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    args = ["coordinator", "--model", "no.such.module:model", "--port", "0",
+            "--storage", str(tmp_path / "store"), *flags]
+    if toml is not None:
+        config = tmp_path / "run.toml"
+        config.write_text(toml)
+        args += ["--config", str(config)]
+    status = main(args)
+    assert not (tmp_path / "store").exists()
+    return status

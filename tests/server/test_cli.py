@@ -11,6 +11,8 @@ import pytest
 from vcasync.cli import Command, available_commands, main, read_secret
 from vcasync.errors import ConfigError
 
+from .conftest import coordinator_refused
+
 
 def test_help_lists_the_builtin_commands(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
@@ -229,26 +231,19 @@ def test_coordinator_refuses_a_linger_that_is_negative_or_not_finite_before_star
         linger: str) -> None:
     # --linger -5 and nan were taken, and logged when the run finished: "serving nans more". The
     # model cannot be imported: what is refused first shows the check comes before anything runs.
-    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
-    assert main(["coordinator", "--model", "no.such.module:model", "--port", "0", "--linger", linger,
-                 "--storage", str(tmp_path / "store")]) == 2
+    assert coordinator_refused(tmp_path, monkeypatch, "--linger", linger) == 2
     err = capsys.readouterr().err
     assert f"run.linger_s (--linger) must be a finite number of seconds >= 0, got {float(linger)!r}" in err
-    assert not (tmp_path / "store").exists()
 
 
 def test_coordinator_refuses_a_heartbeat_slower_than_the_lease_timeout_before_starting(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # lease timeout 4 s, heartbeat 50 s: each lease expired before its first heartbeat, and the
     # unit was leased to another worker and trained twice
-    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
-    config = tmp_path / "run.toml"
-    config.write_text("[coordinator]\nlease_timeout_s = 4\nheartbeat_interval_s = 50\n")
-    assert main(["coordinator", "--config", str(config), "--model", "no.such.module:model",
-                 "--port", "0", "--storage", str(tmp_path / "store")]) == 2
+    assert coordinator_refused(tmp_path, monkeypatch,
+                               toml="[coordinator]\nlease_timeout_s = 4\nheartbeat_interval_s = 50\n") == 2
     err = capsys.readouterr().err
     assert "heartbeat_interval_s must be at most a third of lease_timeout_s (1.33333 s)" in err
-    assert not (tmp_path / "store").exists()
 
 
 def test_coordinator_on_a_port_in_use_is_a_configuration_error(

@@ -22,7 +22,7 @@ from vcasync.server import Server, ServerConfig
 from vcasync.server._auth import TokenAuthority
 from vcasync.server._routes import HTTP_METRICS
 from vcasync.trainer import TrainContext, TrainResult
-from vcasync.worker import Worker, WorkerConfig
+from vcasync.worker import Worker, WorkerConfig, WorkerReport
 
 from .conftest import SECRET, running, tiny_model
 
@@ -104,6 +104,23 @@ class Blocker:
         assert await asyncio.to_thread(self.reached.wait, 30), "the trainer never reached the step"
 
 
+async def started(url: str, state_dir: Path, blocker: Blocker, log: list[dict[str, Any]] | None = None,
+                  **cfg: Any) -> tuple[Worker, asyncio.Task[WorkerReport]]:
+    """A worker running, its trainer held at ``blocker``'s step."""
+    w = worker(url, state_dir, make_trainer(blocker, log), **cfg)
+    task = asyncio.create_task(w.run())
+    await blocker.wait_reached()
+    return w, task
+
+
+async def preempted(url: str, state_dir: Path, blocker: Blocker, log: list[dict[str, Any]] | None = None,
+                    **cfg: Any) -> WorkerReport:
+    """A worker asked to stop (a preemption notice) once its trainer reached ``blocker``'s step."""
+    w, task = await started(url, state_dir, blocker, log, **cfg)
+    w.request_stop()
+    return await task
+
+
 def units_done(coord: Any) -> int:
     units = coord.status()["units"]
     return int(units["done"]) if isinstance(units, dict) else -1
@@ -126,12 +143,8 @@ async def test_worker_runs_until_finished(tmp_path: Path) -> None:
 
 async def test_preempted_worker_keeps_the_lease_and_resumes_it(tmp_path: Path) -> None:
     async with running(tmp_path, units=make_units(2, steps=20)) as (coord, server):
-        blocker, log = Blocker(at_step=5), []
-        w = worker(server.url, tmp_path / "w", make_trainer(blocker, log))
-        task = asyncio.create_task(w.run())
-        await blocker.wait_reached()
-        w.request_stop()
-        report = await task
+        log: list[dict[str, Any]] = []
+        report = await preempted(server.url, tmp_path / "w", Blocker(at_step=5), log)
         assert report.reason == "preempted"
         assert not report.grace_exceeded
         assert report.results_accepted == 0
@@ -154,9 +167,7 @@ async def test_a_second_worker_on_a_state_dir_in_use_waits_for_it_then_is_refuse
     # the other's spooled result under it (a FileNotFoundError traceback, exit 1).
     async with running(tmp_path, units=make_units(2, steps=20)) as (_, server):
         blocker, log = Blocker(at_step=5), []
-        first = worker(server.url, tmp_path / "w", make_trainer(blocker, log))
-        task = asyncio.create_task(first.run())
-        await blocker.wait_reached()
+        first, task = await started(server.url, tmp_path / "w", blocker, log)
         second = worker(server.url, tmp_path / "w", make_trainer(None, log))
         second.state.lock_wait_s = 0.3
         with pytest.raises(StateInUseError, match=r"in use by a live worker \(pid \d+ on host") as info:
@@ -183,12 +194,8 @@ async def test_a_run_reached_at_another_address_keeps_the_identity_and_the_lease
     # resumed, its checkpoint dropped, and the unit waited for the old lease to expire.
     auth = TokenAuthority(join_secret=SECRET)        # kept, as a coordinator keeps tokens on storage
     async with running(tmp_path, units=make_units(2, steps=20), authority=auth) as (coord, server):
-        blocker, log = Blocker(at_step=5), []
-        w = worker(server.url, tmp_path / "w", make_trainer(blocker, log))
-        task = asyncio.create_task(w.run())
-        await blocker.wait_reached()
-        w.request_stop()
-        first = await task
+        log: list[dict[str, Any]] = []
+        first = await preempted(server.url, tmp_path / "w", Blocker(at_step=5), log)
         saved = json.loads((tmp_path / "w" / "identity.json").read_text())
         assert saved["run_id"] == coord.run_id
         await server.aclose()
@@ -232,12 +239,8 @@ async def test_a_state_holding_work_of_another_run_is_refused_untouched(tmp_path
     state = tmp_path / "w"
     async with running(tmp_path / "a", units=make_units(1, steps=20)) as (coord_a, server_a), \
             running(tmp_path / "b", units=make_units(1, steps=2)) as (coord_b, server_b):
-        blocker, log = Blocker(at_step=5), []
-        w = worker(server_a.url, state, make_trainer(blocker, log))
-        task = asyncio.create_task(w.run())
-        await blocker.wait_reached()
-        w.request_stop()
-        first = await task
+        log: list[dict[str, Any]] = []
+        first = await preempted(server_a.url, state, Blocker(at_step=5), log)
         before = {p.relative_to(state): p.read_bytes() for p in state.rglob("*")
                   if p.is_file() and p.name != "lock"}
         with pytest.raises(ConfigError) as info:
@@ -259,13 +262,8 @@ async def test_a_state_holding_work_of_another_run_is_refused_untouched(tmp_path
 
 async def test_partial_result_on_preemption(tmp_path: Path) -> None:
     async with running(tmp_path, units=make_units(1, steps=20)) as (coord, server):
-        blocker = Blocker(at_step=4)
-        w = worker(server.url, tmp_path / "w", make_trainer(blocker), on_preempt="partial")
         v0 = coord.version
-        task = asyncio.create_task(w.run())
-        await blocker.wait_reached()
-        w.request_stop()
-        report = await task
+        report = await preempted(server.url, tmp_path / "w", Blocker(at_step=4), on_preempt="partial")
         assert report.reason == "preempted"
         assert report.results_accepted == 1
         assert not (tmp_path / "w" / "lease.json").exists()
