@@ -357,7 +357,8 @@ ROUTE_PURPOSE: Mapping[str, str] = {
     "release": "give a lease up; `failed: false` when it is nobody's fault (a preemption)",
     "model": "download model `version` (or `latest`) as a wire payload; `If-None-Match` with the ETag "
              "answers 304",
-    "status": "the run's state as JSON: units by state, workers, version, metrics, storage health",
+    "status": "the run's state as JSON: units by state, workers, version, metrics, storage health, "
+              "the run's owner (`owner`: host, pid, since, renewal age; null without an owner lease)",
     "requeue": "operator: queue parked units again, `{\"units\": [...]}` or `{}` for all",
     "eval": "an evaluator reports scores of a model version (`{\"version\": 3, \"values\": {\"accuracy\": "
             "0.91}}`, at most eight names a run) for the status page's curve",

@@ -108,6 +108,10 @@ def _when(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
 
 
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
 @dataclass(frozen=True, slots=True)
 class OwnerRecord:
     """One owner record as stored (see the module docstring)."""
@@ -195,6 +199,19 @@ class OwnerLease:
     @property
     def epoch(self) -> int | None:
         return self._epoch
+
+    def info(self) -> dict[str, Any] | None:
+        """Who holds the lease, for operators (``GET /v1/status`` ``owner``), or None while this
+        object holds nothing: ``host``, ``pid``, ``epoch``, ``since`` (ISO 8601, UTC) and
+        ``since_unix`` (when it was taken), ``ttl_s``, ``renewed_s_ago`` (seconds since the last
+        confirmed renewal started; None while none is confirmed, e.g. after a storage hiccup) and
+        ``lost`` (found taken over). Never the holder token: whoever knows it could forge a renewal."""
+        if self._epoch is None:
+            return None
+        age = None if self._confirmed is None else round(self._age(), 3)
+        return {"host": socket.gethostname(), "pid": os.getpid(), "epoch": self._epoch,
+                "since": _iso(self._since), "since_unix": self._since, "ttl_s": self.ttl_s,
+                "renewed_s_ago": age, "lost": self._lost}
 
     def _key(self, epoch: int) -> str:
         return f"{self.prefix}{epoch:0{_DIGITS}d}.json"

@@ -5,7 +5,11 @@ nothing."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
+import os
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -312,6 +316,44 @@ async def test_status_is_json(served: Any, http: aiohttp.ClientSession) -> None:
         assert r.status == 200
         body = json.loads(await r.text())  # strict JSON: no NaN
     assert body["version"] == coord.version
+
+
+async def _status(http: aiohttp.ClientSession, url: str) -> tuple[dict[str, Any], str]:
+    _, token = await join(http, url)
+    async with http.get(f"{url}/v1/status", headers=bearer(token)) as r:
+        assert r.status == 200
+        text = await r.text()
+    return json.loads(text), text
+
+
+async def test_status_names_the_runs_owner_and_never_its_token(tmp_path: Path,
+                                                               http: aiohttp.ClientSession) -> None:
+    before = time.time()
+    async with running(tmp_path, coordinator={"owner_ttl_s": 12.0}) as (_coord, server):
+        body, text = await _status(http, server.url)
+    owner = body["owner"]
+    assert owner["host"] == socket.gethostname()
+    assert owner["pid"] == os.getpid()
+    assert owner["epoch"] == 1
+    assert owner["ttl_s"] == 12.0
+    assert before - 1 <= owner["since_unix"] <= time.time()
+    since = datetime.datetime.fromisoformat(owner["since"].replace("Z", "+00:00"))
+    assert abs(since.timestamp() - owner["since_unix"]) < 1
+    assert 0 <= owner["renewed_s_ago"] < 12.0
+    assert owner["lost"] is False
+    # the holder token proves ownership to the store: whoever reads the status must not learn it
+    (record,) = [p for p in (tmp_path / "store").rglob("*.json") if p.parent.name == "owner"]
+    holder = json.loads(record.read_text())["holder"]
+    assert len(holder) >= 16
+    assert holder not in text
+
+
+async def test_status_owner_is_null_without_an_owner_lease(tmp_path: Path,
+                                                           http: aiohttp.ClientSession) -> None:
+    async with running(tmp_path, durability="none") as (_coord, server):
+        body, _ = await _status(http, server.url)
+    assert "owner" in body
+    assert body["owner"] is None
 
 
 async def test_no_work_is_503_with_retry_after_and_finished_is_410(tmp_path: Path,

@@ -866,7 +866,10 @@ class Coordinator:
         if phase == "running" and self._finished.is_set():
             phase = "finished"       # still serving (lingering) so workers hear it
         out: dict[str, Any] = {"phase": phase, "durability": self.config.durability,
-                               "policy": self._policy.name, "storage": self._health.status()}
+                               "policy": self._policy.name, "storage": self._health.status(),
+                               # who holds the run (host, pid, since, renewal age); null without
+                               # an owner lease (durability "none"; before it is taken, once released)
+                               "owner": None if self._prefix_lease is None else self._prefix_lease.info()}
         if self._failure is not None:
             out["error"] = f"{type(self._failure).__name__}: {self._failure}"
         if self._phase in ("new", "starting"):
