@@ -11,6 +11,8 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from vcasync.coerce import is_finite_number
+
 
 def spread(values: Sequence[float], digits: int = 3) -> list[float]:
     """``[min, median, max]`` of ``values`` (all of them: no repetition is dropped)."""
@@ -34,7 +36,7 @@ def _number(text: str, kind: type[int] | type[float], low: float, strict: bool) 
     except ValueError:
         what = "a whole number" if kind is int else "a number"
         raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
-    if not (math.isfinite(value) and (value > low if strict else value >= low)):
+    if not is_finite_number(value, low, strict=strict):
         if kind is int:     # a whole number > 0 is one >= 1
             bound = f">= {int(low) + 1}" if strict else f">= {int(low)}"
             raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")

@@ -25,6 +25,7 @@ False
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -33,7 +34,7 @@ from typing import Any, Literal, TypeVar, Union
 
 from .errors import ConfigError
 
-__all__ = ["coerce", "describe_type", "from_table", "supported"]
+__all__ = ["coerce", "describe_type", "from_table", "is_finite_number", "supported"]
 
 D = TypeVar("D")
 
@@ -86,6 +87,29 @@ def supported(hint: Any) -> bool:
     if origin in _MAPPINGS:
         return len(args) == 2 and args[0] is str and supported(args[1])
     return hint in (dict, Mapping, list, tuple)
+
+
+def is_finite_number(value: object, low: float | None = None, *, strict: bool = False,
+                     high: float | None = None, high_strict: bool = False) -> bool:
+    """Whether ``value`` is an int or float (not a bool), finite, and within ``[low, high]``
+    (``strict``/``high_strict``: that bound itself excluded; None: no bound). NaN, the infinities and
+    an int too large for a float are not. The one such check: price rows, spot paths, the
+    simulator's and the benches' arguments and the demo's config all call it.
+
+    >>> is_finite_number(3), is_finite_number(True), is_finite_number(float("nan"))
+    (True, False, False)
+    >>> is_finite_number(0.0, 0, strict=True), is_finite_number(1, 0, high=1, high_strict=True)
+    (False, False)
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        if not math.isfinite(value):
+            return False
+    except OverflowError:
+        return False
+    return ((low is None or (value > low if strict else value >= low))
+            and (high is None or (value < high if high_strict else value <= high)))
 
 
 def coerce(value: Any, hint: Any, where: str, *, text: bool = False) -> Any:

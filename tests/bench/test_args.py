@@ -109,6 +109,8 @@ def test_an_explicit_flag_wins_over_quick_in_every_bench(bench: str, argv: list[
     ("e2e", ["--durability", "journal,fsync"], "unknown mode(s) ['fsync']; use none, snapshot, journal"),
     ("modelsize", ["--max-size", "10MB"], "--max-size must be at least 100MB"),
     ("ledger", ["--sizes", "0"], "--sizes: must be >= 1, got 0"),
+    # a whole number too large for a float was an OverflowError traceback from the finiteness check
+    ("merge", ["--threads", "1" + "0" * 400], "--threads: must be >= 1, got 1000"),
 ])
 def test_a_bad_value_is_an_argparse_error_that_names_it(bench: str, argv: list[str], said: str,
                                                         capsys: pytest.CaptureFixture[str]) -> None:

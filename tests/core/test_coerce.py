@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any, Literal
 import pytest
 from vcasync.backends.local import LocalStorage
 
-from vcasync.coerce import coerce, describe_type, from_table, supported
+from vcasync.coerce import coerce, describe_type, from_table, is_finite_number, supported
 from vcasync.errors import ConfigError
 from vcasync.policy import build_policy
 from vcasync.runconfig import dataclass_from_table
@@ -149,3 +150,31 @@ def test_an_int_too_large_for_a_float_is_a_config_error() -> None:
     # An int too long even to print (Python refuses over 4,300 digits) is named by its size.
     with pytest.raises(ConfigError, match=r"^p must be str, got an int of 16610 bits$"):
         coerce(10**5000, str, "p")
+
+
+@pytest.mark.parametrize(("value", "bounds", "ok"), [
+    (3, {}, True), (2.5, {}, True), (-1e300, {}, True),
+    (True, {}, False), ("1", {}, False), (None, {}, False),
+    (math.nan, {}, False), (math.inf, {}, False), (-math.inf, {}, False),
+    (10 ** 400, {}, False),                                  # too large for a float
+    (0, {"low": 0}, True), (0, {"low": 0, "strict": True}, False),
+    (1, {"high": 1}, True), (1, {"high": 1, "high_strict": True}, False),
+    (0.5, {"low": 0, "strict": True, "high": 1, "high_strict": True}, True),
+    (10 ** 400, {"low": 1}, False),
+])
+def test_is_finite_number_is_the_one_check(value: Any, bounds: dict[str, Any], ok: bool) -> None:
+    # the simulator's and the benches' argument types, price rows, spot paths and the demo's config
+    # each had their own copy of this check; they all call this one now
+    assert is_finite_number(value, **bounds) is ok
+
+
+def test_the_argument_types_and_price_checks_share_it() -> None:
+    import vcasync.costing.market as market
+    import vcasync.costing.prices as prices
+    import vcasync.demo.run as demo_run
+    import vcasync.sim.cli as sim_cli
+    import vcasync.sim.config as sim_config
+    from bench import _stats
+
+    for module in (market, prices, demo_run, sim_cli, sim_config, _stats):
+        assert module.is_finite_number is is_finite_number, module.__name__

@@ -22,8 +22,9 @@ from typing import Protocol
 
 import numpy as np
 
+from ..coerce import is_finite_number
 from ..errors import ConfigError
-from .params import is_finite_number, read_text_file
+from .params import read_text_file
 
 __all__ = ["MIN_WALK_STEP_S", "SpotPath", "SpotTrace", "SpotWalk"]
 

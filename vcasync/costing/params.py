@@ -4,24 +4,12 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["is_finite_number", "parse_params", "read_text_file"]
-
-
-def is_finite_number(value: object) -> bool:
-    """Whether ``value`` is an int or float (not a bool) and finite: NaN, the infinities and an int
-    too large for a float are not. Price rows and spot paths check their figures with it."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
+__all__ = ["parse_params", "read_text_file"]
 
 
 def read_text_file(path: str | Path, what: str) -> str:

@@ -30,8 +30,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..coerce import is_finite_number
 from ..errors import ConfigError
-from .params import is_finite_number, read_text_file
+from .params import read_text_file
 
 log = logging.getLogger("vcasync.costing")
 
@@ -81,7 +82,7 @@ class InstancePrice:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ConfigError(f"{self._label()}: {name} must be a number, got {value!r}")
-            if not (is_finite_number(value) and (value > low if strict else value >= low)):
+            if not is_finite_number(value, low, strict=strict):
                 raise ConfigError(f"{self._label()}: {name} must be a finite {what} "
                                   f"{'>' if strict else '>='} {low:g}, got {value!r}")
         if self.on_demand_per_h == 0:   # spot may be free (volunteers); the reference may not

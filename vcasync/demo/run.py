@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .._paths import make_output_dir
-from ..costing.params import is_finite_number
+from ..coerce import is_finite_number
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError, PolicyError
 from ..storage import open_storage, outlives_process
@@ -100,7 +100,7 @@ class DemoConfig:
     def __post_init__(self) -> None:
         def seconds(value: float, top: float, *, strict: bool) -> bool:
             """A finite number of seconds, > 0 (``strict``) or >= 0, at most ``top``."""
-            return is_finite_number(value) and (value > 0 if strict else value >= 0) and value <= top
+            return is_finite_number(value, 0, strict=strict, high=top)
 
         lo, hi = self.restart_delay_s
         checks = [

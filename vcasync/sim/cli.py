@@ -8,12 +8,12 @@ line); ``--plot PATH`` writes a PNG.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from .._json import strict_json
+from ..coerce import is_finite_number
 from ..costing.params import parse_params
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError
@@ -44,10 +44,7 @@ def number(kind: type[int] | type[float], low: float | None = None, *, strict: b
             bounds.append(f"{'>' if strict else '>='} {kind(low):{fmt}}")
         if high is not None:
             bounds.append(f"{'<' if high_strict else '<='} {kind(high):{fmt}}")
-        ok = math.isfinite(value)
-        ok = ok and (low is None or (value > low if strict else value >= low))
-        ok = ok and (high is None or (value < high if high_strict else value <= high))
-        if not ok:
+        if not is_finite_number(value, low, strict=strict, high=high, high_strict=high_strict):
             what = "a whole number" if kind is int else "a finite number"
             raise argparse.ArgumentTypeError(f"must be {what}{' ' if bounds else ''}{' and '.join(bounds)}, "
                                              f"got {text}")

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..coerce import is_finite_number
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError
 from .fleet import FleetConfig, NoPreemption, PreemptionModel, TracePreemption
@@ -110,7 +111,7 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         def finite(x: float | None) -> bool:   # None is the default; NaN and inf are neither
-            return x is None or math.isfinite(x)
+            return x is None or is_finite_number(x)
 
         def rate(name: str) -> tuple[bool, str]:
             # None means the default (base rate x sqrt(workers)); 0 is not "the default" but a
