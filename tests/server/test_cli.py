@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vcasync.cli import Command, available_commands, main, read_secret
+from vcasync.cli import Command, available_commands, build_parser, main, read_secret
 from vcasync.errors import ConfigError
 
 from .conftest import coordinator_refused
@@ -177,6 +177,42 @@ def test_requeue_and_ray_up_refuse_a_coordinator_url_as_the_worker_does(
     err = capsys.readouterr().err
     assert err.startswith("vcasync ray: configuration error: --coordinator "), err
     assert why in err
+
+
+@pytest.mark.parametrize("value", ["2.9", "0", "-5", "nan", "inf", "-inf", "soon"])
+def test_ray_up_refuses_a_bad_state_lease_while_parsing(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], value: str) -> None:
+    # Found by review: `ray up --state-lease 1` (or nan) was taken, the fleet started, and every
+    # actor's worker then refused it (the worker's floor is the owner lease's 3 s). Now argparse
+    # refuses it, the flag named, before Ray is imported or connected to.
+    import vcasync.launch.ray as launch_ray
+
+    def no_ray() -> None:
+        raise AssertionError("Ray was reached with a bad --state-lease")
+
+    monkeypatch.setattr(launch_ray, "_ray", no_ray)
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    with pytest.raises(SystemExit) as info:
+        main(["ray", "--address", "127.0.0.1:1", "up", "--workers", "1",
+              "--coordinator", "http://127.0.0.1:8470", "--trainer", "m:f", "--state-root", "s3://b/w",
+              f"--state-lease={value}"])     # "=": argparse takes "-inf" alone for an option
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    (line,) = [ln for ln in err.splitlines() if "error:" in ln]
+    assert line.startswith("vcasync ray up: error: argument --state-lease: "), err
+    assert value in line
+    if value != "soon":
+        assert "must be a finite number of seconds >= 3" in line
+
+
+def test_ray_up_takes_a_state_lease_at_the_floor() -> None:
+
+    argv = ["ray", "up", "--workers", "1", "--coordinator", "http://127.0.0.1:8470", "--trainer", "m:f",
+            "--state-root", "s3://b/w"]
+    parser = build_parser(available_commands())
+    assert parser.parse_args([*argv, "--state-lease", "3"]).state_lease == 3.0
+    assert parser.parse_args(argv).state_lease == 30.0
 
 
 def test_requeue_against_a_coordinator_that_is_not_there_says_so(
