@@ -110,3 +110,29 @@ def test_no_saving_is_reported_against_a_baseline_that_did_not_learn() -> None:
     line = next(ln for ln in render_text(s).splitlines() if "cost to target" in ln)
     assert "no target" in line
     assert "saving" not in line.replace("no saving", "")
+
+
+def test_no_target_is_derived_from_a_baseline_that_did_not_learn() -> None:
+    # the target (half a point under the baseline's final accuracy) was still reported, with times
+    # to it and target_missed, though the baseline's "final accuracy" is the initial model's, and
+    # the saving beside it was already withheld for that reason
+    cfg = SimConfig(fleet=FleetConfig.identical(2), preemption=NoPreemption(), epochs=1, seed=0,
+                    eval_points=4, sync_lr=1e-9)
+    s = summarize(Simulation(cfg).run())
+    assert s["baseline_learned"] is False
+    for key in ("target", "target_accuracy", "target_loss", "time_to_target_s", "sync_time_to_target_s"):
+        assert s[key] is None, key
+    assert s["target_missed"] is None         # no target: nothing to miss, nor to count as missed
+    assert "did not learn" in s["target_withheld"]
+    line = next(ln for ln in render_text(s).splitlines() if ln.strip().startswith("target "))
+    assert "none: the synchronous baseline did not learn" in line
+
+
+def test_a_given_target_is_kept_when_the_baseline_did_not_learn() -> None:
+    cfg = SimConfig(fleet=FleetConfig.identical(2), preemption=NoPreemption(), epochs=1, seed=0,
+                    eval_points=4, sync_lr=1e-9, target_accuracy=0.5)
+    s = summarize(Simulation(cfg).run())
+    assert s["baseline_learned"] is False
+    assert s["target"] == 0.5
+    assert s["target_withheld"] is None
+    assert s["saving_at_target"] is None      # still no saving against that baseline

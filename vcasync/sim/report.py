@@ -8,7 +8,9 @@ below the synchronous baseline's final accuracy, or, on a signal judged by loss 
 above its final validation loss. A run that never reaches it has no saving
 (``target_missed`` true), never a dropped figure; a run without a target (``--no-sync`` and no
 ``--target-accuracy``) has ``target_missed`` null. A baseline that did not learn (5 points of accuracy,
-or 5 % of its first loss) prices no saving at all, at the target or over the full run.
+or 5 % of its first loss) prices no saving at all, at the target or over the full run, and sets no
+target either: ``target`` is null (so are the times to it and ``target_missed``) and
+``target_withheld`` says why (null otherwise); a target given explicitly is kept.
 
 Hours in ``cost_at_target`` / ``cost_full_run``: ``worker_hours`` are the fleet's machine-hours;
 ``sync_wall_hours`` the baseline's wall-clock hours and ``sync_machine_hours`` its machine-hours (its
@@ -66,6 +68,11 @@ def _tolerance(metric: Metric, target: float, ref: float) -> str:
     if metric == "accuracy":
         return f"{100 * (ref - target):.2f} point(s)"
     return f"{100 * (target / ref - 1):.2f} % of loss"
+
+
+#: Why ``target`` is null when the baseline that would have set it did not learn.
+_NO_TARGET = ("the synchronous baseline did not learn (check --sync-lr), so a target derived from its "
+              "final quality means nothing")
 
 
 def _baseline_learned(out: SimOutcome) -> bool | None:
@@ -130,8 +137,14 @@ def summarize(out: SimOutcome, target: float | None = None) -> dict[str, Any]:
     sync_final = sync.evals[-1] if sync is not None else None
     if target is None and metric == "accuracy":
         target = cfg.target_accuracy
+    withheld = None
     if target is None and sync_final is not None and math.isfinite(quality(sync_final, metric)):
-        target = Target.from_baseline(metric, quality(sync_final, metric)).value
+        if _baseline_learned(out) is False:
+            # its "final quality" is the initial model's: a target half a point under it is one the
+            # fleet "reaches" at once, and time to target and target_missed would mean nothing
+            withheld = _NO_TARGET
+        else:
+            target = Target.from_baseline(metric, quality(sync_final, metric)).value
     t_async = time_to_target(rec.evals, target, metric) if target is not None else None
     t_sync = (time_to_target(sync.evals, target, metric)
               if (sync is not None and target is not None) else None)
@@ -158,6 +171,7 @@ def summarize(out: SimOutcome, target: float | None = None) -> dict[str, Any]:
                              else (final.loss - sync_final.loss) / sync_final.loss),
         "wasted_fraction": (rec.samples_wasted / trained) if trained else 0.0,
         "target": target,
+        "target_withheld": withheld,
         "target_accuracy": target if metric == "accuracy" else None,
         "target_loss": target if metric == "loss" else None,
         "time_to_target_s": t_async,
@@ -227,6 +241,14 @@ def _fmt(x: object, pct: bool = False) -> str:
     return str(x)
 
 
+def _target(s: dict[str, Any]) -> str:
+    if s["target"] is not None:
+        return _fmt(s["target"])
+    if s.get("target_withheld"):
+        return f"none: {s['target_withheld']}"
+    return "none (no baseline to set it, none given)"
+
+
 def render_text(s: dict[str, Any]) -> str:
     """A readable table of the headline figures."""
     cfg = s["config"]
@@ -239,7 +261,7 @@ def render_text(s: dict[str, Any]) -> str:
         f"${inst['on_demand_per_h']}/h, spot ${inst['spot_per_h']}/h; {inst['source']}, as of "
         f"{inst['as_of']}{' (approximate)' if inst['approximate'] else ''}: list prices, they drift",
         f"  {'target ' + s['metric']:<22} "
-        f"{_fmt(s['target']) if s['target'] is not None else 'none (no baseline to set it, none given)'}",
+        f"{_target(s)}",
         f"  time to target         async {_fmt(_hours(s['time_to_target_s']))} h virtual   "
         f"sync on-demand {_fmt(_hours(s['sync_time_to_target_s']))} h virtual",
         f"  final accuracy         async {_fmt(s['final_accuracy'])}   sync {_fmt(s['sync_final_accuracy'])}",
