@@ -71,3 +71,30 @@ def test_the_cli_exits_2_and_creates_nothing(argv: list[str], tmp_path: Path, mo
     err = capsys.readouterr().err
     assert "must be" in err
     assert list(tmp_path.iterdir()) == []      # no ./runs, no run directory
+
+
+def test_the_workers_help_states_the_bound_the_config_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the help said "at most 64" by hand beside MAX_WORKERS = 64: one changed, the other would lie
+    import argparse
+
+    import vcasync.demo.cli as demo_cli
+    from vcasync.demo import limits
+
+    assert MAX_WORKERS is limits.MAX_WORKERS      # DemoConfig checks the bound the help states
+    monkeypatch.setattr(demo_cli, "MAX_WORKERS", 7)
+    p = argparse.ArgumentParser(prog="vcasync demo")
+    demo_cli.configure(p)
+    assert "at most 7)" in " ".join(p.format_help().split())
+
+
+def test_the_demo_flags_are_built_without_the_run_module() -> None:
+    # every `vcasync` call builds every subcommand's flags: the demo's must not load its run
+    # module (workloads, models, process plumbing) to state a bound
+    import subprocess
+    import sys
+
+    code = ("import sys; from vcasync.cli import available_commands, build_parser; "
+            "build_parser(available_commands()); print('vcasync.demo.run' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=120)
+    assert out.stdout.strip() == "False", out.stderr

