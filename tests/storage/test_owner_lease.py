@@ -6,6 +6,9 @@ time: tests/server/test_remote_state.py; coordinators: tests/coordinator/test_ow
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import socket
 import subprocess
 import sys
 import time
@@ -163,3 +166,34 @@ async def test_a_failed_renewal_is_tried_again_after_a_quarter_beat() -> None:
     renewer.cancel()
     await asyncio.gather(renewer, return_exceptions=True)
     await own.release()
+
+
+async def test_info_says_who_holds_it_how_fresh_and_never_the_holder_token() -> None:
+    # what GET /v1/status shows as "owner": an operator needs to see who owns a run
+    now, wall = [1000.0], [1_700_000_000.0]
+    store = MemoryStorage("s")
+    own = OwnerLease(store.peer(), error=refused, prefix="p/owner/", ttl_s=30.0, subject="the run",
+                     role="coordinator", clock=lambda: wall[0], monotonic=lambda: now[0])
+    assert own.info() is None                              # nothing held yet
+    await own.acquire()
+    now[0] += 4.0
+    info = own.info()
+    assert info == {"host": socket.gethostname(), "pid": os.getpid(), "epoch": 1,
+                    "since": "2023-11-14T22:13:20Z", "since_unix": 1_700_000_000.0, "ttl_s": 30.0,
+                    "renewed_s_ago": 4.0, "lost": False}
+    (key,) = [k async for k in store.list("p/owner/")]
+    holder = json.loads(await store.get(key))["holder"]
+    assert holder not in json.dumps(info)
+    await own.renew()
+    assert own.info()["renewed_s_ago"] == 0.0              # type: ignore[index]
+    # a newcomer takes the run over (this one stalled): the next check finds it lost
+    await store.put("p/owner/000000000002.json",
+                    OwnerRecord("other", "elsewhere", 1, 30.0, 0, wall[0], False, wall[0]).to_bytes())
+    with pytest.raises(PrefixTakenError):
+        await own.check()
+    info = own.info()
+    assert info is not None
+    assert info["lost"] is True
+    assert info["renewed_s_ago"] is None                   # no confirmed renewal to vouch for it
+    await own.release()
+    assert own.info() is None
