@@ -28,13 +28,13 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
 from .errors import ConfigError
 
-__all__ = ["coerce", "describe_type", "from_table", "is_finite_number", "supported"]
+__all__ = ["coerce", "describe_type", "from_table", "is_finite_number", "parsed_or_word", "supported"]
 
 D = TypeVar("D")
 
@@ -110,6 +110,31 @@ def is_finite_number(value: object, low: float | None = None, *, strict: bool = 
         return False
     return ((low is None or (value > low if strict else value >= low))
             and (high is None or (value < high if high_strict else value <= high)))
+
+
+#: How a value of TOML or JSON starts (a number, a sign, an array, a table, a quoted string): text
+#: that starts so and does not parse is a mistyped value, never a bare word.
+_VALUE_START = frozenset("0123456789+-[{\"'")
+
+
+def parsed_or_word(raw: str, parse: Callable[[str], Any], where: str) -> Any:
+    """``parse(raw)`` (TOML's or JSON's value grammar, raising a ValueError), or ``raw`` itself when
+    it is a bare word (``digits``, ``sgd``, ``pkg.mod:fn``, a path): the one reading of the
+    ``--unit-param`` / ``--policy-param KEY=VALUE`` flags. Text that starts like a value and does
+    not parse (``0.1.2``, ``[``, ``"open``) is a :class:`ConfigError` naming ``where``: it became
+    the string ``'0.1.2'``, refused by the trainer on every unit, far from the flag.
+
+    >>> import json
+    >>> parsed_or_word("0.5", json.loads, "lr"), parsed_or_word("digits", json.loads, "workload")
+    (0.5, 'digits')
+    """
+    try:
+        return parse(raw)
+    except ValueError as exc:      # json.JSONDecodeError and tomllib.TOMLDecodeError are ValueErrors
+        if raw[:1] not in _VALUE_START:
+            return raw
+        raise ConfigError(f"{where}: {raw!r} is not a valid value ({exc}); a string that starts "
+                          f"with a digit, sign, bracket or quote must be quoted") from None
 
 
 def coerce(value: Any, hint: Any, where: str, *, text: bool = False) -> Any:

@@ -48,6 +48,7 @@ def test_a_run_dir_the_system_will_not_make_is_refused_by_name(capsys: pytest.Ca
 @pytest.mark.parametrize(("args", "said"), [
     (["--policy", "nosuch"], "no merge policy named 'nosuch'; available: "),
     (["--policy-param", "alpha=abc"], "parameter 'alpha' of policy 'vcasgd' must be float, got 'abc'"),
+    (["--policy-param", "alpha=0.1.2"], "--policy-param alpha: '0.1.2' is not a valid value"),
     (["--policy-param", "beta=1"], "unknown parameter(s) for policy 'vcasgd': beta"),
     (["--policy-param", "alpha=5"], "alpha must be in [0, 1), got 5"),
 ])

@@ -272,6 +272,26 @@ def test_coordinator_refuses_a_linger_that_is_negative_or_not_finite_before_star
     assert f"run.linger_s (--linger) must be a finite number of seconds >= 0, got {float(linger)!r}" in err
 
 
+@pytest.mark.parametrize(("flag", "value"), [("--unit-param", "lr=0.1.2"), ("--unit-param", "lr=["),
+                                            ("--policy-param", 'alpha="0.5')])
+def test_coordinator_refuses_a_param_that_is_neither_a_value_nor_a_bare_word_before_starting(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        flag: str, value: str) -> None:
+    # Found by a probe: --unit-param lr=0.1.2 became the string '0.1.2', the coordinator started,
+    # and every worker's trainer failed every unit on it ("unit param 'lr' must be a number").
+    assert coordinator_refused(tmp_path, monkeypatch, flag, value) == 2
+    key, _, raw = value.partition("=")
+    assert f"{flag} {key}: {raw!r} is not a valid value" in capsys.readouterr().err
+
+
+def test_a_bare_word_param_is_still_a_string(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vcasync.commands.coordinator import _kv
+
+    items = ["workload=digits", "lr=0.5", "name=\"x\"", "fn=pkg.mod:fn", "path=/tmp/x"]
+    assert _kv(items, "--unit-param") == {"workload": "digits", "lr": 0.5, "name": "x", "fn": "pkg.mod:fn",
+                                          "path": "/tmp/x"}
+
+
 def test_coordinator_refuses_a_heartbeat_slower_than_the_lease_timeout_before_starting(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # lease timeout 4 s, heartbeat 50 s: each lease expired before its first heartbeat, and the

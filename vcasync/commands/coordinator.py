@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._paths import check_output_file
 from ..cli import Command, ExitCode, read_secret
+from ..coerce import parsed_or_word
 from ..errors import ClosedError, ConfigError
 
 if TYPE_CHECKING:
@@ -67,10 +68,11 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, help="local steps per unit")
     p.add_argument("--units", type=int, dest="count", help="total units (overrides --epochs)")
     p.add_argument("--unit-param", action="append", default=[], metavar="KEY=VALUE",
-                   help="a trainer parameter for every unit (repeatable; values parsed as TOML)")
+                   help="a trainer parameter for every unit (repeatable; values parsed as TOML, "
+                        "a bare word as a string)")
     p.add_argument("--policy", help="merge policy name (default vcasgd)")
     p.add_argument("--policy-param", action="append", default=[], metavar="KEY=VALUE",
-                   help="a policy parameter (repeatable; values parsed as TOML)")
+                   help="a policy parameter (repeatable; values parsed as TOML, a bare word as a string)")
     p.add_argument("--storage", metavar="URL",
                    help="where the run's state lives: file:///path (default ./vcasync-run), "
                         "s3://bucket/prefix, gs://bucket/prefix, memory://name; options and "
@@ -173,10 +175,7 @@ def _kv(items: list[str], what: str) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"{what} must look like KEY=VALUE, got {item!r}")
-        try:
-            out[key] = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            out[key] = raw  # a bare word: keep it as a string
+        out[key] = parsed_or_word(raw, lambda text: tomllib.loads(f"v = {text}")["v"], f"{what} {key}")
     return out
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..coerce import parsed_or_word
 from ..errors import ConfigError
 
 __all__ = ["parse_params", "read_text_file"]
@@ -24,14 +25,12 @@ def read_text_file(path: str | Path, what: str) -> str:
 
 
 def parse_params(items: list[str] | None) -> dict[str, Any]:
-    """``key=value`` pairs; values are JSON when they parse as JSON (numbers, true, lists), else strings."""
+    """``key=value`` pairs; values are JSON when they parse as JSON (numbers, true, lists), a bare
+    word is a string, and anything else is refused (:func:`vcasync.coerce.parsed_or_word`)."""
     out: dict[str, Any] = {}
     for item in items or []:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--policy-param wants key=value, got {item!r}")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
+        out[key] = parsed_or_word(raw, json.loads, f"--policy-param {key}")
     return out
