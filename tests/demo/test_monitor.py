@@ -70,3 +70,25 @@ async def test_a_version_no_poll_saw_is_stamped_at_its_download_not_after_its_ev
     assert not mon.versions
     assert before <= point.t_s <= after - EVAL_S
     assert torch.isfinite(torch.tensor(point.loss))
+
+
+async def test_a_version_scored_already_is_not_scored_again(tmp_path: Path) -> None:
+    # Found by a probe: each look at an unchanged model appended the same row again (report.json's
+    # curve had 4 duplicates in 10 rows) after an evaluation for nothing.
+    async with running(tmp_path) as (_, server), CoordinatorClient(server.url) as client:
+        await client.join(SECRET, name="demo-monitor", info={"role": "monitor"})
+        t0 = time.monotonic()
+        evaluations: list[str] = []
+
+        class Counted(SlowEval):
+            def evaluate(self, net: nn.Module, split: str = "test") -> Evaluation:
+                evaluations.append(split)
+                return super().evaluate(net, split)
+
+        mon = Monitor(client, Counted(), tmp_path, t0, total_units=4)
+        first = await mon.score()
+        again = await mon.score()
+    assert first is not None
+    assert again is first
+    assert len(mon.accuracy) == 1
+    assert evaluations == ["test"]          # no second evaluation

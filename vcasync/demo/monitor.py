@@ -110,6 +110,10 @@ class Monitor:
             self.errors += 1
             return None
         fetched = time.monotonic() - self.t0
+        if self.accuracy and self.accuracy[-1].version == version:
+            # scored already (nothing merged since): the same point again was a duplicate row in
+            # report.json's curve, and an evaluation for nothing
+            return self.accuracy[-1]
         seen = next((t for t, v in self.versions if v == version), fetched)
         net = self.work.model()
         payload = decode_payload_bytes(dest.read_bytes(), expected_kind="model")
