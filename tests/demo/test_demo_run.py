@@ -56,6 +56,10 @@ def test_the_run_finished_and_learned(demo: tuple[dict[str, Any], dict[str, Any]
     assert report["final_accuracy"] > chance + 0.3, report["accuracy"]
     assert report["ddp_accuracy"] > chance + 0.3
     assert head["final_accuracy"] == report["final_accuracy"]
+    # the metric the target is judged on, and both losses (a loss-judged workload printed only
+    # accuracies in --json, which could not say why its fleet missed)
+    for key in ("metric", "final_loss", "ddp_loss", "loss_gap"):
+        assert head[key] == report[key], key
     status = report["coordinator_status"]
     units = report["config"]["units"]
     assert status["finished"]

@@ -231,7 +231,12 @@ def test_the_summary_says_how_many_seeds_reached(tmp_path: Path, capsys: pytest.
     run.accuracy = [(60.0, 3, 2, 0.5, 1.0), (150.0, 9, 4, 0.90, 0.2)]
     rep = build_report(run, ddp, T0_WALL)
     _print_summary(rep, [])
-    assert "n/a: the fleet never reached the target (0 of 1 seed reached)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "n/a: the fleet never reached the target (0 of 1 seed reached)" in out
+    # no cost to target, so no part of it is the coordinator's (it said "n/a (of which coordinator $...)")
+    cost = next(x for x in out.splitlines() if "cost to target" in x)
+    assert "fleet on spot n/a vs DDP on demand $" in cost
+    assert "of which" not in cost
 
 
 def test_seconds_lost_are_split_at_the_fleets_time_to_target(tmp_path: Path,

@@ -123,8 +123,11 @@ def run(a: argparse.Namespace) -> int:
     if final.exists():
         paths = [*paths, final]
     if a.json:
-        keys = ("final_accuracy", "ddp_accuracy", "accuracy_gap", "saving", "time_to_target_s",
-                "ddp_time_to_target_s", "first_merge_s", "finished", "wall_s")
+        # the metric the target is judged on and both losses: a loss-judged workload (tinylm)
+        # printed only accuracies, which could not say why its fleet missed the target
+        keys = ("metric", "final_accuracy", "ddp_accuracy", "accuracy_gap", "final_loss", "ddp_loss",
+                "loss_gap", "saving", "time_to_target_s", "ddp_time_to_target_s", "first_merge_s",
+                "finished", "wall_s")
         head = {k: report[k] for k in keys}
         print(strict_json(head | {"cost": report["cost"], "run_dir": str(result.run_dir)}))
     else:
@@ -244,7 +247,9 @@ def _print_summary(r: dict[str, Any], paths: list[Path]) -> None:
             f"DDP's first step {c['ddp_first_step_s']:.0f} s",
             f"  samples to target       {_samples(c['samples_to_target'])}",
             f"  cost to target          fleet on spot {_usd(a['usd'])} "
-            f"(of which coordinator ${a['coordinator_usd']:.5f}) vs DDP on demand {_usd(d['usd'])}",
+            # a part of n/a (a fleet that never reached the target) said nothing
+            + (f"(of which coordinator ${a['coordinator_usd']:.5f}) " if a["usd"] is not None else "")
+            + f"vs DDP on demand {_usd(d['usd'])}",
             f"  saving                  {saving}",
         ]
         if c.get("saving_per_second") is not None:
