@@ -8,7 +8,10 @@ Three functions make a complete vcasync job::
 
 The model and the data are the demo's (:mod:`vcasync.examples.cnn`: one definition of the small CNN and
 one deterministic, stratified split of 1,437 training and 360 test images, standardised), so this
-example, ``vcasync demo`` and the simulator train the same network. A unit trains on shard
+example, ``vcasync demo`` and the simulator train the same network and score it on the same 360
+images. This example trains on all 1,437; the demo's workload (:mod:`vcasync.examples.workloads`)
+holds 144 of them out as a validation split, on which its learning-rate search chooses, and
+trains on the other 1,293. A unit trains on shard
 ``unit.shard`` of ``unit.num_shards`` of the training set; its mini-batches are drawn from a seed derived
 from the unit, so a unit resumed after a preemption (or its remainder, ``params["step_offset"]``)
 continues the same sequence. Unit ``params`` may set ``lr`` (0.05), ``batch_size`` (32),
