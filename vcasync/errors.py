@@ -120,8 +120,9 @@ class ClosedError(VCAsyncError):
 
 
 class RunIncompleteError(VCAsyncError):
-    """A run stopped at its time limit before all its work was done (``vcasync demo --max-wall``):
-    nothing is wrong with the configuration, and what was done is kept and reported."""
+    """A run stopped before all its work was done: at its time limit (``vcasync demo --max-wall``), or
+    a demo whose workers gave up after repeated crashes (the message names the cause): nothing is
+    wrong with the configuration, and what was done is kept and reported."""
 
 
 # --- wire -----------------------------------------------------------------------------------

@@ -19,5 +19,5 @@ class ExitCode(enum.IntEnum):
     CONFIG = 2        #: the configuration (flags, run.toml, environment) is wrong; nothing was changed
     PARKED = 3        #: the run ended with work units parked (given up after failing); nothing lost
     STORAGE = 4       #: storage failed in a way that made progress impossible
-    INCOMPLETE = 5    #: stopped at its time limit before every unit was merged; what was merged is kept
+    INCOMPLETE = 5    #: not finished (a time limit, demo workers that crashed out); what was merged is kept
     INTERRUPTED = 130  #: stopped by a signal (SIGTERM, SIGINT) before the run finished

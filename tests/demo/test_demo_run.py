@@ -188,6 +188,24 @@ def test_a_fleet_stopped_at_max_wall_is_reported_and_exits_incomplete(tmp_path: 
     assert report["finished"] is False
     assert report["baseline"] is not None                      # the comparison was still made
     assert head["ddp_accuracy"] > 0.5
+    # the workers' sessions were closed when they stopped, billed, and said on the timeline: they
+    # were left open (sessions 0, machine_seconds 0, the fleet priced as its coordinator alone)
+    fleet = report["cost"]["async"]
+    assert fleet["sessions"] >= 2
+    assert fleet["machine_seconds"] > 0
+    assert fleet["billed_seconds"] > 0
+    limit = report["stopped_at_limit_s"]
+    assert limit is not None
+    assert limit >= 4
+    for w in report["workers"]:
+        starts = [e for e in report["timeline"]
+                  if e["who"] == w["name"] and e["kind"] in ("start", "restart")]
+        assert len(w["sessions"]) == len(starts)                # no session left open
+    assert any(e["kind"] == "stopped" and "--max-wall" in e["detail"] for e in report["timeline"])
+    # the fleet as it stood at the limit: nothing later counts toward the target
+    assert all(p[0] <= limit for p in report["accuracy"])
+    assert report["time_to_target_s"] is None or report["time_to_target_s"] <= limit
+    assert "stopped at" in proc.stderr
 
 
 def test_a_coordinator_killed_as_a_short_run_finishes_loses_nothing(tmp_path: Path) -> None:

@@ -133,8 +133,10 @@ def run(a: argparse.Namespace) -> int:
     else:
         _print_summary(report, paths)
     if not result.finished:   # it ran and stopped: not a configuration error (exit 2: nothing changed)
-        raise RunIncompleteError(f"the fleet did not finish within --max-wall {cfg.max_wall_s:.0f} s; "
-                                 f"the report covers what was merged; see {result.run_dir}/logs")
+        # the cause the run found (the limit, workers that kept crashing ...): every unfinished
+        # fleet was said to have hit --max-wall, a run of crashing workers included
+        why = result.incomplete_reason or "the fleet did not finish"
+        raise RunIncompleteError(f"{why}; the report covers what was merged; see {result.run_dir}")
     return 0
 
 
@@ -192,6 +194,21 @@ def _lost_lines(lost: dict[str, Any]) -> list[str]:
         return [f"  seconds lost            {part(lost)} (billed; {why.removeprefix('none: ')})"]
     return [f"  seconds lost to target  {part(before)} (billed, in the cost to target)",
             f"  seconds lost after it   {part(after)} (billed to the run, not in the cost to target)"]
+
+
+def _incomplete_lines(r: dict[str, Any]) -> list[str]:
+    """An unfinished run says why; one stopped by --max-wall says that its figures are the fleet's at
+    the limit (a fleet that went on merging during its grace period was said to reach the target
+    after the limit, and priced without its workers)."""
+    if r.get("finished", True):
+        return []
+    at = r.get("stopped_at_limit_s")
+    if at is None:
+        return [f"  incomplete              {r.get('incomplete_reason') or 'the fleet did not finish'}"]
+    after = r.get("merged_after_limit") or 0
+    tail = f"; {after} result(s) merged after it not counted" if after else ""
+    return [f"  stopped by --max-wall   at {at:.1f} s (limit {r['max_wall_s']:g} s): the figures above are "
+            f"the fleet as it stood then, its sessions billed until each worker stopped{tail}"]
 
 
 def _usd(x: float | None) -> str:
@@ -257,6 +274,7 @@ def _print_summary(r: dict[str, Any], paths: list[Path]) -> None:
                          f"without the {inst['min_billed_s']:.0f}-s minimum each restart pays)")
     lines += [
         f"  wall time               {r['wall_s']:.0f} s (fleet) + {r['baseline']['wall_s']:.0f} s (DDP)",
+        *_incomplete_lines(r),
         f"  preemptions             {_preemptions_text(rec)}; coordinator restarts: "
         f"{r['coordinator_restarts']}{_not_killed(r)}",
         *_lost_lines(lost),

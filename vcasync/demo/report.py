@@ -172,6 +172,12 @@ def build_report(run: DemoRun, baseline: DdpResult | None, t0_wall: float) -> di
         "metric": get_workload(cfg.workload).metric,
         "chance_accuracy": 0.1,
         "finished": run.finished,
+        # why it did not finish; with --max-wall, when the limit fired: the curve, the time to
+        # target and the samples stop there, the sessions are billed until each worker stopped
+        "incomplete_reason": run.incomplete_reason,
+        "max_wall_s": cfg.max_wall_s,
+        "stopped_at_limit_s": run.limit_s,
+        "merged_after_limit": run.merged_after_limit,
         "wall_s": run.wall_s,
         "samples": samples,
         "saving": cost.get("saving"),

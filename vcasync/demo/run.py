@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import math
 import random
+import re
 import secrets
 import signal
 import socket
@@ -58,6 +59,9 @@ BASE_LR = 0.05
 #: The least time the DDP baseline is given: a short ``max_wall_s`` bounds the fleet, and the
 #: report of a fleet stopped early still needs its comparison (DDP's start-up alone takes seconds).
 DDP_MIN_WALL_S = 120.0
+
+#: Crashes (exits on an error, not a preemption) a slot restarts after; the next one ends the slot.
+MAX_CRASHES = 3
 
 
 @dataclass(frozen=True)
@@ -230,6 +234,13 @@ class DemoRun:
     coordinator_cpu: list[tuple[int, float]] = field(default_factory=list)
     #: the spot market's :meth:`~vcasync.demo.market.SpotMarket.stats`: preemptions asked and fired
     market: dict[str, Any] = field(default_factory=dict)
+    #: when ``max_wall_s`` stopped the fleet (run clock), None when it did not: the curve, the
+    #: versions and so the time to target stop there; sessions are billed until each process stopped
+    limit_s: float | None = None
+    #: model versions merged after the limit fired (workers in their grace period): not counted
+    merged_after_limit: int = 0
+    #: why an unfinished run did not finish (None when it finished), for the exit message
+    incomplete_reason: str | None = None
 
 
 def _free_port() -> int:
@@ -409,10 +420,58 @@ class _Demo:
             crashes += 1
             slot.went_down(t, "failed")
             self.timeline.add(slot.name, "crash", f"exit {code}")
-            if crashes > 3:
+            if crashes > MAX_CRASHES:
                 return
             await asyncio.sleep(1.0)
             slot.state = "starting"
+
+    async def stop_slot(self, slot: Slot, why: str) -> None:
+        """Stop a slot's worker from outside its :meth:`run_slot` (cancelled first): at the limit, or
+        when the demo itself fails. The open session is closed when the process has stopped, and
+        said on the timeline: a cancelled ``run_slot`` closed nothing, so the session was never
+        billed (``--max-wall 4`` priced the fleet at its coordinator alone, a 91 % "saving")."""
+        was_running = slot.proc.running
+        code = await slot.proc.stop(self.cfg.grace_s + 5)
+        if slot.up_since is None:       # between sessions (a restart delay): nothing was up
+            return
+        t = self.timeline.now()
+        if not was_running and code == 0:
+            # it had exited on its own, done, before its task saw it (the limit came at that moment)
+            slot.went_down(t, "done")
+            self.timeline.add(slot.name, "done")
+        elif not was_running:
+            slot.went_down(t, "failed")
+            self.timeline.add(slot.name, "crash", f"exit {code}")
+        else:
+            slot.went_down(t, "stopped")
+            self.timeline.add(slot.name, "stopped", f"{why}, exit {code}")
+
+    def why_incomplete(self, limit_s: float | None, merged_after: int) -> str:
+        """Why the fleet did not finish, from what happened: the limit, workers that gave up after
+        repeated crashes (a slot ends at its crash after :data:`MAX_CRASHES`), or a coordinator that
+        never said finished."""
+        cfg = self.cfg
+        if limit_s is not None:
+            after = (f"; {merged_after} result(s) merged while the workers were stopped are not counted"
+                     if merged_after else "")
+            return (f"the fleet did not finish within --max-wall {cfg.max_wall_s:g} s (stopped at "
+                    f"{limit_s:.1f} s, its figures taken there){after}")
+        failed = [s for s in self.slots if s.state == "failed"]
+        crashes = sum(1 for e in self.timeline.events if e.kind == "crash")
+        if failed:
+            last = failed[-1].proc.log_path
+            line = _last_error(last)
+            who = "every worker" if len(failed) == len(self.slots) else \
+                f"{len(failed)} of {len(self.slots)} workers"
+            return (f"{who} stopped after repeated crashes ({crashes} crash(es) in all; a worker is not "
+                    f"restarted after its crash number {MAX_CRASHES + 1}); see "
+                    f"{last}{': ' + line if line else ''}")
+        stopped = [s.name for s in self.slots if s.state == "stopped"]
+        if stopped:
+            return (f"{', '.join(stopped)} did not exit within {cfg.grace_s + 5:g} s of the run "
+                    f"finishing at the limit and were stopped; see {self.run_dir / 'logs'}")
+        return (f"the workers exited but the coordinator never said the run finished; see "
+                f"{self.run_dir / 'logs'}")
 
     async def inject(self) -> None:
         """Play the spot market (:mod:`vcasync.demo.market`) until the run is in its tail."""
@@ -422,6 +481,16 @@ class _Demo:
             await market.in_time(cfg.preempt_per_min)
         elif cfg.preemptions > 0:
             await market.by_progress(cfg.preemptions, self.total_units)
+
+
+def _last_error(log: Path) -> str:
+    """The last error line of a worker's log (else its last line), for the exit message."""
+    try:
+        lines = [x.strip() for x in log.read_text(errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    errors = [x for x in lines if re.search(r"\bERROR\b|Error\b", x)]
+    return (errors or lines or [""])[-1][:300]
 
 
 @contextlib.asynccontextmanager
@@ -461,9 +530,18 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
                 injector = tg.create_task(demo.inject())
                 killer = tg.create_task(demo.restart_coordinator_once(mon)) if cfg.kill_coordinator else None
                 next_eval = 0.0
+                limit_s: float | None = None
                 while not all(t.done() for t in slot_tasks):
                     if demo.timeline.now() > cfg.max_wall_s:
-                        break
+                        # a fresh look first: the run may have finished as the limit came (it was
+                        # then reported unfinished, its workers stopped on their way out)
+                        await mon.poll()
+                        if not mon.finished() or demo.timeline.now() > cfg.max_wall_s + cfg.grace_s + 5:
+                            if not mon.finished():
+                                await mon.score()        # the fleet as it stood at the limit
+                                limit_s = demo.timeline.now()
+                                demo.timeline.add("fleet", "max-wall", f"--max-wall {cfg.max_wall_s:g} s")
+                            break
                     await mon.poll()
                     if mon.finished():
                         demo.stop_injecting.set()  # every unit is merged: nothing left to preempt
@@ -481,31 +559,46 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
                     else:
                         killer.cancel()
                 injector.cancel()
-                for s, t in zip(demo.slots, slot_tasks, strict=True):
-                    if not t.done():
-                        t.cancel()
-                        await s.proc.stop(cfg.grace_s + 5)
+                pending = [(s, t) for s, t in zip(demo.slots, slot_tasks, strict=True) if not t.done()]
+                for _, t in pending:
+                    t.cancel()
+                if pending:
+                    await asyncio.wait([t for _, t in pending])
+                # all at once: one after the other, a worker kept merging while the one before it
+                # was given its grace period
+                await asyncio.gather(*(demo.stop_slot(s, "--max-wall" if limit_s is not None
+                                                      else "the fleet was stopped") for s, _ in pending))
             # the last look: from a coordinator that is up (a restart can be finishing), and a run
-            # is finished when its workers are done *and* the coordinator says so
+            # is finished when its workers are done *and* the coordinator says so. Past the limit
+            # only the status is read: the model scored at the limit is the fleet's.
+            scored_at_limit = limit_s is not None and bool(mon.accuracy)
             for _ in range(1 if demo.found_finished else 40):
                 await mon.poll()
-                if "unreachable" not in mon.status and await mon.score() is not None:
+                if "unreachable" not in mon.status and (scored_at_limit or await mon.score() is not None):
                     break
                 await asyncio.sleep(0.5)
             else:
                 if demo.found_finished and demo.final_weights.exists():
                     mon.score_weights(demo.final_weights)      # the run's own final weights
-            out.finished = (all(s.state == "done" for s in demo.slots)
+            out.finished = (limit_s is None and all(s.state == "done" for s in demo.slots)
                             and (mon.finished() or demo.found_finished))
+            versions = list(mon.versions)
+            if limit_s is not None:
+                before = [(t, v) for t, v in versions if t <= limit_s]
+                out.merged_after_limit = max(0, mon.version - (before[-1][1] if before else 0))
+                versions = before
+            out.limit_s = limit_s
+            if not out.finished:
+                out.incomplete_reason = demo.why_incomplete(limit_s, out.merged_after_limit)
             out.status = mon.status
             out.accuracy = [(p.t_s, p.version, p.units_done, p.accuracy, p.loss) for p in mon.accuracy]
-            out.versions = list(mon.versions)
+            out.versions = versions
             out.coordinator_cpu = list(mon.coordinator_cpu)
             out.wall_s = demo.timeline.now()
     finally:
         for s in demo.slots:
-            if s.proc.running:
-                await s.proc.stop(cfg.grace_s + 5)
+            if s.proc.running or s.up_since is not None:
+                await demo.stop_slot(s, "the demo stopped")
         await demo.coordinator.stop(15.0)
         demo.timeline.add("coordinator", "stopped")
     out.coordinator_restarts = demo.coordinator_restarts
