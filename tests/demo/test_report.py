@@ -375,3 +375,40 @@ def test_report_json_is_strict_json_with_a_diverged_loss_written_as_null_and_nam
         "saving": None, "cost": {"usd": 1.5}, "non_finite": {
             "fields": ["saving (-inf)"], "why": "not a finite number, so written as null"}}
     assert "non_finite" not in _strict(strict_json({"saving": 0.5}))
+
+
+def test_workers_that_crashed_out_are_not_all_recovered_nor_restarted_after_the_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `demo --lr 1e6`: every loss NaN, nothing merged, both workers gave up after repeated crashes;
+    # the trainer's unit_end events made each preemption "recovered" ("all recovered"), and the
+    # restarted sessions after the last unit_end were "restarted after all work was done".
+    from vcasync.demo.cli import _print_summary
+
+    slots = [_slot(0, [(1.0, 10.0), (12.0, 14.0), (15.0, 16.0)], [101, 102, 103], tmp_path),
+             _slot(1, [(1.0, 11.0), (13.0, 16.0)], [104, 105], tmp_path)]
+    for s in slots:
+        s.state = "failed"
+    trainer = {101: [{"t_s": 8.0, "kind": "unit_start", "unit": "e0-s1"},
+                     {"t_s": 9.0, "kind": "unit_end", "unit": "e0-s1", "steps_done": 5}],
+               104: [{"t_s": 8.0, "kind": "unit_start", "unit": "e0-s0"},
+                     {"t_s": 9.0, "kind": "unit_end", "unit": "e0-s0", "steps_done": 5}]}
+    events = [_ev(9.5, "w0", "preempted", "SIGTERM"), _ev(12.0, "w0", "restart"),
+              _ev(14.0, "w0", "crash", "exit 1"), _ev(15.0, "w0", "restart"),
+              _ev(16.0, "w0", "crash", "exit 1"), _ev(11.0, "w1", "crash", "exit 1"),
+              _ev(13.0, "w1", "restart"), _ev(16.0, "w1", "crash", "exit 1")]
+    run = _run(tmp_path, events, slots, finished=False, trainer=trainer)
+    run.market = {"asked": 1, "fired": 1}
+    run.incomplete_reason = "every worker stopped after repeated crashes (4 crash(es) in all)"
+    rep = build_report(run, _ddp(2, [(5.0, 0, 0.1, 2.3), (8.0, 2000, 0.95, 0.2)]), T0_WALL)
+    rec = rep["recovery"]
+    assert not rec["all_recovered"]
+    assert (rec["crashes"], rec["workers_gave_up"]) == (4, 2)
+    assert rep["work_lost"]["seconds_restarted_after_work_done"] == 0.0
+    assert rep["work_lost"]["sessions_after_work_done"] == 0
+    assert rep["incomplete_reason"] == run.incomplete_reason
+    _print_summary(rep, [])
+    out = capsys.readouterr().out
+    assert "all recovered" not in out.replace("NOT all recovered", "")
+    assert "NOT all recovered; 4 worker crash(es), 2 worker(s) gave up" in out
+    assert "restarted after all work was done" not in out
+    assert "incomplete              every worker stopped after repeated crashes" in out

@@ -172,10 +172,14 @@ def _preemptions_text(rec: dict[str, Any]) -> str:
         head = f"{asked} asked, only {fired} fired ({signals}): {rec['why_fewer']}"
     else:
         head = f"{asked} asked, {fired} fired ({signals})"
+    crashes = rec.get("crashes") or 0
+    gave_up = rec.get("workers_gave_up") or 0
+    crashed = "" if not crashes else (
+        f"; {crashes} worker crash(es)" + (f", {gave_up} worker(s) gave up" if gave_up else ""))
     if not fired:
-        return f"{head}; nothing to recover"
+        return f"{head}; nothing to recover{crashed}"
     recovered = "all recovered" if rec["all_recovered"] else "NOT all recovered"
-    return f"{head}, {cut} of {fired} cut a unit in progress, {recovered}"
+    return f"{head}, {cut} of {fired} cut a unit in progress, {recovered}{crashed}"
 
 
 def _lost_lines(lost: dict[str, Any]) -> list[str]:

@@ -40,10 +40,13 @@ LostSpan = tuple[float, float]
 
 
 def restart_overhead(slots: Sequence[Slot], events: Mapping[int, list[dict[str, Any]]],
-                     t0_wall: float) -> tuple[list[LostSpan], list[LostSpan]]:
+                     t0_wall: float, *, finished: bool = True) -> tuple[list[LostSpan], list[LostSpan]]:
     """Restarted sessions' time before their first training event (boot, import, re-download):
     ``(restarting, after_work)``, the second being the whole of each restarted session that never
     trained and began once every unit had been trained (it came back to hear the run was over).
+    Only a ``finished`` run has such sessions: in one that did not finish (workers that crashed
+    after every unit, a limit) the last unit trained is not the end of the work, and those were
+    "restarted after all work was done" of a run that merged nothing.
 
     Spans, not a sum: :func:`split_at` tells the seconds before the fleet reached its target (in
     the cost to target) from those after (billed to the run, not to the target).
@@ -55,7 +58,7 @@ def restart_overhead(slots: Sequence[Slot], events: Mapping[int, list[dict[str, 
     for s in slots:
         for (start, end), pid in list(zip(s.sessions, s.pids, strict=False))[1:]:
             first = min((e["t"] - t0_wall for e in events.get(pid, [])), default=None)
-            if first is None and last_end is not None and start >= last_end:
+            if first is None and finished and last_end is not None and start >= last_end:
                 after_work.append((start, end))
             elif first is None:
                 restarting.append((start, end))

@@ -123,11 +123,15 @@ def _recoveries(run: DemoRun, events: dict[int, list[dict[str, Any]]], t0_wall: 
                                                 default=None)
         restarted = back is not None or run.finished
         unit_ok = root is None or done_at is not None
+        # a slot that went on to give up after repeated crashes did not recover: its trainer's
+        # unit_end says a unit was trained, not that it was merged (`demo --lr 1e6`: every loss
+        # NaN, nothing merged, and the summary said "all recovered")
+        gave_up = by_name[ev.who].state == "failed"
         pairs.append({"worker": ev.who, "t_s": round(ev.t_s, 3), "signal": ev.detail, "pid": pid,
                       "recovered_at_s": None if back is None else round(back.t_s, 3),
                       "unit": root, "steps_done": steps,
                       "unit_finished_at_s": None if done_at is None else round(done_at - t0_wall, 3),
-                      "recovered": restarted and unit_ok})
+                      "recovered": restarted and unit_ok and not gave_up})
     cfg = run.config
     rate = cfg.preempt_per_min if cfg.preempt_per_min > 0 else None
     asked: int | None = None if rate is not None else int(run.market.get("asked", cfg.preemptions))
@@ -148,6 +152,9 @@ def _recoveries(run: DemoRun, events: dict[int, list[dict[str, Any]]], t0_wall: 
                 f"found a worker inside a unit"),
             "sigterm": sum(1 for p in pairs if p["signal"] == "SIGTERM"),
             "sigkill": sum(1 for p in pairs if p["signal"] == "SIGKILL"),
+            # worker processes that exited on an error (not a preemption), and slots that gave up
+            "crashes": sum(1 for e in run.timeline.events if e.kind == "crash" and e.who in by_name),
+            "workers_gave_up": sum(1 for s in run.slots if s.state == "failed"),
             "all_recovered": all(p["recovered"] for p in pairs)}
 
 
@@ -157,7 +164,7 @@ def build_report(run: DemoRun, baseline: DdpResult | None, t0_wall: float) -> di
     final = run.accuracy[-1] if run.accuracy else None
     samples = run.total_units * run.unit_steps * cfg.batch_size
     kills = _killed_training(run, events, t0_wall)
-    restarting, after_work = restart_overhead(run.slots, events, t0_wall)
+    restarting, after_work = restart_overhead(run.slots, events, t0_wall, finished=run.finished)
     cost = headline(run, baseline, lost=[*kills, *restarting, *after_work])
     lost = _lost_work(kills, restarting, after_work, cost)
     return {
