@@ -136,8 +136,7 @@ ISSUE_18: dict[str, list[str]] = {
     "convergence": ["saving_real", "saving_real_ci_low", "saving_sim_64", "saving_same_machines",
                     "gap_mnist_30", "gap_mnist_30_ci_high", "adaptive_gap_mnist_50", "lm_loss_gap_30",
                     "sim_vs_real_error", "targets_missed"],
-    "convergence_mnist": ["gap_mnist_30", "gap_mnist_30_ci_high", "saving_real", "saving_real_ci_low",
-                          "sim_vs_real_error", "targets_missed"],
+    "convergence_mnist": ["gap_mnist_30", "gap_mnist_30_ci_high", "sim_vs_real_error", "targets_missed"],
     "chaos": ["worker_kills", "coordinator_kills", "results_lost", "double_merges", "hostile_inputs",
               "hostile_accepted"],
 }
@@ -432,7 +431,10 @@ def render(mach: dict[str, Any], saved: dict[str, dict[str, Any]]) -> str:
             shown = "not measured" if value is None else _cell(value)
             if (value is None or nan) and n in (figs.get("reasons") or {}):
                 why = str(figs["reasons"][n]).replace("|", "\\|")     # the why, whole
-                shown = why if why.startswith("not measured") and not nan else f"{shown}: {why}"
+                # a reason that says what the figure is ("not measured ...", "unbounded: ...")
+                # stands alone; any other says why it was not measured
+                alone = why.startswith(("not measured", "unbounded")) and not nan
+                shown = why if alone else f"{shown}: {why}"
             elif nan:
                 shown += " (the bench saved NaN and gave no reason)"
             summary = summary_of(figs, n, BENCHES[bench].centre) if not nan else None

@@ -161,6 +161,13 @@ def test_a_named_run_of_another_bench_runs_that_module_and_is_published_under_it
     assert "## `bench.convergence` (`convergence_mnist`)" in page
 
 
+def test_an_unbounded_figure_shows_its_reason_alone(tmp_path: Path) -> None:
+    _save(tmp_path, "convergence", {"command": "c", "figures": {
+        "sim_vs_real_error": None, "reasons": {"sim_vs_real_error": "unbounded: in 1 seed(s) only one"}}})
+    page = render(*load_results(tmp_path, root=tmp_path))
+    assert "| `convergence` | `sim_vs_real_error` | unbounded: in 1 seed(s) only one |" in page
+
+
 def _convergence(directory: Path, figures: dict[str, Any]) -> None:
     _save(directory, "convergence", {"command": "python -m bench.convergence --json", "figures": figures})
 
