@@ -11,7 +11,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from vcasync.coerce import is_finite_number
+from vcasync.coerce import argument_number
 
 
 def spread(values: Sequence[float], digits: int = 3) -> list[float]:
@@ -30,19 +30,8 @@ def show(values: Sequence[float], digits: int = 2) -> str:
 
 def _number(text: str, kind: type[int] | type[float], low: float, strict: bool) -> float:
     """``text`` as a finite ``kind`` above ``low`` (``strict``) or at least ``low``, else an
-    argparse error naming it."""
-    try:
-        value = kind(text)
-    except ValueError:
-        what = "a whole number" if kind is int else "a number"
-        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
-    if not is_finite_number(value, low, strict=strict):
-        if kind is int:     # a whole number > 0 is one >= 1
-            bound = f">= {int(low) + 1}" if strict else f">= {int(low)}"
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
-        bound = f"{'>' if strict else '>='} {low:g}"
-        raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
-    return value
+    argparse error naming it (whole numbers: the bound alone, "must be >= 1")."""
+    return argument_number(kind, low, strict=strict, what="" if kind is int else None)(text)
 
 
 def positive_int(text: str) -> int:

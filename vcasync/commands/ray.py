@@ -28,26 +28,11 @@ from typing import Any
 
 from .._owner_lease import MIN_TTL_S
 from ..cli import Command, ExitCode
-from ..coerce import is_finite_number
+from ..coerce import argument_number
 from ..errors import ConfigError, RunIncompleteError
 
 #: How long the driver waits for a Ray cluster's address to answer before it calls it absent.
 CONNECT_TIMEOUT_S = 10.0
-
-
-def _state_lease(text: str) -> float:
-    """An argparse ``type=`` for ``up --state-lease``: a finite number of seconds, at least the owner
-    lease's minimum. Refused here, the flag named, before Ray is imported or an actor started:
-    each actor's worker refused it only once it ran, and the fleet died actor by actor."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not is_finite_number(value, MIN_TTL_S):
-        raise argparse.ArgumentTypeError(
-            f"must be a finite number of seconds >= {MIN_TTL_S:g} (each worker's state is renewed "
-            f"every third of it), got {text}")
-    return value
 
 
 def _configure(p: argparse.ArgumentParser) -> None:
@@ -62,7 +47,10 @@ def _configure(p: argparse.ArgumentParser) -> None:
                     help="storage URL; worker i keeps its state at STATE_ROOT/worker-i")
     up.add_argument("--app-dir", help="directory on every node to put on sys.path for the trainer")
     up.add_argument("--grace-period", type=float, default=20.0)
-    up.add_argument("--state-lease", type=_state_lease, default=30.0, metavar="SECONDS",
+    # refused while parsing, before Ray is imported or an actor started (each actor's worker
+    # refused it only once it ran, and the fleet died actor by actor)
+    up.add_argument("--state-lease", default=30.0, metavar="SECONDS",
+                    type=argument_number(float, MIN_TTL_S, what="a finite number of seconds"),
                     help="how long a silent worker keeps its state from a replacement (default 30, "
                          f"at least {MIN_TTL_S:g}; renewed every third of it)")
     up.add_argument("--spot-resource", default="spot",

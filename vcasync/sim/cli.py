@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from .._json import strict_json
-from ..coerce import is_finite_number
+from ..coerce import argument_number
 from ..costing.params import parse_params
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError
@@ -25,33 +24,10 @@ __all__ = ["HELP", "build_config", "configure", "number", "parse_params", "run"]
 HELP = "simulate a preemptible fleet on a virtual clock (real coordinator and policy)"
 
 
-def number(kind: type[int] | type[float], low: float | None = None, *, strict: bool = False,
-           high: float | None = None, high_strict: bool = False) -> Callable[[str], float]:
-    """An argparse ``type=``: ``kind`` parsed from the text, finite, and within ``[low, high]``
-    (``strict``/``high_strict``: the bound itself is excluded). A bad value is argparse's error,
-    which names the flag and exits 2 before anything runs: ``--model-mb nan`` was a ValueError
-    traceback, ``--slow-factor inf`` a ZeroDivisionError, ``--restart-delay-s inf`` a run that never
-    ended, and ``--workers 2**40`` one that never started."""
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not {'a whole number' if kind is int else 'a number'}") from None
-        fmt = ",d" if kind is int else ",g"
-        bounds = []
-        if low is not None:
-            bounds.append(f"{'>' if strict else '>='} {kind(low):{fmt}}")
-        if high is not None:
-            bounds.append(f"{'<' if high_strict else '<='} {kind(high):{fmt}}")
-        if not is_finite_number(value, low, strict=strict, high=high, high_strict=high_strict):
-            what = "a whole number" if kind is int else "a finite number"
-            raise argparse.ArgumentTypeError(f"must be {what}{' ' if bounds else ''}{' and '.join(bounds)}, "
-                                             f"got {text}")
-        return value
-
-    parse.__name__ = kind.__name__      # argparse names the type in "invalid <name> value"
-    return parse
+#: The argparse type of every numeric flag (:func:`vcasync.coerce.argument_number`): ``--model-mb nan``
+#: was a ValueError traceback, ``--slow-factor inf`` a ZeroDivisionError, ``--restart-delay-s inf``
+#: a run that never ended, and ``--workers 2**40`` one that never started.
+number = argument_number
 
 
 def configure(p: argparse.ArgumentParser) -> None:
