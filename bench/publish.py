@@ -113,6 +113,18 @@ BENCHES: dict[str, Bench] = {
                                "digits, 1,000 test images): the gap to DDP that a 0.5-point target "
                                "can be seen on (about 10 minutes for 5 seeds on 2 cores)",
                                module="convergence"),
+    "convergence_tinylm": Bench(["--workloads", "tinylm", "--real-only"],
+                                ["--workloads", "tinylm", "--real-only", "--quick"],
+                                "the same real runs and replays on tinylm (a small transformer language "
+                                "model on the standard library's source, judged by test loss over "
+                                "thousands of held-out windows): the compute-bound workload's loss gap "
+                                "to DDP (about 26 minutes for 5 seeds on 2 cores)",
+                                module="convergence"),
+    "convergence_adaptive": Bench(["--adaptive", "--no-real"], ["--adaptive", "--no-real", "--quick"],
+                                  "the simulated cells with the mnist5000 adaptive cells at 50 %/h "
+                                  "(VC-ASGD with polynomial staleness weighting, simulated, marked so; "
+                                  "about 12 minutes on 2 cores)",
+                                  module="convergence"),
     "gap_sweep": Bench([], ["--quick"],
                        "the fleet's gap to DDP against epochs and VC-ASGD's alpha, simulated in the "
                        "real runs' shape (mnist5000)"),
@@ -137,6 +149,8 @@ ISSUE_18: dict[str, list[str]] = {
                     "gap_mnist_30", "gap_mnist_30_ci_high", "adaptive_gap_mnist_50", "lm_loss_gap_30",
                     "sim_vs_real_error", "targets_missed"],
     "convergence_mnist": ["gap_mnist_30", "gap_mnist_30_ci_high", "sim_vs_real_error", "targets_missed"],
+    "convergence_tinylm": ["lm_loss_gap_30", "lm_loss_gap_30_ci_high", "sim_vs_real_error", "targets_missed"],
+    "convergence_adaptive": ["adaptive_gap_mnist_50", "adaptive_gap_mnist_50_ci_high", "targets_missed"],
     "chaos": ["worker_kills", "coordinator_kills", "results_lost", "double_merges", "hostile_inputs",
               "hostile_accepted"],
 }
