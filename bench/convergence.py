@@ -110,7 +110,7 @@ LR_EXTEND = 3
 SEARCH_SEED = 1000
 #: The simulated cells' searches score each rate over these seeds (the mean on validation): on one
 #: seed, 64 workers' synchronous rate was chosen at the edge of stability and diverged or degraded on
-#: 4 of the 5 reported seeds at 60 epochs (docs/headline.md, "64 identical machines").
+#: 4 of the 5 reported seeds at 60 epochs (docs/headline-notebook.md, "64 identical machines").
 SIM_SEARCH_SEEDS = (1000, 1001, 1002)
 
 #: The real runs' shape per workload: epochs (full, --quick) and steps per unit (None: a shard's pass).

@@ -3,7 +3,7 @@
 ``python -m bench.gap_sweep [--workloads mnist5000 tinylm digits] [--seeds 0 1] [--json]``
 
 The real runs of ``bench.convergence`` on mnist5000 and tinylm end with the fleet short of DDP's
-final quality at the same samples (docs/headline.md). This measures, on the same model, data,
+final quality at the same samples (docs/headline-notebook.md). This measures, on the same model, data,
 optimiser and run shape as those real runs (4 workers, 2 shards a worker, the workload's batch size
 and steps per unit, preemptions at 30 %/h of a 5-hour job), how that gap moves with the number of
 epochs and with VC-ASGD's ``alpha`` (the weight kept on the server's copy: lower lets each result

