@@ -19,6 +19,8 @@ from vcasync.cli import available_commands, build_parser
 from vcasync.costing.prices import PriceTable
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "headline.md"
+#: Where the headline's measurements moved, verbatim: its figures are held to the same rules.
+NOTEBOOK = PAGE.with_name("headline-notebook.md")
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.S | re.M)
 
 
@@ -73,6 +75,55 @@ def test_a_saving_with_a_missed_seed_is_never_quoted_with_a_finite_interval() ->
     finite = re.compile(r"95 % (?:interval )?-?\d")
     missed = re.compile(r"\b(?:[1-9]\d*|one|two|three|four|seeds? [\d ,and]+) (?:targets? |seeds? )?missed\b"
                         r"|\bseeds? [\d ,and]+missed\b")
-    bad = [f"{n}: {line.strip()}" for n, line in enumerate(PAGE.read_text().splitlines(), 1)
+    bad = [f"{page.name}:{n}: {line.strip()}" for page in (PAGE, NOTEBOOK)
+           for n, line in enumerate(page.read_text().splitlines(), 1)
            if "saving" in line and finite.search(line) and missed.search(line)]
     assert bad == []
+
+
+def test_the_headline_links_its_notebook_and_the_notebook_says_what_supersedes_it() -> None:
+    """The measurements moved to the notebook: a reader of the headline must reach them, and a
+    reader of the notebook must know its figures are not the current ones."""
+    assert "(headline-notebook.md" in PAGE.read_text()
+    notebook = NOTEBOOK.read_text()
+    assert "superseded by" in notebook and "(benchmarks.md)" in notebook
+
+
+def test_where_it_stands_names_every_figure_issue_14_asks_for() -> None:
+    """The first section after the intro is the current answer: every figure of issue 14, each
+    with a row in its table."""
+    text = PAGE.read_text()
+    sections = re.split(r"^## ", text, flags=re.M)
+    assert sections[1].startswith("Where it stands\n")
+    rows = [line for line in sections[1].splitlines() if line.startswith("| `")]
+    for figure in ("saving_real", "saving_real_ci_low", "saving_sim_64", "saving_same_machines",
+                   "gap_mnist_30", "gap_mnist_30_ci_high", "adaptive_gap_mnist_50", "lm_loss_gap_30",
+                   "sim_vs_real_error", "targets_missed"):
+        assert any(row.startswith(f"| `{figure}` ") for row in rows), figure
+
+
+def test_where_it_stands_quotes_docs_benchmarks_md_to_the_digit() -> None:
+    """Each value in the table is the generated page's for that bench entry, and "not yet saved"
+    stands only where that page says not measured: when ``bench.publish`` saves a new run, this
+    fails until the headline quotes it."""
+    published = {}
+    for line in (PAGE.parent / "benchmarks.md").read_text().splitlines():
+        m = re.fullmatch(r"\| `(\w+)` \| `(\w+)` \| (.*) \|", line)
+        if m:
+            published[m.group(1), m.group(2)] = m.group(3)
+    stands = re.split(r"^## ", PAGE.read_text(), flags=re.M)[1]
+    checked = 0
+    for row in stands.splitlines():
+        if not row.startswith("| `"):
+            continue
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        figure = re.match(r"`(\w+)`", cells[0]).group(1)
+        benches = re.findall(r"`(\w+)`", re.match(r"`\w+` \(([^;)]*)", cells[0]).group(1))
+        for bench in benches:
+            shown = published[bench, figure]
+            if cells[2].startswith("not yet saved"):
+                assert shown.startswith("not measured"), (figure, bench, shown)
+            else:
+                assert cells[2] == shown, (figure, bench, cells[2], shown)
+            checked += 1
+    assert checked >= 14
