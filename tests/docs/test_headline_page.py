@@ -86,7 +86,8 @@ def test_the_headline_links_its_notebook_and_the_notebook_says_what_supersedes_i
     reader of the notebook must know its figures are not the current ones."""
     assert "(headline-notebook.md" in PAGE.read_text()
     notebook = NOTEBOOK.read_text()
-    assert "superseded by" in notebook and "(benchmarks.md)" in notebook
+    assert "superseded by" in notebook
+    assert "(benchmarks.md)" in notebook
 
 
 def test_where_it_stands_names_every_figure_issue_14_asks_for() -> None:
