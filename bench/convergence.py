@@ -891,9 +891,9 @@ def main(argv: list[str] | None = None) -> int:
                             *crashes("digits")], miss="high")
     mnist_runs = real.get("mnist5000", [])
     g30 = spread([*(None if r["accuracy_gap"] is None else 100 * r["accuracy_gap"] for r in mnist_runs),
-                  *crashes("mnist5000")], miss="high")
+                  *crashes("mnist5000")], miss="high", counted="measured")
     lm_runs = real.get("tinylm", [])
-    lm = spread([*(r["loss_gap"] for r in lm_runs), *crashes("tinylm")], miss="high")
+    lm = spread([*(r["loss_gap"] for r in lm_runs), *crashes("tinylm")], miss="high", counted="measured")
     savings_by_workload = {w: spread([*(r["saving"] for r in runs), *crashes(w)], miss="low").as_dict()
                            for w, runs in real.items()}
 
@@ -1060,8 +1060,8 @@ def sim_figures(hetero: list[dict[str, Any]], same: list[dict[str, Any]], gaps50
     s_hetero = spread((s["saving_at_target"] for s in hetero), miss="low")
     s_same = spread((s["saving_at_target"] for s in same), miss="low")
     gap30 = spread((None if (g := s["accuracy_gap_vs_sync"]) is None else 100 * g for s in hetero),
-                   miss="high")
-    g50 = spread(gaps50)
+                   miss="high", counted="measured")
+    g50 = spread(gaps50, counted="measured")
 
     def mean(key: str) -> float | None:
         values = [c[key] for c in hetero if c.get(key) is not None]

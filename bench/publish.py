@@ -338,7 +338,11 @@ def summary_of(figs: dict[str, Any], name: str, centre: str = "") -> str | None:
               f"95 % interval {end(seeds.get('ci_low'), 'low')} .. {end(seeds.get('ci_high'), 'high')}")
         if seeds.get("missing"):
             where = {"low": "below", "high": "above"}.get(str(side), "on both sides")
-            return (f"mean of the reached seeds {v} ({ci}; {seeds['reached']}: a missed seed leaves "
+            # a gap is "measured" on every seed that ran (vcasync.costing.spread's ``counted``):
+            # one without a value crashed, it did not miss a target
+            of = str(seeds.get("mean_of") or "reached seeds")
+            gone = "a missed seed" if of.startswith("reached") else "a seed without a value"
+            return (f"mean of the {of} {v} ({ci}; {seeds['reached']}: {gone} leaves "
                     f"the interval unbounded {where})")
         return f"mean {v} ({ci}; {seeds['reached']})"
     base, _, size = name.rpartition("_")
@@ -400,7 +404,9 @@ def render(mach: dict[str, Any], saved: dict[str, dict[str, Any]]) -> str:
         "",
         "Every figure is a ratio against a reference measured in the same run, on the same data. "
         "Each figure with a spread says what it is: `median V (min-max A-B over repetitions)` "
-        "where a bench repeats, `mean V (95 % interval L .. H; n of m seeds reached)` over seeds. "
+        "where a bench repeats, `mean V (95 % interval L .. H; n of m seeds reached)` over seeds "
+        "(a gap to DDP says `measured`: it exists whether or not the seed reached the target, "
+        "which `targets_missed` counts). "
         "A seed that missed its target is counted, never dropped: the interval is `unbounded` on "
         "its side (below for a saving, above for a time, a ratio or a gap; "
         "`vcasync.costing.spread`) and the mean is the reached seeds'. Failed or timed-out "

@@ -102,3 +102,16 @@ def test_the_benchmark_applies_the_same_rule(monkeypatch: pytest.MonkeyPatch, tm
                                                       "2", "of", "3"]
     assert rows["samples to target, fleet / DDP, real processes"].split() == [
         "1.250", "0.615", "..", "unbounded", "2", "of", "3"]
+
+
+def test_a_gap_counts_seeds_measured_not_seeds_reached() -> None:
+    """A gap to DDP exists for every seed that ran, target reached or not: the tinylm run saved on
+    2026-12-05 printed "5 of 5 seeds reached" beside ``targets_missed`` 2."""
+    gap = spread([0.01, 0.02, 0.03, 0.01, 0.02], miss="high", counted="measured")
+    assert gap.label() == "5 of 5 seeds measured"
+    assert gap.as_dict()["mean_of"] == "measured seeds"
+    crashed = spread([0.01, None], miss="high", counted="measured")
+    assert crashed.describe("{:.2f}".format).endswith("1 of 2 seeds measured, the mean is theirs)")
+    assert spread([0.5]).as_dict()["mean_of"] == "reached seeds"
+    with pytest.raises(ValueError, match="counted"):
+        spread([0.5], counted="reach")  # type: ignore[arg-type]

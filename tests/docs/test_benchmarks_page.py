@@ -193,6 +193,25 @@ def test_a_figure_with_a_missed_seed_shows_n_of_m_and_an_unbounded_side_never_a_
                         f"{full.ci_high:.4g}; 5 of 5 seeds reached) |")
 
 
+def test_a_gap_says_seeds_measured_and_a_crashed_seed_is_not_called_a_miss(tmp_path: Path) -> None:
+    """A gap exists for every seed that ran: "5 of 5 seeds reached" stood beside two missed loss
+    targets on the tinylm row."""
+    from vcasync.costing.spread import spread
+
+    full = spread([0.01, 0.02, 0.03, 0.01, 0.02], miss="high", counted="measured")
+    crashed = spread([0.5, 0.4, None], miss="high", counted="measured")
+    _convergence(tmp_path, {"lm_loss_gap_30": full.mean, "gap_mnist_30": crashed.mean,
+                            "spread": {"lm_loss_gap_30": full.as_dict(), "gap_mnist_30": crashed.as_dict()}})
+    page = render(*load_results(tmp_path, root=tmp_path))
+    lm = next(line for line in page.splitlines() if line.startswith("| `convergence` | `lm_loss_gap_30`"))
+    assert "5 of 5 seeds measured)" in lm
+    assert "reached" not in lm
+    g = next(line for line in page.splitlines() if line.startswith("| `convergence` | `gap_mnist_30` "))
+    assert "mean of the measured seeds 0.45" in g
+    assert "2 of 3 seeds measured: a seed without a value leaves the interval unbounded above" in g
+    assert "missed" not in g
+
+
 def test_a_nan_figure_is_shown_as_not_a_number_with_its_reason(tmp_path: Path) -> None:
     (tmp_path / "convergence.json").write_text(
         '{"command": "c", "figures": {"saving_real": NaN, "sim_vs_real_error": NaN, '

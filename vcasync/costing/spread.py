@@ -29,11 +29,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["Miss", "Spread", "spread", "t_975"]
+__all__ = ["Counted", "Miss", "Spread", "spread", "t_975"]
 
 #: Where a missing value lies: below every value (a saving), above (a time or samples ratio, a gap),
 #: or not known.
 Miss = Literal["low", "high", "unknown"]
+#: What a seed with a value did: reached its target, or was measured (a gap exists either way).
+Counted = Literal["reached", "measured"]
 
 # Two-sided 95 % quantiles of Student's t for 1..30 degrees of freedom; beyond that the normal 1.96
 # is within 2 %.
@@ -61,6 +63,10 @@ class Spread:
     ci_high: float | None
     values: tuple[float, ...]
     miss: Miss = "unknown"
+    #: what a seed with a value did: "reached" (its target: a saving, a time or samples to target)
+    #: or "measured" (a gap to DDP exists for every seed that ran, target reached or not: "5 of 5
+    #: seeds reached" beside two missed targets read as a contradiction)
+    counted: Counted = "reached"
 
     @property
     def seeds(self) -> int:
@@ -80,8 +86,8 @@ class Spread:
         return "both" if self.miss == "unknown" else self.miss
 
     def label(self) -> str:
-        """``n of m seeds reached``, what every printed mean is said to be over."""
-        return f"{self.n} of {self.seeds} seed{'s' if self.seeds != 1 else ''} reached"
+        """``n of m seeds reached`` (or ``measured``), what every printed mean is said to be over."""
+        return f"{self.n} of {self.seeds} seed{'s' if self.seeds != 1 else ''} {self.counted}"
 
     def describe(self, fmt: Callable[[float], str] = "{:.3f}".format) -> str:
         """One line: the mean (of the reached seeds), the interval with its unbounded ends, and
@@ -112,21 +118,25 @@ class Spread:
     def as_dict(self) -> dict[str, object]:
         return {"mean": self.mean, "ci_low": self.ci_low, "ci_high": self.ci_high, "n": self.n,
                 "missing": self.missing, "seeds": self.seeds, "reached": self.label(),
-                "mean_of": "reached seeds", "unbounded": self.unbounded, "values": list(self.values)}
+                "mean_of": f"{self.counted} seeds", "unbounded": self.unbounded, "values": list(self.values)}
 
 
-def spread(values: Iterable[float | None], *, miss: Miss = "unknown") -> Spread:
+def spread(values: Iterable[float | None], *, miss: Miss = "unknown",
+           counted: Counted = "reached") -> Spread:
     """Summarise per-seed values; ``None`` entries are missing: counted, never dropped unseen, and
-    the interval is unbounded on their side (``miss``; both ends when ``"unknown"``)."""
+    the interval is unbounded on their side (``miss``; both ends when ``"unknown"``). ``counted``
+    says what a seed with a value did (:attr:`Spread.counted`): a gap is ``"measured"``."""
     if miss not in ("low", "high", "unknown"):
         raise ValueError(f"miss must be 'low', 'high' or 'unknown', got {miss!r}")
+    if counted not in ("reached", "measured"):
+        raise ValueError(f"counted must be 'reached' or 'measured', got {counted!r}")
     seen = list(values)
     got = tuple(float(v) for v in seen if v is not None)
     missing = len(seen) - len(got)
     if any(not math.isfinite(v) for v in got):
         raise ValueError(f"values must be finite, got {got}")
     if not got:
-        return Spread(0, missing, None, None, None, (), miss)
+        return Spread(0, missing, None, None, None, (), miss, counted)
     mean = statistics.fmean(got)
     low: float | None = None
     high: float | None = None
@@ -137,4 +147,4 @@ def spread(values: Iterable[float | None], *, miss: Miss = "unknown") -> Spread:
         low = None
     if missing and miss in ("high", "unknown"):
         high = None
-    return Spread(len(got), missing, mean, low, high, got, miss)
+    return Spread(len(got), missing, mean, low, high, got, miss, counted)
