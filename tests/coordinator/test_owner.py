@@ -16,7 +16,8 @@ import pytest
 from vcasync import _owner_lease
 from vcasync.coordinator import StartOptions
 from vcasync.errors import ClosedError, ConfigError, ObjectNotFoundError, PrefixTakenError
-from vcasync.storage import open_storage
+from vcasync.storage import BytesLike, Storage, open_storage
+from vcasync.testing.faults import ForwardingStorage
 
 from .test_recovery import crash, make, submit
 
@@ -227,3 +228,74 @@ async def test_a_taken_over_coordinator_stores_no_upload(kit, clock, storage) ->
     await a.aclose()
     assert isinstance(a.failure, PrefixTakenError)
     await b.aclose()
+
+
+class HeldSnapshot(ForwardingStorage):
+    """Holds the first snapshot object of the next snapshot once ``armed``: after its writer made
+    sure it still owned the run, before anything of the snapshot is written (a stall there)."""
+
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner)
+        self.armed = False
+        self.reached = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def put(self, key: str, data: BytesLike, *, if_absent: bool = False) -> None:
+        if self.armed and key.startswith("vcasync/snapshots/"):
+            self.armed = False
+            self.reached.set()
+            await self.go.wait()
+        await self.inner.put(key, data, if_absent=if_absent)
+
+    async def aclose(self) -> None:
+        """The test's ``storage`` fixture owns the store beneath."""
+
+
+async def _first_of(*waits) -> None:
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for t in tasks:
+        t.cancel()
+
+
+async def written(coord, version: int) -> None:
+    """Until ``coord`` has written a snapshot of ``version`` (its writer sets ``written`` at each)."""
+    slot = coord._merger.snapshots
+    while slot.written_version < version:
+        slot.written.clear()
+        if slot.written_version < version:
+            await slot.written.wait()
+
+
+async def test_a_snapshot_checked_before_a_takeover_and_written_after_it_harms_no_one(
+        kit, clock, storage) -> None:
+    # a made sure it owned the run, then stalled before its snapshot's write; b took the run over
+    # meanwhile. a's snapshot took the step b's next one needed, so b (the live owner) found the step
+    # taken and stopped with PrefixTakenError, while a had pruned by its stale view.
+    held = HeldSnapshot(storage)
+    a = await make(kit, held, clock, units=4, owner_ttl_s=TTL, snapshot_every=1).__aenter__()
+    w = await a.join()
+    await submit(kit, a, w, await a.lease(w), base_version=a.version)
+    await asyncio.wait_for(written(a, 1), 5)
+    held.armed = True
+    await submit(kit, a, w, await a.lease(w), base_version=a.version)     # version 2
+    await asyncio.wait_for(held.reached.wait(), 5)       # checked, not written: a stalls here
+    assert a._renewer is not None
+    a._renewer.cancel()
+    b = await asyncio.wait_for(make(kit, storage, clock, units=4, owner_ttl_s=TTL,
+                                    snapshot_every=1).__aenter__(), 10 * TTL)
+    assert b.version == 2                                # from a's journal
+    held.go.set()                                        # a wakes up and writes what it checked
+    await asyncio.wait_for(_first_of(a._closed.wait(), written(a, 2)), 5)
+    wb = await b.join()
+    assert (await submit(kit, b, wb, await b.lease(wb), base_version=b.version)).status == "accepted"
+    await asyncio.wait_for(_first_of(b._closed.wait(), written(b, 3)), 5)
+    assert b.failure is None, b.failure                  # b serves on: a's late write took nothing of its
+    assert b.storage_error is None
+    await asyncio.wait_for(a._closed.wait(), 5)          # a found out, at the latest after writing
+    assert isinstance(a.failure, PrefixTakenError)
+    await a.aclose()
+    await crash(b)
+    async with make(kit, storage, clock, units=4, owner_ttl_s=TTL, snapshot_every=1) as c:
+        assert c.version == 3
+        assert c._journal._snapshot_seq == 3             # from b's snapshot, not a's older one

@@ -401,6 +401,11 @@ class Coordinator:
         """Read the run, load its newest snapshot, replay the journal after it. Runs again from the
         top (a fresh journal handle) when a transient storage error interrupts it."""
         self._journal = Journal(self._storage, config=self.config.journal_config(), spec=self.spec)
+        lease = self._prefix_lease
+        if lease is not None and lease.epoch is not None:
+            # the snapshot writer's fencing token: checked before a write, the lease can be taken
+            # over before the write lands (see Journal.fence)
+            self._journal.fence(lease.epoch, self._ensure_prefix)
         prefix = self.config.state_prefix.strip("/")
         if self.config.durability == "none" and self._storage is not None:
             # durability none takes no owner lease and keeps nothing: beside a stored run (live or

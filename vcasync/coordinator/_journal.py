@@ -47,7 +47,7 @@ import contextlib
 import json
 import secrets
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -87,6 +87,11 @@ Durability = Literal["journal", "snapshot", "none"]
 
 FORMAT = 1
 FLOOR_BLOCK = 1000
+#: Snapshot steps per owner epoch: a coordinator holding the run's owner lease at epoch ``e`` writes
+#: its snapshots at steps ``e * EPOCH_STEPS`` and on (see :meth:`Journal.fence`). 10**8 snapshots in
+#: one epoch is years at one a second; an epoch of 12 digits keeps a step inside the 20 of a
+#: checkpoint.
+EPOCH_STEPS = 10**8
 #: Journal entry kinds: format 1 holds the tensors inline; format 2 names the received bytes.
 ENTRY_INLINE = "journal"
 ENTRY_REF = "journal-ref"
@@ -166,8 +171,49 @@ class Journal:
         #: not journal entries: the ledger changes without a result (leases, parked units), and a
         #: snapshot of that is a new step at the same ``seq`` (its manifest's meta)
         self._step: int | None = None
+        #: the owner lease's epoch and its check (see :meth:`fence`); None: no lease, no fence
+        self._epoch: int | None = None
+        self._still_owner: Callable[[], Awaitable[None]] | None = None
+        #: the newest snapshot step when this journal first looked, and the entry its recovery
+        #: replayed to: an earlier owner's snapshot above that step, beyond that entry, forked the run
+        self._found_step: int | None = None
+        self._recovered_seq = 0
+        self._looked_at: set[int] = set()
         self._blobs: dict[int, str] = {}     # entry number -> the received bytes it names
         self._forgetting: set[asyncio.Task[None]] = set()
+
+    def fence(self, epoch: int, still_owner: Callable[[], Awaitable[None]]) -> None:
+        """Write snapshots as the holder of the run's owner lease at ``epoch``.
+
+        A coordinator makes sure it owns the run before a snapshot (``still_owner`` raises
+        :class:`PrefixTakenError` otherwise), but it can stall between that check and the write
+        (encoding a large model, a frozen VM) past ``owner_ttl_s`` while another takes the run over.
+        The store offers no conditional write on another object (no generation or ETag
+        precondition, and some stores ignore even if-absent: ``--allow-unsafe-store``), so the
+        epoch is the fencing token, in the snapshot's step: each owner writes in a step range of
+        its own, above every earlier owner's. A late write of a stale owner then lands below its
+        successor's snapshots, so it neither takes the step the successor needs next (which
+        stopped the live owner with "snapshot step N exists already") nor replaces its manifest on
+        a store that ignores if-absent; and it holds a state the successor's recovery started from
+        or went past (the journal it replayed holds every result the stale one acknowledged), so a
+        recovery that picks it before the successor's first snapshot replays to the same state.
+        ``still_owner`` runs again after the write, before any pruning: a stale owner deletes
+        nothing. An earlier owner's snapshot that holds journal entries this one never replayed
+        (it went on acknowledging after the takeover) is a fork no fence undoes: the next snapshot
+        raises :class:`PrefixTakenError` (see :meth:`_check_earlier_owners`)."""
+        self._epoch = epoch
+        self._still_owner = still_owner
+
+    def _next_step(self, last: int) -> int:
+        """The step after ``last`` (the newest this journal wrote or found), in this owner's range."""
+        if self._epoch is None:
+            return last + 1
+        step = max(last + 1, self._epoch * EPOCH_STEPS)
+        if step >= (self._epoch + 1) * EPOCH_STEPS:
+            # a later owner's snapshot is stored (or this epoch used its 10**8 steps)
+            raise PrefixTakenError(f"snapshot step {last} is past owner epoch {self._epoch}'s steps: a "
+                                   f"later coordinator writes this run", key=self._key("snapshots"))
+        return step
 
     @property
     def durable(self) -> bool:
@@ -232,6 +278,7 @@ class Journal:
                                      f"its manifest says {version}")
         self.seq = self._snapshot_seq = seq
         self._step = max(await self._store.steps())    # a newer, incomplete one is not reused
+        self._found_step = self._step
         self._captured_version = version
         self._kept.append((seq, version))
         async for key in self._storage_list("bases/"):
@@ -276,6 +323,7 @@ class Journal:
                                          key=key) from None
             self.seq, expect = seq, seq + 1
             yield Entry(seq, meta, tensors)
+        self._recovered_seq = self.seq     # what a later owner's snapshot is held against
 
     async def _read_blob(self, blob: str, meta: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         """The tensors of the received result a format-2 record names (checked against it)."""
@@ -431,7 +479,10 @@ class Journal:
             return
         if self._step is None:
             self._step = max(await self._store.steps(), default=-1)
-        step = self._step + 1
+        if self._found_step is None:
+            self._found_step = self._step
+        step = self._next_step(self._step)
+        await self._check_earlier_owners()
         model = await asyncio.to_thread(_encode_bytes, "model", {"version": captured.model.version},
                                         captured.model.tensors, self._config.codec)
         ledger = await asyncio.to_thread(pack_tree, captured.ledger)
@@ -449,11 +500,38 @@ class Journal:
                                    "state_prefix)", key=exc.key) from exc
         finally:
             self._step = step            # written or not, a later snapshot takes the next step
+        if self._still_owner is not None:
+            await self._still_owner()    # taken over during the write: it stays, nothing is pruned
         self._snapshot_seq = captured.seq
         self._kept.append((captured.seq, captured.model.version))
         while len(self._kept) > self._config.keep_snapshots:
             self._kept.popleft()
         await self._prune(self._config.keep_snapshots)
+
+    async def _check_earlier_owners(self) -> None:
+        """Journal mode, fenced: an earlier owner's snapshot written after this journal looked
+        (above the step it found, below its own range) is harmless when it holds no entry beyond
+        the one this recovery replayed to (it was captured before the takeover); one that does
+        holds results acknowledged by a coordinator that had lost the run, which this run's
+        state lacks: :class:`PrefixTakenError`, as a collision of snapshot steps said before."""
+        if self._epoch is None or self._store is None or not self.journaling:
+            return
+        found = -1 if self._found_step is None else self._found_step
+        for step in await self._store.steps():
+            if not found < step < self._epoch * EPOCH_STEPS or step in self._looked_at:
+                continue
+            try:
+                seq = int((await self._store.load(step)).meta.get("seq", -1))
+            except (CorruptObjectError, ObjectNotFoundError):
+                continue          # half written or pruned: nothing a recovery would load
+            if seq > self._recovered_seq:
+                raise PrefixTakenError(
+                    f"snapshot step {step} (owner epoch {step // EPOCH_STEPS}) holds journal entries "
+                    f"up to {seq}, past the {self._recovered_seq} this coordinator recovered: another "
+                    f"coordinator writes to this state prefix; the results it acknowledged after this "
+                    f"one took the run over are not in this run's state (give each coordinator its own "
+                    f"state_prefix)", key=self._store.manifest_key(step))
+            self._looked_at.add(step)
 
     async def prune_final(self) -> None:
         """After the last snapshot this process writes (it holds every applied result): delete the
