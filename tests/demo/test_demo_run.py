@@ -206,6 +206,12 @@ def test_a_fleet_stopped_at_max_wall_is_reported_and_exits_incomplete(tmp_path: 
     assert all(p[0] <= limit for p in report["accuracy"])
     assert report["time_to_target_s"] is None or report["time_to_target_s"] <= limit
     assert "stopped at" in proc.stderr
+    # the limit and the moment the workers had stopped, apart (the fleet's wall time ran to the stop)
+    assert limit <= report["workers_stopped_s"] <= report["wall_s"]
+    assert head["stopped_at_limit_s"] == limit
+    # a final score is the fleet's at the limit, or marked as taken after it and kept out of the curve
+    late = bool(report["accuracy_after_limit"])
+    assert report["final_scored_after_limit"] == (not report["accuracy"] and late)
 
 
 def test_a_coordinator_killed_as_a_short_run_finishes_loses_nothing(tmp_path: Path) -> None:

@@ -412,3 +412,72 @@ def test_workers_that_crashed_out_are_not_all_recovered_nor_restarted_after_the_
     assert "NOT all recovered; 4 worker crash(es), 2 worker(s) gave up" in out
     assert "restarted after all work was done" not in out
     assert "incomplete              every worker stopped after repeated crashes" in out
+
+
+def _stopped_at_limit(tmp_path: Path) -> DemoRun:
+    # --max-wall 4: the limit fired at 4.2 s, the workers had stopped by 11.5 s, the run ended at 13 s
+    run = _run(tmp_path, [_ev(4.2, "fleet", "max-wall")], [_slot(0, [(0.0, 11.5)], [1], tmp_path)],
+               finished=False)
+    run.slots[0].state = "stopped"
+    run.limit_s, run.workers_stopped_s, run.wall_s, run.merged_after_limit = 4.2, 11.5, 13.0, 3
+    run.versions = [(2.0, 1), (4.0, 4)]
+    run.incomplete_reason = "the fleet did not finish within --max-wall 4 s"
+    return run
+
+
+def test_a_score_taken_after_the_limit_is_marked_and_kept_out_of_the_curve_and_the_target(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The coordinator could not be reached when the limit fired, and nothing had been scored: the
+    # only score came after the workers were stopped, of v7 (three results merged after the limit),
+    # and it was the curve, the "final test accuracy" of the fleet at the limit and its time to target.
+    from vcasync.demo.cli import _print_summary
+
+    run = _stopped_at_limit(tmp_path)
+    run.accuracy = [(9.0, 7, 4, 0.96, 0.2)]
+    rep = build_report(run, _ddp(1, [(5.0, 0, 0.1, 2.3), (50.0, 1000, 0.95, 0.2)]), T0_WALL)
+    assert rep["accuracy"] == []
+    assert rep["accuracy_after_limit"] == [[9.0, 7, 4, 0.96, 0.2]]
+    assert rep["time_to_target_s"] is None
+    assert rep["saving"] is None
+    assert rep["final_accuracy"] == 0.96                 # said, and marked
+    assert rep["final_scored_after_limit"] is True
+    assert (rep["final_scored_at_s"], rep["final_version"]) == (9.0, 7)
+    _print_summary(rep, [])
+    out = capsys.readouterr().out
+    assert "final test accuracy     0.960" in out
+    assert "(scored after the limit, see below)" in out
+    assert "scored after the limit  the final test figures are of v7, scored at 9.0 s" in out
+    assert "kept out of the curve and the time to target" in out
+
+    # a score at the limit (or before it) is the fleet's; a later one beside it changes nothing
+    run.accuracy = [(3.0, 1, 1, 0.6, 1.2), (9.0, 7, 4, 0.96, 0.2)]
+    rep = build_report(run, _ddp(1, [(5.0, 0, 0.1, 2.3), (50.0, 1000, 0.95, 0.2)]), T0_WALL)
+    assert rep["accuracy"] == [[3.0, 1, 1, 0.6, 1.2]]
+    assert rep["final_accuracy"] == 0.6
+    assert rep["final_scored_after_limit"] is False
+    _print_summary(rep, [])
+    assert "after the limit" not in capsys.readouterr().out.split("stopped by --max-wall")[0]
+
+
+def test_the_wall_time_of_a_fleet_stopped_at_the_limit_says_the_limit_and_the_stop_apart(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # "wall time  13 s (fleet)" of a fleet stopped by --max-wall 4: the figure ran until its workers
+    # had stopped and the run ended, and read as the time the fleet trained.
+    from vcasync.demo.cli import _print_summary
+
+    run = _stopped_at_limit(tmp_path)
+    run.accuracy = [(3.0, 1, 1, 0.6, 1.2)]
+    rep = build_report(run, _ddp(1, [(5.0, 0, 0.1, 2.3), (50.0, 1000, 0.95, 0.2)]), T0_WALL)
+    assert rep["stopped_at_limit_s"] == 4.2
+    assert rep["workers_stopped_s"] == 11.5
+    _print_summary(rep, [])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("wall time   "))
+    assert "4 s to the --max-wall limit (fleet, its workers stopped by 12 s; the run ended at 13 s)" in line
+    assert "+ 51 s (DDP)" in line
+    run = _run(tmp_path, [], [_slot(0, [(0.0, 20.0)], [1], tmp_path)])
+    run.wall_s = 20.0
+    rep = build_report(run, _ddp(1, [(5.0, 0, 0.1, 2.3), (50.0, 1000, 0.95, 0.2)]), T0_WALL)
+    assert rep["workers_stopped_s"] is None
+    _print_summary(rep, [])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("wall time   "))
+    assert "20 s (fleet) + 51 s (DDP)" in line

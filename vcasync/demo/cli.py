@@ -127,7 +127,7 @@ def run(a: argparse.Namespace) -> int:
         # printed only accuracies, which could not say why its fleet missed the target
         keys = ("metric", "final_accuracy", "ddp_accuracy", "accuracy_gap", "final_loss", "ddp_loss",
                 "loss_gap", "saving", "time_to_target_s", "ddp_time_to_target_s", "first_merge_s",
-                "finished", "wall_s")
+                "finished", "wall_s", "stopped_at_limit_s", "workers_stopped_s", "final_scored_after_limit")
         head = {k: report[k] for k in keys}
         print(strict_json(head | {"cost": report["cost"], "run_dir": str(result.run_dir)}))
     else:
@@ -211,8 +211,34 @@ def _incomplete_lines(r: dict[str, Any]) -> list[str]:
         return [f"  incomplete              {r.get('incomplete_reason') or 'the fleet did not finish'}"]
     after = r.get("merged_after_limit") or 0
     tail = f"; {after} result(s) merged after it not counted" if after else ""
-    return [f"  stopped by --max-wall   at {at:.1f} s (limit {r['max_wall_s']:g} s): the figures above are "
-            f"the fleet as it stood then, its sessions billed until each worker stopped{tail}"]
+    lines = [f"  stopped by --max-wall   at {at:.1f} s (limit {r['max_wall_s']:g} s): the figures above are "
+             f"the fleet as it stood then, its sessions billed until each worker stopped{tail}"]
+    if r.get("final_scored_after_limit"):
+        # the coordinator could not be reached at the limit and nothing was scored before: the one
+        # score there is came later, with what the workers merged while they were being stopped
+        lines.append(f"  scored after the limit  the final test figures are of v{r['final_version']}, scored "
+                     f"at {r['final_scored_at_s']:.1f} s (the coordinator could not be reached at the "
+                     f"limit), results merged after it included: not the fleet at the limit, and kept "
+                     f"out of the curve and the time to target")
+    return lines
+
+
+def _wall_line(r: dict[str, Any]) -> str:
+    """The fleet's wall time; with --max-wall the limit and the moment its workers had stopped, apart
+    (one figure, the run's end, read as the limit though it ran past it by the grace period)."""
+    ddp = f" + {r['baseline']['wall_s']:.0f} s (DDP)"
+    at = r.get("stopped_at_limit_s")
+    if at is None:
+        return f"  wall time               {r['wall_s']:.0f} s (fleet){ddp}"
+    stopped = r.get("workers_stopped_s")
+    stop = "" if stopped is None else f", its workers stopped by {stopped:.0f} s"
+    return (f"  wall time               {at:.0f} s to the --max-wall limit (fleet{stop}; "
+            f"the run ended at {r['wall_s']:.0f} s){ddp}")
+
+
+def _score(x: float | None) -> str:
+    """A final score; none at all (the coordinator never answered a download) is said, not a crash."""
+    return "n/a" if x is None else f"{x:.3f}"
 
 
 def _usd(x: float | None) -> str:
@@ -243,14 +269,15 @@ def _print_summary(r: dict[str, Any], paths: list[Path]) -> None:
     n = r["config"]["workers"]
     ddp = f"(DDP, {n} process{'es' if n != 1 else ''}, same {r['samples']} samples:"
     by_loss = r.get("metric") == "loss"
+    late = " (scored after the limit, see below)" if r.get("final_scored_after_limit") else ""
     # a workload judged by loss (tinylm) showed only its accuracy, beside a target in loss
     lines = [
         "",
         f"vcasync demo: {n} worker{'s' if n != 1 else ''}, {r['config']['policy']}, "
         f"{r['config']['workload']}",
-        *([f"  final test loss         {r['final_loss']:.3f}   {ddp} {r['ddp_loss']:.3f})"]
+        *([f"  final test loss         {_score(r['final_loss'])}   {ddp} {r['ddp_loss']:.3f}){late}"]
           if by_loss else []),
-        f"  final test accuracy     {r['final_accuracy']:.3f}   {ddp} {r['ddp_accuracy']:.3f})",
+        f"  final test accuracy     {_score(r['final_accuracy'])}   {ddp} {r['ddp_accuracy']:.3f}){late}",
     ]
     if c.get("target") is not None:
         a, d, t = c["async"], c["ddp"], c["target"]
@@ -277,7 +304,7 @@ def _print_summary(r: dict[str, Any], paths: list[Path]) -> None:
             lines.append(f"  saving, billed per s    {100 * c['saving_per_second']:.0f} % (the same sessions "
                          f"without the {inst['min_billed_s']:.0f}-s minimum each restart pays)")
     lines += [
-        f"  wall time               {r['wall_s']:.0f} s (fleet) + {r['baseline']['wall_s']:.0f} s (DDP)",
+        _wall_line(r),
         *_incomplete_lines(r),
         f"  preemptions             {_preemptions_text(rec)}; coordinator restarts: "
         f"{r['coordinator_restarts']}{_not_killed(r)}",

@@ -100,11 +100,11 @@ def headline(run: DemoRun, ddp: DdpResult | None, *, lost: Sequence[LostSpan] = 
     if metric == "accuracy":
         target = Target.from_baseline("accuracy", ddp.final_accuracy,
                                       accuracy_points=ACCURACY_TOLERANCE_POINTS)
-        fleet_curve = [(p[0], p[2] or 0, p[3]) for p in run.accuracy]
+        fleet_curve = [(p[0], p[2] or 0, p[3]) for p in run.curve()]
         ddp_curve = [(p[0], p[1], p[2]) for p in ddp.points]
     else:
         target = Target.from_baseline("loss", ddp.final_loss, loss_fraction=LOSS_TOLERANCE)
-        fleet_curve = [(p[0], p[2] or 0, p[4]) for p in run.accuracy]
+        fleet_curve = [(p[0], p[2] or 0, p[4]) for p in run.curve()]
         ddp_curve = [(p[0], p[1], p[3]) for p in ddp.points]
     t_async = time_to_target(((t, v) for t, _, v in fleet_curve), target)
     t_ddp = time_to_target(((t, v) for t, _, v in ddp_curve), target)

@@ -161,7 +161,9 @@ def _recoveries(run: DemoRun, events: dict[int, list[dict[str, Any]]], t0_wall: 
 def build_report(run: DemoRun, baseline: DdpResult | None, t0_wall: float) -> dict[str, Any]:
     cfg = run.config
     events = read_events(run.run_dir / "events")
-    final = run.accuracy[-1] if run.accuracy else None
+    curve, late = run.curve(), run.scored_after_limit()
+    # the fleet at the limit; only when nothing could be scored by then, the score taken after it
+    final = curve[-1] if curve else late[-1] if late else None
     samples = run.total_units * run.unit_steps * cfg.batch_size
     kills = _killed_training(run, events, t0_wall)
     restarting, after_work = restart_overhead(run.slots, events, t0_wall, finished=run.finished)
@@ -185,6 +187,14 @@ def build_report(run: DemoRun, baseline: DdpResult | None, t0_wall: float) -> di
         "max_wall_s": cfg.max_wall_s,
         "stopped_at_limit_s": run.limit_s,
         "merged_after_limit": run.merged_after_limit,
+        # the final figures are of a model scored after the limit (the coordinator could not be
+        # reached when it fired, and nothing was scored before): not in the curve nor the target
+        "final_scored_after_limit": final is not None and not curve,
+        "final_scored_at_s": None if final is None else final[0],
+        "final_version": None if final is None else final[1],
+        "accuracy_after_limit": [list(p) for p in late],
+        # the workers' sessions ran until they had stopped, up to their grace period past the limit
+        "workers_stopped_s": run.workers_stopped_s,
         "wall_s": run.wall_s,
         "samples": samples,
         "saving": cost.get("saving"),
@@ -207,7 +217,7 @@ def build_report(run: DemoRun, baseline: DdpResult | None, t0_wall: float) -> di
             "run_dir": str(run.run_dir),
         },
         "baseline": None if baseline is None else baseline.as_dict(),
-        "accuracy": [list(p) for p in run.accuracy],
+        "accuracy": [list(p) for p in curve],
         "workers": [{"name": s.name, "starts": s.starts, "sigterm": s.preemptions, "sigkill": s.kills,
                      "uptime_s": s.uptime_s, "sessions": [list(x) for x in s.sessions], "pids": s.pids,
                      "state": s.state} for s in run.slots],

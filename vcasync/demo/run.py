@@ -239,8 +239,28 @@ class DemoRun:
     limit_s: float | None = None
     #: model versions merged after the limit fired (workers in their grace period): not counted
     merged_after_limit: int = 0
+    #: when the last worker stopped after the limit fired (run clock), None without a limit: the
+    #: fleet's sessions run until then, past the limit by up to the workers' grace period
+    workers_stopped_s: float | None = None
     #: why an unfinished run did not finish (None when it finished), for the exit message
     incomplete_reason: str | None = None
+
+    def curve(self) -> list[tuple[float, int, int | None, float, float]]:
+        """The scores the fleet's figures count (the curve, the time to target): every one, or with
+        a limit those of the model as it stood at the limit (stamped at or before it)."""
+        if self.limit_s is None:
+            return list(self.accuracy)
+        return [p for p in self.accuracy if p[0] <= self.limit_s]
+
+    def scored_after_limit(self) -> list[tuple[float, int, int | None, float, float]]:
+        """Scores of models that existed only after the limit: the coordinator could not be reached
+        when the limit fired, so the model was scored once it answered again, after the workers
+        were stopped, with what they merged meanwhile. Kept out of :meth:`curve`; when nothing was
+        scored before, the last of them is the run's final score, marked as taken after the limit."""
+        if self.limit_s is None:
+            return []
+        limit = self.limit_s
+        return [p for p in self.accuracy if p[0] > limit]
 
 
 def _free_port() -> int:
@@ -568,6 +588,9 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
                 # was given its grace period
                 await asyncio.gather(*(demo.stop_slot(s, "--max-wall" if limit_s is not None
                                                       else "the fleet was stopped") for s, _ in pending))
+                if limit_s is not None:
+                    # the sessions run until here, past the limit by up to the grace period
+                    out.workers_stopped_s = demo.timeline.now()
             # the last look: from a coordinator that is up (a restart can be finishing), and a run
             # is finished when its workers are done *and* the coordinator says so. Past the limit
             # only the status is read: the model scored at the limit is the fleet's.
