@@ -458,6 +458,14 @@ def test_a_score_taken_after_the_limit_is_marked_and_kept_out_of_the_curve_and_t
     _print_summary(rep, [])
     assert "after the limit" not in capsys.readouterr().out.split("stopped by --max-wall")[0]
 
+    # nothing scored at all (the coordinator never answered a download): said, not a TypeError
+    run.accuracy = []
+    rep = build_report(run, _ddp(1, [(5.0, 0, 0.1, 2.3), (50.0, 1000, 0.95, 0.2)]), T0_WALL)
+    assert rep["final_accuracy"] is None
+    assert rep["final_scored_after_limit"] is False
+    _print_summary(rep, [])
+    assert "final test accuracy     n/a" in capsys.readouterr().out
+
 
 def test_the_wall_time_of_a_fleet_stopped_at_the_limit_says_the_limit_and_the_stop_apart(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
