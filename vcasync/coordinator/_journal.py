@@ -195,8 +195,10 @@ class Journal:
         successor's snapshots, so it neither takes the step the successor needs next (which
         stopped the live owner with "snapshot step N exists already") nor replaces its manifest on
         a store that ignores if-absent; and it holds a state the successor's recovery started from
-        or went past (the journal it replayed holds every result the stale one acknowledged), so a
-        recovery that picks it before the successor's first snapshot replays to the same state.
+        or went past (in journal mode the journal it replayed holds every result the stale one
+        journaled before its capture), so a recovery that picks it before the successor's first
+        snapshot replays to the same state. (In snapshot mode it holds results the successor never
+        had, lost as a crash loses what came after the last snapshot; its steps still sort below.)
         ``still_owner`` runs again after the write, before any pruning: a stale owner deletes
         nothing. An earlier owner's snapshot that holds journal entries this one never replayed
         (it went on acknowledging after the takeover) is a fork no fence undoes: the next snapshot
