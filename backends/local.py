@@ -57,6 +57,13 @@ _BUFFER = 1 << 20  # small stream chunks are gathered to this size before a writ
 #: A streamed write starts the writeback of what it wrote so far each time this much more is written.
 WRITEBACK_BYTES = 4 << 20
 _FADVISE = getattr(os, "posix_fadvise", None)  # Linux, the BSDs; absent on macOS and Windows
+#: Objects and the directories this backend creates are its owner's only (the umask can only take
+#: more away). Some objects are credentials (a worker's ``identity.json`` holds its token, the
+#: coordinator's ``vcasync/run`` its lease-signing secret) and the backend cannot tell which; with
+#: 0o666/0o755 any local user of a shared file system could read every worker's token. A directory
+#: that already exists (the root the operator made) keeps its mode.
+FILE_MODE = 0o600
+DIR_MODE = 0o700
 
 
 class Writeback:
@@ -207,7 +214,7 @@ class LocalStorage(StorageBase):
                                   "same name", key=key)
         for path in reversed(missing):
             try:
-                os.mkdir(path)
+                os.mkdir(path, DIR_MODE)
             except FileExistsError:
                 if not path.is_dir():
                     raise InvalidKeyError(f"{self.url}: cannot store {key!r}: a part of it is an "
@@ -220,7 +227,8 @@ class LocalStorage(StorageBase):
         if not tmp_dir.is_dir():
             self._makedirs(tmp_dir, TMP_DIR)
         path = tmp_dir / f"{writer_token()}.tmp"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(path, flags, FILE_MODE)
         return fd, path
 
     @staticmethod
