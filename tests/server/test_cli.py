@@ -126,6 +126,10 @@ BAD_URLS = [
     ("https://a b:1", "is not a valid URL: it holds whitespace"),
     ("http://a..b:1", "'a..b' is not a host name or an IP address"),
     ("http://127.0.0.1:1/path?q", "has a query or fragment"),
+    # found by a probe: taken, then aiohttp's "Cannot combine AUTHORIZATION header with ...
+    # credentials encoded in URL" traceback, exit 1; the password is never echoed
+    ("http://admin:hunter2pw@127.0.0.1:1", "credentials in a URL are not accepted"),
+    ("https://admin:hunter2pw@[::1", "credentials in a URL are not accepted"),
 ]
 
 
@@ -140,6 +144,7 @@ def test_worker_refuses_a_coordinator_url_no_request_can_go_to(
     err = capsys.readouterr().err
     assert "--coordinator" in err
     assert why in err
+    assert "hunter2pw" not in err
     assert not (tmp_path / "w").exists()
 
 
@@ -170,6 +175,7 @@ def test_requeue_and_ray_up_refuse_a_coordinator_url_as_the_worker_does(
     err = capsys.readouterr().err
     assert err.startswith("vcasync requeue: configuration error: --coordinator "), err
     assert why in err
+    assert "hunter2pw" not in err
     pytest.importorskip("ray")
     # --address 127.0.0.1:1: had the URL passed, "no Ray cluster answers" would be the error
     assert main(["ray", "--address", "127.0.0.1:1", "up", "--workers", "1", "--coordinator", url,
@@ -213,6 +219,15 @@ def test_ray_up_takes_a_state_lease_at_the_floor() -> None:
     parser = build_parser(available_commands())
     assert parser.parse_args([*argv, "--state-lease", "3"]).state_lease == 3.0
     assert parser.parse_args(argv).state_lease == 30.0
+
+
+def test_requeue_refuses_an_empty_unit_id_as_configuration(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # Found by a probe: --unit "" was a FrameError from the client, exit 1 ("restart")
+    monkeypatch.setenv("VCASYNC_OPERATOR_TOKEN", "o" * 20)
+    assert main(["requeue", "--coordinator", "http://127.0.0.1:9", "--unit", ""]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vcasync requeue: configuration error: --unit: field 'units' must be"), err
 
 
 def test_requeue_against_a_coordinator_that_is_not_there_says_so(

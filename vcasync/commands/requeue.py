@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 
 from ..cli import Command, ExitCode, read_secret
-from ..errors import ConfigError
+from ..errors import AuthError, ConfigError, FrameError
 
 log = logging.getLogger("vcasync.cli")
 
@@ -32,13 +32,24 @@ def _configure(p: argparse.ArgumentParser) -> None:
 def _run(a: argparse.Namespace) -> int:
     import asyncio
 
-    from ..worker._client import CoordinatorClient, check_coordinator_url, client_ssl_context
+    from ..protocol._bodies import RequeueRequest
+    from ..worker._client import (
+        CoordinatorClient,
+        check_coordinator_url,
+        client_ssl_context,
+        plain_http_hint,
+        tls_problem,
+    )
 
     check_coordinator_url(a.coordinator)     # a typo is a configuration error, not "cannot reach"
     token = read_secret("VCASYNC_OPERATOR_TOKEN", a.operator_token_file, what="operator token")
     if not token:
         raise ConfigError("no operator token: set VCASYNC_OPERATOR_TOKEN or --operator-token-file "
                           "(the coordinator must be started with the same one)")
+    try:
+        RequeueRequest(a.units or None)     # --unit "" was a FrameError from the client: exit 1
+    except FrameError as exc:
+        raise ConfigError(f"--unit: {exc}") from None
     url = str(a.coordinator).rstrip("/")
     ssl_ctx = client_ssl_context(a.ca_file) if url.startswith("https://") else None
 
@@ -52,11 +63,21 @@ def _run(a: argparse.Namespace) -> int:
 
     try:
         done = asyncio.run(main())
+    except AuthError as exc:
+        # a wrong token is configuration (exit 2, as the worker's refused join credential), not
+        # an error a retry could mend (exit 1)
+        raise ConfigError(f"the coordinator at {url} refused the operator token ({exc}): set "
+                          "VCASYNC_OPERATOR_TOKEN or --operator-token-file to the one it was started "
+                          "with; nothing was requeued") from None
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        problem = tls_problem(exc, url, a.ca_file)
+        if problem is not None:   # the coordinator is running and the URL is right: not "reach"
+            raise ConfigError(f"{problem}; nothing was requeued") from None
         # a traceback here told the operator nothing they could act on
         detail = str(exc) or type(exc).__name__
         print(f"vcasync requeue: cannot reach the coordinator at {url}: {detail} (nothing was "
-              f"requeued; is it running, and is the URL its listening address?)", file=sys.stderr)
+              f"requeued; is it running, and is the URL its listening address?"
+              f"{plain_http_hint(exc, url)})", file=sys.stderr)
         return ExitCode.ERROR
     print(json.dumps({"requeued": done}))
     log.info("requeued %d unit(s)", len(done))

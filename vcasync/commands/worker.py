@@ -69,8 +69,10 @@ def _configure(p: argparse.ArgumentParser) -> None:
 EPILOG = """\
 exit status: 0 the run is finished (or the worker was preempted: SIGTERM, SIGINT; or it did
   --max-units), 1 error: also a trainer that failed 3 units in a row, or every unit it got before
-  the run finished (no result delivered), a quarantine, --give-up-after, 2 configuration error
-  (a refused join credential, --state held by another live worker), 4 --state storage failed
+  the run finished (no result delivered), a trainer returning no result (its lease is handed
+  back first), a quarantine, --give-up-after, 2 configuration error (a refused join credential,
+  a coordinator certificate that does not verify: --ca-file, --state held by another live
+  worker), 4 --state storage failed
 """
 
 

@@ -15,6 +15,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import re
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -52,7 +53,8 @@ from ..retry import classify, is_transient
 
 M = TypeVar("M")
 
-__all__ = ["CoordinatorClient", "check_coordinator_url", "client_ssl_context", "is_transient"]
+__all__ = ["CoordinatorClient", "check_coordinator_url", "client_ssl_context", "is_transient",
+           "plain_http_hint", "tls_problem"]
 
 
 # The HTTP transport's entries in the one transient table (vcasync.retry.TRANSIENT): the
@@ -73,6 +75,7 @@ def check_coordinator_url(url: str, name: str = "--coordinator") -> None:
     requeue`` "cannot reach the coordinator", as if it were down; so were whitespace in the host
     and a query. A path is kept (a reverse proxy may mount the coordinator under one): requests go
     to ``URL + "/v1/..."``."""
+    _refuse_userinfo(url, name)
     if any(c.isspace() or not c.isprintable() for c in url):
         # yarl dropped a tab and kept "a b" as a host: "cannot reach the coordinator", exit 1
         raise ConfigError(f"{name} {url!r} is not a valid URL: it holds whitespace or a control "
@@ -92,6 +95,24 @@ def check_coordinator_url(url: str, name: str = "--coordinator") -> None:
                           "with a path if a reverse proxy mounts the coordinator under one")
 
 
+def _refuse_userinfo(url: str, name: str) -> None:
+    """Refuse ``user:password@`` in a coordinator URL, before anything else can echo the URL. It
+    passed, then aiohttp refused it next to the Authorization header ("Cannot combine
+    AUTHORIZATION header with ... credentials encoded in URL"): a traceback and exit 1, which a
+    supervisor restarts for ever; and a password in the arguments is visible to anyone on the machine
+    (``ps``). The message shows the URL without its user part, never the password."""
+    scheme, sep, rest = url.partition("://")
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0] if sep else ""   # by hand: parsers refuse
+    if "@" not in authority:                                            # some (an open "[")
+        return
+    shown = f"{scheme}://{authority.rpartition('@')[2]}{rest[len(authority):]}"
+    raise ConfigError(f"{name} holds credentials (user:password@ before the host, here for "
+                      f"{shown!r}): credentials in a URL are not accepted, since the command line is "
+                      "visible to every user of the machine (ps); a worker joins with "
+                      "VCASYNC_JOIN_SECRET, VCASYNC_JOIN_TOKEN or --join-secret-file, an operator "
+                      "with VCASYNC_OPERATOR_TOKEN or --operator-token-file")
+
+
 def _valid_host(host: str) -> bool:
     """An IP address, or a DNS name (letters, digits, '-' and '_' in dot-separated labels;
     yarl gives an international name in its ASCII form)."""
@@ -101,6 +122,33 @@ def _valid_host(host: str) -> bool:
     labels = host.removesuffix(".").split(".")
     return all(0 < len(label) <= 63 and all(c.isascii() and (c.isalnum() or c in "-_") for c in label)
                for label in labels)
+
+
+def tls_problem(exc: BaseException, url: str, ca_file: Path | None) -> ConfigError | None:
+    """A :class:`ConfigError` for a TLS handshake with the coordinator that failed for good (its
+    certificate is not trusted, or it does not speak TLS), else None. Neither a retry nor a restart
+    mends one: it was a traceback and exit 1, which a supervisor restarts for ever, and ``vcasync
+    requeue`` asked whether the coordinator was running."""
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        cert = exc.certificate_error
+        why = getattr(cert, "verify_message", None) or str(cert) or type(cert).__name__
+        fix = ("give --ca-file with the CA certificate that signed it (or the coordinator's own "
+               "certificate, when self-signed)" if ca_file is None else
+               f"--ca-file {ca_file} did not sign it, or the certificate does not name this host")
+        return ConfigError(f"the coordinator at {url} presented a TLS certificate that does not verify "
+                           f"({why}): {fix}")
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return ConfigError(f"the TLS handshake with the coordinator at {url} failed ({exc}): is it "
+                           "serving https on that port (http:// for one started without --tls-cert)?")
+    return None
+
+
+def plain_http_hint(exc: BaseException, url: str) -> str:
+    """A hint for an http:// URL whose server hangs up at once, as a coordinator serving TLS does
+    on plain HTTP (the worker retried "ServerDisconnectedError" and gave up, with no word of TLS)."""
+    if url.startswith("http://") and isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "; a coordinator serving TLS hangs up on plain HTTP like this: use https:// if it does"
+    return ""
 
 
 def client_ssl_context(ca_file: Path | None) -> ssl.SSLContext:

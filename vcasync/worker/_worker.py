@@ -75,7 +75,7 @@ from ..storage import Storage
 from ..tensors import ModelState
 from ..trainer import TrainContext, Trainer, TrainResult
 from ..wire import Limits, resolve_codec
-from ._client import CoordinatorClient, client_ssl_context
+from ._client import CoordinatorClient, client_ssl_context, plain_http_hint, tls_problem
 from ._io import ModelCache, result_problem, result_tensors, spool_result
 from ._remote_state import RemoteStateDir
 from ._state_dir import Identity, StateDir
@@ -339,6 +339,9 @@ class Worker:
                 storage_down = True
             except Exception as exc:
                 if not is_transient(exc):
+                    problem = tls_problem(exc, self.url, self.config.ca_file)
+                    if problem is not None:
+                        raise problem from exc
                     raise
                 attempt += 1
                 now = time.monotonic()
@@ -346,12 +349,13 @@ class Worker:
                 if now - unreachable_since >= self.config.give_up_after_s:
                     raise ClosedError(f"{what}: the coordinator at {self.url} has been unreachable for "
                                       f"{now - unreachable_since:.0f} s (give_up_after_s, --give-up-after):"
-                                      " giving up; a restart resumes from the state kept") from exc
+                                      " giving up; a restart resumes from the state kept"
+                                      f"{plain_http_hint(exc, self.url)}") from exc
                 # no wait past the give-up time (a 5 s limit gave up after 9-11 s)
                 left = self.config.give_up_after_s - (now - unreachable_since)
                 delay = min(self.config.backoff.delay(attempt, self._rng), max(left, 0.01))
-                log.warning("%s: coordinator unreachable (%s); retry %d in %.2fs", what,
-                            type(exc).__name__, attempt, delay)
+                log.warning("%s: coordinator unreachable (%s); retry %d in %.2fs%s", what,
+                            type(exc).__name__, attempt, delay, plain_http_hint(exc, self.url))
             else:
                 if storage_down:
                     log.info("%s: the coordinator's storage is back", what)
@@ -492,7 +496,14 @@ class Worker:
         lost = asyncio.Event()
         try:
             result = await self._train(grant, ctx, lost)
-        except (_Stopped, ConfigError, TrainerError):
+        except (_Stopped, ConfigError):
+            raise
+        except TrainerError as exc:
+            # The trainer returned something that is not a result (None): a bug in its code, so the
+            # worker stops; but it hands the unit back first, as for a trainer that raised, instead
+            # of leaving it leased to nobody until the lease times out.
+            self._abandoned += 1
+            await self._release(grant, f"trainer error: {exc}")
             raise
         except Exception as exc:
             log.error("trainer failed on unit %s: %r", grant.unit.unit_id, exc)
