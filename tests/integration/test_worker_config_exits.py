@@ -3,11 +3,12 @@ coordinator whose certificate it does not trust is a configuration error (one li
 certificate and ``--ca-file``, exit 2: a supervisor restarting it for ever would not help), and plain
 HTTP to the TLS port gives up with a hint of TLS; a wrong operator token is exit 2 too. A trainer
 that returns None stops its worker, which hands its lease back first, so the unit goes on elsewhere
-at once instead of after the lease timeout."""
+at once instead of after the lease timeout; its ``identity.json`` under ``--state file://`` is 0600."""
 
 from __future__ import annotations
 
 import ssl
+import stat
 import time
 import urllib.request
 from pathlib import Path
@@ -99,10 +100,15 @@ def test_tls_set_up_wrong_is_a_configuration_error_with_the_fix_named(procs: Pro
 def test_a_trainer_returning_none_hands_its_lease_back_before_the_worker_stops(
         procs: Procs, tmp_path: Path) -> None:
     coordinator = start_coordinator(procs, tmp_path)      # 2 units, a lease timeout of 120 s
+    state = tmp_path / "shared-fs" / "b"
     broken = procs.start("broken", "worker", "--coordinator", coordinator, "--trainer", "none_trainer:train",
-                         "--app-dir", str(HERE), "--state-dir", str(tmp_path / "b"))
+                         "--app-dir", str(HERE), "--state", state.as_uri())
     assert broken.wait(60) == ExitCode.ERROR, procs.log("broken")[-3000:]
     assert "the trainer returned NoneType" in procs.log("broken")
+    # file:// storage keeps credentials to their owner: the worker's token, the lease-signing secret
+    for secret in (state / "identity.json", tmp_path / "store" / "vcasync" / "run"):
+        assert stat.S_IMODE(secret.stat().st_mode) == 0o600, secret
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
     started = time.monotonic()
     good = procs.start("good", "worker", "--coordinator", coordinator, "--trainer",
                        "vcasync.examples.digits:train", "--threads", "1", "--state-dir", str(tmp_path / "g"))
