@@ -74,7 +74,8 @@ def check_coordinator_url(url: str, name: str = "--coordinator") -> None:
     IPv6 bracket only at the first request: a traceback and exit status 1, or for ``vcasync
     requeue`` "cannot reach the coordinator", as if it were down; so were whitespace in the host
     and a query. A path is kept (a reverse proxy may mount the coordinator under one): requests go
-    to ``URL + "/v1/..."``."""
+    to ``URL + "/v1/..."``. ``user:password@`` is refused first, without echoing the password (see
+    :func:`_refuse_userinfo`)."""
     _refuse_userinfo(url, name)
     if any(c.isspace() or not c.isprintable() for c in url):
         # yarl dropped a tab and kept "a b" as a host: "cannot reach the coordinator", exit 1
