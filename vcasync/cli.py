@@ -13,6 +13,7 @@ import logging
 import os
 import pkgutil
 import sys
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -141,20 +142,39 @@ def available_commands() -> dict[str, Command]:
 
 
 def read_secret(env: str, file: Path | None, *, what: str) -> str | None:
-    """A secret from ``file`` (first line) or environment variable ``env``; never from a flag value,
-    which any user could read with ``ps``. Both set: the file wins, with a warning."""
+    """A secret from ``file`` (its first line, without surrounding blanks) or environment variable
+    ``env``; never from a flag value, which any user could read with ``ps``. Both set: the file wins,
+    with a warning.
+
+    The first line only, so a file may carry a note below its secret. An empty first line, and a
+    secret holding a control character (a CR, a tab, an escape), are refused with a
+    :class:`ConfigError` that names the file or variable and never the secret: a worker sends the
+    secret in an HTTP header, which refuses such characters, so no worker could join with it."""
     from_env = os.environ.get(env) or None
     if file is not None:
         try:
-            value = file.read_text().strip()
-        except OSError as exc:
+            with file.open(encoding="utf-8", newline="") as f:   # a lone CR is no line break here
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read the {what} file {file}: {exc}") from exc
+        value = text.split("\n", 1)[0].strip()
         if not value:
-            raise ConfigError(f"the {what} file {file} is empty")
+            raise ConfigError(f"the {what} file {file} is empty" if not text.strip() else
+                              f"the first line of the {what} file {file} is empty (the secret is "
+                              "the file's first line)")
+        _check_printable(value, f"the first line of the {what} file {file}")
         if from_env:
             log.warning("both %s and a %s file are set; using the file", env, what)
         return value
+    if from_env is not None:
+        _check_printable(from_env, f"{env} ({what})")
     return from_env
+
+
+def _check_printable(secret: str, where: str) -> None:
+    if any(unicodedata.category(c) == "Cc" for c in secret):
+        raise ConfigError(f"{where} holds a control character (a line break, tab or escape); a "
+                          "secret is printable text on one line")
 
 
 def setup_logging(level: str) -> None:

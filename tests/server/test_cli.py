@@ -87,6 +87,60 @@ def test_read_secret(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
     assert read_secret("T_SECRET", None, what="join secret") is None
 
 
+def test_a_secret_file_holds_its_secret_on_the_first_line(tmp_path: Path) -> None:
+    # Found by a probe: the whole file was the secret. A file with a note on its second line made
+    # a coordinator no worker could join (the worker holding the first line was refused, the one
+    # given the file crashed on a newline in its HTTP header).
+    f = tmp_path / "secret"
+    f.write_text("abcdefghijklmnopqrstuvwxyz0123\n# rotated 2026-12-01 by ops\n")
+    assert read_secret("T_UNSET", f, what="join secret") == "abcdefghijklmnopqrstuvwxyz0123"
+    f.write_bytes(b"  abcdefghijklmnop  \r\nmore\n")
+    assert read_secret("T_UNSET", f, what="join secret") == "abcdefghijklmnop"
+    f.write_text("\nabcdefghijklmnop\n")
+    with pytest.raises(ConfigError, match=f"the first line of the join secret file {f} is empty"):
+        read_secret("T_UNSET", f, what="join secret")
+
+
+@pytest.mark.parametrize("raw", [b"abcdefgh\tijklmnop\n", b"abcdefgh\rijklmnop\n", b"abcdefgh\x1bijklmnop",
+                                 b"abcdefgh\x00ijklmnop"])
+@pytest.mark.parametrize("what", ["join secret", "operator token", "status read token"])
+def test_a_secret_with_a_control_character_is_refused_without_showing_it(
+        tmp_path: Path, raw: bytes, what: str) -> None:
+    f = tmp_path / "secret"
+    f.write_bytes(raw)
+    with pytest.raises(ConfigError) as info:
+        read_secret("T_UNSET", f, what=what)
+    assert f"the first line of the {what} file {f} holds a control character" in str(info.value)
+    assert "ijklmnop" not in str(info.value)
+
+
+@pytest.mark.parametrize("flag", ["--join-secret-file", "--operator-token-file", "--status-token-file"])
+def test_coordinator_refuses_a_secret_file_with_a_control_character_before_starting(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        flag: str) -> None:
+    f = tmp_path / "secret"
+    f.write_bytes(b"abcdefgh\tijklmnopqrstuvwxyz\n")
+    assert coordinator_refused(tmp_path, monkeypatch, flag, str(f)) == 2
+    err = capsys.readouterr().err
+    assert "configuration error: the first line of the" in err
+    assert str(f) in err
+    assert "ijklmnop" not in err
+
+
+def test_worker_reads_its_join_secret_file_by_the_same_rule(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("VCASYNC_JOIN_SECRET", raising=False)
+    monkeypatch.delenv("VCASYNC_JOIN_TOKEN", raising=False)
+    f = tmp_path / "secret"
+    f.write_bytes(b"abcdefgh\rijklmnopqrstuvwxyz\n")
+    args = ["worker", "--coordinator", "http://127.0.0.1:9", "--trainer", "no.such.module:train",
+            "--state-dir", str(tmp_path / "w"), "--join-secret-file", str(f)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"the first line of the join secret file {f} holds a control character" in err
+    assert "ijklmnop" not in err
+
+
 def test_coordinator_help_documents_storage_urls_options_and_failures(
         capsys: pytest.CaptureFixture[str]) -> None:
     """The storage options used to live only in module docstrings: an operator reading
