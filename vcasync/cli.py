@@ -201,8 +201,9 @@ def build_parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
 
 
 #: The exit status of an error that ends a command, first match wins (``what`` prefixes its message).
-#: An unknown storage URL scheme or policy name, or a backend whose package is not installed, is
-#: the configuration (or the install) to fix, nothing that ran and failed.
+#: An unknown storage URL scheme or policy name, a backend whose package is not installed, or a
+#: policy plugin that fails validation (PluginValidationError, a ConfigError) is the configuration
+#: (or the install) to fix, nothing that ran and failed.
 _EXIT_FOR: tuple[tuple[type[VCAsyncError] | tuple[type[VCAsyncError], ...], ExitCode, str], ...] = (
     ((ConfigError, BackendUnavailableError, UnknownPolicyError), ExitCode.CONFIG, "configuration error"),
     (RunIncompleteError, ExitCode.INCOMPLETE, "incomplete"),

@@ -29,7 +29,8 @@ everything with one clause, or exactly one failure with a leaf class::
     │   ├── InvalidKeyError           a key (or name) this storage cannot hold: '..', '//', control chars
     │   └── BackendUnavailableError   unknown URL scheme, or an optional dependency is missing
     ├── PolicyError                   merge-policy problems
-    │   ├── PluginValidationError     a plugin failed validation when registered (``.plugin``)
+    │   ├── PluginValidationError     a plugin failed validation when registered (``.plugin``);
+    │   │                             also a ConfigError: the installed plugin is what to fix
     │   ├── UnknownPolicyError        no policy registered under that name
     │   └── UpdateRejectedError       the policy refused an update (``.reason``)
     ├── LedgerError                   work-unit bookkeeping (``.unit_id``, ``.lease_id``)
@@ -258,8 +259,10 @@ class PolicyError(VCAsyncError):
     """A merge-policy problem."""
 
 
-class PluginValidationError(PolicyError):
-    """A plugin did not pass validation when it was registered. ``plugin`` names it."""
+class PluginValidationError(PolicyError, ConfigError):
+    """A plugin did not pass validation when it was registered (or could not be imported).
+    ``plugin`` names it. Also a :class:`ConfigError`: what is installed is wrong, so
+    ``vcasync coordinator`` exits 2 (configuration), not 1 ("restart and the run resumes")."""
 
     def __init__(self, message: str, *, plugin: str) -> None:
         super().__init__(f"plugin {plugin!r}: {message}")

@@ -120,14 +120,34 @@ def _configure(p: argparse.ArgumentParser) -> None:
 
 def installed_help() -> str:
     """The policies and storage schemes installed here, from their registries: a policy or backend
-    a plugin package registers shows up in ``--help`` as soon as it is installed."""
-    from ..policy import available_policies
+    a plugin package registers shows up in ``--help`` as soon as it is installed. A policy that
+    cannot load (it fails validation, or its package does not import) is listed apart, as broken:
+    under "installed", an operator would pick it and be refused at start."""
     from ..storage import available_backends
     from ._help_text import wrap_list
 
-    return (wrap_list("merge policies installed (--policy, [policy] name):", available_policies())
+    usable, broken = _policies_by_health()
+    return (wrap_list("merge policies installed (--policy, [policy] name):", usable)
+            + (wrap_list("merge policies that cannot load (--policy NAME says why):", broken)
+               if broken else "")
             + wrap_list("storage schemes installed (--storage, [storage] url):",
                         [f"{s}://" for s in available_backends()]))
+
+
+def _policies_by_health() -> tuple[list[str], list[str]]:
+    """The registered policy names that load and validate, and those that do not."""
+    from ..policy import available_policies, policy_spec
+
+    usable: list[str] = []
+    broken: list[str] = []
+    for name in available_policies():
+        try:
+            policy_spec(name)
+        except Exception:   # any failure of a plugin's import: --help must still print
+            broken.append(name)
+        else:
+            usable.append(name)
+    return usable, broken
 
 
 #: The part of ``vcasync coordinator --help`` after the flags (docs/storage.md has the long form).
