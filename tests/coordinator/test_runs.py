@@ -149,3 +149,27 @@ async def test_start_up_retries_a_transient_storage_fault(kit, clock, storage) -
     never = FaultyStorage(storage, trigger=lambda op, key: op == "get")
     with pytest.raises(TransientStorageError, match="gave up after 3 attempts"):
         await make(kit, never, clock, startup_retry=fast).__aenter__()   # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("state", "why"), [
+    ({"obj": object()}, "the state init_state(model) returns cannot be stored (tree.obj: cannot pack"),
+    ({1: 2}, "cannot be stored (tree: dict keys must be str"),
+    ([1, 2], "init_state(model) returned a list"),
+    (ZeroDivisionError("boom"), "init_state(model) raised ZeroDivisionError: boom"),
+])
+async def test_a_policy_state_the_run_cannot_store_is_refused_before_anything_is_written(
+        kit, clock, storage, state: Any, why: str) -> None:
+    # the first snapshot's TypeError came after the run record and the owner lease were written
+    class Unstorable(kit.HalfWay):
+        name = "unstorable"
+
+        def init_state(self, model):
+            if isinstance(state, Exception):
+                raise state
+            return state
+
+    with pytest.raises(ConfigError, match=r"policy 'unstorable': ") as info:
+        Coordinator(kit.tiny_model(), make_units(2, steps=4), policy=Unstorable(), storage=storage,
+                    config=CFG, clock=clock)
+    assert why in str(info.value)
+    assert [k async for k in storage.list("")] == []

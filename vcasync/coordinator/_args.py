@@ -9,14 +9,15 @@ from collections.abc import Iterable
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, VCAsyncError
 from ..ledger._units import WorkUnit
 from ..policy import MergePolicy
 from ..storage import Storage
 from ..tensors import ModelState
+from ..wire import pack_tree
 from ._config import CoordinatorConfig
 
-__all__ = ["check_arguments"]
+__all__ = ["check_arguments", "check_initial_state"]
 
 
 def check_arguments(model: object, units: object, policy: object, storage: object, config: object,
@@ -52,3 +53,28 @@ def check_arguments(model: object, units: object, policy: object, storage: objec
     if not callable(clock):
         raise ConfigError(f"clock must be a callable returning seconds, got {type(clock).__name__}")
     return listed
+
+
+def check_initial_state(policy: MergePolicy, model: ModelState) -> None:
+    """A :class:`ConfigError` naming the policy when the state its ``init_state(model)`` returns is
+    no dict, or cannot be stored (the first snapshot holds it): found when the Coordinator is built,
+    before anything is stored, instead of as a ``TypeError`` from the snapshot writer after the run
+    record was written. The state made here is dropped; the run makes its own."""
+    name = getattr(policy, "name", type(policy).__name__)
+    try:
+        state = policy.init_state(model)
+    except VCAsyncError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"policy {name!r}: init_state(model) raised {type(exc).__name__}: "
+                          f"{exc}") from exc
+    if not isinstance(state, dict):
+        raise ConfigError(f"policy {name!r}: init_state(model) returned a {type(state).__name__}; "
+                          "a policy's state is a dict of plain data and tensors")
+    try:
+        pack_tree(dict(state))
+    except (TypeError, ValueError, VCAsyncError) as exc:
+        raise ConfigError(f"policy {name!r}: the state init_state(model) returns cannot be stored "
+                          f"({exc}); a policy's state holds only tensors, ints, floats, bools, "
+                          "strings, None, and lists, tuples and str-keyed dicts of those (see "
+                          "'Serialisable state' in docs/policies.md)") from exc

@@ -74,7 +74,7 @@ from ..storage import Storage
 from ..tensors import ModelSpec, ModelState
 from ..wire import resolve_codec
 from ._activity import Activity
-from ._args import check_arguments
+from ._args import check_arguments, check_initial_state
 from ._buffers import BufferPool
 from ._config import CoordinatorConfig, Durability
 from ._identity import RunIdentity
@@ -110,6 +110,9 @@ class Coordinator:
         the run so a restart with other parameters is refused; None records the name only.
         ``start`` holds the one-shot start-up choices (new run, policy reset, unsafe store)."""
         units_in = check_arguments(model, units, policy, storage, config, clock)
+        # before anything is stored: a state the first snapshot cannot hold failed there, after the
+        # run record and owner lease were written
+        check_initial_state(policy, model)
         self.config = config or CoordinatorConfig()
         if storage is None and self.config.durability != "none":
             raise ConfigError(f"durability {self.config.durability!r} needs a storage")
