@@ -6,11 +6,18 @@ had been written: a bad TLS file or listen address, a policy plugin that fails v
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from harness.tls import self_signed
+from vcasync._spawn import module_command
 from vcasync.cli import main
 from vcasync.policy import refresh_policies, unregister_policy
 
@@ -113,3 +120,87 @@ def test_help_has_no_broken_list_when_every_policy_loads(capsys: pytest.CaptureF
     with pytest.raises(SystemExit):
         main(["coordinator", "--help"])
     assert "cannot load" not in capsys.readouterr().out
+
+
+def test_a_policy_state_that_cannot_be_stored_is_refused_before_anything_is_stored(
+        plugins: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # was a TypeError traceback from the first snapshot (exit 1), with the run record and the owner
+    # lease already written, and no word of the policy or of init_state
+    assert coordinator(tmp_path, monkeypatch, "--policy", "badstate") == 2
+    err = capsys.readouterr().err
+    assert ("configuration error: policy 'badstate': the state init_state(model) returns cannot be "
+            "stored (tree.obj: cannot pack a object") in err
+    assert "Serialisable state" in err
+    assert "Traceback" not in err
+    assert stored(tmp_path) == []
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        yield int(s.getsockname()[1])
+
+
+def tls_flags(tmp_path: Path, case: str) -> list[str]:
+    cert, key = self_signed(tmp_path)
+    if case == "missing cert":
+        return ["--tls-cert", str(tmp_path / "no-such-cert.pem"), "--tls-key", str(key)]
+    if case == "swapped":
+        return ["--tls-cert", str(key), "--tls-key", str(cert)]
+    (tmp_path / "other").mkdir()
+    other_cert, _ = self_signed(tmp_path / "other")
+    return ["--tls-cert", str(other_cert), "--tls-key", str(key)]      # a key of another certificate
+
+
+@pytest.mark.parametrize("case", ["missing cert", "swapped", "mismatched"])
+def test_tls_files_that_do_not_load_are_refused_before_the_storage_is_touched(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        case: str) -> None:
+    assert coordinator(tmp_path, monkeypatch, *tls_flags(tmp_path, case)) == 2
+    err = capsys.readouterr().err
+    assert "configuration error: cannot load TLS certificate" in err
+    assert "Traceback" not in err
+    assert stored(tmp_path) == []
+
+
+def test_a_listen_address_that_cannot_be_bound_is_refused_before_the_storage_is_touched(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        taken_port: int) -> None:
+    for host, port, why in (("999.1.1.1", "0", "cannot listen on 999.1.1.1:0: "),
+                            ("192.0.2.1", "0", "cannot listen on 192.0.2.1:0: "),   # not this machine's
+                            ("127.0.0.1", str(taken_port), f"cannot listen on 127.0.0.1:{taken_port}: ")):
+        assert coordinator(tmp_path, monkeypatch, "--host", host, "--port", port) == 2
+        err = capsys.readouterr().err
+        assert f"configuration error: {why}" in err, err
+        assert stored(tmp_path) == [], host
+
+
+def test_the_corrected_start_after_a_refused_one_is_a_new_run(tmp_path: Path, taken_port: int) -> None:
+    """As the probe found it, with real processes: the refused start left run 1 unit, and the
+    corrected start with 2 shards was refused as not matching the stored run."""
+    env = {**os.environ, "VCASYNC_JOIN_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
+    base = ["coordinator", "--model", MODEL, "--steps", "2", "--storage", str(tmp_path / "store")]
+    refused = subprocess.run(module_command("vcasync", *base, "--port", str(taken_port)),
+                             capture_output=True, text=True, env=env, timeout=120)
+    assert refused.returncode == 2, refused.stderr
+    assert f"cannot listen on 127.0.0.1:{taken_port}" in refused.stderr
+    assert stored(tmp_path) == []
+    port_file = tmp_path / "url"
+    with (tmp_path / "coord.log").open("wb") as log:
+        proc = subprocess.Popen(module_command("vcasync", *base, "--shards", "2", "--port", "0",
+                                               "--port-file", str(port_file)),
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not port_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert port_file.exists(), (tmp_path / "coord.log").read_text()[-2000:]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        status = proc.wait(60)
+    text = (tmp_path / "coord.log").read_text()
+    assert "does not match" not in text
+    assert status == 130, text[-2000:]

@@ -38,11 +38,14 @@ from ..coerce import parsed_or_word
 from ..errors import ClosedError, ConfigError
 
 if TYPE_CHECKING:
-    from ..coordinator import Coordinator, StartOptions
+    from ..coordinator import Coordinator, CoordinatorConfig, StartOptions
+    from ..ledger._units import WorkUnit
     from ..policy import MergePolicy
     from ..runconfig import RunConfig
+    from ..server import Listener
     from ..server.status import StatusAccess
     from ..storage import Storage
+    from ..tensors import ModelState
 
 log = logging.getLogger("vcasync.cli")
 
@@ -325,10 +328,10 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                           purpose=f"the coordinator's URL is written to {port_file} once it listens")
 
     from .._imports import import_object
-    from ..coordinator import Coordinator, CoordinatorConfig
+    from ..coordinator import CoordinatorConfig
     from ..runconfig import dataclass_from_table
-    from ..server._auth import StorageTokenStore, TokenAuthority
-    from ..storage import open_storage, outlives_process
+    from ..server import listen
+    from ..storage import outlives_process
     from ..tensors import ModelState
 
     # before the model is built: its settings are checked when made (heartbeat vs lease timeout)
@@ -349,6 +352,28 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
         log.warning("storage %s lives in this process: the run's state is gone when it exits, and a "
                     "restarted coordinator starts the run over (for a run that resumes: a path, "
                     "file://, s3:// or gs://)", cfg.storage)
+    # Bound (and the TLS files loaded) before the storage is touched: a bad certificate, a host
+    # that is not this machine's or a port in use was found once the run record, the first
+    # snapshot and the owner lease were written, so an exit 2 ("nothing was changed") left a run
+    # that the corrected start was then refused as not matching.
+    with listen(cfg.server) as listener:
+        return await _serve_on(cfg, listener, secret, tokens, port_file=port_file, hooks=hooks,
+                               operator_token=operator_token, start=start,
+                               status_access=status_access, model=model, policy=policy,
+                               policy_params=policy_params, units=units, coord_cfg=coord_cfg,
+                               stop=stop)
+
+
+async def _serve_on(cfg: RunConfig, listener: Listener, secret: str | None, tokens: dict[str, str], *,
+                    port_file: Path | None, hooks: ServeHooks | None, operator_token: str | None,
+                    start: StartOptions | None, status_access: StatusAccess | None,
+                    model: ModelState, policy: MergePolicy, policy_params: dict[str, Any],
+                    units: list[WorkUnit], coord_cfg: CoordinatorConfig, stop: asyncio.Event) -> int:
+    """:func:`serve` once the listening sockets are bound: open the storage, start the run, serve."""
+    from ..coordinator import Coordinator
+    from ..server._auth import StorageTokenStore, TokenAuthority
+    from ..storage import open_storage
+
     async with open_storage(cfg.storage) as storage:
         if hooks is not None:
             policy = hooks.wrap_policy(policy)
@@ -377,19 +402,21 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                              len(coord.parked()), cfg.linger_s)
                 finished = await _serve_until_done(cfg, coord, authority, port_file, stop,
                                                    f"{len(units)} units, policy {policy.name}",
-                                                   status_access)
+                                                   status_access, listener)
     return _exit_code(coord, finished)
 
 
 async def _serve_until_done(cfg: RunConfig, coord: Coordinator, authority: Any, port_file: Path | None,
                             stop: asyncio.Event, what: str,
-                            status_access: StatusAccess | None = None) -> bool:
+                            status_access: StatusAccess | None = None,
+                            listener: Listener | None = None) -> bool:
     """Serve workers until the run is finished (then ``linger_s``, during which an operator may
     requeue parked units and the run goes on) or a signal; True if the run finished."""
     from ..server import CollectorGuard, Server
     from ..server.status import StatusAccess
 
-    async with Server(coord, authority, cfg.server, status_access=status_access) as server, \
+    async with Server(coord, authority, cfg.server, status_access=status_access,
+                      listener=listener) as server, \
             CollectorGuard():
         # The guard freezes what is allocated so far (torch, the model, the ledger) and what
         # outlives the collector's passes: unguarded, those passes stall the loop for 50-340 ms

@@ -10,7 +10,16 @@ for requests aiohttp's parser refuses), ``_http_metrics`` (HTTP-level counters) 
 from __future__ import annotations
 
 from ._collector import CollectorGuard
-from ._server import BodyTimeouts, Pace, Server, ServerConfig, build_app, server_ssl_context
+from ._server import (
+    BodyTimeouts,
+    Listener,
+    Pace,
+    Server,
+    ServerConfig,
+    build_app,
+    listen,
+    server_ssl_context,
+)
 
-__all__ = ["BodyTimeouts", "CollectorGuard", "Pace", "Server", "ServerConfig", "build_app",
-           "server_ssl_context"]
+__all__ = ["BodyTimeouts", "CollectorGuard", "Listener", "Pace", "Server", "ServerConfig", "build_app",
+           "listen", "server_ssl_context"]

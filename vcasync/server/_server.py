@@ -25,7 +25,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
+import socket
 import ssl
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -55,7 +58,8 @@ from ._upload_pace import BodyCutOff, BodyTimeouts, Pace
 from .status import PUBLIC_STATUS_ROUTES, STATUS_ACCESS, StatusAccess
 from .status import routes as status_routes
 
-__all__ = ["BodyTimeouts", "Pace", "Server", "ServerConfig", "build_app", "server_ssl_context"]
+__all__ = ["BodyTimeouts", "Listener", "Pace", "Server", "ServerConfig", "build_app", "listen",
+           "server_ssl_context"]
 
 log = logging.getLogger("vcasync.server")
 
@@ -141,6 +145,65 @@ def server_ssl_context(cert: Path, key: Path) -> ssl.SSLContext:
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"cannot load TLS certificate {cert} / key {key}: {exc}") from exc
     return ctx
+
+
+class Listener:
+    """The listening sockets of a :class:`Server` and its TLS context, made by :func:`listen`
+    before the Server starts, so that everything about the address and the TLS files that can be
+    wrong is found before a coordinator touches its storage. The Server that starts with it owns
+    the sockets from then on; :meth:`close` (idempotent) closes those never handed over."""
+
+    def __init__(self, sockets: list[socket.socket], ssl_context: ssl.SSLContext | None) -> None:
+        self.sockets = sockets
+        self.ssl_context = ssl_context
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+
+    def __enter__(self) -> Listener:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def listen(config: ServerConfig) -> Listener:
+    """Load the TLS files into a context and bind ``config``'s address (every address its host
+    resolves to, as aiohttp would), listening; a :class:`ConfigError` naming what is wrong: a TLS
+    file that is missing, unreadable or not a matching certificate and key, a host that does not
+    resolve or is not this machine's, a port in use."""
+    ctx = (server_ssl_context(config.tls_cert, config.tls_key)
+           if config.tls_cert and config.tls_key else None)
+    try:
+        return Listener(_bind(config.host or None, config.port, config.backlog), ctx)
+    except OSError as exc:     # a port in use, a host that is not this machine's: a traceback before
+        why = (exc.strerror or str(exc) or type(exc).__name__).lower()   # as asyncio words it
+        raise ConfigError(f"cannot listen on {config.host}:{config.port}: {why} (server.host is one "
+                          f"of this machine's addresses, server.port a free port or 0)") from exc
+
+
+def _bind(host: str | None, port: int, backlog: int) -> list[socket.socket]:
+    """Bound, listening, non-blocking sockets for ``host``:``port``, made as asyncio's
+    ``create_server`` makes them (SO_REUSEADDR on POSIX, IPv6 sockets IPv6-only)."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            if os.name == "posix" and sys.platform != "cygwin":
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, True)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, True)
+            sock.bind(address)
+            sock.listen(backlog)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
 
 
 def _error_response(status: int, code: str, message: str, fields: dict[str, Any] | None = None,
@@ -275,8 +338,12 @@ class Server:
     :class:`vcasync.server.status.StatusAccess`)."""
 
     def __init__(self, coordinator: Coordinator, authority: TokenAuthority,
-                 config: ServerConfig | None = None, *, status_access: StatusAccess | None = None) -> None:
+                 config: ServerConfig | None = None, *, status_access: StatusAccess | None = None,
+                 listener: Listener | None = None) -> None:
         self.config = config or ServerConfig()
+        #: Sockets bound by :func:`listen` beforehand (``vcasync coordinator`` binds before it
+        #: touches the storage); None: :meth:`start` binds ``config``'s address itself.
+        self._listener = listener
         self._status_access = status_access
         self._coordinator = coordinator
         self._authority = authority
@@ -298,23 +365,25 @@ class Server:
         if self._runner is not None:
             return
         cfg = self.config
-        ctx = server_ssl_context(cfg.tls_cert, cfg.tls_key) if cfg.tls_cert and cfg.tls_key else None
-        await self._authority.load()
-        app = build_app(self._coordinator, self._authority, cfg, status_access=self._status_access)
-        kwargs: dict[str, Any] = {} if cfg.access_log else {"access_log": None}
-        runner = JsonErrorRunner(app, handle_signals=False, shutdown_timeout=cfg.shutdown_timeout_s,
-                                 keepalive_timeout=cfg.idle_timeout_s, **kwargs)
-        await runner.setup()
+        listener, self._listener = self._listener or listen(cfg), None
         try:
-            site = web.TCPSite(runner, cfg.host, cfg.port, ssl_context=ctx, backlog=cfg.backlog)
-            await site.start()
-        except OSError as exc:     # a port in use, a host that is not this machine's: a traceback before
-            await runner.cleanup()
-            why = exc.strerror or str(exc) or type(exc).__name__
-            raise ConfigError(f"cannot listen on {cfg.host}:{cfg.port}: {why} (server.host is one of this "
-                              f"machine's addresses, server.port a free port or 0)") from exc
+            await self._authority.load()
+            app = build_app(self._coordinator, self._authority, cfg, status_access=self._status_access)
+            kwargs: dict[str, Any] = {} if cfg.access_log else {"access_log": None}
+            runner = JsonErrorRunner(app, handle_signals=False, shutdown_timeout=cfg.shutdown_timeout_s,
+                                     keepalive_timeout=cfg.idle_timeout_s, **kwargs)
+            await runner.setup()
+        except BaseException:
+            listener.close()
+            raise
+        try:
+            for sock in listener.sockets:
+                site = web.SockSite(runner, sock, ssl_context=listener.ssl_context,
+                                    backlog=cfg.backlog)
+                await site.start()
         except BaseException:
             await runner.cleanup()
+            listener.close()
             raise
         self._runner = runner
         self._port = int(runner.addresses[0][1])
@@ -348,6 +417,9 @@ class Server:
     async def aclose(self) -> None:
         """Stop listening and finish in-flight requests (bounded by ``shutdown_timeout_s``)."""
         self._closed = True
+        listener, self._listener = self._listener, None
+        if listener is not None:        # never started: its sockets are still ours to close
+            listener.close()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
