@@ -32,6 +32,7 @@ everything with one clause, or exactly one failure with a leaf class::
     │   ├── PluginValidationError     a plugin failed validation when registered (``.plugin``);
     │   │                             also a ConfigError: the installed plugin is what to fix
     │   ├── UnknownPolicyError        no policy registered under that name
+    │   ├── PolicyFailedError         merge raised, broke the spec or made the model non-finite
     │   └── UpdateRejectedError       the policy refused an update (``.reason``)
     ├── LedgerError                   work-unit bookkeeping (``.unit_id``, ``.lease_id``)
     │   ├── LeaseNotFoundError        no such lease (never issued, or forgotten)
@@ -73,6 +74,7 @@ __all__ = [
     "ObjectNotFoundError",
     "PluginValidationError",
     "PolicyError",
+    "PolicyFailedError",
     "PreconditionFailedError",
     "PrefixTakenError",
     "ProtocolVersionError",
@@ -271,6 +273,20 @@ class PluginValidationError(PolicyError, ConfigError):
 
 class UnknownPolicyError(PolicyError):
     """No policy is registered under the requested name."""
+
+
+class PolicyFailedError(PolicyError, ConfigError):
+    """The merge policy failed on a result: its ``merge`` raised, returned tensors that break the
+    model's spec (dtype, shape, names), or made the model non-finite. The model stays as it was and
+    the result is refused (reason ``policy``); it is the policy's fault, not the worker's. After
+    a few such failures in a row the coordinator stops with this error (``vcasync
+    coordinator`` exits with ``ExitCode.CONFIG``: fix or replace the policy). ``policy`` names it."""
+
+    reason = "policy"
+
+    def __init__(self, message: str, *, policy: str) -> None:
+        super().__init__(message)
+        self.policy = policy
 
 
 class UpdateRejectedError(PolicyError):

@@ -16,6 +16,7 @@ from ..storage import Storage
 from ..tensors import ModelState
 from ..wire import pack_tree
 from ._config import CoordinatorConfig
+from ._model_owner import first_non_finite
 
 __all__ = ["check_arguments", "check_initial_state"]
 
@@ -30,6 +31,11 @@ def check_arguments(model: object, units: object, policy: object, storage: objec
                           "Coordinator(ModelState.from_module(module), ...)")
     if not isinstance(model, ModelState):
         raise ConfigError(f"model must be a vcasync.ModelState, got {type(model).__name__}")
+    bad = first_non_finite(model.tensors)
+    if bad is not None:
+        # served as it is, every worker's trainer would fail on it and be blamed for it
+        raise ConfigError(f"the initial model's tensor {bad!r} is not finite (NaN or inf): the model "
+                          "factory (--model) must give finite weights; nothing was started")
     if isinstance(units, (str, bytes)) or not isinstance(units, Iterable):
         raise ConfigError(f"units must be a sequence of WorkUnit (see make_units), "
                           f"got {type(units).__name__}")

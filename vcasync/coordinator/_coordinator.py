@@ -56,6 +56,7 @@ from ..errors import (
     CorruptObjectError,
     FrameError,
     LedgerError,
+    PolicyFailedError,
     PrefixTakenError,
     StorageError,
     StorageFailedError,
@@ -198,7 +199,10 @@ class Coordinator:
                 await asyncio.gather(self._runner, return_exceptions=True)
             self._merger.fail_queued(ClosedError("the coordinator is closing; send the result "
                                                  "again"))
-            if self._failure is None and self._journal.durable:
+            # a broken policy stops the merge loop between two results: what it merged before is
+            # whole, and kept like at a clean stop
+            if (self._failure is None or isinstance(self._failure, PolicyFailedError)) \
+                    and self._journal.durable:
                 await self._final_snapshot()
                 if isinstance(self._final_error, PrefixTakenError):
                     self._failure = self._final_error    # taken over: this stop was no clean one
@@ -391,8 +395,9 @@ class Coordinator:
             failure = first_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
             self._failure = failure
             self._phase = "failed" if self._phase == "running" else self._phase
-            if isinstance(failure, PrefixTakenError):
-                log.error("%s", failure)
+            if isinstance(failure, PrefixTakenError | PolicyFailedError):
+                log.error("%s", failure)     # said once; a policy's first failure had its traceback
+                self.activity.note("stopped", detail=str(failure)[:200])
             elif not isinstance(failure, StorageFailedError):    # that one was logged, and why
                 log.exception("coordinator loop failed; stopping")
             self._merger.fail_queued(ClosedError(f"the coordinator stopped after an error: "
@@ -829,6 +834,8 @@ class Coordinator:
             finished.cancel()
             closed.cancel()
         if not self._finished.is_set():
+            if isinstance(self._failure, PolicyFailedError):
+                raise self._failure    # the configuration's fault: ``vcasync coordinator`` exits 2
             raise ClosedError("the coordinator closed before the run finished")
 
     def record_eval(self, version: int, values: Mapping[str, float]) -> None:

@@ -36,6 +36,7 @@ from ..errors import (
     FrameError,
     LedgerError,
     PolicyError,
+    PolicyFailedError,
     PreconditionFailedError,
     PrefixTakenError,
     StorageError,
@@ -88,6 +89,11 @@ def retrieve(fut: asyncio.Future[Any]) -> None:
         fut.exception()    # mark it retrieved: the submitter may have gone away
 
 
+#: After this many results in a row that the merge policy failed on (it raised, broke the model's
+#: spec or made it non-finite), the merge loop stops the coordinator with PolicyFailedError: a
+#: broken policy would otherwise have the fleet retrain the same units forever.
+POLICY_FAILURE_LIMIT = 3
+
 #: Up to this many leases, the merge loop scans them for bases after every merge (see retain).
 SCAN_PER_MERGE = 1000
 
@@ -118,6 +124,7 @@ class Merger:
         self._since_snapshot = 0      # results applied since the last capture
         self._capture_queued = False
         self._bases_scan: tuple[int, set[int]] | None = None   # (version, bases) of the last scan
+        self._policy_failures: list[PolicyFailedError] = []     # live merges it broke, in a row
 
     # -- the merge-loop interface ----------------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -193,9 +200,22 @@ class Merger:
                 self._busy = False
                 self._done_with(job)
             self.retain()
+            if len(self._policy_failures) >= POLICY_FAILURE_LIMIT:
+                raise self._policy_stop()
             self._settled()
             if self._since_snapshot >= self._snapshot_every and self._journal.durable:
                 await self.capture()
+
+    def _policy_stop(self) -> PolicyFailedError:
+        """What stops the coordinator after POLICY_FAILURE_LIMIT policy failures in a row."""
+        last = self._policy_failures[-1]
+        stop = PolicyFailedError(
+            f"merge policy {last.policy!r} failed on {len(self._policy_failures)} results in a row; "
+            f"the last: {last}. The coordinator stopped: fix or replace the policy and start it "
+            f"again (the model, v{self._owner.version}, and every merged result are kept; the "
+            "refused units are trained again)", policy=last.policy)
+        stop.__cause__ = last
+        return stop
 
     def storage_failed(self, exc: StorageError) -> StorageError:
         """What the sender of a result whose write failed is told."""
@@ -264,7 +284,7 @@ class Merger:
                 job.blob_named = by_ref
                 self._metrics.journal_writes += 1
             return await self.apply(job.worker_id, job.unit.unit_id, meta, job.tensors,
-                                     None if held is None else held.model)
+                                     None if held is None else held.model, live=True)
         finally:
             if held is not None:
                 self._owner.release(held)
@@ -286,8 +306,10 @@ class Merger:
                                    status="rejected", version=self._owner.version, reason=reason)
 
     async def apply(self, worker_id: str, unit_id: str, meta: ResultMeta,
-                     tensors: dict[str, torch.Tensor], base: ModelState | None) -> Receipt:
-        """Merge one result that passed every check (live, or replayed from the journal)."""
+                     tensors: dict[str, torch.Tensor], base: ModelState | None, *,
+                     live: bool = False) -> Receipt:
+        """Merge one result that passed every check (live, or replayed from the journal). A merge
+        the policy broke is refused (reason ``policy``) as it was live; live ones are counted."""
         current = self._owner.version
         # The policy sees its own mapping: one it kept (against the contract) holds the tensors,
         # so they are never recycled under it.
@@ -300,7 +322,10 @@ class Merger:
         try:
             await self._owner.merge(update)
         except (UpdateRejectedError, ValidationError, PolicyError) as exc:
+            if live and isinstance(exc, PolicyFailedError):
+                self._policy_failures.append(exc)
             return self.record_reject(meta.lease_id, worker_id, unit_id, reject_reason(exc))
+        self._policy_failures.clear()
         self._metrics.merge_seconds.observe(time.perf_counter() - started)
         self._metrics.staleness.observe(update.staleness)
         self._metrics.merges += 1

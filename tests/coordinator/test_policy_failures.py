@@ -1,0 +1,169 @@
+"""A merge policy that fails (raises, breaks the model's spec, makes the model non-finite): the
+result is refused, the model stays as it was, the failure is logged once with its traceback, and a
+policy that keeps failing stops the coordinator with one PolicyFailedError naming it (the CLI exits
+2) instead of having the fleet retrain the same unit thousands of times (probe D7, D8)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from vcasync.coordinator import Coordinator, CoordinatorConfig
+from vcasync.coordinator._merger import POLICY_FAILURE_LIMIT
+from vcasync.errors import ClosedError, ConfigError, PolicyFailedError
+from vcasync.ledger._units import make_units
+from vcasync.tensors import ModelState
+
+
+def coordinator(kit, clock, policy, *, units=3, model=None) -> Coordinator:
+    config = CoordinatorConfig(durability="none", lease_timeout_s=10.0)
+    return Coordinator(model or kit.tiny_model(), make_units(units, steps=4), policy=policy,
+                       storage=None, config=config, clock=clock)
+
+
+async def one_result(kit, coord):
+    w = await coord.join()
+    g = await coord.lease(w)
+    chunks = kit.result_chunks(g.lease_id, kit.delta_like(coord.model()), steps=g.unit.steps)
+    return await coord.submit(w, g.lease_id, kit.stream(chunks))
+
+
+def failing(kit, how: str, *, fail: list[bool] | None = None):
+    """A HalfWay that breaks its merge ``how`` while ``fail`` (a switch the test flips) says so."""
+    switch = [True] if fail is None else fail
+
+    class Failing(type(kit.HalfWay())):     # type: ignore[misc]
+        name = f"broken-{how}"
+
+        def merge(self, model, update, state):
+            out = super().merge(model, update, state)
+            if not switch[0]:
+                return out
+            if how == "raise":
+                raise RuntimeError("policy exploded")
+            if how == "nan":
+                model.tensors["w"].fill_(float("nan"))
+            elif how == "inf":
+                model.tensors["b"][1] = float("inf")
+            elif how == "dtype":
+                return ModelState({k: v.double() if v.is_floating_point() else v
+                                   for k, v in model.items()}, version=model.version)
+            return model
+
+    return Failing()
+
+
+@pytest.mark.parametrize("how", ["nan", "inf"])
+async def test_a_policy_that_makes_the_model_non_finite_is_refused_and_changes_nothing(
+        kit, clock, how, caplog) -> None:
+    async with coordinator(kit, clock, failing(kit, how)) as coord:
+        before = coord.model()
+        with caplog.at_level(logging.ERROR, "vcasync.coordinator"):
+            r = await one_result(kit, coord)
+        assert (r.status, r.reason) == ("rejected", "policy")
+        assert coord.version == 0
+        assert coord.model().equal(before)
+        assert coord._owner._working.equal(before)          # the working copy is whole again
+        [rec] = [r for r in caplog.records if r.name == "vcasync.coordinator"]
+        assert f"merge policy 'broken-{how}' made the model's tensor" in rec.getMessage()
+        assert "non-finite" in rec.getMessage()
+
+
+async def test_a_spec_breaking_policy_is_named_in_a_sentence(kit, clock, caplog) -> None:
+    async with coordinator(kit, clock, failing(kit, "dtype")) as coord:
+        with caplog.at_level(logging.ERROR, "vcasync.coordinator"):
+            r = await one_result(kit, coord)
+        assert (r.status, r.reason) == ("rejected", "policy")
+        [rec] = [r for r in caplog.records if r.name == "vcasync.coordinator"]
+        # was "changed the model's tensor 'w' has dtype ...": two verbs, no sentence
+        assert ("merge policy 'broken-dtype' broke the model's spec (tensor 'w' has dtype "
+                "torch.float64, the model has torch.float32) on unit") in rec.getMessage()
+
+
+@pytest.mark.parametrize("how", ["raise", "nan", "dtype"])
+async def test_a_policy_that_keeps_failing_stops_the_coordinator_once(kit, clock, how,
+                                                                     caplog) -> None:
+    coord = coordinator(kit, clock, failing(kit, how), units=POLICY_FAILURE_LIMIT + 2)
+    async with coord:
+        before = coord.model()
+        with caplog.at_level(logging.ERROR, "vcasync.coordinator"):
+            for _ in range(POLICY_FAILURE_LIMIT):
+                r = await one_result(kit, coord)
+                assert (r.status, r.reason) == ("rejected", "policy")
+            with pytest.raises(PolicyFailedError) as stopped:
+                await coord.wait_finished()
+        assert isinstance(stopped.value, ConfigError)        # vcasync coordinator exits 2
+        assert stopped.value.policy == f"broken-{how}"
+        assert coord.failure is stopped.value
+        status = coord.status()
+        assert status["phase"] == "failed"
+        assert f"merge policy 'broken-{how}' failed on {POLICY_FAILURE_LIMIT} results in a row" \
+            in status["error"]
+        with pytest.raises(ClosedError):                     # no more work is handed out
+            await coord.lease(await coord.join())
+        assert coord.model().equal(before)
+        assert coord.version == 0
+    mine = [r for r in caplog.records if r.name == "vcasync.coordinator"]
+    # the first failure (with its traceback when the policy raised), then the stop: not one
+    # traceback per refused result
+    assert len(mine) == 2, [r.getMessage() for r in mine]
+    assert bool(mine[0].exc_info) == (how == "raise")
+    assert not mine[1].exc_info
+    assert "failed on" in mine[1].getMessage()
+
+
+async def test_a_merge_that_succeeds_resets_the_count(kit, clock) -> None:
+    switch = [True]
+    async with coordinator(kit, clock, failing(kit, "raise", fail=switch), units=8) as coord:
+        for _ in range(POLICY_FAILURE_LIMIT - 1):
+            assert (await one_result(kit, coord)).status == "rejected"
+        switch[0] = False
+        assert (await one_result(kit, coord)).status == "accepted"
+        switch[0] = True
+        for _ in range(POLICY_FAILURE_LIMIT - 1):
+            assert (await one_result(kit, coord)).status == "rejected"
+        assert coord.failure is None
+        assert coord.status()["phase"] == "running"
+        assert coord.version == 1
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_initial_model_is_refused_when_built(kit, clock, policy, value) -> None:
+    model = kit.tiny_model()
+    model.tensors["b"][0] = value
+    with pytest.raises(ConfigError, match=r"initial model's tensor 'b' is not finite.*model factory"):
+        coordinator(kit, clock, policy, model=model)
+
+
+def test_the_finiteness_check_costs_little_against_a_merge() -> None:
+    # the check runs on every merge: one isfinite pass must stay well below the merge itself
+    # (a lerp over the same tensors, the cheapest merge a policy does)
+    import time
+
+    from vcasync.coordinator._model_owner import first_non_finite
+    tensors = {f"t{i}": torch.randn(1 << 18) for i in range(16)}     # 4M parameters
+    other = {k: torch.randn_like(v) for k, v in tensors.items()}
+
+    checks, merges = [], []
+    for _ in range(9):     # interleaved, the best of each: a busy machine slows both alike
+        t0 = time.perf_counter()
+        first_non_finite(tensors)
+        t1 = time.perf_counter()
+        for k, t in tensors.items():
+            t.lerp_(other[k], 0.5)
+        t2 = time.perf_counter()
+        checks.append(t1 - t0)
+        merges.append(t2 - t1)
+    check, merge = min(checks), min(merges)
+    assert check < 2 * merge, (check, merge)
+
+
+def test_values_whose_sum_overflows_are_still_finite() -> None:
+    from vcasync.coordinator._model_owner import first_non_finite
+    big = torch.full((8,), 3e38)           # finite, but the float32 sum overflows
+    assert first_non_finite({"w": big, "h": big.half().float()}) == "h"    # half(3e38) is inf
+    assert first_non_finite({"w": big}) is None
+    assert first_non_finite({"w": torch.tensor([float("inf"), -float("inf")])}) == "w"
+    assert first_non_finite({"n": torch.tensor([1, 2])}) is None
