@@ -284,7 +284,7 @@ class PolicyFailedError(PolicyError, ConfigError):
 
     reason = "policy"
 
-    def __init__(self, message: str, *, policy: str) -> None:
+    def __init__(self, message: str, *, policy: str = "") -> None:
         super().__init__(message)
         self.policy = policy
 

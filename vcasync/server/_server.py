@@ -54,6 +54,7 @@ from . import _routes as R
 from ._auth import TokenAuthority
 from ._http_metrics import HttpMetrics
 from ._parser_errors import JsonErrorRunner
+from ._refusals import RefusalLog
 from ._upload_pace import BodyCutOff, BodyTimeouts, Pace
 from .status import PUBLIC_STATUS_ROUTES, STATUS_ACCESS, StatusAccess
 from .status import routes as status_routes
@@ -62,6 +63,11 @@ __all__ = ["BodyTimeouts", "Listener", "Pace", "Server", "ServerConfig", "build_
            "server_ssl_context"]
 
 log = logging.getLogger("vcasync.server")
+
+#: The refused-request log of an app (see _refusals); what an error response says, for it.
+REFUSALS = web.AppKey("vcasync_refusals", RefusalLog)
+_CODE = web.ResponseKey("vcasync_error_code", str)
+_MESSAGE = web.ResponseKey("vcasync_error_message", str)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -208,8 +214,10 @@ def _bind(host: str | None, port: int, backlog: int) -> list[socket.socket]:
 
 def _error_response(status: int, code: str, message: str, fields: dict[str, Any] | None = None,
                      headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": code, "message": message, **(fields or {})}, status=status,
+    resp = web.json_response({"error": code, "message": message, **(fields or {})}, status=status,
                              headers=headers)
+    resp[_CODE], resp[_MESSAGE] = code, message     # for the refusal log
+    return resp
 
 
 def _vcasync_error(exc: VCAsyncError) -> web.Response:
@@ -241,6 +249,20 @@ async def _cut_off(request: web.Request, exc: BodyCutOff) -> web.StreamResponse:
 
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    resp = await _answer(request, handler)
+    if 400 <= resp.status < 500:
+        # refused requests are the operator's to see (docs/operating.md), not only aiohttp's
+        # access log, which may be off: once per kind and caller and window
+        match = request.match_info
+        request.app[REFUSALS].note(
+            status=resp.status, code=resp.get(_CODE, f"http_{resp.status}"),
+            message=resp.get(_MESSAGE, resp.reason or ""),
+            route=match.route.name or f"{request.method} {request.path}"[:120],
+            worker=request.get(R.WORKER_ID), peer=request.remote, lease=match.get("lease"))
+    return resp
+
+
+async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except (StorageUnavailableError, StorageFailedError) as exc:
@@ -309,6 +331,7 @@ def build_app(coordinator: Coordinator, authority: TokenAuthority,
     app = web.Application(middlewares=[_metrics, _errors, _auth], client_max_size=1 << 16)
     app[R.COORDINATOR] = coordinator
     app[R.AUTH] = authority
+    app[REFUSALS] = RefusalLog()
     http_metrics = app[R.HTTP_METRICS] = HttpMetrics()
     app[R.MAX_RESULT] = config.max_result_bytes or Limits().max_message_bytes
     app[R.CHUNK] = config.chunk_size
