@@ -216,7 +216,10 @@ def _error_response(status: int, code: str, message: str, fields: dict[str, Any]
                      headers: dict[str, str] | None = None) -> web.Response:
     resp = web.json_response({"error": code, "message": message, **(fields or {})}, status=status,
                              headers=headers)
-    resp[_CODE], resp[_MESSAGE] = code, message     # for the refusal log
+    reason = (fields or {}).get("reason")
+    # for the refusal log: the code and the finer reason (invalid_update: non_finite)
+    resp[_CODE] = code if not reason or reason == code else f"{code} ({reason})"
+    resp[_MESSAGE] = message
     return resp
 
 

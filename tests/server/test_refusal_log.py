@@ -1,0 +1,101 @@
+"""Refused requests reach the ``vcasync.server`` log (docs/operating.md), not only aiohttp's access
+log, which may be off: one line per refusal with the reason code, the worker and the lease (never a
+token), rate-limited per kind and caller so a broken or hostile worker cannot flood the log
+(probe D11: five 422 non_finite results left no vcasync line at all)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import aiohttp
+import pytest
+import torch
+
+from vcasync.server import ServerConfig
+from vcasync.server._refusals import RefusalLog
+from vcasync.tensors import ModelState
+from vcasync.wire import decode_message, decode_payload_bytes
+
+from .conftest import PAYLOAD, SECRET, bearer, control, result_payload, running
+
+
+def server_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "vcasync.server" and "refused" in r.getMessage()]
+
+
+async def test_a_refused_result_is_logged_once_with_its_reason_worker_and_lease(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async with (running(tmp_path, server_config=ServerConfig(port=0, access_log=False)) as (coord, server),
+                aiohttp.ClientSession() as http):
+        url = server.url
+        async with http.post(f"{url}/v1/join", data=control("join", {"name": "t"}),
+                             headers=bearer(SECRET)) as r:
+            joined = decode_message(await r.read(), expected_kind="joined").body
+        worker, token = joined["worker_id"], joined["token"]
+        model_bytes = b"".join([c async for c in coord.model_payload()])
+        model = ModelState(decode_payload_bytes(model_bytes, expected_kind="model").tensors)
+        nan = {k: torch.full_like(v, float("nan")) for k, v in model.items()}
+        with caplog.at_level(logging.INFO, "vcasync.server"):
+            async with http.post(f"{url}/v1/leases", data=control("lease_request"),
+                                 headers=bearer(token)) as r:
+                assert r.status == 201, await r.text()
+                grant = decode_message(await r.read(), expected_kind="lease").body
+            lid = grant["lease_id"]
+            async with http.put(f"{url}/v1/leases/{lid}/result",
+                                data=result_payload(model, lid, grant["base_version"], tensors=nan),
+                                headers={**bearer(token), "Content-Type": PAYLOAD}) as r:
+                assert r.status == 422, await r.text()
+        lines = server_lines(caplog)
+        [line] = lines
+        text = line.getMessage()
+        assert line.levelno == logging.WARNING
+        assert "422 invalid_update (non_finite)" in text
+        assert f"worker {worker}" in text
+        assert f"(lease {lid})" in text
+        assert "result" in text
+        assert token not in text
+        assert SECRET not in text
+
+
+async def test_bad_credentials_are_logged_once_per_caller_without_the_credential(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    wrong = "w" * 30
+    async with running(tmp_path) as (_, server), aiohttp.ClientSession() as http:
+        with caplog.at_level(logging.INFO, "vcasync.server"):
+            for _ in range(20):
+                async with http.post(f"{server.url}/v1/leases", data=control("lease_request"),
+                                     headers=bearer(wrong)) as r:
+                    assert r.status == 401
+            async with http.get(f"{server.url}/v1/no-such-route") as r:
+                assert r.status == 404
+    lines = [r.getMessage() for r in server_lines(caplog)]
+    assert len(lines) == 2, lines
+    assert "401 unauthorized" in lines[0]
+    assert "peer 127.0.0.1" in lines[0]
+    assert "404 not_found" in lines[1]
+    assert all(wrong not in line for line in lines)
+
+
+def test_the_rate_limit_counts_what_it_left_out(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    refusals = RefusalLog(window_s=60.0, max_keys=3, clock=lambda: now[0])
+    kw = {"status": 422, "code": "non_finite", "message": "m", "route": "result", "peer": None,
+          "lease": "l1"}
+    with caplog.at_level(logging.INFO, "vcasync.server"):
+        for _ in range(100):
+            refusals.note(worker="w1", **kw)
+        refusals.note(worker="w2", **kw)                 # another caller: its own line
+        now[0] = 61.0
+        refusals.note(worker="w1", **kw)
+        for i in range(10):                              # many callers: the table stays bounded
+            refusals.note(worker=f"x{i}", **kw)
+    lines = [r.getMessage() for r in caplog.records if r.name == "vcasync.server"]
+    assert len(lines) == 13
+    assert "99 more like it in the last 60s not logged" in lines[2]
+    assert len(refusals._seen) <= 3
+    routine = RefusalLog()
+    with caplog.at_level(logging.INFO, "vcasync.server"):
+        routine.note(status=410, code="run_finished", message="done", route="lease", worker="w",
+                     peer=None, lease=None)
+    assert caplog.records[-1].levelno == logging.INFO
