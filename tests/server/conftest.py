@@ -36,7 +36,7 @@ async def running(tmp_path: Path, *, units: Sequence[WorkUnit] | None = None, se
                   server_config: ServerConfig | None = None, durability: str = "journal",
                   lease_timeout_s: float = 30.0, authority: TokenAuthority | None = None,
                   store: str | None = None, initial: torch.nn.Module | None = None,
-                  coordinator: Mapping[str, Any] | None = None,
+                  coordinator: Mapping[str, Any] | None = None, policy: Any = None,
                   ) -> AsyncIterator[tuple[Coordinator, Server]]:
     """A coordinator (file storage under ``tmp_path`` unless durability is "none") on 127.0.0.1:0;
     ``coordinator``: more :class:`CoordinatorConfig` fields."""
@@ -50,7 +50,8 @@ async def running(tmp_path: Path, *, units: Sequence[WorkUnit] | None = None, se
         if durability != "none":
             storage = await stack.enter_async_context(open_storage(store or f"file://{tmp_path / 'store'}"))
         coord = await stack.enter_async_context(
-            Coordinator(model, units, policy=build_policy("vcasgd"), storage=storage, config=cfg))
+            Coordinator(model, units, policy=policy or build_policy("vcasgd"), storage=storage,
+                        config=cfg))
         server = await stack.enter_async_context(Server(coord, auth, server_config or ServerConfig(port=0)))
         yield coord, server
 
