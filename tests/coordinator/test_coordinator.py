@@ -361,6 +361,14 @@ async def test_memory_budget_drops_old_bases_and_refuses_their_deltas(kit, clock
         r = await submit(kit, coord, w, old, delta)
         assert (r.status, r.reason) == ("rejected", "base_unavailable")
         w_c = {k: v + 0.5 if v.is_floating_point() else v for k, v in coord.model().items()}
+        # why a worker does not resend full weights after base_unavailable (docs/limits.md said it
+        # did): the refusal closes the lease, so a second upload on it only gets the same receipt;
+        # the unit is queued again, not counted against the worker, and trained again
+        version = coord.version
+        again = await submit(kit, coord, w, old, w_c, kind="weights", base_version=version)
+        assert (again.status, again.reason) == ("rejected", "base_unavailable")
+        assert coord.version == version                                        # nothing merged
+        assert coord._ledger.unit_state(old.unit.unit_id) is UnitState.QUEUED   # trained again
         g = await coord.lease(w)                                 # full weights need no base
         assert (await submit(kit, coord, w, g, w_c, kind="weights", base_version=0)).status \
             == "accepted"
