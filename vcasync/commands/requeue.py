@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 
 from ..cli import Command, ExitCode, read_secret
-from ..errors import AuthError, ConfigError, FrameError
+from ..errors import AuthError, ConfigError
 
 log = logging.getLogger("vcasync.cli")
 
@@ -32,10 +32,10 @@ def _configure(p: argparse.ArgumentParser) -> None:
 def _run(a: argparse.Namespace) -> int:
     import asyncio
 
-    from ..protocol._bodies import RequeueRequest
     from ..worker._client import (
         CoordinatorClient,
         check_coordinator_url,
+        check_requeue_units,
         client_ssl_context,
         plain_http_hint,
         tls_problem,
@@ -46,10 +46,7 @@ def _run(a: argparse.Namespace) -> int:
     if not token:
         raise ConfigError("no operator token: set VCASYNC_OPERATOR_TOKEN or --operator-token-file "
                           "(the coordinator must be started with the same one)")
-    try:
-        RequeueRequest(a.units or None)     # --unit "" was a FrameError from the client: exit 1
-    except FrameError as exc:
-        raise ConfigError(f"--unit: {exc}") from None
+    check_requeue_units(a.units or None)
     url = str(a.coordinator).rstrip("/")
     ssl_ctx = client_ssl_context(a.ca_file) if url.startswith("https://") else None
 

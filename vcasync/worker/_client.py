@@ -68,6 +68,15 @@ classify(aiohttp.ClientResponseError,
          lambda exc: isinstance(exc, aiohttp.ClientResponseError) and exc.status in (502, 503, 504))
 
 
+def check_requeue_units(units: list[str] | None) -> None:
+    """Unit ids ``requeue`` would send that the coordinator refuses, refused here as configuration
+    (``--unit ""`` was a FrameError from the client: exit 1)."""
+    try:
+        RequeueRequest(units)
+    except FrameError as exc:
+        raise ConfigError(f"--unit: {exc}") from None
+
+
 def check_coordinator_url(url: str, name: str = "--coordinator") -> None:
     """Refuse a coordinator URL no request can be sent to, as a :class:`ConfigError` naming it
     (``name``: the flag or field it came from). aiohttp found a port out of range or an unclosed
