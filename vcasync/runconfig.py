@@ -65,13 +65,22 @@ class UnitsConfig:
     count: int | None = None            # exactly this many units, cycling through the shards
     params: Mapping[str, Any] = field(default_factory=dict)   # handed to the trainer: ctx.unit.params
 
+    def __post_init__(self) -> None:
+        # each count named as the run.toml key and the flag that set it: "--shards -1" was refused
+        # as "work unit field 'num_shards' must be >= 1", which names neither
+        for name, flag in (("shards", "--shards"), ("epochs", "--epochs"), ("steps", "--steps"),
+                           ("count", "--units")):
+            value = getattr(self, name)
+            if value is None and name == "count":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"units.{name} ({flag}) must be a whole number >= 1, got {value!r}")
+
     def build(self) -> list[WorkUnit]:
         """``shards x epochs`` units ``e{epoch}-s{shard}``; with ``count``, exactly ``count`` units cycling
         through the shards (``count`` then overrides ``epochs``)."""
         epochs = self.epochs
         if self.count is not None:
-            if self.count < 1:
-                raise ConfigError(f"units.count must be >= 1, got {self.count}")
             epochs = math.ceil(self.count / max(1, self.shards))
         # with count, only those units are built (5 units of 10**9 shards built them all)
         return make_units(self.shards, epochs=epochs, steps=self.steps, params=dict(self.params),

@@ -332,6 +332,10 @@ def test_config_errors(kit, policy) -> None:
         CoordinatorConfig(lease_timeout_s=60.0, heartbeat_interval_s=30.0)
     with pytest.raises(ConfigError, match=r"lease_timeout_s must be finite.*got inf"):
         CoordinatorConfig(lease_timeout_s=float("inf"))
+    # found by a probe: 1e308 was taken, and a dead worker's unit then waited for ever
+    with pytest.raises(ConfigError, match=r"lease_timeout_s must be at most 604800 s.*got 1e\+308"):
+        CoordinatorConfig(lease_timeout_s=1e308)
+    CoordinatorConfig(lease_timeout_s=7 * 24 * 3600.0)
     # found by hand: '../up' failed at the first write (exit 1); an infinite interval never expired
     with pytest.raises(ConfigError, match=r"state_prefix '\.\./up'.*'\.\.' part"):
         CoordinatorConfig(state_prefix="../up")

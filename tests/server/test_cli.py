@@ -341,6 +341,17 @@ def test_coordinator_refuses_a_linger_that_is_negative_or_not_finite_before_star
     assert f"run.linger_s (--linger) must be a finite number of seconds >= 0, got {float(linger)!r}" in err
 
 
+@pytest.mark.parametrize(("flag", "key", "value"), [("--shards", "shards", "-1"), ("--epochs", "epochs", "0"),
+                                                   ("--steps", "steps", "0"), ("--units", "count", "0")])
+def test_coordinator_refuses_a_unit_count_below_one_naming_its_flag(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        flag: str, key: str, value: str) -> None:
+    # found by a probe: --shards -1 said "work unit field 'num_shards' must be >= 1", naming neither
+    # the flag nor the run.toml key
+    assert coordinator_refused(tmp_path, monkeypatch, flag, value) == 2
+    assert f"units.{key} ({flag}) must be a whole number >= 1, got {int(value)}" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("flag", "value"), [("--unit-param", "lr=0.1.2"), ("--unit-param", "lr=["),
                                             ("--policy-param", 'alpha="0.5')])
 def test_coordinator_refuses_a_param_that_is_neither_a_value_nor_a_bare_word_before_starting(

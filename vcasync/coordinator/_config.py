@@ -12,6 +12,10 @@ from ..storage import validate_prefix
 from ..wire import Limits, resolve_codec
 from ._journal import Durability, JournalConfig
 
+#: The longest lease timeout: a week (a lease without progress for this long expires, and only then
+#: does another worker get its unit).
+MAX_LEASE_TIMEOUT_S = 7 * 24 * 3600.0
+
 __all__ = ["CoordinatorConfig", "Durability"]
 
 GiB = 1 << 30
@@ -111,6 +115,10 @@ class CoordinatorConfig:
         # trained twice. A third of the timeout leaves room for one lost heartbeat.
         need(math.isfinite(self.lease_timeout_s), "lease_timeout_s",
              "must be finite (workers heartbeat at a fraction of it)")
+        # 1e308 was taken: a dead worker's unit then waits for ever before another gets it
+        need(self.lease_timeout_s <= MAX_LEASE_TIMEOUT_S, "lease_timeout_s",
+             f"must be at most {MAX_LEASE_TIMEOUT_S:g} s (a week: a dead worker's unit waits this long "
+             "before another worker gets it)")
         self.ledger_config()   # lease settings are checked by the ledger's own config
         need(self.heartbeat_interval_s is None or self.heartbeat_interval_s <= self.lease_timeout_s / 3,
              "heartbeat_interval_s", f"must be at most a third of lease_timeout_s "
