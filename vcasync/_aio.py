@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
-__all__ = ["buffer_blocks", "file_blocks", "first_error", "run_all", "to_thread_released"]
+__all__ = ["buffer_blocks", "file_blocks", "first_error", "open_binary", "run_all", "to_thread_released"]
 
 T = TypeVar("T")
 
@@ -31,6 +32,24 @@ async def buffer_blocks(view: memoryview, block: int) -> AsyncIterator[memoryvie
     piece at a time, awaiting the socket between them, instead of copying one huge buffer."""
     for start in range(0, view.nbytes, block):
         yield view[start:start + block]
+
+
+async def open_binary(path: Path) -> BinaryIO:
+    """``path`` opened for reading in a thread. A caller cancelled while the thread opens it used to
+    leave the file open (the thread finishes the open after the await has gone: a worker stopped
+    mid-upload leaked its result file, a ResourceWarning); now whatever the thread opens after the
+    caller has gone is closed."""
+    opening: asyncio.Future[BinaryIO] = asyncio.ensure_future(asyncio.to_thread(path.open, "rb"))
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        opening.add_done_callback(_close_opened)
+        raise
+
+
+def _close_opened(opening: asyncio.Future[BinaryIO]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()
 
 
 async def file_blocks(f: BinaryIO, block: int) -> AsyncIterator[bytes]:

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import aiohttp
 import yarl
 
-from .._aio import buffer_blocks, file_blocks
+from .._aio import buffer_blocks, file_blocks, open_binary
 from ..errors import (
     ClosedError,
     ConfigError,
@@ -331,7 +331,7 @@ class CoordinatorClient:
         headers = self._headers(ctype=P.PAYLOAD)
         url = f"{self.url}{P.API_PREFIX}/leases/{lease_id}/result"
         if isinstance(body, Path):
-            f = await asyncio.to_thread(body.open, "rb")
+            f = await open_binary(body)
             try:
                 headers["Content-Length"] = str((await asyncio.to_thread(os.fstat, f.fileno())).st_size)
                 return await self._put_result(url, file_blocks(f, FILE_BLOCK), headers)

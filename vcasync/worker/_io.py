@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .._aio import file_blocks
+from .._aio import file_blocks, open_binary
 from ..errors import SpecMismatchError, ValidationError, VCAsyncError
 from ..ledger._units import WorkUnit
 from ..protocol._bodies import metrics_problem
@@ -90,7 +90,7 @@ class ModelCache:
 
 
 async def _file_chunks(path: Path, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
-    f = await asyncio.to_thread(path.open, "rb")
+    f = await open_binary(path)
     try:
         async for chunk in file_blocks(f, chunk_size):
             yield chunk
