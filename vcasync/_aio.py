@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
-__all__ = ["buffer_blocks", "file_blocks", "first_error", "open_binary", "run_all", "to_thread_released"]
+__all__ = ["buffer_blocks", "close_file", "file_blocks", "first_error", "open_binary", "run_all",
+           "to_thread_released"]
 
 T = TypeVar("T")
 
@@ -34,17 +35,27 @@ async def buffer_blocks(view: memoryview, block: int) -> AsyncIterator[memoryvie
         yield view[start:start + block]
 
 
-async def open_binary(path: Path) -> BinaryIO:
-    """``path`` opened for reading in a thread. A caller cancelled while the thread opens it used to
-    leave the file open (the thread finishes the open after the await has gone: a worker stopped
-    mid-upload leaked its result file, a ResourceWarning); now whatever the thread opens after the
-    caller has gone is closed."""
-    opening: asyncio.Future[BinaryIO] = asyncio.ensure_future(asyncio.to_thread(path.open, "rb"))
+async def open_binary(path: Path, mode: str = "rb") -> BinaryIO:
+    """``path`` opened (``"rb"`` or ``"wb"``) in a thread. A caller cancelled while the thread opens
+    it used to leave the file open (the thread finishes the open after the await has gone: a worker
+    stopped mid-upload leaked its result file, a ResourceWarning); now whatever the thread opens
+    after the caller has gone is closed. Pair it with :func:`close_file`."""
+    if mode not in ("rb", "wb"):
+        raise ValueError(f"mode must be 'rb' or 'wb', got {mode!r}")
+    opening: asyncio.Future[BinaryIO] = asyncio.ensure_future(
+        asyncio.to_thread(path.open, mode))  # type: ignore[arg-type]
     try:
         return await asyncio.shield(opening)
     except asyncio.CancelledError:
         opening.add_done_callback(_close_opened)
         raise
+
+
+async def close_file(f: BinaryIO) -> None:
+    """``f.close()`` in a thread (a write's close flushes), done even when the caller is cancelled
+    meanwhile: a cancelled ``to_thread`` whose job had not started yet never ran, and the file stayed
+    open."""
+    await asyncio.shield(asyncio.ensure_future(asyncio.to_thread(f.close)))
 
 
 def _close_opened(opening: asyncio.Future[BinaryIO]) -> None:

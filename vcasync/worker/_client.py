@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import aiohttp
 import yarl
 
-from .._aio import buffer_blocks, file_blocks, open_binary
+from .._aio import buffer_blocks, close_file, file_blocks, open_binary
 from ..errors import (
     ClosedError,
     ConfigError,
@@ -336,7 +336,7 @@ class CoordinatorClient:
                 headers["Content-Length"] = str((await asyncio.to_thread(os.fstat, f.fileno())).st_size)
                 return await self._put_result(url, file_blocks(f, FILE_BLOCK), headers)
             finally:
-                await asyncio.to_thread(f.close)
+                await close_file(f)
         if isinstance(body, bytes | bytearray | memoryview):
             view = memoryview(body).cast("B")
             if size is not None and size != view.nbytes:
@@ -370,12 +370,12 @@ class CoordinatorClient:
             if resp.status == 304:
                 return new_etag or etag, got_version
             tmp = dest.with_name(dest.name + ".part")
-            f = await asyncio.to_thread(tmp.open, "wb")
+            f = await open_binary(tmp, "wb")
             try:
                 async for chunk in resp.content.iter_chunked(self.chunk_size):
                     await asyncio.to_thread(f.write, chunk)
             finally:
-                await asyncio.to_thread(f.close)
+                await close_file(f)
             await asyncio.to_thread(tmp.replace, dest)
             return new_etag, got_version
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .._aio import file_blocks, open_binary
+from .._aio import close_file, file_blocks, open_binary
 from ..errors import SpecMismatchError, ValidationError, VCAsyncError
 from ..ledger._units import WorkUnit
 from ..protocol._bodies import metrics_problem
@@ -95,7 +95,7 @@ async def _file_chunks(path: Path, chunk_size: int = 1 << 20) -> AsyncIterator[b
         async for chunk in file_blocks(f, chunk_size):
             yield chunk
     finally:
-        await asyncio.to_thread(f.close)
+        await close_file(f)
 
 
 def result_problem(base: ModelState, result: TrainResult, unit: WorkUnit) -> str | None:
@@ -134,10 +134,10 @@ def result_tensors(base: ModelState, result: TrainResult, upload: str) -> dict[s
 async def spool_result(path: Path, meta: Mapping[str, Any], tensors: Mapping[str, torch.Tensor],
                  codec: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    f = await asyncio.to_thread(tmp.open, "wb")
+    f = await open_binary(tmp, "wb")
     try:
         async for chunk in aencode_payload("result", meta, tensors, codec=codec):
             await asyncio.to_thread(f.write, chunk)
     finally:
-        await asyncio.to_thread(f.close)
+        await close_file(f)
     await asyncio.to_thread(os.replace, tmp, path)
