@@ -38,14 +38,12 @@ from ..coerce import parsed_or_word
 from ..errors import ClosedError, ConfigError
 
 if TYPE_CHECKING:
-    from ..coordinator import Coordinator, CoordinatorConfig, StartOptions
-    from ..ledger._units import WorkUnit
+    from ..coordinator import Coordinator, StartOptions
     from ..policy import MergePolicy
     from ..runconfig import RunConfig
     from ..server import Listener
     from ..server.status import StatusAccess
     from ..storage import Storage
-    from ..tensors import ModelState
 
 log = logging.getLogger("vcasync.cli")
 
@@ -328,10 +326,11 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                           purpose=f"the coordinator's URL is written to {port_file} once it listens")
 
     from .._imports import import_object
-    from ..coordinator import CoordinatorConfig
+    from ..coordinator import Coordinator, CoordinatorConfig
     from ..runconfig import dataclass_from_table
     from ..server import listen
-    from ..storage import outlives_process
+    from ..server._auth import StorageTokenStore, TokenAuthority
+    from ..storage import open_storage, outlives_process
     from ..tensors import ModelState
 
     # before the model is built: its settings are checked when made (heartbeat vs lease timeout)
@@ -356,25 +355,7 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     # that is not this machine's or a port in use was found once the run record, the first
     # snapshot and the owner lease were written, so an exit 2 ("nothing was changed") left a run
     # that the corrected start was then refused as not matching.
-    with listen(cfg.server) as listener:
-        return await _serve_on(cfg, listener, secret, tokens, port_file=port_file, hooks=hooks,
-                               operator_token=operator_token, start=start,
-                               status_access=status_access, model=model, policy=policy,
-                               policy_params=policy_params, units=units, coord_cfg=coord_cfg,
-                               stop=stop)
-
-
-async def _serve_on(cfg: RunConfig, listener: Listener, secret: str | None, tokens: dict[str, str], *,
-                    port_file: Path | None, hooks: ServeHooks | None, operator_token: str | None,
-                    start: StartOptions | None, status_access: StatusAccess | None,
-                    model: ModelState, policy: MergePolicy, policy_params: dict[str, Any],
-                    units: list[WorkUnit], coord_cfg: CoordinatorConfig, stop: asyncio.Event) -> int:
-    """:func:`serve` once the listening sockets are bound: open the storage, start the run, serve."""
-    from ..coordinator import Coordinator
-    from ..server._auth import StorageTokenStore, TokenAuthority
-    from ..storage import open_storage
-
-    async with open_storage(cfg.storage) as storage:
+    async with listen(cfg.server) as listener, open_storage(cfg.storage) as storage:
         if hooks is not None:
             policy = hooks.wrap_policy(policy)
             storage = hooks.wrap_storage(storage, coord_cfg.state_prefix)

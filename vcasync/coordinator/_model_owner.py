@@ -68,8 +68,8 @@ class ModelOwner:
         self.policy = policy
         self.needs_base = bool(getattr(policy, "needs_base", False))
         self.spec: ModelSpec = model.spec
-        #: Merges the policy broke (raised, spec, non-finite); the merge loop resets
-        #: ``policy_failures_in_a_row`` when one succeeds.
+        #: Merges the policy broke (raised, spec, non-finite) in this process, for the log's
+        #: count; the merge loop keeps the failures in a row that stop the run (``Merger``).
         self.policy_failures = 0
         self._failure_logged_at = 0.0
         self._failures_unlogged = 0

@@ -173,6 +173,12 @@ class Listener:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    async def __aenter__(self) -> Listener:     # beside an ``async with`` of the storage
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
 
 def listen(config: ServerConfig) -> Listener:
     """Load the TLS files into a context and bind ``config``'s address (every address its host
