@@ -30,7 +30,7 @@ from .errors import (
 from .exit_codes import ExitCode
 
 __all__ = ["ENVIRONMENT", "Command", "EnvVar", "ExitCode", "available_commands", "environment_help", "main",
-           "read_secret"]
+           "read_join_credential", "read_join_secret", "read_secret"]
 
 log = logging.getLogger("vcasync.cli")
 
@@ -56,8 +56,8 @@ ENVIRONMENT: Mapping[str, EnvVar] = {
     "VCASYNC_JOIN_TOKENS": EnvVar(
         "pre-issued join tokens, name=token,name=token, each bound to one worker name "
         "(or --join-tokens-file, 'name token' per line)", ("coordinator",)),
-    "VCASYNC_JOIN_TOKEN": EnvVar("a worker's pre-issued join token, instead of the join secret",
-                                 ("worker", "ray")),
+    "VCASYNC_JOIN_TOKEN": EnvVar("a worker's pre-issued join token, instead of the join secret "
+                                 "(at least 16 characters)", ("worker", "ray")),
     "VCASYNC_OPERATOR_TOKEN": EnvVar(
         "optional operator token, at least 16 characters and different from every join credential "
         "(or --operator-token-file): enables operator routes such as requeue; workers never hold it",
@@ -169,6 +169,36 @@ def read_secret(env: str, file: Path | None, *, what: str) -> str | None:
     if from_env is not None:
         _check_printable(from_env, f"{env} ({what})")
     return from_env
+
+
+def read_join_secret(file: Path | None) -> str | None:
+    """The join secret from ``file`` or ``VCASYNC_JOIN_SECRET`` (:func:`read_secret`), refused when
+    shorter than the coordinator accepts: every command that reads it (``coordinator``, ``worker``,
+    ``ray``) reads it here, so each refuses what no coordinator would take, before starting."""
+    from .server import check_length
+
+    secret = read_secret("VCASYNC_JOIN_SECRET", file, what="join secret")
+    if secret is not None:
+        check_length(secret, "the join secret (VCASYNC_JOIN_SECRET)" if file is None else
+                     f"the join secret in {file}")
+    return secret
+
+
+def read_join_credential(secret_file: Path | None, *,
+                         file_flag: bool = True) -> tuple[str | None, str | None]:
+    """The join secret (:func:`read_join_secret`) and the join token (``VCASYNC_JOIN_TOKEN``, checked
+    the same way) a worker joins with; a :class:`ConfigError` when neither is set (naming
+    ``--join-secret-file`` where the command has that flag)."""
+    from .server import check_length
+
+    secret = read_join_secret(secret_file)
+    token = read_secret("VCASYNC_JOIN_TOKEN", None, what="join token")
+    if token is not None:
+        check_length(token, "the join token (VCASYNC_JOIN_TOKEN)")
+    if not secret and not token:
+        raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET or VCASYNC_JOIN_TOKEN"
+                          + (" (or --join-secret-file)" if file_flag else ""))
+    return secret, token
 
 
 def _check_printable(secret: str, where: str) -> None:

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import kubernetes_validate
 import pytest
 
-from vcasync.cli import available_commands, build_parser
+from vcasync.cli import available_commands, build_parser, read_join_credential, read_join_secret
 from vcasync.commands import coordinator as coordinator_cmd
 from vcasync.commands import worker as worker_cmd
 from vcasync.runconfig import load_run_config
@@ -145,8 +145,10 @@ def test_the_worker_wiring_agrees_with_the_cli(rendered: tuple[str, list[dict[st
     assert (url.scheme, url.hostname, url.port) == ("http", service["metadata"]["name"],
                                                     service["spec"]["ports"][0]["port"])
     # The join secret: the variable both commands read, from the same Secret.
-    for cmd in (worker_cmd, coordinator_cmd):
-        assert 'read_secret("VCASYNC_JOIN_SECRET"' in inspect.getsource(cmd)
+    assert 'read_secret("VCASYNC_JOIN_SECRET"' in inspect.getsource(read_join_secret)
+    assert "read_join_secret(" in inspect.getsource(read_join_credential)
+    assert "read_join_credential(" in inspect.getsource(worker_cmd)
+    assert "read_join_secret(" in inspect.getsource(coordinator_cmd)
     assert join_secret_ref(w) == join_secret_ref(coord) == ("vcasync-join", "secret")
     # One state URL per pod, in the same storage as the run, ending in the pod's stable name.
     assert a.state is not None

@@ -105,3 +105,31 @@ def test_no_ray_cluster_is_a_one_line_configuration_error(capsys: pytest.Capture
     assert err.startswith("vcasync ray: configuration error: no Ray cluster to connect to (--address auto): "
                           "Could not find any running Ray instance; start one with 'ray start --head'")
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("env", "problem"), [
+    ({"VCASYNC_JOIN_SECRET": "a-long-enough-secret\r"}, "VCASYNC_JOIN_SECRET (join secret) holds a control"),
+    ({"VCASYNC_JOIN_SECRET": "short-secret"}, "the join secret (VCASYNC_JOIN_SECRET) is too short"),
+    ({"VCASYNC_JOIN_TOKEN": "short-token"}, "the join token (VCASYNC_JOIN_TOKEN) is too short"),
+    ({"VCASYNC_JOIN_TOKEN": "a-long-enough-token\x1b[2J"}, "VCASYNC_JOIN_TOKEN (join token) holds a control"),
+    ({}, "no join credential: set VCASYNC_JOIN_SECRET or VCASYNC_JOIN_TOKEN\n"),
+])
+def test_up_checks_the_join_credential_as_the_worker_does(env: dict[str, str], problem: str,
+                                                          capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # found by a tester: `ray up` passed any VCASYNC_JOIN_SECRET on to the actors unchecked (a
+    # trailing CR, 5 characters), and each actor's worker failed to join, one after another
+    from vcasync.cli import main
+
+    for var in ("VCASYNC_JOIN_SECRET", "VCASYNC_JOIN_TOKEN", "RAY_ADDRESS"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    assert main(["ray", "--address", "127.0.0.1:1", "up", "--workers", "1", "--coordinator",
+                 "http://127.0.0.1:8470", "--trainer", "m:f", "--state-root", "memory://w"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vcasync ray: configuration error: ")
+    assert problem in err
+    assert "Ray cluster" not in err             # refused before connecting
+    for value in env.values():
+        assert value not in err

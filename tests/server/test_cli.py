@@ -55,6 +55,12 @@ def test_worker_needs_a_credential_and_a_trainer(monkeypatch: pytest.MonkeyPatch
     assert "package.module:function" in capsys.readouterr().err
     assert main([*args, "--trainer", "vcasync.examples.digits:nope"]) == 2
     assert "has no attribute 'nope'" in capsys.readouterr().err
+    # a secret no coordinator accepts is refused before the worker starts, as `vcasync ray up` does
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "short-secret")
+    assert main([*args, "--trainer", "vcasync.examples.digits:train"]) == 2
+    err = capsys.readouterr().err
+    assert "the join secret (VCASYNC_JOIN_SECRET) is too short: use at least 16 characters" in err
+    assert "short-secret" not in err
 
 
 def test_no_flag_takes_a_secret_value() -> None:

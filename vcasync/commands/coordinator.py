@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._paths import check_output_file
-from ..cli import Command, ExitCode, read_secret
+from ..cli import Command, ExitCode, read_join_secret, read_secret
 from ..coerce import parsed_or_word
 from ..errors import ClosedError, ConfigError
 
@@ -258,7 +258,7 @@ def launch(a: argparse.Namespace, hooks: ServeHooks | None = None) -> int:
     from ..runconfig import load_run_config
 
     cfg = load_run_config(a.config, _overrides(a))
-    secret = read_secret("VCASYNC_JOIN_SECRET", a.join_secret_file, what="join secret")
+    secret = read_join_secret(a.join_secret_file)
     tokens = _join_tokens(a.join_tokens_file)
     operator = read_secret("VCASYNC_OPERATOR_TOKEN", a.operator_token_file, what="operator token")
     status_access = _status_access(read_secret("VCASYNC_STATUS_TOKEN", a.status_token_file,

@@ -9,7 +9,8 @@
     vcasync ray down
 
 ``--address`` and ``--namespace`` come before the action. The join secret comes from
-``VCASYNC_JOIN_SECRET`` (or ``VCASYNC_JOIN_TOKEN``) on the driver, never a flag. ``up`` refuses a
+``VCASYNC_JOIN_SECRET`` (or ``VCASYNC_JOIN_TOKEN``) on the driver, never a flag, checked as ``vcasync
+worker`` checks it (:func:`vcasync.cli.read_join_credential`) before ``up`` connects. ``up`` refuses a
 spec that differs from the fleet already running in the namespace (``down`` first to replace it;
 ``scale`` keeps the running spec), and warns when no node could take a worker (a resource or label no
 alive node has). ``up --wait`` stays until every worker is done, printing status changes; the exit
@@ -21,13 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import sys
 from typing import Any
 
 from .._owner_lease import MIN_TTL_S
-from ..cli import Command, ExitCode
+from ..cli import Command, ExitCode, read_join_credential
 from ..coerce import argument_number
 from ..errors import ConfigError, RunIncompleteError
 
@@ -126,14 +126,13 @@ def _run(a: argparse.Namespace) -> int:
     from ..launch.ray import FAILED, RayFleet, RayWorkerSpec, _ray, shutdown_fleet
 
     ray = _ray()
-    credential = os.environ.get("VCASYNC_JOIN_SECRET") or os.environ.get("VCASYNC_JOIN_TOKEN")
     spec = None
     if a.action == "up":
         from ..worker._client import check_coordinator_url
 
         check_coordinator_url(a.coordinator)     # the flag named, before the spec's own check
-        if not credential:
-            raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET or VCASYNC_JOIN_TOKEN")
+        # checked as `vcasync worker` checks it: the actors pass it on as the driver has it
+        read_join_credential(None, file_flag=False)
         if a.wait_timeout is not None and not a.wait_timeout > 0:
             raise ConfigError(f"--wait-timeout must be > 0 seconds, got {a.wait_timeout!r}")
         # Checked before connecting: a bad spec is refused without touching the cluster.

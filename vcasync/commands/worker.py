@@ -22,7 +22,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ..cli import Command, read_secret
+from ..cli import Command, read_join_credential
 from ..errors import ConfigError
 from ..storage import outlives_process
 
@@ -103,11 +103,7 @@ def _run(a: argparse.Namespace) -> int:
                     "that resumes: s3://, gs:// or file://)", a.state)
     if a.threads is not None and a.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {a.threads}")
-    secret = read_secret("VCASYNC_JOIN_SECRET", a.join_secret_file, what="join secret")
-    token = os.environ.get("VCASYNC_JOIN_TOKEN") or None
-    if not secret and not token:
-        raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET or VCASYNC_JOIN_TOKEN "
-                          "(or --join-secret-file)")
+    secret, token = read_join_credential(a.join_secret_file)
     trainer = import_object(a.trainer, what="trainer", app_dir=a.app_dir)
     if a.threads is not None:
         import torch

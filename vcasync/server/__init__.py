@@ -9,6 +9,7 @@ for requests aiohttp's parser refuses), ``_http_metrics`` (HTTP-level counters) 
 
 from __future__ import annotations
 
+from ._auth import MIN_SECRET_LENGTH, check_length
 from ._collector import CollectorGuard
 from ._server import (
     BodyTimeouts,
@@ -21,5 +22,5 @@ from ._server import (
     server_ssl_context,
 )
 
-__all__ = ["BodyTimeouts", "CollectorGuard", "Listener", "Pace", "Server", "ServerConfig", "build_app",
-           "listen", "server_ssl_context"]
+__all__ = ["MIN_SECRET_LENGTH", "BodyTimeouts", "CollectorGuard", "Listener", "Pace", "Server",
+           "ServerConfig", "build_app", "check_length", "listen", "server_ssl_context"]

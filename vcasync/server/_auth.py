@@ -24,20 +24,31 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from .._aio import run_all
 from ..errors import AuthError, ConfigError, ObjectNotFoundError, OperatorDisabledError
 from ..storage import Storage
 
-__all__ = ["JoinIdentity", "StorageTokenStore", "TokenAuthority", "TokenRecord", "TokenStore"]
+__all__ = ["MIN_SECRET_LENGTH", "JoinIdentity", "StorageTokenStore", "TokenAuthority", "TokenRecord",
+           "TokenStore", "check_length"]
 
+#: The fewest characters a join secret, a join token or the operator token may have.
+MIN_SECRET_LENGTH: Final = 16
 _PREFIX = "vca_"
 _ID_HEX = 16
 
 
 def _digest(secret: str) -> bytes:
     return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).digest()
+
+
+def check_length(secret: str, what: str) -> None:
+    """A :class:`ConfigError` naming ``what`` (never the secret) when ``secret`` is shorter than
+    :data:`MIN_SECRET_LENGTH`."""
+    if len(secret) < MIN_SECRET_LENGTH:
+        raise ConfigError(f"{what} is too short: use at least {MIN_SECRET_LENGTH} characters "
+                          "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,11 +125,10 @@ class TokenAuthority:
         if not join_secret and not join_tokens:
             raise ConfigError("no join credential configured: set a join secret (VCASYNC_JOIN_SECRET) "
                               "or pre-issued join tokens")
-        if join_secret is not None and len(join_secret) < 16:
-            raise ConfigError("the join secret is too short: use at least 16 characters "
-                              "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')")
-        if operator_token is not None and len(operator_token) < 16:
-            raise ConfigError("the operator token is too short: use at least 16 characters")
+        if join_secret is not None:
+            check_length(join_secret, "the join secret")
+        if operator_token is not None:
+            check_length(operator_token, "the operator token")
         if operator_token is not None and operator_token in (join_secret, *(join_tokens or {}).values()):
             raise ConfigError("the operator token must differ from the join secret and join tokens: "
                               "every worker holds those")
