@@ -54,8 +54,9 @@ ENVIRONMENT: Mapping[str, EnvVar] = {
         "make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'",
         ("coordinator", "worker", "ray")),
     "VCASYNC_JOIN_TOKENS": EnvVar(
-        "pre-issued join tokens, name=token,name=token, each bound to one worker name "
-        "(or --join-tokens-file, 'name token' per line)", ("coordinator",)),
+        "pre-issued join tokens, name=token,name=token, each bound to one worker name, at least 16 "
+        "characters and not the join secret (or --join-tokens-file, 'name token' per line)",
+        ("coordinator",)),
     "VCASYNC_JOIN_TOKEN": EnvVar("a worker's pre-issued join token, instead of the join secret "
                                  "(at least 16 characters)", ("worker", "ray")),
     "VCASYNC_OPERATOR_TOKEN": EnvVar(

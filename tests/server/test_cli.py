@@ -34,6 +34,20 @@ def test_coordinator_needs_a_join_secret(monkeypatch: pytest.MonkeyPatch,
     assert "VCASYNC_JOIN_SECRET" in capsys.readouterr().err
 
 
+def test_coordinator_refuses_a_short_join_token_or_one_equal_to_the_secret(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    args = ["coordinator", "--model", "vcasync.examples.digits:model", "--storage", "memory://tokens"]
+    monkeypatch.setenv("VCASYNC_JOIN_TOKENS", "w1=short")
+    assert main(args) == 2
+    assert "the join token of 'w1' is too short: use at least 16 characters" in capsys.readouterr().err
+    monkeypatch.setenv("VCASYNC_JOIN_TOKENS", "w1=" + "x" * 20)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "the join token of 'w1' is the join secret" in err
+    assert "x" * 20 not in err
+
+
 def test_coordinator_without_a_model_factory(monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)

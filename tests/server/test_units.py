@@ -54,6 +54,19 @@ def test_join_credentials() -> None:
         TokenAuthority(join_secret="short")
 
 
+
+def test_a_join_token_is_as_long_as_the_secret_and_never_the_secret() -> None:
+    # found by a tester: a 3-character join token was taken, and so was a token equal to the join
+    # secret (revoking that worker's token then left it the secret to join with)
+    with pytest.raises(ConfigError, match="the join token of 'gpu-7' is too short: use at least 16") as info:
+        TokenAuthority(join_secret=SECRET, join_tokens={"gpu-7": "abc"})
+    assert "abc" not in str(info.value)
+    with pytest.raises(ConfigError, match="the join token of 'gpu-7' is the join secret") as info:
+        TokenAuthority(join_secret=SECRET, join_tokens={"ok": "pre-issued-token-ok-0000", "gpu-7": SECRET})
+    assert SECRET not in str(info.value)
+    TokenAuthority(join_tokens={"gpu-7": "pre-issued-token-gpu7-aaaa"})   # tokens alone: fine
+
+
 async def test_tokens_survive_a_restart_through_storage_as_digests_only() -> None:
     async with open_storage("memory://tokens-test") as storage:
         first = TokenAuthority(join_secret=SECRET, store=StorageTokenStore(storage))

@@ -268,6 +268,9 @@ def launch(a: argparse.Namespace, hooks: ServeHooks | None = None) -> int:
     if not secret and not tokens:
         raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET (or --join-secret-file, "
                           "VCASYNC_JOIN_TOKENS, --join-tokens-file)")
+    from ..server import check_join_tokens
+
+    check_join_tokens(tokens, secret)     # before the storage is opened, as the secret's own checks
     from ..coordinator import StartOptions
 
     start = StartOptions(new_run=a.new_run, reset_policy=a.reset_policy,

@@ -9,7 +9,7 @@ for requests aiohttp's parser refuses), ``_http_metrics`` (HTTP-level counters) 
 
 from __future__ import annotations
 
-from ._auth import MIN_SECRET_LENGTH, check_length
+from ._auth import MIN_SECRET_LENGTH, check_join_tokens, check_length
 from ._collector import CollectorGuard
 from ._server import (
     BodyTimeouts,
@@ -23,4 +23,4 @@ from ._server import (
 )
 
 __all__ = ["MIN_SECRET_LENGTH", "BodyTimeouts", "CollectorGuard", "Listener", "Pace", "Server",
-           "ServerConfig", "build_app", "check_length", "listen", "server_ssl_context"]
+           "ServerConfig", "build_app", "check_join_tokens", "check_length", "listen", "server_ssl_context"]

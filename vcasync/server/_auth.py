@@ -31,7 +31,8 @@ from ..errors import AuthError, ConfigError, ObjectNotFoundError, OperatorDisabl
 from ..storage import Storage
 
 __all__ = ["MIN_SECRET_LENGTH", "JoinIdentity", "StorageTokenStore", "TokenAuthority", "TokenRecord",
-           "TokenStore", "check_length"]
+           "TokenStore", "check_join_tokens",
+           "check_length"]
 
 #: The fewest characters a join secret, a join token or the operator token may have.
 MIN_SECRET_LENGTH: Final = 16
@@ -49,6 +50,17 @@ def check_length(secret: str, what: str) -> None:
     if len(secret) < MIN_SECRET_LENGTH:
         raise ConfigError(f"{what} is too short: use at least {MIN_SECRET_LENGTH} characters "
                           "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')")
+
+
+def check_join_tokens(join_tokens: Mapping[str, str], join_secret: str | None) -> None:
+    """A :class:`ConfigError` naming the worker (never the token) when a pre-issued join token is
+    shorter than :data:`MIN_SECRET_LENGTH`, or is the join secret itself: such a token could not be
+    revoked alone (the secret would still let its holder in) and would say nothing of who joined."""
+    for name, token in join_tokens.items():
+        check_length(token, f"the join token of {name!r}")
+        if join_secret is not None and hmac.compare_digest(_digest(token), _digest(join_secret)):
+            raise ConfigError(f"the join token of {name!r} is the join secret: give each worker name "
+                              "its own token (revoking it must not lock out every worker)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +139,7 @@ class TokenAuthority:
                               "or pre-issued join tokens")
         if join_secret is not None:
             check_length(join_secret, "the join secret")
+        check_join_tokens(join_tokens or {}, join_secret)
         if operator_token is not None:
             check_length(operator_token, "the operator token")
         if operator_token is not None and operator_token in (join_secret, *(join_tokens or {}).values()):
