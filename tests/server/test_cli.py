@@ -48,6 +48,27 @@ def test_coordinator_refuses_a_short_join_token_or_one_equal_to_the_secret(
     assert "x" * 20 not in err
 
 
+def test_a_non_finite_initial_model_names_its_factory_and_first_bad_tensor(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # found by a tester: the refusal said "the initial model's tensor ... (--model)", not which
+    # factory of which run config built it
+    (tmp_path / "vca_nan_factory.py").write_text(
+        "import torch\n"
+        "def model():\n"
+        "    m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))\n"
+        "    with torch.no_grad():\n"
+        "        m[0].bias[1] = float('nan')\n"
+        "        m[1].weight[0, 0] = float('inf')\n"
+        "    return m\n")
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    assert main(["coordinator", "--model", "vca_nan_factory:model", "--app-dir", str(tmp_path),
+                 "--storage", "memory://nan-model", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert ("model factory 'vca_nan_factory:model' (seed 0) built an initial model whose tensor "
+            "'0.bias' is not finite (NaN or inf)") in err
+    assert err.count("\n") == 1
+
+
 def test_coordinator_without_a_model_factory(monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)

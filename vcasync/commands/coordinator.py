@@ -329,7 +329,7 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                           purpose=f"the coordinator's URL is written to {port_file} once it listens")
 
     from .._imports import import_object
-    from ..coordinator import Coordinator, CoordinatorConfig
+    from ..coordinator import Coordinator, CoordinatorConfig, first_non_finite
     from ..runconfig import dataclass_from_table
     from ..server import listen
     from ..server._auth import StorageTokenStore, TokenAuthority
@@ -344,6 +344,11 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     if not isinstance(module, torch.nn.Module):
         raise ConfigError(f"model factory {cfg.model!r} returned {type(module).__name__}, not an nn.Module")
     model = ModelState.from_module(module)
+    bad = first_non_finite(model.tensors)
+    if bad is not None:     # named here: the Coordinator's own check knows no factory
+        raise ConfigError(f"model factory {cfg.model!r} (seed {cfg.seed}) built an initial model whose "
+                          f"tensor {bad!r} is not finite (NaN or inf): every worker's trainer would "
+                          "fail on it; fix the factory's initialisation (nothing was started)")
     policy, policy_params = _policy(cfg)
     units = cfg.units.build()
     stop = asyncio.Event()

@@ -17,5 +17,6 @@ re-exported here; the modules beside them are private and may move:
 from __future__ import annotations
 
 from ._coordinator import Coordinator, CoordinatorConfig, Durability, StartOptions
+from ._model_owner import first_non_finite
 
-__all__ = ["Coordinator", "CoordinatorConfig", "Durability", "StartOptions"]
+__all__ = ["Coordinator", "CoordinatorConfig", "Durability", "StartOptions", "first_non_finite"]
