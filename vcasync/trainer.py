@@ -70,6 +70,7 @@ class TrainContext:
         self._lock = threading.Lock()
         self._steps_done = 0
         self._samples_done = 0
+        self._reported = False
         self._metrics: dict[str, float] = {}
 
     def __repr__(self) -> str:
@@ -92,10 +93,17 @@ class TrainContext:
                         **metrics: float) -> None:
         """Record progress; the worker's heartbeats carry it to the coordinator. Thread-safe, cheap."""
         with self._lock:
+            self._reported = True
             self._steps_done = max(0, int(steps_done))
             if samples_done is not None:
                 self._samples_done = max(0, int(samples_done))
             self._metrics.update({k: float(v) for k, v in metrics.items()})
+
+    @property
+    def progress_reported(self) -> bool:
+        """True once the trainer has called :meth:`report_progress` for this unit."""
+        with self._lock:
+            return self._reported
 
     @property
     def steps_done(self) -> int:
@@ -138,11 +146,16 @@ class TrainContext:
         """Wrap the trained module (or state dict) as a :class:`TrainResult`.
 
         ``steps``/``samples`` default to the last :meth:`report_progress`; metrics add to those reported.
+        A trainer that never reported progress and was not asked to stop trained the whole unit, as
+        its contract says: ``steps`` then defaults to ``unit.steps`` (nothing measured says 0). Asked
+        to stop, its steps are unknown: 0, and the worker hands the unit back instead of weighing it.
         """
         tensors = (ModelState.from_module(trained).tensors if isinstance(trained, torch.nn.Module)
                    else {k: v.detach().cpu() for k, v in trained.items()})
         with self._lock:
             all_metrics = {**self._metrics, **{k: float(v) for k, v in metrics.items()}}
+            if steps is None and not self._reported:
+                steps = 0 if self._stop.is_set() else self.unit.steps
             return TrainResult(tensors=tensors, steps=self._steps_done if steps is None else int(steps),
                                samples=self._samples_done if samples is None else int(samples),
                                metrics=all_metrics)

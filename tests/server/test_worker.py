@@ -21,6 +21,7 @@ from vcasync.retry import RetryPolicy
 from vcasync.server import Server, ServerConfig
 from vcasync.server._auth import TokenAuthority
 from vcasync.server._routes import HTTP_METRICS
+from vcasync.tensors import ModelState
 from vcasync.trainer import TrainContext, TrainResult
 from vcasync.worker import Worker, WorkerConfig, WorkerReport
 
@@ -663,3 +664,43 @@ def test_a_worker_config_that_could_never_work_is_refused_when_made(field: str, 
     with pytest.raises(ConfigError, match=match):
         WorkerConfig(**{field: value})  # type: ignore[arg-type]
     WorkerConfig(codec="zstd", max_units=1, keep_checkpoints=1)
+
+
+async def test_a_trainer_that_returns_a_plain_state_dict_without_reporting_progress(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by a tester: such a trainer's every unit was "the trainer returned after 0 steps" and
+    handed back as a trainer failure, as if 0 had been measured. It trained the whole unit (it was
+    not asked to stop): that is what counts, with one warning naming the trainer and the fix."""
+    def plain_trainer(ctx: TrainContext) -> dict[str, torch.Tensor]:
+        net = tiny_model()
+        ctx.model.load_into(net)
+        return {k: v + 0.5 for k, v in net.state_dict().items()}
+
+    async with running(tmp_path, units=make_units(3, steps=2)) as (_, server):
+        report = await asyncio.wait_for(worker(server.url, tmp_path / "w", plain_trainer).run(), 60)
+    assert report.reason == "finished"
+    assert (report.results_accepted, report.units_abandoned) == (3, 0)
+    warnings = [m for m in (r.getMessage() for r in caplog.records)
+                if "does not call ctx.report_progress" in m]
+    assert len(warnings) == 1
+    assert warnings[0].startswith(
+        "trainer tests.server.test_worker:test_a_trainer_that_returns_a_plain_state_dict_without_reporting_"
+        "progress.<locals>.plain_trainer does not call ctx.report_progress: its results count as whole units "
+        "(2 steps for unit ")
+    assert "ctx.report_progress(step + 1)" in warnings[0]
+    assert "0 steps" not in caplog.text
+
+
+def test_an_unreported_result_counts_the_whole_unit_unless_asked_to_stop(tmp_path: Path) -> None:
+    stop = threading.Event()
+    unit = make_units(1, steps=5)[0]
+    ctx = TrainContext(unit=unit, lease_id="l", base_version=0, model=ModelState.from_module(tiny_model()),
+                       checkpoint_path=tmp_path / "ck", resumed=False, stop=stop)
+    assert not ctx.progress_reported
+    assert ctx.result(tiny_model()).steps == 5
+    assert ctx.result(tiny_model(), steps=3).steps == 3
+    stop.set()
+    assert ctx.result(tiny_model()).steps == 0           # stopped early: unknown, never weighed
+    ctx.report_progress(2)
+    assert ctx.progress_reported
+    assert ctx.result(tiny_model()).steps == 2

@@ -197,6 +197,7 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._accepted = self._refused = self._abandoned = self._units = 0
         self._trainer_failures = 0      # units this worker's trainer failed (raised, or a bad result)
+        self._warned_unreported = False  # the trainer's "no report_progress" warning is given once
 
     def __repr__(self) -> str:
         return f"Worker({self.url!r}, state_dir={str(self.state.root)!r})"
@@ -517,8 +518,11 @@ class Worker:
             self._abandoned += 1
             await asyncio.to_thread(self.state.finish_lease, grant.lease_id)
             return True
+        if not ctx.progress_reported:
+            self._warn_unreported(grant, result)
+        unknown = result.steps <= 0 and not ctx.progress_reported   # not measured: not "0 steps"
         partial = result.steps < grant.unit.steps
-        if self.stopping and partial and self.config.on_preempt == "checkpoint":
+        if self.stopping and partial and self.config.on_preempt == "checkpoint" and not unknown:
             log.info("preempted after %d/%d steps of unit %s; the lease and checkpoint stay in %s",
                      result.steps, grant.unit.steps, grant.unit.unit_id, self.state.where)
             raise _Stopped
@@ -526,6 +530,11 @@ class Worker:
             # Nothing to send (a result needs at least one step): hand the unit back at once
             # instead of uploading something the coordinator must refuse.
             if self.stopping:
+                if unknown:
+                    log.info("stopped during unit %s; the trainer reports no progress, so the steps it "
+                             "did are unknown: releasing its lease", grant.unit.unit_id)
+                    await self._release(grant, "stopped; the trainer reported no progress", failed=False)
+                    return True
                 log.info("preempted before the first step of unit %s; releasing its lease",
                          grant.unit.unit_id)
                 await self._release(grant, "preempted before the first step", failed=False)
@@ -545,6 +554,21 @@ class Worker:
         await self._deliver(grant, base, result, partial=partial)
         self._units += 1
         return True
+
+    def _warn_unreported(self, grant: LeaseGrant, result: TrainResult) -> None:
+        """Once per worker: the trainer never calls ``ctx.report_progress``, so what the worker and
+        the coordinator say of its steps is not measured (see docs/trainer.md)."""
+        if self._warned_unreported:
+            return
+        self._warned_unreported = True
+        t = self.trainer
+        name = f"{getattr(t, '__module__', None) or '?'}:{getattr(t, '__qualname__', type(t).__name__)}"
+        counted = (f"its results count as whole units ({grant.unit.steps} steps for unit "
+                   f"{grant.unit.unit_id}) unless it passes steps= to ctx.result"
+                   if result.steps > 0 else "its steps are unknown when it is stopped early")
+        log.warning("trainer %s does not call ctx.report_progress: %s, and its heartbeats show no "
+                    "progress; call ctx.report_progress(step + 1) after each step (see "
+                    "docs/trainer.md)", name, counted)
 
     async def _train(self, grant: LeaseGrant, ctx: TrainContext, lost: asyncio.Event) -> TrainResult:
         """The trainer, with heartbeats flowing beside it until it returns."""
