@@ -99,3 +99,29 @@ def test_the_rate_limit_counts_what_it_left_out(caplog: pytest.LogCaptureFixture
         routine.note(status=410, code="run_finished", message="done", route="lease", worker="w",
                      peer=None, lease=None)
     assert caplog.records[-1].levelno == logging.INFO
+
+
+def test_a_flood_from_many_addresses_is_limited_globally_and_summed_up(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # found by a tester: 10,000 refusals from 10,000 fresh addresses logged 10,000 lines (each
+    # address a caller of its own); now at most max_lines a window, then one summary line
+    now = [0.0]
+    refusals = RefusalLog(window_s=60.0, max_lines=5, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, "vcasync.server"):
+        for i in range(10_000):
+            refusals.note(status=401, code="unauthorized", message="m", route="join", worker=None,
+                          peer=f"10.0.{i // 256}.{i % 256}", lease=None)
+        for i in range(3):
+            refusals.note(status=404, code="not_found", message="m", route="GET /x", worker=None,
+                          peer=f"10.1.0.{i}", lease=None)
+        assert len(server_lines(caplog)) == 5           # the window's lines, nothing more yet
+        now[0] = 61.0
+        refusals.note(status=401, code="unauthorized", message="m", route="join", worker=None,
+                      peer="10.2.0.1", lease=None)
+    lines = [r.getMessage() for r in caplog.records if r.name == "vcasync.server"]
+    assert len(lines) == 7
+    assert lines[5] == ("9998 more refusals suppressed (over 5 lines in 60s): by reason unauthorized 9995, "
+                        "not_found 3")
+    assert "peer 10.2.0.1" in lines[6]                  # a new window logs again
+    # every refusal is counted once, logged or not
+    assert (refusals.logged, refusals.left_out, refusals.suppressed) == (6, 0, 9998)

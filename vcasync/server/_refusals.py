@@ -4,14 +4,22 @@ Every refusal is worth one line an operator can act on: the reason code, the rou
 before authentication, the peer address) and the lease, never a credential. A broken or hostile
 worker repeats the same refusal many times a second, so each (code, route, caller) logs its first
 refusal at once and then at most one line per ``window_s`` that counts what was left out; past
-``max_keys`` callers tracked, the table starts over (a flood of fresh addresses costs a line each
-window at most per key, and memory stays bounded).
+``max_keys`` callers tracked, the table starts over, so memory stays bounded.
+
+A flood from many fresh addresses (each its own caller) would still cost a line per address, so on
+top of that the whole log holds at most ``max_lines`` refusal lines per ``window_s``: past them,
+refusals are only counted, by reason code, and the first refusal after the window ends logs one
+summary line first (``K more refusals suppressed (over 50 lines in 60s): by reason unauthorized
+9950, not_found 3``). The counters (:attr:`RefusalLog.logged`,
+:attr:`~RefusalLog.left_out`, :attr:`~RefusalLog.suppressed`) and the HTTP metrics, which count every
+answer by route and status apart from this log, lose nothing.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,25 +42,40 @@ class _Seen:
 class RefusalLog:
     """Logs 4xx answers, rate-limited per (code, route, caller); see the module docstring."""
 
-    def __init__(self, *, window_s: float = 60.0, max_keys: int = 10_000,
+    def __init__(self, *, window_s: float = 60.0, max_keys: int = 10_000, max_lines: int = 50,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.window_s = window_s
         self.max_keys = max_keys
+        self.max_lines = max_lines
         self._clock = clock
         self._seen: dict[tuple[str, str, str], _Seen] = {}
+        self._window_start = clock()
+        self._lines = 0                                 # refusal lines logged in this window
+        self._suppressed: Counter[str] = Counter()      # code -> refusals over max_lines, this window
+        #: Refusal lines logged; refusals left out by the per-caller limit; refusals left out by the
+        #: global ``max_lines`` limit (each counted in exactly one of the three).
         self.logged = 0
         self.left_out = 0
+        self.suppressed = 0
 
     def note(self, *, status: int, code: str, message: str, route: str, worker: str | None,
              peer: str | None, lease: str | None) -> None:
         caller = f"worker {worker}" if worker else f"peer {peer or '?'}"
         key = (code, route, caller)
         now = self._clock()
+        if now - self._window_start >= self.window_s:
+            self._end_window(now)
         seen = self._seen.get(key)
         if seen is not None and now - seen.logged_at < self.window_s:
             seen.left_out += 1
             self.left_out += 1
             return
+        if self._lines >= self.max_lines:
+            # counted, not logged (nor remembered: this caller's next refusal may get a line)
+            self._suppressed[code] += 1
+            self.suppressed += 1
+            return
+        self._lines += 1
         if seen is None and len(self._seen) >= self.max_keys:
             self._seen.clear()
         left_out = 0 if seen is None else seen.left_out
@@ -63,3 +86,14 @@ class RefusalLog:
                 if left_out else "")
         log.log(level, "refused %s from %s%s: %d %s: %s%s", route, caller,
                 f" (lease {lease})" if lease else "", status, code, message[:300], more)
+
+    def _end_window(self, now: float) -> None:
+        """Start a new window of ``max_lines``, after one summary line of what the last one left out."""
+        if self._suppressed:
+            total = sum(self._suppressed.values())
+            reasons = ", ".join(f"{code} {n}" for code, n in self._suppressed.most_common())
+            log.warning("%d more refusals suppressed (over %d lines in %.0fs): by reason %s",
+                        total, self.max_lines, self.window_s, reasons)
+            self._suppressed.clear()
+        self._window_start = now
+        self._lines = 0
