@@ -84,3 +84,47 @@ def test_the_language_model_trains_in_the_simulator_and_is_judged_by_validation_
     assert s["final_loss"] == pytest.approx(last[4])
     sync = s["sync"]["evals"]  # type: ignore[index]
     assert sync[-1][3] < sync[0][3] - 0.3
+
+
+def test_a_baseline_that_rose_and_fell_back_sets_no_target_and_prices_no_saving() -> None:
+    # 64 identical workers' synchronous SGD at the searched rate 0.1 on digits rose to 84 %, fell to
+    # 12 % and ended at 55 %: the fleet was priced against a 54.5 % target. Here a real run's
+    # baseline curve is bent the same way after the fact: the report must refuse to use it.
+    from dataclasses import replace
+
+    from vcasync.sim.report import held
+
+    out = Simulation(SimConfig(fleet=FleetConfig.identical(4), preemption=NoPreemption(), epochs=2,
+                               seed=3, eval_points=10)).run()
+    assert out.sync is not None
+    assert held(out.sync.evals, "accuracy")           # the run as trained kept what it learned
+    assert summarize(out)["target"] is not None
+    evals = out.sync.evals
+    peak = max(p.accuracy for p in evals)
+    evals[-2] = replace(evals[-2], accuracy=0.12)     # the collapse ...
+    evals[-1] = replace(evals[-1], accuracy=peak - 0.3)   # ... and the climb back, unfinished
+    s = summarize(out)
+    assert s["baseline_learned"] is True
+    assert s["baseline_held"] is False
+    assert s["target"] is None
+    assert s["comparison"] is None
+    assert s["saving_at_target"] is None
+    assert s["target_missed"] is None                  # not the fleet's miss
+    assert "fell back" in s["target_withheld"]
+    assert f"to {peak - 0.3:.4g} at its end" in s["target_withheld"]
+    assert s["cost_full_run"]["saving"] is None
+
+
+def test_held_allows_noise_but_not_a_fall_and_judges_loss_the_other_way() -> None:
+    from vcasync.sim.records import EvalPoint
+    from vcasync.sim.report import held
+
+    def pts(*acc: float, loss: tuple[float, ...] = ()) -> list[EvalPoint]:
+        losses = loss or tuple(1.0 for _ in acc)
+        return [EvalPoint(float(i), i, i, a, lo) for i, (a, lo) in enumerate(zip(acc, losses, strict=True))]
+
+    assert held(pts(0.1, 0.9, 0.86), "accuracy")        # 4 points below its best: noise
+    assert not held(pts(0.1, 0.9, 0.84), "accuracy")    # 6 points: fell back
+    assert held(pts(0, 0, 0, loss=(3.0, 1.0, 1.04)), "loss")
+    assert not held(pts(0, 0, 0, loss=(3.0, 1.0, 1.06)), "loss")
+    assert not held(pts(0, 0, loss=(3.0, float("nan"))), "loss")

@@ -52,3 +52,38 @@ def test_a_search_over_several_seeds_scores_each_rate_by_its_mean() -> None:
             assert math.isclose(row[f"{side}_validation"], sum(per_seed) / 2)
     assert found["lr"] == best_rate(found["grid"], "fleet_validation", "accuracy")
     assert found["sync_lr"] == best_rate(found["grid"], "sync_validation", "accuracy")
+
+
+def test_a_run_that_collapsed_and_climbed_back_scores_its_collapse_not_its_end() -> None:
+    # scoring the final point chose 64 identical workers' synchronous rate 0.1 on digits: its runs
+    # rose to 84-89 %, fell to 12-43 % and were climbing back at the end, scoring 90-97 % on the
+    # search seeds while 4 of 5 reported seeds ended mid-collapse
+    from bench.convergence import search_score
+    from vcasync.sim.records import EvalPoint
+
+    def pts(*acc: float) -> list[EvalPoint]:
+        return [EvalPoint(float(i), i, i, a, 1.0 / (a + 0.01)) for i, a in enumerate(acc)]
+
+    assert search_score(pts(0.1, 0.5, 0.9, 0.93), "accuracy") == 0.93        # held: its end
+    assert search_score(pts(0.1, 0.89, 0.43, 0.12, 0.5, 0.88), "accuracy") == 0.12   # climbed back
+    assert search_score(pts(0.1, 0.9, 0.86, 0.91), "accuracy") == 0.91        # 4 points: noise
+    losses = [EvalPoint(float(i), i, i, 0.0, lo) for i, lo in enumerate((3.0, 1.0, 2.5, 1.02))]
+    assert search_score(losses, "loss") == 2.5
+    nan = [EvalPoint(float(i), i, i, 0.0, lo) for i, lo in enumerate((3.0, 1.0, math.nan))]
+    assert search_score(nan, "loss") == math.inf
+
+
+def test_the_fleet_is_searched_under_its_cells_preemptions() -> None:
+    # the cells' conditions reach every search run: a fleet preempted at 100 %/h on 2 workers
+    # scores differently from the same fleet unpreempted, the synchronous side the same
+    from bench.convergence import cell_conditions, search_lr
+
+    shape = {"policy": "vcasgd", "policy_params": {"alpha": 0.5}}
+    calm = search_lr("digits", 2, 2, None, shape=shape, seeds=(1000,))
+    where = cell_conditions("digits", 2, 1.0, epochs=2, hours=5.0, identical=True)
+    stormy = search_lr("digits", 2, 2, None, shape=shape, conditions=where, seeds=(1000,))
+    by_lr = {r["lr"]: r for r in calm["grid"]}
+    common = [r for r in stormy["grid"] if r["lr"] in by_lr]
+    assert common
+    assert all(r["sync_validation"] == by_lr[r["lr"]]["sync_validation"] for r in common)
+    assert any(r["fleet_validation"] != by_lr[r["lr"]]["fleet_validation"] for r in common)
