@@ -489,3 +489,29 @@ def test_the_wall_time_of_a_fleet_stopped_at_the_limit_says_the_limit_and_the_st
     _print_summary(rep, [])
     line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("wall time   "))
     assert "20 s (fleet) + 51 s (DDP)" in line
+
+
+def test_a_ddp_run_that_rose_and_fell_back_sets_no_target_and_prices_no_saving(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the simulator's 64-worker DDP rose to 84 %, fell to 12 % and ended at 55 %, and the fleet was
+    # priced against a 54.5 % target; a real DDP run at the edge of stability gets the same refusal
+    slots = [_slot(0, [(0.0, 200.0)], [1], tmp_path), _slot(1, [(0.0, 200.0)], [2], tmp_path)]
+    run = _run(tmp_path, [], slots)
+    run.accuracy = [(60.0, 3, 2, 0.5, 1.0), (150.0, 9, 4, 0.95, 0.2)]
+    ddp = _ddp(2, [(5.0, 0, 0.1, 2.3), (50.0, 1000, 0.84, 0.5), (70.0, 1500, 0.12, 5.0),
+                   (100.0, 2000, 0.55, 1.4)])
+    rep = build_report(run, ddp, T0_WALL)
+    c = rep["cost"]
+    assert c["target"] is None
+    assert rep["saving"] is None
+    assert "fell back from its best accuracy 0.84 to 0.55" in c["target_withheld"]
+    assert "--sync-lr" in c["target_withheld"]
+    from vcasync.demo.cli import _print_summary
+
+    _print_summary(rep, [])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("target"))
+    assert "none, so no saving: the synchronous baseline fell back" in line
+    never = _ddp(2, [(5.0, 0, 0.1, 2.3), (100.0, 2000, 0.12, 2.2)])     # it did not learn at all
+    assert "did not learn" in build_report(run, never, T0_WALL)["cost"]["target_withheld"]
+    held = _ddp(2, [(5.0, 0, 0.1, 2.3), (50.0, 1000, 0.96, 0.2), (100.0, 2000, 0.95, 0.2)])
+    assert build_report(run, held, T0_WALL)["cost"]["target"]["value"] == pytest.approx(0.945)

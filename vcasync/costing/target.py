@@ -13,6 +13,10 @@ This is the headline's arithmetic, kept pure (numbers in, numbers out) so every 
 * **The asynchronous side** pays its workers at the spot price (optionally a price that moves, see
   :mod:`vcasync.costing.market`) and one coordinator at the on-demand price from its start to the target.
 * **The DDP side** pays ``N`` on-demand machines from start to its own time to target.
+* **A baseline that cannot set a target** (:func:`baseline_problem`): one that did not learn (5
+  points of accuracy, or 5 % of its first loss) or fell back (its end 5 points, or 5 %, worse than
+  its best evaluation: a learning rate at the edge of stability) sets no target and prices no
+  saving: its final quality is the initial model's, or a point in a collapse.
 * **Saving** = ``1 - async / DDP``. A run that never reaches the target has no cost to target: its
   saving is ``None``, and :func:`summarize_savings` counts it as a miss, never dropping it: the mean
   is labelled "n of m seeds reached" and the interval is unbounded below
@@ -38,6 +42,7 @@ __all__ = [
     "Span",
     "Target",
     "async_cost",
+    "baseline_problem",
     "billed_usd",
     "ddp_cost",
     "summarize_savings",
@@ -81,6 +86,46 @@ class Target:
     def as_dict(self) -> dict[str, object]:
         return {"metric": self.metric, "value": self.value, "reference": self.reference,
                 "tolerance": self.tolerance}
+
+
+#: How far a baseline must move from its first evaluation to have learned, and how far its end may
+#: lie from its best before it "fell back": points of accuracy, or a fraction of loss.
+BASELINE_ACCURACY_POINTS = 5.0
+BASELINE_LOSS_FRACTION = 0.05
+
+
+def learned(values: Sequence[float], metric: Metric) -> bool:
+    """Whether a curve (evaluations in order) learned: 5 points of accuracy, or 5 % of its first loss."""
+    first, last = values[0], values[-1]
+    if metric == "accuracy":
+        return last > first + BASELINE_ACCURACY_POINTS / 100.0
+    return last < (1.0 - BASELINE_LOSS_FRACTION) * first
+
+
+def held(values: Sequence[float], metric: Metric) -> bool:
+    """Whether a curve kept what it learned: its last evaluation within 5 points of accuracy (or 5 %
+    of loss) of its best one. One that rose and fell back ends at a point in its collapse."""
+    last = values[-1]
+    if metric == "accuracy":
+        return last >= max(values) - BASELINE_ACCURACY_POINTS / 100.0
+    best = min(values)
+    return math.isfinite(best) and last <= best * (1.0 + BASELINE_LOSS_FRACTION)
+
+
+def baseline_problem(values: Sequence[float], metric: Metric, *,
+                     rate: str = "its learning rate") -> str | None:
+    """Why a baseline's curve (its evaluations in order, accuracy or loss) cannot set a target, or
+    None when it can: it did not learn, or it fell back from its best. ``rate``: what the message
+    tells the user to check (a tool's flag, ``--sync-lr``)."""
+    if not values or not learned(values, metric):
+        return (f"the synchronous baseline did not learn (check {rate}), so a target "
+                "derived from its final quality means nothing")
+    if not held(values, metric):
+        best = max(values) if metric == "accuracy" else min(values)
+        return (f"the synchronous baseline fell back from its best {metric} {best:.4g} to "
+                f"{values[-1]:.4g} at its end (a learning rate at the edge of stability: check "
+                f"{rate}), so its final quality is no target a user would train to")
+    return None
 
 
 def time_to_target(curve: Iterable[tuple[float, float]], target: Target) -> float | None:

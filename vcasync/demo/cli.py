@@ -279,6 +279,8 @@ def _print_summary(r: dict[str, Any], paths: list[Path]) -> None:
           if by_loss else []),
         f"  final test accuracy     {_score(r['final_accuracy'])}   {ddp} {r['ddp_accuracy']:.3f}){late}",
     ]
+    if c.get("target_withheld"):
+        lines.append(f"  target                  none, so no saving: {c['target_withheld']}")
     if c.get("target") is not None:
         a, d, t = c["async"], c["ddp"], c["target"]
         # "n of m seeds reached" on every saving (vcasync.costing.spread's rule): here m is 1

@@ -20,7 +20,16 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..costing.target import Comparison, Span, Target, async_cost, ddp_cost, summarize_savings, time_to_target
+from ..costing.target import (
+    Comparison,
+    Span,
+    Target,
+    async_cost,
+    baseline_problem,
+    ddp_cost,
+    summarize_savings,
+    time_to_target,
+)
 from ..examples.workloads import get_workload
 from .ddp import DdpResult
 from .procs import Slot
@@ -106,6 +115,12 @@ def headline(run: DemoRun, ddp: DdpResult | None, *, lost: Sequence[LostSpan] = 
         target = Target.from_baseline("loss", ddp.final_loss, loss_fraction=LOSS_TOLERANCE)
         fleet_curve = [(p[0], p[2] or 0, p[4]) for p in run.curve()]
         ddp_curve = [(p[0], p[1], p[3]) for p in ddp.points]
+    # a DDP run that did not learn or fell back from its best sets no target: its final quality is
+    # the initial model's or a point in a collapse, and a saving against it says nothing
+    why = baseline_problem([v for _, _, v in sorted(ddp_curve, key=lambda p: p[0])], metric,
+                           rate="--sync-lr")
+    if why is not None:
+        return out | {"saving": None, "target": None, "target_withheld": why}
     t_async = time_to_target(((t, v) for t, _, v in fleet_curve), target)
     t_ddp = time_to_target(((t, v) for t, _, v in ddp_curve), target)
     # Samples each side had trained on when it first reached the target (the fleet: merged units x

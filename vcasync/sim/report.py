@@ -31,7 +31,17 @@ from pathlib import Path
 from typing import Any
 
 from ..costing.prices import InstancePrice
-from ..costing.target import Comparison, Metric, Span, Target, async_cost, ddp_cost
+from ..costing.target import (
+    Comparison,
+    Metric,
+    Span,
+    Target,
+    async_cost,
+    baseline_problem,
+    ddp_cost,
+    learned,
+)
+from ..costing.target import held as held_curve
 from .engine import SimOutcome
 from .fleet import TracePreemption
 from .records import EvalPoint
@@ -54,11 +64,8 @@ def time_to_target(evals: Sequence[EvalPoint], target: float, metric: Metric = "
 
 
 def _learned(evals: Sequence[EvalPoint], metric: Metric) -> bool:
-    """Whether a run learned at all: 5 points of accuracy, or 5 % of its first loss."""
-    first, last = evals[0], evals[-1]
-    if metric == "accuracy":
-        return last.accuracy > first.accuracy + 0.05
-    return last.loss < 0.95 * first.loss
+    """Whether a run learned at all (:func:`vcasync.costing.target.learned`)."""
+    return learned([quality(p, metric) for p in evals], metric)
 
 
 def lost_seconds(spans: Sequence[tuple[float, float]], until_s: float | None) -> float:
@@ -75,20 +82,9 @@ def _tolerance(metric: Metric, target: float, ref: float) -> str:
     return f"{100 * (target / ref - 1):.2f} % of loss"
 
 
-#: Why ``target`` is null when the baseline that would have set it did not learn.
-_NO_TARGET = ("the synchronous baseline did not learn (check --sync-lr), so a target derived from its "
-              "final quality means nothing")
-
-
 def held(evals: Sequence[EvalPoint], metric: Metric) -> bool:
-    """Whether a run kept what it learned: its last evaluation within 5 points of accuracy (or 5 %
-    of loss) of its best one. A run that rose and fell back (a learning rate at the edge of
-    stability) ends at a point in its collapse."""
-    last = evals[-1]
-    if metric == "accuracy":
-        return last.accuracy >= max(p.accuracy for p in evals) - 0.05
-    best = min(p.loss for p in evals)
-    return last.loss <= best * 1.05 if math.isfinite(best) else False
+    """Whether a run kept what it learned (:func:`vcasync.costing.target.held`)."""
+    return held_curve([quality(p, metric) for p in evals], metric)
 
 
 def _baseline_learned(out: SimOutcome) -> bool | None:
@@ -106,18 +102,12 @@ def _baseline_held(out: SimOutcome) -> bool | None:
 
 
 def _baseline_unusable(out: SimOutcome) -> str | None:
-    """Why the synchronous baseline cannot set a target or price a saving; None when it can."""
-    if _baseline_learned(out) is False:
-        return _NO_TARGET
-    if _baseline_held(out) is False:
-        assert out.sync is not None
-        evals, metric = out.sync.evals, out.metric
-        best = (max(p.accuracy for p in evals) if metric == "accuracy"
-                else min(p.loss for p in evals))
-        return (f"the synchronous baseline fell back from its best {metric} {best:.4g} to "
-                f"{quality(evals[-1], metric):.4g} at its end (a learning rate at the edge of "
-                "stability: check --sync-lr), so its final quality is no target a user would train to")
-    return None
+    """Why the synchronous baseline cannot set a target or price a saving; None when it can
+    (:func:`vcasync.costing.target.baseline_problem`)."""
+    if out.sync is None or not out.sync.evals:
+        return None
+    return baseline_problem([quality(p, out.metric) for p in out.sync.evals], out.metric,
+                            rate="--sync-lr")
 
 
 def _costs(out: SimOutcome, until_s: float | None, sync_until_s: float | None) -> dict[str, Any]:
