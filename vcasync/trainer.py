@@ -97,7 +97,7 @@ class TrainContext:
             self._steps_done = max(0, int(steps_done))
             if samples_done is not None:
                 self._samples_done = max(0, int(samples_done))
-            self._metrics.update({k: float(v) for k, v in metrics.items()})
+            self._metrics.update(_metric_values(metrics))
 
     @property
     def progress_reported(self) -> bool:
@@ -153,9 +153,26 @@ class TrainContext:
         tensors = (ModelState.from_module(trained).tensors if isinstance(trained, torch.nn.Module)
                    else {k: v.detach().cpu() for k, v in trained.items()})
         with self._lock:
-            all_metrics = {**self._metrics, **{k: float(v) for k, v in metrics.items()}}
+            all_metrics = {**self._metrics, **_metric_values(metrics)}
             if steps is None and not self._reported:
                 steps = 0 if self._stop.is_set() else self.unit.steps
             return TrainResult(tensors=tensors, steps=self._steps_done if steps is None else int(steps),
                                samples=self._samples_done if samples is None else int(samples),
                                metrics=all_metrics)
+
+
+def _metric_values(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """``metrics`` as floats; a value that is not a number is refused, naming the metric."""
+    out: dict[str, float] = {}
+    for name, value in metrics.items():
+        try:
+            out[name] = float(value)
+        except (TypeError, ValueError, RuntimeError):   # RuntimeError: a tensor of several elements
+            raise TypeError(f"metric {name!r} = {_short_repr(value)} is not a number") from None
+    return out
+
+
+def _short_repr(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({type(value).__name__})"
+

@@ -425,6 +425,10 @@ def _nan_metric(ctx: TrainContext, sd: dict[str, torch.Tensor]) -> TrainResult:
     return ctx.result(sd, steps=ctx.unit.steps, loss=float("nan"))
 
 
+def _not_a_number(ctx: TrainContext, sd: dict[str, torch.Tensor]) -> TrainResult:
+    return ctx.result(sd, steps=ctx.unit.steps, loss="abc")  # type: ignore[arg-type]
+
+
 def _too_many_steps(ctx: TrainContext, sd: dict[str, torch.Tensor]) -> TrainResult:
     return ctx.result(sd, steps=ctx.unit.steps * 10)
 
@@ -444,6 +448,7 @@ def _missing(ctx: TrainContext, sd: dict[str, torch.Tensor]) -> TrainResult:
 @pytest.mark.parametrize("upload", ["delta", "weights"])
 @pytest.mark.parametrize(("mistake", "message"), [
     (_nan_metric, "metric 'loss' is nan: metrics must be finite numbers"),
+    (_not_a_number, "metric 'loss' = 'abc' is not a number"),
     (_too_many_steps, "the result claims 20 steps; unit e0-s0 has 2"),
     (_wrong_shape, "tensor '0.bias' has shape (2,), the model has (3,)"),
     (_float64, "tensor '0.weight' has dtype torch.float64, the model has torch.float32"),
@@ -704,3 +709,22 @@ def test_an_unreported_result_counts_the_whole_unit_unless_asked_to_stop(tmp_pat
     ctx.report_progress(2)
     assert ctx.progress_reported
     assert ctx.result(tiny_model()).steps == 2
+
+
+def _context(tmp_path: Path) -> TrainContext:
+    return TrainContext(unit=make_units(1, steps=5)[0], lease_id="l", base_version=0,
+                        model=ModelState.from_module(tiny_model()), checkpoint_path=tmp_path / "ck",
+                        resumed=False, stop=threading.Event())
+
+
+@pytest.mark.parametrize("value", ["abc", None, [1.0], torch.ones(3)])
+def test_a_metric_that_is_not_a_number_is_refused_naming_it(tmp_path: Path, value: object) -> None:
+    """report_progress and result name the metric and its value (they once raised float()'s bare
+    "could not convert string to float: 'abc'", naming no metric)."""
+    ctx = _context(tmp_path)
+    with pytest.raises(TypeError, match=r"^metric 'loss' = .* is not a number$"):
+        ctx.report_progress(1, loss=value)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^metric 'acc' = .* is not a number$"):
+        ctx.result(tiny_model(), acc=value)  # type: ignore[arg-type]
+    ctx.report_progress(1, loss=torch.tensor(0.5), acc=1)       # numbers of any kind still count
+    assert ctx.result(tiny_model()).metrics == {"loss": 0.5, "acc": 1.0}
