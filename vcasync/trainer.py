@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,7 +122,10 @@ class TrainContext:
 
         A restarted worker that resumes the same lease gets it back from :meth:`load_checkpoint`;
         with a remote worker state, on whatever machine it restarts (it returns once stored there).
+        Anything ``torch.load(weights_only=True)`` could not read back (a numpy array, an object) is
+        refused here with a :class:`TypeError` naming its place, not found unreadable at a resume.
         """
+        _check_checkpoint(state)
         tmp = self._checkpoint_path.with_name(f".{self._checkpoint_path.name}.tmp")
         torch.save(dict(state), tmp)
         os.replace(tmp, self._checkpoint_path)
@@ -176,3 +180,39 @@ def _short_repr(value: object, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({type(value).__name__})"
 
+
+# What ``torch.load(weights_only=True)`` reads back on every supported torch (>= 2.2): exact types,
+# so a dict or tuple subclass (defaultdict, a namedtuple), a numpy scalar or an IntEnum is refused.
+_CHECKPOINT_LEAVES: frozenset[type] = frozenset({
+    torch.Tensor, torch.nn.Parameter, str, int, float, bool, type(None), torch.Size, torch.dtype})
+_CHECKPOINT_SEQUENCES: frozenset[type] = frozenset({list, tuple})
+_CHECKPOINT_MAPPINGS: frozenset[type] = frozenset({dict, OrderedDict})
+
+
+def _check_checkpoint(state: Mapping[str, Any]) -> None:
+    """Refuse what a ``weights_only`` load cannot read back, naming where it sits in ``state``."""
+    stack: list[tuple[str, object]] = [(f"[{k!r}]", v) for k, v in state.items()]
+    stack.extend((f" key {k!r}", k) for k in state)
+    seen: set[int] = set()
+    while stack:
+        where, value = stack.pop()
+        kind = type(value)
+        if kind in _CHECKPOINT_LEAVES:
+            continue
+        if kind not in _CHECKPOINT_SEQUENCES and kind not in _CHECKPOINT_MAPPINGS:
+            raise TypeError(
+                f"checkpoint value state{where} is a {kind.__module__}.{kind.__qualname__}, which "
+                "torch.load(weights_only=True) cannot read back on resume; a checkpoint holds only "
+                "tensors, str, int, float, bool, None, torch dtypes and sizes, and lists, tuples and "
+                "dicts of them: convert it (a numpy array: torch.from_numpy(a); an RNG state: see "
+                "'Checkpoints' in docs/trainer.md)")
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if kind in _CHECKPOINT_MAPPINGS:
+            assert isinstance(value, dict)
+            stack.extend((f"{where}[{k!r}]", v) for k, v in value.items())
+            stack.extend((f"{where} key {k!r}", k) for k in value)
+        else:
+            assert isinstance(value, (list, tuple))
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))

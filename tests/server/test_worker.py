@@ -5,13 +5,16 @@ forgot our token, results spooled and re-sent, trainers that fail or ignore the 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
+import re
 import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -728,3 +731,33 @@ def test_a_metric_that_is_not_a_number_is_refused_naming_it(tmp_path: Path, valu
         ctx.result(tiny_model(), acc=value)  # type: ignore[arg-type]
     ctx.report_progress(1, loss=torch.tensor(0.5), acc=1)       # numbers of any kind still count
     assert ctx.result(tiny_model()).metrics == {"loss": 0.5, "acc": 1.0}
+
+
+@pytest.mark.parametrize(("extra", "where", "kind"), [
+    ({"np_rng": np.random.get_state()}, "state['np_rng'][1]", "numpy.ndarray"),
+    ({"opt": {"lrs": [0.1, np.float64(0.2)]}}, "state['opt']['lrs'][1]", "numpy.float64"),
+    ({"counts": collections.defaultdict(int)}, "state['counts']", "collections.defaultdict"),
+    ({"by": {np.int64(3): 1}}, "state['by'] key np.int64(3)", "numpy.int64"),
+])
+def test_a_checkpoint_that_could_not_be_loaded_back_is_refused_when_saved(
+        tmp_path: Path, extra: dict[str, Any], where: str, kind: str) -> None:
+    """Once saved without a word and then dropped at the resume as 'unreadable (Weights only load
+    failed)': every checkpoint of such a trainer was useless, found only at a preemption."""
+    ctx = _context(tmp_path)
+    net = tiny_model()
+    with pytest.raises(TypeError, match=re.escape(f"checkpoint value {where} is a {kind}, which "
+                                                  "torch.load(weights_only=True) cannot read back")):
+        ctx.save_checkpoint({"model": net.state_dict(), "step": 3, **extra})
+    assert not (tmp_path / "ck").exists()
+    assert not list(tmp_path.iterdir())                      # no temp file left behind either
+    ok = {"model": net.state_dict(), "step": 3, "rng": torch.get_rng_state(), "none": None,
+          "np_rng": [torch.from_numpy(a) if isinstance(a, np.ndarray) else a
+                     for a in np.random.get_state()],
+          "meta": (torch.float16, torch.Size([2, 3]), True, "s", 1.5), "opt": torch.optim.SGD(
+              net.parameters(), lr=0.1, momentum=0.9).state_dict()}
+    ctx.save_checkpoint(ok)
+    back = ctx.load_checkpoint()
+    assert back is not None
+    assert back.keys() == ok.keys()
+    assert torch.equal(back["rng"], ok["rng"])
+    assert back["meta"] == ok["meta"]
