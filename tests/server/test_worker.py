@@ -761,3 +761,37 @@ def test_a_checkpoint_that_could_not_be_loaded_back_is_refused_when_saved(
     assert back.keys() == ok.keys()
     assert torch.equal(back["rng"], ok["rng"])
     assert back["meta"] == ok["meta"]
+
+
+def _sys_exit(ctx: TrainContext) -> TrainResult:
+    raise SystemExit(7)
+
+
+async def _async_sys_exit(ctx: TrainContext) -> TrainResult:
+    raise SystemExit("bye")
+
+
+def _ctrl_c(ctx: TrainContext) -> TrainResult:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(("trainer", "what"), [
+    (_sys_exit, "called sys.exit(7)"),
+    (_async_sys_exit, "called sys.exit('bye')"),
+    (_ctrl_c, "raised KeyboardInterrupt"),
+])
+async def test_a_trainer_that_exits_is_a_failed_unit_not_a_dead_worker(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, trainer: Callable[..., Any], what: str) -> None:
+    """A probe's trainer called sys.exit(): the worker process exited 7, its last log line "joined as
+    worker", the lease held until it timed out. Now a trainer failure: named, released, counted."""
+    async with running(tmp_path, units=make_units(2, steps=2)) as (coord, server):
+        with pytest.raises(TrainerError, match="failed 2 units in a row"):
+            await asyncio.wait_for(worker(server.url, tmp_path / "w", trainer,
+                                          max_trainer_failures=2).run(), 60)
+        name = f"{__name__}:{trainer.__qualname__}"
+        assert f"trainer failed on unit e0-s0: trainer {name} {what}" in caplog.text
+        assert "trainer failed on unit e0-s1: " in caplog.text      # the next unit was leased
+        counts = coord.status()["units"]
+        assert isinstance(counts, dict)
+        assert not counts.get("leased")                             # both released, none held
+        assert not (tmp_path / "w" / "lease.json").exists()

@@ -9,14 +9,15 @@ the trainer's checkpoint in its state dir (``on_preempt="checkpoint"``: a restar
 dir resumes the same lease while it is valid) or uploads a partial result weighted by the steps done
 (``"partial"``). A SIGKILL loses only the progress since the trainer's last checkpoint.
 
-Failures: a trainer that raises, or returns a result the coordinator would refuse (checked here
-before any upload: tensor names, shapes and dtypes, steps within the unit, finite metrics), releases
-its lease as a failure, which the coordinator attributes to this worker. It answers a worker that
-keeps failing with a back-off (:class:`WorkerBackoffError`: the worker waits that long before it
-leases again, so the unit goes to another worker) and then a quarantine
-(:class:`WorkerQuarantinedError`: the worker stops with that message). After
-``max_trainer_failures`` in a row the worker stops by itself with a :class:`TrainerError`; so does
-one that hears the run is finished when its trainer failed every unit it got (none delivered).
+Failures: a trainer that raises (``sys.exit()`` in it included: the worker does not exit with it),
+or returns a result the coordinator would refuse (checked here before any upload: tensor names,
+shapes and dtypes, steps within the unit, finite metrics), releases its lease as a failure, which
+the coordinator attributes to this worker. It answers a worker that keeps failing with a back-off
+(:class:`WorkerBackoffError`: the worker waits that long before it leases again, so the unit goes to
+another worker) and then a quarantine (:class:`WorkerQuarantinedError`: the worker stops with that
+message). After ``max_trainer_failures`` in a row the worker stops by itself with a
+:class:`TrainerError`; so does one that hears the run is finished when its trainer failed every
+unit it got (none delivered).
 
 Outages: every call to the coordinator is retried with capped, jittered backoff while it is down or
 restarting. Results are written to the state dir before upload and re-sent until acknowledged: the
@@ -506,6 +507,11 @@ class Worker:
             self._abandoned += 1
             await self._release(grant, f"trainer error: {exc}")
             raise
+        except _TrainerExited as exc:
+            log.error("trainer failed on unit %s: %s", grant.unit.unit_id, exc)
+            self._abandoned += 1
+            await self._release(grant, f"trainer error: {exc}")
+            return False
         except Exception as exc:
             log.error("trainer failed on unit %s: %r", grant.unit.unit_id, exc)
             self._abandoned += 1
@@ -561,8 +567,7 @@ class Worker:
         if self._warned_unreported:
             return
         self._warned_unreported = True
-        t = self.trainer
-        name = f"{getattr(t, '__module__', None) or '?'}:{getattr(t, '__qualname__', type(t).__name__)}"
+        name = _trainer_name(self.trainer)
         counted = (f"its results count as whole units ({grant.unit.steps} steps for unit "
                    f"{grant.unit.unit_id}) unless it passes steps= to ctx.result"
                    if result.steps > 0 else "its steps are unknown when it is stopped early")
@@ -580,12 +585,15 @@ class Worker:
             await asyncio.gather(beats, return_exceptions=True)
 
     async def _run_trainer(self, ctx: TrainContext) -> TrainResult:
-        if inspect.iscoroutinefunction(self.trainer):
-            out: Any = await self.trainer(ctx)
-        else:
-            out = await _in_daemon_thread(self.trainer, ctx)
-            if inspect.isawaitable(out):
-                out = await out
+        try:
+            if inspect.iscoroutinefunction(self.trainer):
+                out: Any = await self.trainer(ctx)
+            else:
+                out = await _in_daemon_thread(self.trainer, ctx)
+                if inspect.isawaitable(out):
+                    out = await out
+        except SystemExit as exc:   # sys.exit() in the trainer's code: its failure, not the worker's
+            raise _TrainerExited(_trainer_name(self.trainer), exc) from None
         if isinstance(out, TrainResult):
             return out
         if isinstance(out, (torch.nn.Module, Mapping)):
@@ -690,6 +698,27 @@ def _lock_wait(config: WorkerConfig) -> float:
     return config.grace_period_s + 10.0
 
 
+def _trainer_name(trainer: object) -> str:
+    """``module:qualname`` of a trainer, as its users wrote it on the command line."""
+    t = trainer
+    return f"{getattr(t, '__module__', None) or '?'}:{getattr(t, '__qualname__', type(t).__name__)}"
+
+
+class _TrainerExited(Exception):
+    """The trainer raised :class:`SystemExit` (``sys.exit``), or :class:`KeyboardInterrupt` in its
+    thread: a failure of that unit, counted as a trainer that raised, not an exit of the worker.
+    Private: it never leaves :meth:`Worker._work`, which logs it and releases the lease."""
+
+    def __init__(self, trainer: str, exc: SystemExit | KeyboardInterrupt) -> None:
+        if isinstance(exc, SystemExit):
+            code = repr(exc.code)
+            what = f"called sys.exit({code if len(code) <= 80 else code[:80] + '...'})"
+        else:
+            what = "raised KeyboardInterrupt"
+        super().__init__(f"trainer {trainer} {what}; a trainer returns a result or raises an exception, "
+                         "it must not exit the worker: counted as a failed unit")
+
+
 def _in_daemon_thread(fn: Callable[[TrainContext], Any], ctx: TrainContext) -> asyncio.Future[Any]:
     """Run a sync trainer in a daemon thread: a trainer that ignores ``should_stop`` cannot keep a
     preempted process alive past its grace period."""
@@ -707,6 +736,10 @@ def _in_daemon_thread(fn: Callable[[TrainContext], Any], ctx: TrainContext) -> a
     def body() -> None:
         try:
             outcome: tuple[bool, Any] = (True, fn(ctx))
+        except (SystemExit, KeyboardInterrupt) as exc:
+            # Only the trainer's code raises these in this thread (a real SIGINT or SIGTERM goes to
+            # the main thread): a trainer failure, which must not end the worker with its lease held.
+            outcome = (False, _TrainerExited(_trainer_name(fn), exc))
         except BaseException as exc:
             outcome = (False, exc)
         with contextlib.suppress(RuntimeError):  # the loop is gone: the worker gave up on this trainer
