@@ -9,7 +9,16 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["import_object"]
+__all__ = ["import_object", "split_ref"]
+
+
+def split_ref(ref: object, *, what: str) -> tuple[str, str]:
+    """``(module, attribute)`` of a ``"pkg.mod:name"`` reference, checked for its shape only (nothing
+    is imported: where it is imported may be another machine); a :class:`ConfigError` otherwise."""
+    mod_name, sep, attr = ref.partition(":") if isinstance(ref, str) else ("", "", "")
+    if not (sep and mod_name and attr):
+        raise ConfigError(f"{what} must look like 'package.module:function', got {ref!r}")
+    return mod_name, attr
 
 
 def import_object(ref: str, *, what: str, app_dir: Path | None = None) -> Any:
@@ -19,9 +28,7 @@ def import_object(ref: str, *, what: str, app_dir: Path | None = None) -> Any:
     ``vcasync`` runs as an installed console script, as uvicorn and gunicorn do. Every failure is a
     :class:`ConfigError` naming ``what`` the reference was for.
     """
-    mod_name, sep, attr = ref.partition(":")
-    if not sep or not mod_name or not attr:
-        raise ConfigError(f"{what} must look like 'package.module:function', got {ref!r}")
+    mod_name, attr = split_ref(ref, what=what)
     if app_dir is not None:
         path = str(app_dir.resolve())
         if path not in sys.path:

@@ -2,9 +2,11 @@
 inside a network namespace that has only loopback (``unshare --net``).
 
 A head with 2 CPUs and no ``spot`` resource. A fleet whose trainer does not import (its actor dies in
-its constructor) must end ``up --wait`` with ERROR, not hang; a fleet asking for ``spot`` stays
-pending, which ``up`` warns of and ``status`` reports within its bound; a second ``up`` with another
-spec is refused; ``down`` removes the pending actor at once. Prints one JSON object of what happened.
+its constructor) must end ``up --wait`` with ERROR, not hang, and ``up`` without ``--wait`` too, once
+the actor died (not exit 0); ``status`` then shows it dead and ``down`` removes it; a fleet asking
+for ``spot`` stays pending, which ``up`` warns of and ``status`` reports within its bound; a second
+``up`` with another spec is refused; ``down`` removes the pending actor at once. Prints one JSON
+object of what happened.
 """
 
 from __future__ import annotations
@@ -40,6 +42,13 @@ def main(work: Path) -> dict[str, Any]:
         return {
             "bad": cli("--namespace", "bad", *up, "--trainer", "nonexistent.mod:train", "--spot-resource", "",
                        "--wait", "--wait-timeout", "150"),
+            # found by a probe: `up` without --wait exited 0 with this fleet, then `status` and `down`
+            # said "no vcasync workers" once Ray dropped the dead actor's name
+            "dead_up": cli("--namespace", "dead", *up, "--trainer", "nonexistent.mod:train",
+                           "--spot-resource", ""),
+            "dead_status": cli("--namespace", "dead", "status"),
+            "dead_down": cli("--namespace", "dead", "down"),
+            "dead_after_down": cli("--namespace", "dead", "status"),
             "pending_up": cli("--namespace", "pend", *up, "--trainer", "vcasync.examples.digits:train"),
             "pending_status": cli("--namespace", "pend", "status"),
             "other_spec": cli("--namespace", "pend", "up", "--workers", "2", "--coordinator",

@@ -133,3 +133,56 @@ def test_up_checks_the_join_credential_as_the_worker_does(env: dict[str, str], p
     assert "Ray cluster" not in err             # refused before connecting
     for value in env.values():
         assert value not in err
+
+
+@pytest.mark.parametrize(("field", "value", "problem"), [
+    ("trainer", "nosuchmod", "trainer must look like 'package.module:function', got 'nosuchmod'"),
+    ("trainer", ":train", "trainer must look like 'package.module:function'"),
+    ("trainer", "mod:", "trainer must look like 'package.module:function'"),
+    ("state_root", "s3://b/p?aws_secret_access_key=SECRET123",
+     "state_root: option 'aws_secret_access_key' is a secret: pass it as a keyword argument or through "
+     "the standard credential chain, never in the URL"),
+    ("state_root", "nope://x", "state_root: no storage backend for the URL scheme 'nope'"),
+    ("state_root", "s3://b/p?bogus=1", "state_root: unknown option(s) bogus for 's3://b/p/worker-0?bogus=1'"),
+    ("state_root", "memory://w?x=1", "state_root: memory:// takes no options"),
+])
+def test_a_spec_the_worker_would_refuse_is_refused_before_the_cluster_is_touched(
+        field: str, value: str, problem: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a probe: `ray up --trainer nosuchmod ...` and a state root that `vcasync worker
+    --state` refuses (a secret in the query, an unknown scheme or option) started the actors, and
+    the secret was stored in Ray's key-value store and in every actor's spec."""
+    from vcasync.cli import main
+    from vcasync.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        RayWorkerSpec(**{"state_root": "s3://b/w", **WHERE, field: value})
+    assert problem in str(info.value)
+    assert "SECRET123" not in str(info.value)
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "abcdefghijklmnopqrstuvwxyz")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    flags = {"trainer": "m:f", "state_root": "s3://b/w", field: value}
+    assert main(["ray", "--address", "127.0.0.1:1", "up", "--workers", "1", "--coordinator",
+                 "http://127.0.0.1:8470", "--trainer", flags["trainer"],
+                 "--state-root", flags["state_root"]]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vcasync ray: configuration error: ")
+    assert problem in err
+    assert "Ray cluster" not in err             # refused before connecting
+    assert "SECRET123" not in err
+
+
+def test_up_waits_for_its_actors_to_be_constructed_but_not_for_unplaceable_ones() -> None:
+    """`up` exited 0 with a fleet whose trainer did not import: it now waits for the constructors."""
+    from vcasync.launch.ray import _GONE, _STARTING
+
+    starting = {0: {"index": 0, "state": "pending", "error": _STARTING}}
+    died = {0: {"index": 0, "state": "dead", "error": "ConfigError: trainer 'nosuchmod:train': cannot "
+                                                      "import 'nosuchmod'"}}
+    fleet = _fleet_reporting(starting, {0: {"index": 0, "state": "dead", "error": _GONE}}, starting, died)
+    assert fleet.wait_started(timeout_s=30, poll_s=0.01) == died
+    unplaceable = {0: {"index": 0, "state": "pending", "error": "cannot be placed: needs resource 'spot'"}}
+    t0 = time.monotonic()
+    assert _fleet_reporting(unplaceable).wait_started(timeout_s=30, poll_s=0.01) == unplaceable
+    assert time.monotonic() - t0 < 1
+    assert _fleet_reporting(starting).wait_started(timeout_s=0.2, poll_s=0.01) == starting  # bounded

@@ -163,6 +163,18 @@ def test_the_command_ends_and_explains_when_workers_die_or_cannot_be_placed(tmp_
     assert bad["rc"] == 1, bad
     assert bad["lines"][-1]["state"] == "dead", bad
     assert "nonexistent" in bad["lines"][-1]["error"], bad
+    dead = r["dead_up"]
+    assert dead["rc"] == 1, dead
+    assert dead["lines"][0] == {"running": [0]}, dead
+    assert (dead["lines"][-1]["state"], dead["lines"][-1]["index"]) == ("dead", 0), dead
+    assert "nonexistent" in dead["lines"][-1]["error"], dead
+    assert "worker(s) [0] died as they started" in dead["err"], dead
+    (st,) = r["dead_status"]["lines"]
+    assert (r["dead_status"]["rc"], st["state"]) == (0, "dead"), r["dead_status"]
+    assert "nonexistent" in st["error"], st
+    assert (r["dead_down"]["rc"], r["dead_down"]["lines"]) == (0, [{"stopped": [0]}]), r["dead_down"]
+    assert r["dead_after_down"]["rc"] == 2, r["dead_after_down"]
+    assert "no vcasync workers in the Ray namespace 'dead'" in r["dead_after_down"]["err"]
     up = r["pending_up"]
     assert (up["rc"], up["lines"]) == (0, [{"running": [0]}]), up
     assert "warning: Ray cannot place the workers: needs resource 'spot', which no alive node has" in (

@@ -13,7 +13,10 @@
 worker`` checks it (:func:`vcasync.cli.read_join_credential`) before ``up`` connects. ``up`` refuses a
 spec that differs from the fleet already running in the namespace (``down`` first to replace it;
 ``scale`` keeps the running spec), and warns when no node could take a worker (a resource or label no
-alive node has). ``up --wait`` stays until every worker is done, printing status changes; the exit
+alive node has). ``up`` waits (up to a minute) until its actors are constructed: one that died
+doing it (a trainer that does not import on the nodes) is printed and the exit status is ERROR.
+``status`` still shows such a dead worker (``dead``, ``error``: what its constructor raised) and
+``down`` removes it. ``up --wait`` stays until every worker is done, printing status changes; the exit
 status is OK when the run finished, ERROR when a worker failed or its actor died, INCOMPLETE when
 ``--wait-timeout`` passed first. No Ray cluster at ``--address`` is a configuration error.
 """
@@ -33,6 +36,9 @@ from ..errors import ConfigError, RunIncompleteError
 
 #: How long the driver waits for a Ray cluster's address to answer before it calls it absent.
 CONNECT_TIMEOUT_S = 10.0
+#: How long ``up`` (without ``--wait``) waits for its new actors to be constructed, so that one
+#: whose trainer does not import is reported (exit status ERROR) instead of a silent exit 0.
+STARTUP_WAIT_S = 60.0
 
 
 def _configure(p: argparse.ArgumentParser) -> None:
@@ -152,7 +158,20 @@ def _run(a: argparse.Namespace) -> int:
                       "pending until such a node joins ('vcasync ray down' removes them)",
                       file=sys.stderr, flush=True)
             if not a.wait:
-                return ExitCode.OK
+                if a.workers <= 0:
+                    return ExitCode.OK
+                # A trainer that does not import on the nodes kills each actor in its constructor:
+                # said here, not left to a 'status' run later.
+                started = fleet.wait_started(timeout_s=STARTUP_WAIT_S)
+                dead = {i: s for i, s in started.items() if s.get("state") == "dead"}
+                if not dead:
+                    return ExitCode.OK
+                for st in dead.values():
+                    print(json.dumps(_summary(st)), flush=True)
+                print(f"vcasync ray up: error: worker(s) {sorted(dead)} died as they started: "
+                      f"{next(iter(dead.values())).get('error')}; 'vcasync ray status' shows them, "
+                      "'vcasync ray down' removes them", file=sys.stderr, flush=True)
+                return ExitCode.ERROR
             try:
                 final = fleet.wait(timeout_s=a.wait_timeout, on_change=lambda _i, st: print(
                     json.dumps(_summary(st)), flush=True))

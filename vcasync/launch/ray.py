@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError
+from ..errors import BackendUnavailableError, ConfigError
 from ._fleet_state import FAILED, death_reason, fleet_done, placement_problem, spec_differences
 
 __all__ = ["FAILED", "RayFleet", "RayWorkerSpec", "actor_options", "ray_available", "shutdown_fleet"]
@@ -95,10 +95,13 @@ class RayWorkerSpec:
     env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        from .._imports import split_ref
         from ..worker._client import check_coordinator_url
 
         check_coordinator_url(self.coordinator, "coordinator")   # or every actor fails at its first call
+        split_ref(self.trainer, what="trainer")                   # imported on the nodes, not here
         _check_state_root(self.state_root)
+        _check_state_url(self.state_url(0))
         if not (self.grace_period_s > 0 and math.isfinite(self.grace_period_s)):  # NaN fails `<= 0` too
             raise ConfigError(f"grace_period_s must be a finite number > 0, got {self.grace_period_s!r}")
         if not (self.num_cpus >= 0 and self.num_gpus >= 0):
@@ -139,6 +142,23 @@ def _check_state_root(root: str) -> None:
                           "own working directory, on its own node, so a restarted worker would not find "
                           "its state; give an absolute path every node reaches (file:///shared/run1) or "
                           "an object store URL (s3://bucket/run1/workers)")
+
+
+def _check_state_url(url: str) -> None:
+    """Refuse what ``vcasync worker --state`` refuses (as it does: the same check), before any actor
+    starts or the spec is stored in the cluster: an unknown option, a secret in the URL, a scheme
+    without a backend. A backend whose package is missing here may be installed on the nodes: warned."""
+    from ..storage import available_backends, url_scheme
+    from ..worker._remote_state import check_state_url
+
+    try:
+        check_state_url(url)
+    except BackendUnavailableError as exc:
+        if url_scheme(url) not in available_backends():
+            raise ConfigError(f"state_root: {exc}") from None
+        log.warning("state_root not checked on this machine: %s", exc)
+    except ConfigError as exc:
+        raise ConfigError(f"state_root: {exc}") from None
 
 
 class _Ring(logging.Handler):
@@ -242,7 +262,8 @@ class RayFleet:
         """The fleet already running in ``namespace``, with the spec it was started with."""
         ray = _ray()
         actors = _actors(ray, namespace)
-        if not actors:
+        recorded = _recorded_actors(namespace)   # a dead actor's name is gone; the record keeps it
+        if not actors and not recorded:
             raise ConfigError(f"no vcasync workers in the Ray namespace {namespace!r}; start some with "
                               "'vcasync ray up'")
         spec = _running_spec(ray, namespace, actors, timeout_s)
@@ -250,6 +271,7 @@ class RayFleet:
             raise ConfigError(f"cannot read the spec of the fleet in the Ray namespace {namespace!r}: no "
                               f"worker answered within {timeout_s:g}s; 'vcasync ray down' stops it anyway")
         fleet = cls(spec)
+        fleet._ids.update(recorded)
         fleet._ids.update({i: _actor_id(a) for i, a in actors.items()})
         return fleet
 
@@ -265,8 +287,8 @@ class RayFleet:
             self._check_same_spec(actors)
         cls = ray.remote(WorkerActor)
         started = [i for i in range(count) if i not in actors]
-        if started:
-            _put_spec_record(ns, self.spec)
+        if started:   # first: a driver that dies while starting them still leaves their spec
+            _put_spec_record(ns, self.spec, {i: _actor_id(a) for i, a in actors.items()})
         for i in started:
             opts = actor_options(self.spec, i, os.environ)
             actors[i] = cls.options(**opts).remote(self.spec.to_dict(), i)
@@ -274,9 +296,12 @@ class RayFleet:
             log.info("started worker actor %d", i)
         extra = {i: actors.pop(i) for i in sorted(actors) if i >= count}
         _stop(ray, extra, self.spec.grace_period_s + 30)
-        for i in extra:
+        for i in set(self._ids) - set(actors):   # stopped, or dead and now replaced or scaled away
             self._ids.pop(i, None)
-        if not actors:
+        if actors:
+            # Every actor by its Ray id: one that dies loses its name, and 'status' still shows it dead.
+            _put_spec_record(ns, self.spec, {i: self._ids[i] for i in actors})
+        else:
             _delete_spec_record(ns)
         return sorted(actors)
 
@@ -342,6 +367,20 @@ class RayFleet:
                 out[i] = {"index": i, "state": "unavailable", "error": type(exc).__name__}
         return dict(sorted(out.items()))
 
+    def wait_started(self, timeout_s: float = 60.0, poll_s: float = 0.5) -> dict[int, dict[str, Any]]:
+        """Each worker's status once none is still being placed and constructed (within
+        ``timeout_s``): then a trainer that does not import on the nodes shows as ``dead``, with the
+        constructor's exception as ``error``. One Ray cannot place (``pending`` with the reason) is
+        not waited for; neither is a running worker's training."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = self.status(timeout_s=max(1.0, min(10.0, deadline - time.monotonic())))
+            starting = [i for i, s in st.items() if (s.get("state"), s.get("error")) in (
+                ("pending", _STARTING), ("dead", _GONE))]   # gone: maybe not listed yet, or died
+            if not starting or time.monotonic() >= deadline:
+                return st
+            time.sleep(poll_s)
+
     def wait(self, timeout_s: float | None = None, poll_s: float = 2.0,
              on_change: Callable[[int, dict[str, Any]], None] | None = None) -> dict[int, dict[str, Any]]:
         """Block until every worker is done (finished, failed, stopped, or its actor dead); their final
@@ -374,18 +413,20 @@ def shutdown_fleet(namespace: str, timeout_s: float | None = None) -> list[int]:
     also clears a fleet that Ray could never place. Returns the indices it removed."""
     ray = _ray()
     actors = _actors(ray, namespace)
+    dead = set(_recorded_actors(namespace)) - set(actors)   # died, their names gone: cleared too
     if timeout_s is None:
         spec = _spec_record(namespace)
         timeout_s = (spec.grace_period_s if spec is not None else 20.0) + 30
     _stop(ray, actors, timeout_s)
     _delete_spec_record(namespace)
-    return sorted(actors)
+    return sorted(set(actors) | dead)
 
 
 _SPOT_SLIVER = 0.001
 _GONE = "the actor is gone from the Ray namespace (it died, or something else removed it)"
 _STARTING = "waiting for Ray to place and start it"
 _KV_NAMESPACE = "vcasync"
+_ACTORS_FIELD = "_actor_ids"
 
 
 def _stop(ray: Any, actors: Mapping[int, Any], timeout_s: float) -> None:
@@ -481,10 +522,24 @@ def _spec_record(namespace: str) -> RayWorkerSpec | None:
         return None
 
 
-def _put_spec_record(namespace: str, spec: RayWorkerSpec) -> None:
+def _recorded_actors(namespace: str) -> dict[int, str]:
+    """The Ray actor id of each worker index the spec record lists (none for an older record)."""
+    try:
+        from ray.experimental.internal_kv import _internal_kv_get
+        raw = _internal_kv_get(_spec_key(namespace), namespace=_KV_NAMESPACE)
+        ids = json.loads(raw).get(_ACTORS_FIELD, {}) if raw else {}
+        return {int(i): str(actor_id) for i, actor_id in ids.items()}
+    except Exception as exc:  # no record store in this Ray, or a record we cannot read
+        log.debug("reading the fleet's actor record failed: %s", exc)
+        return {}
+
+
+def _put_spec_record(namespace: str, spec: RayWorkerSpec, actor_ids: Mapping[int, str]) -> None:
+    """The spec and the actor ids of its workers (``RayWorkerSpec.from_dict`` skips the latter)."""
+    record = {**spec.to_dict(), _ACTORS_FIELD: {str(i): a for i, a in sorted(actor_ids.items())}}
     try:
         from ray.experimental.internal_kv import _internal_kv_put
-        _internal_kv_put(_spec_key(namespace), json.dumps(spec.to_dict()), True, namespace=_KV_NAMESPACE)
+        _internal_kv_put(_spec_key(namespace), json.dumps(record), True, namespace=_KV_NAMESPACE)
     except Exception as exc:
         log.debug("storing the fleet's spec record failed: %s", exc)
 

@@ -67,6 +67,14 @@ def state_lease(storage: Storage, ttl_s: float, **kw: Any) -> OwnerLease:
                       hint="give each worker its own --state URL", logger=log, **kw)
 
 
+def check_state_url(url: str) -> None:
+    """Refuse a worker state URL as the worker's session would when it opens it (no backend for the
+    scheme, an unknown option, a secret in the query, a relative or hosted ``file://`` path): the
+    same :func:`~vcasync.storage.open_storage`, so one set of rules; nothing is read or written, a
+    backend's ``from_url`` only parses (the storage is never entered)."""
+    open_storage(url)
+
+
 class RemoteStateDir(StateDir):
     """A :class:`StateDir` at ``root`` whose identity, lease and checkpoints live in ``state``.
 
