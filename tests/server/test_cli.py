@@ -69,6 +69,20 @@ def test_a_non_finite_initial_model_names_its_factory_and_first_bad_tensor(
     assert err.count("\n") == 1
 
 
+def test_a_model_factory_that_raises_is_a_configuration_error(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # found by a new-user probe: the trainer given as the factory (it needs an argument) ended in
+    # a raw TypeError traceback and exit 1, where the factory's other mistakes are exit 2
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    assert main(["coordinator", "--model", "vcasync.examples.digits:train",
+                 "--storage", str(tmp_path / "st"), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert ("model factory 'vcasync.examples.digits:train' raised TypeError: train() missing 1 "
+            "required positional argument") in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "st").exists()
+
+
 def test_coordinator_without_a_model_factory(monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)

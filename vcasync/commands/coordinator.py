@@ -38,6 +38,8 @@ from ..coerce import parsed_or_word
 from ..errors import ClosedError, ConfigError
 
 if TYPE_CHECKING:
+    import torch
+
     from ..coordinator import Coordinator, StartOptions
     from ..policy import MergePolicy
     from ..runconfig import RunConfig
@@ -307,6 +309,33 @@ def _policy(cfg: RunConfig) -> tuple[MergePolicy, dict[str, Any]]:
     return policy, {**spec.defaults(), **coerce_params(spec.name, spec.params, given or {})}
 
 
+def build_module(ref: str, seed: int, *, app_dir: Path | None = None) -> torch.nn.Module:
+    """The initial model: the factory ``ref`` names, called with torch seeded with ``seed``.
+
+    The one place a model factory is called (``vcasync coordinator``, and the demo through it). Every
+    way it can fail is a :class:`ConfigError` naming the factory (exit 2, nothing started): it cannot
+    be imported, it raises (``model factory 'm:f' raised TypeError: ...``), or it returns no
+    ``nn.Module``.
+    """
+    import torch
+
+    from .._imports import import_object
+    from ..errors import VCAsyncError
+
+    factory = import_object(ref, what="model factory", app_dir=app_dir)
+    torch.manual_seed(seed)
+    try:
+        module = factory()
+    except VCAsyncError:
+        raise                   # already says what is wrong
+    except Exception as exc:    # a factory that needs arguments, or a bug in it: its message, one line
+        raise ConfigError(f"model factory {ref!r} raised {type(exc).__name__}: {exc} (it is called "
+                          "with no arguments and returns an nn.Module)") from exc
+    if not isinstance(module, torch.nn.Module):
+        raise ConfigError(f"model factory {ref!r} returned {type(module).__name__}, not an nn.Module")
+    return module
+
+
 async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                 port_file: Path | None = None, app_dir: Path | None = None,
                 hooks: ServeHooks | None = None, operator_token: str | None = None,
@@ -319,8 +348,6 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     ``hooks`` (chaos tests only, see :class:`ServeHooks`) wraps the policy and the storage so
     a test can kill the process at a known step and inject storage faults; None adds nothing.
     """
-    import torch
-
     if cfg.output is not None:
         check_output_file(cfg.output, "run.output",
                           purpose=f"the final weights are written to {cfg.output} when the run finishes")
@@ -328,7 +355,6 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
         check_output_file(port_file, "--port-file",
                           purpose=f"the coordinator's URL is written to {port_file} once it listens")
 
-    from .._imports import import_object
     from ..coordinator import Coordinator, CoordinatorConfig, first_non_finite
     from ..runconfig import dataclass_from_table
     from ..server import listen
@@ -338,12 +364,7 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
 
     # before the model is built: its settings are checked when made (heartbeat vs lease timeout)
     coord_cfg = dataclass_from_table(CoordinatorConfig, cfg.coordinator, "coordinator")
-    factory = import_object(cfg.model, what="model factory", app_dir=app_dir)
-    torch.manual_seed(cfg.seed)
-    module = factory()
-    if not isinstance(module, torch.nn.Module):
-        raise ConfigError(f"model factory {cfg.model!r} returned {type(module).__name__}, not an nn.Module")
-    model = ModelState.from_module(module)
+    model = ModelState.from_module(build_module(cfg.model, cfg.seed, app_dir=app_dir))
     bad = first_non_finite(model.tensors)
     if bad is not None:     # named here: the Coordinator's own check knows no factory
         raise ConfigError(f"model factory {cfg.model!r} (seed {cfg.seed}) built an initial model whose "
