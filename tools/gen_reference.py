@@ -184,7 +184,7 @@ def config_page() -> str:
              "[command line reference](cli.md#environment-variables)).\n\n",
              "## `[model]`\n\n", head,
              row("factory", "model", "`pkg.mod:fn` returning an `nn.Module`: the initial weights"),
-             row("seed", "seed", "`torch.manual_seed` before the factory runs"),
+             row("seed", "seed", "`torch.manual_seed` before the factory runs, in [0, 2**32)"),
              "\n## `[units]`\n\n", dataclass_table(UnitsConfig),
              "\nUnits are `shards x epochs` (or exactly `count`) units of `steps` local steps; "
              "`[units.params]` is handed to the trainer with every unit (`ctx.unit.params`).\n\n",

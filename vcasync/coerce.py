@@ -35,8 +35,8 @@ from typing import Any, Literal, TypeVar, Union
 
 from .errors import ConfigError
 
-__all__ = ["argument_number", "coerce", "describe_type", "from_table", "is_finite_number", "parsed_or_word",
-           "supported"]
+__all__ = ["SEED_RANGE", "argument_number", "coerce", "describe_type", "from_table", "is_finite_number",
+           "is_seed", "parsed_or_word", "supported"]
 
 D = TypeVar("D")
 
@@ -112,6 +112,21 @@ def is_finite_number(value: object, low: float | None = None, *, strict: bool = 
         return False
     return ((low is None or (value > low if strict else value >= low))
             and (high is None or (value < high if high_strict else value <= high)))
+
+
+#: What every seed may be (``[model] seed`` / ``vcasync coordinator --seed``, the simulator's and the
+#: demo's): what ``torch.manual_seed`` and numpy's generators all take. Said in messages as
+#: ``seed must be in [0, 2**32), got -1``.
+SEED_RANGE = "[0, 2**32)"
+
+
+def is_seed(value: object) -> bool:
+    """Whether ``value`` is a whole number in :data:`SEED_RANGE` (not a bool): the one seed check.
+
+    >>> is_seed(0), is_seed(2**32 - 1), is_seed(-1), is_seed(2**32), is_seed(True)
+    (True, True, False, False, False)
+    """
+    return type(value) is int and 0 <= value < 2**32
 
 
 def argument_number(kind: type[int] | type[float], low: float | None = None, *, strict: bool = False,

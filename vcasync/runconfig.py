@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .coerce import coerce, from_table
+from .coerce import SEED_RANGE, coerce, from_table, is_seed
 from .errors import ConfigError
 from .ledger._units import WorkUnit, make_units
 from .server import ServerConfig
@@ -186,9 +186,12 @@ def load_run_config(path: Path | None, overrides: Mapping[str, Any] | None = Non
     run = dict(table.get("run", {}))
     if set(run) - {"linger_s", "output"}:
         raise ConfigError(f"unknown key(s) in [run]: {', '.join(sorted(set(run) - {'linger_s', 'output'}))}")
+    seed = coerce(model.get("seed", 0), int, "model.seed")
+    if not is_seed(seed):   # torch.manual_seed overflowed past 2**64; a negative one was taken
+        raise ConfigError(f"model.seed (--seed) must be in {SEED_RANGE}, as every seed, got {seed}")
     return RunConfig(
         model=coerce(model["factory"], str, "model.factory"),
-        seed=coerce(model.get("seed", 0), int, "model.seed"),
+        seed=seed,
         units=dataclass_from_table(UnitsConfig, table.get("units", {}), "units"),
         policy=coerce(table["policy"], dict, "policy"),
         storage=coerce(storage.get("url", "./vcasync-run"), str, "storage.url"),

@@ -83,6 +83,19 @@ def test_a_model_factory_that_raises_is_a_configuration_error(
     assert not (tmp_path / "st").exists()
 
 
+@pytest.mark.parametrize("seed", ["99999999999999999999", "-1"])
+def test_a_coordinator_seed_out_of_range_is_refused_like_every_seed(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        seed: str) -> None:
+    # found by a new-user probe: a seed past 2**64 crashed torch.manual_seed (exit 1, OverflowError),
+    # -1 was taken, where `vcasync simulate` and `vcasync demo` refuse both
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    assert main(["coordinator", "--model", "vcasync.examples.digits:model", "--seed", seed,
+                 "--storage", str(tmp_path / "st"), "--port", "0"]) == 2
+    assert f"must be in [0, 2**32), as every seed, got {seed}" in capsys.readouterr().err
+    assert not (tmp_path / "st").exists()
+
+
 def test_coordinator_without_a_model_factory(monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)

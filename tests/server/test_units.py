@@ -216,6 +216,9 @@ def test_a_run_of_more_units_than_the_ledger_keeps_is_refused_before_any_is_buil
                                                         r"number of seconds >= 0, got -5.0"),
     ('[model]\nfactory = "m:f"\n[run]\nlinger_s = nan\n', "run.linger_s .* got nan"),
     ('[model]\nfactory = "m:f"\n[run]\nlinger_s = inf\n', "run.linger_s .* got inf"),
+    # found by a new-user probe: -1 was taken, and a seed past 2**64 crashed torch.manual_seed
+    ('[model]\nfactory = "m:f"\nseed = -1\n', r"model.seed \(--seed\) must be in \[0, 2\*\*32\), .*got -1"),
+    ('[model]\nfactory = "m:f"\nseed = 4294967296\n', r"model.seed .* must be in \[0, 2\*\*32\)"),
 ])
 def test_bad_run_configs_name_the_problem(tmp_path: Path, text: str, match: str) -> None:
     path = tmp_path / "run.toml"

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .._paths import make_output_dir
-from ..coerce import is_finite_number
+from ..coerce import SEED_RANGE, is_finite_number, is_seed
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError, PolicyError
 from ..storage import open_storage, outlives_process
@@ -129,7 +129,7 @@ class DemoConfig:
             (0 <= self.kill_fraction <= 1, f"kill_fraction must be in [0, 1], got {self.kill_fraction}"),
             (0 <= self.preemptions <= MAX_PREEMPTIONS,
              f"preemptions must be 0 to {MAX_PREEMPTIONS}, got {self.preemptions}"),
-            (0 <= self.seed < 2**32, f"seed must be in [0, 2**32), got {self.seed}"),
+            (is_seed(self.seed), f"seed must be in {SEED_RANGE}, got {self.seed}"),
             (seconds(lo, MAX_DELAY_S, strict=False) and seconds(hi, MAX_DELAY_S, strict=False) and lo <= hi,
              f"restart delay must be finite seconds 0 <= min <= max <= {MAX_DELAY_S:g}, "
              f"got {self.restart_delay_s}"),

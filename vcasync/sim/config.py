@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..coerce import is_finite_number
+from ..coerce import SEED_RANGE, is_finite_number, is_seed
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError
 from .fleet import FleetConfig, NoPreemption, PreemptionModel, TracePreemption
@@ -152,7 +152,7 @@ class SimConfig:
              f"target_accuracy must be in (0, 1], got {self.target_accuracy}"),
             (self.max_virtual_s > 0 and math.isfinite(self.max_virtual_s),
              f"max_virtual_s must be a finite number > 0, got {self.max_virtual_s}"),
-            (0 <= self.seed < 2**32, f"seed must be in [0, 2**32), got {self.seed}"),
+            (is_seed(self.seed), f"seed must be in {SEED_RANGE}, got {self.seed}"),
             (self.eval_split in ("validation", "test"),
              f"eval_split must be 'validation' or 'test', got {self.eval_split!r}"),
             (self.cores is None or (math.isfinite(self.cores) and self.cores > 0),
