@@ -47,6 +47,8 @@ def failing(kit, how: str, *, fail: list[bool] | None = None):
                 model.tensors["w"].fill_(float("nan"))
             elif how == "inf":
                 model.tensors["b"][1] = float("inf")
+            elif how == "dict":
+                return dict(model.tensors)
             elif how == "dtype":
                 return ModelState({k: v.double() if v.is_floating_point() else v
                                    for k, v in model.items()}, version=model.version)
@@ -82,7 +84,28 @@ async def test_a_spec_breaking_policy_is_named_in_a_sentence(kit, clock, caplog)
                 "torch.float64, the model has torch.float32) on unit") in rec.getMessage()
 
 
-@pytest.mark.parametrize("how", ["raise", "nan", "dtype"])
+async def test_a_merge_that_returns_no_model_state_is_named_in_a_sentence(kit, clock, caplog) -> None:
+    # found by a new-user probe: returning dict(model.tensors) was refused as
+    # "failed (AttributeError(\"'dict' object has no attribute 'tensors'\"))"
+    async with coordinator(kit, clock, failing(kit, "dict"), units=POLICY_FAILURE_LIMIT + 1) as coord:
+        before = coord.model()
+        with caplog.at_level(logging.ERROR, "vcasync.coordinator"):
+            for _ in range(POLICY_FAILURE_LIMIT):
+                r = await one_result(kit, coord)
+                assert (r.status, r.reason) == ("rejected", "policy")
+            with pytest.raises(PolicyFailedError) as stopped:
+                await coord.wait_finished()
+        assert coord.model().equal(before)
+        first = next(r for r in caplog.records if r.name == "vcasync.coordinator")
+        said = ("merge policy 'broken-dict' returned a dict; merge must return the model (a "
+                "ModelState")
+        assert said in first.getMessage()
+        assert not first.exc_info                  # a sentence, not a traceback
+        assert said in str(stopped.value)
+        assert "AttributeError" not in str(stopped.value)
+
+
+@pytest.mark.parametrize("how", ["raise", "nan", "dtype", "dict"])
 async def test_a_policy_that_keeps_failing_stops_the_coordinator_once(kit, clock, how,
                                                                      caplog) -> None:
     coord = coordinator(kit, clock, failing(kit, how), units=POLICY_FAILURE_LIMIT + 2)

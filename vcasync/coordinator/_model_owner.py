@@ -37,6 +37,14 @@ log = logging.getLogger("vcasync.coordinator")
 LOG_EVERY_S = 60.0
 
 
+class _Broken(Exception):
+    """Internal: the merge broke its contract in a way ``what`` says after the policy's name."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
 class _NonFinite(Exception):
     def __init__(self, name: str) -> None:
         super().__init__(name)
@@ -111,6 +119,10 @@ class ModelOwner:
         working = self._working
         try:
             out = self.policy.merge(working, update, self.state)
+            if out is not None and not isinstance(out, ModelState):
+                raise _Broken(f"returned a {type(out).__name__}; merge must return the model (a "
+                              "ModelState: the one it was given, changed in place, or a new one) or "
+                              "None (the model did not change)")
             if out is not None:
                 # in place too: a policy may have put a tensor of another dtype or shape into the
                 # model's dict, and that must never be published
@@ -139,6 +151,8 @@ class ModelOwner:
         name = self.policy.name
         if isinstance(exc, SpecMismatchError):
             what = f"merge policy {name!r} broke the model's spec ({exc})"
+        elif isinstance(exc, _Broken):
+            what = f"merge policy {name!r} {exc.what}"
         elif isinstance(exc, _NonFinite):
             what = (f"merge policy {name!r} made the model's tensor {exc.name!r} non-finite (NaN "
                     "or inf; the policy law 'finite' forbids it)")
@@ -148,7 +162,7 @@ class ModelOwner:
         self.policy_failures += 1
         now = time.monotonic()
         if self.policy_failures == 1:
-            log.error("%s", message, exc_info=not isinstance(exc, SpecMismatchError | _NonFinite))
+            log.error("%s", message, exc_info=not isinstance(exc, SpecMismatchError | _NonFinite | _Broken))
             self._failure_logged_at, self._failures_unlogged = now, 0
         elif now - self._failure_logged_at >= LOG_EVERY_S:
             log.error("%s (%d more policy failure(s) since the last one logged; %d in all)",
