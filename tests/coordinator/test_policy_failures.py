@@ -47,6 +47,8 @@ def failing(kit, how: str, *, fail: list[bool] | None = None):
                 model.tensors["w"].fill_(float("nan"))
             elif how == "inf":
                 model.tensors["b"][1] = float("inf")
+            elif how == "state":
+                state["o"] = object()
             elif how == "dict":
                 return dict(model.tensors)
             elif how == "dtype":
@@ -103,6 +105,39 @@ async def test_a_merge_that_returns_no_model_state_is_named_in_a_sentence(kit, c
         assert not first.exc_info                  # a sentence, not a traceback
         assert said in str(stopped.value)
         assert "AttributeError" not in str(stopped.value)
+
+
+async def test_a_merge_that_leaves_a_state_no_snapshot_can_hold_is_a_policy_failure(
+        kit, clock, caplog) -> None:
+    # found by a new-user probe: every result was accepted, and the only sign was "final snapshot
+    # failed (TypeError('tree.o: cannot pack a object ...'))" at shutdown: no snapshot since start
+    async with coordinator(kit, clock, failing(kit, "state"), units=POLICY_FAILURE_LIMIT + 1) as coord:
+        before = coord.model()
+        with caplog.at_level(logging.ERROR, "vcasync.coordinator"):
+            for _ in range(POLICY_FAILURE_LIMIT):
+                r = await one_result(kit, coord)
+                assert (r.status, r.reason) == ("rejected", "policy")
+            with pytest.raises(PolicyFailedError) as stopped:
+                await coord.wait_finished()
+        assert coord.model().equal(before)
+        assert coord.version == 0
+        first = next(r for r in caplog.records if r.name == "vcasync.coordinator")
+        said = ("merge policy 'broken-state' put into its state a value that cannot be stored "
+                "(tree.o: cannot pack a object")
+        assert said in first.getMessage()
+        assert said in str(stopped.value)
+
+
+def test_the_state_check_costs_microseconds_whatever_the_tensors_size() -> None:
+    import timeit
+
+    from vcasync.wire import check_tree, pack_tree
+    state = {"n": 3, "m": torch.zeros(1000, 1000), "hist": [0.5] * 10, "d": {"v": torch.zeros(10)}}
+    check = min(timeit.repeat(lambda: check_tree(state), number=20, repeat=3)) / 20
+    pack = min(timeit.repeat(lambda: pack_tree(state), number=2, repeat=3)) / 2
+    assert check < pack / 20, (check, pack)      # measured ~8 us against ~10 ms
+    with pytest.raises(TypeError, match=r"tree.d.x: cannot pack a object"):
+        check_tree({"d": {"x": object()}})
 
 
 @pytest.mark.parametrize("how", ["raise", "nan", "dtype", "dict"])

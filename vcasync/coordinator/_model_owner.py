@@ -21,11 +21,12 @@ from ..errors import (
     SpecMismatchError,
     UpdateRejectedError,
     ValidationError,
+    VCAsyncError,
     VersionNotFoundError,
 )
 from ..policy import MergePolicy, PolicyState
 from ..tensors import ModelSpec, ModelState, Update
-from ..wire import aencode_payload, pack_tree
+from ..wire import aencode_payload, check_tree, pack_tree
 from ._counters import CounterBases
 from ._versions import Version, VersionStore, copy_tensors
 
@@ -123,6 +124,12 @@ class ModelOwner:
                 raise _Broken(f"returned a {type(out).__name__}; merge must return the model (a "
                               "ModelState: the one it was given, changed in place, or a new one) or "
                               "None (the model did not change)")
+            try:    # the state is snapshotted: one it cannot hold would fail every snapshot from now
+                check_tree(self.state)      # structure and dtypes only, microseconds (no bytes)
+            except (TypeError, ValueError, VCAsyncError) as exc:
+                raise _Broken(f"put into its state a value that cannot be stored ({exc}); a "
+                              "policy's state holds only tensors, ints, floats, bools, strings, "
+                              "None, and lists, tuples and str-keyed dicts of those") from exc
             if out is not None:
                 # in place too: a policy may have put a tensor of another dtype or shape into the
                 # model's dict, and that must never be published

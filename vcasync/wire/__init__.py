@@ -4,7 +4,8 @@
   :func:`decode_payload_bytes` and :class:`PayloadDecoder`: named tensors plus metadata, streamed
   frame by frame, every declared size checked against :class:`Limits` before anything is allocated.
 - :func:`encode_message` / :func:`decode_message`: small msgpack control messages.
-- :func:`pack_tree` / :func:`unpack_tree`: nested plain data with tensors (policy state), bit-exact.
+- :func:`pack_tree` / :func:`unpack_tree`: nested plain data with tensors (policy state), bit-exact;
+  :func:`check_tree`: whether ``pack_tree`` could pack it, without packing.
 - :class:`CodecSpec`, :class:`LinkProfile`, :func:`register_codec`: how tensors are encoded
   (``raw``, ``zstd`` with byte-plane shuffle, opt-in lossy ``bf16``/``fp16``, per-link ``auto``).
 
@@ -22,7 +23,7 @@ from .limits import Limits
 from .messages import Message, decode_message, encode_message
 from .payload import aencode_payload, decode_payload, decode_payload_bytes, encode_payload
 from .plan import CodecSpec, LinkProfile, codec_names, lossy_bound, register_codec, resolve_codec
-from .tree import pack_tree, unpack_tree
+from .tree import check_tree, pack_tree, unpack_tree
 
 __all__ = [
     "ALL_DTYPE_NAMES",
@@ -36,6 +37,7 @@ __all__ = [
     "PayloadDecoder",
     "aencode_payload",
     "block_codec_names",
+    "check_tree",
     "checksum",
     "codec_names",
     "decode_message",

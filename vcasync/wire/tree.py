@@ -21,11 +21,12 @@ from ..errors import FrameError, LimitExceededError
 from . import _msgpack
 from .codecs import block_codec
 from .decoder import PayloadDecoder
+from .dtypes import dtype_name
 from .encoder import iter_payload
 from .limits import DEFAULT_LIMITS, Limits
 from .plan import CodecSpec, resolve_codec
 
-__all__ = ["pack_tree", "unpack_tree"]
+__all__ = ["check_tree", "pack_tree", "unpack_tree"]
 
 _EXT_TENSOR = 1
 _EXT_TUPLE = 2
@@ -48,6 +49,21 @@ def pack_tree(obj: Any, *, codec: str | CodecSpec = "raw") -> bytes:
     spec = resolve_codec(codec)
     block_codec(spec.compression if spec.compression != "auto" else "zstd")
     return b"".join(iter_payload(_KIND, {"tree": skeleton}, tensors, spec, 1 << 20, False))
+
+
+def check_tree(obj: Any) -> None:
+    """Raise what :func:`pack_tree` would on ``obj``'s structure and tensor types, without packing:
+    a ``TypeError`` naming the path of the first value it cannot hold (``tree.o: cannot pack a
+    object``), or :class:`~vcasync.errors.UnsupportedDtypeError`. It walks the structure and looks
+    at each tensor's dtype and layout, never its bytes: the coordinator runs it after every merge
+    that may have changed a policy's state (microseconds for a state of a few entries, whatever the
+    tensors' sizes)."""
+    tensors: dict[str, torch.Tensor] = {}
+    _skeleton(obj, tensors, "tree")
+    for t in tensors.values():
+        dtype_name(t.dtype)
+        if t.layout != torch.strided:
+            raise TypeError(f"a tensor of layout {t.layout} cannot be packed (dense tensors only)")
 
 
 def _skeleton(obj: Any, tensors: dict[str, torch.Tensor], path: str) -> Any:
