@@ -266,6 +266,10 @@ def test_bad_config_and_units() -> None:
     ({"x": {1: 2}}, r"^work unit 'e0-s0': params\.x has the key 1 of type int: keys must be strings$"),
     ({"x": [0, object()]}, r"^work unit 'e0-s0': params\.x\[1\] is of type object; params hold None, "),
     ({"x": 2**64}, r"^work unit 'e0-s0': params\.x = 18446744073709551616 does not fit in 64 bits$"),
+    # found by a new-user probe: --unit-param lr=nan (or TOML nan/inf) reached the trainer
+    ({"lr": float("nan")}, r"^work unit 'e0-s0': params\.lr = nan is not finite; params hold "),
+    ({"sched": {"ends": [1.0, float("-inf")]}},
+     r"^work unit 'e0-s0': params\.sched\.ends\[1\] = -inf is not finite"),
 ])
 def test_unit_params_are_plain_data_checked_when_units_are_made(params: object, message: str) -> None:
     # Found by a tester: make_units(2, params=[1]) raised TypeError, and params {"x": {1: 2}} were

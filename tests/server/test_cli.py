@@ -96,6 +96,16 @@ def test_a_coordinator_seed_out_of_range_is_refused_like_every_seed(
     assert not (tmp_path / "st").exists()
 
 
+def test_a_non_finite_unit_param_is_refused_before_the_run_starts(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # found by a new-user probe: the coordinator started and every trainer got lr=nan
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    assert main(["coordinator", "--model", "vcasync.examples.digits:model", "--unit-param", "lr=nan",
+                 "--storage", str(tmp_path / "st"), "--port", "0"]) == 2
+    assert "params.lr = nan is not finite" in capsys.readouterr().err
+    assert not (tmp_path / "st").exists()
+
+
 def test_coordinator_without_a_model_factory(monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)

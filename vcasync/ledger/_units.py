@@ -7,6 +7,7 @@ validated on the way in, so a malformed unit list fails with a :class:`ConfigErr
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
@@ -38,12 +39,17 @@ def _int(name: str, value: Any, *, minimum: int) -> int:
 
 
 _INT_MIN, _INT_END = -(1 << 63), 1 << 64     # what a snapshot (vcasync.wire.pack_tree) can hold
-_PLAIN_DATA = "None, bool, int, float, str, and lists and dicts with str keys of those"
+_PLAIN_DATA = "None, bool, int, finite float, str, and lists and dicts with str keys of those"
 
 
 def _check_plain(unit_id: str, path: str, value: Any) -> None:
     """Refuse what a unit's params cannot carry: they go to workers as JSON and into snapshots."""
-    if value is None or isinstance(value, bool | str | float):
+    if value is None or isinstance(value, bool | str):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):    # not JSON: the trainer got lr=nan, far from the flag
+            raise ConfigError(f"work unit {unit_id!r}: {path} = {value} is not finite; params hold "
+                              f"{_PLAIN_DATA}")
         return
     if isinstance(value, int):
         if not _INT_MIN <= value < _INT_END:
