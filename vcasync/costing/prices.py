@@ -291,7 +291,14 @@ class PriceTable(Mapping[str, InstancePrice]):
             try:
                 prices.append(InstancePrice(**row))  # type: ignore[arg-type]
             except (TypeError, ConfigError) as exc:
-                raise ConfigError(f"{where}: {str(exc).removeprefix('price row: ')}") from None
+                # one prefix, the file's, with the row's key when it has one: was "price row 1:
+                # price row acme:big-8: ..."
+                said, key = str(exc), f"{row.get('provider')}:{row.get('instance')}"
+                if said.startswith(f"price row {key}: "):
+                    said = f"{where} ({key}): {said.removeprefix(f'price row {key}: ')}"
+                else:
+                    said = f"{where}: {said.removeprefix('price row: ')}"
+                raise ConfigError(said) from None
         return cls(prices)
 
 
