@@ -182,3 +182,26 @@ def test_a_table_without_the_coordinator_s_instance_says_whose_it_is_and_how_to_
     assert DEFAULT_COORDINATOR_INSTANCE in err
     assert "--coordinator-instance" in err
 
+
+# found by a new-user probe: a finite 1e308 passed, and the text summary printed a 300-digit cost,
+# "coordinator $inf" and "saving nan %"
+@pytest.mark.parametrize(("field", "value", "word"), [
+    ("on_demand_per_h", 1e308, r"on_demand_per_h must be a finite price >= 0 and <= 10,000, got 1e\+308"),
+    ("spot_per_h", 10_000.01, "spot_per_h must be a finite price >= 0 and <= 10,000"),
+    ("min_billed_s", 1e308, "min_billed_s must be a finite number of seconds >= 0 and <= 86,400"),
+])
+def test_a_huge_but_finite_price_or_minimum_is_refused(field: str, value: float, word: str) -> None:
+    with pytest.raises(ConfigError, match=word):
+        PriceTable.from_rows([{**ROW, field: value}])
+    PriceTable.from_rows([{**ROW, "on_demand_per_h": 10_000, "spot_per_h": 10_000,
+                           "min_billed_s": 86_400}])    # the bounds themselves are prices
+
+
+def test_simulate_refuses_the_probe_s_huge_csv_row_with_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _csv(tmp_path, {"on_demand_per_h": "1e308", "min_billed_s": "1e308"})
+    assert _simulate(["--workers", "2", "--epochs", "1", "--shards", "2", "--identical", "--prices",
+                      str(path), "--instance", "acme:big-8",
+                      "--coordinator-instance", "acme:big-8"]) == ExitCode.CONFIG
+    err = capsys.readouterr().err
+    assert "line 2 (acme:big-8): on_demand_per_h must be a finite price >= 0 and <= 10,000" in err

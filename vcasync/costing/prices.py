@@ -37,8 +37,17 @@ from .params import read_text_file
 log = logging.getLogger("vcasync.costing")
 
 __all__ = [
-    "DEFAULT_COORDINATOR_INSTANCE", "DEFAULT_INSTANCE", "DEFAULT_PRICES", "InstancePrice", "PriceTable",
+    "DEFAULT_COORDINATOR_INSTANCE", "DEFAULT_INSTANCE", "DEFAULT_PRICES", "MAX_MIN_BILLED_S",
+    "MAX_PRICE_PER_H",
+    "InstancePrice", "PriceTable",
 ]
+
+#: The most a price row may say an instance costs per hour, on demand or spot (USD): above the
+#: largest cloud instances' list prices (8-GPU machines are ~$100/h) with room to spare, and far
+#: below where a run's cost overflows to inf.
+MAX_PRICE_PER_H = 10_000.0
+#: The longest billing minimum a price row may give: one day.
+MAX_MIN_BILLED_S = 86_400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,16 +84,19 @@ class InstancePrice:
         if not isinstance(self.approximate, bool):
             raise ConfigError(f"{self._label()}: approximate must be true or false, got {self.approximate!r}")
         # fractional vCPUs are real (GCP's shared-core e2-micro has 0.25)
-        for name, what, low, strict in (("vcpus", "number", 0.0, True), ("memory_gib", "number", 0.0, True),
-                                        ("on_demand_per_h", "price", 0.0, False),
-                                        ("spot_per_h", "price", 0.0, False),
-                                        ("min_billed_s", "number of seconds", 0.0, False)):
+        # the upper bounds: a finite 1e308 $/h passed, and the summary said "$inf" and "saving nan %"
+        for name, what, low, strict, high in (
+                ("vcpus", "number", 0.0, True, None), ("memory_gib", "number", 0.0, True, None),
+                ("on_demand_per_h", "price", 0.0, False, MAX_PRICE_PER_H),
+                ("spot_per_h", "price", 0.0, False, MAX_PRICE_PER_H),
+                ("min_billed_s", "number of seconds", 0.0, False, MAX_MIN_BILLED_S)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ConfigError(f"{self._label()}: {name} must be a number, got {value!r}")
-            if not is_finite_number(value, low, strict=strict):
+            if not is_finite_number(value, low, strict=strict, high=high):
+                upto = f" and <= {high:,g}" if high is not None else ""
                 raise ConfigError(f"{self._label()}: {name} must be a finite {what} "
-                                  f"{'>' if strict else '>='} {low:g}, got {value!r}")
+                                  f"{'>' if strict else '>='} {low:g}{upto}, got {value!r}")
         if self.on_demand_per_h == 0:   # spot may be free (volunteers); the reference may not
             raise ConfigError(f"{self._label()}: on_demand_per_h must be > 0: every saving is measured "
                               "against it")
