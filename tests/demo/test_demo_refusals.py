@@ -4,6 +4,7 @@ no process started (``Proc.start`` fails the test here), the run directory left 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,9 @@ def test_a_run_dir_the_system_will_not_make_is_refused_by_name(capsys: pytest.Ca
     (["--policy-param", "alpha=0.1.2"], "--policy-param alpha: '0.1.2' is not a valid value"),
     (["--policy-param", "beta=1"], "unknown parameter(s) for policy 'vcasgd': beta"),
     (["--policy-param", "alpha=5"], "alpha must be in [0, 1), got 5"),
+    # a new-user probe: 'nan' said "must be float, got 'nan'"
+    (["--policy-param", "alpha=nan"], "--policy-param alpha must be a finite number, got 'nan'"),
+    (["--policy-param", "alpha=-Infinity"], "--policy-param alpha must be a finite number, got '-Infinity'"),
 ])
 def test_a_policy_the_coordinator_would_refuse_is_named_and_the_run_dir_left_alone(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], said: str) -> None:
@@ -66,3 +70,14 @@ def test_a_policy_the_coordinator_would_refuse_is_named_and_the_run_dir_left_alo
     code, err = _demo(capsys, "--run-dir", str(run_dir), *args)
     assert code == ExitCode.CONFIG, err
     assert not any(run_dir.iterdir())
+
+
+@pytest.mark.parametrize("raw", ["nan", "NaN", "inf", "+inf", "-Infinity", "Infinity"])
+def test_simulate_and_demo_policy_params_say_a_non_finite_number_must_be_finite(raw: str) -> None:
+    from vcasync.errors import ConfigError
+    from vcasync.sim.cli import parse_params
+    said = rf"^--policy-param alpha must be a finite number, got '{re.escape(raw)}'$"
+    with pytest.raises(ConfigError, match=said):
+        parse_params([f"alpha={raw}"])
+    assert parse_params(["alpha=0.5", "staleness=polynomial", "name=info"]) == {
+        "alpha": 0.5, "staleness": "polynomial", "name": "info"}

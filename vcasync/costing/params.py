@@ -32,5 +32,14 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--policy-param wants key=value, got {item!r}")
-        out[key] = parsed_or_word(raw, json.loads, f"--policy-param {key}")
+        # 'nan' is no JSON, so it became the word 'nan' and was refused as "must be float, got
+        # 'nan'"; JSON's NaN and Infinity parse to floats no policy parameter can mean
+        if raw.strip().lower().lstrip("+-") in _NON_FINITE:
+            raise ConfigError(f"--policy-param {key} must be a finite number, got {raw!r}")
+        value = parsed_or_word(raw, json.loads, f"--policy-param {key}")
+        out[key] = value
     return out
+
+
+#: Words that mean a number that is not finite (as Python's float() reads them).
+_NON_FINITE = frozenset({"nan", "inf", "infinity"})
