@@ -141,8 +141,14 @@ def parse_options(cls: type[OptionsT], url: str, query: str, kwargs: Mapping[str
     from_url = _query(url, query)
     unknown = sorted((set(from_url) | set(kwargs)) - set(fields))
     if unknown:
-        raise ConfigError(f"unknown option(s) {', '.join(unknown)} for {url!r}; "
-                          f"known: {', '.join(sorted(fields))}")
+        if set(kwargs) - set(fields):
+            known = f"known: {', '.join(sorted(fields))}"
+        else:   # a URL was listed its secrets, which it is always refused
+            public = sorted(n for n, f in fields.items() if not f.metadata.get("secret"))
+            known = f"a URL may carry: {', '.join(public)}"
+            if len(public) < len(fields):
+                known += " (credentials go as keyword arguments or the standard credential chain)"
+        raise ConfigError(f"unknown option(s) {', '.join(unknown)} for {url!r}; {known}")
     both = sorted(set(from_url) & set(kwargs))
     if both:
         raise ConfigError(f"option(s) {', '.join(both)} given both in the URL and as arguments")
