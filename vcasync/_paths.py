@@ -1,7 +1,8 @@
 """Local files and directories a command will write, checked before it starts (``--output``,
 ``--port-file``, ``--plot``, ``demo --run-dir``): a file that could not be written was found only
 when it was, after the whole run, as a traceback or a failed command; a run directory that could
-not be made was a ``FileNotFoundError`` or ``NotADirectoryError`` traceback.
+not be made was a ``FileNotFoundError`` or ``NotADirectoryError`` traceback. Also the one file a
+command reads by flag before it connects: ``--ca-file`` (:func:`check_ca_file`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from .errors import ConfigError
 
-__all__ = ["check_output_dir", "check_output_file", "make_output_dir"]
+__all__ = ["check_ca_file", "check_output_dir", "check_output_file", "make_output_dir"]
 
 
 def check_output_file(path: Path | str, what: str, *, purpose: str = "", kind: str = "file",
@@ -85,3 +86,20 @@ def make_output_dir(path: Path | str, what: str, *, purpose: str = "") -> Path:
         why = f" ({purpose})" if purpose else ""
         raise ConfigError(f"{what} {path} cannot be made: {exc.strerror or exc}{why}") from None
     return path
+
+
+def check_ca_file(ca_file: Path | None, url: str) -> str | None:
+    """Check ``--ca-file`` against the coordinator ``url`` before connecting: a file that is not
+    there is a :class:`ConfigError` (it was ignored without a word for an ``http://`` URL, and for
+    an ``https://`` one found only when the TLS context was made). The returned text, when not
+    None, is a warning to log: with a plain ``http://`` URL the file has no effect."""
+    if ca_file is None:
+        return None
+    if not ca_file.is_file():
+        why = "is a directory" if ca_file.is_dir() else "does not exist"
+        raise ConfigError(f"--ca-file {str(ca_file)!r} {why}: name the CA certificate (PEM) that "
+                          "verifies an https:// coordinator")
+    if not url.lower().startswith("https://"):
+        return (f"--ca-file {str(ca_file)!r} has no effect: the coordinator URL is plain HTTP, "
+                "nothing is verified (use https:// for a coordinator serving TLS)")
+    return None

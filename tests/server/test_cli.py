@@ -474,3 +474,30 @@ def test_coordinator_on_a_port_in_use_is_a_configuration_error(
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port}" in err
     assert "address already in use" in err
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9", "https://127.0.0.1:9"])
+def test_a_ca_file_that_is_not_there_is_refused_by_worker_and_requeue(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        url: str) -> None:
+    # found by a new-user probe: --ca-file /nonexistent was ignored without a word for http://
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    monkeypatch.setenv("VCASYNC_OPERATOR_TOKEN", "y" * 20)
+    missing = str(tmp_path / "nonexistent.pem")
+    assert main(["worker", "--coordinator", url, "--state-dir", str(tmp_path / "s"),
+                 "--trainer", "vcasync.examples.digits:train", "--ca-file", missing]) == 2
+    assert f"--ca-file {missing!r} does not exist" in capsys.readouterr().err
+    assert main(["requeue", "--coordinator", url, "--ca-file", missing]) == 2
+    assert f"--ca-file {missing!r} does not exist" in capsys.readouterr().err
+
+
+def test_a_ca_file_with_a_plain_http_coordinator_is_said_to_have_no_effect(tmp_path: Path) -> None:
+    from vcasync._paths import check_ca_file
+
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    assert "has no effect: the coordinator URL is plain HTTP" in str(check_ca_file(ca, "http://h:8000"))
+    assert check_ca_file(ca, "https://h:8000") is None
+    assert check_ca_file(None, "http://h:8000") is None
+    with pytest.raises(ConfigError, match="is a directory"):
+        check_ca_file(tmp_path, "https://h:8000")

@@ -32,6 +32,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
 def _run(a: argparse.Namespace) -> int:
     import asyncio
 
+    from .._paths import check_ca_file
     from ..worker._client import (
         CoordinatorClient,
         check_coordinator_url,
@@ -42,6 +43,9 @@ def _run(a: argparse.Namespace) -> int:
     )
 
     check_coordinator_url(a.coordinator)     # a typo is a configuration error, not "cannot reach"
+    note = check_ca_file(a.ca_file, str(a.coordinator))
+    if note is not None:
+        log.warning("%s", note)
     token = read_secret("VCASYNC_OPERATOR_TOKEN", a.operator_token_file, what="operator token")
     if not token:
         raise ConfigError("no operator token: set VCASYNC_OPERATOR_TOKEN or --operator-token-file "

@@ -80,10 +80,14 @@ def _run(a: argparse.Namespace) -> int:
     from .. import _owner_lease
     from .._imports import import_object
     from .._loop import run
+    from .._paths import check_ca_file
     from ..worker import Worker, WorkerConfig
     from ..worker._client import check_coordinator_url
 
     check_coordinator_url(a.coordinator)
+    note = check_ca_file(a.ca_file, str(a.coordinator))
+    if note is not None:
+        log.warning("%s", note)
     # nan passed the "<= 0" check and failed on SIGTERM ("cannot convert float NaN to integer")
     for flag, seconds in (("--grace-period", a.grace_period), ("--state-lease", a.state_lease)):
         if not (math.isfinite(seconds) and seconds > 0):
