@@ -12,14 +12,14 @@ import types
 import typing
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from typing import Any, Self, TypeVar
-from urllib.parse import SplitResult, parse_qs, urlsplit
+from urllib.parse import SplitResult, parse_qs, urlsplit, urlunsplit
 
 from vcasync.coerce import coerce
 from vcasync.errors import ClosedError, ConfigError
 from vcasync.retry import RetryPolicy
 
 __all__ = ["StorageBase", "check_chunk_size", "check_data", "join_key", "parse_options", "rechunk",
-           "split_url", "writer_token"]
+           "shown_url", "split_url", "writer_token"]
 
 OptionsT = TypeVar("OptionsT")
 
@@ -112,12 +112,26 @@ async def rechunk(chunks: AsyncIterable[bytes | bytearray | memoryview], size: i
 # --- URLs and options -------------------------------------------------------------------------
 
 
+def shown_url(url: str) -> str:
+    """``url`` as an error message may show it: user info and every query value masked (``***``),
+    the option names kept. A URL may carry a secret by mistake (``?aws_secret_access_key=...``,
+    ``user:password@``) and the message that refuses it ends up in logs."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<a storage URL that does not parse>"
+    host = parts.netloc.rpartition("@")[2]
+    netloc = f"***@{host}" if "@" in parts.netloc else host
+    query = "&".join(f"{name}=***" for name in parse_qs(parts.query, keep_blank_values=True))
+    return urlunsplit((parts.scheme, netloc, parts.path, query, "***" if parts.fragment else ""))
+
+
 def split_url(url: str, scheme: str) -> SplitResult:
     parts = urlsplit(url)
     if parts.scheme.lower() != scheme:
-        raise ConfigError(f"{url!r} is not a {scheme}:// URL")
+        raise ConfigError(f"{shown_url(url)!r} is not a {scheme}:// URL")
     if parts.fragment:
-        raise ConfigError(f"storage URL {url!r} must not have a '#fragment'")
+        raise ConfigError(f"storage URL {shown_url(url)!r} must not have a '#fragment'")
     return parts
 
 
@@ -125,7 +139,7 @@ def _query(url: str, query: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for name, values in parse_qs(query, keep_blank_values=True).items():
         if len(values) != 1:
-            raise ConfigError(f"option {name!r} is given {len(values)} times in {url!r}")
+            raise ConfigError(f"option {name!r} is given {len(values)} times in {shown_url(url)!r}")
         out[name] = values[0]
     return out
 
@@ -148,7 +162,7 @@ def parse_options(cls: type[OptionsT], url: str, query: str, kwargs: Mapping[str
             known = f"a URL may carry: {', '.join(public)}"
             if len(public) < len(fields):
                 known += " (credentials go as keyword arguments or the standard credential chain)"
-        raise ConfigError(f"unknown option(s) {', '.join(unknown)} for {url!r}; {known}")
+        raise ConfigError(f"unknown option(s) {', '.join(unknown)} for {shown_url(url)!r}; {known}")
     both = sorted(set(from_url) & set(kwargs))
     if both:
         raise ConfigError(f"option(s) {', '.join(both)} given both in the URL and as arguments")
@@ -161,7 +175,7 @@ def parse_options(cls: type[OptionsT], url: str, query: str, kwargs: Mapping[str
     try:
         return cls(**values)
     except TypeError as exc:
-        raise ConfigError(f"bad options for {url!r}: {exc}") from None
+        raise ConfigError(f"bad options for {shown_url(url)!r}: {exc}") from None
 
 
 def check_positive(owner: str, **values: int | float) -> None:

@@ -45,7 +45,15 @@ from vcasync.errors import (
 )
 from vcasync.storage import DEFAULT_CHUNK_SIZE, BytesLike, ObjectInfo, validate_key, validate_prefix
 
-from ._common import StorageBase, check_chunk_size, check_data, parse_options, split_url, writer_token
+from ._common import (
+    StorageBase,
+    check_chunk_size,
+    check_data,
+    parse_options,
+    shown_url,
+    split_url,
+    writer_token,
+)
 
 __all__ = ["LocalOptions", "LocalStorage", "Writeback"]
 
@@ -137,9 +145,9 @@ class LocalStorage(StorageBase):
             return cls(url, parse_options(LocalOptions, url, "", options))
         parts = split_url(url, "file")
         if parts.netloc not in ("", "localhost"):
-            raise ConfigError(f"file:// URLs name a local path; got host {parts.netloc!r} in {url!r}")
+            raise ConfigError(f"file:// URLs name a local path; got a host in {shown_url(url)!r}")
         if not parts.path.startswith("/"):
-            raise ConfigError(f"file:// URLs need an absolute path, got {url!r}")
+            raise ConfigError(f"file:// URLs need an absolute path, got {shown_url(url)!r}")
         return cls(unquote(parts.path), parse_options(LocalOptions, url, parts.query, options))
 
     # --- helpers ------------------------------------------------------------------------------
