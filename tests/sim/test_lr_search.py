@@ -54,7 +54,7 @@ def test_a_search_over_several_seeds_scores_each_rate_by_its_mean() -> None:
     assert found["sync_lr"] == best_rate(found["grid"], "sync_validation", "accuracy")
 
 
-def test_a_run_that_collapsed_and_climbed_back_scores_its_collapse_not_its_end() -> None:
+def test_a_run_that_collapsed_late_scores_its_collapse_not_its_end() -> None:
     # scoring the final point chose 64 identical workers' synchronous rate 0.1 on digits: its runs
     # rose to 84-89 %, fell to 12-43 % and were climbing back at the end, scoring 90-97 % on the
     # search seeds while 4 of 5 reported seeds ended mid-collapse
@@ -64,13 +64,17 @@ def test_a_run_that_collapsed_and_climbed_back_scores_its_collapse_not_its_end()
     def pts(*acc: float) -> list[EvalPoint]:
         return [EvalPoint(float(i), i, i, a, 1.0 / (a + 0.01)) for i, a in enumerate(acc)]
 
-    assert search_score(pts(0.1, 0.5, 0.9, 0.93), "accuracy") == 0.93        # held: its end
-    assert search_score(pts(0.1, 0.89, 0.43, 0.12, 0.5, 0.88), "accuracy") == 0.12   # climbed back
-    assert search_score(pts(0.1, 0.9, 0.86, 0.91), "accuracy") == 0.91        # 4 points: noise
-    losses = [EvalPoint(float(i), i, i, 0.0, lo) for i, lo in enumerate((3.0, 1.0, 2.5, 1.02))]
+    steady = pts(0.1, 0.3, 0.5, 0.7, 0.8, 0.85, 0.9, 0.91, 0.93)
+    assert search_score(steady, "accuracy") == 0.9                  # the worst of the last third
+    late_collapse = pts(0.1, 0.3, 0.5, 0.7, 0.85, 0.89, 0.43, 0.12, 0.88)
+    assert search_score(late_collapse, "accuracy") == 0.12          # climbed back: still its collapse
+    early_dip = pts(0.1, 0.57, 0.43, 0.7, 0.85, 0.89, 0.9, 0.92, 0.93)
+    assert search_score(early_dip, "accuracy") == 0.9     # a still-learning run's noise: not held against it
+    losses = [EvalPoint(float(i), i, i, 0.0, lo) for i, lo in enumerate((3.0, 2.0, 1.5, 1.2, 2.5, 1.02))]
     assert search_score(losses, "loss") == 2.5
     nan = [EvalPoint(float(i), i, i, 0.0, lo) for i, lo in enumerate((3.0, 1.0, math.nan))]
     assert search_score(nan, "loss") == math.inf
+    assert search_score(pts(0.1, 0.5, math.nan), "accuracy") == 0.0
 
 
 def test_the_fleet_is_searched_under_its_cells_preemptions() -> None:
