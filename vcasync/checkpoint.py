@@ -12,6 +12,11 @@ Layout under the prefix (steps zero-padded so that key order is step order)::
     data/<step:020d>/<name>.<sha256>      every object, written first, if-absent
     manifests/<step:020d>.json            then the manifest, published if-absent: the commit point
 
+An object may also be :class:`Streamed`: chunks made on demand (an encoder over tensors, say), so
+a model-sized object is never held whole in memory. It is read twice, once to learn its SHA-256 and
+size (the key names the digest) and once to write it, and the second reading is hashed too: bytes
+that came out differently are refused (:class:`CorruptObjectError`) before any manifest names them.
+
 A crash before the manifest leaves only unreferenced data objects (``prune`` removes them); a
 manifest is only ever written after all its objects, and in one atomic if-absent put, so a reader
 never sees a half-written checkpoint. ``latest()`` also checks that every object a manifest names
@@ -30,7 +35,7 @@ import logging
 import math
 import time
 import types
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +49,7 @@ from .errors import (
 )
 from .storage import Storage, validate_key, validate_prefix
 
-__all__ = ["CheckpointStore", "Manifest", "ObjectRef", "PruneReport"]
+__all__ = ["CheckpointStore", "Manifest", "ObjectRef", "PruneReport", "Streamed"]
 
 log = logging.getLogger("vcasync.checkpoint")
 
@@ -53,6 +58,9 @@ MAX_STEP = 10**20 - 1
 _STEP_DIGITS = 20
 _THREAD_HASH_BYTES = 1 << 20  # hash bigger objects in a thread, keeping the event loop free
 _PARALLEL = 4
+_STREAM_BATCH = 4 << 20  # a Streamed object is hashed and handed on about this much per thread hop
+
+Chunk = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +91,20 @@ class Manifest:
         return sum(ref.size for ref in self.objects.values())
 
 
+class Streamed:
+    """A checkpoint object given as chunks instead of one bytes object: ``chunks`` makes a fresh
+    iterator over the same bytes at each call (it is called twice, see the module docstring), so
+    the whole object is never in memory at once. Its chunks are produced in worker threads."""
+
+    __slots__ = ("_chunks",)
+
+    def __init__(self, chunks: Callable[[], Iterable[Chunk]]) -> None:
+        self._chunks = chunks
+
+    def chunks(self) -> Iterator[Chunk]:
+        return iter(self._chunks())
+
+
 @dataclass(frozen=True, slots=True)
 class PruneReport:
     """What :meth:`CheckpointStore.prune` kept and removed."""
@@ -90,6 +112,48 @@ class PruneReport:
     kept: list[int] = field(default_factory=list)
     deleted_steps: list[int] = field(default_factory=list)
     deleted_objects: int = 0
+
+
+def _hash_chunks(obj: Streamed) -> tuple[str, int]:
+    """The SHA-256 (hex) and size of a streamed object: one reading, nothing kept."""
+    h, size = hashlib.sha256(), 0
+    for chunk in obj.chunks():
+        h.update(chunk)
+        size += memoryview(chunk).nbytes
+    return h.hexdigest(), size
+
+
+async def _verified(obj: Streamed, ref: ObjectRef) -> AsyncIterator[Chunk]:
+    """A second reading of ``obj``, in worker threads, checked against ``ref`` (taken from the
+    first reading) before the stream ends: bytes that differ never end as a complete object."""
+    chunks, h = obj.chunks(), hashlib.sha256()
+    size = 0
+
+    def take() -> list[Chunk]:
+        nonlocal size
+        batch: list[Chunk] = []
+        got = 0
+        for chunk in chunks:
+            h.update(chunk)
+            n = memoryview(chunk).nbytes
+            size, got = size + n, got + n
+            batch.append(chunk)
+            if got >= _STREAM_BATCH:
+                break
+        return batch
+
+    while batch := await asyncio.to_thread(take):
+        for chunk in batch:
+            yield chunk
+    if size != ref.size or h.hexdigest() != ref.sha256:
+        raise CorruptObjectError(f"checkpoint object {ref.key!r} came out differently when it was "
+                                 "written than when it was hashed (its source changed)", key=ref.key)
+
+
+async def _digest_and_size(data: memoryview | Streamed) -> tuple[str, int]:
+    if isinstance(data, Streamed):
+        return await asyncio.to_thread(_hash_chunks, data)
+    return await _sha256(data), len(data)
 
 
 async def _sha256(data: bytes | memoryview) -> str:
@@ -162,7 +226,7 @@ class CheckpointStore:
 
     # --- writing --------------------------------------------------------------------------------
 
-    async def write(self, step: int, objects: Mapping[str, bytes | bytearray | memoryview],
+    async def write(self, step: int, objects: Mapping[str, bytes | bytearray | memoryview | Streamed],
                     meta: Mapping[str, Any] | None = None) -> Manifest:
         """Write the objects, then publish the manifest; returns it. Every argument is checked
         before anything is written. Idempotent: writing the same checkpoint again (after a crash
@@ -172,14 +236,17 @@ class CheckpointStore:
         self._check_step(step)
         if not isinstance(objects, Mapping) or not objects:
             raise ConfigError("a checkpoint needs at least one object (a mapping name -> bytes)")
-        views: dict[str, memoryview] = {}
+        views: dict[str, memoryview | Streamed] = {}
         for name, data in objects.items():
             try:
                 validate_key(name)
             except InvalidKeyError as exc:
                 raise InvalidKeyError(f"checkpoint object name: {exc}", key=exc.key) from None
+            if isinstance(data, Streamed):
+                views[name] = data
+                continue
             if not isinstance(data, bytes | bytearray | memoryview):
-                raise ConfigError(f"checkpoint object {name!r} must be bytes-like, "
+                raise ConfigError(f"checkpoint object {name!r} must be bytes-like (or Streamed), "
                                   f"got {type(data).__name__}")
             views[name] = memoryview(data).cast("B")
         try:
@@ -187,19 +254,22 @@ class CheckpointStore:
             meta_dict = json.loads(_canonical(dict(meta or {})))  # as a reader will see it
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"checkpoint meta must be JSON (finite numbers, str keys): {exc}") from None
-        digests = await asyncio.gather(*(_sha256(v) for v in views.values()))
-        refs = {name: ObjectRef(key=self._data_key(step, name, digest), size=len(view), sha256=digest)
-                for (name, view), digest in zip(views.items(), digests, strict=True)}
+        sums = await asyncio.gather(*(_digest_and_size(v) for v in views.values()))
+        refs = {name: ObjectRef(key=self._data_key(step, name, digest), size=size, sha256=digest)
+                for name, (digest, size) in zip(views, sums, strict=True)}
         manifest_key = self.manifest_key(step)
         if await self.storage.exists(manifest_key):
             return await self._same_or_refuse(step, refs, meta_dict)
 
         gate = asyncio.Semaphore(_PARALLEL)
 
-        async def put(ref: ObjectRef, view: memoryview) -> None:
+        async def put(ref: ObjectRef, view: memoryview | Streamed) -> None:
             async with gate:
                 try:
-                    await self.storage.put(ref.key, view, if_absent=True)
+                    if isinstance(view, Streamed):
+                        await self.storage.put_stream(ref.key, _verified(view, ref), if_absent=True)
+                    else:
+                        await self.storage.put(ref.key, view, if_absent=True)
                 except PreconditionFailedError:
                     # The key names the content: an earlier attempt's (or a twin's) identical object.
                     if (await self.storage.stat(ref.key)).size != ref.size:

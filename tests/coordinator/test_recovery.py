@@ -574,3 +574,31 @@ async def test_a_damaged_journal_stops_the_start_with_a_clear_error(kit, clock, 
         await storage.delete("vcasync/journal/0000000000000001")
     with pytest.raises(CorruptObjectError, match="journal entry"):
         await make(kit, storage, clock).__aenter__()
+
+
+async def test_snapshot_models_and_bases_are_streamed_to_storage_never_put_whole(kit, clock,
+                                                                                 storage) -> None:
+    """A model-sized object (a snapshot's model, a delta's stored base) goes to storage as it is
+    encoded: one put of the whole object held a bytes copy as big as the model (and its chunks
+    while they were joined) beside the model. What is written still recovers bit for bit."""
+    calls: list[tuple[str, str | None]] = []
+    logged = FaultyStorage(storage, trigger=lambda op, key: calls.append((op, key)) is not None)
+    async with make(kit, logged, clock, units=12, snapshot_every=2, max_staleness=3) as a:
+        w = await a.join()
+        old = await a.lease(w)
+        for _ in range(3):
+            await submit(kit, a, w, await a.lease(w), base_version=a.version)
+        await submit(kit, a, w, old, base_version=0)          # base 0 must be stored
+        model = a.model()
+
+    def big(key: str | None) -> bool:
+        return key is not None and ("/bases/" in key or "/model." in key)
+
+    assert [key for op, key in calls if op == "put" and big(key)] == []
+    streamed = [key for op, key in calls if op == "put_stream" and big(key)]
+    assert any("/bases/" in key for key in streamed)
+    assert any("/model." in key for key in streamed)
+    async with make(kit, storage, clock, units=12) as b:
+        again = b.model()
+    assert again.version == model.version
+    assert all(torch.equal(again[k], model[k]) for k in model.tensors)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from collections.abc import Iterator
 
 import pytest
 
-from vcasync.checkpoint import CheckpointStore, Manifest
+from vcasync.checkpoint import CheckpointStore, Manifest, Streamed
 from vcasync.errors import (
     ConfigError,
     CorruptObjectError,
@@ -180,3 +181,42 @@ async def test_prune_keeps_the_newest_complete(any_storage: Storage) -> None:
     assert not any(k.startswith("ck/data/00000000000000000001/") for k in remaining)
     assert (await store.prune(1)).kept == [4]  # never below the newest complete one
     assert (await store.latest()) == latest
+
+
+async def test_a_streamed_object_is_written_from_its_chunks(any_storage: Storage) -> None:
+    """A Streamed object is read twice (hashed, then written), never joined into one bytes."""
+    data = payload(1, "model", 3 << 20)
+    readings = []
+
+    def chunks() -> Iterator[memoryview]:
+        readings.append(1)
+        view = memoryview(data)
+        for i in range(0, len(data), 100_000):
+            yield view[i:i + 100_000]
+
+    store = CheckpointStore(any_storage, "run/ckpt")
+    manifest = await store.write(1, {"model": Streamed(chunks), "small": b"abc"}, {"v": 1})
+    assert len(readings) == 2
+    assert manifest.objects["model"].size == len(data)
+    assert manifest.objects["model"].sha256 == hashlib.sha256(data).hexdigest()
+    latest = await store.latest()
+    assert latest == manifest
+    assert await store.read(latest, "model") == data
+    assert await store.read(latest, "small") == b"abc"
+    # the same checkpoint again: idempotent, as with bytes
+    assert await store.write(1, {"model": data, "small": b"abc"}, {"v": 1}) == manifest
+
+
+async def test_a_streamed_object_that_changes_between_its_readings_is_never_published(
+        any_storage: Storage) -> None:
+    readings = []
+
+    def chunks() -> Iterator[bytes]:
+        readings.append(1)
+        yield payload(len(readings), "model", 50_000)
+
+    store = CheckpointStore(any_storage, "run/ckpt")
+    with pytest.raises(CorruptObjectError, match="came out differently"):
+        await store.write(1, {"model": Streamed(chunks)}, {})
+    assert await store.steps() == []
+    assert await store.latest() is None

@@ -54,7 +54,7 @@ from typing import Any, Literal
 import torch
 
 from .._aio import first_error
-from ..checkpoint import CheckpointStore
+from ..checkpoint import CheckpointStore, Streamed
 from ..errors import (
     ConfigError,
     CorruptObjectError,
@@ -462,9 +462,12 @@ class Journal:
         """Before journaling a delta on ``model``: store it if replay could not regenerate it."""
         if model.version >= self._captured_version or model.version in self._bases:
             return
-        data = await asyncio.to_thread(_encode_bytes, "model", {"version": model.version},
-                                       model.tensors, self._config.codec)
-        await self._need().put(self._base_key(model.version), data)
+        # Streamed, zero-copy: the version is held (immutable) until this write returns, and the
+        # model is never encoded whole into memory (a model-sized bytes object, twice over)
+        await self._need().put_stream(self._base_key(model.version),
+                                      aencode_payload("model", {"version": model.version},
+                                                      model.tensors, codec=self._config.codec,
+                                                      zero_copy=True))
         self._bases.add(model.version)
 
     # -- snapshots --------------------------------------------------------------------------------
@@ -485,8 +488,12 @@ class Journal:
             self._found_step = self._step
         step = self._next_step(self._step)
         await self._check_earlier_owners()
-        model = await asyncio.to_thread(_encode_bytes, "model", {"version": captured.model.version},
-                                        captured.model.tensors, self._config.codec)
+        # The model goes to storage as it is encoded, never whole in memory (it was a bytes object
+        # as big as the model, plus its chunks while they were joined): zero-copy, the captured
+        # version is held, immutable, until this write is done.
+        version, tensors, codec = captured.model.version, captured.model.tensors, self._config.codec
+        model = Streamed(lambda: encode_payload("model", {"version": version}, tensors, codec=codec,
+                                                zero_copy=True))
         ledger = await asyncio.to_thread(pack_tree, captured.ledger)
         try:
             await self._store.write(step, {"model": model, "policy": captured.policy_state,
@@ -646,7 +653,3 @@ def _blob_of(meta: Mapping[str, Any]) -> str:
         raise CorruptObjectError(f"journal record {str(meta.get('seq'))[:20]} names no bytes")
     return blob
 
-
-def _encode_bytes(kind: str, meta: Mapping[str, Any], tensors: Mapping[str, torch.Tensor],
-                  codec: str) -> bytes:
-    return b"".join(encode_payload(kind, meta, tensors, codec=codec))
