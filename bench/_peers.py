@@ -141,7 +141,6 @@ async def _serve(app: web.Application, port_file: Path, stop: asyncio.Event, *, 
 
 
 async def coordinator(a: argparse.Namespace, stop: asyncio.Event) -> None:
-    model = bench_model(a.params, arch=a.arch)
     units = [WorkUnit(f"u{i}", steps=a.steps) for i in range(a.units)]
     monitor = StallMonitor()
     pauses = GcPauses()
@@ -151,7 +150,11 @@ async def coordinator(a: argparse.Namespace, stop: asyncio.Event) -> None:
                                 **({} if a.max_staleness is None else {"max_staleness": a.max_staleness}))
         policy = build_policy("vcasgd")
         async with open_storage(url) as storage, \
-                Coordinator(model, units, policy=policy, storage=storage, config=cfg) as coord:
+                Coordinator(bench_model(a.params, arch=a.arch), units, policy=policy, storage=storage,
+                            config=cfg) as coord:
+            # the model is built in the call, not kept here: the coordinator copies it at start
+            # and lets go of it, as `vcasync coordinator` does (a copy kept here is not the
+            # coordinator's memory, yet it would count in this process's RSS)
             app = build_app(coord, TokenAuthority(join_secret=SECRET))
 
             async def stall(request: web.Request) -> web.Response:

@@ -3,15 +3,19 @@ anyone else can still see is never reused."""
 
 from __future__ import annotations
 
+import gc
 import sys
+import weakref
 from typing import Any, ClassVar
 
+import pytest
 import torch
 
 from vcasync._aio import to_thread_released
 from vcasync.coordinator import Coordinator, CoordinatorConfig
 from vcasync.coordinator._buffers import BufferPool, unshared
 from vcasync.ledger._units import make_units
+from vcasync.storage import open_storage
 from vcasync.tensors import ModelState, Update
 
 
@@ -117,3 +121,26 @@ async def test_to_thread_released_lets_go_of_its_arguments_when_it_returns() -> 
     for _ in range(50):     # plain asyncio.to_thread loses this race now and then
         assert await to_thread_released(torch.Tensor.sum, t) == 0
         assert sys.getrefcount(t) == before
+
+
+@pytest.mark.parametrize("durability", ["none", "journal"])
+async def test_the_callers_model_is_let_go_of_once_the_coordinator_started(kit, clock, policy,
+                                                                           tmp_path,
+                                                                           durability) -> None:
+    """Start-up copies the model (the working model, the first version); the coordinator then
+    holds no reference to the caller's tensors, so a caller that drops its own frees them, and
+    the process holds one model-sized copy less for the whole run."""
+    model = kit.tiny_model()
+    refs = [weakref.ref(t) for t in model.tensors.values()]
+    storage = None if durability == "none" else open_storage(f"file://{tmp_path}/state")
+    coord = Coordinator(model, make_units(4), policy=policy, storage=storage,
+                        config=CoordinatorConfig(durability=durability), clock=clock)
+    del model
+    async with coord:
+        gc.collect()
+        assert [r() for r in refs] == [None] * len(refs)
+        w = await coord.join("w")
+        await _submit_values(kit, coord, w, 0.25)       # and it runs on without it
+        assert coord.version == 1
+    if storage is not None:
+        await storage.aclose()

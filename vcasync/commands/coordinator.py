@@ -364,6 +364,8 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
 
     # before the model is built: its settings are checked when made (heartbeat vs lease timeout)
     coord_cfg = dataclass_from_table(CoordinatorConfig, cfg.coordinator, "coordinator")
+    # the factory's module is a temporary: copied into the state, it is not kept beside the
+    # coordinator's own copies
     model = ModelState.from_module(build_module(cfg.model, cfg.seed, app_dir=app_dir))
     bad = first_non_finite(model.tensors)
     if bad is not None:     # named here: the Coordinator's own check knows no factory
@@ -396,8 +398,10 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                        if coord_cfg.durability != "none" else None)
         authority = TokenAuthority(join_secret=secret, join_tokens=tokens, store=token_store,
                                    operator_token=operator_token)
-        async with Coordinator(model, units, policy=policy, storage=storage, config=coord_cfg,
-                               policy_params=policy_params, start=start) as coord:
+        coordinator = Coordinator(model, units, policy=policy, storage=storage, config=coord_cfg,
+                                  policy_params=policy_params, start=start)
+        del model      # the coordinator copies it at start and then lets go of it: keep none here
+        async with coordinator as coord:
             if coord.finished and not coord.parked():
                 status = coord.status()
                 log.info("run %s is already finished at model v%d (units: %s); nothing to serve",

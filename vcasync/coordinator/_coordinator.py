@@ -119,7 +119,10 @@ class Coordinator:
             raise ConfigError(f"durability {self.config.durability!r} needs a storage")
         if model.version < 0 or not len(model):
             raise ConfigError("the model needs at least one tensor and a version >= 0")
-        self._model_in = model
+        #: The caller's model until recovery has copied it (into the working model and the first
+        #: version, or not at all when a stored run is resumed); then let go of, so the process
+        #: does not keep one more model-sized copy for the whole run when the caller drops its own.
+        self._model_in: ModelState | None = model
         self._units_in = units_in
         self._policy = policy
         self._clock = clock
@@ -167,6 +170,7 @@ class Coordinator:
             retrier = Retrier(self._startup_retry)
             await retrier.call(self._take_prefix, describe="coordinator start-up")
             await retrier.call(self._recover, describe="coordinator start-up")
+            self._model_in = None             # copied (or superseded by the stored run): let go
             await self._ensure_prefix()       # still this run's coordinator after the recovery
         except BaseException:
             self._phase = "closed"
@@ -441,6 +445,7 @@ class Coordinator:
                     f"recovered: {lost}. Restore its snapshots, or start a new run (--new-run, or "
                     "another state_prefix)", key=self.config.state_prefix)
         if rec is None:
+            assert self._model_in is not None, "recovery runs before the caller's model is let go of"
             self._owner = ModelOwner(self._policy, self._model_in,
                                      max_retained_bytes=self.config.max_retained_bytes)
             self._ledger = Ledger(self._units_in, config=cfg, clock=self._clock, secret=run.secret)
