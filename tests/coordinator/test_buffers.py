@@ -88,19 +88,29 @@ async def _submit_values(kit, coord: Coordinator, worker: str, value: float) -> 
     assert receipt.status == "accepted"
 
 
-async def test_uploads_reuse_the_previous_uploads_memory(kit, clock, policy) -> None:
+async def test_uploads_and_versions_reuse_the_same_memory(kit, clock, policy) -> None:
+    """After the first result nothing model-sized is allocated: an upload decodes into the spare
+    set, and once merged that set becomes the next version (the working model is copied into it,
+    not into another spare); the version it replaces is the next spare. Three sets in all: the
+    working model, the current version and one spare (a copy into a spare of its own kept four)."""
     config = CoordinatorConfig(durability="none", max_concurrent_decodes=1)
     async with Coordinator(kit.tiny_model(), make_units(4), policy=policy, storage=None,
                            config=config, clock=clock) as coord:
         w = await coord.join("w")
         await _submit_values(kit, coord, w, 0.25)
         pool = coord._update_buffers
-        assert len(pool) == 1                      # the first result's tensors came back
-        recycled = pool._free[0]["w"].data_ptr()
-        for value in (0.5, 0.75):
+        assert len(pool) == 1                      # version 0's set, dropped after the merge
+        seen = {pool._free[0]["w"].data_ptr(), coord._owner.versions.current.model["w"].data_ptr(),
+                coord._owner._working["w"].data_ptr()}
+        for value in (0.5, 0.75, 1.0):
+            spare = pool._free[0]["w"].data_ptr()
+            before = coord._owner.versions.current.model["w"].data_ptr()
             await _submit_values(kit, coord, w, value)
             assert len(pool) == 1
-            assert pool._free[0]["w"].data_ptr() == recycled   # decoded into the same memory
+            assert coord._owner.versions.current.model["w"].data_ptr() == spare  # decoded there
+            assert pool._free[0]["w"].data_ptr() == before                      # the old version
+        assert {pool._free[0]["w"].data_ptr(), coord._owner.versions.current.model["w"].data_ptr(),
+                coord._owner._working["w"].data_ptr()} == seen
 
 
 async def test_a_policy_that_keeps_results_never_sees_them_overwritten(kit, clock) -> None:

@@ -145,8 +145,10 @@ class Coordinator:
         self._merger: Merger
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self._decode_slots = asyncio.Semaphore(self.config.max_concurrent_decodes)
-        # Uploads decode into recycled tensor sets: one per decode slot stays mapped between uploads.
-        self._update_buffers = BufferPool(self.spec, self.config.max_concurrent_decodes)
+        # Spare model-sized tensor sets, kept mapped: uploads decode into them, a merged result's
+        # set becomes the next version (ModelOwner.merge) and a dropped version's comes back here.
+        # One per decode slot, and one for the version a merge publishes.
+        self._update_buffers = BufferPool(self.spec, self.config.max_concurrent_decodes + 1)
         self._finished = asyncio.Event()
         self._finish_wanted = asyncio.Event()    # settled, waiting for a snapshot (snapshot mode)
         self._touched = False        # a worker or operator call came: the ledger may have changed
@@ -447,14 +449,15 @@ class Coordinator:
         if rec is None:
             assert self._model_in is not None, "recovery runs before the caller's model is let go of"
             self._owner = ModelOwner(self._policy, self._model_in,
-                                     max_retained_bytes=self.config.max_retained_bytes)
+                                     max_retained_bytes=self.config.max_retained_bytes,
+                                     pool=self._update_buffers)
             self._ledger = Ledger(self._units_in, config=cfg, clock=self._clock, secret=run.secret)
         else:
             # The stored state belongs to the run's policy: replay with it, switch afterwards.
             replaying = self._recorded_policy(run.recorded) if reset else self._policy
             self._owner = ModelOwner(replaying, ModelState(rec.tensors, rec.version),
                                      max_retained_bytes=self.config.max_retained_bytes,
-                                     policy_state=rec.policy_state)
+                                     policy_state=rec.policy_state, pool=self._update_buffers)
             self._ledger = Ledger.restore(rec.ledger, config=cfg, clock=self._clock,
                                           secret=run.secret)
             self._ledger.add_units(self._units_in)

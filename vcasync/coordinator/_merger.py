@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -228,9 +229,13 @@ class Merger:
 
     def _done_with(self, job: Job) -> None:
         """The job's tensors are merged (or refused) and journaled: offer them for reuse."""
-        tensors, job.tensors = job.tensors, {}
         if job.blob is not None and not job.blob_named:
             self._journal.discard_later(job.blob)
+        self._give_back(job)
+
+    def _give_back(self, job: Job) -> None:
+        """Offer the job's tensors for reuse (once: the job holds none afterwards)."""
+        tensors, job.tensors = job.tensors, {}
         if self._recycle is not None and tensors:
             self._recycle(tensors)
 
@@ -284,7 +289,8 @@ class Merger:
                 job.blob_named = by_ref
                 self._metrics.journal_writes += 1
             return await self.apply(job.worker_id, job.unit.unit_id, meta, job.tensors,
-                                     None if held is None else held.model, live=True)
+                                     None if held is None else held.model, live=True,
+                                     release=functools.partial(self._give_back, job))
         finally:
             if held is not None:
                 self._owner.release(held)
@@ -307,27 +313,31 @@ class Merger:
 
     async def apply(self, worker_id: str, unit_id: str, meta: ResultMeta,
                      tensors: dict[str, torch.Tensor], base: ModelState | None, *,
-                     live: bool = False) -> Receipt:
+                     live: bool = False, release: Callable[[], None] | None = None) -> Receipt:
         """Merge one result that passed every check (live, or replayed from the journal). A merge
-        the policy broke is refused (reason ``policy``) as it was live; live ones are counted."""
+        the policy broke is refused (reason ``policy``) as it was live; live ones are counted.
+        ``release``: gives ``tensors`` back to the buffer pool once the policy is done with them
+        (see :meth:`ModelOwner.merge`); ``tensors`` must not be used after the merge then."""
         current = self._owner.version
-        # The policy sees its own mapping: one it kept (against the contract) holds the tensors,
-        # so they are never recycled under it.
-        update = Update(tensors=dict(tensors), kind=meta.kind, base_version=meta.base_version,
-                        staleness=current - meta.base_version, samples=meta.samples,
-                        steps=meta.steps, worker_id=worker_id, unit_id=unit_id,
-                        metrics=dict(meta.metrics), base=base)
+        staleness = current - meta.base_version
         await self._journal.raise_version_floor(current + 1)   # before anyone can see it
         started = time.perf_counter()
         try:
-            await self._owner.merge(update)
+            # The policy sees its own mapping: one it kept (against the contract) holds the
+            # tensors, so they are never recycled under it. No reference to the Update stays
+            # here, so once the policy is done with it the new version can go into its tensors.
+            await self._owner.merge(Update(tensors=dict(tensors), kind=meta.kind,
+                                           base_version=meta.base_version, staleness=staleness,
+                                           samples=meta.samples, steps=meta.steps,
+                                           worker_id=worker_id, unit_id=unit_id,
+                                           metrics=dict(meta.metrics), base=base), release)
         except (UpdateRejectedError, ValidationError, PolicyError) as exc:
             if live and isinstance(exc, PolicyFailedError):
                 self._policy_failures.append(exc)
             return self.record_reject(meta.lease_id, worker_id, unit_id, reject_reason(exc))
         self._policy_failures.clear()
         self._metrics.merge_seconds.observe(time.perf_counter() - started)
-        self._metrics.staleness.observe(update.staleness)
+        self._metrics.staleness.observe(staleness)
         self._metrics.merges += 1
         self._metrics.results["accepted"] += 1
         self._since_snapshot += 1

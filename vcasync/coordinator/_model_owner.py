@@ -27,6 +27,7 @@ from ..errors import (
 from ..policy import MergePolicy, PolicyState
 from ..tensors import ModelSpec, ModelState, Update
 from ..wire import aencode_payload, check_tree, pack_tree
+from ._buffers import BufferPool
 from ._counters import CounterBases
 from ._versions import Version, VersionStore, copy_tensors
 
@@ -73,7 +74,7 @@ class ModelOwner:
     """Only the merge loop calls :meth:`merge`, :meth:`retain`, :meth:`jump` and :meth:`pack_state`."""
 
     def __init__(self, policy: MergePolicy, model: ModelState, *, max_retained_bytes: int | None,
-                 policy_state: PolicyState | None = None) -> None:
+                 policy_state: PolicyState | None = None, pool: BufferPool | None = None) -> None:
         self.policy = policy
         self.needs_base = bool(getattr(policy, "needs_base", False))
         self.spec: ModelSpec = model.spec
@@ -85,7 +86,7 @@ class ModelOwner:
         self._working = ModelState(copy_tensors(model.tensors, None), model.version)
         self.state: PolicyState = (policy.init_state(self._working) if policy_state is None
                                    else policy_state)
-        self.versions = VersionStore(self._working, max_bytes=max_retained_bytes)
+        self.versions = VersionStore(self._working, max_bytes=max_retained_bytes, pool=pool)
         #: Integer tensors per version, to turn full-weights results into increments (the policy
         #: contract); kept for the staleness window whatever the versions' byte budget drops.
         self.counters = CounterBases(self._working)
@@ -102,21 +103,32 @@ class ModelOwner:
         self.state = policy.init_state(self._working)
 
     # -- merge loop only --------------------------------------------------------------------------
-    async def merge(self, update: Update) -> bool:
-        """Merge one update; True when a new version was published. Refusals raise unchanged."""
+    async def merge(self, update: Update, release: Callable[[], None] | None = None) -> bool:
+        """Merge one update; True when a new version was published. Refusals raise unchanged.
+
+        ``release`` is called once the policy is done with the update, before the new version is
+        copied out of the working model: there the caller gives the update's tensors back to the
+        buffer pool, so the copy can go into them (one model-sized set less than a copy into a
+        spare). The caller must pass the only reference to ``update``: a reference kept anywhere
+        else (the policy's, against the contract) keeps its tensors from being reused."""
         current = self.version
-        buffer = self.versions.take_buffer()
-        published = await to_thread_released(self._merge_sync, update, buffer, current)
-        if published is None:
-            if buffer is not None:
-                self.versions.give_back(buffer)
+        changed = await to_thread_released(self._merge_sync, update, current)
+        del update
+        if release is not None:
+            release()
+        if not changed:
             return False
+        buffer = self.versions.take_buffer()
+        published = await to_thread_released(self._copy_out, buffer, current + 1)
         self.versions.publish(published)
         self.counters.record(published)
         return True
 
-    def _merge_sync(self, update: Update, buffer: dict[str, torch.Tensor] | None,
-                    current: int) -> ModelState | None:
+    def _copy_out(self, buffer: dict[str, torch.Tensor] | None, version: int) -> ModelState:
+        return ModelState(copy_tensors(self._working.tensors, buffer), version)
+
+    def _merge_sync(self, update: Update, current: int) -> bool:
+        """The policy's merge into the working model, checked; False when it changed nothing."""
         working = self._working
         try:
             out = self.policy.merge(working, update, self.state)
@@ -148,9 +160,9 @@ class ModelOwner:
                 raise
             raise self._policy_failed(exc, update) from exc
         if out is None:
-            return None
+            return False
         working.version = current + 1
-        return ModelState(copy_tensors(working.tensors, buffer), current + 1)
+        return True
 
     def _policy_failed(self, exc: Exception, update: Update) -> PolicyFailedError:
         """The error for a merge the policy broke (the model is restored already), logged: the

@@ -58,13 +58,16 @@ def copy_tensors(src: Mapping[str, torch.Tensor],
 class VersionStore:
     """Published versions by number, with buffer recycling and a byte budget."""
 
-    def __init__(self, model: ModelState, *, max_bytes: int | None, spare_buffers: int = 1) -> None:
+    def __init__(self, model: ModelState, *, max_bytes: int | None, spare_buffers: int = 1,
+                 pool: BufferPool | None = None) -> None:
+        """``pool``: where dropped versions' buffers go and new versions' come from (the
+        coordinator shares one with the uploads' decode buffers); else one of ``spare_buffers``."""
         first = Version(ModelState(copy_tensors(model.tensors, None), model.version))
         self._versions: dict[int, Version] = {first.number: first}
         self._current = first
         self._nbytes = max(model.nbytes, 1)
         self._max_versions = None if max_bytes is None else max(1, max_bytes // self._nbytes)
-        self._pool = BufferPool(model.spec, spare_buffers)
+        self._pool = pool if pool is not None else BufferPool(model.spec, spare_buffers)
 
     @property
     def current(self) -> Version:
