@@ -44,6 +44,21 @@ def test_bench_modelsize_sizes_parse() -> None:
                                                                         5 * 10**8]
 
 
+@pytest.mark.parametrize("codec", ["raw", "bf16"])
+def test_bench_modelsize_encodes_the_payload_whole_as_the_encoder_makes_it(codec: str) -> None:
+    """One buffer grown as it is encoded (not the chunks joined: twice the payload at once),
+    byte for byte the payload the encoder makes."""
+    import torch
+
+    from bench.modelsize import encode_whole
+    from vcasync.wire import encode_payload
+    tensors = {"w": torch.randn(300_000), "b": torch.randn(7), "n": torch.ones((), dtype=torch.int64)}
+    meta = {"lease_id": "x", "base_version": 3}
+    data = encode_whole("result", meta, tensors, codec)
+    assert isinstance(data, bytearray)
+    assert data == b"".join(encode_payload("result", meta, tensors, codec=codec))
+
+
 @pytest.mark.slow
 def test_bench_ledger_prints_its_figures() -> None:
     out = subprocess.run([sys.executable, "-m", "bench.ledger", "--sizes", "3000", "--reps", "1",
