@@ -33,7 +33,9 @@ import json
 import math
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -74,11 +76,22 @@ def encode_whole(kind: str, meta: dict[str, Any], tensors: dict[str, torch.Tenso
     return buf
 
 
-class Uploader:
-    """One delta result per call: lease, encode (before the clock starts), upload, wait merged."""
+def spool_whole(path: Path, kind: str, meta: dict[str, Any], tensors: dict[str, torch.Tensor],
+                codec: str) -> None:
+    """The whole payload written to ``path`` as it is encoded, as a worker spools its result."""
+    with path.open("wb") as f:
+        for piece in encode_payload(kind, meta, tensors, codec=codec, zero_copy=True):
+            f.write(piece)
 
-    def __init__(self, url: str, params: int) -> None:
+
+class Uploader:
+    """One delta result per call: lease, encode (before the clock starts), upload, wait merged.
+    ``spool``: a directory the payload is written to and uploaded from (as a worker does), so this
+    process holds the delta only, not the payload too."""
+
+    def __init__(self, url: str, params: int, spool: Path | None = None) -> None:
         self.url = url
+        self.spool = spool
         self.delta = bench_delta(bench_model(params, arch="resnet50"))
         self.model_bytes = sum(t.numel() * t.element_size() for t in self.delta.values())
 
@@ -89,9 +102,14 @@ class Uploader:
         grant = await client.lease()
         meta = {"lease_id": grant.lease_id, "base_version": grant.base_version, "kind": "delta",
                 "samples": 1, "steps": 1, "partial": False, "metrics": {}}
-        data = await asyncio.to_thread(encode_whole, "result", meta, self.delta, codec)
+        if self.spool is None:
+            data: bytearray | Path = await asyncio.to_thread(encode_whole, "result", meta,
+                                                             self.delta, codec)
+        else:
+            data = self.spool / "result"
+            await asyncio.to_thread(spool_whole, data, "result", meta, self.delta, codec)
         t0 = time.perf_counter()
-        receipt = await client.submit(grant.lease_id, data, size=len(data))
+        receipt = await client.submit(grant.lease_id, data)
         del data
         async with http.get(f"{self.url}/bench/merged", params={"version": str(receipt.version)}) as r:
             if (await r.json())["version"] < receipt.version:
@@ -110,8 +128,9 @@ async def _timed(op: Any) -> float:
         return math.inf
 
 
-async def measure(url: str, params: int, reps: int, warmup: int, held: int) -> dict[str, Any]:
-    up = Uploader(url, params)
+async def measure(url: str, params: int, reps: int, warmup: int, held: int,
+                  spool: Path | None = None) -> dict[str, Any]:
+    up = Uploader(url, params, spool)
     async with CoordinatorClient(url, timeout_s=OP_TIMEOUT_S) as client, \
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=OP_TIMEOUT_S)) as http:
         await client.join(SECRET, "bench")
@@ -142,6 +161,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--held", type=non_negative_int, default=None,
                    help="leases left open, one per version, as slow workers hold them (default: "
                         "the staleness window, 8, or --warmup if that is fewer)")
+    p.add_argument("--spool", action="store_true",
+                   help="upload each result from a file it is first written to, as a worker does, "
+                        "instead of from memory: this process then holds the delta only (what "
+                        "lets 4GB fit on a 24 GiB machine)")
     add_quick(p, QUICK, "10 MB and 100 MB only, 2 reps")
     p.add_argument("--json", action="store_true")
     a = parse_args(p, argv)
@@ -162,12 +185,14 @@ def main(argv: list[str] | None = None) -> int:
         params = size // 4
         with peer("coordinator", "--params", str(params), "--arch", "resnet50", "--durability",
                   "journal", "--max-staleness", str(STALENESS), "--units",
-                  str(a.warmup + a.held + 2 * a.reps + 4), timeout=600.0) as url:
-            results[size] = run(measure(url, params, a.reps, a.warmup, a.held))
+                  str(a.warmup + a.held + 2 * a.reps + 4), timeout=600.0) as url, \
+                tempfile.TemporaryDirectory(prefix="vcasync-bench-spool-") as tmp:
+            results[size] = run(measure(url, params, a.reps, a.warmup, a.held,
+                                        Path(tmp) if a.spool else None))
     figures: dict[str, Any] = {}
     print(f"ingest against model size: ResNet-50 layout, journal durability, max_staleness "
           f"{STALENESS}, {a.warmup} warm-up uploads, {a.held} leases held open, {a.reps} measured "
-          f"(min / median / max)")
+          f"(min / median / max){', uploaded from spooled files' if a.spool else ''}")
     print(f"{'model':>8}{'fp32 s min/med/max':>26}{'GB/s':>7}{'bf16 s':>8}{'RSS MB':>9}"
           f"{'peak MB':>9}{'x model':>9}{'failed':>8}")
     for size, r in results.items():
@@ -192,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     figures = {"ingest_linearity": linearity,
                "rss_multiple_max": results[largest]["rss_peak"] / results[largest]["bytes"],
                "largest": label(largest), "failed": sum(figures[f"failed_{label(s)}"] for s in sizes),
-               **figures, "staleness": STALENESS, "held": a.held, "reps": a.reps, "warmup": a.warmup}
+               **figures, "staleness": STALENESS, "held": a.held, "reps": a.reps, "warmup": a.warmup,
+               "spool": a.spool}
     if linearity is None:
         figures["reasons"] = {"ingest_linearity": "needs a size above 100 MB (--max-size); the "
                                                   "smallest size against 100 MB is ingest_linearity_small"}

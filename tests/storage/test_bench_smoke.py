@@ -59,6 +59,18 @@ def test_bench_modelsize_encodes_the_payload_whole_as_the_encoder_makes_it(codec
     assert data == b"".join(encode_payload("result", meta, tensors, codec=codec))
 
 
+def test_bench_modelsize_spools_the_payload_the_encoder_makes(tmp_path: Path) -> None:
+    """--spool: the payload is written to a file as it is encoded (and uploaded from it)."""
+    import torch
+
+    from bench.modelsize import encode_whole, parse, spool_whole
+    tensors = {"w": torch.randn(300_000), "n": torch.ones((), dtype=torch.int64)}
+    spool_whole(tmp_path / "r", "result", {"lease_id": "x"}, tensors, "raw")
+    assert (tmp_path / "r").read_bytes() == encode_whole("result", {"lease_id": "x"}, tensors, "raw")
+    assert parse(["--spool"]).spool
+    assert not parse([]).spool
+
+
 @pytest.mark.slow
 def test_bench_ledger_prints_its_figures() -> None:
     out = subprocess.run([sys.executable, "-m", "bench.ledger", "--sizes", "3000", "--reps", "1",
