@@ -1,7 +1,11 @@
 """Ingest time and coordinator memory against model size
-(``python -m bench.modelsize [--quick] [--json] [--max-size 4GB]``).
+(``python -m bench.modelsize [--quick] [--json] [--max-size 4GB [--spool]]``).
 
-For each size (10 MB, 100 MB, 1 GB by default; 4 GB only with ``--max-size 4GB``, when memory allows),
+For each size (10 MB, 100 MB, 1 GB by default; 4 GB only with ``--max-size 4GB``, when memory allows:
+on a 24 GiB machine with ``--spool`` too, since the coordinator (about 3 model sets at 4 GB, 4
+while a snapshot is written during merges) and this process (the delta, and the payload unless
+spooled) share it. Not a default for memory, not time: the row took under 5 minutes on 2 cores
+with ``--reps 1``, but the default in-memory upload does not fit beside the coordinator there),
 a real coordinator process (the default ``journal`` durability on a ``file://`` store, ``vcasgd``,
 ``max_staleness`` 8) serves a model with a ResNet-50 state dict's layout (320 tensors, channels scaled
 to the size, int64 counters included). This process uploads fp32 delta results (``raw`` codec)
@@ -12,8 +16,9 @@ only while a result may still be based on it, so this is the window full, the me
 plans for (``--held 0``: one worker, only the current version kept). Then ``--reps`` measured
 ones, then ``--reps`` bf16 delta uploads (codec ``bf16``: bf16 + shuffle + zstd-1). One upload's
 ingest time runs from the first byte sent until the receipt is back and the new version is
-served. Memory: the coordinator's resident set after the uploads and its peak (``VmHWM``), each
-read from the coordinator process itself.
+served; the payload is encoded into memory before (``--spool``: into a file it is then uploaded
+from, as a worker does). Memory: the coordinator's resident set after the uploads and its peak
+(``VmHWM``), each read from the coordinator process itself.
 
 Figures (``--json``, last line): ``ingest_linearity`` (median seconds per model byte at the largest
 size / at 100 MB: 1.0 is linear, below is better than linear; null, with a reason, when no size is
@@ -154,7 +159,8 @@ QUICK: dict[str, Any] = {"max_size": "100MB", "reps": 2}   # strings go through 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--max-size", type=parse_size, default=parse_size("1GB"),
-                   help="the largest model (default 1GB; 4GB needs ~30 GB of free memory)")
+                   help="the largest model (default 1GB; 4GB needs about 20 GB of free memory "
+                        "with --spool)")
     p.add_argument("--reps", type=positive_int, default=3)
     p.add_argument("--warmup", type=non_negative_int, default=STALENESS + 2,
                    help="uploads before measuring (default: the staleness window + 2)")

@@ -2,8 +2,9 @@
 
 A 100 MB allocation is fresh pages, and the first write to each page faults: filling new memory
 runs at a fraction of a copy into pages already mapped (see BENCHMARKS.md). The coordinator keeps a
-few complete tensor sets of the model's spec, for decoding uploads into and for publishing versions,
-and takes them back once nothing uses them.
+few complete tensor sets of the model's spec in one pool, for decoding uploads into and for
+publishing versions (a merged result's set is given back before the new version is copied, so it
+is usually the one that takes it), and takes them back once nothing uses them.
 
 A set is only handed out again when nobody else can still see it: no Python reference to any of
 its tensors beyond the pool's mapping, and no view of their memory (a slice, a numpy array) alive.

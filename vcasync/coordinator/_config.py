@@ -51,8 +51,8 @@ class CoordinatorConfig:
     model_codec: str = "raw"              # how model downloads are encoded (unless asked otherwise)
     journal_codec: str = "raw"            # how journal entries and snapshots are encoded
     max_retained_bytes: int | None = 4 * GiB   # old versions kept for deltas and downloads
-    max_concurrent_decodes: int = 2       # uploads decoded at once; each slot keeps one update-sized
-                                          # set of buffers mapped, reused by the next upload
+    max_concurrent_decodes: int = 2       # uploads decoded at once; each slot may keep one
+                                          # model-sized set mapped (shared with version copies)
     state_prefix: str = "vcasync"         # where on the storage the coordinator keeps its state
     expiry_interval_s: float = 1.0        # how often expired leases are looked for
     #: While storage is unavailable, probe writes check whether it is back: after 0.1 s, then at

@@ -4,8 +4,9 @@ The coordinator merges into a private *working* model; after each merge that cha
 tensors are copied into a published :class:`Version` that nobody mutates again, so a download streams
 a consistent version while the next merge runs. Old versions are dropped by the retention rule the
 coordinator passes (staleness window, bases of open leases) and a byte budget, oldest first. Their
-buffers are recycled for the next copy (a copy into existing pages runs at memcpy speed; fresh pages
-fault at a fraction of it), but only once no download still reads them.
+buffers are recycled (a copy into existing pages runs at memcpy speed; fresh pages fault at a
+fraction of it), but only once no download still reads them: the coordinator's pool is shared with
+the uploads, so a merged result's own set usually takes the next copy (see ``ModelOwner.merge``).
 
 Index changes happen on the event loop; only the copies run in a worker thread.
 """
