@@ -29,7 +29,10 @@ Four parts, each against synchronous data-parallel training as the reference (se
    workload and side (:func:`calibration_summary`), with ``sim_vs_real_disagree`` seeds where only
    one of the run and its replay reached the target.
 3. **Simulated** (marked as such): 64 workers at 30 %/h for ``--sim-epochs`` (60), each rate of their
-   search scored over three seeds (``SIM_SEARCH_SEEDS``), identical machines on both sides
+   search scored over three seeds (``SIM_SEARCH_SEEDS``) by the worst of the last third of its
+   evaluations (:func:`search_score`), the fleet under the cell's own machines and preemptions
+   (:class:`SimRates`), a cell whose synchronous baseline did not learn or fell back counted in
+   ``sim_baseline_unusable``; identical machines on both sides
    (``saving_same_machines``) and the heterogeneous fleet (``saving_sim_64``: named by the fleet
    simulated, ``saving_sim_16`` under ``--quick``, whose unsearched baseline's savings and gaps are
    withheld, see :func:`sim_figures`); saving against
