@@ -86,10 +86,10 @@ async def test_a_spec_breaking_policy_is_named_in_a_sentence(kit, clock, caplog)
                 "torch.float64, the model has torch.float32) on unit") in rec.getMessage()
 
 
-async def test_a_merge_that_returns_no_model_state_is_named_in_a_sentence(kit, clock, caplog) -> None:
-    # found by a new-user probe: returning dict(model.tensors) was refused as
-    # "failed (AttributeError(\"'dict' object has no attribute 'tensors'\"))"
-    async with coordinator(kit, clock, failing(kit, "dict"), units=POLICY_FAILURE_LIMIT + 1) as coord:
+async def _refused_until_stopped(kit, clock, caplog, how: str) -> tuple[logging.LogRecord, str, int]:
+    """Results merged by a policy broken ``how`` until the coordinator stops: the first error
+    logged, the stop's message and the version left (the model checked unchanged)."""
+    async with coordinator(kit, clock, failing(kit, how), units=POLICY_FAILURE_LIMIT + 1) as coord:
         before = coord.model()
         with caplog.at_level(logging.ERROR, "vcasync.coordinator"):
             for _ in range(POLICY_FAILURE_LIMIT):
@@ -99,33 +99,31 @@ async def test_a_merge_that_returns_no_model_state_is_named_in_a_sentence(kit, c
                 await coord.wait_finished()
         assert coord.model().equal(before)
         first = next(r for r in caplog.records if r.name == "vcasync.coordinator")
-        said = ("merge policy 'broken-dict' returned a dict; merge must return the model (a "
-                "ModelState")
-        assert said in first.getMessage()
-        assert not first.exc_info                  # a sentence, not a traceback
-        assert said in str(stopped.value)
-        assert "AttributeError" not in str(stopped.value)
+        return first, str(stopped.value), coord.version
+
+
+async def test_a_merge_that_returns_no_model_state_is_named_in_a_sentence(kit, clock, caplog) -> None:
+    # found by a new-user probe: returning dict(model.tensors) was refused as
+    # "failed (AttributeError(\"'dict' object has no attribute 'tensors'\"))"
+    first, stopped, _ = await _refused_until_stopped(kit, clock, caplog, "dict")
+    said = ("merge policy 'broken-dict' returned a dict; merge must return the model (a "
+            "ModelState")
+    assert said in first.getMessage()
+    assert not first.exc_info                  # a sentence, not a traceback
+    assert said in stopped
+    assert "AttributeError" not in stopped
 
 
 async def test_a_merge_that_leaves_a_state_no_snapshot_can_hold_is_a_policy_failure(
         kit, clock, caplog) -> None:
     # found by a new-user probe: every result was accepted, and the only sign was "final snapshot
     # failed (TypeError('tree.o: cannot pack a object ...'))" at shutdown: no snapshot since start
-    async with coordinator(kit, clock, failing(kit, "state"), units=POLICY_FAILURE_LIMIT + 1) as coord:
-        before = coord.model()
-        with caplog.at_level(logging.ERROR, "vcasync.coordinator"):
-            for _ in range(POLICY_FAILURE_LIMIT):
-                r = await one_result(kit, coord)
-                assert (r.status, r.reason) == ("rejected", "policy")
-            with pytest.raises(PolicyFailedError) as stopped:
-                await coord.wait_finished()
-        assert coord.model().equal(before)
-        assert coord.version == 0
-        first = next(r for r in caplog.records if r.name == "vcasync.coordinator")
-        said = ("merge policy 'broken-state' put into its state a value that cannot be stored "
-                "(tree.o: cannot pack a object")
-        assert said in first.getMessage()
-        assert said in str(stopped.value)
+    first, stopped, version = await _refused_until_stopped(kit, clock, caplog, "state")
+    assert version == 0
+    said = ("merge policy 'broken-state' put into its state a value that cannot be stored "
+            "(tree.o: cannot pack a object")
+    assert said in first.getMessage()
+    assert said in stopped
 
 
 def test_the_state_check_costs_microseconds_whatever_the_tensors_size() -> None:
