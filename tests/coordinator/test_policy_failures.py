@@ -5,6 +5,7 @@ policy that keeps failing stops the coordinator with one PolicyFailedError namin
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import pytest
@@ -86,10 +87,11 @@ async def test_a_spec_breaking_policy_is_named_in_a_sentence(kit, clock, caplog)
                 "torch.float64, the model has torch.float32) on unit") in rec.getMessage()
 
 
-async def _refused_until_stopped(kit, clock, caplog, how: str) -> tuple[logging.LogRecord, str, int]:
-    """Results merged by a policy broken ``how`` until the coordinator stops: the first error
-    logged, the stop's message and the version left (the model checked unchanged)."""
-    async with coordinator(kit, clock, failing(kit, how), units=POLICY_FAILURE_LIMIT + 1) as coord:
+@contextlib.asynccontextmanager
+async def _stopped_by(kit, clock, caplog, how: str, units: int = POLICY_FAILURE_LIMIT + 1):
+    """A coordinator whose policy, broken ``how``, refused results until it stopped: yields it and
+    the stop (a PolicyFailedError), still open, the model checked unchanged."""
+    async with coordinator(kit, clock, failing(kit, how), units=units) as coord:
         before = coord.model()
         with caplog.at_level(logging.ERROR, "vcasync.coordinator"):
             for _ in range(POLICY_FAILURE_LIMIT):
@@ -98,8 +100,14 @@ async def _refused_until_stopped(kit, clock, caplog, how: str) -> tuple[logging.
             with pytest.raises(PolicyFailedError) as stopped:
                 await coord.wait_finished()
         assert coord.model().equal(before)
+        yield coord, stopped.value
+
+
+async def _refused_until_stopped(kit, clock, caplog, how: str) -> tuple[logging.LogRecord, str, int]:
+    """The first error logged, the stop's message and the version left (:func:`_stopped_by`)."""
+    async with _stopped_by(kit, clock, caplog, how) as (coord, stopped):
         first = next(r for r in caplog.records if r.name == "vcasync.coordinator")
-        return first, str(stopped.value), coord.version
+        return first, str(stopped), coord.version
 
 
 async def test_a_merge_that_returns_no_model_state_is_named_in_a_sentence(kit, clock, caplog) -> None:
@@ -141,25 +149,16 @@ def test_the_state_check_costs_microseconds_whatever_the_tensors_size() -> None:
 @pytest.mark.parametrize("how", ["raise", "nan", "dtype", "dict"])
 async def test_a_policy_that_keeps_failing_stops_the_coordinator_once(kit, clock, how,
                                                                      caplog) -> None:
-    coord = coordinator(kit, clock, failing(kit, how), units=POLICY_FAILURE_LIMIT + 2)
-    async with coord:
-        before = coord.model()
-        with caplog.at_level(logging.ERROR, "vcasync.coordinator"):
-            for _ in range(POLICY_FAILURE_LIMIT):
-                r = await one_result(kit, coord)
-                assert (r.status, r.reason) == ("rejected", "policy")
-            with pytest.raises(PolicyFailedError) as stopped:
-                await coord.wait_finished()
-        assert isinstance(stopped.value, ConfigError)        # vcasync coordinator exits 2
-        assert stopped.value.policy == f"broken-{how}"
-        assert coord.failure is stopped.value
+    async with _stopped_by(kit, clock, caplog, how, units=POLICY_FAILURE_LIMIT + 2) as (coord, stopped):
+        assert isinstance(stopped, ConfigError)              # vcasync coordinator exits 2
+        assert stopped.policy == f"broken-{how}"
+        assert coord.failure is stopped
         status = coord.status()
         assert status["phase"] == "failed"
         assert f"merge policy 'broken-{how}' failed on {POLICY_FAILURE_LIMIT} results in a row" \
             in status["error"]
         with pytest.raises(ClosedError):                     # no more work is handed out
             await coord.lease(await coord.join())
-        assert coord.model().equal(before)
         assert coord.version == 0
     mine = [r for r in caplog.records if r.name == "vcasync.coordinator"]
     # the first failure (with its traceback when the policy raised), then the stop: not one
