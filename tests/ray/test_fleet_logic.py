@@ -143,7 +143,7 @@ def test_up_checks_the_join_credential_as_the_worker_does(env: dict[str, str], p
      "state_root: option 'aws_secret_access_key' is a secret: pass it as a keyword argument or through "
      "the standard credential chain, never in the URL"),
     ("state_root", "nope://x", "state_root: no storage backend for the URL scheme 'nope'"),
-    ("state_root", "s3://b/p?bogus=1", "state_root: unknown option(s) bogus for 's3://b/p/worker-0?bogus=1'"),
+    ("state_root", "s3://b/p?bogus=1", "state_root: unknown option(s) bogus for 's3://b/p/worker-0?bogus=***'"),
     ("state_root", "memory://w?x=1", "state_root: memory:// takes no options"),
 ])
 def test_a_spec_the_worker_would_refuse_is_refused_before_the_cluster_is_touched(
