@@ -49,6 +49,7 @@ import torch
 from vcasync._loop import run
 from vcasync.wire import encode_payload
 from vcasync.worker._client import CoordinatorClient
+from vcasync.worker._io import spool_result
 
 from ._peers import SECRET, bench_delta, bench_model
 from ._proc import peer
@@ -81,14 +82,6 @@ def encode_whole(kind: str, meta: dict[str, Any], tensors: dict[str, torch.Tenso
     return buf
 
 
-def spool_whole(path: Path, kind: str, meta: dict[str, Any], tensors: dict[str, torch.Tensor],
-                codec: str) -> None:
-    """The whole payload written to ``path`` as it is encoded, as a worker spools its result."""
-    with path.open("wb") as f:
-        for piece in encode_payload(kind, meta, tensors, codec=codec, zero_copy=True):
-            f.write(piece)
-
-
 class Uploader:
     """One delta result per call: lease, encode (before the clock starts), upload, wait merged.
     ``spool``: a directory the payload is written to and uploaded from (as a worker does), so this
@@ -112,7 +105,7 @@ class Uploader:
                                                              self.delta, codec)
         else:
             data = self.spool / "result"
-            await asyncio.to_thread(spool_whole, data, "result", meta, self.delta, codec)
+            await spool_result(data, meta, self.delta, codec)   # the worker's own spooling
         t0 = time.perf_counter()
         receipt = await client.submit(grant.lease_id, data)
         del data

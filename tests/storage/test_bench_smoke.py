@@ -60,12 +60,16 @@ def test_bench_modelsize_encodes_the_payload_whole_as_the_encoder_makes_it(codec
 
 
 def test_bench_modelsize_spools_the_payload_the_encoder_makes(tmp_path: Path) -> None:
-    """--spool: the payload is written to a file as it is encoded (and uploaded from it)."""
+    """--spool: the payload is written to a file as it is encoded (the worker's own spool_result)
+    and uploaded from it."""
+    import asyncio
+
     import torch
 
-    from bench.modelsize import encode_whole, parse, spool_whole
+    from bench.modelsize import encode_whole, parse
+    from vcasync.worker._io import spool_result
     tensors = {"w": torch.randn(300_000), "n": torch.ones((), dtype=torch.int64)}
-    spool_whole(tmp_path / "r", "result", {"lease_id": "x"}, tensors, "raw")
+    asyncio.run(spool_result(tmp_path / "r", {"lease_id": "x"}, tensors, "raw"))
     assert (tmp_path / "r").read_bytes() == encode_whole("result", {"lease_id": "x"}, tensors, "raw")
     assert parse(["--spool"]).spool
     assert not parse([]).spool

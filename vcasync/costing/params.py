@@ -36,8 +36,7 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
         # 'nan'"; JSON's NaN and Infinity parse to floats no policy parameter can mean
         if raw.strip().lower().lstrip("+-") in _NON_FINITE:
             raise ConfigError(f"--policy-param {key} must be a finite number, got {raw!r}")
-        value = parsed_or_word(raw, json.loads, f"--policy-param {key}")
-        out[key] = value
+        out[key] = parsed_or_word(raw, json.loads, f"--policy-param {key}")
     return out
 
 
