@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib.util
 import json
 import math
@@ -80,7 +81,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -115,6 +116,13 @@ SEARCH_SEED = 1000
 #: seed, 64 workers' synchronous rate was chosen at the edge of stability and diverged or degraded on
 #: 4 of the 5 reported seeds at 60 epochs (docs/headline-notebook.md, "64 identical machines").
 SIM_SEARCH_SEEDS = (1000, 1001, 1002)
+#: The simulated cells' searches also try the synchronous side at these fractions of the fleet's
+#: per-worker batch (each with every grid rate): DDP with the fleet's 32 a worker on 64 machines
+#: takes 38 steps of 2,048 samples on digits' 1,437 training images in 60 epochs and ended at 73 %
+#: on validation at its best rate, where 8 a worker (152 steps of 512) reached 97 %; a user running
+#: DDP on many machines shrinks the per-machine batch (docs/headline-notebook.md, 2026-12-06
+#: morning). The fleet keeps its batch: not searching it can only understate the fleet.
+SYNC_BATCH_DIVISORS = (1, 2, 4)
 #: Evaluations per search run: enough to see a run that rose and fell back (:func:`search_score`);
 #: 4 saw the end of a collapse as a climb.
 SEARCH_EVAL_POINTS = 12
@@ -147,10 +155,23 @@ def search_score(evals: Any, metric: str) -> float:
     return max(v if math.isfinite(v) else math.inf for v in late)
 
 
+class Rates(NamedTuple):
+    """What a search chose for a cell (None: the square-root rule, the fleet's batch)."""
+
+    lr: float | None = None
+    sync_lr: float | None = None
+    sync_batch_size: int | None = None
+
+
+#: No search: the square-root rule on both sides, the fleet's batch on the synchronous side.
+UNSEARCHED = Rates()
+
+
 def search_lr(workload: str, workers: int, epochs: int, steps: int | None, *,
               shape: dict[str, Any] | None = None,
               conditions: dict[str, Any] | None = None,
-              seeds: tuple[int, ...] = (SEARCH_SEED,)) -> dict[str, Any]:
+              seeds: tuple[int, ...] = (SEARCH_SEED,),
+              sync_batches: tuple[int, ...] = ()) -> dict[str, Any]:
     """Train the fleet and the synchronous baseline once per grid rate and seed; each side's best
     rate by its mean on validation over ``seeds`` (a run that diverged scores low on every seed it
     diverged on, so a rate at the edge of stability loses to one that holds on all of them).
@@ -169,7 +190,11 @@ def search_lr(workload: str, workers: int, epochs: int, steps: int | None, *,
     and pace, :func:`cell_conditions`): the fleet is scored under the preemptions it will run under
     (a user tunes where they train), the synchronous side on its on-demand machines as always; by
     default identical machines and no preemption. Each run is evaluated ``SEARCH_EVAL_POINTS``
-    times and scored by :func:`search_score`, so a rate that rose and collapsed loses."""
+    times and scored by :func:`search_score`, so a rate that rose and collapsed loses.
+
+    ``sync_batches``: more per-worker batch sizes for the synchronous side, each trained at every
+    rate (its score at a rate is its best batch's, named in ``sync_batch_size``): the fleet's batch
+    times many workers is a global batch no user of DDP would keep on a small data set."""
     work = get_workload(workload)
     base = work.lr * math.sqrt(workers)
     if shape is None:
@@ -183,7 +208,7 @@ def search_lr(workload: str, workers: int, epochs: int, steps: int | None, *,
 
     def train(lr: float) -> None:
         per_fleet: list[float] = []
-        per_sync: list[float] = []
+        per_batch: dict[int | None, list[float]] = {None: [], **{b: [] for b in sync_batches}}
         for seed in seeds:
             cfg = SimConfig(signal=workload, **where, epochs=epochs, **shape, lr=lr, sync_lr=lr,
                             eval_split="validation", eval_points=SEARCH_EVAL_POINTS, seed=seed,
@@ -191,11 +216,21 @@ def search_lr(workload: str, workers: int, epochs: int, steps: int | None, *,
             out = Simulation(cfg).run()
             per_fleet.append(quality(out.rec))
             if out.sync is not None:
-                per_sync.append(quality(out.sync))
+                per_batch[None].append(quality(out.sync))
+                for b in sync_batches:
+                    sync_alone = Simulation(dataclasses.replace(cfg, sync_batch_size=b)).run_sync()
+                    per_batch[b].append(quality(sync_alone))
+        means = {b: statistics.fmean(v) for b, v in per_batch.items() if v}
+        sign = 1.0 if work.metric == "accuracy" else -1.0   # higher is better after the sign
+        pick = max(means, key=lambda b: sign * means[b] if math.isfinite(means[b]) else -math.inf,
+                   default=None)
         row: dict[str, Any] = {"lr": lr, "fleet_validation": statistics.fmean(per_fleet),
-                               "sync_validation": statistics.fmean(per_sync) if per_sync else None}
+                               "sync_validation": means[pick] if means else None,
+                               "sync_batch_size": pick}
+        if sync_batches:
+            row["sync_validation_by_batch"] = {str(b or "fleet's"): v for b, v in means.items()}
         if len(seeds) > 1:
-            row |= {"fleet_validation_per_seed": per_fleet, "sync_validation_per_seed": per_sync}
+            row |= {"fleet_validation_per_seed": per_fleet, "sync_validation_per_seed": per_batch[pick]}
         rows.append(row)
 
     for factor in LR_GRID:
@@ -209,7 +244,14 @@ def search_lr(workload: str, workers: int, epochs: int, steps: int | None, *,
     return {"workload": workload, "metric": work.metric, "split": "validation", "grid": rows,
             "runs_per_side": len(rows) * len(seeds), "seeds": list(seeds),
             "lr": best_rate(rows, "fleet_validation", work.metric),
-            "sync_lr": best_rate(rows, "sync_validation", work.metric)}
+            "sync_lr": best_rate(rows, "sync_validation", work.metric),
+            "sync_batch_size": sync_batch_of(rows, work.metric)}
+
+
+def sync_batch_of(rows: list[dict[str, Any]], metric: str) -> int | None:
+    """The synchronous side's per-worker batch at its chosen rate (None: the fleet's)."""
+    rate = best_rate(rows, "sync_validation", metric)
+    return next((r.get("sync_batch_size") for r in rows if r["lr"] == rate), None)
 
 
 def best_rate(rows: list[dict[str, Any]], key: str, metric: str) -> float:
@@ -620,36 +662,43 @@ class SimRates:
             self._pending[key] = (time.perf_counter(), self.pool.submit(
                 search_lr, signal, workers, epochs, None,
                 shape={"policy": policy[0], "policy_params": policy[1]}, conditions=where,
-                seeds=SIM_SEARCH_SEEDS))
+                seeds=SIM_SEARCH_SEEDS, sync_batches=sync_batches(signal)))
 
     def __call__(self, signal: str, workers: int, epochs: int, *, rate: float, identical: bool,
-                 policy: tuple[str, dict[str, Any]] = DEFAULT_POLICY) -> tuple[float | None, float | None]:
+                 policy: tuple[str, dict[str, Any]] = DEFAULT_POLICY) -> Rates:
         if not self.enabled:
-            return None, None
+            return UNSEARCHED
         key = self.key(signal, workers, epochs, policy, rate, identical)
         if key not in self.found:
             self.start(signal, workers, epochs, rate=rate, identical=identical, policy=policy)
             began, future = self._pending[key]
             self.found[key] = future.result()
             print(f"  sim {key}: learning rates chosen on validation: fleet {self.found[key]['lr']:.4g}, "
-                  f"synchronous {self.found[key]['sync_lr']:.4g} ({time.perf_counter() - began:.0f} s "
-                  f"after it was queued)", file=sys.stderr)
+                  f"synchronous {self.found[key]['sync_lr']:.4g} at "
+                  f"{self.found[key]['sync_batch_size'] or 'the fleet'}'s batch a worker "
+                  f"({time.perf_counter() - began:.0f} s after it was queued)", file=sys.stderr)
         found = self.found[key]
-        return float(found["lr"]), float(found["sync_lr"])
+        return Rates(float(found["lr"]), float(found["sync_lr"]), found["sync_batch_size"])
+
+
+def sync_batches(signal: str) -> tuple[int, ...]:
+    """The synchronous side's extra per-worker batches a simulated cell's search tries
+    (``SYNC_BATCH_DIVISORS`` of the workload's batch, the batch itself left to the fleet's run)."""
+    batch = get_workload(signal).batch_size
+    return tuple(sorted({max(1, batch // d) for d in SYNC_BATCH_DIVISORS} - {batch}, reverse=True))
 
 
 def preempted_fleet(signal: str, workers: int, rate: float, seed: int, *, epochs: int, hours: float,
                     identical: bool, policy: tuple[str, dict[str, Any]] = DEFAULT_POLICY,
-                    rates: tuple[float | None, float | None] = (None, None),
-                    **shape: Any) -> SimConfig:
+                    rates: Rates = UNSEARCHED, **shape: Any) -> SimConfig:
     """A simulated spot fleet preempted at ``rate`` per worker-hour (2-minute restarts, 30-s notice),
     its virtual time priced so the job lasts about ``hours`` on the workload's own training split;
     ``shape``: more ``SimConfig`` fields (shards, local steps, batch size, evaluation points)."""
     return SimConfig(signal=signal, policy=policy[0], policy_params=policy[1],
                      **cell_conditions(signal, workers, rate, epochs=epochs, hours=hours,
                                        identical=identical),
-                     epochs=epochs, seed=seed, lr=rates[0], sync_lr=rates[1], keep_timeline=False,
-                     **shape)
+                     epochs=epochs, seed=seed, lr=rates.lr, sync_lr=rates.sync_lr,
+                     sync_batch_size=rates.sync_batch_size, keep_timeline=False, **shape)
 
 
 def cell_conditions(signal: str, workers: int, rate: float, *, epochs: int, hours: float,
@@ -664,8 +713,8 @@ def cell_conditions(signal: str, workers: int, rate: float, *, epochs: int, hour
 
 def sim_cell(signal: str, workers: int, rate: float, seed: int, *, epochs: int, hours: float, identical: bool,
              policy: tuple[str, dict[str, Any]] = DEFAULT_POLICY,
-             rates: tuple[float | None, float | None] = (None, None)) -> dict[str, Any]:
-    """One simulated run; ``rates`` (fleet, synchronous): None is the square-root rule."""
+             rates: Rates = UNSEARCHED) -> dict[str, Any]:
+    """One simulated run; ``rates``: what the cell's search chose (None: the square-root rule)."""
     cfg = preempted_fleet(signal, workers, rate, seed, epochs=epochs, hours=hours, identical=identical,
                           policy=policy, rates=rates, eval_points=30)
     out = Simulation(cfg).run()

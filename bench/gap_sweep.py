@@ -39,7 +39,7 @@ from vcasync.policy import available_policies, build_policy
 from vcasync.sim import Simulation
 
 from ._stats import add_quick, parse_args, positive_int, vcasgd_alpha
-from .convergence import REAL_SHAPE, preempted_fleet, search_lr
+from .convergence import REAL_SHAPE, Rates, preempted_fleet, search_lr
 
 #: Epochs and alphas per workload: the default budget (3 and 2 were the real runs' epochs when the
 #: sweep was made; mnist5000's real runs train 12 since).
@@ -63,7 +63,7 @@ def cell(workload: str, epochs: int, alpha: float | None, seed: int, *, lr: floa
     work = get_workload(workload)
     params = dict(params or {}) if alpha is None else {**(params or {}), "alpha": alpha}
     cfg = preempted_fleet(workload, WORKERS, RATE, seed, epochs=epochs, hours=HOURS, identical=True,
-                          policy=(policy, params), rates=(lr, sync_lr), shards=2 * WORKERS,
+                          policy=(policy, params), rates=Rates(lr, sync_lr), shards=2 * WORKERS,
                           local_steps=steps, batch_size=work.batch_size, eval_points=eval_points,
                           sync_baseline=sync)
     out = Simulation(cfg).run()

@@ -289,3 +289,19 @@ def test_a_trace_beside_the_poisson_flags_is_refused_and_its_wrapping_is_shown(
     cfg = build_config(_parser().parse_args(["--hard-fraction", "1"]))
     assert cfg.preemption == PoissonPreemption(0.3, restart_delay_s=120.0, notice_s=30.0, hard_fraction=1.0)
     assert isinstance(build_config(_parser().parse_args(["--preemption-rate", "0"])).preemption, NoPreemption)
+
+
+def test_the_synchronous_baseline_trains_at_its_own_batch_on_the_same_samples() -> None:
+    # sync_batch_size: DDP's minibatch a worker (None: the fleet's); a step trains workers x that,
+    # so a quarter of the batch takes four times the steps over the same samples
+    sim = Simulation(_config(batch_size=32))
+    fleets = sim.run_sync()
+    quarter = Simulation(_config(batch_size=32, sync_batch_size=8)).run_sync()
+    assert (fleets.batch_size, quarter.batch_size) == (32, 8)
+    assert fleets.steps == math.ceil(sim.total_samples / (6 * 32))
+    assert quarter.steps == math.ceil(sim.total_samples / (6 * 8))
+    assert summarize(Simulation(_config(sync_batch_size=8)).run())["sync"]["batch_size"] == 8
+    args = _parser().parse_args(["--sync-batch-size", "8"])
+    assert build_config(args).sync_batch_size == 8
+    with pytest.raises(ConfigError, match="sync_batch_size must be >= 1"):
+        _config(sync_batch_size=0)

@@ -49,6 +49,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     g.add_argument("--momentum", type=number(float, 0, high=1, high_strict=True), default=0.9)
     g.add_argument("--sync-lr", type=number(float, 0, strict=True),
                    help="learning rate of the synchronous baseline (default: base rate x sqrt(workers))")
+    g.add_argument("--sync-batch-size", type=number(int, 1),
+                   help="the synchronous baseline's minibatch per worker (default: --batch-size); at many "
+                        "workers a smaller one gives it more, smaller steps, as a user of DDP would")
     g.add_argument("--sample-cost-s", type=number(float, 0, strict=True),
                    help="virtual seconds per training sample on a reference machine")
     g.add_argument("--model-mb", type=number(float, 0),
@@ -147,6 +150,7 @@ def build_config(args: argparse.Namespace) -> SimConfig:
         max_staleness=args.max_staleness, on_notice=args.on_notice, instance=args.instance,
         coordinator_instance=args.coordinator_instance, prices=_prices(args),
         target_accuracy=args.target_accuracy, sync_baseline=not args.no_sync, sync_lr=args.sync_lr,
+        sync_batch_size=args.sync_batch_size,
         seed=args.seed)
 
 

@@ -122,16 +122,23 @@ class Simulation:
     def run(self) -> SimOutcome:
         outcome = run_virtual(self._main)
         if self.config.sync_baseline:
-            w = self.workload
-            sync_lr = self.config.sync_lr   # None is the default (SimConfig refuses 0, NaN and < 0)
-            if sync_lr is None:
-                sync_lr = self.signal.defaults.lr * math.sqrt(len(self.fleet))
-            outcome.sync = simulate_sync(
-                self.signal, self.fleet, total_samples=self.total_samples, batch_size=w.batch_size,
-                lr=sync_lr, momentum=w.momentum, sample_cost_s=w.sample_cost_s,
-                model_bytes=w.model_bytes, boot_s=w.boot_s, eval_points=self.config.eval_points,
-                seed=self.config.seed, stretch=self.cpu.stretch_for(len(self.fleet)))
+            outcome.sync = self.run_sync()
         return outcome
+
+    def run_sync(self) -> SyncResult:
+        """The synchronous on-demand baseline alone (what :meth:`run` adds when ``sync_baseline``):
+        ``sync_lr`` (None: the signal's base rate x sqrt(workers)) and ``sync_batch_size`` per
+        worker (None: the fleet's batch), on the same samples as the fleet."""
+        w = self.workload
+        sync_lr = self.config.sync_lr   # None is the default (SimConfig refuses 0, NaN and < 0)
+        if sync_lr is None:
+            sync_lr = self.signal.defaults.lr * math.sqrt(len(self.fleet))
+        return simulate_sync(
+            self.signal, self.fleet, total_samples=self.total_samples,
+            batch_size=self.config.sync_batch_size or w.batch_size,
+            lr=sync_lr, momentum=w.momentum, sample_cost_s=w.sample_cost_s,
+            model_bytes=w.model_bytes, boot_s=w.boot_s, eval_points=self.config.eval_points,
+            seed=self.config.seed, stretch=self.cpu.stretch_for(len(self.fleet)))
 
     def lease_timeout_s(self) -> float:
         """The configured timeout, else 600 s or three of the slowest machine's steps (with the

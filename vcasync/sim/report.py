@@ -246,7 +246,7 @@ def summarize(out: SimOutcome, target: float | None = None) -> dict[str, Any]:
         },
         "sync": None if sync is None else {
             "workers": sync.workers, "steps": sync.steps, "step_s": sync.step_s,
-            "duration_s": sync.duration_s, "lr": sync.lr,
+            "duration_s": sync.duration_s, "lr": sync.lr, "batch_size": sync.batch_size,
             "evals": [[p.t_s, p.samples_merged, p.accuracy, p.loss] for p in sync.evals],
         },
         "evals": [[p.t_s, p.version, p.samples_merged, p.accuracy, p.loss] for p in rec.evals],

@@ -34,6 +34,8 @@ class SyncResult:
     duration_s: float
     lr: float
     evals: list[EvalPoint]
+    #: each worker's minibatch (a step trains on ``workers * batch_size`` samples)
+    batch_size: int = 0
 
 
 def simulate_sync(signal: TrainingSignal, fleet: Sequence[MachineProfile], *, total_samples: int,
@@ -61,4 +63,4 @@ def simulate_sync(signal: TrainingSignal, fleet: Sequence[MachineProfile], *, to
         done += k
         ev = signal.evaluate(run.weights())
         evals.append(EvalPoint(boot_s + done * step_s, done, done * big, ev.accuracy, ev.loss))
-    return SyncResult(n, steps, step_s, boot_s + steps * step_s, lr, evals)
+    return SyncResult(n, steps, step_s, boot_s + steps * step_s, lr, evals, batch_size)
