@@ -144,7 +144,10 @@ async def coordinator(a: argparse.Namespace, stop: asyncio.Event) -> None:
     units = [WorkUnit(f"u{i}", steps=a.steps) for i in range(a.units)]
     monitor = StallMonitor()
     pauses = GcPauses()
-    with tempfile.TemporaryDirectory(prefix="vcasync-bench-") as tmp:
+    # --store-dir: a directory the caller made and removes (it outlives this process if this
+    # process is killed before its own clean-up); without it, a temporary one of this process
+    with (contextlib.nullcontext(str(a.store_dir)) if a.store_dir is not None
+          else tempfile.TemporaryDirectory(prefix="vcasync-bench-")) as tmp:
         url = f"file://{tmp}/store" if a.durability != "none" else "memory://bench"
         cfg = CoordinatorConfig(durability=a.durability, lease_timeout_s=a.lease_timeout,
                                 **({} if a.max_staleness is None else {"max_staleness": a.max_staleness}))
@@ -324,6 +327,9 @@ if __name__ == "__main__":
     p.add_argument("--durability", default="none", choices=["none", "snapshot", "journal"])
     p.add_argument("--lease-timeout", type=float, default=600.0)
     p.add_argument("--max-staleness", type=int, default=None, help="default: CoordinatorConfig's")
+    p.add_argument("--store-dir", type=Path, default=None,
+                   help="coordinator: keep its file:// store under this directory (the caller's to "
+                        "remove) instead of a temporary one of this process")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--tls-cert", type=Path, default=None)
     p.add_argument("--tls-key", type=Path, default=None)

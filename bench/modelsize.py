@@ -27,7 +27,13 @@ above 100 MB, as in ``--quick``), ``ingest_linearity_small`` (the same, 100 MB /
 coordinator's peak RSS / model bytes at the largest size), and per size ``ingest_s_<size>`` with
 ``_min`` / ``_max``, ``ingest_gbps_<size>``, ``bf16_ingest_s_<size>``, ``rss_mb_<size>``,
 ``rss_peak_mb_<size>``, ``rss_multiple_<size>``, ``failed_<size>`` (uploads that failed or timed
-out: counted, and their time is infinite in the figures, never dropped).
+out: counted, and their time is infinite in the figures, never dropped; plus 1 when the size's
+coordinator did not stop cleanly, ``stop_failed_<size>``).
+
+After each size the coordinator is sent SIGTERM and given ``stop_grace_s`` (120 s plus the model at
+25 MB/s: 280 s at 4 GB) to write its final snapshot; one still running then is killed and counted
+as failed. Its ``file://`` store and the spooled payloads live in one temporary directory of this
+process, removed after every size however the run ended (an error, Ctrl-C, SIGTERM).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import argparse
 import asyncio
 import json
 import math
+import signal
 import statistics
 import sys
 import tempfile
@@ -52,13 +59,16 @@ from vcasync.worker._client import CoordinatorClient
 from vcasync.worker._io import spool_result
 
 from ._peers import SECRET, bench_delta, bench_model
-from ._proc import peer
+from ._proc import PeerExit, peer
 from ._stats import add_quick, non_negative_int, parse_args, positive_int
 
 STALENESS = 8
 OP_TIMEOUT_S = 900.0
 _UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9}
 DEFAULT_SIZES = ("10MB", "100MB", "1GB", "4GB")
+#: The coordinator's stop after SIGTERM (its final snapshot): this long, plus the model at this rate.
+STOP_BASE_S = 120.0
+SLOWEST_WRITE_BPS = 25e6
 
 
 
@@ -176,18 +186,48 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
+def stop_grace_s(model_bytes: int) -> float:
+    """How long the coordinator may take to stop after SIGTERM: its final snapshot writes (and
+    fsyncs) the whole model, so the grace grows with it: 120 s, plus the model at
+    ``SLOWEST_WRITE_BPS`` (4 GB: 280 s; a fixed 20 s killed it mid-write from about 1 GB on)."""
+    return STOP_BASE_S + model_bytes / SLOWEST_WRITE_BPS
+
+
+def measure_size(size: int, a: argparse.Namespace) -> dict[str, Any]:
+    """One size: a coordinator of its own, the uploads, then its stop (``stop_failed``: 1 when it
+    had to be killed or exited non-zero, counted in ``failed``). Everything on disk (the
+    coordinator's ``file://`` store, the spooled payloads) lives in one temporary directory of this
+    process, removed once the coordinator is gone, whatever ended the run."""
+    params = size // 4
+    stopped = PeerExit()
+    with tempfile.TemporaryDirectory(prefix="vcasync-bench-modelsize-") as tmp:
+        work = Path(tmp)
+        (work / "spool").mkdir()
+        with peer("coordinator", "--params", str(params), "--arch", "resnet50", "--durability",
+                  "journal", "--max-staleness", str(STALENESS), "--units",
+                  str(a.warmup + a.held + 2 * a.reps + 4), "--store-dir", str(work / "store"),
+                  timeout=600.0, stop_timeout=stop_grace_s(size), stopped=stopped) as url:
+            result = run(measure(url, params, a.reps, a.warmup, a.held,
+                                 work / "spool" if a.spool else None))
+    if stopped.failed:
+        how = "was killed" if stopped.killed else f"exited with {stopped.returncode}"
+        print(f"  the {label(size)} coordinator {how} after SIGTERM (its final snapshot was not "
+              f"written within {stop_grace_s(size):.0f}s): counted as failed", file=sys.stderr)
+    return {**result, "stop_failed": int(stopped.failed)}
+
+
+def _interrupt_on_sigterm() -> None:
+    """SIGTERM ends this process as Ctrl-C does, through every clean-up (the coordinator stopped,
+    the temporary store and spool removed) instead of at once, leaving them behind."""
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     sizes = [s for s in map(parse_size, DEFAULT_SIZES) if s <= a.max_size]
-    results: dict[int, dict[str, Any]] = {}
-    for size in sizes:
-        params = size // 4
-        with peer("coordinator", "--params", str(params), "--arch", "resnet50", "--durability",
-                  "journal", "--max-staleness", str(STALENESS), "--units",
-                  str(a.warmup + a.held + 2 * a.reps + 4), timeout=600.0) as url, \
-                tempfile.TemporaryDirectory(prefix="vcasync-bench-spool-") as tmp:
-            results[size] = run(measure(url, params, a.reps, a.warmup, a.held,
-                                        Path(tmp) if a.spool else None))
+    results = {size: measure_size(size, a) for size in sizes}
     figures: dict[str, Any] = {}
     print(f"ingest against model size: ResNet-50 layout, journal durability, max_staleness "
           f"{STALENESS}, {a.warmup} warm-up uploads, {a.held} leases held open, {a.reps} measured "
@@ -197,13 +237,14 @@ def main(argv: list[str] | None = None) -> int:
     for size, r in results.items():
         tag = label(size)
         med = statistics.median(r["raw"])
-        failed = sum(not math.isfinite(t) for t in r["raw"] + r["bf16"])
+        failed = sum(not math.isfinite(t) for t in r["raw"] + r["bf16"]) + r["stop_failed"]
         figures.update({
             f"ingest_s_{tag}": med, f"ingest_s_{tag}_min": min(r["raw"]),
             f"ingest_s_{tag}_max": max(r["raw"]), f"ingest_gbps_{tag}": r["bytes"] / med / 1e9,
             f"bf16_ingest_s_{tag}": statistics.median(r["bf16"]),
             f"rss_mb_{tag}": r["rss"] / 1e6, f"rss_peak_mb_{tag}": r["rss_peak"] / 1e6,
             f"rss_multiple_{tag}": r["rss_peak"] / r["bytes"], f"failed_{tag}": failed,
+            f"stop_failed_{tag}": r["stop_failed"],
             f"model_mb_{tag}": r["bytes"] / 1e6})
         print(f"{tag:>8}{min(r['raw']):>10.3f}{med:>8.3f}{max(r['raw']):>8.3f}"
               f"{r['bytes'] / med / 1e9:>7.3f}{statistics.median(r['bf16']):>8.3f}"
@@ -232,4 +273,5 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
+    _interrupt_on_sigterm()
     sys.exit(main())

@@ -1,0 +1,125 @@
+"""bench.modelsize leaves nothing behind and counts a coordinator that did not stop.
+
+It killed its coordinator 20 s after SIGTERM, before a 4 GB final snapshot was written, and the
+coordinator's ``file://`` store (the coordinator process's own temporary directory, tens of GB)
+stayed in /tmp; the kill was not counted anywhere. Real coordinator processes, real signals, a
+tiny model; TMPDIR points at the test's own directory, so whatever is left there was left by the
+bench.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import bench.modelsize as modelsize
+
+SIZE = 2_000_000          # 500k parameters in ResNet-50's layout
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(c) for c in text.split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.fixture
+def tmpdir_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """TMPDIR (this process's and its children's) is ``tmp_path/t``."""
+    t = tmp_path / "t"
+    t.mkdir()
+    monkeypatch.setenv("TMPDIR", str(t))
+    monkeypatch.setattr(tempfile, "tempdir", str(t))
+    return t
+
+
+def small() -> Any:
+    return modelsize.parse(["--warmup", "1", "--held", "0", "--reps", "1", "--spool"])
+
+
+def test_a_coordinator_that_does_not_stop_is_killed_counted_and_its_store_removed(
+        tmpdir_here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = modelsize.measure
+    frozen: list[int] = []
+
+    async def then_freeze(url: str, *args: Any) -> dict[str, Any]:
+        result = await real(url, *args)
+        # the coordinator can no longer stop (as one still writing a 4 GB snapshot): SIGSTOP
+        (pid,) = children(os.getpid())
+        os.kill(pid, signal.SIGSTOP)
+        frozen.append(pid)
+        return result
+
+    monkeypatch.setattr(modelsize, "measure", then_freeze)
+    monkeypatch.setattr(modelsize, "stop_grace_s", lambda model_bytes: 2.0, raising=False)
+    r = modelsize.measure_size(SIZE, small())
+    assert frozen
+    assert not alive(frozen[0])
+    assert list(tmpdir_here.iterdir()) == []           # its store and the spool are gone
+    assert r["stop_failed"] == 1                       # counted, not dropped
+    assert all(map(lambda t: t != float("inf"), r["raw"]))
+
+
+def test_the_stop_grace_grows_with_the_model() -> None:
+    assert modelsize.stop_grace_s(4 * 10**9) >= 200    # 4 GB: minutes, not 20 s
+    assert modelsize.stop_grace_s(4 * 10**9) > modelsize.stop_grace_s(10**8)
+
+
+def test_a_failing_run_stops_its_coordinator_and_removes_everything(
+        tmpdir_here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[int] = []
+
+    async def broken(url: str, *args: Any) -> dict[str, Any]:
+        seen.extend(children(os.getpid()))
+        raise OSError("the upload failed")
+
+    monkeypatch.setattr(modelsize, "measure", broken)
+    with pytest.raises(OSError, match="the upload failed"):
+        modelsize.measure_size(SIZE, small())
+    assert seen
+    assert not alive(seen[0])
+    assert list(tmpdir_here.iterdir()) == []
+
+
+def test_sigterm_to_the_bench_stops_its_coordinator_and_removes_everything(
+        tmpdir_here: Path) -> None:
+    code = ("import sys, bench.modelsize as m; m._interrupt_on_sigterm(); "
+            "m.measure_size(int(sys.argv[1]), m.parse(['--warmup', '1000', '--held', '0']))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmpdir_here)}
+    bench = subprocess.Popen([sys.executable, "-c", code, str(SIZE)], cwd=ROOT, env=env,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        # up once the coordinator has written its address, and uploads are under way
+        while not list(tmpdir_here.glob("*/addr")):
+            assert bench.poll() is None, bench.communicate()[1]
+            assert time.monotonic() < deadline, "the coordinator did not start"
+            time.sleep(0.1)
+        (coordinator,) = children(bench.pid)
+        time.sleep(2.0)
+        bench.send_signal(signal.SIGTERM)
+        _, err = bench.communicate(timeout=120)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    assert bench.returncode != 0
+    assert "KeyboardInterrupt" in err
+    assert not alive(coordinator)
+    assert list(tmpdir_here.iterdir()) == []
