@@ -98,28 +98,36 @@ def test_a_failing_run_stops_its_coordinator_and_removes_everything(
 
 
 def test_sigterm_to_the_bench_stops_its_coordinator_and_removes_everything(
-        tmpdir_here: Path) -> None:
+        tmpdir_here: Path, tmp_path: Path) -> None:
     code = ("import sys, bench.modelsize as m; m._interrupt_on_sigterm(); "
             "m.measure_size(int(sys.argv[1]), m.parse(['--warmup', '1000', '--held', '0']))")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmpdir_here)}
-    bench = subprocess.Popen([sys.executable, "-c", code, str(SIZE)], cwd=ROOT, env=env,
-                             stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "stderr"
+    coordinator: list[int] = []
+    with log.open("w") as err:
+        bench = subprocess.Popen([sys.executable, "-c", code, str(SIZE)], cwd=ROOT, env=env,
+                                 stderr=err)
     try:
         deadline = time.monotonic() + 120
-        # up once the coordinator has written its address, and uploads are under way
+        # up once the coordinator has written its address (uploads then go on for minutes)
         while not list(tmpdir_here.glob("*/addr")):
-            assert bench.poll() is None, bench.communicate()[1]
+            assert bench.poll() is None, log.read_text()
             assert time.monotonic() < deadline, "the coordinator did not start"
             time.sleep(0.1)
-        (coordinator,) = children(bench.pid)
+        coordinator.extend(children(bench.pid))
         time.sleep(2.0)
         bench.send_signal(signal.SIGTERM)
-        _, err = bench.communicate(timeout=120)
-    finally:
+        bench.wait(timeout=120)
+        stopped = [pid for pid in coordinator if not alive(pid)]
+    finally:     # never leave a process behind, whatever failed
         if bench.poll() is None:
             bench.kill()
             bench.wait()
+        for pid in coordinator:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert len(coordinator) == 1
+    assert stopped == coordinator                      # stopped by the bench, not orphaned
     assert bench.returncode != 0
-    assert "KeyboardInterrupt" in err
-    assert not alive(coordinator)
+    assert "KeyboardInterrupt" in log.read_text()
     assert list(tmpdir_here.iterdir()) == []
