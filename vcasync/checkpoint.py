@@ -35,7 +35,7 @@ import logging
 import math
 import time
 import types
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -386,6 +386,41 @@ class CheckpointStore:
             raise CorruptObjectError(f"checkpoint {manifest.step} object {name!r} ({ref.key!r}) does "
                                      f"not match its manifest digest", key=ref.key)
         return data
+
+    async def open_read(self, manifest: Manifest, name: str) -> AsyncGenerator[bytes, None]:
+        """The bytes of object ``name`` as a stream, never whole in memory, verified against the
+        manifest as they pass: :class:`CorruptObjectError` as soon as there are more bytes than its
+        size, or at the end (before the stream ends) when the size or SHA-256 differs. A consumer
+        that stops early (a decoder that refused the bytes) can let :meth:`verify_rest` say
+        whether the object was corrupt."""
+        ref = manifest.objects.get(name)
+        if ref is None:
+            raise ObjectNotFoundError(f"checkpoint {manifest.step} has no object {name!r}; it has "
+                                      f"{manifest.names}", key=name)
+        h, size = hashlib.sha256(), 0
+
+        def corrupt() -> CorruptObjectError:
+            return CorruptObjectError(f"checkpoint {manifest.step} object {name!r} ({ref.key!r}) "
+                                      "does not match its manifest digest", key=ref.key)
+
+        async for chunk in self.storage.open_read(ref.key):
+            size += len(chunk)
+            if size > ref.size:
+                raise corrupt()
+            if len(chunk) >= _THREAD_HASH_BYTES:
+                await asyncio.to_thread(h.update, chunk)
+            else:
+                h.update(chunk)
+            yield chunk
+        if size != ref.size or h.hexdigest() != ref.sha256:
+            raise corrupt()
+
+    @staticmethod
+    async def verify_rest(stream: AsyncIterator[bytes]) -> None:
+        """Read what is left of an :meth:`open_read` stream, keeping nothing: raises its
+        :class:`CorruptObjectError` when the object does not match its manifest."""
+        async for _ in stream:
+            pass
 
     # --- retention ------------------------------------------------------------------------------
 

@@ -602,3 +602,46 @@ async def test_snapshot_models_and_bases_are_streamed_to_storage_never_put_whole
         again = b.model()
     assert again.version == model.version
     assert all(torch.equal(again[k], model[k]) for k in model.tensors)
+
+
+async def test_the_snapshot_model_is_streamed_from_storage_at_resume_never_got_whole(
+        kit, clock, storage) -> None:
+    """Resume read the snapshot's model whole (``get``: a model-sized bytes object) and decoded it
+    into tensors: two model-sized copies at once. It is decoded as it is read now, and the
+    tensors it decodes into become the working model (no copy): still bit for bit."""
+    async with make(kit, storage, clock, units=12) as a:
+        w = await a.join()
+        for _ in range(3):
+            await submit(kit, a, w, await a.lease(w), base_version=a.version)
+        model = a.model()
+    calls: list[tuple[str, str | None]] = []
+    logged = FaultyStorage(storage, trigger=lambda op, key: calls.append((op, key)) is not None)
+    async with make(kit, logged, clock, units=12) as b:
+        again = b.model()
+        assert again.version == model.version
+        assert all(torch.equal(again[k], model[k]) for k in model.tensors)
+        g = await b.lease(w)         # the adopted tensors merge as a copy would
+        await submit(kit, b, w, g, base_version=b.version)
+        assert b.version == model.version + 1
+    ops = [op for op, key in calls if key is not None and "/model." in key]
+    assert "open_read" in ops
+    assert "get" not in ops
+
+
+@pytest.mark.parametrize("where", ["header", "data", "end"])
+async def test_a_corrupted_snapshot_model_is_refused_as_corrupt_wherever_the_damage(
+        kit, clock, storage, where) -> None:
+    """The streamed read checks the manifest's digest before decoding ends; a byte the decoder
+    refuses first (a header that no longer fits the model, a block checksum) is still reported
+    as a corrupt snapshot, not as another model's state or a wire error."""
+    async with make(kit, storage, clock, units=4) as a:
+        w = await a.join()
+        await submit(kit, a, w, await a.lease(w), base_version=a.version)
+    (key,) = [k async for k in storage.list("vcasync/snapshots/") if "/model." in k]
+    data = bytearray(await storage.get(key))
+    at = {"header": 12, "data": len(data) // 2, "end": len(data) - 1}[where]
+    data[at] ^= 0xFF
+    await storage.delete(key)
+    await storage.put(key, bytes(data))
+    with pytest.raises(CorruptObjectError, match="does not match its manifest digest"):
+        await make(kit, storage, clock, units=4).__aenter__()

@@ -56,6 +56,33 @@ async def test_round_trip_and_latest(any_storage: Storage) -> None:
         await store.read(latest, "nope")
 
 
+async def test_open_read_streams_an_object_checked_before_its_stream_ends(any_storage: Storage) -> None:
+    store = CheckpointStore(any_storage, "ck")
+    m = await store.write(1, objects_for(1))
+    got = b"".join([bytes(c) async for c in store.open_read(m, "model")])
+    assert got == objects_for(1)["model"]
+    assert b"".join([bytes(c) async for c in store.open_read(m, "empty")]) == b""
+    key = m.objects["model"].key
+    for damaged in (got[:-1] + bytes([got[-1] ^ 1]), got[:-1], got + b"x"):
+        await any_storage.put(key, damaged)
+        seen: list[int] = []
+
+        async def drain() -> None:
+            async for chunk in store.open_read(m, "model"):
+                seen.append(len(chunk))   # noqa: B023 (awaited at once, in this iteration)
+        with pytest.raises(CorruptObjectError, match="does not match its manifest digest") as info:
+            await drain()
+        assert info.value.key == key
+        assert sum(seen) <= len(got)     # never more bytes than the manifest's size
+        if len(damaged) == len(got):   # a consumer that stopped early (a decoder's refusal)
+            stream = store.open_read(m, "model")       # learns the same from the rest
+            await anext(stream)
+            with pytest.raises(CorruptObjectError):
+                await store.verify_rest(stream)
+    with pytest.raises(ObjectNotFoundError, match="no object 'nope'"):
+        await anext(store.open_read(m, "nope"))
+
+
 async def test_bad_arguments_change_nothing(any_storage: Storage) -> None:
     store = CheckpointStore(any_storage, "ck")
     for step in (-1, True, "3", 1.5, 10**20):

@@ -455,9 +455,13 @@ class Coordinator:
         else:
             # The stored state belongs to the run's policy: replay with it, switch afterwards.
             replaying = self._recorded_policy(run.recorded) if reset else self._policy
+            # the snapshot's tensors, decoded for this and held nowhere else, become the working
+            # model: copying them held a third model-sized set at resume
             self._owner = ModelOwner(replaying, ModelState(rec.tensors, rec.version),
                                      max_retained_bytes=self.config.max_retained_bytes,
-                                     policy_state=rec.policy_state, pool=self._update_buffers)
+                                     policy_state=rec.policy_state, pool=self._update_buffers,
+                                     adopt=True)
+            rec.tensors = {}
             self._ledger = Ledger.restore(rec.ledger, config=cfg, clock=self._clock,
                                           secret=run.secret)
             self._ledger.add_units(self._units_in)

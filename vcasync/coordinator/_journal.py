@@ -54,7 +54,7 @@ from typing import Any, Literal
 import torch
 
 from .._aio import first_error
-from ..checkpoint import CheckpointStore, Streamed
+from ..checkpoint import CheckpointStore, Manifest, Streamed
 from ..errors import (
     ConfigError,
     CorruptObjectError,
@@ -69,6 +69,7 @@ from ..storage import Storage
 from ..tensors import ModelSpec, ModelState
 from ..wire import (
     Limits,
+    Payload,
     aencode_payload,
     decode_payload,
     decode_payload_bytes,
@@ -264,9 +265,7 @@ class Journal:
         if meta.get("format") != FORMAT:
             raise CorruptObjectError(f"snapshot format {meta.get('format')!r} is not {FORMAT}")
         try:
-            model = decode_payload_bytes(await self._store.read(manifest, "model"),
-                                         limits=self._config.limits, spec=self._spec,
-                                         expected_kind="model")
+            model = await self._load_model(self._store, manifest)
         except SpecMismatchError as exc:
             raise ConfigError(f"the state under {self._prefix!r} on {self._need().url} belongs to "
                               f"another model ({exc}); use another state_prefix or storage") from None
@@ -286,6 +285,22 @@ class Journal:
         async for key in self._storage_list("bases/"):
             self._bases.add(int(key.rsplit("/", 1)[1]))
         return Recovered(model.tensors, version, policy_state, ledger, seq)
+
+    async def _load_model(self, store: CheckpointStore, manifest: Manifest) -> Payload:
+        """The snapshot's model, decoded as it is read: the bytes stream from the storage into the
+        tensors, never whole in memory beside them (a model-sized copy less at resume), checked
+        against the manifest's size and SHA-256 before decoding ends. When the decoder refuses the
+        bytes first, the rest is read and hashed: corrupt bytes are reported as corrupt (not, say,
+        as another model's), an intact object that does not decode raises the decoder's error."""
+        stream = store.open_read(manifest, "model")
+        try:
+            return await decode_payload(stream, limits=self._config.limits, spec=self._spec,
+                                        expected_kind="model")
+        except (WireError, SpecMismatchError):
+            await store.verify_rest(stream)
+            raise
+        finally:
+            await stream.aclose()
 
     def _unpack_state(self, data: bytes) -> Any:
         """A snapshot's ledger or policy state: our own writing, whose metadata grows with the run

@@ -70,11 +70,20 @@ def first_non_finite(tensors: Mapping[str, torch.Tensor]) -> str | None:
     return None
 
 
+def _adoptable(model: ModelState) -> bool:
+    """Tensors the working model can be made of as they are (what copy_tensors would make)."""
+    return all(t.is_cpu and t.is_contiguous() and not t.requires_grad for t in model.values())
+
+
 class ModelOwner:
     """Only the merge loop calls :meth:`merge`, :meth:`retain`, :meth:`jump` and :meth:`pack_state`."""
 
     def __init__(self, policy: MergePolicy, model: ModelState, *, max_retained_bytes: int | None,
-                 policy_state: PolicyState | None = None, pool: BufferPool | None = None) -> None:
+                 policy_state: PolicyState | None = None, pool: BufferPool | None = None,
+                 adopt: bool = False) -> None:
+        """``adopt``: ``model``'s tensors (CPU, contiguous, no grad) become the working model
+        instead of being copied: the caller hands them over and keeps no reference it uses again
+        (a snapshot decoded at resume, nobody else's; one model-sized copy less at start-up)."""
         self.policy = policy
         self.needs_base = bool(getattr(policy, "needs_base", False))
         self.spec: ModelSpec = model.spec
@@ -83,7 +92,8 @@ class ModelOwner:
         self.policy_failures = 0
         self._failure_logged_at = 0.0
         self._failures_unlogged = 0
-        self._working = ModelState(copy_tensors(model.tensors, None), model.version)
+        self._working = ModelState(dict(model.tensors) if adopt and _adoptable(model)
+                                   else copy_tensors(model.tensors, None), model.version)
         self.state: PolicyState = (policy.init_state(self._working) if policy_state is None
                                    else policy_state)
         self.versions = VersionStore(self._working, max_bytes=max_retained_bytes, pool=pool)
