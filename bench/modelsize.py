@@ -30,6 +30,11 @@ coordinator's peak RSS / model bytes at the largest size), and per size ``ingest
 out: counted, and their time is infinite in the figures, never dropped; plus 1 when the size's
 coordinator did not stop cleanly, ``stop_failed_<size>``).
 
+``--resume``: after each size a second coordinator is started on the same store, resuming from
+the first one's final snapshot, and its peak RSS reported (``resume_rss_peak_mb_<size>``,
+``resume_rss_multiple_<size>``: peak / model bytes; the peak includes the model the process builds
+and hands the coordinator, as ``vcasync coordinator`` does, and the resume itself).
+
 After each size the coordinator is sent SIGTERM and given ``stop_grace_s`` (120 s plus the model at
 25 MB/s: 280 s at 4 GB) to write its final snapshot; one still running then is killed and counted
 as failed. Its ``file://`` store and the spooled payloads live in one temporary directory of this
@@ -174,6 +179,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="upload each result from a file it is first written to, as a worker does, "
                         "instead of from memory: this process then holds the delta only (what "
                         "lets 4GB fit on a 24 GiB machine)")
+    p.add_argument("--resume", action="store_true",
+                   help="after each size, start a second coordinator on its store (it resumes from "
+                        "the final snapshot) and report its peak RSS (resume_rss_multiple_<size>)")
     add_quick(p, QUICK, "10 MB and 100 MB only, 2 reps")
     p.add_argument("--json", action="store_true")
     a = parse_args(p, argv)
@@ -203,17 +211,36 @@ def measure_size(size: int, a: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="vcasync-bench-modelsize-") as tmp:
         work = Path(tmp)
         (work / "spool").mkdir()
-        with peer("coordinator", "--params", str(params), "--arch", "resnet50", "--durability",
-                  "journal", "--max-staleness", str(STALENESS), "--units",
-                  str(a.warmup + a.held + 2 * a.reps + 4), "--store-dir", str(work / "store"),
-                  timeout=600.0, stop_timeout=stop_grace_s(size), stopped=stopped) as url:
+        args = ("coordinator", "--params", str(params), "--arch", "resnet50", "--durability",
+                "journal", "--max-staleness", str(STALENESS), "--units",
+                str(a.warmup + a.held + 2 * a.reps + 4), "--store-dir", str(work / "store"))
+        with peer(*args, timeout=600.0, stop_timeout=stop_grace_s(size), stopped=stopped) as url:
             result = run(measure(url, params, a.reps, a.warmup, a.held,
                                  work / "spool" if a.spool else None))
+        _say_if_failed(size, stopped, "")
+        result["stop_failed"] = int(stopped.failed)
+        if a.resume and not stopped.failed:
+            # a second coordinator on the same store: it resumes from the final snapshot
+            again = PeerExit()
+            with peer(*args, timeout=600.0, stop_timeout=stop_grace_s(size), stopped=again) as url:
+                mem = run(_rss(url))
+            _say_if_failed(size, again, "resumed ")
+            result.update(resume_rss_peak=mem["rss_peak"], resume_version=mem["version"])
+            result["stop_failed"] += int(again.failed)
+    return result
+
+
+async def _rss(url: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=OP_TIMEOUT_S)) as http, \
+            http.get(f"{url}/bench/rss") as r:
+        return dict(await r.json())
+
+
+def _say_if_failed(size: int, stopped: PeerExit, which: str) -> None:
     if stopped.failed:
         how = "was killed" if stopped.killed else f"exited with {stopped.returncode}"
-        print(f"  the {label(size)} coordinator {how} after SIGTERM (its final snapshot was not "
-              f"written within {stop_grace_s(size):.0f}s): counted as failed", file=sys.stderr)
-    return {**result, "stop_failed": int(stopped.failed)}
+        print(f"  the {label(size)} {which}coordinator {how} after SIGTERM (its final snapshot was "
+              f"not written within {stop_grace_s(size):.0f}s): counted as failed", file=sys.stderr)
 
 
 def _interrupt_on_sigterm() -> None:
@@ -245,11 +272,17 @@ def main(argv: list[str] | None = None) -> int:
             f"rss_mb_{tag}": r["rss"] / 1e6, f"rss_peak_mb_{tag}": r["rss_peak"] / 1e6,
             f"rss_multiple_{tag}": r["rss_peak"] / r["bytes"], f"failed_{tag}": failed,
             f"stop_failed_{tag}": r["stop_failed"],
+            **({f"resume_rss_peak_mb_{tag}": r["resume_rss_peak"] / 1e6,
+                f"resume_rss_multiple_{tag}": r["resume_rss_peak"] / r["bytes"]}
+               if "resume_rss_peak" in r else {}),
             f"model_mb_{tag}": r["bytes"] / 1e6})
         print(f"{tag:>8}{min(r['raw']):>10.3f}{med:>8.3f}{max(r['raw']):>8.3f}"
               f"{r['bytes'] / med / 1e9:>7.3f}{statistics.median(r['bf16']):>8.3f}"
               f"{r['rss'] / 1e6:>9.0f}{r['rss_peak'] / 1e6:>9.0f}{r['rss_peak'] / r['bytes']:>9.2f}"
               f"{failed:>8}")
+        if "resume_rss_peak" in r:
+            print(f"{'':>8}resumed from its final snapshot: peak {r['resume_rss_peak'] / 1e6:.0f} MB, "
+                  f"{r['resume_rss_peak'] / r['bytes']:.2f}x the model")
     largest, ref = sizes[-1], parse_size("100MB")
     per_byte = {s: statistics.median(results[s]["raw"]) / results[s]["bytes"] for s in sizes}
     # at 100 MB against itself the ratio is 1.0 whatever happened (it was, in --quick): no figure
@@ -258,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                "rss_multiple_max": results[largest]["rss_peak"] / results[largest]["bytes"],
                "largest": label(largest), "failed": sum(figures[f"failed_{label(s)}"] for s in sizes),
                **figures, "staleness": STALENESS, "held": a.held, "reps": a.reps, "warmup": a.warmup,
-               "spool": a.spool}
+               "spool": a.spool, "resume": a.resume}
     if linearity is None:
         figures["reasons"] = {"ingest_linearity": "needs a size above 100 MB (--max-size); the "
                                                   "smallest size against 100 MB is ingest_linearity_small"}

@@ -131,3 +131,14 @@ def test_sigterm_to_the_bench_stops_its_coordinator_and_removes_everything(
     assert bench.returncode != 0
     assert "KeyboardInterrupt" in log.read_text()
     assert list(tmpdir_here.iterdir()) == []
+
+
+def test_resume_measures_a_second_coordinator_on_the_same_store_then_removes_it(
+        tmpdir_here: Path) -> None:
+    a = modelsize.parse(["--warmup", "1", "--held", "0", "--reps", "1", "--resume"])
+    r = modelsize.measure_size(SIZE, a)
+    assert r["stop_failed"] == 0
+    assert r["resume_version"] == 3              # the warm-up, fp32 and bf16 uploads merged
+    assert r["resume_rss_peak"] > r["bytes"]
+    assert children(os.getpid()) == []
+    assert list(tmpdir_here.iterdir()) == []
