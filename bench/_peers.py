@@ -154,10 +154,10 @@ async def coordinator(a: argparse.Namespace, stop: asyncio.Event) -> None:
         policy = build_policy("vcasgd")
         async with open_storage(url) as storage, \
                 Coordinator(bench_model(a.params, arch=a.arch), units, policy=policy, storage=storage,
-                            config=cfg) as coord:
-            # the model is built in the call, not kept here: the coordinator copies it at start
-            # and lets go of it, as `vcasync coordinator` does (a copy kept here is not the
-            # coordinator's memory, yet it would count in this process's RSS)
+                            config=cfg, adopt_model=True) as coord:
+            # the model is built in the call, not kept here, and handed over, as `vcasync
+            # coordinator` does (a copy kept here is not the coordinator's memory, yet it would
+            # count in this process's RSS)
             app = build_app(coord, TokenAuthority(join_secret=SECRET))
 
             async def stall(request: web.Request) -> web.Response:

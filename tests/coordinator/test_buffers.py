@@ -154,3 +154,62 @@ async def test_the_callers_model_is_let_go_of_once_the_coordinator_started(kit, 
         assert coord.version == 1
     if storage is not None:
         await storage.aclose()
+
+
+async def test_an_adopted_model_is_merged_into_not_copied(kit, clock, policy) -> None:
+    """``adopt_model`` (what ``vcasync coordinator`` passes): the caller's tensors become the
+    working model, so start-up holds two model-sized sets (the working model and the first
+    version), not three; the versions served are still copies, and the run merges as one that
+    copied."""
+    models = []
+    for adopt in (True, False):
+        model = kit.tiny_model()
+        ptrs = {k: t.data_ptr() for k, t in model.items()}
+        coord = Coordinator(model, make_units(4), policy=policy, storage=None,
+                            config=CoordinatorConfig(durability="none"), clock=clock,
+                            adopt_model=adopt)
+        del model
+        async with coord:
+            working = coord._owner._working
+            assert ({k: t.data_ptr() for k, t in working.items()} == ptrs) is adopt
+            served = coord.model()
+            assert all(served[k].data_ptr() != ptrs[k] for k in ptrs)
+            w = await coord.join("w")
+            await _submit_values(kit, coord, w, 0.25)
+            await _submit_values(kit, coord, w, -0.5)
+            assert coord.version == 2
+            models.append(coord.model())
+    assert all(torch.equal(models[0][k], models[1][k]) for k in models[0].tensors)
+
+
+async def test_a_resume_lets_go_of_the_callers_model_before_it_decodes_the_snapshot(
+        kit, clock, policy, tmp_path) -> None:
+    """The stored run's snapshot supersedes the caller's model: it was held until the snapshot
+    had been read and decoded beside it, one model-sized set more at resume."""
+    from vcasync.testing.faults import FaultyStorage
+
+    url = f"file://{tmp_path}/state"
+    async with open_storage(url) as storage:
+        async with Coordinator(kit.tiny_model(), make_units(4), policy=policy, storage=storage,
+                               config=CoordinatorConfig(durability="journal"), clock=clock) as a:
+            await _submit_values(kit, a, await a.join("w"), 0.25)
+            want = a.model()
+        model = kit.tiny_model()
+        refs = [weakref.ref(t) for t in model.tensors.values()]
+        alive_at_read: list[int] = []
+
+        def at_read(op: str, key: str | None) -> bool:
+            if op in ("get", "open_read") and key is not None and "/model." in key:
+                gc.collect()
+                alive_at_read.append(sum(r() is not None for r in refs))
+            return False
+
+        coord = Coordinator(model, make_units(4), policy=policy, clock=clock,
+                            storage=FaultyStorage(storage, trigger=at_read),
+                            config=CoordinatorConfig(durability="journal"), adopt_model=True)
+        del model
+        async with coord:
+            assert alive_at_read == [0]
+            got = coord.model()
+            assert got.version == want.version
+            assert all(torch.equal(got[k], want[k]) for k in want.tensors)

@@ -398,9 +398,10 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                        if coord_cfg.durability != "none" else None)
         authority = TokenAuthority(join_secret=secret, join_tokens=tokens, store=token_store,
                                    operator_token=operator_token)
+        # handed over (adopt_model): a new run merges into these tensors, not a copy of them
         coordinator = Coordinator(model, units, policy=policy, storage=storage, config=coord_cfg,
-                                  policy_params=policy_params, start=start)
-        del model      # the coordinator copies it at start and then lets go of it: keep none here
+                                  policy_params=policy_params, start=start, adopt_model=True)
+        del model      # the coordinator's now, let go of at start: keep none here
         async with coordinator as coord:
             if coord.finished and not coord.parked():
                 status = coord.status()

@@ -106,10 +106,14 @@ class Coordinator:
                  clock: Callable[[], float] = time.monotonic,
                  policy_params: Mapping[str, Any] | None = None,
                  start: StartOptions | None = None,
-                 startup_retry: RetryPolicy = STARTUP_RETRY) -> None:
+                 startup_retry: RetryPolicy = STARTUP_RETRY, adopt_model: bool = False) -> None:
         """``policy_params`` (what ``policy`` was built with, defaults included) are recorded with
         the run so a restart with other parameters is refused; None records the name only.
-        ``start`` holds the one-shot start-up choices (new run, policy reset, unsafe store)."""
+        ``start`` holds the one-shot start-up choices (new run, policy reset, unsafe store).
+        ``adopt_model``: the caller hands ``model`` over and never uses its tensors again: a new
+        run merges into them instead of a copy (CPU, contiguous tensors without grad; others are
+        copied still), one model-sized set less at start-up. Either way the coordinator lets go
+        of ``model`` once it has started, and before it decodes a stored run's snapshot."""
         units_in = check_arguments(model, units, policy, storage, config, clock)
         # before anything is stored: a state the first snapshot cannot hold failed there, after the
         # run record and owner lease were written
@@ -123,6 +127,7 @@ class Coordinator:
         #: version, or not at all when a stored run is resumed); then let go of, so the process
         #: does not keep one more model-sized copy for the whole run when the caller drops its own.
         self._model_in: ModelState | None = model
+        self._adopt_model = adopt_model
         self._units_in = units_in
         self._policy = policy
         self._clock = clock
@@ -183,6 +188,9 @@ class Coordinator:
         self._phase = "running"
         self._check_finished()
         return self
+
+    def _let_go_of_model_in(self) -> None:
+        self._model_in = None
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
@@ -438,7 +446,9 @@ class Coordinator:
                                        probed=self._prefix_lease is not None)
         reset = run.recorded is not None and not run.recorded.same_policy(self.identity)
         cfg = self.config.ledger_config()
-        rec = await self._journal.load_snapshot()
+        # a stored run supersedes the caller's model: let go of it before the snapshot is decoded
+        # (with the caller's own reference dropped, one model-sized set less at resume)
+        rec = await self._journal.load_snapshot(found=self._let_go_of_model_in)
         if rec is None and run.recorded is not None and self._journal.durable:
             lost = await self._journal.lost_state()
             if lost is not None:       # starting over would silently drop every merged result
@@ -447,10 +457,13 @@ class Coordinator:
                     f"recovered: {lost}. Restore its snapshots, or start a new run (--new-run, or "
                     "another state_prefix)", key=self.config.state_prefix)
         if rec is None:
-            assert self._model_in is not None, "recovery runs before the caller's model is let go of"
+            if self._model_in is None:   # a retried start found a snapshot, and now none
+                raise CorruptObjectError(
+                    f"the snapshot of run {run.run_id} that this start found is gone; start "
+                    "again once the storage is consistent", key=self.config.state_prefix)
             self._owner = ModelOwner(self._policy, self._model_in,
                                      max_retained_bytes=self.config.max_retained_bytes,
-                                     pool=self._update_buffers)
+                                     pool=self._update_buffers, adopt=self._adopt_model)
             self._ledger = Ledger(self._units_in, config=cfg, clock=self._clock, secret=run.secret)
         else:
             # The stored state belongs to the run's policy: replay with it, switch afterwards.

@@ -254,13 +254,16 @@ class Journal:
         if self._storage is not None:
             await write_record(self._storage, self._key("run"), self.run_id, self._secret, identity)
 
-    async def load_snapshot(self) -> Recovered | None:
-        """The newest complete snapshot, or None on a fresh start."""
+    async def load_snapshot(self, found: Callable[[], None] | None = None) -> Recovered | None:
+        """The newest complete snapshot, or None on a fresh start. ``found`` is called once there
+        is one, before its model is read."""
         if self._store is None:
             return None
         manifest = await self._store.latest()
         if manifest is None:
             return None
+        if found is not None:
+            found()
         meta = dict(manifest.meta)
         if meta.get("format") != FORMAT:
             raise CorruptObjectError(f"snapshot format {meta.get('format')!r} is not {FORMAT}")
