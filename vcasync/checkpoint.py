@@ -6,6 +6,8 @@ A checkpoint is a set of named byte objects plus JSON metadata, written for one 
     manifest = await store.write(42, {"model": model_bytes, "policy": state_bytes}, {"version": 42})
     latest = await store.latest()                  # the newest complete checkpoint, or None
     model = await store.read(latest, "model")      # bytes, SHA-256 checked
+    async for chunk in store.open_read(latest, "model"):   # or streamed, checked before it ends
+        ...
 
 Layout under the prefix (steps zero-padded so that key order is step order)::
 
