@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import AsyncIterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Final, cast
+from typing import Any, ClassVar, Final
 
 from vcasync.errors import ConfigError
 from vcasync.policy import MergePolicy, PolicyState
@@ -250,8 +250,7 @@ class ChaosHooks:
         for n, layer in enumerate(self.faults):
             kwargs = dict(layer)
             seed = int(kwargs.pop("seed", os.getpid() * 31 + n))
-            # FaultyStorage.url is a read-only property where the protocol names an attribute.
-            out = cast(Storage, FaultyStorage(out, FaultPlan(**kwargs), seed=seed))
+            out = FaultyStorage(out, FaultPlan(**kwargs), seed=seed)
         if self.pauses is not None:
             out = self.pauses.wrap_storage(out, state_prefix)
         return out

@@ -102,7 +102,10 @@ class ObjectInfo:
 class Storage(Protocol):
     """Async object storage; see the module docstring and the conformance suite for the laws."""
 
-    url: str
+    @property
+    def url(self) -> str:
+        """Where the store is (read-only: a plain attribute or a property both satisfy it)."""
+        ...
 
     async def get(self, key: str) -> bytes: ...
 
