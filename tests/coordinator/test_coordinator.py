@@ -315,6 +315,27 @@ async def test_lifetime(kit, clock, policy) -> None:
     with pytest.raises(ClosedError):
         await coord.wait_finished()
     assert coord.status()["phase"] == "closed"
+    assert coord.version == 0             # the views outlive the close
+    assert coord.model().version == 0
+
+
+async def test_views_before_entering_say_so(kit, clock, policy) -> None:
+    """An embedding program that reads the coordinator before ``async with`` gets a ClosedError
+    saying to enter it first (it got an AttributeError on a private name), and wait_finished()
+    raises at once instead of waiting forever for a run that cannot start."""
+    coord = coordinator(kit, clock, policy)
+    reads = {"version": lambda: coord.version, "model": coord.model, "parked": coord.parked,
+             "model_etag": lambda: coord.model_etag(0),
+             "record_eval": lambda: coord.record_eval(0, {"loss": 1.0})}
+    for name, read in reads.items():
+        with pytest.raises(ClosedError, match=r"is new and holds no model yet: enter it"):
+            read()
+        assert name in reads
+    with pytest.raises(ClosedError, match="enter it"):
+        await asyncio.wait_for(coord.wait_finished(), 5)
+    assert coord.status()["phase"] == "new"
+    async with coord:
+        assert coord.version == 0
 
 
 def test_config_errors(kit, policy) -> None:

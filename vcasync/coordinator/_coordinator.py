@@ -145,6 +145,7 @@ class Coordinator:
                                      limit_s=self.config.storage_outage_limit_s, clock=clock)
         self._final_error: BaseException | None = None   # the last snapshot could not be written
         self._phase = "new"
+        self._recovered = False           # _ledger, _owner and _merger exist (set by _recover)
         self._ledger: Ledger              # both decided by recovery in __aenter__
         self._owner: ModelOwner
         self._merger: Merger
@@ -389,6 +390,13 @@ class Coordinator:
             raise ClosedError(f"the coordinator is {self._phase}; it serves between __aenter__ "
                               "and aclose()")
 
+    def _check_recovered(self) -> None:
+        """The views of the model and ledger exist once ``__aenter__`` recovered them (and stay
+        readable after ``aclose()``); before that, say so instead of an AttributeError."""
+        if not self._recovered:
+            raise ClosedError(f"the coordinator is {self._phase} and holds no model yet: enter it "
+                              "(async with Coordinator(...) as coord) first")
+
     async def _run(self) -> None:
         try:
             async with asyncio.TaskGroup() as tg:
@@ -487,6 +495,7 @@ class Coordinator:
                               max_staleness=self.config.max_staleness,
                               settled=self._check_finished, health=self._health,
                               recycle=self._update_buffers.give, guard=self._ensure_prefix)
+        self._recovered = True
         async for entry in self._journal.entries():
             await self._merger.replay(entry.meta, entry.tensors)
         await self._journal.sweep()     # received bytes no entry names: refused or cut off
@@ -603,6 +612,7 @@ class Coordinator:
 
     def parked(self) -> dict[str, str]:
         """Parked unit id -> why (its failures and the last one)."""
+        self._check_recovered()
         return self._ledger.parked()
 
     # -- results ----------------------------------------------------------------------------------
@@ -814,6 +824,7 @@ class Coordinator:
     # -- views ------------------------------------------------------------------------------------
     @property
     def version(self) -> int:
+        self._check_recovered()
         return self._owner.version
 
     @property
@@ -830,6 +841,7 @@ class Coordinator:
 
     def model_etag(self, version: int) -> str:
         """An opaque, strong ETag for a held version (quote it in the header yourself)."""
+        self._check_recovered()
         return self._owner.etag(self._journal.run_id, version)
 
     def model_payload(self, version: int | None = None,
@@ -847,10 +859,12 @@ class Coordinator:
 
     def model(self, version: int | None = None) -> ModelState:
         """A private copy of a held version (for the embedding program, tests and evaluation)."""
+        self._check_recovered()
         return self._owner.copy(version)
 
     async def wait_finished(self) -> None:
         """Return when every unit is done or parked and every accepted result merged."""
+        self._check_recovered()         # not entered: nothing would ever finish (or close) it
         finished = asyncio.ensure_future(self._finished.wait())
         closed = asyncio.ensure_future(self._closed.wait())
         try:
@@ -868,6 +882,7 @@ class Coordinator:
         curve on the status page. The hook for a run's evaluator: call it in-process, or let a client send
         it (:meth:`vcasync.worker._client.CoordinatorClient.report_eval`). Bad names or values raise
         :class:`~vcasync.errors.FrameError`; at most eight names per run."""
+        self._check_recovered()
         if version > self.version:
             raise FrameError(f"model version {version} does not exist yet (latest {self.version})",
                              field="version")
@@ -912,7 +927,7 @@ class Coordinator:
                                "owner": None if self._prefix_lease is None else self._prefix_lease.info()}
         if self._failure is not None:
             out["error"] = f"{type(self._failure).__name__}: {self._failure}"
-        if self._phase in ("new", "starting"):
+        if self._phase in ("new", "starting") or not self._recovered:   # (or its start failed)
             return out
         out.update({
             "run_id": self._journal.run_id, "version": self.version,
