@@ -130,6 +130,25 @@ def test_a_json_file_with_a_byte_order_mark_reads_as_without(tmp_path: Path) -> 
     assert PriceTable.from_file(path)["acme:big-8"].spot_per_h == 0.09
 
 
+def test_a_csv_header_with_spaces_after_the_commas_names_the_fields(tmp_path: Path) -> None:
+    # "provider, instance, region, ..." named every field but the first unknown (' instance', ...)
+    path = tmp_path / "prices.csv"
+    path.write_text(", ".join(ROW) + "\n" + ",".join(str(v) for v in ROW.values()) + "\n")
+    assert PriceTable.from_file(path)["acme:big-8"] == PriceTable.from_rows([ROW])["acme:big-8"]
+
+
+def test_a_toml_date_for_as_of_reads_as_its_iso_string(tmp_path: Path) -> None:
+    # as_of = 2026-11-01 is a TOML date, not a string: it was refused with "as_of must be a
+    # non-empty string, got datetime.date(2026, 11, 1)"
+    fields = "\n".join(f"{k} = {json.dumps(v)}" for k, v in ROW.items() if k != "as_of")
+    path = tmp_path / "prices.toml"
+    path.write_text(f"[[prices]]\n{fields}\nas_of = 2026-11-01\n")
+    assert PriceTable.from_file(path)["acme:big-8"].as_of == "2026-11-01"
+    path.write_text("prices = 5\n")
+    with pytest.raises(ConfigError, match="must hold a non-empty list of price rows"):
+        PriceTable.from_file(path)
+
+
 def test_fractional_vcpus_are_accepted_from_csv_and_whole_ones_stay_whole(tmp_path: Path) -> None:
     # GCP's shared-core e2-micro has 0.25 vCPU; '8.5' was refused as "not a number"
     path = _csv(tmp_path, {"instance": "micro", "vcpus": "0.25"}, {"vcpus": "8"})

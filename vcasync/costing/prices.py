@@ -21,6 +21,7 @@ fields, each field checked when the row is built; a bad one names the file, the 
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import io
 import json
 import logging
@@ -256,7 +257,9 @@ class PriceTable(Mapping[str, InstancePrice]):
     @classmethod
     def from_file(cls, path: str | Path) -> PriceTable:
         """Rows from a JSON list (or ``{"prices": [...]}``), a TOML file of ``[[prices]]`` tables,
-        or a ``.csv`` file with a header row of field names (empty cells: the field's default).
+        or a ``.csv`` file with a header row of field names (empty cells: the field's default;
+        spaces around a name or cell are not part of it). A TOML date for ``as_of`` reads as its
+        ISO string (``2026-11-01``).
 
         A bad row is a :class:`ConfigError` naming the file, the row (``line N`` of a CSV file, as
         an editor numbers it; ``price row N``, counted from 1, of a JSON or TOML list) and the field."""
@@ -270,7 +273,7 @@ class PriceTable(Mapping[str, InstancePrice]):
                 doc: object = csv_rows
                 labels = [f"line {n}" for n in lines]
             else:
-                doc = tomllib.loads(text) if fmt == "TOML" else json.loads(text)
+                doc = _toml_rows(text) if fmt == "TOML" else json.loads(text)
         except (tomllib.TOMLDecodeError, json.JSONDecodeError, csv.Error) as exc:
             raise ConfigError(f"price file {str(p)!r} is not valid {fmt}: {exc}") from None
         except ConfigError as exc:      # a CSV cell that is not of its field's type
@@ -314,6 +317,18 @@ class PriceTable(Mapping[str, InstancePrice]):
         return cls(prices)
 
 
+def _toml_rows(text: str) -> object:
+    """A TOML price file, its bare dates (``as_of = 2026-11-01``, TOML's own date type, where JSON
+    and CSV can only write a string) read as the ISO strings ``as_of`` holds: such a row was
+    refused with "as_of must be a non-empty string, got datetime.date(2026, 11, 1)"."""
+    doc = tomllib.loads(text)
+    rows = doc.get("prices")
+    for row in rows if isinstance(rows, list) else ():
+        if isinstance(row, dict) and isinstance(row.get("as_of"), (dt.date, dt.time)):
+            row["as_of"] = row["as_of"].isoformat()
+    return doc
+
+
 #: What a CSV cell of a true/false field may say (anything else is refused, not read as false).
 _CSV_BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
@@ -327,6 +342,9 @@ def _csv_rows(text: str) -> tuple[list[int], list[dict[str, object]]]:
     rows: list[dict[str, object]] = []
     lines: list[int] = []
     reader = csv.DictReader(io.StringIO(text), strict=True)
+    # "provider, instance, ..." (a space after each comma, as people type a header) named every
+    # field but the first unknown, as ' instance'; cells were stripped already, names were not
+    reader.fieldnames = [name.strip() for name in reader.fieldnames or ()]
     for raw in reader:
         line = reader.line_num     # the file line the row ends on (a quoted cell may span lines)
         if None in raw:
