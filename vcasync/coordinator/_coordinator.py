@@ -720,7 +720,20 @@ class Coordinator:
                     and merger.snapshots.written_version < self.version):
                 self._finish_wanted.set()      # the last results are in no journal: snapshot first
             else:
-                self._finished.set()
+                self._set_finished()
+
+    def _set_finished(self) -> None:
+        """The run is finished; say so at WARNING if the policy holds accepted results it never
+        applied (a buffering policy whose buffer was not full at the end): they are acknowledged to
+        their workers but missing from the final model, and nothing else would tell."""
+        if not self._finished.is_set() and self._owner.held:
+            log.warning(
+                "the run finished with %d accepted result(s) that merge policy %r holds without "
+                "having applied them to the model (its merge returned None for each since version "
+                "%d): the final model does not include them. A buffering policy applies its buffer "
+                "only when it is full: give it a buffer size that divides the run's number of "
+                "results, or more units", self._owner.held, self._policy.name, self.version)
+        self._finished.set()
 
     def _log_parked(self) -> None:
         """Every newly parked unit, once, at ERROR: a unit is never given up on silently."""
@@ -767,7 +780,7 @@ class Coordinator:
                 continue
             if slot.written_version >= self.version:
                 self._finish_wanted.clear()
-                self._finished.set()
+                self._set_finished()
                 continue
             slot.written.clear()
             self._merger.request_capture()        # a capture of the last merge, unless one waits
@@ -932,6 +945,9 @@ class Coordinator:
         out.update({
             "run_id": self._journal.run_id, "version": self.version,
             "finished": self._finished.is_set(), "units": self._ledger.counts(),
+            # accepted results merged without changing the model since the last version (a
+            # buffering policy's buffer); at the end of a run, results the model does not include
+            "held_results": self._owner.held,
             "parked": dict(list(self._ledger.parked().items())[:100]),
             "workers": {"known": self._ledger.num_workers, "alive": self._ledger.workers_alive(),
                         "quarantined": self._ledger.workers_quarantined()},

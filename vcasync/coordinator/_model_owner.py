@@ -90,6 +90,10 @@ class ModelOwner:
         #: Merges the policy broke (raised, spec, non-finite) in this process, for the log's
         #: count; the merge loop keeps the failures in a row that stop the run (``Merger``).
         self.policy_failures = 0
+        #: Accepted results the policy merged without changing the model (``merge`` returned None,
+        #: e.g. into a buffer not yet full) since the last published version, in this process: a
+        #: run that finishes with some has results its final model does not include.
+        self.held = 0
         self._failure_logged_at = 0.0
         self._failures_unlogged = 0
         self._working = ModelState(dict(model.tensors) if adopt and _adoptable(model)
@@ -111,6 +115,7 @@ class ModelOwner:
         self.policy = policy
         self.needs_base = bool(getattr(policy, "needs_base", False))
         self.state = policy.init_state(self._working)
+        self.held = 0                      # the old policy's buffer went with its state
 
     # -- merge loop only --------------------------------------------------------------------------
     async def merge(self, update: Update, release: Callable[[], None] | None = None) -> bool:
@@ -127,7 +132,9 @@ class ModelOwner:
         if release is not None:
             release()
         if not changed:
+            self.held += 1
             return False
+        self.held = 0
         buffer = self.versions.take_buffer()
         published = await to_thread_released(self._copy_out, buffer, current + 1)
         self.versions.publish(published)
