@@ -294,6 +294,23 @@ def test_a_merge_that_raises_breaks_the_contract() -> None:
     assert isinstance(info.value.__cause__, TypeError)
 
 
+class NoState(Mix):
+    def init_state(self, model: ModelState) -> PolicyState:
+        return None  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("check", [lambda cls: check_policy(cls, settings=FIND),
+                                   lambda cls: check_law("identity", cls, settings=FIND)])
+def test_a_state_that_is_no_dict_breaks_the_contract_saying_so(check: Any) -> None:
+    # a stateless policy's natural "return None" (the coordinator refuses it: the state is a
+    # dict) was reported as "[state_roundtrip] state came back as NoneType"
+    with pytest.raises(LawViolation) as info:
+        check(NoState)
+    assert info.value.law == "contract"
+    assert "init_state(model) returned a NoneType; a policy's state is a dict" in str(info.value)
+    assert "NoState" in str(info.value)
+
+
 def test_any_other_error_of_the_policy_names_the_law_and_the_policy() -> None:
     with pytest.raises(LawViolation) as info:
         check_law("identity", InitFails, settings=FIND)

@@ -117,6 +117,12 @@ class PolicyRun:
         self.policy = policy
         self.model = model
         self.state: PolicyState = policy.init_state(model) if state is None else state
+        if not isinstance(self.state, dict):
+            # as the coordinator refuses it (a ConfigError naming the policy); this was reported
+            # later as "[state_roundtrip] state came back as NoneType", which the policy never did
+            raise LawViolation("contract", f"{policy!r}: init_state(model) returned a "
+                                           f"{type(self.state).__name__}; a policy's state is a dict "
+                                           "with str keys (of tensors and plain data), {} for none")
         self.history: list[ModelState] = history if history is not None else [model.clone()]
         self.start = self.history[0].version
         self.check = check
