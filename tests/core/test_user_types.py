@@ -63,3 +63,19 @@ def test_a_storage_with_a_url_property_is_a_storage(tmp_path: Path) -> None:
                     print(coord.version, store.url)
     ''')
     assert status == 0, out
+
+
+def test_the_storage_page_s_backend_is_a_storage(tmp_path: Path) -> None:
+    """docs/storage.md's complete backend, copied as a user would, is a ``Storage`` to mypy: its
+    ``put``/``put_stream`` took ``bytes`` where the protocol passes bytes, bytearray or memoryview
+    (which the page says a backend accepts), so ``from_url(...) -> Storage`` failed to check."""
+    page = (ROOT / "docs" / "storage.md").read_text()
+    blocks = [b for b in page.split("```python\n")[1:] if "class DictStorage" in b]
+    assert len(blocks) == 1, "docs/storage.md should hold one DictStorage example"
+    source = blocks[0].split("```", 1)[0]
+    out, status = _mypy_strict(tmp_path, "from vcasync import Storage, open_storage\n" + source + '''
+
+def as_storage(url: str) -> Storage:
+    return DictStorage.from_url(url)
+''')
+    assert status == 0, out
