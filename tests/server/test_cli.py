@@ -69,6 +69,25 @@ def test_a_non_finite_initial_model_names_its_factory_and_first_bad_tensor(
     assert err.count("\n") == 1
 
 
+def test_a_model_whose_dtype_no_merge_can_add_names_its_factory_and_tensor(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a float8 weight crashed the finiteness check with a raw NotImplementedError ("sum_cpu" not
+    # implemented for 'Float8_e4m3fn'), exit 1 with a traceback
+    (tmp_path / "vca_f8_factory.py").write_text(
+        "import torch\n"
+        "def model():\n"
+        "    m = torch.nn.Linear(2, 2)\n"
+        "    m.register_buffer('scale', torch.zeros(2, dtype=torch.float8_e4m3fn))\n"
+        "    return m\n")
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    assert main(["coordinator", "--model", "vca_f8_factory:model", "--app-dir", str(tmp_path),
+                 "--storage", "memory://f8-model", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert ("model factory 'vca_f8_factory:model' built a model whose tensor 'scale' has dtype "
+            "torch.float8_e4m3fn, which torch cannot add or subtract on the CPU") in err
+    assert err.count("\n") == 1
+
+
 def test_a_model_factory_that_raises_is_a_configuration_error(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # found by a new-user probe: the trainer given as the factory (it needs an argument) ended in

@@ -356,6 +356,7 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                           purpose=f"the coordinator's URL is written to {port_file} once it listens")
 
     from ..coordinator import Coordinator, CoordinatorConfig, first_non_finite
+    from ..coordinator._args import unmergeable
     from ..runconfig import dataclass_from_table
     from ..server import listen
     from ..server._auth import StorageTokenStore, TokenAuthority
@@ -367,6 +368,10 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     # the factory's module is a temporary: copied into the state, it is not kept beside the
     # coordinator's own copies
     model = ModelState.from_module(build_module(cfg.model, cfg.seed, app_dir=app_dir))
+    why = unmergeable(model.tensors)
+    if why is not None:
+        raise ConfigError(f"model factory {cfg.model!r} built a model whose {why} (nothing was "
+                          "started)")
     bad = first_non_finite(model.tensors)
     if bad is not None:     # named here: the Coordinator's own check knows no factory
         raise ConfigError(f"model factory {cfg.model!r} (seed {cfg.seed}) built an initial model whose "

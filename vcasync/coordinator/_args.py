@@ -5,7 +5,7 @@ that names the fix, raised when the Coordinator is built (not an ``AttributeErro
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 
@@ -18,7 +18,39 @@ from ..wire import pack_tree
 from ._config import CoordinatorConfig
 from ._model_owner import first_non_finite
 
-__all__ = ["check_arguments", "check_initial_state"]
+__all__ = ["check_arguments", "check_initial_state", "unmergeable"]
+
+
+def _arithmetic(dtype: torch.dtype) -> bool:
+    """Whether torch can do a merge's arithmetic in ``dtype`` on the CPU: subtract and add (a
+    delta, a counter's increment) and sum (the finiteness check) two one-element tensors."""
+    one = torch.zeros(1, dtype=dtype)
+    try:
+        (one - one).add_(one).sum()
+    except (RuntimeError, NotImplementedError):   # "add_stub" not implemented for 'UInt16'
+        return False
+    return True
+
+
+def unmergeable(tensors: Mapping[str, torch.Tensor]) -> str | None:
+    """Why the first tensor no merge can handle cannot be, or None: a sparse or meta tensor (no
+    dense values to copy), or a dtype torch has no CPU arithmetic for (uint16/32/64, the float8
+    family: the wire carries them, but a merge could not subtract, add or mix them, so the first
+    result would fail the worker's ``make_delta`` or the policy, which would be blamed for it)."""
+    seen: dict[torch.dtype, bool] = {}
+    for name, t in tensors.items():
+        if t.layout != torch.strided:
+            return f"tensor {name!r} is {t.layout} (not dense): pass dense tensors (.to_dense())"
+        if t.device.type == "meta":
+            return f"tensor {name!r} is on the meta device: it holds no values to train from"
+        if t.dtype not in seen:
+            seen[t.dtype] = t.dtype == torch.bool or _arithmetic(t.dtype)
+        if not seen[t.dtype]:
+            wider = ("int32 or int64" if not t.is_floating_point()
+                     else "float16, bfloat16 or float32")
+            return (f"tensor {name!r} has dtype {t.dtype}, which torch cannot add or subtract on "
+                    f"the CPU, as every merge does: keep it as {wider} in the model's state dict")
+    return None
 
 
 def check_arguments(model: object, units: object, policy: object, storage: object, config: object,
@@ -31,6 +63,9 @@ def check_arguments(model: object, units: object, policy: object, storage: objec
                           "Coordinator(ModelState.from_module(module), ...)")
     if not isinstance(model, ModelState):
         raise ConfigError(f"model must be a vcasync.ModelState, got {type(model).__name__}")
+    why = unmergeable(model.tensors)
+    if why is not None:
+        raise ConfigError(f"the initial model's {why}; nothing was started")
     bad = first_non_finite(model.tensors)
     if bad is not None:
         # served as it is, every worker's trainer would fail on it and be blamed for it
