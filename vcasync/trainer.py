@@ -92,10 +92,24 @@ class TrainContext:
     # -- progress ----------------------------------------------------------------------------------
     def report_progress(self, steps_done: int, samples_done: int | None = None,
                         **metrics: float) -> None:
-        """Record progress; the worker's heartbeats carry it to the coordinator. Thread-safe, cheap."""
+        """Record progress; the worker's heartbeats carry it to the coordinator. Thread-safe, cheap.
+
+        ``steps_done`` counts this unit's steps, at most ``unit.steps``: more is a ``ValueError`` at
+        once (the coordinator refuses such heartbeats and the result, after the whole unit)."""
+        steps = max(0, int(steps_done))
+        if steps > self.unit.steps:
+            # e.g. a global step, or a remainder unit's step counted from its parent's first:
+            # every heartbeat was refused ("steps_done must be an int in [0, 3]") while the unit
+            # trained on, and then its result, for claiming more steps than the unit has
+            offset = self.unit.params.get("step_offset")
+            hint = (f" (params['step_offset'] = {offset} are the parent unit's steps already "
+                    "merged, not this unit's)" if offset else "")
+            raise ValueError(f"report_progress({steps_done}): unit {self.unit.unit_id} has "
+                             f"{self.unit.steps} steps; count this unit's steps done, 0 to "
+                             f"{self.unit.steps}{hint}")
         with self._lock:
             self._reported = True
-            self._steps_done = max(0, int(steps_done))
+            self._steps_done = steps
             if samples_done is not None:
                 self._samples_done = max(0, int(samples_done))
             self._metrics.update(_metric_values(metrics))

@@ -733,6 +733,24 @@ def test_a_metric_that_is_not_a_number_is_refused_naming_it(tmp_path: Path, valu
     assert ctx.result(tiny_model()).metrics == {"loss": 0.5, "acc": 1.0}
 
 
+def test_progress_beyond_the_unit_is_refused_where_it_is_reported(tmp_path: Path) -> None:
+    """A trainer that reports a global step (or a remainder's step counted from its parent's first)
+    had every heartbeat refused while the whole unit trained on, then its result refused for
+    claiming more steps than the unit has: found one unit late, and the hint was nowhere."""
+    ctx = _context(tmp_path)
+    ctx.report_progress(5)                                    # the unit's last step: fine
+    with pytest.raises(ValueError, match=r"^report_progress\(6\): unit e0-s0 has 5 steps; count "
+                                         r"this unit's steps done, 0 to 5$"):
+        ctx.report_progress(6)
+    assert ctx.steps_done == 5                                # nothing recorded
+    remainder = make_units(1, steps=5, params={"step_offset": 7})[0]
+    ctx = TrainContext(unit=remainder, lease_id="l", base_version=0,
+                       model=ModelState.from_module(tiny_model()), checkpoint_path=tmp_path / "ck",
+                       resumed=False, stop=threading.Event())
+    with pytest.raises(ValueError, match=r"params\['step_offset'\] = 7 are the parent unit's"):
+        ctx.report_progress(7 + 1)
+
+
 @pytest.mark.parametrize(("extra", "where", "kind"), [
     ({"np_rng": np.random.get_state()}, "state['np_rng'][1]", "numpy.ndarray"),
     ({"opt": {"lrs": [0.1, np.float64(0.2)]}}, "state['opt']['lrs'][1]", "numpy.float64"),
