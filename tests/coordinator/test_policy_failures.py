@@ -241,3 +241,98 @@ def test_values_whose_sum_overflows_are_still_finite() -> None:
     assert first_non_finite({"w": big}) is None
     assert first_non_finite({"w": torch.tensor([float("inf"), -float("inf")])}) == "w"
     assert first_non_finite({"n": torch.tensor([1, 2])}) is None
+
+
+class _Momentum:
+    """A policy keeping momentum, a buffer and counters in its state, changed in place (the way
+    the built-ins do) before it breaks its merge ``how`` while ``fail[0]``."""
+
+    name = "momentum"
+    needs_base = False
+    claims: frozenset[str] = frozenset()
+
+    def __init__(self, how: str, fail: list[bool]) -> None:
+        self.how, self.fail = how, fail
+
+    def init_state(self, model):
+        return {"count": 0, "momentum": {n: torch.zeros_like(t) for n, t in model.items()
+                                         if t.is_floating_point()},
+                "seen": [], "last": None}
+
+    def merge(self, model, update, state):
+        state["count"] += 1
+        for n, m in state["momentum"].items():
+            m.mul_(0.9).add_(update.tensors[n])
+        state["seen"].append(update.unit_id)
+        state["last"] = update.unit_id
+        if not self.fail[0]:
+            return model
+        if self.how == "raise":
+            raise RuntimeError("policy exploded half-way")
+        if self.how == "replace":
+            state["momentum"]["w"] = torch.ones(3)         # another tensor, another shape
+            raise RuntimeError("policy exploded half-way")
+        if self.how == "state":
+            state["o"] = object()
+        elif self.how == "nan":
+            model.tensors["w"].fill_(float("nan"))
+        return model
+
+
+def _frozen(state):
+    return (state["count"], list(state["seen"]), state["last"],
+            {n: (t, t.clone()) for n, t in state["momentum"].items()}, sorted(state))
+
+
+@pytest.mark.parametrize("how", ["raise", "replace", "state", "nan"])
+async def test_a_policy_failure_leaves_the_policy_state_exactly_as_it_was(kit, clock, how) -> None:
+    # found by review: the model was restored after a failed merge, the policy's state was not, so
+    # its momentum, buffers and counters kept half of a refused result (and a value no snapshot
+    # can hold failed every merge after it)
+    switch = [False]
+    async with coordinator(kit, clock, _Momentum(how, switch), units=4) as coord:
+        assert (await one_result(kit, coord)).status == "accepted"
+        state = coord._owner.state
+        count, seen, last, momentum, keys = _frozen(state)
+        switch[0] = True
+        r = await one_result(kit, coord)
+        assert (r.status, r.reason) == ("rejected", "policy")
+        assert coord._owner.state is state                       # the same dict ...
+        assert (state["count"], state["seen"], state["last"], sorted(state)) == (count, seen, last, keys)
+        for n, (t, values) in momentum.items():
+            assert state["momentum"][n] is t                     # ... the same tensors ...
+            assert torch.equal(t, values)                        # ... and their values
+        switch[0] = False                                        # and the next merge builds on it
+        assert (await one_result(kit, coord)).status == "accepted"
+        assert state["count"] == count + 1
+        assert state["seen"] == [*seen, state["last"]]
+
+
+def test_taking_the_policy_state_copies_only_what_changed() -> None:
+    import time
+
+    from vcasync.coordinator._state_undo import StateUndo
+    state = {"n": 3, "velocity": {f"t{i}": torch.randn(1 << 18) for i in range(16)},  # 4M values
+             "hist": [0.5] * 10}
+    model = {k: torch.randn_like(v) for k, v in state["velocity"].items()}
+    update = {k: torch.randn_like(v) for k, v in state["velocity"].items()}
+    undo = StateUndo()
+    undo.take(state)
+    unchanged, changed, merges = [], [], []
+    for _ in range(9):      # interleaved, the best of each: a busy machine slows all alike
+        t0 = time.perf_counter()
+        undo.take(state)                            # nothing changed since the last take
+        t1 = time.perf_counter()
+        for k, t in state["velocity"].items():      # a momentum merge, its state in place
+            t.mul_(0.9).add_(update[k])
+            model[k].add_(t)
+        t2 = time.perf_counter()
+        undo.take(state)                            # every tensor copied again
+        t3 = time.perf_counter()
+        unchanged.append(t1 - t0)
+        merges.append(t2 - t1)
+        changed.append(t3 - t2)
+    # measured: ~20 us for the structure alone; ~0.8 ms to copy the 4M values the merge changed,
+    # against ~1.9 ms for the merge itself
+    assert min(unchanged) < 1e-3, min(unchanged)
+    assert min(changed) < min(merges), (min(changed), min(merges))

@@ -3,7 +3,8 @@
 The policy merges into a private *working* model (in a worker thread); a merge that changed it is
 published as an immutable :class:`~vcasync.coordinator._versions.Version` that downloads and delta bases read
 while the next merge runs. If the policy raises, the working model is restored from the current
-published version, so a refused or broken merge leaves no trace in the model.
+published version and the policy's state from what was taken before the merge
+(:mod:`~vcasync.coordinator._state_undo`), so a refused or broken merge leaves no trace in either.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..tensors import ModelSpec, ModelState, Update
 from ..wire import aencode_payload, check_tree, pack_tree
 from ._buffers import BufferPool
 from ._counters import CounterBases
+from ._state_undo import StateUndo
 from ._versions import Version, VersionStore, copy_tensors
 
 __all__ = ["ModelOwner"]
@@ -101,6 +103,7 @@ class ModelOwner:
         self.state: PolicyState = (policy.init_state(self._working) if policy_state is None
                                    else policy_state)
         self.versions = VersionStore(self._working, max_bytes=max_retained_bytes, pool=pool)
+        self._undo = StateUndo()      # the policy state before each merge, for a failed one
         #: Integer tensors per version, to turn full-weights results into increments (the policy
         #: contract); kept for the staleness window whatever the versions' byte budget drops.
         self.counters = CounterBases(self._working)
@@ -147,6 +150,7 @@ class ModelOwner:
     def _merge_sync(self, update: Update, current: int) -> bool:
         """The policy's merge into the working model, checked; False when it changed nothing."""
         working = self._working
+        before = self._undo.take(self.state)
         try:
             out = self.policy.merge(working, update, self.state)
             if out is not None and not isinstance(out, ModelState):
@@ -172,6 +176,7 @@ class ModelOwner:
                     copy_tensors(out.tensors, working.tensors)
         except Exception as exc:
             self._restore_working()
+            self._undo.restore(self.state, before)
             if isinstance(exc, UpdateRejectedError) or (isinstance(exc, ValidationError)
                                                         and not isinstance(exc, SpecMismatchError)):
                 raise
@@ -194,7 +199,8 @@ class ModelOwner:
                     "or inf; the policy law 'finite' forbids it)")
         else:
             what = f"merge policy {name!r} failed ({exc!r})"
-        message = f"{what} on unit {update.unit_id}: the result is refused, the model is as it was"
+        message = (f"{what} on unit {update.unit_id}: the result is refused, the model and the "
+                   "policy's state are as they were")
         self.policy_failures += 1
         now = time.monotonic()
         if self.policy_failures == 1:
