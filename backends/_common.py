@@ -12,11 +12,12 @@ import types
 import typing
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from typing import Any, Self, TypeVar
-from urllib.parse import SplitResult, parse_qs, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qs, urlsplit
 
 from vcasync.coerce import coerce
 from vcasync.errors import ClosedError, ConfigError
 from vcasync.retry import RetryPolicy
+from vcasync.storage import shown_url  # re-exported: the backends' one way to show a URL
 
 __all__ = ["StorageBase", "check_chunk_size", "check_data", "join_key", "parse_options", "rechunk",
            "shown_url", "split_url", "writer_token"]
@@ -110,20 +111,6 @@ async def rechunk(chunks: AsyncIterable[bytes | bytearray | memoryview], size: i
 
 
 # --- URLs and options -------------------------------------------------------------------------
-
-
-def shown_url(url: str) -> str:
-    """``url`` as an error message may show it: user info and every query value masked (``***``),
-    the option names kept. A URL may carry a secret by mistake (``?aws_secret_access_key=...``,
-    ``user:password@``) and the message that refuses it ends up in logs."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<a storage URL that does not parse>"
-    host = parts.netloc.rpartition("@")[2]
-    netloc = f"***@{host}" if "@" in parts.netloc else host
-    query = "&".join(f"{name}=***" for name in parse_qs(parts.query, keep_blank_values=True))
-    return urlunsplit((parts.scheme, netloc, parts.path, query, "***" if parts.fragment else ""))
 
 
 def split_url(url: str, scheme: str) -> SplitResult:

@@ -137,11 +137,11 @@ class LocalStorage(StorageBase):
         if "://" not in url:
             # a plain path; a typo for a URL would become a directory named after it
             if _URL_LIKE.match(url):
-                raise ConfigError(f"{url!r} looks like a URL without '//': write file:///absolute/path "
-                                  "(or a plain path)")
+                raise ConfigError(f"{shown_url(url)!r} looks like a URL without '//': write "
+                                  "file:///absolute/path (or a plain path)")
             if "?" in url:
-                raise ConfigError(f"{url!r}: a plain path takes no options (they would become part of "
-                                  "the directory's name); write file:///absolute/path?option=value")
+                raise ConfigError(f"{shown_url(url)!r}: a plain path takes no options (they would become "
+                                  "part of the directory's name); write file:///absolute/path?option=value")
             return cls(url, parse_options(LocalOptions, url, "", options))
         parts = split_url(url, "file")
         if parts.netloc not in ("", "localhost"):

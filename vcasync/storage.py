@@ -44,7 +44,7 @@ import types
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol, Self, TypeAlias, runtime_checkable
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from ._aio import buffer_blocks, first_error
 from ._registry import Registry
@@ -74,6 +74,7 @@ __all__ = [
     "outlives_process",
     "probe_storage",
     "register_backend",
+    "shown_url",
     "unregister_backend",
     "validate_key",
     "validate_prefix",
@@ -296,10 +297,37 @@ def available_backends() -> list[str]:
     return _BACKENDS.names()
 
 
+def shown_url(url: str) -> str:
+    """``url`` as an error message may show it: user info and every query value masked (``***``),
+    the option names kept. A URL may carry a secret by mistake (``?aws_secret_access_key=...``,
+    ``user:password@``) and the message that refuses it ends up in logs. Core and backends show
+    a URL through this one function."""
+    try:
+        parts = urlsplit(url)
+        if not parts.netloc and "://" in parts.path:
+            # a scheme urlsplit does not take ('my_store://u:p@h'): the rest is still a URL's
+            scheme, _, rest = url.partition("://")
+            parts = SplitResult(scheme, *urlsplit("//" + rest)[1:])
+    except ValueError:
+        return "<a storage URL that does not parse>"
+    host = parts.netloc.rpartition("@")[2]
+    netloc = f"***@{host}" if "@" in parts.netloc else host
+    # option names stay, values go; an item without '=' (a bare token) may be the secret itself
+    query = "&".join(f"{name}=***" if sep else "***"
+                     for name, sep, _ in (item.partition("=") for item in parts.query.split("&") if item))
+    return urlunsplit((parts.scheme, netloc, parts.path, query, "***" if parts.fragment else ""))
+
+
+def _not_a_url(url: object) -> str:
+    """What a refusal of something that is not a URL string shows of it: its type, never its
+    value (bytes or another object may hold a URL with its secrets)."""
+    return "''" if url == "" else f"a {type(url).__name__}"
+
+
 def url_scheme(url: str) -> str:
     """The scheme of ``url``; plain paths (and ``C:\\``-style drive paths) are ``file``."""
     if not isinstance(url, str) or url == "":
-        raise BackendUnavailableError(f"a storage URL must be a non-empty str, got {url!r}")
+        raise BackendUnavailableError(f"a storage URL must be a non-empty str, got {_not_a_url(url)}")
     scheme = urlsplit(url).scheme
     if "://" not in url or len(scheme) <= 1:
         return "file"
@@ -331,7 +359,7 @@ def open_storage(url: str | os.PathLike[str], *, registry: Registry[StorageBacke
         url = os.fspath(url)
     if not isinstance(url, str) or not url:
         raise ConfigError(f"a storage URL is a non-empty str (file:///path, s3://bucket/prefix, "
-                          f"gs://bucket/prefix, memory://name) or a path, got {url!r:.80}")
+                          f"gs://bucket/prefix, memory://name) or a path, got {_not_a_url(url)}")
     scheme = url_scheme(url)
     backend = (registry if registry is not None else _BACKENDS).get(scheme)
     return backend.from_url(url, **options)

@@ -8,8 +8,8 @@ import pytest
 
 from backends._common import parse_options
 from backends.s3 import S3Options
-from vcasync.errors import ConfigError
-from vcasync.storage import open_storage
+from vcasync.errors import BackendUnavailableError, ConfigError
+from vcasync.storage import open_storage, outlives_process, shown_url
 
 
 def test_an_unknown_url_option_lists_only_what_a_url_may_carry() -> None:
@@ -40,6 +40,10 @@ def test_a_secret_in_the_url_is_still_refused_by_name() -> None:
     "s3://b/p?region=eu&aws_session_token=SECRET123#SECRET123",    # a fragment
     "gs://b/p?emulator_host=http://u:SECRET123@h&nope=1",          # a password inside a value
     "file://u:SECRET123@host/tmp/x",                               # user info
+    # found by review: these echoed the whole URL
+    "my_store://u:SECRET123@h/p?k=SECRET123",        # a scheme urlsplit does not take
+    "s3:bucket?aws_secret_access_key=SECRET123",     # a URL without '//'
+    "relative/dir?token=SECRET123",                  # a plain path with a query
 ])
 def test_a_refused_storage_url_never_shows_a_secret_it_carries(url: str) -> None:
     # the message that refuses a URL ends up in logs: option names stay, every value is masked
@@ -47,3 +51,21 @@ def test_a_refused_storage_url_never_shows_a_secret_it_carries(url: str) -> None
         open_storage(url)
     assert "SECRET123" not in str(err.value)
     assert "***" in str(err.value)
+
+
+@pytest.mark.parametrize("url", [b"s3://b/p?aws_secret_access_key=SECRET123",
+                                 bytearray(b"file://u:SECRET123@h/x")])
+def test_a_storage_url_that_is_not_a_str_is_refused_by_its_type_not_its_value(url: object) -> None:
+    # found by review: vcasync.storage's own refusals (before any backend) showed the value whole
+    for call, error in ((open_storage, ConfigError), (outlives_process, BackendUnavailableError)):
+        with pytest.raises(error) as err:
+            call(url)  # type: ignore[operator]
+        assert "SECRET123" not in str(err.value)
+        assert f"got a {type(url).__name__}" in str(err.value)
+
+
+def test_core_and_backends_mask_a_url_with_one_function() -> None:
+    from backends import _common
+    assert _common.shown_url is shown_url          # vcasync.storage's: core imports no backend
+    assert shown_url("s3://u:p@b/x?k=1&j=2#f") == "s3://***@b/x?k=***&j=***#***"
+    assert shown_url("s3://b/x?SECRET123") == "s3://b/x?***"
