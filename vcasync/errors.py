@@ -5,7 +5,8 @@ everything with one clause, or exactly one failure with a leaf class::
 
     VCAsyncError
     ├── ConfigError                   bad configuration: unknown option, wrong type, missing value
-    │   └── StateInUseError           a live worker already holds that worker state URL (``.url``)
+    │   ├── StateInUseError           a live worker already holds that worker state URL (``.url``)
+    │   └── PriceRowError             a bad price row (``.problem``, ``.key``, ``.where`` in a file)
     ├── ClosedError                   *we* closed the resource (contrast: the peer broke it)
     ├── RunIncompleteError            a run stopped at its time limit with work left (exit status 5)
     ├── WireError                     anything wrong with bytes that came off the network
@@ -77,6 +78,7 @@ __all__ = [
     "PolicyFailedError",
     "PreconditionFailedError",
     "PrefixTakenError",
+    "PriceRowError",
     "ProtocolVersionError",
     "RunIncompleteError",
     "SpecMismatchError",
@@ -116,6 +118,29 @@ class StateInUseError(ConfigError):
         super().__init__(message)
         self.url = url
         self.holder = holder
+
+
+class PriceRowError(ConfigError):
+    """A price row (``vcasync.costing.InstancePrice``) that cannot be built: ``problem`` says which
+    field and why, ``key`` names the row (``provider:instance``; None until both are names) and
+    ``where`` says where it sits in a file (``price row 2``, ``line 3``) once the loader knows.
+
+    The message is built here, once: ``price row KEY: PROBLEM`` from the row itself, ``WHERE (KEY):
+    PROBLEM`` from a file; :meth:`at` adds the place without parsing the message."""
+
+    def __init__(self, problem: str, *, key: str | None = None, where: str | None = None) -> None:
+        self.problem = problem
+        self.key = key
+        self.where = where
+        if where is None:
+            head = f"price row {key}" if key is not None else "price row"
+        else:
+            head = f"{where} ({key})" if key is not None else where
+        super().__init__(f"{head}: {problem}")
+
+    def at(self, where: str) -> PriceRowError:
+        """The same error, placed at ``where`` in a file."""
+        return PriceRowError(self.problem, key=self.key, where=where)
 
 
 class ClosedError(VCAsyncError):

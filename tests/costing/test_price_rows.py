@@ -224,3 +224,26 @@ def test_simulate_refuses_the_probe_s_huge_csv_row_with_exit_2(
                       "--coordinator-instance", "acme:big-8"]) == ExitCode.CONFIG
     err = capsys.readouterr().err
     assert "line 2 (acme:big-8): on_demand_per_h must be a finite price >= 0 and <= 10,000" in err
+
+
+def test_a_bad_row_carries_its_key_and_problem_and_the_loader_adds_only_the_place() -> None:
+    # the loader stripped InstancePrice's own "price row KEY: " prefix by matching the message's
+    # text to avoid a doubled prefix; the row error now carries its parts and the message is
+    # built once, by the error
+    from vcasync.errors import PriceRowError
+    with pytest.raises(PriceRowError) as built:
+        InstancePrice(**{**ROW, "vcpus": -1})  # type: ignore[arg-type]
+    assert (built.value.key, built.value.where) == ("acme:big-8", None)
+    assert built.value.problem.startswith("vcpus must be a finite number > 0")
+    assert str(built.value) == f"price row acme:big-8: {built.value.problem}"
+    with pytest.raises(PriceRowError) as loaded:
+        PriceTable.from_rows([ROW, {**ROW, "instance": "big-9", "vcpus": -1}])
+    assert (loaded.value.key, loaded.value.where, loaded.value.problem) == (
+        "acme:big-9", "price row 2", built.value.problem)
+    assert str(loaded.value) == f"price row 2 (acme:big-9): {built.value.problem}"
+    # a row not yet named by provider:instance, or refused before it is built: the place alone
+    with pytest.raises(PriceRowError, match=r"^price row 1: provider must be a non-empty string") as no_key:
+        PriceTable.from_rows([{**ROW, "provider": " "}])
+    assert no_key.value.key is None
+    with pytest.raises(PriceRowError, match=r"^price row 1: missing field\(s\) \['region'\]"):
+        PriceTable.from_rows([{k: v for k, v in ROW.items() if k != "region"}])

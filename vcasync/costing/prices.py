@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..coerce import is_finite_number
-from ..errors import ConfigError
+from ..errors import ConfigError, PriceRowError
 from .params import read_text_file
 
 log = logging.getLogger("vcasync.costing")
@@ -77,13 +77,13 @@ class InstancePrice:
         for name in ("provider", "instance", "region", "source", "as_of"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value.strip():
-                raise ConfigError(f"{self._label()}: {name} must be a non-empty string, got {value!r}")
+                raise self._bad(f"{name} must be a non-empty string, got {value!r}")
         for name in ("note", "accelerator"):
             value = getattr(self, name)
             if not isinstance(value, str):
-                raise ConfigError(f"{self._label()}: {name} must be a string, got {value!r}")
+                raise self._bad(f"{name} must be a string, got {value!r}")
         if not isinstance(self.approximate, bool):
-            raise ConfigError(f"{self._label()}: approximate must be true or false, got {self.approximate!r}")
+            raise self._bad(f"approximate must be true or false, got {self.approximate!r}")
         # fractional vCPUs are real (GCP's shared-core e2-micro has 0.25)
         # the upper bounds: a finite 1e308 $/h passed, and the summary said "$inf" and "saving nan %"
         for name, what, low, strict, high in (
@@ -93,23 +93,22 @@ class InstancePrice:
                 ("min_billed_s", "number of seconds", 0.0, False, MAX_MIN_BILLED_S)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ConfigError(f"{self._label()}: {name} must be a number, got {value!r}")
+                raise self._bad(f"{name} must be a number, got {value!r}")
             if not is_finite_number(value, low, strict=strict, high=high):
                 upto = f" and <= {high:,g}" if high is not None else ""
-                raise ConfigError(f"{self._label()}: {name} must be a finite {what} "
-                                  f"{'>' if strict else '>='} {low:g}{upto}, got {value!r}")
+                raise self._bad(f"{name} must be a finite {what} "
+                                f"{'>' if strict else '>='} {low:g}{upto}, got {value!r}")
         if self.on_demand_per_h == 0:   # spot may be free (volunteers); the reference may not
-            raise ConfigError(f"{self._label()}: on_demand_per_h must be > 0: every saving is measured "
-                              "against it")
+            raise self._bad("on_demand_per_h must be > 0: every saving is measured against it")
         if self.spot_per_h > self.on_demand_per_h:   # allowed (a spike may be modelled), never silent
             log.warning("price row %s: spot $%g/h is above on-demand $%g/h, so running spot costs more "
                         "and every saving against on-demand comes out negative", self.key,
                         self.spot_per_h, self.on_demand_per_h)
 
-    def _label(self) -> str:
-        """``provider:instance`` for an error message, once both are names."""
+    def _bad(self, problem: str) -> PriceRowError:
+        """The error for a bad field, naming the row by ``provider:instance`` once both are names."""
         ok = all(isinstance(v, str) and v.strip() for v in (self.provider, self.instance))
-        return f"price row {self.key}" if ok else "price row"
+        return PriceRowError(problem, key=self.key if ok else None)
 
     @property
     def key(self) -> str:
@@ -298,22 +297,19 @@ class PriceTable(Mapping[str, InstancePrice]):
             where = labels[i] if labels is not None else f"price row {i + 1}"
             unknown = sorted(set(row) - fields)
             if unknown:
-                raise ConfigError(f"{where}: unknown field(s) {unknown}")
+                raise PriceRowError(f"unknown field(s) {unknown}", where=where)
             missing = sorted(f for f in ("provider", "instance", "region", "vcpus", "memory_gib",
                                          "on_demand_per_h", "spot_per_h", "source", "as_of") if f not in row)
             if missing:
-                raise ConfigError(f"{where}: missing field(s) {missing}")
+                raise PriceRowError(f"missing field(s) {missing}", where=where)
             try:
                 prices.append(InstancePrice(**row))  # type: ignore[arg-type]
-            except (TypeError, ConfigError) as exc:
-                # one prefix, the file's, with the row's key when it has one: was "price row 1:
-                # price row acme:big-8: ..."
-                said, key = str(exc), f"{row.get('provider')}:{row.get('instance')}"
-                if said.startswith(f"price row {key}: "):
-                    said = f"{where} ({key}): {said.removeprefix(f'price row {key}: ')}"
-                else:
-                    said = f"{where}: {said.removeprefix('price row: ')}"
-                raise ConfigError(said) from None
+            except PriceRowError as exc:
+                # one prefix, the file's place, with the row's key when it has one (was "price row
+                # 1: price row acme:big-8: ...")
+                raise exc.at(where) from None
+            except TypeError as exc:
+                raise PriceRowError(str(exc), where=where) from None
         return cls(prices)
 
 
