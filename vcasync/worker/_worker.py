@@ -507,15 +507,11 @@ class Worker:
             self._abandoned += 1
             await self._release(grant, f"trainer error: {exc}")
             raise
-        except _TrainerExited as exc:
-            log.error("trainer failed on unit %s: %s", grant.unit.unit_id, exc)
+        except Exception as exc:       # the trainer raised (or exited: _TrainerExited)
+            logged, reason = _trainer_failure(exc)
+            log.error("trainer failed on unit %s: %s", grant.unit.unit_id, logged)
             self._abandoned += 1
-            await self._release(grant, f"trainer error: {exc}")
-            return False
-        except Exception as exc:
-            log.error("trainer failed on unit %s: %r", grant.unit.unit_id, exc)
-            self._abandoned += 1
-            await self._release(grant, f"trainer error: {type(exc).__name__}: {exc}")
+            await self._release(grant, f"trainer error: {reason}")
             return False
         finally:
             self._unit_stop = None
@@ -717,6 +713,15 @@ class _TrainerExited(Exception):
             what = "raised KeyboardInterrupt"
         super().__init__(f"trainer {trainer} {what}; a trainer returns a result or raises an exception, "
                          "it must not exit the worker: counted as a failed unit")
+
+
+def _trainer_failure(exc: Exception) -> tuple[str, str]:
+    """How the log and the lease's release name a trainer's failure: a :class:`_TrainerExited`
+    says everything in its message; any other exception is logged by its repr and released as
+    ``Type: message``."""
+    if isinstance(exc, _TrainerExited):
+        return str(exc), str(exc)
+    return repr(exc), f"{type(exc).__name__}: {exc}"
 
 
 def _in_daemon_thread(fn: Callable[[TrainContext], Any], ctx: TrainContext) -> asyncio.Future[Any]:
