@@ -30,7 +30,7 @@ from .errors import (
 from .exit_codes import ExitCode
 
 __all__ = ["ENVIRONMENT", "Command", "EnvVar", "ExitCode", "available_commands", "environment_help", "main",
-           "read_join_credential", "read_join_secret", "read_secret"]
+           "join_credential_env", "read_join_credential", "read_join_secret", "read_secret"]
 
 log = logging.getLogger("vcasync.cli")
 
@@ -200,6 +200,13 @@ def read_join_credential(secret_file: Path | None, *,
         raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET or VCASYNC_JOIN_TOKEN"
                           + (" (or --join-secret-file)" if file_flag else ""))
     return secret, token
+
+
+def join_credential_env(secret: str | None, token: str | None) -> dict[str, str]:
+    """The environment a worker started elsewhere (a Ray actor) reads the join credential
+    :func:`read_join_credential` returned from: ``VCASYNC_JOIN_SECRET`` and ``VCASYNC_JOIN_TOKEN``."""
+    env = {"VCASYNC_JOIN_SECRET": secret, "VCASYNC_JOIN_TOKEN": token}
+    return {var: value for var, value in env.items() if value}
 
 
 def _check_printable(secret: str, where: str) -> None:

@@ -112,7 +112,7 @@ def test_no_ray_cluster_is_a_one_line_configuration_error(capsys: pytest.Capture
     ({"VCASYNC_JOIN_SECRET": "short-secret"}, "the join secret (VCASYNC_JOIN_SECRET) is too short"),
     ({"VCASYNC_JOIN_TOKEN": "short-token"}, "the join token (VCASYNC_JOIN_TOKEN) is too short"),
     ({"VCASYNC_JOIN_TOKEN": "a-long-enough-token\x1b[2J"}, "VCASYNC_JOIN_TOKEN (join token) holds a control"),
-    ({}, "no join credential: set VCASYNC_JOIN_SECRET or VCASYNC_JOIN_TOKEN\n"),
+    ({}, "no join credential: set VCASYNC_JOIN_SECRET or VCASYNC_JOIN_TOKEN (or --join-secret-file)\n"),
 ])
 def test_up_checks_the_join_credential_as_the_worker_does(env: dict[str, str], problem: str,
                                                           capsys: pytest.CaptureFixture[str],
@@ -186,3 +186,74 @@ def test_up_waits_for_its_actors_to_be_constructed_but_not_for_unplaceable_ones(
     assert _fleet_reporting(unplaceable).wait_started(timeout_s=30, poll_s=0.01) == unplaceable
     assert time.monotonic() - t0 < 1
     assert _fleet_reporting(starting).wait_started(timeout_s=0.2, poll_s=0.01) == starting  # bounded
+
+
+UP = ["up", "--workers", "1", "--coordinator", "http://127.0.0.1:8470", "--trainer", "m:f",
+      "--state-root", "memory://w"]
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("a-long-enough\tsecret\n", "the first line of the join secret file {} holds a control character"),
+    ("short-secret\n", "the join secret in {} is too short"),
+    ("\n\n", "the join secret file {} is empty"),
+    (None, "cannot read the join secret file {}"),
+])
+def test_up_reads_the_join_secret_file_as_the_worker_does(
+        text: str | None, problem: str, tmp_path: Any, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # `vcasync worker` read its secret from --join-secret-file, `ray up` only from the environment
+    from vcasync.cli import main
+
+    for var in ("VCASYNC_JOIN_SECRET", "VCASYNC_JOIN_TOKEN", "RAY_ADDRESS"):
+        monkeypatch.delenv(var, raising=False)
+    path = tmp_path / "join-secret"
+    if text is not None:
+        path.write_text(text, newline="")
+    assert main(["ray", "--address", "127.0.0.1:1", *UP, "--join-secret-file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vcasync ray: configuration error: ")
+    assert problem.format(path) in err
+    assert "Ray cluster" not in err             # refused before connecting
+    if text is not None and text.strip():
+        assert text.strip() not in err          # the file is named, never the secret
+
+
+def test_up_hands_the_secret_it_read_from_the_file_to_the_actors(
+        tmp_path: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ray faked at the fleet: what the command would give the actors (their runtime_env), and that
+    # it gets past the credential check to the cluster with the file alone
+    from vcasync.cli import main
+    from vcasync.commands import ray as command
+    from vcasync.launch import ray as launch
+
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "an-older-secret-from-the-env")     # the file wins
+    monkeypatch.delenv("VCASYNC_JOIN_TOKEN", raising=False)
+    secret = "abcdefghijklmnopqrstuvwxyz-from-the-file"
+    path = tmp_path / "join-secret"
+    path.write_text(secret + "\na note below the secret\n")
+    given: dict[str, Any] = {}
+
+    class Fleet:
+        def __init__(self, spec: RayWorkerSpec, *, credentials: Any = None) -> None:
+            given["options"] = launch.actor_options(spec, 0, credentials)
+
+        def scale(self, count: int) -> list[int]:
+            return list(range(count))
+
+        def placement_problem(self) -> None:
+            return None
+
+        def wait_started(self, timeout_s: float) -> dict[int, dict[str, Any]]:
+            return {0: {"state": "running"}}
+
+    class Ray:
+        def is_initialized(self) -> bool:
+            return False
+
+    monkeypatch.setattr(command, "_connect", lambda *args, **kwargs: None)
+    monkeypatch.setattr(launch, "RayFleet", Fleet)
+    monkeypatch.setattr(launch, "_ray", Ray)
+    assert main(["ray", *UP, "--join-secret-file", str(path)]) == 0
+    assert given["options"]["runtime_env"] == {"env_vars": {"VCASYNC_JOIN_SECRET": secret}}
+    out, err = capsys.readouterr()
+    assert secret not in out + err

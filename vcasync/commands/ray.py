@@ -8,9 +8,10 @@
     vcasync ray scale 8           # while the run goes
     vcasync ray down
 
-``--address`` and ``--namespace`` come before the action. The join secret comes from
-``VCASYNC_JOIN_SECRET`` (or ``VCASYNC_JOIN_TOKEN``) on the driver, never a flag, checked as ``vcasync
-worker`` checks it (:func:`vcasync.cli.read_join_credential`) before ``up`` connects. ``up`` refuses a
+``--address`` and ``--namespace`` come before the action. The join secret comes from ``up
+--join-secret-file`` or ``VCASYNC_JOIN_SECRET`` (or ``VCASYNC_JOIN_TOKEN``) on the driver, never a
+flag's value, read and checked as ``vcasync worker`` reads it (:func:`vcasync.cli.read_join_credential`:
+the file first) before ``up`` connects; the actors get what was read. ``up`` refuses a
 spec that differs from the fleet already running in the namespace (``down`` first to replace it;
 ``scale`` keeps the running spec), and warns when no node could take a worker (a resource or label no
 alive node has). ``up`` waits (up to a minute) until its actors are constructed: one that died
@@ -27,10 +28,11 @@ import argparse
 import json
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 from .._owner_lease import MIN_TTL_S
-from ..cli import Command, ExitCode, read_join_credential
+from ..cli import Command, ExitCode, join_credential_env, read_join_credential
 from ..coerce import argument_number
 from ..errors import ConfigError, RunIncompleteError
 
@@ -53,6 +55,9 @@ def _configure(p: argparse.ArgumentParser) -> None:
                     help="storage URL; worker i keeps its state at STATE_ROOT/worker-i")
     up.add_argument("--app-dir", help="directory on every node to put on sys.path for the trainer")
     up.add_argument("--grace-period", type=float, default=20.0)
+    up.add_argument("--join-secret-file", type=Path,
+                    help="file whose first line is the join secret the workers join with (read as "
+                         "vcasync worker reads it; instead of VCASYNC_JOIN_SECRET)")
     # refused while parsing, before Ray is imported or an actor started (each actor's worker
     # refused it only once it ran, and the fleet died actor by actor)
     up.add_argument("--state-lease", default=30.0, metavar="SECONDS",
@@ -133,12 +138,13 @@ def _run(a: argparse.Namespace) -> int:
 
     ray = _ray()
     spec = None
+    credentials: dict[str, str] = {}
     if a.action == "up":
         from ..worker._client import check_coordinator_url
 
         check_coordinator_url(a.coordinator)     # the flag named, before the spec's own check
-        # checked as `vcasync worker` checks it: the actors pass it on as the driver has it
-        read_join_credential(None, file_flag=False)
+        # read and checked as `vcasync worker` reads it; the actors get what was read
+        credentials = join_credential_env(*read_join_credential(a.join_secret_file))
         if a.wait_timeout is not None and not a.wait_timeout > 0:
             raise ConfigError(f"--wait-timeout must be > 0 seconds, got {a.wait_timeout!r}")
         # Checked before connecting: a bad spec is refused without touching the cluster.
@@ -150,7 +156,7 @@ def _run(a: argparse.Namespace) -> int:
     _connect(ray, a.address, a.namespace, log_to_driver=a.action == "up")
     try:
         if spec is not None:
-            fleet = RayFleet(spec)
+            fleet = RayFleet(spec, credentials=credentials)
             print(json.dumps({"running": fleet.scale(a.workers)}), flush=True)
             problem = fleet.placement_problem() if a.workers > 0 else None
             if problem:

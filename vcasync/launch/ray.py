@@ -21,7 +21,8 @@ incarnation opens the same state URL, waits out the dead one's owner record, and
 the last checkpoint. Actors are named (``vcasync-worker-<i>``) and detached in a Ray namespace, so a
 later driver (``vcasync ray status``, ``vcasync ray scale``) finds the same fleet.
 
-The join secret travels in the actors' ``runtime_env`` (from the driver's ``VCASYNC_JOIN_SECRET``),
+The join secret travels in the actors' ``runtime_env`` (from the driver's ``VCASYNC_JOIN_SECRET``,
+or what ``vcasync ray up --join-secret-file`` read),
 so it is visible to whoever can read the Ray cluster's job specs: the same people who can run code
 on it. It is never logged.
 """
@@ -248,8 +249,12 @@ class RayFleet:
     resources it asks for) is reported as ``pending``, one that died (its constructor raised, say)
     as ``dead``, never waited on."""
 
-    def __init__(self, spec: RayWorkerSpec) -> None:
+    def __init__(self, spec: RayWorkerSpec, *, credentials: Mapping[str, str] | None = None) -> None:
         self.spec = spec
+        #: Where the actors it starts get their join credential (``VCASYNC_JOIN_SECRET``,
+        #: ``VCASYNC_JOIN_TOKEN``): ``credentials`` when given (``vcasync ray up`` passes what it
+        #: read, from ``--join-secret-file`` too), else the driver's environment.
+        self._credentials: Mapping[str, str] = os.environ if credentials is None else credentials
         self._ray = _ray()
         if not self._ray.is_initialized():
             raise ConfigError("call ray.init(address=...) before creating a RayFleet")
@@ -290,7 +295,7 @@ class RayFleet:
         if started:   # first: a driver that dies while starting them still leaves their spec
             _put_spec_record(ns, self.spec, {i: _actor_id(a) for i, a in actors.items()})
         for i in started:
-            opts = actor_options(self.spec, i, os.environ)
+            opts = actor_options(self.spec, i, self._credentials)
             actors[i] = cls.options(**opts).remote(self.spec.to_dict(), i)
             self._ids[i] = _actor_id(actors[i])
             log.info("started worker actor %d", i)
