@@ -6,6 +6,7 @@ final snapshot that cannot be written is an error the caller can see, not a log 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,7 +15,12 @@ import aiohttp
 import pytest
 
 from vcasync.coordinator import Coordinator, CoordinatorConfig
-from vcasync.errors import StorageUnavailableError, TransientStorageError
+from vcasync.errors import (
+    ClosedError,
+    StorageFailedError,
+    StorageUnavailableError,
+    TransientStorageError,
+)
 from vcasync.ledger._units import make_units
 from vcasync.policy import build_policy
 from vcasync.server import Server, ServerConfig
@@ -140,3 +146,47 @@ async def test_a_final_snapshot_that_cannot_be_written_is_a_storage_error(
         assert coord.storage_error is not None
         assert any(r.levelno == logging.ERROR and "final snapshot failed" in r.getMessage()
                    and "lost" in r.getMessage() for r in caplog.records)
+
+
+class FullDisk(Switch):
+    """While ``down``: a store with room for the probe's few bytes but not for a result (a disk
+    that is almost full, a quota almost spent)."""
+
+    def __call__(self, op: str, key: str | None) -> bool:
+        return self.down and op in ("put", "put_stream") and not (key or "").endswith("/probe")
+
+
+async def test_a_store_that_takes_the_probe_but_not_results_is_one_outage_up_to_its_limit(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The probe's small write fits, the next result does not: that is the outage going on, not a
+    new one each probe (which flapped the state, logged an ERROR per probe and never reached
+    ``storage_outage_limit_s``, so a coordinator on a full disk ran on forever)."""
+    disk = FullDisk()
+    config = CoordinatorConfig(storage_probe_interval_s=PROBE_S, storage_outage_limit_s=1.5)
+    async with open_storage("memory://full-disk") as inner:
+        storage: Any = FaultyStorage(inner, trigger=disk)
+        coord = Coordinator(ModelState.from_module(tiny_model()), make_units(4, steps=3),
+                            policy=build_policy("vcasgd"), storage=storage, config=config)
+        async with coord, Server(coord, TokenAuthority(join_secret=SECRET,
+                                                       store=StorageTokenStore(storage)),
+                                 ServerConfig(port=0)) as server, \
+                CoordinatorClient(server.url) as client:
+            await client.join(SECRET, "a")
+            grant = await client.lease()
+            data = result_payload(await _model(coord), grant.lease_id, grant.base_version)
+            disk.down = True
+            with caplog.at_level(logging.DEBUG, logger="vcasync"):
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 10.0
+                while coord.failure is None and loop.time() < deadline:    # a worker retrying
+                    with contextlib.suppress(StorageUnavailableError, ClosedError):
+                        await client.submit(grant.lease_id, data)
+                    await asyncio.sleep(0.02)
+            assert isinstance(coord.failure, StorageFailedError), coord.status()["storage"]
+            assert coord.status()["storage"]["outages"] == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR
+              and r.name == "vcasync.coordinator"]
+    assert sum("storage unavailable" in m for m in errors) == 1, errors
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert sum("storage is back" in m for m in warnings) <= 1, warnings
+    assert sum("failed again right after a probe" in m for m in warnings) == 1, warnings

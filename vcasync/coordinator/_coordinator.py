@@ -824,6 +824,8 @@ class Coordinator:
                     await self._stop.wait()
             if self._stop.is_set():
                 return
+            if health.relapses and health.over_limit():    # probes go through, results do not
+                raise health.give_up()
             try:
                 await self._journal.probe()
             except Exception as exc:

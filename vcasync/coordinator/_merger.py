@@ -288,6 +288,7 @@ class Merger:
                                            blob=job.blob if by_ref else None)
                 job.blob_named = by_ref
                 self._metrics.journal_writes += 1
+                self._health.durable_write_ok()
             return await self.apply(job.worker_id, job.unit.unit_id, meta, job.tensors,
                                      None if held is None else held.model, live=True,
                                      release=functools.partial(self._give_back, job))

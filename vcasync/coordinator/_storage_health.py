@@ -18,6 +18,15 @@ fleet a blink, not a pause), then at doubling intervals up to ``probe_interval_s
 for longer than ``limit_s`` is *failed*: the coordinator stops and ``vcasync coordinator`` exits
 with ``ExitCode.STORAGE``.
 
+A probe that goes through proves only that a small write fits: a disk that is almost full, or a
+quota that is almost spent, takes the probe and refuses the next result. So storage back after a
+probe is *on probation* until a write results need succeeds (:meth:`StorageHealth.durable_write_ok`).
+A needed write that fails on probation (within ``RELAPSE_WINDOW_S`` of the probe) is a *relapse*:
+the same outage goes on, with its start, its probe back-off and its ``limit_s`` clock, instead of a
+new one every probe (which flapped the state several times a second, logged an ERROR each time and
+never reached ``limit_s``). The first relapse of an outage is logged once at WARNING; relapsing past
+``limit_s`` is *failed* too, however many probes went through.
+
 Each change of state is logged once (WARNING or ERROR), never once per refused request.
 """
 
@@ -31,9 +40,10 @@ from typing import Any
 
 from ..errors import StorageFailedError, StorageUnavailableError
 
-__all__ = ["FIRST_PROBE_S", "StorageHealth", "StorageState"]
+__all__ = ["FIRST_PROBE_S", "RELAPSE_WINDOW_S", "StorageHealth", "StorageState"]
 
 FIRST_PROBE_S = 0.1
+RELAPSE_WINDOW_S = 60.0     # a needed write failing this soon after a probe continues the outage
 
 log = logging.getLogger("vcasync.coordinator")
 
@@ -63,6 +73,9 @@ class StorageHealth:
         self.probes = 0                     # probe writes tried while unavailable
         self._probe_delay = min(FIRST_PROBE_S, probe_interval_s)
         self.unavailable = asyncio.Event()  # set while unavailable: wakes the probe loop
+        # on probation after a probe: (when it went through, the outage's start, its probe delay)
+        self._probation: tuple[float, float | None, float] | None = None
+        self.relapses = 0                   # needed writes that failed on probation, this outage
 
     # -- what the coordinator reports ---------------------------------------------------------
     def write_failed(self, exc: BaseException, *, needed: bool) -> None:
@@ -71,8 +84,11 @@ class StorageHealth:
         self.last_error = _describe(exc)
         if self.state >= StorageState.UNAVAILABLE:
             return
+        if needed and self._relapse():
+            return
         if needed:
             self.state, self.since = StorageState.UNAVAILABLE, self._clock()
+            self.relapses = 0
             self.outages += 1
             self._probe_delay = min(FIRST_PROBE_S, self.probe_interval_s)
             self.unavailable.set()
@@ -83,6 +99,30 @@ class StorageHealth:
             self.state, self.since = StorageState.DEGRADED, self._clock()
             log.warning("storage degraded: %s (results are still made durable; the next write "
                         "retries)", self.last_error)
+
+    def _relapse(self) -> bool:
+        """A needed write failed on probation: the outage the probe seemed to end goes on."""
+        probation, self._probation = self._probation, None
+        if probation is None or self._clock() - probation[0] > RELAPSE_WINDOW_S:
+            return False
+        _, since, delay = probation
+        self.state, self.since, self._probe_delay = StorageState.UNAVAILABLE, since, delay
+        self.unavailable.set()
+        self.relapses += 1
+        if self.relapses == 1:
+            log.warning("storage failed again right after a probe write went through: %s. The "
+                        "outage goes on (%.0fs so far; a small write fits, results do not: a full "
+                        "disk or a spent quota?); giving up after %.0fs", self.last_error,
+                        self.down_for(), self.limit_s)
+        return True
+
+    def durable_write_ok(self) -> None:
+        """A write results need succeeded: storage back after a probe is off probation."""
+        if self._probation is not None:
+            self._probation = None
+            if self.relapses:
+                log.warning("storage takes results again (after %d relapse(s) of the outage)",
+                            self.relapses)
 
     def write_ok(self) -> None:
         """A background write succeeded: a degraded storage is fine again."""
@@ -105,8 +145,12 @@ class StorageHealth:
         """The probe write went through: storage is back; take results again."""
         self.probes += 1
         now = self._clock()
-        log.warning("storage is back after %.1fs unavailable; taking results again",
-                    now - (self.since or now))
+        if not self.relapses:
+            log.warning("storage is back after %.1fs unavailable; taking results again",
+                        now - (self.since or now))
+        else:
+            log.debug("storage probe went through again (%d relapse(s) so far)", self.relapses)
+        self._probation = (now, self.since, self._probe_delay)
         self.state, self.since = StorageState.OK, None
         self.unavailable.clear()
 
