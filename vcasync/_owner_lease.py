@@ -184,6 +184,9 @@ class OwnerLease:
         self._beat = 0
         self._since = 0.0
         self._lost = False
+        #: set by :meth:`acquire`: the previous holder neither released its record nor was absent
+        #: (it crashed, was killed, or stopped renewing): what it did since its last write is unknown
+        self.took_over = False
         self._confirmed: float | None = None    # monotonic start of the last confirmed renewal
         #: What :meth:`check` raised when the lease was found taken over (None while held).
         self.error: Exception | None = None
@@ -291,6 +294,7 @@ class OwnerLease:
                 self._log.warning("the previous %s of %s (%s) is gone (%s); taking over", self.role,
                                   self.subject, cur[1].describe(), why)
             epoch = cur[0] + 1 if cur is not None else 1
+            self.took_over = cur is not None and cur[1] is not None and why != "released"
             self._beat, self._since = 0, self._clock()
             started = self._monotonic()
             try:

@@ -20,7 +20,7 @@ from vcasync.storage import open_storage
 
 
 def make(kit: Any, storage: Any, clock: Any, **cfg: Any) -> Coordinator:
-    config = CoordinatorConfig(**{"durability": "journal", "lease_timeout_s": 10.0,
+    config = CoordinatorConfig(**{"durability": "journal", "lease_timeout_s": 10.0, "restart_grace_s": 0.0,
                                   "snapshot_interval_s": 3600.0, "snapshot_every": 100, **cfg})
     return Coordinator(kit.tiny_model(), make_units(6, steps=4), policy=build_policy("vcasgd"),
                        storage=storage, config=config, clock=clock)

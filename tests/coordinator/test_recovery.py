@@ -16,7 +16,13 @@ import torch
 
 from vcasync.checkpoint import CheckpointStore
 from vcasync.coordinator import Coordinator, CoordinatorConfig
-from vcasync.errors import ConfigError, CorruptObjectError, StorageError, StorageUnavailableError
+from vcasync.errors import (
+    ConfigError,
+    CorruptObjectError,
+    NoWorkAvailableError,
+    StorageError,
+    StorageUnavailableError,
+)
 from vcasync.ledger._units import make_units
 from vcasync.storage import open_storage
 from vcasync.tensors import ModelState
@@ -24,7 +30,7 @@ from vcasync.testing.faults import FaultPlan, FaultyStorage
 
 
 def make(kit, storage, clock, policy=None, *, units=6, steps=4, **cfg: Any) -> Coordinator:
-    config = CoordinatorConfig(**{"durability": "journal", "lease_timeout_s": 10.0,
+    config = CoordinatorConfig(**{"durability": "journal", "lease_timeout_s": 10.0, "restart_grace_s": 0.0,
                                   "snapshot_interval_s": 3600.0, "max_staleness": 3, **cfg})
     return Coordinator(kit.tiny_model(), make_units(units, steps=steps),
                        policy=policy or kit.HalfWay(), storage=storage, config=config, clock=clock)
@@ -123,6 +129,40 @@ async def test_lease_granted_after_the_snapshot_is_adopted(kit, clock, storage) 
         assert resumed.resumed
         assert resumed.unit == g.unit
         assert (await submit(kit, b, w, g)).status == "accepted"
+
+
+async def test_after_a_crash_a_unit_in_flight_is_not_leased_again_before_its_worker_calls_in(
+        kit, clock, storage) -> None:
+    """Found running a coordinator and two ``vcasync worker`` processes, SIGKILLing the coordinator
+    mid-unit and starting it again: the worker that called in first (with its result) was handed
+    the unit the other was still training, whose lease no snapshot knew; the other's result came a
+    second later and was thrown away (409 unit_closed). After a takeover from a crash, new leases
+    now wait one heartbeat interval (plus a worker's longest retry) for such leases to be adopted."""
+    a = await make(kit, storage, clock, restart_grace_s=None).__aenter__()
+    trainer, idle = await a.join("trainer"), await a.join("idle")
+    g = await a.lease(trainer)                          # granted after the start's snapshot
+    await crash(a)
+    async with make(kit, storage, clock, restart_grace_s=None) as b:
+        grace = b.config.restart_grace()
+        assert grace == b.config.ledger_config().heartbeat_s + 5.0
+        with pytest.raises(NoWorkAvailableError) as refused:
+            await b.lease(idle)                         # the in-flight unit is not handed out
+        assert not refused.value.finished
+        assert 0 < refused.value.retry_after <= grace
+        assert "stopped uncleanly" in str(refused.value)
+        await b.heartbeat(trainer, g.lease_id, 1)       # its worker calls in: adopted
+        clock.advance(grace)
+        other = await b.lease(idle)
+        assert other.unit.unit_id != g.unit.unit_id
+        assert (await submit(kit, b, trainer, g)).status == "accepted"
+
+
+async def test_a_clean_restart_grants_leases_at_once(kit, clock, storage) -> None:
+    async with make(kit, storage, clock, restart_grace_s=None) as a:
+        w = await a.join()
+        g = await a.lease(w)
+    async with make(kit, storage, clock, restart_grace_s=None) as b:   # every lease was snapshotted
+        assert (await b.lease(w)).unit.unit_id != g.unit.unit_id
 
 
 async def test_crash_between_journal_write_and_merge(kit, clock, storage) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from .. import _owner_lease
 from ..errors import ConfigError, InvalidKeyError
 from ..ledger import LedgerConfig
+from ..retry import RetryPolicy
 from ..storage import validate_prefix
 from ..wire import Limits, resolve_codec
 from ._journal import Durability, JournalConfig
@@ -15,6 +16,8 @@ from ._journal import Durability, JournalConfig
 #: The longest lease timeout: a week (a lease without progress for this long expires, and only then
 #: does another worker get its unit).
 MAX_LEASE_TIMEOUT_S = 7 * 24 * 3600.0
+#: A worker's longest wait between two tries of a call the coordinator did not answer.
+RETRY_CAP_S = RetryPolicy().max_delay_s
 
 __all__ = ["CoordinatorConfig", "Durability"]
 
@@ -67,6 +70,13 @@ class CoordinatorConfig:
     #: stop, or provably died on this machine). At least 3 s: a renewal is several storage round
     #: trips (about five on S3 or GCS). See docs/runs.md.
     owner_ttl_s: float = 30.0
+    #: After taking a run over from a coordinator that did not stop cleanly (SIGKILL, a lost
+    #: machine), leases it granted after its last snapshot are unknown until their workers call in
+    #: (a heartbeat or the result adopts them), so for this long no *new* lease is granted: an idle
+    #: worker would otherwise be handed a unit another worker is training, and one of the two
+    #: results be thrown away. None: one heartbeat interval and a worker's longest retry delay (5 s);
+    #: 0: grant at once. See docs/leases.md#restarts.
+    restart_grace_s: float | None = None
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, what: str) -> None:
@@ -105,6 +115,9 @@ class CoordinatorConfig:
         for name in ("snapshot_interval_s", "expiry_interval_s", "storage_probe_interval_s",
                      "storage_outage_limit_s", "owner_ttl_s"):
             need(math.isfinite(getattr(self, name)), name, "must be finite")
+        need(self.restart_grace_s is None or (math.isfinite(self.restart_grace_s)
+                                              and 0 <= self.restart_grace_s <= 3600),
+             "restart_grace_s", "must be None or a number of seconds in [0, 3600]")
         for name in ("model_codec", "journal_codec"):
             try:
                 resolve_codec(getattr(self, name))
@@ -123,6 +136,12 @@ class CoordinatorConfig:
         need(self.heartbeat_interval_s is None or self.heartbeat_interval_s <= self.lease_timeout_s / 3,
              "heartbeat_interval_s", f"must be at most a third of lease_timeout_s "
              f"({self.lease_timeout_s / 3:g} s), or a lease expires between two heartbeats")
+
+    def restart_grace(self) -> float:
+        """Seconds without new leases after taking a run over from a crashed coordinator."""
+        if self.restart_grace_s is not None:
+            return self.restart_grace_s
+        return self.ledger_config().heartbeat_s + RETRY_CAP_S
 
     def journal_config(self) -> JournalConfig:
         return JournalConfig(durability=self.durability, state_prefix=self.state_prefix,

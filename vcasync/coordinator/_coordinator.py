@@ -56,6 +56,7 @@ from ..errors import (
     CorruptObjectError,
     FrameError,
     LedgerError,
+    NoWorkAvailableError,
     PolicyFailedError,
     PrefixTakenError,
     StorageError,
@@ -168,6 +169,8 @@ class Coordinator:
         self._prefix_lease: OwnerLease | None = None
         self._renewer: asyncio.Task[None] | None = None
         self._prefix_lost = asyncio.Event()
+        #: no new leases before this (clock) time: set when the run was taken over from a crash
+        self._grace_until: float | None = None
 
     # -- lifetime ---------------------------------------------------------------------------------
     async def __aenter__(self) -> Coordinator:
@@ -523,6 +526,12 @@ class Coordinator:
         if reset:
             await self._journal.record_identity(self.identity)
         self._merger.snapshots.written_version = self.version     # what was recovered is stored
+        lease = self._prefix_lease
+        if rec is not None and lease is not None and lease.took_over and self.config.restart_grace():
+            self._grace_until = self._clock() + self.config.restart_grace()
+            log.info("took run %s over from a coordinator that stopped uncleanly: new leases wait "
+                     "%.3gs for the workers it leased units to since its last snapshot to call in",
+                     run.run_id, self.config.restart_grace())
 
     async def _holds_state(self, prefix: str) -> bool:
         """Whether anything is stored under the run's prefix (a run record, owner records, tokens)."""
@@ -558,6 +567,7 @@ class Coordinator:
         :class:`StorageUnavailableError` while its result could not be made durable."""
         self._check_running()
         self._health.check()
+        self._restart_grace()
         try:
             return self._ledger.lease(worker_id, self.version)
         except (WorkerBackoffError, WorkerQuarantinedError) as exc:
@@ -565,6 +575,20 @@ class Coordinator:
             raise
         finally:
             self._check_finished()      # leasing expires overdue leases, which may park the last unit
+
+    def _restart_grace(self) -> None:
+        """Taken over from a crashed coordinator: no new lease until the workers training units
+        it granted after its last snapshot had time to call in (their leases are adopted then)."""
+        if self._grace_until is None:
+            return
+        wait = self._grace_until - self._clock()
+        if wait <= 0 or not self._ledger.counts()["queued"]:
+            self._grace_until = None
+            return
+        raise NoWorkAvailableError(
+            f"the coordinator took this run over from one that stopped uncleanly; leases it granted "
+            f"since its last snapshot are adopted as their workers call in: new work in "
+            f"{wait:.3g}s", retry_after=round(min(wait, self._ledger.config.heartbeat_s), 3))
 
     async def resume(self, worker_id: str, lease_id: str) -> LeaseGrant:
         """Pick a lease up again after a restart (worker or coordinator)."""
