@@ -24,6 +24,7 @@ from vcasync.errors import (
     StorageUnavailableError,
 )
 from vcasync.ledger._units import make_units
+from vcasync.policy import build_policy
 from vcasync.storage import open_storage
 from vcasync.tensors import ModelState
 from vcasync.testing.faults import FaultPlan, FaultyStorage
@@ -155,6 +156,23 @@ async def test_after_a_crash_a_unit_in_flight_is_not_leased_again_before_its_wor
         other = await b.lease(idle)
         assert other.unit.unit_id != g.unit.unit_id
         assert (await submit(kit, b, trainer, g)).status == "accepted"
+
+
+async def test_after_a_crash_the_base_of_a_lease_no_snapshot_knew_is_still_held(
+        kit, clock, storage) -> None:
+    """Found as above, one step on: the killed coordinator had merged a result after granting the
+    other worker's lease; the new one replayed it and dropped the lease's base (no lease it knew
+    needed it), so the result, adopted, was refused: ``base version 0 is no longer held``."""
+    a = await make(kit, storage, clock, build_policy("vcasgd"), restart_grace_s=None).__aenter__()
+    slow, fast = await a.join("slow"), await a.join("fast")
+    g_slow, g_fast = await a.lease(slow), await a.lease(fast)     # both on v0, unknown to snapshots
+    assert (await submit(kit, a, fast, g_fast)).version == 1
+    g_next = await a.lease(fast)                                  # on v1
+    await crash(a)
+    async with make(kit, storage, clock, build_policy("vcasgd"), restart_grace_s=None) as b:
+        assert (await submit(kit, b, fast, g_next)).version == 2  # its result comes in first
+        receipt = await submit(kit, b, slow, g_slow)
+        assert (receipt.status, receipt.version) == ("accepted", 3), receipt
 
 
 async def test_a_clean_restart_grants_leases_at_once(kit, clock, storage) -> None:

@@ -499,6 +499,11 @@ class Coordinator:
                               settled=self._check_finished, health=self._health,
                               recycle=self._update_buffers.give, guard=self._ensure_prefix)
         self._recovered = True
+        lease = self._prefix_lease
+        taken_over = (rec is not None and lease is not None and lease.took_over
+                      and self.config.restart_grace() > 0)
+        if taken_over:       # leases granted after the snapshot may be based on any version since
+            self._merger.keep_from = self.version
         async for entry in self._journal.entries():
             await self._merger.replay(entry.meta, entry.tensors)
         await self._journal.sweep()     # received bytes no entry names: refused or cut off
@@ -526,8 +531,7 @@ class Coordinator:
         if reset:
             await self._journal.record_identity(self.identity)
         self._merger.snapshots.written_version = self.version     # what was recovered is stored
-        lease = self._prefix_lease
-        if rec is not None and lease is not None and lease.took_over and self.config.restart_grace():
+        if taken_over:
             self._grace_until = self._clock() + self.config.restart_grace()
             log.info("took run %s over from a coordinator that stopped uncleanly: new leases wait "
                      "%.3gs for the workers it leased units to since its last snapshot to call in",
@@ -584,6 +588,7 @@ class Coordinator:
         wait = self._grace_until - self._clock()
         if wait <= 0 or not self._ledger.counts()["queued"]:
             self._grace_until = None
+            self._merger.keep_from = None    # the unknown leases have called in (adopted) by now
             return
         raise NoWorkAvailableError(
             f"the coordinator took this run over from one that stopped uncleanly; leases it granted "

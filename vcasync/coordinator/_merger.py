@@ -125,6 +125,9 @@ class Merger:
         self._since_snapshot = 0      # results applied since the last capture
         self._capture_queued = False
         self._bases_scan: tuple[int, set[int]] | None = None   # (version, bases) of the last scan
+        #: after a takeover from a crash: every version from this one on is kept (within the
+        #: staleness window), since leases no snapshot knew may be based on them; None: no such
+        self.keep_from: int | None = None
         self._policy_failures: list[PolicyFailedError] = []     # live merges it broke, in a row
 
     # -- the merge-loop interface ----------------------------------------------------------------
@@ -369,6 +372,8 @@ class Merger:
                      else self._ledger.active_base_versions())
             self._bases_scan = (version, bases)
         at, scanned = self._bases_scan
+        if self.keep_from is not None:
+            at = min(at, self.keep_from)
         self._owner.retain(self._max_staleness, scanned | set(range(at, version + 1)))
 
     async def replay(self, meta: Mapping[str, Any], tensors: dict[str, torch.Tensor]) -> None:
