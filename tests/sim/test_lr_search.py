@@ -97,7 +97,7 @@ def test_the_synchronous_side_searches_its_batch_and_keeps_the_best_per_rate() -
     # 64 workers x the fleet's 32 a worker on digits is 38 steps of 2,048 samples in 60 epochs
     # (73 % on validation at its best rate; 8 a worker reached 97 %): the search tries smaller
     # per-worker batches for DDP at every rate and names the one it scored
-    from bench.convergence import Rates, preempted_fleet, search_lr, sync_batches, sync_batch_of
+    from bench.convergence import Rates, preempted_fleet, search_lr, sync_batch_of, sync_batches
 
     assert sync_batches("digits") == (16, 8)
     found = search_lr("digits", 2, 1, None, shape={"policy": "vcasgd", "policy_params": {"alpha": 0.5}},
