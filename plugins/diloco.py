@@ -17,7 +17,8 @@ delta against the current model, computed span by span into one reused scratch (
 so small deltas of large weights stay exact). Integer tensors add their increments (summed over
 a buffer) and bool tensors take the last value, applied with the outer step (the policy
 contract's rule). The velocity (and the buffer when ``buffer_size > 1``) is allocated once in
-``init_state`` and updated in place.
+``init_state`` and updated in place. At the end of the run the coordinator calls ``flush``: a
+buffer short of K results takes its outer step on the mean of those it holds.
 """
 
 from __future__ import annotations
@@ -104,12 +105,7 @@ class DiLoCo:
             if count < self.buffer_size:
                 state["count"] = count
                 return None
-            for name, w in model.items():
-                if mixable(w):
-                    self._outer_step(w, state["velocity"][name], state["buffer"][name], False)
-                    state["buffer"][name].zero_()
-                else:
-                    take_discrete(w, ints[name])
+            self._apply_buffer(model, state)
         else:
             for name, w in model.items():
                 x = update.tensors[name]
@@ -119,6 +115,24 @@ class DiLoCo:
                     take_discrete(w, x)
         state["count"] = 0
         return model
+
+    def flush(self, model: ModelState, state: PolicyState) -> ModelState | None:
+        """The end of the run: one outer step on the mean delta of the n < K results buffered
+        (as a buffer of n would take it); None when nothing is buffered (or ``buffer_size`` 1)."""
+        if self.buffer_size <= 1 or int(state["count"]) == 0:
+            return None
+        _upgrade(state)
+        self._apply_buffer(model, state)
+        state["count"] = 0
+        return model
+
+    def _apply_buffer(self, model: ModelState, state: PolicyState) -> None:
+        for name, w in model.items():
+            if mixable(w):
+                self._outer_step(w, state["velocity"][name], state["buffer"][name], False)
+                state["buffer"][name].zero_()
+            else:
+                take_discrete(w, state["ints"][name])
 
     def _outer_step(self, w: torch.Tensor, v: torch.Tensor, x: torch.Tensor, weights: bool) -> None:
         """``d = x - w`` (full weights) or ``x``; ``v <- mu v + d``; ``w <- w + lr (d + mu v)``.

@@ -10,7 +10,8 @@ fills; the difference goes into one reused scratch the size of a tensor), so no 
 Integer tensors sum the buffered increments and bool tensors keep the last buffered value (the
 policy contract's rule, :mod:`vcasync.policy`); both are applied with the rest at the flush, and not
 scaled: a counter counts every merged step. Until then the model is untouched (``merge`` returns
-None). The buffer is allocated once (``init_state``) and reused.
+None). The buffer is allocated once (``init_state``) and reused. At the end of the run the
+coordinator calls ``flush``: a partial buffer of n results is applied as a buffer of n would be.
 """
 
 from __future__ import annotations
@@ -86,7 +87,18 @@ class FedBuff:
         state["count"] = int(state["count"]) + 1
         if state["count"] < self.buffer_size:
             return None
-        step = self.server_lr / self.buffer_size
+        return self._apply(model, state)
+
+    def flush(self, model: ModelState, state: PolicyState) -> ModelState | None:
+        """The end of the run: apply the n < K results buffered as a buffer of n would be
+        (``w <- w + eta_g * sum / n``); None when the buffer is empty."""
+        if int(state["count"]) == 0:
+            return None
+        return self._apply(model, state)
+
+    def _apply(self, model: ModelState, state: PolicyState) -> ModelState:
+        buffer, ints = state["buffer"], state["ints"]
+        step = self.server_lr / int(state["count"])
         for name, w in model.items():
             if mixable(w):
                 for ws_, bs in fused(w, buffer[name]):   # the buffer is cleared while in cache

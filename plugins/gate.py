@@ -23,7 +23,8 @@ Only accepted results update the running statistics (exponential, ``decay``), so
 drag them. Everything the gate keeps is in its state (scalars, ``r`` and ``r.r``, carried forward from
 the sums each merge measures, so that measuring a result reads ``r`` once) next to the wrapped policy's; norms
 and dot products are summed over fixed 16 Ki rows, the rows exactly, so the decisions do not
-depend on the thread count. ``needs_base`` and the claims come from the wrapped policy.
+depend on the thread count. ``needs_base`` and the claims come from the wrapped policy, and
+``flush`` (the end of the run) is the wrapped policy's.
 """
 
 from __future__ import annotations
@@ -185,6 +186,14 @@ class Gate:
             _ew_update(state, "cos", cos, self.decay, first=int(state["cos_seen"]) == 0)
             state["cos_seen"] = int(state["cos_seen"]) + 1
         return self.inner.merge(model, update, state["inner"])
+
+    def flush(self, model: ModelState, state: PolicyState) -> ModelState | None:
+        """The wrapped policy's ``flush`` (the end of the run), or None when it has none."""
+        inner = getattr(self.inner, "flush", None)
+        if inner is None:
+            return None
+        out: ModelState | None = inner(model, state["inner"])
+        return out
 
 
 def _ew_update(state: PolicyState, key: str, value: float, decay: float, *, first: bool) -> None:

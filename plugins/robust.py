@@ -9,9 +9,11 @@ Bounded influence: with at most ``max_outliers`` arbitrary results among the K (
 the median, ``floor(beta K)`` for the trimmed mean), every coordinate of the aggregate stays within
 the honest results' range. The median of an even K is the midpoint of the two middle values, and the
 trimmed mean is a running mean (``lerp_``) over the kept sorted values, so both stay exactly inside
-that range. Integer and bool tensors follow the policy contract's rule, not the robust aggregate:
-the model adds the sum of the buffered increments and takes the last buffered bool value (a counter
-counts every merged step; bounded influence is a promise about the floating-point tensors).
+that range. At the end of the run the coordinator calls ``flush``: n < K buffered deltas are
+aggregated as a buffer of n would be. Integer and bool tensors follow the policy contract's rule,
+not the robust aggregate: the model adds the sum of the buffered increments and takes the last
+buffered bool value (a counter counts every merged step; bounded influence is a promise about the
+floating-point tensors).
 
 Full weights become a delta against the current model (unchanged while the buffer fills). The
 buffer holds K copies by nature (their tensors are reused after a flush); each coordinate block of
@@ -91,13 +93,29 @@ class _Buffered:
         slots.append(slot)
         if len(slots) < self.buffer_size:
             return None
+        return self._apply_slots(model, slots, self.max_outliers)
+
+    def flush(self, model: ModelState, state: PolicyState) -> ModelState | None:
+        """The end of the run: aggregate the n < K buffered deltas as a buffer of n would be (the
+        median of n; the trimmed mean cutting ``floor(beta n)`` at each end); None when empty."""
+        slots: list[dict[str, torch.Tensor]] = state["slots"]
+        if not slots:
+            return None
+        return self._apply_slots(model, slots, self._outliers(len(slots)))
+
+    def _apply_slots(self, model: ModelState, slots: list[dict[str, torch.Tensor]],
+                     trim: int) -> ModelState:
         for name, w in model.items():
-            self._apply(w, [s[name] for s in slots])
+            self._apply(w, [s[name] for s in slots], trim)
         self._spare = slots[:]
         slots.clear()
         return model
 
-    def _apply(self, w: torch.Tensor, values: list[torch.Tensor]) -> None:
+    def _outliers(self, k: int) -> int:
+        """``max_outliers`` for a buffer of ``k``."""
+        raise NotImplementedError
+
+    def _apply(self, w: torch.Tensor, values: list[torch.Tensor], trim: int) -> None:
         if not mixable(w):
             # Sum the increments into the first slot (a buffer copy the policy owns), then apply.
             acc = values[0]
@@ -115,7 +133,7 @@ class _Buffered:
             for i, f in enumerate(flat):
                 rows[i].copy_(f[s:e])
             sort_columns(rows, self._ws)
-            agg = self._aggregate(rows, self._ws.take("agg", w.dtype, e - s))
+            agg = self._aggregate(rows, self._ws.take("agg", w.dtype, e - s), trim)
             if agg_full is not None:
                 agg_full[s:e].copy_(agg)
             else:
@@ -127,7 +145,7 @@ class _Buffered:
     def _update(self, w: torch.Tensor, agg: torch.Tensor) -> None:
         axpy(w, agg, self.lr, self._ws)
 
-    def _aggregate(self, ordered: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def _aggregate(self, ordered: torch.Tensor, out: torch.Tensor, trim: int) -> torch.Tensor:
         raise NotImplementedError
 
 
@@ -166,9 +184,12 @@ class Median(_Buffered):
 
     @property
     def max_outliers(self) -> int:
-        return (self.buffer_size - 1) // 2
+        return self._outliers(self.buffer_size)
 
-    def _aggregate(self, ordered: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def _outliers(self, k: int) -> int:
+        return (k - 1) // 2
+
+    def _aggregate(self, ordered: torch.Tensor, out: torch.Tensor, trim: int) -> torch.Tensor:
         k = ordered.shape[0]
         if k % 2:
             return ordered[k // 2]
@@ -191,10 +212,13 @@ class TrimmedMean(_Buffered):
 
     @property
     def max_outliers(self) -> int:
-        return math.floor(self.beta * self.buffer_size)
+        return self._outliers(self.buffer_size)
 
-    def _aggregate(self, ordered: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        k, t = ordered.shape[0], self.max_outliers
+    def _outliers(self, k: int) -> int:
+        return math.floor(self.beta * k)
+
+    def _aggregate(self, ordered: torch.Tensor, out: torch.Tensor, trim: int) -> torch.Tensor:
+        k, t = ordered.shape[0], trim
         out.copy_(ordered[t])
         for j, row in enumerate(ordered[t + 1 : k - t], start=2):
             out.lerp_(row, 1.0 / j)

@@ -11,7 +11,8 @@ with zero samples weigh nothing, unless no result of the round has samples; then
 Full weights become a delta against the current model (which does not change during a round),
 computed into one reused scratch the size of a tensor.
 Integer tensors add the sum of the round's increments at the end of the round, bool tensors take
-the round's last value (the policy contract's rule, :mod:`vcasync.policy`).
+the round's last value (the policy contract's rule, :mod:`vcasync.policy`). At the end of the run
+the coordinator calls ``flush``: a round short of N results is averaged as it stands.
 """
 
 from __future__ import annotations
@@ -75,9 +76,20 @@ class SyncAverage:
                 lerp_delta(mean[name], w, x, weights=weights, ratio=ratio, ws=self._ws)
             else:
                 buffer_discrete(ints[name], x, first=count == 1)
+        state["count"], state["samples"] = count, total
         if count < self.buffer_size:
-            state["count"], state["samples"] = count, total
             return None
+        return self._apply(model, state)
+
+    def flush(self, model: ModelState, state: PolicyState) -> ModelState | None:
+        """The end of the run: a round of n < N results is averaged as a round of n would be;
+        None when the round is empty."""
+        if int(state["count"]) == 0:
+            return None
+        return self._apply(model, state)
+
+    def _apply(self, model: ModelState, state: PolicyState) -> ModelState:
+        mean, ints = state["mean"], state["ints"]
         for name, w in model.items():
             if mixable(w):
                 for ws_, ms in fused(w, mean[name]):   # the mean is cleared while in cache

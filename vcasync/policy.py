@@ -4,6 +4,7 @@ A policy is a small class around pure tensor functions::
 
     init_state(model) -> state                      # tensors and scalars; checkpointed via the wire
     merge(model, update, state) -> model | None     # None keeps the model (e.g. a buffer is filling)
+    flush(model, state) -> model | None             # optional: apply what is held, at the run's end
 
 Rules every policy keeps (``vcasync.testing.check_policy`` holds a policy to them):
 
@@ -27,6 +28,13 @@ Rules every policy keeps (``vcasync.testing.check_policy`` holds a policy to the
   step, and ``upload = "delta"`` and ``upload = "weights"`` give the same counters. Bool tensors
   carry the worker's **value** in both kinds; the last result merged wins (a buffering policy
   applies the last value it buffered). The ``counters`` law holds every policy to this.
+- ``flush`` (optional) is for a policy whose ``merge`` holds results back (a buffer): when the
+  run's last result is merged, the coordinator calls it once to apply what the policy still holds,
+  as one more version, so the final model includes every accepted result. It follows ``merge``'s
+  rules (deterministic, None when it holds nothing, the state emptied of what it applied so a
+  second ``flush`` returns None). The coordinator journals the flush as its own step, so a
+  restart replays it exactly once. A policy that holds results and has no ``flush`` ends the run
+  without them (the coordinator says so at WARNING).
 - ``merge`` never changes the update's metadata either (``staleness``, ``samples``, ``steps``,
   ``metrics``, ...): the coordinator records and journals them after the merge.
 
@@ -157,15 +165,22 @@ def _check_attr(plugin: str, owner: object, attr: str) -> None:
                                         f"{sorted(KNOWN_LAWS)}", plugin=plugin)
 
 
+#: The methods a policy has (or may have: ``flush``), with the arguments each must accept.
+_METHODS: Final = (("init_state", "(self, model)", True), ("merge", "(self, model, update, state)", True),
+                   ("flush", "(self, model, state)", False))
+
+
 def _check_methods(plugin: str, owner: object, *, bound: bool) -> None:
-    for meth, arity in (("init_state", 2), ("merge", 4)):
+    for meth, want, required in _METHODS:
         fn = getattr(owner, meth, None)
+        if fn is None and not required:
+            continue
         if not callable(fn):
-            raise PluginValidationError(f"missing method {meth!r}", plugin=plugin)
+            raise PluginValidationError(f"missing method {meth!r}" if fn is None else
+                                        f"{meth!r} must be a method {want}", plugin=plugin)
         try:
-            inspect.signature(fn).bind(*([None] * (arity - bound)))
+            inspect.signature(fn).bind(*([None] * (want.count(",") + 1 - bound)))
         except TypeError:
-            want = "(self, model)" if meth == "init_state" else "(self, model, update, state)"
             raise PluginValidationError(f"method {meth!r} must accept {want}",
                                         plugin=plugin) from None
         except ValueError:  # pragma: no cover - builtins without signatures
@@ -206,7 +221,8 @@ def _validate(name: str, obj: object) -> PolicySpec:
 def validate_policy(policy: object, *, name: str | None = None) -> None:
     """Check a built policy as the registry checks every policy it builds.
 
-    ``policy`` needs ``init_state(model)`` and ``merge(model, update, state)``, a bool
+    ``policy`` needs ``init_state(model)`` and ``merge(model, update, state)`` (and, if it has
+    one, ``flush(model, state)``), a bool
     ``needs_base``, a frozenset ``claims`` of known laws, and an int ``max_outliers`` >= 0 when it
     claims ``bounded_influence``. Raises :class:`PluginValidationError` naming the policy (``name``,
     else its ``name`` attribute, else its type) and the problem. ``vcasync.testing.check_policy``

@@ -222,7 +222,27 @@ class ExtrapolatesWhenVeryStale(Mix):
 FIND = settings(max_examples=60, deadline=None, phases=[Phase.generate], database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
+class FlushesEveryTime(Mix):
+    """Its end-of-run flush moves the model whenever asked: a restart would apply it twice."""
+
+    def flush(self, model: ModelState, state: PolicyState) -> ModelState | None:
+        for w in model.values():
+            if w.is_floating_point():
+                w.mul_(0.5)
+        return model
+
+
+class FlushSaysNoneButChanged(Mix):
+    def flush(self, model: ModelState, state: PolicyState) -> ModelState | None:
+        for w in model.values():
+            if w.is_floating_point():
+                w.add_(1.0)
+        return None
+
+
 CASES: list[tuple[type[Any], str]] = [
+    (FlushesEveryTime, "contract"),
+    (FlushSaysNoneButChanged, "contract"),
     (MutatesInputs, "inputs_unchanged"),
     (NoneButChanged, "contract"),
     (Random, "deterministic"),

@@ -8,7 +8,9 @@ examples; call these directly to pin a case you care about.
 Bound by every policy (:data:`vcasync.policy.REQUIRED_LAWS`):
 
 - ``contract``: None keeps the model bit for bit; a refusal changes neither model nor state; the
-  spec is preserved; the state serialises (checked on every step of every law).
+  spec is preserved; the state serialises (checked on every step of every law). A policy with a
+  ``flush`` is flushed at the end of every stream, under the same checks, and a second flush
+  must apply nothing.
 - ``inputs_unchanged``: ``update.tensors``, ``update.base`` and the update's metadata
   (``staleness``, ``samples``, ``steps``, ``metrics``, ...) are never changed.
 - ``deterministic``: two fresh policies fed the same stream produce the same bits.
@@ -73,8 +75,10 @@ MAX_FEED = 64
 
 
 def _run(factory: PolicyFactory, stream: UpdateStream) -> PolicyRun:
+    """The stream fed to a fresh policy, then the end of the run: its ``flush``, if it has one."""
     run = PolicyRun(factory(), stream.model.clone())
     run.feed_all(stream.items)
+    run.flush()
     return run
 
 
@@ -103,6 +107,8 @@ def state_roundtrip(factory: PolicyFactory, stream: UpdateStream, cut: int) -> N
     b = a.fork(factory(), roundtrip_state(a.state))
     a.feed_all(stream.items[cut:])
     b.feed_all(stream.items[cut:])
+    a.flush()
+    b.flush()
     compare_runs(a, b, "state_roundtrip", f"restored after {cut} results vs the original",
                  skip_a=cut)
 
@@ -158,6 +164,14 @@ def counters(factory: PolicyFactory, stream: UpdateStream) -> None:
                                                f"{n!r} is {got.flatten()[:6].tolist()}, expected "
                                                f"{expected[n].flatten()[:6].tolist()} ({rule})")
         expected = {n: run.model[n].clone() for n in names}
+    flushed = run.flush()
+    if flushed is not None and flushed.outcome == "flushed":
+        for n in names:          # the flush applies every increment held, and the last bool
+            if not torch.equal(run.model[n], expected[n]):
+                raise LawViolation("counters", f"{run.policy!r}: the end-of-run flush left "
+                                               f"{run.model[n].dtype} tensor {n!r} at "
+                                               f"{run.model[n].flatten()[:6].tolist()}, expected "
+                                               f"{expected[n].flatten()[:6].tolist()}")
 
 
 def identity_items(model: ModelState, like: Sequence[StreamItem]) -> list[StreamItem]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -50,7 +50,7 @@ __all__ = [
 #: a lambda.
 PolicyFactory = Callable[[], MergePolicy]
 
-Outcome = Literal["merged", "kept", "rejected"]
+Outcome = Literal["merged", "kept", "rejected", "flushed"]
 
 
 class LawViolation(AssertionError):
@@ -200,6 +200,50 @@ class PolicyRun:
             self.model.version = self.version + 1
             self.history.append(out.clone())
             step = Step("merged", None, out.clone(), self.version, update)
+        self.steps.append(step)
+        return step
+
+    def flush(self) -> Step | None:
+        """The end of the run, as the coordinator ends it: the policy's ``flush`` (None when it
+        has none), checked like a merge (None keeps the model, the spec holds, the state
+        serialises), and asked a second time, which must apply nothing (a flush is never applied
+        twice). The step's outcome is ``"flushed"`` or ``"kept"``."""
+        flush = getattr(self.policy, "flush", None)
+        if flush is None:
+            return None
+        label = f"{self.policy!r}, flush after step {len(self.steps) - 1}"
+        step = self._flush_once(flush, label)
+        again = self._flush_once(flush, f"{label}, asked again")
+        if again.outcome != "kept":
+            raise LawViolation("contract", f"{label}: a second flush changed the model again; a "
+                                           "flush applies what the policy holds and empties it")
+        self.steps.pop()                 # the second one is a check, not a step of the run
+        return step
+
+    def _flush_once(self, flush: Any, label: str) -> Step:
+        before_model = self.model.clone() if self.check else None
+        try:
+            out = flush(self.model, self.state)
+        except Exception as exc:
+            raise LawViolation("contract", f"{label}: flush raised {type(exc).__name__}: {exc}; "
+                                           "a flush applies what the policy holds, or returns None"
+                               ) from exc
+        self._packed(label)
+        if out is None:
+            if before_model is not None:
+                self._same(before_model, self.model, "contract",
+                           f"{label}: flush returned None but changed the model")
+            step = Step("kept", None, self.model.clone(), self.version)
+        else:
+            if not isinstance(out, ModelState):
+                raise LawViolation("contract", f"{label}: flush returned {type(out).__name__}, "
+                                               f"not a ModelState or None")
+            if out.spec != self.history[0].spec:
+                raise LawViolation("contract", f"{label}: the flushed model's spec changed")
+            self.model = out
+            self.model.version = self.version + 1
+            self.history.append(out.clone())
+            step = Step("flushed", None, out.clone(), self.version)
         self.steps.append(step)
         return step
 
