@@ -484,7 +484,7 @@ class Coordinator:
             self._owner = ModelOwner(replaying, ModelState(rec.tensors, rec.version),
                                      max_retained_bytes=self.config.max_retained_bytes,
                                      policy_state=rec.policy_state, pool=self._update_buffers,
-                                     adopt=True)
+                                     adopt=True, held=rec.held)
             rec.tensors = {}
             self._ledger = Ledger.restore(rec.ledger, config=cfg, clock=self._clock,
                                           secret=run.secret)
@@ -744,6 +744,9 @@ class Coordinator:
             self._log_parked()
         merger = getattr(self, "_merger", None)
         if self._ledger.finished and (merger is None or merger.idle):
+            if merger is not None and self._owner.flush_due:
+                merger.request_flush()     # the policy applies what it holds first: one more version
+                return
             journal = getattr(self, "_journal", None)
             if (journal is not None and journal.durable and not journal.journaling and merger is not None
                     and merger.snapshots.written_version < self.version):
@@ -752,16 +755,20 @@ class Coordinator:
                 self._set_finished()
 
     def _set_finished(self) -> None:
-        """The run is finished; say so at WARNING if the policy holds accepted results it never
-        applied (a buffering policy whose buffer was not full at the end): they are acknowledged to
-        their workers but missing from the final model, and nothing else would tell."""
+        """The run is finished; say so at WARNING if the policy still holds accepted results it
+        never applied: a policy that buffers without a ``flush`` (or whose flush applied nothing
+        or failed). They are acknowledged to their workers but missing from the final model, and
+        nothing else would tell. (A built-in buffering policy flushes its buffer first.)"""
         if not self._finished.is_set() and self._owner.held:
+            has_flush = callable(getattr(self._owner.policy, "flush", None))
+            why = ("its end-of-run flush applied nothing" if has_flush else
+                   "it has no flush(model, state) method to apply them at the end of the run")
             log.warning(
                 "the run finished with %d accepted result(s) that merge policy %r holds without "
                 "having applied them to the model (its merge returned None for each since version "
-                "%d): the final model does not include them. A buffering policy applies its buffer "
-                "only when it is full: give it a buffer size that divides the run's number of "
-                "results, or more units", self._owner.held, self._policy.name, self.version)
+                "%d, and %s): the final model does not include them. See 'A buffer at the end of "
+                "the run' in docs/policies.md", self._owner.held, self._owner.policy.name,
+                self.version, why)
         self._finished.set()
 
     def _log_parked(self) -> None:
@@ -977,7 +984,7 @@ class Coordinator:
             "run_id": self._journal.run_id, "version": self.version,
             "finished": self._finished.is_set(), "units": self._ledger.counts(),
             # accepted results merged without changing the model since the last version (a
-            # buffering policy's buffer); at the end of a run, results the model does not include
+            # buffering policy's buffer); 0 at the end once the policy's flush applied them
             "held_results": self._owner.held,
             "parked": dict(list(self._ledger.parked().items())[:100]),
             "workers": {"known": self._ledger.num_workers, "alive": self._ledger.workers_alive(),

@@ -35,6 +35,14 @@ journaled, so the journal never holds an entry that was not applied in that orde
 closes, its final snapshot covers every entry, and those entries are deleted
 (:meth:`Journal.prune_final`; unless ``prune_on_close`` is off).
 
+**The end-of-run flush.** A policy that buffers results applies what it still holds when the run's
+last result is merged (``flush``, :mod:`vcasync.policy`). In journal mode the flush is an entry of
+its own (record type ``flush``), written before it is applied and replayed like a result; in
+snapshot mode the run is finished only once a snapshot holds it. Each snapshot records how many
+accepted results the policy held unapplied (meta ``held``), so a start that recovers a run which
+ended before its flush was recorded flushes then: the same model as a run never interrupted, and
+a flush is never applied twice (after one, nothing is held).
+
 **Snapshot mode.** Only snapshots; a crash loses what came after the last one. Versions served since
 may have had numbers the recovered model would reuse, so ``P/floor`` (raised in blocks before a
 version above it is published) tells the next start where numbering must resume.
@@ -131,6 +139,9 @@ class Recovered:
     policy_state: dict[str, Any]
     ledger: dict[str, Any]
     seq: int
+    #: accepted results the policy held unapplied at the snapshot (0 in snapshots written before
+    #: it was recorded): the end-of-run flush is due when the run ends with some
+    held: int = 0
 
 
 @dataclass(slots=True)
@@ -148,6 +159,7 @@ class Captured:
     policy_state: bytes
     ledger: dict[str, Any]
     seq: int
+    held: int = 0
 
 
 class Journal:
@@ -287,7 +299,10 @@ class Journal:
         self._kept.append((seq, version))
         async for key in self._storage_list("bases/"):
             self._bases.add(int(key.rsplit("/", 1)[1]))
-        return Recovered(model.tensors, version, policy_state, ledger, seq)
+        held = meta.get("held", 0)
+        if not isinstance(held, int) or isinstance(held, bool) or held < 0:
+            raise CorruptObjectError(f"snapshot meta 'held' is {held!r}, not a count")
+        return Recovered(model.tensors, version, policy_state, ledger, seq, held)
 
     async def _load_model(self, store: CheckpointStore, manifest: Manifest) -> Payload:
         """The snapshot's model, decoded as it is read: the bytes stream from the storage into the
@@ -489,10 +504,12 @@ class Journal:
         self._bases.add(model.version)
 
     # -- snapshots --------------------------------------------------------------------------------
-    def capture(self, model: ModelState, policy_state: bytes, ledger: dict[str, Any]) -> Captured:
-        """Called between merges: from now on, deltas on older versions need their base stored."""
+    def capture(self, model: ModelState, policy_state: bytes, ledger: dict[str, Any], *,
+                held: int = 0) -> Captured:
+        """Called between merges: from now on, deltas on older versions need their base stored.
+        ``held``: accepted results the policy holds unapplied (kept with the snapshot)."""
         self._captured_version = model.version
-        return Captured(model, policy_state, ledger, self.seq)
+        return Captured(model, policy_state, ledger, self.seq, held)
 
     async def write_snapshot(self, captured: Captured) -> None:
         """Write a captured state as the next snapshot (also at the ``seq`` of the last one: the
@@ -517,7 +534,8 @@ class Journal:
             await self._store.write(step, {"model": model, "policy": captured.policy_state,
                                            "ledger": ledger},
                                     {"format": FORMAT, "version": captured.model.version,
-                                     "seq": captured.seq, "run_id": self.run_id})
+                                     "seq": captured.seq, "run_id": self.run_id,
+                                     "held": captured.held})
         except BaseExceptionGroup as group:    # parallel object writes: report the first failure
             raise first_error(group) from group
         except PreconditionFailedError as exc:

@@ -4,7 +4,9 @@ Jobs (validated results) arrive on a queue. For each, in order: the ledger is ch
 unit may have closed meanwhile), staleness and the delta's base are checked, the result is journaled
 (durability "journal": before it is merged and acknowledged), merged by the policy in a worker thread
 and recorded in the ledger; its receipt resolves the submitter's future. Replay after a restart runs
-the same :meth:`Merger.apply`. Snapshots are captured here, between two jobs.
+the same :meth:`Merger.apply`. Snapshots are captured here, between two jobs, and so is the
+end-of-run flush (:meth:`Merger.flush`: a buffering policy applies what it still holds, journaled
+as a step of its own).
 
 The coordinator drives the loop through a small interface and never touches its state: it submits
 jobs (:meth:`~Merger.submit`), asks for a snapshot (:meth:`~Merger.request_capture`), reads
@@ -49,7 +51,7 @@ from ..errors import (
 from ..ledger import Ledger
 from ..ledger._units import Receipt, WorkUnit
 from ..metrics import Metrics
-from ..protocol._bodies import JournalReject, JournalResult, journal_record, to_body
+from ..protocol._bodies import JournalFlush, JournalReject, JournalResult, journal_record, to_body
 from ..tensors import ModelState, Update
 from ._journal import Journal
 from ._model_owner import ModelOwner
@@ -70,6 +72,7 @@ log = logging.getLogger("vcasync.coordinator")
 class Control(enum.Enum):
     STOP = "stop"
     CAPTURE = "capture"
+    FLUSH = "flush"
 
 
 @dataclass(slots=True)
@@ -98,6 +101,9 @@ POLICY_FAILURE_LIMIT = 3
 #: Up to this many leases, the merge loop scans them for bases after every merge (see retain).
 SCAN_PER_MERGE = 1000
 
+#: A flush whose journal entry could not be written is tried again after this many seconds.
+FLUSH_RETRY_S = 1.0
+
 
 class Merger:
     """Runs the merge loop (:meth:`run`) for a coordinator; see the module docstring."""
@@ -124,6 +130,7 @@ class Merger:
         self._busy = False
         self._since_snapshot = 0      # results applied since the last capture
         self._capture_queued = False
+        self._flush_queued = False
         self._bases_scan: tuple[int, set[int]] | None = None   # (version, bases) of the last scan
         #: after a takeover from a crash: every version from this one on is kept (within the
         #: staleness window), since leases no snapshot knew may be based on them; None: no such
@@ -141,6 +148,13 @@ class Merger:
         if self._since_snapshot and not self._capture_queued:
             self._capture_queued = True
             self._jobs.put_nowait(Control.CAPTURE)
+
+    def request_flush(self) -> None:
+        """Ask for the end-of-run flush (see :meth:`flush`) between two jobs (at most one request
+        is queued at a time)."""
+        if not self._flush_queued:
+            self._flush_queued = True
+            self._jobs.put_nowait(Control.FLUSH)
 
     def stop(self) -> None:
         """End :meth:`run` once what is queued before this call is handled."""
@@ -177,6 +191,16 @@ class Merger:
                 self._capture_queued = False
                 if self._since_snapshot:
                     await self.capture()
+                continue
+            if job is Control.FLUSH:
+                self._flush_queued = False
+                self._busy = True
+                try:
+                    deferred = not await self.flush()
+                finally:
+                    self._busy = False
+                if not deferred:       # else it is asked again later: settling would ask at once
+                    self._settled()
                 continue
             assert isinstance(job, Job)
             self._busy = True
@@ -247,6 +271,57 @@ class Merger:
         running (start-up, close)."""
         self._since_snapshot = 0
         await self._slot.capture(self._ledger.snapshot())
+
+    async def flush(self) -> bool:
+        """The end of the run, live: every unit is settled and the policy still holds accepted
+        results it has not applied (a buffer not full). It is journaled as a step of its own before
+        the policy's ``flush`` applies them, so replay applies it once, at the same point; in
+        snapshot mode the run is finished only once a snapshot holds it (the coordinator's
+        finish loop). A journal write that fails is tried again (the storage is unavailable
+        meanwhile); results that reopen the run (a requeue) make it wait for the next end.
+        False when it was put off (to be asked again in ``FLUSH_RETRY_S``)."""
+        if not (self._ledger.finished and self._owner.flush_due):
+            return True
+        if self._journal.journaling:
+            if self._health.refusing:
+                return self._flush_later()
+            if self._guard is not None:
+                await self._guard()        # another coordinator took the run over: write nothing
+            try:
+                await self._journal.append(to_body(JournalFlush("flush", self._owner.held)), {})
+            except PreconditionFailedError:
+                raise                      # another coordinator writes this run: stop
+            except StorageError as exc:
+                self.storage_failed(exc)
+                log.warning("the end-of-run flush could not be journaled (%s); it is tried again "
+                            "once the storage takes writes", exc)
+                return self._flush_later()
+            self._metrics.journal_writes += 1
+        await self.apply_flush()
+        return True
+
+    def _flush_later(self) -> bool:
+        asyncio.get_running_loop().call_later(FLUSH_RETRY_S, self.request_flush)
+        return False
+
+    async def apply_flush(self) -> None:
+        """Apply the end-of-run flush (live, or replayed from its journal entry): the policy's
+        ``flush`` on the model and its state, one more version when it applies anything."""
+        held = self._owner.held
+        await self._journal.raise_version_floor(self._owner.version + 1)  # before anyone sees it
+        try:
+            changed = await self._owner.flush()
+        except (UpdateRejectedError, ValidationError, PolicyError) as exc:
+            # a broken flush was logged by the owner (a refusal is not): the model is as it was
+            if not isinstance(exc, PolicyFailedError):
+                log.error("merge policy %r refused its end-of-run flush (%s): the %d result(s) it "
+                          "holds are not applied", self._owner.policy.name, exc, held)
+            changed = False
+        if changed:
+            log.info("merge policy %r applied the %d result(s) it held at the end of the run: v%d",
+                     self._owner.policy.name, held, self._owner.version)
+        self._since_snapshot += 1
+        self._journal.note_applied()
 
     async def _process(self, job: Job) -> Receipt:
         check = self._ledger.check_result(job.worker_id, job.lease_id)   # it may have closed since
@@ -385,6 +460,9 @@ class Merger:
                                      key=str(meta.get("seq"))) from None
         if isinstance(record, JournalReject):
             self.record_reject(record.lease_id, record.worker_id, record.unit_id, record.reason)
+            return
+        if isinstance(record, JournalFlush):
+            await self.apply_flush()
             return
         rm, worker_id, unit_id = record.meta(), record.worker_id, record.unit_id
         if rm.kind == "weights" and record.ints != INCREMENTS:   # written before increments

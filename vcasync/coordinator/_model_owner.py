@@ -10,6 +10,7 @@ published version and the policy's state from what was taken before the merge
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Container, Mapping
@@ -82,7 +83,7 @@ class ModelOwner:
 
     def __init__(self, policy: MergePolicy, model: ModelState, *, max_retained_bytes: int | None,
                  policy_state: PolicyState | None = None, pool: BufferPool | None = None,
-                 adopt: bool = False) -> None:
+                 adopt: bool = False, held: int = 0) -> None:
         """``adopt``: ``model``'s tensors (CPU, contiguous, no grad) become the working model
         instead of being copied: the caller hands them over and keeps no reference it uses again
         (a snapshot decoded at resume, nobody else's; one model-sized copy less at start-up)."""
@@ -93,9 +94,13 @@ class ModelOwner:
         #: count; the merge loop keeps the failures in a row that stop the run (``Merger``).
         self.policy_failures = 0
         #: Accepted results the policy merged without changing the model (``merge`` returned None,
-        #: e.g. into a buffer not yet full) since the last published version, in this process: a
-        #: run that finishes with some has results its final model does not include.
-        self.held = 0
+        #: e.g. into a buffer not yet full) since the last published version (``held``: the
+        #: recovered snapshot's count, which replay goes on from). When the run's last result is
+        #: merged with some held, the policy's ``flush`` applies them; without one (or when it
+        #: applies nothing) the final model does not include them.
+        self.held = held
+        #: The end-of-run flush was done (or tried) since the last result was merged.
+        self.flushed = False
         self._failure_logged_at = 0.0
         self._failures_unlogged = 0
         self._working = ModelState(dict(model.tensors) if adopt and _adoptable(model)
@@ -119,6 +124,7 @@ class ModelOwner:
         self.needs_base = bool(getattr(policy, "needs_base", False))
         self.state = policy.init_state(self._working)
         self.held = 0                      # the old policy's buffer went with its state
+        self.flushed = False
 
     # -- merge loop only --------------------------------------------------------------------------
     async def merge(self, update: Update, release: Callable[[], None] | None = None) -> bool:
@@ -134,27 +140,65 @@ class ModelOwner:
         del update
         if release is not None:
             release()
+        self.flushed = False
         if not changed:
             self.held += 1
             return False
+        await self._publish(current + 1)
+        return True
+
+    @property
+    def flush_due(self) -> bool:
+        """The policy holds accepted results unapplied, has a ``flush`` and was not asked yet."""
+        return self.held > 0 and not self.flushed and callable(getattr(self.policy, "flush", None))
+
+    async def flush(self) -> bool:
+        """The end of the run: the policy applies what it holds (``flush``); True when a new version
+        was published. A flush the policy broke raises :class:`PolicyFailedError` with the model
+        as it was; either way the flush is not asked again until another result is merged."""
+        current = self.version
+        self.flushed = True
+        if not await to_thread_released(self._flush_sync, current):
+            return False
+        await self._publish(current + 1)
+        return True
+
+    async def _publish(self, number: int) -> None:
+        """The working model, changed by the policy, becomes version ``number``."""
         self.held = 0
         buffer = self.versions.take_buffer()
-        published = await to_thread_released(self._copy_out, buffer, current + 1)
+        published = await to_thread_released(self._copy_out, buffer, number)
         self.versions.publish(published)
         self.counters.record(published)
-        return True
 
     def _copy_out(self, buffer: dict[str, torch.Tensor] | None, version: int) -> ModelState:
         return ModelState(copy_tensors(self._working.tensors, buffer), version)
 
     def _merge_sync(self, update: Update, current: int) -> bool:
         """The policy's merge into the working model, checked; False when it changed nothing."""
+        return self._run_policy(functools.partial(self.policy.merge, self._working, update,
+                                                  self.state),
+                                current, "merge", f"unit {update.unit_id}")
+
+    def _flush_sync(self, current: int) -> bool:
+        """The policy's end-of-run flush into the working model, checked as a merge is."""
+        flush: Callable[[ModelState, PolicyState], ModelState | None] | None = getattr(
+            self.policy, "flush", None)
+        if flush is None:
+            return False
+        return self._run_policy(functools.partial(flush, self._working, self.state), current,
+                                "flush", "the end-of-run flush")
+
+    def _run_policy(self, call: Callable[[], ModelState | None], current: int, method: str,
+                    subject: str) -> bool:
+        """``call`` (the policy's merge or flush on the working model), checked; False when it
+        changed nothing. ``subject`` names what it worked on, for the error."""
         working = self._working
         before = self._undo.take(self.state)
         try:
-            out = self.policy.merge(working, update, self.state)
+            out = call()
             if out is not None and not isinstance(out, ModelState):
-                raise _Broken(f"returned a {type(out).__name__}; merge must return the model (a "
+                raise _Broken(f"returned a {type(out).__name__}; {method} must return the model (a "
                               "ModelState: the one it was given, changed in place, or a new one) or "
                               "None (the model did not change)")
             try:    # the state is snapshotted: one it cannot hold would fail every snapshot from now
@@ -180,13 +224,13 @@ class ModelOwner:
             if isinstance(exc, UpdateRejectedError) or (isinstance(exc, ValidationError)
                                                         and not isinstance(exc, SpecMismatchError)):
                 raise
-            raise self._policy_failed(exc, update) from exc
+            raise self._policy_failed(exc, subject) from exc
         if out is None:
             return False
         working.version = current + 1
         return True
 
-    def _policy_failed(self, exc: Exception, update: Update) -> PolicyFailedError:
+    def _policy_failed(self, exc: Exception, subject: str) -> PolicyFailedError:
         """The error for a merge the policy broke (the model is restored already), logged: the
         first failure with its traceback, later ones at most once a ``LOG_EVERY_S`` with a count."""
         name = self.policy.name
@@ -199,8 +243,8 @@ class ModelOwner:
                     "or inf; the policy law 'finite' forbids it)")
         else:
             what = f"merge policy {name!r} failed ({exc!r})"
-        message = (f"{what} on unit {update.unit_id}: the result is refused, the model and the "
-                   "policy's state are as they were")
+        refused = "the result is refused" if subject.startswith("unit ") else "nothing is applied"
+        message = f"{what} on {subject}: {refused}, the model and the policy's state are as they were"
         self.policy_failures += 1
         now = time.monotonic()
         if self.policy_failures == 1:

@@ -41,7 +41,8 @@ class SnapshotSlot:
             self._owner.release(version)
             raise
         self.drop()
-        self._pending = (self._journal.capture(version.model, state, ledger), version)
+        self._pending = (self._journal.capture(version.model, state, ledger,
+                                               held=self._owner.held), version)
         self.ready.set()
 
     def drop(self) -> None:

@@ -27,8 +27,8 @@ from ..ledger._units import LeaseGrant, Receipt
 from ..tensors import UpdateKind
 
 __all__ = ["MAX_EVAL_SERIES", "MAX_METRICS", "EvalRecorded", "EvalRequest", "HeartbeatRequest", "JoinRequest",
-           "Joined", "JournalReject", "JournalResult", "Released", "ReleaseRequest", "Requeued",
-           "RequeueRequest", "ResultMeta", "from_body", "kind_of", "metrics_problem", "to_body"]
+           "Joined", "JournalFlush", "JournalReject", "JournalResult", "Released", "ReleaseRequest",
+           "Requeued", "RequeueRequest", "ResultMeta", "from_body", "kind_of", "metrics_problem", "to_body"]
 
 M = TypeVar("M")
 
@@ -305,10 +305,24 @@ class JournalReject:
     reason: str
 
 
-def journal_record(body: Mapping[str, Any]) -> JournalResult | JournalReject:
+@dataclass(frozen=True, slots=True)
+class JournalFlush:
+    """The journal's record of the end-of-run flush: the merge policy applied what it still held
+    (a partial buffer) once the run's last result was merged. Written before the flush, so replay
+    applies it exactly once, at its place among the results."""
+
+    type: Literal["flush"]
+    #: accepted results the policy held when it was asked (the status's ``held_results``)
+    held: int = field(metadata=rule(minimum=0))
+
+
+JournalRecord = JournalResult | JournalReject | JournalFlush
+
+
+def journal_record(body: Mapping[str, Any]) -> JournalRecord:
     """A journal entry's record by its ``type``; :class:`FrameError` when it is malformed."""
-    kinds: dict[str, type[JournalResult] | type[JournalReject]] = {
-        "result": JournalResult, "reject": JournalReject}
+    kinds: dict[str, type[JournalResult] | type[JournalReject] | type[JournalFlush]] = {
+        "result": JournalResult, "reject": JournalReject, "flush": JournalFlush}
     record_type = body.get("type")
     cls = kinds.get(record_type) if isinstance(record_type, str) else None
     if cls is None:
