@@ -29,7 +29,7 @@ def cli(*args: str) -> dict[str, Any]:
     out = proc.stdout.decode(errors="replace")
     return {"rc": proc.returncode, "s": round(time.monotonic() - t0, 1),
             "lines": [json.loads(line) for line in out.splitlines() if line.startswith("{")],
-            "err": proc.stderr.decode(errors="replace")[-3000:]}
+            "err": proc.stderr.decode(errors="replace")}
 
 
 def main(work: Path) -> dict[str, Any]:
