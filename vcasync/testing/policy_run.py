@@ -185,21 +185,29 @@ class PolicyRun:
         if self.check:
             self._inputs(update, inputs, base, base_copy, meta, label)
             self._packed(label)
+        return self._record(out, before_model if self.check else None, label, "merge", update)
+
+    def _record(self, out: Any, before_model: ModelState | None, label: str, method: str,
+                update: Update | None = None) -> Step:
+        """The step a merge's or flush's return makes (``method`` names which), checked as the
+        contract says: None keeps the model (unchanged when ``before_model`` is given), else a
+        ModelState of the same spec becomes the next version."""
+        done: Outcome = "merged" if method == "merge" else "flushed"
         if out is None:
-            if self.check:
+            if before_model is not None:
                 self._same(before_model, self.model, "contract",
-                           f"{label}: merge returned None but changed the model")
+                           f"{label}: {method} returned None but changed the model")
             step = Step("kept", None, self.model.clone(), self.version, update)
         else:
             if not isinstance(out, ModelState):
-                raise LawViolation("contract", f"{label}: merge returned {type(out).__name__}, "
+                raise LawViolation("contract", f"{label}: {method} returned {type(out).__name__}, "
                                                f"not a ModelState or None")
             if out.spec != self.history[0].spec:
-                raise LawViolation("contract", f"{label}: the merged model's spec changed")
+                raise LawViolation("contract", f"{label}: the {done} model's spec changed")
             self.model = out
             self.model.version = self.version + 1
             self.history.append(out.clone())
-            step = Step("merged", None, out.clone(), self.version, update)
+            step = Step(done, None, out.clone(), self.version, update)
         self.steps.append(step)
         return step
 
@@ -229,23 +237,7 @@ class PolicyRun:
                                            "a flush applies what the policy holds, or returns None"
                                ) from exc
         self._packed(label)
-        if out is None:
-            if before_model is not None:
-                self._same(before_model, self.model, "contract",
-                           f"{label}: flush returned None but changed the model")
-            step = Step("kept", None, self.model.clone(), self.version)
-        else:
-            if not isinstance(out, ModelState):
-                raise LawViolation("contract", f"{label}: flush returned {type(out).__name__}, "
-                                               f"not a ModelState or None")
-            if out.spec != self.history[0].spec:
-                raise LawViolation("contract", f"{label}: the flushed model's spec changed")
-            self.model = out
-            self.model.version = self.version + 1
-            self.history.append(out.clone())
-            step = Step("flushed", None, out.clone(), self.version)
-        self.steps.append(step)
-        return step
+        return self._record(out, before_model, label, "flush")
 
     def _packed(self, label: str) -> bytes:
         try:
