@@ -97,3 +97,16 @@ def kit() -> Any:
     return types.SimpleNamespace(HalfWay=HalfWay, tiny_model=tiny_model, stream=stream,
                                  result_chunks=result_chunks, delta_like=delta_like,
                                  FakeClock=FakeClock)
+
+
+@pytest.fixture(params=["memory", "file"])
+async def storage(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[Any]:
+    """A store of each local kind, for the crash-safety tests (files that need another store
+    define their own ``storage``, which wins over this one)."""
+    from vcasync.storage import open_storage
+
+    name = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")   # flush, recovery
+    url = f"memory://{name}" if request.param == "memory" else f"file://{tmp_path}/state"
+    st = open_storage(url)
+    yield st
+    await st.aclose()

@@ -142,14 +142,6 @@ async def test_a_policy_without_flush_that_holds_results_says_so(kit, clock, cap
 
 # -- crash safety ----------------------------------------------------------------------------------
 
-@pytest.fixture(params=["memory", "file"])
-async def storage(request, tmp_path):
-    url = "memory://flush" if request.param == "memory" else f"file://{tmp_path}/state"
-    st = open_storage(url)
-    yield st
-    await st.aclose()
-
-
 async def crash(coord: Coordinator) -> None:
     """Stop a coordinator the way SIGKILL would: no drain, no final snapshot."""
     assert coord._runner is not None

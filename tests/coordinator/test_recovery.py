@@ -73,14 +73,6 @@ async def drive(kit, coord, n: int) -> tuple[str, list]:
     return w, out
 
 
-@pytest.fixture(params=["memory", "file"])
-async def storage(request, tmp_path):
-    url = "memory://recovery" if request.param == "memory" else f"file://{tmp_path}/state"
-    st = open_storage(url)
-    yield st
-    await st.aclose()
-
-
 @pytest.mark.parametrize("snapshot_every", [1, 3, 100])
 async def test_journal_recovery_is_bit_identical(kit, clock, storage, snapshot_every) -> None:
     a = await make(kit, storage, clock, snapshot_every=snapshot_every, units=8).__aenter__()

@@ -48,22 +48,29 @@ def test_coordinator_refuses_a_short_join_token_or_one_equal_to_the_secret(
     assert "x" * 20 not in err
 
 
+def _refused_factory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                     capsys: pytest.CaptureFixture[str], module: str, source: str) -> str:
+    """``vcasync coordinator --model <module>:model`` with ``source`` as the module: exit 2; its
+    stderr."""
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    assert main(["coordinator", "--model", f"{module}:model", "--app-dir", str(tmp_path),
+                 "--storage", f"memory://{module}", "--port", "0"]) == 2
+    return capsys.readouterr().err
+
+
 def test_a_non_finite_initial_model_names_its_factory_and_first_bad_tensor(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # found by a tester: the refusal said "the initial model's tensor ... (--model)", not which
     # factory of which run config built it
-    (tmp_path / "vca_nan_factory.py").write_text(
+    err = _refused_factory(monkeypatch, tmp_path, capsys, "vca_nan_factory", (
         "import torch\n"
         "def model():\n"
         "    m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))\n"
         "    with torch.no_grad():\n"
         "        m[0].bias[1] = float('nan')\n"
         "        m[1].weight[0, 0] = float('inf')\n"
-        "    return m\n")
-    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
-    assert main(["coordinator", "--model", "vca_nan_factory:model", "--app-dir", str(tmp_path),
-                 "--storage", "memory://nan-model", "--port", "0"]) == 2
-    err = capsys.readouterr().err
+        "    return m\n"))
     assert ("model factory 'vca_nan_factory:model' (seed 0) built an initial model whose tensor "
             "'0.bias' is not finite (NaN or inf)") in err
     assert err.count("\n") == 1
@@ -73,16 +80,12 @@ def test_a_model_whose_dtype_no_merge_can_add_names_its_factory_and_tensor(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # a float8 weight crashed the finiteness check with a raw NotImplementedError ("sum_cpu" not
     # implemented for 'Float8_e4m3fn'), exit 1 with a traceback
-    (tmp_path / "vca_f8_factory.py").write_text(
+    err = _refused_factory(monkeypatch, tmp_path, capsys, "vca_f8_factory", (
         "import torch\n"
         "def model():\n"
         "    m = torch.nn.Linear(2, 2)\n"
         "    m.register_buffer('scale', torch.zeros(2, dtype=torch.float8_e4m3fn))\n"
-        "    return m\n")
-    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
-    assert main(["coordinator", "--model", "vca_f8_factory:model", "--app-dir", str(tmp_path),
-                 "--storage", "memory://f8-model", "--port", "0"]) == 2
-    err = capsys.readouterr().err
+        "    return m\n"))
     assert ("model factory 'vca_f8_factory:model' built a model whose tensor 'scale' has dtype "
             "torch.float8_e4m3fn, which torch cannot add or subtract on the CPU") in err
     assert err.count("\n") == 1
