@@ -414,6 +414,30 @@ async def test_a_finished_run_started_again_leaves_its_storage_as_it_was(kit, cl
         {k: v for k, v in kept(before).items() if not k.endswith(("/probe", "probe/"))}
 
 
+async def test_a_restart_that_replayed_the_journal_snapshots_it_at_a_clean_stop(kit, clock,
+                                                                                storage) -> None:
+    # Found by the CI chaos run: the coordinator died after the last results were journaled and
+    # before its final snapshot; the restart replayed them, got no call (the workers had left) and
+    # stopped without a snapshot, so the newest snapshot lacked six acknowledged results (the
+    # journal still held them) and every later start replayed them again.
+    a = await make(kit, storage, clock, units=3).__aenter__()
+    w = await a.join()
+    for _ in range(3):
+        await submit(kit, a, w, await a.lease(w), base_version=a.version)
+    final, version = a.model(), a.version
+    assert a.finished
+    await crash(a)
+    store = CheckpointStore(storage, "vcasync/snapshots")
+    assert int((await store.load((await store.steps())[-1])).meta["version"]) < version
+
+    async with make(kit, storage, clock, units=3) as b:   # no call at all: it only recovers
+        assert b.finished and b.version == version
+    assert int((await store.load((await store.steps())[-1])).meta["version"]) == version
+    assert [k async for k in storage.list("vcasync/journal/")] == []   # what it covers is pruned
+    async with make(kit, storage, clock, units=3) as c:
+        assert c.model().equal(final) and c.version == version
+
+
 async def test_a_second_coordinator_that_outlived_the_first_says_so_at_its_snapshot(kit, clock,
                                                                                     storage) -> None:
     # Found by hand: a second coordinator took its first result after the first had finished and

@@ -159,6 +159,7 @@ class Coordinator:
         self._finished = asyncio.Event()
         self._finish_wanted = asyncio.Event()    # settled, waiting for a snapshot (snapshot mode)
         self._touched = False        # a worker or operator call came: the ledger may have changed
+        self._replayed = False       # recovery applied journal entries no snapshot holds
         self._closed = asyncio.Event()
         self._stop = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
@@ -304,12 +305,15 @@ class Coordinator:
         entries it covers. A failure is an error the operator must hear of (``storage_error``)."""
         try:
             # leases and failures change the ledger without any merge: a snapshot whenever a call
-            # came, not only after results; none when nothing did (a finished run started again
-            # and stopped must leave its storage as it was)
+            # came, not only after results; also when the start replayed journal entries (its
+            # workers may have left before it came up: without one, every later start replays
+            # them again and the newest snapshot lacks acknowledged results); none when neither
+            # (a finished run started again and stopped must leave its storage as it was)
             # each write below is preceded by a read of the owner records (see _ensure_prefix):
             # once the run was taken over, this coordinator writes and deletes nothing of it
             await self._ensure_prefix()
-            if self._touched or self._merger.snapshots.written_version < self.version:
+            if (self._touched or self._replayed
+                    or self._merger.snapshots.written_version < self.version):
                 await self._merger.capture()
                 await self._store_open_bases()
                 await self._write_snapshot()
@@ -506,6 +510,7 @@ class Coordinator:
             self._merger.keep_from = self.version
         async for entry in self._journal.entries():
             await self._merger.replay(entry.meta, entry.tensors)
+            self._replayed = True     # the snapshot lacks it: the clean stop writes one that has it
         await self._journal.sweep()     # received bytes no entry names: refused or cut off
         await self._adopt_open_bases()
         floor = await self._journal.version_floor()
