@@ -95,8 +95,9 @@ BENCHES: dict[str, Bench] = {
     "e2e": Bench([], ["--quick"],
                  "worker upload -> acknowledged -> merged, loopback, separate processes, against raw "
                  "and durable aiohttp POSTs and raw TCP", centre="median"),
-    "modelsize": Bench([], ["--quick"],
-                       "ingest time and coordinator RSS from 10 MB to the largest model memory allows"),
+    "modelsize": Bench(["--resume"], ["--quick"],
+                       "ingest time and coordinator RSS from 10 MB to the largest model memory allows, "
+                       "and the peak RSS of a coordinator resuming from each final snapshot"),
     "ledger": Bench([], ["--quick"],
                     "a long run's ledger snapshot: its capture on the event loop, packing and reading "
                     "back, against msgpack alone and the row format coordinators wrote before"),
