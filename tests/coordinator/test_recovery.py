@@ -431,11 +431,13 @@ async def test_a_restart_that_replayed_the_journal_snapshots_it_at_a_clean_stop(
     assert int((await store.load((await store.steps())[-1])).meta["version"]) < version
 
     async with make(kit, storage, clock, units=3) as b:   # no call at all: it only recovers
-        assert b.finished and b.version == version
+        assert b.finished
+        assert b.version == version
     assert int((await store.load((await store.steps())[-1])).meta["version"]) == version
     assert [k async for k in storage.list("vcasync/journal/")] == []   # what it covers is pruned
     async with make(kit, storage, clock, units=3) as c:
-        assert c.model().equal(final) and c.version == version
+        assert c.model().equal(final)
+        assert c.version == version
 
 
 async def test_a_second_coordinator_that_outlived_the_first_says_so_at_its_snapshot(kit, clock,
