@@ -22,8 +22,9 @@ from pathlib import Path
 import aiohttp
 
 from vcasync.errors import AccessDeniedError
+from vcasync.storage import shown_url
 
-__all__ = ["HOW_TO_PROVIDE", "find_credentials"]
+__all__ = ["HOW_TO_PROVIDE", "find_credentials", "shown_source"]
 
 HOW_TO_PROVIDE = ("set GOOGLE_APPLICATION_CREDENTIALS to a service-account JSON file, pass the "
                   "service_file option, run `gcloud auth application-default login`, or run on "
@@ -37,6 +38,16 @@ def _gcloud_dir() -> Path:
     if os.name == "nt":
         return Path(os.environ.get("APPDATA", "C:\\")) / "gcloud"
     return Path.home() / ".config" / "gcloud"
+
+
+def shown_source(value: str) -> str:
+    """A credential source (``GOOGLE_APPLICATION_CREDENTIALS``, a ``service_file``) as an error or
+    a log line may show it. A path is shown, through :func:`shown_url` (a URL put there by mistake
+    loses its user info and query values); a value that is not a path is never shown: it is
+    often the key file's JSON pasted in place of its path, private key included."""
+    if value.lstrip().startswith("{") or "\n" in value or "\r" in value:
+        return f"a value that is not a path ({len(value)} characters, not shown: it may be the key itself)"
+    return shown_url(value)
 
 
 def metadata_host() -> str:
@@ -63,8 +74,8 @@ def _local(url: str) -> tuple[str | None, Path]:
     explicit = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
     if explicit:
         if not Path(explicit).is_file():
-            raise AccessDeniedError(f"{url}: GOOGLE_APPLICATION_CREDENTIALS names {explicit}, which "
-                                    "is not a readable file")
+            raise AccessDeniedError(f"{shown_url(url)}: GOOGLE_APPLICATION_CREDENTIALS names "
+                                    f"{shown_source(explicit)}, which is not a readable file")
         return "GOOGLE_APPLICATION_CREDENTIALS", adc
     if adc.is_file():
         return f"gcloud's application default credentials ({adc})", adc
@@ -73,15 +84,16 @@ def _local(url: str) -> tuple[str | None, Path]:
 
 async def find_credentials(url: str, service_file: str | None, *, timeout_s: float = 1.0) -> str:
     """Where credentials for ``url`` will come from (for the log), or :class:`AccessDeniedError`
-    saying none were found and how to provide them."""
+    saying none were found and how to provide them. Neither shows a secret: ``url`` is shown
+    through :func:`shown_url`, a credential file through :func:`shown_source`."""
     if service_file:
-        return f"the service_file {service_file}"
+        return f"the service_file {shown_source(service_file)}"
     found, adc = _local(url)
     if found is None:
         found = await _metadata_server(timeout_s)
     if found is not None:
         return found
-    raise AccessDeniedError(f"{url}: no Google Cloud credentials were found (no "
+    raise AccessDeniedError(f"{shown_url(url)}: no Google Cloud credentials were found (no "
                             f"GOOGLE_APPLICATION_CREDENTIALS, no {adc}, and no metadata server "
                             f"answered at {metadata_host()} within {timeout_s:g}s): "
                             f"{HOW_TO_PROVIDE}")

@@ -55,10 +55,11 @@ from ._common import (
     check_positive,
     check_retry,
     parse_options,
+    shown_url,
     split_url,
     writer_token,
 )
-from ._gcp_credentials import find_credentials
+from ._gcp_credentials import find_credentials, shown_source
 from ._objectstore import Block, ObjectStore, status_error
 
 __all__ = ["GCSOptions", "GCSStorage"]
@@ -142,8 +143,9 @@ class GCSStorage(ObjectStore):
                                               api_root=self._emulator)
                 except (OSError, ValueError, KeyError) as exc:
                     await session.close()
-                    raise ConfigError(f"{self.url}: cannot use the service_file "
-                                      f"{self.options.service_file!r}: {type(exc).__name__}") from None
+                    raise ConfigError(f"{shown_url(self.url)}: cannot use the service_file "
+                                      f"{shown_source(self.options.service_file or '')}: "
+                                      f"{type(exc).__name__}") from None
                 self._session = session
         return self._gcs
 
@@ -183,7 +185,7 @@ class GCSStorage(ObjectStore):
         self._check_open()
         if not self._uses_emulator():
             found = await find_credentials(self.url, self.options.service_file)
-            log.info("%s: using credentials from %s", self.url, found)
+            log.info("%s: using credentials from %s", shown_url(self.url), found)
         await super().preflight()
 
     async def _check_bucket(self) -> None:

@@ -112,3 +112,38 @@ async def test_gcp_credentials_are_found_where_google_auth_looks(
     monkeypatch.setenv("GCE_METADATA_HOST", metadata_server)
     assert await find_credentials(url, None) == f"the metadata server at {metadata_server}"
     assert "service_file" in await find_credentials(url, "/etc/sa.json")
+
+
+# -- no secret in what credential discovery says ------------------------------------------------------
+
+SECRET = "tok-5ecret-0123456789"
+KEY_JSON = json.dumps({"type": "service_account", "private_key": f"-----BEGIN PRIVATE KEY-----\n{SECRET}\n"})
+
+
+async def test_no_gcp_credentials_error_masks_the_url(no_gcp_credentials: Path) -> None:
+    url = f"gs://alice:{SECRET}@{BUCKET}/p"
+    from vcasync.backends._gcp_credentials import find_credentials
+
+    with pytest.raises(AccessDeniedError, match="no Google Cloud credentials were found") as info:
+        await find_credentials(url, None)
+    assert SECRET not in str(info.value)
+    assert f"***@{BUCKET}/p" in str(info.value)
+
+
+@pytest.mark.parametrize("value", [KEY_JSON, f"/nonexistent/sa.json?token={SECRET}"],
+                         ids=["key-json-in-place-of-a-path", "url-with-a-token"])
+async def test_bad_google_application_credentials_is_refused_without_showing_a_secret(
+        no_gcp_credentials: Path, monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", value)
+    async with open_storage(f"gs://alice:{SECRET}@{BUCKET}/p") as st:
+        with pytest.raises(AccessDeniedError, match="GOOGLE_APPLICATION_CREDENTIALS names") as info:
+            await st.preflight()     # type: ignore[attr-defined]
+    assert SECRET not in str(info.value)
+    assert "not a readable file" in str(info.value)
+
+
+async def test_credential_source_in_the_log_line_shows_no_secret(no_gcp_credentials: Path) -> None:
+    from vcasync.backends._gcp_credentials import find_credentials
+
+    assert SECRET not in await find_credentials(f"gs://{BUCKET}/p", KEY_JSON)
+    assert await find_credentials(f"gs://{BUCKET}/p", "/etc/sa.json") == "the service_file /etc/sa.json"
