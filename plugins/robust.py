@@ -62,7 +62,8 @@ class _Buffered:
             raise ConfigError(f"{self.name}: lr must be positive and finite, got {lr}")
         self.buffer_size = buffer_size
         self.lr = lr
-        self._spare: list[dict[str, torch.Tensor]] = []  # emptied slots, reused (no state in them)
+        # emptied slots, reused (no state in them; see _slot for the ones a failed merge took back)
+        self._spare: list[dict[str, torch.Tensor]] = []
         self._ws = Workspace()
 
     @property
@@ -76,20 +77,29 @@ class _Buffered:
                                   f"order needs real values")
         return {"slots": []}
 
-    def _slot(self, model: ModelState) -> dict[str, torch.Tensor]:
-        if self._spare:
+    def _slot(self, model: ModelState, slots: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """An emptied slot to reuse, or a new one. ``_apply_slots`` hands its slots to ``_spare``
+        before the coordinator has checked the model; when that merge or flush then fails, the
+        coordinator's undo puts the same tensors back into ``slots`` (the state) while ``_spare``
+        still lists them. Such a slot holds a buffered result, not scratch: reusing it would write
+        over that result, so a slot whose tensors are in the state is dropped from the spares."""
+        held = {id(t) for s in slots for t in s.values()}
+        while self._spare:
             slot = self._spare.pop()
+            if any(id(t) in held for t in slot.values()):
+                continue
             if all(slot[n].shape == t.shape and slot[n].dtype == t.dtype for n, t in model.items()):
                 return slot
+            break
         return {n: torch.empty(t.shape, dtype=t.dtype) for n, t in model.items()}
 
     def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState | None:
         check_update(model, update, needs_base=False)
-        slot = self._slot(model)
+        slots: list[dict[str, torch.Tensor]] = state["slots"]
+        slot = self._slot(model, slots)
         weights = update.kind == "weights"
         for name, w in model.items():
             store_delta(slot[name], w, update.tensors[name], weights=weights)
-        slots: list[dict[str, torch.Tensor]] = state["slots"]
         slots.append(slot)
         if len(slots) < self.buffer_size:
             return None
