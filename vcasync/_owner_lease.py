@@ -257,12 +257,12 @@ class OwnerLease:
                 return "its process no longer runs"
         return None
 
-    async def acquire(self, *, poll_s: float | None = None) -> None:
+    async def acquire(self, *, poll_s: float | None = None, prune: bool = True) -> None:
         """Become the owner, or raise ``error`` when a live holder holds the prefix.
 
         Takes at most about one ``ttl_s`` of the current owner (the time to see it is dead), and no
-        time when the owner released it, or provably died on this machine.
-        """
+        time when the owner released it, or provably died on this machine. ``prune`` False leaves
+        the older records for :meth:`prune` (a holder that may still :meth:`withdraw`)."""
         poll = poll_s if poll_s is not None else max(0.05, min(1.0, self.ttl_s / 6))
         watched: tuple[int, OwnerRecord | None] | None = None
         since = self._monotonic()
@@ -306,11 +306,15 @@ class OwnerLease:
             self._confirmed = started
             _HELD.add(self._holder)
             self._log.info("holding %s (owner epoch %d)", self.subject, epoch)
-            await self._prune(epoch)
+            if prune:
+                await self.prune()
             return
 
-    async def _prune(self, epoch: int) -> None:
+    async def prune(self) -> None:
         """Old records protect nothing; keep the previous one for whoever wants to know who it was."""
+        if self._epoch is None:
+            return
+        epoch = self._epoch
         async for key in self.storage.list(self.prefix):
             if key < self._key(epoch - 1):
                 with contextlib.suppress(StorageError):
@@ -384,6 +388,32 @@ class OwnerLease:
         except StorageError as exc:  # a successor then waits one TTL instead of none
             if not self._lost:
                 self._log.warning("could not release %s (%s)", self.subject, type(exc).__name__)
+        except Exception:
+            if not self._lost:
+                raise
+        finally:
+            _HELD.discard(self._holder)
+            self._epoch = None
+            self._confirmed = None
+
+    async def withdraw(self) -> None:
+        """Give the lease back as if it had never been taken: delete our own record, so the
+        previous one (released, or its holder's last beat) is current again and the store holds
+        what it held before :meth:`acquire` (with ``prune=False``). Only for a holder that wrote
+        nothing under the lease: this epoch is taken again by the next newcomer, and a write
+        fenced by it would be its. Where the delete fails, the record is released instead."""
+        if not self.held:
+            self._epoch = None
+            return
+        try:
+            await self.check()
+            assert self._epoch is not None
+            await self.storage.delete(self._key(self._epoch))
+            self._log.info("gave back %s (owner epoch %d): nothing was written under it",
+                           self.subject, self._epoch)
+        except StorageError:
+            if not self._lost:      # the record stays, released: a successor takes over at once
+                await self.release()
         except Exception:
             if not self._lost:
                 raise

@@ -73,6 +73,11 @@ async def test_another_policy_is_refused_and_a_reset_replays_with_the_old_one(ki
     b = await make(kit, storage, clock, "fedbuff", {"buffer_size": 1},
                    start=StartOptions(reset_policy=True)).__aenter__()
     assert b.status()["run_id"] == a.status()["run_id"]
+    # the refused starts left a's record as it was: b takes the run over from a crash (before,
+    # they released an owner record of their own and b took over from a clean stop, no grace)
+    assert b._prefix_lease is not None
+    assert b._prefix_lease.took_over
+    clock.advance(b.config.restart_grace())
     for name, t in expected.items():   # replayed with vcasgd, bit for bit
         assert torch.equal(b.model()[name], t), name
     await feed(kit, b, 2)               # fedbuff merges from its own fresh state: no KeyError
@@ -97,6 +102,29 @@ async def test_other_units_and_another_model_are_refused_with_what_differs(kit, 
     async with make(kit, storage, clock, start=StartOptions(new_run=True), units=9) as fresh:
         assert fresh.status()["units"]["queued"] == 9
         assert fresh.status()["run_id"] != record["run_id"]
+
+
+async def _objects(storage) -> dict[str, bytes]:
+    return {k: await storage.get(k) async for k in storage.list("")}
+
+
+async def test_a_refused_start_leaves_every_stored_object_as_it_was(kit, clock, storage) -> None:
+    # found by review: the refused start took owner epoch 3 (released on the way out) and pruned
+    # epoch 1's record, so the next start was epoch 4 and the store no longer what it was
+    for _ in range(2):                      # owner records 1 and 2 (2 released)
+        async with make(kit, storage, clock):
+            pass
+    before = await _objects(storage)
+    assert sorted(k for k in before if k.startswith("vcasync/owner/")) == [
+        "vcasync/owner/000000000001.json", "vcasync/owner/000000000002.json"]
+    with pytest.raises(ConfigError, match="which this start does not match"):
+        await make(kit, storage, clock, units=9).__aenter__()
+    assert await _objects(storage) == before            # byte for byte, no key more or less
+    async with make(kit, storage, clock) as again:      # and the next start takes epoch 3
+        assert again._prefix_lease is not None
+        assert again._prefix_lease.epoch == 3
+    assert [k async for k in storage.list("vcasync/owner/")] == [
+        "vcasync/owner/000000000002.json", "vcasync/owner/000000000003.json"]
 
 
 async def test_a_finished_run_says_so_at_start(kit, clock, storage) -> None:

@@ -172,6 +172,9 @@ class Coordinator:
         self._prefix_lost = asyncio.Event()
         #: no new leases before this (clock) time: set when the run was taken over from a crash
         self._grace_until: float | None = None
+        #: the start read (or created) the run record: from there on a failed start may have
+        #: written under its owner lease, which it then releases instead of withdrawing
+        self._run_opened = False
 
     # -- lifetime ---------------------------------------------------------------------------------
     async def __aenter__(self) -> Coordinator:
@@ -187,8 +190,12 @@ class Coordinator:
         except BaseException:
             self._phase = "closed"
             self._closed.set()
-            await self._let_go_of_prefix()
+            # refused before the run was opened (another run's identity, a snapshot of another
+            # model...): nothing but the owner record was written, and it goes too
+            await self._let_go_of_prefix(withdraw=not self._run_opened)
             raise
+        if self._prefix_lease is not None:
+            await self._prefix_lease.prune()   # the start stands: older owner records go
         self._runner = asyncio.create_task(self._run(), name="vcasync-coordinator")
         self._phase = "running"
         self._check_finished()
@@ -251,8 +258,8 @@ class Coordinator:
                            hint="stop that one first, or give this coordinator its own state "
                                 "prefix (another storage URL or [coordinator] state_prefix)",
                            logger=log)
-        await lease.acquire()
-        self._prefix_lease = lease
+        await lease.acquire(prune=False)      # pruned once the start stands: a refused one
+        self._prefix_lease = lease              # changes nothing (see __aenter__)
         self._renewer = asyncio.create_task(lease.keep_renewed(self._prefix_lost.set),
                                             name="vcasync-owner-lease")
 
@@ -281,15 +288,16 @@ class Coordinator:
         assert lease.error is not None
         raise lease.error
 
-    async def _let_go_of_prefix(self) -> None:
-        """Stop renewing and release the lease (a successor starts at once). Idempotent."""
+    async def _let_go_of_prefix(self, *, withdraw: bool = False) -> None:
+        """Stop renewing and release the lease (a successor starts at once), or with ``withdraw``
+        delete its record (a start that wrote nothing under it). Idempotent."""
         renewer, self._renewer = self._renewer, None
         if renewer is not None:
             renewer.cancel()
             await asyncio.gather(renewer, return_exceptions=True)
         lease, self._prefix_lease = self._prefix_lease, None
         if lease is not None:
-            await lease.release()
+            await (lease.withdraw() if withdraw else lease.release())
 
     def _abandon_prefix(self) -> None:
         """What SIGKILL does to the owner lease: no more renewals, no release (the tests' crash)."""
@@ -459,6 +467,7 @@ class Coordinator:
                                   "snapshot, or use another state_prefix or storage")
         run = await self._journal.open(self.identity, self._start,
                                        probed=self._prefix_lease is not None)
+        self._run_opened = True         # the run record may be written from here on
         reset = run.recorded is not None and not run.recorded.same_policy(self.identity)
         cfg = self.config.ledger_config()
         # a stored run supersedes the caller's model: let go of it before the snapshot is decoded
