@@ -140,6 +140,41 @@ def test_partial_result_queues_the_remainder(clock) -> None:
     assert g3.unit.params["parent"] == "e0-s0"
 
 
+@pytest.mark.parametrize("key", ["step_offset", "parent"])
+def test_the_keys_only_remainders_carry_are_refused_in_users_units(kit, clock, key) -> None:
+    # found by review: make_units(params={"step_offset": 3}) was taken for a remainder: its trainer
+    # was told 3 steps were done, and a partial result's remainder counted from there
+    from vcasync.coordinator import Coordinator, CoordinatorConfig
+    from vcasync.policy import build_policy
+    from vcasync.runconfig import UnitsConfig
+
+    said = rf"params key '{key}' is reserved: the ledger sets 'step_offset' and 'parent'"
+    with pytest.raises(ConfigError, match=rf"^make_units: the {said}"):
+        make_units(2, params={"lr": 0.1, key: 3})
+    with pytest.raises(ConfigError, match=rf"^units.params \(\[units.params\] in run.toml, "
+                                          rf"--unit-param\): the {said}"):
+        UnitsConfig(shards=2, params={key: "x"})
+    mine = WorkUnit("mine", steps=4, params={key: 1})
+    with pytest.raises(ConfigError, match=rf"^work unit 'mine': the {said}"):
+        Coordinator(kit.tiny_model(), [mine], policy=build_policy("vcasgd"), storage=None,
+                    config=CoordinatorConfig(durability="none"), clock=clock)
+    led = make(clock, n=2)
+    with pytest.raises(ConfigError, match=rf"^work unit 'mine': the {said}"):
+        led.add_units([WorkUnit("fine", steps=4), mine])
+    assert led.counts()["queued"] == 2                  # none of them added
+    with pytest.raises(ConfigError, match="keys 'step_offset' and 'parent' are reserved"):
+        make_units(1, params={"parent": "a", "step_offset": 1})
+
+
+def test_remainders_keep_their_keys_through_a_snapshot(clock) -> None:
+    led = make(clock, n=1, steps=10)
+    w = led.join()
+    accept(led, w, led.lease(w, 0), steps=4, partial=True)
+    back = Ledger.restore(led.snapshot(), clock=clock, secret=SECRET)
+    g = back.lease(back.join(), 1)
+    assert (g.unit.unit_id, g.unit.params) == ("e0-s0~4", {"step_offset": 4, "parent": "e0-s0"})
+
+
 def test_wrong_worker_bad_progress_unknown_lease(clock) -> None:
     led = make(clock)
     a, b = led.join(), led.join()

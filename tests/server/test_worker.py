@@ -743,7 +743,7 @@ def test_progress_beyond_the_unit_is_refused_where_it_is_reported(tmp_path: Path
                                          r"this unit's steps done, 0 to 5$"):
         ctx.report_progress(6)
     assert ctx.steps_done == 5                                # nothing recorded
-    remainder = make_units(1, steps=5, params={"step_offset": 7})[0]
+    remainder = make_units(1, steps=12)[0].remainder(7)      # 5 steps left, 7 done
     ctx = TrainContext(unit=remainder, lease_id="l", base_version=0,
                        model=ModelState.from_module(tiny_model()), checkpoint_path=tmp_path / "ck",
                        resumed=False, stop=threading.Event())

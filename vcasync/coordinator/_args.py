@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from ..errors import ConfigError, VCAsyncError
-from ..ledger._units import WorkUnit
+from ..ledger._units import WorkUnit, check_user_params
 from ..policy import MergePolicy
 from ..storage import Storage
 from ..tensors import ModelState
@@ -78,6 +78,8 @@ def check_arguments(model: object, units: object, policy: object, storage: objec
     bad = next((u for u in listed if not isinstance(u, WorkUnit)), None)
     if bad is not None:
         raise ConfigError(f"units must be WorkUnit objects (see make_units), got a {type(bad).__name__}")
+    for unit in listed:
+        check_user_params(unit.params, f"work unit {unit.unit_id!r}")
     if not isinstance(policy, MergePolicy):
         raise ConfigError(f"policy {policy!r} does not implement MergePolicy; build one with "
                           "build_policy(name)")

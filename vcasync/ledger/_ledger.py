@@ -74,7 +74,7 @@ from ._types import (
     WorkerRecord,
     plain,
 )
-from ._units import LeaseGrant, Receipt, ReceiptStatus, WorkUnit, make_units
+from ._units import LeaseGrant, Receipt, ReceiptStatus, WorkUnit, check_user_params, make_units
 
 __all__ = ["LeaseGrant", "LeaseState", "Ledger", "LedgerConfig", "Receipt", "ResultCheck",
            "UnitState", "WorkUnit", "make_units"]
@@ -538,8 +538,11 @@ class Ledger:
             self._queue.append(unit.unit_id)
 
     def add_units(self, units: Iterable[WorkUnit]) -> int:
-        """Queue the units whose ids the ledger does not know yet (a restarted run grows)."""
+        """Queue the units whose ids the ledger does not know yet (a restarted run grows). A
+        unit whose params hold a key only remainders carry is refused, and none is added."""
         fresh = [u for u in units if u.unit_id not in self._units]
+        for unit in fresh:
+            check_user_params(unit.params, f"work unit {unit.unit_id!r}")
         for unit in fresh:
             self._add_unit(unit, front=False)
         return len(fresh)

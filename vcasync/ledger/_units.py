@@ -14,8 +14,8 @@ from typing import Any, Literal, cast
 
 from ..errors import ConfigError
 
-__all__ = ["MAX_UNITS", "LeaseGrant", "Receipt", "ReceiptStatus", "WorkUnit", "make_units",
-           "receipt_status"]
+__all__ = ["MAX_UNITS", "RESERVED_PARAMS", "LeaseGrant", "Receipt", "ReceiptStatus", "WorkUnit",
+           "check_user_params", "make_units", "receipt_status"]
 
 #: The most units :func:`make_units` builds: a run's ledger keeps a unit's state and spec in memory
 #: and in every snapshot (about 185 bytes a unit there, ``bench.ledger``), so a typo such as
@@ -28,6 +28,20 @@ ReceiptStatus = Literal["accepted", "duplicate", "rejected"]
 STEP_OFFSET = "step_offset"
 #: Key in ``WorkUnit.params`` of a remainder unit: the unit it continues.
 PARENT = "parent"
+#: The keys only the ledger sets (on a remainder unit): a unit supplied with one would be taken for
+#: a remainder (its trainer told that steps are done, its next remainder named after another unit).
+RESERVED_PARAMS = (STEP_OFFSET, PARENT)
+
+
+def check_user_params(params: Mapping[str, Any], where: str) -> None:
+    """Refuse unit ``params`` from a user that hold a key only remainder units carry."""
+    reserved = [k for k in RESERVED_PARAMS if k in params]
+    if reserved:
+        names = " and ".join(repr(k) for k in reserved)
+        raise ConfigError(f"{where}: the params key{'s' if len(reserved) > 1 else ''} {names} "
+                          f"{'are' if len(reserved) > 1 else 'is'} reserved: the ledger sets "
+                          f"{STEP_OFFSET!r} and {PARENT!r} on the remainder of a partial result; "
+                          "name your parameter otherwise")
 
 
 def _int(name: str, value: Any, *, minimum: int) -> int:
@@ -144,6 +158,8 @@ def make_units(num_shards: int, *, epochs: int = 1, steps: int = 1,
     if params is not None and not isinstance(params, Mapping):
         raise ConfigError(f"make_units: params must be a mapping of str keys (what the trainer reads "
                           f"in ctx.unit.params), got {type(params).__name__} {params!r}")
+    if params is not None:
+        check_user_params(params, "make_units")
     total = num_shards * epochs if count is None else _int("count", count, minimum=1)
     if total > MAX_UNITS:
         made = (f"{num_shards} shards x {epochs} epochs" if count is None else "count")
