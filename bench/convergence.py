@@ -1179,10 +1179,12 @@ def sim_figures(hetero: list[dict[str, Any]], same: list[dict[str, Any]], gaps50
     # (vcasync.sim.report): no saving, counted apart from the fleet's misses and named here
     unusable = {kind: [c["config"]["seed"] for c in cells if c.get("target_withheld")]
                 for kind, cells in (("heterogeneous", hetero), ("identical", same))}
-    for key, kind in ((name, "heterogeneous"), ("saving_same_machines", "identical")):
-        if unusable[kind]:
-            why = next(c["target_withheld"] for c in (hetero if kind == "heterogeneous" else same)
-                       if c.get("target_withheld"))
+    for key, kind, cells, held in ((name, "heterogeneous", hetero, s_hetero),
+                                   ("saving_same_machines", "identical", same, s_same)):
+        if cells and held.n == 0:       # every seed missed or set no target: say which, counted
+            reasons[key] = _none_reached(cells, unusable[kind])
+        elif unusable[kind]:
+            why = next(c["target_withheld"] for c in cells if c.get("target_withheld"))
             reasons[key] = (f"seed(s) {unusable[kind]}: no target, so no saving: {why} (counted "
                             "missing in the spread, not in targets_missed)")
     withheld = not searched and bool(hetero)
@@ -1219,6 +1221,23 @@ def sim_figures(hetero: list[dict[str, Any]], same: list[dict[str, Any]], gaps50
                        "vcasgd_gap_30": gap30.as_dict(), "adaptive_gap_mnist_50": g50.as_dict()},
             "missing": s_hetero.missing + s_same.missing - sum(map(len, unusable.values())),
             "baseline_unusable": unusable}
+
+
+def _none_reached(cells: list[dict[str, Any]], unusable: list[int]) -> str:
+    """Why a simulated figure is null when no seed of its cells reached the target: every seed
+    that missed it and every one that set none, each group counted (naming only the seeds without
+    a target read as if the others had not been run)."""
+    seeds = [c["config"]["seed"] for c in cells]
+    missed = [c["config"]["seed"] for c in cells
+              if not c.get("target_withheld") and c.get("saving_at_target") is None]
+    parts = []
+    if missed:
+        parts.append(f"{len(missed)} missed the target (seed(s) {missed}; counted in targets_missed)")
+    if unusable:
+        why = next(c["target_withheld"] for c in cells if c.get("target_withheld"))
+        parts.append(f"{len(unusable)} set no target (seed(s) {unusable}: {why}; counted missing in "
+                     "the spread, not in targets_missed)")
+    return f"no seed reached the target, so no saving: of {len(seeds)} seed(s), " + ", and ".join(parts)
 
 
 def _json_default(x: object) -> object:

@@ -39,3 +39,32 @@ def test_a_searched_64_worker_run_reports_its_figures_in_points() -> None:
     assert abs(f["vcasgd_gap_30"] - 0.75) < 1e-9              # points: DDP 96 %, the fleet 95.25 %
     assert f["adaptive_gap_50"] == f["adaptive_gap_mnist_50"] == 0.4
     assert sim["reasons"] == {}
+
+
+def _seed(seed: int, saving: float | None, withheld: str | None = None) -> dict[str, Any]:
+    return {"config": {"seed": seed}, "saving_at_target": saving, "final_accuracy": 0.9,
+            "sync_final_accuracy": 0.95, "accuracy_gap_vs_sync": 0.05,
+            "target_missed": None if withheld else saving is None, "target_withheld": withheld}
+
+
+def test_a_cell_where_no_seed_reached_names_every_missed_seed_and_every_unusable_one() -> None:
+    # found in the saved run: saving_same_machines reached 0 of 5, and its text named only seed 4
+    # (no target), as if seeds 0-3 had not been run
+    why = "the synchronous baseline did not learn (check --sync-lr)"
+    hetero = [_seed(0, 0.4), _seed(1, None), _seed(2, 0.5), _seed(3, None), _seed(4, None, why)]
+    same = [_seed(0, None), _seed(1, None), _seed(2, None), _seed(3, None), _seed(4, None, why)]
+    sim = sim_figures(hetero, same, [], workers=64, searched=True, adaptive=True)
+    assert sim["figures"]["saving_same_machines"] is None
+    assert sim["reasons"]["saving_same_machines"] == (
+        "no seed reached the target, so no saving: of 5 seed(s), 4 missed the target (seed(s) "
+        "[0, 1, 2, 3]; counted in targets_missed), and 1 set no target (seed(s) [4]: "
+        f"{why}; counted missing in the spread, not in targets_missed)")
+    # 2 of 5 reached: the figure stands, its note names the seed without a target as before
+    assert sim["figures"]["saving_sim_64"] == 0.45
+    assert sim["reasons"]["saving_sim_64"].startswith("seed(s) [4]: no target, so no saving: ")
+    assert sim["missing"] == 2 + 4                          # the misses, not the unusable seeds
+
+    only_missed = sim_figures(hetero, same[:4], [], workers=64, searched=True, adaptive=True)
+    assert only_missed["reasons"]["saving_same_machines"] == (
+        "no seed reached the target, so no saving: of 4 seed(s), 4 missed the target (seed(s) "
+        "[0, 1, 2, 3]; counted in targets_missed)")
