@@ -20,7 +20,7 @@ from vcasync.retry import RetryPolicy
 from vcasync.storage import shown_url  # re-exported: the backends' one way to show a URL
 
 __all__ = ["StorageBase", "check_chunk_size", "check_data", "join_key", "parse_options", "rechunk",
-           "shown_url", "split_url", "writer_token"]
+           "check_endpoint", "shown_url", "split_url", "writer_token"]
 
 OptionsT = TypeVar("OptionsT")
 
@@ -119,7 +119,26 @@ def split_url(url: str, scheme: str) -> SplitResult:
         raise ConfigError(f"{shown_url(url)!r} is not a {scheme}:// URL")
     if parts.fragment:
         raise ConfigError(f"storage URL {shown_url(url)!r} must not have a '#fragment'")
+    if "@" in parts.netloc:
+        # the URL names the store in every message and log line: a password there goes with it
+        raise ConfigError(f"storage URL {shown_url(url)!r} must not carry user info ('user:...@'): "
+                          "credentials go as keyword arguments or through the standard credential "
+                          "chain, never in the URL")
     return parts
+
+
+def check_endpoint(owner: str, name: str, value: str | None) -> None:
+    """Refuse an endpoint option (``endpoint_url``, ``emulator_host``) that carries user info: it
+    becomes part of the store's URL, which every message and log line shows."""
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise ConfigError(f"{owner}.{name} must be a str, got {type(value).__name__}")
+    netloc = urlsplit(value if "://" in value else f"//{value}").netloc
+    if "@" in netloc:
+        raise ConfigError(f"{owner}.{name} {shown_url(value)!r} must not carry user info "
+                          "('user:...@'): credentials go as keyword arguments or through the "
+                          "standard credential chain")
 
 
 def _query(url: str, query: str) -> dict[str, str]:

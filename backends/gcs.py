@@ -52,6 +52,7 @@ from vcasync.storage import (
 from ._common import (
     WRITER_META,
     check_chunk_size,
+    check_endpoint,
     check_positive,
     check_retry,
     parse_options,
@@ -97,6 +98,7 @@ class GCSOptions:
         if self.chunk_size % _QUANTUM:
             raise ConfigError(f"GCSOptions.chunk_size must be a multiple of 256 KiB, got {self.chunk_size}")
         check_retry("GCSOptions", self.retry)
+        check_endpoint("GCSOptions", "emulator_host", self.emulator_host)
 
 
 class GCSStorage(ObjectStore):

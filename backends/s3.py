@@ -67,6 +67,7 @@ from vcasync.storage import (
 from ._common import (
     WRITER_META,
     check_chunk_size,
+    check_endpoint,
     check_positive,
     check_retry,
     parse_options,
@@ -118,6 +119,7 @@ class S3Options:
             raise ConfigError(f"S3Options.addressing_style must be auto, path or virtual, "
                               f"got {self.addressing_style!r}")
         check_retry("S3Options", self.retry)
+        check_endpoint("S3Options", "endpoint_url", self.endpoint_url)
 
 
 class S3Storage(ObjectStore):

@@ -44,6 +44,12 @@ def test_a_secret_in_the_url_is_still_refused_by_name() -> None:
     "my_store://u:SECRET123@h/p?k=SECRET123",        # a scheme urlsplit does not take
     "s3:bucket?aws_secret_access_key=SECRET123",     # a URL without '//'
     "relative/dir?token=SECRET123",                  # a plain path with a query
+    # found by review: accepted, and then in every message as the store's URL
+    "s3://u:SECRET123@b/p",                          # user info on an object store
+    "gs://u:SECRET123@b/p",
+    "memory://u:SECRET123@name",
+    "s3://b/p?endpoint_url=http://u:SECRET123@127.0.0.1:9000",     # user info inside an endpoint
+    "gs://b/p?emulator_host=http://u:SECRET123@h",
 ])
 def test_a_refused_storage_url_never_shows_a_secret_it_carries(url: str) -> None:
     # the message that refuses a URL ends up in logs: option names stay, every value is masked
@@ -51,6 +57,14 @@ def test_a_refused_storage_url_never_shows_a_secret_it_carries(url: str) -> None
         open_storage(url)
     assert "SECRET123" not in str(err.value)
     assert "***" in str(err.value)
+
+
+@pytest.mark.parametrize(("url", "option"), [("s3://b/p", "endpoint_url"), ("gs://b/p", "emulator_host")])
+def test_an_endpoint_given_with_user_info_as_a_keyword_is_refused_without_showing_it(
+        url: str, option: str) -> None:
+    with pytest.raises(ConfigError, match=f"{option} .* must not carry user info") as err:
+        open_storage(url, **{option: "http://u:SECRET123@127.0.0.1:9000"})
+    assert "SECRET123" not in str(err.value)
 
 
 @pytest.mark.parametrize("url", [b"s3://b/p?aws_secret_access_key=SECRET123",
