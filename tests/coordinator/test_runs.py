@@ -127,6 +127,28 @@ async def test_a_refused_start_leaves_every_stored_object_as_it_was(kit, clock, 
         "vcasync/owner/000000000002.json", "vcasync/owner/000000000003.json"]
 
 
+async def test_a_start_refused_after_reading_the_run_leaves_it_as_it_was_too(kit, clock,
+                                                                            storage) -> None:
+    from vcasync.policy import register_policy, unregister_policy
+
+    class Gone(kit.HalfWay):
+        name = "gone"
+
+    register_policy("gone", Gone)
+    try:
+        async with Coordinator(kit.tiny_model(), make_units(6, steps=4), policy=Gone(),
+                               storage=storage, config=CFG, clock=clock, policy_params={}):
+            pass
+    finally:
+        unregister_policy("gone")
+    before = await _objects(storage)
+    # the run record is read and matches but for the policy; the run's own policy, needed to
+    # replay its journal before the switch, is not installed: refused before anything is written
+    with pytest.raises(ConfigError, match="the run's policy 'gone' is needed"):
+        await make(kit, storage, clock, start=StartOptions(reset_policy=True)).__aenter__()
+    assert await _objects(storage) == before
+
+
 async def test_a_finished_run_says_so_at_start(kit, clock, storage) -> None:
     async with make(kit, storage, clock, units=2) as a:
         await feed(kit, a, 2)

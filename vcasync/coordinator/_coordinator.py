@@ -172,9 +172,9 @@ class Coordinator:
         self._prefix_lost = asyncio.Event()
         #: no new leases before this (clock) time: set when the run was taken over from a crash
         self._grace_until: float | None = None
-        #: the start read (or created) the run record: from there on a failed start may have
-        #: written under its owner lease, which it then releases instead of withdrawing
-        self._run_opened = False
+        #: the start wrote under the prefix (the run record, a replayed version floor, a sweep, a
+        #: snapshot): a start that fails then releases its owner lease instead of withdrawing it
+        self._wrote = False
 
     # -- lifetime ---------------------------------------------------------------------------------
     async def __aenter__(self) -> Coordinator:
@@ -190,9 +190,9 @@ class Coordinator:
         except BaseException:
             self._phase = "closed"
             self._closed.set()
-            # refused before the run was opened (another run's identity, a snapshot of another
+            # refused before it wrote anything (another run's identity, a snapshot of another
             # model...): nothing but the owner record was written, and it goes too
-            await self._let_go_of_prefix(withdraw=not self._run_opened)
+            await self._let_go_of_prefix(withdraw=not self._wrote)
             raise
         if self._prefix_lease is not None:
             await self._prefix_lease.prune()   # the start stands: older owner records go
@@ -467,7 +467,7 @@ class Coordinator:
                                   "snapshot, or use another state_prefix or storage")
         run = await self._journal.open(self.identity, self._start,
                                        probed=self._prefix_lease is not None)
-        self._run_opened = True         # the run record may be written from here on
+        self._wrote |= run.wrote
         reset = run.recorded is not None and not run.recorded.same_policy(self.identity)
         cfg = self.config.ledger_config()
         # a stored run supersedes the caller's model: let go of it before the snapshot is decoded
@@ -517,6 +517,7 @@ class Coordinator:
                       and self.config.restart_grace() > 0)
         if taken_over:       # leases granted after the snapshot may be based on any version since
             self._merger.keep_from = self.version
+        self._wrote = True     # replay, the sweep and what follows write under the prefix
         async for entry in self._journal.entries():
             await self._merger.replay(entry.meta, entry.tensors)
             self._replayed = True     # the snapshot lacks it: the clean stop writes one that has it

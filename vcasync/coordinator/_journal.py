@@ -128,6 +128,8 @@ class RunInfo:
     secret: bytes
     #: The identity the stored run was recorded with (None: a new run, or no storage).
     recorded: RunIdentity | None = None
+    #: Opening it wrote under the prefix (see :class:`._run_record.RunRecord`).
+    wrote: bool = False
 
 
 @dataclass(slots=True)
@@ -259,7 +261,7 @@ class Journal:
                                 probe=not probed)
         self.run_id = record.run_id
         self._secret = record.secret
-        return RunInfo(record.run_id, record.secret, record.recorded)
+        return RunInfo(record.run_id, record.secret, record.recorded, wrote=record.wrote)
 
     async def record_identity(self, identity: RunIdentity) -> None:
         """After a policy reset: the run goes on under ``identity`` (same id and secret)."""

@@ -57,6 +57,9 @@ class RunRecord:
     #: What the run was recorded with; None for a run this start created (it is ``wanted`` then).
     recorded: RunIdentity | None
     created: bool
+    #: This start wrote under the prefix: it created the record, recorded its identity in one
+    #: without, or deleted the stored run (``--new-run``).
+    wrote: bool = False
 
 
 def _encode(run_id: str, secret: bytes, identity: RunIdentity | None) -> bytes:
@@ -133,12 +136,13 @@ async def open_run(storage: Storage, prefix: str, wanted: RunIdentity | None,
         except PreconditionFailedError:     # another start won the race (or our first try did)
             run_id, secret, recorded = _decode(key, await storage.get(key))
             created = False
+    wiped = options.new_run
     if created or wanted is None:
-        return RunRecord(run_id, secret, recorded, created)
+        return RunRecord(run_id, secret, recorded, created, wrote=created or wiped)
     if recorded is None:                    # a run from before identities were recorded: adopt
         log.info("run %s has no recorded identity; recording this start's", run_id)
         await write_record(storage, key, run_id, secret, wanted)
-        return RunRecord(run_id, secret, wanted, False)
+        return RunRecord(run_id, secret, wanted, False, wrote=True)
     differences = recorded.differences(wanted)
     if options.reset_policy:
         differences = [d for d in differences if not d.startswith("policy:")]
@@ -149,4 +153,4 @@ async def open_run(storage: Storage, prefix: str, wanted: RunIdentity | None,
                           + ("" if recorded.same_policy(wanted) or options.reset_policy else
                              "; to switch this run to the new policy (its state starts afresh), "
                              "pass --reset-policy"))
-    return RunRecord(run_id, secret, recorded, False)
+    return RunRecord(run_id, secret, recorded, False, wrote=wiped)
