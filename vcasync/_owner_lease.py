@@ -392,9 +392,7 @@ class OwnerLease:
             if not self._lost:
                 raise
         finally:
-            _HELD.discard(self._holder)
-            self._epoch = None
-            self._confirmed = None
+            self._forget()
 
     async def withdraw(self) -> None:
         """Give the lease back as if it had never been taken: delete our own record, so the
@@ -418,13 +416,15 @@ class OwnerLease:
             if not self._lost:
                 raise
         finally:
-            _HELD.discard(self._holder)
-            self._epoch = None
-            self._confirmed = None
+            self._forget()
 
     def abandon(self) -> None:
         """Let go without writing anything, as a killed process does: a newcomer in this process
         takes over at once, one elsewhere after ``ttl_s`` (tests simulate a crash this way)."""
+        self._forget()
+
+    def _forget(self) -> None:
+        """This process holds the lease no more (whatever the store says)."""
         _HELD.discard(self._holder)
         self._epoch = None
         self._confirmed = None
