@@ -92,3 +92,28 @@ async def test_a_version_scored_already_is_not_scored_again(tmp_path: Path) -> N
     assert again is first
     assert len(mon.accuracy) == 1
     assert evaluations == ["test"]          # no second evaluation
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_the_live_display_ends_on_a_line_of_its_own_on_a_terminal_or_not(terminal: bool) -> None:
+    # Piped or logged, rich prints the last frame without a newline after it: the next line ran into
+    # the table's bottom border ("└───┘DDP baseline: 4 processes ...").
+    import io
+
+    from rich.console import Console
+    from rich.text import Text
+
+    from vcasync.demo.monitor import live_display
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=terminal, width=40)
+    with live_display(console) as live:
+        live.update(Text("units done / total 3 / 8"), refresh=True)
+    out.write("DDP baseline: 4 processes ...\n")      # the demo's next line (a print to stderr)
+    lines = out.getvalue().splitlines()
+    assert lines[-1].removeprefix("\x1b[?25h") == "DDP baseline: 4 processes ..."  # on its own line
+    assert "units done / total 3 / 8" in lines[-2]
+    empty = io.StringIO()
+    with live_display(Console(file=empty, force_terminal=False)):
+        pass                                  # nothing displayed: no blank line either
+    assert empty.getvalue() == ""

@@ -6,13 +6,14 @@ and scores it on the workload's test split (accuracy and loss); each score goes 
 (:meth:`~vcasync.worker._client.CoordinatorClient.report_eval`) for the status page's curve. The display
 reads ``version`` and ``units.done`` from the coordinator's status document
 (:meth:`vcasync.coordinator.Coordinator.status`); while the coordinator is down (restarting) they show
-as "?".
+as "?". :func:`live_display` is that display, ended on a line of its own on a terminal or not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,26 @@ from ..wire import decode_payload_bytes
 from ..worker._client import CoordinatorClient
 from .procs import Slot
 
-__all__ = ["AccuracyPoint", "Monitor", "status_figure"]
+__all__ = ["AccuracyPoint", "Monitor", "live_display", "status_figure"]
+
+
+@contextlib.contextmanager
+def live_display(console: Any) -> Iterator[Any]:
+    """rich's ``Live`` on ``console`` (a ``rich.console.Console``), its last frame ended by a newline.
+
+    On a terminal rich ends the display with one; when the output is not a terminal (piped,
+    logged) it prints the last frame once, at the end, without it, and the next line ran into the
+    table's bottom border ("└───┘DDP baseline: 4 processes ...").
+    """
+    from rich.live import Live
+
+    live = Live(console=console, auto_refresh=False, transient=False)
+    try:
+        with live:
+            yield live
+    finally:
+        if not console.is_terminal and live.get_renderable() != "":   # a frame was printed
+            console.line()
 
 
 def status_figure(status: Mapping[str, Any], *paths: str) -> int | None:

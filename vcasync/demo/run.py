@@ -524,7 +524,7 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
     """Run the whole demo; returns what the report needs (the report is written by the caller)."""
     from ..examples.workloads import get_workload
     from ..worker._client import CoordinatorClient
-    from .monitor import Monitor
+    from .monitor import Monitor, live_display
 
     work = get_workload(cfg.workload)
     cfg.check_data(work.num_train)   # before the run directory or storage is touched
@@ -535,9 +535,8 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
     live_ctx: Any = contextlib.nullcontext()
     if cfg.progress:
         from rich.console import Console
-        from rich.live import Live
 
-        live_ctx = Live(console=Console(stderr=True), auto_refresh=False, transient=False)
+        live_ctx = live_display(Console(stderr=True))
     try:
         await demo.start_coordinator()
         # stderr: --json keeps stdout for the report's figures
