@@ -327,7 +327,7 @@ def test_the_report_says_how_many_preemptions_were_asked_fired_and_cut_work(
     rep = build_report(run, _ddp(2, [(5.0, 0, 0.1, 2.3), (8.0, 2000, 0.95, 0.2)]), T0_WALL)
     _print_summary(rep, [])
     assert ("preemptions             4 asked, only 2 fired (1 SIGTERM + 1 SIGKILL): the fleet finished "
-            "its units before the other 2 found a worker inside a unit, 1 of 2 cut a unit in progress, "
+            "its units before the other 2 found a worker inside a unit, 1 of 2 cut a unit part way, "
             "all recovered") in capsys.readouterr().out
     run.market = {"asked": 2, "fired": 2}
     rec = build_report(run, None, T0_WALL)["recovery"]
@@ -515,3 +515,57 @@ def test_a_ddp_run_that_rose_and_fell_back_sets_no_target_and_prices_no_saving(
     assert "did not learn" in build_report(run, never, T0_WALL)["cost"]["target_withheld"]
     held = _ddp(2, [(5.0, 0, 0.1, 2.3), (50.0, 1000, 0.96, 0.2), (100.0, 2000, 0.95, 0.2)])
     assert build_report(run, held, T0_WALL)["cost"]["target"]["value"] == pytest.approx(0.945)
+
+
+def test_a_preemption_cuts_a_unit_only_when_it_stopped_or_killed_it_part_way(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A 4-worker run: 3 SIGTERM + 1 SIGKILL, each inside a unit. The summary said "4 of 4 cut a unit
+    # in progress" while report.json gave steps_done 0 for all four (the steps at the last event
+    # before the signal, a unit_start) and one unit ended 4 ms after its SIGTERM: it was not cut.
+    from vcasync.demo.cli import _print_summary
+
+    slots = [_slot(i, [(1.0, 10.0), (12.0, 30.0)], [100 + i, 200 + i], tmp_path) for i in range(4)]
+    trainer: dict[int, list[dict[str, Any]]] = {
+        100: [{"t_s": 5.0, "kind": "unit_start", "unit": "e0-s0", "start": 0},
+              {"t_s": 8.004, "kind": "unit_end", "unit": "e0-s0", "steps_done": 5}],     # ended anyway
+        101: [{"t_s": 5.0, "kind": "unit_start", "unit": "e0-s1", "start": 0},
+              {"t_s": 8.3, "kind": "unit_stop", "unit": "e0-s1", "steps_done": 3}],      # stopped at 3
+        102: [{"t_s": 5.0, "kind": "unit_start", "unit": "e0-s2", "start": 0},
+              {"t_s": 6.0, "kind": "checkpoint", "unit": "e0-s2", "steps_done": 2},
+              {"t_s": 8.2, "kind": "unit_stop", "unit": "e0-s2", "steps_done": 4}],      # stopped at 4
+        103: [{"t_s": 5.0, "kind": "unit_start", "unit": "e0-s3", "start": 1}],         # killed: keeps 1
+    }
+    for i, unit in enumerate(("e0-s0", "e0-s1", "e0-s2", "e0-s3")):
+        trainer[200 + i] = [{"t_s": 13.0, "kind": "unit_start", "unit": unit},
+                            {"t_s": 14.0, "kind": "unit_end", "unit": unit, "steps_done": 5}]
+    events = [_ev(8.0, "w0", "preempted", "SIGTERM"), _ev(8.0, "w1", "preempted", "SIGTERM"),
+              _ev(8.0, "w2", "preempted", "SIGTERM"), _ev(8.0, "w3", "preempted", "SIGKILL"),
+              *(_ev(12.0, f"w{i}", "restart") for i in range(4))]
+    run = _run(tmp_path, events, slots, trainer=trainer)
+    run.market = {"asked": 4, "fired": 4}
+    rep = build_report(run, _ddp(4, [(5.0, 0, 0.1, 2.3), (8.0, 2000, 0.95, 0.2)]), T0_WALL)
+    rec = rep["recovery"]
+    pairs = {p["worker"]: p for p in rec["preemptions"]}
+    assert {w: (p["outcome"], p["steps_done"]) for w, p in pairs.items()} == {
+        "w0": ("finished", 5), "w1": ("stopped", 3), "w2": ("stopped", 4), "w3": ("killed", 1)}
+    assert pairs["w0"]["unit_finished_at_s"] == pytest.approx(8.004)
+    assert (rec["in_unit_at_signal"], rec["cut_unit_in_progress"], rec["unit_finished_anyway"]) == (4, 3, 1)
+    assert rec["cut_unit_in_progress"] == sum(1 for p in rec["preemptions"] if p["outcome"] in ("stopped",
+                                                                                                "killed"))
+    assert rec["all_recovered"]
+    assert rep["work_lost"]["seconds_lost_to_kills"] == pytest.approx(3.0)   # w3: 5 s .. 8 s
+    _print_summary(rep, [])
+    assert ("4 asked, 4 fired (3 SIGTERM + 1 SIGKILL), 3 of 4 cut a unit part way (1 more landed as its "
+            "unit was ending, which finished anyway), all recovered") in capsys.readouterr().out
+
+
+def test_a_sigkill_that_lands_as_its_unit_ends_loses_no_training(tmp_path: Path) -> None:
+    slots = [_slot(0, [(1.0, 10.0), (12.0, 20.0)], [101, 102], tmp_path)]
+    trainer = {101: [{"t_s": 5.0, "kind": "unit_start", "unit": "e0-s1"},
+                     {"t_s": 9.502, "kind": "unit_end", "unit": "e0-s1", "steps_done": 5}]}
+    events = [_ev(9.5, "w0", "preempted", "SIGKILL"), _ev(12.0, "w0", "restart")]
+    rep = build_report(_run(tmp_path, events, slots, trainer=trainer), None, T0_WALL)
+    assert rep["recovery"]["preemptions"][0]["outcome"] == "finished"
+    assert rep["recovery"]["cut_unit_in_progress"] == 0
+    assert rep["work_lost"]["seconds_lost_to_kills"] == 0.0     # was 4.5 s: unit start to the kill
+    assert rep["work_lost"]["units_interrupted_by_kill"] == 0

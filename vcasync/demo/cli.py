@@ -159,7 +159,7 @@ def _not_killed(r: dict[str, Any]) -> str:
 
 
 def _preemptions_text(rec: dict[str, Any]) -> str:
-    """Asked, fired (by signal), how many cut a unit in progress, and whether each recovered; fewer
+    """Asked, fired (by signal), how many cut a unit part way, and whether each recovered; fewer
     fired than asked is said plainly (it read "2 SIGTERM + 0 SIGKILL, all recovered" for 4 asked,
     both after every unit was merged)."""
     fired, asked, cut = rec["fired"], rec["asked"], rec["cut_unit_in_progress"]
@@ -179,7 +179,11 @@ def _preemptions_text(rec: dict[str, Any]) -> str:
     if not fired:
         return f"{head}; nothing to recover{crashed}"
     recovered = "all recovered" if rec["all_recovered"] else "NOT all recovered"
-    return f"{head}, {cut} of {fired} cut a unit in progress, {recovered}{crashed}"
+    # cut: stopped or killed part way through a unit; one that landed as its unit was ending (the
+    # unit finished anyway) is said apart ("4 of 4 cut a unit in progress" counted it as cut)
+    anyway = rec.get("unit_finished_anyway") or 0
+    also = f" ({anyway} more landed as its unit was ending, which finished anyway)" if anyway else ""
+    return f"{head}, {cut} of {fired} cut a unit part way{also}, {recovered}{crashed}"
 
 
 def _lost_lines(lost: dict[str, Any]) -> list[str]:

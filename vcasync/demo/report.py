@@ -49,10 +49,33 @@ def _in_progress(events: list[dict[str, Any]], t_wall: float) -> dict[str, Any] 
     return None
 
 
+#: What a signal did to the unit its process was training, read from that process's next event:
+#: ``finished`` (its ``unit_end``: the signal landed as the unit was ending, nothing was cut),
+#: ``stopped`` (its ``unit_stop``: stopped part way and checkpointed), ``killed`` (no further event:
+#: the process died inside the unit, the steps since its last checkpoint lost); ``none``: no unit
+#: was in progress at the signal.
+_CUT_OUTCOMES = frozenset({"stopped", "killed"})
+
+
+def _signal_outcome(events: list[dict[str, Any]], t_wall: float
+                    ) -> tuple[str, dict[str, Any] | None, int | None]:
+    """``(outcome, last event before the signal, steps of the unit kept)`` of a signal at ``t_wall``
+    to the process whose trainer ``events`` these are; steps kept: the unit's steps when it
+    finished, the checkpoint's at a stop, the last checkpoint's (or the resumed start's) at a kill."""
+    last = _in_progress(events, t_wall)
+    if last is None:
+        return "none", None, None
+    after = next((e for e in events if e["t"] > t_wall), None)
+    kind = None if after is None else after.get("kind")
+    if after is not None and kind in ("unit_end", "unit_stop"):
+        return ("finished" if kind == "unit_end" else "stopped"), last, int(after.get("steps_done", 0))
+    return "killed", last, int(last.get("steps_done", last.get("start", 0)))
+
+
 def _killed_training(run: DemoRun, events: dict[int, list[dict[str, Any]]],
                      t0_wall: float) -> list[LostSpan]:
     """Training lost to SIGKILLs: from the last checkpoint (or unit start) to the kill, one span
-    per kill that cut a unit in progress."""
+    per kill that cut a unit part way (one that landed as the unit ended lost nothing)."""
     spans: list[LostSpan] = []
     by_name = {s.name: s for s in run.slots}
     for kill in run.timeline.events:
@@ -60,8 +83,10 @@ def _killed_training(run: DemoRun, events: dict[int, list[dict[str, Any]]],
         if kill.kind != "preempted" or kill.detail != "SIGKILL" or slot is None:
             continue
         pid = _pid_at(slot, kill.t_s)
-        last = None if pid is None else _in_progress(events.get(pid, []), t0_wall + kill.t_s)
-        if last is not None:
+        if pid is None:
+            continue
+        outcome, last, _ = _signal_outcome(events.get(pid, []), t0_wall + kill.t_s)
+        if outcome == "killed" and last is not None:
             spans.append((last["t"] - t0_wall, kill.t_s))
     return spans
 
@@ -116,9 +141,8 @@ def _recoveries(run: DemoRun, events: dict[int, list[dict[str, Any]]], t0_wall: 
                      if e.who == ev.who and e.t_s > ev.t_s and e.kind == "restart"), None)
         pid = _pid_at(by_name[ev.who], ev.t_s)
         t_wall = t0_wall + ev.t_s
-        cut = None if pid is None else _in_progress(events.get(pid, []), t_wall)
+        outcome, cut, steps = _signal_outcome([] if pid is None else events.get(pid, []), t_wall)
         root = None if cut is None else cut.get("root", cut.get("unit"))
-        steps = None if cut is None else cut.get("steps_done", cut.get("start", 0))
         done_at = None if root is None else min((t for t, r in ends if r == root and t > t_wall),
                                                 default=None)
         restarted = back is not None or run.finished
@@ -129,7 +153,10 @@ def _recoveries(run: DemoRun, events: dict[int, list[dict[str, Any]]], t0_wall: 
         gave_up = by_name[ev.who].state == "failed"
         pairs.append({"worker": ev.who, "t_s": round(ev.t_s, 3), "signal": ev.detail, "pid": pid,
                       "recovered_at_s": None if back is None else round(back.t_s, 3),
-                      "unit": root, "steps_done": steps,
+                      # the unit in progress at the signal, what the signal did to it, and its steps
+                      # kept (steps_done was the steps at the trainer's last event before the
+                      # signal, 0 for any unit before its first checkpoint however far it had got)
+                      "unit": root, "outcome": outcome, "steps_done": steps,
                       "unit_finished_at_s": None if done_at is None else round(done_at - t0_wall, 3),
                       "recovered": restarted and unit_ok and not gave_up})
     cfg = run.config
@@ -139,11 +166,16 @@ def _recoveries(run: DemoRun, events: dict[int, list[dict[str, Any]]], t0_wall: 
     not_fired = 0 if asked is None else max(0, asked - fired)
     fewer = not_fired > 0
     return {"preemptions": pairs,
-            # asked for (a count, or None beside a rate), sent, and how many cut a unit in progress
-            # (the trainer's last event before the signal a unit_start or checkpoint): a preemption
-            # between units, or after the work, cuts nothing, and "all recovered" is then no news
+            # asked for (a count, or None beside a rate), sent, how many landed inside a unit (the
+            # trainer's last event before the signal a unit_start or checkpoint), and of those how
+            # many cut it before its end (stopped or killed part way); one that landed as its unit
+            # was ending (the unit_end followed) cut nothing, nor did one between units or after
+            # the work, and "all recovered" is then no news. cut_unit_in_progress counted every
+            # preemption inside a unit: "4 of 4 cut a unit" of units one of which finished anyway
             "asked": asked, "rate_per_min": rate, "fired": fired,
-            "cut_unit_in_progress": sum(1 for p in pairs if p["unit"] is not None),
+            "in_unit_at_signal": sum(1 for p in pairs if p["unit"] is not None),
+            "cut_unit_in_progress": sum(1 for p in pairs if p["outcome"] in _CUT_OUTCOMES),
+            "unit_finished_anyway": sum(1 for p in pairs if p["outcome"] == "finished"),
             "fewer_than_asked": fewer,
             "not_fired": not_fired,
             "why_fewer": None if not fewer else (
