@@ -569,3 +569,24 @@ def test_a_sigkill_that_lands_as_its_unit_ends_loses_no_training(tmp_path: Path)
     assert rep["recovery"]["cut_unit_in_progress"] == 0
     assert rep["work_lost"]["seconds_lost_to_kills"] == 0.0     # was 4.5 s: unit start to the kill
     assert rep["work_lost"]["units_interrupted_by_kill"] == 0
+
+
+def test_the_timeline_legend_lists_only_the_marks_drawn(tmp_path: Path) -> None:
+    # A run with no coordinator restart had "dotted: coordinator" in its legend, and no such line.
+    from vcasync.demo.report import plot_timeline, timeline_legend
+
+    slots = [_slot(0, [(1.0, 10.0), (12.0, 20.0)], [101, 102], tmp_path)]
+    events = [_ev(1.0, "w0", "start"), _ev(9.5, "w0", "preempted", "SIGTERM"), _ev(12.0, "w0", "restart"),
+              _ev(21.0, "coordinator", "stopped")]
+    rep = build_report(_run(tmp_path, events, slots), None, T0_WALL)
+    legend = timeline_legend(rep)
+    assert legend == "wall seconds  (bars: worker up; v SIGTERM; ^ restart)"
+    assert "coordinator" not in legend
+    assert "SIGKILL" not in legend
+    plot_timeline(rep, tmp_path / "timeline.png")
+    assert (tmp_path / "timeline.png").stat().st_size > 0
+    events += [_ev(5.0, "w0", "preempted", "SIGKILL"), _ev(6.0, "coordinator", "killed"),
+               _ev(8.0, "coordinator", "recovered")]
+    rep = build_report(_run(tmp_path, events, slots), None, T0_WALL)
+    assert timeline_legend(rep) == ("wall seconds  (bars: worker up; v SIGTERM; x SIGKILL; ^ restart; "
+                                    "red dotted: coordinator killed; green dotted: coordinator back)")

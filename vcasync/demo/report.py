@@ -10,6 +10,7 @@ after it are billed to the run but not to the target.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ from .procs import Slot
 from .run import DemoRun
 from .trainer import parse_event
 
-__all__ = ["build_report", "plot_accuracy", "plot_timeline", "read_events", "write_report"]
+__all__ = ["build_report", "plot_accuracy", "plot_timeline", "read_events", "timeline_legend",
+           "write_report"]
 
 
 def read_events(events_dir: Path) -> dict[int, list[dict[str, Any]]]:
@@ -302,6 +304,32 @@ def plot_accuracy(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+#: The timeline plot's marks, each said in its legend only when one is drawn: (what, test of a
+#: timeline event, legend text). The legend said "dotted: coordinator" of runs with no coordinator
+#: restart, where no dotted line is drawn.
+_TIMELINE_MARKS: tuple[tuple[str, Callable[[dict[str, Any]], bool], str], ...] = (
+    ("worker", lambda e: e["kind"] == "preempted" and e["detail"] == "SIGTERM", "v SIGTERM"),
+    ("worker", lambda e: e["kind"] == "preempted" and e["detail"] == "SIGKILL", "x SIGKILL"),
+    ("worker", lambda e: e["kind"] == "preempted" and e["detail"] not in ("SIGTERM", "SIGKILL"),
+     "o other preemption"),
+    ("worker", lambda e: e["kind"] == "restart", "^ restart"),
+    ("coordinator", lambda e: e["kind"] == "killed", "red dotted: coordinator killed"),
+    ("coordinator", lambda e: e["kind"] == "recovered", "green dotted: coordinator back"),
+)
+
+
+def timeline_legend(report: dict[str, Any]) -> str:
+    """The timeline plot's x label: its axis and a legend of the marks drawn, only those."""
+    rows = {w["name"] for w in report["workers"]}
+    drawn = ["bars: worker up"] if any(w["sessions"] for w in report["workers"]) else []
+    for who, test, text in _TIMELINE_MARKS:
+        events = [e for e in report["timeline"]
+                  if (e["who"] in rows if who == "worker" else e["who"] == who)]
+        if any(test(e) for e in events):
+            drawn.append(text)
+    return "wall seconds" + (f"  ({'; '.join(drawn)})" if drawn else "")
+
+
 def plot_timeline(report: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -328,7 +356,7 @@ def plot_timeline(report: dict[str, Any], path: Path) -> None:
         if ev["who"] == "coordinator" and ev["kind"] in ("killed", "recovered"):
             ax.axvline(ev["t_s"], color="red" if ev["kind"] == "killed" else "green", linestyle=":")
     ax.set_yticks(range(len(workers)), [w["name"] for w in workers])
-    ax.set_xlabel("wall seconds  (bars: worker up; v SIGTERM, x SIGKILL, ^ restart; dotted: coordinator)")
+    ax.set_xlabel(timeline_legend(report))
     ax.set_title("worker timeline")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
