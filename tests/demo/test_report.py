@@ -267,9 +267,11 @@ def test_seconds_lost_are_split_at_the_fleets_time_to_target(tmp_path: Path,
     assert rep["cost"]["async"]["lost_s"] == 0.0  # nothing lost is inside the cost to target
     _print_summary(rep, [])
     out = capsys.readouterr().out
-    assert ("seconds lost to target  0.0 s of training cut by SIGKILL, 0.0 s restarting (billed, in the "
+    assert ("seconds lost to target  0.0 s of training cut by SIGKILL, 0.0 s booting restarted workers "
+            "(billed, in the "
             "cost to target)") in out
-    assert ("seconds lost after it   0.0 s of training cut by SIGKILL, 0.0 s restarting, 3.5 s in sessions "
+    assert ("seconds lost after it   0.0 s of training cut by SIGKILL, 0.0 s booting restarted workers, "
+            "3.5 s in sessions "
             "restarted after all work was done (billed to the run, not in the cost to target)") in out
     assert "in the cost above" not in out
 
@@ -590,3 +592,34 @@ def test_the_timeline_legend_lists_only_the_marks_drawn(tmp_path: Path) -> None:
     rep = build_report(_run(tmp_path, events, slots), None, T0_WALL)
     assert timeline_legend(rep) == ("wall seconds  (bars: worker up; v SIGTERM; x SIGKILL; ^ restart; "
                                     "red dotted: coordinator killed; green dotted: coordinator back)")
+
+
+def test_a_worker_killed_before_the_target_and_back_after_it_boots_after_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # w0 SIGKILLed at 16.5 s, restarted at 20.3 s, after the fleet's target at 19.85 s. Between the
+    # kill and the restart no machine is up nor billed; the restarted session boots from 20.3 s to
+    # its first unit at 24.3 s, all after the target. The summary said "0.0 s restarting" before the
+    # target, read as if the gap from the kill to the restart had been put after it: it is no boot.
+    from vcasync.demo.cli import _print_summary
+
+    slots = [_slot(0, [(1.0, 16.5), (20.3, 40.0)], [1, 2], tmp_path), _slot(1, [(1.0, 40.0)], [3], tmp_path)]
+    trainer = {1: [{"t_s": 12.0, "kind": "unit_start", "unit": "e0-s0", "start": 0},
+                   {"t_s": 14.5, "kind": "checkpoint", "unit": "e0-s0", "steps_done": 2}],
+               2: [{"t_s": 24.3, "kind": "unit_start", "unit": "e0-s0", "start": 2},
+                   {"t_s": 26.0, "kind": "unit_end", "unit": "e0-s0", "steps_done": 5}],
+               3: [{"t_s": 3.0, "kind": "unit_start", "unit": "e0-s1"},
+                   {"t_s": 4.0, "kind": "unit_end", "unit": "e0-s1", "steps_done": 5}]}
+    events = [_ev(16.5, "w0", "preempted", "SIGKILL"), _ev(20.3, "w0", "restart")]
+    run = _run(tmp_path, events, slots, trainer=trainer)
+    run.accuracy = [(5.0, 1, 1, 0.5, 1.0), (19.85, 4, 4, 0.95, 0.2)]
+    rep = build_report(run, _ddp(2, [(5.0, 0, 0.1, 2.3), (8.0, 2000, 0.95, 0.2)]), T0_WALL)
+    lost = rep["work_lost"]
+    assert lost["time_to_target_s"] == pytest.approx(19.85)
+    assert lost["before_target"]["seconds_lost_to_kills"] == pytest.approx(2.0)   # checkpoint 14.5 to 16.5
+    assert lost["after_target"]["seconds_lost_to_kills"] == 0.0
+    assert lost["before_target"]["seconds_restarting"] == 0.0
+    assert lost["after_target"]["seconds_restarting"] == pytest.approx(4.0)       # 20.3 to 24.3
+    _print_summary(rep, [])
+    out = capsys.readouterr().out
+    assert "2.0 s of training cut by SIGKILL, 0.0 s booting restarted workers (billed, in the cost" in out
+    assert "0.0 s of training cut by SIGKILL, 4.0 s booting restarted workers (billed to the run" in out

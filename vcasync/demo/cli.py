@@ -189,12 +189,14 @@ def _preemptions_text(rec: dict[str, Any]) -> str:
 def _lost_lines(lost: dict[str, Any]) -> list[str]:
     """Seconds lost to preemption, said apart: before the fleet's time to target (billed, in the
     cost to target) and after it (billed to the run, not in that cost). One line said "billed, in
-    the cost above" of all of them, restarts after the target included."""
+    the cost above" of all of them, restarts after the target included. "Booting restarted workers"
+    is each restarted session's seconds before its first unit (it said "restarting", read as the
+    whole gap from the preemption to the restart, in which no machine is up nor billed)."""
     def part(d: dict[str, Any]) -> str:
         idle = d.get("seconds_restarted_after_work_done") or 0.0
         tail = f", {idle:.1f} s in sessions restarted after all work was done" if idle else ""
         return (f"{d['seconds_lost_to_kills']:.1f} s of training cut by SIGKILL, "
-                f"{d['seconds_restarting']:.1f} s restarting{tail}")
+                f"{d['seconds_restarting']:.1f} s booting restarted workers{tail}")
 
     before, after = lost.get("before_target"), lost.get("after_target")
     if before is None or after is None:
