@@ -534,6 +534,7 @@ def test_a_preemption_cuts_a_unit_only_when_it_stopped_or_killed_it_part_way(
               {"t_s": 8.3, "kind": "unit_stop", "unit": "e0-s1", "steps_done": 3}],      # stopped at 3
         102: [{"t_s": 5.0, "kind": "unit_start", "unit": "e0-s2", "start": 0},
               {"t_s": 6.0, "kind": "checkpoint", "unit": "e0-s2", "steps_done": 2},
+              {"t_s": 8.1, "kind": "checkpoint", "unit": "e0-s2", "steps_done": 4},      # the step it was on
               {"t_s": 8.2, "kind": "unit_stop", "unit": "e0-s2", "steps_done": 4}],      # stopped at 4
         103: [{"t_s": 5.0, "kind": "unit_start", "unit": "e0-s3", "start": 1}],         # killed: keeps 1
     }

@@ -67,7 +67,8 @@ def _signal_outcome(events: list[dict[str, Any]], t_wall: float
     last = _in_progress(events, t_wall)
     if last is None:
         return "none", None, None
-    after = next((e for e in events if e["t"] > t_wall), None)
+    # the unit's next end: a checkpoint in between is the step the trainer was on as the signal came
+    after = next((e for e in events if e["t"] > t_wall and e.get("kind") != "checkpoint"), None)
     kind = None if after is None else after.get("kind")
     if after is not None and kind in ("unit_end", "unit_stop"):
         return ("finished" if kind == "unit_end" else "stopped"), last, int(after.get("steps_done", 0))
