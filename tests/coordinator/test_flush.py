@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from vcasync.coordinator import Coordinator, CoordinatorConfig
+from vcasync.coordinator import Coordinator, CoordinatorConfig, StartOptions
 from vcasync.ledger._units import make_units
 from vcasync.policy import MergePolicy, build_policy, policy_spec
 from vcasync.storage import open_storage
@@ -285,3 +285,38 @@ async def test_a_flush_that_fails_leaves_the_model_and_says_so(kit, clock, caplo
         await asyncio.wait_for(b.wait_finished(), 10)
         assert b.version == 0
         assert b.status()["held_results"] == 4
+
+
+async def test_a_policy_reset_applies_what_the_old_policy_held(kit, clock, caplog, storage) -> None:
+    """--reset-policy on a run whose buffering policy holds accepted results: the recorded policy
+    flushes them before the new one starts from its fresh state. They were acknowledged to their
+    workers; the switch dropped them with the old state (fedbuff holding 3 results switched to
+    vcasgd at version 0, held_results 0, and no word of it)."""
+    caplog.set_level("WARNING", logger="vcasync.coordinator")
+    ref_store = open_storage("memory://flush-reset-reference")
+    try:
+        async with make(kit, clock, build_policy("fedbuff"), ref_store, units=3) as ref:
+            expected = await finish(kit, ref, 3)       # the 3 results, flushed by fedbuff
+    finally:
+        await ref_store.aclose()
+    assert expected.version == 1
+
+    a = await make(kit, clock, build_policy("fedbuff"), storage).__aenter__()
+    await feed(kit, a, 3)                             # held in fedbuff's buffer of 10
+    assert a.status()["held_results"] == 3
+    await a.aclose()                                  # a clean stop: the snapshot holds them
+
+    config = CoordinatorConfig(durability="journal", lease_timeout_s=10.0,
+                               snapshot_interval_s=3600.0, max_staleness=3)
+    async with Coordinator(kit.tiny_model(), make_units(UNITS, steps=4),
+                           policy=build_policy("vcasgd"), storage=storage, config=config,
+                           clock=clock, start=StartOptions(reset_policy=True)) as b:
+        assert b.version == 1
+        assert b.model().equal(expected), "the held results must be in the model the switch keeps"
+        assert b.status()["held_results"] == 0
+    async with Coordinator(kit.tiny_model(), make_units(UNITS, steps=4),
+                           policy=build_policy("vcasgd"), storage=storage, config=config,
+                           clock=clock) as c:                  # the switch is stored, once
+        assert c.version == 1
+        assert c.model().equal(expected)
+    assert not held_warnings(caplog)

@@ -532,6 +532,16 @@ class Coordinator:
         await self._journal.raise_version_floor(self.version)
         if reset:
             assert run.recorded is not None
+            if self._owner.flush_due:
+                # accepted results the recorded policy holds go with its state: it applies them
+                # first (its end-of-run flush), so no acknowledged result is dropped by the switch.
+                # Not journaled: the snapshot written below holds it, and a start that dies before
+                # that snapshot does the same reset, and the same flush, again
+                await self._merger.apply_flush()
+            if self._owner.held:
+                log.warning("policy reset: the %d accepted result(s) that merge policy %r holds "
+                            "unapplied are dropped with its state (it has no flush, or its flush "
+                            "applied nothing)", self._owner.held, self._owner.policy.name)
             log.warning("policy reset: run %s switches from %s to %s at v%d; the policy state "
                         "starts afresh", run.run_id, run.recorded.policy, self._policy.name,
                         self.version)
