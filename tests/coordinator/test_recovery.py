@@ -167,6 +167,31 @@ async def test_after_a_crash_the_base_of_a_lease_no_snapshot_knew_is_still_held(
         assert (receipt.status, receipt.version) == ("accepted", 3), receipt
 
 
+async def test_a_clean_stop_during_the_restart_grace_hands_the_grace_on(kit, clock, storage) -> None:
+    """Found running ``vcasync coordinator`` and three workers: the coordinator SIGKILLed mid-run,
+    the one that took over stopped with SIGTERM within its grace (before the workers training units
+    leased since the last snapshot had called in), and started again. That start was a clean one:
+    it granted leases at once and held no version since the crashed coordinator's snapshot, so
+    those workers' results were refused as ``base_unavailable`` and their units trained again. The
+    leases the grace waited for are still unknown after a clean stop within it, so the next start
+    waits for them too and holds their bases."""
+    a = await make(kit, storage, clock, build_policy("vcasgd"), restart_grace_s=None).__aenter__()
+    slow, fast, idle = await a.join("slow"), await a.join("fast"), await a.join("idle")
+    g_slow, g_fast = await a.lease(slow), await a.lease(fast)     # both on v0, unknown to snapshots
+    assert (await submit(kit, a, fast, g_fast)).version == 1
+    g_next = await a.lease(fast)                                  # on v1
+    await crash(a)
+    async with make(kit, storage, clock, build_policy("vcasgd"), restart_grace_s=None):
+        pass                                   # stopped cleanly before anyone called in
+    async with make(kit, storage, clock, build_policy("vcasgd"), restart_grace_s=None) as c:
+        with pytest.raises(NoWorkAvailableError) as refused:
+            await c.lease(idle)                # the units in flight are not handed out
+        assert "stopped uncleanly" in str(refused.value)
+        assert (await submit(kit, c, fast, g_next)).version == 2
+        receipt = await submit(kit, c, slow, g_slow)
+        assert (receipt.status, receipt.version) == ("accepted", 3), receipt
+
+
 async def test_a_clean_restart_grants_leases_at_once(kit, clock, storage) -> None:
     async with make(kit, storage, clock, restart_grace_s=None) as a:
         w = await a.join()

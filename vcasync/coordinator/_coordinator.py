@@ -320,7 +320,8 @@ class Coordinator:
             # each write below is preceded by a read of the owner records (see _ensure_prefix):
             # once the run was taken over, this coordinator writes and deletes nothing of it
             await self._ensure_prefix()
-            if (self._touched or self._replayed
+            self._grace_left()      # one still open is handed on in the snapshot (unknown_from)
+            if (self._touched or self._replayed or self._merger.keep_from is not None
                     or self._merger.snapshots.written_version < self.version):
                 await self._merger.capture()
                 await self._store_open_bases()
@@ -365,8 +366,10 @@ class Coordinator:
     async def _adopt_open_bases(self) -> None:
         """Start-up: hold again the stored bases that open leases (within the window) need."""
         current = self.version
-        wanted = (self._ledger.open_base_versions() if self._owner.needs_base
-                  else self._ledger.active_base_versions())
+        wanted = set(self._ledger.open_base_versions() if self._owner.needs_base
+                     else self._ledger.active_base_versions())
+        if self._merger.keep_from is not None:     # leases no snapshot knows may be based on these
+            wanted.update(range(self._merger.keep_from, current))
         for number in sorted(wanted):
             if (number < current and current - number <= self.config.max_staleness
                     and self._journal.has_base(number)):
@@ -513,10 +516,13 @@ class Coordinator:
                               recycle=self._update_buffers.give, guard=self._ensure_prefix)
         self._recovered = True
         lease = self._prefix_lease
-        taken_over = (rec is not None and lease is not None and lease.took_over
-                      and self.config.restart_grace() > 0)
+        # a snapshot written within a grace still open (a clean stop soon after a takeover) knows
+        # no more of those leases than the crash did: wait for them again, from the versions then
+        unknown_from = None if rec is None else rec.unknown_from
+        taken_over = (rec is not None and self.config.restart_grace() > 0
+                      and ((lease is not None and lease.took_over) or unknown_from is not None))
         if taken_over:       # leases granted after the snapshot may be based on any version since
-            self._merger.keep_from = self.version
+            self._merger.keep_from = self.version if unknown_from is None else unknown_from
         self._wrote = True     # replay, the sweep and what follows write under the prefix
         async for entry in self._journal.entries():
             await self._merger.replay(entry.meta, entry.tensors)
@@ -605,15 +611,22 @@ class Coordinator:
         finally:
             self._check_finished()      # leasing expires overdue leases, which may park the last unit
 
-    def _restart_grace(self) -> None:
-        """Taken over from a crashed coordinator: no new lease until the workers training units
-        it granted after its last snapshot had time to call in (their leases are adopted then)."""
+    def _grace_left(self) -> float:
+        """Seconds left of the restart grace (0 once it is over, and it is then ended)."""
         if self._grace_until is None:
-            return
+            return 0.0
         wait = self._grace_until - self._clock()
         if wait <= 0 or not self._ledger.counts()["queued"]:
             self._grace_until = None
             self._merger.keep_from = None    # the unknown leases have called in (adopted) by now
+            return 0.0
+        return wait
+
+    def _restart_grace(self) -> None:
+        """Taken over from a crashed coordinator: no new lease until the workers training units
+        it granted after its last snapshot had time to call in (their leases are adopted then)."""
+        wait = self._grace_left()
+        if wait <= 0:
             return
         raise NoWorkAvailableError(
             f"the coordinator took this run over from one that stopped uncleanly; leases it granted "
@@ -812,6 +825,7 @@ class Coordinator:
                     await self._stop.wait()
             if self._health.refusing:
                 continue    # workers were told to wait: their leases must not run out for it
+            self._grace_left()      # a grace run out ends here too, not only at a lease request
             expired = self._ledger.expire()
             for lease_id in expired:
                 self.activity.note("expired", worker=self._ledger.lease_holder(lease_id),

@@ -144,6 +144,10 @@ class Recovered:
     #: accepted results the policy held unapplied at the snapshot (0 in snapshots written before
     #: it was recorded): the end-of-run flush is due when the run ends with some
     held: int = 0
+    #: the coordinator that wrote it was still waiting for workers holding leases no snapshot
+    #: knows (its restart grace) and held every version from this one on for them: the next start
+    #: waits for them again (None: no such wait was open)
+    unknown_from: int | None = None
 
 
 @dataclass(slots=True)
@@ -162,6 +166,7 @@ class Captured:
     ledger: dict[str, Any]
     seq: int
     held: int = 0
+    unknown_from: int | None = None
 
 
 class Journal:
@@ -304,7 +309,13 @@ class Journal:
         held = meta.get("held", 0)
         if not isinstance(held, int) or isinstance(held, bool) or held < 0:
             raise CorruptObjectError(f"snapshot meta 'held' is {held!r}, not a count")
-        return Recovered(model.tensors, version, policy_state, ledger, seq, held)
+        unknown_from = meta.get("unknown_from")
+        if unknown_from is not None and (not isinstance(unknown_from, int)
+                                         or isinstance(unknown_from, bool)
+                                         or not 0 <= unknown_from <= version):
+            raise CorruptObjectError(f"snapshot meta 'unknown_from' is {unknown_from!r}, not a "
+                                     f"version up to {version}")
+        return Recovered(model.tensors, version, policy_state, ledger, seq, held, unknown_from)
 
     async def _load_model(self, store: CheckpointStore, manifest: Manifest) -> Payload:
         """The snapshot's model, decoded as it is read: the bytes stream from the storage into the
@@ -507,11 +518,12 @@ class Journal:
 
     # -- snapshots --------------------------------------------------------------------------------
     def capture(self, model: ModelState, policy_state: bytes, ledger: dict[str, Any], *,
-                held: int = 0) -> Captured:
+                held: int = 0, unknown_from: int | None = None) -> Captured:
         """Called between merges: from now on, deltas on older versions need their base stored.
-        ``held``: accepted results the policy holds unapplied (kept with the snapshot)."""
+        ``held``: accepted results the policy holds unapplied (kept with the snapshot);
+        ``unknown_from``: see :attr:`Recovered.unknown_from`."""
         self._captured_version = model.version
-        return Captured(model, policy_state, ledger, self.seq, held)
+        return Captured(model, policy_state, ledger, self.seq, held, unknown_from)
 
     async def write_snapshot(self, captured: Captured) -> None:
         """Write a captured state as the next snapshot (also at the ``seq`` of the last one: the
@@ -537,7 +549,9 @@ class Journal:
                                            "ledger": ledger},
                                     {"format": FORMAT, "version": captured.model.version,
                                      "seq": captured.seq, "run_id": self.run_id,
-                                     "held": captured.held})
+                                     "held": captured.held,
+                                     **({} if captured.unknown_from is None
+                                        else {"unknown_from": captured.unknown_from})})
         except BaseExceptionGroup as group:    # parallel object writes: report the first failure
             raise first_error(group) from group
         except PreconditionFailedError as exc:

@@ -270,7 +270,7 @@ class Merger:
         """Capture a consistent state now: from the loop between two jobs, or while it is not
         running (start-up, close)."""
         self._since_snapshot = 0
-        await self._slot.capture(self._ledger.snapshot())
+        await self._slot.capture(self._ledger.snapshot(), self.keep_from)
 
     async def flush(self) -> bool:
         """The end of the run, live: every unit is settled and the policy still holds accepted

@@ -30,9 +30,10 @@ class SnapshotSlot:
         self.written_version = -1
         self.written = asyncio.Event()
 
-    async def capture(self, ledger: dict[str, Any]) -> None:
+    async def capture(self, ledger: dict[str, Any], unknown_from: int | None = None) -> None:
         """Merge loop only: take a consistent state now (the ledger snapshot is taken by the caller
-        at the same point, between two merges)."""
+        at the same point, between two merges). ``unknown_from``: the versions kept for leases no
+        snapshot knows start there (see ``Recovered.unknown_from``)."""
         version = self._owner.hold(self._owner.version)
         assert version is not None
         try:
@@ -42,7 +43,8 @@ class SnapshotSlot:
             raise
         self.drop()
         self._pending = (self._journal.capture(version.model, state, ledger,
-                                               held=self._owner.held), version)
+                                               held=self._owner.held,
+                                               unknown_from=unknown_from), version)
         self.ready.set()
 
     def drop(self) -> None:
