@@ -371,11 +371,17 @@ class CheckpointStore:
 
     async def latest(self) -> Manifest | None:
         """The newest complete checkpoint (manifest intact, every object present), or None."""
+        async for manifest in self.newest_first():
+            return manifest
+        return None
+
+    async def newest_first(self) -> AsyncIterator[Manifest]:
+        """The complete checkpoints (manifest intact, every object present), newest first: a
+        reader whose newest one turns out corrupt when its bytes are read may go on to the next."""
         for step in reversed(await self.steps()):
             manifest = await self._complete(step)
             if manifest is not None:
-                return manifest
-        return None
+                yield manifest
 
     async def read(self, manifest: Manifest, name: str) -> bytes:
         """The bytes of object ``name``, verified against the manifest's size and SHA-256."""

@@ -746,3 +746,54 @@ async def test_a_corrupted_snapshot_model_is_refused_as_corrupt_wherever_the_dam
     await storage.put(key, bytes(data))
     with pytest.raises(CorruptObjectError, match="does not match its manifest digest"):
         await make(kit, storage, clock, units=4).__aenter__()
+
+
+async def _damage_newest_snapshot_model(storage) -> None:
+    """Flip one byte of the newest snapshot's model: same size, so only its digest tells."""
+    store = CheckpointStore(storage, "vcasync/snapshots")
+    key = (await store.load((await store.steps())[-1])).objects["model"].key
+    data = bytearray(await storage.get(key))
+    data[len(data) // 2] ^= 0xFF
+    await storage.delete(key)
+    await storage.put(key, bytes(data))
+
+
+async def _state_keys(storage) -> dict[str, bytes]:
+    return {k: await storage.get(k) async for k in storage.list("vcasync/")
+            if "/owner/" not in k}
+
+
+async def test_a_damaged_newest_snapshot_falls_back_to_the_one_before_and_its_journal(
+        kit, clock, storage) -> None:
+    """Found running ``vcasync coordinator`` (snapshot_every 2, SIGKILLed after 7 results) and
+    flipping a byte of the newest snapshot's model: the start stopped with exit 4 ('does not match
+    its manifest digest'), though storage.md says the kept older snapshot, with the journal entries
+    after it, 'still leaves a way back'. It does now: the start warns and replays from there."""
+    a = await make(kit, storage, clock, snapshot_every=2).__aenter__()
+    w = await a.join()
+    for _ in range(5):
+        await submit(kit, a, w, await a.lease(w), base_version=a.version)
+    model, version, counts = a.model(), a.version, a.status()["units"]
+    await crash(a)
+    await _damage_newest_snapshot_model(storage)
+    async with make(kit, storage, clock, snapshot_every=2) as b:
+        assert b.version == version
+        assert b.model().equal(model), "the older snapshot and its journal give the same model"
+        assert b.status()["units"] == counts
+
+
+async def test_no_fallback_past_a_damaged_snapshot_without_its_journal(kit, clock, storage) -> None:
+    """The older snapshot is a way back only with the journal entries up to the damaged one: with
+    them gone, the start is refused, naming what is missing, and changes nothing."""
+    a = await make(kit, storage, clock, snapshot_every=2).__aenter__()
+    w = await a.join()
+    for _ in range(4):
+        await submit(kit, a, w, await a.lease(w), base_version=a.version)
+    await crash(a)
+    await _damage_newest_snapshot_model(storage)
+    async for key in storage.list("vcasync/journal/"):
+        await storage.delete(key)
+    before = await _state_keys(storage)
+    with pytest.raises(CorruptObjectError, match="journal"):
+        await make(kit, storage, clock, snapshot_every=2).__aenter__()
+    assert await _state_keys(storage) == before

@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import secrets
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
@@ -89,6 +90,8 @@ from ._identity import RunIdentity
 from ._run_record import StartOptions, open_run, write_record
 
 __all__ = ["Captured", "Durability", "Entry", "Journal", "JournalConfig", "Recovered", "RunInfo"]
+
+log = logging.getLogger("vcasync.coordinator")
 
 #: ``journal``: each result is written before it is merged; ``snapshot``: only snapshots;
 #: ``none``: nothing is kept.
@@ -200,6 +203,9 @@ class Journal:
         self._recovered_seq = 0
         self._looked_at: set[int] = set()
         self._blobs: dict[int, str] = {}     # entry number -> the received bytes it names
+        #: recovery passed over a damaged snapshot that held the entries up to this one: replay
+        #: must reach it (0: nothing passed over)
+        self._replay_to = 0
         self._forgetting: set[asyncio.Task[None]] = set()
 
     def fence(self, epoch: int, still_owner: Callable[[], Awaitable[None]]) -> None:
@@ -275,24 +281,45 @@ class Journal:
 
     async def load_snapshot(self, found: Callable[[], None] | None = None) -> Recovered | None:
         """The newest complete snapshot, or None on a fresh start. ``found`` is called once there
-        is one, before its model is read."""
+        is one, before its model is read.
+
+        Journal mode: a snapshot whose bytes turn out corrupt as they are read is passed over for
+        the one before it (a run keeps ``keep_snapshots``, each with the journal entries after
+        it), and :meth:`entries` must then reach the entry the damaged one held, or the start is
+        refused. Snapshot mode has no entries to bridge the gap: the damage is the error."""
         if self._store is None:
             return None
-        manifest = await self._store.latest()
-        if manifest is None:
-            return None
-        if found is not None:
-            found()
+        store, damaged = self._store, None
+        async for manifest in store.newest_first():
+            if found is not None:
+                found()
+                found = None
+            try:
+                rec = await self._load_snapshot(store, manifest)
+            except CorruptObjectError as exc:
+                if not self.journaling:
+                    raise
+                log.warning("snapshot %d is damaged (%s); recovering from the one before it and "
+                            "the journal entries after that", manifest.step, exc)
+                damaged = damaged or exc
+                self._replay_to = max(self._replay_to, _meta_seq(manifest))
+                continue
+            return rec
+        if damaged is not None:
+            raise damaged
+        return None
+
+    async def _load_snapshot(self, store: CheckpointStore, manifest: Manifest) -> Recovered:
         meta = dict(manifest.meta)
         if meta.get("format") != FORMAT:
             raise CorruptObjectError(f"snapshot format {meta.get('format')!r} is not {FORMAT}")
         try:
-            model = await self._load_model(self._store, manifest)
+            model = await self._load_model(store, manifest)
         except SpecMismatchError as exc:
             raise ConfigError(f"the state under {self._prefix!r} on {self._need().url} belongs to "
                               f"another model ({exc}); use another state_prefix or storage") from None
-        policy_state = self._unpack_state(await self._store.read(manifest, "policy"))
-        ledger = self._unpack_state(await self._store.read(manifest, "ledger"))
+        policy_state = self._unpack_state(await store.read(manifest, "policy"))
+        ledger = self._unpack_state(await store.read(manifest, "ledger"))
         if not isinstance(policy_state, dict) or not isinstance(ledger, dict):
             raise CorruptObjectError("snapshot policy state or ledger is not a map")
         version, seq = int(meta["version"]), int(meta["seq"])
@@ -300,7 +327,7 @@ class Journal:
             raise CorruptObjectError(f"snapshot model is version {model.meta.get('version')}, "
                                      f"its manifest says {version}")
         self.seq = self._snapshot_seq = seq
-        self._step = max(await self._store.steps())    # a newer, incomplete one is not reused
+        self._step = max(await store.steps())    # a newer, incomplete one is not reused
         self._found_step = self._step
         self._captured_version = version
         self._kept.append((seq, version))
@@ -371,6 +398,11 @@ class Journal:
                                          key=key) from None
             self.seq, expect = seq, seq + 1
             yield Entry(seq, meta, tensors)
+        if self.seq < self._replay_to:
+            raise CorruptObjectError(
+                f"the newest snapshot is damaged and the journal after the one before it ends at "
+                f"entry {self.seq}, before entry {self._replay_to}, which the damaged one holds: "
+                f"restore the snapshot or those journal entries", key=self._entry_key(self.seq + 1))
         self._recovered_seq = self.seq     # what a later owner's snapshot is held against
 
     async def _read_blob(self, blob: str, meta: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -697,6 +729,12 @@ class Journal:
 async def _forget(storage: Storage, key: str) -> None:
     with contextlib.suppress(ObjectNotFoundError):
         await storage.delete(key)
+
+
+def _meta_seq(manifest: Manifest) -> int:
+    """The journal entry a snapshot's manifest says it holds (0 when it does not say)."""
+    seq = manifest.meta.get("seq", 0)
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) else 0
 
 
 def _blob_of(meta: Mapping[str, Any]) -> str:
