@@ -137,6 +137,47 @@ async def test_policy_rejection_is_a_receipt_and_changes_no_model(kit, clock, po
         assert coord.version == 0
 
 
+
+async def test_a_unit_the_policy_refuses_on_every_worker_parks(kit, clock, policy) -> None:
+    """Found running ``vcasync coordinator --policy gate --policy-param inner=fedbuff`` and three
+    digits workers: the gate refused one unit's result as a norm outlier, the unit went back to
+    the queue, was trained again to the same result on the same model and refused again, some
+    2,000 times in 3 minutes on all three workers, and the run never finished. A refusal by the
+    policy now counts as a failure of the unit on that worker (still without backing the worker
+    off), so the unit parks like any unit that fails everywhere; a refusal for the coordinator's
+    own reasons (too stale, base unavailable) does not count."""
+    async with coordinator(kit, clock, policy, units=1, max_attempts=3,
+                           park_after_workers=2) as coord:
+        delta = kit.delta_like(coord.model())
+        workers = [await coord.join(name) for name in "ab"]
+        for i in range(3):
+            w = workers[i % 2]
+            g = await coord.lease(w)
+            r = await submit(kit, coord, w, g, delta, metrics={"refuse": 1.0})
+            assert (r.status, r.reason) == ("rejected", "refused_by_policy")
+        await asyncio.wait_for(coord.wait_finished(), 5)
+        assert "e0-s0" in coord.status()["parked"]
+        assert "refused_by_policy" in coord.status()["parked"]["e0-s0"]
+        g = None
+        with pytest.raises(NoWorkAvailableError) as ei:
+            g = await coord.lease(workers[0])      # not backed off: told the run is over
+        assert ei.value.finished, g
+
+
+async def test_stale_refusals_never_park_a_unit(kit, clock, policy) -> None:
+    async with coordinator(kit, clock, policy, units=3, max_staleness=0, max_attempts=1,
+                           park_after_workers=1) as coord:
+        delta = kit.delta_like(coord.model())
+        a, b = await coord.join("a"), await coord.join("b")
+        old = await coord.lease(a)
+        g = await coord.lease(b)
+        await submit(kit, coord, b, g, delta)
+        r = await submit(kit, coord, a, old, delta)
+        assert (r.status, r.reason) == ("rejected", "too_stale")
+        assert coord.status()["units"]["parked"] == 0     # the coordinator's reason, not the unit's
+        assert (await coord.lease(a)).unit.unit_id == old.unit.unit_id
+
+
 @pytest.mark.parametrize("breakage", ["dtype", "shape", "extra", "missing"])
 async def test_a_policy_that_breaks_the_model_in_place_publishes_nothing(kit, clock, breakage) -> None:
     # Found by hand: a policy that changed a tensor's dtype in the model it was given (not in a

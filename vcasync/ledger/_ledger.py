@@ -98,6 +98,12 @@ def _printable(text: str, limit: int = 200) -> str:
 #: (closed, superseded) are over and never change again.
 _MAY_DELIVER = frozenset({LeaseState.ACTIVE, LeaseState.EXPIRED, LeaseState.RELEASED})
 
+#: Rejections for the coordinator's own reasons (the model moved on, a base is gone): training the
+#: unit again fixes them, so they never count toward parking it. Any other rejection (the policy
+#: refused the result itself) is a failure of the unit on that worker.
+COORDINATOR_REASONS = frozenset({"too_stale", "base_unavailable"})
+
+
 class Ledger:
     """Which unit is where, who holds which lease until when, and what every result came to."""
 
@@ -406,21 +412,25 @@ class Ledger:
                                                else self.config.quarantine_s)
             self.stats["quarantined"] += 1
 
-    def _fail(self, u: UnitRecord, lease: LeaseRecord, why: str, *, blame: bool = True) -> None:
+    def _fail(self, u: UnitRecord, lease: LeaseRecord, why: str, *, blame: bool = True,
+              on_worker: bool = False) -> None:
         """One failed attempt at ``u`` by the lease's worker; requeue or park ``u`` unless another
         lease holds it now. Parking needs ``max_attempts`` failures on ``park_workers`` workers.
 
         ``blame``: the worker broke it (expired, released as failed, refused upload), which backs
         the worker off; a valid result the coordinator could not use (stale, refused by the policy)
-        counts against the unit only.
+        counts against the unit only. ``on_worker`` (without blame): still a failure of the unit
+        on this worker for parking (the policy refused what it trained: a unit refused on every
+        worker is parked, not trained again for ever).
         """
         if u.state is UnitState.DONE:
             return
         self._states.touch(u)
         u.attempts += 1
         u.last_failure = f"{why[:300]} (worker {lease.worker_id}, lease {lease.lease_id})"
-        if blame:
+        if blame or on_worker:
             u.failed_by.add(lease.worker_id)
+        if blame:
             self._blame(lease.worker_id, why)
         if u.state is UnitState.LEASED and u.lease_id != lease.lease_id:
             return                                  # someone else is on it; judge them on their own
@@ -483,7 +493,8 @@ class Ledger:
         receipt = Receipt(lease_id, unit_id, status, version, reason)
         if status == "rejected":
             self.stats["rejected"] += 1
-            self._fail(u, lease, f"result rejected: {reason}", blame=False)
+            self._fail(u, lease, f"result rejected: {reason}", blame=False,
+                       on_worker=reason not in COORDINATOR_REASONS)
         else:
             self.stats["accepted"] += 1
             w = self._workers.get(worker_id)
