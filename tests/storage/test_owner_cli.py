@@ -130,3 +130,35 @@ def test_a_paused_coordinator_taken_over_stops_when_it_wakes(tmp_path: Path,
     assert "was taken over by another coordinator" in first.log()
     assert asyncio.run(_status(url))["run_id"] == run_id      # the second serves the run
     second.stop()
+
+
+def test_a_finished_run_taken_over_from_a_crash_serves_so_its_workers_hear_it_ended(
+        tmp_path: Path, procs: list[Coord]) -> None:
+    """Found SIGKILLing a coordinator while it lingered after the run's last result and starting
+    it again: the start said 'already finished ... nothing to serve' and exited, so the workers
+    still waiting on the dead one (for the answer to a lease, or a result's receipt) never heard
+    the run had ended, and retried for --give-up-after (an hour by default) on billed machines.
+    A finished run taken over from a coordinator that stopped uncleanly now serves linger_s, as a
+    run that finishes while served does; a clean stop's finished run still exits at once."""
+    storage = (tmp_path / "store").as_uri()
+    args = ("--units", "2", "--steps", "5")
+    first = start(procs, tmp_path, storage, *args, "--linger", "600")
+    url = first.ready()
+    worker = start_worker(tmp_path, url)
+    try:
+        deadline = time.monotonic() + 240
+        while "run finished at model" not in first.log():
+            assert time.monotonic() < deadline, first.log()[-3000:]
+            time.sleep(0.1)
+        first.stop(signal.SIGKILL)                      # while it lingered
+    finally:
+        worker.kill()
+        worker.wait()
+    again = start(procs, tmp_path, storage, *args, "--linger", "2", name="again")
+    status = asyncio.run(_status(again.ready()))        # it serves: a worker calling in hears it
+    assert status["finished"] is True, status
+    assert again.wait() == ExitCode.OK
+    assert "already finished" in again.log()
+    last = start(procs, tmp_path, storage, *args, name="last")   # after a clean stop: at once
+    assert last.wait() == ExitCode.OK
+    assert not last.port_file.exists()

@@ -408,7 +408,7 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                                   policy_params=policy_params, start=start, adopt_model=True)
         del model      # the coordinator's now, let go of at start: keep none here
         async with coordinator as coord:
-            if coord.finished and not coord.parked():
+            if coord.finished and not coord.parked() and not coord.took_over:
                 status = coord.status()
                 log.info("run %s is already finished at model v%d (units: %s); nothing to serve",
                          status.get("run_id"), coord.version, status.get("units"))
@@ -416,7 +416,13 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                 _write_output(cfg, coord)
                 finished = True
             else:
-                if coord.finished:   # only parked units are left: serve, so they can be requeued
+                if coord.finished and not coord.parked():
+                    # its coordinator died before its workers all heard the end (while lingering):
+                    # they retry until they do, so serve linger_s, as the end of a served run does
+                    log.info("run %s is already finished at model v%d; its coordinator stopped "
+                             "uncleanly, so serving %.0fs for its workers to hear it",
+                             coord.status().get("run_id"), coord.version, cfg.linger_s)
+                elif coord.finished:   # only parked units are left: serve, so they can be requeued
                     log.info("run %s ended with %d parked unit(s); serving %.0fs so an operator can "
                              "requeue them (vcasync requeue)", coord.status().get("run_id"),
                              len(coord.parked()), cfg.linger_s)

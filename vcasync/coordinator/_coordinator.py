@@ -929,6 +929,13 @@ class Coordinator:
         a restart of a finished run)."""
         return self._finished.is_set()
 
+    @property
+    def took_over(self) -> bool:
+        """This start took the run over from a coordinator that stopped uncleanly (killed, its
+        machine lost): workers may still be waiting on that one, for leases and receipts."""
+        lease = self._prefix_lease
+        return lease is not None and lease.took_over
+
     def model_etag(self, version: int) -> str:
         """An opaque, strong ETag for a held version (quote it in the header yourself)."""
         self._check_recovered()
