@@ -377,8 +377,9 @@ class _Demo:
             while time.monotonic() < deadline:
                 if not self.coordinator.running:
                     if self.restarting and await self.coordinator.wait(0) == 0:
-                        # the kill came as the run finished: the restart found it done (and wrote
-                        # the final weights) and exited, as a finished run's start does
+                        # the run had finished and the restart found it done (and wrote the final
+                        # weights) and exited: a start after a clean stop does; one that took the
+                        # run over from the SIGKILL serves linger_s first, so is seen up above
                         self.found_finished = True
                         self.timeline.add("coordinator", "ready", "the run had finished: nothing to serve")
                         return
