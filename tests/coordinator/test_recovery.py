@@ -310,6 +310,88 @@ async def test_snapshot_mode_recovers_the_snapshot_and_versions_go_forward(kit, 
         assert g.unit.unit_id == "e0-s2"              # the lost result's unit is open again
 
 
+class OntoBase:
+    """w <- base + delta (the result's own base, looked up by the coordinator); records the
+    base version and the staleness each update was handed with."""
+
+    name = "onto_base"
+    needs_base = True
+    claims: frozenset[str] = frozenset()
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int]] = []
+
+    def init_state(self, model: ModelState) -> dict[str, Any]:
+        return {}
+
+    def merge(self, model: ModelState, update: Any, state: dict[str, Any]) -> ModelState:
+        assert update.base is not None
+        self.seen.append((update.base_version, update.staleness))
+        for name, w in model.items():
+            if w.is_floating_point():
+                w.copy_(update.base[name] + update.tensors[name])
+        return model
+
+
+@pytest.mark.parametrize("known", ["grace", "heartbeat"])
+async def test_snapshot_mode_merges_a_result_on_the_snapshot_version_after_the_jump(
+        kit, clock, storage, known) -> None:
+    # Found with real processes (SIGKILL, restart, durability "snapshot"): the recovered model, the
+    # snapshot's v2, is renumbered past the version floor (v1003), and a worker whose lease was
+    # on v2, whose weights the model still is, was refused too_stale ("1001 behind the model").
+    # The jump now records that v2 is the renumbered version: such a result is merged on it.
+    # The second lease on v2 is held for by the restart grace, or adopted by its heartbeat.
+    grace = None if known == "grace" else 0.0
+    a = await make(kit, storage, clock, OntoBase(), durability="snapshot", snapshot_every=2,
+                   restart_grace_s=grace).__aenter__()
+    w = await a.join()
+    for _ in range(2):
+        g = await a.lease(w)
+        await submit(kit, a, w, g, base_version=a.version)
+    for _ in range(20):                 # let the writer finish the snapshot of version 2
+        if a.metrics.snapshots >= 2:
+            break
+        await asyncio.sleep(0.01)
+    at_snapshot, snapshot_version = a.model(), a.version
+    on_snapshot = await a.lease(w)                       # on v2: the snapshot's own weights
+    later_on_snapshot = await a.lease(w)
+    assert on_snapshot.base_version == later_on_snapshot.base_version == snapshot_version
+    g = await a.lease(w)
+    await submit(kit, a, w, g, base_version=a.version)   # v3: lost in the crash, by design
+    after_snapshot = await a.lease(w)                    # on v3: served, then lost
+    assert after_snapshot.base_version == snapshot_version + 1
+    served = a.version
+    await crash(a)
+    policy = OntoBase()
+    async with make(kit, storage, clock, policy, durability="snapshot", snapshot_every=2,
+                    restart_grace_s=grace) as b:
+        if known == "heartbeat":
+            await b.heartbeat(w, later_on_snapshot.lease_id, 1)
+        jumped = b.version
+        assert jumped > served + 3                       # renumbered: more behind than max_staleness
+        receipt = await submit(kit, b, w, on_snapshot, 0.125, base_version=snapshot_version)
+        assert (receipt.status, receipt.reason) == ("accepted", None), receipt
+        assert policy.seen == [(jumped, 0)]              # based on the renumbered version, lag 0
+        delta = kit.delta_like(at_snapshot, 0.125)
+        expected = {k: v + delta[k] if v.is_floating_point() else v
+                    for k, v in at_snapshot.items()}
+        assert b.version == jumped + 1
+        model = b.model()
+        assert all(torch.equal(model[k], expected[k]) for k in expected)
+        lost = await submit(kit, b, w, after_snapshot, base_version=snapshot_version + 1)
+        assert (lost.status, lost.reason) == ("rejected", "too_stale"), lost
+        assert b.version == jumped + 1
+        assert policy.seen == [(jumped, 0)]
+        # one merge since the restart: the renumbered base is still held, and the lag is 1
+        receipt = await submit(kit, b, w, later_on_snapshot, 0.5, base_version=snapshot_version)
+        assert (receipt.status, receipt.reason) == ("accepted", None), receipt
+        assert policy.seen == [(jumped, 0), (jumped, 1)]
+        delta = kit.delta_like(at_snapshot, 0.5)         # onto its base: the snapshot's weights
+        model = b.model()
+        assert all(torch.equal(model[k], at_snapshot[k] + delta[k]) for k in model
+                   if model[k].is_floating_point())
+
+
 async def test_snapshot_mode_finishes_only_once_a_snapshot_holds_the_last_results(kit, clock,
                                                                                    storage) -> None:
     # Found with `vcasync demo --durability snapshot --kill-coordinator`: the run said "finished",

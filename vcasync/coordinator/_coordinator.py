@@ -742,7 +742,8 @@ class Coordinator:
             return read_result(chunks, lease_id=lease_id, unit=unit, spec=self.spec,
                                limits=self.config.limits, require_finite=self.config.require_finite,
                                max_norm=self.config.max_update_norm, current_version=self.version,
-                               hold=self._owner.hold, release=self._owner.release,
+                               hold=lambda n: self._owner.hold(self._owner.renumbered(n)),
+                               release=self._owner.release,
                                out=self._update_buffers.take())
         try:
             async with self._decode_slots:

@@ -28,7 +28,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -330,6 +330,11 @@ class Merger:
         self._health.check()       # queued before the outage began: do not try every write again
         if self._guard is not None:
             await self._guard()    # another coordinator took the run over: acknowledge nothing
+        # a result on the version a snapshot-mode restart recovered is on the same weights under
+        # their new number: its staleness, base and lag are those of the new number
+        renumbered = self._owner.renumbered(job.meta.base_version)
+        if renumbered != job.meta.base_version:
+            job.meta = replace(job.meta, base_version=renumbered)
         meta, current = job.meta, self._owner.version
         if current - meta.base_version > self._max_staleness:
             return await self._reject(job, "too_stale", f"based on version {meta.base_version}, "
@@ -445,7 +450,8 @@ class Merger:
         if rescan or self._bases_scan is None or self._ledger.num_open_leases < SCAN_PER_MERGE:
             bases = (self._ledger.open_base_versions() if self._owner.needs_base
                      else self._ledger.active_base_versions())
-            self._bases_scan = (version, bases)
+            # a lease on the version a snapshot-mode restart recovered needs it under its new number
+            self._bases_scan = (version, {self._owner.renumbered(n) for n in bases})
         at, scanned = self._bases_scan
         if self.keep_from is not None:
             at = min(at, self.keep_from)

@@ -112,6 +112,9 @@ class ModelOwner:
         #: Integer tensors per version, to turn full-weights results into increments (the policy
         #: contract); kept for the staleness window whatever the versions' byte budget drops.
         self.counters = CounterBases(self._working)
+        #: Snapshot-mode recovery: the recovered snapshot's version -> the number :meth:`jump`
+        #: renumbered it to (the same weights); see :meth:`renumbered`.
+        self._renumbered: dict[int, int] = {}
 
     @property
     def version(self) -> int:
@@ -282,11 +285,25 @@ class ModelOwner:
         self.counters.adopt(model)
 
     def jump(self, version: int) -> None:
-        """Publish the current tensors again under a higher number (snapshot-mode recovery)."""
+        """Publish the current tensors again under a higher number (snapshot-mode recovery).
+
+        The old number stays another name of the new one (:meth:`renumbered`): leases based on
+        it hold exactly these weights, so their results are merged as based on the new number."""
+        old = self.version
         self._working.version = version
         published = ModelState(copy_tensors(self._working.tensors, None), version)
         self.versions.publish(published)
         self.counters.record(published)
+        for was, now in self._renumbered.items():
+            if now == old:
+                self._renumbered[was] = version
+        self._renumbered[old] = version
+
+    def renumbered(self, number: int) -> int:
+        """The version whose weights ``number`` names: ``number`` itself, or, for the version a
+        snapshot-mode restart recovered, the number :meth:`jump` gave it. Known to this process
+        only: a later restart recovers from a later snapshot and renumbers that one."""
+        return self._renumbered.get(number, number)
 
     def retain(self, max_staleness: int, bases: Container[int]) -> None:
         """Keep, within the staleness window, the versions ``bases`` holds (besides the current
