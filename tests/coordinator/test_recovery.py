@@ -392,6 +392,34 @@ async def test_snapshot_mode_merges_a_result_on_the_snapshot_version_after_the_j
                    if model[k].is_floating_point())
 
 
+async def test_snapshot_mode_a_renumbered_version_is_kept_through_a_clean_restart(
+        kit, clock, storage) -> None:
+    # Found with real processes: SIGKILL, a restart (v0 renumbered to v1001), SIGTERM within its
+    # grace, a third start from the second's final snapshot (v1001, no jump): the workers' results
+    # on v0 were refused too_stale ("1001 behind"). The snapshot keeps the renumbering.
+    a = await make(kit, storage, clock, OntoBase(), durability="snapshot",
+                   restart_grace_s=None).__aenter__()
+    w = await a.join()
+    on_first = await a.lease(w)                          # on v0, the first snapshot's version
+    start = a.model()
+    await crash(a)
+    async with make(kit, storage, clock, OntoBase(), durability="snapshot",
+                    restart_grace_s=None) as b:
+        jumped = b.version
+        assert jumped > 3
+    policy = OntoBase()
+    async with make(kit, storage, clock, policy, durability="snapshot",
+                    restart_grace_s=None) as c:
+        assert c.version == jumped                       # a clean stop: no jump this time
+        receipt = await submit(kit, c, w, on_first, 0.25, base_version=0)
+        assert (receipt.status, receipt.reason) == ("accepted", None), receipt
+        assert policy.seen == [(jumped, 0)]
+        delta = kit.delta_like(start, 0.25)
+        model = c.model()
+        assert all(torch.equal(model[k], start[k] + delta[k]) for k in model
+                   if model[k].is_floating_point())
+
+
 async def test_snapshot_mode_finishes_only_once_a_snapshot_holds_the_last_results(kit, clock,
                                                                                    storage) -> None:
     # Found with `vcasync demo --durability snapshot --kill-coordinator`: the run said "finished",
@@ -879,3 +907,12 @@ async def test_no_fallback_past_a_damaged_snapshot_without_its_journal(kit, cloc
     with pytest.raises(CorruptObjectError, match="journal"):
         await make(kit, storage, clock, snapshot_every=2).__aenter__()
     assert await _state_keys(storage) == before
+
+
+@pytest.mark.parametrize("raw", [{"0": 5}, [[0]], [[5, 3]], [[0, 11]], [[True, 5]], [["0", 5]], 7])
+def test_a_snapshot_whose_renumbered_meta_is_damaged_is_refused_as_corrupt(raw) -> None:
+    from vcasync.coordinator._journal import _renumbered
+
+    assert _renumbered([[0, 5], [2, 10]], 10) == {0: 5, 2: 10}
+    with pytest.raises(CorruptObjectError, match="'renumbered'"):
+        _renumbered(raw, 10)

@@ -500,7 +500,7 @@ class Coordinator:
             self._owner = ModelOwner(replaying, ModelState(rec.tensors, rec.version),
                                      max_retained_bytes=self.config.max_retained_bytes,
                                      policy_state=rec.policy_state, pool=self._update_buffers,
-                                     adopt=True, held=rec.held)
+                                     adopt=True, held=rec.held, renumbered=rec.renumbered)
             rec.tensors = {}
             self._ledger = Ledger.restore(rec.ledger, config=cfg, clock=self._clock,
                                           secret=run.secret)

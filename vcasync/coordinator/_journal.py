@@ -151,6 +151,9 @@ class Recovered:
     #: knows (its restart grace) and held every version from this one on for them: the next start
     #: waits for them again (None: no such wait was open)
     unknown_from: int | None = None
+    #: snapshot mode: versions a restart renumbered -> their numbers now (the same weights), so
+    #: results on the old number are still merged (see ``ModelOwner.renumbered``)
+    renumbered: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -170,6 +173,7 @@ class Captured:
     seq: int
     held: int = 0
     unknown_from: int | None = None
+    renumbered: tuple[tuple[int, int], ...] = ()
 
 
 class Journal:
@@ -342,7 +346,8 @@ class Journal:
                                          or not 0 <= unknown_from <= version):
             raise CorruptObjectError(f"snapshot meta 'unknown_from' is {unknown_from!r}, not a "
                                      f"version up to {version}")
-        return Recovered(model.tensors, version, policy_state, ledger, seq, held, unknown_from)
+        return Recovered(model.tensors, version, policy_state, ledger, seq, held, unknown_from,
+                         _renumbered(meta.get("renumbered", []), version))
 
     async def _load_model(self, store: CheckpointStore, manifest: Manifest) -> Payload:
         """The snapshot's model, decoded as it is read: the bytes stream from the storage into the
@@ -550,12 +555,13 @@ class Journal:
 
     # -- snapshots --------------------------------------------------------------------------------
     def capture(self, model: ModelState, policy_state: bytes, ledger: dict[str, Any], *,
-                held: int = 0, unknown_from: int | None = None) -> Captured:
+                held: int = 0, unknown_from: int | None = None,
+                renumbered: tuple[tuple[int, int], ...] = ()) -> Captured:
         """Called between merges: from now on, deltas on older versions need their base stored.
         ``held``: accepted results the policy holds unapplied (kept with the snapshot);
-        ``unknown_from``: see :attr:`Recovered.unknown_from`."""
+        ``unknown_from``, ``renumbered``: see :class:`Recovered`."""
         self._captured_version = model.version
-        return Captured(model, policy_state, ledger, self.seq, held, unknown_from)
+        return Captured(model, policy_state, ledger, self.seq, held, unknown_from, renumbered)
 
     async def write_snapshot(self, captured: Captured) -> None:
         """Write a captured state as the next snapshot (also at the ``seq`` of the last one: the
@@ -583,7 +589,9 @@ class Journal:
                                      "seq": captured.seq, "run_id": self.run_id,
                                      "held": captured.held,
                                      **({} if captured.unknown_from is None
-                                        else {"unknown_from": captured.unknown_from})})
+                                        else {"unknown_from": captured.unknown_from}),
+                                     **({} if not captured.renumbered
+                                        else {"renumbered": [list(p) for p in captured.renumbered]})})
         except BaseExceptionGroup as group:    # parallel object writes: report the first failure
             raise first_error(group) from group
         except PreconditionFailedError as exc:
@@ -743,3 +751,19 @@ def _blob_of(meta: Mapping[str, Any]) -> str:
         raise CorruptObjectError(f"journal record {str(meta.get('seq'))[:20]} names no bytes")
     return blob
 
+
+def _renumbered(raw: object, version: int) -> dict[int, int]:
+    """A snapshot's ``renumbered`` meta: ``[old, new]`` pairs with ``old < new <= version``."""
+    pairs = raw if isinstance(raw, list) else None
+    out: dict[int, int] = {}
+    for pair in pairs or []:
+        if not (isinstance(pair, list) and len(pair) == 2
+                and all(isinstance(n, int) and not isinstance(n, bool) for n in pair)
+                and 0 <= pair[0] < pair[1] <= version):
+            pairs = None
+            break
+        out[pair[0]] = pair[1]
+    if pairs is None:
+        raise CorruptObjectError(f"snapshot meta 'renumbered' is {str(raw)[:80]}, not a list of "
+                                 f"[old, new] version pairs up to {version}")
+    return out

@@ -83,7 +83,8 @@ class ModelOwner:
 
     def __init__(self, policy: MergePolicy, model: ModelState, *, max_retained_bytes: int | None,
                  policy_state: PolicyState | None = None, pool: BufferPool | None = None,
-                 adopt: bool = False, held: int = 0) -> None:
+                 adopt: bool = False, held: int = 0,
+                 renumbered: Mapping[int, int] | None = None) -> None:
         """``adopt``: ``model``'s tensors (CPU, contiguous, no grad) become the working model
         instead of being copied: the caller hands them over and keeps no reference it uses again
         (a snapshot decoded at resume, nobody else's; one model-sized copy less at start-up)."""
@@ -113,8 +114,8 @@ class ModelOwner:
         #: contract); kept for the staleness window whatever the versions' byte budget drops.
         self.counters = CounterBases(self._working)
         #: Snapshot-mode recovery: the recovered snapshot's version -> the number :meth:`jump`
-        #: renumbered it to (the same weights); see :meth:`renumbered`.
-        self._renumbered: dict[int, int] = {}
+        #: renumbered it to (the same weights), kept in snapshots; see :meth:`renumbered`.
+        self._renumbered: dict[int, int] = dict(renumbered or {})
 
     @property
     def version(self) -> int:
@@ -301,9 +302,13 @@ class ModelOwner:
 
     def renumbered(self, number: int) -> int:
         """The version whose weights ``number`` names: ``number`` itself, or, for the version a
-        snapshot-mode restart recovered, the number :meth:`jump` gave it. Known to this process
-        only: a later restart recovers from a later snapshot and renumbers that one."""
+        snapshot-mode restart recovered, the number :meth:`jump` gave it (snapshots keep it while
+        the new number is within the staleness window)."""
         return self._renumbered.get(number, number)
+
+    def renumbered_pairs(self) -> tuple[tuple[int, int], ...]:
+        """``(old, new)`` for each renumbered version still within the window, for a snapshot."""
+        return tuple(sorted(self._renumbered.items()))
 
     def retain(self, max_staleness: int, bases: Container[int]) -> None:
         """Keep, within the staleness window, the versions ``bases`` holds (besides the current
@@ -311,6 +316,8 @@ class ModelOwner:
         or of open leases (downloads). Others go, and their buffers are recycled."""
         floor = self.version - max_staleness
         self.counters.retain(floor)
+        for old in [o for o, new in self._renumbered.items() if new < floor]:
+            del self._renumbered[old]         # results on it are too stale now, whatever its name
         self.versions.retain(lambda n: n >= floor and n in bases)
 
     async def pack_state(self) -> bytes:

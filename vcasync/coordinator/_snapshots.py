@@ -44,7 +44,8 @@ class SnapshotSlot:
         self.drop()
         self._pending = (self._journal.capture(version.model, state, ledger,
                                                held=self._owner.held,
-                                               unknown_from=unknown_from), version)
+                                               unknown_from=unknown_from,
+                                               renumbered=self._owner.renumbered_pairs()), version)
         self.ready.set()
 
     def drop(self) -> None:
