@@ -37,6 +37,10 @@ a and b, write a, whose lines are already cached) moves exactly what it counts. 
 in-place passes can go, which is why fedbuff and sync (a running buffer updated in place) read below
 1.0. A policy's figure over ``inplace_add_vs_floor`` is its distance from that kernel.
 
+The coordinator checks every merged model for non-finite values (one read of it, on every merge,
+outside the policy's own time above): ``finite_check_vs_memcpy`` is that pass over the memcpy of the
+same tensors (one stream of the memcpy's two).
+
 Every figure is the median of ``--repeats`` paired ratios; ``<policy>_vs_floor_spread`` holds their
 [min, median, max]. A repetition that fails (the merge raised, a refused result among them; warm-ups
 too) or a case whose model ends with a non-finite value is counted in ``failed`` (per case in
@@ -51,6 +55,7 @@ and ratio in its figure (null in the JSON), never left out.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import math
@@ -63,6 +68,7 @@ from typing import Any
 import torch
 
 from bench._stats import show, spread
+from vcasync.coordinator._model_owner import first_non_finite
 from vcasync.policy import MergePolicy, build_policy
 from vcasync.tensors import ModelState, Update, UpdateKind
 
@@ -245,6 +251,10 @@ def run(sizes: list[int], repeats: int) -> dict[str, Any]:
         rows.append(("inplace_add", size, statistics.median(ratios) * memcpy, ratios, 3.0))
         figures[f"inplace_add_vs_floor_{tag}"] = spread([r * 2.0 / 3.0 for r in ratios])[1]
         figures[f"inplace_add_vs_floor_spread_{tag}"] = spread([r * 2.0 / 3.0 for r in ratios])
+        _, _, ratios = paired(functools.partial(first_non_finite, model.tensors), copy, repeats,
+                              failures.setdefault(f"finite_check_{tag}", []))
+        figures[f"finite_check_vs_memcpy_{tag}"] = spread(ratios)[1]
+        figures[f"finite_check_vs_memcpy_spread_{tag}"] = spread(ratios)
         gc.collect()
         for case in CASES:
             failed = failures.setdefault(f"{case.label}_{tag}", [])
@@ -278,6 +288,7 @@ def run(sizes: list[int], repeats: int) -> dict[str, Any]:
     assert not missing, missing
     head["mixing_max_vs_floor"] = max(head[f"{b}_vs_floor"] for b in MIXING)
     head["inplace_add_vs_floor"] = figures[f"inplace_add_vs_floor_{top}"]
+    head["finite_check_vs_memcpy"] = figures[f"finite_check_vs_memcpy_{top}"]
     head["failed"] = sum(len(f) for f in failures.values())
     head["failures"] = {k: {"count": len(f), "first": f[0]} for k, f in failures.items() if f}
     for k, what in head["failures"].items():
