@@ -285,17 +285,23 @@ async def test_failed_snapshot_is_retried_and_recovery_uses_the_journal(kit, clo
         assert b.model().equal(model)
 
 
+async def two_results_snapshotted(kit, coord: Coordinator) -> str:
+    """A worker's two results merged (snapshot_every=2), once the snapshot of version 2 is written."""
+    w = await coord.join()
+    for _ in range(2):
+        g = await coord.lease(w)
+        await submit(kit, coord, w, g, base_version=coord.version)
+    for _ in range(20):                 # let the writer finish the snapshot of version 2
+        if coord.metrics.snapshots >= 2:
+            break
+        await asyncio.sleep(0.01)
+    return w
+
+
 async def test_snapshot_mode_recovers_the_snapshot_and_versions_go_forward(kit, clock,
                                                                             storage) -> None:
     a = await make(kit, storage, clock, durability="snapshot", snapshot_every=2).__aenter__()
-    w = await a.join()
-    for _ in range(2):
-        g = await a.lease(w)
-        await submit(kit, a, w, g, base_version=a.version)
-    for _ in range(20):                 # let the writer finish the snapshot of version 2
-        if a.metrics.snapshots >= 2:
-            break
-        await asyncio.sleep(0.01)
+    w = await two_results_snapshotted(kit, a)
     at_snapshot = a.model()
     g = await a.lease(w)
     await submit(kit, a, w, g, base_version=a.version)   # lost in the crash, by design
@@ -344,14 +350,7 @@ async def test_snapshot_mode_merges_a_result_on_the_snapshot_version_after_the_j
     grace = None if known == "grace" else 0.0
     a = await make(kit, storage, clock, OntoBase(), durability="snapshot", snapshot_every=2,
                    restart_grace_s=grace).__aenter__()
-    w = await a.join()
-    for _ in range(2):
-        g = await a.lease(w)
-        await submit(kit, a, w, g, base_version=a.version)
-    for _ in range(20):                 # let the writer finish the snapshot of version 2
-        if a.metrics.snapshots >= 2:
-            break
-        await asyncio.sleep(0.01)
+    w = await two_results_snapshotted(kit, a)
     at_snapshot, snapshot_version = a.model(), a.version
     on_snapshot = await a.lease(w)                       # on v2: the snapshot's own weights
     later_on_snapshot = await a.lease(w)
