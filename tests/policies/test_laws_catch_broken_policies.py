@@ -222,6 +222,7 @@ class ExtrapolatesWhenVeryStale(Mix):
 FIND = settings(max_examples=60, deadline=None, phases=[Phase.generate], database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
+
 class FlushesEveryTime(Mix):
     """Its end-of-run flush moves the model whenever asked: a restart would apply it twice."""
 

@@ -11,6 +11,7 @@ after it are billed to the run but not to the target.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -305,29 +306,48 @@ def plot_accuracy(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-#: The timeline plot's marks, each said in its legend only when one is drawn: (what, test of a
-#: timeline event, legend text). The legend said "dotted: coordinator" of runs with no coordinator
-#: restart, where no dotted line is drawn.
-_TIMELINE_MARKS: tuple[tuple[str, Callable[[dict[str, Any]], bool], str], ...] = (
-    ("worker", lambda e: e["kind"] == "preempted" and e["detail"] == "SIGTERM", "v SIGTERM"),
-    ("worker", lambda e: e["kind"] == "preempted" and e["detail"] == "SIGKILL", "x SIGKILL"),
-    ("worker", lambda e: e["kind"] == "preempted" and e["detail"] not in ("SIGTERM", "SIGKILL"),
-     "o other preemption"),
-    ("worker", lambda e: e["kind"] == "restart", "^ restart"),
-    ("coordinator", lambda e: e["kind"] == "killed", "red dotted: coordinator killed"),
-    ("coordinator", lambda e: e["kind"] == "recovered", "green dotted: coordinator back"),
+@dataclass(frozen=True, slots=True)
+class _Mark:
+    """One kind of mark on the timeline plot: whose events, which of them, its legend text, and how
+    it is drawn (a scatter ``marker`` on the worker's row; None: a dotted vertical line)."""
+
+    who: str          # "worker" (any worker's row) or "coordinator"
+    test: Callable[[dict[str, Any]], bool]
+    legend: str
+    marker: str | None
+    color: str
+    size: int = 60
+
+
+#: The timeline plot's marks: what is drawn and what the legend says come from this one table, and
+#: the legend names only the marks drawn (it said "dotted: coordinator" of runs with no
+#: coordinator restart, where no dotted line is drawn).
+_TIMELINE_MARKS: tuple[_Mark, ...] = (
+    _Mark("worker", lambda e: e["kind"] == "preempted" and e["detail"] == "SIGTERM", "v SIGTERM",
+          "v", "orange"),
+    _Mark("worker", lambda e: e["kind"] == "preempted" and e["detail"] == "SIGKILL", "x SIGKILL",
+          "x", "red"),
+    _Mark("worker", lambda e: e["kind"] == "preempted" and e["detail"] not in ("SIGTERM", "SIGKILL"),
+          "o other preemption", "o", "black"),
+    _Mark("worker", lambda e: e["kind"] == "restart", "^ restart", "^", "green", 40),
+    _Mark("coordinator", lambda e: e["kind"] == "killed", "red dotted: coordinator killed", None,
+          "red"),
+    _Mark("coordinator", lambda e: e["kind"] == "recovered", "green dotted: coordinator back", None,
+          "green"),
 )
+
+
+def _marked(report: dict[str, Any], mark: _Mark) -> list[dict[str, Any]]:
+    """The timeline events ``mark`` draws."""
+    rows = {w["name"] for w in report["workers"]}
+    return [e for e in report["timeline"]
+            if (e["who"] in rows if mark.who == "worker" else e["who"] == mark.who) and mark.test(e)]
 
 
 def timeline_legend(report: dict[str, Any]) -> str:
     """The timeline plot's x label: its axis and a legend of the marks drawn, only those."""
-    rows = {w["name"] for w in report["workers"]}
     drawn = ["bars: worker up"] if any(w["sessions"] for w in report["workers"]) else []
-    for who, test, text in _TIMELINE_MARKS:
-        events = [e for e in report["timeline"]
-                  if (e["who"] in rows if who == "worker" else e["who"] == who)]
-        if any(test(e) for e in events):
-            drawn.append(text)
+    drawn += [mark.legend for mark in _TIMELINE_MARKS if _marked(report, mark)]
     return "wall seconds" + (f"  ({'; '.join(drawn)})" if drawn else "")
 
 
@@ -342,20 +362,14 @@ def plot_timeline(report: dict[str, Any], path: Path) -> None:
     for row, w in enumerate(workers):
         for a, b in w["sessions"]:
             ax.barh(row, b - a, left=a, height=0.6, color="#a6cee3", edgecolor="#1f78b4")
-    marks = {"SIGTERM": ("v", "orange"), "SIGKILL": ("x", "red")}
     rows = {w["name"]: i for i, w in enumerate(workers)}
-    for ev in report["timeline"]:
-        if ev["who"] not in rows:
-            continue
-        y = rows[ev["who"]]
-        if ev["kind"] == "preempted":
-            m, c = marks.get(ev["detail"], ("o", "black"))
-            ax.scatter([ev["t_s"]], [y], marker=m, color=c, zorder=3, s=60)
-        elif ev["kind"] == "restart":
-            ax.scatter([ev["t_s"]], [y], marker="^", color="green", zorder=3, s=40)
-    for ev in report["timeline"]:
-        if ev["who"] == "coordinator" and ev["kind"] in ("killed", "recovered"):
-            ax.axvline(ev["t_s"], color="red" if ev["kind"] == "killed" else "green", linestyle=":")
+    for mark in _TIMELINE_MARKS:
+        for ev in _marked(report, mark):
+            if mark.marker is None:
+                ax.axvline(ev["t_s"], color=mark.color, linestyle=":")
+            else:
+                ax.scatter([ev["t_s"]], [rows[ev["who"]]], marker=mark.marker, color=mark.color,
+                           zorder=3, s=mark.size)
     ax.set_yticks(range(len(workers)), [w["name"] for w in workers])
     ax.set_xlabel(timeline_legend(report))
     ax.set_title("worker timeline")
