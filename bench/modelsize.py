@@ -148,9 +148,14 @@ async def measure(url: str, params: int, reps: int, warmup: int, held: int,
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=OP_TIMEOUT_S)) as http:
         await client.join(SECRET, "bench")
         for i in range(warmup):
+            _raise_if_interrupted()
             await up.once(client, http, "raw", hold=i >= warmup - held)
-        raw = [await _timed(up.once(client, http, "raw")) for _ in range(reps)]
-        bf16 = [await _timed(up.once(client, http, "bf16")) for _ in range(reps)]
+        raw: list[float] = []
+        bf16: list[float] = []
+        for times, codec in ((raw, "raw"), (bf16, "bf16")):
+            for _ in range(reps):
+                _raise_if_interrupted()
+                times.append(await _timed(up.once(client, http, codec)))
         async with http.get(f"{url}/bench/rss") as r:
             mem = await r.json()
     return {"bytes": up.model_bytes, "raw": raw, "bf16": bf16, "rss": mem["rss"],
@@ -217,6 +222,7 @@ def measure_size(size: int, a: argparse.Namespace) -> dict[str, Any]:
         with peer(*args, timeout=600.0, stop_timeout=stop_grace_s(size), stopped=stopped) as url:
             result = run(measure(url, params, a.reps, a.warmup, a.held,
                                  work / "spool" if a.spool else None))
+        _raise_if_interrupted()
         _say_if_failed(size, stopped, "")
         result["stop_failed"] = int(stopped.failed)
         if a.resume and not stopped.failed:
@@ -243,12 +249,27 @@ def _say_if_failed(size: int, stopped: PeerExit, which: str) -> None:
               f"not written within {stop_grace_s(size):.0f}s): counted as failed", file=sys.stderr)
 
 
+#: The signal that asked this process to stop, once one has (see :func:`_interrupt_on_sigterm`).
+_INTERRUPTED: list[int] = []
+
+
 def _interrupt_on_sigterm() -> None:
     """SIGTERM ends this process as Ctrl-C does, through every clean-up (the coordinator stopped,
-    the temporary store and spool removed) instead of at once, leaving them behind."""
+    the temporary store and spool removed) instead of at once, leaving them behind.
+
+    The handler raises where the main thread happens to be; when that is a finaliser (``__del__``,
+    a weakref or GC callback) Python prints "Exception ignored" and goes on, and the run finished
+    and exited 0 as if never asked to stop (seen in CI). The signal is also remembered, and
+    :func:`_raise_if_interrupted`, called between uploads, raises it again."""
     def interrupt(signum: int, frame: Any) -> None:
+        _INTERRUPTED.append(signum)
         raise KeyboardInterrupt(f"signal {signum}")
     signal.signal(signal.SIGTERM, interrupt)
+
+
+def _raise_if_interrupted() -> None:
+    if _INTERRUPTED:
+        raise KeyboardInterrupt(f"signal {_INTERRUPTED[0]}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -133,6 +133,25 @@ def test_sigterm_to_the_bench_stops_its_coordinator_and_removes_everything(
     assert list(tmpdir_here.iterdir()) == []
 
 
+def test_a_sigterm_swallowed_by_a_finaliser_still_stops_the_bench(tmpdir_here: Path) -> None:
+    # The handler's KeyboardInterrupt raised inside a __del__ is printed ("Exception ignored")
+    # and dropped: the bench ran its 1,000 uploads to the end and exited 0 (CI, stop 37).
+    code = ("import os, signal, sys, bench.modelsize as m; m._interrupt_on_sigterm()\n"
+            "class Finaliser:\n"
+            "    def __del__(self):\n"
+            "        os.kill(os.getpid(), signal.SIGTERM)\n"
+            "        sum(range(10**6))      # the handler runs here, inside __del__\n"
+            "Finaliser()\n"
+            "m.measure_size(int(sys.argv[1]), m.parse(['--warmup', '1000', '--held', '0']))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmpdir_here)}
+    bench = subprocess.run([sys.executable, "-c", code, str(SIZE)], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert "Exception ignored" in bench.stderr          # the interrupt was swallowed there
+    assert bench.returncode != 0, bench.stderr
+    assert bench.stderr.count("KeyboardInterrupt") >= 2  # and raised again by the bench
+    assert list(tmpdir_here.iterdir()) == []
+
+
 def test_resume_measures_a_second_coordinator_on_the_same_store_then_removes_it(
         tmpdir_here: Path) -> None:
     a = modelsize.parse(["--warmup", "1", "--held", "0", "--reps", "1", "--resume"])
