@@ -156,11 +156,13 @@ def search_score(evals: Any, metric: str) -> float:
 
 
 class Rates(NamedTuple):
-    """What a search chose for a cell (None: the square-root rule, the fleet's batch)."""
+    """What a search chose for a cell (None: the square-root rule, the workload's batch for the
+    fleet, the fleet's batch for the synchronous side)."""
 
     lr: float | None = None
     sync_lr: float | None = None
     sync_batch_size: int | None = None
+    batch_size: int | None = None
 
 
 #: No search: the square-root rule on both sides, the fleet's batch on the synchronous side.
@@ -171,7 +173,8 @@ def search_lr(workload: str, workers: int, epochs: int, steps: int | None, *,
               shape: dict[str, Any] | None = None,
               conditions: dict[str, Any] | None = None,
               seeds: tuple[int, ...] = (SEARCH_SEED,),
-              sync_batches: tuple[int, ...] = ()) -> dict[str, Any]:
+              sync_batches: tuple[int, ...] = (),
+              fleet_batches: tuple[int, ...] = ()) -> dict[str, Any]:
     """Train the fleet and the synchronous baseline once per grid rate and seed; each side's best
     rate by its mean on validation over ``seeds`` (a run that diverged scores low on every seed it
     diverged on, so a rate at the edge of stability loses to one that holds on all of them).
@@ -194,7 +197,18 @@ def search_lr(workload: str, workers: int, epochs: int, steps: int | None, *,
 
     ``sync_batches``: more per-worker batch sizes for the synchronous side, each trained at every
     rate (its score at a rate is its best batch's, named in ``sync_batch_size``): the fleet's batch
-    times many workers is a global batch no user of DDP would keep on a small data set."""
+    times many workers is a global batch no user of DDP would keep on a small data set.
+
+    ``fleet_batches``: more per-worker batch sizes for the fleet, tried first over ``seeds`` (the
+    fleet alone), each at the square-root rate scaled by its batch (the linear scaling rule: at
+    64 workers, 8 a worker diverged at the rate of 32 a worker); the best by its mean is the batch
+    the rate grid is then searched at, centred on that batch's rate (``batch_size``;
+    ``fleet_batch_search``: each batch's rate and mean), and the workload's batch joins the
+    synchronous side's candidates. The batch decides the fleet's units (a unit is
+    about four steps of a shard): 64 workers at digits' 32 a worker share 11 units an epoch and 4 of
+    5 identical-machine seeds never reached DDP's quality, where at 8 a worker (44 units) all did
+    (docs/headline-notebook.md, "The fleet's batch"). Two stages, not the whole grid at every
+    batch, keep the default run inside its 20 minutes."""
     work = get_workload(workload)
     base = work.lr * math.sqrt(workers)
     if shape is None:
@@ -205,6 +219,27 @@ def search_lr(workload: str, workers: int, epochs: int, steps: int | None, *,
         return search_score(rec.evals, work.metric)
 
     where = conditions or {"fleet": FleetConfig.identical(workers), "preemption": NoPreemption()}
+    fleet_batch: int | None = None
+    by_fleet_batch: dict[str, dict[str, float]] = {}
+    if fleet_batches:
+        for b in (work.batch_size, *fleet_batches):
+            lr_b = base * b / work.batch_size
+            alone = [quality(Simulation(SimConfig(
+                signal=workload, **where, epochs=epochs, **{**shape, "batch_size": b}, lr=lr_b,
+                eval_split="validation", eval_points=SEARCH_EVAL_POINTS, seed=seed,
+                keep_timeline=False, sync_baseline=False)).run().rec) for seed in seeds]
+            by_fleet_batch[str(b)] = {"lr": lr_b, "validation": statistics.fmean(alone)}
+        sign = 1.0 if work.metric == "accuracy" else -1.0
+
+        def batch_score(b: str) -> float:
+            v = by_fleet_batch[b]["validation"]
+            return sign * v if math.isfinite(v) else -math.inf
+
+        fleet_batch = int(max(by_fleet_batch, key=batch_score))
+        base = by_fleet_batch[str(fleet_batch)]["lr"]
+        shape = {**shape, "batch_size": fleet_batch}
+        # the synchronous side's candidates stay the same batches: None is now the fleet's
+        sync_batches = tuple(sorted({work.batch_size, *sync_batches} - {fleet_batch}, reverse=True))
 
     def train(lr: float) -> None:
         per_fleet: list[float] = []
@@ -241,11 +276,14 @@ def search_lr(workload: str, workers: int, epochs: int, steps: int | None, *,
             break
         train(more)
     rows.sort(key=lambda r: float(r["lr"]))
-    return {"workload": workload, "metric": work.metric, "split": "validation", "grid": rows,
-            "runs_per_side": len(rows) * len(seeds), "seeds": list(seeds),
-            "lr": best_rate(rows, "fleet_validation", work.metric),
-            "sync_lr": best_rate(rows, "sync_validation", work.metric),
-            "sync_batch_size": sync_batch_of(rows, work.metric)}
+    found = {"workload": workload, "metric": work.metric, "split": "validation", "grid": rows,
+             "runs_per_side": len(rows) * len(seeds), "seeds": list(seeds),
+             "lr": best_rate(rows, "fleet_validation", work.metric),
+             "sync_lr": best_rate(rows, "sync_validation", work.metric),
+             "sync_batch_size": sync_batch_of(rows, work.metric), "batch_size": fleet_batch}
+    if fleet_batches:
+        found["fleet_batch_search"] = by_fleet_batch
+    return found
 
 
 def sync_batch_of(rows: list[dict[str, Any]], metric: str) -> int | None:
@@ -639,9 +677,11 @@ class SimRates:
     :meth:`start` puts a search on the pool early (the longest first keeps both cores busy);
     calling the object waits for it."""
 
-    def __init__(self, enabled: bool, hours: float, pool: SimPool | None = None) -> None:
+    def __init__(self, enabled: bool, hours: float, pool: SimPool | None = None, *,
+                 fleet_batches: bool = False) -> None:
         self.enabled = enabled
         self.hours = hours
+        self.fleet_batches = fleet_batches
         self.pool = pool or SimPool(1)
         self.found: dict[str, dict[str, Any]] = {}
         self._pending: dict[str, tuple[float, Future[dict[str, Any]]]] = {}
@@ -662,7 +702,8 @@ class SimRates:
             self._pending[key] = (time.perf_counter(), self.pool.submit(
                 search_lr, signal, workers, epochs, None,
                 shape={"policy": policy[0], "policy_params": policy[1]}, conditions=where,
-                seeds=SIM_SEARCH_SEEDS, sync_batches=sync_batches(signal)))
+                seeds=SIM_SEARCH_SEEDS, sync_batches=sync_batches(signal),
+                fleet_batches=sync_batches(signal) if self.fleet_batches else ()))
 
     def __call__(self, signal: str, workers: int, epochs: int, *, rate: float, identical: bool,
                  policy: tuple[str, dict[str, Any]] = DEFAULT_POLICY) -> Rates:
@@ -673,12 +714,14 @@ class SimRates:
             self.start(signal, workers, epochs, rate=rate, identical=identical, policy=policy)
             began, future = self._pending[key]
             self.found[key] = future.result()
-            print(f"  sim {key}: learning rates chosen on validation: fleet {self.found[key]['lr']:.4g}, "
-                  f"synchronous {self.found[key]['sync_lr']:.4g} at "
-                  f"{self.found[key]['sync_batch_size'] or 'the fleet'}'s batch a worker "
+            f = self.found[key]
+            print(f"  sim {key}: chosen on validation: fleet {f['lr']:.4g} at "
+                  f"{f.get('batch_size') or 'the workload'}'s batch a worker, synchronous "
+                  f"{f['sync_lr']:.4g} at {f['sync_batch_size'] or 'the fleet'}'s "
                   f"({time.perf_counter() - began:.0f} s after it was queued)", file=sys.stderr)
         found = self.found[key]
-        return Rates(float(found["lr"]), float(found["sync_lr"]), found["sync_batch_size"])
+        return Rates(float(found["lr"]), float(found["sync_lr"]), found["sync_batch_size"],
+                     found.get("batch_size"))
 
 
 def sync_batches(signal: str) -> tuple[int, ...]:
@@ -698,7 +741,8 @@ def preempted_fleet(signal: str, workers: int, rate: float, seed: int, *, epochs
                      **cell_conditions(signal, workers, rate, epochs=epochs, hours=hours,
                                        identical=identical),
                      epochs=epochs, seed=seed, lr=rates.lr, sync_lr=rates.sync_lr,
-                     sync_batch_size=rates.sync_batch_size, keep_timeline=False, **shape)
+                     sync_batch_size=rates.sync_batch_size, keep_timeline=False,
+                     **{"batch_size": rates.batch_size, **shape})
 
 
 def cell_conditions(signal: str, workers: int, rate: float, *, epochs: int, hours: float,
@@ -849,6 +893,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--adaptive", action="store_true",
                    help="also the simulated mnist5000 adaptive cells at 50 %%/h (adaptive_gap_mnist_50; "
                         "about 6 minutes on 2 cores)")
+    p.add_argument("--fleet-batches", action="store_true",
+                   help="the simulated cells' searches also try the fleet at smaller per-worker "
+                        "batches (the ones DDP's search tries, each at its linearly scaled rate), "
+                        "then search the rate at the best: 64 workers at digits' 32 a worker share 11 "
+                        "units an epoch (about 25 minutes on 2 cores, beyond the default run's 20)")
     p.add_argument("--adaptive-epochs", type=positive_int, default=8,
                    help="epochs of the --adaptive cells (default 8)")
     p.add_argument("--wall-replay", action="store_true",
@@ -1004,7 +1053,8 @@ def main(argv: list[str] | None = None) -> int:
     # 0, 30 and 100 %/h in the JSON; 60 %/h too when the curve is drawn
     rates_plot = () if a.real_only else RATES_PLOT if a.plot else (0.0, 0.3, 1.0)
     with SimPool(1 if a.real_only else a.jobs) as pool:
-        sim_rates = SimRates(enabled=not a.no_search, hours=a.hours, pool=pool)
+        sim_rates = SimRates(enabled=not a.no_search, hours=a.hours, pool=pool,
+                             fleet_batches=a.fleet_batches)
         if mnist:
             sim_rates.start("mnist5000", 8, epochs_mnist_sim, rate=0.5, identical=False, policy=adaptive)
         if not a.real_only:

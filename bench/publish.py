@@ -127,6 +127,12 @@ BENCHES: dict[str, Bench] = {
                                   "(VC-ASGD with polynomial staleness weighting, simulated, marked so; "
                                   "about 12 minutes on 2 cores)",
                                   module="convergence"),
+    "convergence_fleet_batch": Bench(["--fleet-batches", "--no-real"],
+                                     ["--fleet-batches", "--no-real", "--quick"],
+                                     "the simulated cells with the fleet's per-worker batch searched "
+                                     "as DDP's is (64 workers at digits' 32 a worker share 11 units "
+                                     "an epoch; about 25 minutes on 2 cores)",
+                                     module="convergence"),
     "gap_sweep": Bench([], ["--quick"],
                        "the fleet's gap to DDP against epochs and VC-ASGD's alpha, simulated in the "
                        "real runs' shape (mnist5000)"),
@@ -153,6 +159,8 @@ ISSUE_18: dict[str, list[str]] = {
     "convergence_mnist": ["gap_mnist_30", "gap_mnist_30_ci_high", "sim_vs_real_error", "targets_missed"],
     "convergence_tinylm": ["lm_loss_gap_30", "lm_loss_gap_30_ci_high", "sim_vs_real_error", "targets_missed"],
     "convergence_adaptive": ["adaptive_gap_mnist_50", "adaptive_gap_mnist_50_ci_high", "targets_missed"],
+    "convergence_fleet_batch": ["saving_sim_64", "saving_sim_64_ci_low", "saving_same_machines",
+                                "saving_same_machines_ci_low", "targets_missed"],
     "chaos": ["worker_kills", "coordinator_kills", "results_lost", "double_merges", "hostile_inputs",
               "hostile_accepted"],
 }
