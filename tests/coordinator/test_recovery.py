@@ -22,6 +22,7 @@ from vcasync.errors import (
     NoWorkAvailableError,
     StorageError,
     StorageUnavailableError,
+    VersionNotFoundError,
 )
 from vcasync.ledger._units import make_units
 from vcasync.policy import build_policy
@@ -915,3 +916,28 @@ def test_a_snapshot_whose_renumbered_meta_is_damaged_is_refused_as_corrupt(raw) 
     assert _renumbered([[0, 5], [2, 10]], 10) == {0: 5, 2: 10}
     with pytest.raises(CorruptObjectError, match="'renumbered'"):
         _renumbered(raw, 10)
+
+
+async def test_snapshot_mode_a_lease_on_the_old_number_still_downloads_its_base(kit, clock,
+                                                                                 storage) -> None:
+    # Left alone last stop, found with real processes: after a snapshot-mode restart renumbered the
+    # recovered v2, a worker whose lease on v2 was granted before the crash and had not downloaded
+    # its base yet was told "model version 2 is not held" and gave the lease up, though the
+    # coordinator merges that lease's result on the renumbered version (the same weights).
+    from vcasync.wire import decode_payload_bytes
+
+    a = await make(kit, storage, clock, durability="snapshot", snapshot_every=2).__aenter__()
+    w = await two_results_snapshotted(kit, a)
+    at_snapshot, snapshot_version = a.model(), a.version
+    g = await a.lease(w)
+    await submit(kit, a, w, g, base_version=a.version)   # v3: lost in the crash, by design
+    await crash(a)
+    async with make(kit, storage, clock, durability="snapshot", snapshot_every=2) as b:
+        assert b.version > snapshot_version + 1
+        assert b.model(snapshot_version).equal(at_snapshot)
+        assert b.model_etag(snapshot_version) != b.model_etag(b.version)
+        got = decode_payload_bytes(b"".join([c async for c in b.model_payload(snapshot_version)]))
+        assert got.meta["version"] == snapshot_version       # under the number the lease names
+        assert all(torch.equal(got.tensors[k], at_snapshot[k]) for k in at_snapshot)
+        with pytest.raises(VersionNotFoundError):           # v3's weights are gone: not renamed
+            b.model_payload(snapshot_version + 1)

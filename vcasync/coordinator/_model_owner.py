@@ -330,26 +330,30 @@ class ModelOwner:
     def release(self, version: Version) -> None:
         self.versions.release(version)
 
-    def _require(self, number: int) -> None:
-        if self.versions.get(number) is None:
+    def _require(self, number: int) -> int:
+        """The held version ``number`` names: itself, or the number a snapshot-mode restart gave
+        its weights (:meth:`renumbered`), so a worker whose lease was granted on the old number
+        before the crash still downloads its base; raises when none is held."""
+        held = self.renumbered(number)
+        if self.versions.get(held) is None:
             raise VersionNotFoundError(f"model version {number} is not held (current: "
                                        f"{self.version}); fetch the latest", version=number)
+        return held
 
     def copy(self, number: int | None = None) -> ModelState:
         number = self.version if number is None else number
-        self._require(number)
-        v = self.versions.get(number)
+        v = self.versions.get(self._require(number))
         assert v is not None
         return v.model.clone()
 
     def payload(self, number: int, codec: str, count: Callable[[int], None]) -> AsyncIterator[bytes]:
-        """The wire payload of a held version; raises now when it is not held."""
-        self._require(number)
-        return self._stream(number, codec, count)
+        """The wire payload of a held version, under the number asked for (an old number of a
+        renumbered version names the same weights); raises now when it is not held."""
+        return self._stream(number, self._require(number), codec, count)
 
-    async def _stream(self, number: int, codec: str,
+    async def _stream(self, number: int, held: int, codec: str,
                       count: Callable[[int], None]) -> AsyncIterator[bytes]:
-        v = self.versions.acquire(number)
+        v = self.versions.acquire(held)
         if v is None:
             raise VersionNotFoundError(f"model version {number} was dropped", version=number)
         try:
