@@ -37,9 +37,9 @@ async def running(tmp_path: Path, *, units: Sequence[WorkUnit] | None = None, se
                   lease_timeout_s: float = 30.0, authority: TokenAuthority | None = None,
                   store: str | None = None, initial: torch.nn.Module | None = None,
                   coordinator: Mapping[str, Any] | None = None, policy: Any = None,
-                  ) -> AsyncIterator[tuple[Coordinator, Server]]:
+                  linger_s: float | None = None) -> AsyncIterator[tuple[Coordinator, Server]]:
     """A coordinator (file storage under ``tmp_path`` unless durability is "none") on 127.0.0.1:0;
-    ``coordinator``: more :class:`CoordinatorConfig` fields."""
+    ``coordinator``: more :class:`CoordinatorConfig` fields; ``linger_s``: the Server's."""
     model = ModelState.from_module(initial if initial is not None else tiny_model())
     units = list(units) if units is not None else make_units(4, steps=3)
     cfg = CoordinatorConfig(durability=durability, lease_timeout_s=lease_timeout_s,  # type: ignore[arg-type]
@@ -52,7 +52,8 @@ async def running(tmp_path: Path, *, units: Sequence[WorkUnit] | None = None, se
         coord = await stack.enter_async_context(
             Coordinator(model, units, policy=policy or build_policy("vcasgd"), storage=storage,
                         config=cfg))
-        server = await stack.enter_async_context(Server(coord, auth, server_config or ServerConfig(port=0)))
+        server = await stack.enter_async_context(Server(coord, auth, server_config or ServerConfig(port=0),
+                                                        linger_s=linger_s))
         yield coord, server
 
 

@@ -3,7 +3,8 @@
 The public names are re-exported here; the modules beside them are private: ``_server`` (the app,
 its config and TLS), ``_routes`` (one handler per route), ``_auth`` (join credentials and per-worker
 tokens), ``_upload_pace`` (request bodies read against the clock), ``_parser_errors`` (JSON answers
-for requests aiohttp's parser refuses), ``_http_metrics`` (HTTP-level counters) and ``_collector``
+for requests aiohttp's parser refuses), ``_http_metrics`` (HTTP-level counters), ``_waits`` (the
+longest wait told to a worker, so it hears the end of a run while the run lingers) and ``_collector``
 (the garbage collector kept from stalling the loop).
 """
 

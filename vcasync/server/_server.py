@@ -56,6 +56,7 @@ from ._http_metrics import HttpMetrics
 from ._parser_errors import JsonErrorRunner
 from ._refusals import RefusalLog
 from ._upload_pace import BodyCutOff, BodyTimeouts, Pace
+from ._waits import longest_wait
 from .status import PUBLIC_STATUS_ROUTES, STATUS_ACCESS, StatusAccess
 from .status import routes as status_routes
 
@@ -66,6 +67,8 @@ log = logging.getLogger("vcasync.server")
 
 #: The refused-request log of an app (see _refusals); what an error response says, for it.
 REFUSALS = web.AppKey("vcasync_refusals", RefusalLog)
+#: The longest wait told to a worker (``inf``: as the coordinator says); see :mod:`._waits`.
+LONGEST_WAIT = web.AppKey("vcasync_longest_wait", float)
 _CODE = web.ResponseKey("vcasync_error_code", str)
 _MESSAGE = web.ResponseKey("vcasync_error_message", str)
 
@@ -229,17 +232,24 @@ def _error_response(status: int, code: str, message: str, fields: dict[str, Any]
     return resp
 
 
-def _vcasync_error(exc: VCAsyncError) -> web.Response:
+def _vcasync_error(exc: VCAsyncError, longest_wait: float = math.inf) -> web.Response:
+    """``exc`` as its JSON answer; a wait it asks of the caller (``retry_after`` of a 503 or 429) is
+    at most ``longest_wait`` seconds, so a waiting worker asks again while a finished run is still
+    served (see :mod:`vcasync.server._waits`)."""
     spec = spec_for(exc)
     headers: dict[str, str] = {}
+    fields = error_fields(exc)
     if isinstance(exc, AuthError):
         headers["WWW-Authenticate"] = 'Bearer realm="vcasync"'
-    retry_after = getattr(exc, "retry_after", None)   # no work yet; storage unavailable
-    if spec.status == 503 and isinstance(retry_after, int | float):
-        headers["Retry-After"] = str(max(1, round(retry_after)))
+    retry_after = getattr(exc, "retry_after", None)   # no work yet; backing off; storage unavailable
+    if spec.status in (429, 503) and isinstance(retry_after, int | float):
+        if retry_after > longest_wait:
+            retry_after = fields["retry_after"] = longest_wait
+        if spec.status == 503:
+            headers["Retry-After"] = str(max(1, round(retry_after)))
     if spec.status == 500:
         log.warning("%s: %s", spec.code, exc)
-    return _error_response(spec.status, spec.code, str(exc), error_fields(exc), headers)
+    return _error_response(spec.status, spec.code, str(exc), fields, headers)
 
 
 async def _cut_off(request: web.Request, exc: BodyCutOff) -> web.StreamResponse:
@@ -272,16 +282,17 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
+    longest_wait = request.app[LONGEST_WAIT]
     try:
         return await handler(request)
     except (StorageUnavailableError, StorageFailedError) as exc:
-        return _vcasync_error(exc)
+        return _vcasync_error(exc, longest_wait)
     except StorageError as exc:
         # A write of the coordinator's own (a join token) failed: that is its storage being
         # down, not the caller's fault, so the caller is told to wait like everyone else.
-        return _vcasync_error(request.app[R.COORDINATOR].report_storage_failure(exc))
+        return _vcasync_error(request.app[R.COORDINATOR].report_storage_failure(exc), longest_wait)
     except VCAsyncError as exc:
-        return _vcasync_error(exc)
+        return _vcasync_error(exc, longest_wait)
     except BodyCutOff as exc:
         return await _cut_off(request, exc)
     except web.HTTPException as exc:
@@ -333,14 +344,18 @@ def coordinator_metrics_text(coord: Coordinator) -> str:
 
 def build_app(coordinator: Coordinator, authority: TokenAuthority,
               config: ServerConfig | None = None, *,
-              status_access: StatusAccess | None = None) -> web.Application:
+              status_access: StatusAccess | None = None,
+              linger_s: float | None = None) -> web.Application:
     """The aiohttp application exposing ``coordinator``; state under typed ``web.AppKey``\\ s.
-    ``status_access``: who may read the status page's data (default: loopback only)."""
+    ``status_access``: who may read the status page's data (default: loopback only). ``linger_s``:
+    how long the run is served once finished (None: not known); no wait told to a worker is longer
+    than half of it (:func:`~vcasync.server._waits.longest_wait`), so a waiting worker hears the end."""
     config = config or ServerConfig()
     app = web.Application(middlewares=[_metrics, _errors, _auth], client_max_size=1 << 16)
     app[R.COORDINATOR] = coordinator
     app[R.AUTH] = authority
     app[REFUSALS] = RefusalLog()
+    app[LONGEST_WAIT] = longest_wait(linger_s)
     http_metrics = app[R.HTTP_METRICS] = HttpMetrics()
     app[R.MAX_RESULT] = config.max_result_bytes or Limits().max_message_bytes
     app[R.CHUNK] = config.chunk_size
@@ -367,16 +382,20 @@ class Server:
     """Serve ``coordinator`` over HTTP(S) while inside ``async with``; the coordinator's lifetime is
     the caller's (open it first, close it after). ``status_access``: who may read the live status
     page's data, ``/status/data`` (default: loopback only; see
-    :class:`vcasync.server.status.StatusAccess`)."""
+    :class:`vcasync.server.status.StatusAccess`). ``linger_s``: how long the caller keeps serving
+    once the run is finished (``vcasync coordinator --linger``); every wait the server tells a worker
+    is then at most half of it, so that a waiting worker asks again, hears ``410 run_finished`` and
+    exits before the server goes (None or 0: waits as the coordinator says)."""
 
     def __init__(self, coordinator: Coordinator, authority: TokenAuthority,
                  config: ServerConfig | None = None, *, status_access: StatusAccess | None = None,
-                 listener: Listener | None = None) -> None:
+                 listener: Listener | None = None, linger_s: float | None = None) -> None:
         self.config = config or ServerConfig()
         #: Sockets bound by :func:`listen` beforehand (``vcasync coordinator`` binds before it
         #: touches the storage); None: :meth:`start` binds ``config``'s address itself.
         self._listener = listener
         self._status_access = status_access
+        self._linger_s = linger_s
         self._coordinator = coordinator
         self._authority = authority
         self._runner: web.AppRunner | None = None
@@ -400,7 +419,8 @@ class Server:
         listener, self._listener = self._listener or listen(cfg), None
         try:
             await self._authority.load()
-            app = build_app(self._coordinator, self._authority, cfg, status_access=self._status_access)
+            app = build_app(self._coordinator, self._authority, cfg, status_access=self._status_access,
+                            linger_s=self._linger_s)
             kwargs: dict[str, Any] = {} if cfg.access_log else {"access_log": None}
             runner = JsonErrorRunner(app, handle_signals=False, shutdown_timeout=cfg.shutdown_timeout_s,
                                      keepalive_timeout=cfg.idle_timeout_s, **kwargs)

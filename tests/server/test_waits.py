@@ -1,0 +1,74 @@
+"""No wait the server tells a worker outlasts half the time a finished run is served (``linger_s``):
+a worker asleep on a longer one woke after ``vcasync coordinator --linger`` had exited and retried for
+its ``--give-up-after``. A real coordinator behind a real aiohttp server on 127.0.0.1, asked through
+the worker's own client and raw HTTP (for the ``Retry-After`` header)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from vcasync.errors import NoWorkAvailableError, WorkerBackoffError
+from vcasync.ledger._units import make_units
+from vcasync.server._waits import MIN_WAIT_S, linger_warning, longest_wait
+from vcasync.worker._client import CoordinatorClient
+
+from .conftest import SECRET, bearer, control, running
+
+BACKOFF_S = 30.0        # a failing worker's back-off, far longer than the linger below
+LINGER_S = 4.0
+
+
+async def _backed_off_and_waiting(tmp_path: Path, linger_s: float | None) -> tuple[float, float, str]:
+    """The ``retry_after`` told to a backed-off worker, and to one waiting for work (with its
+    ``Retry-After`` header), by a server lingering ``linger_s``."""
+    cfg = {"worker_backoff_s": BACKOFF_S, "worker_backoff_max_s": BACKOFF_S}
+    async with running(tmp_path, units=make_units(1, steps=3), coordinator=cfg, linger_s=linger_s,
+                       lease_timeout_s=120.0) as (_, server), \
+            CoordinatorClient(server.url) as bad, CoordinatorClient(server.url) as holder, \
+            aiohttp.ClientSession() as http:
+        await bad.join(SECRET, "bad")
+        await bad.release((await bad.lease()).lease_id, "trainer error: boom", failed=True)
+        with pytest.raises(WorkerBackoffError) as backoff:
+            await bad.lease()
+        await holder.join(SECRET, "holder")
+        await holder.lease()                      # the only unit is out: the next worker waits
+        async with CoordinatorClient(server.url) as idle:
+            _, token = await idle.join(SECRET, "idle")
+            with pytest.raises(NoWorkAvailableError) as no_work:
+                await idle.lease()
+        async with http.post(f"{server.url}/v1/leases", data=control("lease_request"),
+                             headers=bearer(token)) as resp:
+            assert resp.status == 503
+            header = resp.headers["Retry-After"]
+        return backoff.value.retry_after, no_work.value.retry_after, header
+
+
+async def test_waits_are_at_most_half_the_linger(tmp_path: Path) -> None:
+    backoff, no_work, header = await _backed_off_and_waiting(tmp_path, LINGER_S)
+    assert backoff == LINGER_S / 2              # was 30: the worker slept past the coordinator's exit
+    assert no_work == LINGER_S / 2              # was the heartbeat interval, 30 s here
+    assert header == "2"
+
+
+async def test_without_a_linger_waits_are_the_coordinators(tmp_path: Path) -> None:
+    # An embedded Server that is not told how long it lingers keeps the coordinator's hints.
+    backoff, no_work, header = await _backed_off_and_waiting(tmp_path, None)
+    assert backoff == pytest.approx(BACKOFF_S, abs=1.0)
+    assert no_work == pytest.approx(30.0, abs=1.0)
+    assert header == "30"
+
+
+def test_the_cap_is_half_the_linger_never_under_a_second_and_none_without_a_linger() -> None:
+    assert longest_wait(10.0) == 5.0
+    assert longest_wait(600.0) == 300.0
+    assert longest_wait(1.0) == MIN_WAIT_S == 1.0   # asking more than once a second gains nothing
+    assert longest_wait(0.0) == math.inf            # no end is served: nothing to hear it within
+    assert longest_wait(None) == math.inf
+    assert linger_warning(2.0) is None
+    assert linger_warning(10.0) is None
+    assert "--give-up-after" in (linger_warning(0.0) or "")
+    assert "--linger 1.5" in (linger_warning(1.5) or "")
