@@ -87,7 +87,9 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-cert", type=Path)
     p.add_argument("--tls-key", type=Path)
     p.add_argument("--linger", type=float, dest="linger_s",
-                   help="seconds to keep serving after the run is finished (default 10)")
+                   help="seconds to keep serving after the run is finished, so that workers hear it "
+                        "and exit (default 10); no wait told to a worker is longer than half of it "
+                        "(never under 1 s)")
     p.add_argument("--output", type=Path,
                    help="write the final weights here (torch.save of a state dict) as soon as the run "
                         "finishes; not written when it is stopped before; its directory must exist")
@@ -439,10 +441,16 @@ async def _serve_until_done(cfg: RunConfig, coord: Coordinator, authority: Any, 
     """Serve workers until the run is finished (then ``linger_s``, during which an operator may
     requeue parked units and the run goes on) or a signal; True if the run finished."""
     from ..server import CollectorGuard, Server
+    from ..server._waits import linger_warning
     from ..server.status import StatusAccess
 
+    warning = linger_warning(cfg.linger_s)
+    if warning is not None:
+        log.warning("%s", warning)
+    # linger_s: every wait told to a worker is short enough that it asks again, hears the end of
+    # the run and exits while the finished run is still served
     async with Server(coord, authority, cfg.server, status_access=status_access,
-                      listener=listener) as server, \
+                      listener=listener, linger_s=cfg.linger_s) as server, \
             CollectorGuard():
         # The guard freezes what is allocated so far (torch, the model, the ledger) and what
         # outlives the collector's passes: unguarded, those passes stall the loop for 50-340 ms

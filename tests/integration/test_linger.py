@@ -1,0 +1,83 @@
+"""A worker told to wait still hears the end of the run while the coordinator lingers.
+
+Real processes on 127.0.0.1: a ``vcasync coordinator --linger 2`` with one unit, worker A holding it
+and worker B told "no unit now" (``503 no_work``). The coordinator's own hint was up to a heartbeat
+(15 s here), and B slept 5 to 10 s on it: it woke after the coordinator had lingered its 2 s and
+exited, found nothing listening and retried for ``--give-up-after`` (an hour by default) on what is
+a billed machine. The coordinator now tells no worker to wait longer than half its linger, so B asks
+again, hears ``410 run_finished`` and exits 0 before the coordinator does."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from vcasync.cli import ExitCode
+
+from .conftest import HERE, Procs, free_port
+from .test_fleet import wait_until
+
+pytestmark = pytest.mark.slow
+
+LINGER_S = 2.0
+
+
+def test_a_worker_waiting_for_work_hears_the_end_while_the_coordinator_lingers(
+        procs: Procs, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    procs.env["GATED_TRAINER_GATE"] = str(gate)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    coord = procs.start("coord", "coordinator", "--model", "vcasync.examples.digits:model",
+                        "--shards", "1", "--epochs", "1", "--steps", "5",
+                        "--storage", f"file://{tmp_path / 'store'}", "--lease-timeout", "60",
+                        "--port", str(port), "--linger", str(LINGER_S))
+
+    def worker(name: str) -> subprocess.Popen[bytes]:
+        return procs.start(name, "worker", "--coordinator", url, "--trainer", "gated_trainer:train",
+                           "--app-dir", str(HERE), "--state-dir", str(tmp_path / name),
+                           "--give-up-after", "60")
+
+    a = worker("a")
+    # aiohttp's access log: A holds the run's only unit (201), then B is told to wait (503)
+    wait_until("worker A's lease", lambda: '"POST /v1/leases HTTP/1.1" 201' in procs.log("coord"), 90)
+    b = worker("b")
+    wait_until("worker B told to wait", lambda: '"POST /v1/leases HTTP/1.1" 503' in procs.log("coord"), 90)
+    told = time.monotonic()
+    gate.touch()                           # A delivers the last unit: the run is finished
+    assert a.wait(30) == ExitCode.OK, procs.log("a")[-3000:]
+    assert coord.wait(30) == ExitCode.OK, procs.log("coord")[-3000:]
+    coord_gone = time.monotonic()
+    log = procs.log("coord")
+    assert "serving 2s more so workers hear it" in log
+    assert "run.linger_s" not in log, log[-3000:]      # 2 s is long enough: no warning at start
+    # B heard the end while the coordinator lingered: it did not wake to nothing listening
+    try:
+        code = b.wait(5)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"worker B was still running 5 s after the coordinator exited "
+                             f"({coord_gone - told:.1f} s after B was told to wait):\n"
+                             f"{procs.log('b')[-3000:]}") from None
+    assert code == ExitCode.OK, procs.log("b")[-3000:]
+    b_log = procs.log("b")
+    assert "the run is finished" in b_log
+    assert "unreachable" not in b_log, b_log[-3000:]
+
+
+def test_a_linger_too_short_for_a_waiting_worker_is_said_at_start(procs: Procs, tmp_path: Path) -> None:
+    # --linger 0 caps no wait (no end is served to hear): the operator is told what that costs
+    port = free_port()
+    coord = procs.start("coord", "coordinator", "--model", "vcasync.examples.digits:model",
+                        "--shards", "1", "--epochs", "1", "--steps", "5",
+                        "--storage", f"file://{tmp_path / 'store'}", "--port", str(port), "--linger", "0")
+    wait_until("the coordinator", lambda: "coordinator listening" in procs.log("coord"), 90)
+    coord.send_signal(signal.SIGTERM)
+    assert coord.wait(30) == ExitCode.INTERRUPTED, procs.log("coord")[-3000:]
+    log = procs.log("coord")
+    assert "WARNING vcasync.cli: --linger 0 (run.linger_s): the coordinator exits as soon as the run " \
+           "is finished" in log, log[-3000:]
+    assert "retry for their --give-up-after" in log
