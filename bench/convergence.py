@@ -898,7 +898,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the simulated cells' searches also try the fleet at smaller per-worker "
                         "batches (the ones DDP's search tries, each at its linearly scaled rate), "
                         "then search the rate at the best: 64 workers at digits' 32 a worker share 11 "
-                        "units an epoch (about 25 minutes on 2 cores, beyond the default run's 20)")
+                        "units an epoch (32 minutes on 2 cores beside other work, beyond the default "
+                        "run's 20)")
     p.add_argument("--adaptive-epochs", type=positive_int, default=8,
                    help="epochs of the --adaptive cells (default 8)")
     p.add_argument("--wall-replay", action="store_true",

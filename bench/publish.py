@@ -131,7 +131,7 @@ BENCHES: dict[str, Bench] = {
                                      ["--fleet-batches", "--no-real", "--quick"],
                                      "the simulated cells with the fleet's per-worker batch searched "
                                      "as DDP's is (64 workers at digits' 32 a worker share 11 units "
-                                     "an epoch; about 25 minutes on 2 cores)",
+                                     "an epoch; 32 minutes on 2 cores beside other work)",
                                      module="convergence"),
     "gap_sweep": Bench([], ["--quick"],
                        "the fleet's gap to DDP against epochs and VC-ASGD's alpha, simulated in the "
