@@ -209,7 +209,8 @@ def search_lr(workload: str, workers: int, epochs: int, steps: int | None, *,
     about four steps of a shard): 64 workers at digits' 32 a worker share 11 units an epoch and 4 of
     5 identical-machine seeds never reached DDP's quality, where at 8 a worker (44 units) all did
     (docs/headline-notebook.md, "The fleet's batch"). Two stages, not the whole grid at every
-    batch, keep the default run inside its 20 minutes."""
+    batch: even so the simulated cells took 32 minutes on 2 cores, so ``--fleet-batches`` asks for
+    it and the default run (20 minutes) keeps the fleet at the workload's batch."""
     work = get_workload(workload)
     base = work.lr * math.sqrt(workers)
     if shape is None:
