@@ -17,6 +17,7 @@ import pytest
 from vcasync.coordinator import Coordinator, CoordinatorConfig
 from vcasync.errors import (
     ClosedError,
+    NoWorkAvailableError,
     StorageFailedError,
     StorageUnavailableError,
     TransientStorageError,
@@ -190,3 +191,38 @@ async def test_a_store_that_takes_the_probe_but_not_results_is_one_outage_up_to_
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert sum("storage is back" in m for m in warnings) <= 1, warnings
     assert sum("failed again right after a probe" in m for m in warnings) == 1, warnings
+
+
+async def test_a_finished_run_says_so_to_a_waiting_worker_while_its_storage_is_down() -> None:
+    """A worker told to wait asks again while the finished run lingers, to hear ``410
+    run_finished`` and exit. With the storage down by then (a join's token write failed), the
+    lease was answered ``503 storage_unavailable`` instead: saying the run is over needs no write,
+    but the worker kept waiting, the coordinator exited after its linger, and the worker retried
+    for its --give-up-after (seen with real processes and a ``chattr +i`` store)."""
+    switch = Switch()
+    config = CoordinatorConfig(storage_probe_interval_s=PROBE_S, storage_outage_limit_s=60.0)
+    async with open_storage("memory://finished-outage") as inner:
+        storage: Any = FaultyStorage(inner, trigger=switch)
+        async with Coordinator(ModelState.from_module(tiny_model()), make_units(1, steps=3),
+                               policy=build_policy("vcasgd"), storage=storage,
+                               config=config) as coord, \
+                Server(coord, TokenAuthority(join_secret=SECRET, store=StorageTokenStore(storage)),
+                       ServerConfig(port=0), linger_s=4.0) as server, \
+                CoordinatorClient(server.url) as a, CoordinatorClient(server.url) as b:
+            await a.join(SECRET, "a")
+            await b.join(SECRET, "b")
+            grant = await a.lease()
+            with pytest.raises(NoWorkAvailableError) as waiting:      # b is told to wait
+                await b.lease()
+            assert not waiting.value.finished
+            data = result_payload(await _model(coord), grant.lease_id, grant.base_version)
+            assert (await a.submit(grant.lease_id, data)).status == "accepted"
+            assert coord.finished
+            switch.down = True
+            async with CoordinatorClient(server.url) as late:          # a write fails: storage down
+                with pytest.raises(StorageUnavailableError):
+                    await late.join(SECRET, "late")
+            assert coord.status()["storage"]["state"] == "unavailable"
+            with pytest.raises(NoWorkAvailableError) as told:
+                await b.lease()
+            assert told.value.finished, told.value

@@ -601,7 +601,10 @@ class Coordinator:
         """The next unit, or :class:`NoWorkAvailableError` (``finished`` when the run is over);
         :class:`StorageUnavailableError` while its result could not be made durable."""
         self._check_running()
-        self._health.check()
+        if not self._ledger.finished:
+            # A finished run says so (410) with no write: told to wait for the storage instead, a
+            # worker would still be waiting when the coordinator stopped lingering and exited.
+            self._health.check()
         self._restart_grace()
         try:
             return self._ledger.lease(worker_id, self.version)
