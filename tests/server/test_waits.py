@@ -54,6 +54,14 @@ async def test_waits_are_at_most_half_the_linger(tmp_path: Path) -> None:
     assert header == "2"
 
 
+async def test_the_retry_after_header_is_never_past_the_cap_either(tmp_path: Path) -> None:
+    # The header is whole seconds: rounding a cap of 3.5 s (linger 7) up to "4" told a plain HTTP
+    # client a wait longer than half the linger; it is rounded down to the cap instead.
+    backoff, no_work, header = await _backed_off_and_waiting(tmp_path, 7.0)
+    assert backoff == no_work == 3.5
+    assert header == "3"
+
+
 async def test_without_a_linger_waits_are_the_coordinators(tmp_path: Path) -> None:
     # An embedded Server that is not told how long it lingers keeps the coordinator's hints.
     backoff, no_work, header = await _backed_off_and_waiting(tmp_path, None)

@@ -246,7 +246,10 @@ def _vcasync_error(exc: VCAsyncError, longest_wait: float = math.inf) -> web.Res
         if retry_after > longest_wait:
             retry_after = fields["retry_after"] = longest_wait
         if spec.status == 503:
-            headers["Retry-After"] = str(max(1, round(retry_after)))
+            whole = round(retry_after)
+            if whole > longest_wait:        # whole seconds, rounded up past the cap: round down
+                whole = math.floor(longest_wait)
+            headers["Retry-After"] = str(max(1, whole))
     if spec.status == 500:
         log.warning("%s: %s", spec.code, exc)
     return _error_response(spec.status, spec.code, str(exc), fields, headers)
