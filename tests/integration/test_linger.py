@@ -81,3 +81,51 @@ def test_a_linger_too_short_for_a_waiting_worker_is_said_at_start(procs: Procs, 
     assert "WARNING vcasync.cli: --linger 0 (run.linger_s): the coordinator exits as soon as the run " \
            "is finished" in log, log[-3000:]
     assert "retry for their --give-up-after" in log
+
+
+def test_workers_retrying_a_crashed_coordinator_hear_the_end_from_the_one_that_takes_over(
+        procs: Procs, tmp_path: Path) -> None:
+    """A coordinator SIGKILLed while it lingered leaves workers that never heard the end; they retry
+    the unreachable coordinator up to 10 s apart (the worker's reconnect back-off, full jitter). The
+    start that takes the finished run over served only ``--linger`` (2 s here): every one of them
+    missed it and retried for its --give-up-after. It now serves at least twice that back-off."""
+    gate = tmp_path / "gate"
+    procs.env["GATED_TRAINER_GATE"] = str(gate)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = ("coordinator", "--model", "vcasync.examples.digits:model", "--shards", "1", "--epochs", "1",
+            "--steps", "5", "--storage", f"file://{tmp_path / 'store'}", "--lease-timeout", "60",
+            "--port", str(port), "--linger", str(LINGER_S))
+    coord = procs.start("coord", *args)
+
+    def worker(name: str) -> subprocess.Popen[bytes]:
+        return procs.start(name, "worker", "--coordinator", url, "--trainer", "gated_trainer:train",
+                           "--app-dir", str(HERE), "--state-dir", str(tmp_path / name),
+                           "--give-up-after", "90")
+
+    a = worker("a")
+    wait_until("worker A's lease", lambda: '"POST /v1/leases HTTP/1.1" 201' in procs.log("coord"), 90)
+    waiting = {name: worker(name) for name in ("b", "c", "d")}
+    wait_until("the others told to wait",
+               lambda: procs.log("coord").count('"POST /v1/leases HTTP/1.1" 503') >= 3, 90)
+    for w in waiting.values():          # asleep: none asks while the run is still served
+        w.send_signal(signal.SIGSTOP)
+    gate.touch()
+    wait_until("the end of the run", lambda: "more so workers hear it" in procs.log("coord"), 60)
+    coord.send_signal(signal.SIGKILL)
+    coord.wait(10)
+    for w in waiting.values():
+        w.send_signal(signal.SIGCONT)
+    assert a.wait(30) == ExitCode.OK, procs.log("a")[-3000:]
+    time.sleep(20)                      # the workers' reconnect back-off grows to its 10 s
+    again = procs.start("again", *args)
+    for name, w in waiting.items():
+        try:
+            code = w.wait(40)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"worker {name} never heard the end:\n{procs.log(name)[-2000:]}\n"
+                                 f"{procs.log('again')[-2000:]}") from None
+        assert code == ExitCode.OK, procs.log(name)[-3000:]
+        assert "the run is finished" in procs.log(name)
+    assert again.wait(40) == ExitCode.OK, procs.log("again")[-3000:]
+    assert "its coordinator stopped uncleanly, so serving 20s" in procs.log("again")

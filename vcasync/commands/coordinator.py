@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -420,7 +421,10 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
             else:
                 if coord.finished and not coord.parked():
                     # its coordinator died before its workers all heard the end (while lingering):
-                    # they retry until they do, so serve linger_s, as the end of a served run does
+                    # they retry until they do, so serve linger_s, as the end of a served run does,
+                    # but at least twice their reconnect delay: they are retrying an unreachable
+                    # coordinator, not waiting on a hint the server capped
+                    cfg = dataclasses.replace(cfg, linger_s=max(cfg.linger_s, _reconnect_linger()))
                     log.info("run %s is already finished at model v%d; its coordinator stopped "
                              "uncleanly, so serving %.0fs for its workers to hear it",
                              coord.status().get("run_id"), coord.version, cfg.linger_s)
@@ -432,6 +436,15 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                                                    f"{len(units)} units, policy {policy.name}",
                                                    status_access, listener)
     return _exit_code(coord, finished)
+
+
+def _reconnect_linger() -> float:
+    """How long a finished run taken over from a crash is served at least: twice the longest wait
+    between a worker's retries of an unreachable coordinator (:data:`WORKER_BACKOFF`, full jitter),
+    so every worker still retrying asks within it (a 3 s linger was missed by each of 4 workers
+    retrying up to 10 s apart, which then retried for their --give-up-after)."""
+    from ..worker._worker import WORKER_BACKOFF
+    return 2 * WORKER_BACKOFF.max_delay_s
 
 
 async def _serve_until_done(cfg: RunConfig, coord: Coordinator, authority: Any, port_file: Path | None,
