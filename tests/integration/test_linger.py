@@ -26,21 +26,30 @@ pytestmark = pytest.mark.slow
 LINGER_S = 2.0
 
 
+def coordinator_args(tmp_path: Path, port: int) -> tuple[str, ...]:
+    """One unit of digits on a store under ``tmp_path``, lingering ``LINGER_S``."""
+    return ("coordinator", "--model", "vcasync.examples.digits:model", "--shards", "1", "--epochs", "1",
+            "--steps", "5", "--storage", f"file://{tmp_path / 'store'}", "--lease-timeout", "60",
+            "--port", str(port), "--linger", str(LINGER_S))
+
+
+def gated_worker(procs: Procs, tmp_path: Path, port: int, name: str,
+                 give_up_s: int) -> subprocess.Popen[bytes]:
+    """A worker whose trainer holds its unit until the test touches the gate."""
+    return procs.start(name, "worker", "--coordinator", f"http://127.0.0.1:{port}",
+                       "--trainer", "gated_trainer:train", "--app-dir", str(HERE),
+                       "--state-dir", str(tmp_path / name), "--give-up-after", str(give_up_s))
+
+
 def test_a_worker_waiting_for_work_hears_the_end_while_the_coordinator_lingers(
         procs: Procs, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     procs.env["GATED_TRAINER_GATE"] = str(gate)
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    coord = procs.start("coord", "coordinator", "--model", "vcasync.examples.digits:model",
-                        "--shards", "1", "--epochs", "1", "--steps", "5",
-                        "--storage", f"file://{tmp_path / 'store'}", "--lease-timeout", "60",
-                        "--port", str(port), "--linger", str(LINGER_S))
+    coord = procs.start("coord", *coordinator_args(tmp_path, port))
 
     def worker(name: str) -> subprocess.Popen[bytes]:
-        return procs.start(name, "worker", "--coordinator", url, "--trainer", "gated_trainer:train",
-                           "--app-dir", str(HERE), "--state-dir", str(tmp_path / name),
-                           "--give-up-after", "60")
+        return gated_worker(procs, tmp_path, port, name, 60)
 
     a = worker("a")
     # aiohttp's access log: A holds the run's only unit (201), then B is told to wait (503)
@@ -92,16 +101,11 @@ def test_workers_retrying_a_crashed_coordinator_hear_the_end_from_the_one_that_t
     gate = tmp_path / "gate"
     procs.env["GATED_TRAINER_GATE"] = str(gate)
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    args = ("coordinator", "--model", "vcasync.examples.digits:model", "--shards", "1", "--epochs", "1",
-            "--steps", "5", "--storage", f"file://{tmp_path / 'store'}", "--lease-timeout", "60",
-            "--port", str(port), "--linger", str(LINGER_S))
+    args = coordinator_args(tmp_path, port)
     coord = procs.start("coord", *args)
 
     def worker(name: str) -> subprocess.Popen[bytes]:
-        return procs.start(name, "worker", "--coordinator", url, "--trainer", "gated_trainer:train",
-                           "--app-dir", str(HERE), "--state-dir", str(tmp_path / name),
-                           "--give-up-after", "90")
+        return gated_worker(procs, tmp_path, port, name, 90)
 
     a = worker("a")
     wait_until("worker A's lease", lambda: '"POST /v1/leases HTTP/1.1" 201' in procs.log("coord"), 90)

@@ -53,18 +53,26 @@ async def _model(coord: Coordinator) -> ModelState:
     return ModelState(payload.tensors, version=payload.meta["version"])
 
 
-@pytest.fixture
-async def served() -> AsyncIterator[tuple[Coordinator, Server, Switch]]:
+@contextlib.asynccontextmanager
+async def serving(name: str, units: int, linger_s: float | None = None,
+                  ) -> AsyncIterator[tuple[Coordinator, Server, Switch]]:
+    """A coordinator and its server on a store whose writes fail while ``switch.down``."""
     switch = Switch()
     config = CoordinatorConfig(storage_probe_interval_s=PROBE_S, storage_outage_limit_s=60.0)
-    async with open_storage("memory://outage") as inner:
+    async with open_storage(f"memory://{name}") as inner:
         storage: Any = FaultyStorage(inner, trigger=switch)
-        async with Coordinator(ModelState.from_module(tiny_model()), make_units(4, steps=3),
+        async with Coordinator(ModelState.from_module(tiny_model()), make_units(units, steps=3),
                                policy=build_policy("vcasgd"), storage=storage,
                                config=config) as coord, \
                 Server(coord, TokenAuthority(join_secret=SECRET, store=StorageTokenStore(storage)),
-                       ServerConfig(port=0)) as server:
+                       ServerConfig(port=0), linger_s=linger_s) as server:
             yield coord, server, switch
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[Coordinator, Server, Switch]]:
+    async with serving("outage", 4) as parts:
+        yield parts
 
 
 async def _state(coord: Coordinator, want: str) -> None:
@@ -199,30 +207,22 @@ async def test_a_finished_run_says_so_to_a_waiting_worker_while_its_storage_is_d
     lease was answered ``503 storage_unavailable`` instead: saying the run is over needs no write,
     but the worker kept waiting, the coordinator exited after its linger, and the worker retried
     for its --give-up-after (seen with real processes and a ``chattr +i`` store)."""
-    switch = Switch()
-    config = CoordinatorConfig(storage_probe_interval_s=PROBE_S, storage_outage_limit_s=60.0)
-    async with open_storage("memory://finished-outage") as inner:
-        storage: Any = FaultyStorage(inner, trigger=switch)
-        async with Coordinator(ModelState.from_module(tiny_model()), make_units(1, steps=3),
-                               policy=build_policy("vcasgd"), storage=storage,
-                               config=config) as coord, \
-                Server(coord, TokenAuthority(join_secret=SECRET, store=StorageTokenStore(storage)),
-                       ServerConfig(port=0), linger_s=4.0) as server, \
-                CoordinatorClient(server.url) as a, CoordinatorClient(server.url) as b:
-            await a.join(SECRET, "a")
-            await b.join(SECRET, "b")
-            grant = await a.lease()
-            with pytest.raises(NoWorkAvailableError) as waiting:      # b is told to wait
-                await b.lease()
-            assert not waiting.value.finished
-            data = result_payload(await _model(coord), grant.lease_id, grant.base_version)
-            assert (await a.submit(grant.lease_id, data)).status == "accepted"
-            assert coord.finished
-            switch.down = True
-            async with CoordinatorClient(server.url) as late:          # a write fails: storage down
-                with pytest.raises(StorageUnavailableError):
-                    await late.join(SECRET, "late")
-            assert coord.status()["storage"]["state"] == "unavailable"
-            with pytest.raises(NoWorkAvailableError) as told:
-                await b.lease()
-            assert told.value.finished, told.value
+    async with serving("finished-outage", 1, linger_s=4.0) as (coord, server, switch), \
+            CoordinatorClient(server.url) as a, CoordinatorClient(server.url) as b:
+        await a.join(SECRET, "a")
+        await b.join(SECRET, "b")
+        grant = await a.lease()
+        with pytest.raises(NoWorkAvailableError) as waiting:      # b is told to wait
+            await b.lease()
+        assert not waiting.value.finished
+        data = result_payload(await _model(coord), grant.lease_id, grant.base_version)
+        assert (await a.submit(grant.lease_id, data)).status == "accepted"
+        assert coord.finished
+        switch.down = True
+        async with CoordinatorClient(server.url) as late:          # a write fails: storage down
+            with pytest.raises(StorageUnavailableError):
+                await late.join(SECRET, "late")
+        assert coord.status()["storage"]["state"] == "unavailable"
+        with pytest.raises(NoWorkAvailableError) as told:
+            await b.lease()
+        assert told.value.finished, told.value
