@@ -56,7 +56,7 @@ from ._http_metrics import HttpMetrics
 from ._parser_errors import JsonErrorRunner
 from ._refusals import RefusalLog
 from ._upload_pace import BodyCutOff, BodyTimeouts, Pace
-from ._waits import longest_wait
+from ._waits import cap_wait, longest_wait
 from .status import PUBLIC_STATUS_ROUTES, STATUS_ACCESS, StatusAccess
 from .status import routes as status_routes
 
@@ -243,13 +243,11 @@ def _vcasync_error(exc: VCAsyncError, longest_wait: float = math.inf) -> web.Res
         headers["WWW-Authenticate"] = 'Bearer realm="vcasync"'
     retry_after = getattr(exc, "retry_after", None)   # no work yet; backing off; storage unavailable
     if spec.status in (429, 503) and isinstance(retry_after, int | float):
-        if retry_after > longest_wait:
-            retry_after = fields["retry_after"] = longest_wait
+        wait, whole = cap_wait(retry_after, longest_wait)
+        if wait < retry_after:
+            fields["retry_after"] = wait
         if spec.status == 503:
-            whole = round(retry_after)
-            if whole > longest_wait:        # whole seconds, rounded up past the cap: round down
-                whole = math.floor(longest_wait)
-            headers["Retry-After"] = str(max(1, whole))
+            headers["Retry-After"] = str(whole)
     if spec.status == 500:
         log.warning("%s: %s", spec.code, exc)
     return _error_response(spec.status, spec.code, str(exc), fields, headers)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Final
 
-__all__ = ["MIN_WAIT_S", "linger_warning", "longest_wait"]
+__all__ = ["MIN_WAIT_S", "cap_wait", "linger_warning", "longest_wait"]
 
 #: The shortest cap on a wait: a linger under twice this cannot promise that a waiting worker hears.
 MIN_WAIT_S: Final = 1.0
@@ -31,6 +31,16 @@ def longest_wait(linger_s: float | None) -> float:
     if linger_s is None or linger_s <= 0:
         return math.inf
     return max(linger_s / 2, MIN_WAIT_S)
+
+
+def cap_wait(retry_after: float, longest: float) -> tuple[float, int]:
+    """``retry_after`` at most ``longest`` seconds, and the whole seconds a ``Retry-After`` header
+    says for it: rounded, but never past the cap (3.5 s is 3, not 4) and never under 1."""
+    wait = min(retry_after, longest)
+    whole = round(wait)
+    if whole > longest:
+        whole = math.floor(longest)
+    return wait, max(1, whole)
 
 
 def linger_warning(linger_s: float) -> str | None:
