@@ -231,13 +231,8 @@ def search_lr(workload: str, workers: int, epochs: int, steps: int | None, *,
                 eval_split="validation", eval_points=SEARCH_EVAL_POINTS, seed=seed,
                 keep_timeline=False, sync_baseline=False)).run().rec) for seed in seeds]
             by_fleet_batch[str(b)] = {"lr": lr_b, "validation": statistics.fmean(alone)}
-        sign = 1.0 if work.metric == "accuracy" else -1.0
-
-        def batch_score(b: str) -> float:
-            v = by_fleet_batch[b]["validation"]
-            return sign * v if math.isfinite(v) else -math.inf
-
-        fleet_batch = int(max(by_fleet_batch, key=batch_score))
+        fleet_batch = int(max(by_fleet_batch,
+                              key=lambda b: oriented(by_fleet_batch[b]["validation"], work.metric)))
         base = by_fleet_batch[str(fleet_batch)]["lr"]
         shape = {**shape, "batch_size": fleet_batch}
         # the synchronous side's candidates stay the same batches: None is now the fleet's
@@ -258,9 +253,7 @@ def search_lr(workload: str, workers: int, epochs: int, steps: int | None, *,
                     sync_alone = Simulation(dataclasses.replace(cfg, sync_batch_size=b)).run_sync()
                     per_batch[b].append(quality(sync_alone))
         means = {b: statistics.fmean(v) for b, v in per_batch.items() if v}
-        sign = 1.0 if work.metric == "accuracy" else -1.0   # higher is better after the sign
-        pick = max(means, key=lambda b: sign * means[b] if math.isfinite(means[b]) else -math.inf,
-                   default=None)
+        pick = max(means, key=lambda b: oriented(means[b], work.metric), default=None)
         row: dict[str, Any] = {"lr": lr, "fleet_validation": statistics.fmean(per_fleet),
                                "sync_validation": means[pick] if means else None,
                                "sync_batch_size": pick}
@@ -294,13 +287,20 @@ def sync_batch_of(rows: list[dict[str, Any]], metric: str) -> int | None:
     return next((r.get("sync_batch_size") for r in rows if r["lr"] == rate), None)
 
 
+def oriented(score: float | None, metric: str) -> float:
+    """``score`` turned so that higher is better (accuracy as it is, a loss negated); a missing or
+    non-finite score is the worst (-inf). The one comparison every choice in the search makes."""
+    if score is None or not math.isfinite(score):
+        return -math.inf
+    return score if metric == "accuracy" else -score
+
+
 def best_rate(rows: list[dict[str, Any]], key: str, metric: str) -> float:
     """The rate of the best finite score under ``key`` (highest accuracy, lowest loss); NaN if none."""
-    ok = [r for r in rows if r[key] is not None and math.isfinite(r[key])]
+    ok = [r for r in rows if oriented(r[key], metric) > -math.inf]
     if not ok:
         return math.nan
-    pick = max(ok, key=lambda r: r[key]) if metric == "accuracy" else min(ok, key=lambda r: r[key])
-    return float(pick["lr"])
+    return float(max(ok, key=lambda r: oriented(r[key], metric))["lr"])
 
 
 def next_rate(rows: list[dict[str, Any]], metric: str) -> float | None:
