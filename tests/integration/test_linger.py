@@ -35,7 +35,7 @@ def coordinator_args(tmp_path: Path, port: int) -> tuple[str, ...]:
 
 def gated_worker(procs: Procs, tmp_path: Path, port: int, name: str,
                  give_up_s: int) -> subprocess.Popen[bytes]:
-    """A worker whose trainer holds its unit until the test touches the gate."""
+    """A worker whose trainer holds its unit until the test touches the gate (``procs.env``'s)."""
     return procs.start(name, "worker", "--coordinator", f"http://127.0.0.1:{port}",
                        "--trainer", "gated_trainer:train", "--app-dir", str(HERE),
                        "--state-dir", str(tmp_path / name), "--give-up-after", str(give_up_s))
@@ -133,3 +133,33 @@ def test_workers_retrying_a_crashed_coordinator_hear_the_end_from_the_one_that_t
         assert "the run is finished" in procs.log(name)
     assert again.wait(40) == ExitCode.OK, procs.log("again")[-3000:]
     assert "its coordinator stopped uncleanly, so serving 20s" in procs.log("again")
+
+
+def test_a_worker_joining_while_a_finished_run_lingers_with_its_storage_down_exits_0(
+        procs: Procs, tmp_path: Path) -> None:
+    """A join writes the worker's token: joining while the finished run lingered with its storage
+    gone, a worker was told ``503 storage_unavailable``, waited out the linger, retried the
+    coordinator that had exited for its --give-up-after and exited 1. The end is said first."""
+    gate = tmp_path / "gate"
+    procs.env["GATED_TRAINER_GATE"] = str(gate)
+    port = free_port()
+    args = list(coordinator_args(tmp_path, port))
+    args[args.index("--linger") + 1] = "6"
+    coord = procs.start("coord", *args)
+    a = gated_worker(procs, tmp_path, port, "a", 60)
+    wait_until("worker A's lease", lambda: '"POST /v1/leases HTTP/1.1" 201' in procs.log("coord"), 90)
+    gate.touch()
+    assert a.wait(30) == ExitCode.OK, procs.log("a")[-3000:]
+    wait_until("the end of the run", lambda: "more so workers hear it" in procs.log("coord"), 30)
+    store = tmp_path / "store"
+    store.rename(tmp_path / "store.gone")           # the storage is gone: every write fails
+    store.write_text("not a directory")
+    late = gated_worker(procs, tmp_path, port, "late", 60)
+    try:
+        code = late.wait(30)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the late worker never heard the end:\n{procs.log('late')[-3000:]}") from None
+    assert code == ExitCode.OK, procs.log("late")[-3000:]
+    assert "the run is finished: cannot join" in procs.log("late")
+    assert '"POST /v1/join HTTP/1.1" 410' in procs.log("coord")
+    coord.wait(30)        # its final snapshot cannot be written either: not this test's business

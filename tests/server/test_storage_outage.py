@@ -18,6 +18,7 @@ from vcasync.coordinator import Coordinator, CoordinatorConfig
 from vcasync.errors import (
     ClosedError,
     NoWorkAvailableError,
+    StorageError,
     StorageFailedError,
     StorageUnavailableError,
     TransientStorageError,
@@ -219,10 +220,33 @@ async def test_a_finished_run_says_so_to_a_waiting_worker_while_its_storage_is_d
         assert (await a.submit(grant.lease_id, data)).status == "accepted"
         assert coord.finished
         switch.down = True
-        async with CoordinatorClient(server.url) as late:          # a write fails: storage down
-            with pytest.raises(StorageUnavailableError):
-                await late.join(SECRET, "late")
+        # a write of the server's own fails (as a join token's did): the storage is unavailable
+        coord.report_storage_failure(StorageError("the store refuses writes"))
         assert coord.status()["storage"]["state"] == "unavailable"
         with pytest.raises(NoWorkAvailableError) as told:
             await b.lease()
         assert told.value.finished, told.value
+
+
+async def test_a_worker_joining_while_a_finished_run_lingers_hears_it_even_with_storage_down() -> None:
+    """A join writes the worker's token, so a worker joining while a finished run lingered, with
+    the storage down, was told ``503 storage_unavailable`` and waited until the coordinator exited
+    (then retried for its --give-up-after and exited 1). The run's end is said before any write."""
+    async with serving("finished-join", 1, linger_s=4.0) as (coord, server, switch), \
+            CoordinatorClient(server.url) as a, aiohttp.ClientSession() as http:
+        await a.join(SECRET, "a")
+        grant = await a.lease()
+        data = result_payload(await _model(coord), grant.lease_id, grant.base_version)
+        assert (await a.submit(grant.lease_id, data)).status == "accepted"
+        assert coord.finished
+        switch.down = True
+        async with CoordinatorClient(server.url) as late:
+            with pytest.raises(NoWorkAvailableError) as told:
+                await late.join(SECRET, "late")
+        assert told.value.finished, told.value
+        async with http.post(f"{server.url}/v1/join", data=control("join", {"name": "raw"}),
+                             headers={"Authorization": f"Bearer {SECRET}",
+                                      "Content-Type": "application/x-msgpack"}) as resp:
+            assert resp.status == 410
+            assert (await resp.json())["error"] == "run_finished"
+        assert coord.status()["storage"]["state"] == "ok"               # nothing was written

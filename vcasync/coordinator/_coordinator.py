@@ -591,8 +591,12 @@ class Coordinator:
 
     # -- workers ----------------------------------------------------------------------------------
     async def join(self, name: str = "", info: Mapping[str, Any] | None = None) -> str:
-        """Register a worker; returns its id (authentication is the server's business)."""
+        """Register a worker; returns its id (authentication is the server's business).
+        :class:`NoWorkAvailableError` (``finished``, ``410 run_finished``) once the run is finished:
+        said before anything is written (the server writes a joining worker's token), so a worker
+        joining while a finished run lingers hears it even with the storage down."""
         self._check_running()
+        self._refuse_if_finished("join")
         worker_id = self._ledger.join(name, info)
         self.activity.note("join", worker=worker_id, detail=name)
         return worker_id
@@ -613,6 +617,18 @@ class Coordinator:
             raise
         finally:
             self._check_finished()      # leasing expires overdue leases, which may park the last unit
+
+    def _refuse_if_finished(self, action: str) -> None:
+        """:class:`NoWorkAvailableError` (``finished``: ``410 run_finished``) once every unit is
+        done or parked, as a lease request is answered; it needs no write."""
+        if self._ledger.finished:
+            raise self._run_over(action)
+
+    def _run_over(self, action: str, why: BaseException | None = None) -> NoWorkAvailableError:
+        lease = f" (and this lease: {why})" if why is not None else ""
+        return NoWorkAvailableError(f"cannot {action}: every work unit is done or parked; the run is "
+                                    f"finished{lease}", retry_after=self._ledger.config.heartbeat_s,
+                                    finished=True)
 
     def _grace_left(self) -> float:
         """Seconds left of the restart grace (0 once it is over, and it is then ended)."""

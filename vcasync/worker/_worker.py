@@ -297,6 +297,14 @@ class Worker:
                                        "are in the log above")
         except _Stopped:
             pass
+        except NoWorkAvailableError as exc:
+            # 410 run_finished outside a lease request (a join, a heartbeat, a coordinator gone
+            # after saying so): the run is over for this worker too, which is its job done.
+            if not exc.finished:
+                raise
+            log.info("the run is finished: %s", exc)
+            self._check_delivered()
+            return "finished"
         return "preempted"
 
     def _check_delivered(self) -> None:
