@@ -55,11 +55,12 @@ async def _model(coord: Coordinator) -> ModelState:
 
 
 @contextlib.asynccontextmanager
-async def serving(name: str, units: int, linger_s: float | None = None,
+async def serving(name: str, units: int, linger_s: float | None = None, probe_s: float = PROBE_S,
                   ) -> AsyncIterator[tuple[Coordinator, Server, Switch]]:
-    """A coordinator and its server on a store whose writes fail while ``switch.down``."""
+    """A coordinator and its server on a store whose writes fail while ``switch.down``, probed
+    every ``probe_s`` at most."""
     switch = Switch()
-    config = CoordinatorConfig(storage_probe_interval_s=PROBE_S, storage_outage_limit_s=60.0)
+    config = CoordinatorConfig(storage_probe_interval_s=probe_s, storage_outage_limit_s=60.0)
     async with open_storage(f"memory://{name}") as inner:
         storage: Any = FaultyStorage(inner, trigger=switch)
         async with Coordinator(ModelState.from_module(tiny_model()), make_units(units, steps=3),
@@ -250,3 +251,30 @@ async def test_a_worker_joining_while_a_finished_run_lingers_hears_it_even_with_
             assert resp.status == 410
             assert (await resp.json())["error"] == "run_finished"
         assert coord.status()["storage"]["state"] == "ok"               # nothing was written
+
+
+async def test_a_capped_storage_wait_is_said_alike_in_message_header_and_status() -> None:
+    """With the probe backing off past half the linger, ``retry_after`` was capped but the message
+    still said "retry in 1.6s" and ``GET /v1/status`` showed 1.6 too."""
+    async with serving("capped-storage", 2, linger_s=1.0, probe_s=30.0) as (coord, server, switch), \
+            CoordinatorClient(server.url) as client, aiohttp.ClientSession() as http:
+        await client.join(SECRET, "a")
+        grant = await client.lease()
+        data = result_payload(await _model(coord), grant.lease_id, grant.base_version)
+        switch.down = True
+        with pytest.raises(StorageUnavailableError):
+            await client.submit(grant.lease_id, data)
+        for _ in range(400):       # the probes back off: 0.1, 0.2, 0.4, 0.8, 1.6 s ...
+            if coord.status()["storage"].get("retry_after_s", 0) > 1.0:
+                break
+            await asyncio.sleep(0.02)
+        assert coord.status()["storage"]["retry_after_s"] > 1.0        # the coordinator's own
+        async with http.post(f"{server.url}/v1/leases", data=control("lease_request"),
+                             headers={"Authorization": f"Bearer {client.token}",
+                                      "Content-Type": "application/x-msgpack"}) as resp:
+            assert resp.status == 503
+            assert resp.headers["Retry-After"] == "1"
+            body = await resp.json()
+        assert body["retry_after"] == 1.0
+        assert body["message"].endswith("keep the result; retry in 1s"), body["message"]
+        assert (await client.status())["storage"]["retry_after_s"] == 1.0

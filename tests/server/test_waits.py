@@ -22,7 +22,8 @@ BACKOFF_S = 30.0        # a failing worker's back-off, far longer than the linge
 LINGER_S = 4.0
 
 
-async def _backed_off_and_waiting(tmp_path: Path, linger_s: float | None) -> tuple[float, float, str]:
+async def _backed_off_and_waiting(tmp_path: Path, linger_s: float | None,
+                                  ) -> tuple[WorkerBackoffError, NoWorkAvailableError, str]:
     """The ``retry_after`` told to a backed-off worker, and to one waiting for work (with its
     ``Retry-After`` header), by a server lingering ``linger_s``."""
     cfg = {"worker_backoff_s": BACKOFF_S, "worker_backoff_max_s": BACKOFF_S}
@@ -44,29 +45,42 @@ async def _backed_off_and_waiting(tmp_path: Path, linger_s: float | None) -> tup
                              headers=bearer(token)) as resp:
             assert resp.status == 503
             header = resp.headers["Retry-After"]
-        return backoff.value.retry_after, no_work.value.retry_after, header
+        return backoff.value, no_work.value, header
 
 
 async def test_waits_are_at_most_half_the_linger(tmp_path: Path) -> None:
     backoff, no_work, header = await _backed_off_and_waiting(tmp_path, LINGER_S)
-    assert backoff == LINGER_S / 2              # was 30: the worker slept past the coordinator's exit
-    assert no_work == LINGER_S / 2              # was the heartbeat interval, 30 s here
+    assert backoff.retry_after == LINGER_S / 2  # was 30: the worker slept past the coordinator's exit
+    assert no_work.retry_after == LINGER_S / 2  # was the heartbeat interval, 30 s here
     assert header == "2"
+
+
+async def test_the_message_says_the_wait_the_worker_is_told(tmp_path: Path) -> None:
+    # The message ended "lease again in 30s" while retry_after said 2: the worker's log (which
+    # prints the message) told the operator something else than the worker was told.
+    backoff, no_work, _ = await _backed_off_and_waiting(tmp_path, LINGER_S)
+    for told in (backoff, no_work):
+        assert str(told).endswith("; retry in 2s"), told
+        assert "again in" not in str(told), told
+        assert "retry later" not in str(told), told
+    assert "backing off: no lease for 30s more; retry in 2s" in str(backoff)   # both true
+    uncapped, _, _ = await _backed_off_and_waiting(tmp_path / "uncapped", None)
+    assert str(uncapped).endswith(f"; retry in {uncapped.retry_after:g}s"), uncapped
 
 
 async def test_the_retry_after_header_is_never_past_the_cap_either(tmp_path: Path) -> None:
     # The header is whole seconds: rounding a cap of 3.5 s (linger 7) up to "4" told a plain HTTP
     # client a wait longer than half the linger; it is rounded down to the cap instead.
     backoff, no_work, header = await _backed_off_and_waiting(tmp_path, 7.0)
-    assert backoff == no_work == 3.5
+    assert backoff.retry_after == no_work.retry_after == 3.5
     assert header == "3"
 
 
 async def test_without_a_linger_waits_are_the_coordinators(tmp_path: Path) -> None:
     # An embedded Server that is not told how long it lingers keeps the coordinator's hints.
     backoff, no_work, header = await _backed_off_and_waiting(tmp_path, None)
-    assert backoff == pytest.approx(BACKOFF_S, abs=1.0)
-    assert no_work == pytest.approx(30.0, abs=1.0)
+    assert backoff.retry_after == pytest.approx(BACKOFF_S, abs=1.0)
+    assert no_work.retry_after == pytest.approx(30.0, abs=1.0)
     assert header == "30"
 
 

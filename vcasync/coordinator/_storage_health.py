@@ -172,9 +172,11 @@ class StorageHealth:
     def refusal(self, exc: BaseException | None = None) -> StorageUnavailableError:
         """The answer for a refused request (about ``exc``, or the last error seen)."""
         why = _describe(exc) if exc is not None else self.last_error
+        # The wait is retry_after, said by whoever answers (the server caps it at half the run's
+        # linger): a number in the message could disagree with the wait the worker is told.
         return StorageUnavailableError(
             f"the coordinator's storage is unavailable ({why}); nothing was taken in: keep the "
-            f"result and retry in {self.retry_after:g}s", retry_after=self.retry_after)
+            "result", retry_after=self.retry_after)
 
     @property
     def retry_after(self) -> float:

@@ -207,7 +207,7 @@ class Ledger:
         if wait > 0:
             raise WorkerBackoffError(
                 f"worker {w.worker_id} failed its last {w.streak} unit(s) (last: {w.last_failure}); "
-                f"backing off: lease again in {wait:.3g}s", retry_after=round(wait, 3))
+                f"backing off: no lease for {wait:.3g}s more", retry_after=round(wait, 3))
 
     def _pick(self, worker_id: str) -> str:
         """The first queued unit this worker has not failed (near the front), else the first."""
@@ -227,7 +227,7 @@ class Ledger:
         # The earliest deadline (possibly stale, which only makes the hint a little early).
         first = self._heap[0][0] if self._heap else self._clock()
         wait = min(max(first - self._clock(), 0.1), self.config.heartbeat_s)
-        return NoWorkAvailableError(f"no queued work; {leased} units are leased, retry later",
+        return NoWorkAvailableError(f"no queued work; {leased} units are leased",
                                     retry_after=round(wait, 3))
 
     def _set(self, u: UnitRecord, state: UnitState) -> None:

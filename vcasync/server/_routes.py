@@ -33,8 +33,8 @@ from ._auth import TokenAuthority
 from ._http_metrics import HttpMetrics
 from ._upload_pace import BodyTimeouts, read_body
 
-__all__ = ["AUTH", "BODY_TIMEOUTS", "CHUNK", "COORDINATOR", "HTTP_METRICS", "MAX_RESULT", "PUBLIC_ROUTES",
-           "WORKER_ID", "BodyTimeouts", "routes"]
+__all__ = ["AUTH", "BODY_TIMEOUTS", "CHUNK", "COORDINATOR", "HTTP_METRICS", "LONGEST_WAIT", "MAX_RESULT",
+           "PUBLIC_ROUTES", "WORKER_ID", "BodyTimeouts", "routes"]
 
 log = logging.getLogger("vcasync.server")
 
@@ -44,6 +44,8 @@ HTTP_METRICS: Final = web.AppKey("http_metrics", HttpMetrics)
 #: Upper bound on a result upload in bytes (the coordinator's ``limits.max_message_bytes``).
 MAX_RESULT: Final = web.AppKey("max_result_bytes", int)
 CHUNK: Final = web.AppKey("chunk_size", int)
+#: The longest wait told to a worker: half the run's linger (see ``_waits``).
+LONGEST_WAIT: Final = web.AppKey("vcasync_longest_wait", float)
 
 
 BODY_TIMEOUTS: Final = web.AppKey("body_timeouts", BodyTimeouts)
@@ -234,14 +236,18 @@ async def model(request: web.Request) -> web.StreamResponse:
             await payload.aclose()
 
 
-def status_body(coord: Coordinator) -> dict[str, Any]:
-    """The ``GET /v1/status`` document (the status page shows the same one)."""
+def status_body(coord: Coordinator, longest_wait: float = math.inf) -> dict[str, Any]:
+    """The ``GET /v1/status`` document (the status page shows the same one); the storage's
+    ``retry_after_s`` is the wait a refused worker is told, at most ``longest_wait``."""
     body: dict[str, Any] = _scrub({**coord.status(), "version": coord.version})
+    storage = body.get("storage")
+    if isinstance(storage, dict) and isinstance(storage.get("retry_after_s"), int | float):
+        storage["retry_after_s"] = min(storage["retry_after_s"], longest_wait)
     return body
 
 
 async def status(request: web.Request) -> web.Response:
-    body = status_body(request.app[COORDINATOR])
+    body = status_body(request.app[COORDINATOR], request.app[LONGEST_WAIT])
     return web.Response(text=json.dumps(body, default=str, allow_nan=False), content_type=P.JSON)
 
 

@@ -56,7 +56,7 @@ from ._http_metrics import HttpMetrics
 from ._parser_errors import JsonErrorRunner
 from ._refusals import RefusalLog
 from ._upload_pace import BodyCutOff, BodyTimeouts, Pace
-from ._waits import cap_wait, longest_wait
+from ._waits import cap_wait, longest_wait, told_wait
 from .status import PUBLIC_STATUS_ROUTES, STATUS_ACCESS, StatusAccess
 from .status import routes as status_routes
 
@@ -68,7 +68,6 @@ log = logging.getLogger("vcasync.server")
 #: The refused-request log of an app (see _refusals); what an error response says, for it.
 REFUSALS = web.AppKey("vcasync_refusals", RefusalLog)
 #: The longest wait told to a worker (``inf``: as the coordinator says); see :mod:`._waits`.
-LONGEST_WAIT = web.AppKey("vcasync_longest_wait", float)
 _CODE = web.ResponseKey("vcasync_error_code", str)
 _MESSAGE = web.ResponseKey("vcasync_error_message", str)
 
@@ -241,6 +240,7 @@ def _vcasync_error(exc: VCAsyncError, longest_wait: float = math.inf) -> web.Res
     fields = error_fields(exc)
     if isinstance(exc, AuthError):
         headers["WWW-Authenticate"] = 'Bearer realm="vcasync"'
+    message = str(exc)
     retry_after = getattr(exc, "retry_after", None)   # no work yet; backing off; storage unavailable
     if spec.status in (429, 503) and isinstance(retry_after, int | float):
         wait, whole = cap_wait(retry_after, longest_wait)
@@ -248,9 +248,10 @@ def _vcasync_error(exc: VCAsyncError, longest_wait: float = math.inf) -> web.Res
             fields["retry_after"] = wait
         if spec.status == 503:
             headers["Retry-After"] = str(whole)
+        message = told_wait(message, wait)
     if spec.status == 500:
         log.warning("%s: %s", spec.code, exc)
-    return _error_response(spec.status, spec.code, str(exc), fields, headers)
+    return _error_response(spec.status, spec.code, message, fields, headers)
 
 
 async def _cut_off(request: web.Request, exc: BodyCutOff) -> web.StreamResponse:
@@ -283,7 +284,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
-    longest_wait = request.app[LONGEST_WAIT]
+    longest_wait = request.app[R.LONGEST_WAIT]
     try:
         return await handler(request)
     except (StorageUnavailableError, StorageFailedError) as exc:
@@ -356,7 +357,7 @@ def build_app(coordinator: Coordinator, authority: TokenAuthority,
     app[R.COORDINATOR] = coordinator
     app[R.AUTH] = authority
     app[REFUSALS] = RefusalLog()
-    app[LONGEST_WAIT] = longest_wait(linger_s)
+    app[R.LONGEST_WAIT] = longest_wait(linger_s)
     http_metrics = app[R.HTTP_METRICS] = HttpMetrics()
     app[R.MAX_RESULT] = config.max_result_bytes or Limits().max_message_bytes
     app[R.CHUNK] = config.chunk_size

@@ -12,6 +12,10 @@ Two ends of the scale: a wait is never capped under :data:`MIN_WAIT_S` (asking m
 waiting worker nothing, and a fleet asking that often is load); and ``linger_s = 0`` (or no linger
 known, as for an embedded :class:`~vcasync.server.Server`) caps nothing, since no waiting worker can
 hear an end that is not served. :func:`linger_warning` says so at start.
+
+A wait told is said once, in the same words whether capped or not (:func:`told_wait`): a message
+saying "retry in 5s" beside a ``retry_after`` of 1 told the operator reading the worker's log
+something else than the worker was told.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Final
 
-__all__ = ["MIN_WAIT_S", "cap_wait", "linger_warning", "longest_wait"]
+__all__ = ["MIN_WAIT_S", "cap_wait", "linger_warning", "longest_wait", "told_wait"]
 
 #: The shortest cap on a wait: a linger under twice this cannot promise that a waiting worker hears.
 MIN_WAIT_S: Final = 1.0
@@ -41,6 +45,12 @@ def cap_wait(retry_after: float, longest: float) -> tuple[float, int]:
     if whole > longest:
         whole = math.floor(longest)
     return wait, max(1, whole)
+
+
+def told_wait(message: str, wait: float) -> str:
+    """``message`` with the wait the answer tells (``retry_after``, capped) said at its end: the
+    messages themselves say why, never when to ask again, so the two cannot disagree."""
+    return f"{message}; retry in {wait:g}s"
 
 
 def linger_warning(linger_s: float) -> str | None:

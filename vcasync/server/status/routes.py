@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import time
 from importlib import resources
 from typing import Any, Final
@@ -26,7 +27,7 @@ from aiohttp import web
 
 from ...protocol import _messages as P
 from ...protocol._bodies import EvalRecorded, EvalRequest
-from .._routes import COORDINATOR, read_msg, reply_msg, status_body
+from .._routes import COORDINATOR, LONGEST_WAIT, read_msg, reply_msg, status_body
 from .access import StatusAccess
 
 __all__ = ["ASSETS", "PUBLIC_STATUS_ROUTES", "STATUS_ACCESS", "routes"]
@@ -80,8 +81,8 @@ def _asset(name: str) -> Any:
 def page_data(request: web.Request) -> dict[str, Any]:
     """The JSON of ``/status/data``: the ``/v1/status`` document and the live view."""
     coord = request.app[COORDINATOR]
-    return {"status": status_body(coord), "live": coord.live_status(), "now": time.time(),
-            "refresh_s": REFRESH_S}
+    return {"status": status_body(coord, request.app.get(LONGEST_WAIT, math.inf)),
+            "live": coord.live_status(), "now": time.time(), "refresh_s": REFRESH_S}
 
 
 async def _data(request: web.Request) -> web.Response:
