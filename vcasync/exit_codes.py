@@ -14,7 +14,7 @@ __all__ = ["ExitCode"]
 class ExitCode(enum.IntEnum):
     """What a ``vcasync`` command's exit status means (documented in docs/leases.md)."""
 
-    OK = 0            #: the run finished and every work unit was merged
+    OK = 0            #: the run finished and every work unit was merged (a worker: it heard the run finished)
     ERROR = 1         #: an unexpected error ended the command
     CONFIG = 2        #: the configuration (flags, run.toml, environment) is wrong; nothing was changed
     PARKED = 3        #: the run ended with work units parked (given up after failing); nothing lost

@@ -87,8 +87,10 @@ async def test_late_result_wins_and_newer_holder_is_refused(kit, clock, policy) 
         assert (await submit(kit, coord, a, ga, delta)).status == "accepted"
         with pytest.raises(UnitClosedError):
             await submit(kit, coord, b, gb, delta)
-        with pytest.raises(UnitClosedError):
+        with pytest.raises(NoWorkAvailableError) as closed:  # the run is over, not only the unit
             await coord.heartbeat(b, gb.lease_id, 1)
+        assert closed.value.finished
+        assert "already has a result" in str(closed.value)
         assert coord.version == 1
         assert coord.metrics.merges == 1
         assert coord.metrics.rejects["unit_closed"] == 1

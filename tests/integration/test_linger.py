@@ -163,3 +163,39 @@ def test_a_worker_joining_while_a_finished_run_lingers_with_its_storage_down_exi
     assert "the run is finished: cannot join" in procs.log("late")
     assert '"POST /v1/join HTTP/1.1" 410' in procs.log("coord")
     coord.wait(30)        # its final snapshot cannot be written either: not this test's business
+
+
+def test_a_worker_whose_unit_was_delivered_elsewhere_hears_the_end_at_a_heartbeat(
+        procs: Procs, tmp_path: Path) -> None:
+    """Worker A's lease expires (its trainer reports no progress) and B delivers the unit: the run
+    is finished. A stopped heartbeating at its first ``410 lease_expired`` and heartbeated only
+    every 2 s (longer than the 2 s linger): it trained on, uploaded to a coordinator long gone and
+    retried for its --give-up-after, then exited 1. Now it heartbeats on (every second: half the
+    linger), hears ``410 run_finished``, and exits 0 once its trainer returns, even with the
+    coordinator gone by then (this trainer is slow to stop: it ignores ``ctx.should_stop``)."""
+    (tmp_path / "run.toml").write_text("[coordinator]\nheartbeat_interval_s = 2.0\n")
+    port = free_port()
+    args = list(coordinator_args(tmp_path, port))
+    args[args.index("--lease-timeout") + 1] = "6"
+    coord = procs.start("coord", *args, "--config", str(tmp_path / "run.toml"))
+    gate_a, gate_b = tmp_path / "gate_a", tmp_path / "gate_b"
+    gate_b.touch()
+    procs.env.update(GATED_TRAINER_GATE=str(gate_a), GATED_TRAINER_DEAF="1")
+    a = gated_worker(procs, tmp_path, port, "a", 60)
+    wait_until("worker A's lease", lambda: '"POST /v1/leases HTTP/1.1" 201' in procs.log("coord"), 90)
+    procs.env.update(GATED_TRAINER_GATE=str(gate_b), GATED_TRAINER_DEAF="")
+    b = gated_worker(procs, tmp_path, port, "b", 60)
+    assert b.wait(60) == ExitCode.OK, procs.log("b")[-3000:]
+    assert coord.wait(30) == ExitCode.OK, procs.log("coord")[-3000:]
+    assert "/heartbeat HTTP/1.1\" 410" in procs.log("coord"), procs.log("coord")[-3000:]
+    assert "the run is finished (said at a heartbeat)" not in procs.log("a")  # said once it returns
+    gate_a.touch()                          # A's trainer returns: the coordinator is gone
+    try:
+        code = a.wait(15)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"worker A never heard the end:\n{procs.log('a')[-3000:]}") from None
+    log = procs.log("a")
+    assert code == ExitCode.OK, log[-3000:]
+    assert "the run is finished (said at a heartbeat)" in log
+    assert "is gone" in log, log[-3000:]
+    assert "after it said the run is finished" in log, log[-3000:]

@@ -68,6 +68,24 @@ async def test_the_message_says_the_wait_the_worker_is_told(tmp_path: Path) -> N
     assert str(uncapped).endswith(f"; retry in {uncapped.retry_after:g}s"), uncapped
 
 
+async def test_the_heartbeat_interval_told_is_at_most_half_the_linger(tmp_path: Path) -> None:
+    """A worker training a unit asks nothing between heartbeats: told every 30 s (a quarter of a
+    120 s lease timeout) by a coordinator lingering 4 s, one whose unit another worker delivered
+    heard that the run is finished only after the coordinator had exited."""
+    async with running(tmp_path, units=make_units(1, steps=3), linger_s=LINGER_S,
+                       lease_timeout_s=120.0) as (_, server), CoordinatorClient(server.url) as client:
+        await client.join(SECRET, "w")
+        grant = await client.lease()
+        assert grant.heartbeat_interval_s == LINGER_S / 2            # was 30
+        beat = await client.heartbeat(grant.lease_id, 1)
+        assert beat.heartbeat_interval_s == LINGER_S / 2
+        assert (await client.resume(grant.lease_id)).heartbeat_interval_s == LINGER_S / 2
+    async with running(tmp_path / "no-linger", units=make_units(1, steps=3), lease_timeout_s=120.0,
+                       ) as (_, server), CoordinatorClient(server.url) as client:
+        await client.join(SECRET, "w")
+        assert (await client.lease()).heartbeat_interval_s == 30.0  # an embedded Server: as it was
+
+
 async def test_the_retry_after_header_is_never_past_the_cap_either(tmp_path: Path) -> None:
     # The header is whole seconds: rounding a cap of 3.5 s (linger 7) up to "4" told a plain HTTP
     # client a wait longer than half the linger; it is rounded down to the cap instead.

@@ -50,7 +50,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace-period", type=float, default=20.0, help="seconds to wrap up after SIGTERM")
     p.add_argument("--give-up-after", type=float, default=3600.0, metavar="SECONDS",
                    help="exit with an error once the coordinator has been unreachable this long without a "
-                        "break (default 3600; inf: never); the lease and checkpoints stay for a restart")
+                        "break (default 3600; inf: never); the lease and checkpoints stay for a restart. "
+                        "Unreachable after saying the run is finished: exit 0 at once")
     p.add_argument("--on-preempt", choices=["checkpoint", "partial"], default="checkpoint")
     p.add_argument("--upload", choices=["delta", "weights"], default="delta")
     p.add_argument("--codec", default="raw", help="wire codec for results (raw, zstd, ...)")
@@ -67,10 +68,12 @@ def _configure(p: argparse.ArgumentParser) -> None:
 
 #: The part of ``vcasync worker --help`` after the flags (docs/leases.md has the long form).
 EPILOG = """\
-exit status: 0 the run is finished (or the worker was preempted: SIGTERM, SIGINT; or it did
-  --max-units), 1 error: also a trainer that failed 3 units in a row, or every unit it got before
-  the run finished (no result delivered), a trainer returning no result (its lease is handed
-  back first), a quarantine, --give-up-after, 2 configuration error (a refused join credential,
+exit status: 0 the run is finished (410 run_finished at a lease, a join or a heartbeat, also
+  when the coordinator is gone by the time the worker asks again; or the worker was preempted:
+  SIGTERM, SIGINT; or it did --max-units), 1 error: also a trainer that failed 3 units in a row, or
+  every unit it got before the run finished (no result delivered), a trainer returning no result
+  (its lease is handed back first), a quarantine, --give-up-after (a coordinator that had not said
+  the run is finished), 2 configuration error (a refused join credential,
   a coordinator certificate that does not verify: --ca-file, --state held by another live
   worker), 4 --state storage failed
 """

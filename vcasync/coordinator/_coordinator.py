@@ -661,11 +661,19 @@ class Coordinator:
             self._check_finished()
 
     async def heartbeat(self, worker_id: str, lease_id: str, steps_done: int) -> LeaseGrant:
-        """Progress report; progress extends the lease."""
+        """Progress report; progress extends the lease. In a finished run (no lease is live: this
+        one's unit was delivered by another worker after it expired, or parked), the ledger's
+        refusal is :class:`NoWorkAvailableError` (``finished``, ``410 run_finished``): the worker
+        stops its trainer and exits, instead of training on and delivering to a coordinator that
+        has stopped lingering."""
         self._check_running()
         self.metrics.heartbeats += 1
         try:
             return self._ledger.heartbeat(worker_id, lease_id, steps_done)
+        except LedgerError as exc:
+            if self._ledger.finished:
+                raise self._run_over("heartbeat", exc) from exc
+            raise
         finally:
             self._check_finished()
 

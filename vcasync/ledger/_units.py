@@ -6,6 +6,7 @@ validated on the way in, so a malformed unit list fails with a :class:`ConfigErr
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Mapping
@@ -187,6 +188,13 @@ class LeaseGrant:
     deadline_s: float
     heartbeat_interval_s: float
     resumed: bool = False
+
+    def heartbeat_at_most(self, seconds: float) -> LeaseGrant:
+        """This grant with a heartbeat interval of at most ``seconds`` (the server's cap: half the
+        time a finished run is served, so a worker hears the end at a heartbeat)."""
+        if self.heartbeat_interval_s <= seconds:
+            return self
+        return dataclasses.replace(self, heartbeat_interval_s=seconds)
 
     def to_dict(self) -> dict[str, Any]:
         return {"lease_id": self.lease_id, "unit": self.unit.to_dict(),

@@ -44,7 +44,7 @@ HTTP_METRICS: Final = web.AppKey("http_metrics", HttpMetrics)
 #: Upper bound on a result upload in bytes (the coordinator's ``limits.max_message_bytes``).
 MAX_RESULT: Final = web.AppKey("max_result_bytes", int)
 CHUNK: Final = web.AppKey("chunk_size", int)
-#: The longest wait told to a worker: half the run's linger (see ``_waits``).
+#: The longest wait (and heartbeat interval) told to a worker: half the run's linger (see ``_waits``).
 LONGEST_WAIT: Final = web.AppKey("vcasync_longest_wait", float)
 
 
@@ -145,20 +145,20 @@ async def join(request: web.Request) -> web.Response:
 async def lease(request: web.Request) -> web.Response:
     await read_control(request, "lease_request")
     grant = await request.app[COORDINATOR].lease(request[WORKER_ID])
-    return reply_msg(request, grant, status=201)
+    return reply_msg(request, grant.heartbeat_at_most(request.app[LONGEST_WAIT]), status=201)
 
 
 async def resume(request: web.Request) -> web.Response:
     await read_control(request, "resume")
     grant = await request.app[COORDINATOR].resume(request[WORKER_ID], _lease_id(request))
-    return reply_msg(request, grant)
+    return reply_msg(request, grant.heartbeat_at_most(request.app[LONGEST_WAIT]))
 
 
 async def heartbeat(request: web.Request) -> web.Response:
     beat = await read_msg(request, HeartbeatRequest)
     grant = await request.app[COORDINATOR].heartbeat(request[WORKER_ID], _lease_id(request),
                                                      beat.steps_done)
-    return reply_msg(request, grant)
+    return reply_msg(request, grant.heartbeat_at_most(request.app[LONGEST_WAIT]))
 
 
 async def release(request: web.Request) -> web.Response:

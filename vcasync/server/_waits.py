@@ -16,6 +16,12 @@ hear an end that is not served. :func:`linger_warning` says so at start.
 A wait told is said once, in the same words whether capped or not (:func:`told_wait`): a message
 saying "retry in 5s" beside a ``retry_after`` of 1 told the operator reading the worker's log
 something else than the worker was told.
+
+A worker training a unit asks nothing between two heartbeats, so the heartbeat interval a lease
+grant tells is capped the same way (``LeaseGrant.heartbeat_at_most``, in the lease routes): a
+worker whose lease the run no longer needs (its unit was delivered by another worker after the
+lease expired) hears ``410 run_finished`` at its next heartbeat, while the run is still served,
+instead of finding nothing listening when its trainer is done.
 """
 
 from __future__ import annotations

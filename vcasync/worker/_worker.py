@@ -24,6 +24,9 @@ restarting. Results are written to the state dir before upload and re-sent until
 lease id makes a re-send harmless. When the coordinator is up but its storage is not (``503
 storage_unavailable``), the worker says so ("coordinator's storage unavailable, waiting"), keeps its
 result and asks no new work, retrying as often as the coordinator's ``Retry-After`` says.
+A coordinator that said the run is finished (``410 run_finished``: at a lease request, a join or a
+heartbeat) and is unreachable afterwards has stopped lingering: the worker is done, and exits as
+finished at once instead of retrying for ``give_up_after_s``.
 
 State anywhere: ``Worker(..., state="s3://bucket/workers/w7")`` keeps identity, lease and checkpoints
 in a storage backend (see :mod:`vcasync.worker._remote_state`), so a replacement *machine* given the same URL
@@ -199,6 +202,9 @@ class Worker:
         self._accepted = self._refused = self._abandoned = self._units = 0
         self._trainer_failures = 0      # units this worker's trainer failed (raised, or a bad result)
         self._warned_unreported = False  # the trainer's "no report_progress" warning is given once
+        #: The coordinator said the run is finished (``410 run_finished``): once it is gone, it is
+        #: done lingering, and there is nothing left to wait for.
+        self._finish_heard = False
 
     def __repr__(self) -> str:
         return f"Worker({self.url!r}, state_dir={str(self.state.root)!r})"
@@ -339,6 +345,10 @@ class Worker:
                 rejoined = True
                 await self._join()
                 continue
+            except NoWorkAvailableError as exc:
+                if exc.finished:
+                    self._finish_heard = True
+                raise
             except StorageUnavailableError as exc:
                 # The coordinator is up but cannot make anything durable: wait as long as it
                 # asks, keeping what we hold (a spooled result stays on disk until acknowledged).
@@ -353,6 +363,14 @@ class Worker:
                     if problem is not None:
                         raise problem from exc
                     raise
+                if self._finish_heard:
+                    # It said the run is finished and has stopped lingering since: nobody will
+                    # answer, and nothing is left to do (exit 0, not --give-up-after's error).
+                    log.info("%s: the coordinator at %s is gone (%s) after it said the run is "
+                             "finished: nothing left to do", what, self.url, type(exc).__name__)
+                    raise NoWorkAvailableError(
+                        f"{what}: the coordinator at {self.url} is gone ({type(exc).__name__}) after "
+                        "it said the run is finished", finished=True) from exc
                 attempt += 1
                 now = time.monotonic()
                 unreachable_since = now if unreachable_since is None else unreachable_since
@@ -523,6 +541,12 @@ class Worker:
             return False
         finally:
             self._unit_stop = None
+        if lost.is_set() and self._finish_heard:
+            log.info("the run is finished (said at a heartbeat): dropping unit %s, which another "
+                     "worker delivered or which was parked", grant.unit.unit_id)
+            self._abandoned += 1
+            await asyncio.to_thread(self.state.finish_lease, grant.lease_id)
+            return True
         if lost.is_set():
             log.warning("lease %s was lost; dropping unit %s", grant.lease_id, grant.unit.unit_id)
             self._abandoned += 1
@@ -606,15 +630,30 @@ class Worker:
                            "TrainResult")
 
     async def _heartbeats(self, grant: LeaseGrant, ctx: TrainContext, lost: asyncio.Event) -> None:
+        """Heartbeats every ``heartbeat_interval_s`` the coordinator says, until the trainer returns.
+        An expired lease keeps heartbeating: progress may revive it, and a unit delivered by
+        another worker meanwhile (or a run finished meanwhile) is heard there, while the
+        coordinator still answers, instead of at the upload of a result nobody needs."""
         interval = max(0.05, grant.heartbeat_interval_s)
+        expired = False
         while True:
             await asyncio.sleep(interval)
             try:
                 g = await self._cli().heartbeat(grant.lease_id, ctx.steps_done)
                 interval = max(0.05, g.heartbeat_interval_s)
+                expired = False
             except LeaseExpiredError:
-                log.info("lease %s expired; finishing anyway (a late result may still count)",
-                         grant.lease_id)
+                if not expired:
+                    log.info("lease %s expired; finishing anyway (a late result may still count)",
+                             grant.lease_id)
+                expired = True
+            except NoWorkAvailableError as exc:
+                if not exc.finished:
+                    log.warning("heartbeat for %s failed: %r", grant.lease_id, exc)
+                    continue
+                self._finish_heard = True
+                lost.set()
+                ctx.stop_event.set()
                 return
             except (LeaseNotFoundError, NotLeaseHolderError, UnitClosedError):
                 lost.set()
@@ -662,6 +701,8 @@ class Worker:
         except (AuthError, ConfigError):
             raise
         except VCAsyncError as exc:  # refused for good (closed unit, expired lease, invalid): drop it
+            if isinstance(exc, NoWorkAvailableError) and exc.finished:
+                raise           # the coordinator is gone after saying the run is finished: done
             log.warning("result for lease %s refused: %s", lease_id, exc)
             self._refused += 1
         else:
