@@ -8,6 +8,7 @@ everything with one clause, or exactly one failure with a leaf class::
     │   ├── StateInUseError           a live worker already holds that worker state URL (``.url``)
     │   └── PriceRowError             a bad price row (``.problem``, ``.key``, ``.where`` in a file)
     ├── ClosedError                   *we* closed the resource (contrast: the peer broke it)
+    │   └── CoordinatorGoneError      a worker gave up on an unreachable coordinator (kept its state)
     ├── RunIncompleteError            a run stopped at its time limit with work left (exit status 5)
     ├── WireError                     anything wrong with bytes that came off the network
     │   ├── FrameError                malformed, truncated or mis-ordered frames / messages
@@ -62,6 +63,7 @@ __all__ = [
     "ChecksumError",
     "ClosedError",
     "ConfigError",
+    "CoordinatorGoneError",
     "CorruptObjectError",
     "FrameError",
     "InvalidKeyError",
@@ -145,6 +147,11 @@ class PriceRowError(ConfigError):
 
 class ClosedError(VCAsyncError):
     """The resource was closed by its owner; create a new one instead of reusing it."""
+
+
+class CoordinatorGoneError(ClosedError):
+    """A worker gave up on a coordinator unreachable for its ``give_up_after_s``: nothing was
+    refused, so its lease, checkpoint and spooled result stay for a restart to use."""
 
 
 class RunIncompleteError(VCAsyncError):

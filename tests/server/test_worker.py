@@ -382,6 +382,34 @@ async def test_result_spooled_during_an_outage_is_resent_after_restart(tmp_path:
         await coord.wait_finished()
 
 
+async def test_a_worker_giving_up_on_its_upload_keeps_the_result_for_a_restart(tmp_path: Path) -> None:
+    # The coordinator went away as the unit ended and stayed away past --give-up-after: the upload
+    # gave up. That was taken for a refusal ("refused for good"): the spooled result was deleted,
+    # though the give-up message promises "a restart resumes from the state kept", and the worker
+    # then asked for a lease for a second give-up period.
+    from vcasync.errors import CoordinatorGoneError
+
+    port = free_port()
+    auth = TokenAuthority(join_secret=SECRET)
+    async with running(tmp_path, units=make_units(1, steps=3), authority=auth,
+                       server_config=ServerConfig(port=port)) as (coord, server):
+        loop = asyncio.get_running_loop()
+
+        def outage(ctx: TrainContext, step: int) -> None:  # the server dies as the unit ends
+            if step == ctx.unit.steps - 1:
+                asyncio.run_coroutine_threadsafe(server.aclose(), loop).result(10)
+
+        w = worker(f"http://127.0.0.1:{port}", tmp_path / "w", make_trainer(outage), give_up_after_s=1.0)
+        with pytest.raises(CoordinatorGoneError, match=r"^upload: .*unreachable for \d+ s"):
+            await asyncio.wait_for(w.run(), 60)
+        assert len(list((tmp_path / "w" / "results").glob("*.vca"))) == 1     # kept, not dropped
+        async with Server(coord, auth, ServerConfig(port=port)):
+            again = await worker(f"http://127.0.0.1:{port}", tmp_path / "w", make_trainer()).run()
+        assert (again.reason, again.results_accepted) == ("finished", 1)
+        assert list((tmp_path / "w" / "results").glob("*.vca")) == []
+        await coord.wait_finished()
+
+
 async def test_worker_joins_again_when_its_token_is_unknown(tmp_path: Path) -> None:
     port = free_port()
     async with running(tmp_path, units=make_units(2, steps=2),

@@ -59,8 +59,8 @@ import torch
 from .. import _owner_lease
 from ..errors import (
     AuthError,
-    ClosedError,
     ConfigError,
+    CoordinatorGoneError,
     LeaseExpiredError,
     LeaseNotFoundError,
     LedgerError,
@@ -375,10 +375,11 @@ class Worker:
                 now = time.monotonic()
                 unreachable_since = now if unreachable_since is None else unreachable_since
                 if now - unreachable_since >= self.config.give_up_after_s:
-                    raise ClosedError(f"{what}: the coordinator at {self.url} has been unreachable for "
-                                      f"{now - unreachable_since:.0f} s (give_up_after_s, --give-up-after):"
-                                      " giving up; a restart resumes from the state kept"
-                                      f"{plain_http_hint(exc, self.url)}") from exc
+                    raise CoordinatorGoneError(
+                        f"{what}: the coordinator at {self.url} has been unreachable for "
+                        f"{now - unreachable_since:.0f} s (give_up_after_s, --give-up-after):"
+                        " giving up; a restart resumes from the state kept"
+                        f"{plain_http_hint(exc, self.url)}") from exc
                 # no wait past the give-up time (a 5 s limit gave up after 9-11 s)
                 left = self.config.give_up_after_s - (now - unreachable_since)
                 delay = min(self.config.backoff.delay(attempt, self._rng), max(left, 0.01))
@@ -698,8 +699,8 @@ class Worker:
         try:
             receipt: Receipt = await self._call("upload", lambda: self._cli().submit(lease_id, path),
                                                 interruptible=False)
-        except (AuthError, ConfigError):
-            raise
+        except (AuthError, ConfigError, CoordinatorGoneError):
+            raise       # not a refusal: the spooled result stays for a restart to send
         except VCAsyncError as exc:  # refused for good (closed unit, expired lease, invalid): drop it
             if isinstance(exc, NoWorkAvailableError) and exc.finished:
                 raise           # the coordinator is gone after saying the run is finished: done
