@@ -223,3 +223,66 @@ async def test_a_policy_state_the_run_cannot_store_is_refused_before_anything_is
                     config=CFG, clock=clock)
     assert why in str(info.value)
     assert [k async for k in storage.list("")] == []
+
+
+# -- the initial model's origin: seed and factory (probe D2: a seed sweep in one directory reused the
+#    first seed's finished run, exit 0, training nothing) ------------------------------------------
+
+SEED0 = {"factory": "app:model", "seed": 0}
+
+
+async def test_another_seed_or_factory_is_refused_with_both_values(kit, clock, storage) -> None:
+    async with make(kit, storage, clock, model_origin=SEED0) as a:
+        run_id = a.status()["run_id"]
+    before = await _objects(storage)
+    for origin, line in (({**SEED0, "seed": 1},
+                          "initial model: the run was started with seed=0, this start asks for "
+                          "seed=1"),
+                         ({**SEED0, "factory": "other:model"},
+                          "initial model: the run was started with factory='app:model', this start "
+                          "asks for factory='other:model'")):
+        with pytest.raises(ConfigError, match="which this start does not match") as info:
+            await make(kit, storage, clock, model_origin=origin).__aenter__()
+        assert line in str(info.value)
+        assert "--new-run" in str(info.value)
+        assert "--reset-policy" not in str(info.value)          # no policy changed
+        assert await _objects(storage) == before                # a refused start changes nothing
+    async with make(kit, storage, clock, model_origin=SEED0) as same:     # the same command resumes
+        assert same.status()["run_id"] == run_id
+    async with make(kit, storage, clock, model_origin={**SEED0, "seed": 1},
+                    start=StartOptions(new_run=True)) as fresh:
+        assert fresh.status()["run_id"] != run_id
+
+
+async def test_the_same_origin_resumes_after_a_crash(kit, clock, storage) -> None:
+    a = await make(kit, storage, clock, model_origin=SEED0).__aenter__()
+    await feed(kit, a, 2)
+    expected, run_id = a.model(), a.status()["run_id"]
+    await crash(a)
+    async with make(kit, storage, clock, model_origin=SEED0) as b:
+        assert b.status()["run_id"] == run_id
+        assert b.version == expected.version
+        assert all(torch.equal(b.model().tensors[k], v) for k, v in expected.tensors.items())
+
+
+async def test_an_origin_one_side_does_not_know_is_not_a_difference(kit, clock, storage) -> None:
+    """A run recorded by an older build (no origin) resumes and takes the start's; an embedding
+    program that passes none resumes a run that has one, and keeps it in the record."""
+    async with make(kit, storage, clock, model_origin=SEED0) as a:
+        run_id = a.status()["run_id"]
+    record = json.loads(await storage.get("vcasync/run"))
+    assert record["identity"]["origin"] == SEED0
+    del record["identity"]["origin"]                    # as the previous version wrote it
+    await storage.put("vcasync/run", json.dumps(record).encode())
+    async with make(kit, storage, clock, model_origin={**SEED0, "seed": 7}) as b:
+        assert b.status()["run_id"] == run_id
+    assert json.loads(await storage.get("vcasync/run"))["identity"]["origin"]["seed"] == 7
+    with pytest.raises(ConfigError, match="seed=7, this start asks for seed=0"):
+        await make(kit, storage, clock, model_origin=SEED0).__aenter__()
+    async with make(kit, storage, clock) as c:         # no origin said: unknown, not different
+        assert c.status()["run_id"] == run_id
+    async with make(kit, storage, clock, "fedbuff", {"buffer_size": 1},
+                    start=StartOptions(reset_policy=True)) as d:   # a reset keeps the origin
+        assert d.status()["run_id"] == run_id
+    identity = json.loads(await storage.get("vcasync/run"))["identity"]
+    assert (identity["policy"]["name"], identity["origin"]) == ("fedbuff", {**SEED0, "seed": 7})

@@ -408,7 +408,8 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                                    operator_token=operator_token)
         # handed over (adopt_model): a new run merges into these tensors, not a copy of them
         coordinator = Coordinator(model, units, policy=policy, storage=storage, config=coord_cfg,
-                                  policy_params=policy_params, start=start, adopt_model=True)
+                                  policy_params=policy_params, start=start, adopt_model=True,
+                                  model_origin={"factory": cfg.model, "seed": cfg.seed})
         del model      # the coordinator's now, let go of at start: keep none here
         async with coordinator as coord:
             if coord.finished and not coord.parked() and not coord.took_over:

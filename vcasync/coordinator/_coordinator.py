@@ -107,9 +107,15 @@ class Coordinator:
                  clock: Callable[[], float] = time.monotonic,
                  policy_params: Mapping[str, Any] | None = None,
                  start: StartOptions | None = None,
-                 startup_retry: RetryPolicy = STARTUP_RETRY, adopt_model: bool = False) -> None:
+                 startup_retry: RetryPolicy = STARTUP_RETRY, adopt_model: bool = False,
+                 model_origin: Mapping[str, Any] | None = None) -> None:
         """``policy_params`` (what ``policy`` was built with, defaults included) are recorded with
         the run so a restart with other parameters is refused; None records the name only.
+        ``model_origin`` (JSON values: where ``model``'s weights came from, such as ``{"factory":
+        "pkg.mod:fn", "seed": 0}``; ``vcasync coordinator`` passes its ``--model`` and ``--seed``)
+        is recorded the same way, so a restart from another initial model with the same tensors is
+        refused; None records nothing of it, and only the tensors' names, dtypes and shapes tell
+        one initial model from another.
         ``start`` holds the one-shot start-up choices (new run, policy reset, unsafe store).
         ``adopt_model``: the caller hands ``model`` over and never uses its tensors again: a new
         run merges into them instead of a copy (CPU, contiguous tensors without grad; others are
@@ -136,7 +142,8 @@ class Coordinator:
         self._storage = storage
         self._start = start or StartOptions()
         self._startup_retry = startup_retry
-        self.identity = RunIdentity.of(self.spec, self._units_in, policy.name, policy_params)
+        self.identity = RunIdentity.of(self.spec, self._units_in, policy.name, policy_params,
+                                       model_origin)
         self._journal = Journal(storage, config=self.config.journal_config(), spec=self.spec)
         self.metrics = Metrics()
         self.metrics.bind(self._gauges)
@@ -559,8 +566,9 @@ class Coordinator:
             await self._write_snapshot()
             if rec is None:
                 await self._journal.mark_started()
-        if reset:
-            await self._journal.record_identity(self.identity)
+        if reset:       # the new policy; the origin as the run knows it (this start may not)
+            assert run.recorded is not None
+            await self._journal.record_identity(self.identity.with_origin_of(run.recorded))
         self._merger.snapshots.written_version = self.version     # what was recovered is stored
         if taken_over:
             self._grace_until = self._clock() + self.config.restart_grace()

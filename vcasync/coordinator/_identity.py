@@ -1,10 +1,18 @@
 """What makes a run *this* run: recorded with it, compared at every start.
 
-A coordinator restarted with the same command must resume; one started with another model, other work
-units or another merge policy must not quietly mix itself into the stored run (a new policy handed the
+A coordinator restarted with the same command must resume; one started with another model (other
+tensors, or another factory or seed for the same tensors), other work units or another merge policy
+must not quietly mix itself into the stored run (a new policy handed the
 old one's state fails every merge; new units join a run that already reported itself finished). So
 the run record (``<prefix>/run``, see :mod:`vcasync.coordinator._journal`) keeps a
 :class:`RunIdentity`, and a start whose identity differs is refused with one line per difference.
+
+The initial model's *origin* (``vcasync coordinator``: its factory and seed; an embedding program:
+whatever it passes as ``model_origin``) is what tells one initial model from another with the same
+tensors. The weights themselves are not compared (a digest of them would make every restart of a
+factory without a fixed seed mismatch), and the snapshot holds them anyway. Like the policy's
+parameters, an origin is compared where both the run and the start know it: a run recorded without
+one (by an older build, or an embedding program that passed none) resumes, and records the start's.
 
 Things that may change between starts (durability, lease timeout, ports, limits) are *not* part of the
 identity: they configure the coordinator, not the run.
@@ -12,6 +20,7 @@ identity: they configure the coordinator, not the run.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -44,7 +53,8 @@ def _short(params: Mapping[str, Any] | None) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RunIdentity:
-    """Model spec, units, policy (and its parameters, when known), storage layout version."""
+    """Model spec (and origin, when known), units, policy (and its parameters, when known),
+    storage layout version."""
 
     model: dict[str, list[Any]]           # name -> [dtype, shape], in order
     units: int
@@ -53,11 +63,15 @@ class RunIdentity:
     last_unit: str
     policy: str
     policy_params: dict[str, Any] | None  # None: the embedding program did not say
+    #: Where the initial weights came from (``{"factory": "pkg.mod:fn", "seed": 0}``); None: not
+    #: said (an embedding program without ``model_origin``, or a run recorded before origins were).
+    origin: dict[str, Any] | None = None
     layout: int = LAYOUT
 
     @classmethod
     def of(cls, spec: ModelSpec, units: Sequence[WorkUnit], policy: str,
-           policy_params: Mapping[str, Any] | None) -> RunIdentity:
+           policy_params: Mapping[str, Any] | None,
+           origin: Mapping[str, Any] | None = None) -> RunIdentity:
         rows = [u.to_dict() for u in units]
         digest = hashlib.sha256(json.dumps(_plain(rows), sort_keys=True).encode()).hexdigest()[:32]
         return cls(model={name: [str(s.dtype).removeprefix("torch."), list(s.shape)]
@@ -66,24 +80,28 @@ class RunIdentity:
                    first_unit=rows[0]["unit_id"] if rows else "",
                    last_unit=rows[-1]["unit_id"] if rows else "",
                    policy=policy,
-                   policy_params=None if policy_params is None else _plain(dict(policy_params)))
+                   policy_params=None if policy_params is None else _plain(dict(policy_params)),
+                   origin=None if origin is None else _plain(dict(origin)))
 
     def to_json(self) -> dict[str, Any]:
         return {"layout": self.layout, "model": self.model,
                 "units": {"count": self.units, "digest": self.units_digest,
                           "first": self.first_unit, "last": self.last_unit},
-                "policy": {"name": self.policy, "params": self.policy_params}}
+                "policy": {"name": self.policy, "params": self.policy_params},
+                "origin": self.origin}
 
     @classmethod
     def from_json(cls, data: Any) -> RunIdentity:
         """Raises KeyError/TypeError/ValueError on a malformed record (the caller names the key)."""
         units, policy = data["units"], data["policy"]
         params = policy["params"]
+        origin = data.get("origin")      # absent in a record written before origins were
         return cls(model={str(k): list(v) for k, v in dict(data["model"]).items()},
                    units=int(units["count"]), units_digest=str(units["digest"]),
                    first_unit=str(units["first"]), last_unit=str(units["last"]),
                    policy=str(policy["name"]),
                    policy_params=None if params is None else dict(params),
+                   origin=None if origin is None else dict(origin),
                    layout=int(data["layout"]))
 
     def same_policy(self, other: RunIdentity) -> bool:
@@ -93,6 +111,14 @@ class RunIdentity:
         return (self.policy_params is None or other.policy_params is None
                 or self.policy_params == other.policy_params)
 
+    def with_origin_of(self, wanted: RunIdentity) -> RunIdentity:
+        """This (recorded) identity, with what ``wanted`` knows of the origin and it does not: what
+        a matching start records, so that the next start is compared against it too."""
+        if wanted.origin is None:
+            return self
+        merged = {**wanted.origin, **(self.origin or {})}
+        return self if merged == self.origin else dataclasses.replace(self, origin=merged)
+
     def differences(self, wanted: RunIdentity) -> list[str]:
         """One readable line per thing ``wanted`` (this start) changes about the recorded run."""
         out: list[str] = []
@@ -101,6 +127,8 @@ class RunIdentity:
                        f"build writes layout {wanted.layout}")
         if self.model != wanted.model:
             out.append("model: " + _model_difference(self.model, wanted.model))
+        out.extend(f"initial model: the run was started with {key}={old!r}, this start asks for "
+                   f"{key}={new!r}" for key, old, new in _origin_differences(self.origin, wanted.origin))
         if self.units_digest != wanted.units_digest:
             out.append(f"units: the run has {self.units} ({self.first_unit} .. {self.last_unit}), "
                        f"this start asks for {wanted.units} ({wanted.first_unit} .. "
@@ -110,6 +138,15 @@ class RunIdentity:
             out.append(f"policy: the run uses {self.policy} {_short(self.policy_params)}, this "
                        f"start asks for {wanted.policy} {_short(wanted.policy_params)}")
         return out
+
+
+def _origin_differences(old: dict[str, Any] | None,
+                        new: dict[str, Any] | None) -> list[tuple[str, Any, Any]]:
+    """``(key, recorded, given)`` for each part of the origin both know and that differs: a key one
+    side lacks is unknown there, not different (a record from an older build has none)."""
+    if old is None or new is None:
+        return []
+    return [(key, old[key], new[key]) for key in old if key in new and old[key] != new[key]]
 
 
 def _model_difference(old: dict[str, list[Any]], new: dict[str, list[Any]]) -> str:

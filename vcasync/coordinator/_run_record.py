@@ -7,7 +7,8 @@ Before anything is written the store is probed (:func:`vcasync.storage.probe_sto
 ignores preconditions is refused unless the caller allows it, and then it is warned about loudly.
 
 A start whose :class:`~vcasync.coordinator._identity.RunIdentity` differs from the recorded one is
-refused with a :class:`ConfigError` that lists each difference and says how to start a new run; a
+refused with a :class:`ConfigError` that lists each difference and says how to start a new run (a
+record without a model origin, from an older build, takes the start's: see :mod:`._identity`); a
 different policy is accepted only with ``reset_policy`` (the coordinator then resets the policy state
 and records the new identity with :func:`write_record`).
 """
@@ -153,4 +154,9 @@ async def open_run(storage: Storage, prefix: str, wanted: RunIdentity | None,
                           + ("" if recorded.same_policy(wanted) or options.reset_policy else
                              "; to switch this run to the new policy (its state starts afresh), "
                              "pass --reset-policy"))
+    known = recorded.with_origin_of(wanted)
+    if known != recorded:                   # recorded without (part of) the origin: record it now
+        log.info("run %s has no recorded model origin; recording this start's", run_id)
+        await write_record(storage, key, run_id, secret, known)
+        return RunRecord(run_id, secret, known, False, wrote=True)
     return RunRecord(run_id, secret, recorded, False, wrote=wiped)
