@@ -66,7 +66,8 @@ class ServeHooks(Protocol):
 def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, help="run.toml (flags override it)")
     p.add_argument("--model", help="model factory 'pkg.mod:fn' returning an nn.Module")
-    p.add_argument("--seed", type=int, help="torch seed before the factory runs, in [0, 2**32) (default 0)")
+    p.add_argument("--seed", type=int, help="torch seed before the factory runs, in [0, 2**32) (default 0); "
+                   "recorded with the run, as --model is: another one is another run")
     p.add_argument("--shards", type=int)
     p.add_argument("--epochs", type=int)
     p.add_argument("--steps", type=int, help="local steps per unit")
