@@ -10,8 +10,9 @@ every volunteer holds; without one configured, operator routes answer ``403 oper
 
 Only SHA-256 digests are kept (in memory, and in an optional :class:`TokenStore` so tokens survive a
 coordinator restart); comparisons use :func:`hmac.compare_digest`. Nothing here logs or ``repr``\\ s a
-secret. Worker secrets carry 256 random bits, so a plain hash is enough; a slow KDF would only matter
-for low-entropy passwords, which the join secret is compared against but never stored as.
+secret, and :meth:`TokenAuthority.scrub` takes them out of a worker's failure text by their
+digests. Worker secrets carry 256 random bits, so a plain hash is enough; a slow KDF would only
+matter for low-entropy passwords, which the join secret is compared against but never stored as.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Final, Protocol
 
 from .._aio import run_all
+from .._redact import WORKER_TOKEN, mask_spans
 from ..errors import AuthError, ConfigError, ObjectNotFoundError, OperatorDisabledError
 from ..storage import Storage
 
@@ -149,6 +151,10 @@ class TokenAuthority:
         self._secret_digest = _digest(join_secret) if join_secret else None
         self._join_tokens: dict[str, bytes] = {
             name: _digest(tok) for name, tok in (join_tokens or {}).items()}
+        #: What :meth:`scrub` looks for, by digest and length (revoked join tokens included).
+        known = [c for c in (join_secret, operator_token, *(join_tokens or {}).values()) if c]
+        self._scrub_digests = frozenset(_digest(c) for c in known)
+        self._scrub_lengths = tuple(sorted({len(c) for c in known}))
         self._store = store
         self._records: dict[str, TokenRecord] = {}
         self._clock = clock
@@ -177,6 +183,17 @@ class TokenAuthority:
         if ok_secret:
             return JoinIdentity(name=None)
         raise AuthError("join refused: the join secret or join token is wrong")
+
+    def scrub(self, text: str) -> str:
+        """``text`` (a worker's failure, before it is logged, stored or shown) with the join
+        secret, every join token and the operator token masked, found by their digests (no plain
+        copy is kept: each window of a secret's length is hashed), and anything shaped like a
+        worker token masked too (see :mod:`vcasync._redact`)."""
+        spans = [m.span() for m in WORKER_TOKEN.finditer(text)]
+        for length in self._scrub_lengths:
+            spans += [(i, i + length) for i in range(len(text) - length + 1)
+                      if _digest(text[i:i + length]) in self._scrub_digests]
+        return mask_spans(text, spans) if spans else text
 
     # -- operators -------------------------------------------------------------------------------
     def check_operator(self, credential: str) -> None:

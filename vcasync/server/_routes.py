@@ -163,7 +163,10 @@ async def heartbeat(request: web.Request) -> web.Response:
 
 async def release(request: web.Request) -> web.Response:
     req = await read_msg(request, ReleaseRequest)
-    await request.app[COORDINATOR].release(request[WORKER_ID], _lease_id(request), req.reason,
+    # the worker's failure text is logged, kept in the ledger (and its snapshots) and shown: without
+    # the secrets we know, whatever the worker did (an older one sends its trainer's message raw)
+    reason = request.app[AUTH].scrub(req.reason)
+    await request.app[COORDINATOR].release(request[WORKER_ID], _lease_id(request), reason,
                                            failed=req.failed)
     return reply_msg(request, Released(_lease_id(request)))
 

@@ -12,12 +12,14 @@ dir resumes the same lease while it is valid) or uploads a partial result weight
 Failures: a trainer that raises (``sys.exit()`` in it included: the worker does not exit with it),
 or returns a result the coordinator would refuse (checked here before any upload: tensor names,
 shapes and dtypes, steps within the unit, finite metrics), releases its lease as a failure, which
-the coordinator attributes to this worker. It answers a worker that keeps failing with a back-off
-(:class:`WorkerBackoffError`: the worker waits that long before it leases again, so the unit goes to
-another worker) and then a quarantine (:class:`WorkerQuarantinedError`: the worker stops with that
-message). After ``max_trainer_failures`` in a row the worker stops by itself with a
-:class:`TrainerError`; so does one that hears the run is finished when its trainer failed every
-unit it got (none delivered).
+the coordinator attributes to this worker. The failure's text goes with the release, and to the
+log, without the secrets the worker knows (its join credential and token, its state storage's
+credentials: :mod:`vcasync._redact`), and cut to :data:`RELEASE_REASON_CHARS`. It answers a worker
+that keeps failing with a back-off (:class:`WorkerBackoffError`: the worker waits that long before
+it leases again, so the unit goes to another worker) and then a quarantine
+(:class:`WorkerQuarantinedError`: the worker stops with that message). After
+``max_trainer_failures`` in a row the worker stops by itself with a :class:`TrainerError`; so does
+one that hears the run is finished when its trainer failed every unit it got (none delivered).
 
 Outages: every call to the coordinator is retried with capped, jittered backoff while it is down or
 restarting. Results are written to the state dir before upload and re-sent until acknowledged: the
@@ -57,6 +59,7 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from .. import _owner_lease
+from .._redact import Redactor, bounded, env_secrets, option_secrets, url_secrets
 from ..errors import (
     AuthError,
     ConfigError,
@@ -91,6 +94,8 @@ T = TypeVar("T")
 
 #: The worker's default waits while its coordinator is unreachable: 0.2 s doubling to at most 10 s.
 WORKER_BACKOFF = RetryPolicy(base_delay_s=0.2, max_delay_s=10.0)
+#: The most characters of a failure a released lease carries (the coordinator keeps 300 of them).
+RELEASE_REASON_CHARS = 300
 
 _LEASE_GONE = (LeaseNotFoundError, NotLeaseHolderError, UnitClosedError, LeaseExpiredError)
 
@@ -189,6 +194,10 @@ class Worker:
         self.config = config or WorkerConfig()
         self.state = _state(state_dir, state, state_options, self.config)
         self._credential = join_token or join_secret
+        #: Failure text (a trainer's exception) goes to the coordinator and the log without these.
+        state_url = state if isinstance(state, str) else str(getattr(state, "url", "") or "")
+        self._redact = Redactor([join_token, join_secret, *url_secrets(state_url),
+                                 *option_secrets(state_options), *env_secrets()])
         self._credential_what = (("token", "VCASYNC_JOIN_TOKEN") if join_token else
                                  ("secret", "VCASYNC_JOIN_SECRET or --join-secret-file"))
         self._rng = rng or random.Random()
@@ -495,7 +504,7 @@ class Worker:
             except WorkerBackoffError as exc:
                 # Our last units failed: the coordinator gives them to other workers first. Wait
                 # the whole back-off (asking earlier only gets the same answer).
-                log.warning("backing off %.2fs: %s", exc.retry_after, exc)
+                log.warning("backing off %.2fs: %s", exc.retry_after, self._scrub(str(exc)))
                 await self._sleep(max(0.05, exc.retry_after) * self._rng.uniform(1.0, 1.1))
             except NoWorkAvailableError as exc:
                 if exc.finished:
@@ -536,7 +545,7 @@ class Worker:
             raise
         except Exception as exc:       # the trainer raised (or exited: _TrainerExited)
             logged, reason = _trainer_failure(exc)
-            log.error("trainer failed on unit %s: %s", grant.unit.unit_id, logged)
+            log.error("trainer failed on unit %s: %s", grant.unit.unit_id, self._scrub(logged))
             self._abandoned += 1
             await self._release(grant, f"trainer error: {reason}")
             return False
@@ -669,8 +678,18 @@ class Worker:
                 level = logging.DEBUG if is_transient(exc) else logging.WARNING
                 log.log(level, "heartbeat for %s failed: %r", grant.lease_id, exc)
 
+    def _scrub(self, text: str) -> str:
+        """``text`` without the secrets this worker knows: its join credential, its worker token,
+        its state storage's credentials, secret-named environment variables (see
+        :mod:`vcasync._redact`)."""
+        if self._ident is not None:
+            self._redact.add(self._ident.token)
+        return self._redact(text)
+
     async def _release(self, grant: LeaseGrant, reason: str, *, failed: bool = True) -> None:
-        """Hand the lease back; ``failed``: the unit failed here (the coordinator counts it)."""
+        """Hand the lease back; ``failed``: the unit failed here (the coordinator counts it).
+        ``reason`` is scrubbed of secrets, then cut to :data:`RELEASE_REASON_CHARS`."""
+        reason = bounded(self._scrub(reason), RELEASE_REASON_CHARS)
         with contextlib.suppress(LedgerError):
             await self._call("release", lambda: self._cli().release(grant.lease_id, reason,
                                                                    failed=failed))
