@@ -3,11 +3,11 @@
 A trainer's exception message is the user's code talking, and it may hold anything: a message built
 from ``os.environ``, a storage URL with its credentials, the worker's own bearer token. The worker
 sends it with the lease it releases, and the coordinator logs it, keeps it in the ledger (stored in
-every snapshot) and shows it on the status page. So both ends scrub it (docs/leases.md, "A worker's
-failures"): the worker takes out every secret it knows (:class:`Redactor`), the coordinator the
-ones it knows (the join secret and join tokens, compared by digest: it keeps no plain copy); both
-take out anything shaped like a worker token (:data:`WORKER_TOKEN`). Each found secret becomes
-:data:`MASK`.
+every snapshot) and shows it on the status page. So both ends scrub it (docs/leases.md, "Failures
+are attributed to workers"): the worker takes out every secret it knows (:class:`Redactor`), the
+coordinator's server the ones it knows (the join secret, join tokens and operator token, compared by
+digest: it keeps no plain copy); both take out anything shaped like a worker token
+(:data:`WORKER_TOKEN`). Each found secret becomes :data:`MASK`.
 
 What is scrubbed is text matched exactly: a secret the message encodes (escaped, split, hashed) is
 not found. Secrets shorter than :data:`MIN_SECRET` characters are not looked for (they would mask
