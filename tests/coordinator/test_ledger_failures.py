@@ -137,6 +137,37 @@ def test_a_refused_upload_frees_the_unit_at_once(clock) -> None:
     assert led.check_result(a, g.lease_id).receipt is None   # a corrected re-send still counts
 
 
+@pytest.mark.parametrize("reason", ["negative_increment", "counter_overflow"])
+def test_a_result_rejected_for_its_counters_blames_its_worker(clock, reason) -> None:
+    # Found by a probe: rejected without blame, a worker whose trainer always broke a counter
+    # re-leased and re-uploaded ~50 times a second for ever.
+    led = make(clock, n=1, max_attempts=2, park_after_workers=1, quarantine_after=100)
+    a = led.join("a")
+    for attempt in (1, 2):
+        g = led.lease(a, 0)
+        led.record(g.lease_id, unit_id="e0-s0", worker_id=a, status="rejected", version=0,
+                   reason=reason)
+        assert led.worker_health()[a]["streak"] == attempt
+        if attempt == 1:
+            with pytest.raises(WorkerBackoffError):       # backed off, like a refused upload
+                led.lease(a, 0)
+            clock.advance(100)
+    assert led.unit_state("e0-s0") is UnitState.PARKED    # and the unit counts toward parking
+    assert reason in led.parked()["e0-s0"]
+
+
+@pytest.mark.parametrize("reason", ["policy", "too_stale"])
+def test_a_result_rejected_for_the_coordinators_or_policys_reasons_blames_nobody(clock,
+                                                                               reason) -> None:
+    led = make(clock, n=2)
+    a = led.join("a")
+    g = led.lease(a, 0)
+    led.record(g.lease_id, unit_id=g.unit.unit_id, worker_id=a, status="rejected", version=0,
+               reason=reason)
+    assert a not in led.worker_health()
+    led.lease(a, 0)                                      # no back-off
+
+
 def test_counters_agree_with_the_ledger_after_restore(clock) -> None:
     led = make(clock, n=3)
     w = led.join()

@@ -3,7 +3,8 @@
 A ``vcasync worker`` whose trainer always raises is backed off and gives up with a trainer error (exit
 1, not "configuration error") without getting the unit parked on its own; once a second worker failed
 it too the unit is parked, logged with its last failure, and ``vcasync requeue`` (operator token, never
-the join secret) queues it again without a restart; a run that ends with a parked unit exits 3.
+the join secret) queues it again without a restart; a run that ends with a parked unit exits 3. A
+trainer whose integer buffer goes down fails its units in the worker, named, and the run ends too.
 """
 
 from __future__ import annotations
@@ -142,6 +143,39 @@ def test_parked_unit_is_logged_requeued_by_the_operator_and_ends_the_run_with_ex
     assert units(url, fail_once(url, "fifth")) == {"queued": 1, "leased": 0, "done": 0, "parked": 0}
     again.send_signal(signal.SIGTERM)
     assert again.wait(60) == ExitCode.INTERRUPTED
+
+
+@pytest.mark.slow
+def test_a_buffer_that_goes_down_stops_the_worker_named_and_the_run_ends_parked(
+        procs: Procs, tmp_path: Path) -> None:
+    # Found by a probe: the worker uploaded ~50 results a second, each rejected as
+    # negative_increment, for ever (no back-off, no exit, a journal entry per refusal).
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    (tmp_path / "run.toml").write_text(toml_text({
+        "model": {"factory": "cursor_trainer:model"},
+        "units": {"count": 1, "steps": 1},
+        "storage": {"url": f"file://{tmp_path / 'store'}"},
+        "coordinator": {"max_attempts": 3, "park_after_workers": 1, "worker_backoff_s": 0.2},
+        "server": {"host": "127.0.0.1", "port": port},
+        "run": {"linger_s": 1.0},
+    }))
+    coord = procs.start("coord", "coordinator", "--config", str(tmp_path / "run.toml"),
+                        "--app-dir", str(HERE))
+    wait_until("the coordinator", lambda: coord.poll() is not None or _healthy(url), 90)
+    assert coord.poll() is None, procs.log("coord")
+    worker = procs.start("w", "worker", "--coordinator", url, "--trainer", "cursor_trainer:train",
+                         "--app-dir", str(HERE), "--state-dir", str(tmp_path / "w"))
+    assert worker.wait(60) == ExitCode.ERROR, procs.log("w")[-3000:]
+    log = procs.log("w")
+    assert "integer tensor 'cursor' went down from 5 to 1: integer tensors are counters that may " \
+           "only grow" in log
+    assert "make it a float buffer, or keep it out of the state dict" in log
+    assert "TrainerError: the trainer failed 3 units in a row" in log
+    assert "rejected" not in log                         # found before any upload
+    assert coord.wait(60) == ExitCode.PARKED, procs.log("coord")[-3000:]
+    assert "unit e0-s0 parked" in procs.log("coord")
+    assert "cursor" in procs.log("coord")                 # the unit's last failure names it
 
 
 def _healthy(url: str) -> bool:

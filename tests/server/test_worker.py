@@ -637,6 +637,58 @@ async def test_overlapping_units_count_every_step(tmp_path: Path, upload: str) -
     assert model["1.num_batches_tracked"].item() == 20
 
 
+def counter_down_trainer(ctx: TrainContext) -> TrainResult:
+    """BatchNorm's counter set below the base's: a buffer used as something other than a count."""
+    net = bn_model()
+    ctx.model.load_into(net)
+    with torch.no_grad():
+        net[0].weight.add_(0.01)
+    net[1].num_batches_tracked.fill_(int(ctx.model["1.num_batches_tracked"]) - 2)
+    ctx.report_progress(ctx.unit.steps, 8)
+    return ctx.result(net, steps=ctx.unit.steps, samples=8)
+
+
+def bn_model_counted(n: int) -> torch.nn.Module:
+    net = bn_model()
+    net[1].num_batches_tracked.fill_(n)
+    return net
+
+
+@pytest.mark.parametrize("upload", ["delta", "weights"])
+async def test_a_counter_that_goes_down_fails_the_unit_here_named(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, upload: str) -> None:
+    """Found by a probe: such a result was uploaded, rejected (negative_increment) and trained
+    again ~50 times a second for ever; now the worker names the buffer and the fix, and counts it
+    as a trainer failure without uploading."""
+    async with running(tmp_path, units=make_units(2, steps=2),
+                       initial=bn_model_counted(7)) as (coord, server):
+        v0 = coord.version
+        with pytest.raises(TrainerError, match="failed 2 units in a row"):
+            await asyncio.wait_for(worker(server.url, tmp_path / "w", counter_down_trainer,
+                                          upload=upload, max_trainer_failures=2).run(), 30)
+        assert ("integer tensor '1.num_batches_tracked' went down from 7 to 5: integer tensors are "
+                "counters that may only grow") in caplog.text
+        assert "rejected" not in caplog.text                # nothing was uploaded
+        assert coord.version == v0
+
+
+async def test_a_result_rejected_for_its_counters_is_a_trainer_failure(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Uploaded all the same (the worker's own check off): the coordinator rejects it and backs the
+    worker off, and the worker counts the rejection toward its trainer's failures in a row."""
+    from vcasync.worker import _worker
+    monkeypatch.setattr(_worker, "result_problem", lambda *args: None)
+    async with running(tmp_path, units=make_units(2, steps=2),
+                       initial=bn_model_counted(7)) as (coord, server):
+        v0 = coord.version
+        with pytest.raises(TrainerError, match="failed 2 units in a row"):
+            await asyncio.wait_for(worker(server.url, tmp_path / "w", counter_down_trainer,
+                                          max_trainer_failures=2).run(), 30)
+        assert caplog.text.count("rejected: negative_increment (the trainer") == 2
+        assert "backing off" in caplog.text
+        assert coord.version == v0
+
+
 class Masked(torch.nn.Module):
     """A layer with a bool mask buffer the trainer switches on, one entry per unit."""
 

@@ -18,7 +18,8 @@ Each unit is always in exactly one state::
   is told the unit closed. A heartbeat on an expired lease revives it only when it reports progress
   and nobody took the unit yet: a hung trainer that keeps heartbeating must not keep its unit from
   the idle workers.
-* Failures (an expired lease, a release marked as a failure, an upload refused as invalid) are
+* Failures (an expired lease, a release marked as a failure, an upload refused as invalid, a result
+  rejected for counters its training broke: ``BLAMED_REASONS``) are
   attributed to the worker that held the lease; a valid result the coordinator could not use (too
   stale, refused by the policy) counts against the unit only. A worker with failures in a row is backed off
   (:class:`WorkerBackoffError`, ``worker_backoff_s * 2**(n-1)``) and after ``quarantine_after`` in a
@@ -74,7 +75,15 @@ from ._types import (
     WorkerRecord,
     plain,
 )
-from ._units import LeaseGrant, Receipt, ReceiptStatus, WorkUnit, check_user_params, make_units
+from ._units import (
+    BLAMED_REASONS,
+    LeaseGrant,
+    Receipt,
+    ReceiptStatus,
+    WorkUnit,
+    check_user_params,
+    make_units,
+)
 
 __all__ = ["LeaseGrant", "LeaseState", "Ledger", "LedgerConfig", "Receipt", "ResultCheck",
            "UnitState", "WorkUnit", "make_units"]
@@ -417,8 +426,8 @@ class Ledger:
         """One failed attempt at ``u`` by the lease's worker; requeue or park ``u`` unless another
         lease holds it now. Parking needs ``max_attempts`` failures on ``park_workers`` workers.
 
-        ``blame``: the worker broke it (expired, released as failed, refused upload), which backs
-        the worker off; a valid result the coordinator could not use (stale, refused by the policy)
+        ``blame``: the worker broke it (expired, released as failed, refused upload, a rejection
+        in ``BLAMED_REASONS``), which backs the worker off; a valid result the coordinator could not use (stale, refused by the policy)
         counts against the unit only. ``on_worker`` (without blame): still a failure of the unit
         on this worker for parking (the policy refused what it trained: a unit refused on every
         worker is parked, not trained again for ever).
@@ -493,7 +502,7 @@ class Ledger:
         receipt = Receipt(lease_id, unit_id, status, version, reason)
         if status == "rejected":
             self.stats["rejected"] += 1
-            self._fail(u, lease, f"result rejected: {reason}", blame=False,
+            self._fail(u, lease, f"result rejected: {reason}", blame=reason in BLAMED_REASONS,
                        on_worker=reason not in COORDINATOR_REASONS)
         else:
             self.stats["accepted"] += 1

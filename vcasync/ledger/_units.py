@@ -15,8 +15,8 @@ from typing import Any, Literal, cast
 
 from ..errors import ConfigError
 
-__all__ = ["MAX_UNITS", "RESERVED_PARAMS", "LeaseGrant", "Receipt", "ReceiptStatus", "WorkUnit",
-           "check_user_params", "make_units", "receipt_status"]
+__all__ = ["BLAMED_REASONS", "MAX_UNITS", "RESERVED_PARAMS", "LeaseGrant", "Receipt",
+           "ReceiptStatus", "WorkUnit", "check_user_params", "make_units", "receipt_status"]
 
 #: The most units :func:`make_units` builds: a run's ledger keeps a unit's state and spec in memory
 #: and in every snapshot (about 185 bytes a unit there, ``bench.ledger``), so a typo such as
@@ -24,6 +24,12 @@ __all__ = ["MAX_UNITS", "RESERVED_PARAMS", "LeaseGrant", "Receipt", "ReceiptStat
 MAX_UNITS = 10_000_000
 
 ReceiptStatus = Literal["accepted", "duplicate", "rejected"]
+
+#: Rejections of a result for what the worker's own training made of it: an integer tensor (a
+#: counter) that went down, or that would wrap past its dtype's maximum. The same trainer does it
+#: again on every unit, so they count against the worker as a refused upload does (back-off, then
+#: quarantine), and a worker counts them toward its trainer's failures in a row.
+BLAMED_REASONS = frozenset({"negative_increment", "counter_overflow"})
 
 #: Key in ``WorkUnit.params`` of a remainder unit: how many of the original unit's steps are done.
 STEP_OFFSET = "step_offset"

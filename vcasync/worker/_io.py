@@ -19,12 +19,12 @@ from .._aio import close_file, file_blocks, open_binary
 from ..errors import SpecMismatchError, ValidationError, VCAsyncError
 from ..ledger._units import WorkUnit
 from ..protocol._bodies import metrics_problem
-from ..tensors import ModelSpec, ModelState, make_delta
+from ..tensors import ModelSpec, ModelState, is_counter, make_delta
 from ..trainer import TrainResult
 from ..wire import Limits, aencode_payload, decode_payload
 from ._state_dir import StateDir
 
-__all__ = ["ModelCache", "result_problem", "result_tensors", "spool_result"]
+__all__ = ["ModelCache", "counter_went_down", "result_problem", "result_tensors", "spool_result"]
 
 log = logging.getLogger("vcasync.worker")
 
@@ -101,7 +101,8 @@ async def _file_chunks(path: Path, chunk_size: int = 1 << 20) -> AsyncIterator[b
 def result_problem(base: ModelState, result: TrainResult, unit: WorkUnit) -> str | None:
     """What makes ``result`` one the coordinator must refuse, found before any upload; None if nothing.
 
-    Names, shapes and dtypes against the model the trainer started from, ``steps`` within the unit
+    Names, shapes and dtypes against the model the trainer started from, integer tensors (counters)
+    not below it (:func:`counter_went_down`), ``steps`` within the unit
     (at least one step is checked by the worker before), ``samples`` not negative, metrics finite
     numbers. The same for both upload modes: a float64 result of a float32 model is refused, not cast
     (a ``weights`` upload would be refused for it, so a ``delta`` one must not hide it).
@@ -114,11 +115,33 @@ def result_problem(base: ModelState, result: TrainResult, unit: WorkUnit) -> str
         base.spec.check(result.tensors)     # what the coordinator checks first, with its messages
     except SpecMismatchError as exc:
         return f"the result does not match the model: {exc}"
+    went_down = counter_went_down(base, result.tensors)
+    if went_down is not None:
+        return went_down
     if result.steps > unit.steps:
         return f"the result claims {result.steps} steps; unit {unit.unit_id} has {unit.steps}"
     if result.samples < 0:
         return f"the result claims {result.samples} samples; it must be >= 0"
     return metrics_problem(result.metrics)       # the coordinator's own rule
+
+
+def counter_went_down(base: ModelState, tensors: Mapping[str, torch.Tensor]) -> str | None:
+    """What the coordinator would refuse as ``negative_increment``, said the way its cause is fixed:
+    the first integer tensor with an element below its value in ``base``; None if none."""
+    for name, b in base.items():
+        if not is_counter(b) or not b.numel():
+            continue
+        t = tensors[name].detach().cpu()
+        down = t < b
+        if bool(down.any()):
+            at = int(down.reshape(-1).nonzero()[0])
+            where = f" (element {at})" if b.numel() > 1 else ""
+            return (f"integer tensor {name!r} went down from {int(b.reshape(-1)[at])} to "
+                    f"{int(t.reshape(-1)[at])}{where}: integer tensors are counters that may only "
+                    "grow (the coordinator adds each result's increment and refuses one below "
+                    "zero); make it a float buffer, or keep it out of the state dict "
+                    "(register_buffer(..., persistent=False))")
+    return None
 
 
 def result_tensors(base: ModelState, result: TrainResult, upload: str) -> dict[str, torch.Tensor]:

@@ -11,15 +11,17 @@ dir resumes the same lease while it is valid) or uploads a partial result weight
 
 Failures: a trainer that raises (``sys.exit()`` in it included: the worker does not exit with it),
 or returns a result the coordinator would refuse (checked here before any upload: tensor names,
-shapes and dtypes, steps within the unit, finite metrics), releases its lease as a failure, which
-the coordinator attributes to this worker. The failure's text goes with the release, and to the
-log, without the secrets the worker knows (its join credential and token, its state storage's
-credentials: :mod:`vcasync._redact`), and cut to :data:`RELEASE_REASON_CHARS`. It answers a worker
-that keeps failing with a back-off (:class:`WorkerBackoffError`: the worker waits that long before
-it leases again, so the unit goes to another worker) and then a quarantine
-(:class:`WorkerQuarantinedError`: the worker stops with that message). After
-``max_trainer_failures`` in a row the worker stops by itself with a :class:`TrainerError`; so does
-one that hears the run is finished when its trainer failed every unit it got (none delivered).
+shapes and dtypes, integer tensors (counters) not below the base, steps within the unit, finite
+metrics), releases its lease as a failure, which the coordinator attributes to this worker; a
+result the coordinator rejects for its counters all the same (``BLAMED_REASONS``) counts as such a
+failure too. The failure's text goes with the release, and to the log, without the secrets the
+worker knows (its join credential and token, its state storage's credentials:
+:mod:`vcasync._redact`), and cut to :data:`RELEASE_REASON_CHARS`. It answers a worker that keeps
+failing with a back-off (:class:`WorkerBackoffError`: the worker waits that long before it leases
+again, so the unit goes to another worker) and then a quarantine (:class:`WorkerQuarantinedError`:
+the worker stops with that message). After ``max_trainer_failures`` in a row the worker stops by
+itself with a :class:`TrainerError`; so does one that hears the run is finished when its trainer
+failed every unit it got (none delivered).
 
 Outages: every call to the coordinator is retried with capped, jittered backoff while it is down or
 restarting. Results are written to the state dir before upload and re-sent until acknowledged: the
@@ -75,7 +77,7 @@ from ..errors import (
     VCAsyncError,
     WorkerBackoffError,
 )
-from ..ledger._units import LeaseGrant, Receipt
+from ..ledger._units import BLAMED_REASONS, LeaseGrant, Receipt
 from ..protocol._bodies import ResultMeta, to_body
 from ..retry import RetryPolicy, is_transient
 from ..storage import Storage
@@ -595,9 +597,9 @@ class Worker:
             self._abandoned += 1
             await self._release(grant, f"trainer error: {problem}")
             return False
-        await self._deliver(grant, base, result, partial=partial)
+        blamed = not await self._deliver(grant, base, result, partial=partial)
         self._units += 1
-        return True
+        return not blamed
 
     def _warn_unreported(self, grant: LeaseGrant, result: TrainResult) -> None:
         """Once per worker: the trainer never calls ``ctx.report_progress``, so what the worker and
@@ -705,16 +707,21 @@ class Worker:
 
     # -- results -----------------------------------------------------------------------------------
     async def _deliver(self, grant: LeaseGrant, base: ModelState, result: TrainResult, *,
-                       partial: bool) -> None:
+                       partial: bool) -> bool:
+        """Upload a result; False when the coordinator rejected it for what training made of it
+        (``BLAMED_REASONS``): a failure of the trainer, counted as one that raised."""
         tensors = await asyncio.to_thread(result_tensors, base, result, self.config.upload)
         meta = to_body(ResultMeta(grant.lease_id, grant.base_version, self.config.upload,
                                   steps=int(result.steps), samples=int(result.samples), partial=partial,
                                   metrics={k: float(v) for k, v in result.metrics.items()}))
         path = self.state.result_path(grant.lease_id)
         await spool_result(path, meta, tensors, self.config.codec)
-        await self._upload(grant.lease_id, path)
+        return await self._upload(grant.lease_id, path)
 
-    async def _upload(self, lease_id: str, path: Path) -> None:
+    async def _upload(self, lease_id: str, path: Path) -> bool:
+        """Send a spooled result until it is answered; False when it was rejected for a reason
+        in ``BLAMED_REASONS``."""
+        ok = True
         try:
             receipt: Receipt = await self._call("upload", lambda: self._cli().submit(lease_id, path),
                                                 interruptible=False)
@@ -727,7 +734,15 @@ class Worker:
             self._refused += 1
         else:
             await asyncio.to_thread(self.state.record_receipt, receipt)
-            if receipt.status == "rejected":
+            if receipt.status == "rejected" and receipt.reason in BLAMED_REASONS:
+                # the coordinator blamed this worker's training (a counter that went down or
+                # would wrap): an error, and a trainer failure toward max_trainer_failures
+                log.error("result for lease %s rejected: %s (the trainer's result broke an integer "
+                          "counter; see docs/policies.md, 'Integer and bool tensors')", lease_id,
+                          receipt.reason)
+                self._refused += 1
+                ok = False
+            elif receipt.status == "rejected":
                 log.warning("result for lease %s rejected: %s", lease_id, receipt.reason)
                 self._refused += 1
             else:
@@ -735,6 +750,7 @@ class Worker:
                          receipt.status, receipt.version)
                 self._accepted += 1
         await asyncio.to_thread(self.state.finish_lease, lease_id)
+        return ok
 
     async def _deliver_pending(self) -> None:
         for lease_id, path in await asyncio.to_thread(self.state.pending_results):
