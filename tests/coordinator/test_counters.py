@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 import torch
 
 from vcasync.coordinator import Coordinator, CoordinatorConfig, _merger
 from vcasync.coordinator._journal import Journal
+from vcasync.errors import WorkerBackoffError, WorkerQuarantinedError
 from vcasync.ledger._units import make_units
 from vcasync.policy import build_policy
 from vcasync.storage import open_storage
@@ -124,11 +126,106 @@ async def test_a_counter_that_would_go_down_is_refused_in_both_upload_modes(kit:
         w = await a.join("w")
         g = await a.lease(w)
         assert (await send(kit, a, w, g, "delta", 3)).status == "accepted"
+        leases = [await a.lease(w) for _ in range(3)]     # before the refusals back the worker off
         before = a.model()
         for kind, n in (("delta", -10**15), ("weights", 2)):     # weights: 2 is 1 below the model's 3
-            receipt = await send(kit, a, w, await a.lease(w), kind, n)
+            receipt = await send(kit, a, w, leases.pop(0), kind, n)
             assert (receipt.status, receipt.reason) == ("rejected", "negative_increment"), kind
             assert a.model().equal(before)
-        assert (await send(kit, a, w, await a.lease(w), "weights", 3)).status == "accepted"   # +0
+        assert (await send(kit, a, w, leases.pop(0), "weights", 3)).status == "accepted"   # +0
         assert a.model()["n"].item() == 3
+    await storage.aclose()
+
+
+async def test_a_counter_that_goes_down_backs_its_worker_off_then_quarantines_it(kit: Any,
+                                                                                  clock: Any) -> None:
+    # Found by a probe: a model whose int64 buffer wraps (a cursor) was refused as
+    # negative_increment without blame: its one worker retrained and re-uploaded ~50 times a
+    # second for ever (no back-off, no quarantine).
+    storage = open_storage("memory://counters-blame")
+    async with make(kit, storage, clock, quarantine_after=3) as a:
+        w = await a.join("w")
+        before = a.model()
+        receipt = await send(kit, a, w, await a.lease(w), "delta", -1)
+        assert (receipt.status, receipt.reason) == ("rejected", "negative_increment")
+        with pytest.raises(WorkerBackoffError):
+            await a.lease(w)                                    # backed off, like a refused upload
+        health = a._ledger.worker_health()[w]
+        assert (health["streak"], health["quarantined"]) == (1, None)
+        assert "negative_increment" in health["last_failure"]
+        for streak in (2, 3):
+            clock.advance(60.0)                                 # past the back-off
+            receipt = await send(kit, a, w, await a.lease(w), "delta", -1)
+            assert receipt.reason == "negative_increment"
+            assert a._ledger.worker_health()[w]["streak"] == streak
+        clock.advance(60.0)
+        with pytest.raises(WorkerQuarantinedError):
+            await a.lease(w)
+        assert a.model().equal(before), "a refusal changes nothing in the model"
+    await storage.aclose()
+
+
+async def test_a_counter_increment_that_would_wrap_is_refused(kit: Any, clock: Any) -> None:
+    # Found by a probe: increments of 2**62 were all accepted, and int64 addition wrapped the
+    # model's counter to -2**63: a hostile worker could set it to any value with positive increments.
+    storage = open_storage("memory://counters-overflow")
+    a = await make(kit, storage, clock).__aenter__()
+    w = await a.join("w")
+    assert (await send(kit, a, w, await a.lease(w), "delta", 2**62)).status == "accepted"  # fits
+    leases = [await a.lease(w) for _ in range(4)]          # on version 1, before any back-off
+    before = a.model()
+    receipt = await send(kit, a, w, leases[1], "delta", 2**62)       # 2**63: past int64's max
+    assert (receipt.status, receipt.reason) == ("rejected", "counter_overflow")
+    assert a.model().equal(before)
+    # full weights: -2**63 - 2**62 wraps to a positive "increment" of 2**62; still refused
+    receipt = await send(kit, a, w, leases[2], "weights", -2**63)
+    assert (receipt.status, receipt.reason) == ("rejected", "counter_overflow")
+    assert a.model().equal(before)
+    assert a.model()["n"].item() == 2**62
+    top = 2**63 - 1 - 2**62                                      # up to the maximum exactly: fits
+    assert (await send(kit, a, w, leases[3], "delta", top)).status == "accepted"
+    assert a.model()["n"].item() == 2**63 - 1
+    model, version = a.model(), a.version
+    await crash(a)
+
+    async with make(kit, storage, clock) as b:                  # replay decides the same
+        assert b.version == version
+        assert b.model().equal(model)
+    await storage.aclose()
+
+
+async def test_increments_a_buffering_policy_holds_count_toward_the_overflow(kit: Any,
+                                                                             clock: Any) -> None:
+    # Each increment fits the model alone, but the buffer's flush would add them all: a wrap.
+    storage = open_storage("memory://counters-buffered")
+    config = CoordinatorConfig(durability="journal", lease_timeout_s=10.0, restart_grace_s=0.0,
+                               snapshot_interval_s=3600.0, snapshot_every=100)
+    async with Coordinator(kit.tiny_model(), make_units(6, steps=4),
+                           policy=build_policy("fedbuff", {"buffer_size": 3}), storage=storage,
+                           config=config, clock=clock) as a:
+        w = await a.join("w")
+        leases = [await a.lease(w) for _ in range(3)]
+        assert (await send(kit, a, w, leases[0], "delta", 2**62)).status == "accepted"
+        assert a.version == 0                                    # held in the buffer
+        receipt = await send(kit, a, w, leases[1], "delta", 2**62)
+        assert (receipt.status, receipt.reason) == ("rejected", "counter_overflow")
+        assert (await send(kit, a, w, leases[2], "delta", 5)).status == "accepted"
+    await storage.aclose()
+
+
+async def test_a_bool_mask_two_workers_clear_stays_cleared(kit: Any, clock: Any) -> None:
+    # The probe's uint8 case with the dtype a mask should have (uint8 is refused when the
+    # coordinator is built): bools carry values, the last merged one wins, nothing wraps.
+    model = kit.tiny_model()
+    model.tensors["mask"] = torch.ones(2, dtype=torch.bool)
+    storage = open_storage("memory://counters-bool")
+    async with Coordinator(model, make_units(2, steps=4), policy=build_policy("vcasgd"),
+                           storage=storage, clock=clock) as a:
+        grants = [(w, await a.lease(w)) for w in (await a.join("a"), await a.join("b"))]
+        for w, g in grants:
+            tensors = kit.delta_like(a.model(), 0.0)
+            tensors["mask"] = torch.zeros(2, dtype=torch.bool)
+            chunks = kit.result_chunks(g.lease_id, tensors, base_version=g.base_version, steps=4)
+            assert (await a.submit(w, g.lease_id, kit.stream(chunks))).status == "accepted"
+        assert a.model()["mask"].tolist() == [False, False]
     await storage.aclose()

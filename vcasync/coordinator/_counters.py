@@ -8,6 +8,14 @@ replay needs no base. The values are tiny (BatchNorm's ``num_batches_tracked`` i
 layer), so they are kept here per version for the staleness window, apart from the published
 versions, whose byte budget may drop a version a lease is still based on. A tensor unchanged since
 the previous version is shared, not copied.
+
+An increment is refused when it is below zero (:meth:`CounterBases.first_negative`) or when adding
+it would take a counter past its dtype's maximum (:meth:`CounterBases.first_overflow`): integer
+addition wraps, so a hostile worker could otherwise set a counter to any value with increments
+that are all positive. The overflow check counts what the model holds plus the increments of
+results a buffering policy merged but has not applied yet (:meth:`CounterBases.hold`), so the
+flush cannot wrap either. Both checks read only what the merge loop wrote, in journal order, so
+replay decides the same.
 """
 
 from __future__ import annotations
@@ -28,6 +36,9 @@ class CounterBases:
     def __init__(self, model: ModelState) -> None:
         self._names = [n for n, t in model.items() if is_counter(t)]
         self._by_version: dict[int, dict[str, torch.Tensor]] = {}
+        #: The newest version's counters plus the increments merged since and held by the policy:
+        #: the value each counter reaches once they are applied (what an increment must not wrap).
+        self._reach: dict[str, torch.Tensor] = {}
         self.record(model)
 
     @property
@@ -48,6 +59,7 @@ class CounterBases:
             t, old = model[name], prev.get(name)
             kept[name] = old if old is not None and torch.equal(old, t) else t.detach().clone()
         self._by_version[model.version] = kept
+        self._reach = dict(kept)     # replaced, never changed in place: shared with the version
 
     def adopt(self, model: ModelState) -> None:
         """Keep the integer tensors of an older version read back at a restart."""
@@ -81,6 +93,32 @@ class CounterBases:
             if t.numel() and bool((t < 0).any()):
                 return name
         return None
+
+    def first_overflow(self, tensors: Mapping[str, torch.Tensor]) -> tuple[str, int, int] | None:
+        """The first integer tensor of an update (its increments, none below zero) that would
+        take the model's counter past its dtype's maximum, as (name, the counter's value, the
+        increment) of its first such element; None when every sum fits."""
+        for name in self._names:
+            inc, reach = tensors[name], self._reach[name]
+            if not inc.numel():
+                continue
+            # reach + inc > max  <=>  reach > max - inc: no wrap for inc >= 0 (checked before)
+            room = inc.neg().add_(torch.iinfo(inc.dtype).max)
+            over = reach > room
+            if bool(over.any()):
+                at = int(over.reshape(-1).nonzero()[0])
+                return name, int(reach.reshape(-1)[at]), int(inc.reshape(-1)[at])
+        return None
+
+    def increments(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Copies of an update's increments, for :meth:`hold` once the policy buffered them (the
+        update's own tensors go back to the buffer pool)."""
+        return {name: tensors[name].detach().clone() for name in self._names}
+
+    def hold(self, increments: Mapping[str, torch.Tensor]) -> None:
+        """A merged result the policy holds without applying it yet (a buffer): its increments
+        count toward what the counters reach (until the next :meth:`record`)."""
+        self._reach = {name: torch.add(self._reach[name], increments[name]) for name in self._names}
 
     def legacy_increments(self, tensors: Mapping[str, torch.Tensor], model: ModelState) -> None:
         """A full-weights journal entry written before counters were increments: its integers are

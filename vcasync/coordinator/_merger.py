@@ -352,6 +352,15 @@ class Merger:
             return await self._reject(job, "negative_increment",
                                       f"integer tensor {negative!r} would go down: counters only "
                                       "count up (an increment below zero)")
+        overflow = self._owner.counters.first_overflow(job.tensors)
+        if overflow is not None:
+            name, value, inc = overflow
+            dtype = str(job.tensors[name].dtype).removeprefix("torch.")
+            return await self._reject(job, "counter_overflow",
+                                      f"integer tensor {name!r} would overflow: {value} plus the "
+                                      f"increment {inc} is past the largest {dtype} "
+                                      f"({torch.iinfo(job.tensors[name].dtype).max}); integer "
+                                      "addition would wrap")
         held: Version | None = None
         if self._owner.needs_base and meta.kind == "delta":
             held = self._owner.hold(meta.base_version)
