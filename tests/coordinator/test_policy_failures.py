@@ -193,9 +193,11 @@ def test_a_non_finite_initial_model_is_refused_when_built(kit, clock, policy, va
 
 
 @pytest.mark.parametrize(("extra", "said"), [
-    (torch.zeros(2, dtype=torch.uint16),
-     r"tensor 'x' has dtype torch.uint16, which torch cannot add or subtract on the CPU, as every "
-     r"merge does: keep it as int32 or int64"),
+    # uint8 merged as a counter: two workers clearing a mask 1 -> 0 made it 255 (a probe)
+    *[(torch.ones(2, dtype=dtype),
+       rf"tensor 'x' has dtype {dtype}: integer tensors are counters, .* an unsigned one cannot "
+       r"hold an increment below zero .* keep a mask as bool .* and a counter as int32 or int64")
+      for dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64)],
     (torch.zeros(2, dtype=torch.float8_e4m3fn),
      r"tensor 'x' has dtype torch.float8_e4m3fn, .* keep it as float16, bfloat16 or float32"),
     (torch.zeros(2, 2).to_sparse(), r"tensor 'x' is torch.sparse_coo \(not dense\)"),

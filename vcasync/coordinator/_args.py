@@ -32,17 +32,31 @@ def _arithmetic(dtype: torch.dtype) -> bool:
     return True
 
 
+def _unsigned(dtype: torch.dtype) -> bool:
+    """An unsigned integer dtype (uint8 to uint64); bool is not one: it merges as a value."""
+    return not (dtype.is_floating_point or dtype.is_complex or dtype.is_signed
+                or dtype == torch.bool)
+
+
 def unmergeable(tensors: Mapping[str, torch.Tensor]) -> str | None:
     """Why the first tensor no merge can handle cannot be, or None: a sparse or meta tensor (no
-    dense values to copy), or a dtype torch has no CPU arithmetic for (uint16/32/64, the float8
-    family: the wire carries them, but a merge could not subtract, add or mix them, so the first
-    result would fail the worker's ``make_delta`` or the policy, which would be blamed for it)."""
+    dense values to copy), an unsigned integer (uint8 to uint64: a counter whose increments could
+    not go below zero, so a decrease would wrap to a huge increase and the negative-increment
+    check could not see it), or a dtype torch has no CPU arithmetic for (the float8 family: the
+    wire carries them, but a merge could not subtract, add or mix them, so the first result would
+    fail the worker's ``make_delta`` or the policy, which would be blamed for it)."""
     seen: dict[torch.dtype, bool] = {}
     for name, t in tensors.items():
         if t.layout != torch.strided:
             return f"tensor {name!r} is {t.layout} (not dense): pass dense tensors (.to_dense())"
         if t.device.type == "meta":
             return f"tensor {name!r} is on the meta device: it holds no values to train from"
+        if _unsigned(t.dtype):
+            return (f"tensor {name!r} has dtype {t.dtype}: integer tensors are counters, merged by "
+                    "adding each worker's increment, and an unsigned one cannot hold an increment "
+                    "below zero (a uint8 mask cleared from 1 to 0 would come back as 255) nor, "
+                    "beyond uint8, be added on the CPU: keep a mask as bool (the last merged value "
+                    "wins) and a counter as int32 or int64 in the model's state dict")
         if t.dtype not in seen:
             seen[t.dtype] = t.dtype == torch.bool or _arithmetic(t.dtype)
         if not seen[t.dtype]:
