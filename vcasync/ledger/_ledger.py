@@ -427,10 +427,11 @@ class Ledger:
         lease holds it now. Parking needs ``max_attempts`` failures on ``park_workers`` workers.
 
         ``blame``: the worker broke it (expired, released as failed, refused upload, a rejection
-        in ``BLAMED_REASONS``), which backs the worker off; a valid result the coordinator could not use (stale, refused by the policy)
-        counts against the unit only. ``on_worker`` (without blame): still a failure of the unit
-        on this worker for parking (the policy refused what it trained: a unit refused on every
-        worker is parked, not trained again for ever).
+        in ``BLAMED_REASONS``), which backs the worker off; a valid result the coordinator could
+        not use (stale, refused by the policy) counts against the unit only. ``on_worker``
+        (without blame): still a failure of the unit on this worker for parking (the policy
+        refused what it trained: a unit refused on every worker is parked, not trained again for
+        ever).
         """
         if u.state is UnitState.DONE:
             return
