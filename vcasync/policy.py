@@ -25,7 +25,9 @@ Rules every policy keeps (``vcasync.testing.check_policy`` holds a policy to the
   delta is ``t - base`` for them too; the coordinator turns a full-weights result's integers into
   increments against its base version before any policy sees it). A merge adds the increments of
   every result it merges to the model's value, so sequential and concurrent work both count every
-  step, and ``upload = "delta"`` and ``upload = "weights"`` give the same counters. Bool tensors
+  step, and ``upload = "delta"`` and ``upload = "weights"`` give the same counters. The
+  coordinator refuses an increment below zero or one that would wrap the counter past its
+  dtype's maximum before any policy sees it, and unsigned integer tensors when it is built. Bool tensors
   carry the worker's **value** in both kinds; the last result merged wins (a buffering policy
   applies the last value it buffered). The ``counters`` law holds every policy to this.
 - ``flush`` (optional) is for a policy whose ``merge`` holds results back (a buffer): when the
