@@ -100,6 +100,11 @@ class CounterBases:
         increment) of its first such element; None when every sum fits."""
         for name in self._names:
             inc, reach = tensors[name], self._reach[name]
+            if inc.numel() == 1:          # the common case (num_batches_tracked): plain ints, ~10x faster
+                value, step = int(reach), int(inc)
+                if value > torch.iinfo(inc.dtype).max - step:
+                    return name, value, step
+                continue
             if not inc.numel():
                 continue
             # reach + inc > max  <=>  reach > max - inc: no wrap for inc >= 0 (checked before)
