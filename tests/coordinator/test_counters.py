@@ -229,3 +229,19 @@ async def test_a_bool_mask_two_workers_clear_stays_cleared(kit: Any, clock: Any)
             assert (await a.submit(w, g.lease_id, kit.stream(chunks))).status == "accepted"
         assert a.model()["mask"].tolist() == [False, False]
     await storage.aclose()
+
+
+def test_the_overflow_check_names_the_first_element_for_every_signed_dtype() -> None:
+    from vcasync.coordinator._counters import CounterBases
+    from vcasync.tensors import ModelState
+    for dtype in (torch.int8, torch.int16, torch.int32, torch.int64):
+        top = torch.iinfo(dtype).max
+        bases = CounterBases(ModelState({"c": torch.tensor([-5, top - 3, 0], dtype=dtype),
+                                         "s": torch.tensor(top - 1, dtype=dtype)}))
+        fits = {"c": torch.tensor([top, 3, top], dtype=dtype), "s": torch.tensor(1, dtype=dtype)}
+        assert bases.first_overflow(fits) is None, dtype
+        over = {"c": torch.tensor([0, 4, 0], dtype=dtype), "s": torch.tensor(0, dtype=dtype)}
+        assert bases.first_overflow(over) == ("c", top - 3, 4), dtype
+        assert bases.first_overflow({**fits, "s": torch.tensor(2, dtype=dtype)}) == ("s", top - 1, 2)
+        bases.hold({"c": torch.tensor([0, 3, 0], dtype=dtype), "s": torch.tensor(0, dtype=dtype)})
+        assert bases.first_overflow(fits) == ("c", top, 3), dtype   # held by a buffer: counted
