@@ -31,7 +31,7 @@ def _run(a: argparse.Namespace) -> int:
 
 
 COMMAND = Command(name="coordinator", help="serve a training run with chaos hooks (tests only)",
-                  configure=coordinator.COMMAND.configure, run=_run)
+                  configure=coordinator.COMMAND.configure, run=_run, handles_signals=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,9 +16,9 @@ import sys
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 
+from . import _early_signals
 from .errors import (
     BackendUnavailableError,
     ConfigError,
@@ -106,12 +106,18 @@ def _wrap(first: str, text: str, indent: str, width: int = 96) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class Command:
-    """One subcommand: ``configure`` adds its arguments, ``run`` returns the exit status."""
+    """One subcommand: ``configure`` adds its arguments, ``run`` returns the exit status.
+
+    ``handles_signals``: ``run`` stops cleanly on SIGTERM and SIGINT, which :func:`main` holds from
+    its first moment (:mod:`vcasync._early_signals`): ``run`` hands them over to its event loop
+    with ``_early_signals.handover``, which calls its stop at once for one that came during
+    start-up. False: the default handling is given back before ``run``."""
 
     name: str
     help: str
     configure: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+    handles_signals: bool = False
 
 
 def _check(where: str, obj: object) -> Command:
@@ -122,6 +128,8 @@ def _check(where: str, obj: object) -> Command:
 
 def available_commands() -> dict[str, Command]:
     """Built-in commands (modules of ``vcasync.commands``) and those of installed plugins."""
+    from importlib.metadata import entry_points
+
     from . import commands
 
     found: dict[str, Command] = {}
@@ -254,16 +262,29 @@ _EXIT_FOR: tuple[tuple[type[VCAsyncError] | tuple[type[VCAsyncError], ...], Exit
 
 def main(argv: Sequence[str] | None = None, *, commands: Mapping[str, Command] | None = None) -> int:
     """Entry point of the ``vcasync`` console script; ``commands`` replaces the registry (for a
-    test-only entry point such as the repository's ``harness.chaos_coordinator``)."""
-    commands = dict(commands) if commands is not None else available_commands()
-    parser = build_parser(commands)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    test-only entry point such as the repository's ``harness.chaos_coordinator``).
+
+    SIGTERM and SIGINT are held from here on, before the commands' imports (torch, aiohttp: seconds
+    on a loaded machine), until the command hands them over or they are released to it."""
+    _early_signals.hold()
     try:
-        return commands[args.command].run(args)
+        commands = dict(commands) if commands is not None else available_commands()
+        parser = build_parser(commands)
+        args = parser.parse_args(argv)
+    except BaseException:    # --help, a usage error (SystemExit): a signal held meanwhile acts now
+        _early_signals.release()
+        raise
+    setup_logging(args.log_level)
+    command = commands[args.command]
+    try:
+        if not command.handles_signals:
+            _early_signals.release()
+        return command.run(args)
     except VCAsyncError as exc:
         code, what = next((code, what) for kinds, code, what in _EXIT_FOR if isinstance(exc, kinds))
         print(f"vcasync {args.command}: {what or type(exc).__name__}: {exc}", file=sys.stderr)
         return code
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
+    finally:    # a command that failed before its hand-over: the process's handling back
+        _early_signals.release(act=False)

@@ -29,10 +29,10 @@ import asyncio
 import dataclasses
 import logging
 import os
-import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .. import _early_signals
 from .._paths import check_output_file
 from ..cli import Command, ExitCode, read_join_secret, read_secret
 from ..coerce import parsed_or_word
@@ -384,9 +384,11 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     policy, policy_params = _policy(cfg)
     units = cfg.units.build()
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    # a SIGTERM since the command started (importing torch, building the model) sets it now
+    _early_signals.handover(asyncio.get_running_loop(), stop.set)
+    if stop.is_set():
+        log.info("stopped before the storage was opened: nothing was changed")
+        return ExitCode.INTERRUPTED
     if not outlives_process(cfg.storage):
         log.warning("storage %s lives in this process: the run's state is gone when it exits, and a "
                     "restarted coordinator starts the run over (for a run that resumes: a path, "
@@ -413,7 +415,12 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                                   model_origin={"factory": cfg.model, "seed": cfg.seed})
         del model      # the coordinator's now, let go of at start: keep none here
         async with coordinator as coord:
-            if coord.finished and not coord.parked() and not coord.took_over:
+            if stop.is_set():
+                # stopped while the storage was opened and the run loaded: closed as after serving
+                # (the owner lease handed back), nothing served
+                log.info("stopped while starting, at model v%d: not served", coord.version)
+                finished = False
+            elif coord.finished and not coord.parked() and not coord.took_over:
                 status = coord.status()
                 log.info("run %s is already finished at model v%d (units: %s); nothing to serve",
                          status.get("run_id"), coord.version, status.get("units"))
@@ -565,4 +572,4 @@ async def _first(a: Any, b: Any) -> bool:
 
 
 COMMAND = Command(name="coordinator", help="serve a training run to workers over HTTP(S)",
-                  configure=_configure, run=_run)
+                  configure=_configure, run=_run, handles_signals=True)

@@ -18,10 +18,10 @@ import asyncio
 import logging
 import math
 import os
-import signal
 import sys
 from pathlib import Path
 
+from .. import _early_signals
 from ..cli import Command, read_join_credential
 from ..errors import ConfigError
 from ..storage import outlives_process
@@ -124,9 +124,8 @@ def _run(a: argparse.Namespace) -> int:
                     join_token=token, config=config)
 
     async def main() -> int:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.request_stop)
+        # a SIGTERM since the command started (importing torch, the trainer) stops it now
+        _early_signals.handover(asyncio.get_running_loop(), worker.request_stop)
         report = await worker.run()
         log.info("worker %s done (%s): %d accepted, %d refused, %d abandoned",
                  report.worker_id or "(never joined)", report.reason, report.results_accepted,
@@ -143,4 +142,4 @@ def _run(a: argparse.Namespace) -> int:
 
 
 COMMAND = Command(name="worker", help="train units for a coordinator (preemptible; resumes after restart)",
-                  configure=_configure, run=_run)
+                  configure=_configure, run=_run, handles_signals=True)

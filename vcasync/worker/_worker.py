@@ -266,6 +266,13 @@ class Worker:
     async def run(self) -> WorkerReport:
         """Work until the run is finished, ``max_units`` are done, or a stop was requested."""
         self._loop = asyncio.get_running_loop()
+        if self._stop.is_set():
+            # stopped before it started (a SIGTERM while ``vcasync worker`` imported torch): it
+            # holds nothing new, and a lease, checkpoint or result in its state waits for a restart
+            log.info("stopped before it started: nothing joined or leased; the state in %s is kept "
+                     "for a restart", self.state.where)
+            return WorkerReport(reason="preempted", worker_id="", results_accepted=0,
+                                results_refused=0, units_abandoned=0)
         ssl_ctx = client_ssl_context(self.config.ca_file) if self.url.startswith("https://") else None
         grace_exceeded = False
         async with CoordinatorClient(self.url, ssl_context=ssl_ctx,

@@ -1,0 +1,98 @@
+"""SIGTERM and SIGINT from the first moment of a ``vcasync`` command, kept until it can stop cleanly.
+
+A worker on a loaded spot machine spends seconds importing torch, the trainer and the HTTP client
+before its event loop runs; a preemption notice in that time killed it (exit 143) although a
+SIGTERMed worker exits 0. :func:`hold` (``vcasync.cli.main`` calls it first thing, before any heavy
+import) makes both signals only remembered. A command that stops cleanly on them (``worker``,
+``coordinator``: :attr:`vcasync.cli.Command.handles_signals`) calls :func:`handover` once its
+event loop runs: from then on each signal calls its stop, at once if one came before. For any
+other command ``cli.main`` calls :func:`release` before it runs: the default handling is back, and a
+signal that came meanwhile acts as it would have (SIGINT: ``KeyboardInterrupt``; SIGTERM: the
+process ends by it).
+
+A second signal before the hand-over (start-up stuck in user code, an operator who means it) is not
+held: the defaults are back and it acts as it would have.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:     # nothing heavy here: imported before everything else the command needs
+    import asyncio
+    from types import FrameType
+
+__all__ = ["SIGNALS", "handover", "hold", "received", "release"]
+
+#: The signals a command stops on.
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+_received: list[int] = []
+_held = False
+_previous: dict[int, Any] = {}
+
+
+def hold() -> None:
+    """Remember SIGTERM and SIGINT instead of acting on them, until :func:`handover` or
+    :func:`release`. Only the main thread sets signal handlers: anywhere else nothing is held."""
+    global _held
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _received.clear()
+    for sig in SIGNALS:
+        _previous[sig] = signal.signal(sig, _remember)
+    _held = True
+
+
+def received() -> int | None:
+    """The first signal that came while held (held since :func:`hold`), or None."""
+    return _received[0] if _received else None
+
+
+def handover(loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> None:
+    """Call ``stop`` on ``loop`` for each SIGTERM and SIGINT from now on, and once now if one came
+    while held. Call it from a coroutine running on ``loop``, in the main thread."""
+    global _held
+    for sig in SIGNALS:
+        loop.add_signal_handler(sig, stop)
+    came, _held = _held and bool(_received), False
+    if came:
+        stop()
+
+
+def release(*, act: bool = True) -> None:
+    """The handling from before :func:`hold` back (a no-op after :func:`handover`); with ``act``, a
+    signal that came while held acts as it would have then."""
+    global _held
+    if not _held:
+        return
+    _held = False
+    _restore()
+    if act and _received:
+        _act(_received[0])
+
+
+def _remember(signum: int, frame: FrameType | None) -> None:
+    global _held
+    if _received:      # the second one: not held
+        _held = False
+        _restore()
+        _act(signum)
+        return
+    _received.append(signum)
+
+
+def _restore() -> None:
+    for sig in SIGNALS:
+        previous = _previous.get(sig)   # None: set outside Python, taken as the default
+        signal.signal(sig, signal.SIG_DFL if previous is None else previous)
+
+
+def _act(signum: int) -> None:
+    if signum == signal.SIGINT and signal.getsignal(signum) is signal.default_int_handler:
+        raise KeyboardInterrupt
+    os.kill(os.getpid(), signum)   # its handler from before: SIGTERM's default ends the process
