@@ -452,6 +452,35 @@ async def test_failing_trainer_releases_and_gives_up(tmp_path: Path) -> None:
         assert not isinstance(ei.value, ConfigError)
 
 
+async def test_max_units_counts_the_units_taken_not_only_those_delivered(tmp_path: Path) -> None:
+    """``--max-units 1`` with a failing trainer took 3 units (it counted only delivered ones, and
+    stopped at the third failure): each lease taken counts, and having delivered none of them is an
+    error, as at the end of a run."""
+    tried: list[str] = []
+
+    def broken(ctx: TrainContext) -> TrainResult:
+        tried.append(ctx.unit.unit_id)
+        raise RuntimeError("boom")
+
+    async with running(tmp_path, units=make_units(4, steps=2)) as (coord, server):
+        with pytest.raises(TrainerError, match=r"took its max_units \(1\) and this worker delivered no "
+                                               "result: its trainer failed all 1 unit"):
+            await asyncio.wait_for(worker(server.url, tmp_path / "w", broken, max_units=1).run(), 60)
+        assert len(tried) == 1
+        calls: list[str] = []
+
+        def flaky(ctx: TrainContext) -> TrainResult:        # fails its first unit, then trains
+            calls.append(ctx.unit.unit_id)
+            if len(calls) == 1:
+                raise RuntimeError("boom")
+            return make_trainer()(ctx)
+
+        report = await asyncio.wait_for(worker(server.url, tmp_path / "w2", flaky, max_units=2).run(), 60)
+        assert report.reason == "max_units"
+        assert len(calls) == 2
+        assert report.results_accepted == 1
+
+
 def _nan_metric(ctx: TrainContext, sd: dict[str, torch.Tensor]) -> TrainResult:
     return ctx.result(sd, steps=ctx.unit.steps, loss=float("nan"))
 

@@ -55,7 +55,10 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--on-preempt", choices=["checkpoint", "partial"], default="checkpoint")
     p.add_argument("--upload", choices=["delta", "weights"], default="delta")
     p.add_argument("--codec", default="raw", help="wire codec for results (raw, zstd, ...)")
-    p.add_argument("--max-units", type=int, help="exit after this many units")
+    p.add_argument("--max-units", type=int, metavar="N",
+                   help="take at most N units, then exit: every lease taken counts, a new one or one "
+                        "resumed from the state, whatever came of it (delivered, failed, handed "
+                        "back); exit 1 if its trainer failed every one")
     p.add_argument("--ca-file", type=Path, help="CA certificate to verify an https coordinator")
     p.add_argument("--threads", type=int, help="torch.set_num_threads for the trainer")
     p.add_argument("--app-dir", type=Path, default=Path("."),
@@ -70,8 +73,9 @@ def _configure(p: argparse.ArgumentParser) -> None:
 EPILOG = """\
 exit status: 0 the run is finished (410 run_finished at a lease, a join or a heartbeat, also
   when the coordinator is gone by the time the worker asks again; or the worker was preempted:
-  SIGTERM, SIGINT; or it did --max-units), 1 error: also a trainer that failed 3 units in a row, or
-  every unit it got before the run finished (no result delivered), a trainer returning no result
+  SIGTERM, SIGINT, also while it starts; or it took its --max-units), 1 error: also a trainer that
+  failed 3 units in a row, or every unit it got before the run finished or its --max-units were
+  taken (no result delivered), a trainer returning no result
   (its lease is handed back first), a quarantine, --give-up-after (a coordinator that had not said
   the run is finished), 2 configuration error (a refused join credential,
   a coordinator certificate that does not verify: --ca-file, --state held by another live

@@ -116,7 +116,9 @@ class WorkerConfig:
     #: Delays between calls to a coordinator that is down: retried as long as the worker runs
     #: (``attempts`` is not used), each wait drawn from the policy (capped, full jitter).
     backoff: RetryPolicy = field(default_factory=lambda: WORKER_BACKOFF)
-    #: Stop after this many units (tests, batch jobs); None: until the run is finished.
+    #: Stop after taking this many units (tests, batch jobs): every lease it takes counts, a new one
+    #: or one resumed from its state, whatever came of it (delivered, failed, handed back, lost);
+    #: None: until the run is finished.
     max_units: int | None = None
     request_timeout_s: float = 60.0
     ca_file: Path | None = None
@@ -210,7 +212,7 @@ class Worker:
         self._unit_stop: threading.Event | None = None
         self._grace: asyncio.Timeout | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._accepted = self._refused = self._abandoned = self._units = 0
+        self._accepted = self._refused = self._abandoned = self._taken = 0
         self._trainer_failures = 0      # units this worker's trainer failed (raised, or a bad result)
         self._warned_unreported = False  # the trainer's "no report_progress" warning is given once
         #: The coordinator said the run is finished (``410 run_finished``): once it is gone, it is
@@ -264,7 +266,7 @@ class Worker:
 
     # -- running -----------------------------------------------------------------------------------
     async def run(self) -> WorkerReport:
-        """Work until the run is finished, ``max_units`` are done, or a stop was requested."""
+        """Work until the run is finished, ``max_units`` are taken, or a stop was requested."""
         self._loop = asyncio.get_running_loop()
         if self._stop.is_set():
             # stopped before it started (a SIGTERM while ``vcasync worker`` imported torch): it
@@ -305,13 +307,15 @@ class Worker:
             grant = await self._restore_lease()
             failures = 0
             while not self.stopping:
-                if self.config.max_units is not None and self._units >= self.config.max_units:
+                if self.config.max_units is not None and self._taken >= self.config.max_units:
+                    self._check_delivered(f"this worker took its max_units ({self.config.max_units})")
                     return "max_units"
                 if grant is None:
                     grant = await self._next_lease()
                     if grant is None:
-                        self._check_delivered()
+                        self._check_delivered("the run is finished")
                         return "finished"
+                self._taken += 1     # the units taken, not only those delivered: max_units
                 ok = await self._work(grant)
                 grant = None
                 failures = 0 if ok else failures + 1
@@ -327,18 +331,19 @@ class Worker:
             if not exc.finished:
                 raise
             log.info("the run is finished: %s", exc)
-            self._check_delivered()
+            self._check_delivered("the run is finished")
             return "finished"
         return "preempted"
 
-    def _check_delivered(self) -> None:
-        """The run is finished: a worker whose trainer failed every unit it got, so that it
-        delivered nothing, did not do its job (the run may have ended with those units parked
-        after failing here): a :class:`TrainerError` (exit 1), not a plain "finished"."""
+    def _check_delivered(self, why: str) -> None:
+        """The worker is done (``why``: the run is finished, or it took its ``max_units``): one whose
+        trainer failed every unit it got, so that it delivered nothing, did not do its job (the run
+        may have ended with those units parked after failing here): a :class:`TrainerError` (exit
+        1), not a plain "finished"."""
         if self._trainer_failures and not (self._accepted or self._refused):
-            raise TrainerError(f"the run is finished and this worker delivered no result: its trainer "
-                               f"failed all {self._trainer_failures} unit(s) it was given; its errors "
-                               "are in the log above")
+            raise TrainerError(f"{why} and this worker delivered no result: its trainer failed all "
+                               f"{self._trainer_failures} unit(s) it was given; its errors are in the "
+                               "log above")
 
     # -- calls with retry --------------------------------------------------------------------------
     def _cli(self) -> CoordinatorClient:
@@ -604,9 +609,7 @@ class Worker:
             self._abandoned += 1
             await self._release(grant, f"trainer error: {problem}")
             return False
-        blamed = not await self._deliver(grant, base, result, partial=partial)
-        self._units += 1
-        return not blamed
+        return await self._deliver(grant, base, result, partial=partial)
 
     def _warn_unreported(self, grant: LeaseGrant, result: TrainResult) -> None:
         """Once per worker: the trainer never calls ``ctx.report_progress``, so what the worker and
