@@ -308,7 +308,7 @@ class Worker:
             failures = 0
             while not self.stopping:
                 if self.config.max_units is not None and self._taken >= self.config.max_units:
-                    self._check_delivered(f"this worker took its max_units ({self.config.max_units})")
+                    self._check_delivered(f"its max_units ({self.config.max_units}) were taken")
                     return "max_units"
                 if grant is None:
                     grant = await self._next_lease()
