@@ -462,7 +462,7 @@ async def test_max_units_counts_the_units_taken_not_only_those_delivered(tmp_pat
         tried.append(ctx.unit.unit_id)
         raise RuntimeError("boom")
 
-    async with running(tmp_path, units=make_units(4, steps=2)) as (coord, server):
+    async with running(tmp_path, units=make_units(4, steps=2)) as (_, server):
         with pytest.raises(TrainerError, match=r"its max_units \(1\) were taken and this worker delivered no "
                                                "result: its trainer failed all 1 unit"):
             await asyncio.wait_for(worker(server.url, tmp_path / "w", broken, max_units=1).run(), 60)
