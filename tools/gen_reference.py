@@ -190,8 +190,9 @@ def config_page() -> str:
              "`[units.params]` is handed to the trainer with every unit (`ctx.unit.params`).\n\n",
              "## `[policy]`\n\n",
              "| key | type | default | meaning |\n|---|---|---|---|\n",
-             "| `name` | string | `\"vcasgd\"` | the merge policy "
-             "(`policy = \"name\"` is short for this table) |\n",
+             "| `name` | string | `\"vcasgd\"` | the merge policy: an installed one's name, or "
+             "`\"module:Class\"` of your own ([policies](../policies.md#using-a-policy-of-your-own-"
+             "without-a-package)); `policy = \"name\"` is short for this table |\n",
              "| `params` | table | `{}` | the policy's parameters, below |\n\n",
              "The installed policies and their parameters (from the policy registry: a third-party "
              "policy shows up here once installed):\n\n"]

@@ -75,7 +75,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unit-param", action="append", default=[], metavar="KEY=VALUE",
                    help="a trainer parameter for every unit (repeatable; values parsed as TOML, "
                         "a bare word as a string)")
-    p.add_argument("--policy", help="merge policy name (default vcasgd)")
+    p.add_argument("--policy", help="merge policy: an installed one's name (default vcasgd; listed "
+                                     "below) or 'module:Class' of your own, found as --model is")
     p.add_argument("--policy-param", action="append", default=[], metavar="KEY=VALUE",
                    help="a policy parameter (repeatable; values parsed as TOML, a bare word as a string)")
     p.add_argument("--storage", metavar="URL",
@@ -98,7 +99,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port-file", type=Path,
                    help="write the bound URL here once listening; its directory must exist")
     p.add_argument("--app-dir", type=Path, default=Path("."),
-                   help="put this directory on sys.path to find the model factory (default: .)")
+                   help="put this directory on sys.path to find the model factory and a "
+                        "'module:Class' policy (default: .)")
     p.add_argument("--join-secret-file", type=Path)
     p.add_argument("--join-tokens-file", type=Path)
     p.add_argument("--operator-token-file", type=Path,
@@ -301,13 +303,17 @@ def _status_access(token: str | None, *, require: bool,
     return StatusAccess(token, open_on_loopback=not require)
 
 
-def _policy(cfg: RunConfig) -> tuple[MergePolicy, dict[str, Any]]:
+def _policy(cfg: RunConfig, app_dir: Path | None = None) -> tuple[MergePolicy, dict[str, Any]]:
     """The policy, and its parameters with defaults filled in (recorded with the run, so that
-    naming a default explicitly is the same run and changing one is not)."""
+    naming a default explicitly is the same run and changing one is not). A ``module:Class`` name
+    is imported from ``app_dir`` or ``sys.path`` and registered (:mod:`._policy_ref`)."""
     from .._params import coerce_params
     from ..policy import policy_from_config, policy_spec
+    from ._policy_ref import resolve_policy_name
 
-    policy = policy_from_config({"policy": dict(cfg.policy)})
+    table = dict(cfg.policy)
+    table["name"] = resolve_policy_name(table.get("name"), app_dir=app_dir)
+    policy = policy_from_config({"policy": table})
     spec = policy_spec(policy.name)
     given = cfg.policy.get("params", {}) if isinstance(cfg.policy, dict) else {}
     return policy, {**spec.defaults(), **coerce_params(spec.name, spec.params, given or {})}
@@ -381,7 +387,7 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
         raise ConfigError(f"model factory {cfg.model!r} (seed {cfg.seed}) built an initial model whose "
                           f"tensor {bad!r} is not finite (NaN or inf): every worker's trainer would "
                           "fail on it; fix the factory's initialisation (nothing was started)")
-    policy, policy_params = _policy(cfg)
+    policy, policy_params = _policy(cfg, app_dir)
     units = cfg.units.build()
     stop = asyncio.Event()
     # a SIGTERM since the command started (importing torch, building the model) sets it now
