@@ -4,7 +4,10 @@ and configuration errors that name the problem (exit status 2)."""
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -523,3 +526,37 @@ def test_a_ca_file_with_a_plain_http_coordinator_is_said_to_have_no_effect(tmp_p
     assert check_ca_file(None, "http://h:8000") is None
     with pytest.raises(ConfigError, match="is a directory"):
         check_ca_file(tmp_path, "https://h:8000")
+
+
+class _SignalWhileStarting:
+    """Chaos-style hooks that SIGTERM this process while the coordinator opens its storage (the
+    policy is wrapped there, inside the storage's ``async with``)."""
+
+    def wrap_policy(self, policy: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return policy
+
+    def wrap_storage(self, storage: Any, state_prefix: str) -> Any:
+        return storage
+
+
+def test_a_coordinator_signalled_while_it_opens_its_storage_closes_it_without_serving(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Exit 130 (stopped before the run finished), nothing served, and the storage closed as after
+    serving: the owner lease is handed back, so the next start is not told to wait for workers of a
+    coordinator that stopped uncleanly."""
+    from vcasync.commands import coordinator
+
+    caplog.set_level(logging.INFO, "vcasync")
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    argv = ["coordinator", "--model", "vcasync.examples.digits:model", "--units", "2", "--port", "0",
+            "--storage", str(tmp_path / "store"), "--port-file", str(tmp_path / "url"), "--linger", "0"]
+    args = build_parser({"coordinator": coordinator.COMMAND}).parse_args(argv)
+    assert coordinator.launch(args, hooks=_SignalWhileStarting()) == 130
+    assert "stopped while starting, at model v0: not served" in caplog.text
+    assert "listening" not in caplog.text
+    assert not (tmp_path / "url").exists()
+    caplog.clear()
+    args = build_parser({"coordinator": coordinator.COMMAND}).parse_args(argv)
+    assert coordinator.launch(args, hooks=_SignalWhileStarting()) == 130
+    assert "stopped uncleanly" not in caplog.text         # the first start's owner lease was let go
