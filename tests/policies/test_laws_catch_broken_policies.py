@@ -219,7 +219,10 @@ class ExtrapolatesWhenVeryStale(Mix):
 
 
 # Finding the breach is what is tested; shrinking it to the smallest example is hypothesis's job.
-FIND = settings(max_examples=60, deadline=None, phases=[Phase.generate], database=None,
+# Derandomized: drawn afresh each run, ExtrapolatesWhenVeryStale's breach (staleness past 1,000)
+# went unfound in 1 of 40 runs (a failure in a helper's run, 2026-12-06); a fixed draw is found
+# every time, and a search that stops finding it is a change to the kit, seen at once.
+FIND = settings(max_examples=60, deadline=None, phases=[Phase.generate], database=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
