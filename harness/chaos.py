@@ -244,10 +244,13 @@ class _Run:
                 await _sleep_or(self.done, 0.1)
                 continue
             if kind == "upload":
-                sent = await self.driver.start_slow_upload() if await self.fleet.health() else None
+                up = await self.fleet.health()
+                sent = await self.driver.start_slow_upload() if up else None
                 proc = self.fleet.coordinator
                 if sent is None or proc is None or not proc.running:
-                    self.res.notes.append(f"upload kill postponed: {self.driver.last_error}")
+                    why = self.driver.last_error if up else "the coordinator is not up"
+                    self.res.notes.append(f"upload kill postponed at version {self.version} "
+                                          f"(target {self.target_version(n)}): {why}")
                     self.driver.abandon_upload()      # not mid-upload: try again in a moment
                     await _sleep_or(self.done, 1.0)
                     continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -125,6 +126,7 @@ class DriverWorker:
     async def start_slow_upload(self) -> int | None:
         """Send half of the prepared result (preparing it first if needed); the bytes sent, or None
         when the coordinator is not reading that upload now."""
+        self.last_error = ""
         if not await self.prepare():
             return None
         assert self._pending is not None
@@ -147,14 +149,13 @@ class DriverWorker:
             answered = await asyncio.wait_for(reader.read(1), 0.05)
         except TimeoutError:
             return half
-        with contextlib.suppress(TimeoutError, OSError):
-            answered += await asyncio.wait_for(reader.read(4096), 0.5)
+        answered += await _rest_of_answer(reader)
         # Answered at once. A 503 (the coordinator's storage failed, injected faults included)
         # took nothing in: the same result is sent again next time. Anything else refused it,
         # e.g. because its unit was done by another worker meanwhile (its lease expired:
         # heartbeats without progress do not extend it); re-sent, it would be refused the same
         # way until the run ends, with the kill never made: drop it, and prepare a new one.
-        self.last_error = f"answered before the kill: {answered[:600]!r}"
+        self.last_error = f"answered before the kill: {describe_answer(answered)}"
         self.abandon_upload()
         if _status(answered) != 503:
             self._pending = None
@@ -181,6 +182,49 @@ class DriverWorker:
             self.receipts.append(receipt)
         self._pending = None
         await self._stop_heartbeats()
+
+
+async def _rest_of_answer(reader: asyncio.StreamReader, timeout_s: float = 2.0) -> bytes:
+    """The rest of an HTTP answer whose first byte was read: to the end of its body (its
+    ``Content-Length``), the connection's end, or ``timeout_s``, whichever comes first."""
+    out = b""
+    with contextlib.suppress(TimeoutError, OSError):
+        async with asyncio.timeout(timeout_s):
+            while True:
+                head, sep, body = out.partition(b"\r\n\r\n")
+                length = _content_length(head) if sep else None
+                if length is not None and len(body) >= length:
+                    break
+                chunk = await reader.read(65536)
+                if not chunk:
+                    break
+                out += chunk
+    return out
+
+
+def _content_length(head: bytes) -> int | None:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length" and value.strip().isdigit():
+            return int(value.strip())
+    return None
+
+
+def describe_answer(answer: bytes) -> str:
+    """An HTTP answer in one line for the run's notes: the status line, and for a JSON error body
+    its ``error`` code, ``message`` and ``retry_after`` in full (the notes say why a kill waited);
+    any other body, its first bytes."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0].decode("latin-1", "replace")
+    headers = head.decode("latin-1", "replace").lower()
+    try:
+        doc = json.loads(body) if "application/json" in headers else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        return f"{status}: {body[:300]!r}"
+    wait = f" (retry_after {doc['retry_after']})" if "retry_after" in doc else ""
+    return f"{status}: {doc.get('error')}{wait}: {doc.get('message')}"
 
 
 def _status(answer: bytes) -> int | None:
