@@ -252,11 +252,11 @@ class _Run:
                     self.res.notes.append(f"upload kill postponed at version {self.version} "
                                           f"(target {self.target_version(n)}): {why}")
                     self.driver.abandon_upload()      # not mid-upload: try again in a moment
-                    await _sleep_or(self.done, 1.0)
+                    await _sleep_or(self.done, self.driver.retry_in)
                     continue
                 self.pending.pop(0)
                 await self.kill_coordinator(kind, verified=True, bytes_sent=sent)
-                self.driver.abandon_upload()
+                self.driver.upload_cut()              # the result is re-sent after the restart
             else:
                 self.pending.pop(0)
                 await self.kill_coordinator(kind, verified=True)
@@ -331,7 +331,8 @@ class _Run:
             self.res.sigterm_clean_exits += 1
 
     async def after_upload_kill(self) -> None:
-        """Deliver the result whose upload the coordinator kill cut, as a worker would."""
+        """Deliver the result whose upload the coordinator kill cut, as a worker would (and only
+        that one: a result still waiting for its slow upload is not delivered)."""
         while not self.done.is_set():
             await self.driver.finish_upload()
             await _sleep_or(self.done, 0.5)

@@ -48,9 +48,21 @@ def one_torch_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+#: Seconds between two tries of a slow upload, unless a 503 asked for less (its ``retry_after``).
+RETRY_S = 1.0
+
+
 class DriverWorker:
     """One more worker, run by the chaos driver: it trains a real unit, sends half its result, and
-    after the coordinator was killed mid-upload, delivers it again the way a worker would."""
+    after the coordinator was killed mid-upload, delivers it again the way a worker would.
+
+    The prepared result belongs to the slow upload until a kill cut that upload
+    (:meth:`upload_cut`); only then does :meth:`finish_upload` deliver it whole. Delivered before
+    (the run's delivery task polls every half second), a result prepared for the kill was merged
+    instead: the slow upload that followed was answered at once (a duplicate receipt, or the 503
+    of an outage the whole upload met), and every try after a refusal had to lease and train a new
+    unit, which under load took as long as the rest of the run.
+    """
 
     def __init__(self, url: str, secret: str, state: Path, cfg: ChaosConfig) -> None:
         self.url, self.secret, self.state, self.cfg = url, secret, Path(state), cfg
@@ -59,6 +71,8 @@ class DriverWorker:
         self.receipts: list[Receipt] = []
         self._joined = False
         self._pending: tuple[str, bytes] | None = None
+        self._cut = False          # the pending result's upload was cut by a kill: deliver it
+        self.retry_in = RETRY_S    # how long to wait before the next slow upload
         self._writer: asyncio.StreamWriter | None = None
         self.last_error = ""
         self._beats: asyncio.Task[None] | None = None
@@ -108,7 +122,7 @@ class DriverWorker:
                 "samples": int(out.samples), "steps": int(out.steps), "partial": False,
                 "metrics": {k: float(v) for k, v in out.metrics.items()}}
         data = await asyncio.to_thread(lambda: b"".join(encode_payload("result", meta, delta)))
-        self._pending = (grant.lease_id, data)
+        self._pending, self._cut = (grant.lease_id, data), False
         return True
 
     async def _heartbeats(self, lease_id: str, ctx: TrainContext, interval: float) -> None:
@@ -126,7 +140,7 @@ class DriverWorker:
     async def start_slow_upload(self) -> int | None:
         """Send half of the prepared result (preparing it first if needed); the bytes sent, or None
         when the coordinator is not reading that upload now."""
-        self.last_error = ""
+        self.last_error, self.retry_in = "", RETRY_S
         if not await self.prepare():
             return None
         assert self._pending is not None
@@ -151,25 +165,36 @@ class DriverWorker:
             return half
         answered += await _rest_of_answer(reader)
         # Answered at once. A 503 (the coordinator's storage failed, injected faults included)
-        # took nothing in: the same result is sent again next time. Anything else refused it,
-        # e.g. because its unit was done by another worker meanwhile (its lease expired:
-        # heartbeats without progress do not extend it); re-sent, it would be refused the same
-        # way until the run ends, with the kill never made: drop it, and prepare a new one.
+        # took nothing in: the same result is sent again next time, as soon as the answer's
+        # retry_after allows. Anything else refused it, e.g. because its unit was done by another
+        # worker meanwhile (its lease expired: heartbeats without progress do not extend it);
+        # re-sent, it would be refused the same way until the run ends, with the kill never made:
+        # drop it, and prepare a new one.
         self.last_error = f"answered before the kill: {describe_answer(answered)}"
         self.abandon_upload()
-        if _status(answered) != 503:
+        if _status(answered) == 503:
+            self.retry_in = _retry_after(answered, RETRY_S)
+        else:
             self._pending = None
             await self._stop_heartbeats()
         return None
 
     def abandon_upload(self) -> None:
+        """Close the slow upload's connection; its result stays for the next try."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None
 
+    def upload_cut(self) -> None:
+        """The coordinator was killed while the slow upload was half sent: its result is now
+        :meth:`finish_upload`'s to deliver, as a worker would after the restart."""
+        self.abandon_upload()
+        if self._pending is not None:
+            self._cut = True
+
     async def finish_upload(self) -> None:
-        """Re-send the cut result once the coordinator is back (a no-op when nothing is pending)."""
-        if self._pending is None:
+        """Re-send the cut result once the coordinator is back (a no-op unless a kill cut it)."""
+        if self._pending is None or not self._cut:
             return
         lease_id, data = self._pending
         try:
@@ -225,6 +250,20 @@ def describe_answer(answer: bytes) -> str:
         return f"{status}: {body[:300]!r}"
     wait = f" (retry_after {doc['retry_after']})" if "retry_after" in doc else ""
     return f"{status}: {doc.get('error')}{wait}: {doc.get('message')}"
+
+
+def _retry_after(answer: bytes, longest: float) -> float:
+    """The ``retry_after`` of a JSON error answer (the Retry-After header rounds it to whole
+    seconds), at most ``longest``; ``longest`` when it has none."""
+    _, _, body = answer.partition(b"\r\n\r\n")
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return longest
+    wait = doc.get("retry_after") if isinstance(doc, dict) else None
+    if isinstance(wait, int | float) and wait >= 0:
+        return min(float(wait), longest)
+    return longest
 
 
 def _status(answer: bytes) -> int | None:
