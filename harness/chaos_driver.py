@@ -246,7 +246,7 @@ def describe_answer(answer: bytes) -> str:
         doc = json.loads(body) if "application/json" in headers else None
     except ValueError:
         doc = None
-    if not isinstance(doc, dict):
+    if not isinstance(doc, dict) or "error" not in doc:     # not an error (a receipt: a duplicate)
         return f"{status}: {body[:300]!r}"
     wait = f" (retry_after {doc['retry_after']})" if "retry_after" in doc else ""
     return f"{status}: {doc.get('error')}{wait}: {doc.get('message')}"
