@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from harness.chaos import JOIN_SECRET, ChaosConfig
@@ -27,6 +28,8 @@ from vcasync.server._auth import TokenAuthority
 from vcasync.storage import open_storage
 from vcasync.tensors import ModelState
 from vcasync.testing.faults import FaultyStorage
+
+pytestmark = pytest.mark.slow      # a real server, and the digits trainer run twice
 
 CFG = ChaosConfig(workers=0, shards=2, epochs=1, steps=2, coordinator_kills=("upload",))
 PROBE_S = 0.05
