@@ -170,7 +170,7 @@ class DriverWorker:
         # worker meanwhile (its lease expired: heartbeats without progress do not extend it);
         # re-sent, it would be refused the same way until the run ends, with the kill never made:
         # drop it, and prepare a new one.
-        self.last_error = f"answered before the kill: {describe_answer(answered)}"
+        self.last_error = f"answered before the kill: {_describe_answer(answered)}"
         self.abandon_upload()
         if _status(answered) == 503:
             self.retry_in = _retry_after(answered, RETRY_S)
@@ -235,7 +235,7 @@ def _content_length(head: bytes) -> int | None:
     return None
 
 
-def describe_answer(answer: bytes) -> str:
+def _describe_answer(answer: bytes) -> str:
     """An HTTP answer in one line for the run's notes: the status line, and for a JSON error body
     its ``error`` code, ``message`` and ``retry_after`` in full (the notes say why a kill waited);
     any other body, its first bytes."""
@@ -262,7 +262,7 @@ def _retry_after(answer: bytes, longest: float) -> float:
         return longest
     wait = doc.get("retry_after") if isinstance(doc, dict) else None
     if isinstance(wait, int | float) and wait >= 0:
-        return min(float(wait), longest)
+        return min(max(float(wait), 0.05), longest)
     return longest
 
 
