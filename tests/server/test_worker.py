@@ -355,38 +355,12 @@ async def test_a_worker_gives_up_on_a_coordinator_gone_for_good(tmp_path: Path) 
     assert WorkerConfig(give_up_after_s=float("inf")).give_up_after_s == float("inf")
 
 
-async def test_result_spooled_during_an_outage_is_resent_after_restart(tmp_path: Path) -> None:
-    port = free_port()
-    auth = TokenAuthority(join_secret=SECRET)
-    async with running(tmp_path, units=make_units(1, steps=3), authority=auth,
-                       server_config=ServerConfig(port=port)) as (coord, server):
-        loop = asyncio.get_running_loop()
-
-        def outage(ctx: TrainContext, step: int) -> None:  # the server dies as the unit ends
-            if step == ctx.unit.steps - 1:
-                asyncio.run_coroutine_threadsafe(server.aclose(), loop).result(10)
-
-        w = worker(f"http://127.0.0.1:{port}", tmp_path / "w", make_trainer(outage), grace_period_s=0.5)
-        task = asyncio.create_task(w.run())
-        await eventually(lambda: bool(list((tmp_path / "w" / "results").glob("*.vca"))))
-        w.request_stop()
-        report = await task
-        assert report.grace_exceeded
-        assert report.results_accepted == 0
-        assert len(list((tmp_path / "w" / "results").glob("*.vca"))) == 1
-        async with Server(coord, auth, ServerConfig(port=port)):
-            again = await worker(f"http://127.0.0.1:{port}", tmp_path / "w", make_trainer()).run()
-        assert again.reason == "finished"
-        assert again.results_accepted == 1
-        assert list((tmp_path / "w" / "results").glob("*.vca")) == []
-        await coord.wait_finished()
-
-
-async def test_a_worker_giving_up_on_its_upload_keeps_the_result_for_a_restart(tmp_path: Path) -> None:
-    # The coordinator went away as the unit ended and stayed away past --give-up-after: the upload
-    # gave up. That was taken for a refusal ("refused for good"): the spooled result was deleted,
-    # though the give-up message promises "a restart resumes from the state kept", and the worker
-    # then asked for a lease for a second give-up period.
+@pytest.mark.parametrize("ending", ["stopped", "gave_up"])
+async def test_result_spooled_during_an_outage_is_resent_after_restart(tmp_path: Path, ending: str) -> None:
+    # gave_up: the coordinator stayed away past --give-up-after, and the upload gave up. That was
+    # taken for a refusal ("refused for good"): the spooled result was deleted, though the give-up
+    # message promises "a restart resumes from the state kept", and the worker then asked for a
+    # lease for a second give-up period.
     from vcasync.errors import CoordinatorGoneError
 
     port = free_port()
@@ -399,12 +373,22 @@ async def test_a_worker_giving_up_on_its_upload_keeps_the_result_for_a_restart(t
             if step == ctx.unit.steps - 1:
                 asyncio.run_coroutine_threadsafe(server.aclose(), loop).result(10)
 
-        w = worker(f"http://127.0.0.1:{port}", tmp_path / "w", make_trainer(outage), give_up_after_s=1.0)
-        with pytest.raises(CoordinatorGoneError, match=r"^upload: .*unreachable for \d+ s"):
-            await asyncio.wait_for(w.run(), 60)
+        url = f"http://127.0.0.1:{port}"
+        if ending == "stopped":
+            w = worker(url, tmp_path / "w", make_trainer(outage), grace_period_s=0.5)
+            task = asyncio.create_task(w.run())
+            await eventually(lambda: bool(list((tmp_path / "w" / "results").glob("*.vca"))))
+            w.request_stop()
+            report = await task
+            assert report.grace_exceeded
+            assert report.results_accepted == 0
+        else:
+            w = worker(url, tmp_path / "w", make_trainer(outage), give_up_after_s=1.0)
+            with pytest.raises(CoordinatorGoneError, match=r"^upload: .*unreachable for \d+ s"):
+                await asyncio.wait_for(w.run(), 60)
         assert len(list((tmp_path / "w" / "results").glob("*.vca"))) == 1     # kept, not dropped
         async with Server(coord, auth, ServerConfig(port=port)):
-            again = await worker(f"http://127.0.0.1:{port}", tmp_path / "w", make_trainer()).run()
+            again = await worker(url, tmp_path / "w", make_trainer()).run()
         assert (again.reason, again.results_accepted) == ("finished", 1)
         assert list((tmp_path / "w" / "results").glob("*.vca")) == []
         await coord.wait_finished()
