@@ -27,7 +27,7 @@ from vcasync.server import Server, ServerConfig
 from vcasync.server._auth import TokenAuthority
 from vcasync.storage import open_storage
 from vcasync.tensors import ModelState
-from vcasync.testing.faults import FaultyStorage
+from vcasync.testing.faults import FaultyStorage, WriteOutage
 
 pytestmark = pytest.mark.slow      # a real server, and the digits trainer run twice
 
@@ -35,20 +35,11 @@ CFG = ChaosConfig(workers=0, shards=2, epochs=1, steps=2, coordinator_kills=("up
 PROBE_S = 0.05
 
 
-class Switch:
-    """Fails every write while ``down``."""
-
-    def __init__(self) -> None:
-        self.down = False
-
-    def __call__(self, op: str, key: str | None) -> bool:
-        return self.down and op in ("put", "put_stream", "delete")
-
 
 @contextlib.asynccontextmanager
-async def serving(tmp_path: Path) -> AsyncIterator[tuple[Coordinator, DriverWorker, Switch]]:
+async def serving(tmp_path: Path) -> AsyncIterator[tuple[Coordinator, DriverWorker, WriteOutage]]:
     """The digits run of ``CFG`` served on storage that fails while ``switch.down``, and a driver."""
-    switch = Switch()
+    switch = WriteOutage()
     torch.manual_seed(CFG.seed)
     model = ModelState.from_module(import_object(CFG.model, what="model")())
     units = dataclass_from_table(UnitsConfig, CFG.run_table("memory://x", tmp_path)["units"],

@@ -29,7 +29,7 @@ from vcasync.server import Server, ServerConfig
 from vcasync.server._auth import StorageTokenStore, TokenAuthority
 from vcasync.storage import open_storage
 from vcasync.tensors import ModelState
-from vcasync.testing.faults import FaultyStorage
+from vcasync.testing.faults import FaultyStorage, WriteOutage
 from vcasync.wire import decode_payload_bytes
 from vcasync.worker._client import CoordinatorClient
 
@@ -37,15 +37,6 @@ from .conftest import SECRET, control, result_payload, tiny_model
 
 PROBE_S = 0.05
 
-
-class Switch:
-    """Fails every write while ``down``: the bucket is gone, the endpoint refuses."""
-
-    def __init__(self) -> None:
-        self.down = False
-
-    def __call__(self, op: str, key: str | None) -> bool:
-        return self.down and op in ("put", "put_stream", "delete")
 
 
 async def _model(coord: Coordinator) -> ModelState:
@@ -56,10 +47,10 @@ async def _model(coord: Coordinator) -> ModelState:
 
 @contextlib.asynccontextmanager
 async def serving(name: str, units: int, linger_s: float | None = None, probe_s: float = PROBE_S,
-                  ) -> AsyncIterator[tuple[Coordinator, Server, Switch]]:
+                  ) -> AsyncIterator[tuple[Coordinator, Server, WriteOutage]]:
     """A coordinator and its server on a store whose writes fail while ``switch.down``, probed
     every ``probe_s`` at most."""
-    switch = Switch()
+    switch = WriteOutage()
     config = CoordinatorConfig(storage_probe_interval_s=probe_s, storage_outage_limit_s=60.0)
     async with open_storage(f"memory://{name}") as inner:
         storage: Any = FaultyStorage(inner, trigger=switch)
@@ -72,7 +63,7 @@ async def serving(name: str, units: int, linger_s: float | None = None, probe_s:
 
 
 @pytest.fixture
-async def served() -> AsyncIterator[tuple[Coordinator, Server, Switch]]:
+async def served() -> AsyncIterator[tuple[Coordinator, Server, WriteOutage]]:
     async with serving("outage", 4) as parts:
         yield parts
 
@@ -86,7 +77,7 @@ async def _state(coord: Coordinator, want: str) -> None:
 
 
 async def test_requests_wait_out_a_storage_outage_and_nothing_is_lost(
-        served: tuple[Coordinator, Server, Switch], caplog: pytest.LogCaptureFixture) -> None:
+        served: tuple[Coordinator, Server, WriteOutage], caplog: pytest.LogCaptureFixture) -> None:
     coord, server, switch = served
     async with CoordinatorClient(server.url) as client:
         await client.join(SECRET, "a")
@@ -138,7 +129,7 @@ async def test_requests_wait_out_a_storage_outage_and_nothing_is_lost(
 
 async def test_a_final_snapshot_that_cannot_be_written_is_a_storage_error(
         caplog: pytest.LogCaptureFixture) -> None:
-    switch = Switch()
+    switch = WriteOutage()
     async with open_storage("memory://final") as inner:
         storage: Any = FaultyStorage(inner, trigger=switch)
         coord = Coordinator(ModelState.from_module(tiny_model()), make_units(2, steps=3),
@@ -159,7 +150,7 @@ async def test_a_final_snapshot_that_cannot_be_written_is_a_storage_error(
                    and "lost" in r.getMessage() for r in caplog.records)
 
 
-class FullDisk(Switch):
+class FullDisk(WriteOutage):
     """While ``down``: a store with room for the probe's few bytes but not for a result (a disk
     that is almost full, a quota almost spent)."""
 

@@ -29,7 +29,7 @@ from typing import Self, TypeVar
 from vcasync.errors import ConfigError, TransientStorageError
 from vcasync.storage import BytesLike, ObjectInfo, Storage
 
-__all__ = ["OPS", "FaultPlan", "FaultyStorage", "ForwardingStorage", "InjectedFault"]
+__all__ = ["OPS", "FaultPlan", "FaultyStorage", "ForwardingStorage", "InjectedFault", "WriteOutage"]
 
 T = TypeVar("T")
 
@@ -111,6 +111,20 @@ class FaultPlan:
         unknown = set(self.ops) - OPS
         if unknown:
             raise ConfigError(f"FaultPlan.ops: unknown operations {sorted(unknown)}")
+
+
+class WriteOutage:
+    """A ``trigger`` for :class:`FaultyStorage` that fails every write (``put``, ``put_stream``,
+    ``delete``) while :attr:`down` is true, and nothing otherwise: the bucket gone, the endpoint
+    refusing, for as long as a test says; reads keep working."""
+
+    WRITES: frozenset[str] = frozenset({"put", "put_stream", "delete"})
+
+    def __init__(self) -> None:
+        self.down = False
+
+    def __call__(self, op: str, key: str | None) -> bool:
+        return self.down and op in self.WRITES
 
 
 class FaultyStorage:
