@@ -68,6 +68,18 @@ async def served() -> AsyncIterator[tuple[Coordinator, Server, WriteOutage]]:
         yield parts
 
 
+async def _refused_lease(http: aiohttp.ClientSession, server: Server, client: CoordinatorClient
+                         ) -> dict[str, Any]:
+    """A raw lease request's answer during an outage: 503, ``Retry-After: 1``; its JSON body."""
+    async with http.post(f"{server.url}/v1/leases", data=control("lease_request"),
+                         headers={"Authorization": f"Bearer {client.token}",
+                                  "Content-Type": "application/x-msgpack"}) as resp:
+        assert resp.status == 503
+        assert resp.headers["Retry-After"] == "1"
+        body: dict[str, Any] = await resp.json()
+    return body
+
+
 async def _state(coord: Coordinator, want: str) -> None:
     for _ in range(400):
         if coord.status()["storage"]["state"] == want:
@@ -100,14 +112,9 @@ async def test_requests_wait_out_a_storage_outage_and_nothing_is_lost(
         with pytest.raises(StorageUnavailableError):                 # no new work meanwhile
             await client.lease()
         async with aiohttp.ClientSession() as http:                  # the raw answer
-            async with http.post(f"{server.url}/v1/leases", data=control("lease_request"),
-                                 headers={"Authorization": f"Bearer {client.token}",
-                                          "Content-Type": "application/x-msgpack"}) as resp:
-                assert resp.status == 503
-                assert resp.headers["Retry-After"] == "1"
-                body = await resp.json()
-                assert body["error"] == "storage_unavailable"
-                assert body["retry_after"] == PROBE_S
+            body = await _refused_lease(http, server, client)
+            assert body["error"] == "storage_unavailable"
+            assert body["retry_after"] == PROBE_S
             async with http.get(f"{server.url}/metrics") as resp:
                 metrics = await resp.text()
         assert "\nvcasync_storage_state 2.0\n" in metrics
@@ -260,12 +267,7 @@ async def test_a_capped_storage_wait_is_said_alike_in_message_header_and_status(
                 break
             await asyncio.sleep(0.02)
         assert coord.status()["storage"]["retry_after_s"] > 1.0        # the coordinator's own
-        async with http.post(f"{server.url}/v1/leases", data=control("lease_request"),
-                             headers={"Authorization": f"Bearer {client.token}",
-                                      "Content-Type": "application/x-msgpack"}) as resp:
-            assert resp.status == 503
-            assert resp.headers["Retry-After"] == "1"
-            body = await resp.json()
+        body = await _refused_lease(http, server, client)
         assert body["retry_after"] == 1.0
         assert body["message"].endswith("keep the result; retry in 1s"), body["message"]
         assert (await client.status())["storage"]["retry_after_s"] == 1.0
