@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from vcasync.cli import ExitCode
+from vcasync.errors import NoWorkAvailableError
 from vcasync.storage import open_storage
 
 from .test_runs_cli import Coord, _status, start, start_worker
@@ -155,8 +156,9 @@ def test_a_finished_run_taken_over_from_a_crash_serves_so_its_workers_hear_it_en
         worker.kill()
         worker.wait()
     again = start(procs, tmp_path, storage, *args, "--linger", "2", name="again")
-    status = asyncio.run(_status(again.ready()))        # it serves: a worker calling in hears it
-    assert status["finished"] is True, status
+    with pytest.raises(NoWorkAvailableError) as heard:   # it serves: a worker calling in hears it
+        asyncio.run(_status(again.ready()))              # (a join to a finished run: 410)
+    assert heard.value.finished, heard.value
     assert again.wait() == ExitCode.OK
     assert "already finished" in again.log()
     last = start(procs, tmp_path, storage, *args, name="last")   # after a clean stop: at once
