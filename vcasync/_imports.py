@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,9 @@ def import_object(ref: str, *, what: str, app_dir: Path | None = None) -> Any:
         obj: Any = importlib.import_module(mod_name)
     except ImportError as exc:
         raise ConfigError(f"{what} {ref!r}: cannot import {mod_name!r}: {exc}") from exc
+    except Exception as exc:    # the module's own code failed as it ran (or does not parse)
+        raise ConfigError(f"{what} {ref!r}: importing {mod_name!r} raised {type(exc).__name__}: "
+                          f"{exc}{_where(exc)}") from exc
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
@@ -45,3 +49,11 @@ def import_object(ref: str, *, what: str, app_dir: Path | None = None) -> Any:
     if not callable(obj):
         raise ConfigError(f"{what} {ref!r} is not callable")
     return obj
+
+
+def _where(exc: BaseException) -> str:
+    """`` (at FILE:LINE)``, the innermost place ``exc`` was raised (a syntax error's own place)."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" (at {exc.filename}:{exc.lineno})"
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""

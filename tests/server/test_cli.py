@@ -138,6 +138,29 @@ def test_coordinator_without_a_model_factory(monkeypatch: pytest.MonkeyPatch,
     assert "no model factory" in capsys.readouterr().err
 
 
+def test_a_user_module_that_fails_as_it_imports_is_a_configuration_error(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A trainer, model or policy module whose own code raised (or did not parse) gave a traceback and
+    # exit 1: import_object caught ImportError only, though every failure is a ConfigError (exit 2)
+    (tmp_path / "boom_rt.py").write_text("x = 1\nraise RuntimeError('import boom')\n")
+    (tmp_path / "boom_syntax.py").write_text("def f(:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    worker = ["worker", "--coordinator", "http://127.0.0.1:9", "--state-dir", str(tmp_path / "w")]
+    assert main([*worker, "--trainer", "boom_rt:train"]) == 2
+    err = capsys.readouterr().err
+    assert "trainer 'boom_rt:train': importing 'boom_rt' raised RuntimeError: import boom" in err
+    assert "boom_rt.py:2)" in err
+    assert "Traceback" not in err
+    assert main([*worker, "--trainer", "boom_syntax:train"]) == 2
+    assert "raised SyntaxError" in (err := capsys.readouterr().err)
+    assert "boom_syntax.py:1)" in err
+    coord = ["coordinator", "--storage", (tmp_path / "s").as_uri(), "--port", "0"]
+    assert main([*coord, "--model", "boom_rt:model"]) == 2
+    assert "importing 'boom_rt' raised RuntimeError" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()                         # nothing was stored
+
+
 def test_worker_needs_a_credential_and_a_trainer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("VCASYNC_JOIN_SECRET", raising=False)
