@@ -1,5 +1,5 @@
 """``python -m vcasync``: the same as the ``vcasync`` command."""
 
-from .cli import main
+from .cli import console
 
-raise SystemExit(main())
+console()

@@ -11,7 +11,14 @@ signal that came meanwhile acts as it would have (SIGINT: ``KeyboardInterrupt``;
 process ends by it).
 
 A second signal before the hand-over (start-up stuck in user code, an operator who means it) is not
-held: the defaults are back and it acts as it would have.
+held: the defaults are back and it acts as it would have; the first, held, is still heard at the
+hand-over (it was lost when the second was ignored: SIGINT inherited as ignored by ``cmd &``).
+
+At the other end, once a command has returned its exit status (a worker's loop closed and, with
+it, the loop's handlers), the console script calls :func:`ignore_while_exiting`, which ignores both
+signals for what is left of the process (interpreter shutdown, torch's teardown: 0.1-0.3 s): a
+preemption notice to a worker that had just finished found the default handling back and turned
+its exit 0 into 143.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ if TYPE_CHECKING:     # nothing heavy here: imported before everything else the 
     import asyncio
     from types import FrameType
 
-__all__ = ["SIGNALS", "handover", "hold", "received", "release"]
+__all__ = ["SIGNALS", "handover", "hold", "ignore_while_exiting", "received", "release"]
 
 #: The signals a command stops on.
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -59,9 +66,20 @@ def handover(loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> None:
     global _held
     for sig in SIGNALS:
         loop.add_signal_handler(sig, stop)
-    came, _held = _held and bool(_received), False
+    came, _held = bool(_received), False    # held, or held before a second one that was ignored
     if came:
         stop()
+
+
+def ignore_while_exiting() -> None:
+    """Ignore SIGTERM and SIGINT from now on: the command that heard them has stopped and returned
+    its exit status, which a late signal must not replace (main thread only, as :func:`hold`)."""
+    global _held
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _held = False
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def release(*, act: bool = True) -> None:

@@ -62,3 +62,37 @@ def test_a_second_signal_is_not_held(second: str) -> None:
         assert out.stdout.split() == ["one", "held"]
     else:
         assert out.stdout.split() == ["one", "held", "ctrl-c", "after"]
+
+
+def test_a_held_signal_is_still_heard_after_a_second_one_was_ignored() -> None:
+    """``cmd &`` in a script starts the command with SIGINT ignored: two SIGINTs during start-up,
+    the second "acting as it would have" (ignored), lost the first too, and the coordinator served
+    on."""
+    out = run("import asyncio\n"
+              "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+              "e.hold(); os.kill(os.getpid(), signal.SIGINT); os.kill(os.getpid(), signal.SIGINT)\n"
+              "async def serve():\n"
+              "    stop = asyncio.Event()\n"
+              "    e.handover(asyncio.get_running_loop(), stop.set)\n"
+              "    return stop.is_set()\n"
+              "print(asyncio.run(serve()))")
+    assert out.stdout.split() == ["True"], out.stderr
+
+
+def test_a_signal_while_the_console_script_exits_leaves_its_status() -> None:
+    """A SIGTERM 30-100 ms after a worker logged "done (finished)" (interpreter shutdown, torch's
+    teardown) made its exit 0 a 143: the console script ignores both signals once the command has
+    returned its status. Here the signals come from an exit handler, the last moment there is."""
+    out = run("import sys, atexit\n"
+              "from vcasync import cli\n"
+              "def late():\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    os.kill(os.getpid(), signal.SIGINT)\n"
+              "    print('late signals sent', flush=True)\n"
+              "atexit.register(late)\n"
+              "cmd = cli.Command('x', 'x', lambda p: None, lambda a: 3, handles_signals=True)\n"
+              "cli.available_commands = lambda: {'x': cmd}\n"
+              "sys.argv = ['vcasync', 'x']\n"
+              "cli.console()\n")
+    assert out.returncode == 3, out.stderr
+    assert out.stdout.split() == ["late", "signals", "sent"]
