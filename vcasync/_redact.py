@@ -6,8 +6,9 @@ sends it with the lease it releases, and the coordinator logs it, keeps it in th
 every snapshot) and shows it on the status page. So both ends scrub it (docs/leases.md, "Failures
 are attributed to workers"): the worker takes out every secret it knows (:class:`Redactor`), the
 coordinator's server the ones it knows (the join secret, join tokens and operator token, compared by
-digest: it keeps no plain copy); both take out anything shaped like a worker token
-(:data:`WORKER_TOKEN`). Each found secret becomes :data:`MASK`.
+digest: it keeps no plain copy); both take out anything shaped like a credential, whoever's:
+a worker token (:data:`WORKER_TOKEN`), a URL's user info, a bearer token (:data:`SHAPES`). Each
+found secret becomes :data:`MASK`.
 
 What is scrubbed is text matched exactly: a secret the message encodes (escaped, split, hashed) is
 not found. Secrets shorter than :data:`MIN_SECRET` characters are not looked for (they would mask
@@ -22,8 +23,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-__all__ = ["MASK", "MIN_SECRET", "WORKER_TOKEN", "Redactor", "bounded", "env_secrets",
-           "mask_spans", "option_secrets", "url_secrets"]
+__all__ = ["MASK", "MIN_SECRET", "SHAPES", "WORKER_TOKEN", "Redactor", "bounded", "env_secrets",
+           "mask_spans", "option_secrets", "shaped_spans", "url_secrets"]
 
 MASK: Final = "***"
 #: The shortest secret looked for.
@@ -31,11 +32,24 @@ MIN_SECRET: Final = 4
 #: A worker token, ``vca_<16 hex>_<secret>`` (vcasync.server._auth): masked wherever it appears,
 #: known or not (a token of another worker, of an earlier run).
 WORKER_TOKEN: Final = re.compile(r"vca_[0-9a-f]{16}_[A-Za-z0-9_\-]{8,}")
+#: Credentials any text may carry, known to this process or not: a URL's user info
+#: (``scheme://user:password@host``: group 1) and a bearer credential (``Bearer <token>``: group 1).
+SHAPES: Final = (re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://([^/\s@]+)@"),
+                 re.compile(r"\bBearer\s+([A-Za-z0-9._~+/=\-]{8,})"))
 #: Environment variables whose values are taken for secrets (``AWS_SECRET_ACCESS_KEY``,
 #: ``HF_TOKEN``, ``VCASYNC_JOIN_SECRET``...).
 _SECRET_NAME: Final = re.compile(r"SECRET|TOKEN|PASSW|API_?KEY|ACCESS_KEY|CREDENTIAL", re.I)
 #: Storage options whose values are taken for secrets (``aws_secret_access_key=``, ``token=``...).
 _SECRET_OPTION: Final = re.compile(r"secret|token|passw|key|credential", re.I)
+
+
+def shaped_spans(text: str) -> list[tuple[int, int]]:
+    """Where ``text`` holds a worker token (:data:`WORKER_TOKEN`), a URL's user info or a bearer
+    credential (:data:`SHAPES`): secrets found by their shape, whoever's they are."""
+    spans = [m.span() for m in WORKER_TOKEN.finditer(text)]
+    for shape in SHAPES:
+        spans += [m.span(1) for m in shape.finditer(text)]
+    return spans
 
 
 def mask_spans(text: str, spans: Iterable[tuple[int, int]]) -> str:
@@ -109,7 +123,7 @@ class Redactor:
             self._secrets.add(secret)
 
     def __call__(self, text: str) -> str:
-        spans = [m.span() for m in WORKER_TOKEN.finditer(text)]
+        spans = shaped_spans(text)
         for secret in self._secrets:
             at = text.find(secret)
             while at >= 0:

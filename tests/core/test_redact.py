@@ -56,3 +56,14 @@ def test_the_authority_scrubs_by_digest_what_it_keeps_no_copy_of() -> None:
     assert auth.scrub(text) == f"s={MASK}, t={MASK}, o={MASK}, w={MASK}, near={SECRET[:-1]}"
     assert auth.scrub("") == ""
     assert SECRET not in repr(vars(auth))                   # digests only, as before
+
+
+def test_credentials_by_their_shape_are_masked_at_both_ends() -> None:
+    # Found by a probe: a trainer's message with credentials in a URL it was not given as --state,
+    # or a bearer header it printed, reached the coordinator's log, status and stored ledger
+    text = ("GET s3://AKIAEXAMPLE:wJalrXUtnFEMI@bucket/x failed; https://user:pa55w0rd@host/p; "
+            "Authorization: Bearer abcdefgh12345678; plain http://host/path and user@example.org")
+    want = (f"GET s3://{MASK}@bucket/x failed; https://{MASK}@host/p; Authorization: Bearer {MASK}; "
+            "plain http://host/path and user@example.org")
+    assert Redactor()(text) == want
+    assert TokenAuthority(join_secret=SECRET).scrub(text) == want

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Final, Protocol
 
 from .._aio import run_all
-from .._redact import WORKER_TOKEN, mask_spans
+from .._redact import mask_spans, shaped_spans
 from ..errors import AuthError, ConfigError, ObjectNotFoundError, OperatorDisabledError
 from ..storage import Storage
 
@@ -188,8 +188,9 @@ class TokenAuthority:
         """``text`` (a worker's failure, before it is logged, stored or shown) with the join
         secret, every join token and the operator token masked, found by their digests (no plain
         copy is kept: each window of a secret's length is hashed), and anything shaped like a
-        worker token masked too (see :mod:`vcasync._redact`)."""
-        spans = [m.span() for m in WORKER_TOKEN.finditer(text)]
+        credential masked too: a worker token, a URL's user info, a bearer token (see
+        :mod:`vcasync._redact`)."""
+        spans = shaped_spans(text)
         for length in self._scrub_lengths:
             spans += [(i, i + length) for i in range(len(text) - length + 1)
                       if _digest(text[i:i + length]) in self._scrub_digests]
