@@ -104,6 +104,7 @@ def test_a_second_coordinator_that_would_outlive_the_first_is_refused(tmp_path: 
     again = start(procs, tmp_path, storage, *args, name="again")   # released: no wait
     assert again.wait() == ExitCode.OK
     assert "already finished" in again.log()
+    assert not again.port_file.exists()     # it served, and stopped listening: its URL is gone
 
     async def journal() -> list[str]:
         async with open_storage(storage) as st:
@@ -161,6 +162,7 @@ def test_a_finished_run_taken_over_from_a_crash_serves_so_its_workers_hear_it_en
     assert heard.value.finished, heard.value
     assert again.wait() == ExitCode.OK
     assert "already finished" in again.log()
+    assert not again.port_file.exists()     # it served, and stopped listening: its URL is gone
     last = start(procs, tmp_path, storage, *args, name="last")   # after a clean stop: at once
     assert last.wait() == ExitCode.OK
     assert not last.port_file.exists()

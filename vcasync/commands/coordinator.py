@@ -97,7 +97,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
                    help="write the final weights here (torch.save of a state dict) as soon as the run "
                         "finishes; not written when it is stopped before; its directory must exist")
     p.add_argument("--port-file", type=Path,
-                   help="write the bound URL here once listening; its directory must exist")
+                   help="write the bound URL here once listening (removed when it stops listening); "
+                        "its directory must exist")
     p.add_argument("--app-dir", type=Path, default=Path("."),
                    help="put this directory on sys.path to find the model factory and a "
                         "'module:Class' policy (default: .)")
@@ -491,27 +492,47 @@ async def _serve_until_done(cfg: RunConfig, coord: Coordinator, authority: Any, 
             tmp = port_file.with_name(port_file.name + ".tmp")
             tmp.write_text(server.url + "\n")
             tmp.replace(port_file)
-        finished = False
         try:
-            while await _first(coord.wait_finished(), stop.wait()):
-                finished = True
-                _log_parked(coord.parked())
-                _write_output(cfg, coord)   # now: the weights are final, lingering changes nothing
-                log.info("run finished at model v%d; serving %.0fs more so workers hear it",
-                         coord.version, cfg.linger_s)
-                if not await _linger(coord, cfg.linger_s, stop):
-                    break
-                finished = False
-                log.info("parked units were requeued: the run goes on")
-        except ClosedError:
-            if coord.storage_error is None:
-                raise
-            return False     # storage gave out: said and logged by the coordinator
-        if not finished and coord.storage_error is None:
-            log.info("stopped before the run finished, at model v%d%s", coord.version,
-                     f"; {cfg.output} not written (the weights are not final)"
-                     if cfg.output is not None else "")
-        return finished
+            return await _serve_on(cfg, coord, stop)
+        finally:
+            # no longer listening: a script waiting for the file (a restart on --port 0) must not
+            # read this URL (unless another start wrote its own meanwhile)
+            if port_file is not None:
+                _remove_port_file(port_file, server.url)
+
+
+def _remove_port_file(port_file: Path, url: str) -> None:
+    """Remove ``port_file`` if it still holds ``url`` (a later start may have written its own)."""
+    try:
+        if port_file.read_text() == url + "\n":
+            port_file.unlink()
+    except OSError:
+        pass
+
+
+async def _serve_on(cfg: RunConfig, coord: Coordinator, stop: asyncio.Event) -> bool:
+    """Serve until the run is finished and lingered (or is stopped): True if it finished."""
+    finished = False
+    try:
+        while await _first(coord.wait_finished(), stop.wait()):
+            finished = True
+            _log_parked(coord.parked())
+            _write_output(cfg, coord)   # now: the weights are final, lingering changes nothing
+            log.info("run finished at model v%d; serving %.0fs more so workers hear it",
+                     coord.version, cfg.linger_s)
+            if not await _linger(coord, cfg.linger_s, stop):
+                break
+            finished = False
+            log.info("parked units were requeued: the run goes on")
+    except ClosedError:
+        if coord.storage_error is None:
+            raise
+        return False     # storage gave out: said and logged by the coordinator
+    if not finished and coord.storage_error is None:
+        log.info("stopped before the run finished, at model v%d%s", coord.version,
+                 f"; {cfg.output} not written (the weights are not final)"
+                 if cfg.output is not None else "")
+    return finished
 
 
 def _write_output(cfg: RunConfig, coord: Coordinator) -> None:
