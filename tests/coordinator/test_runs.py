@@ -286,3 +286,20 @@ async def test_an_origin_one_side_does_not_know_is_not_a_difference(kit, clock, 
         assert d.status()["run_id"] == run_id
     identity = json.loads(await storage.get("vcasync/run"))["identity"]
     assert (identity["policy"]["name"], identity["origin"]) == ("fedbuff", {**SEED0, "seed": 7})
+
+
+async def test_a_policy_reference_is_recorded_and_not_compared(kit, clock, storage, caplog) -> None:
+    """A run without one (an installed policy, an older build) records none and takes a start's;
+    another reference for the same policy resumes the run with a warning naming both."""
+    async with make(kit, storage, clock) as a:
+        run_id = a.status()["run_id"]
+    assert "ref" not in json.loads(await storage.get("vcasync/run"))["identity"]["policy"]
+    async with make(kit, storage, clock, policy_ref="here:Policy") as b:
+        assert b.status()["run_id"] == run_id
+    assert json.loads(await storage.get("vcasync/run"))["identity"]["policy"]["ref"] == "here:Policy"
+    caplog.clear()
+    async with make(kit, storage, clock, policy_ref="there:Policy") as c:
+        assert c.status()["run_id"] == run_id
+    assert ("was started with policy 'vcasgd' from 'here:Policy'; this start imports 'vcasgd' from "
+            "'there:Policy'") in caplog.text
+    assert json.loads(await storage.get("vcasync/run"))["identity"]["policy"]["ref"] == "there:Policy"

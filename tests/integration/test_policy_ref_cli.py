@@ -5,6 +5,7 @@ changes nothing."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,39 @@ def test_a_reference_to_no_policy_class_is_a_config_error_that_changes_nothing(
     assert f"vcasync coordinator: configuration error: {message}" in log
     assert "Traceback" not in log
     assert not Path(procs.root / "store").exists()
+
+
+OTHER_POLICY = MY_POLICY.replace("class Half:", "class Elsewhere:")   # another class named "half"
+
+
+def started(procs: Procs, name: str, *args: str) -> str:
+    """Start a coordinator of ``args``, wait until it serves, stop it (SIGTERM); its log."""
+    coord = procs.start(name, *args)
+    url_file = procs.root / f"{name}.url"
+    wait_until(f"coordinator {name}", lambda: url_file.exists() or coord.poll() is not None)
+    assert coord.poll() is None, procs.log(name)[-3000:]
+    coord.send_signal(signal.SIGTERM)
+    assert coord.wait(60) == ExitCode.INTERRUPTED, procs.log(name)[-3000:]
+    return procs.log(name)
+
+
+def test_reset_policy_switches_a_run_away_from_a_policy_class(procs: Procs) -> None:
+    # the run records where its policy class came from, so the replay before the switch imports it
+    (procs.root / "my_policy.py").write_text(MY_POLICY)
+    started(procs, "c1", *coordinator(procs, "c1", "my_policy:Half"))
+    def vcasgd(name: str) -> list[str]:
+        args = coordinator(procs, name, "vcasgd")
+        return args[:3] + args[5:]          # without the policy parameter 'half' takes
+    log = started(procs, "c2", *vcasgd("c2"), "--reset-policy")
+    assert "switches from half to vcasgd" in log
+    assert started(procs, "c3", *vcasgd("c3"))      # the run is vcasgd's now: no flag needed
+
+
+def test_another_class_of_the_same_name_resumes_the_run_with_a_warning(procs: Procs) -> None:
+    (procs.root / "my_policy.py").write_text(MY_POLICY)
+    (procs.root / "other_policy.py").write_text(OTHER_POLICY)
+    started(procs, "c1", *coordinator(procs, "c1", "my_policy:Half"))
+    log = started(procs, "c2", *coordinator(procs, "c2", "other_policy:Elsewhere"))
+    assert ("was started with policy 'half' from 'my_policy:Half'; this start imports 'half' from "
+            "'other_policy:Elsewhere', another class of the same name") in log
+    assert "WARNING" in log.split("another class of the same name")[0].splitlines()[-1]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import logging
 import os
 from pathlib import Path
@@ -304,6 +305,13 @@ def _status_access(token: str | None, *, require: bool,
     return StatusAccess(token, open_on_loopback=not require)
 
 
+def _policy_ref(cfg: RunConfig) -> str | None:
+    """The ``module:Class`` the run's policy is imported from (recorded with the run, so that
+    ``--reset-policy`` can import it again to switch away from it); None for an installed one."""
+    name = cfg.policy.get("name") if isinstance(cfg.policy, dict) else None
+    return name if isinstance(name, str) and ":" in name else None
+
+
 def _policy(cfg: RunConfig, app_dir: Path | None = None) -> tuple[MergePolicy, dict[str, Any]]:
     """The policy, and its parameters with defaults filled in (recorded with the run, so that
     naming a default explicitly is the same run and changing one is not). A ``module:Class`` name
@@ -373,6 +381,7 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     from ..server._auth import StorageTokenStore, TokenAuthority
     from ..storage import open_storage, outlives_process
     from ..tensors import ModelState
+    from ._policy_ref import resolve_policy_name
 
     # before the model is built: its settings are checked when made (heartbeat vs lease timeout)
     coord_cfg = dataclass_from_table(CoordinatorConfig, cfg.coordinator, "coordinator")
@@ -419,7 +428,10 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
         # handed over (adopt_model): a new run merges into these tensors, not a copy of them
         coordinator = Coordinator(model, units, policy=policy, storage=storage, config=coord_cfg,
                                   policy_params=policy_params, start=start, adopt_model=True,
-                                  model_origin={"factory": cfg.model, "seed": cfg.seed})
+                                  model_origin={"factory": cfg.model, "seed": cfg.seed},
+                                  policy_ref=_policy_ref(cfg),
+                                  load_policy=functools.partial(resolve_policy_name,
+                                                                app_dir=app_dir))
         del model      # the coordinator's now, let go of at start: keep none here
         async with coordinator as coord:
             if stop.is_set():

@@ -70,7 +70,7 @@ from ..errors import (
 from ..ledger import Ledger
 from ..ledger._units import LeaseGrant, Receipt, WorkUnit
 from ..metrics import Metrics
-from ..policy import MergePolicy, build_policy
+from ..policy import MergePolicy, available_policies, build_policy
 from ..retry import Retrier, RetryPolicy
 from ..storage import Storage
 from ..tensors import ModelSpec, ModelState
@@ -108,7 +108,9 @@ class Coordinator:
                  policy_params: Mapping[str, Any] | None = None,
                  start: StartOptions | None = None,
                  startup_retry: RetryPolicy = STARTUP_RETRY, adopt_model: bool = False,
-                 model_origin: Mapping[str, Any] | None = None) -> None:
+                 model_origin: Mapping[str, Any] | None = None,
+                 policy_ref: str | None = None,
+                 load_policy: Callable[[str], object] | None = None) -> None:
         """``policy_params`` (what ``policy`` was built with, defaults included) are recorded with
         the run so a restart with other parameters is refused; None records the name only.
         ``model_origin`` (JSON values: where ``model``'s weights came from, such as ``{"factory":
@@ -116,6 +118,11 @@ class Coordinator:
         is recorded the same way, so a restart from another initial model with the same tensors is
         refused; None records nothing of it, and only the tensors' names, dtypes and shapes tell
         one initial model from another.
+        ``policy_ref`` (``"module:Class"``: where ``policy``'s class was imported from) is recorded
+        with the run, not compared; ``load_policy(ref)`` imports and registers the class a recorded
+        reference names when ``start.reset_policy`` switches away from a policy that is not
+        registered here (the journal is replayed with it first). ``vcasync coordinator --policy
+        module:Class`` passes both.
         ``start`` holds the one-shot start-up choices (new run, policy reset, unsafe store).
         ``adopt_model``: the caller hands ``model`` over and never uses its tensors again: a new
         run merges into them instead of a copy (CPU, contiguous tensors without grad; others are
@@ -143,7 +150,8 @@ class Coordinator:
         self._start = start or StartOptions()
         self._startup_retry = startup_retry
         self.identity = RunIdentity.of(self.spec, self._units_in, policy.name, policy_params,
-                                       model_origin)
+                                       model_origin, policy_ref)
+        self._load_policy = load_policy
         self._journal = Journal(storage, config=self.config.journal_config(), spec=self.spec)
         self.metrics = Metrics()
         self.metrics.bind(self._gauges)
@@ -585,12 +593,23 @@ class Coordinator:
 
     def _recorded_policy(self, recorded: RunIdentity | None) -> MergePolicy:
         assert recorded is not None
+        ref = recorded.policy_ref
         try:
+            if ref is not None and recorded.policy not in available_policies():
+                if self._load_policy is None:
+                    raise ConfigError(f"it was imported from {ref!r}, and this coordinator was "
+                                      "given no way to import it (load_policy)")
+                self._load_policy(ref)
             return build_policy(recorded.policy, recorded.policy_params or {})
         except Exception as exc:
+            how = (f"make {ref!r} importable here (run from the directory that holds its module, "
+                   "or pass --app-dir DIR)" if ref is not None else
+                   "install the package that provides it; if it is a module:Class policy, start "
+                   "once without --reset-policy with --policy module:Class (its class), which "
+                   "records where it comes from, then switch")
             raise ConfigError(f"--reset-policy: the run's policy {recorded.policy!r} is needed to "
                               f"replay its journal before the switch, and cannot be built here: "
-                              f"{exc}") from exc
+                              f"{exc}; {how}") from exc
 
     async def _write_snapshot(self) -> None:
         await self._ensure_prefix()       # a coordinator taken over must not write the run's state

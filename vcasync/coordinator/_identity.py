@@ -14,6 +14,12 @@ factory without a fixed seed mismatch), and the snapshot holds them anyway. Like
 parameters, an origin is compared where both the run and the start know it: a run recorded without
 one (by an older build, or an embedding program that passed none) resumes, and records the start's.
 
+A policy imported by reference (``vcasync coordinator --policy module:Class``) is recorded with that
+reference beside its name: not compared (the class's code, even its module, may move between
+restarts; a start with another reference for the same name is warned about), but kept so that a
+``--reset-policy`` away from it can import the class again to replay the journal. A record without a
+reference (an older build, or a start that named the policy) takes the next start's.
+
 Things that may change between starts (durability, lease timeout, ports, limits) are *not* part of the
 identity: they configure the coordinator, not the run.
 """
@@ -67,11 +73,15 @@ class RunIdentity:
     #: said (an embedding program without ``model_origin``, or a run recorded before origins were).
     origin: dict[str, Any] | None = None
     layout: int = LAYOUT
+    #: The ``module:Class`` the policy was imported from; None: an installed policy (or not said).
+    #: Recorded, never compared.
+    policy_ref: str | None = None
 
     @classmethod
     def of(cls, spec: ModelSpec, units: Sequence[WorkUnit], policy: str,
            policy_params: Mapping[str, Any] | None,
-           origin: Mapping[str, Any] | None = None) -> RunIdentity:
+           origin: Mapping[str, Any] | None = None,
+           policy_ref: str | None = None) -> RunIdentity:
         rows = [u.to_dict() for u in units]
         digest = hashlib.sha256(json.dumps(_plain(rows), sort_keys=True).encode()).hexdigest()[:32]
         return cls(model={name: [str(s.dtype).removeprefix("torch."), list(s.shape)]
@@ -81,14 +91,16 @@ class RunIdentity:
                    last_unit=rows[-1]["unit_id"] if rows else "",
                    policy=policy,
                    policy_params=None if policy_params is None else _plain(dict(policy_params)),
-                   origin=None if origin is None else _plain(dict(origin)))
+                   origin=None if origin is None else _plain(dict(origin)), policy_ref=policy_ref)
 
     def to_json(self) -> dict[str, Any]:
+        policy: dict[str, Any] = {"name": self.policy, "params": self.policy_params}
+        if self.policy_ref is not None:
+            policy["ref"] = self.policy_ref
         return {"layout": self.layout, "model": self.model,
                 "units": {"count": self.units, "digest": self.units_digest,
                           "first": self.first_unit, "last": self.last_unit},
-                "policy": {"name": self.policy, "params": self.policy_params},
-                "origin": self.origin}
+                "policy": policy, "origin": self.origin}
 
     @classmethod
     def from_json(cls, data: Any) -> RunIdentity:
@@ -96,13 +108,14 @@ class RunIdentity:
         units, policy = data["units"], data["policy"]
         params = policy["params"]
         origin = data.get("origin")      # absent in a record written before origins were
+        ref = policy.get("ref")          # absent: an installed policy, or an older record
         return cls(model={str(k): list(v) for k, v in dict(data["model"]).items()},
                    units=int(units["count"]), units_digest=str(units["digest"]),
                    first_unit=str(units["first"]), last_unit=str(units["last"]),
                    policy=str(policy["name"]),
                    policy_params=None if params is None else dict(params),
                    origin=None if origin is None else dict(origin),
-                   layout=int(data["layout"]))
+                   layout=int(data["layout"]), policy_ref=None if ref is None else str(ref))
 
     def same_policy(self, other: RunIdentity) -> bool:
         """Same name, and the same parameters where both sides know them."""
@@ -118,6 +131,14 @@ class RunIdentity:
             return self
         merged = {**wanted.origin, **(self.origin or {})}
         return self if merged == self.origin else dataclasses.replace(self, origin=merged)
+
+    def with_policy_ref_of(self, wanted: RunIdentity) -> RunIdentity:
+        """This (recorded) identity with ``wanted``'s policy reference, when it has one and the
+        policy is the same: the class this start imports is the one a later switch replays with."""
+        if wanted.policy_ref is None or wanted.policy_ref == self.policy_ref \
+                or not self.same_policy(wanted):
+            return self
+        return dataclasses.replace(self, policy_ref=wanted.policy_ref)
 
     def differences(self, wanted: RunIdentity) -> list[str]:
         """One readable line per thing ``wanted`` (this start) changes about the recorded run."""

@@ -10,7 +10,9 @@ A start whose :class:`~vcasync.coordinator._identity.RunIdentity` differs from t
 refused with a :class:`ConfigError` that lists each difference and says how to start a new run (a
 record without a model origin, from an older build, takes the start's: see :mod:`._identity`); a
 different policy is accepted only with ``reset_policy`` (the coordinator then resets the policy state
-and records the new identity with :func:`write_record`).
+and records the new identity with :func:`write_record`). A policy imported by ``module:Class`` is
+recorded with that reference; a start that imports another reference for the same policy name is
+warned about, not refused, and its reference is recorded.
 """
 
 from __future__ import annotations
@@ -157,6 +159,16 @@ async def open_run(storage: Storage, prefix: str, wanted: RunIdentity | None,
     known = recorded.with_origin_of(wanted)
     if known != recorded:                   # recorded without (part of) the origin: record it now
         log.info("run %s has no recorded model origin; recording this start's", run_id)
+    if recorded.policy_ref is not None and wanted.policy_ref is not None \
+            and recorded.policy_ref != wanted.policy_ref and recorded.same_policy(wanted):
+        # the class may have been edited or moved between restarts: not refused, but never silent
+        log.warning("run %s was started with policy %r from %r; this start imports %r from %r, "
+                    "another class of the same name, and continues the run with it (if that is "
+                    "not the run's policy, stop now and start with --policy %s)", run_id,
+                    recorded.policy, recorded.policy_ref, wanted.policy, wanted.policy_ref,
+                    recorded.policy_ref)
+    known = known.with_policy_ref_of(wanted)
+    if known != recorded:
         await write_record(storage, key, run_id, secret, known)
         return RunRecord(run_id, secret, known, False, wrote=True)
     return RunRecord(run_id, secret, recorded, False, wrote=wiped)
