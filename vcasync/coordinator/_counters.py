@@ -115,14 +115,10 @@ class CounterBases:
                 return name, int(reach.reshape(-1)[at]), int(inc.reshape(-1)[at])
         return None
 
-    def increments(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Copies of an update's increments, for :meth:`hold` once the policy buffered them (the
-        update's own tensors go back to the buffer pool)."""
-        return {name: tensors[name].detach().clone() for name in self._names}
-
     def hold(self, increments: Mapping[str, torch.Tensor]) -> None:
         """A merged result the policy holds without applying it yet (a buffer): its increments
-        count toward what the counters reach (until the next :meth:`record`)."""
+        count toward what the counters reach (until the next :meth:`record`). The sums are new
+        tensors: nothing of ``increments`` is kept (they go back to the buffer pool)."""
         self._reach = {name: torch.add(self._reach[name], increments[name]) for name in self._names}
 
     def legacy_increments(self, tensors: Mapping[str, torch.Tensor], model: ModelState) -> None:

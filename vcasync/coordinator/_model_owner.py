@@ -140,16 +140,18 @@ class ModelOwner:
         spare). The caller must pass the only reference to ``update``: a reference kept anywhere
         else (the policy's, against the contract) keeps its tensors from being reused."""
         current = self.version
-        # the update's tensors go back to the pool: a buffered result's increments are kept apart
-        increments = self.counters.increments(update.tensors)
         changed = await to_thread_released(self._merge_sync, update, current)
+        if not changed:
+            # held by the policy (a buffer): its increments count toward what the counters reach,
+            # read before the update's tensors go back to the pool (policies leave inputs as they
+            # are: the ``inputs_unchanged`` law); a merge applied at once costs nothing here
+            self.counters.hold(update.tensors)
         del update
         if release is not None:
             release()
         self.flushed = False
         if not changed:
             self.held += 1
-            self.counters.hold(increments)
             return False
         await self._publish(current + 1)
         return True
