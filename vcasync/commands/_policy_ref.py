@@ -13,7 +13,13 @@ from pathlib import Path
 
 from ..errors import ConfigError
 
-__all__ = ["resolve_policy_name"]
+__all__ = ["is_policy_ref", "resolve_policy_name"]
+
+
+def is_policy_ref(value: object) -> bool:
+    """Whether a ``--policy`` value (or run.toml's ``[policy] name``) is a ``module:Class``
+    reference rather than a registered name."""
+    return isinstance(value, str) and ":" in value
 
 
 def resolve_policy_name(ref: object, *, app_dir: Path | None = None) -> object:
@@ -23,8 +29,9 @@ def resolve_policy_name(ref: object, *, app_dir: Path | None = None) -> object:
     A :class:`ConfigError` names ``ref`` and the problem: it cannot be imported, it is not a class,
     its ``name`` is not a plain name, it takes the name of another registered policy, or it fails the
     policy checks (:class:`~vcasync.errors.PluginValidationError`, a ``ConfigError``)."""
-    if not isinstance(ref, str) or ":" not in ref:
+    if not is_policy_ref(ref):
         return ref
+    assert isinstance(ref, str)
     from .._imports import import_object
     from ..policy import available_policies, policy_spec, register_policy
 

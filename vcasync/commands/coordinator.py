@@ -38,6 +38,7 @@ from .._paths import check_output_file
 from ..cli import Command, ExitCode, read_join_secret, read_secret
 from ..coerce import parsed_or_word
 from ..errors import ClosedError, ConfigError
+from ._policy_ref import is_policy_ref, resolve_policy_name
 
 if TYPE_CHECKING:
     import torch
@@ -309,7 +310,7 @@ def _policy_ref(cfg: RunConfig) -> str | None:
     """The ``module:Class`` the run's policy is imported from (recorded with the run, so that
     ``--reset-policy`` can import it again to switch away from it); None for an installed one."""
     name = cfg.policy.get("name") if isinstance(cfg.policy, dict) else None
-    return name if isinstance(name, str) and ":" in name else None
+    return name if is_policy_ref(name) and isinstance(name, str) else None
 
 
 def _policy(cfg: RunConfig, app_dir: Path | None = None) -> tuple[MergePolicy, dict[str, Any]]:
@@ -318,7 +319,6 @@ def _policy(cfg: RunConfig, app_dir: Path | None = None) -> tuple[MergePolicy, d
     is imported from ``app_dir`` or ``sys.path`` and registered (:mod:`._policy_ref`)."""
     from .._params import coerce_params
     from ..policy import policy_from_config, policy_spec
-    from ._policy_ref import resolve_policy_name
 
     table = dict(cfg.policy)
     table["name"] = resolve_policy_name(table.get("name"), app_dir=app_dir)
@@ -381,7 +381,6 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     from ..server._auth import StorageTokenStore, TokenAuthority
     from ..storage import open_storage, outlives_process
     from ..tensors import ModelState
-    from ._policy_ref import resolve_policy_name
 
     # before the model is built: its settings are checked when made (heartbeat vs lease timeout)
     coord_cfg = dataclass_from_table(CoordinatorConfig, cfg.coordinator, "coordinator")
