@@ -27,9 +27,10 @@ from functools import lru_cache
 import torch
 from torch import nn
 
-from ..tensors import ModelState
-from ..trainer import TrainContext, TrainResult
-from .cnn import SmallCNN, load_dataset
+# absolute imports, not relative ones: a user copies this file as a module of their own
+from vcasync.examples.cnn import SmallCNN, load_dataset
+from vcasync.tensors import ModelState
+from vcasync.trainer import TrainContext, TrainResult
 
 __all__ = ["evaluate", "load_split", "model", "train"]
 

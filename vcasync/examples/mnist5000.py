@@ -25,10 +25,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import ConfigError
-from ..tensors import ModelState
-from ..trainer import TrainContext, TrainResult
-from .cnn import SmallCNN, load_dataset
+# absolute imports, not relative ones: a user copies this file as a module of their own
+from vcasync.errors import ConfigError
+from vcasync.examples.cnn import SmallCNN, load_dataset
+from vcasync.tensors import ModelState
+from vcasync.trainer import TrainContext, TrainResult
 
 __all__ = ["VALIDATION_FRACTION", "evaluate", "load_split", "model", "train"]
 

@@ -27,9 +27,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import ConfigError
-from ..tensors import ModelState
-from ..trainer import TrainContext, TrainResult
+# absolute imports, not relative ones: a user copies this file as a module of their own
+from vcasync.errors import ConfigError
+from vcasync.tensors import ModelState
+from vcasync.trainer import TrainContext, TrainResult
 
 __all__ = ["CONTEXT", "MAX_BYTES", "TinyLM", "evaluate", "load_split", "model", "train", "windows"]
 
