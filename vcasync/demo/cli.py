@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 import time
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, TypeVar
 
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError, RunIncompleteError
 from .limits import MAX_WORKERS
 
 __all__ = ["configure", "run"]
+
+T = TypeVar("T")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -107,16 +112,31 @@ def run(a: argparse.Namespace) -> int:
     cfg = _config(a)
     _ = get_workload(cfg.workload).num_train  # fails early, with an install hint, if the data set is missing
     torch.set_num_threads(1)
-    t0_wall = time.time()
-    t0_mono = time.monotonic()
-    result = asyncio.run(run_demo(cfg))
-    t0_wall += result.timeline.t0 - t0_mono
-    samples = result.total_units * result.unit_steps * cfg.batch_size
-    if cfg.progress:
-        print(f"DDP baseline: {cfg.workers} processes (gloo on 127.0.0.1), {samples} samples ...",
-              file=sys.stderr)
-    ddp = cfg.ddp_config(samples)
-    baseline = run_ddp(ddp, result.run_dir / "ddp")
+    previous = signal.signal(signal.SIGTERM, _sigterm_interrupts)
+    try:
+        t0_wall = time.time()
+        t0_mono = time.monotonic()
+        try:
+            result = asyncio.run(_stoppable(run_demo(cfg)))
+        except asyncio.CancelledError:   # SIGTERM during the run: run_demo stopped its processes
+            raise KeyboardInterrupt from None
+        finally:      # the loop's own SIGTERM handler is gone with it (SIG_DFL): ours again
+            signal.signal(signal.SIGTERM, _sigterm_interrupts)
+        t0_wall += result.timeline.t0 - t0_mono
+        samples = result.total_units * result.unit_steps * cfg.batch_size
+        if cfg.progress:
+            print(f"DDP baseline: {cfg.workers} processes (gloo on 127.0.0.1), {samples} samples ...",
+                  file=sys.stderr)
+        ddp = cfg.ddp_config(samples)
+        try:
+            baseline = run_ddp(ddp, result.run_dir / "ddp")
+        except KeyboardInterrupt:        # run_ddp killed its ranks on the way out
+            print(f"vcasync demo: interrupted during the DDP baseline: its ranks were stopped; no "
+                  f"report was written (the fleet's logs and state are in {result.run_dir})",
+                  file=sys.stderr, flush=True)
+            raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     report = build_report(result, baseline, t0_wall)
     paths = write_report(report, result.run_dir)
     final = result.run_dir / "final.pt"      # the coordinator's --output, once the run finished
@@ -138,6 +158,27 @@ def run(a: argparse.Namespace) -> int:
         why = result.incomplete_reason or "the fleet did not finish"
         raise RunIncompleteError(f"{why}; the report covers what was merged; see {result.run_dir}")
     return 0
+
+
+def _sigterm_interrupts(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM stops the demo as Ctrl-C does: its coordinator, workers and DDP ranks are stopped on
+    the way out and the command exits 130. With the default handling a SIGTERM to the demo's own
+    process (``kill PID``, a supervisor, ``docker stop``) ended it at once and left the coordinator
+    serving and the workers training, with nobody to stop them."""
+    raise KeyboardInterrupt
+
+
+async def _stoppable(run: Coroutine[Any, Any, T]) -> T:
+    """``run`` with SIGTERM cancelling it on the event loop, as asyncio's runner does for SIGINT: a
+    ``KeyboardInterrupt`` raised at an arbitrary point of the loop could skip the demo's clean-up."""
+    task = asyncio.current_task()
+
+    def stop() -> None:
+        if task is not None and not task.cancelling():   # once: a second would cut the clean-up short
+            task.cancel()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop)
+    return await run
 
 
 def _preemptions(a: argparse.Namespace) -> int:

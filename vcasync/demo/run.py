@@ -618,10 +618,16 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
             out.versions = versions
             out.coordinator_cpu = list(mon.coordinator_cpu)
             out.wall_s = demo.timeline.now()
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        # Ctrl-C or SIGTERM (vcasync.demo.cli cancels the run on it): said before the clean-up below,
+        # which takes up to the workers' grace period
+        print(f"vcasync demo: interrupted: stopping the workers and the coordinator; no report is "
+              f"written (the logs and state are in {demo.run_dir})", file=sys.stderr, flush=True)
+        raise
     finally:
-        for s in demo.slots:
-            if s.proc.running or s.up_since is not None:
-                await demo.stop_slot(s, "the demo stopped")
+        # all at once: one after the other, an interrupted demo took a grace period per worker
+        await asyncio.gather(*(demo.stop_slot(s, "the demo stopped") for s in demo.slots
+                               if s.proc.running or s.up_since is not None))
         await demo.coordinator.stop(15.0)
         demo.timeline.add("coordinator", "stopped")
     out.coordinator_restarts = demo.coordinator_restarts

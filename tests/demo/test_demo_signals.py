@@ -1,0 +1,106 @@
+"""``vcasync demo`` stopped by SIGTERM sent to its own process only (``kill PID``, a supervisor,
+``docker stop``): it stops its coordinator, workers and DDP ranks, says so, and exits 130.
+
+With the default handling the demo process ended at once (exit 143) and left the coordinator serving
+(with ``--linger 600``) and the workers, or the DDP ranks, running with nobody to stop them. Real
+processes and a real signal; a run's children are found by its run directory or its DDP config,
+which appear on their command lines.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sklearn", reason="the demo needs scikit-learn (vcasync[demo])")
+
+from vcasync.cli import ExitCode
+
+pytestmark = pytest.mark.slow
+
+
+def _children_of_run(marker: str) -> list[str]:
+    """Command lines of the live processes that name ``marker`` (the run directory)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            raw = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        cmd = raw.replace(b"\0", b" ").decode(errors="replace")
+        if marker in cmd and state != "Z":
+            found.append(f"{entry.name}: {cmd[:160]}")
+    return found
+
+
+def _wait_for(done: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if done():
+            return
+        time.sleep(0.2)
+    raise AssertionError("the demo never got there")
+
+
+def _start(tmp_path: Path, run_dir: Path) -> subprocess.Popen[str]:
+    # SIGINT left at its default as a terminal has it (a test runner's children may inherit it ignored)
+    return subprocess.Popen([sys.executable, "-m", "vcasync", "demo", "--quick", "--no-progress",
+                             "--min-step-s", "0.05", "--preemptions", "0", "--run-dir", str(run_dir)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _stop_and_check(proc: subprocess.Popen[str], marker: str) -> str:
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)           # the demo's own process, not its group
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    took = time.monotonic() - t0
+    left: list[str] = []
+    for _ in range(20):                        # a child exiting is reaped by the demo, not at once
+        left = _children_of_run(marker)
+        if not left:
+            break
+        time.sleep(0.25)
+    if left:
+        os.killpg(proc.pid, signal.SIGKILL)   # the test's own leftovers, by their session
+    assert not left, f"left running after the demo exited ({proc.returncode}): {left}"
+    assert proc.returncode == ExitCode.INTERRUPTED, err
+    assert took < 45, f"took {took:.1f} s to stop"
+    return err
+
+
+def test_sigterm_during_the_fleet_stops_the_coordinator_and_workers(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _start(tmp_path, run_dir)
+    # a worker is training: its trainer has written an event
+    _wait_for(lambda: (run_dir / "events").is_dir() and any((run_dir / "events").glob("*.jsonl")), 180)
+    assert _children_of_run(str(run_dir))      # the coordinator and workers are up
+    err = _stop_and_check(proc, str(run_dir))
+    assert "interrupted: stopping the workers and the coordinator" in err
+    assert str(run_dir) in err
+    assert not (run_dir / "report.json").exists()
+
+
+def test_sigterm_during_the_ddp_baseline_stops_its_ranks(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _start(tmp_path, run_dir)
+    _wait_for(lambda: (run_dir / "ddp" / "ddp-rank1.log").exists(), 300)
+    # the ranks name their output files under the run directory
+    _wait_for(lambda: len(_children_of_run(str(run_dir / "ddp"))) == 2, 30)
+    err = _stop_and_check(proc, str(run_dir))
+    assert "interrupted during the DDP baseline" in err
+    assert not (run_dir / "report.json").exists()
