@@ -72,6 +72,7 @@ class TrainContext:
         self._steps_done = 0
         self._samples_done = 0
         self._reported = False
+        self._steps_given = False
         self._metrics: dict[str, float] = {}
 
     def __repr__(self) -> str:
@@ -119,6 +120,12 @@ class TrainContext:
         """True once the trainer has called :meth:`report_progress` for this unit."""
         with self._lock:
             return self._reported
+
+    @property
+    def steps_given(self) -> bool:
+        """True once the trainer has passed ``steps=`` to :meth:`result`: it said its steps itself."""
+        with self._lock:
+            return self._steps_given
 
     @property
     def steps_done(self) -> int:
@@ -172,6 +179,7 @@ class TrainContext:
                    else {k: v.detach().cpu() for k, v in trained.items()})
         with self._lock:
             all_metrics = {**self._metrics, **_metric_values(metrics)}
+            self._steps_given = self._steps_given or steps is not None
             if steps is None and not self._reported:
                 steps = 0 if self._stop.is_set() else self.unit.steps
             return TrainResult(tensors=tensors, steps=self._steps_done if steps is None else int(steps),

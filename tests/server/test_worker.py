@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import logging
 import re
 import socket
 import threading
@@ -790,6 +791,41 @@ async def test_a_trainer_that_returns_a_plain_state_dict_without_reporting_progr
         "(2 steps for unit ")
     assert "ctx.report_progress(step + 1)" in warnings[0]
     assert "0 steps" not in caplog.text
+
+
+async def test_a_trainer_stopped_before_its_first_step_is_not_said_to_never_report(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by a probe: a trainer that reports every step, stopped before its first one (or its
+    first after a resume: the demo's preemptions land there), was warned about as one that "does not
+    call ctx.report_progress" and told to call it; at 0 steps its steps were "unknown" besides,
+    though it had said them with ``steps=`` to ``ctx.result``."""
+    caplog.set_level(logging.INFO, logger="vcasync")
+    entered = threading.Event()
+    inner = make_trainer()
+
+    def train(ctx: TrainContext) -> TrainResult:
+        entered.set()
+        ctx.stop_event.wait(30)                    # the notice comes before the trainer's next step
+        return inner(ctx)
+
+    async def stopped_at_once(state_dir: Path) -> WorkerReport:
+        entered.clear()
+        w = worker(server.url, state_dir, train)
+        task = asyncio.create_task(w.run())
+        assert await asyncio.to_thread(entered.wait, 30), "the trainer never started"
+        w.request_stop()
+        return await asyncio.wait_for(task, 60)
+
+    async with running(tmp_path, units=make_units(2, steps=5)) as (_, server):
+        first = await stopped_at_once(tmp_path / "w1")                # a fresh unit: 0 steps
+        checkpointed = await preempted(server.url, tmp_path / "w2", Blocker(at_step=2))
+        resumed = await stopped_at_once(tmp_path / "w2")              # resumed at step 3, stopped again
+    assert (first.reason, checkpointed.reason, resumed.reason) == ("preempted",) * 3
+    assert "does not call ctx.report_progress" not in caplog.text
+    assert "are unknown" not in caplog.text
+    assert re.search(r"preempted before the first step of unit e0-s\d; releasing its lease", caplog.text)
+    # once when the blocker stopped it, once when it was stopped again on its resume
+    assert len(re.findall(r"preempted after 3/5 steps of unit e0-s\d", caplog.text)) == 2
 
 
 def test_an_unreported_result_counts_the_whole_unit_unless_asked_to_stop(tmp_path: Path) -> None:

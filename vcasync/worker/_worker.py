@@ -576,11 +576,16 @@ class Worker:
             self._abandoned += 1
             await asyncio.to_thread(self.state.finish_lease, grant.lease_id)
             return True
-        if not ctx.progress_reported:
+        # stopped before its first step (or its first after a resume), a trainer that reports every
+        # step reported none: said so by steps= to ctx.result, it is not one that never reports (the
+        # demo's own trainer was warned about, "call ctx.report_progress", and its steps "unknown")
+        said = ctx.should_stop and ctx.steps_given
+        if not ctx.progress_reported and not said:
             self._warn_unreported(grant, result)
-        unknown = result.steps <= 0 and not ctx.progress_reported   # not measured: not "0 steps"
+        measured = result.steps > 0 or ctx.progress_reported
+        unknown = not measured and not said          # not measured nor said: not "0 steps"
         partial = result.steps < grant.unit.steps
-        if self.stopping and partial and self.config.on_preempt == "checkpoint" and not unknown:
+        if self.stopping and partial and self.config.on_preempt == "checkpoint" and measured:
             log.info("preempted after %d/%d steps of unit %s; the lease and checkpoint stay in %s",
                      result.steps, grant.unit.steps, grant.unit.unit_id, self.state.where)
             raise _Stopped
