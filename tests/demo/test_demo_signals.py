@@ -1,14 +1,18 @@
-"""``vcasync demo`` stopped by SIGTERM sent to its own process only (``kill PID``, a supervisor,
-``docker stop``): it stops its coordinator, workers and DDP ranks, says so, and exits 130.
+"""``vcasync demo`` and signals from outside it, with real processes and real signals; a run's children
+are found by its run directory, which appears on their command lines.
 
-With the default handling the demo process ended at once (exit 143) and left the coordinator serving
-(with ``--linger 600``) and the workers, or the DDP ranks, running with nobody to stop them. Real
-processes and a real signal; a run's children are found by its run directory or its DDP config,
-which appear on their command lines.
+* SIGTERM to the demo's own process only (``kill PID``, a supervisor, ``docker stop``): it stops its
+  coordinator, workers and DDP ranks, says so, and exits 130. With the default handling the demo
+  ended at once (exit 143) and left the coordinator serving (with ``--linger 600``) and the workers,
+  or the DDP ranks, running with nobody to stop them.
+* Its coordinator killed from outside (a crash, the OOM killer): the demo stops the fleet at once and
+  says why (exit 5). Its workers retried the dead coordinator until ``--max-wall`` (15 minutes by
+  default), and the demo then said only that the fleet did not finish in time.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -104,3 +108,25 @@ def test_sigterm_during_the_ddp_baseline_stops_its_ranks(tmp_path: Path) -> None
     err = _stop_and_check(proc, str(run_dir))
     assert "interrupted during the DDP baseline" in err
     assert not (run_dir / "report.json").exists()
+
+
+def test_a_coordinator_killed_from_outside_ends_the_fleet_and_says_so(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _start(tmp_path, run_dir)
+    try:
+        _wait_for(lambda: (run_dir / "events").is_dir() and any((run_dir / "events").glob("*.jsonl")), 180)
+        coordinators = [c for c in _children_of_run(str(run_dir / "state")) if " coordinator " in c]
+        assert len(coordinators) == 1, coordinators
+        os.kill(int(coordinators[0].split(":", 1)[0]), signal.SIGKILL)
+        _, err = proc.communicate(timeout=150)       # not --max-wall's 900 s
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == ExitCode.INCOMPLETE, err
+    assert "the coordinator exited on its own (killed by SIGKILL)" in err
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["finished"] is False
+    assert report["incomplete_reason"].startswith("the coordinator exited on its own (killed by SIGKILL)")
+    assert report["stopped_at_limit_s"] is None                  # not said to be the time limit
+    assert any(e["who"] == "coordinator" and e["kind"] == "exited" for e in report["timeline"])
+    assert not _children_of_run(str(run_dir))

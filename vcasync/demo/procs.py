@@ -64,6 +64,11 @@ class Proc:
         return self._proc.pid if self._proc is not None else None
 
     @property
+    def returncode(self) -> int | None:
+        """The exit status once the process has exited (``-N``: killed by signal ``N``), else None."""
+        return self._proc.returncode if self._proc is not None else None
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.returncode is None
 

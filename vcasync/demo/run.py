@@ -335,6 +335,9 @@ class _Demo:
         self.coordinator_restarts = 0
         self.restarting = False      # the coordinator was SIGKILLed and is being brought back
         self.found_finished = False  # ... and its restart found the run finished: nothing to serve
+        #: how the coordinator exited on its own before the run finished (a crash, a kill from
+        #: outside), said in the report; None while it is up or was stopped by the demo
+        self.coordinator_lost: str | None = None
         #: where the coordinator writes the final weights when the run finishes (``--output``)
         self.final_weights = (self.run_dir / "final.pt").resolve()
         env = {"VCASYNC_JOIN_SECRET": self.secret, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -416,6 +419,23 @@ class _Demo:
         self.coordinator_restarts += 1
         self.timeline.add("coordinator", "recovered")
 
+    def coordinator_exited(self, restart_done: bool) -> str | None:
+        """Why, once the coordinator process has exited on its own (else None): not killed and being restarted
+        by ``--kill-coordinator`` (``restart_done`` False meanwhile), nor a restart that found the
+        run finished. Its workers retried it until ``--max-wall`` (15 minutes by default), and the
+        demo said only that the fleet did not finish in time."""
+        if self.coordinator_lost is not None:
+            return self.coordinator_lost
+        code = self.coordinator.returncode
+        if code is None or not restart_done or self.found_finished:
+            return None
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        t = self.timeline.now()
+        self.timeline.add("coordinator", "exited", how)
+        self.coordinator_lost = (f"the coordinator exited on its own ({how}) at about {t:.0f} s, before "
+                                 f"the run finished; see {self.coordinator.log_path}")
+        return self.coordinator_lost
+
     # -- workers ---------------------------------------------------------------------------------
     async def run_slot(self, slot: Slot) -> None:
         """Start the slot's worker; bring it back after each preemption until it finishes."""
@@ -477,6 +497,10 @@ class _Demo:
                      if merged_after else "")
             return (f"the fleet did not finish within --max-wall {cfg.max_wall_s:g} s (stopped at "
                     f"{limit_s:.1f} s, its figures taken there){after}")
+        # (a --kill-coordinator restart is over by now: the run waits for it before its last look)
+        lost = self.coordinator_exited(restart_done=True)
+        if lost is not None:
+            return lost
         failed = [s for s in self.slots if s.state == "failed"]
         crashes = sum(1 for e in self.timeline.events if e.kind == "crash")
         if failed:
@@ -565,6 +589,8 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
                     await mon.poll()
                     if mon.finished():
                         demo.stop_injecting.set()  # every unit is merged: nothing left to preempt
+                    elif demo.coordinator_exited(killer is None or killer.done()) is not None:
+                        break                      # nothing to train against: stop the fleet now
                     if demo.timeline.now() >= next_eval:
                         await mon.score()
                         next_eval = demo.timeline.now() + cfg.eval_every_s
@@ -595,7 +621,7 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
             # is finished when its workers are done *and* the coordinator says so. Past the limit
             # only the status is read: the model scored at the limit is the fleet's.
             scored_at_limit = limit_s is not None and bool(mon.accuracy)
-            for _ in range(1 if demo.found_finished else 40):
+            for _ in range(1 if demo.found_finished or demo.coordinator_lost else 40):
                 await mon.poll()
                 if "unreachable" not in mon.status and (scored_at_limit or await mon.score() is not None):
                     break
