@@ -158,6 +158,15 @@ def test_fractional_vcpus_are_accepted_from_csv_and_whole_ones_stay_whole(tmp_pa
     assert isinstance(table["acme:big-8"].vcpus, int)
 
 
+def test_a_csv_header_that_names_a_field_twice_is_refused(tmp_path: Path) -> None:
+    # found by a probe: "spot_per_h" twice in the header priced the run at the second cell, silently
+    path = tmp_path / "prices.csv"
+    path.write_text(HEADER + ",spot_per_h\n" + ",".join(str(v) for v in ROW.values()) + ",0.5\n")
+    with pytest.raises(ConfigError, match=r"prices.csv': line 1: the header names \['spot_per_h'\] "
+                                          r"more than once"):
+        PriceTable.from_file(path)
+
+
 @pytest.mark.parametrize(("cells", "word"), [
     ({"min_billed_s": "nan"},
      r"line 3 \(acme:big-16\): min_billed_s must be a finite number of seconds"),

@@ -341,6 +341,11 @@ def _csv_rows(text: str) -> tuple[list[int], list[dict[str, object]]]:
     # "provider, instance, ..." (a space after each comma, as people type a header) named every
     # field but the first unknown, as ' instance'; cells were stripped already, names were not
     reader.fieldnames = [name.strip() for name in reader.fieldnames or ()]
+    # a field named twice kept its last cell without a word ("spot_per_h" twice: the second price)
+    twice = sorted({n for n in reader.fieldnames if n and reader.fieldnames.count(n) > 1})
+    if twice:
+        raise ConfigError(f"line 1: the header names {twice} more than once: which cell is the "
+                          f"price?")
     for raw in reader:
         line = reader.line_num     # the file line the row ends on (a quoted cell may span lines)
         if None in raw:
