@@ -430,6 +430,8 @@ class _Demo:
         if code is None or not restart_done or self.found_finished:
             return None
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        if code == 130:   # ExitCode.INTERRUPTED: a SIGINT to the group the demo itself ignores (cmd &)
+            how += ": it was sent SIGINT or SIGTERM"
         t = self.timeline.now()
         self.timeline.add("coordinator", "exited", how)
         self.coordinator_lost = (f"the coordinator exited on its own ({how}) at about {t:.0f} s, before "
