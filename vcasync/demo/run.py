@@ -420,10 +420,10 @@ class _Demo:
         self.timeline.add("coordinator", "recovered")
 
     def coordinator_exited(self, restart_done: bool) -> str | None:
-        """Why, once the coordinator process has exited on its own (else None): not killed and being restarted
-        by ``--kill-coordinator`` (``restart_done`` False meanwhile), nor a restart that found the
-        run finished. Its workers retried it until ``--max-wall`` (15 minutes by default), and the
-        demo said only that the fleet did not finish in time."""
+        """Why, once the coordinator process has exited on its own (else None): not killed and being
+        restarted by ``--kill-coordinator`` (``restart_done`` False meanwhile), nor a restart that
+        found the run finished. Its workers retried it until ``--max-wall`` (15 minutes by default),
+        and the demo said only that the fleet did not finish in time."""
         if self.coordinator_lost is not None:
             return self.coordinator_lost
         code = self.coordinator.returncode
