@@ -3,6 +3,7 @@ found SpotWalk(sigma=nan) priced every hour at half the list rate without a word
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -58,3 +59,21 @@ def test_a_spot_trace_file_names_the_line_of_a_non_finite_cell(tmp_path: Path, r
     path.write_bytes(b"\xef\xbb\xbf" + f"t_s,spot_per_h\n0,0.1\n{row}\n".encode())   # a BOM, as Excel writes
     with pytest.raises(ConfigError, match=r"spot.csv:3: t_s must be a finite number of seconds"):
         SpotTrace.from_csv(path)
+
+
+def test_a_walk_of_a_huge_sigma_prices_at_its_bounds_not_an_overflow() -> None:
+    # math.exp of a step drawn with sigma 1e10 raised OverflowError when the run was priced, after it ran
+    walk = SpotWalk(seed=0, step_s=10.0, sigma=1e10)
+    usd = walk.usd(0.36, 0.0, 100.0)
+    assert 0.5 * 0.36 * 100 / 3600 <= usd <= 2.0 * 0.36 * 100 / 3600
+    assert all(walk.factor(k) in (0.5, 2.0) for k in range(1, 10))
+
+
+def test_a_walk_copied_with_another_seed_draws_its_own_prices() -> None:
+    # dataclasses.replace passed the first walk's cache of factors on: seed 8 priced as seed 7
+    walk = SpotWalk(seed=7, step_s=10.0, sigma=0.3)
+    first = walk.usd(0.36, 0.0, 300.0)
+    other = dataclasses.replace(walk, seed=8)
+    assert other.usd(0.36, 0.0, 300.0) == SpotWalk(seed=8, step_s=10.0, sigma=0.3).usd(0.36, 0.0, 300.0)
+    assert other.usd(0.36, 0.0, 300.0) != first
+

@@ -105,6 +105,10 @@ class SpotTrace:
     def usd(self, base_per_h: float, start_s: float, end_s: float) -> float:
         return _integrate(list(self.times), list(self.rates), start_s, end_s)
 
+    def as_dict(self) -> dict[str, object]:
+        """What a report records of the trace: where it came from and how many rows it has."""
+        return {"kind": "trace", "source": self.source, "rows": len(self.times)}
+
 
 @dataclass(frozen=True)
 class SpotWalk:
@@ -115,7 +119,9 @@ class SpotWalk:
     sigma: float = 0.05
     low: float = 0.5
     high: float = 2.0
-    _cache: dict[int, float] = field(default_factory=dict, repr=False, compare=False)
+    # not an __init__ argument: dataclasses.replace(walk, seed=8) passed the old walk's cache on, and
+    # the new seed priced at the old seed's factors
+    _cache: dict[int, float] = field(default_factory=dict, repr=False, compare=False, init=False)
 
     def __post_init__(self) -> None:
         # NaN passed the old comparisons: sigma=nan clipped every step to ``low`` (half the list
@@ -144,7 +150,10 @@ class SpotWalk:
             f = 1.0
             draws = rng.normal(0.0, self.sigma, size=step) if self.sigma else np.zeros(step)
             for done, d in enumerate(draws, start=1):
-                f = min(self.high, max(self.low, f * math.exp(float(d))))
+                # a large (finite) sigma draws steps past exp's range: math.exp raised OverflowError
+                # when the run was priced; a step that large takes the walk to ``high`` anyway
+                mult = math.exp(float(d)) if float(d) < 700.0 else math.inf
+                f = min(self.high, max(self.low, f * mult))
                 self._cache.setdefault(done, f)
         return self._cache[step]
 
@@ -153,3 +162,8 @@ class SpotWalk:
         times = [k * self.step_s for k in range(first, last + 1)]
         rates = [base_per_h * self.factor(k) for k in range(first, last + 1)]
         return _integrate(times, rates, start_s, end_s)
+
+    def as_dict(self) -> dict[str, object]:
+        """What a report records of the walk: enough to draw the same prices again."""
+        return {"kind": "walk", "seed": self.seed, "sigma": self.sigma, "step_s": self.step_s,
+                "low": self.low, "high": self.high}
