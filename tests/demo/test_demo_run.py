@@ -232,3 +232,22 @@ def test_a_coordinator_killed_as_a_short_run_finishes_loses_nothing(tmp_path: Pa
     kinds = [(e["who"], e["kind"]) for e in report["timeline"]]
     assert (("coordinator", "recovered") in kinds) == (report["coordinator_restarts"] == 1)
     assert report["coordinator_restarts"] == 1 or ("coordinator", "not killed") in kinds
+
+
+def test_a_short_run_is_priced_on_a_spot_trace(tmp_path: Path) -> None:
+    # issue 14: no command took a moving spot price; here a real (short) run prices its fleet on a
+    # trace whose price doubles at 5 s, and says so in report.json and the summary
+    run_dir, trace = tmp_path / "run", tmp_path / "spot.csv"
+    trace.write_text("t_s,spot_per_h\n0,0.1\n5,0.2\n")
+    proc = subprocess.run([sys.executable, "-m", "vcasync", "demo", "--quick", "--workers", "1",
+                           "--preemptions", "0", "--no-progress", "--spot-trace", str(trace),
+                           "--run-dir", str(run_dir)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    cost = json.loads((run_dir / "report.json").read_text())["cost"]
+    assert {k: cost["spot_path"][k] for k in ("kind", "source", "rows")} == {
+        "kind": "trace", "source": str(trace), "rows": 2}
+    assert f"spot price path         trace {trace} (2 row(s) of $/h" in proc.stdout
+    if cost["async"]["usd"] is not None:   # reached: the workers paid between the trace's two prices
+        assert 0.1 <= cost["spot_path"]["mean_paid_per_h"] <= 0.2
+

@@ -12,11 +12,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
+from ..costing.market import MIN_WALK_STEP_S
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError, RunIncompleteError
 from .limits import MAX_WORKERS
 
-__all__ = ["configure", "run"]
+__all__ = ["DEFAULT_WALK_STEP_S", "configure", "run"]
+
+#: --spot-walk's default step: a demo runs for minutes, so an hourly step (a real market's) would
+#: never move within it; 10 s gives a few dozen steps in a default run.
+DEFAULT_WALK_STEP_S = 10.0
 
 T = TypeVar("T")
 
@@ -65,6 +70,19 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="JSON, TOML or CSV price rows that add to / replace the built-in table")
     p.add_argument("--spot-price", type=float, help="override the instance's spot $/h")
     p.add_argument("--on-demand-price", type=float, help="override the instance's on-demand $/h")
+    spot = p.add_mutually_exclusive_group()
+    spot.add_argument("--spot-trace", type=Path, metavar="FILE",
+                      help="price the fleet's workers on a spot price that moves during the run: a CSV "
+                           "file with a header t_s,spot_per_h (seconds from the run's start, absolute "
+                           "$/h), each price holding until the next row's time; the list spot price "
+                           "is not used (DDP stays on demand)")
+    spot.add_argument("--spot-walk", type=float, metavar="SIGMA",
+                      help="instead, the list spot price times a random walk seeded by --seed: one "
+                           "log-normal step of spread SIGMA (>= 0) every --spot-walk-step seconds, "
+                           "kept within 0.5-2x the list price")
+    p.add_argument("--spot-walk-step", type=float, metavar="SECONDS",
+                   help=f"seconds between the steps of --spot-walk (default {DEFAULT_WALK_STEP_S:g}; "
+                        f"at least {MIN_WALK_STEP_S:g})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-wall", type=float, default=900.0,
                    help="stop the fleet after this many seconds (the DDP baseline after as many, at least "
@@ -86,6 +104,7 @@ def _config(a: argparse.Namespace) -> Any:
     workers = a.workers if a.workers is not None else (2 if a.quick else 4)
     epochs = a.epochs if a.epochs is not None else (3 if a.quick else 20)
     batch = a.batch_size if a.batch_size is not None else get_workload(a.workload).batch_size
+    spot_path = _spot_path(a)
     return DemoConfig(workers=workers, workload=a.workload, policy=a.policy,
                       policy_params=parse_params(a.policy_param), epochs=epochs, shards=a.shards,
                       steps=a.steps, batch_size=batch, min_step_s=a.min_step_s,
@@ -96,7 +115,7 @@ def _config(a: argparse.Namespace) -> Any:
                       grace_s=a.grace, kill_coordinator=a.kill_coordinator, run_dir=a.run_dir,
                       storage=a.storage, durability=a.durability, instance=a.instance,
                       coordinator_instance=a.coordinator_instance, prices=prices,
-                      seed=a.seed,
+                      spot_path=spot_path, seed=a.seed,
                       max_wall_s=a.max_wall, progress=not a.no_progress)
 
 
@@ -179,6 +198,32 @@ async def _stoppable(run: Coroutine[Any, Any, T]) -> T:
 
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop)
     return await run
+
+
+def _spot_path(a: argparse.Namespace) -> Any:
+    """--spot-trace or --spot-walk as a :mod:`vcasync.costing.market` path (None: the fixed list
+    price), read and checked before anything starts; a bad one names its option."""
+    from ..costing.market import SpotTrace, SpotWalk
+
+    if a.spot_walk_step is not None and a.spot_walk is None:
+        raise ConfigError("--spot-walk-step sets the step of --spot-walk SIGMA; give --spot-walk too")
+    if a.spot_trace is not None:
+        if a.spot_price is not None:
+            raise ConfigError("--spot-trace gives the workers' spot price over the run and --spot-price "
+                              "a fixed one: give one of them")
+        try:
+            return SpotTrace.from_csv(a.spot_trace)
+        except ConfigError as exc:
+            raise ConfigError(f"--spot-trace: {exc}") from None
+    if a.spot_walk is not None:
+        step = DEFAULT_WALK_STEP_S if a.spot_walk_step is None else a.spot_walk_step
+        try:
+            return SpotWalk(seed=a.seed, step_s=step, sigma=a.spot_walk)
+        except ConfigError as exc:
+            # the walk's own checks, said in the options' names (SpotWalk.sigma is --spot-walk)
+            raise ConfigError(str(exc).replace("SpotWalk.sigma", "--spot-walk SIGMA")
+                              .replace("SpotWalk.step_s", "--spot-walk-step")) from None
+    return None
 
 
 def _preemptions(a: argparse.Namespace) -> int:
@@ -308,6 +353,22 @@ def _samples(n: dict[str, Any]) -> str:
     return f"fleet {fleet}, DDP {n['ddp']}{ratio} (the fleet's: units merged x unit samples)"
 
 
+def _spot_path_lines(rec: dict[str, Any] | None) -> list[str]:
+    """The spot price path the fleet was priced on (--spot-trace, --spot-walk), under the prices line;
+    none for the fixed list price, which that line gives."""
+    if rec is None or rec["kind"] == "fixed":
+        return []
+    if rec["kind"] == "trace":
+        what = (f"trace {rec['source']} ({rec['rows']} row(s) of $/h from the run's start, "
+                f"in place of the list spot price)")
+    else:
+        what = (f"random walk (seed {rec['seed']}, sigma {rec['sigma']:g} per {rec['step_s']:g}-s step, "
+                f"within {rec['low']:g}-{rec['high']:g}x the list spot price)")
+    mean = rec.get("mean_paid_per_h")
+    paid = "" if mean is None else f"; the workers paid ${mean:.5f}/h on average to the target"
+    return [f"  spot price path         {what}{paid}; DDP stays on demand"]
+
+
 def _print_summary(r: dict[str, Any], paths: list[Path]) -> None:
     c = r["cost"]
     inst = c["instance"]
@@ -360,6 +421,7 @@ def _print_summary(r: dict[str, Any], paths: list[Path]) -> None:
         *_lost_lines(lost),
         f"  prices                  {inst['provider']}:{inst['instance']} spot ${inst['spot_per_h']}/h, "
         f"on demand ${inst['on_demand_per_h']}/h ({inst['source']}, as of {inst['as_of']})",
+        *_spot_path_lines(c.get("spot_path")),
         "  wrote " + ", ".join(str(p) for p in paths),
     ]
     print("\n".join(lines))

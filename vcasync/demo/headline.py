@@ -6,7 +6,10 @@ test accuracy minus 0.5 point, or its final test loss plus 1 % for a loss-judged
 workload (:class:`vcasync.costing.target.Target`). The fleet's sessions (each worker
 process from start to exit, restarts included) are billed per second after the provider's minimum at
 the spot price, plus the coordinator on demand from its start; DDP's ``N`` processes are billed on
-demand from the spawn to its time to target. Beside the money: wall time to target on each side, and
+demand from the spawn to its time to target. With ``config.spot_path`` (``--spot-trace`` or
+``--spot-walk``) the workers' spot price moves during the run (:mod:`vcasync.costing.market`): both
+fleet costs below are priced on that path, on the run's clock, and ``spot_path`` records which one
+(DDP stays on demand). Beside the money: wall time to target on each side, and
 the time the fleet spent before its first merged result, and ``saving_per_second``: the same
 sessions billed per second from the first (no minimum), which on a run shorter than the minimum
 separates what training and preemption cost from what the minimum adds to each restart.
@@ -20,6 +23,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..costing.market import SpotTrace, SpotWalk
 from ..costing.target import (
     Comparison,
     Span,
@@ -85,6 +89,13 @@ def split_at(spans: Sequence[LostSpan], t_s: float | None) -> tuple[float, float
     return before, total - before
 
 
+def _spot_record(path: SpotTrace | SpotWalk | None, list_per_h: float) -> dict[str, Any]:
+    """Which spot price the fleet's workers were priced at: the table's fixed rate, or a path."""
+    if path is None:
+        return {"kind": "fixed", "spot_per_h": list_per_h}
+    return path.as_dict()
+
+
 def _first_reaching(points: Sequence[tuple[float, int, float]], target: Target) -> int | None:
     """The samples of the earliest ``(t_s, samples, value)`` point that reaches ``target``."""
     return next((n for _, n, v in sorted(points, key=lambda p: p[0]) if target.reached(v)), None)
@@ -100,8 +111,10 @@ def headline(run: DemoRun, ddp: DdpResult | None, *, lost: Sequence[LostSpan] = 
     price = cfg.prices[cfg.instance]
     coord = cfg.prices[cfg.coordinator_instance]
     first_merge = next((t for t, v in run.versions if v >= 1), None)
+    path = cfg.spot_path
     out: dict[str, Any] = {"instance": price.as_dict(), "coordinator_instance": coord.as_dict(),
-                           "first_merge_s": first_merge, "seeds": 1, "saving_ci": None}
+                           "first_merge_s": first_merge, "seeds": 1, "saving_ci": None,
+                           "spot_path": _spot_record(path, price.spot_per_h)}
     if ddp is None:
         return out | {"saving": None, "target": None}
     metric = get_workload(cfg.workload).metric
@@ -132,7 +145,8 @@ def headline(run: DemoRun, ddp: DdpResult | None, *, lost: Sequence[LostSpan] = 
     sessions = [Span(a, b) for s in run.slots for a, b in s.sessions]
     end = max([run.wall_s, *(s.end_s for s in sessions)])
     lost_s = split_at(lost, t_async)[0]     # no target reached: all of it, in the machine time spent
-    fleet = async_cost(sessions, t_async, worker=price, coordinator=coord, lost_s=lost_s, end_s=end)
+    fleet = async_cost(sessions, t_async, worker=price, coordinator=coord, path=path, lost_s=lost_s,
+                       end_s=end)
     base = ddp_cost(cfg.workers, t_ddp, price=price)
     cmp = Comparison(cfg.seed, target, fleet, base)
     summary = summarize_savings([cmp])
@@ -140,8 +154,13 @@ def headline(run: DemoRun, ddp: DdpResult | None, *, lost: Sequence[LostSpan] = 
     # the minimum the saving above counts sessions (a restart pays a whole minimum); this one is what
     # the run's training, start-ups and preemptions cost.
     per_s, coord_per_s = (dataclasses.replace(p, min_billed_s=0.0) for p in (price, coord))
-    fleet_s = async_cost(sessions, t_async, worker=per_s, coordinator=coord_per_s, lost_s=lost_s, end_s=end)
+    fleet_s = async_cost(sessions, t_async, worker=per_s, coordinator=coord_per_s, path=path, lost_s=lost_s,
+                         end_s=end)
     per_second = Comparison(cfg.seed, target, fleet_s, ddp_cost(cfg.workers, t_ddp, price=per_s)).saving
+    if fleet.usd is not None and fleet.billed_seconds > 0:
+        # what the path made of the spot price: the workers' mean $/h over their billed seconds
+        workers_usd = fleet.usd - fleet.coordinator_usd
+        out["spot_path"]["mean_paid_per_h"] = workers_usd / fleet.billed_seconds * 3600
     return out | {
         "target": target.as_dict(), "saving": cmp.saving, "saving_per_second": per_second,
         "targets_missed": summary["targets_missed"], "reached": summary["reached"],

@@ -32,6 +32,7 @@ from typing import Any
 
 from .._paths import make_output_dir
 from ..coerce import SEED_RANGE, is_finite_number, is_seed
+from ..costing.market import SpotTrace, SpotWalk
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError, PolicyError
 from ..storage import open_storage, outlives_process
@@ -93,6 +94,8 @@ class DemoConfig:
     instance: str = DEFAULT_INSTANCE
     coordinator_instance: str = DEFAULT_COORDINATOR_INSTANCE
     prices: PriceTable = field(default_factory=PriceTable)
+    #: the workers' spot price over the run (a trace or a walk); None: the table's fixed spot rate
+    spot_path: SpotTrace | SpotWalk | None = None
     seed: int = 0
     eval_every_s: float = 3.0
     max_wall_s: float = 900.0
