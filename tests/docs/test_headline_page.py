@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from vcasync.cli import available_commands, build_parser
+from vcasync.costing.market import SpotTrace
 from vcasync.costing.prices import PriceTable
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "headline.md"
@@ -66,6 +67,22 @@ def test_a_command_given_a_price_file_is_priced_with_its_rows(tmp_path: Path,
         used = {args.instance, args.coordinator_instance}
         assert used & set(rows), (f"{command!r} loads {args.prices} but prices with {used}, "
                                   f"not its rows {list(rows)}")
+
+
+def test_a_command_given_a_spot_trace_reads_the_file_the_page_writes(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 14: --spot-trace FILE prices the demo's fleet on a moving spot price; the page's
+    # commands name a file its Python blocks write, in the format the option reads
+    monkeypatch.chdir(tmp_path)
+    for code, line in _blocks("python"):
+        exec(compile(code, f"headline.md:{line}", "exec"), {"__name__": "pasted"})
+    parser = build_parser(available_commands())
+    named = [c for c in _commands()
+             if c.startswith("vcasync ") and "--spot-trace" in shlex.split(c, comments=True)]
+    assert named, "the page shows no command with --spot-trace"
+    for command in named:
+        args = parser.parse_args(shlex.split(command, comments=True)[1:])
+        assert len(SpotTrace.from_csv(args.spot_trace).times) > 1, command
 
 
 def test_a_saving_with_a_missed_seed_is_never_quoted_with_a_finite_interval() -> None:
