@@ -12,7 +12,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
-from ..costing.market import MIN_WALK_STEP_S
+from ..costing.market import MIN_WALK_STEP_S, SpotTrace, SpotWalk
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError, RunIncompleteError
 from .limits import MAX_WORKERS
@@ -200,11 +200,9 @@ async def _stoppable(run: Coroutine[Any, Any, T]) -> T:
     return await run
 
 
-def _spot_path(a: argparse.Namespace) -> Any:
+def _spot_path(a: argparse.Namespace) -> SpotTrace | SpotWalk | None:
     """--spot-trace or --spot-walk as a :mod:`vcasync.costing.market` path (None: the fixed list
     price), read and checked before anything starts; a bad one names its option."""
-    from ..costing.market import SpotTrace, SpotWalk
-
     if a.spot_walk_step is not None and a.spot_walk is None:
         raise ConfigError("--spot-walk-step sets the step of --spot-walk SIGMA; give --spot-walk too")
     if a.spot_trace is not None:
