@@ -798,7 +798,7 @@ class Coordinator:
                                max_norm=self.config.max_update_norm, current_version=self.version,
                                hold=lambda n: self._owner.hold(self._owner.renumbered(n)),
                                release=self._owner.release,
-                               out=self._update_buffers.take())
+                               out=self._update_buffers.take(), recycle=self._update_buffers.give)
         try:
             async with self._decode_slots:
                 if blob is None:

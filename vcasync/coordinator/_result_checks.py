@@ -10,6 +10,7 @@ rejects by it and the server reports it), and whose message names the field.
 from __future__ import annotations
 
 import math
+import traceback
 from collections.abc import AsyncIterable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -25,8 +26,8 @@ from ..wire import Limits, decode_payload
 if TYPE_CHECKING:
     from ._versions import Version
 
-__all__ = ["ResultMeta", "check_tensors", "parse_result_meta", "read_result", "reject_reason",
-           "update_norm"]
+__all__ = ["ResultMeta", "check_tensors", "let_go", "parse_result_meta", "read_result",
+           "reject_reason", "update_norm"]
 
 
 
@@ -122,26 +123,61 @@ async def read_result(body: AsyncIterable[bytes], *, lease_id: str, unit: WorkUn
                       hold: Callable[[int], Version | None],
                       release: Callable[[Version], None],
                       out: dict[str, torch.Tensor] | None = None,
+                      recycle: Callable[[dict[str, torch.Tensor]], object] | None = None,
                       ) -> tuple[ResultMeta, dict[str, torch.Tensor]]:
     """Decode a result payload (limits and spec checked before allocating) and validate it all.
 
     The CPU work runs in worker threads. ``out``: buffers of the model's spec to decode into
     (recycled ones: no fresh pages to fault in). A full-weights result's norm is measured against
     its base version when it is still held (``hold``), else against the current model.
+
+    When the result is refused (or the body fails), its set goes to ``recycle`` and the error
+    holds no reference to it: see :func:`let_go`.
     """
-    payload = await decode_payload(body, limits=limits, spec=spec, expected_kind="result",
-                                   out=out)
-    del out     # the result's tensors must end up referenced from one mapping only (recycling)
-    meta = parse_result_meta(payload.meta, lease_id=lease_id, unit=unit,
-                             current_version=current_version)
-    ref = None
-    if max_norm is not None and meta.kind == "weights":
-        ref = hold(meta.base_version) or hold(current_version)
+    payload = None
     try:
-        await to_thread_released(check_tensors, payload.tensors, spec,
-                                require_finite=require_finite, max_norm=max_norm,
-                                reference=None if ref is None else ref.model.tensors)
-    finally:
-        if ref is not None:
-            release(ref)
+        payload = await decode_payload(body, limits=limits, spec=spec, expected_kind="result",
+                                       out=out)
+        out = None     # the result's tensors must end up referenced from one mapping only (recycling)
+        meta = parse_result_meta(payload.meta, lease_id=lease_id, unit=unit,
+                                 current_version=current_version)
+        ref = None
+        if max_norm is not None and meta.kind == "weights":
+            ref = hold(meta.base_version) or hold(current_version)
+        try:
+            await to_thread_released(check_tensors, payload.tensors, spec,
+                                    require_finite=require_finite, max_norm=max_norm,
+                                    reference=None if ref is None else ref.model.tensors)
+        finally:
+            if ref is not None:
+                release(ref)
+            ref = None
+    except BaseException as exc:
+        spare = out if payload is None else payload.tensors
+        out = payload = None
+        let_go(exc)
+        if spare is not None and recycle is not None:
+            recycle(spare)
+        del spare
+        raise
     return meta, payload.tensors
+
+
+def let_go(exc: BaseException) -> None:
+    """Clear the local variables of the finished frames ``exc`` (and the errors chained to it)
+    passed through, keeping its traceback's text.
+
+    A refused upload's error passes through the frames that held its tensors (the decoder's, the
+    checks' in a worker thread), and an error raised out of a task forms a reference cycle with the
+    frame that awaited it (:func:`~vcasync.coordinator._ingest.tee`): only the cyclic garbage
+    collector would free those tensors, which a coordinator may not run for a long while. Every
+    refused upload then pinned a model-sized set."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        todo += [e.__cause__, e.__context__]
