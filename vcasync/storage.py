@@ -64,6 +64,7 @@ __all__ = [
     "ObjectInfo",
     "Preflight",
     "ProbeResult",
+    "StaleTemp",
     "Storage",
     "StorageBackend",
     "available_backends",
@@ -144,6 +145,17 @@ class Preflight(Protocol):
     """
 
     async def preflight(self) -> None: ...
+
+
+@runtime_checkable
+class StaleTemp(Protocol):
+    """Optional for a backend that writes through temporary files of its own (``file://``): a
+    writer killed mid-write (a coordinator killed during an upload or a snapshot) leaves one behind,
+    which nothing else would ever delete. ``remove_stale_temp`` deletes those no write has touched
+    for ``max_age_s`` and returns how many; a coordinator calls it at start and every
+    ``STALE_TEMP_EVERY_S`` (:mod:`vcasync.coordinator`)."""
+
+    async def remove_stale_temp(self, max_age_s: float = ...) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,7 +72,7 @@ from ..ledger._units import LeaseGrant, Receipt, WorkUnit
 from ..metrics import Metrics
 from ..policy import MergePolicy, available_policies, build_policy
 from ..retry import Retrier, RetryPolicy
-from ..storage import Storage
+from ..storage import StaleTemp, Storage, shown_url
 from ..tensors import ModelSpec, ModelState
 from ..wire import resolve_codec
 from ._activity import Activity
@@ -97,6 +97,12 @@ log = logging.getLogger("vcasync.coordinator")
 STARTUP_RETRY = RetryPolicy(attempts=6, base_delay_s=0.2, max_delay_s=5.0)
 #: How often the expiry loop drops the records of long-silent workers (LedgerConfig.forget_workers_s).
 FORGET_EVERY_S = 60.0
+#: A storage's temporary files (``file://``: ``.vcasync-tmp/``) no write has touched for this long
+#: were left by a writer killed mid-write, and are deleted at start and this often. Every live
+#: writer touches its file far more often: an upload's body is cut off after
+#: ``body_idle_timeout_s`` (30 s) without a byte, and a snapshot streams without pause.
+STALE_TEMP_AGE_S = 600.0
+STALE_TEMP_EVERY_S = 600.0
 
 
 class Coordinator:
@@ -390,6 +396,22 @@ class Coordinator:
                     and self._journal.has_base(number)):
                 self._owner.adopt(await self._journal.load_base(number))
 
+    async def _remove_stale_temp(self) -> None:
+        """Delete the storage's temporary files left by writers killed mid-write (a coordinator
+        killed during a large upload left a partial copy of it for good); best effort."""
+        storage: object = self._storage
+        if self._storage is None or not isinstance(storage, StaleTemp):
+            return
+        where = shown_url(self._storage.url)
+        try:
+            removed = await storage.remove_stale_temp(STALE_TEMP_AGE_S)
+        except StorageError as exc:
+            log.warning("could not remove stale temporary files from %s: %s", where, exc)
+            return
+        if removed:
+            log.info("removed %d temporary file(s) left on %s by writes that never finished",
+                     removed, where)
+
     def report_storage_failure(self, exc: BaseException) -> StorageUnavailableError:
         """A storage write outside the merge loop failed (the server calls this, e.g. when a join
         token could not be stored): mark the storage unavailable; the answer for the caller.
@@ -543,6 +565,7 @@ class Coordinator:
             await self._merger.replay(entry.meta, entry.tensors)
             self._replayed = True     # the snapshot lacks it: the clean stop writes one that has it
         await self._journal.sweep()     # received bytes no entry names: refused or cut off
+        await self._remove_stale_temp()
         await self._adopt_open_bases()
         floor = await self._journal.version_floor()
         if floor is not None and floor > self.version:
@@ -874,6 +897,7 @@ class Coordinator:
 
     async def _expiry_loop(self) -> None:
         next_forget = self._clock() + FORGET_EVERY_S
+        next_temp_sweep = self._clock() + STALE_TEMP_EVERY_S
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.config.expiry_interval_s):
@@ -888,6 +912,9 @@ class Coordinator:
             self._merger.retain(rescan=True)   # with many leases, the merges do not scan them
             if expired:
                 self._check_finished()
+            if self._clock() >= next_temp_sweep:
+                next_temp_sweep = self._clock() + STALE_TEMP_EVERY_S
+                await self._remove_stale_temp()
             if self._clock() >= next_forget:
                 next_forget = self._clock() + FORGET_EVERY_S
                 forgotten = self._ledger.forget_workers()
