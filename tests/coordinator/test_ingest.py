@@ -5,6 +5,8 @@ apply; a crash after the record and before the acknowledgement replays the resul
 from __future__ import annotations
 
 import asyncio
+import gc
+import types
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -86,6 +88,40 @@ async def test_tee_raises_the_writers_error_when_the_reader_is_fine() -> None:
 
     with pytest.raises(StorageError, match="disk full"):
         await tee(_chunks([b"a"] * 100), write, read, depth=1)
+
+
+@pytest.mark.parametrize("failing", ["read", "write"])
+async def test_a_failed_tee_leaves_no_reference_cycle(failing: str) -> None:
+    """The error tee raises passes through its frame and is held by the task that raised it: that
+    was a cycle (error, traceback, tee's frame, task) holding the queued chunks of every refused
+    upload until the cyclic garbage collector ran, which a coordinator may not do for long."""
+    async def write(chunks: AsyncIterator[bytes]) -> None:
+        async for _ in chunks:
+            if failing == "write":
+                raise StorageError("disk full")
+
+    async def read(chunks: Any) -> int:
+        n = 0
+        async for _ in chunks:
+            n += 1
+            if failing == "read" and n == 3:
+                raise ChecksumError("bad bytes")
+        return n
+
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.raises((ChecksumError, StorageError)):
+            await tee(_chunks([b"x" * 1024] * 8), write, read, depth=4)
+        await asyncio.sleep(0)
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [o for o in gc.garbage if isinstance(o, types.FrameType) and o.f_code is tee.__code__]
+        gc.garbage.clear()
+    finally:
+        gc.set_debug(0)
+        gc.enable()
+    assert left == []
 
 
 # -- the journal keeps the received bytes ------------------------------------------------------------

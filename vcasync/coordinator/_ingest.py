@@ -61,6 +61,10 @@ async def tee(body: AsyncIterable[bytes], write: Callable[[AsyncIterator[bytes]]
         for task in (reader, writer):
             if not task.cancelled():
                 task.exception()      # retrieved: only the error raised above counts
+        # The error raised above passes through this frame, and a task holds it: without this,
+        # error -> traceback -> this frame -> task -> error is a cycle holding the queued chunks
+        # until the cyclic garbage collector runs (a refused upload's last DEPTH chunks).
+        del task, reader, writer
 
 
 def _error(task: asyncio.Future[Any]) -> BaseException:
