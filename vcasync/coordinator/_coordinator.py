@@ -180,6 +180,7 @@ class Coordinator:
         self._finished = asyncio.Event()
         self._finish_wanted = asyncio.Event()    # settled, waiting for a snapshot (snapshot mode)
         self._touched = False        # a worker or operator call came: the ledger may have changed
+        self._grace_handed_on = False   # the snapshot it started from said a restart grace was open
         self._replayed = False       # recovery applied journal entries no snapshot holds
         self._closed = asyncio.Event()
         self._stop = asyncio.Event()
@@ -336,13 +337,16 @@ class Coordinator:
             # leases and failures change the ledger without any merge: a snapshot whenever a call
             # came, not only after results; also when the start replayed journal entries (its
             # workers may have left before it came up: without one, every later start replays
-            # them again and the newest snapshot lacks acknowledged results); none when neither
+            # them again and the newest snapshot lacks acknowledged results); also when the
+            # snapshot it started from handed a restart grace on (else one that ran out is handed
+            # on again at every start); none when neither
             # (a finished run started again and stopped must leave its storage as it was)
             # each write below is preceded by a read of the owner records (see _ensure_prefix):
             # once the run was taken over, this coordinator writes and deletes nothing of it
             await self._ensure_prefix()
             self._grace_left()      # one still open is handed on in the snapshot (unknown_from)
             if (self._touched or self._replayed or self._merger.keep_from is not None
+                    or self._grace_handed_on
                     or self._merger.snapshots.written_version < self.version):
                 await self._merger.capture()
                 await self._store_open_bases()
@@ -560,6 +564,8 @@ class Coordinator:
                       and ((lease is not None and lease.took_over) or unknown_from is not None))
         if taken_over:       # leases granted after the snapshot may be based on any version since
             self._merger.keep_from = self.version if unknown_from is None else unknown_from
+        # that snapshot says a grace is open: the clean stop writes one that says how it ended
+        self._grace_handed_on = unknown_from is not None
         self._wrote = True     # replay, the sweep and what follows write under the prefix
         async for entry in self._journal.entries():
             await self._merger.replay(entry.meta, entry.tensors)
