@@ -5,6 +5,7 @@ token), rate-limited per kind and caller so a broken or hostile worker cannot fl
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -125,3 +126,40 @@ def test_a_flood_from_many_addresses_is_limited_globally_and_summed_up(
     assert "peer 10.2.0.1" in lines[6]                  # a new window logs again
     # every refusal is counted once, logged or not
     assert (refusals.logged, refusals.left_out, refusals.suppressed) == (6, 0, 9998)
+
+
+async def test_a_client_that_hangs_up_mid_upload_is_one_info_line_not_an_error(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A worker preempted during its upload is routine on spot machines. Each one was logged by
+    aiohttp at ERROR (``Error handling request``) with a 50-line traceback, which the operating
+    page says needs a human; it is one INFO line of the refusal log now, and changes nothing."""
+    async with (running(tmp_path, server_config=ServerConfig(port=0, access_log=False)) as (coord, server),
+                aiohttp.ClientSession() as http):
+        async with http.post(f"{server.url}/v1/join", data=control("join", {"name": "t"}),
+                             headers=bearer(SECRET)) as r:
+            token = decode_message(await r.read(), expected_kind="joined").body["token"]
+        async with http.post(f"{server.url}/v1/leases", data=control("lease_request"),
+                             headers=bearer(token)) as r:
+            grant = decode_message(await r.read(), expected_kind="lease").body
+        model_bytes = b"".join([c async for c in coord.model_payload()])
+        model = ModelState(decode_payload_bytes(model_bytes, expected_kind="model").tensors)
+        body = result_payload(model, grant["lease_id"], grant["base_version"])
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        with caplog.at_level(logging.INFO):
+            _, writer = await asyncio.open_connection(host, int(port))
+            writer.write(f"PUT /v1/leases/{grant['lease_id']}/result HTTP/1.1\r\nHost: {host}\r\n"
+                         f"Authorization: Bearer {token}\r\nContent-Type: {PAYLOAD}\r\n"
+                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:len(body) // 2])
+            await writer.drain()
+            await asyncio.sleep(0.2)
+            writer.transport.abort()                     # the machine is gone
+            for _ in range(100):
+                if server_lines(caplog):
+                    break
+                await asyncio.sleep(0.02)
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert errors == [], [r.getMessage() for r in errors]
+        [line] = server_lines(caplog)
+        assert line.levelno == logging.INFO
+        assert "client_disconnected" in line.getMessage()
+        assert coord.version == 0

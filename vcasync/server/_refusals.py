@@ -30,7 +30,7 @@ log = logging.getLogger("vcasync.server")
 #: Answers that are part of the protocol's normal flow (a finished run, a dropped version, a worker
 #: told to back off), logged at INFO; every other 4xx at WARNING.
 ROUTINE = frozenset({"run_finished", "version_not_found", "worker_backoff", "lease_expired",
-                     "unit_closed"})
+                     "unit_closed", "client_disconnected"})
 
 
 @dataclass(slots=True)

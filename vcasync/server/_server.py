@@ -302,7 +302,15 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
             raise
         code = _HTTP_CODES.get(exc.status, f"http_{exc.status}")
         return _error_response(exc.status, code, exc.reason, headers=None)
-    except (ConnectionResetError, TimeoutError):
+    except ConnectionResetError:
+        # The client hung up before its request was complete (a worker preempted mid-upload):
+        # routine on spot machines, and nothing changed. Not re-raised: aiohttp logs that at ERROR
+        # with a traceback. Nobody reads this answer; the refusal log makes it one INFO line.
+        resp = _error_response(400, "client_disconnected",
+                               "the connection was lost before the request was complete")
+        resp.force_close()
+        return resp
+    except TimeoutError:
         raise
     except Exception:
         log.exception("internal error in %s %s", request.method, request.path)
