@@ -163,3 +163,30 @@ async def test_a_client_that_hangs_up_mid_upload_is_one_info_line_not_an_error(
         assert line.levelno == logging.INFO
         assert "client_disconnected" in line.getMessage()
         assert coord.version == 0
+
+
+async def test_a_client_that_hangs_up_mid_download_is_one_info_line_not_an_error(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The same for a model download cut off by the client: it was logged at ERROR as an
+    ``internal error in GET /v1/models/latest`` (a ConnectionError) or by aiohttp."""
+    big = torch.nn.Linear(2000, 2500)                    # 20 MB: more than the socket buffers
+    async with (running(tmp_path, initial=big,
+                        server_config=ServerConfig(port=0, access_log=False)) as (_, server),
+                aiohttp.ClientSession() as http):
+        async with http.post(f"{server.url}/v1/join", data=control("join", {"name": "t"}),
+                             headers=bearer(SECRET)) as r:
+            token = decode_message(await r.read(), expected_kind="joined").body["token"]
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        with caplog.at_level(logging.INFO):
+            for _ in range(3):
+                reader, writer = await asyncio.open_connection(host, int(port))
+                writer.write(f"GET /v1/models/latest HTTP/1.1\r\nHost: {host}\r\n"
+                             f"Authorization: Bearer {token}\r\n\r\n".encode())
+                await writer.drain()
+                await reader.readexactly(1 << 20)
+                writer.transport.abort()
+                await asyncio.sleep(0.3)
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert errors == [], [r.getMessage() for r in errors]
+        assert all(line.levelno == logging.INFO and "client_disconnected" in line.getMessage()
+                   for line in server_lines(caplog))

@@ -302,10 +302,11 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
             raise
         code = _HTTP_CODES.get(exc.status, f"http_{exc.status}")
         return _error_response(exc.status, code, exc.reason, headers=None)
-    except ConnectionResetError:
-        # The client hung up before its request was complete (a worker preempted mid-upload):
-        # routine on spot machines, and nothing changed. Not re-raised: aiohttp logs that at ERROR
-        # with a traceback. Nobody reads this answer; the refusal log makes it one INFO line.
+    except ConnectionError:
+        # The client hung up before its request was complete (a worker preempted mid-upload, or
+        # during a model download): routine on spot machines, and nothing changed. Neither an
+        # internal error nor re-raised (aiohttp logs that at ERROR with a traceback): nobody reads
+        # this answer, and the refusal log makes it one INFO line.
         resp = _error_response(400, "client_disconnected",
                                "the connection was lost before the request was complete")
         resp.force_close()
