@@ -88,7 +88,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="stop the fleet after this many seconds (the DDP baseline after as many, at least "
                         "120); a fleet stopped early is reported as it stood, and the command exits 5")
     p.add_argument("--quick", action="store_true",
-                   help="a small run (seconds of training): 2 workers, 3 epochs unless given")
+                   help="a smoke run (seconds of training): 2 workers, 3 epochs unless given; too short "
+                        "for the fleet to reach DDP's target on most seeds (saving n/a)")
     p.add_argument("--no-progress", action="store_true", help="no live display")
     p.add_argument("--json", action="store_true", help="print report.json's headline figures as JSON")
 
