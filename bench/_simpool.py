@@ -52,6 +52,18 @@ class SimPool:
     def __enter__(self) -> SimPool:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._ex is not None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if self._ex is None:
+            return
+        if exc_type is None:
             self._ex.shutdown(wait=True, cancel_futures=True)
+            return
+        # Interrupted (Ctrl-C, SIGTERM, an error): the cells still running are of no use. Waiting
+        # for them took minutes after a Ctrl-C, and a SIGTERM to this process alone left them
+        # running after it. This benchmark's only multiprocessing children are the pool's (its
+        # real runs' processes are subprocesses).
+        self._ex.shutdown(wait=False, cancel_futures=True)
+        for child in multiprocessing.active_children():
+            child.terminate()
+        for child in multiprocessing.active_children():
+            child.join(10)

@@ -1,0 +1,120 @@
+"""bench.convergence stops on SIGTERM as on Ctrl-C, leaving no process behind.
+
+A SIGTERM to the benchmark's process alone (``kill PID``, a CI job's time-out) ended it at once:
+the demo's coordinator kept serving and its workers kept training, and the simulated cells' pool
+processes kept running. Real processes and real signals; TMPDIR is the test's own directory, so
+every process of the run names it on its command line (its run directory) and whatever is left
+there was left by the benchmark.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench._simpool import SimPool
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def processes_naming(text: str) -> list[int]:
+    """Live processes (not zombies) whose command line contains ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if text in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_real_run_stops_its_coordinator_and_workers(tmp_path: Path) -> None:
+    tmp = tmp_path / "t"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "bench.convergence", "--quick", "--real-only", "--seeds", "0", "--json"],
+        cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        def coordinator_up() -> bool:
+            assert bench.poll() is None, "the benchmark ended before its real run started"
+            return any("coordinator" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
+                       for p in processes_naming(str(tmp)) if p != bench.pid
+                       and Path(f"/proc/{p}").exists())
+        wait_for(coordinator_up, 180, "the real run's coordinator")
+        time.sleep(2.0)                                 # its workers are up and training
+        os.kill(bench.pid, signal.SIGTERM)              # the benchmark's process alone
+        try:
+            bench.wait(90)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the benchmark did not stop within 90 s of its SIGTERM") from None
+        assert bench.returncode != 0                    # stopped, not finished
+        wait_for(lambda: processes_naming(str(tmp)) == [], 30,
+                 f"the run's processes to end (left: {processes_naming(str(tmp))})")
+        assert list(tmp.iterdir()) == []                # its temporary run directories removed
+    finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
+            bench.wait()
+        for pid in processes_naming(str(tmp)):
+            os.kill(pid, signal.SIGKILL)
+        if bench.stderr is not None:
+            bench.stderr.close()
+
+
+def test_an_interrupted_pool_terminates_its_running_cells() -> None:
+    """Leaving the pool on an error does not wait for the cells still running (it waited for
+    every one, minutes each), and leaves none of its processes running. (Cells of 120 s: the
+    old pool took them whole, failing the 60-s bound.)"""
+    started: list[int] = []
+
+    def interrupted() -> None:
+        with SimPool(2) as pool:
+            futures = [pool.submit(time.sleep, 120) for _ in range(2)]
+            wait_for(lambda: all(f.running() for f in futures), 60, "both cells to start")
+            started.extend(cells())
+            raise KeyboardInterrupt
+
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        interrupted()
+    assert time.monotonic() - t0 < 60
+    pids = started
+    assert len(pids) == 2
+    assert not set(cells()) & set(pids)
+
+
+def cells() -> list[int]:
+    """This process's live children started by multiprocessing's spawn (the pool's processes; not
+    its resource tracker, which lives as long as this process)."""
+    mine = []
+    for pid in processes_naming("spawn_main"):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        if int(stat[1]) == os.getpid():
+            mine.append(pid)
+    return mine
