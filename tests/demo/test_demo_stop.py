@@ -84,3 +84,35 @@ def test_an_unfinished_run_names_crashes_not_the_time_limit(
     assert "--max-wall 4" not in limit   # the config's 900 s, not a number from elsewhere
     assert "did not finish within --max-wall 900 s (stopped at 4.3 s" in limit
     assert "11 result(s) merged while the workers were stopped are not counted" in limit
+
+
+class _FarAlong:
+    """A monitor stand-in past --kill-coordinator's 40 % mark, the run not finished."""
+
+    async def poll(self) -> None:
+        return None
+
+    def finished(self) -> bool:
+        return False
+
+    def units_done(self) -> int:
+        return 10**6
+
+
+async def test_a_coordinator_that_dies_as_kill_coordinator_restarts_it_ends_the_run_with_a_reason(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The restarted coordinator exited at start (killed from outside while the demo brought it back):
+    # start_coordinator's ConfigError left restart_coordinator_once inside the fleet's task group,
+    # and `vcasync demo --kill-coordinator` ended on an ExceptionGroup traceback, exit 1, no report.
+    demo = _demo(tmp_path, monkeypatch, "import sys; sys.exit(3)")   # every coordinator start fails
+    await demo.coordinator.start()
+    await demo.coordinator.wait(60)
+    await demo.restart_coordinator_once(_FarAlong())                 # no exception
+    assert demo.coordinator_restarts == 0
+    why = demo.coordinator_exited(restart_done=True)
+    assert why is not None
+    assert why.startswith("the coordinator restarted by --kill-coordinator did not come back "
+                          "(exit status 3)")
+    assert str(demo.coordinator.log_path) in why
+    assert demo.why_incomplete(None, 0) == why
+    assert any(e.who == "coordinator" and e.kind == "exited" for e in demo.timeline.events)

@@ -418,7 +418,21 @@ class _Demo:
         await self.coordinator.wait()
         self.timeline.add("coordinator", "killed", "SIGKILL")
         await asyncio.sleep(1.0)
-        await self.start_coordinator()
+        try:
+            await self.start_coordinator()
+        except ConfigError as exc:
+            # the restarted coordinator exited at start (killed from outside meanwhile, a crash) or
+            # never answered: the run ends as for a coordinator lost on its own (a report, exit 5).
+            # Raised inside the fleet's task group, it was an ExceptionGroup traceback (exit 1) and
+            # no report
+            code = self.coordinator.returncode      # None: up but never answered, stopped here
+            await self.coordinator.stop(5.0)
+            t = self.timeline.now()
+            how = "stopped by the demo" if code is None else _exit_how(code)
+            self.timeline.add("coordinator", "exited", f"at its --kill-coordinator restart: {how}")
+            self.coordinator_lost = (f"the coordinator restarted by --kill-coordinator did not come back "
+                                     f"({how}) at about {t:.0f} s, before the run finished: {exc}")
+            return
         self.coordinator_restarts += 1
         self.timeline.add("coordinator", "recovered")
 
@@ -432,9 +446,7 @@ class _Demo:
         code = self.coordinator.returncode
         if code is None or not restart_done or self.found_finished:
             return None
-        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-        if code == 130:   # ExitCode.INTERRUPTED: a SIGINT to the group the demo itself ignores (cmd &)
-            how += ": it was sent SIGINT or SIGTERM"
+        how = _exit_how(code)
         t = self.timeline.now()
         self.timeline.add("coordinator", "exited", how)
         self.coordinator_lost = (f"the coordinator exited on its own ({how}) at about {t:.0f} s, before "
@@ -531,6 +543,14 @@ class _Demo:
             await market.in_time(cfg.preempt_per_min)
         elif cfg.preemptions > 0:
             await market.by_progress(cfg.preemptions, self.total_units)
+
+
+def _exit_how(code: int) -> str:
+    """How the coordinator process ended, for the report: a signal, or an exit status."""
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+    if code == 130:   # ExitCode.INTERRUPTED: a SIGINT to the group the demo itself ignores (cmd &)
+        how += ": it was sent SIGINT or SIGTERM"
+    return how
 
 
 def _last_error(log: Path) -> str:
