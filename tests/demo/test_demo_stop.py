@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,3 +117,16 @@ async def test_a_coordinator_that_dies_as_kill_coordinator_restarts_it_ends_the_
     assert str(demo.coordinator.log_path) in why
     assert demo.why_incomplete(None, 0) == why
     assert any(e.who == "coordinator" and e.kind == "exited" for e in demo.timeline.events)
+
+
+def test_the_summary_does_not_call_a_coordinator_killed_by_kill_coordinator_not_killed() -> None:
+    # its restart did not come back: the preemptions line said "not killed, the run finished
+    # before 40 % of its units were seen done" beside the incomplete line saying it was
+    from vcasync.demo.cli import _not_killed
+
+    r: dict[str, Any] = {"config": {"kill_coordinator": True}, "coordinator_restarts": 0,
+                         "timeline": [{"t_s": 9.0, "who": "coordinator", "kind": "killed", "detail": "SIGKILL"}]}
+    assert "not killed" not in _not_killed(r)
+    assert "its restart did not come back" in _not_killed(r)
+    r["timeline"] = []
+    assert "not killed, the run finished" in _not_killed(r)

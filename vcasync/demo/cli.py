@@ -17,11 +17,15 @@ from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, Pri
 from ..errors import ConfigError, RunIncompleteError
 from .limits import MAX_WORKERS
 
-__all__ = ["DEFAULT_WALK_STEP_S", "configure", "run"]
+__all__ = ["DEFAULT_WALK_STEP_S", "STOP_SIGNALS", "configure", "run"]
 
 #: --spot-walk's default step: a demo runs for minutes, so an hourly step (a real market's) would
 #: never move within it; 10 s gives a few dozen steps in a default run.
 DEFAULT_WALK_STEP_S = 10.0
+
+#: Signals that stop the demo as Ctrl-C does (exit 130, its processes stopped): a supervisor's
+#: SIGTERM, and SIGHUP when its terminal closes or is sent one alone
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 T = TypeVar("T")
 
@@ -123,42 +127,57 @@ def _config(a: argparse.Namespace) -> Any:
 def run(a: argparse.Namespace) -> int:
     import torch
 
-    from .._json import strict_json
     from ..examples.workloads import get_workload
-    from .ddp import run_ddp
-    from .report import build_report, write_report
-    from .run import run_demo
 
     cfg = _config(a)
     _ = get_workload(cfg.workload).num_train  # fails early, with an install hint, if the data set is missing
     torch.set_num_threads(1)
-    previous = signal.signal(signal.SIGTERM, _sigterm_interrupts)
+    # SIGTERM and SIGHUP stop the demo as Ctrl-C does, until its summary is out: SIGHUP (its
+    # terminal closed, `kill -HUP PID`) ended it at once and left the coordinator and workers
+    # running; SIGTERM while the report was written ended it with 143 and a report.json without plots
+    previous = {s: signal.signal(s, _sigterm_interrupts) for s in STOP_SIGNALS}
     try:
-        t0_wall = time.time()
-        t0_mono = time.monotonic()
-        try:
-            result = asyncio.run(_stoppable(run_demo(cfg)))
-        except asyncio.CancelledError:   # SIGTERM during the run: run_demo stopped its processes
-            raise KeyboardInterrupt from None
-        finally:      # the loop's own SIGTERM handler is gone with it (SIG_DFL): ours again
-            signal.signal(signal.SIGTERM, _sigterm_interrupts)
-        t0_wall += result.timeline.t0 - t0_mono
-        samples = result.total_units * result.unit_steps * cfg.batch_size
-        if cfg.progress:
-            print(f"DDP baseline: {cfg.workers} processes (gloo on 127.0.0.1), {samples} samples ...",
-                  file=sys.stderr)
-        ddp = cfg.ddp_config(samples)
-        try:
-            baseline = run_ddp(ddp, result.run_dir / "ddp")
-        except KeyboardInterrupt:        # run_ddp killed its ranks on the way out
-            print(f"vcasync demo: interrupted during the DDP baseline: its ranks were stopped; no "
-                  f"report was written (the fleet's logs and state are in {result.run_dir})",
-                  file=sys.stderr, flush=True)
-            raise
+        return _run(a, cfg)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _run(a: argparse.Namespace, cfg: Any) -> int:
+    from .._json import strict_json
+    from .ddp import run_ddp
+    from .report import build_report, write_report
+    from .run import run_demo
+
+    t0_wall = time.time()
+    t0_mono = time.monotonic()
+    try:
+        result = asyncio.run(_stoppable(run_demo(cfg)))
+    except asyncio.CancelledError:   # SIGTERM during the run: run_demo stopped its processes
+        raise KeyboardInterrupt from None
+    finally:      # the loop's own signal handlers are gone with it (SIG_DFL): ours again
+        for s in STOP_SIGNALS:
+            signal.signal(s, _sigterm_interrupts)
+    t0_wall += result.timeline.t0 - t0_mono
+    samples = result.total_units * result.unit_steps * cfg.batch_size
+    if cfg.progress:
+        print(f"DDP baseline: {cfg.workers} processes (gloo on 127.0.0.1), {samples} samples ...",
+              file=sys.stderr)
+    ddp = cfg.ddp_config(samples)
+    try:
+        baseline = run_ddp(ddp, result.run_dir / "ddp")
+    except KeyboardInterrupt:        # run_ddp killed its ranks on the way out
+        print(f"vcasync demo: interrupted during the DDP baseline: its ranks were stopped; no "
+              f"report was written (the fleet's logs and state are in {result.run_dir})",
+              file=sys.stderr, flush=True)
+        raise
     report = build_report(result, baseline, t0_wall)
-    paths = write_report(report, result.run_dir)
+    try:
+        paths = write_report(report, result.run_dir)
+    except KeyboardInterrupt:        # every process had stopped: only the files may be partial
+        print(f"vcasync demo: interrupted while writing the report: the report in {result.run_dir} "
+              f"may be partial or missing", file=sys.stderr, flush=True)
+        raise
     final = result.run_dir / "final.pt"      # the coordinator's --output, once the run finished
     if final.exists():
         paths = [*paths, final]
@@ -181,10 +200,10 @@ def run(a: argparse.Namespace) -> int:
 
 
 def _sigterm_interrupts(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM stops the demo as Ctrl-C does: its coordinator, workers and DDP ranks are stopped on
-    the way out and the command exits 130. With the default handling a SIGTERM to the demo's own
-    process (``kill PID``, a supervisor, ``docker stop``) ended it at once and left the coordinator
-    serving and the workers training, with nobody to stop them."""
+    """SIGTERM (or SIGHUP) stops the demo as Ctrl-C does: its coordinator, workers and DDP ranks are
+    stopped on the way out and the command exits 130. With the default handling a SIGTERM to the
+    demo's own process (``kill PID``, a supervisor, ``docker stop``) ended it at once and left the
+    coordinator serving and the workers training, with nobody to stop them."""
     raise KeyboardInterrupt
 
 
@@ -197,7 +216,9 @@ async def _stoppable(run: Coroutine[Any, Any, T]) -> T:
         if task is not None and not task.cancelling():   # once: a second would cut the clean-up short
             task.cancel()
 
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop)
+    loop = asyncio.get_running_loop()
+    for s in STOP_SIGNALS:
+        loop.add_signal_handler(s, stop)
     return await run
 
 
@@ -237,9 +258,12 @@ def _preemptions(a: argparse.Namespace) -> int:
 
 
 def _not_killed(r: dict[str, Any]) -> str:
-    """Why a --kill-coordinator run has no restart: the run finished before the kill point."""
+    """Why a --kill-coordinator run has no restart: the run finished before the kill point, or the
+    coordinator was killed and its restart did not come back (said "not killed" as well)."""
     if not r["config"]["kill_coordinator"] or r["coordinator_restarts"]:
         return ""
+    if any(e["who"] == "coordinator" and e["kind"] == "killed" for e in r.get("timeline", [])):
+        return " (--kill-coordinator killed it; its restart did not come back, see incomplete)"
     return " (--kill-coordinator: not killed, the run finished before 40 % of its units were seen done)"
 
 
