@@ -45,7 +45,7 @@ def test_a_valid_walk_still_prices() -> None:
     ((0.0, NAN), (0.1, 0.2), "trace times must be finite numbers of seconds, got nan"),
     ((NAN,), (0.1,), "trace times must be finite"),
     ((0.0, INF), (0.1, 0.2), "trace times must be finite"),
-    ((0.0,), (NAN,), "trace prices must be finite and >= 0, got nan"),
+    ((0.0,), (NAN,), r"trace prices must be finite, from 0 to 10000 \$/h, got nan"),
 ])
 def test_a_spot_trace_refuses_a_time_or_price_that_is_not_finite(times: tuple[float, ...],
                                                                  rates: tuple[float, ...], word: str) -> None:
@@ -77,3 +77,33 @@ def test_a_walk_copied_with_another_seed_draws_its_own_prices() -> None:
     assert other.usd(0.36, 0.0, 300.0) == SpotWalk(seed=8, step_s=10.0, sigma=0.3).usd(0.36, 0.0, 300.0)
     assert other.usd(0.36, 0.0, 300.0) != first
 
+
+
+@pytest.mark.parametrize(("text", "word"), [
+    # a field named twice priced at its last cell without a word (a price file refuses it)
+    ("t_s,spot_per_h,spot_per_h\n0,0.08,5\n", r"spot.csv:1: the header names \['spot_per_h'\] more than once"),
+    # a cell past the header's was dropped: "0,0.08,9" read as 0.08 $/h
+    ("t_s,spot_per_h\n0,0.08,9\n", "spot.csv:2: the row has more cells than the header"),
+    # a finite price no list has: 1e300 $/h priced the run at inf, which report.json cannot hold
+    ("t_s,spot_per_h\n0,1e300\n", r"spot.csv:2: .*a finite price from 0 to 10000 \$/h"),
+    # the row that breaks the order is named, with the time before it
+    ("t_s,spot_per_h\n0,0.08\n60,0.1\n30,0.2\n", "spot.csv:4: trace times must increase: t_s 30 after 60"),
+    ("t_s,spot_per_h\n0,0.08\n0,0.1\n", "spot.csv:3: trace times must increase: t_s 0 after 0"),
+])
+def test_a_spot_trace_file_refuses_what_it_would_misread(tmp_path: Path, text: str, word: str) -> None:
+    (tmp_path / "spot.csv").write_text(text)
+    with pytest.raises(ConfigError, match=word):
+        SpotTrace.from_csv(tmp_path / "spot.csv")
+
+
+def test_a_spot_trace_reads_a_spreadsheets_file(tmp_path: Path) -> None:
+    # CRLF line ends, a byte-order mark, spaces after the header's commas, a column of its own
+    (tmp_path / "spot.csv").write_bytes(b"\xef\xbb\xbft_s, spot_per_h, zone\r\n0,0.08,a\r\n60,0.16,b\r\n")
+    trace = SpotTrace.from_csv(tmp_path / "spot.csv")
+    assert (trace.times, trace.rates) == ((0.0, 60.0), (0.08, 0.16))
+
+
+def test_a_spot_trace_refuses_a_price_above_the_price_tables_cap() -> None:
+    with pytest.raises(ConfigError, match=r"trace prices must be finite, from 0 to 10000 \$/h, got 1e\+300"):
+        SpotTrace((0.0,), (1e300,))
+    assert SpotTrace((0.0,), (10_000.0,)).usd(0.0, 0.0, 3600.0) == pytest.approx(10_000.0)

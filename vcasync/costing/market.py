@@ -25,6 +25,7 @@ import numpy as np
 from ..coerce import is_finite_number
 from ..errors import ConfigError
 from .params import read_text_file
+from .prices import MAX_PRICE_PER_H
 
 __all__ = ["MIN_WALK_STEP_S", "SpotPath", "SpotTrace", "SpotWalk"]
 
@@ -72,28 +73,47 @@ class SpotTrace:
             raise ConfigError(f"{self.source}: trace times must be finite numbers of seconds, got {bad[0]!r}")
         if any(b <= a for a, b in zip(self.times, self.times[1:], strict=False)):
             raise ConfigError(f"{self.source}: trace times must increase")
-        bad = [r for r in self.rates if not (is_finite_number(r) and r >= 0)]
+        # a price of 1e300 $/h priced a run at inf, which report.json cannot hold; a price row is
+        # capped at MAX_PRICE_PER_H too
+        bad = [r for r in self.rates if not (is_finite_number(r) and 0 <= r <= MAX_PRICE_PER_H)]
         if bad:
-            raise ConfigError(f"{self.source}: trace prices must be finite and >= 0, got {bad[0]!r}")
+            raise ConfigError(f"{self.source}: trace prices must be finite, from 0 to "
+                              f"{MAX_PRICE_PER_H:g} $/h, got {bad[0]!r}")
 
     @classmethod
     def parse(cls, text: str, *, source: str = "trace") -> SpotTrace:
+        """``t_s,spot_per_h`` rows, read as a price file's (:mod:`vcasync.costing.prices`) are: header
+        names stripped, a name given twice or a row with more cells than the header refused (the
+        last ``spot_per_h`` of two, or a row's extra cell, was dropped without a word), a price at
+        most :data:`~vcasync.costing.prices.MAX_PRICE_PER_H`, and times that increase, each checked
+        against the row before it and named by its line."""
         reader = csv.DictReader(io.StringIO(text))
+        if reader.fieldnames is not None:
+            reader.fieldnames = [name.strip() for name in reader.fieldnames]
         if reader.fieldnames is None or not {"t_s", "spot_per_h"} <= set(reader.fieldnames):
             raise ConfigError(f"{source}: the CSV header must name t_s and spot_per_h, "
                               f"got {reader.fieldnames}")
+        twice = sorted({n for n in reader.fieldnames if n and reader.fieldnames.count(n) > 1})
+        if twice:
+            raise ConfigError(f"{source}:1: the header names {twice} more than once: which cell is "
+                              f"the price?")
         times: list[float] = []
         rates: list[float] = []
         for rec in reader:
             line = reader.line_num
+            if None in rec:
+                raise ConfigError(f"{source}:{line}: the row has more cells than the header")
             try:
                 t, rate = float(rec["t_s"]), float(rec["spot_per_h"])
             except (TypeError, ValueError):
                 raise ConfigError(f"{source}:{line}: not a number in {dict(rec)}") from None
-            if not (math.isfinite(t) and math.isfinite(rate) and rate >= 0):
+            if not (math.isfinite(t) and math.isfinite(rate) and 0 <= rate <= MAX_PRICE_PER_H):
                 raise ConfigError(f"{source}:{line}: t_s must be a finite number of seconds and spot_per_h "
-                                  f"a finite price >= 0, got t_s={rec['t_s']!r}, "
-                                  f"spot_per_h={rec['spot_per_h']!r}")
+                                  f"a finite price from 0 to {MAX_PRICE_PER_H:g} $/h, got "
+                                  f"t_s={rec['t_s']!r}, spot_per_h={rec['spot_per_h']!r}")
+            if times and t <= times[-1]:
+                raise ConfigError(f"{source}:{line}: trace times must increase: t_s {t:g} after "
+                                  f"{times[-1]:g} (sort the rows; one price per time)")
             times.append(t)
             rates.append(rate)
         return cls(tuple(times), tuple(rates), source)
