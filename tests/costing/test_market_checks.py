@@ -81,7 +81,8 @@ def test_a_walk_copied_with_another_seed_draws_its_own_prices() -> None:
 
 @pytest.mark.parametrize(("text", "word"), [
     # a field named twice priced at its last cell without a word (a price file refuses it)
-    ("t_s,spot_per_h,spot_per_h\n0,0.08,5\n", r"spot.csv:1: the header names \['spot_per_h'\] more than once"),
+    ("t_s,spot_per_h,spot_per_h\n0,0.08,5\n",
+     r"spot.csv:1: the header names \['spot_per_h'\] more than once"),
     # a cell past the header's was dropped: "0,0.08,9" read as 0.08 $/h
     ("t_s,spot_per_h\n0,0.08,9\n", "spot.csv:2: the row has more cells than the header"),
     # a finite price no list has: 1e300 $/h priced the run at inf, which report.json cannot hold

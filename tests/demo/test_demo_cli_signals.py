@@ -27,7 +27,7 @@ from vcasync.demo import cli as demo_cli
 from vcasync.demo import ddp, report, run
 
 
-@pytest.fixture()
+@pytest.fixture
 def caught() -> Iterator[list[int]]:
     """SIGTERM and SIGHUP caught by the test while it runs (the demo's handler is given back after
     it): a signal that reaches this recorder is one the demo did not handle."""

@@ -124,8 +124,9 @@ def test_the_summary_does_not_call_a_coordinator_killed_by_kill_coordinator_not_
     # before 40 % of its units were seen done" beside the incomplete line saying it was
     from vcasync.demo.cli import _not_killed
 
+    killed = {"t_s": 9.0, "who": "coordinator", "kind": "killed", "detail": "SIGKILL"}
     r: dict[str, Any] = {"config": {"kill_coordinator": True}, "coordinator_restarts": 0,
-                         "timeline": [{"t_s": 9.0, "who": "coordinator", "kind": "killed", "detail": "SIGKILL"}]}
+                         "timeline": [killed]}
     assert "not killed" not in _not_killed(r)
     assert "its restart did not come back" in _not_killed(r)
     r["timeline"] = []
