@@ -5,6 +5,7 @@ process (the run, the baseline and the report are stand-ins; no process is start
   exit 129, and left its coordinator (``--linger 600``) and workers running with nobody to stop them.
 * SIGTERM while the report was written had its default action too (the demo's handler was given back
   once the DDP baseline was done): exit 143, no word, a ``report.json`` without its plots.
+* A Ctrl-C after a SIGTERM cancelled the demo's clean-up part way (asyncio's own SIGINT handler).
 """
 
 from __future__ import annotations
@@ -100,3 +101,29 @@ def test_sigterm_while_the_report_is_written_is_an_interrupt_that_says_so(
         demo_cli.run(_args(tmp_path))
     assert caught == []
     assert "interrupted while writing the report" in capsys.readouterr().err
+
+
+def test_a_ctrl_c_after_a_sigterm_does_not_cut_the_clean_up_short(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caught: list[int]) -> None:
+    # asyncio's runner cancels the task on a first SIGINT whether or not it is being cancelled
+    # already: after a SIGTERM, the SIGINT cancelled run_demo's clean-up part way, and the demo
+    # exited with its coordinator serving (seen with `kill PID; kill -INT PID`)
+    cleaned: list[str] = []
+
+    async def fleet(_cfg: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)
+        try:
+            await asyncio.sleep(5)
+        finally:                             # run_demo stops its workers, then its coordinator
+            cleaned.append("workers")
+            os.kill(os.getpid(), signal.SIGINT)
+            await asyncio.sleep(0.3)
+            cleaned.append("coordinator")
+        return _fleet(tmp_path)
+
+    monkeypatch.setattr(run, "run_demo", fleet)
+    monkeypatch.setattr(ddp, "run_ddp", _never)
+    with pytest.raises(KeyboardInterrupt):
+        demo_cli.run(_args(tmp_path))
+    assert cleaned == ["workers", "coordinator"]
+    assert caught == []

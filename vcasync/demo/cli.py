@@ -208,8 +208,9 @@ def _sigterm_interrupts(signum: int, frame: FrameType | None) -> None:
 
 
 async def _stoppable(run: Coroutine[Any, Any, T]) -> T:
-    """``run`` with SIGTERM cancelling it on the event loop, as asyncio's runner does for SIGINT: a
-    ``KeyboardInterrupt`` raised at an arbitrary point of the loop could skip the demo's clean-up."""
+    """``run`` with SIGTERM, SIGHUP and SIGINT cancelling it on the event loop, once: a
+    ``KeyboardInterrupt`` raised at an arbitrary point of the loop, or a second cancellation, could
+    skip the demo's clean-up."""
     task = asyncio.current_task()
 
     def stop() -> None:
@@ -219,6 +220,11 @@ async def _stoppable(run: Coroutine[Any, Any, T]) -> T:
     loop = asyncio.get_running_loop()
     for s in STOP_SIGNALS:
         loop.add_signal_handler(s, stop)
+    # SIGINT too, unless it is ignored (a job started with &): asyncio's own handler cancels the
+    # task on the first SIGINT only when no SIGTERM came before it, so a Ctrl-C after a SIGTERM
+    # cancelled the clean-up itself, and the coordinator was left running with nobody to stop it
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        loop.add_signal_handler(signal.SIGINT, stop)
     return await run
 
 
