@@ -131,3 +131,18 @@ def test_the_summary_does_not_call_a_coordinator_killed_by_kill_coordinator_not_
     assert "its restart did not come back" in _not_killed(r)
     r["timeline"] = []
     assert "not killed, the run finished" in _not_killed(r)
+
+
+async def test_a_coordinator_lost_after_writing_its_final_weights_is_not_said_to_have_died_before_the_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # killed from outside just after the run finished (final.pt written), before the demo's next
+    # status poll: the report said "before the run finished" of a run with every unit merged
+    demo = _demo(tmp_path, monkeypatch, "import sys; sys.exit(3)")
+    await demo.coordinator.start()
+    await demo.coordinator.wait(60)
+    demo.final_weights.write_bytes(b"weights")
+    why = demo.coordinator_exited(restart_done=True)
+    assert why is not None
+    assert "before the run finished" not in why
+    assert f"after the run finished (it had written {demo.final_weights})" in why
+    await demo.coordinator.stop(1.0)          # closes its log

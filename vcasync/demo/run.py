@@ -449,8 +449,16 @@ class _Demo:
         how = _exit_how(code)
         t = self.timeline.now()
         self.timeline.add("coordinator", "exited", how)
-        self.coordinator_lost = (f"the coordinator exited on its own ({how}) at about {t:.0f} s, before "
-                                 f"the run finished; see {self.coordinator.log_path}")
+        if self.final_weights.exists():
+            # it wrote the final weights at the run's end, then was lost before the demo's next look
+            # or before every worker heard it: "before the run finished" was said of a run whose
+            # every unit was merged
+            when = (f"after the run finished (it had written {self.final_weights}) but before the "
+                    f"demo saw it; the figures are those last scored before")
+        else:
+            when = "before the run finished"
+        self.coordinator_lost = (f"the coordinator exited on its own ({how}) at about {t:.0f} s, {when}; "
+                                 f"see {self.coordinator.log_path}")
         return self.coordinator_lost
 
     # -- workers ---------------------------------------------------------------------------------
