@@ -85,7 +85,7 @@ def test_a_walk_copied_with_another_seed_draws_its_own_prices() -> None:
      r"spot.csv:1: the header names \['spot_per_h'\] more than once"),
     # a cell past the header's was dropped: "0,0.08,9" read as 0.08 $/h
     ("t_s,spot_per_h\n0,0.08,9\n", "spot.csv:2: the row has more cells than the header"),
-    # a finite price no list has: 1e300 $/h priced the run at inf, which report.json cannot hold
+    # a finite price no list has: 1e300 $/h gave a saving of -3e300, 1.7e308 a traceback after the run
     ("t_s,spot_per_h\n0,1e300\n", r"spot.csv:2: .*a finite price from 0 to 10000 \$/h"),
     # the row that breaks the order is named, with the time before it
     ("t_s,spot_per_h\n0,0.08\n60,0.1\n30,0.2\n", "spot.csv:4: trace times must increase: t_s 30 after 60"),

@@ -73,7 +73,8 @@ class SpotTrace:
             raise ConfigError(f"{self.source}: trace times must be finite numbers of seconds, got {bad[0]!r}")
         if any(b <= a for a, b in zip(self.times, self.times[1:], strict=False)):
             raise ConfigError(f"{self.source}: trace times must increase")
-        # a price of 1e300 $/h priced a run at inf, which report.json cannot hold; a price row is
+        # 1e300 $/h was accepted (a saving of -3e300), and 1.7e308 made the report's saving -inf: the run
+        # ended on a ValueError traceback after it had run, its report lost; a price row is
         # capped at MAX_PRICE_PER_H too
         bad = [r for r in self.rates if not (is_finite_number(r) and 0 <= r <= MAX_PRICE_PER_H)]
         if bad:
