@@ -62,6 +62,10 @@ T = TypeVar("T")
 TMP_DIR = ".vcasync-tmp"
 _NAME_MAX = 255
 _BUFFER = 1 << 20  # small stream chunks are gathered to this size before a write
+#: ... or for at most this long: a write touches its temporary file (its mtime) at least this often
+#: while chunks arrive, so :meth:`LocalStorage.remove_stale_temp` never takes a live write's file
+#: for a dead writer's (an upload trickling 1 KiB/s filled no buffer, and wrote nothing, for 17 min).
+TOUCH_EVERY_S = 60.0
 #: A streamed write starts the writeback of what it wrote so far each time this much more is written.
 WRITEBACK_BYTES = 4 << 20
 _FADVISE = getattr(os, "posix_fadvise", None)  # Linux, the BSDs; absent on macOS and Windows
@@ -341,16 +345,18 @@ class LocalStorage(StorageBase):
 
         try:
             buf = bytearray()
+            touched = time.monotonic()
             async for chunk in chunks:
                 self._check_open()
                 view = check_data(chunk)
-                if len(buf) + len(view) < _BUFFER:
+                if len(buf) + len(view) < _BUFFER and time.monotonic() - touched < TOUCH_EVERY_S:
                     buf += view
                     continue
                 if buf:
                     await self._run(key, functools.partial(write, memoryview(buf)))
                     buf = bytearray()
                 await self._run(key, functools.partial(write, view))
+                touched = time.monotonic()
             if buf:
                 await self._run(key, functools.partial(write, memoryview(buf)))
             self._check_open()
@@ -465,7 +471,11 @@ class LocalStorage(StorageBase):
 
     async def remove_stale_temp(self, max_age_s: float = 3600.0) -> int:
         """Delete temporary files older than ``max_age_s`` (left by crashed writers); returns how
-        many. Younger ones may belong to a write in progress in another process."""
+        many. Younger ones may belong to a write in progress in another process. Only this
+        backend's own files are candidates (regular files named ``*.tmp``; a symbolic link or a
+        directory there is not followed nor removed), and one that cannot be removed is skipped:
+        it does not stop the sweep (a directory in ``.vcasync-tmp/`` used to end every sweep
+        before it deleted anything)."""
         self._check_open()
         tmp_dir = self.root / TMP_DIR
         deadline = time.time() - max_age_s
@@ -478,10 +488,12 @@ class LocalStorage(StorageBase):
                 return 0
             for entry in entries:
                 try:
+                    if not entry.name.endswith(".tmp") or not entry.is_file(follow_symlinks=False):
+                        continue
                     if entry.stat(follow_symlinks=False).st_mtime < deadline:
                         os.unlink(entry.path)
                         removed += 1
-                except FileNotFoundError:
+                except OSError:       # gone since the listing, or not ours to remove
                     continue
             return removed
 
