@@ -21,21 +21,22 @@ async def test_a_trickling_streamed_write_keeps_its_temporary_file_fresh(
     # An upload trickling in small chunks (well under the 1 MiB gathered before a write) wrote
     # nothing, so its file kept the mtime of its creation: the sweep deleted it mid-write, and the
     # write then failed ('its directory kept disappearing'), which a coordinator takes for a
-    # storage outage. Scaled down: a touch every 0.2 s, files untouched for 1 s are stale.
+    # storage outage. Scaled down: a touch every 0.2 s, files untouched for 3 s are stale
+    # (a chunk every 0.5 s for 5 s: the old code left the file at its creation mtime).
     monkeypatch.setattr(local, "TOUCH_EVERY_S", 0.2, raising=False)
     store = LocalStorage(tmp_path)
     done = asyncio.Event()
 
     async def trickle() -> AsyncIterator[bytes]:
-        for _ in range(8):
+        for _ in range(10):
             yield b"x" * 4096
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.5)
 
     async def sweep() -> int:
         removed = 0
         while not done.is_set():
-            removed += await store.remove_stale_temp(1.0)
-            await asyncio.sleep(0.05)
+            removed += await store.remove_stale_temp(3.0)
+            await asyncio.sleep(0.1)
         return removed
 
     sweeper = asyncio.ensure_future(sweep())
@@ -45,7 +46,7 @@ async def test_a_trickling_streamed_write_keeps_its_temporary_file_fresh(
         done.set()
         removed = await sweeper
     assert removed == 0
-    assert await store.get("incoming/blob") == b"x" * 4096 * 8
+    assert await store.get("incoming/blob") == b"x" * 4096 * 10
 
 
 async def test_the_sweep_removes_only_its_own_stale_files_and_is_not_stopped_by_others(
