@@ -274,6 +274,12 @@ class LocalStorage(StorageBase):
                 else:
                     os.replace(tmp, path)
             except FileNotFoundError:
+                if not os.path.lexists(tmp):      # not the directory: the file being published
+                    raise StorageError(f"{self.url}: {key!r}: its temporary file {TMP_DIR}/{tmp.name} "
+                                       "was deleted before it was published (the stale-temp sweep "
+                                       "deletes files no write has touched for a long while: a "
+                                       "writer stopped that long, or a clock that jumped)",
+                                       key=key) from None
                 continue
             except FileExistsError:
                 if path.is_dir():

@@ -14,6 +14,7 @@ import pytest
 
 from backends import local
 from backends.local import TMP_DIR, LocalStorage
+from vcasync.errors import StorageError
 
 
 async def test_a_trickling_streamed_write_keeps_its_temporary_file_fresh(
@@ -82,3 +83,19 @@ async def test_the_sweep_removes_only_its_own_stale_files_and_is_not_stopped_by_
     assert (tmp / "a-dir.tmp").is_dir()
     assert link.is_symlink()
     assert outside.read_bytes() == b"keep"
+
+
+async def test_a_write_whose_temporary_file_was_swept_says_so(tmp_path: Path) -> None:
+    # A writer stopped past the stale age (a coordinator SIGSTOPped, then taken over) finds its
+    # file gone at publish: that used to read 'its directory kept disappearing'.
+    store = LocalStorage(tmp_path)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"x" * 4096
+        for entry in os.scandir(tmp_path / TMP_DIR):
+            os.unlink(entry.path)              # what a sweep by another coordinator does
+        yield b"y" * 4096
+
+    with pytest.raises(StorageError, match=r"temporary file .* was deleted before it was published"):
+        await store.put_stream("incoming/blob", chunks(), if_absent=True)
+    assert not await store.exists("incoming/blob")
