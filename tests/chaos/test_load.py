@@ -37,8 +37,11 @@ def test_bench_scale_runs_every_connection_mode_and_counts_failures() -> None:
                           "--rounds", "1", "--params", "10000", "--json"], cwd=REPO,
                          capture_output=True, text=True, timeout=600, check=True)
     figures = json.loads(out.stdout.strip().splitlines()[-1])
-    assert figures["failed_total"] == 0
+    assert figures["failed_total"] == 0, out.stdout[:2000]
     for key in ("p99_ms_200_conn", "p99_ms_200_tls", "heartbeats_vs_bare_aiohttp",
                 "conn_200_server_gc_max_ms"):
         assert isinstance(figures[key], float), key
-    assert figures["conn_200_results_merged"] > 0
+    # every merging run merged while its fleet ran (the pool and conn runs merged nothing, and
+    # counted their merger stopped before it could start as a failure, on a loaded machine)
+    for run in ("pool", "conn", "tls"):
+        assert figures[f"{run}_200_results_merged"] > 0, run
