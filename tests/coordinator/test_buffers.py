@@ -264,3 +264,38 @@ async def test_a_refused_upload_gives_its_set_back_unshared(kit, clock, policy, 
         gc.enable()
         if storage is not None:
             await storage.aclose()
+
+
+async def test_letting_go_of_an_error_leaves_a_coroutine_that_caught_its_context_running() -> None:
+    """``let_go`` clears the frames an error left, not the frame that caught an error chained to
+    it: on Python 3.11 and 3.12 clearing a suspended coroutine's frame closes the coroutine, and
+    another task that had caught the context and gone on waiting died of ``GeneratorExit``."""
+    import asyncio
+
+    from vcasync.coordinator._result_checks import let_go
+
+    caught: list[BaseException] = []
+    gate = asyncio.Event()
+
+    async def other() -> str:
+        try:
+            raise ValueError("caught here, and kept")
+        except ValueError as exc:
+            caught.append(exc)
+        await gate.wait()            # suspended: its frame is the first of the error's traceback
+        return "went on"
+
+    task = asyncio.create_task(other())
+    await asyncio.sleep(0)
+    assert caught
+    assert not task.done()
+    try:
+        try:
+            raise caught[0]
+        except ValueError:
+            raise RuntimeError("refused") from None
+    except RuntimeError as err:
+        err.__context__ = caught[0]
+        let_go(err)
+    gate.set()
+    assert await asyncio.wait_for(task, 5) == "went on"

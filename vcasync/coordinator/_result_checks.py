@@ -9,6 +9,8 @@ rejects by it and the server reports it), and whose message names the field.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import math
 import traceback
 from collections.abc import AsyncIterable, Callable, Mapping
@@ -163,6 +165,11 @@ async def read_result(body: AsyncIterable[bytes], *, lease_id: str, unit: WorkUn
     return meta, payload.tensors
 
 
+#: Code flags of frames that can be suspended (coroutines, generators, async generators).
+_SUSPENDABLE = (inspect.CO_COROUTINE | inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
+                | inspect.CO_ITERABLE_COROUTINE)
+
+
 def let_go(exc: BaseException) -> None:
     """Clear the local variables of the finished frames ``exc`` (and the errors chained to it)
     passed through, keeping its traceback's text.
@@ -171,7 +178,14 @@ def let_go(exc: BaseException) -> None:
     checks' in a worker thread), and an error raised out of a task forms a reference cycle with the
     frame that awaited it (:func:`~vcasync.coordinator._ingest.tee`): only the cyclic garbage
     collector would free those tensors, which a coordinator may not run for a long while. Every
-    refused upload then pinned a model-sized set."""
+    refused upload then pinned a model-sized set.
+
+    The errors chained to ``exc`` (its cause, its context) have only their plain functions'
+    frames cleared: one may have been caught by a coroutine that went on running, suspended
+    (another task's, say), and on Python 3.11 and 3.12 clearing a suspended frame closes its
+    coroutine; a function's frame is finished or executing (``frame.clear()`` refuses those).
+    ``exc`` itself has every frame after its first cleared: it left each of them (its first is
+    the frame handling it), and the coroutines among them (the decoding's) held the tensors."""
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
     while todo:
@@ -179,5 +193,13 @@ def let_go(exc: BaseException) -> None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        traceback.clear_frames(e.__traceback__)
+        tb = e.__traceback__
+        if e is exc and tb is not None:
+            traceback.clear_frames(tb.tb_next)
+            tb = None
+        while tb is not None:
+            if not tb.tb_frame.f_code.co_flags & _SUSPENDABLE:
+                with contextlib.suppress(RuntimeError):   # executing: left as it is
+                    tb.tb_frame.clear()
+            tb = tb.tb_next
         todo += [e.__cause__, e.__context__]
