@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._wait import wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -37,15 +39,6 @@ def processes_naming(text: str) -> list[int]:
     return found
 
 
-def wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 @pytest.mark.slow
 def test_sigterm_during_a_real_run_stops_its_coordinator_and_workers(tmp_path: Path) -> None:
     tmp = tmp_path / "t"
@@ -61,7 +54,7 @@ def test_sigterm_during_a_real_run_stops_its_coordinator_and_workers(tmp_path: P
             return any("coordinator" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
                        for p in processes_naming(str(tmp)) if p != bench.pid
                        and Path(f"/proc/{p}").exists())
-        wait_for(coordinator_up, 180, "the real run's coordinator")
+        wait_until("the real run's coordinator", coordinator_up, 180, every=0.2)
         time.sleep(2.0)                                 # its workers are up and training
         os.kill(bench.pid, signal.SIGTERM)              # the benchmark's process alone
         try:
@@ -69,8 +62,8 @@ def test_sigterm_during_a_real_run_stops_its_coordinator_and_workers(tmp_path: P
         except subprocess.TimeoutExpired:
             raise AssertionError("the benchmark did not stop within 90 s of its SIGTERM") from None
         assert bench.returncode != 0                    # stopped, not finished
-        wait_for(lambda: processes_naming(str(tmp)) == [], 30,
-                 f"the run's processes to end (left: {processes_naming(str(tmp))})")
+        wait_until("the run's processes to end", lambda: processes_naming(str(tmp)) == [], 30,
+                   every=0.2)
         assert list(tmp.iterdir()) == []                # its temporary run directories removed
     finally:
         if bench.poll() is None:

@@ -9,17 +9,16 @@ import asyncio
 import json
 import re
 import signal
-import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from tests._wait import wait_until
 from vcasync.coordinator import Coordinator, CoordinatorConfig
 from vcasync.examples.digits import evaluate, model
 from vcasync.policy import build_policy
@@ -33,15 +32,6 @@ pytestmark = pytest.mark.slow
 
 SHARDS, EPOCHS, STEPS = 4, 4, 80
 ACK = re.compile(r"result for lease (\S+) \(unit (\S+)\) (accepted|duplicate); model is now v(\d+)")
-
-
-def wait_until(what: str, predicate: Callable[[], bool], timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Probe:

@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from harness.fleet import toml_text
+from tests._wait import wait_until
 from vcasync.cli import ExitCode
 
 from .conftest import HERE, SECRET, Procs, free_port
@@ -42,15 +42,6 @@ def call(url: str, path: str, body: dict[str, Any] | None, token: str | None) ->
             return r.status, json.loads(r.read() or b"null")
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"null")
-
-
-def wait_until(what: str, predicate: Any, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def fail_once(url: str, name: str) -> str:

@@ -10,16 +10,16 @@ import asyncio
 import json
 import re
 import signal
-import time
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests._wait import wait_until
 from vcasync.cli import ExitCode
 from vcasync.storage import open_storage
 from vcasync.testing.emulators import DUMMY_S3_CREDENTIALS, Emulator
@@ -32,15 +32,6 @@ SHARDS, STEPS = 2, 60
 BUCKET = "vcasync-state"
 ACK = re.compile(r"result for lease (\S+) \(unit (\S+)\) (accepted|duplicate)")
 START = re.compile(r"unit (\S+) lease (\S+) starts at step (\d+)")
-
-
-def wait_until(what: str, predicate: Callable[[], bool], timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def http(method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> Any:
