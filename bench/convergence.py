@@ -73,7 +73,6 @@ import importlib.util
 import json
 import math
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -96,6 +95,7 @@ from vcasync.examples.workloads import get_workload
 from vcasync.sim import FleetConfig, NoPreemption, PoissonPreemption, SimConfig, Simulation, summarize
 from vcasync.sim.fleet import Outage
 
+from ._signals import stop_on_sigterm
 from ._simpool import SimPool
 from ._stats import (
     add_quick,
@@ -940,18 +940,9 @@ def plot_problem(path: Path) -> str | None:
     return None
 
 
-def _sigterm_as_sigint(signum: int, frame: Any) -> None:
-    """SIGTERM stops the benchmark as Ctrl-C does, through its clean-ups: a real run's coordinator
-    and workers stopped (asyncio's runner cancels the run on SIGINT), DDP's ranks killed, the
-    simulated cells' pool terminated, the temporary run directories removed. With the default
-    action a SIGTERM to this process alone (``kill PID``, a CI job's time-out) ended it at once and
-    left the demo's coordinator serving and its workers training."""
-    signal.raise_signal(signal.SIGINT)
-
-
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
-    signal.signal(signal.SIGTERM, _sigterm_as_sigint)
+    stop_on_sigterm()  # a real run's coordinator and workers, DDP's ranks, the pool stopped
     torch.set_num_threads(1)
     seeds = a.seeds
     # The default run fits 20 minutes on a slow 2-core machine (5 seeds: digits' real runs 10.5-12.5

@@ -47,7 +47,6 @@ import argparse
 import asyncio
 import json
 import math
-import signal
 import statistics
 import sys
 import tempfile
@@ -65,6 +64,7 @@ from vcasync.worker._io import spool_result
 
 from ._peers import SECRET, bench_delta, bench_model
 from ._proc import PeerExit, peer
+from ._signals import raise_if_stopped, stop_on_sigterm
 from ._stats import add_quick, non_negative_int, parse_args, positive_int
 
 STALENESS = 8
@@ -148,13 +148,13 @@ async def measure(url: str, params: int, reps: int, warmup: int, held: int,
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=OP_TIMEOUT_S)) as http:
         await client.join(SECRET, "bench")
         for i in range(warmup):
-            _raise_if_interrupted()
+            raise_if_stopped()
             await up.once(client, http, "raw", hold=i >= warmup - held)
         raw: list[float] = []
         bf16: list[float] = []
         for times, codec in ((raw, "raw"), (bf16, "bf16")):
             for _ in range(reps):
-                _raise_if_interrupted()
+                raise_if_stopped()
                 times.append(await _timed(up.once(client, http, codec)))
         async with http.get(f"{url}/bench/rss") as r:
             mem = await r.json()
@@ -222,7 +222,7 @@ def measure_size(size: int, a: argparse.Namespace) -> dict[str, Any]:
         with peer(*args, timeout=600.0, stop_timeout=stop_grace_s(size), stopped=stopped) as url:
             result = run(measure(url, params, a.reps, a.warmup, a.held,
                                  work / "spool" if a.spool else None))
-        _raise_if_interrupted()
+        raise_if_stopped()
         _say_if_failed(size, stopped, "")
         result["stop_failed"] = int(stopped.failed)
         if a.resume and not stopped.failed:
@@ -249,31 +249,9 @@ def _say_if_failed(size: int, stopped: PeerExit, which: str) -> None:
               f"not written within {stop_grace_s(size):.0f}s): counted as failed", file=sys.stderr)
 
 
-#: The signal that asked this process to stop, once one has (see :func:`_interrupt_on_sigterm`).
-_INTERRUPTED: list[int] = []
-
-
-def _interrupt_on_sigterm() -> None:
-    """SIGTERM ends this process as Ctrl-C does, through every clean-up (the coordinator stopped,
-    the temporary store and spool removed) instead of at once, leaving them behind.
-
-    The handler raises where the main thread happens to be; when that is a finaliser (``__del__``,
-    a weakref or GC callback) Python prints "Exception ignored" and goes on, and the run finished
-    and exited 0 as if never asked to stop (seen in CI). The signal is also remembered, and
-    :func:`_raise_if_interrupted`, called between uploads, raises it again."""
-    def interrupt(signum: int, frame: Any) -> None:
-        _INTERRUPTED.append(signum)
-        raise KeyboardInterrupt(f"signal {signum}")
-    signal.signal(signal.SIGTERM, interrupt)
-
-
-def _raise_if_interrupted() -> None:
-    if _INTERRUPTED:
-        raise KeyboardInterrupt(f"signal {_INTERRUPTED[0]}")
-
-
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
+    stop_on_sigterm()
     sizes = [s for s in map(parse_size, DEFAULT_SIZES) if s <= a.max_size]
     results = {size: measure_size(size, a) for size in sizes}
     figures: dict[str, Any] = {}
@@ -327,5 +305,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    _interrupt_on_sigterm()
     sys.exit(main())

@@ -39,15 +39,24 @@ def processes_naming(text: str) -> list[int]:
     return found
 
 
+def ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.mark.slow
-def test_sigterm_during_a_real_run_stops_its_coordinator_and_workers(tmp_path: Path) -> None:
+# SIGINT ignored: a background job of a non-interactive shell (``python -m bench.convergence &`` in
+# a CI script). The handler that raised SIGINT did nothing there: the run went on and exited 0.
+@pytest.mark.parametrize("sigint_ignored", [False, True])
+def test_sigterm_during_a_real_run_stops_its_coordinator_and_workers(tmp_path: Path,
+                                                                     sigint_ignored: bool) -> None:
     tmp = tmp_path / "t"
     tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     bench = subprocess.Popen(
         [sys.executable, "-m", "bench.convergence", "--quick", "--real-only", "--seeds", "0", "--json"],
         cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, start_new_session=True)
+        stderr=subprocess.PIPE, start_new_session=True,
+        preexec_fn=ignore_sigint if sigint_ignored else None)
     try:
         def coordinator_up() -> bool:
             assert bench.poll() is None, "the benchmark ended before its real run started"

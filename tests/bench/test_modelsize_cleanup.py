@@ -99,7 +99,7 @@ def test_a_failing_run_stops_its_coordinator_and_removes_everything(
 
 def test_sigterm_to_the_bench_stops_its_coordinator_and_removes_everything(
         tmpdir_here: Path, tmp_path: Path) -> None:
-    code = ("import sys, bench.modelsize as m; m._interrupt_on_sigterm(); "
+    code = ("import sys, bench.modelsize as m, bench._signals as s; s.stop_on_sigterm(); "
             "m.measure_size(int(sys.argv[1]), m.parse(['--warmup', '1000', '--held', '0']))")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmpdir_here)}
     log = tmp_path / "stderr"
@@ -136,7 +136,7 @@ def test_sigterm_to_the_bench_stops_its_coordinator_and_removes_everything(
 def test_a_sigterm_swallowed_by_a_finaliser_still_stops_the_bench(tmpdir_here: Path) -> None:
     # The handler's KeyboardInterrupt raised inside a __del__ is printed ("Exception ignored")
     # and dropped: the bench ran its 1,000 uploads to the end and exited 0 (CI, stop 37).
-    code = ("import os, signal, sys, bench.modelsize as m; m._interrupt_on_sigterm()\n"
+    code = ("import os, signal, sys, bench.modelsize as m, bench._signals as s; s.stop_on_sigterm()\n"
             "class Finaliser:\n"
             "    def __del__(self):\n"
             "        os.kill(os.getpid(), signal.SIGTERM)\n"

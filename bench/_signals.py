@@ -1,0 +1,42 @@
+"""SIGTERM stops a benchmark as Ctrl-C does: through its clean-ups, and with a non-zero exit.
+
+A CI job's time-out sends SIGTERM to the benchmark's process alone. With the default action the
+benchmark died at once and left its peers (coordinators, S3/GCS emulators, merger processes) running
+and its temporary directories in TMPDIR. :func:`stop_on_sigterm` turns the signal into the
+interrupt Ctrl-C gives: SIGINT is raised when it has a handler (Python's, which raises
+KeyboardInterrupt, or the one ``asyncio.run`` installs, which cancels the run so its clean-ups
+await), and KeyboardInterrupt is raised directly when SIGINT is ignored, as it is in a background
+job of a non-interactive shell (``bench ... &`` in a CI script), where raising SIGINT did nothing
+and the benchmark ran on to the end and exited 0.
+
+The signal is also remembered: a KeyboardInterrupt raised inside a finaliser (``__del__``, a weakref
+or GC callback) is printed ("Exception ignored") and dropped, so long loops call
+:func:`raise_if_stopped` to raise it again.
+"""
+
+from __future__ import annotations
+
+import signal
+from types import FrameType
+
+#: The signals that asked this process to stop, in order of arrival.
+RECEIVED: list[int] = []
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    RECEIVED.append(signum)
+    if callable(signal.getsignal(signal.SIGINT)):
+        signal.raise_signal(signal.SIGINT)
+    else:   # SIGINT ignored (a background job of a non-interactive shell): raising it does nothing
+        raise KeyboardInterrupt(f"signal {signum}")
+
+
+def stop_on_sigterm() -> None:
+    """From now on SIGTERM interrupts this process as Ctrl-C does (main thread only)."""
+    signal.signal(signal.SIGTERM, _stop)
+
+
+def raise_if_stopped() -> None:
+    """Raise KeyboardInterrupt if a signal asked this process to stop (one a finaliser swallowed)."""
+    if RECEIVED:
+        raise KeyboardInterrupt(f"signal {RECEIVED[0]}")
