@@ -59,6 +59,7 @@ from vcasync.worker._client import UPLOAD_BLOCK, CoordinatorClient
 
 from ._peers import ARCHS, RESNET50_PARAMS, SECRET, bench_delta, bench_model
 from ._proc import peer
+from ._signals import stop_on_sigterm
 from ._stats import add_quick, non_negative_int, parse_args, positive_int
 
 
@@ -230,6 +231,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     default_mode = CoordinatorConfig().durability
     a = parse(argv)
+    stop_on_sigterm()  # its peers stopped, their directories removed
     modes = [m.strip() for m in a.durability.split(",") if m.strip()]
     results: dict[str, dict[str, Any]] = {}
     with (peer("post") as purl, peer("durable") as durl, peer("durable-plain") as dpurl,

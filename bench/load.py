@@ -37,6 +37,7 @@ from . import scale
 from ._http import LeanPool
 from ._peers import SECRET
 from ._proc import peer
+from ._signals import stop_on_sigterm
 from ._stats import add_quick, parse_args, positive_float, positive_int
 
 
@@ -147,6 +148,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
+    stop_on_sigterm()  # its coordinator stopped, its directories removed
     r = load(a.workers, a.interval, a.rounds, a.connections, a.submitters, a.params, a.timeout_factor)
     print(f"{r['workers']} simulated workers, heartbeat every {a.interval:g}s x {a.rounds}, lease timeout "
           f"{a.timeout_factor * a.interval:g}s, {a.submitters} submitters merging {a.params:,}-param results")

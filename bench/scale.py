@@ -77,6 +77,7 @@ from vcasync.worker._client import CoordinatorClient
 from ._http import LeanPool, OneConn
 from ._peers import SECRET, bench_model
 from ._proc import peer
+from ._signals import stop_on_sigterm
 from ._stats import add_quick, parse_args, positive_float, positive_int, positive_ints
 from ._tls import client_context
 
@@ -288,21 +289,29 @@ def merger_process(url: str, params: int, cert: Path | None) -> Iterator[list[in
     cmd = [sys.executable, "-m", "bench.scale", "--merger", url, "--params", str(params)]
     proc = subprocess.Popen(cmd + (["--cert", str(cert)] if cert else []), stdout=subprocess.PIPE,
                             text=True)
-    assert proc.stdout is not None
-    readable, _, _ = select.select([proc.stdout], [], [], MERGER_READY_S)
-    ready = bool(readable) and proc.stdout.readline().strip() == "ready"
-    if not ready:
-        counts[1] += 1                     # never ready (died, or hung): a failure, not silence
-    try:
+    try:   # from its start: a run interrupted while the merger started (up to MERGER_READY_S) left it
+        assert proc.stdout is not None
+        readable, _, _ = select.select([proc.stdout], [], [], MERGER_READY_S)
+        ready = bool(readable) and proc.stdout.readline().strip() == "ready"
+        if not ready:
+            counts[1] += 1                 # never ready (died, or hung): a failure, not silence
         yield counts
-    finally:
         proc.terminate()
-        out, _ = proc.communicate(timeout=120)
+        try:
+            out, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # hung: killed below, and a failure
+            out = ""
         parts = out.split()
         if len(parts) >= 2:
             counts[0], counts[1] = int(parts[-2]), counts[1] + int(parts[-1])
         elif ready:   # it died after it was ready: a failure, never silence (once)
             counts[1] += 1
+    finally:          # interrupted (Ctrl-C, SIGTERM), an error, or hung: it never outlives the run
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 async def probe(url: str, tls: Any) -> tuple[int, float, dict[str, Any]]:
@@ -445,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     if a.merger:
         return merger_main(a.merger, a.params, a.cert)
+    stop_on_sigterm()  # its server and merger stopped, its directories removed
     big = max(int(x) for x in a.workers.split(","))
     note = raise_nofile(big + 1000)
     rows = []

@@ -43,6 +43,7 @@ from typing import Any
 
 from bench._stats import spread
 
+from ._signals import stop_on_sigterm
 from ._stats import add_quick, finite, non_negative_int, one_of, parse_args, positive_float, positive_int
 
 MiB = 1 << 20
@@ -356,6 +357,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
+    stop_on_sigterm()  # its emulators stopped, its directory removed
     args.backends = {b.strip() for b in args.backends.split(",") if b.strip()}
     figures = asyncio.run(main_async(args))
     if args.json:

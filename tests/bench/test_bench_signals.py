@@ -1,0 +1,102 @@
+"""A SIGTERM to a benchmark's process alone (a CI job's time-out) stops it through its clean-ups.
+
+With the default action bench.load, bench.e2e, bench.scale and bench.storage died at once and left
+their coordinators, S3/GCS emulators and merger processes running, and their temporary directories
+in TMPDIR (bench/_signals.py). SIGINT is ignored in some runs, as in a background job of a
+non-interactive shell (``python -m bench.X &`` in a CI script): there bench.convergence's SIGTERM
+handler, which raised SIGINT, did nothing, and the run went on to its end and exited 0.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests._wait import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def descendants(pid: int) -> list[int]:
+    try:
+        kids = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+    return kids + [d for k in kids for d in descendants(k)]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
+def ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+#: (benchmark, a child's command line that says its processes are up, SIGINT ignored)
+CASES = [
+    ("load", "bench._peers coordinator", False),
+    ("e2e", "bench._peers durable", True),
+    ("storage", "_emulator_main gcs", False),
+    ("storage", "_emulator_main gcs", True),
+    # at once when the merger starts: an interrupt while it started (up to 120 s) left it running
+    ("scale", "--merger", True),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "up", "sigint_ignored"), CASES)
+def test_sigterm_to_the_benchmark_alone_stops_its_processes_and_removes_its_files(
+        tmp_path: Path, name: str, up: str, sigint_ignored: bool) -> None:
+    tmp = tmp_path / "t"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    bench = subprocess.Popen([sys.executable, "-m", f"bench.{name}", "--quick", "--json"], cwd=ROOT,
+                             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True,
+                             preexec_fn=ignore_sigint if sigint_ignored else None)
+    seen: list[int] = []
+    try:
+        def started() -> bool:
+            assert bench.poll() is None, f"bench.{name} ended before its processes were up"
+            seen[:] = descendants(bench.pid)
+            return any(up in cmdline(p) for p in seen)
+        wait_until(f"bench.{name}'s {up!r}", started, 60, every=0.05)
+        if name != "scale":
+            time.sleep(1.0)                      # at work
+        seen[:] = descendants(bench.pid)
+        t0 = time.monotonic()
+        os.kill(bench.pid, signal.SIGTERM)       # the benchmark's process alone
+        try:
+            bench.wait(30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"bench.{name} did not stop within 30 s of its SIGTERM") from None
+        left = [(p, cmdline(p)) for p in seen if alive(p)]   # the moment it ended
+        assert bench.returncode != 0, "stopped, not finished"
+        assert left == [], "processes that outlived the benchmark"
+        assert list(tmp.iterdir()) == [], "files it left in TMPDIR"
+        assert time.monotonic() - t0 < 30
+    finally:     # never leave a process behind, whatever failed
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+        for pid in seen:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
