@@ -13,8 +13,6 @@ $/h over it, so a long run pays the prices of the hours it actually ran in:
 from __future__ import annotations
 
 import bisect
-import csv
-import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +22,7 @@ import numpy as np
 
 from ..coerce import is_finite_number
 from ..errors import ConfigError
-from .params import read_text_file
+from .params import csv_records, read_text_file
 from .prices import MAX_PRICE_PER_H
 
 __all__ = ["MIN_WALK_STEP_S", "SpotPath", "SpotTrace", "SpotWalk"]
@@ -88,22 +86,12 @@ class SpotTrace:
         last ``spot_per_h`` of two, or a row's extra cell, was dropped without a word), a price at
         most :data:`~vcasync.costing.prices.MAX_PRICE_PER_H`, and times that increase, each checked
         against the row before it and named by its line."""
-        reader = csv.DictReader(io.StringIO(text))
-        if reader.fieldnames is not None:
-            reader.fieldnames = [name.strip() for name in reader.fieldnames]
-        if reader.fieldnames is None or not {"t_s", "spot_per_h"} <= set(reader.fieldnames):
-            raise ConfigError(f"{source}: the CSV header must name t_s and spot_per_h, "
-                              f"got {reader.fieldnames}")
-        twice = sorted({n for n in reader.fieldnames if n and reader.fieldnames.count(n) > 1})
-        if twice:
-            raise ConfigError(f"{source}:1: the header names {twice} more than once: which cell is "
-                              f"the price?")
+        names, records = csv_records(text, f"{source}:")
+        if not {"t_s", "spot_per_h"} <= set(names):
+            raise ConfigError(f"{source}: the CSV header must name t_s and spot_per_h, got {names}")
         times: list[float] = []
         rates: list[float] = []
-        for rec in reader:
-            line = reader.line_num
-            if None in rec:
-                raise ConfigError(f"{source}:{line}: the row has more cells than the header")
+        for line, rec in records:
             try:
                 t, rate = float(rec["t_s"]), float(rec["spot_per_h"])
             except (TypeError, ValueError):

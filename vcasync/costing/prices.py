@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import io
 import json
 import logging
 import tomllib
@@ -33,7 +32,7 @@ from pathlib import Path
 
 from ..coerce import is_finite_number
 from ..errors import ConfigError, PriceRowError
-from .params import read_text_file
+from .params import csv_records, read_text_file
 
 log = logging.getLogger("vcasync.costing")
 
@@ -337,19 +336,8 @@ def _csv_rows(text: str) -> tuple[list[int], list[dict[str, object]]]:
     hints = typing.get_type_hints(InstancePrice)
     rows: list[dict[str, object]] = []
     lines: list[int] = []
-    reader = csv.DictReader(io.StringIO(text), strict=True)
-    # "provider, instance, ..." (a space after each comma, as people type a header) named every
-    # field but the first unknown, as ' instance'; cells were stripped already, names were not
-    reader.fieldnames = [name.strip() for name in reader.fieldnames or ()]
-    # a field named twice kept its last cell without a word ("spot_per_h" twice: the second price)
-    twice = sorted({n for n in reader.fieldnames if n and reader.fieldnames.count(n) > 1})
-    if twice:
-        raise ConfigError(f"line 1: the header names {twice} more than once: which cell is the "
-                          f"price?")
-    for raw in reader:
-        line = reader.line_num     # the file line the row ends on (a quoted cell may span lines)
-        if None in raw:
-            raise ConfigError(f"line {line} has more cells than the header")
+    _, records = csv_records(text, "line ", strict=True)
+    for line, raw in records:
         row: dict[str, object] = {}
         for name, cell in raw.items():
             cell = (cell or "").strip()
