@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._wait import wait_until
+from tests._procs import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,25 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from tests._wait import wait_until
+from tests._procs import live_processes, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def processes_naming(text: str) -> list[int]:
-    """Live processes (not zombies) whose command line contains ``text``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-        if text in cmdline and state != "Z":
-            found.append(int(entry.name))
-    return found
 
 
 def ignore_sigint() -> None:
@@ -60,9 +46,8 @@ def test_sigterm_during_a_real_run_stops_its_coordinator_and_workers(tmp_path: P
     try:
         def coordinator_up() -> bool:
             assert bench.poll() is None, "the benchmark ended before its real run started"
-            return any("coordinator" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
-                       for p in processes_naming(str(tmp)) if p != bench.pid
-                       and Path(f"/proc/{p}").exists())
+            return any("coordinator" in cmd for p, cmd in live_processes(str(tmp)).items()
+                       if p != bench.pid)
         wait_until("the real run's coordinator", coordinator_up, 180, every=0.2)
         time.sleep(2.0)                                 # its workers are up and training
         os.kill(bench.pid, signal.SIGTERM)              # the benchmark's process alone
@@ -71,14 +56,14 @@ def test_sigterm_during_a_real_run_stops_its_coordinator_and_workers(tmp_path: P
         except subprocess.TimeoutExpired:
             raise AssertionError("the benchmark did not stop within 90 s of its SIGTERM") from None
         assert bench.returncode != 0                    # stopped, not finished
-        wait_until("the run's processes to end", lambda: processes_naming(str(tmp)) == [], 30,
+        wait_until("the run's processes to end", lambda: not live_processes(str(tmp)), 30,
                    every=0.2)
         assert list(tmp.iterdir()) == []                # its temporary run directories removed
     finally:
         if bench.poll() is None:
             os.killpg(bench.pid, signal.SIGKILL)
             bench.wait()
-        for pid in processes_naming(str(tmp)):
+        for pid in live_processes(str(tmp)):
             os.kill(pid, signal.SIGKILL)
         if bench.stderr is not None:
             bench.stderr.close()

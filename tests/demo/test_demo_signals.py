@@ -18,42 +18,21 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("sklearn", reason="the demo needs scikit-learn (vcasync[demo])")
 
+from tests._procs import live_processes, wait_until
 from vcasync.cli import ExitCode
 
 pytestmark = pytest.mark.slow
 
 
 def _children_of_run(marker: str) -> list[str]:
-    """Command lines of the live processes that name ``marker`` (the run directory)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            raw = (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        cmd = raw.replace(b"\0", b" ").decode(errors="replace")
-        if marker in cmd and state != "Z":
-            found.append(f"{entry.name}: {cmd[:160]}")
-    return found
-
-
-def _wait_for(done: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if done():
-            return
-        time.sleep(0.2)
-    raise AssertionError("the demo never got there")
+    """The live processes that name ``marker`` (the run directory), as "pid: command line"."""
+    return [f"{pid}: {cmd[:160]}" for pid, cmd in live_processes(marker).items()]
 
 
 def _start(tmp_path: Path, run_dir: Path) -> subprocess.Popen[str]:
@@ -91,7 +70,8 @@ def test_sigterm_during_the_fleet_stops_the_coordinator_and_workers(tmp_path: Pa
     run_dir = tmp_path / "run"
     proc = _start(tmp_path, run_dir)
     # a worker is training: its trainer has written an event
-    _wait_for(lambda: (run_dir / "events").is_dir() and any((run_dir / "events").glob("*.jsonl")), 180)
+    wait_until("a worker training (its first event)", lambda: any((run_dir / "events").glob("*.jsonl")),
+               180, every=0.2)
     assert _children_of_run(str(run_dir))      # the coordinator and workers are up
     err = _stop_and_check(proc, str(run_dir))
     assert "interrupted: stopping the workers and the coordinator" in err
@@ -102,9 +82,10 @@ def test_sigterm_during_the_fleet_stops_the_coordinator_and_workers(tmp_path: Pa
 def test_sigterm_during_the_ddp_baseline_stops_its_ranks(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = _start(tmp_path, run_dir)
-    _wait_for(lambda: (run_dir / "ddp" / "ddp-rank1.log").exists(), 300)
+    wait_until("the DDP baseline", (run_dir / "ddp" / "ddp-rank1.log").exists, 300, every=0.2)
     # the ranks name their output files under the run directory
-    _wait_for(lambda: len(_children_of_run(str(run_dir / "ddp"))) == 2, 30)
+    wait_until("both DDP ranks", lambda: len(_children_of_run(str(run_dir / "ddp"))) == 2, 30,
+               every=0.2)
     err = _stop_and_check(proc, str(run_dir))
     assert "interrupted during the DDP baseline" in err
     assert not (run_dir / "report.json").exists()
@@ -114,7 +95,8 @@ def test_a_coordinator_killed_from_outside_ends_the_fleet_and_says_so(tmp_path: 
     run_dir = tmp_path / "run"
     proc = _start(tmp_path, run_dir)
     try:
-        _wait_for(lambda: (run_dir / "events").is_dir() and any((run_dir / "events").glob("*.jsonl")), 180)
+        wait_until("a worker training (its first event)",
+                   lambda: any((run_dir / "events").glob("*.jsonl")), 180, every=0.2)
         coordinators = [c for c in _children_of_run(str(run_dir / "state")) if " coordinator " in c]
         assert len(coordinators) == 1, coordinators
         os.kill(int(coordinators[0].split(":", 1)[0]), signal.SIGKILL)

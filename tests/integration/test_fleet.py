@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests._wait import wait_until
+from tests._procs import wait_until
 from vcasync.coordinator import Coordinator, CoordinatorConfig
 from vcasync.examples.digits import evaluate, model
 from vcasync.policy import build_policy

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from harness.fleet import toml_text
-from tests._wait import wait_until
+from tests._procs import wait_until
 from vcasync.cli import ExitCode
 
 from .conftest import HERE, SECRET, Procs, free_port

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests._wait import wait_until
+from tests._procs import wait_until
 from vcasync.cli import ExitCode
 from vcasync.storage import open_storage
 from vcasync.testing.emulators import DUMMY_S3_CREDENTIALS, Emulator
