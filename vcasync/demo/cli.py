@@ -12,8 +12,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
-from ..costing.market import MIN_WALK_STEP_S, SpotTrace, SpotWalk
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
+from ..costing.spot_options import add_spot_path_options, spot_path_from_options, spot_path_text
 from ..errors import ConfigError, RunIncompleteError
 from .limits import MAX_WORKERS
 
@@ -74,19 +74,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="JSON, TOML or CSV price rows that add to / replace the built-in table")
     p.add_argument("--spot-price", type=float, help="override the instance's spot $/h")
     p.add_argument("--on-demand-price", type=float, help="override the instance's on-demand $/h")
-    spot = p.add_mutually_exclusive_group()
-    spot.add_argument("--spot-trace", type=Path, metavar="FILE",
-                      help="price the fleet's workers on a spot price that moves during the run: a CSV "
-                           "file with a header t_s,spot_per_h (seconds from the run's start, absolute "
-                           "$/h), each price holding until the next row's time; the list spot price "
-                           "is not used (DDP stays on demand)")
-    spot.add_argument("--spot-walk", type=float, metavar="SIGMA",
-                      help="instead, the list spot price times a random walk seeded by --seed: one "
-                           "log-normal step of spread SIGMA (>= 0) every --spot-walk-step seconds, "
-                           "kept within 0.5-2x the list price")
-    p.add_argument("--spot-walk-step", type=float, metavar="SECONDS",
-                   help=f"seconds between the steps of --spot-walk (default {DEFAULT_WALK_STEP_S:g}; "
-                        f"at least {MIN_WALK_STEP_S:g})")
+    add_spot_path_options(p, default_step_s=DEFAULT_WALK_STEP_S)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-wall", type=float, default=900.0,
                    help="stop the fleet after this many seconds (the DDP baseline after as many, at least "
@@ -109,7 +97,7 @@ def _config(a: argparse.Namespace) -> Any:
     workers = a.workers if a.workers is not None else (2 if a.quick else 4)
     epochs = a.epochs if a.epochs is not None else (3 if a.quick else 20)
     batch = a.batch_size if a.batch_size is not None else get_workload(a.workload).batch_size
-    spot_path = _spot_path(a)
+    spot_path = spot_path_from_options(a, default_step_s=DEFAULT_WALK_STEP_S)
     return DemoConfig(workers=workers, workload=a.workload, policy=a.policy,
                       policy_params=parse_params(a.policy_param), epochs=epochs, shards=a.shards,
                       steps=a.steps, batch_size=batch, min_step_s=a.min_step_s,
@@ -226,30 +214,6 @@ async def _stoppable(run: Coroutine[Any, Any, T]) -> T:
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         loop.add_signal_handler(signal.SIGINT, stop)
     return await run
-
-
-def _spot_path(a: argparse.Namespace) -> SpotTrace | SpotWalk | None:
-    """--spot-trace or --spot-walk as a :mod:`vcasync.costing.market` path (None: the fixed list
-    price), read and checked before anything starts; a bad one names its option."""
-    if a.spot_walk_step is not None and a.spot_walk is None:
-        raise ConfigError("--spot-walk-step sets the step of --spot-walk SIGMA; give --spot-walk too")
-    if a.spot_trace is not None:
-        if a.spot_price is not None:
-            raise ConfigError("--spot-trace gives the workers' spot price over the run and --spot-price "
-                              "a fixed one: give one of them")
-        try:
-            return SpotTrace.from_csv(a.spot_trace)
-        except ConfigError as exc:
-            raise ConfigError(f"--spot-trace: {exc}") from None
-    if a.spot_walk is not None:
-        step = DEFAULT_WALK_STEP_S if a.spot_walk_step is None else a.spot_walk_step
-        try:
-            return SpotWalk(seed=a.seed, step_s=step, sigma=a.spot_walk)
-        except ConfigError as exc:
-            # the walk's own checks, said in the options' names (SpotWalk.sigma is --spot-walk)
-            raise ConfigError(str(exc).replace("SpotWalk.sigma", "--spot-walk SIGMA")
-                              .replace("SpotWalk.step_s", "--spot-walk-step")) from None
-    return None
 
 
 def _preemptions(a: argparse.Namespace) -> int:
@@ -385,14 +349,9 @@ def _samples(n: dict[str, Any]) -> str:
 def _spot_path_lines(rec: dict[str, Any] | None) -> list[str]:
     """The spot price path the fleet was priced on (--spot-trace, --spot-walk), under the prices line;
     none for the fixed list price, which that line gives."""
-    if rec is None or rec["kind"] == "fixed":
+    what = spot_path_text(rec)
+    if rec is None or what is None:
         return []
-    if rec["kind"] == "trace":
-        what = (f"trace {rec['source']} ({rec['rows']} row(s) of $/h from the run's start, "
-                f"in place of the list spot price)")
-    else:
-        what = (f"random walk (seed {rec['seed']}, sigma {rec['sigma']:g} per {rec['step_s']:g}-s step, "
-                f"within {rec['low']:g}-{rec['high']:g}x the list spot price)")
     mean = rec.get("mean_paid_per_h")
     paid = "" if mean is None else f"; the workers paid ${mean:.5f}/h on average to the target"
     return [f"  spot price path         {what}{paid}; DDP stays on demand"]

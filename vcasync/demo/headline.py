@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..costing.market import SpotTrace, SpotWalk
+from ..costing.spot_options import spot_path_record
 from ..costing.target import (
     Comparison,
     Span,
@@ -89,13 +89,6 @@ def split_at(spans: Sequence[LostSpan], t_s: float | None) -> tuple[float, float
     return before, total - before
 
 
-def _spot_record(path: SpotTrace | SpotWalk | None, list_per_h: float) -> dict[str, Any]:
-    """Which spot price the fleet's workers were priced at: the table's fixed rate, or a path."""
-    if path is None:
-        return {"kind": "fixed", "spot_per_h": list_per_h}
-    return path.as_dict()
-
-
 def _first_reaching(points: Sequence[tuple[float, int, float]], target: Target) -> int | None:
     """The samples of the earliest ``(t_s, samples, value)`` point that reaches ``target``."""
     return next((n for _, n, v in sorted(points, key=lambda p: p[0]) if target.reached(v)), None)
@@ -114,7 +107,7 @@ def headline(run: DemoRun, ddp: DdpResult | None, *, lost: Sequence[LostSpan] = 
     path = cfg.spot_path
     out: dict[str, Any] = {"instance": price.as_dict(), "coordinator_instance": coord.as_dict(),
                            "first_merge_s": first_merge, "seeds": 1, "saving_ci": None,
-                           "spot_path": _spot_record(path, price.spot_per_h)}
+                           "spot_path": spot_path_record(path, price.spot_per_h)}
     if ddp is None:
         return out | {"saving": None, "target": None}
     metric = get_workload(cfg.workload).metric
