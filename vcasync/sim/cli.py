@@ -15,13 +15,18 @@ from .._json import strict_json
 from ..coerce import argument_number
 from ..costing.params import parse_params
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
+from ..costing.spot_options import add_spot_path_options, spot_path_from_options
 from ..errors import ConfigError
 from .config import MAX_EPOCHS, MAX_LOCAL_STEPS, SimConfig
 from .fleet import MAX_WORKERS, FleetConfig, NoPreemption, PoissonPreemption, PreemptionModel, TracePreemption
 
-__all__ = ["HELP", "build_config", "configure", "number", "parse_params", "run"]
+__all__ = ["DEFAULT_WALK_STEP_S", "HELP", "build_config", "configure", "number", "parse_params", "run"]
 
 HELP = "simulate a preemptible fleet on a virtual clock (real coordinator and policy)"
+
+#: --spot-walk's default step: a simulated run lasts hours of virtual time, so the walk steps hourly,
+#: as a real spot market moves at the fastest (the demo's runs last minutes: its default is 10 s).
+DEFAULT_WALK_STEP_S = 3600.0
 
 
 #: The argparse type of every numeric flag (:func:`vcasync.coerce.argument_number`): ``--model-mb nan``
@@ -92,6 +97,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     c.add_argument("--prices", type=Path, metavar="FILE",
                    help="JSON, TOML or CSV price rows that add to / replace rows of the table")
     c.add_argument("--list-prices", action="store_true", help="print the price table and exit")
+    add_spot_path_options(c, default_step_s=DEFAULT_WALK_STEP_S,
+                          start="the run's start on the simulated clock", seconds="virtual seconds",
+                          baseline="the synchronous baseline")
     o = p.add_argument_group("output")
     o.add_argument("--target-accuracy", type=number(float, 0, strict=True, high=1),
                    help="the accuracy both sides are priced to (default: the synchronous baseline's final "
@@ -149,6 +157,7 @@ def build_config(args: argparse.Namespace) -> SimConfig:
         model_bytes=None if args.model_mb is None else int(args.model_mb * 1e6),
         max_staleness=args.max_staleness, on_notice=args.on_notice, instance=args.instance,
         coordinator_instance=args.coordinator_instance, prices=_prices(args),
+        spot_path=spot_path_from_options(args, default_step_s=DEFAULT_WALK_STEP_S),
         target_accuracy=args.target_accuracy, sync_baseline=not args.no_sync, sync_lr=args.sync_lr,
         sync_batch_size=args.sync_batch_size,
         seed=args.seed)

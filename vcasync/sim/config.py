@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..coerce import SEED_RANGE, is_finite_number, is_seed
+from ..costing.market import SpotTrace, SpotWalk
 from ..costing.prices import DEFAULT_COORDINATOR_INSTANCE, DEFAULT_INSTANCE, PriceTable
 from ..errors import ConfigError
 from .fleet import FleetConfig, NoPreemption, PreemptionModel, TracePreemption
@@ -75,6 +76,11 @@ class SimConfig:
     uploading its result, leasing, downloading and decoding the next model), on the reference
     machine: with ``cores`` set it shares the processors like training does (0: that work is free,
     only the link's latency and bandwidth are paid).
+
+    Prices: the fleet's workers pay ``prices[instance]``'s spot rate, or with ``spot_path`` (a
+    :class:`~vcasync.costing.market.SpotTrace` or :class:`~vcasync.costing.market.SpotWalk`) a
+    price that moves during the run, its times virtual seconds from the run's start (the virtual
+    clock's 0); the coordinator and the synchronous baseline pay on demand.
     """
 
     @property
@@ -103,6 +109,9 @@ class SimConfig:
     instance: str = DEFAULT_INSTANCE
     coordinator_instance: str = DEFAULT_COORDINATOR_INSTANCE
     prices: PriceTable = field(default_factory=PriceTable)
+    #: the fleet's spot price over the run (a trace or a walk, :mod:`vcasync.costing.market`), its
+    #: ``t_s`` virtual seconds from the run's start; None: the table's fixed spot rate
+    spot_path: SpotTrace | SpotWalk | None = None
     eval_points: int = 60
     target_accuracy: float | None = None
     sync_baseline: bool = True
@@ -173,6 +182,8 @@ class SimConfig:
              f"merge_s must be a finite number >= 0, got {self.merge_s}"),
             (finite(self.unit_cpu_s) and self.unit_cpu_s >= 0,
              f"unit_cpu_s must be a finite number >= 0, got {self.unit_cpu_s}"),
+            (self.spot_path is None or isinstance(self.spot_path, SpotTrace | SpotWalk),
+             f"spot_path must be a SpotTrace, a SpotWalk or None, got {self.spot_path!r}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ..costing.market import SpotPath
 from ..costing.prices import InstancePrice
+from ..costing.target import Span, billed_usd
 
 __all__ = ["Billing", "CostSummary", "Session", "ring_allreduce_s"]
 
@@ -59,10 +61,17 @@ class Billing:
     def machine_seconds(self, until_s: float | None = None) -> float:
         return sum(s.uptime_s(until_s) for s in self.sessions if until_s is None or s.start_s < until_s)
 
-    def cost(self, price: InstancePrice, *, spot: bool, until_s: float | None = None) -> float:
-        """USD for every session (cut at ``until_s``), each billed with the provider's minimum."""
-        return sum(price.cost(s.uptime_s(until_s), spot=spot)
-                   for s in self.sessions if until_s is None or s.start_s < until_s)
+    def cost(self, price: InstancePrice, *, spot: bool, until_s: float | None = None,
+             path: SpotPath | None = None) -> float:
+        """USD for every session (cut at ``until_s``), each billed with the provider's minimum. With
+        a spot ``path`` (its times on the run's virtual clock) the spot seconds are priced on it as
+        :func:`vcasync.costing.target.billed_usd` prices the demo's: each session from its start for
+        its billed seconds, so one shorter than the minimum pays the path's prices past its end."""
+        sessions = [s for s in self.sessions if until_s is None or s.start_s < until_s]
+        if not spot or path is None:
+            return sum(price.cost(s.uptime_s(until_s), spot=spot) for s in sessions)
+        return sum(billed_usd(Span(s.start_s, s.start_s + s.uptime_s(until_s)), price, spot=True, path=path)
+                   for s in sessions)
 
 
 def ring_allreduce_s(nbytes: int, workers: int, bandwidths_bps: Iterable[float], latency_s: float) -> float:

@@ -21,6 +21,13 @@ Hours in ``cost_at_target`` / ``cost_full_run``: ``worker_hours`` are the fleet'
 ``sync_wall_hours`` the baseline's wall-clock hours and ``sync_machine_hours`` its machine-hours (its
 workers times those). ``comparison.async.lost_s`` is the machine time, before the target, spent on
 units a preemption threw away (``work.lost_to_preemption_s``: over the whole run).
+
+With ``config.spot_path`` (``--spot-trace`` or ``--spot-walk``) the fleet's spot seconds, at the
+target and over the full run, are priced on that path on the virtual clock (each session from its
+start for its billed seconds, the provider's minimum included, as the demo's); ``spot_path`` records
+which price it was, as the demo's ``cost.spot_path`` does, with the mean $/h the workers paid (to the
+target and over the full run). The coordinator, the on-demand equivalent and the synchronous
+baseline stay on demand.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..costing.prices import InstancePrice
+from ..costing.spot_options import spot_path_record, spot_path_text
 from ..costing.target import (
     Comparison,
     Metric,
@@ -118,7 +126,7 @@ def _costs(out: SimOutcome, until_s: float | None, sync_until_s: float | None) -
     price: InstancePrice = cfg.prices[cfg.instance]
     coord_price: InstancePrice = cfg.prices[cfg.coordinator_instance]
     horizon = out.duration_s if until_s is None else until_s
-    spot = out.billing.cost(price, spot=True, until_s=until_s)
+    spot = out.billing.cost(price, spot=True, until_s=until_s, path=cfg.spot_path)
     on_demand_eq = out.billing.cost(price, spot=False, until_s=until_s)
     coordinator = coord_price.cost(horizon, spot=False)
     sync_usd = None
@@ -152,8 +160,8 @@ def _comparison(out: SimOutcome, target: float | None, t_async: float | None,
         return None  # the baseline did not learn or fell back (its rate diverged): no target to price
     ref = quality(out.sync.evals[-1], metric)
     tgt = Target(metric, target, ref, _tolerance(metric, target, ref))
-    fleet = async_cost(spans, t_async, worker=price, coordinator=coord, end_s=out.duration_s,
-                       lost_s=lost_seconds(out.rec.lost_spans, t_async))
+    fleet = async_cost(spans, t_async, worker=price, coordinator=coord, path=cfg.spot_path,
+                       end_s=out.duration_s, lost_s=lost_seconds(out.rec.lost_spans, t_async))
     return Comparison(cfg.seed, tgt, fleet, ddp_cost(out.sync.workers, t_sync, price=price))
 
 
@@ -217,6 +225,7 @@ def summarize(out: SimOutcome, target: float | None = None) -> dict[str, Any]:
         "final_version": out.final_version,
         "cost_at_target": at_target,
         "cost_full_run": full,
+        "spot_path": _spot_path(out, cmp, full),
         "work": {
             "samples_planned": out.total_samples, "samples_trained": trained,
             "samples_merged": rec.samples_merged, "samples_wasted": rec.samples_wasted,
@@ -252,6 +261,22 @@ def summarize(out: SimOutcome, target: float | None = None) -> dict[str, Any]:
         "evals": [[p.t_s, p.version, p.samples_merged, p.accuracy, p.loss] for p in rec.evals],
         "coordinator_status": out.coordinator_status,
     }
+
+
+def _spot_path(out: SimOutcome, cmp: Comparison | None, full: dict[str, Any]) -> dict[str, Any]:
+    """Which spot price the fleet was priced at (:func:`vcasync.costing.spot_options.spot_path_record`,
+    as the demo's ``cost.spot_path``), with the mean $/h its workers paid over their billed seconds:
+    to the target (``mean_paid_per_h``, as the demo's; only when a comparison reached it) and over
+    the full run (``mean_paid_per_h_full_run``)."""
+    cfg = out.config
+    price: InstancePrice = cfg.prices[cfg.instance]
+    rec = spot_path_record(cfg.spot_path, price.spot_per_h)
+    if cmp is not None and cmp.fleet.usd is not None and cmp.fleet.billed_seconds > 0:
+        rec["mean_paid_per_h"] = (cmp.fleet.usd - cmp.fleet.coordinator_usd) / cmp.fleet.billed_seconds * 3600
+    billed = sum(price.billed_seconds(s.uptime_s(out.duration_s)) for s in out.billing.sessions)
+    if billed > 0:
+        rec["mean_paid_per_h_full_run"] = full["spot_usd"] / billed * 3600
+    return rec
 
 
 def _preemption(out: SimOutcome) -> dict[str, object]:
@@ -290,6 +315,7 @@ def render_text(s: dict[str, Any]) -> str:
         f"prices: {inst['provider']}:{inst['instance']} ({inst['region']}) on-demand "
         f"${inst['on_demand_per_h']}/h, spot ${inst['spot_per_h']}/h; {inst['source']}, as of "
         f"{inst['as_of']}{' (approximate)' if inst['approximate'] else ''}: list prices, they drift",
+        *_spot_path_lines(s.get("spot_path")),
         f"  {'target ' + s['metric']:<22} "
         f"{_target(s)}",
         f"  time to target         async {_fmt(_hours(s['time_to_target_s']))} h virtual   "
@@ -331,6 +357,17 @@ def render_text(s: dict[str, Any]) -> str:
         lines.append(f"  parked                 {s['units_parked']} unit(s) never trained: they failed on "
                      f"several workers (first: {why})")
     return "\n".join(lines)
+
+
+def _spot_path_lines(rec: dict[str, Any] | None) -> list[str]:
+    """The spot price path the fleet was priced on (--spot-trace, --spot-walk), under the prices
+    line; none for the fixed list price, which that line gives."""
+    what = spot_path_text(rec, start="the run's start on the virtual clock", seconds="virtual-s")
+    if rec is None or what is None:
+        return []
+    mean = rec.get("mean_paid_per_h")
+    paid = "" if mean is None else f"; the workers paid ${mean:.5f}/h on average to the target"
+    return [f"  spot price path        {what}{paid}; the synchronous baseline stays on demand"]
 
 
 def _trace_text(pre: dict[str, Any]) -> str:
