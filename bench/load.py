@@ -10,26 +10,35 @@ up as an expired lease: ``leases_expired`` must stay 0 (no lease expires wrongly
 
 Figures: ``p50_ms`` / ``p99_ms`` of lease and heartbeat requests during the merges, ``merges`` and
 ``merges_per_s``, ``bytes_per_worker`` (the coordinator's resident memory after, minus before the
-fleet joined, over ``N``; retained model versions included), ``leases_expired``.
+fleet joined, over ``N``; retained model versions included), ``leases_expired``, ``failed``.
+
+Failures are figures, never dropped: ``failed`` counts the fleet's failed or timed-out requests
+(:mod:`bench.scale`'s rules) *and* every submitter error, listed by kind in ``submit_errors``: a
+join, lease, download or upload that failed or took over ``SUBMIT_TIMEOUT_S``, and a result the
+coordinator answered but did not accept (``rejected`` and its reason). A submitter counts its error
+and tries again (after ``RETRY_S``), handing back the lease it held. (Until 2026-12-06 submitter
+errors were listed but left out of ``failed``, and one that was not a vcasync error, a refused
+connection, ended the run in a traceback.)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import random
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from vcasync._loop import run
-from vcasync.errors import VCAsyncError
 from vcasync.wire import decode_payload_bytes, encode_payload
 from vcasync.worker._client import CoordinatorClient
 
@@ -49,21 +58,65 @@ async def _metric(http: LeanPool, name: str) -> float:
     return 0.0
 
 
+#: One submission (lease, download, upload) that takes longer than this is a failure.
+SUBMIT_TIMEOUT_S = 120.0
+#: A submitter waits this long after an error before it tries again (a failing coordinator is not
+#: hammered while the fleet's latency is measured on it).
+RETRY_S = 0.1
+
+
+class NotAccepted(Exception):
+    """A result the coordinator answered but did not merge (``rejected``, a duplicate)."""
+
+
+def _count(errors: dict[str, int], kind: str) -> None:
+    errors[kind] = errors.get(kind, 0) + 1
+
+
 async def submitter(url: str, stop: asyncio.Event, done: list[int], errors: dict[str, int],
                     rng: random.Random) -> None:
-    """Lease, download, upload a small delta, repeat, until ``stop``: real results, really merged."""
+    """Lease, download, upload a small delta, repeat, until ``stop``: real results, really merged.
+
+    Every error is counted in ``errors`` by kind, never raised: a join that fails (tried again), a
+    request that fails or times out, a result the coordinator did not accept (``rejected``)."""
     with tempfile.TemporaryDirectory(prefix="vcasync-load-") as tmp:
         async with CoordinatorClient(url, timeout_s=60.0) as client:
-            await client.join(SECRET, "submitter")
             path = Path(tmp) / "model.vca"
+            joined = False
             while not stop.is_set():
-                await _submit_one(client, path, done, errors, rng)
+                if not joined:
+                    joined = await _attempt(client.join(SECRET, "submitter"), "join", errors)
+                    if joined:
+                        continue
+                elif await _submit_one(client, path, done, errors, rng):
+                    continue
+                await asyncio.sleep(RETRY_S)
+
+
+async def _attempt(op: Awaitable[Any], what: str, errors: dict[str, int]) -> bool:
+    """Await ``op`` within ``SUBMIT_TIMEOUT_S``; False, with the failure counted, if it failed."""
+    try:
+        async with asyncio.timeout(SUBMIT_TIMEOUT_S):
+            await op
+    except TimeoutError:
+        _count(errors, f"{what}: timeout")
+        return False
+    except NotAccepted as exc:
+        _count(errors, f"{what}: {exc}")
+        return False
+    except Exception as exc:    # any failure (HTTP, connection, a refused request) is counted
+        _count(errors, f"{what}: {type(exc).__name__}")
+        return False
+    return True
 
 
 async def _submit_one(client: CoordinatorClient, path: Path, done: list[int], errors: dict[str, int],
-                  rng: random.Random) -> None:
+                      rng: random.Random) -> bool:
+    """One lease, download and upload; True when the result was accepted, else the failure is
+    counted in ``errors``."""
+    async def once() -> None:
+        grant = await client.lease()
         try:
-            grant = await client.lease()
             await client.download_model(grant.base_version, path)
             data = await asyncio.to_thread(path.read_bytes)
             model = decode_payload_bytes(data, expected_kind="model").tensors
@@ -73,10 +126,15 @@ async def _submit_one(client: CoordinatorClient, path: Path, done: list[int], er
                     "samples": 1, "steps": 1, "partial": False, "metrics": {}}
             body = b"".join(encode_payload("result", meta, delta))
             receipt = await client.submit(grant.lease_id, body)
-            if receipt.status == "accepted":
-                done.append(receipt.version)
-        except VCAsyncError as exc:
-            errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+        except Exception:   # handed back, as a worker would: left to expire, it would count as
+            with contextlib.suppress(Exception):   # a lease expired wrongly
+                await client.release(grant.lease_id, "bench.load: the submission failed")
+            raise
+        if receipt.status != "accepted":
+            raise NotAccepted(f"{receipt.status} {receipt.reason or ''}".strip())
+        done.append(receipt.version)
+
+    return await _attempt(once(), "submit", errors)
 
 
 async def measure(url: str, n: int, interval: float, rounds: int, connections: int,
@@ -112,7 +170,9 @@ async def measure(url: str, n: int, interval: float, rounds: int, connections: i
         await http.aclose()
     both = fleet.lease_ms + fleet.beat_ms
     return {"workers": n, "requests": len(both), "errors": fleet.errors, "submit_errors": sub_errors,
-            "failed": fleet.failed,
+            # every failure counts: the fleet's requests and the submitters' (until 2026-12-06 a
+            # submitter's errors were listed in submit_errors but left out of failed)
+            "failed": fleet.failed + sum(sub_errors.values()),
             "p50_ms": scale._pct(both, 0.5), "p99_ms": scale._pct(both, 0.99),
             "heartbeat_p99_ms": scale._pct(fleet.beat_ms, 0.99),
             "client_lag_ms_p99": scale._pct(fleet.lag_ms, 0.99),
