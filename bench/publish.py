@@ -22,7 +22,8 @@ Each figure with a spread says what it is: ``median V (min-max A-B over repetiti
 that repeats, or ``mean V (95 % interval L .. H; n of m seeds reached)`` over seeds
 (``vcasync.costing.spread``): a seed that missed its target makes its side of the interval
 ``unbounded`` and the mean is then the reached seeds' (said so), never a finite range of the
-reached values alone. A figure saved as NaN is shown as "not a number" with the bench's reason
+reached values alone. A count of failures summed over repetitions says ``total V over R
+repetitions (each: a, b, c)``. A figure saved as NaN is shown as "not a number" with the bench's reason
 when it gave one (infinite: "infinite"), never as ``nan``.
 
     python -m bench.publish --check        # exit 1 (and a diff summary) if the page is stale
@@ -327,7 +328,9 @@ def summary_of(figs: dict[str, Any], name: str, centre: str = "") -> str | None:
       to be the reached seeds' (the min-max of the reached values alone read as a clean range);
     * ``NAME_spread`` or ``BASE_spread_SIZE`` (``[min, median, max]``): ``median V (min-max A-B
       over repetitions)``, or ``CENTRE V`` and the three named when the figure is not their median;
-    * ``NAME_min`` / ``NAME_max``: ``CENTRE V (min-max A-B over repetitions)``."""
+    * ``NAME_min`` / ``NAME_max``: ``CENTRE V (min-max A-B over repetitions)``;
+    * ``NAME_per_rep``, a count summed over the repetitions (failures: ``bench._stats.over_reps``):
+      ``total V over R repetitions (each: a, b, c)``."""
     value = figs.get(name)
     if not isinstance(value, int | float) or isinstance(value, bool):
         return None
@@ -367,6 +370,10 @@ def summary_of(figs: dict[str, Any], name: str, centre: str = "") -> str | None:
         what = f"{centre} " if centre else ""
         lo, hi = _cell(figs[f"{name}_min"]), _cell(figs[f"{name}_max"])
         return f"{what}{v} (min-max {lo}-{hi} over repetitions)"
+    each = figs.get(f"{name}_per_rep")
+    if (isinstance(each, list) and each and all(isinstance(x, int | float) for x in each)
+            and _same(value, sum(each))):
+        return f"total {v} over {len(each)} repetitions (each: {', '.join(_cell(x) for x in each)})"
     return None
 
 
@@ -415,7 +422,8 @@ def render(mach: dict[str, Any], saved: dict[str, dict[str, Any]]) -> str:
         "Each figure with a spread says what it is: `median V (min-max A-B over repetitions)` "
         "where a bench repeats, `mean V (95 % interval L .. H; n of m seeds reached)` over seeds "
         "(a gap to DDP says `measured`: it exists whether or not the seed reached the target, "
-        "which `targets_missed` counts). "
+        "which `targets_missed` counts), `total V over R repetitions (each: a, b, c)` for a count "
+        "of failures, summed over the repetitions. "
         "A seed that missed its target is counted, never dropped: the interval is `unbounded` on "
         "its side (below for a saving, above for a time, a ratio or a gap; "
         "`vcasync.costing.spread`) and the mean is the reached seeds'. Failed or timed-out "

@@ -292,3 +292,12 @@ def test_the_tox_bench_env_runs_every_published_bench_at_its_quick_sizes() -> No
     for module, args in run:
         assert "--quick" in args, f"tox -e bench runs {module} at its default sizes"
         importlib.import_module(module).parse(args)
+
+
+def test_a_count_summed_over_repetitions_shows_each_repetitions(tmp_path: Path) -> None:
+    figures = {"p99_ms_10k_conn": 6.8, "p99_ms_10k_conn_spread": [6.1, 6.8, 9.0],
+               "failed_10k": 3, "failed_10k_per_rep": [0, 3, 0]}
+    _save(tmp_path, "scale", {"command": "python -m bench.scale --json", "seconds": 1.0, "figures": figures})
+    page = render(*load_results(tmp_path, root=tmp_path))
+    assert "| `scale` | `p99_ms_10k_conn` | median 6.8 (min-max 6.1-9 over repetitions) |" in page
+    assert "| `scale` | `failed_10k` | total 3 over 3 repetitions (each: 0, 3, 0) |" in page
