@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from vcasync.coerce import argument_number
@@ -20,6 +20,63 @@ def spread(values: Sequence[float], digits: int = 3) -> list[float]:
         raise ValueError("no repetitions to summarise")
     return [round(min(values), digits), round(statistics.median(values), digits),
             round(max(values), digits)]
+
+
+def _gave_none(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _number_like(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def over_reps(reps: Sequence[Mapping[str, Any]], headline: Iterable[str],
+              is_count: Callable[[str], bool]) -> dict[str, Any]:
+    """One set of figures from each repetition's (``reps``, the same keys in each), none dropped.
+
+    * a count (``is_count(key)``: failures, timeouts, leases expired wrongly) is the *sum* over the
+      repetitions, with ``KEY_per_rep`` beside it when ``KEY`` is in ``headline``;
+    * any other number is the median, with ``KEY_spread`` (``[min, median, max]``, :func:`spread`)
+      beside it when ``KEY`` is in ``headline``; a repetition that gave none (None or NaN: too
+      little to time) makes the figure None, its spread None, and ``reasons[KEY]`` says which;
+    * a dict of counts (errors by kind) is summed kind by kind;
+    * anything else is kept when every repetition agrees, else the list of them.
+
+    The order is the first repetition's keys, each followed by its spread; ``reps`` the number."""
+    if not reps:
+        raise ValueError("no repetitions to summarise")
+    wanted = set(headline)
+    out: dict[str, Any] = {}
+    reasons: dict[str, str] = {}
+    for key in reps[0]:
+        values = [r[key] for r in reps]
+        if is_count(key) and all(_number_like(v) for v in values):
+            out[key] = sum(values)
+            if key in wanted:
+                out[f"{key}_per_rep"] = list(values)
+        elif all(_number_like(v) or _gave_none(v) for v in values) \
+                and (key in wanted or any(not _gave_none(v) for v in values)):
+            missing = [i + 1 for i, v in enumerate(values) if _gave_none(v)]
+            if missing:
+                out[key] = None
+                reasons[key] = (f"not measured: repetition(s) {', '.join(map(str, missing))} of "
+                                f"{len(values)} gave none")
+            else:   # a figure every repetition agrees on stays as it is (an int an int)
+                out[key] = values[0] if len(set(values)) == 1 else statistics.median(values)
+            if key in wanted:
+                out[f"{key}_spread"] = None if missing else spread(values)
+        elif all(isinstance(v, Mapping) for v in values):
+            total: dict[str, Any] = {}
+            for v in values:
+                for kind, n in v.items():
+                    total[kind] = total.get(kind, 0) + n
+            out[key] = total
+        else:
+            out[key] = values[0] if all(v == values[0] for v in values) else list(values)
+    out["reps"] = len(reps)
+    if reasons:
+        out["reasons"] = reasons
+    return out
 
 
 def show(values: Sequence[float], digits: int = 2) -> str:

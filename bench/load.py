@@ -8,10 +8,6 @@ and upload delta results as fast as they can, so the coordinator merges all alon
 is only ``--timeout-factor`` heartbeat intervals, so a heartbeat that is answered late or dropped shows
 up as an expired lease: ``leases_expired`` must stay 0 (no lease expires wrongly).
 
-Figures: ``p50_ms`` / ``p99_ms`` of lease and heartbeat requests during the merges, ``merges`` and
-``merges_per_s``, ``bytes_per_worker`` (the coordinator's resident memory after, minus before the
-fleet joined, over ``N``; retained model versions included), ``leases_expired``, ``failed``.
-
 Failures are figures, never dropped: ``failed`` counts the fleet's failed or timed-out requests
 (:mod:`bench.scale`'s rules) *and* every submitter error, listed by kind in ``submit_errors``: a
 join, lease, download or upload that failed or took over ``SUBMIT_TIMEOUT_S``, and a result the
@@ -19,6 +15,17 @@ coordinator answered but did not accept (``rejected`` and its reason). A submitt
 and tries again (after ``RETRY_S``), handing back the lease it held. (Until 2026-12-06 submitter
 errors were listed but left out of ``failed``, and one that was not a vcasync error, a refused
 connection, ended the run in a traceback.)
+
+Figures: ``p50_ms`` / ``p99_ms`` of lease and heartbeat requests during the merges, ``merges`` and
+``merges_per_s``, ``bytes_per_worker`` (the coordinator's resident memory after, minus before the
+fleet joined, over ``N``; retained model versions included), ``leases_expired``, ``failed``.
+
+Repetitions: ``--reps`` measurements (default 5; ``--quick`` 3), each in a fresh coordinator
+process. Each figure is the median of its repetitions (``bench._stats.over_reps``), the headline
+ones (``HEADLINE``) with ``NAME_spread``, ``[min, median, max]``, beside them; ``failed`` and
+``leases_expired`` are summed over every repetition, each repetition's under ``NAME_per_rep``, and
+the errors are summed by kind. The default run (10,000 workers, 10 s x 3 rounds) takes about 50 s a
+repetition on 2 cores: about 4 minutes; ``--quick`` about 15 s a repetition: under a minute.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ from ._http import LeanPool
 from ._peers import SECRET
 from ._proc import peer
 from ._signals import stop_on_sigterm
-from ._stats import add_quick, parse_args, positive_float, positive_int
+from ._stats import add_quick, finite, over_reps, parse_args, positive_float, positive_int, show
 
 
 async def _metric(http: LeanPool, name: str) -> float:
@@ -188,7 +195,7 @@ def load(workers: int, interval: float, rounds: int, connections: int, submitter
         return run(measure(url, workers, interval, rounds, connections, submitters))
 
 
-QUICK: dict[str, Any] = {"workers": 1000, "interval": 2.0, "rounds": 2}
+QUICK: dict[str, Any] = {"workers": 1000, "interval": 2.0, "rounds": 2, "reps": 3}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -201,25 +208,56 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--params", type=positive_int, default=100_000, help="model size (float32 parameters)")
     p.add_argument("--timeout-factor", type=positive_float, default=3.0,
                    help="lease timeout in heartbeat intervals")
-    add_quick(p, QUICK, "1,000 workers, 2 s heartbeats, 2 rounds")
+    p.add_argument("--reps", type=positive_int, default=5,
+                   help="repetitions, each in a fresh coordinator (each figure: the median, with min / max)")
+    add_quick(p, QUICK, "1,000 workers, 2 s heartbeats, 2 rounds, 3 repetitions")
     p.add_argument("--json", action="store_true")
     return parse_args(p, argv)
+
+
+#: The figures given with their min / median / max over the repetitions (counts: each repetition's).
+HEADLINE = ("p99_ms", "leases_expired", "failed", "p50_ms", "heartbeat_p99_ms", "client_lag_ms_p99",
+            "merges_per_s", "bytes_per_worker")
+#: Counts, summed over the repetitions (a failure in any of them stays in the figure).
+COUNTS = ("failed", "leases_expired")
+
+
+def summarise(per_rep: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures over every repetition (``bench._stats.over_reps``): ``failed`` and
+    ``leases_expired`` summed, each repetition's beside them; every other figure the median, the
+    headline ones with ``NAME_spread`` (``[min, median, max]``); errors summed by kind."""
+    first = [{k: r[k] for k in (*HEADLINE, *r)} for r in per_rep]   # the headline first
+    return over_reps(first, HEADLINE, lambda k: k in COUNTS)
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     stop_on_sigterm()  # its coordinator stopped, its directories removed
-    r = load(a.workers, a.interval, a.rounds, a.connections, a.submitters, a.params, a.timeout_factor)
-    print(f"{r['workers']} simulated workers, heartbeat every {a.interval:g}s x {a.rounds}, lease timeout "
-          f"{a.timeout_factor * a.interval:g}s, {a.submitters} submitters merging {a.params:,}-param results")
-    print(f"{'requests':>9}{'p50 ms':>9}{'p99 ms':>9}{'beat p99':>10}{'merges':>8}{'merges/s':>10}"
-          f"{'expired':>9}{'bytes/worker':>14}")
-    print(f"{r['requests']:>9}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}{r['heartbeat_p99_ms']:>10.2f}"
-          f"{r['merges']:>8}{r['merges_per_s']:>10.1f}{r['leases_expired']:>9}{r['bytes_per_worker']:>14.0f}")
-    if r["errors"] or r["submit_errors"]:
-        print(f"  errors: {r['errors']} submitters: {r['submit_errors']}")
+    print(f"{a.workers} simulated workers, heartbeat every {a.interval:g}s x {a.rounds}, lease timeout "
+          f"{a.timeout_factor * a.interval:g}s, {a.submitters} submitters merging {a.params:,}-param "
+          f"results; {a.reps} repetition(s), each in a fresh coordinator")
+    print(f"{'rep':>4}{'requests':>9}{'failed':>7}{'p50 ms':>9}{'p99 ms':>9}{'beat p99':>10}{'merges':>8}"
+          f"{'merges/s':>10}{'expired':>9}{'bytes/worker':>14}", flush=True)
+    per_rep = []
+    for rep in range(a.reps):
+        r = load(a.workers, a.interval, a.rounds, a.connections, a.submitters, a.params, a.timeout_factor)
+        print(f"{rep + 1:>4}{r['requests']:>9}{r['failed']:>7}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
+              f"{r['heartbeat_p99_ms']:>10.2f}{r['merges']:>8}{r['merges_per_s']:>10.1f}"
+              f"{r['leases_expired']:>9}{r['bytes_per_worker']:>14.0f}", flush=True)
+        if r["errors"] or r["submit_errors"]:
+            print(f"      errors: {r['errors']} submitters: {r['submit_errors']}")
+        per_rep.append(r)
+    figures = summarise(per_rep)
+    print(f"over {a.reps} repetition(s): median (min-max); failed and expired summed")
+    for k in HEADLINE:
+        if k in COUNTS:
+            print(f"  {k:<20}{figures[k]} (per repetition: {', '.join(map(str, figures[f'{k}_per_rep']))})")
+        elif figures[f"{k}_spread"] is not None:
+            print(f"  {k:<20}{show([r[k] for r in per_rep], 3)}")
+    for k, why in (figures.get("reasons") or {}).items():
+        print(f"  {k:<20}{why}")
     if a.json:
-        print(json.dumps({"p99_ms": r["p99_ms"], "leases_expired": r["leases_expired"], **r}))
+        print(json.dumps(finite(figures)))
     return 0
 
 

@@ -27,8 +27,22 @@ runs a real worker uploads results back to back from a process of its own (``res
 the fleet starts once it has joined, so every merging run's figures are taken while merging, and a
 merger that never got ready, or died, counts as one failed request.
 
+Repetitions: every run above runs ``--reps`` times (default 3; ``--quick`` 2), each time against a
+fresh server process, one repetition after the other (each repetition runs every run once, so a
+ratio such as ``heartbeats_vs_bare_aiohttp`` is taken between runs of the same repetition). Each
+figure is the median of its repetitions (``bench._stats.over_reps``); the headline figures have
+``NAME_spread``, ``[min, median, max]`` over the repetitions, beside them. Failures are summed over
+every repetition, never a median: ``failed_10k``, ``failed_total`` and every run's ``failed`` count
+all of them, the headline ones with ``NAME_per_rep`` (each repetition's count). A figure a
+repetition could not give (``beats_per_core_s`` with too little server CPU to time) is None, with
+the repetition named under ``reasons``, never the median of the others. The default run (two pooled
+fleets, then 10,000 workers on their own connections, over TLS, quiet and bare, 10 s x 3 rounds)
+takes about 5 minutes a repetition on 2 cores: about 15 minutes; ``--quick`` about 50 s a
+repetition: under 2 minutes (2 repetitions, not 3, to stay within them).
+
 Figures (named by the fleet size run: ``--quick`` runs 1,000 workers and names them ``_1k``; the
-default run, ``--workers 1000,10000``, gives the ``_10k`` names issue 18 asks for):
+default run, ``--workers 1000,10000``, gives the ``_10k`` names issue 18 asks for; each the median
+over the repetitions, failures summed):
 ``p99_ms_1k``/``p99_ms_10k`` (pooled), ``p99_ms_10k_conn``, ``p99_ms_10k_tls`` (p99 of lease +
 heartbeat latency, measured here, including this process's own scheduling delay, reported as
 ``client_lag_ms_p99_*``), ``failed_10k`` (failed or timed-out requests of the conn and tls runs),
@@ -57,6 +71,7 @@ import contextlib
 import gc
 import json
 import random
+import re
 import resource
 import sys
 import tempfile
@@ -78,7 +93,16 @@ from ._http import LeanPool, OneConn
 from ._peers import SECRET, bench_model
 from ._proc import peer
 from ._signals import stop_on_sigterm
-from ._stats import add_quick, parse_args, positive_float, positive_int, positive_ints
+from ._stats import (
+    add_quick,
+    finite,
+    over_reps,
+    parse_args,
+    positive_float,
+    positive_int,
+    positive_ints,
+    show,
+)
 from ._tls import client_context
 
 
@@ -430,7 +454,7 @@ def _tag(n: int) -> str:
     return f"{n // 1000}k" if n % 1000 == 0 else str(n)
 
 
-QUICK: dict[str, Any] = {"workers": "1000", "interval": 2.0, "rounds": 1}
+QUICK: dict[str, Any] = {"workers": "1000", "interval": 2.0, "rounds": 1, "reps": 2}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -443,37 +467,44 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--connections", type=positive_int, default=256, help="pool size of the pooled runs")
     p.add_argument("--params", type=positive_int, default=1_000_000, help="model size the merger uploads")
     p.add_argument("--timeout", type=positive_float, default=10.0, help="per request, seconds")
-    add_quick(p, QUICK, "1,000 workers every 2 s, 1 round")
+    p.add_argument("--reps", type=positive_int, default=3,
+                   help="repetitions of every run (each figure: the median, with min / max)")
+    add_quick(p, QUICK, "1,000 workers every 2 s, 1 round, 2 repetitions")
     p.add_argument("--json", action="store_true")
     p.add_argument("--merger", default=None, help=argparse.SUPPRESS)   # the merger process
     p.add_argument("--cert", default=None, help=argparse.SUPPRESS)
     return parse_args(p, argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = parse(argv)
-    if a.merger:
-        return merger_main(a.merger, a.params, a.cert)
-    stop_on_sigterm()  # its server and merger stopped, its directories removed
-    big = max(int(x) for x in a.workers.split(","))
-    note = raise_nofile(big + 1000)
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="vcasync-scale-") as tmp:
-        cert, key = self_signed(Path(tmp))
-        for r in runs(a):
-            tls = client_context(cert) if r.connect == "tls" else None
-            extra = ["--tls-cert", str(cert), "--tls-key", str(key)] if tls else []
-            args = ["--params", str(a.params), "--units", str(units(r)), "--steps", "1000000",
-                    "--durability", "none", "--lease-timeout", str(max(600.0, 10 * a.interval)), *extra]
-            with peer(r.server, *args) as url, contextlib.ExitStack() as stack:
-                counts = (stack.enter_context(merger_process(url, a.params, cert if tls else None))
-                          if r.merging else None)
-                row = run(measure(r, url, a, tls))
-            if counts is not None:   # the merger has exited: its counts are final
-                row["results_merged"], row["failed"] = counts[0], row["failed"] + counts[1]
-            rows.append(row)
-    print(f"simulated workers over HTTP: heartbeat every {a.interval:g}s for {a.rounds} round(s), "
-          f"open-loop arrivals, {a.timeout:g}s timeout (failures count as timeouts); {note}")
+def one_run(r: Run, a: argparse.Namespace, cert: Path, key: Path) -> dict[str, Any]:
+    """``r`` against a fresh server process (and a merger process when it merges): its row."""
+    tls = client_context(cert) if r.connect == "tls" else None
+    extra = ["--tls-cert", str(cert), "--tls-key", str(key)] if tls else []
+    args = ["--params", str(a.params), "--units", str(units(r)), "--steps", "1000000",
+            "--durability", "none", "--lease-timeout", str(max(600.0, 10 * a.interval)), *extra]
+    with peer(r.server, *args) as url, contextlib.ExitStack() as stack:
+        counts = (stack.enter_context(merger_process(url, a.params, cert if tls else None))
+                  if r.merging else None)
+        row = run(measure(r, url, a, tls))
+    if counts is not None:   # the merger has exited: its counts are final
+        row["results_merged"], row["failed"] = counts[0], row["failed"] + counts[1]
+    return row
+
+
+#: A single run's figures in :func:`headline` (``conn_10000_p99_ms``), not the headline's own.
+_PER_RUN = re.compile(r"^(pool|conn|tls|quiet|bare)_\d+_")
+
+
+def summarise(per_rep: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures over every repetition (``bench._stats.over_reps``): failures summed (each
+    repetition's beside the headline's ``failed_*``), every other figure the median of its
+    repetitions, the headline ones with ``NAME_spread`` (``[min, median, max]``) beside them."""
+    head = [k for k in per_rep[0] if not _PER_RUN.match(k) and k != "workers"]
+    return over_reps(per_rep, head, lambda k: k.startswith("failed") or k.endswith("_failed"))
+
+
+def _table(rows: list[dict[str, Any]], title: str) -> None:
+    print(title)
     print(f"{'run':>12}{'req/s':>7}{'requests':>9}{'failed':>7}{'p50 ms':>8}{'p99 ms':>8}"
           f"{'lease p99':>10}{'beat p99':>9}{'lag p99':>8}{'B/worker':>9}{'beats/core-s':>13}{'merged':>7}")
     for r in rows:
@@ -484,13 +515,57 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['results_merged']:>7}")
         if r["errors"]:
             print(f"  errors: {r['errors']}")
-    figures = headline(rows)
+    sys.stdout.flush()   # a repetition's table as it ends, not at the end of the run
+
+
+def _summary(per_rep: list[dict[str, Any]], figures: dict[str, Any]) -> None:
+    print(f"over {len(per_rep)} repetition(s): median (min-max); failures summed")
+    for k, v in figures.items():
+        if k.endswith("_spread") and v is not None:
+            name = k.removesuffix("_spread")
+            print(f"  {name:<40}{show([r[name] for r in per_rep], 3)}")
+        elif k.endswith("_per_rep"):
+            name = k.removesuffix("_per_rep")
+            print(f"  {name:<40}{figures[name]} (per repetition: {', '.join(map(str, v))})")
+    for name, why in (figures.get("reasons") or {}).items():
+        print(f"  {name:<40}{why}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    if a.merger:
+        return merger_main(a.merger, a.params, a.cert)
+    stop_on_sigterm()  # its server and merger stopped, its directories removed
+    big = max(int(x) for x in a.workers.split(","))
+    note = raise_nofile(big + 1000)
+    print(f"simulated workers over HTTP: heartbeat every {a.interval:g}s for {a.rounds} round(s), "
+          f"open-loop arrivals, {a.timeout:g}s timeout (failures count as timeouts), "
+          f"{a.reps} repetition(s); {note}", flush=True)
+    per_rep = []
+    with tempfile.TemporaryDirectory(prefix="vcasync-scale-") as tmp:
+        cert, key = self_signed(Path(tmp))
+        for rep in range(a.reps):     # every run once per repetition: the ratios are paired
+            rows = [one_run(r, a, cert, key) for r in runs(a)]
+            _table(rows, f"repetition {rep + 1} of {a.reps}")
+            per_rep.append(headline(rows))
+    figures = summarise(per_rep)
+    _summary(per_rep, figures)
     figures["config"] = (f"interval {a.interval:g}s, rounds {a.rounds}, pool {a.connections}, "
-                         f"merger model {a.params} params, timeout {a.timeout:g}s")
+                         f"merger model {a.params} params, timeout {a.timeout:g}s, reps {a.reps}")
     figures["nofile"] = note
     if a.json:
-        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in figures.items()}))
+        print(json.dumps(finite(_rounded(figures))))
     return 0
+
+
+def _rounded(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return round(obj, 3)
+    if isinstance(obj, dict):
+        return {k: _rounded(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_rounded(v) for v in obj]
+    return obj
 
 
 if __name__ == "__main__":
