@@ -25,7 +25,8 @@ process. Each figure is the median of its repetitions (``bench._stats.over_reps`
 ones (``HEADLINE``) with ``NAME_spread``, ``[min, median, max]``, beside them; ``failed`` and
 ``leases_expired`` are summed over every repetition, each repetition's under ``NAME_per_rep``, and
 the errors are summed by kind. The default run (10,000 workers, 10 s x 3 rounds) takes about 50 s a
-repetition on 2 cores: about 4 minutes; ``--quick`` about 15 s a repetition: under a minute.
+repetition on 2 idle cores: about 4 minutes (6 minutes at load average 11); ``--quick`` about 15 s
+a repetition: under a minute.
 """
 
 from __future__ import annotations

@@ -37,8 +37,9 @@ all of them, the headline ones with ``NAME_per_rep`` (each repetition's count). 
 repetition could not give (``beats_per_core_s`` with too little server CPU to time) is None, with
 the repetition named under ``reasons``, never the median of the others. The default run (two pooled
 fleets, then 10,000 workers on their own connections, over TLS, quiet and bare, 10 s x 3 rounds)
-takes about 5 minutes a repetition on 2 cores: about 15 minutes; ``--quick`` about 50 s a
-repetition: under 2 minutes (2 repetitions, not 3, to stay within them).
+takes about 5 minutes a repetition on 2 idle cores: about 15 minutes (27 minutes on 2 cores at load
+average 11, 2026-12-06); ``--quick`` about 50 s a repetition: under 2 minutes (2 repetitions, not
+3, to stay within them; 3.6 minutes at load average 10).
 
 Figures (named by the fleet size run: ``--quick`` runs 1,000 workers and names them ``_1k``; the
 default run, ``--workers 1000,10000``, gives the ``_10k`` names issue 18 asks for; each the median
