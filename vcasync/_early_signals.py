@@ -5,7 +5,9 @@ before its event loop runs; a preemption notice in that time killed it (exit 143
 SIGTERMed worker exits 0. :func:`hold` (``vcasync.cli.main`` calls it first thing, before any heavy
 import) makes both signals only remembered. A command that stops cleanly on them (``worker``,
 ``coordinator``: :attr:`vcasync.cli.Command.handles_signals`) calls :func:`handover` once its
-event loop runs: from then on each signal calls its stop, at once if one came before. For any
+event loop runs: from then on each signal calls its stop, at once if one came before. ``demo``,
+which stops on handlers of its own, sets them with :func:`take_over` first thing and acts on a
+signal that came before as on one that comes later. For any
 other command ``cli.main`` calls :func:`release` before it runs: the default handling is back, and a
 signal that came meanwhile acts as it would have (SIGINT: ``KeyboardInterrupt``; SIGTERM: the
 process ends by it).
@@ -33,7 +35,7 @@ if TYPE_CHECKING:     # nothing heavy here: imported before everything else the 
     import asyncio
     from types import FrameType
 
-__all__ = ["SIGNALS", "handover", "hold", "ignore_while_exiting", "received", "release"]
+__all__ = ["SIGNALS", "handover", "hold", "ignore_while_exiting", "received", "release", "take_over"]
 
 #: The signals a command stops on.
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -92,6 +94,20 @@ def release(*, act: bool = True) -> None:
     _restore()
     if act and _received:
         _act(_received[0])
+
+
+def take_over() -> int | None:
+    """For a command that sets its own signal handlers instead of an event loop's (``vcasync
+    demo``): the handling from before :func:`hold` back, a signal that came while held *not* acted
+    on but returned (None: none came, or nothing was held), for the command to act on as it does on
+    its own. Call it with the signals blocked (``signal.pthread_sigmask``) and set the command's
+    handlers before unblocking them, so that none lands on the default handling in between."""
+    global _held
+    if not _held:
+        return None
+    _held = False
+    _restore()
+    return _received[0] if _received else None
 
 
 def _remember(signum: int, frame: FrameType | None) -> None:

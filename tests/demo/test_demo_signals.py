@@ -5,6 +5,8 @@ are found by its run directory, which appears on their command lines.
   coordinator, workers and DDP ranks, says so, and exits 130. With the default handling the demo
   ended at once (exit 143) and left the coordinator serving (with ``--linger 600``) and the workers,
   or the DDP ranks, running with nobody to stop them.
+* SIGTERM while it starts (importing torch): it says so and exits 130, having started
+  nothing; it ended with 143 and no word.
 * Its coordinator killed from outside (a crash, the OOM killer): the demo stops the fleet at once and
   says why (exit 5). Its workers retried the dead coordinator until ``--max-wall`` (15 minutes by
   default), and the demo then said only that the fleet did not finish in time.
@@ -77,6 +79,34 @@ def test_sigterm_during_the_fleet_stops_the_coordinator_and_workers(tmp_path: Pa
     assert "interrupted: stopping the workers and the coordinator" in err
     assert str(run_dir) in err
     assert not (run_dir / "report.json").exists()
+
+
+def _maps(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return ""
+
+
+def test_sigterm_while_it_starts_is_an_interrupt_that_says_so(tmp_path: Path) -> None:
+    """A SIGTERM while the demo starts (importing torch: seconds on a loaded machine) ended it with
+    143 and no word, though the quick-start page and the exit codes say 130: vcasync.cli.main held
+    the signal from its first moment, then gave it back to its default handling before the demo ran."""
+    run_dir = tmp_path / "run"
+    proc = _start(tmp_path, run_dir)
+    try:
+        # importing torch (the commands' options import it): seconds before anything is created
+        wait_until("the demo importing torch", lambda: "libtorch" in _maps(proc.pid), 60, every=0.01)
+        assert not run_dir.exists(), "the run had started: too late to test start-up"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == ExitCode.INTERRUPTED, (proc.returncode, err)
+    assert "interrupted while starting: nothing was started or written" in err
+    assert not run_dir.exists()
+    assert not _children_of_run(str(run_dir))
 
 
 def test_sigterm_during_the_ddp_baseline_stops_its_ranks(tmp_path: Path) -> None:

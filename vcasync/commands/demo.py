@@ -20,4 +20,4 @@ def _run(a: argparse.Namespace) -> int:
 
 
 COMMAND = Command(name="demo", help="train a small CNN on worker processes a simulated spot market preempts",
-                  configure=_configure, run=_run)
+                  configure=_configure, run=_run, handles_signals=True)

@@ -113,22 +113,48 @@ def _config(a: argparse.Namespace) -> Any:
 
 
 def run(a: argparse.Namespace) -> int:
-    import torch
-
-    from ..examples.workloads import get_workload
-
-    cfg = _config(a)
-    _ = get_workload(cfg.workload).num_train  # fails early, with an install hint, if the data set is missing
-    torch.set_num_threads(1)
-    # SIGTERM and SIGHUP stop the demo as Ctrl-C does, until its summary is out: SIGHUP (its
-    # terminal closed, `kill -HUP PID`) ended it at once and left the coordinator and workers
-    # running; SIGTERM while the report was written ended it with 143 and a report.json without plots
-    previous = {s: signal.signal(s, _sigterm_interrupts) for s in STOP_SIGNALS}
+    # SIGTERM and SIGHUP stop the demo as Ctrl-C does, from its first moment until its summary is
+    # out: SIGHUP (its terminal closed, `kill -HUP PID`) ended it at once and left the coordinator
+    # and workers running; SIGTERM while the report was written ended it with 143 and a report.json
+    # without plots; and one while it started (importing torch: seconds on a loaded machine) ended
+    # it with 143 and no word, although `vcasync.cli.main` had held it since before the parser
+    previous: dict[int, Any] = {}
     try:
+        try:
+            _take_signals(previous)
+            import torch
+
+            from ..examples.workloads import get_workload
+
+            cfg = _config(a)
+            # fails early, with an install hint, if the data set is missing
+            _ = get_workload(cfg.workload).num_train
+            torch.set_num_threads(1)
+        except KeyboardInterrupt:
+            print("vcasync demo: interrupted while starting: nothing was started or written",
+                  file=sys.stderr, flush=True)
+            raise
         return _run(a, cfg)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _take_signals(previous: dict[int, Any]) -> None:
+    """The demo's handlers for SIGTERM and SIGHUP in place of `vcasync.cli.main`'s start-up hold
+    (:mod:`vcasync._early_signals`), and SIGINT's own handling back; ``previous`` gets the handlers
+    replaced. A signal held since the command started, or one that comes while the handlers change
+    (blocked meanwhile, delivered after), raises ``KeyboardInterrupt`` as one later would."""
+    from .. import _early_signals
+
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {*STOP_SIGNALS, signal.SIGINT})
+    try:
+        came = _early_signals.take_over()
+        previous.update({s: signal.signal(s, _sigterm_interrupts) for s in STOP_SIGNALS})
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)   # one that came meanwhile acts here
+    if came is not None:
+        raise KeyboardInterrupt
 
 
 def _run(a: argparse.Namespace, cfg: Any) -> int:
