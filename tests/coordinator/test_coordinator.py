@@ -323,6 +323,29 @@ async def test_versions_are_retained_for_deltas_and_dropped_outside_the_window(k
             coord.model_etag(0)
 
 
+async def test_a_lease_that_expires_at_a_lease_request_or_a_heartbeat_is_a_status_event(
+        kit, clock, policy) -> None:
+    """A lease found past its deadline by a lease request (its unit handed to another worker) or
+    by its own heartbeat (revived) counted in the ledger's `expired` but was no status-page event:
+    only those the expiry loop found were; a stalled worker's expiry left no trace in the page."""
+    async with coordinator(kit, clock, policy, units=2, expiry_interval_s=0.02) as coord:
+        slow, other = await coord.join("slow"), await coord.join("other")
+        taken = await coord.lease(slow)
+        revived = await coord.lease(slow)
+        clock.advance(1000.0)               # both past their deadlines, the expiry loop not run yet
+        await coord.heartbeat(slow, revived.lease_id, steps_done=1)    # expires both, revives one
+        await coord.lease(other)                                       # the other unit, expired
+        assert coord.status()["leases"]["expired"] == 2
+        for _ in range(200):                # the expiry loop's next pass (every 0.02 s)
+            events = [e for e in coord.activity.events() if e.kind == "expired"]
+            if len(events) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert sorted((e.worker, e.unit) for e in events) == sorted(
+            [(slow, taken.unit.unit_id), (slow, revived.unit.unit_id)])
+        assert coord.activity.totals["expired"] == 2
+
+
 async def test_only_bases_of_results_that_may_still_come_are_kept(kit, clock, policy) -> None:
     async with coordinator(kit, clock, policy, units=6, max_staleness=8) as coord:
         w = await coord.join()

@@ -912,9 +912,11 @@ class Coordinator:
                 continue    # workers were told to wait: their leases must not run out for it
             self._grace_left()      # a grace run out ends here too, not only at a lease request
             expired = self._ledger.expire()
-            for lease_id in expired:
-                self.activity.note("expired", worker=self._ledger.lease_holder(lease_id),
-                                   unit=self._ledger.lease_unit(lease_id), detail=f"lease {lease_id}")
+            # also those a lease request or a heartbeat expired since the last pass: only this
+            # pass's were noted, and the status page's events missed a lease that ran out while
+            # its worker stalled, then heartbeated (revived) or lost its unit to another worker
+            for lease_id, worker_id, unit_id in self._ledger.take_expired():
+                self.activity.note("expired", worker=worker_id, unit=unit_id, detail=f"lease {lease_id}")
             self._merger.retain(rescan=True)   # with many leases, the merges do not scan them
             if expired:
                 self._check_finished()

@@ -113,6 +113,11 @@ _MAY_DELIVER = frozenset({LeaseState.ACTIVE, LeaseState.EXPIRED, LeaseState.RELE
 COORDINATOR_REASONS = frozenset({"too_stale", "base_unavailable"})
 
 
+#: How many expiries :meth:`Ledger.take_expired` keeps between two calls (the status page's event
+#: ring holds 200 events).
+EXPIRED_KEPT = 1024
+
+
 class Ledger:
     """Which unit is where, who holds which lease until when, and what every result came to."""
 
@@ -132,6 +137,10 @@ class Ledger:
         self._parked: dict[int, UnitRecord] = {}      # by unit index (status reads them often)
         self._workers: dict[str, WorkerRecord] = {}
         self._heap: list[tuple[float, str]] = []   # (deadline, lease id); stale entries are skipped
+        # (lease id, worker id, unit id) of the leases expired since take_expired(), wherever found:
+        # a lease request or a heartbeat expires leases too, and the coordinator's status events
+        # missed those; bounded, for a ledger nobody drains (the simulator)
+        self._expired_since: deque[tuple[str, str, str]] = deque(maxlen=EXPIRED_KEPT)
         self._count: dict[UnitState, int] = dict.fromkeys(UnitState, 0)
         self.stats: dict[str, int] = dict.fromkeys(
             ("issued", "reissued", "expired", "released", "revived", "adopted", "parked",
@@ -403,6 +412,15 @@ class Ledger:
             self.stats["expired"] += 1
             self._fail(self._units[lease.unit_id], lease, "lease expired")
             out.append(lease_id)
+            self._expired_since.append((lease_id, lease.worker_id, lease.unit_id))
+        return out
+
+    def take_expired(self) -> list[tuple[str, str, str]]:
+        """``(lease id, worker id, unit id)`` of every lease expired since the last call (at most
+        :data:`EXPIRED_KEPT`, the newest), whichever call expired it: :meth:`expire`, a lease
+        request or a heartbeat."""
+        out = list(self._expired_since)
+        self._expired_since.clear()
         return out
 
     def _blame(self, worker_id: str, why: str) -> None:
