@@ -128,9 +128,13 @@ class SpotWalk:
     sigma: float = 0.05
     low: float = 0.5
     high: float = 2.0
-    # not an __init__ argument: dataclasses.replace(walk, seed=8) passed the old walk's cache on, and
-    # the new seed priced at the old seed's factors
-    _cache: dict[int, float] = field(default_factory=dict, repr=False, compare=False, init=False)
+    # not __init__ arguments: dataclasses.replace(walk, seed=8) passed the old walk's cache on, and
+    # the new seed priced at the old seed's factors. The factors drawn so far (index: the step; 0 is
+    # the list price) and the generator that draws the next ones, where each step not drawn yet
+    # drew every step before it again: pricing N steps took O(N^2) (a 4,000-step walk, 67 minutes
+    # at --spot-walk-step 1, took 21 s to price; a week of 10-s steps, hours, after the run)
+    _factors: list[float] = field(default_factory=lambda: [1.0], repr=False, compare=False, init=False)
+    _rng: np.random.Generator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # NaN passed the old comparisons: sigma=nan clipped every step to ``low`` (half the list
@@ -149,22 +153,27 @@ class SpotWalk:
             if not is_finite_number(value) or not (
                     (value > lo if name == "low" else value >= lo) and value <= hi):
                 raise ConfigError(f"SpotWalk.{name} must be {what}, got {value!r}")
+        object.__setattr__(self, "_rng", np.random.default_rng(
+            np.random.SeedSequence([self.seed & 0xFFFFFFFF, 0x5B07])))
 
     def factor(self, step: int) -> float:
-        """The multiplier in force during step ``step`` (step 0 is the list price)."""
+        """The multiplier in force during step ``step`` (step 0 is the list price). The steps are
+        drawn in order from one generator, once each: the same draws as all ``step`` of them at
+        once (numpy's normal draws one value after the other)."""
         if step <= 0:
             return 1.0
-        if step not in self._cache:
-            rng = np.random.default_rng(np.random.SeedSequence([self.seed & 0xFFFFFFFF, 0x5B07]))
-            f = 1.0
-            draws = rng.normal(0.0, self.sigma, size=step) if self.sigma else np.zeros(step)
-            for done, d in enumerate(draws, start=1):
+        factors = self._factors
+        if step >= len(factors):
+            more = step + 1 - len(factors)
+            draws = self._rng.normal(0.0, self.sigma, size=more) if self.sigma else np.zeros(more)
+            f = factors[-1]
+            for d in draws.tolist():
                 # a large (finite) sigma draws steps past exp's range: math.exp raised OverflowError
                 # when the run was priced; a step that large takes the walk to ``high`` anyway
-                mult = math.exp(float(d)) if float(d) < 700.0 else math.inf
+                mult = math.exp(d) if d < 700.0 else math.inf
                 f = min(self.high, max(self.low, f * mult))
-                self._cache.setdefault(done, f)
-        return self._cache[step]
+                factors.append(f)
+        return factors[step]
 
     def usd(self, base_per_h: float, start_s: float, end_s: float) -> float:
         first, last = int(start_s // self.step_s), int(max(start_s, end_s - 1e-9) // self.step_s)
