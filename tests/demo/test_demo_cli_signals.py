@@ -127,3 +127,36 @@ def test_a_ctrl_c_after_a_sigterm_does_not_cut_the_clean_up_short(
         demo_cli.run(_args(tmp_path))
     assert cleaned == ["workers", "coordinator"]
     assert caught == []
+
+
+@pytest.mark.parametrize(("sigint", "sent", "interrupts"), [
+    (signal.default_int_handler, signal.SIGTERM, True),
+    (signal.default_int_handler, signal.SIGINT, True),
+    (signal.SIG_IGN, signal.SIGTERM, True),
+    (signal.SIG_IGN, signal.SIGINT, False),    # inherited ignored (a job started with &): ignored
+])
+def test_a_signal_held_while_the_command_started_interrupts_the_demo(
+        sigint: Any, sent: int, interrupts: bool, caught: list[int]) -> None:
+    """vcasync.cli.main holds SIGTERM and SIGINT from its first moment; the demo gave the held one
+    back to its default handling (SIGTERM: exit 143, no word) before its own handlers were set."""
+    from vcasync import _early_signals
+
+    before = signal.signal(signal.SIGINT, sigint)
+    previous: dict[int, Any] = {}
+    try:
+        _early_signals.hold()
+        os.kill(os.getpid(), sent)
+        assert _early_signals.received() == sent
+        if interrupts:
+            with pytest.raises(KeyboardInterrupt):
+                demo_cli._take_signals(previous)
+        else:
+            demo_cli._take_signals(previous)
+        assert signal.getsignal(signal.SIGTERM) is demo_cli._sigterm_interrupts
+        assert signal.getsignal(signal.SIGINT) is sigint
+    finally:
+        _early_signals.release(act=False)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        signal.signal(signal.SIGINT, before)
+    assert caught == []

@@ -153,6 +153,9 @@ def _take_signals(previous: dict[int, Any]) -> None:
         previous.update({s: signal.signal(s, _sigterm_interrupts) for s in STOP_SIGNALS})
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)   # one that came meanwhile acts here
+    # a SIGINT the process inherited ignored (a job started with &) is ignored later on too
+    if came == signal.SIGINT and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        came = None
     if came is not None:
         raise KeyboardInterrupt
 
