@@ -22,9 +22,10 @@ Each figure with a spread says what it is: ``median V (min-max A-B over repetiti
 that repeats, or ``mean V (95 % interval L .. H; n of m seeds reached)`` over seeds
 (``vcasync.costing.spread``): a seed that missed its target makes its side of the interval
 ``unbounded`` and the mean is then the reached seeds' (said so), never a finite range of the
-reached values alone. A count of failures summed over repetitions says ``total V over R
-repetitions (each: a, b, c)``. A figure saved as NaN is shown as "not a number" with the bench's reason
-when it gave one (infinite: "infinite"), never as ``nan``.
+reached values alone; an end of a ``[min, median, max]`` spread saved as null (a failed
+repetition's infinite time) is ``unbounded``. A count of failures summed over repetitions says
+``total V over R repetitions (each: a, b, c)``. A figure saved as NaN is shown as "not a number"
+with the bench's reason when it gave one (infinite: "infinite"), never as ``nan``.
 
     python -m bench.publish --check        # exit 1 (and a diff summary) if the page is stale
 
@@ -302,12 +303,23 @@ def _number(value: float) -> str:
     return f"{value:.4g}"
 
 
+def _three(value: Any) -> bool:
+    """A ``[min, median, max]`` spread: three numbers, or None where one is unbounded (a failed
+    repetition's infinite time, a missed seed; saved as null)."""
+    return (isinstance(value, list) and len(value) == 3
+            and all(v is None or (isinstance(v, int | float) and not isinstance(v, bool)) for v in value)
+            and any(v is not None for v in value))
+
+
+def _end(value: Any) -> str:
+    return "unbounded" if value is None else _cell(value)
+
+
 def _cell(value: Any, key: str = "") -> str:
     if isinstance(value, float):
         return _number(value)
-    if ("_spread" in key and isinstance(value, list) and len(value) == 3
-            and all(isinstance(v, int | float) for v in value)):
-        return f"min {_cell(value[0])}, median {_cell(value[1])}, max {_cell(value[2])}"
+    if "_spread" in key and _three(value):
+        return f"min {_end(value[0])}, median {_end(value[1])}, max {_end(value[2])}"
     text = json.dumps(value) if not isinstance(value, str) else value
     if len(text) > 200:
         return f"({type(value).__name__} of {len(value)}: in the saved JSON)"
@@ -328,9 +340,13 @@ def summary_of(figs: dict[str, Any], name: str, centre: str = "") -> str | None:
       to be the reached seeds' (the min-max of the reached values alone read as a clean range);
     * ``NAME_spread`` or ``BASE_spread_SIZE`` (``[min, median, max]``): ``median V (min-max A-B
       over repetitions)``, or ``CENTRE V`` and the three named when the figure is not their median;
+      an end saved as null (a failed repetition, a missed seed) is ``unbounded``;
     * ``NAME_min`` / ``NAME_max``: ``CENTRE V (min-max A-B over repetitions)``;
     * ``NAME_per_rep``, a count summed over the repetitions (failures: ``bench._stats.over_reps``):
-      ``total V over R repetitions (each: a, b, c)``."""
+      ``total V over R repetitions (each: a, b, c)``.
+
+    ``CENTRE`` is the bench's (:attr:`Bench.centre`), or the figure's own where the bench saved one
+    in ``centres`` (``{NAME: what it is}``: a ratio of medians, a peak over the run)."""
     value = figs.get(name)
     if not isinstance(value, int | float) or isinstance(value, bool):
         return None
@@ -357,11 +373,14 @@ def summary_of(figs: dict[str, Any], name: str, centre: str = "") -> str | None:
             return (f"mean of the {of} {v} ({ci}; {seeds['reached']}: {gone} leaves "
                     f"the interval unbounded {where})")
         return f"mean {v} ({ci}; {seeds['reached']})"
+    centres = figs.get("centres")
+    if isinstance(centres, dict) and isinstance(centres.get(name), str):
+        centre = centres[name]    # the bench says what this figure is beside its spread
     base, _, size = name.rpartition("_")
     for key in (f"{name}_spread", f"{base}_spread_{size}"):
         three = figs.get(key)
-        if isinstance(three, list) and len(three) == 3 and all(isinstance(x, int | float) for x in three):
-            lo, mid, hi = (_cell(x) for x in three)
+        if _three(three):
+            lo, mid, hi = (_end(x) for x in three)
             if _same(value, three[1]):
                 return f"median {v} (min-max {lo}-{hi} over repetitions)"
             what = f"{centre} " if centre else ""
@@ -427,7 +446,9 @@ def render(mach: dict[str, Any], saved: dict[str, dict[str, Any]]) -> str:
         "A seed that missed its target is counted, never dropped: the interval is `unbounded` on "
         "its side (below for a saving, above for a time, a ratio or a gap; "
         "`vcasync.costing.spread`) and the mean is the reached seeds'. Failed or timed-out "
-        "iterations are counted (`failed`), never dropped; a figure saved as NaN is shown as "
+        "iterations are counted (`failed`), never dropped: an end of a `[min, median, max]` spread "
+        "that one leaves without a value (an infinite time) is shown as `unbounded`; a figure "
+        "saved as NaN is shown as "
         "\"not a number\" with its reason. The machine is shared: the spread says how much that "
         "moved a figure.",
         "",

@@ -301,3 +301,19 @@ def test_a_count_summed_over_repetitions_shows_each_repetitions(tmp_path: Path) 
     page = render(*load_results(tmp_path, root=tmp_path))
     assert "| `scale` | `p99_ms_10k_conn` | median 6.8 (min-max 6.1-9 over repetitions) |" in page
     assert "| `scale` | `failed_10k` | total 3 over 3 repetitions (each: 0, 3, 0) |" in page
+
+
+def test_a_spread_with_an_unbounded_end_and_a_figure_with_its_own_centre_are_said_so(tmp_path: Path) -> None:
+    """A failed repetition or a missed seed is saved as null in a spread: it is shown as unbounded
+    (the spread was shown as raw JSON, and the headline lost it); a bench may say what a figure is
+    beside its spread (``centres``)."""
+    _save(tmp_path, "modelsize", {"command": "python -m bench.modelsize --json", "figures": {
+        "ingest_linearity": 0.81, "ingest_linearity_spread": [0.78, 0.8, None],
+        "rss_multiple_max": 6.4, "rss_multiple_max_spread": [6.1, 6.2, 6.3],
+        "centres": {"rss_multiple_max": "the run's peak"}}})
+    page = render(*load_results(tmp_path, root=tmp_path))
+    assert ("| `modelsize` | `ingest_linearity` | 0.81 (per-repetition ratios: min 0.78, median 0.8, "
+            "max unbounded) |") in page
+    assert ("| `modelsize` | `rss_multiple_max` | the run's peak 6.4 (per-repetition ratios: min 6.1, "
+            "median 6.2, max 6.3) |") in page
+    assert "| `ingest_linearity_spread` | min 0.78, median 0.8, max unbounded |" in page
