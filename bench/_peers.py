@@ -2,8 +2,10 @@
 
 * ``coordinator``: a real Coordinator behind the real vcasync server, plus ``GET /bench/stall`` that
   reports (and resets) the event loop's lateness measured by a 1 ms ticker in the same process;
-  ``GET /bench/rss`` the process's resident memory, ``GET /bench/merged?version=N`` answers once
-  the coordinator serves version N.
+  ``GET /bench/rss`` the process's resident memory and its peak (``?reset=1``: the peak is then
+  reset to the current resident set, through ``/proc/self/clear_refs``, so the next read's peak is
+  that of what happened in between; ``"reset": false`` where the kernel does not allow it),
+  ``GET /bench/merged?version=N`` answers once the coordinator serves version N.
 * ``post``: a bare aiohttp server whose ``POST /sink`` streams the body in and discards it.
 * ``durable``: the same, but it writes the body to a new file as it arrives (on the disk the
   coordinator's ``file://`` storage uses) and fsyncs it before answering: the least any server must
@@ -166,8 +168,9 @@ async def coordinator(a: argparse.Namespace, stop: asyncio.Event) -> None:
             async def rss(request: web.Request) -> web.Response:
                 cpu = os.times()
                 mem = process_memory(os.getpid())
+                reset = bool(request.query.get("reset")) and _reset_peak()
                 return web.json_response({"rss": mem.get("rss", 0), "rss_peak": mem.get("peak", 0),
-                                          "version": coord.version,
+                                          "version": coord.version, "reset": reset,
                                           "cpu_s": cpu.user + cpu.system, **pauses.summary()})
 
             async def merged(request: web.Request) -> web.Response:
@@ -197,6 +200,17 @@ async def coordinator(a: argparse.Namespace, stop: asyncio.Event) -> None:
 
 def _tls(a: argparse.Namespace) -> tuple[Path, Path] | None:
     return (a.tls_cert, a.tls_key) if a.tls_cert else None
+
+
+def _reset_peak() -> bool:
+    """Reset this process's peak resident set (``VmHWM``) to its current one; False where the
+    kernel does not allow it (not Linux, or ``clear_refs`` not writable)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
 
 
 def _usage() -> dict[str, float]:

@@ -9,7 +9,11 @@ out-of-band buffers, and Flower's ndarray serialisation when ``flwr`` is importa
 Mode, for every figure: *warm*. Every destination is allocated once and reused (our decoder fills
 ``out`` buffers; memcpy copies into a preallocated array); peers allocate as they always do, and
 run repeatedly so freed memory is reused. ``raw fresh`` additionally shows our decoder allocating
-new tensors each time. Each figure is the median of ``--reps`` runs after one warm-up.
+new tensors each time. Each figure is the median of ``--reps`` runs after one warm-up. Each timed
+ratio and throughput ``X_<size>`` has ``X_spread_<size>``: the [min, median, max] of the same ratio
+per round (each round's median call of each side; a round where our side failed is 0), and the
+printed time column shows each contender's median with the min-max of its rounds' medians.
+Compression ratios are byte counts, the same every repetition: no spread.
 
 Failures: every round trip of ours is checked outside the clock (every tensor back, bit-exact, or
 within the documented bound of a lossy codec); a call that raises or comes back wrong, warm-ups
@@ -381,7 +385,7 @@ CODECS: list[tuple[str, str | CodecSpec, str]] = [
 ]
 
 
-def run_size(label: str, scale: float, reps: int, rows: list[tuple[str, str, float, float, str]],
+def run_size(label: str, scale: float, reps: int, rows: list[tuple[str, str, float, float, str, list[float]]],
              figures: dict[str, Any]) -> None:
     shapes = resnet50_shapes(scale)
     weights = trained_like(shapes)
@@ -418,7 +422,13 @@ def run_size(label: str, scale: float, reps: int, rows: list[tuple[str, str, flo
     t = race(fns, reps, rounds=per_round, checks=checks, failures=failures)
 
     def ratio_spread(num: str, den: str) -> list[float]:
-        return spread([a / b for a, b in zip(per_round[num], per_round[den], strict=True)])
+        """[min, median, max] of ``num``'s time / ``den``'s per round (each round's median of
+        each): a round where ``den`` failed (infinite) is 0, where only ``num`` did infinite."""
+        return spread([0.0 if math.isinf(b) else a / b
+                       for a, b in zip(per_round[num], per_round[den], strict=True)])
+
+    def gbps_spread(name: str) -> list[float]:
+        return spread([size / x / 1e9 for x in per_round[name]])
 
     notes = {"memcpy": "reference: copy into an existing buffer",
              "crc floor": "crc32 + copy + crc32 per 1 MiB block, no vcasync code",
@@ -440,38 +450,51 @@ def run_size(label: str, scale: float, reps: int, rows: list[tuple[str, str, flo
             note = f"enc {enc * 1e3:.0f} ms, dec {max(t[name] - enc, 0) * 1e3:.0f} ms"
         shown = name if name in notes and not name.startswith("raw") else (
             f"vcasync {name}" if name in wire and not name.startswith("zstandard") else name)
-        rows.append((label, shown, t[name], ratio, note))
+        rows.append((label, shown, t[name], ratio, note, spread(per_round[name], 6)))
     for name in ("flower ndarrays", "hivemind"):
         if name not in fns:
-            rows.append((label, name, math.nan, math.nan, "not installed: skipped"))
+            rows.append((label, name, math.nan, math.nan, "not installed: skipped", [math.nan] * 3))
 
     mem = t["memcpy"]
     figures.update({
         f"raw_vs_memcpy_{label}": mem / t["raw"],
         f"raw_vs_memcpy_spread_{label}": ratio_spread("memcpy", "raw"),
         f"crc_floor_vs_memcpy_{label}": mem / t["crc floor"],
+        f"crc_floor_vs_memcpy_spread_{label}": ratio_spread("memcpy", "crc floor"),
         f"raw_vs_crc_floor_{label}": t["crc floor"] / t["raw"],
         f"raw_vs_crc_floor_spread_{label}": ratio_spread("crc floor", "raw"),
         f"xxh3_floor_vs_memcpy_{label}": mem / t["xxh3 floor"] if "xxh3 floor" in t else None,
+        f"xxh3_floor_vs_memcpy_spread_{label}": (ratio_spread("memcpy", "xxh3 floor")
+                                                  if "xxh3 floor" in t else None),
         f"zstd_vs_library_spread_{label}": ratio_spread("zstandard + numpy shuffle", "zstd"),
         f"raw_vs_torch_save_{label}": t["torch.save+load"] / t["raw"],
+        f"raw_vs_torch_save_spread_{label}": ratio_spread("torch.save+load", "raw"),
         f"zstd_vs_library_{label}": t["zstandard + numpy shuffle"] / t["zstd"],
         f"zstd_plain_vs_library_{label}": t["zstandard alone"] / t["zstd-plain"],
+        f"zstd_plain_vs_library_spread_{label}": ratio_spread("zstandard alone", "zstd-plain"),
         f"zstd_weights_ratio_{label}": size / wire.get("zstd", math.nan),
         f"zstd_plain_weights_ratio_{label}": size / wire.get("zstd-plain", math.nan),
         f"zstd_delta_ratio_{label}": nbytes(delta) / wire.get("zstd delta", math.nan),
         f"bf16_delta_ratio_{label}": nbytes(delta) / wire.get("bf16 delta", math.nan),
         f"fp16_delta_ratio_{label}": nbytes(delta) / wire.get("fp16 delta", math.nan),
         f"raw_fresh_vs_memcpy_{label}": mem / t["raw fresh"],
+        f"raw_fresh_vs_memcpy_spread_{label}": ratio_spread("memcpy", "raw fresh"),
         f"per_tensor_us_{label}": t["raw tiny"] / len(tiny) * 1e6,
+        f"per_tensor_us_spread_{label}": spread([x / len(tiny) * 1e6 for x in per_round["raw tiny"]]),
         f"per_tensor_share_{label}": t["raw tiny"] / t["raw"],
+        f"per_tensor_share_spread_{label}": ratio_spread("raw tiny", "raw"),
         f"torch_save_vs_memcpy_{label}": mem / t["torch.save+load"],
+        f"torch_save_vs_memcpy_spread_{label}": ratio_spread("memcpy", "torch.save+load"),
         f"pickle5_vs_memcpy_{label}": mem / t["pickle 5 oob buffers"],
+        f"pickle5_vs_memcpy_spread_{label}": ratio_spread("memcpy", "pickle 5 oob buffers"),
         f"auto_100mbit_ratio_{label}": size / wire.get("auto@100Mbit", math.nan),
         f"auto_10gbit_ratio_{label}": size / wire.get("auto@10Gbit", math.nan),
         f"memcpy_gbps_{label}": size / mem / 1e9,
+        f"memcpy_gbps_spread_{label}": gbps_spread("memcpy"),
         f"raw_gbps_{label}": size / t["raw"] / 1e9,
+        f"raw_gbps_spread_{label}": gbps_spread("raw"),
         f"zstd_gbps_{label}": size / t["zstd"] / 1e9,
+        f"zstd_gbps_spread_{label}": gbps_spread("zstd"),
         f"failed_{label}": failures.total(),
         f"failures_{label}": {n: {"count": c, "first": failures.first[n]} for n, c in failures.count.items()},
         f"params_{label}": params,
@@ -480,6 +503,7 @@ def run_size(label: str, scale: float, reps: int, rows: list[tuple[str, str, flo
     for name in ("safetensors bytes", "flower ndarrays", "hivemind"):
         if name in t:
             figures[f"{name.split()[0]}_vs_memcpy_{label}"] = mem / t[name]
+            figures[f"{name.split()[0]}_vs_memcpy_spread_{label}"] = ratio_spread("memcpy", name)
 
 
 SCALES = {"6m": 0.5, "25m": 1.0, "100m": 2.0}
@@ -505,15 +529,16 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     sizes = [s.strip() for s in args.sizes.split(",")]
     reps = args.reps
-    rows: list[tuple[str, str, float, float, str]] = []
+    rows: list[tuple[str, str, float, float, str, list[float]]] = []
     figures: dict[str, Any] = {}
     for label in sizes:
         run_size(label, SCALES[label], reps, rows, figures)
     headline = sizes[-1]
-    order = ["raw_vs_memcpy", "raw_vs_memcpy_spread", "crc_floor_vs_memcpy", "xxh3_floor_vs_memcpy",
-             "raw_vs_crc_floor", "raw_vs_crc_floor_spread", "per_tensor_us", "per_tensor_share",
-             "raw_vs_torch_save", "zstd_vs_library", "zstd_vs_library_spread", "zstd_weights_ratio",
-             "bf16_delta_ratio"]
+    order = ["raw_vs_memcpy", "raw_vs_memcpy_spread", "crc_floor_vs_memcpy", "crc_floor_vs_memcpy_spread",
+             "xxh3_floor_vs_memcpy", "xxh3_floor_vs_memcpy_spread", "raw_vs_crc_floor",
+             "raw_vs_crc_floor_spread", "per_tensor_us", "per_tensor_us_spread", "per_tensor_share",
+             "per_tensor_share_spread", "raw_vs_torch_save", "raw_vs_torch_save_spread",
+             "zstd_vs_library", "zstd_vs_library_spread", "zstd_weights_ratio", "bf16_delta_ratio"]
     result = {k: figures[f"{k}_{headline}"] for k in order}
     result = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()}
     result.update({k: (round(v, 3) if isinstance(v, float) else v) for k, v in figures.items()})
@@ -525,10 +550,13 @@ def main(argv: list[str] | None = None) -> int:
     result["failed"] = sum(figures[f"failed_{label}"] for label in sizes)
     result["config"] = "ResNet-50 tensor list, codec presets as listed, chunk 1 MiB, 1 torch thread"
     result["clock"] = args.clock
-    print(f"{'size':>5}  {'method':<28} {'time ms':>9} {'GB/s':>7} {'ratio':>7}  note")
-    for label, name, secs, ratio, note in rows:
+    print(f"{'size':>5}  {'method':<28} {'time ms median (min-max)':>26} {'GB/s':>7} {'ratio':>7}  note")
+    for label, name, secs, ratio, note, three in rows:
         speed = figures[f"bytes_{label}"] / secs / 1e9 if secs == secs else math.nan
-        print(f"{label:>5}  {name:<28} {secs * 1e3:9.1f} {speed:7.2f} {ratio:7.3f}  {note}")
+        shown = f"{secs * 1e3:.1f} ({three[0] * 1e3:.1f}-{three[2] * 1e3:.1f})" if secs == secs else "-"
+        print(f"{label:>5}  {name:<28} {shown:>26} {speed:7.2f} {ratio:7.3f}  {note}")
+    print("(time: the median call; min-max: of the rounds' medians, the rounds the ratios' spreads "
+          "pair; compression ratios are byte counts, the same every repetition)")
     print("\n" + "  ".join(f"{k}={result[k]}" for k in order))
     for label in sizes:
         for name, what in figures[f"failures_{label}"].items():

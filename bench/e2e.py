@@ -27,10 +27,13 @@ published versions and decoded uploads land in recycled memory instead of fresh 
 what one pass over the bytes saves shows here even on a noisy machine), and
 ``loop_stall_ms_p99_<mode>``: the p99 lateness of a 1 ms timer on the coordinator's event loop,
 sampled only while uploads are decoded, validated and merged (how long heartbeats would wait).
-Each ratio is the median of per-round ratios, with ``_min`` / ``_max`` beside it; a failed or
-timed-out round counts (ratio 0), ``failed_<mode>`` says how many. The headline figures
-(``headline_durability``, ``e2e_vs_raw_post``, ``e2e_vs_durable_post``, ``e2e_vs_raw_tcp``) are the
-**default** durability's (``journal``), the other modes are reported beside them;
+Each ratio is the median of per-round ratios, with ``_min`` / ``_max`` beside it; each ``*_gbps``
+(the median round's throughput) has the [min, median, max] of the rounds' under ``_spread``. A
+failed or timed-out round counts (ratio 0, throughput 0): ``failed_<mode>`` says how many uploads
+failed, ``failed_reference_<mode>`` how many reference requests, ``failed`` both over every mode.
+The headline figures (``headline_durability``, ``e2e_vs_raw_post``, ``e2e_vs_durable_post``,
+``e2e_vs_raw_tcp``, each with its ``_min`` / ``_max``) are the **default** durability's
+(``journal``), the other modes are reported beside them;
 ``loop_stall_ms_p99`` is the worst mode's. In ``journal`` mode every result is on disk (fsynced)
 before it is acknowledged, so that mode is bounded by the disk: compare it with the durable POST,
 which does only that. The model is a ResNet-50 state dict by default (``--arch flat``: four equal
@@ -60,7 +63,8 @@ from vcasync.worker._client import UPLOAD_BLOCK, CoordinatorClient
 from ._peers import ARCHS, RESNET50_PARAMS, SECRET, bench_delta, bench_model
 from ._proc import peer
 from ._signals import stop_on_sigterm
-from ._stats import add_quick, non_negative_int, parse_args, positive_int
+from ._stats import add_quick, finite, non_negative_int, parse_args, positive_int, show
+from ._stats import spread as _stats_spread
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -189,6 +193,11 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
+def gbps(size: int, times: list[float]) -> list[float]:
+    """GB/s of every round (a failed round, an infinite time, is 0: none dropped)."""
+    return [size / t / 1e9 for t in times]
+
+
 def ratios(times: dict[str, list[float]], ref: str) -> list[float]:
     """Per round: e2e throughput / ``ref``'s throughput (reference time / e2e time)."""
     return [r / e if math.isfinite(e) and math.isfinite(r) else 0.0
@@ -245,9 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     for mode, e2e in results.items():
         times = e2e["times"]
         med = {name: statistics.median(times[name]) for name, _ in PATHS}
-        gbps = {name: e2e["bytes"] / med[name] / 1e9 for name, _ in PATHS}
+        rate = {name: e2e["bytes"] / med[name] / 1e9 for name, _ in PATHS}
         failed = sum(1 for t in times["e2e"] if not math.isfinite(t))
+        # a reference that failed makes its ratio 0 in that round: counted too, not only the uploads
+        ref_failed = sum(1 for name, _ in PATHS if name != "e2e" for t in times[name] if not math.isfinite(t))
         figures[f"failed_{mode}"] = failed
+        figures[f"failed_reference_{mode}"] = ref_failed
         for ref in ("raw_post", "raw_tcp", "durable_post", "durable_plain_post", "whole_buffer_post"):
             sp = spread(ratios(times, ref))
             figures[f"e2e_{mode}_vs_{ref}"] = sp["median"]
@@ -255,18 +267,20 @@ def main(argv: list[str] | None = None) -> int:
             figures[f"e2e_{mode}_vs_{ref}_max"] = sp["max"]
         figures.update({f"loop_stall_ms_p99_{mode}": e2e["stall_p99_ms"],
                         f"loop_stall_ms_max_{mode}": e2e["stall_max_ms"],
-                        f"e2e_{mode}_gbps": gbps["e2e"],
+                        f"e2e_{mode}_gbps": rate["e2e"],
+                        f"e2e_{mode}_gbps_spread": _stats_spread(gbps(e2e["bytes"], times["e2e"])),
                         f"coordinator_cpu_s_per_upload_{mode}": e2e["cpu_s_per_upload"]})
         tag = " (default)" if mode == default_mode else ""
         print(f"e2e over loopback, {e2e['bytes'] / 1e6:.0f} MB result payload ({a.arch}, "
               f"{a.params / 1e6:.1f}M params), durability={mode}{tag}, "
               f"{a.reps} interleaved rounds after {a.warmup} warm-up uploads (warm buffers); "
-              f"{failed} failed")
-        print(f"{'path':<34}{'median s':>10}{'GB/s':>9}{'ratio min / median / max':>28}")
+              f"{failed} failed, {ref_failed} reference requests failed")
+        print(f"{'path':<34}{'s median (min-max)':>22}{'GB/s median (min-max)':>24}"
+              f"{'e2e / path min / median / max':>31}")
         for name, label in PATHS:
             sp = spread(ratios(times, name)) if name != "e2e" else {"min": 1.0, "median": 1.0, "max": 1.0}
-            print(f"{label:<34}{med[name]:>10.3f}{gbps[name]:>9.3f}"
-                  f"{sp['min']:>10.2f}{sp['median']:>9.2f}{sp['max']:>9.2f}")
+            print(f"{label:<34}{show(times[name], 3):>22}{show(gbps(e2e['bytes'], times[name]), 3):>24}"
+                  f"{sp['min']:>13.2f}{sp['median']:>9.2f}{sp['max']:>9.2f}")
         print(f"coordinator CPU per upload: {e2e['cpu_s_per_upload']:.3f} s (user + system, "
               f"all threads: a figure the machine's load does not inflate much)")
         print(f"coordinator loop stall while merging: p99 {e2e['stall_p99_ms']:.1f} ms, "
@@ -277,20 +291,20 @@ def main(argv: list[str] | None = None) -> int:
                 **{k: figures[f"e2e_{head}_{k.removeprefix('e2e_')}"]
                    for k in ("e2e_vs_raw_post", "e2e_vs_raw_post_min", "e2e_vs_raw_post_max",
                              "e2e_vs_durable_post", "e2e_vs_durable_post_min",
-                             "e2e_vs_durable_post_max", "e2e_vs_raw_tcp")},
-                "failed": sum(figures[f"failed_{m}"] for m in modes),
+                             "e2e_vs_durable_post_max", "e2e_vs_raw_tcp", "e2e_vs_raw_tcp_min",
+                             "e2e_vs_raw_tcp_max")},
+                "failed": sum(figures[f"failed_{m}"] + figures[f"failed_reference_{m}"] for m in modes),
                 "loop_stall_ms_p99": max(figures[f"loop_stall_ms_p99_{m}"] for m in modes)}
     lt = last["times"]
-    figures = {**headline, **figures,
-               "raw_post_gbps": last["bytes"] / statistics.median(lt["raw_post"]) / 1e9,
-               "whole_buffer_post_gbps": last["bytes"] / statistics.median(lt["whole_buffer_post"]) / 1e9,
-               "durable_post_gbps": last["bytes"] / statistics.median(lt["durable_post"]) / 1e9,
-               "durable_plain_post_gbps": last["bytes"] / statistics.median(lt["durable_plain_post"]) / 1e9,
-               "raw_tcp_gbps": last["bytes"] / statistics.median(lt["raw_tcp"]) / 1e9,
+    refs: dict[str, Any] = {}
+    for name, _ in PATHS[1:]:
+        refs[f"{name}_gbps"] = last["bytes"] / statistics.median(lt[name]) / 1e9
+        refs[f"{name}_gbps_spread"] = _stats_spread(gbps(last["bytes"], lt[name]))
+    figures = {**headline, **figures, **refs,
                "payload_mb": last["bytes"] / 1e6, "arch": a.arch, "params": a.params,
                "reps": a.reps, "warmup": a.warmup}
     if a.json:
-        print(json.dumps(figures))
+        print(json.dumps(finite(figures)))
     return 0
 
 

@@ -41,11 +41,13 @@ The coordinator checks every merged model for non-finite values (one read of it,
 outside the policy's own time above): ``finite_check_vs_memcpy`` is that pass over the memcpy of the
 same tensors (one stream of the memcpy's two).
 
-Every figure is the median of ``--repeats`` paired ratios; ``<policy>_vs_floor_spread`` holds their
-[min, median, max]. A repetition that fails (the merge raised, a refused result among them; warm-ups
-too) or a case whose model ends with a non-finite value is counted in ``failed`` (per case in
-``failed_<case>_<size>``, the first error in ``failures``); a failed repetition is an infinite time
-and ratio in its figure (null in the JSON), never left out.
+Every figure is the median of ``--repeats`` paired ratios; ``<figure>_spread`` (per size
+``<figure>_spread_<size>``) holds their [min, median, max] (``mixing_max_vs_floor_spread``: that of
+the mixing policy the maximum is, ``mixing_max_policy``). A repetition that fails (the merge
+raised, a refused result among them; warm-ups too) or a case whose model ends with a non-finite
+value is counted in ``failed`` (per case in ``failed_<case>_<size>``, the first error in
+``failures``); a failed repetition is an infinite time and ratio in its figure (null in the JSON),
+never left out.
 
     python -m bench.merge                 # 25M and 100M params
     python -m bench.merge --quick         # 5M and 25M params, fewer repeats
@@ -266,6 +268,7 @@ def run(sizes: list[int], repeats: int) -> dict[str, Any]:
             rows.append((case.label, size, seconds, ratios, n))
             floor = [r * 2.0 / n for r in ratios]
             figures[f"{case.label}_vs_memcpy_{tag}"] = spread(ratios)[1]
+            figures[f"{case.label}_vs_memcpy_spread_{tag}"] = spread(ratios)
             figures[f"{case.label}_vs_floor_{tag}"] = spread(floor)[1]
             figures[f"{case.label}_vs_floor_spread_{tag}"] = spread(floor)
             figures[f"{case.label}_streams"] = round(n, 3)
@@ -273,6 +276,7 @@ def run(sizes: list[int], repeats: int) -> dict[str, Any]:
         if flower is not None:
             rows.append(("flower_fedavg", size, flower[0], flower[1], 3.0))
             figures[f"flower_fedavg_vs_memcpy_{tag}"] = spread(flower[1])[1]
+            figures[f"flower_fedavg_vs_memcpy_spread_{tag}"] = spread(flower[1])
         del model, base, delta, weights, copy
         gc.collect()
     _print_table(rows, sizes)
@@ -281,14 +285,21 @@ def run(sizes: list[int], repeats: int) -> dict[str, Any]:
     for c in CASES:
         head[f"{c.label}_vs_floor"] = figures[f"{c.label}_vs_floor_{top}"]
         head[f"{c.label}_vs_floor_spread"] = figures[f"{c.label}_vs_floor_spread_{top}"]
-    head.update({f"{c.label}_vs_memcpy": figures[f"{c.label}_vs_memcpy_{top}"] for c in CASES})
+    for c in CASES:
+        head[f"{c.label}_vs_memcpy"] = figures[f"{c.label}_vs_memcpy_{top}"]
+        head[f"{c.label}_vs_memcpy_spread"] = figures[f"{c.label}_vs_memcpy_spread_{top}"]
     if f"flower_fedavg_vs_memcpy_{top}" in figures:
         head["flower_fedavg_vs_memcpy"] = figures[f"flower_fedavg_vs_memcpy_{top}"]
+        head["flower_fedavg_vs_memcpy_spread"] = figures[f"flower_fedavg_vs_memcpy_spread_{top}"]
     missing = [b for b in BUILTINS if f"{b}_vs_floor" not in head]
     assert not missing, missing
-    head["mixing_max_vs_floor"] = max(head[f"{b}_vs_floor"] for b in MIXING)
-    head["inplace_add_vs_floor"] = figures[f"inplace_add_vs_floor_{top}"]
-    head["finite_check_vs_memcpy"] = figures[f"finite_check_vs_memcpy_{top}"]
+    worst = max(MIXING, key=lambda b: head[f"{b}_vs_floor"])
+    head["mixing_max_vs_floor"] = head[f"{worst}_vs_floor"]
+    head["mixing_max_vs_floor_spread"] = head[f"{worst}_vs_floor_spread"]   # that policy's
+    head["mixing_max_policy"] = worst
+    for name in ("inplace_add_vs_floor", "finite_check_vs_memcpy"):
+        head[name] = figures[f"{name}_{top}"]
+        head[f"{name}_spread"] = figures[f"{name}_spread_{top}"]
     head["failed"] = sum(len(f) for f in failures.values())
     head["failures"] = {k: {"count": len(f), "first": f[0]} for k, f in failures.items() if f}
     for k, what in head["failures"].items():

@@ -23,12 +23,18 @@ from, as a worker does). Memory: the coordinator's resident set after the upload
 Figures (``--json``, last line): ``ingest_linearity`` (median seconds per model byte at the largest
 size / at 100 MB: 1.0 is linear, below is better than linear; null, with a reason, when no size is
 above 100 MB, as in ``--quick``), ``ingest_linearity_small`` (the same, 100 MB / the smallest size),
-``rss_multiple_max`` (the
-coordinator's peak RSS / model bytes at the largest size), and per size ``ingest_s_<size>`` with
-``_min`` / ``_max``, ``ingest_gbps_<size>``, ``bf16_ingest_s_<size>``, ``rss_mb_<size>``,
-``rss_peak_mb_<size>``, ``rss_multiple_<size>``, ``failed_<size>`` (uploads that failed or timed
-out: counted, and their time is infinite in the figures, never dropped; plus 1 when the size's
-coordinator did not stop cleanly, ``stop_failed_<size>``).
+each with ``_spread``: the [min, median, max] of the same ratio per repetition (the i-th measured
+upload at one size over the i-th at the other, both after the same warm-up), ``rss_multiple_max``
+(the coordinator's peak RSS over the whole run / model bytes at the largest size) with
+``_spread``: the [min, median, max] of each measured fp32 upload's own peak (the coordinator's
+peak is reset before the upload and read after it, through ``/proc/self/clear_refs``; absent where
+the kernel does not allow it) / model bytes; ``centres`` says what each of these figures is beside
+its spread. Per size: ``ingest_s_<size>`` with ``_min`` / ``_max``, ``ingest_gbps_<size>``,
+``bf16_ingest_s_<size>`` (each of the two with ``_spread``), ``rss_mb_<size>``,
+``rss_peak_mb_<size>``, ``rss_multiple_<size>`` (with ``_spread`` as above), ``failed_<size>``
+(uploads that failed or timed out: counted, and their time is infinite in the figures, null in the
+JSON, never dropped; plus 1 when the size's coordinator did not stop cleanly,
+``stop_failed_<size>``).
 
 ``--resume``: after each size a second coordinator is started on the same store, resuming from
 the first one's final snapshot, and its peak RSS reported (``resume_rss_peak_mb_<size>``,
@@ -65,7 +71,7 @@ from vcasync.worker._io import spool_result
 from ._peers import SECRET, bench_delta, bench_model
 from ._proc import PeerExit, peer
 from ._signals import raise_if_stopped, stop_on_sigterm
-from ._stats import add_quick, non_negative_int, parse_args, positive_int
+from ._stats import add_quick, finite, non_negative_int, parse_args, positive_int, spread
 
 STALENESS = 8
 OP_TIMEOUT_S = 900.0
@@ -152,14 +158,22 @@ async def measure(url: str, params: int, reps: int, warmup: int, held: int,
             await up.once(client, http, "raw", hold=i >= warmup - held)
         raw: list[float] = []
         bf16: list[float] = []
+        # the peak of each measured fp32 upload: the coordinator's peak is reset before it and
+        # read after it; the run's peak is the largest of every read (warm-ups included)
+        mem = await _rss(url, http, reset=True)
+        run_peak, peaks, resets = mem["rss_peak"], [], bool(mem.get("reset"))
         for times, codec in ((raw, "raw"), (bf16, "bf16")):
             for _ in range(reps):
                 raise_if_stopped()
                 times.append(await _timed(up.once(client, http, codec)))
-        async with http.get(f"{url}/bench/rss") as r:
-            mem = await r.json()
+                mem = await _rss(url, http, reset=True)
+                run_peak = max(run_peak, mem["rss_peak"])
+                resets = resets and bool(mem.get("reset"))
+                if codec == "raw":
+                    peaks.append(mem["rss_peak"])
+        mem = await _rss(url, http)
     return {"bytes": up.model_bytes, "raw": raw, "bf16": bf16, "rss": mem["rss"],
-            "rss_peak": mem["rss_peak"]}
+            "rss_peak": max(run_peak, mem["rss_peak"]), "rss_peaks": peaks if resets else None}
 
 
 def label(size: int) -> str:
@@ -229,17 +243,23 @@ def measure_size(size: int, a: argparse.Namespace) -> dict[str, Any]:
             # a second coordinator on the same store: it resumes from the final snapshot
             again = PeerExit()
             with peer(*args, timeout=600.0, stop_timeout=stop_grace_s(size), stopped=again) as url:
-                mem = run(_rss(url))
+                mem = run(_rss_once(url))
             _say_if_failed(size, again, "resumed ")
             result.update(resume_rss_peak=mem["rss_peak"], resume_version=mem["version"])
             result["stop_failed"] += int(again.failed)
     return result
 
 
-async def _rss(url: str) -> dict[str, Any]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=OP_TIMEOUT_S)) as http, \
-            http.get(f"{url}/bench/rss") as r:
+async def _rss(url: str, http: aiohttp.ClientSession, reset: bool = False) -> dict[str, Any]:
+    """The coordinator's memory; ``reset``: its peak is then reset to its resident set
+    (``"reset"`` False where the kernel does not allow it)."""
+    async with http.get(f"{url}/bench/rss", params={"reset": "1"} if reset else {}) as r:
         return dict(await r.json())
+
+
+async def _rss_once(url: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=OP_TIMEOUT_S)) as http:
+        return await _rss(url, http)
 
 
 def _say_if_failed(size: int, stopped: PeerExit, which: str) -> None:
@@ -258,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ingest against model size: ResNet-50 layout, journal durability, max_staleness "
           f"{STALENESS}, {a.warmup} warm-up uploads, {a.held} leases held open, {a.reps} measured "
           f"(min / median / max){', uploaded from spooled files' if a.spool else ''}")
-    print(f"{'model':>8}{'fp32 s min/med/max':>26}{'GB/s':>7}{'bf16 s':>8}{'RSS MB':>9}"
+    print(f"{'model':>8}{'fp32 s min/med/max':>26}{'GB/s':>7}{'bf16 s min/med/max':>22}{'RSS MB':>9}"
           f"{'peak MB':>9}{'x model':>9}{'failed':>8}")
     for size, r in results.items():
         tag = label(size)
@@ -267,18 +287,29 @@ def main(argv: list[str] | None = None) -> int:
         figures.update({
             f"ingest_s_{tag}": med, f"ingest_s_{tag}_min": min(r["raw"]),
             f"ingest_s_{tag}_max": max(r["raw"]), f"ingest_gbps_{tag}": r["bytes"] / med / 1e9,
+            f"ingest_gbps_{tag}_spread": spread([r["bytes"] / t / 1e9 for t in r["raw"]], 4),
             f"bf16_ingest_s_{tag}": statistics.median(r["bf16"]),
+            f"bf16_ingest_s_{tag}_spread": spread(r["bf16"], 4),
             f"rss_mb_{tag}": r["rss"] / 1e6, f"rss_peak_mb_{tag}": r["rss_peak"] / 1e6,
-            f"rss_multiple_{tag}": r["rss_peak"] / r["bytes"], f"failed_{tag}": failed,
+            f"rss_multiple_{tag}": r["rss_peak"] / r["bytes"],
+            **({f"rss_multiple_{tag}_spread": spread([p / r["bytes"] for p in r["rss_peaks"]])}
+               if r.get("rss_peaks") else {}),
+            f"failed_{tag}": failed,
             f"stop_failed_{tag}": r["stop_failed"],
             **({f"resume_rss_peak_mb_{tag}": r["resume_rss_peak"] / 1e6,
                 f"resume_rss_multiple_{tag}": r["resume_rss_peak"] / r["bytes"]}
                if "resume_rss_peak" in r else {}),
             f"model_mb_{tag}": r["bytes"] / 1e6})
+        bf = spread(r["bf16"])
         print(f"{tag:>8}{min(r['raw']):>10.3f}{med:>8.3f}{max(r['raw']):>8.3f}"
-              f"{r['bytes'] / med / 1e9:>7.3f}{statistics.median(r['bf16']):>8.3f}"
+              f"{r['bytes'] / med / 1e9:>7.3f}{bf[0]:>8.3f}{bf[1]:>7.3f}{bf[2]:>7.3f}"
               f"{r['rss'] / 1e6:>9.0f}{r['rss_peak'] / 1e6:>9.0f}{r['rss_peak'] / r['bytes']:>9.2f}"
               f"{failed:>8}")
+        if r.get("rss_peaks"):
+            lo, mid, hi = spread([p / r["bytes"] for p in r["rss_peaks"]], 2)
+            print(f"{'':>8}peak of each measured fp32 upload: min {lo:.2f}, median {mid:.2f}, "
+                  f"max {hi:.2f} x the model (the run's peak, warm-ups included: "
+                  f"{r['rss_peak'] / r['bytes']:.2f})")
         if "resume_rss_peak" in r:
             print(f"{'':>8}resumed from its final snapshot: peak {r['resume_rss_peak'] / 1e6:.0f} MB, "
                   f"{r['resume_rss_peak'] / r['bytes']:.2f}x the model")
@@ -286,21 +317,57 @@ def main(argv: list[str] | None = None) -> int:
     per_byte = {s: statistics.median(results[s]["raw"]) / results[s]["bytes"] for s in sizes}
     # at 100 MB against itself the ratio is 1.0 whatever happened (it was, in --quick): no figure
     linearity = per_byte[largest] / per_byte[ref] if largest > ref else None
+    top = results[largest]
     figures = {"ingest_linearity": linearity,
-               "rss_multiple_max": results[largest]["rss_peak"] / results[largest]["bytes"],
+               **({"ingest_linearity_spread": spread(per_rep_linearity(top, results[ref]))}
+                  if linearity is not None else {}),
+               "rss_multiple_max": top["rss_peak"] / top["bytes"],
+               **({"rss_multiple_max_spread": spread([p / top["bytes"] for p in top["rss_peaks"]])}
+                  if top.get("rss_peaks") else {}),
                "largest": label(largest), "failed": sum(figures[f"failed_{label(s)}"] for s in sizes),
                **figures, "staleness": STALENESS, "held": a.held, "reps": a.reps, "warmup": a.warmup,
-               "spool": a.spool, "resume": a.resume}
+               "spool": a.spool, "resume": a.resume, "centres": CENTRES}
     if linearity is None:
         figures["reasons"] = {"ingest_linearity": "needs a size above 100 MB (--max-size); the "
                                                   "smallest size against 100 MB is ingest_linearity_small"}
-    figures["ingest_linearity_small"] = per_byte[ref] / per_byte[sizes[0]] if sizes[0] < ref else None
-    said = "n/a (no size above 100 MB)" if linearity is None else f"{linearity:.2f}"
+    small = sizes[0] < ref
+    figures["ingest_linearity_small"] = per_byte[ref] / per_byte[sizes[0]] if small else None
+    if small:
+        figures["ingest_linearity_small_spread"] = spread(per_rep_linearity(results[ref], results[sizes[0]]))
+    said = "n/a (no size above 100 MB)" if linearity is None else (
+        f"{linearity:.2f} (per repetition: {_three(figures['ingest_linearity_spread'])})")
+    peaks = (f" (peak of each measured upload: {_three(figures['rss_multiple_max_spread'])})"
+             if "rss_multiple_max_spread" in figures else "")
     print(f"ingest_linearity {said} (time per byte at {label(largest)} / at 100mb); rss_multiple_max "
-          f"{figures['rss_multiple_max']:.2f} (peak RSS / model bytes at {label(largest)})")
+          f"{figures['rss_multiple_max']:.2f}{peaks} (the run's peak RSS / model bytes at {label(largest)})")
     if a.json:
-        print(json.dumps(figures))
+        print(json.dumps(finite(figures)))
     return 0
+
+
+#: What ``ingest_linearity`` and ``rss_multiple_max`` are when they are not their spread's median
+#: (``bench.publish`` says it beside them).
+CENTRES = {"ingest_linearity": "ratio of the median times per byte",
+           "ingest_linearity_small": "ratio of the median times per byte",
+           "rss_multiple_max": "the run's peak (every upload, warm-ups included)"}
+
+
+def per_rep_linearity(big: dict[str, Any], small: dict[str, Any]) -> list[float]:
+    """Seconds per byte of each fp32 repetition at ``big`` over the same repetition (the i-th
+    measured upload after the same warm-up) at ``small``: every repetition, none dropped (a failed
+    one at ``big`` is infinite, one failed only at ``small`` 0)."""
+    out = []
+    for b, s in zip(big["raw"], small["raw"], strict=True):
+        if math.isinf(b):
+            out.append(math.inf)
+        else:
+            out.append((b / big["bytes"]) / (s / small["bytes"]))
+    return out
+
+
+def _three(values: list[float]) -> str:
+    lo, mid, hi = values
+    return f"min {lo:.2f}, median {mid:.2f}, max {hi:.2f}"
 
 
 if __name__ == "__main__":

@@ -13,7 +13,11 @@ References, measured in the same run on the same bytes, alternating with the bac
   ``put_object`` is measured too, and the backend with its threshold raised to use it;
 - ``gcs``: gcloud-aio-storage ``upload``/``download`` on the same gcp-storage-emulator.
 
-``*_overhead`` = backend time / direct time - 1 for put + get (medians). The emulators run in
+``*_overhead`` = backend time / direct time - 1 for put + get (medians); ``*_overhead_paired``
+the median of the same ratio taken within each repetition, and ``*_overhead_spread`` their
+[min, median, max]; ``*_put_overhead`` / ``*_get_overhead`` each operation alone, with its
+``_spread`` likewise; ``*_<put|get|ref_put|ref_get>_mb_s`` the median MB/s, with the
+[min, median, max] of the repetitions' MB/s under ``_spread``. The emulators run in
 child processes (moto not serialised); numbers are emulator-bound and only meaningful as ratios.
 Mode: the same source buffer every repetition; each repetition creates a fresh object, reads it
 back from a warm page cache, and deletes it (untimed), for backend and reference alike.
@@ -21,7 +25,9 @@ back from a warm page cache, and deletes it (untimed), for backend and reference
 Failures: a put, get or delete that raises or takes longer than ``--timeout``, or a get that
 returns other bytes than were put (compared outside the clock), warm-ups included, is counted in
 ``failed`` (``<backend>_failed``; the first errors in ``failures``) and its time is infinite in
-the figures (null in the JSON), never left out.
+the figures (null in the JSON), never left out: its MB/s is 0, and an overhead it is part of is
+infinite when the backend's side failed, -1 when only the reference's did (a repetition where
+both failed was NaN, which a median or a min/max could silently pass over).
 """
 
 from __future__ import annotations
@@ -41,10 +47,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench._stats import spread
-
 from ._signals import stop_on_sigterm
-from ._stats import add_quick, finite, non_negative_int, one_of, parse_args, positive_float, positive_int
+from ._stats import (
+    add_quick,
+    finite,
+    non_negative_int,
+    one_of,
+    parse_args,
+    positive_float,
+    positive_int,
+    show,
+    spread,
+)
 
 MiB = 1 << 20
 BUCKET = "vcasync-bench"
@@ -77,18 +91,33 @@ class Pair:
             ref = self.median("ref_put") + self.median("ref_get")
         else:
             ours, ref = self.median(what), self.median(f"ref_{what}")
-        return ours / ref - 1.0
+        return _over(ours, ref)
 
-    def paired(self) -> list[float]:
-        """(put + get) / (reference put + get) - 1 of every repetition (none dropped)."""
+    def paired(self, what: str = "both") -> list[float]:
+        """(put + get) / (reference put + get) - 1 of every repetition (none dropped); ``what``
+        "put" or "get": that operation alone against the reference's."""
         t = self.times
-        return [(p + g) / (rp + rg) - 1.0 for p, g, rp, rg in
+        if what != "both":
+            return [_over(o, r) for o, r in zip(t[what], t[f"ref_{what}"], strict=True)]
+        return [_over(p + g, rp + rg) for p, g, rp, rg in
                 zip(t["put"], t["get"], t["ref_put"], t["ref_get"], strict=True)]
+
+    def mb_s(self, what: str, size: int) -> list[float]:
+        """MB/s of every repetition of ``what`` (a failed one: 0, none dropped)."""
+        return [size / MiB / s for s in self.times[what]]
 
     def paired_overhead(self) -> float:
         """Median over repetitions of (put + get) / (reference put + get) - 1: each ratio is taken
         within one repetition, so slow drift of a shared machine cancels out."""
         return statistics.median(self.paired())
+
+
+def _over(ours: float, ref: float) -> float:
+    """``ours / ref - 1`` of one repetition; a failed side is infinite: the backend's makes the
+    overhead infinite, the reference's alone -1 (never NaN, never left out)."""
+    if math.isinf(ours):
+        return math.inf
+    return ours / ref - 1.0
 
 
 async def _timed(op: Op, failures: list[str], what: str, limit_s: float,
@@ -308,11 +337,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         figures[f"{pair.name}_overhead_paired"] = round(pair.paired_overhead(), 4)
         figures[f"{pair.name}_overhead_spread"] = spread(pair.paired(), 4)   # [min, median, max]
     for pair in pairs:
-        figures[f"{pair.name}_put_overhead"] = round(pair.overhead("put"), 4)
-        figures[f"{pair.name}_get_overhead"] = round(pair.overhead("get"), 4)
+        for what in ("put", "get"):
+            figures[f"{pair.name}_{what}_overhead"] = round(pair.overhead(what), 4)
+            figures[f"{pair.name}_{what}_overhead_spread"] = spread(pair.paired(what), 4)
     for pair in pairs:
         for what in ("put", "get", "ref_put", "ref_get"):
             figures[f"{pair.name}_{what}_mb_s"] = round(size / MiB / pair.median(what), 1)
+            figures[f"{pair.name}_{what}_mb_s_spread"] = spread(pair.mb_s(what, size), 1)
     for pair in pairs:
         figures[f"{pair.name}_failed"] = len(pair.failures)
         if pair.failures:
@@ -326,13 +357,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _table(pairs: list[Pair], size: int) -> None:
-    print(f"\nput/get of {size / MiB:.0f} MB, medians (MB/s); overhead = backend / direct - 1")
-    print(f"{'backend':<10} {'put':>8} {'direct':>8} {'get':>8} {'direct':>8} {'overhead':>9} {'paired':>8}")
+    print(f"\nput/get of {size / MiB:.0f} MB, MB/s median (min-max over repetitions); "
+          "overhead = backend / direct - 1")
+    print(f"{'backend':<10} {'put':>15} {'direct put':>15} {'get':>15} {'direct get':>15} "
+          f"{'overhead':>9} {'paired':>8}")
     for p in pairs:
-        mbs = {w: size / MiB / p.median(w) for w in ("put", "ref_put", "get", "ref_get")}
+        mbs = {w: show(p.mb_s(w, size), 0) for w in ("put", "ref_put", "get", "ref_get")}
         lo, _, hi = spread(p.paired())
-        print(f"{p.name:<10} {mbs['put']:>8.0f} {mbs['ref_put']:>8.0f} {mbs['get']:>8.0f} "
-              f"{mbs['ref_get']:>8.0f} {p.overhead():>+9.1%} {p.paired_overhead():>+8.1%} "
+        print(f"{p.name:<10} {mbs['put']:>15} {mbs['ref_put']:>15} {mbs['get']:>15} "
+              f"{mbs['ref_get']:>15} {p.overhead():>+9.1%} {p.paired_overhead():>+8.1%} "
               f"(min {lo:+.1%}, max {hi:+.1%})")
 
 
