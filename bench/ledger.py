@@ -48,7 +48,7 @@ from vcasync.ledger import Ledger, WorkUnit
 from vcasync.ledger._columns import LEASE_FIELDS, WORKER_FIELDS
 from vcasync.wire import Limits, pack_tree, unpack_tree
 
-from ._stats import add_quick, finite, parse_args, positive_int, spread
+from ._stats import add_quick, finite, parse_args, positive_int, show, spread
 
 WORKERS = 1000
 
@@ -168,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict[str, Any] = {"workers": WORKERS, "reps": reps, "snapshot_format": 2, "failed": 0}
     print(f"ledger snapshots: {WORKERS} workers, every unit but one a worker done, {reps} reps "
           "(median, min-max)")
-    print(f"{'units':>8} {'capture ms':>16} {'vs msgpack':>11} {'pack vs msgpack':>16} "
-          f"{'pack vs rows':>13} {'read vs rows':>13} {'bytes/unit':>11} {'vs rows':>8}")
+    heads = ("capture ms", "vs msgpack", "pack vs msgpack", "pack vs rows", "read vs rows",
+             "bytes/unit", "vs rows")
+    print(f"{'units':>8}" + "".join(f"{h:>20}" for h in heads))
     for n in sizes:
         failures: list[str] = []
         m = measure(n, reps, failures)
@@ -192,12 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, values in cols.items():
             figures[name] = round(statistics.median(values), 3)
             figures[f"{name}_spread"] = spread(values)
-        s = {name: spread(values, 2) for name, values in cols.items()}
-        print(f"{n:>8} {s[f'capture_ms_{k}'][1]:>7.1f} ({s[f'capture_ms_{k}'][0]:.0f}-"
-              f"{s[f'capture_ms_{k}'][2]:.0f}) {figures[f'capture_vs_msgpack_{k}']:>11.2f} "
-              f"{figures[f'pack_vs_msgpack_{k}']:>16.2f} {figures[f'pack_vs_rows_{k}']:>13.3f} "
-              f"{figures[f'read_vs_rows_{k}']:>13.3f} {figures[f'bytes_per_unit_{k}']:>11.0f} "
-              f"{figures[f'bytes_vs_rows_{k}']:>8.2f}", flush=True)
+        # every column median (min-max): the ratios' spreads too, not the capture's alone
+        digits = (1, 2, 2, 3, 3, 0, 2)
+        print(f"{n:>8}" + "".join(f"{show(values, d):>20}" for values, d in zip(cols.values(), digits,
+                                                                                strict=True)), flush=True)
     if a.json:
         print(json.dumps(finite(figures)))
     return 0
