@@ -120,7 +120,10 @@ def sweep(workload: str, seeds: list[int], grid: dict[str, tuple[Any, ...]], *, 
                 n_ddp = None if target is None else samples_to(target, ddp_curve[seed])
                 reached += int(n_fleet is not None)
                 ratios.append(None if n_fleet is None or not n_ddp else n_fleet / n_ddp)
-            s, q = spread(gaps), spread(ratios)
+            # a seed without a gap (its fleet ended without a finite quality) is as far behind as
+            # can be, one that never reached the target took more samples than any: both unbounded
+            # above (as bench.convergence's gaps), never left out of the spread
+            s, q = spread(gaps, miss="high", counted="measured"), spread(ratios, miss="high")
             cells.append({"epochs": epochs, "alpha": alpha, "gap": s.as_dict(), "reached": reached,
                           "seeds": len(seeds), "ddp_final": [ddp[x] for x in seeds],
                           "samples_ratio": q.as_dict()})
@@ -132,20 +135,37 @@ def sweep(workload: str, seeds: list[int], grid: dict[str, tuple[Any, ...]], *, 
             "metric": work.metric, "unit": unit, "cells": cells, "learning_rates": searches}
 
 
+def seed_spread(summary: dict[str, Any]) -> list[float | None] | None:
+    """``[min, median, max]`` over every seed of a ``vcasync.costing.spread`` summary: a seed
+    without a value (``missing``) lies on its ``unbounded`` side, so an end it reaches is None
+    (unbounded), never a range of the other seeds alone; None when no seed ran."""
+    values = [float(v) for v in summary.get("values") or []]
+    missing = int(summary.get("missing") or 0)
+    side = summary.get("unbounded") or ("both" if missing else None)
+    if not values and not missing:
+        return None
+    if missing and side not in ("low", "high"):
+        return [None, None, None]      # neither end nor the middle is known
+    full = values + [math.inf if side == "high" else -math.inf] * missing
+    three = [min(full), statistics.median(full), max(full)]
+    return [x if math.isfinite(x) else None for x in three]
+
+
 def flat_figures(sweeps: list[dict[str, Any]]) -> dict[str, Any]:
     """One figure per cell, first in the JSON: ``gap_<workload>_<epochs>ep[_alpha<a>]`` (mean over
-    seeds, in the sweep's unit), its ``_spread`` ([min, median, max] over the seeds that ended with a
-    finite quality), ``_reached`` (seeds within the tolerance / seeds) and ``samples_ratio_...``."""
+    seeds, in the sweep's unit), its ``_spread`` ([min, median, max] over every seed: one without a
+    gap is unbounded above, :func:`seed_spread`), ``_reached`` (seeds within the tolerance / seeds)
+    and ``samples_ratio_...`` with its ``_spread`` likewise (a seed that never reached the target:
+    unbounded above)."""
     out: dict[str, Any] = {}
     for s in sweeps:
         for c in s["cells"]:
             tag = f"{s['workload']}_{c['epochs']}ep" + ("" if c["alpha"] is None else f"_alpha{c['alpha']:g}")
-            values = [v for v in c["gap"]["values"] if v is not None]
             out[f"gap_{tag}"] = c["gap"]["mean"]
-            out[f"gap_{tag}_spread"] = ([min(values), statistics.median(values), max(values)]
-                                        if values else None)
+            out[f"gap_{tag}_spread"] = seed_spread(c["gap"])
             out[f"gap_{tag}_reached"] = f"{c['reached']}/{c['seeds']}"
             out[f"samples_ratio_{tag}"] = c["samples_ratio"]["mean"]
+            out[f"samples_ratio_{tag}_spread"] = seed_spread(c["samples_ratio"])
     return out
 
 
