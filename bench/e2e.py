@@ -26,18 +26,20 @@ published versions and decoded uploads land in recycled memory instead of fresh 
 ``coordinator_cpu_s_per_upload_<mode>`` (the coordinator process's CPU seconds per measured upload:
 what one pass over the bytes saves shows here even on a noisy machine), and
 ``loop_stall_ms_p99_<mode>``: the p99 lateness of a 1 ms timer on the coordinator's event loop,
-sampled only while uploads are decoded, validated and merged (how long heartbeats would wait).
+sampled only while uploads are decoded, validated and merged (how long heartbeats would wait), over
+every measured round's samples together, with ``_spread``: the [min, median, max] of each round's
+own p99 (a round whose upload failed: infinite, null in the JSON).
 Each ratio is the median of per-round ratios, with ``_min`` / ``_max`` beside it; each ``*_gbps``
 (the median round's throughput) has the [min, median, max] of the rounds' under ``_spread``. A
 failed or timed-out round counts (ratio 0, throughput 0): ``failed_<mode>`` says how many uploads
 failed, ``failed_reference_<mode>`` how many reference requests, ``failed`` both over every mode.
 The headline figures (``headline_durability``, ``e2e_vs_raw_post``, ``e2e_vs_durable_post``,
 ``e2e_vs_raw_tcp``, each with its ``_min`` / ``_max``) are the **default** durability's
-(``journal``), the other modes are reported beside them;
-``loop_stall_ms_p99`` is the worst mode's. In ``journal`` mode every result is on disk (fsynced)
-before it is acknowledged, so that mode is bounded by the disk: compare it with the durable POST,
-which does only that. The model is a ResNet-50 state dict by default (``--arch flat``: four equal
-tensors, the best case for per-tensor cost).
+(``journal``), the other modes are reported beside them; ``loop_stall_ms_p99`` (with its
+``_spread``) is the worst mode's, ``loop_stall_mode``. In ``journal`` mode every result is on disk
+(fsynced) before it is acknowledged, so that mode is bounded by the disk: compare it with the
+durable POST, which does only that. The model is a ResNet-50 state dict by default (``--arch
+flat``: four equal tensors, the best case for per-tensor cost).
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class E2E:
         self.url = url
         self.delta = bench_delta(bench_model(params, arch=arch))
         self.stalls: list[float] = []
+        self.window: list[float] = []     # the last upload's samples
         self.size = 0
         self.last = b""
 
@@ -103,6 +106,7 @@ class E2E:
             window = (await r.json())["samples"]
         if receipt.status != "accepted":
             raise RuntimeError(f"the coordinator did not accept the result: {receipt}")
+        self.window = window
         if keep:
             self.stalls.extend(window)
         return elapsed
@@ -151,6 +155,7 @@ async def measure(curl: str, purl: str, durls: tuple[str, str], taddr: str, para
     e2e = E2E(curl, params, arch)
     durl, dpurl = durls
     times: dict[str, list[float]] = {name: [] for name, _ in PATHS}
+    round_p99: list[float] = []      # each measured round's stall p99 (a failed upload: infinite)
     host, port = taddr.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
@@ -172,6 +177,7 @@ async def measure(curl: str, purl: str, durls: tuple[str, str], taddr: str, para
                 if keep:
                     for name, t in got.items():
                         times[name].append(t)
+                    round_p99.append(_pct(e2e.window, 0.99) if math.isfinite(got["e2e"]) else math.inf)
             cpu_per_upload = (await _coordinator_cpu_s(http, curl) - cpu0) / (reps + 1)
     finally:
         writer.close()
@@ -179,7 +185,7 @@ async def measure(curl: str, purl: str, durls: tuple[str, str], taddr: str, para
             await writer.wait_closed()
     return {"bytes": e2e.size, "times": times, "cpu_s_per_upload": cpu_per_upload,
             "stall_p99_ms": _pct(e2e.stalls, 0.99), "stall_max_ms": max(e2e.stalls, default=0.0),
-            "stall_samples": len(e2e.stalls)}
+            "stall_samples": len(e2e.stalls), "stall_p99_ms_rounds": round_p99}
 
 
 async def _coordinator_cpu_s(http: aiohttp.ClientSession, url: str) -> float:
@@ -266,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             figures[f"e2e_{mode}_vs_{ref}_min"] = sp["min"]
             figures[f"e2e_{mode}_vs_{ref}_max"] = sp["max"]
         figures.update({f"loop_stall_ms_p99_{mode}": e2e["stall_p99_ms"],
+                        f"loop_stall_ms_p99_{mode}_spread": _stats_spread(e2e["stall_p99_ms_rounds"]),
                         f"loop_stall_ms_max_{mode}": e2e["stall_max_ms"],
                         f"e2e_{mode}_gbps": rate["e2e"],
                         f"e2e_{mode}_gbps_spread": _stats_spread(gbps(e2e["bytes"], times["e2e"])),
@@ -283,9 +290,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{sp['min']:>13.2f}{sp['median']:>9.2f}{sp['max']:>9.2f}")
         print(f"coordinator CPU per upload: {e2e['cpu_s_per_upload']:.3f} s (user + system, "
               f"all threads: a figure the machine's load does not inflate much)")
-        print(f"coordinator loop stall while merging: p99 {e2e['stall_p99_ms']:.1f} ms, "
-              f"max {e2e['stall_max_ms']:.1f} ms over {e2e['stall_samples']} samples\n")
+        print(f"coordinator loop stall while merging: p99 {e2e['stall_p99_ms']:.1f} ms (each round's: "
+              f"{show(e2e['stall_p99_ms_rounds'], 1)}), max {e2e['stall_max_ms']:.1f} ms over "
+              f"{e2e['stall_samples']} samples\n")
     head = default_mode if default_mode in modes else modes[0]
+    worst = max(modes, key=lambda m: figures[f"loop_stall_ms_p99_{m}"])
     last = results[modes[-1]]
     headline = {"headline_durability": head,
                 **{k: figures[f"e2e_{head}_{k.removeprefix('e2e_')}"]
@@ -294,7 +303,10 @@ def main(argv: list[str] | None = None) -> int:
                              "e2e_vs_durable_post_max", "e2e_vs_raw_tcp", "e2e_vs_raw_tcp_min",
                              "e2e_vs_raw_tcp_max")},
                 "failed": sum(figures[f"failed_{m}"] + figures[f"failed_reference_{m}"] for m in modes),
-                "loop_stall_ms_p99": max(figures[f"loop_stall_ms_p99_{m}"] for m in modes)}
+                "loop_stall_ms_p99": figures[f"loop_stall_ms_p99_{worst}"],
+                "loop_stall_ms_p99_spread": figures[f"loop_stall_ms_p99_{worst}_spread"],
+                "loop_stall_mode": worst,
+                "centres": {"loop_stall_ms_p99": "p99 of every round's samples together"}}
     lt = last["times"]
     refs: dict[str, Any] = {}
     for name, _ in PATHS[1:]:

@@ -147,7 +147,8 @@ BENCHES: dict[str, Bench] = {
 #: Every figure issue 18 asks for, by bench (the ``shared/BENCHMARKS.md`` table): each appears on
 #: the page, measured or not.
 ISSUE_18: dict[str, list[str]] = {
-    "e2e": ["headline_durability", "e2e_vs_raw_post", "e2e_vs_durable_post"],
+    "e2e": ["headline_durability", "e2e_vs_raw_post", "e2e_vs_durable_post", "e2e_vs_raw_tcp",
+            "loop_stall_ms_p99"],
     "codec": ["raw_vs_memcpy_25m", "zstd_vs_library"],
     "merge": [f"{p}_vs_floor" for p in ("vcasgd", "fedasync", "fedbuff", "diloco", "median",
                                         "trimmed_mean", "gate", "sync")],

@@ -149,6 +149,8 @@ def test_e2e_headline_raw_tcp_and_throughputs_carry_spreads_and_a_failed_referen
                  "raw_tcp"):
         assert _is_spread(figures[f"{name}_gbps_spread"]), name
     assert figures["raw_post_gbps_spread"][0] == 0.0
+    assert _is_spread(figures["loop_stall_ms_p99_spread"])      # each round's own p99
+    assert figures["loop_stall_ms_p99_spread"] == figures["loop_stall_ms_p99_journal_spread"]
 
 
 # --- merge --------------------------------------------------------------------------------------
