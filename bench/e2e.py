@@ -23,7 +23,8 @@ of ``--reps`` after ``--warmup`` uploads; buffers warm: every run reuses the sam
 the servers' freed memory, and the warm-up fills the coordinator's staleness window
 (``max_staleness`` + 2 uploads by default), so it measures the steady state of a long run, where
 published versions and decoded uploads land in recycled memory instead of fresh pages), and
-``coordinator_cpu_s_per_upload_<mode>`` (the coordinator process's CPU seconds per measured upload:
+``coordinator_cpu_s_per_upload_<mode>`` (the coordinator process's CPU seconds per upload, over
+every round, with ``_spread``: the [min, median, max] of each measured round's:
 what one pass over the bytes saves shows here even on a noisy machine), and
 ``loop_stall_ms_p99_<mode>``: the p99 lateness of a 1 ms timer on the coordinator's event loop,
 sampled only while uploads are decoded, validated and merged (how long heartbeats would wait), over
@@ -47,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import statistics
@@ -164,7 +166,7 @@ async def measure(curl: str, purl: str, durls: tuple[str, str], taddr: str, para
             for _ in range(max(1, warmup)):  # warm-up, and it tells the payload size
                 await e2e.once(client, http, keep=False)
             data = e2e.last  # a real result payload: the sinks never look inside
-            cpu0 = await _coordinator_cpu_s(http, curl)
+            marks = [await _coordinator_cpu_s(http, curl)]   # before each round, and after the last
             for i in range(reps + 1):
                 keep = i > 0  # round 0 warms the sinks up
                 # References first, while the coordinator is idle.
@@ -178,12 +180,14 @@ async def measure(curl: str, purl: str, durls: tuple[str, str], taddr: str, para
                     for name, t in got.items():
                         times[name].append(t)
                     round_p99.append(_pct(e2e.window, 0.99) if math.isfinite(got["e2e"]) else math.inf)
-            cpu_per_upload = (await _coordinator_cpu_s(http, curl) - cpu0) / (reps + 1)
+                marks.append(await _coordinator_cpu_s(http, curl))
+            cpu_per_upload = (marks[-1] - marks[0]) / (reps + 1)
+            cpu_rounds = [b - a for a, b in itertools.pairwise(marks[1:])]   # the measured rounds'
     finally:
         writer.close()
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
-    return {"bytes": e2e.size, "times": times, "cpu_s_per_upload": cpu_per_upload,
+    return {"bytes": e2e.size, "times": times, "cpu_s_per_upload": cpu_per_upload, "cpu_s_rounds": cpu_rounds,
             "stall_p99_ms": _pct(e2e.stalls, 0.99), "stall_max_ms": max(e2e.stalls, default=0.0),
             "stall_samples": len(e2e.stalls), "stall_p99_ms_rounds": round_p99}
 
@@ -276,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"loop_stall_ms_max_{mode}": e2e["stall_max_ms"],
                         f"e2e_{mode}_gbps": rate["e2e"],
                         f"e2e_{mode}_gbps_spread": _stats_spread(gbps(e2e["bytes"], times["e2e"])),
-                        f"coordinator_cpu_s_per_upload_{mode}": e2e["cpu_s_per_upload"]})
+                        f"coordinator_cpu_s_per_upload_{mode}": e2e["cpu_s_per_upload"],
+                        f"coordinator_cpu_s_per_upload_{mode}_spread": _stats_spread(e2e["cpu_s_rounds"])})
         tag = " (default)" if mode == default_mode else ""
         print(f"e2e over loopback, {e2e['bytes'] / 1e6:.0f} MB result payload ({a.arch}, "
               f"{a.params / 1e6:.1f}M params), durability={mode}{tag}, "
@@ -288,8 +293,9 @@ def main(argv: list[str] | None = None) -> int:
             sp = spread(ratios(times, name)) if name != "e2e" else {"min": 1.0, "median": 1.0, "max": 1.0}
             print(f"{label:<34}{show(times[name], 3):>22}{show(gbps(e2e['bytes'], times[name]), 3):>24}"
                   f"{sp['min']:>13.2f}{sp['median']:>9.2f}{sp['max']:>9.2f}")
-        print(f"coordinator CPU per upload: {e2e['cpu_s_per_upload']:.3f} s (user + system, "
-              f"all threads: a figure the machine's load does not inflate much)")
+        print(f"coordinator CPU per upload: {e2e['cpu_s_per_upload']:.3f} s (each round's: "
+              f"{show(e2e['cpu_s_rounds'], 3)}; user + system, all threads: a figure the machine's "
+              f"load does not inflate much)")
         print(f"coordinator loop stall while merging: p99 {e2e['stall_p99_ms']:.1f} ms (each round's: "
               f"{show(e2e['stall_p99_ms_rounds'], 1)}), max {e2e['stall_max_ms']:.1f} ms over "
               f"{e2e['stall_samples']} samples\n")

@@ -150,6 +150,7 @@ def test_e2e_headline_raw_tcp_and_throughputs_carry_spreads_and_a_failed_referen
         assert _is_spread(figures[f"{name}_gbps_spread"]), name
     assert figures["raw_post_gbps_spread"][0] == 0.0
     assert _is_spread(figures["loop_stall_ms_p99_spread"])      # each round's own p99
+    assert _is_spread(figures["coordinator_cpu_s_per_upload_journal_spread"])
     assert figures["loop_stall_ms_p99_spread"] == figures["loop_stall_ms_p99_journal_spread"]
 
 
