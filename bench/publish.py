@@ -385,7 +385,7 @@ def summary_of(figs: dict[str, Any], name: str, centre: str = "") -> str | None:
             if _same(value, three[1]):
                 return f"median {v} (min-max {lo}-{hi} over repetitions)"
             what = f"{centre} " if centre else ""
-            return f"{what}{v} (per-repetition ratios: min {lo}, median {mid}, max {hi})"
+            return f"{what}{v} (per repetition: min {lo}, median {mid}, max {hi})"
     if f"{name}_min" in figs and f"{name}_max" in figs:
         what = f"{centre} " if centre else ""
         lo, hi = _cell(figs[f"{name}_min"]), _cell(figs[f"{name}_max"])

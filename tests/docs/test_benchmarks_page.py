@@ -312,8 +312,8 @@ def test_a_spread_with_an_unbounded_end_and_a_figure_with_its_own_centre_are_sai
         "rss_multiple_max": 6.4, "rss_multiple_max_spread": [6.1, 6.2, 6.3],
         "centres": {"rss_multiple_max": "the run's peak"}}})
     page = render(*load_results(tmp_path, root=tmp_path))
-    assert ("| `modelsize` | `ingest_linearity` | 0.81 (per-repetition ratios: min 0.78, median 0.8, "
+    assert ("| `modelsize` | `ingest_linearity` | 0.81 (per repetition: min 0.78, median 0.8, "
             "max unbounded) |") in page
-    assert ("| `modelsize` | `rss_multiple_max` | the run's peak 6.4 (per-repetition ratios: min 6.1, "
+    assert ("| `modelsize` | `rss_multiple_max` | the run's peak 6.4 (per repetition: min 6.1, "
             "median 6.2, max 6.3) |") in page
     assert "| `ingest_linearity_spread` | min 0.78, median 0.8, max unbounded |" in page
