@@ -16,6 +16,7 @@ import pytest
 
 pytest.importorskip("sklearn", reason="the demo needs scikit-learn (vcasync[demo])")
 
+from tests._spot_refusals import REFUSED, refused
 from vcasync.cli import main
 from vcasync.costing.market import SpotTrace, SpotWalk
 from vcasync.costing.prices import PriceTable
@@ -24,7 +25,6 @@ from vcasync.demo.ddp import DdpConfig, DdpResult
 from vcasync.demo.procs import Proc, Slot, Timeline
 from vcasync.demo.report import build_report
 from vcasync.demo.run import DemoConfig, DemoRun
-from vcasync.exit_codes import ExitCode
 
 T0_WALL = 1_000_000.0
 LIST = PriceTable()[DemoConfig().instance]
@@ -138,41 +138,11 @@ def _nothing_starts(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("_nothing_starts")
-@pytest.mark.parametrize(("args", "said"), [
-    (["--spot-trace", "{tmp}/gone.csv"],
-     "--spot-trace: cannot read spot trace '{tmp}/gone.csv': No such file"),
-    (["--spot-trace", "{tmp}/bad.csv"], "--spot-trace: {tmp}/bad.csv:3: not a number in"),
-    (["--spot-trace", "{tmp}/header.csv"], "--spot-trace: {tmp}/header.csv: the CSV header must name t_s"),
-    (["--spot-trace", "{tmp}/nan.csv"], "--spot-trace: {tmp}/nan.csv:2: t_s must be a finite number"),
-    (["--spot-trace", "{tmp}/empty.csv"], "a spot trace needs one price per time, and at least one"),
-    (["--spot-walk", "-0.1"], "--spot-walk SIGMA must be a finite number >= 0"),
-    (["--spot-walk", "nan"], "--spot-walk SIGMA must be a finite number >= 0 (the log-normal step's spread), "
-                             "got nan"),
-    (["--spot-walk", "inf"], "--spot-walk SIGMA must be a finite number >= 0"),
-    (["--spot-walk", "0.1", "--spot-walk-step", "0.5"], "--spot-walk-step must be a finite number of "
-                                                        "seconds >= 1"),
-    (["--spot-walk", "0.1", "--spot-walk-step", "nan"], "--spot-walk-step must be a finite number"),
-    (["--spot-walk-step", "5"], "--spot-walk-step sets the step of --spot-walk SIGMA; give --spot-walk too"),
-    (["--spot-trace", "{tmp}/ok.csv", "--spot-price", "0.1"], "--spot-trace gives the workers' spot price "
-                                                              "over the run and --spot-price a fixed one"),
-    (["--spot-trace", "{tmp}/ok.csv", "--spot-walk", "0.1"], "argument --spot-walk: not allowed with "
-                                                             "argument --spot-trace"),
-])
+@pytest.mark.parametrize(("args", "said"), REFUSED)
 def test_a_bad_spot_path_is_refused_by_option_before_anything_starts(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], said: str) -> None:
-    for name, text in {"bad.csv": "t_s,spot_per_h\n0,0.1\nten,0.2\n", "header.csv": "time,price\n0,1\n",
-                       "nan.csv": "t_s,spot_per_h\nnan,0.1\n", "empty.csv": "t_s,spot_per_h\n",
-                       "ok.csv": "t_s,spot_per_h\n0,0.1\n"}.items():
-        (tmp_path / name).write_text(text)
     run_dir = tmp_path / "run"
-    argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    try:
-        code = main(["demo", "--quick", "--no-progress", "--run-dir", str(run_dir), *argv])
-    except SystemExit as exc:       # argparse's own refusal (the two options are one choice)
-        code = exc.code             # type: ignore[assignment]
-    err = capsys.readouterr().err
-    assert code == ExitCode.CONFIG, err
-    assert said.replace("{tmp}", str(tmp_path)) in err
-    assert "Traceback" not in err
+    refused(tmp_path, capsys, args, said,
+            lambda argv: main(["demo", "--quick", "--no-progress", "--run-dir", str(run_dir), *argv]))
     assert not run_dir.exists()
 

@@ -22,6 +22,7 @@ import pytest
 
 pytest.importorskip("vcasync.coordinator", reason="the simulator drives the real Coordinator")
 
+from tests._spot_refusals import REFUSED, refused
 from vcasync.cli import main
 from vcasync.costing.market import SpotWalk
 from vcasync.costing.prices import PriceTable
@@ -196,43 +197,10 @@ def _nothing_runs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("_nothing_runs")
-@pytest.mark.parametrize(("args", "said"), [
-    (["--spot-trace", "{tmp}/gone.csv"],
-     "--spot-trace: cannot read spot trace '{tmp}/gone.csv': No such file"),
-    (["--spot-trace", "{tmp}/bad.csv"], "--spot-trace: {tmp}/bad.csv:3: not a number in"),
-    (["--spot-trace", "{tmp}/header.csv"], "--spot-trace: {tmp}/header.csv: the CSV header must name t_s"),
-    (["--spot-trace", "{tmp}/order.csv"], "--spot-trace: {tmp}/order.csv:3: trace times must increase: "
-                                          "t_s 0 after 60"),
-    (["--spot-trace", "{tmp}/nan.csv"], "--spot-trace: {tmp}/nan.csv:2: t_s must be a finite number"),
-    (["--spot-trace", "{tmp}/empty.csv"], "a spot trace needs one price per time, and at least one"),
-    (["--spot-walk", "-0.1"], "--spot-walk SIGMA must be a finite number >= 0"),
-    (["--spot-walk", "nan"], "--spot-walk SIGMA must be a finite number >= 0 (the log-normal step's spread), "
-                             "got nan"),
-    (["--spot-walk", "inf"], "--spot-walk SIGMA must be a finite number >= 0"),
-    (["--spot-walk", "0.1", "--spot-walk-step", "0.5"], "--spot-walk-step must be a finite number of "
-                                                        "seconds >= 1"),
-    (["--spot-walk", "0.1", "--spot-walk-step", "nan"], "--spot-walk-step must be a finite number"),
-    (["--spot-walk-step", "5"], "--spot-walk-step sets the step of --spot-walk SIGMA; give --spot-walk too"),
-    (["--spot-trace", "{tmp}/ok.csv", "--spot-price", "0.1"], "--spot-trace gives the workers' spot price "
-                                                              "over the run and --spot-price a fixed one"),
-    (["--spot-trace", "{tmp}/ok.csv", "--spot-walk", "0.1"], "argument --spot-walk: not allowed with "
-                                                             "argument --spot-trace"),
-])
+@pytest.mark.parametrize(("args", "said"), REFUSED)
 def test_a_bad_spot_path_is_refused_by_option_before_the_simulation_runs(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], said: str) -> None:
-    for name, text in {"bad.csv": "t_s,spot_per_h\n0,0.1\nten,0.2\n", "header.csv": "time,price\n0,1\n",
-                       "order.csv": "t_s,spot_per_h\n60,0.1\n0,0.2\n",
-                       "nan.csv": "t_s,spot_per_h\nnan,0.1\n", "empty.csv": "t_s,spot_per_h\n",
-                       "ok.csv": "t_s,spot_per_h\n0,0.1\n"}.items():
-        (tmp_path / name).write_text(text)
     plot = tmp_path / "saving.png"
-    argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    try:
-        code = main(["simulate", "--workers", "2", "--epochs", "1", "--plot", str(plot), *argv])
-    except SystemExit as exc:       # argparse's own refusal (the two options are one choice)
-        code = exc.code             # type: ignore[assignment]
-    err = capsys.readouterr().err
-    assert code == ExitCode.CONFIG, err
-    assert said.replace("{tmp}", str(tmp_path)) in err
-    assert "Traceback" not in err
+    refused(tmp_path, capsys, args, said,
+            lambda argv: main(["simulate", "--workers", "2", "--epochs", "1", "--plot", str(plot), *argv]))
     assert not plot.exists()
