@@ -75,7 +75,16 @@ class SimConfig:
     ``unit_cpu_s`` the CPU seconds a worker spends on each unit outside training (encoding and
     uploading its result, leasing, downloading and decoding the next model), on the reference
     machine: with ``cores`` set it shares the processors like training does (0: that work is free,
-    only the link's latency and bandwidth are paid).
+    only the link's latency and bandwidth are paid). ``notice_cpu``: the cores a noticed session
+    keeps busy from when it has stopped working to the kill (0-1; 0: it frees its core at once): a
+    real worker finishes its step, checkpoints and exits after SIGTERM, on the benchmark's 2-core
+    machine in 1.5-5 s at 0.35-0.45 of a core, on the cores the others train on.
+
+    Scoring instants: ``eval_at_s`` (virtual seconds; empty: ``eval_points`` on a regular grid)
+    scores the model at those instants, as the demo's monitor does (every 3 s after the last score
+    ended), and after the last at the last interval; each such point is stamped when its version
+    was merged, as the monitor stamps a score by when its version first showed, so a crossing of
+    the target is seen only at the next instant, at the time of the version that made it.
 
     Prices: the fleet's workers pay ``prices[instance]``'s spot rate, or with ``spot_path`` (a
     :class:`~vcasync.costing.market.SpotTrace` or :class:`~vcasync.costing.market.SpotWalk`) a
@@ -122,6 +131,8 @@ class SimConfig:
     extra_runnable: float = 0.0
     merge_s: float = 0.0
     unit_cpu_s: float = 0.0
+    notice_cpu: float = 0.0
+    eval_at_s: tuple[float, ...] = ()
     seed: int = 0
     max_virtual_s: float = 30 * 24 * 3600.0
     keep_timeline: bool = True
@@ -184,6 +195,12 @@ class SimConfig:
              f"unit_cpu_s must be a finite number >= 0, got {self.unit_cpu_s}"),
             (self.spot_path is None or isinstance(self.spot_path, SpotTrace | SpotWalk),
              f"spot_path must be a SpotTrace, a SpotWalk or None, got {self.spot_path!r}"),
+            (finite(self.notice_cpu) and 0 <= self.notice_cpu <= 1,
+             f"notice_cpu must be a share of a core in [0, 1], got {self.notice_cpu}"),
+            (all(is_finite_number(t) and t >= 0 for t in self.eval_at_s)
+             and list(self.eval_at_s) == sorted(self.eval_at_s),
+             f"eval_at_s must be finite virtual times >= 0 in increasing order, got "
+             f"{list(self.eval_at_s)[:5]}{' ...' if len(self.eval_at_s) > 5 else ''}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -27,6 +27,8 @@ class CpuShare:
     cores: float | None = None
     extra: float = 0.0
     running: int = 0
+    #: the cores sessions on their way out keep busy (``SimConfig.notice_cpu`` each)
+    exiting: float = 0.0
 
     def __post_init__(self) -> None:
         if self.cores is not None and not self.cores > 0:
@@ -38,7 +40,7 @@ class CpuShare:
         """How much longer a second of one core's compute takes now (>= 1)."""
         if self.cores is None:
             return 1.0
-        return max(1.0, (self.running + self.extra) / self.cores)
+        return max(1.0, (self.running + self.extra + self.exiting) / self.cores)
 
     def stretch_for(self, processes: int) -> float:
         """The stretch with ``processes`` busy (DDP: every rank computes at once)."""

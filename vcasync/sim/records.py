@@ -56,6 +56,9 @@ class Recorder:
     #: kill; the cost to target reports the part before the target as ``lost_s``
     lost_spans: list[tuple[float, float]] = field(default_factory=list)
     evals: list[EvalPoint] = field(default_factory=list)
+    #: when each model version was merged and the samples merged by then (version 0: the start),
+    #: for points stamped by their version (``SimConfig.eval_at_s``)
+    merged_at: dict[int, tuple[float, int]] = field(default_factory=lambda: {0: (0.0, 0)})
     timeline: list[TimelineEvent] = field(default_factory=list)
     keep_timeline: bool = True
 

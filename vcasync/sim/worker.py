@@ -240,6 +240,7 @@ class SimWorker:
         self._rec.receipts[receipt.status] += 1
         if receipt.status == "accepted":
             self._rec.samples_merged += samples
+            self._rec.merged_at.setdefault(receipt.version, (self._now(), self._rec.samples_merged))
             if partial:
                 self._rec.partial_results += 1
             tag = " partial" if partial else ""
