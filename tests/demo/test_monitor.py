@@ -92,6 +92,9 @@ async def test_a_version_scored_already_is_not_scored_again(tmp_path: Path) -> N
     assert again is first
     assert len(mon.accuracy) == 1
     assert evaluations == ["test"]          # no second evaluation
+    # both looks are scoring instants (bench.convergence's replay scores its fleet at them)
+    assert len(mon.scored_s) == 2
+    assert 0 <= mon.scored_s[0] <= mon.scored_s[1]
 
 
 @pytest.mark.parametrize("terminal", [False, True])

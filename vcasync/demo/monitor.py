@@ -83,6 +83,10 @@ class Monitor:
     versions: list[tuple[float, int]] = field(default_factory=list)
     #: (version, the coordinator's process CPU seconds) at each new version a poll saw
     coordinator_cpu: list[tuple[int, float]] = field(default_factory=list)
+    #: when each score's model was downloaded (from ``t0``): the instants the fleet was scored at,
+    #: every 3 s or so (``eval_every_s`` after the last score ended), which the simulator's replay of
+    #: the run scores its own fleet at (``bench.convergence.calibrate``)
+    scored_s: list[float] = field(default_factory=list)
     errors: int = 0
 
     @property
@@ -130,6 +134,7 @@ class Monitor:
             self.errors += 1
             return None
         fetched = time.monotonic() - self.t0
+        self.scored_s.append(fetched)
         if self.accuracy and self.accuracy[-1].version == version:
             # scored already (nothing merged since): the same point again was a duplicate row in
             # report.json's curve, and an evaluation for nothing

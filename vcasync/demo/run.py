@@ -235,6 +235,8 @@ class DemoRun:
     status: dict[str, Any] = field(default_factory=dict)
     versions: list[tuple[float, int]] = field(default_factory=list)
     coordinator_cpu: list[tuple[int, float]] = field(default_factory=list)
+    #: the monitor's scoring instants (run clock; :attr:`Monitor.scored_s`)
+    scored_s: list[float] = field(default_factory=list)
     #: the spot market's :meth:`~vcasync.demo.market.SpotMarket.stats`: preemptions asked and fired
     market: dict[str, Any] = field(default_factory=dict)
     #: when ``max_wall_s`` stopped the fleet (run clock), None when it did not: the curve, the
@@ -676,6 +678,7 @@ async def run_demo(cfg: DemoConfig) -> DemoRun:
             out.accuracy = [(p.t_s, p.version, p.units_done, p.accuracy, p.loss) for p in mon.accuracy]
             out.versions = versions
             out.coordinator_cpu = list(mon.coordinator_cpu)
+            out.scored_s = list(mon.scored_s)
             out.wall_s = demo.timeline.now()
     except (asyncio.CancelledError, KeyboardInterrupt):
         # Ctrl-C or SIGTERM (vcasync.demo.cli cancels the run on it): said before the clean-up below,
