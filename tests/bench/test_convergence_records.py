@@ -87,3 +87,18 @@ def test_the_replay_takes_the_exits_share_and_the_monitors_instants() -> None:
     # the replay's clock starts at the first worker's start, 1.5 s into the run
     assert convergence.scoring_instants(m) == pytest.approx((0.5, 3.6, 6.8, 9.9))
     assert convergence.scoring_instants({"first_worker_s": 1.5}) == ()
+
+
+def test_the_sampler_sees_a_real_child_burn_its_cpu() -> None:
+    import subprocess
+    import sys
+
+    from bench._exit_cpu import ChildCpuSampler
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\ntime.sleep(0.2)"
+    with ChildCpuSampler() as sampler:
+        child = subprocess.Popen([sys.executable, "-c", burn])
+        child.wait()
+    seen = sampler.samples[child.pid]
+    assert seen[-1][1] >= 0.3            # its CPU seconds, read from /proc while it ran
+    assert [t for t, _ in seen] == sorted(t for t, _ in seen)
