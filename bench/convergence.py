@@ -50,6 +50,8 @@ counts restarts.
     python -m bench.convergence [--quick] [--json] [--seeds 0 1 2 3 4] [--plot saving.png]
     python -m bench.convergence --real-only --workloads mnist5000 tinylm --json   # the two gaps
     python -m bench.convergence --sweeps-only --step-s 0.05 0.2 --json           # longer steps
+    python -m bench.convergence --real-only --save-records runs/ --json          # keep the real runs
+    python -m bench.convergence --replay-records runs/*.json                     # replay them again
 
 Budget (a quiet 2-core machine): the default run (digits' real runs, 5 seeds, then the simulated
 64-worker cells and the preemption-rate curve on ``--jobs`` processes) is under 20 minutes: 8 min 44 s
