@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 __all__ = ["ChildCpuSampler", "exit_cpu"]
 
@@ -46,30 +46,43 @@ def _children_cpu(parent: int) -> dict[int, float]:
     return out
 
 
-class ChildCpuSampler:
-    """Each child process's CPU seconds over time, ``(time.monotonic(), cpu_s)`` per pid, sampled
-    every ``every_s`` in a thread while the ``with`` block lasts."""
+class PeriodicSampler:
+    """Calls :meth:`sample` every ``every_s`` in a daemon thread while the ``with`` block lasts."""
 
-    def __init__(self, every_s: float = 0.05) -> None:
+    def __init__(self, every_s: float) -> None:
         self.every_s = every_s
-        self.samples: dict[int, list[tuple[float, float]]] = {}
-        self._parent = os.getpid()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
+    def sample(self) -> None:
+        raise NotImplementedError
+
     def _loop(self) -> None:
         while not self._stop.wait(self.every_s):
-            now = time.monotonic()
-            for pid, cpu in _children_cpu(self._parent).items():
-                self.samples.setdefault(pid, []).append((now, cpu))
+            self.sample()
 
-    def __enter__(self) -> ChildCpuSampler:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+class ChildCpuSampler(PeriodicSampler):
+    """Each child process's CPU seconds over time, ``(time.monotonic(), cpu_s)`` per pid, sampled
+    every ``every_s`` in a thread while the ``with`` block lasts."""
+
+    def __init__(self, every_s: float = 0.05) -> None:
+        super().__init__(every_s)
+        self.samples: dict[int, list[tuple[float, float]]] = {}
+        self._parent = os.getpid()
+
+    def sample(self) -> None:
+        now = time.monotonic()
+        for pid, cpu in _children_cpu(self._parent).items():
+            self.samples.setdefault(pid, []).append((now, cpu))
 
 
 def exit_cpu(notices: list[tuple[int, float, float]], samples: dict[int, list[tuple[float, float]]],

@@ -78,7 +78,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -98,7 +97,7 @@ from vcasync.examples.workloads import get_workload
 from vcasync.sim import FleetConfig, NoPreemption, PoissonPreemption, SimConfig, Simulation, summarize
 from vcasync.sim.fleet import Outage
 
-from ._exit_cpu import ChildCpuSampler, exit_cpu
+from ._exit_cpu import ChildCpuSampler, PeriodicSampler, exit_cpu
 from ._real_records import load_record, save_record
 from ._signals import stop_on_sigterm
 from ._simpool import SimPool
@@ -322,30 +321,20 @@ def next_rate(rows: list[dict[str, Any]], metric: str) -> float | None:
 
 
 # -- 1. real runs -------------------------------------------------------------------------------------
-class RunnableSampler:
+class RunnableSampler(PeriodicSampler):
     """The machine's runnable threads (``/proc/loadavg``'s fourth field, less this sampler), twice a
     second while a side runs: the processor contention the replay's CPU model is given."""
 
     def __init__(self) -> None:
+        super().__init__(0.5)
         self.samples: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def _loop(self) -> None:
-        while not self._stop.wait(0.5):
-            try:
-                running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1
-            except (OSError, ValueError, IndexError):
-                running = round(os.getloadavg()[0])
-            self.samples.append(max(0, running))
-
-    def __enter__(self) -> RunnableSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    def sample(self) -> None:
+        try:
+            running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1
+        except (OSError, ValueError, IndexError):
+            running = round(os.getloadavg()[0])
+        self.samples.append(max(0, running))
 
     @property
     def mean(self) -> float | None:
