@@ -96,12 +96,13 @@ def test_workers_retrying_a_crashed_coordinator_hear_the_end_from_the_one_that_t
         procs: Procs, tmp_path: Path) -> None:
     """A coordinator SIGKILLed while it lingered leaves workers that never heard the end; they retry
     the unreachable coordinator up to 10 s apart (the worker's reconnect back-off, full jitter). The
-    start that takes the finished run over served only ``--linger`` (2 s here): every one of them
+    start that takes the finished run over served only ``--linger`` (5 s here): every one of them
     missed it and retried for its --give-up-after. It now serves at least twice that back-off."""
     gate = tmp_path / "gate"
     procs.env["GATED_TRAINER_GATE"] = str(gate)
     port = free_port()
-    args = coordinator_args(tmp_path, port)
+    args = list(coordinator_args(tmp_path, port))
+    args[args.index("--linger") + 1] = "5"
     coord = procs.start("coord", *args)
 
     def worker(name: str) -> subprocess.Popen[bytes]:
@@ -116,6 +117,11 @@ def test_workers_retrying_a_crashed_coordinator_hear_the_end_from_the_one_that_t
         w.send_signal(signal.SIGSTOP)
     gate.touch()
     wait_until("the end of the run", lambda: "more so workers hear it" in procs.log("coord"), 60)
+    # A must hear the end before the kill: the coordinator logs its linger before A's next request,
+    # and an A that asks after the kill retries the dead coordinator for its --give-up-after (CI saw
+    # it). The kill must still land while the coordinator lingers: 5 s here, not 2.
+    wait_until("worker A told the run is finished",
+               lambda: '"POST /v1/leases HTTP/1.1" 410' in procs.log("coord"), 60)
     coord.send_signal(signal.SIGKILL)
     coord.wait(10)
     for w in waiting.values():
