@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,15 @@ ROOT = Path(__file__).resolve().parents[2]
 def children(pid: int) -> list[int]:
     text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
     return [int(c) for c in text.split()]
+
+
+@pytest.fixture
+def spawned() -> Callable[[], list[int]]:
+    """This test process's children that the test started (through the bench), not those an
+    earlier test in the same pytest process left running for the session (the storage tests' S3
+    and GCS emulators, when pytest-xdist hands this file to a process that ran them)."""
+    earlier = set(children(os.getpid()))
+    return lambda: [pid for pid in children(os.getpid()) if pid not in earlier]
 
 
 def alive(pid: int) -> bool:
@@ -54,14 +64,14 @@ def small() -> Any:
 
 
 def test_a_coordinator_that_does_not_stop_is_killed_counted_and_its_store_removed(
-        tmpdir_here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmpdir_here: Path, monkeypatch: pytest.MonkeyPatch, spawned: Callable[[], list[int]]) -> None:
     real = modelsize.measure
     frozen: list[int] = []
 
     async def then_freeze(url: str, *args: Any) -> dict[str, Any]:
         result = await real(url, *args)
         # the coordinator can no longer stop (as one still writing a 4 GB snapshot): SIGSTOP
-        (pid,) = children(os.getpid())
+        (pid,) = spawned()
         os.kill(pid, signal.SIGSTOP)
         frozen.append(pid)
         return result
@@ -82,11 +92,11 @@ def test_the_stop_grace_grows_with_the_model() -> None:
 
 
 def test_a_failing_run_stops_its_coordinator_and_removes_everything(
-        tmpdir_here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmpdir_here: Path, monkeypatch: pytest.MonkeyPatch, spawned: Callable[[], list[int]]) -> None:
     seen: list[int] = []
 
     async def broken(url: str, *args: Any) -> dict[str, Any]:
-        seen.extend(children(os.getpid()))
+        seen.extend(spawned())
         raise OSError("the upload failed")
 
     monkeypatch.setattr(modelsize, "measure", broken)
@@ -153,11 +163,11 @@ def test_a_sigterm_swallowed_by_a_finaliser_still_stops_the_bench(tmpdir_here: P
 
 
 def test_resume_measures_a_second_coordinator_on_the_same_store_then_removes_it(
-        tmpdir_here: Path) -> None:
+        tmpdir_here: Path, spawned: Callable[[], list[int]]) -> None:
     a = modelsize.parse(["--warmup", "1", "--held", "0", "--reps", "1", "--resume"])
     r = modelsize.measure_size(SIZE, a)
     assert r["stop_failed"] == 0
     assert r["resume_version"] == 3              # the warm-up, fp32 and bf16 uploads merged
     assert r["resume_rss_peak"] > r["bytes"]
-    assert children(os.getpid()) == []
+    assert spawned() == []
     assert list(tmpdir_here.iterdir()) == []

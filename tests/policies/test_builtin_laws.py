@@ -63,4 +63,4 @@ def test_claims_are_what_the_docs_say() -> None:
                                   "trimmed_mean", "gate", "sync"])
 def test_builtin_defaults_hold_for_many_examples(name: str) -> None:
     small = {"buffer_size": 3} if name in ("fedbuff", "sync", "median", "trimmed_mean") else {}
-    check_policy(functools.partial(build_policy, name, small), max_examples=150)
+    check_policy(functools.partial(build_policy, name, small), max_examples=75)
