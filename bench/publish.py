@@ -526,8 +526,36 @@ def render(mach: dict[str, Any], saved: dict[str, dict[str, Any]]) -> str:
         for figure, caveat in (result.get("caveats") or {}).items():
             lines += ["", f"Caveat, `{figure}`: {caveat}."]
         lines += ["", "| figure | value |", "|---|---|"]
-        lines += [f"| `{k}` | {_cell(v, k)} |" for k, v in result["figures"].items()]
+        figs = result["figures"]
+        lines += [f"| `{k}` | {_figure_cell(figs, k)} |" for k in figs if k != "reasons"]
     return "\n".join(lines) + "\n"
+
+
+_ENDS = ("_ci_low", "_ci_high", "_min", "_max")
+
+
+def _figure_cell(figs: dict[str, Any], key: str) -> str:
+    """A figure of a bench's table, with the bench's reason (``reasons``) where it saved one for
+    the figure or, for an end of its interval, for the figure itself: a null alone said nothing (a
+    figure this run does not measure, an interval a missed seed left open)."""
+    value = figs[key]
+    reasons = figs.get("reasons") if isinstance(figs.get("reasons"), dict) else {}
+    base = next((key[:-len(e)] for e in _ENDS if key.endswith(e)), None)
+    why = reasons.get(key)
+    if value is None and base is not None and base in figs:
+        if figs[base] is None:
+            return f"not measured (as `{base}`)"
+        why = why if why is not None else reasons.get(base)
+    if value is None:
+        # an end of a measured figure's interval: open on this side (a missed seed)
+        shown = "unbounded" if base is not None and base in figs else "not measured"
+    else:
+        shown = _cell(value, key)
+    if why is None:
+        return shown
+    why = str(why).replace("|", "\\|")
+    # a reason that says what the null is ("not measured ...", "unbounded: ...") stands alone
+    return why if value is None and why.startswith(("not measured", "unbounded")) else f"{shown}: {why}"
 
 
 def check(page: Path, text: str) -> int:

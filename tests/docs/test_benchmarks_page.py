@@ -328,3 +328,25 @@ def test_a_peak_that_came_out_near_its_spreads_median_is_still_called_a_peak(tmp
     page = render(*load_results(tmp_path, root=tmp_path))
     assert ("| `modelsize` | `rss_multiple_max` | the run's peak 6.447 (per repetition: min 6.437, "
             "median 6.437, max 6.437) |") in page
+
+
+def test_a_null_in_a_benchs_own_table_says_why_never_null(tmp_path: Path) -> None:
+    # The convergence table showed `null` for every figure its default run leaves to another run
+    # (gap_mnist_30, lm_loss_gap_30, ...) and for an interval a missed seed left open, with the
+    # reasons as "(dict of 6: in the saved JSON)".
+    _convergence(tmp_path, {
+        "saving_sim_64": 0.79, "saving_sim_64_ci_low": None, "gap_mnist_30": None,
+        "gap_mnist_30_ci_high": None, "sim_vs_real_error": None, "other": None,
+        "reasons": {"saving_sim_64": "seed(s) [4]: no target",
+                    "gap_mnist_30": "not measured in this run (add --workloads mnist5000)",
+                    "sim_vs_real_error": "unbounded: in 1 seed(s) only one"}})
+    page = render(*load_results(tmp_path, root=tmp_path))
+    table = page[page.index("\n| figure | value |"):]
+    assert "null" not in table
+    assert "`reasons`" not in table
+    assert "| `saving_sim_64` | 0.79: seed(s) [4]: no target |" in table
+    assert "| `saving_sim_64_ci_low` | unbounded: seed(s) [4]: no target |" in table
+    assert "| `gap_mnist_30` | not measured in this run (add --workloads mnist5000) |" in table
+    assert "| `gap_mnist_30_ci_high` | not measured (as `gap_mnist_30`) |" in table
+    assert "| `sim_vs_real_error` | unbounded: in 1 seed(s) only one |" in table
+    assert "| `other` | not measured |" in table
