@@ -81,3 +81,20 @@ def test_simulate_and_demo_policy_params_say_a_non_finite_number_must_be_finite(
         parse_params([f"alpha={raw}"])
     assert parse_params(["alpha=0.5", "staleness=polynomial", "name=info"]) == {
         "alpha": 0.5, "staleness": "polynomial", "name": "info"}
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    # a new-user probe: the refusal named the config field (max_wall_s) the user never typed
+    (["--max-wall", "-1"], "max_wall_s (--max-wall) must be a finite number of seconds > 0"),
+    (["--grace", "-1"], "grace_s (--grace) must be a finite number of seconds > 0"),
+    (["--kill-fraction", "2"], "kill_fraction (--kill-fraction) must be in [0, 1], got 2.0"),
+    (["--workers", "0"], "workers (--workers) must be 1 to 64"),
+    (["--restart-delay", "3", "1"], "restart delay (--restart-delay) must be finite seconds"),
+    (["--kill-coordinator", "--durability", "none"], "kill_coordinator (--kill-coordinator) needs durable"),
+])
+def test_a_setting_out_of_range_is_refused_by_the_flag_the_user_typed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], said: str) -> None:
+    code, err = _demo(capsys, "--run-dir", str(tmp_path / "run"), *args)
+    assert code == ExitCode.CONFIG, err
+    assert said in err
+    assert not (tmp_path / "run").exists()

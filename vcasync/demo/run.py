@@ -109,53 +109,57 @@ class DemoConfig:
         lo, hi = self.restart_delay_s
         checks = [
             (1 <= self.workers <= MAX_WORKERS,
-             f"workers must be 1 to {MAX_WORKERS} (each is a process importing torch, on this one "
-             f"machine), got {self.workers}"),
-            (1 <= self.epochs <= MAX_EPOCHS, f"epochs must be 1 to {MAX_EPOCHS}, got {self.epochs}"),
+             f"workers (--workers) must be 1 to {MAX_WORKERS} (each is a process importing torch, on "
+             f"this one machine), got {self.workers}"),
+            (1 <= self.epochs <= MAX_EPOCHS,
+             f"epochs (--epochs) must be 1 to {MAX_EPOCHS}, got {self.epochs}"),
             (self.shards is None or self.shards >= 1,
-             f"shards must be >= 1 (and at most the data set's training samples), got {self.shards}"),
+             f"shards (--shards) must be >= 1 (and at most the data set's training samples), "
+             f"got {self.shards}"),
             (self.steps is None or 1 <= self.steps <= MAX_STEPS,
-             f"steps must be 1 to {MAX_STEPS} local steps per unit, got {self.steps}"),
-            (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
+             f"steps (--steps) must be 1 to {MAX_STEPS} local steps per unit, got {self.steps}"),
+            (self.batch_size >= 1, f"batch_size (--batch-size) must be >= 1, got {self.batch_size}"),
             (seconds(self.min_step_s, MAX_DELAY_S, strict=False),
-             f"min_step_s must be a finite number of seconds from 0 to {MAX_DELAY_S:g}, "
+             f"min_step_s (--min-step-s) must be a finite number of seconds from 0 to {MAX_DELAY_S:g}, "
              f"got {self.min_step_s}"),
             (self.lr is None or (is_finite_number(self.lr) and self.lr > 0),
-             f"lr must be a finite number > 0, got {self.lr}"),
+             f"lr (--lr) must be a finite number > 0, got {self.lr}"),
             (self.sync_lr is None or (is_finite_number(self.sync_lr) and self.sync_lr > 0),
-             f"sync_lr must be a finite number > 0, got {self.sync_lr}"),
+             f"sync_lr (--sync-lr) must be a finite number > 0, got {self.sync_lr}"),
             (is_finite_number(self.momentum) and 0 <= self.momentum < 1,
              f"momentum must be in [0, 1), got {self.momentum}"),
             (is_finite_number(self.preempt_per_min) and 0 <= self.preempt_per_min <= MAX_PREEMPT_PER_MIN,
-             f"preempt_per_min must be a finite rate from 0 to {MAX_PREEMPT_PER_MIN:g} per minute, "
-             f"got {self.preempt_per_min}"),
-            (0 <= self.kill_fraction <= 1, f"kill_fraction must be in [0, 1], got {self.kill_fraction}"),
+             f"preempt_per_min (--preempt-per-min) must be a finite rate from 0 to "
+             f"{MAX_PREEMPT_PER_MIN:g} per minute, got {self.preempt_per_min}"),
+            (0 <= self.kill_fraction <= 1,
+             f"kill_fraction (--kill-fraction) must be in [0, 1], got {self.kill_fraction}"),
             (0 <= self.preemptions <= MAX_PREEMPTIONS,
-             f"preemptions must be 0 to {MAX_PREEMPTIONS}, got {self.preemptions}"),
-            (is_seed(self.seed), f"seed must be in {SEED_RANGE}, got {self.seed}"),
+             f"preemptions (--preemptions) must be 0 to {MAX_PREEMPTIONS}, got {self.preemptions}"),
+            (is_seed(self.seed), f"seed (--seed) must be in {SEED_RANGE}, got {self.seed}"),
             (seconds(lo, MAX_DELAY_S, strict=False) and seconds(hi, MAX_DELAY_S, strict=False) and lo <= hi,
-             f"restart delay must be finite seconds 0 <= min <= max <= {MAX_DELAY_S:g}, "
+             f"restart delay (--restart-delay) must be finite seconds 0 <= min <= max <= {MAX_DELAY_S:g}, "
              f"got {self.restart_delay_s}"),
             (seconds(self.grace_s, MAX_DELAY_S, strict=True),
-             f"grace_s must be a finite number of seconds > 0 and <= {MAX_DELAY_S:g}, got {self.grace_s}"),
+             f"grace_s (--grace) must be a finite number of seconds > 0 and <= {MAX_DELAY_S:g}, "
+             f"got {self.grace_s}"),
             (seconds(self.lease_timeout_s, MAX_DELAY_S, strict=True),
              f"lease_timeout_s must be a finite number of seconds > 0 and <= {MAX_DELAY_S:g}, "
              f"got {self.lease_timeout_s}"),
             (seconds(self.max_wall_s, MAX_WALL_S, strict=True),
-             f"max_wall_s must be a finite number of seconds > 0 and <= {MAX_WALL_S:g} (a week), "
-             f"got {self.max_wall_s}"),
+             f"max_wall_s (--max-wall) must be a finite number of seconds > 0 and <= {MAX_WALL_S:g} "
+             f"(a week), got {self.max_wall_s}"),
             (seconds(self.eval_every_s, MAX_DELAY_S, strict=True),
              f"eval_every_s must be a finite number of seconds > 0 and <= {MAX_DELAY_S:g}, "
              f"got {self.eval_every_s}"),
             (self.durability in ("journal", "snapshot", "none"),
-             f"durability must be journal, snapshot or none, got {self.durability!r}"),
+             f"durability (--durability) must be journal, snapshot or none, got {self.durability!r}"),
             (not (self.kill_coordinator and self.durability == "none"),
-             "kill_coordinator needs durable state: durability journal or snapshot"),
+             "kill_coordinator (--kill-coordinator) needs durable state: durability journal or snapshot"),
             # memory:// lives in the coordinator's process: restarted on it, the run started over
             # from a fresh model, ended at chance accuracy, and the report said "all recovered"
             (not (self.kill_coordinator and self.storage is not None and not outlives_process(self.storage)),
-             f"kill_coordinator needs storage that outlives the coordinator process; {self.storage} "
-             f"is gone when it exits: use a path, file://, s3:// or gs://"),
+             f"kill_coordinator (--kill-coordinator) needs storage that outlives the coordinator "
+             f"process; {self.storage} is gone when it exits: use a path, file://, s3:// or gs://"),
         ]
         for ok, message in checks:
             if not ok:
