@@ -86,6 +86,7 @@ def test_a_thousand_workers_simulate_in_seconds() -> None:
     assert not math.isnan(s["final_loss"])
 
 
+@pytest.mark.slow
 def test_a_step_longer_than_ten_minutes_gets_a_lease_timeout_that_outlasts_it() -> None:
     # Each step takes 20 minutes of virtual time (a scale model of a long job on few samples). The
     # coordinator extends a lease only on progress, so a 600 s timeout would expire every lease

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from bench.convergence import best_rate, next_rate
 
 
@@ -77,6 +79,7 @@ def test_a_run_that_collapsed_late_scores_its_collapse_not_its_end() -> None:
     assert search_score(pts(0.1, 0.5, math.nan), "accuracy") == 0.0
 
 
+@pytest.mark.slow
 def test_the_fleet_is_searched_under_its_cells_preemptions() -> None:
     # the cells' conditions reach every search run: a fleet preempted at 100 %/h on 2 workers
     # scores differently from the same fleet unpreempted, the synchronous side the same

@@ -84,6 +84,7 @@ def test_a_killed_coordinator_restarted_on_its_machine_takes_over_at_once(
     again.stop()
 
 
+@pytest.mark.slow
 def test_a_second_coordinator_that_would_outlive_the_first_is_refused(tmp_path: Path,
                                                                        procs: list[Coord]) -> None:
     # The hole docs/runs.md named: a second coordinator on the run, taking no result while the
@@ -134,6 +135,7 @@ def test_a_paused_coordinator_taken_over_stops_when_it_wakes(tmp_path: Path,
     second.stop()
 
 
+@pytest.mark.slow
 def test_a_finished_run_taken_over_from_a_crash_serves_so_its_workers_hear_it_ended(
         tmp_path: Path, procs: list[Coord]) -> None:
     """Found SIGKILLing a coordinator while it lingered after the run's last result and starting

@@ -12,6 +12,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from vcasync._spawn import module_command
 from vcasync.cli import ExitCode
 
@@ -55,6 +57,7 @@ class Coord:
         return self.wait()
 
 
+@pytest.mark.slow
 def test_a_seed_sweep_in_one_directory_is_refused_and_the_same_command_resumes(
         tmp_path: Path) -> None:
     (tmp_path / "twin.py").write_text(f"from {MODEL.partition(':')[0]} import model as _m\n\n\n"
