@@ -68,3 +68,25 @@ def test_a_cell_where_no_seed_reached_names_every_missed_seed_and_every_unusable
     assert only_missed["reasons"]["saving_same_machines"] == (
         "no seed reached the target, so no saving: of 4 seed(s), 4 missed the target (seed(s) "
         "[0, 1, 2, 3]; counted in targets_missed)")
+
+
+def test_a_seed_whose_baseline_did_not_learn_has_no_gap_and_is_counted_not_measured() -> None:
+    # the saved default run: seed 4's synchronous baseline stayed at chance, its gap read -85
+    # points and the published vcasgd_gap_30 was -16 (the fleet "16 points ahead of DDP") while
+    # the four other seeds had the fleet 0.6 to 1.9 points behind
+    why = "the synchronous baseline did not learn (check --sync-lr)"
+    hetero = [_seed(0, 0.4), _seed(1, 0.5), _seed(2, 0.45), _seed(3, 0.5), _seed(4, None, why)]
+    hetero[4]["accuracy_gap_vs_sync"] = -0.85
+    sim = sim_figures(hetero, [], [], workers=64, searched=True, adaptive=True)
+    assert abs(sim["figures"]["vcasgd_gap_30"] - 5.0) < 1e-9     # the four seeds' 0.05, in points
+    gap = sim["spread"]["vcasgd_gap_30"]
+    assert gap["n"] == 4
+    assert gap["reached"] == "4 of 5 seeds measured"
+    assert gap["ci_high"] is None                                # the missing seed's side
+    assert sim["reasons"]["vcasgd_gap_30"] == (
+        f"seed(s) [4]: no gap: {why} (counted not measured, its side of the interval unbounded)")
+    # the adaptive cells' gap the same way (a None from a cell whose baseline did not learn)
+    adaptive = sim_figures(hetero[:4], [], [1.0, None, 2.0], workers=64, searched=True, adaptive=True)
+    assert adaptive["figures"]["adaptive_gap_mnist_50"] == 1.5
+    assert adaptive["figures"]["adaptive_gap_mnist_50_ci_high"] is None
+    assert adaptive["reasons"]["adaptive_gap_mnist_50"].startswith("1 of 3 seed(s): no gap, ")
