@@ -123,9 +123,9 @@ def test_a_negative_seed_and_a_count_beside_a_rate_are_refused(capsys: pytest.Ca
     from vcasync.cli import main
     from vcasync.demo.run import DemoConfig
 
-    with pytest.raises(ConfigError, match=r"seed must be in \[0, 2\*\*32\)"):
+    with pytest.raises(ConfigError, match=r"seed \(--seed\) must be in \[0, 2\*\*32\)"):
         DemoConfig(seed=-1)
     assert main(["demo", "--preemptions", "2", "--preempt-per-min", "1"]) == 2
     assert "not both" in capsys.readouterr().err
     assert main(["demo", "--seed", "-1"]) == 2
-    assert "seed must be" in capsys.readouterr().err
+    assert "seed (--seed) must be" in capsys.readouterr().err
