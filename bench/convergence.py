@@ -1315,6 +1315,11 @@ def finish(figures: dict[str, Any], a: argparse.Namespace, plot: Callable[[], No
     return 0
 
 
+def _withheld_why(cells: list[dict[str, Any]]) -> str:
+    """Why the first cell that set no target set none (its synchronous baseline did not learn)."""
+    return str(next(c["target_withheld"] for c in cells if c.get("target_withheld")))
+
+
 def sim_figures(hetero: list[dict[str, Any]], same: list[dict[str, Any]], gaps50: list[float | None], *,
                 workers: int, searched: bool, adaptive: bool) -> dict[str, Any]:
     """The simulated cells' figures: ``figures`` (in order), ``spread`` (every value, by figure) and
@@ -1353,11 +1358,11 @@ def sim_figures(hetero: list[dict[str, Any]], same: list[dict[str, Any]], gaps50
         if cells and held.n == 0:       # every seed missed or set no target: say which, counted
             reasons[key] = _none_reached(cells, unusable[kind])
         elif unusable[kind]:
-            why = next(c["target_withheld"] for c in cells if c.get("target_withheld"))
+            why = _withheld_why(cells)
             reasons[key] = (f"seed(s) {unusable[kind]}: no target, so no saving: {why} (counted "
                             "missing in the spread, not in targets_missed)")
     if unusable["heterogeneous"]:
-        why = next(c["target_withheld"] for c in hetero if c.get("target_withheld"))
+        why = _withheld_why(hetero)
         reasons["vcasgd_gap_30"] = (f"seed(s) {unusable['heterogeneous']}: no gap: {why} (counted "
                                     "not measured, its side of the interval unbounded)")
     if g50.missing:
@@ -1411,7 +1416,7 @@ def _none_reached(cells: list[dict[str, Any]], unusable: list[int]) -> str:
     if missed:
         parts.append(f"{len(missed)} missed the target (seed(s) {missed}; counted in targets_missed)")
     if unusable:
-        why = next(c["target_withheld"] for c in cells if c.get("target_withheld"))
+        why = _withheld_why(cells)
         parts.append(f"{len(unusable)} set no target (seed(s) {unusable}: {why}; counted missing in "
                      "the spread, not in targets_missed)")
     return f"no seed reached the target, so no saving: of {len(seeds)} seed(s), " + ", and ".join(parts)

@@ -493,11 +493,7 @@ def render(mach: dict[str, Any], saved: dict[str, dict[str, Any]]) -> str:
             nan = isinstance(value, float) and math.isnan(value)
             shown = "not measured" if value is None else _cell(value)
             if (value is None or nan) and n in (figs.get("reasons") or {}):
-                why = str(figs["reasons"][n]).replace("|", "\\|")     # the why, whole
-                # a reason that says what the figure is ("not measured ...", "unbounded: ...")
-                # stands alone; any other says why it was not measured
-                alone = why.startswith(("not measured", "unbounded")) and not nan
-                shown = why if alone else f"{shown}: {why}"
+                shown = _with_why(shown, figs["reasons"][n], null=not nan)
             elif nan:
                 shown += " (the bench saved NaN and gave no reason)"
             summary = summary_of(figs, n, BENCHES[bench].centre) if not nan else None
@@ -551,11 +547,14 @@ def _figure_cell(figs: dict[str, Any], key: str) -> str:
         shown = "unbounded" if base is not None and base in figs else "not measured"
     else:
         shown = _cell(value, key)
-    if why is None:
-        return shown
-    why = str(why).replace("|", "\\|")
-    # a reason that says what the null is ("not measured ...", "unbounded: ...") stands alone
-    return why if value is None and why.startswith(("not measured", "unbounded")) else f"{shown}: {why}"
+    return shown if why is None else _with_why(shown, why, null=value is None)
+
+
+def _with_why(shown: str, why: object, *, null: bool) -> str:
+    """``shown`` with the bench's reason, whole: a reason that says what a null is ("not measured
+    ...", "unbounded: ...") stands alone; any other follows the value."""
+    text = str(why).replace("|", "\\|")
+    return text if null and text.startswith(("not measured", "unbounded")) else f"{shown}: {text}"
 
 
 def check(page: Path, text: str) -> int:
