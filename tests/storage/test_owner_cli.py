@@ -158,7 +158,7 @@ def test_a_finished_run_taken_over_from_a_crash_serves_so_its_workers_hear_it_en
     finally:
         worker.kill()
         worker.wait()
-    again = start(procs, tmp_path, storage, *args, "--linger", "2", name="again")
+    again = start(procs, tmp_path, storage, *args, "--linger", "5", name="again")
     with pytest.raises(NoWorkAvailableError) as heard:   # it serves: a worker calling in hears it
         asyncio.run(_status(again.ready()))              # (a join to a finished run: 410)
     assert heard.value.finished, heard.value
