@@ -235,7 +235,14 @@ async def test_crash_between_journal_write_and_merge(kit, clock, storage) -> Non
     w = await a.join()
     g = await a.lease(w)
     task = asyncio.create_task(submit(kit, a, w, g, metrics={"stick": 1.0}))
-    assert await asyncio.to_thread(entered.wait, 30)   # journaled, merging, not acknowledged
+    assert await asyncio.to_thread(entered.wait, 30)   # merging, not acknowledged
+    for _ in range(3000):             # the record is written while the policy merges
+        if [k async for k in storage.list("vcasync/journal/")]:
+            break
+        await asyncio.sleep(0.01)
+    else:
+        raise AssertionError("the result was never journaled")
+    assert not task.done()
     await crash(a)
     release.set()
     await asyncio.gather(task, return_exceptions=True)

@@ -828,17 +828,18 @@ class Coordinator:
                                hold=lambda n: self._owner.hold(self._owner.renumbered(n)),
                                release=self._owner.release,
                                out=self._update_buffers.take(), recycle=self._update_buffers.give)
+        written: asyncio.Future[None] | None = None     # the bytes' write, maybe still finishing
         try:
             async with self._decode_slots:
                 if blob is None:
                     meta, tensors = await read(self._count(body))
                 else:
-                    meta, tensors = await tee(self._count(body),
-                                              functools.partial(self._journal.stage, blob), read)
+                    (meta, tensors), written = await tee(
+                        self._count(body), functools.partial(self._journal.stage, blob), read)
             self._check_running()
         except BaseException as exc:
             if blob is not None:
-                self._journal.discard_later(blob)
+                self._journal.discard_later(blob, after=written)
             if isinstance(exc, StorageError):    # writing the bytes failed
                 raise self._merger.storage_failed(exc) from exc
             if isinstance(exc, WireError | ValidationError):
@@ -846,7 +847,8 @@ class Coordinator:
             raise
         future: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
         future.add_done_callback(retrieve)
-        self._merger.submit(Job(worker_id, lease_id, unit, meta, tensors, future, blob))
+        self._merger.submit(Job(worker_id, lease_id, unit, meta, tensors, future, blob,
+                                written=written))
         return await asyncio.shield(future)
 
     def _refused(self, worker_id: str, lease_id: str, exc: WireError | ValidationError, *,

@@ -437,9 +437,16 @@ class Journal:
         """Delete received bytes no record names (an upload refused, or journaled inline)."""
         await _forget(self._need(), key)
 
-    def discard_later(self, key: str) -> None:
-        """:meth:`discard` in the background; a failure leaves the bytes to :meth:`sweep`."""
+    def discard_later(self, key: str, *, after: asyncio.Future[None] | None = None) -> None:
+        """:meth:`discard` in the background, once the write ``after`` (of those bytes) has ended,
+        cancelled if it is still going; a failure leaves the bytes to :meth:`sweep`."""
         async def forget() -> None:
+            if after is not None and not after.done():
+                after.cancel()
+            if after is not None:
+                await asyncio.wait({after})
+                if not after.cancelled():
+                    after.exception()     # retrieved: a refused upload's write does not matter
             with contextlib.suppress(Exception):
                 await self.discard(key)
         task = asyncio.get_running_loop().create_task(forget())

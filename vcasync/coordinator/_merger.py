@@ -1,9 +1,11 @@
 """The merge loop: the one writer of the model, the policy state and unit completion.
 
 Jobs (validated results) arrive on a queue. For each, in order: the ledger is checked again (the
-unit may have closed meanwhile), staleness and the delta's base are checked, the result is journaled
-(durability "journal": before it is merged and acknowledged), merged by the policy in a worker thread
-and recorded in the ledger; its receipt resolves the submitter's future. Replay after a restart runs
+unit may have closed meanwhile), staleness and the delta's base are checked, the policy merges the
+result into the private working model in a worker thread, and (durability "journal") the result is
+made durable meanwhile (its bytes as received finish their write, then the record that names them
+is appended); only then is the new version published and the result recorded in the ledger (a
+failed write undoes the merge); its receipt resolves the submitter's future. Replay after a restart runs
 the same :meth:`Merger.apply`. Snapshots are captured here, between two jobs, and so is the
 end-of-run flush (:meth:`Merger.flush`: a buffering policy applies what it still holds, journaled
 as a step of its own).
@@ -26,7 +28,6 @@ import asyncio
 import enum
 import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -86,6 +87,8 @@ class Job:
     #: Journal mode: the key of the result's bytes as received; kept when a record names them.
     blob: str | None = None
     blob_named: bool = False
+    #: Journal mode: the write of those bytes, which may still be finishing (see ``_ingest``)
+    written: asyncio.Future[None] | None = None
 
 
 def retrieve(fut: asyncio.Future[Any]) -> None:
@@ -178,8 +181,10 @@ class Merger:
     def fail_queued(self, exc: Exception) -> None:
         while not self._jobs.empty():
             job = self._jobs.get_nowait()
-            if isinstance(job, Job) and not job.future.done():
-                job.future.set_exception(exc)
+            if isinstance(job, Job):
+                if not job.future.done():
+                    job.future.set_exception(exc)
+                self._done_with(job)
 
     async def run(self) -> None:
         """The one writer of the model, the policy state and unit completion."""
@@ -257,7 +262,7 @@ class Merger:
     def _done_with(self, job: Job) -> None:
         """The job's tensors are merged (or refused) and journaled: offer them for reuse."""
         if job.blob is not None and not job.blob_named:
-            self._journal.discard_later(job.blob)
+            self._journal.discard_later(job.blob, after=job.written)
         self._give_back(job)
 
     def _give_back(self, job: Job) -> None:
@@ -368,25 +373,34 @@ class Merger:
                 return await self._reject(job, "base_unavailable",
                                           f"base version {meta.base_version} is no longer held")
         try:
-            if self._journal.journaling:
-                if held is not None:
-                    await self._journal.ensure_base(held.model)
-                # The bytes as received stand for the result unless its counters were changed
-                # into increments above: then the tensors go inline, as format 1 wrote them.
-                by_ref = job.blob is not None and (meta.kind == "delta" or self._owner.counters.empty)
-                record = JournalResult.of(meta, worker_id=job.worker_id, unit_id=job.unit.unit_id,
-                                          ints=INCREMENTS)
-                await self._journal.append(to_body(record), {} if by_ref else job.tensors,
-                                           blob=job.blob if by_ref else None)
-                job.blob_named = by_ref
-                self._metrics.journal_writes += 1
-                self._health.durable_write_ok()
             return await self.apply(job.worker_id, job.unit.unit_id, meta, job.tensors,
                                      None if held is None else held.model, live=True,
-                                     release=functools.partial(self._give_back, job))
+                                     release=functools.partial(self._give_back, job),
+                                     alongside=(functools.partial(self._journaled, job, held)
+                                                if self._journal.journaling else None))
         finally:
             if held is not None:
                 self._owner.release(held)
+
+    async def _journaled(self, job: Job, held: Version | None) -> None:
+        """Journal mode: make the result durable (its delta's base, its bytes as received, the
+        record that names them). Runs while the policy merges it into the working model, which is
+        published only once this is done."""
+        if held is not None:
+            await self._journal.ensure_base(held.model)
+        meta = job.meta
+        # The bytes as received stand for the result unless its counters were changed
+        # into increments above: then the tensors go inline, as format 1 wrote them.
+        by_ref = job.blob is not None and (meta.kind == "delta" or self._owner.counters.empty)
+        if by_ref and job.written is not None:
+            await job.written         # the last of them, and the storage's fsync
+        record = JournalResult.of(meta, worker_id=job.worker_id, unit_id=job.unit.unit_id,
+                                  ints=INCREMENTS)
+        await self._journal.append(to_body(record), {} if by_ref else job.tensors,
+                                   blob=job.blob if by_ref else None)
+        job.blob_named = by_ref
+        self._metrics.journal_writes += 1
+        self._health.durable_write_ok()
 
     async def _reject(self, job: Job, reason: str, message: str) -> Receipt:
         if self._journal.journaling:
@@ -406,15 +420,16 @@ class Merger:
 
     async def apply(self, worker_id: str, unit_id: str, meta: ResultMeta,
                      tensors: dict[str, torch.Tensor], base: ModelState | None, *,
-                     live: bool = False, release: Callable[[], None] | None = None) -> Receipt:
+                     live: bool = False, release: Callable[[], None] | None = None,
+                     alongside: Callable[[], Awaitable[None]] | None = None) -> Receipt:
         """Merge one result that passed every check (live, or replayed from the journal). A merge
         the policy broke is refused (reason ``policy``) as it was live; live ones are counted.
         ``release``: gives ``tensors`` back to the buffer pool once the policy is done with them
-        (see :meth:`ModelOwner.merge`); ``tensors`` must not be used after the merge then."""
+        (see :meth:`ModelOwner.merge`); ``tensors`` must not be used after the merge then.
+        ``alongside``: what must be done before the merge is published (see there)."""
         current = self._owner.version
         staleness = current - meta.base_version
         await self._journal.raise_version_floor(current + 1)   # before anyone can see it
-        started = time.perf_counter()
         try:
             # The policy sees its own mapping: one it kept (against the contract) holds the
             # tensors, so they are never recycled under it. No reference to the Update stays
@@ -423,13 +438,14 @@ class Merger:
                                            base_version=meta.base_version, staleness=staleness,
                                            samples=meta.samples, steps=meta.steps,
                                            worker_id=worker_id, unit_id=unit_id,
-                                           metrics=dict(meta.metrics), base=base), release)
+                                           metrics=dict(meta.metrics), base=base), release,
+                                    alongside=alongside)
         except (UpdateRejectedError, ValidationError, PolicyError) as exc:
             if live and isinstance(exc, PolicyFailedError):
                 self._policy_failures.append(exc)
             return self.record_reject(meta.lease_id, worker_id, unit_id, reject_reason(exc))
         self._policy_failures.clear()
-        self._metrics.merge_seconds.observe(time.perf_counter() - started)
+        self._metrics.merge_seconds.observe(self._owner.last_merge_s)
         self._metrics.staleness.observe(staleness)
         self._metrics.merges += 1
         self._metrics.results["accepted"] += 1

@@ -13,7 +13,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Container, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Container, Mapping
 
 import torch
 
@@ -110,6 +110,11 @@ class ModelOwner:
                                    else policy_state)
         self.versions = VersionStore(self._working, max_bytes=max_retained_bytes, pool=pool)
         self._undo = StateUndo()      # the policy state before each merge, for a failed one
+        self._undo_point: object = None      # the last one taken (a merge undone after it ran)
+        self._merge_s = 0.0
+        #: Seconds the last :meth:`merge` took: the policy, plus publishing the new version (not
+        #: the wait for what ran ``alongside`` it)
+        self.last_merge_s = 0.0
         #: Integer tensors per version, to turn full-weights results into increments (the policy
         #: contract); kept for the staleness window whatever the versions' byte budget drops.
         self.counters = CounterBases(self._working)
@@ -131,16 +136,28 @@ class ModelOwner:
         self.flushed = False
 
     # -- merge loop only --------------------------------------------------------------------------
-    async def merge(self, update: Update, release: Callable[[], None] | None = None) -> bool:
+    async def merge(self, update: Update, release: Callable[[], None] | None = None, *,
+                    alongside: Callable[[], Awaitable[None]] | None = None) -> bool:
         """Merge one update; True when a new version was published. Refusals raise unchanged.
 
         ``release`` is called once the policy is done with the update, before the new version is
         copied out of the working model: there the caller gives the update's tensors back to the
         buffer pool, so the copy can go into them (one model-sized set less than a copy into a
         spare). The caller must pass the only reference to ``update``: a reference kept anywhere
-        else (the policy's, against the contract) keeps its tensors from being reused."""
+        else (the policy's, against the contract) keeps its tensors from being reused.
+
+        ``alongside``: what must be done before the merge may be published (journal mode: the
+        upload's bytes on storage and the record that names them). It runs while the policy
+        merges into the working model, and may read ``update`` (the policy leaves it unchanged:
+        the ``inputs_unchanged`` law); if it raises, the merge is undone (the working model and
+        the policy's state as they were, nothing published) and its error raised. A refusal of
+        the policy is raised once ``alongside`` is done."""
         current = self.version
-        changed = await to_thread_released(self._merge_sync, update, current)
+        if alongside is None:
+            changed = await to_thread_released(self._merge_sync, update, current)
+        else:
+            changed = await self._merge_alongside(update, current, alongside)
+        merged_s = self._merge_s
         if not changed:
             # held by the policy (a buffer): its increments count toward what the counters reach,
             # read before the update's tensors go back to the pool (policies leave inputs as they
@@ -152,9 +169,35 @@ class ModelOwner:
         self.flushed = False
         if not changed:
             self.held += 1
+            self.last_merge_s = merged_s
             return False
+        started = time.perf_counter()
         await self._publish(current + 1)
+        self.last_merge_s = merged_s + time.perf_counter() - started
         return True
+
+    async def _merge_alongside(self, update: Update, current: int,
+                               alongside: Callable[[], Awaitable[None]]) -> bool:
+        """:meth:`_merge_sync` in a worker thread while ``alongside`` runs; undone if it fails."""
+        merging = asyncio.ensure_future(to_thread_released(self._merge_sync, update, current))
+        try:
+            await alongside()
+        except BaseException:
+            cancelled = await _wait_out(merging)      # a thread cannot be stopped: its merge ends
+            if not merging.cancelled() and merging.exception() is None:
+                self._undo_merge(current, changed=merging.result())
+            if cancelled:
+                raise asyncio.CancelledError from None
+            raise
+        return await merging
+
+    def _undo_merge(self, current: int, *, changed: bool) -> None:
+        """Undo the merge just made (not published): the policy's state as it was, and the working
+        model as the current version (when the merge changed it)."""
+        self._undo.restore(self.state, self._undo_point)
+        if changed:
+            self._restore_working()
+            self._working.version = current
 
     @property
     def flush_due(self) -> bool:
@@ -185,9 +228,13 @@ class ModelOwner:
 
     def _merge_sync(self, update: Update, current: int) -> bool:
         """The policy's merge into the working model, checked; False when it changed nothing."""
-        return self._run_policy(functools.partial(self.policy.merge, self._working, update,
-                                                  self.state),
-                                current, "merge", f"unit {update.unit_id}")
+        started = time.perf_counter()
+        try:
+            return self._run_policy(functools.partial(self.policy.merge, self._working, update,
+                                                      self.state),
+                                    current, "merge", f"unit {update.unit_id}")
+        finally:
+            self._merge_s = time.perf_counter() - started
 
     def _flush_sync(self, current: int) -> bool:
         """The policy's end-of-run flush into the working model, checked as a merge is."""
@@ -203,7 +250,7 @@ class ModelOwner:
         """``call`` (the policy's merge or flush on the working model), checked; False when it
         changed nothing. ``subject`` names what it worked on, for the error."""
         working = self._working
-        before = self._undo.take(self.state)
+        before = self._undo_point = self._undo.take(self.state)
         try:
             out = call()
             if out is not None and not isinstance(out, ModelState):
@@ -372,3 +419,14 @@ class ModelOwner:
     def etag(self, run_id: str, number: int) -> str:
         self._require(number)
         return f"{run_id}-{number}"
+
+
+async def _wait_out(future: asyncio.Future[bool]) -> bool:
+    """Wait until ``future`` is done, even when cancelled meanwhile; True when that happened."""
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.wait({future})
+        except asyncio.CancelledError:
+            cancelled = True
+    return cancelled
