@@ -213,10 +213,12 @@ def memcpy_fn(sd: State) -> Callable[[], None]:
     return run
 
 
-def floor_fn(sd: State, digest: Callable[[Any], object], chunk: int = 1 << 20) -> Callable[[], None]:
+def floor_fn(sd: State, digest: Callable[[Any], object], chunk: int = 1 << 20, *,
+             sender: bool = True) -> Callable[[], None]:
     """The floor of any checksummed stream, with no vcasync code: per 1 MiB block (the wire's
     block), the sender's ``digest`` of the source, a copy into the destination, the receiver's
-    ``digest`` of what it received."""
+    ``digest`` of what it received. ``sender=False``: the receiver's alone (what a stream whose
+    sender sent no checksum, so that nothing checks the bytes in transit, would cost)."""
     src = [t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
            for t in sd.values()]
     dst = [np.empty_like(a) for a in src]
@@ -225,7 +227,8 @@ def floor_fn(sd: State, digest: Callable[[Any], object], chunk: int = 1 << 20) -
         for s_, d in zip(src, dst, strict=True):
             for off in range(0, max(s_.shape[0], 1), chunk):
                 a, b = s_[off:off + chunk], d[off:off + chunk]
-                digest(a)
+                if sender:
+                    digest(a)
                 np.copyto(b, a)
                 digest(b)
     return run
@@ -234,6 +237,12 @@ def floor_fn(sd: State, digest: Callable[[Any], object], chunk: int = 1 << 20) -
 def crc_floor_fn(sd: State) -> Callable[[], None]:
     """The floor with the checksum the wire uses (CRC-32)."""
     return floor_fn(sd, checksum)
+
+
+def receiver_crc_floor_fn(sd: State) -> Callable[[], None]:
+    """The same floor with the receiver's CRC-32 alone: the best any round trip with one checksum
+    pass per block reaches, the bound on what dropping the sender's checksum from the wire buys."""
+    return floor_fn(sd, checksum, sender=False)
 
 
 def xxh3_floor_fn(sd: State) -> Callable[[], None] | None:
@@ -396,6 +405,7 @@ def run_size(label: str, scale: float, reps: int, rows: list[tuple[str, str, flo
     fns: dict[str, Callable[[], Any]] = {
         "memcpy": memcpy_fn(weights),
         "crc floor": crc_floor_fn(weights),
+        "receiver-crc floor": receiver_crc_floor_fn(weights),
         "torch.save+load": torch_save_fn(weights),
         "pickle 5 oob buffers": pickle5_fn(weights),
         "zstandard alone": zstd_library_fn(weights, False, wire, "zstandard alone"),
@@ -432,6 +442,7 @@ def run_size(label: str, scale: float, reps: int, rows: list[tuple[str, str, flo
 
     notes = {"memcpy": "reference: copy into an existing buffer",
              "crc floor": "crc32 + copy + crc32 per 1 MiB block, no vcasync code",
+             "receiver-crc floor": "copy + crc32 per 1 MiB block: no sender's checksum",
              "xxh3 floor": "the same with xxh3-128: what another checksum would buy",
              "torch.save+load": "BytesIO, weights_only=True", "pickle 5 oob buffers":
              "dumps + copy buffers + loads", "safetensors bytes": "save + load",
@@ -461,6 +472,8 @@ def run_size(label: str, scale: float, reps: int, rows: list[tuple[str, str, flo
         f"raw_vs_memcpy_spread_{label}": ratio_spread("memcpy", "raw"),
         f"crc_floor_vs_memcpy_{label}": mem / t["crc floor"],
         f"crc_floor_vs_memcpy_spread_{label}": ratio_spread("memcpy", "crc floor"),
+        f"receiver_crc_floor_vs_memcpy_{label}": mem / t["receiver-crc floor"],
+        f"receiver_crc_floor_vs_memcpy_spread_{label}": ratio_spread("memcpy", "receiver-crc floor"),
         f"raw_vs_crc_floor_{label}": t["crc floor"] / t["raw"],
         f"raw_vs_crc_floor_spread_{label}": ratio_spread("crc floor", "raw"),
         f"xxh3_floor_vs_memcpy_{label}": mem / t["xxh3 floor"] if "xxh3 floor" in t else None,
@@ -535,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         run_size(label, SCALES[label], reps, rows, figures)
     headline = sizes[-1]
     order = ["raw_vs_memcpy", "raw_vs_memcpy_spread", "crc_floor_vs_memcpy", "crc_floor_vs_memcpy_spread",
+             "receiver_crc_floor_vs_memcpy", "receiver_crc_floor_vs_memcpy_spread",
              "xxh3_floor_vs_memcpy", "xxh3_floor_vs_memcpy_spread", "raw_vs_crc_floor",
              "raw_vs_crc_floor_spread", "per_tensor_us", "per_tensor_us_spread", "per_tensor_share",
              "per_tensor_share_spread", "raw_vs_torch_save", "raw_vs_torch_save_spread",
