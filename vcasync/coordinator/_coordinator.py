@@ -461,6 +461,9 @@ class Coordinator:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._merger.run(), name="vcasync-merge")
                 tg.create_task(self._expiry_loop(), name="vcasync-expiry")
+                storage: object = self._storage        # a Storage that may also be a StaleTemp
+                if isinstance(storage, StaleTemp):
+                    tg.create_task(self._stale_temp_loop(), name="vcasync-stale-temp")
                 if self._journal.durable:
                     tg.create_task(self._snapshot_loop(), name="vcasync-snapshots")
                     tg.create_task(self._storage_probe_loop(), name="vcasync-storage-probe")
@@ -905,7 +908,6 @@ class Coordinator:
 
     async def _expiry_loop(self) -> None:
         next_forget = self._clock() + FORGET_EVERY_S
-        next_temp_sweep = self._clock() + STALE_TEMP_EVERY_S
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.config.expiry_interval_s):
@@ -922,15 +924,25 @@ class Coordinator:
             self._merger.retain(rescan=True)   # with many leases, the merges do not scan them
             if expired:
                 self._check_finished()
-            if self._clock() >= next_temp_sweep:
-                next_temp_sweep = self._clock() + STALE_TEMP_EVERY_S
-                await self._remove_stale_temp()
             if self._clock() >= next_forget:
                 next_forget = self._clock() + FORGET_EVERY_S
                 forgotten = self._ledger.forget_workers()
                 if forgotten:
                     log.debug("forgot %d worker(s) silent for %.0fs (they register again if they "
                               "come back)", forgotten, self.config.forget_workers_s or 0.0)
+
+    async def _stale_temp_loop(self) -> None:
+        """:meth:`_remove_stale_temp` every ``STALE_TEMP_EVERY_S``, in a loop of its own: a file
+        system that hangs in it (a hung NFS mount) stalls only this loop, not the leases' expiry,
+        and the coordinator's close does not wait for it."""
+        due = self._clock() + STALE_TEMP_EVERY_S
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.expiry_interval_s):
+                    await self._stop.wait()
+            if self._clock() >= due and not self._stop.is_set():
+                due = self._clock() + STALE_TEMP_EVERY_S
+                await _first_of(self._remove_stale_temp(), self._stop.wait())
 
     async def _finish_loop(self) -> None:
         """Durability ``snapshot``: the run is finished (and workers told so, and they leave) only
