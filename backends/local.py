@@ -78,6 +78,25 @@ FILE_MODE = 0o600
 DIR_MODE = 0o700
 
 
+#: In ``TMP_DIR``: touched by each sweep to read the file system's clock (not a ``*.tmp``: never swept)
+CLOCK_FILE = "clock"
+
+
+def _file_system_now(tmp_dir: Path) -> float:
+    """Now, on the clock that stamps the files in ``tmp_dir``: a network file system's server stamps
+    them with its own, so comparing their times with this machine's ``time.time()`` made a live
+    write's file look 9 minutes old on a client whose clock ran 9 minutes ahead of the server, and
+    the sweep deleted it mid-write. A file touched there now carries that clock's time; where none
+    can be touched (a read-only mount, a link in its place), this machine's clock."""
+    path = tmp_dir / CLOCK_FILE
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), FILE_MODE))
+        os.utime(path, None)            # now, as the file system's clock says (NFS: the server's)
+        return os.stat(path).st_mtime
+    except OSError:
+        return time.time()
+
+
 class Writeback:
     """Start the asynchronous writeback of a file being written, every ``WRITEBACK_BYTES``."""
 
@@ -477,14 +496,15 @@ class LocalStorage(StorageBase):
 
     async def remove_stale_temp(self, max_age_s: float = 3600.0) -> int:
         """Delete temporary files older than ``max_age_s`` (left by crashed writers); returns how
-        many. Younger ones may belong to a write in progress in another process. Only this
+        many. Younger ones may belong to a write in progress in another process. Ages are taken on
+        the file system's clock (that of the server of a network file system, which stamps the
+        files' times), not this machine's: see :func:`_file_system_now`. Only this
         backend's own files are candidates (regular files named ``*.tmp``; a symbolic link or a
         directory there is not followed nor removed), and one that cannot be removed is skipped:
         it does not stop the sweep (a directory in ``.vcasync-tmp/`` used to end every sweep
         before it deleted anything)."""
         self._check_open()
         tmp_dir = self.root / TMP_DIR
-        deadline = time.time() - max_age_s
 
         def sweep() -> int:
             removed = 0
@@ -492,6 +512,7 @@ class LocalStorage(StorageBase):
                 entries = list(os.scandir(tmp_dir))
             except FileNotFoundError:
                 return 0
+            deadline = _file_system_now(tmp_dir) - max_age_s
             for entry in entries:
                 try:
                     if not entry.name.endswith(".tmp") or not entry.is_file(follow_symlinks=False):

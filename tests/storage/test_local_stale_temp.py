@@ -99,3 +99,24 @@ async def test_a_write_whose_temporary_file_was_swept_says_so(tmp_path: Path) ->
     with pytest.raises(StorageError, match=r"temporary file .* was deleted before it was published"):
         await store.put_stream("incoming/blob", chunks(), if_absent=True)
     assert not await store.exists("incoming/blob")
+
+
+async def test_ages_are_taken_on_the_file_systems_clock_not_this_machines(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a network file system the server stamps files with its clock: on a client whose clock ran
+    # 9 minutes ahead, a live write's file (stamped just now by the server) looked 9 minutes old,
+    # and a sweep of files untouched for 5 minutes deleted it mid-write.
+    tmp = tmp_path / TMP_DIR
+    tmp.mkdir()
+    live = tmp / "f0123456789abcdef.tmp"
+    live.write_bytes(b"\0")                        # stamped now by the file system's clock
+    stale = tmp / "00123456789abcdef.tmp"
+    stale.write_bytes(b"\0")
+    old = time.time() - 400
+    os.utime(stale, (old, old))                    # untouched for 400 s on the file system's clock
+    ahead = time.time
+    monkeypatch.setattr(time, "time", lambda: ahead() + 540.0)     # this machine: 9 minutes ahead
+
+    assert await LocalStorage(tmp_path).remove_stale_temp(300) == 1
+    assert live.exists()
+    assert not stale.exists()
