@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -968,3 +969,25 @@ async def test_snapshot_mode_a_lease_on_the_old_number_still_downloads_its_base(
         assert all(torch.equal(got.tensors[k], at_snapshot[k]) for k in at_snapshot)
         with pytest.raises(VersionNotFoundError):           # v3's weights are gone: not renamed
             b.model_payload(snapshot_version + 1)
+
+
+async def test_workers_seen_before_an_outage_are_not_shown_alive_after_it(
+        kit, clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The snapshot keeps when each worker was last seen relative to its capture; a restart an
+    hour later put them that close to the restart, so every worker dead through the outage showed
+    "alive" on the status page (and counted in ``workers.alive``) for ``alive_s`` after it."""
+    async with open_storage("memory://") as storage:
+        coord = make(kit, storage, clock)
+        async with coord:
+            worker = await coord.join("w")
+            await coord.lease(worker)
+            assert coord.status()["workers"]["alive"] == 1
+        real = time.time
+        monkeypatch.setattr(time, "time", lambda: real() + 3600.0)     # an hour's outage
+        async with make(kit, storage, kit.FakeClock()) as back:
+            assert back.status()["workers"]["alive"] == 0
+            (row,) = back.live_status()["worker_rows"]
+            assert row["state"] == "gone"
+            assert 3600 <= row["last_seen_s"] < 3700
+            await back.heartbeat(worker, (await back.lease(worker)).lease_id, steps_done=0)
+            assert back.status()["workers"]["alive"] == 1           # back: alive again

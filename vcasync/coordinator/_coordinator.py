@@ -68,6 +68,7 @@ from ..errors import (
     WorkerQuarantinedError,
 )
 from ..ledger import Ledger
+from ..ledger._ledger import down_since_capture
 from ..ledger._units import LeaseGrant, Receipt, WorkUnit
 from ..metrics import Metrics
 from ..policy import MergePolicy, available_policies, build_policy
@@ -547,7 +548,7 @@ class Coordinator:
                                      adopt=True, held=rec.held, renumbered=rec.renumbered)
             rec.tensors = {}
             self._ledger = Ledger.restore(rec.ledger, config=cfg, clock=self._clock,
-                                          secret=run.secret)
+                                          secret=run.secret, down_s=down_since_capture(rec.ledger))
             self._ledger.add_units(self._units_in)
         # merges count the run, not this process: from the ledger's count (the snapshot's, or 0)
         # on, each replayed entry adding itself, so journal and snapshot mode say the same

@@ -28,6 +28,7 @@ import asyncio
 import enum
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -50,6 +51,7 @@ from ..errors import (
     VCAsyncError,
 )
 from ..ledger import Ledger
+from ..ledger._ledger import CAPTURED_WALL
 from ..ledger._units import Receipt, WorkUnit
 from ..metrics import Metrics
 from ..protocol._bodies import JournalFlush, JournalReject, JournalResult, journal_record, to_body
@@ -275,7 +277,10 @@ class Merger:
         """Capture a consistent state now: from the loop between two jobs, or while it is not
         running (start-up, close)."""
         self._since_snapshot = 0
-        await self._slot.capture(self._ledger.snapshot(), self.keep_from)
+        # with this machine's wall clock: a restore counts the time the run was down since (the
+        # ledger's times are relative to the capture, on a clock only this process reads)
+        ledger = {**self._ledger.snapshot(), CAPTURED_WALL: time.time()}
+        await self._slot.capture(ledger, self.keep_from)
 
     async def flush(self) -> bool:
         """The end of the run, live: every unit is settled and the policy still holds accepted

@@ -36,7 +36,9 @@ Each unit is always in exactly one state::
 from __future__ import annotations
 
 import heapq
+import math
 import secrets
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from operator import attrgetter
@@ -91,6 +93,19 @@ __all__ = ["LeaseGrant", "LeaseState", "Ledger", "LedgerConfig", "Receipt", "Res
 Clock = Callable[[], float]
 #: 2: columns (:mod:`._columns`); 1, rows, is still read.
 SNAPSHOT_FORMAT = 2
+#: Optional key of a snapshot: the wall clock (``time.time()``) when it was captured, which the
+#: coordinator adds (:meth:`Ledger.snapshot` itself stays a function of the ledger alone).
+CAPTURED_WALL = "captured_wall"
+
+
+def down_since_capture(data: Mapping[str, Any]) -> float:
+    """Seconds since ``data`` (a snapshot) was captured, by this machine's wall clock against the
+    capturing one's: 0 when it says nothing, and never negative (a restarting machine whose clock
+    is behind counts none)."""
+    wall = data.get(CAPTURED_WALL)
+    if not isinstance(wall, int | float) or isinstance(wall, bool) or not math.isfinite(wall):
+        return 0.0
+    return max(0.0, time.time() - wall)
 #: How far into the queue :meth:`Ledger.lease` looks for a unit the worker has not failed yet.
 _PICK_WINDOW = 256
 #: "The rest of the run" as a finite number of seconds (snapshots and JSON hold it).
@@ -752,9 +767,11 @@ class Ledger:
 
     @classmethod
     def restore(cls, data: Mapping[str, Any], *, config: LedgerConfig | None = None, clock: Clock,
-                secret: bytes | None = None) -> Ledger:
+                secret: bytes | None = None, down_s: float = 0.0) -> Ledger:
         """Rebuild a ledger (from format 2 or 1); active leases get at least ``restore_grace_s``
-        to reconnect."""
+        to reconnect. ``down_s``: how long the run was down since the capture (see
+        :func:`down_since_capture`): workers were last seen that much longer ago than the snapshot
+        says, so one seen just before a crash is not shown alive after an hour's outage."""
         fmt = data.get("format")
         if fmt not in (1, SNAPSHOT_FORMAT):
             raise ConfigError(f"ledger snapshot format {fmt!r} is not 1 or {SNAPSHOT_FORMAT}")
@@ -783,7 +800,7 @@ class Ledger:
         for row in (worker_table_rows(data["workers"]) if fmt == SNAPSHOT_FORMAT
                     else data["workers"]):
             worker_id, name, info, since, spw = row[:5]
-            w = self._workers[worker_id] = WorkerRecord(worker_id, name, info, now - since)
+            w = self._workers[worker_id] = WorkerRecord(worker_id, name, info, now - since - down_s)
             w.spw = spw
             if len(row) >= 10:
                 w.streak, w.failures, w.quarantined, w.last_failure = row[5], row[6], row[8], row[9]
