@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._signals import start_process
+
 
 @dataclass
 class PeerExit:
@@ -38,8 +40,8 @@ def peer(mode: str, *args: str, timeout: float = 120.0, stop_timeout: float = 20
     with tempfile.TemporaryDirectory(prefix="vcasync-bench-") as tmp:
         port_file = Path(tmp) / "addr"
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "bench._peers", mode, "--port-file", str(port_file),
-                                 *args], env=env)
+        proc = start_process([sys.executable, "-m", "bench._peers", mode, "--port-file",
+                              str(port_file), *args], env=env)
         try:
             deadline = time.monotonic() + timeout
             while not port_file.exists() or not port_file.read_text().endswith("\n"):

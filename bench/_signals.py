@@ -17,7 +17,10 @@ or GC callback) is printed ("Exception ignored") and dropped, so long loops call
 from __future__ import annotations
 
 import signal
+import subprocess
+import threading
 from types import FrameType
+from typing import Any
 
 #: The signals that asked this process to stop, in order of arrival.
 RECEIVED: list[int] = []
@@ -40,3 +43,34 @@ def raise_if_stopped() -> None:
     """Raise KeyboardInterrupt if a signal asked this process to stop (one a finaliser swallowed)."""
     if RECEIVED:
         raise KeyboardInterrupt(f"signal {RECEIVED[0]}")
+
+
+def start_process(cmd: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen(cmd, **kwargs)``, the process never left running by an interrupt that came
+    while it started: SIGTERM and SIGINT are held until Popen returns; if one came, the process is
+    killed (and reaped) and the signal then raised as it would have been. Without this, SIGTERM
+    sent as the child appeared (a CI time-out, the tests' "at once" case) raised inside Popen or
+    before the caller's ``try``, and the child outlived the benchmark. Held only in the main
+    thread (the only one that may set handlers); elsewhere a plain Popen."""
+    if threading.current_thread() is not threading.main_thread():
+        return subprocess.Popen(cmd, **kwargs)
+    held: list[int] = []
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    for signum, handler in before.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(signum, lambda signum, frame: held.append(signum))
+    proc: subprocess.Popen[Any] | None = None
+    try:
+        proc = subprocess.Popen(cmd, **kwargs)
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        if held and proc is not None:
+            proc.kill()
+            proc.wait()
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+        for signum in held:
+            signal.raise_signal(signum)
+    return proc

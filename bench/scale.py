@@ -93,7 +93,7 @@ from vcasync.worker._client import CoordinatorClient
 from ._http import LeanPool, OneConn
 from ._peers import SECRET, bench_model
 from ._proc import peer
-from ._signals import stop_on_sigterm
+from ._signals import start_process, stop_on_sigterm
 from ._stats import (
     add_quick,
     finite,
@@ -312,8 +312,8 @@ def merger_process(url: str, params: int, cert: Path | None) -> Iterator[list[in
     import subprocess
     counts = [0, 0]
     cmd = [sys.executable, "-m", "bench.scale", "--merger", url, "--params", str(params)]
-    proc = subprocess.Popen(cmd + (["--cert", str(cert)] if cert else []), stdout=subprocess.PIPE,
-                            text=True)
+    proc = start_process(cmd + (["--cert", str(cert)] if cert else []), stdout=subprocess.PIPE,
+                         text=True)
     try:   # from its start: a run interrupted while the merger started (up to MERGER_READY_S) left it
         assert proc.stdout is not None
         readable, _, _ = select.select([proc.stdout], [], [], MERGER_READY_S)

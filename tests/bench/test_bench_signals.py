@@ -100,3 +100,35 @@ def test_sigterm_to_the_benchmark_alone_stops_its_processes_and_removes_its_file
         for pid in seen:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_an_interrupt_as_a_process_starts_kills_it_and_is_then_raised(
+        monkeypatch: pytest.MonkeyPatch, signum: int) -> None:
+    # bench.scale's merger outlived the benchmark when SIGTERM came as the merger appeared: it was
+    # raised inside Popen (or before the caller's try), before anyone held the process.
+    from bench._signals import start_process, stop_on_sigterm
+    before = signal.getsignal(signal.SIGTERM)
+    stop_on_sigterm()          # SIGTERM as the benchmarks take it: as Ctrl-C
+    real, started = subprocess.Popen, []
+
+    def popen_then_interrupted(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        proc = real(*args, **kwargs)          # type: ignore[call-overload]
+        started.append(proc)
+        signal.raise_signal(signum)           # comes just as the child is up
+        return proc
+
+    monkeypatch.setattr(subprocess, "Popen", popen_then_interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            start_process([sys.executable, "-c", "import time; time.sleep(60)"])
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    (proc,) = started
+    try:
+        assert proc.returncode is not None    # killed and reaped
+        assert not alive(proc.pid)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
