@@ -107,7 +107,11 @@ def test_an_interrupt_as_a_process_starts_kills_it_and_is_then_raised(
         monkeypatch: pytest.MonkeyPatch, signum: int) -> None:
     # bench.scale's merger outlived the benchmark when SIGTERM came as the merger appeared: it was
     # raised inside Popen (or before the caller's try), before anyone held the process.
+    from bench import _signals
     from bench._signals import start_process, stop_on_sigterm
+    # what _stop remembers stays in this test (a later in-process bench's raise_if_stopped would
+    # take it for its own stop: the suite's worker died of it)
+    monkeypatch.setattr(_signals, "RECEIVED", [])
     before = signal.getsignal(signal.SIGTERM)
     stop_on_sigterm()          # SIGTERM as the benchmarks take it: as Ctrl-C
     real, started = subprocess.Popen, []
