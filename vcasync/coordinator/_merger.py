@@ -50,8 +50,7 @@ from ..errors import (
     ValidationError,
     VCAsyncError,
 )
-from ..ledger import Ledger
-from ..ledger._ledger import CAPTURED_WALL
+from ..ledger import CAPTURED_WALL, Ledger
 from ..ledger._units import Receipt, WorkUnit
 from ..metrics import Metrics
 from ..protocol._bodies import JournalFlush, JournalReject, JournalResult, journal_record, to_body

@@ -8,6 +8,7 @@ No asyncio and no IO. The public names are re-exported here; the modules beside 
 from __future__ import annotations
 
 from ._ledger import (
+    CAPTURED_WALL,
     LeaseGrant,
     LeaseState,
     Ledger,
@@ -20,5 +21,5 @@ from ._ledger import (
 )
 from ._units import MAX_UNITS
 
-__all__ = ["MAX_UNITS", "LeaseGrant", "LeaseState", "Ledger", "LedgerConfig", "Receipt", "ResultCheck",
-           "UnitState", "WorkUnit", "make_units"]
+__all__ = ["CAPTURED_WALL", "MAX_UNITS", "LeaseGrant", "LeaseState", "Ledger", "LedgerConfig", "Receipt",
+           "ResultCheck", "UnitState", "WorkUnit", "make_units"]

@@ -87,7 +87,7 @@ from ._units import (
     make_units,
 )
 
-__all__ = ["LeaseGrant", "LeaseState", "Ledger", "LedgerConfig", "Receipt", "ResultCheck",
+__all__ = ["CAPTURED_WALL", "LeaseGrant", "LeaseState", "Ledger", "LedgerConfig", "Receipt", "ResultCheck",
            "UnitState", "WorkUnit", "make_units"]
 
 Clock = Callable[[], float]
