@@ -204,6 +204,32 @@ def test_a_quarantine_ends_after_quarantine_s_with_one_more_try(clock) -> None:
         back.lease(w, 0)
 
 
+def test_a_quarantine_and_a_back_off_are_served_through_an_outage(clock) -> None:
+    """A restart ``down_s`` after the capture counts the outage toward a worker's wait, as it
+    counts it toward its last-seen: a quarantine of 100 s that had 95 s left is over after two
+    minutes down (before the fix it began its 95 s again at the restart), and a back-off that had
+    20 s left has 5 s left after 15 s down."""
+    led = make(clock, n=4, quarantine_after=2, quarantine_s=100.0, worker_backoff_s=20.0)
+    jailed, slow = led.join("jailed"), led.join("slow")
+    led.release(jailed, led.lease(jailed, 0).lease_id, "trainer error")
+    clock.advance(20)                                # its back-off served
+    led.release(jailed, led.lease(jailed, 0).lease_id, "trainer error")   # quarantined: 100 s
+    clock.advance(5)
+    led.release(slow, led.lease(slow, 0).lease_id, "trainer error")       # backed off: 20 s
+    snap = led.snapshot()
+    back = Ledger.restore(snap, config=led.config, clock=clock, secret=SECRET, down_s=15.0)
+    with pytest.raises(WorkerQuarantinedError) as eq:
+        back.lease(jailed, 0)
+    assert eq.value.retry_after == pytest.approx(80.0)
+    with pytest.raises(WorkerBackoffError) as eb:
+        back.lease(slow, 0)
+    assert eb.value.retry_after == pytest.approx(5.0)
+    later = Ledger.restore(snap, config=led.config, clock=clock, secret=SECRET, down_s=120.0)
+    assert later.lease(jailed, 0).unit.unit_id    # served its time during the outage
+    assert later.lease(slow, 0).unit.unit_id
+    assert later.workers_quarantined() == 0
+
+
 def test_a_workers_reason_cannot_forge_log_lines(clock) -> None:
     led = make(clock, max_attempts=1, park_after_workers=1)
     w = led.join()

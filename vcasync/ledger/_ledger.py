@@ -771,7 +771,8 @@ class Ledger:
         """Rebuild a ledger (from format 2 or 1); active leases get at least ``restore_grace_s``
         to reconnect. ``down_s``: how long the run was down since the capture (see
         :func:`down_since_capture`): workers were last seen that much longer ago than the snapshot
-        says, so one seen just before a crash is not shown alive after an hour's outage."""
+        says, so one seen just before a crash is not shown alive after an hour's outage, and a
+        back-off or quarantine is served through it (one that ran out meanwhile is over)."""
         fmt = data.get("format")
         if fmt not in (1, SNAPSHOT_FORMAT):
             raise ConfigError(f"ledger snapshot format {fmt!r} is not 1 or {SNAPSHOT_FORMAT}")
@@ -804,7 +805,7 @@ class Ledger:
             w.spw = spw
             if len(row) >= 10:
                 w.streak, w.failures, w.quarantined, w.last_failure = row[5], row[6], row[8], row[9]
-                w.backoff_until = now + max(row[7], 0.0)
+                w.backoff_until = now + max(row[7] - down_s, 0.0)     # served through the outage
         self.stats.update(data["stats"])
         for lease in self._leases.values():     # units done per worker: not in the snapshot
             holder = self._workers.get(lease.worker_id)
