@@ -16,11 +16,16 @@ or GC callback) is printed ("Exception ignored") and dropped, so long loops call
 
 from __future__ import annotations
 
+import functools
 import signal
 import subprocess
 import threading
+from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 #: The signals that asked this process to stop, in order of arrival.
 RECEIVED: list[int] = []
@@ -35,8 +40,27 @@ def _stop(signum: int, frame: FrameType | None) -> None:
 
 
 def stop_on_sigterm() -> None:
-    """From now on SIGTERM interrupts this process as Ctrl-C does (main thread only)."""
+    """From now on SIGTERM interrupts this process as Ctrl-C does (main thread only); a ``main``
+    that calls it is decorated with :func:`restores_sigterm`, so that it lasts only as long as
+    the benchmark."""
     signal.signal(signal.SIGTERM, _stop)
+
+
+def restores_sigterm(main: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``main`` with the SIGTERM handling it found given back when it returns or raises: the
+    tests call benchmarks' ``main()`` in their own process, which kept :func:`_stop` as its
+    SIGTERM handler after them (a later SIGTERM to that process raised KeyboardInterrupt
+    wherever it was instead of ending it). Main thread only, as setting handlers is."""
+    @functools.wraps(main)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if threading.current_thread() is not threading.main_thread():
+            return main(*args, **kwargs)
+        before = signal.getsignal(signal.SIGTERM)
+        try:
+            return main(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+    return run
 
 
 def raise_if_stopped() -> None:

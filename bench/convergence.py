@@ -99,7 +99,7 @@ from vcasync.sim.fleet import Outage
 
 from ._exit_cpu import ChildCpuSampler, PeriodicSampler, exit_cpu
 from ._real_records import load_record, save_record
-from ._signals import stop_on_sigterm
+from ._signals import restores_sigterm, stop_on_sigterm
 from ._simpool import SimPool
 from ._stats import (
     add_quick,
@@ -1006,6 +1006,7 @@ def plot_problem(path: Path) -> str | None:
     return None
 
 
+@restores_sigterm
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     stop_on_sigterm()  # a real run's coordinator and workers, DDP's ranks, the pool stopped

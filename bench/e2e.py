@@ -66,7 +66,7 @@ from vcasync.worker._client import UPLOAD_BLOCK, CoordinatorClient
 
 from ._peers import ARCHS, RESNET50_PARAMS, SECRET, bench_delta, bench_model
 from ._proc import peer
-from ._signals import stop_on_sigterm
+from ._signals import restores_sigterm, stop_on_sigterm
 from ._stats import add_quick, finite, non_negative_int, parse_args, positive_int, show
 from ._stats import spread as _stats_spread
 
@@ -247,6 +247,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
+@restores_sigterm
 def main(argv: list[str] | None = None) -> int:
     default_mode = CoordinatorConfig().durability
     a = parse(argv)

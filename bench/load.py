@@ -54,7 +54,7 @@ from . import scale
 from ._http import LeanPool
 from ._peers import SECRET
 from ._proc import peer
-from ._signals import stop_on_sigterm
+from ._signals import restores_sigterm, stop_on_sigterm
 from ._stats import add_quick, finite, over_reps, parse_args, positive_float, positive_int, show
 
 
@@ -231,6 +231,7 @@ def summarise(per_rep: list[dict[str, Any]]) -> dict[str, Any]:
     return over_reps(first, HEADLINE, lambda k: k in COUNTS)
 
 
+@restores_sigterm
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     stop_on_sigterm()  # its coordinator stopped, its directories removed

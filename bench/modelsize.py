@@ -70,7 +70,7 @@ from vcasync.worker._io import spool_result
 
 from ._peers import SECRET, bench_delta, bench_model
 from ._proc import PeerExit, peer
-from ._signals import raise_if_stopped, stop_on_sigterm
+from ._signals import raise_if_stopped, restores_sigterm, stop_on_sigterm
 from ._stats import add_quick, finite, non_negative_int, parse_args, positive_int, spread
 
 STALENESS = 8
@@ -269,6 +269,7 @@ def _say_if_failed(size: int, stopped: PeerExit, which: str) -> None:
               f"not written within {stop_grace_s(size):.0f}s): counted as failed", file=sys.stderr)
 
 
+@restores_sigterm
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     stop_on_sigterm()

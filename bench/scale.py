@@ -93,7 +93,7 @@ from vcasync.worker._client import CoordinatorClient
 from ._http import LeanPool, OneConn
 from ._peers import SECRET, bench_model
 from ._proc import peer
-from ._signals import start_process, stop_on_sigterm
+from ._signals import restores_sigterm, start_process, stop_on_sigterm
 from ._stats import (
     add_quick,
     finite,
@@ -532,6 +532,7 @@ def _summary(per_rep: list[dict[str, Any]], figures: dict[str, Any]) -> None:
         print(f"  {name:<40}{why}")
 
 
+@restores_sigterm
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     if a.merger:

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._signals import stop_on_sigterm
+from ._signals import restores_sigterm, stop_on_sigterm
 from ._stats import (
     add_quick,
     finite,
@@ -388,6 +388,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return parse_args(parser, argv)
 
 
+@restores_sigterm
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     stop_on_sigterm()  # its emulators stopped, its directory removed

@@ -140,3 +140,14 @@ def test_an_interrupt_as_a_process_starts_kills_it_and_is_then_raised(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_benchmark_called_in_process_gives_sigterm_back_as_it_found_it(tmp_path: Path) -> None:
+    # The suite calls benchmarks' main() in its own processes; each left bench._signals._stop as
+    # the process's SIGTERM handler, so a later SIGTERM to that process (pytest-xdist's worker)
+    # raised KeyboardInterrupt wherever it was instead of ending it.
+    from bench import convergence
+    before = signal.getsignal(signal.SIGTERM)
+    (tmp_path / "x.json").write_text("[]")
+    assert convergence.main(["--replay-records", str(tmp_path / "x.json")]) == 2   # refused early
+    assert signal.getsignal(signal.SIGTERM) is before
