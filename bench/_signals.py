@@ -95,6 +95,6 @@ def start_process(cmd: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
             for pipe in (proc.stdin, proc.stdout, proc.stderr):
                 if pipe is not None:
                     pipe.close()
-        for signum in held:
-            signal.raise_signal(signum)
+        for came in held:
+            signal.raise_signal(came)
     return proc
