@@ -20,7 +20,8 @@ At the other end, once a command has returned its exit status (a worker's loop c
 it, the loop's handlers), the console script calls :func:`ignore_while_exiting`, which ignores both
 signals for what is left of the process (interpreter shutdown, torch's teardown: 0.1-0.3 s): a
 preemption notice to a worker that had just finished found the default handling back and turned
-its exit 0 into 143.
+its exit 0 into 143. ``main()`` called in-process gives back what :func:`hold` found instead
+(:func:`give_back`): a loop's handlers outlive the loop (uvloop's do nothing once it is closed).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ if TYPE_CHECKING:     # nothing heavy here: imported before everything else the 
     import asyncio
     from types import FrameType
 
-__all__ = ["SIGNALS", "handover", "hold", "ignore_while_exiting", "received", "release", "take_over"]
+__all__ = ["SIGNALS", "give_back", "handover", "hold", "ignore_while_exiting", "received", "release",
+           "take_over"]
 
 #: The signals a command stops on.
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -94,6 +96,21 @@ def release(*, act: bool = True) -> None:
     _restore()
     if act and _received:
         _act(_received[0])
+
+
+def give_back() -> None:
+    """The handling :func:`hold` found back, whatever the command set since, for a caller that
+    goes on after the command returned (``main()`` called in-process). An event loop's handlers
+    outlive it: uvloop leaves its own installed after it closes (a handler of a closed loop, which
+    does nothing: Ctrl-C no longer stopped a program that had run ``main(["coordinator", ...])``),
+    and plain asyncio puts back the defaults, not what was there. Main thread only, as
+    :func:`hold`; a no-op when nothing was held."""
+    global _held
+    if threading.current_thread() is not threading.main_thread() or not _previous:
+        return
+    _held = False
+    _restore()
+    _previous.clear()
 
 
 def take_over() -> int | None:

@@ -290,6 +290,7 @@ def main(argv: Sequence[str] | None = None, *, commands: Mapping[str, Command] |
         return ExitCode.INTERRUPTED
     finally:    # a command that failed before its hand-over: the process's handling back
         _early_signals.release(act=False)
+        _early_signals.give_back()     # and after one: what its event loop left goes
 
 
 def console() -> NoReturn:

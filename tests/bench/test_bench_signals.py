@@ -113,7 +113,8 @@ def test_an_interrupt_as_a_process_starts_kills_it_and_is_then_raised(
     # take it for its own stop: the suite's worker died of it)
     monkeypatch.setattr(_signals, "RECEIVED", [])
     # the handlers a benchmark runs with, whatever an earlier test in this process left (the full
-    # suite's worker had a SIGINT handler that raised nothing: neither case raised there)
+    # suite's worker had a SIGINT handler that raised nothing, uvloop's, left by an in-process
+    # `vcasync coordinator` until cli.main gave the signals back: neither case raised there)
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     signal.signal(signal.SIGINT, signal.default_int_handler)
     stop_on_sigterm()          # SIGTERM as the benchmarks take it: as Ctrl-C

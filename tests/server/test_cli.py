@@ -440,6 +440,34 @@ def test_coordinator_refuses_an_output_it_could_not_write_and_an_unknown_storage
     assert "configuration error: no storage backend for the URL scheme 'zzz'" in err
 
 
+def test_main_called_in_process_gives_the_signals_back_as_it_found_them(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The coordinator's event loop (uvloop) left its own SIGINT and SIGTERM handlers installed
+    # after it closed, handlers of a closed loop that do nothing: a program that had called
+    # main(["coordinator", ...]) no longer stopped on Ctrl-C (plain asyncio put the defaults back,
+    # not what was there).
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    seen: list[int] = []
+
+    def mine(signum: int, frame: object) -> None:
+        seen.append(signum)
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, mine)
+    try:
+        assert main(["coordinator", "--model", "vcasync.examples.digits:model", "--port", "0",
+                     "--storage", "zzz://bucket"]) == 2          # fails once its loop runs
+        assert "no storage backend for the URL scheme 'zzz'" in capsys.readouterr().err
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGTERM) is mine
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)               # Ctrl-C stops the program again
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
 def test_coordinator_refuses_a_port_file_it_could_not_write_before_serving(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # a missing directory was found once serving: a FileNotFoundError traceback, exit status 1
