@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from vcasync.coordinator import Coordinator, CoordinatorConfig, StartOptions
+from vcasync.errors import NoWorkAvailableError
 from vcasync.ledger._units import make_units
 from vcasync.policy import MergePolicy, build_policy, policy_spec
 from vcasync.storage import open_storage
@@ -267,6 +268,44 @@ async def test_snapshot_mode_finishes_once_a_snapshot_holds_the_flush(kit, clock
         await asyncio.wait_for(b.wait_finished(), 10)
         assert b.model().equal(expected)
         assert b.status()["held_results"] == 0
+
+
+async def told_finished(coord: Coordinator) -> None:
+    """Ask for work as a worker does until told the run is finished (410 run_finished)."""
+    w = await coord.join("asks")
+    waits: list[float | None] = []
+    while True:
+        try:
+            await coord.lease(w)
+        except NoWorkAvailableError as exc:
+            if exc.finished:
+                break
+            waits.append(exc.retry_after)
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("every unit was delivered: no lease to give")
+    assert all(wait is not None and 0 < wait <= 1.0 for wait in waits)   # "soon"
+
+
+@pytest.mark.parametrize("durability", ["journal", "snapshot"])
+async def test_a_worker_is_told_the_run_is_finished_only_once_it_is(kit, clock, storage,
+                                                                    durability) -> None:
+    """A lease request was answered "finished" (after which a worker leaves) as soon as every unit
+    was done: before the policy's end-of-run flush (the model downloaded next had none of the
+    buffered results) and, with durability snapshot, before the snapshot holding them, so a crash
+    then lost acknowledged results with every worker gone. Until the run is finished a worker is
+    told to ask again, soon."""
+    expected = await uninterrupted(kit, clock)
+    a = await make(kit, clock, build_policy("fedbuff"), storage, durability=durability).__aenter__()
+    await feed(kit, a)
+    await told_finished(a)
+    assert a.finished
+    assert a.model().equal(expected)       # the flush is in the model the worker would download
+    await crash(a)                         # right after the worker left
+    async with make(kit, clock, build_policy("fedbuff"), storage, durability=durability) as b:
+        await asyncio.wait_for(b.wait_finished(), 10)
+        assert b.model().equal(expected)
+        assert b.status()["units"]["done"] == UNITS
 
 
 class BrokenFlush(policy_spec("fedbuff").cls):   # type: ignore[misc]

@@ -98,6 +98,9 @@ log = logging.getLogger("vcasync.coordinator")
 STARTUP_RETRY = RetryPolicy(attempts=6, base_delay_s=0.2, max_delay_s=5.0)
 #: How often the expiry loop drops the records of long-silent workers (LedgerConfig.forget_workers_s).
 FORGET_EVERY_S = 60.0
+#: The wait told to a worker asking while the run finishes (every unit done or parked, its flush or
+#: last snapshot not yet done): usually well under a second, a snapshot's write at most.
+FINISHING_RETRY_S = 1.0
 #: A storage's temporary files (``file://``: ``.vcasync-tmp/``) no write has touched for this long
 #: were left by a writer killed mid-write, and are deleted at start and this often. Every live
 #: writer touches its file far more often: an upload's body is cut off after
@@ -675,13 +678,36 @@ class Coordinator:
         except (WorkerBackoffError, WorkerQuarantinedError) as exc:
             self.activity.note("lease_refused", worker=worker_id, detail=exc)
             raise
+        except NoWorkAvailableError as exc:
+            if exc.finished and not self._over():
+                raise self._finishing("lease") from None
+            raise
         finally:
             self._check_finished()      # leasing expires overdue leases, which may park the last unit
 
+    def _over(self) -> bool:
+        """The run is finished as workers are told it (``410 run_finished``, after which they
+        leave): every unit done or parked *and* what the coordinator does after the last one
+        done: the policy's end-of-run flush merged, and (durability ``snapshot``) a snapshot
+        holding the last results written. The ledger alone says the first; a worker told then
+        exited while a buffering policy still held the results (the model downloaded next had
+        none of them), or before the snapshot, so a crash then lost acknowledged results with
+        nobody left to train their units again."""
+        self._check_finished()
+        return self._finished.is_set()
+
+    def _finishing(self, action: str) -> NoWorkAvailableError:
+        """Every unit is done or parked but the run is not finished yet (:meth:`_over`): ask
+        again soon (not ``finished``: the worker stays until the run is)."""
+        return NoWorkAvailableError(
+            f"cannot {action}: every work unit is done or parked and the run is finishing (its last "
+            f"results are being merged and made durable); ask again",
+            retry_after=round(min(FINISHING_RETRY_S, self._ledger.config.heartbeat_s), 3))
+
     def _refuse_if_finished(self, action: str) -> None:
-        """:class:`NoWorkAvailableError` (``finished``: ``410 run_finished``) once every unit is
-        done or parked, as a lease request is answered; it needs no write."""
-        if self._ledger.finished:
+        """:class:`NoWorkAvailableError` (``finished``: ``410 run_finished``) once the run is
+        finished (:meth:`_over`), as a lease request is answered; it needs no write."""
+        if self._ledger.finished and self._over():
             raise self._run_over(action)
 
     def _run_over(self, action: str, why: BaseException | None = None) -> NoWorkAvailableError:
@@ -731,7 +757,7 @@ class Coordinator:
         try:
             return self._ledger.heartbeat(worker_id, lease_id, steps_done)
         except LedgerError as exc:
-            if self._ledger.finished:
+            if self._ledger.finished and self._over():
                 raise self._run_over("heartbeat", exc) from exc
             raise
         finally:
