@@ -22,6 +22,7 @@ yield often). It trains ``ctx.unit.steps`` local steps on shard ``ctx.unit.shard
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import threading
 from collections import OrderedDict
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from .ledger._units import WorkUnit
@@ -95,9 +97,15 @@ class TrainContext:
                         **metrics: float) -> None:
         """Record progress; the worker's heartbeats carry it to the coordinator. Thread-safe, cheap.
 
-        ``steps_done`` counts this unit's steps, at most ``unit.steps``: more is a ``ValueError`` at
-        once (the coordinator refuses such heartbeats and the result, after the whole unit)."""
-        steps = max(0, int(steps_done))
+        ``steps_done`` counts this unit's steps done, ``step + 1`` after the step at index ``step``:
+        an integer (a numpy or torch integer scalar too) from 0 to ``unit.steps``, never less than
+        the last one reported for this unit; so is ``samples_done`` (with no upper bound). Anything
+        else is refused at once, naming the argument: a ``TypeError`` for what is not an integer (a
+        bool, a float, a string), a ``ValueError`` for a negative count, one that goes back, or
+        steps beyond the unit (the coordinator refuses such heartbeats, and the result after the
+        whole unit). Nothing is recorded then."""
+        steps = _count("steps_done", steps_done)
+        samples = None if samples_done is None else _count("samples_done", samples_done)
         if steps > self.unit.steps:
             # e.g. a global step, or a remainder unit's step counted from its parent's first:
             # every heartbeat was refused ("steps_done must be an int in [0, 3]") while the unit
@@ -105,15 +113,28 @@ class TrainContext:
             offset = self.unit.params.get("step_offset")
             hint = (f" (params['step_offset'] = {offset} are the parent unit's steps already "
                     "merged, not this unit's)" if offset else "")
-            raise ValueError(f"report_progress({steps_done}): unit {self.unit.unit_id} has "
+            raise ValueError(f"report_progress({steps}): unit {self.unit.unit_id} has "
                              f"{self.unit.steps} steps; count this unit's steps done, 0 to "
                              f"{self.unit.steps}{hint}")
+        values = _metric_values(metrics)
         with self._lock:
+            # A count that goes back is a trainer's bug (a step index reported after step + 1, a
+            # counter reset): the result's steps default to the last report, so it would be
+            # weighed, and the rest of the unit queued again, by the wrong count. A resumed lease
+            # gets a fresh context: its reports start again from 0, whatever its checkpoint's step.
+            if steps < self._steps_done:
+                raise ValueError(f"report_progress: steps_done went back from {self._steps_done} to "
+                                 f"{steps} in unit {self.unit.unit_id}; report this unit's steps "
+                                 "done so far, which never go down")
+            if samples is not None and samples < self._samples_done:
+                raise ValueError(f"report_progress: samples_done went back from {self._samples_done} "
+                                 f"to {samples} in unit {self.unit.unit_id}; report this unit's "
+                                 "samples done so far, which never go down")
             self._reported = True
             self._steps_done = steps
-            if samples_done is not None:
-                self._samples_done = max(0, int(samples_done))
-            self._metrics.update(_metric_values(metrics))
+            if samples is not None:
+                self._samples_done = samples
+            self._metrics.update(values)
 
     @property
     def progress_reported(self) -> bool:
@@ -196,6 +217,27 @@ def _metric_values(metrics: Mapping[str, Any]) -> dict[str, float]:
         except (TypeError, ValueError, RuntimeError):   # RuntimeError: a tensor of several elements
             raise TypeError(f"metric {name!r} = {_short_repr(value)} is not a number") from None
     return out
+
+
+def _count(name: str, value: object) -> int:
+    """``value`` as a count (an int, or a numpy or torch integer scalar: ``operator.index``); a
+    bool, a float, a string is refused with a ``TypeError``, a negative count with a ``ValueError``,
+    naming the argument (``int()`` once made ``1.5`` one step, ``"2"`` two, ``True`` one, ``-5``
+    none)."""
+    what = name.removesuffix("_done")
+    is_bool = isinstance(value, (bool, np.bool_)) or (
+        isinstance(value, torch.Tensor) and value.dtype == torch.bool)
+    try:
+        if is_bool:
+            raise TypeError
+        count = operator.index(value)   # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"report_progress: {name} = {_short_repr(value)} is not an integer; "
+                        f"it counts this unit's {what} done") from None
+    if count < 0:
+        raise ValueError(f"report_progress: {name} = {count} is negative; it counts this unit's "
+                         f"{what} done, from 0")
+    return count
 
 
 def _short_repr(value: object, limit: int = 80) -> str:

@@ -880,6 +880,60 @@ def test_progress_beyond_the_unit_is_refused_where_it_is_reported(tmp_path: Path
         ctx.report_progress(7 + 1)
 
 
+@pytest.mark.parametrize(("args", "error", "message"), [
+    ((1.5,), TypeError, "steps_done = 1.5 is not an integer; it counts this unit's steps done"),
+    (("2", "16"), TypeError, "steps_done = '2' is not an integer"),
+    ((True,), TypeError, "steps_done = True is not an integer"),
+    ((torch.tensor(True),), TypeError, "steps_done = tensor(True) is not an integer"),
+    ((torch.tensor(2.0),), TypeError, "steps_done = tensor(2.) is not an integer"),
+    ((2, 16.0), TypeError, "samples_done = 16.0 is not an integer; it counts this unit's samples done"),
+    ((-5, -7), ValueError, "steps_done = -5 is negative; it counts this unit's steps done, from 0"),
+    ((2, -7), ValueError, "samples_done = -7 is negative"),
+])
+def test_progress_that_is_not_a_count_is_refused_naming_the_argument(
+        tmp_path: Path, args: tuple[Any, ...], error: type[Exception], message: str) -> None:
+    """Found by a probe: report_progress took int() of anything, max(0, ...): 1.5 was one step, "2"
+    two, True one, -5 none, all without a word (a metric passed badly was a TypeError naming it)."""
+    ctx = _context(tmp_path)
+    ctx.report_progress(1, 8, loss=0.5)
+    with pytest.raises(error, match="^report_progress: " + re.escape(message)):
+        ctx.report_progress(*args, loss=0.25)
+    assert (ctx.steps_done, ctx.samples_done, ctx.result(tiny_model()).metrics) == (1, 8, {"loss": 0.5})
+    ctx.report_progress(np.int64(2), torch.tensor(16))      # integer scalars of numpy and torch count
+    assert (ctx.steps_done, ctx.samples_done) == (2, 16)
+    assert type(ctx.steps_done) is int
+    assert type(ctx.samples_done) is int
+
+
+def test_progress_that_goes_back_is_refused_but_a_resumed_lease_starts_again(tmp_path: Path) -> None:
+    """Steps or samples that go down within a unit are a trainer's bug, and the result's steps
+    default to the last report; a resumed lease (a new context) reports from its checkpoint on."""
+    ctx = _context(tmp_path)
+    ctx.report_progress(3, 24)
+    ctx.report_progress(3, 24)                                # the same again: fine
+    with pytest.raises(ValueError, match=r"^report_progress: steps_done went back from 3 to 2 in "
+                                         r"unit e0-s0; report this unit's steps done so far"):
+        ctx.report_progress(2, 24)
+    with pytest.raises(ValueError, match=r"^report_progress: samples_done went back from 24 to 16"):
+        ctx.report_progress(4, 16)
+    assert (ctx.steps_done, ctx.samples_done) == (3, 24)
+    ctx.report_progress(4)                                    # samples not given: kept
+    assert ctx.result(tiny_model()).steps == 4
+
+    resumed = TrainContext(unit=make_units(1, steps=5)[0], lease_id="l", base_version=0,
+                           model=ModelState.from_module(tiny_model()), checkpoint_path=tmp_path / "ck",
+                           resumed=True, stop=threading.Event())
+    resumed.report_progress(3, 24)                            # the checkpoint's step, then on
+    resumed.report_progress(4, 32)
+    remainder = make_units(1, steps=12)[0].remainder(7)       # step_offset 7, 5 steps left
+    rest = TrainContext(unit=remainder, lease_id="l2", base_version=0,
+                        model=ModelState.from_module(tiny_model()), checkpoint_path=tmp_path / "ck2",
+                        resumed=False, stop=threading.Event())
+    for step in range(remainder.steps):
+        rest.report_progress(step + 1)
+    assert (resumed.steps_done, rest.steps_done) == (4, 5)
+
+
 @pytest.mark.parametrize(("extra", "where", "kind"), [
     ({"np_rng": np.random.get_state()}, "state['np_rng'][1]", "numpy.ndarray"),
     ({"opt": {"lrs": [0.1, np.float64(0.2)]}}, "state['opt']['lrs'][1]", "numpy.float64"),
