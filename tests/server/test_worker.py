@@ -828,6 +828,58 @@ async def test_a_trainer_stopped_before_its_first_step_is_not_said_to_never_repo
     assert len(re.findall(r"preempted after 3/5 steps of unit e0-s\d", caplog.text)) == 2
 
 
+def off_by_one(ctx: TrainContext) -> TrainResult:
+    """Reports the step's index where its count is meant, ``report_progress(step)``, on every unit
+    but a remainder (on which it is right, so that the run can finish)."""
+    net = tiny_model()
+    ctx.model.load_into(net)
+    fix = 1 if "~" in ctx.unit.unit_id else 0
+    for step in range(ctx.unit.steps):
+        with torch.no_grad():
+            for p in net.parameters():
+                p.add_(0.01)
+        ctx.report_progress(step + fix, 8 * (step + fix))
+    return ctx.result(net)
+
+
+async def test_a_short_result_not_asked_to_stop_is_uploaded_as_a_partial_and_said_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by a probe: with ``report_progress(step)`` every whole unit went up as a partial of one
+    step less, logged only as "accepted", and a remainder queued for it; there the trainer reported 0
+    ("returned after 0 steps") and the worker gave up. The partial still goes up (the steps are real
+    work), but the worker says why once, and the cause."""
+    caplog.set_level(logging.INFO, logger="vcasync")
+    async with running(tmp_path, units=make_units(2, steps=4)) as (coord, server):
+        report = await asyncio.wait_for(worker(server.url, tmp_path / "w", off_by_one).run(), 60)
+        assert units_done(coord) in (4, -1)                 # two partials and their remainders
+    assert (report.reason, report.results_accepted, report.units_abandoned) == ("finished", 4, 0)
+    said = [r for r in caplog.records if "without being asked to stop" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING, logging.INFO]
+    assert re.fullmatch(
+        r"trainer tests\.server\.test_worker:off_by_one returned unit e0-s[01] after 3 of its 4 steps "
+        r"without being asked to stop \(it reported 3 steps done\): uploading it as a partial result "
+        r"of 3 steps; the coordinator queues the other 1 as a remainder unit; is "
+        r"ctx\.report_progress\(step\) called where ctx\.report_progress\(step \+ 1\) is meant\? .*"
+        r"\(see docs/trainer\.md\)", said[0].getMessage())
+
+
+async def test_a_trainer_that_reports_no_step_done_is_told_the_likely_cause(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The same trainer on a one-step unit (a remainder, as often as not) reports 0 steps done: the
+    failure says why, not only "returned after 0 steps"."""
+    def always_off(ctx: TrainContext) -> TrainResult:
+        for step in range(ctx.unit.steps):
+            ctx.report_progress(step)
+        return ctx.result(ctx.model.tensors)
+
+    async with running(tmp_path, units=make_units(1, steps=1)) as (_, server):
+        with pytest.raises(TrainerError, match="failed 1 units in a row"):
+            await asyncio.wait_for(worker(server.url, tmp_path / "w", always_off,
+                                          max_trainer_failures=1).run(), 60)
+    assert re.search(r"the trainer returned after 0 steps of unit e0-s0; is "
+                     r"ctx\.report_progress\(step\) called where", caplog.text)
+
+
 def test_an_unreported_result_counts_the_whole_unit_unless_asked_to_stop(tmp_path: Path) -> None:
     stop = threading.Event()
     unit = make_units(1, steps=5)[0]

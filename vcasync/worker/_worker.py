@@ -7,7 +7,10 @@ Preemption: :meth:`Worker.request_stop` (the CLI calls it on SIGTERM) sets ``ctx
 trainer returns at its next step and, within ``grace_period_s``, the worker either keeps the lease and
 the trainer's checkpoint in its state dir (``on_preempt="checkpoint"``: a restart with the same state
 dir resumes the same lease while it is valid) or uploads a partial result weighted by the steps done
-(``"partial"``). A SIGKILL loses only the progress since the trainer's last checkpoint.
+(``"partial"``). A SIGKILL loses only the progress since the trainer's last checkpoint. A trainer
+that returns fewer steps than its unit without being asked to stop has its result uploaded as a
+partial one all the same (the coordinator queues the rest as a remainder unit), with a warning, once
+per worker, that names the likely cause: ``report_progress(step)`` where ``step + 1`` is meant.
 
 Failures: a trainer that raises (``sys.exit()`` in it included: the worker does not exit with it),
 or returns a result the coordinator would refuse (checked here before any upload: tensor names,
@@ -215,6 +218,7 @@ class Worker:
         self._accepted = self._refused = self._abandoned = self._taken = 0
         self._trainer_failures = 0      # units this worker's trainer failed (raised, or a bad result)
         self._warned_unreported = False  # the trainer's "no report_progress" warning is given once
+        self._warned_short = False      # and its "returned short, not asked to stop" warning
         #: The coordinator said the run is finished (``410 run_finished``): once it is gone, it is
         #: done lingering, and there is nothing left to wait for.
         self._finish_heard = False
@@ -602,7 +606,8 @@ class Worker:
                          grant.unit.unit_id)
                 await self._release(grant, "preempted before the first step", failed=False)
                 return True
-            log.error("the trainer returned after 0 steps of unit %s", grant.unit.unit_id)
+            log.error("the trainer returned after 0 steps of unit %s%s", grant.unit.unit_id,
+                      _short_cause(ctx) if ctx.progress_reported and not ctx.steps_given else "")
             self._abandoned += 1
             await self._release(grant, "the trainer did no steps")
             return False
@@ -614,7 +619,28 @@ class Worker:
             self._abandoned += 1
             await self._release(grant, f"trainer error: {problem}")
             return False
+        if partial and not ctx.should_stop:
+            self._warn_short(grant, ctx, result)
         return await self._deliver(grant, base, result, partial=partial)
+
+    def _warn_short(self, grant: LeaseGrant, ctx: TrainContext, result: TrainResult) -> None:
+        """A trainer not asked to stop returned fewer steps than its unit: its result is uploaded as a
+        partial one, weighted by its steps, and the coordinator queues the rest as a remainder unit
+        (real work is not thrown away). Said once per worker as a warning, naming the likely cause
+        (``report_progress(step)`` for ``step + 1``: every unit a partial of one step less, each
+        remainder then "returned after 0 steps", and the worker gave up), then at INFO."""
+        unit = grant.unit
+        said = (f"passed steps={result.steps} to ctx.result" if ctx.steps_given
+                else f"reported {result.steps} steps done")
+        text = (f"trainer {_trainer_name(self.trainer)} returned unit {unit.unit_id} after "
+                f"{result.steps} of its {unit.steps} steps without being asked to stop (it {said}): "
+                f"uploading it as a partial result of {result.steps} steps; the coordinator queues "
+                f"the other {unit.steps - result.steps} as a remainder unit")
+        if self._warned_short:
+            log.info("%s", text)
+            return
+        self._warned_short = True
+        log.warning("%s%s (see docs/trainer.md)", text, _short_cause(ctx))
 
     def _warn_unreported(self, grant: LeaseGrant, result: TrainResult) -> None:
         """Once per worker: the trainer never calls ``ctx.report_progress``, so what the worker and
@@ -792,6 +818,15 @@ def _lock_wait(config: WorkerConfig) -> float:
     """How long a worker waits for one still using its state dir: a supervisor may restart it while
     the old process wraps up (its grace period, then a moment to exit) before it refuses."""
     return config.grace_period_s + 10.0
+
+
+def _short_cause(ctx: TrainContext) -> str:
+    """The likely cause of a short result a trainer was not asked to stop before, for the log."""
+    if ctx.steps_given:
+        return ("; a trainer passes steps= below ctx.unit.steps only when ctx.should_stop told it "
+                "to stop early")
+    return ("; is ctx.report_progress(step) called where ctx.report_progress(step + 1) is meant? "
+            "It counts the steps done, so after the last step it reports ctx.unit.steps")
 
 
 def _trainer_name(trainer: object) -> str:
