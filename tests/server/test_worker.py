@@ -466,6 +466,25 @@ async def test_max_units_counts_the_units_taken_not_only_those_delivered(tmp_pat
         assert report.results_accepted == 1
 
 
+async def test_each_run_of_one_worker_reports_its_own_units(tmp_path: Path) -> None:
+    """Found by a probe: the counts were the Worker object's, not the run's: a second run() of a
+    finished run reported "finished 2" though it delivered nothing, and a second run after max_units
+    returned at once, having taken nothing."""
+    trained: list[str] = []
+
+    def train(ctx: TrainContext) -> TrainResult:
+        trained.append(ctx.unit.unit_id)
+        return make_trainer()(ctx)
+
+    async with running(tmp_path, units=make_units(3, steps=2)) as (_, server):
+        w = worker(server.url, tmp_path / "w", train, max_units=2)
+        reports = [await asyncio.wait_for(w.run(), 60) for _ in range(3)]
+    got = [(r.reason, r.results_accepted, r.results_refused, r.units_abandoned) for r in reports]
+    assert got == [("max_units", 2, 0, 0), ("finished", 1, 0, 0), ("finished", 0, 0, 0)]
+    assert len(trained) == 3
+    assert len({r.worker_id for r in reports}) == 1
+
+
 def _nan_metric(ctx: TrainContext, sd: dict[str, torch.Tensor]) -> TrainResult:
     return ctx.result(sd, steps=ctx.unit.steps, loss=float("nan"))
 

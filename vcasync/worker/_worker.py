@@ -175,7 +175,7 @@ class WorkerConfig:
 
 @dataclass(frozen=True, slots=True)
 class WorkerReport:
-    """Why :meth:`Worker.run` returned and what it got done."""
+    """Why :meth:`Worker.run` returned and what it got done: in that call, not in earlier ones."""
 
     reason: Literal["finished", "preempted", "max_units"]
     worker_id: str
@@ -270,8 +270,15 @@ class Worker:
 
     # -- running -----------------------------------------------------------------------------------
     async def run(self) -> WorkerReport:
-        """Work until the run is finished, ``max_units`` are taken, or a stop was requested."""
+        """Work until the run is finished, ``max_units`` are taken, or a stop was requested.
+
+        The report (and ``max_units``) counts this call's units only: a second ``run()`` of the same
+        worker starts its counts from 0."""
         self._loop = asyncio.get_running_loop()
+        # per run, not per object: a second run() of a finished run said "finished 2" for nothing
+        # delivered, and one after max_units returned at once, having taken nothing
+        self._accepted = self._refused = self._abandoned = self._taken = 0
+        self._trainer_failures = 0
         if self._stop.is_set():
             # stopped before it started (a SIGTERM while ``vcasync worker`` imported torch): it
             # holds nothing new, and a lease, checkpoint or result in its state waits for a restart
