@@ -195,6 +195,8 @@ class TrainContext:
         A trainer that never reported progress and was not asked to stop trained the whole unit, as
         its contract says: ``steps`` then defaults to ``unit.steps`` (nothing measured says 0). Asked
         to stop, its steps are unknown: 0, and the worker hands the unit back instead of weighing it.
+        ``steps`` and ``samples`` given are integers as :meth:`report_progress`'s are (``TypeError``
+        for ``2.7`` or ``True``, ``ValueError`` for a negative count, naming the argument).
         """
         tensors = (ModelState.from_module(trained).tensors if isinstance(trained, torch.nn.Module)
                    else {k: v.detach().cpu() for k, v in trained.items()})
@@ -203,9 +205,11 @@ class TrainContext:
             self._steps_given = self._steps_given or steps is not None
             if steps is None and not self._reported:
                 steps = 0 if self._stop.is_set() else self.unit.steps
-            return TrainResult(tensors=tensors, steps=self._steps_done if steps is None else int(steps),
-                               samples=self._samples_done if samples is None else int(samples),
-                               metrics=all_metrics)
+            return TrainResult(
+                tensors=tensors,
+                steps=self._steps_done if steps is None else _count("steps", steps, "ctx.result"),
+                samples=self._samples_done if samples is None else _count("samples", samples, "ctx.result"),
+                metrics=all_metrics)
 
 
 def _metric_values(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -219,11 +223,11 @@ def _metric_values(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def _count(name: str, value: object) -> int:
+def _count(name: str, value: object, where: str = "report_progress") -> int:
     """``value`` as a count (an int, or a numpy or torch integer scalar: ``operator.index``); a
     bool, a float, a string is refused with a ``TypeError``, a negative count with a ``ValueError``,
-    naming the argument (``int()`` once made ``1.5`` one step, ``"2"`` two, ``True`` one, ``-5``
-    none)."""
+    naming the argument and ``where`` it was given (``int()`` once made ``1.5`` one step, ``"2"``
+    two, ``True`` one, ``-5`` none)."""
     what = name.removesuffix("_done")
     is_bool = isinstance(value, (bool, np.bool_)) or (
         isinstance(value, torch.Tensor) and value.dtype == torch.bool)
@@ -232,10 +236,10 @@ def _count(name: str, value: object) -> int:
             raise TypeError
         count = operator.index(value)   # type: ignore[arg-type]
     except TypeError:
-        raise TypeError(f"report_progress: {name} = {_short_repr(value)} is not an integer; "
+        raise TypeError(f"{where}: {name} = {_short_repr(value)} is not an integer; "
                         f"it counts this unit's {what} done") from None
     if count < 0:
-        raise ValueError(f"report_progress: {name} = {count} is negative; it counts this unit's "
+        raise ValueError(f"{where}: {name} = {count} is negative; it counts this unit's "
                          f"{what} done, from 0")
     return count
 

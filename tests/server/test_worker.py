@@ -976,6 +976,22 @@ def test_progress_that_is_not_a_count_is_refused_naming_the_argument(
     assert type(ctx.samples_done) is int
 
 
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"steps": 2.7}, TypeError, "steps = 2.7 is not an integer"),
+    ({"steps": True}, TypeError, "steps = True is not an integer"),
+    ({"samples": "16"}, TypeError, "samples = '16' is not an integer"),
+    ({"steps": -1}, ValueError, "steps = -1 is negative"),
+])
+def test_steps_and_samples_given_to_the_result_are_counts_too(
+        tmp_path: Path, kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
+    """ctx.result(steps=2.7) became 2 steps and steps=True one, as report_progress's did."""
+    ctx = _context(tmp_path)
+    with pytest.raises(error, match="^ctx.result: " + re.escape(message)):
+        ctx.result(tiny_model(), **kwargs)
+    got = ctx.result(tiny_model(), steps=np.int64(2), samples=torch.tensor(16))
+    assert (got.steps, got.samples) == (2, 16)
+
+
 def test_progress_that_goes_back_is_refused_but_a_resumed_lease_starts_again(tmp_path: Path) -> None:
     """Steps or samples that go down within a unit are a trainer's bug, and the result's steps
     default to the last report; a resumed lease (a new context) reports from its checkpoint on."""
