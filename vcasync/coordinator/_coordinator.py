@@ -43,7 +43,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from torch import Tensor
@@ -663,6 +663,13 @@ class Coordinator:
         worker_id = self._ledger.join(name, info)
         self.activity.note("join", worker=worker_id, detail=name)
         return worker_id
+
+    def recall_workers(self, joined: Iterable[tuple[str, str, float]]) -> int:
+        """List the workers of ``joined`` (``(worker id, name, seconds since it joined)``, from the
+        server's token records) that the ledger does not know: after a crash, those who joined
+        since the last snapshot, shown gone (last seen at their join) until heard again, instead
+        of missing from the status until they call in, and then nameless. How many were listed."""
+        return sum(self._ledger.recall(worker_id, name, since) for worker_id, name, since in joined)
 
     async def lease(self, worker_id: str) -> LeaseGrant:
         """The next unit, or :class:`NoWorkAvailableError` (``finished`` when the run is over);

@@ -711,6 +711,19 @@ class Ledger:
                          "last_seen_s": round(max(now - w.last_seen, 0.0), 1),
                          "done": w.done, "failures": w.failures} for w in recent]
 
+    def recall(self, worker_id: str, name: str, joined_s: float) -> bool:
+        """List a worker this ledger does not know that joined ``joined_s`` seconds ago (the
+        coordinator's token records keep who joined; a snapshot captured before a crash does not
+        hold those who joined after it): last seen at its join until it is heard again, so shown
+        gone unless that was lately. Not one the ledger would have forgotten by now, nor one it
+        knows; True when listed."""
+        horizon = self.config.forget_workers_s
+        if worker_id in self._workers or (horizon is not None and joined_s > horizon):
+            return False
+        self._workers[worker_id] = WorkerRecord(worker_id, str(name)[:128], {},
+                                                self._clock() - max(joined_s, 0.0))
+        return True
+
     def forget_workers(self) -> int:
         """Drop the records of workers silent for ``forget_workers_s`` that hold no open lease and
         are neither backed off nor quarantined; how many went. One pass over the workers: call it

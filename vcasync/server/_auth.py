@@ -24,7 +24,7 @@ import json
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Final, Protocol
 
 from .._aio import run_all
@@ -73,6 +73,9 @@ class TokenRecord:
     digest_hex: str
     issued_at: float
     revoked: bool = False
+    #: The name the worker joined with (records from before 2026-12-07 have none): a coordinator
+    #: restarted after a crash lists the workers that joined since its last snapshot by it.
+    name: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +119,8 @@ class StorageTokenStore:
                 raw = json.loads(data)
                 out[key[len(self._prefix):].removesuffix(".json")] = TokenRecord(
                     worker_id=str(raw["worker_id"]), digest_hex=str(raw["digest_hex"]),
-                    issued_at=float(raw["issued_at"]), revoked=bool(raw.get("revoked", False)))
+                    issued_at=float(raw["issued_at"]), revoked=bool(raw.get("revoked", False)),
+                    name=str(raw.get("name", "")))
             except (ValueError, KeyError, TypeError) as exc:
                 raise ConfigError(f"token record {key!r} is corrupt: {exc}") from exc
 
@@ -211,11 +215,12 @@ class TokenAuthority:
         return self._join_tokens.pop(name, None) is not None
 
     # -- worker tokens ---------------------------------------------------------------------------
-    async def issue(self, worker_id: str) -> str:
-        """A new bearer token for ``worker_id``; only its digest is kept."""
+    async def issue(self, worker_id: str, name: str = "") -> str:
+        """A new bearer token for ``worker_id`` (who joined as ``name``); only its digest is kept."""
         token_id = secrets.token_hex(_ID_HEX // 2)
         secret = secrets.token_urlsafe(32)
-        record = TokenRecord(worker_id=worker_id, digest_hex=_digest(secret).hex(), issued_at=self._clock())
+        record = TokenRecord(worker_id=worker_id, digest_hex=_digest(secret).hex(), issued_at=self._clock(),
+                             name=name)
         if self._store is not None:
             await self._store.save(token_id, record)
         self._records[token_id] = record
@@ -241,12 +246,22 @@ class TokenAuthority:
         count = 0
         for token_id, record in list(self._records.items()):
             if record.worker_id == worker_id and not record.revoked:
-                revoked = TokenRecord(record.worker_id, record.digest_hex, record.issued_at, revoked=True)
+                revoked = replace(record, revoked=True)
                 if self._store is not None:
                     await self._store.save(token_id, revoked)
                 self._records[token_id] = revoked
                 count += 1
         return count
+
+    def joined(self) -> list[tuple[str, str, float]]:
+        """``(worker id, name, seconds since it joined)`` of each worker holding a live token, by
+        its latest: whom a restarted coordinator can list though its snapshot predates them."""
+        latest: dict[str, TokenRecord] = {}
+        for r in self._records.values():
+            if not r.revoked and (r.worker_id not in latest or r.issued_at > latest[r.worker_id].issued_at):
+                latest[r.worker_id] = r
+        now = self._clock()
+        return [(r.worker_id, r.name, max(now - r.issued_at, 0.0)) for r in latest.values()]
 
     def live_tokens(self) -> int:
         return sum(1 for r in self._records.values() if not r.revoked)

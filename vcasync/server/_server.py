@@ -430,6 +430,8 @@ class Server:
         listener, self._listener = self._listener or listen(cfg), None
         try:
             await self._authority.load()
+            # workers that joined after the coordinator's last snapshot: listed by name, not lost
+            self._coordinator.recall_workers(self._authority.joined())
             app = build_app(self._coordinator, self._authority, cfg, status_access=self._status_access,
                             linger_s=self._linger_s)
             kwargs: dict[str, Any] = {} if cfg.access_log else {"access_log": None}
