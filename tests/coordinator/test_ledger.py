@@ -305,6 +305,10 @@ def test_bad_config_and_units() -> None:
     ({"lr": float("nan")}, r"^work unit 'e0-s0': params\.lr = nan is not finite; params hold "),
     ({"sched": {"ends": [1.0, float("-inf")]}},
      r"^work unit 'e0-s0': params\.sched\.ends\[1\] = -inf is not finite"),
+    # a lone surrogate (from JSON, say) is no UTF-8: a snapshot could not hold it
+    ({"tag": "a\ud800"}, r"^work unit 'e0-s0': params\.tag is not valid UTF-8: it holds the lone "
+                          r"surrogate \\ud800 at character 1$"),
+    ({"\udcff": 1}, r"^work unit 'e0-s0': a key in params is not valid UTF-8"),
 ])
 def test_unit_params_are_plain_data_checked_when_units_are_made(params: object, message: str) -> None:
     # Found by a tester: make_units(2, params=[1]) raised TypeError, and params {"x": {1: 2}} were
@@ -312,6 +316,11 @@ def test_unit_params_are_plain_data_checked_when_units_are_made(params: object, 
     # cannot hold them, nor can the JSON a worker gets).
     with pytest.raises(ConfigError, match=message):
         make_units(2, params=params)  # type: ignore[arg-type]
+
+
+def test_a_unit_id_with_a_lone_surrogate_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"^work unit field 'unit_id' is not valid UTF-8"):
+        WorkUnit("u-\ud800")
 
 
 def test_plain_unit_params_are_taken_and_checked_on_every_way_in() -> None:

@@ -213,6 +213,38 @@ async def test_bad_control_bodies(served: Any, http: aiohttp.ClientSession, data
     assert await snapshot(coord) == state
 
 
+@pytest.mark.parametrize(("body", "field"), [
+    (b'{"name": "\\ud800"}', "name"),
+    (b'{"info": {"s": "\\ud800"}}', "info"),
+    (b'{"info": {"\\udcff": 1}}', "info"),
+    (b'{"info": {"n": 1180591620717411303424}}', "info"),
+    (b'{"info": ' + b'{"a": ' * 9 + b"1" + b"}" * 9 + b"}", "info"),
+])
+async def test_a_join_a_snapshot_cannot_hold_is_400_and_stores_nothing(
+        tmp_path: Path, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture, body: bytes,
+        field: str) -> None:
+    caplog.set_level("WARNING")
+    async with running(tmp_path, units=[WorkUnit("only", steps=1)], durability="snapshot") as (coord,
+                                                                                             server):
+        async with http.post(f"{server.url}/v1/join", data=body,
+                             headers={"Authorization": f"Bearer {SECRET}",
+                                      "Content-Type": "application/json"}) as r:
+            answer = await error_of(r, 400, "malformed_payload")
+        assert answer["field"] == field, answer
+        assert coord.status()["workers"]["known"] == 0
+        # The run goes on and its final snapshot is written: nothing of the join was kept.
+        _, token = await join(http, server.url)
+        grant = await lease(http, server.url, token)
+        data = result_payload(await current_model(coord), grant["lease_id"], grant["base_version"],
+                              steps=1)
+        async with http.put(f"{server.url}/v1/leases/{grant['lease_id']}/result", data=data,
+                            headers={**bearer(token), "Content-Type": PAYLOAD}) as r:
+            assert r.status == 200, await r.text()
+        await coord.wait_finished()
+    assert coord.storage_error is None
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= 40]
+
+
 async def test_bad_results_are_refused_and_change_nothing(served: Any, http: aiohttp.ClientSession) -> None:
     coord, server = served
     _, token = await join(http, server.url)

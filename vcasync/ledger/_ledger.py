@@ -75,7 +75,8 @@ from ._types import (
     UnitRecord,
     UnitState,
     WorkerRecord,
-    plain,
+    worker_info,
+    worker_name,
 )
 from ._units import (
     BLAMED_REASONS,
@@ -168,10 +169,10 @@ class Ledger:
     # -- workers ----------------------------------------------------------------------------------
     def join(self, name: str = "", info: Mapping[str, Any] | None = None) -> str:
         """Register a worker and return its new id."""
-        worker_id = "w-" + secrets.token_hex(8)
-        self._workers[worker_id] = WorkerRecord(worker_id, str(name)[:128], plain(dict(info or {})),
-                                           self._clock())
-        return worker_id
+        record = WorkerRecord("w-" + secrets.token_hex(8), worker_name(name),
+                              worker_info(dict(info or {})), self._clock())
+        self._workers[record.worker_id] = record
+        return record.worker_id
 
     def _touch(self, worker_id: str) -> WorkerRecord:
         # Workers that joined after the last snapshot are unknown after a restart; the server has

@@ -12,10 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError, ValidationError
+from ..errors import ConfigError, FrameError
+from ._plain import plain_problem, text_problem
 from ._units import Receipt, WorkUnit
 
-__all__ = ["LeaseState", "LedgerConfig", "ResultCheck", "UnitState", "plain"]
+__all__ = ["LeaseState", "LedgerConfig", "ResultCheck", "UnitState", "worker_info", "worker_name"]
 
 
 class UnitState(enum.StrEnum):
@@ -175,15 +176,34 @@ class WorkerRecord:
         self.preempted = False           # its last act was a release that was nobody's fault
 
 
-def plain(value: Any, depth: int = 0) -> Any:
-    """Worker info must be JSON-like (it is snapshotted and shown in status)."""
-    if depth > 8:
-        raise ValidationError("worker info nests too deeply", reason="bad_worker_info")
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
+#: How deep a worker's info may nest (``{"gpu": {"name": ...}}`` is two levels).
+MAX_INFO_DEPTH = 8
+MAX_NAME_LENGTH = 128
+
+
+def worker_name(name: object) -> str:
+    """A joining worker's name as the ledger keeps it (at most 128 characters);
+    :class:`FrameError` (``field="name"``) when it is not UTF-8: snapshots could not hold it."""
+    text = str(name)[:MAX_NAME_LENGTH]
+    problem = text_problem(text, "the worker name")
+    if problem is not None:
+        raise FrameError(problem, field="name")
+    return text
+
+
+def worker_info(info: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a joining worker's info, JSON-like (it is snapshotted and shown in status);
+    :class:`FrameError` (``field="info"``) naming what is not (see :func:`plain_problem`)."""
+    problem = plain_problem(info, "info", noun="worker info", max_depth=MAX_INFO_DEPTH)
+    if problem is not None:
+        raise FrameError(f"worker {problem}", field="info")
+    return {k: _copy(v) for k, v in info.items()}
+
+
+def _copy(value: Any) -> Any:
+    """A checked value with its own lists and dicts (its depth is bounded by the check)."""
     if isinstance(value, list | tuple):
-        return [plain(v, depth + 1) for v in value]
-    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
-        return {k: plain(v, depth + 1) for k, v in value.items()}
-    raise ValidationError(f"worker info holds a {type(value).__name__}; only JSON values are allowed",
-                          reason="bad_worker_info")
+        return [_copy(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _copy(v) for k, v in value.items()}
+    return value

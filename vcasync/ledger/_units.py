@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from ..errors import ConfigError
+from ._plain import plain_problem, text_problem
 
 __all__ = ["BLAMED_REASONS", "MAX_UNITS", "RESERVED_PARAMS", "LeaseGrant", "Receipt",
            "ReceiptStatus", "WorkUnit", "check_user_params", "make_units", "receipt_status"]
@@ -59,36 +59,11 @@ def _int(name: str, value: Any, *, minimum: int) -> int:
     return value
 
 
-_INT_MIN, _INT_END = -(1 << 63), 1 << 64     # what a snapshot (vcasync.wire.pack_tree) can hold
-_PLAIN_DATA = "None, bool, int, finite float, str, and lists and dicts with str keys of those"
-
-
 def _check_plain(unit_id: str, path: str, value: Any) -> None:
     """Refuse what a unit's params cannot carry: they go to workers as JSON and into snapshots."""
-    if value is None or isinstance(value, bool | str):
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):    # not JSON: the trainer got lr=nan, far from the flag
-            raise ConfigError(f"work unit {unit_id!r}: {path} = {value} is not finite; params hold "
-                              f"{_PLAIN_DATA}")
-        return
-    if isinstance(value, int):
-        if not _INT_MIN <= value < _INT_END:
-            raise ConfigError(f"work unit {unit_id!r}: {path} = {value} does not fit in 64 bits")
-        return
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise ConfigError(f"work unit {unit_id!r}: {path} has the key {k!r} of type "
-                                  f"{type(k).__name__}: keys must be strings")
-            _check_plain(unit_id, f"{path}.{k}", v)
-        return
-    if isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            _check_plain(unit_id, f"{path}[{i}]", v)
-        return
-    raise ConfigError(f"work unit {unit_id!r}: {path} is of type {type(value).__name__}; params hold "
-                      f"{_PLAIN_DATA}")
+    problem = plain_problem(value, path, noun="params")
+    if problem is not None:     # a NaN is not JSON: the trainer got lr=nan, far from the flag
+        raise ConfigError(f"work unit {unit_id!r}: {problem}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +84,9 @@ class WorkUnit:
     def __post_init__(self) -> None:
         if not isinstance(self.unit_id, str) or not self.unit_id:
             raise ConfigError("work unit field 'unit_id' must be a non-empty string")
+        bad_text = text_problem(self.unit_id, "work unit field 'unit_id'")
+        if bad_text is not None:
+            raise ConfigError(bad_text)
         if len(self.unit_id.encode()) > 256:
             raise ConfigError(f"work unit id {self.unit_id[:40]!r}... is longer than 256 bytes")
         _int("shard", self.shard, minimum=0)
