@@ -198,6 +198,13 @@ async def test_someone_elses_and_unknown_leases(served: Any, http: aiohttp.Clien
     (b"{}", "application/json", 400, "malformed_payload", "steps_done"),
     (b"steps_done=1", "application/x-www-form-urlencoded", 400, "malformed_payload", "content-type"),
     (b"{" + b" " * 70_000 + b"}", "application/json", 413, "limit_exceeded", "body"),
+    # JSON holds what msgpack (a snapshot, the journal) cannot: refused in every control body
+    (b'{"steps_done": 1, "note": "\\ud800"}', "application/json", 400, "malformed_payload", "note"),
+    (b'{"steps_done": 1, "\\udcff": 1}', "application/json", 400, "malformed_payload", "body"),
+    (b'{"steps_done": 18446744073709551616}', "application/json", 400, "malformed_payload",
+     "steps_done"),
+    (b'{"steps_done": ' + b"1" * 5000 + b"}", "application/json", 400, "malformed_payload", "body"),
+    (b"[" * 30_000 + b"]" * 30_000, "application/json", 400, "malformed_payload", "body"),
 ])
 async def test_bad_control_bodies(served: Any, http: aiohttp.ClientSession, data: bytes, ctype: str,
                                   status: int, code: str, field: str | None) -> None:

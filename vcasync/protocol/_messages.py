@@ -15,6 +15,7 @@ from types import EllipsisType
 from typing import Any, Final, Protocol, TypeVar
 
 from ..errors import FrameError, LimitExceededError
+from ..ledger._plain import plain_problem, text_problem
 from ..ledger._units import LeaseGrant, Receipt
 from ..wire import decode_message, encode_message
 from ._bodies import from_body, kind_of, to_body
@@ -70,18 +71,36 @@ def decode_control(data: bytes, content_type: str, kind: str) -> dict[str, Any]:
     if content_type == MSGPACK:
         return dict(decode_message(data, expected_kind=kind).body)
     if content_type in (JSON, "", "application/octet-stream", "text/plain"):
-        try:
-            obj = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise FrameError(f"body is not valid JSON: {exc}", field="body") from exc
-        if not isinstance(obj, dict):
-            raise FrameError("body must be a JSON object", field="body")
+        obj = _json_object(data)
         got = obj.pop("kind", kind)
         if got != kind:
             raise FrameError(f"expected a {kind!r} message, got {got!r}", field="kind")
         return obj
     raise FrameError(f"unsupported content type {content_type!r}: use {MSGPACK} or {JSON}",
                      field="content-type")
+
+
+def _json_object(data: bytes) -> dict[str, Any]:
+    """A JSON control body as a dict, held to what a msgpack body can carry, since what it holds
+    may be kept in a snapshot or the journal: ints within 64 bits, strings of UTF-8 (JSON allows
+    ``"\\ud800"``, a lone surrogate, which msgpack cannot encode); :class:`FrameError` naming the
+    field."""
+    try:
+        obj = json.loads(data)
+    except RecursionError:
+        raise FrameError("body is not valid JSON: it nests too deeply", field="body") from None
+    except ValueError as exc:   # not JSON, not UTF-8, an int of over 4300 digits
+        raise FrameError(f"body is not valid JSON: {exc}", field="body") from exc
+    if not isinstance(obj, dict):
+        raise FrameError("body must be a JSON object", field="body")
+    for name, value in obj.items():
+        bad_name = text_problem(name, "a field name of the body")
+        if bad_name is not None:
+            raise FrameError(bad_name, field="body")
+        problem = plain_problem(value, name, finite=False)
+        if problem is not None:
+            raise FrameError(problem, field=name)
+    return obj
 
 
 def get_field(body: Mapping[str, Any], name: str, kind: type[T], *, default: T | EllipsisType = ...,
