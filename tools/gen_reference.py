@@ -437,7 +437,9 @@ def http_page(routes: list[tuple[str, str, str]], calls: Mapping[str, Exchange])
         parts.append(f"| {spec.status} | `{spec.code}` | `{where}.{cls.__name__}` | {_cell(doc)} |\n")
     parts += ["\nErrors of the HTTP layer itself (no route, a body that is not allowed, a body too slow) "
               "answer in the same JSON form with the codes `not_found`, `method_not_allowed`, "
-              "`request_timeout`, `limit_exceeded` and `bad_request`. A client that hangs up "
+              "`request_timeout`, `limit_exceeded` and `bad_request`; a request the HTTP parser "
+              "refuses, or whose body does not decode as its `Content-Encoding` or "
+              "`Transfer-Encoding` says, is `400 bad_http_request`. A client that hangs up "
               "before its request is complete is logged (and counted) as a `400 "
               "client_disconnected` it never reads.\n"]
     return "".join(parts)

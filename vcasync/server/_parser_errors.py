@@ -6,18 +6,26 @@ ERROR with a traceback (attacker-controlled bytes in the log, and a credential i
 oversized header). :class:`JsonErrorRunner` answers them like every other error of the API, a JSON
 ``{"error": "bad_http_request", "message": ...}`` naming the problem but not the bytes, and logs one
 line without them.
+
+A body that does not decode (``Content-Encoding: gzip`` on bytes that are not gzip, broken chunked
+framing) is found only as it is read. A route reading it gets
+:class:`aiohttp.web.RequestPayloadError`, which the server's error middleware answers with the same
+``bad_http_request`` (its message from :func:`undecodable_body`), closing the connection. A route
+that answered without reading it (a 401, a 404) leaves aiohttp to drain it after the answer, and
+the handler logs that failure as one INFO line, not as an ERROR traceback.
 """
 
 from __future__ import annotations
 
 import logging
 from http import HTTPStatus
+from typing import Any
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from aiohttp.web_request import BaseRequest
 
-__all__ = ["JsonErrorRunner"]
+__all__ = ["JsonErrorRunner", "undecodable_body"]
 
 log = logging.getLogger("vcasync.server")
 
@@ -34,6 +42,32 @@ class _JsonErrorHandler(RequestHandler):
                                   "message": f"malformed HTTP request ({what}): {phrase}"}, status=status)
         resp.force_close()
         return resp
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        exc = kw.get("exc_info")
+        if isinstance(exc, RequestPayloadError):
+            # aiohttp drained the body of a request already answered (and logged), and it did not
+            # decode: the client's bytes, not a fault of the server, and no traceback to read
+            log.info("dropped the rest of a request body from %s that did not decode (%s)",
+                     self._peer(), _cause_name(exc))
+            return
+        super().log_exception(*args, **kw)
+
+    def _peer(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        return str(peer[0]) if isinstance(peer, tuple) and peer else "a closed connection"
+
+
+def _cause_name(exc: RequestPayloadError) -> str:
+    """What aiohttp found wrong with a body (``ContentEncodingError``, ...), not its bytes."""
+    return type(exc.__cause__).__name__ if exc.__cause__ is not None else type(exc).__name__
+
+
+def undecodable_body(exc: RequestPayloadError) -> str:
+    """The message of the ``400 bad_http_request`` answering a request body that does not decode
+    as its headers say (naming what aiohttp found wrong, not the bytes)."""
+    return (f"malformed HTTP request body ({_cause_name(exc)}): it does not decode as its "
+            "Content-Encoding and Transfer-Encoding headers say")
 
 
 class _JsonErrorServer(web.Server):

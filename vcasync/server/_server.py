@@ -53,7 +53,7 @@ from ..wire import Limits
 from . import _routes as R
 from ._auth import TokenAuthority
 from ._http_metrics import HttpMetrics
-from ._parser_errors import JsonErrorRunner
+from ._parser_errors import JsonErrorRunner, undecodable_body
 from ._refusals import RefusalLog
 from ._upload_pace import BodyCutOff, BodyTimeouts, Pace
 from ._waits import cap_wait, longest_wait, told_wait
@@ -302,6 +302,13 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
             raise
         code = _HTTP_CODES.get(exc.status, f"http_{exc.status}")
         return _error_response(exc.status, code, exc.reason, headers=None)
+    except web.RequestPayloadError as exc:
+        # The body does not decode (a gzip body that is not gzip, broken chunks): the client's
+        # bytes, answered like a request aiohttp's parser refuses; what follows on this
+        # connection can no longer be told apart, so it is closed.
+        resp = _error_response(400, "bad_http_request", undecodable_body(exc))
+        resp.force_close()
+        return resp
     except ConnectionError:
         # The client hung up before its request was complete (a worker preempted mid-upload, or
         # during a model download): routine on spot machines, and nothing changed. Neither an
