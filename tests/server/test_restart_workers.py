@@ -80,9 +80,11 @@ def test_a_worker_the_ledger_would_have_forgotten_by_now_is_not_recalled() -> No
     assert not led.recall(known, "renamed?", 5.0)              # known: kept as it is
     assert led.recall("w-late", "late", 30.0)                  # joined 30 s ago: gone until heard
     assert not led.recall("w-old", "old", 601.0)               # would have been forgotten
+    assert led.recall("w-odd", "\ud800", 1.0)                  # a name from before they were checked
     _, rows = led.worker_rows()
     by_id = {r["id"]: r for r in rows}
-    assert set(by_id) == {known, "w-late"}
+    assert set(by_id) == {known, "w-late", "w-odd"}
+    assert by_id["w-odd"]["name"] == ""
     assert by_id["w-late"]["name"] == "late"
     assert by_id["w-late"]["last_seen_s"] == 30.0
 

@@ -46,6 +46,7 @@ from typing import Any
 
 from ..errors import (
     ConfigError,
+    FrameError,
     LeaseExpiredError,
     LeaseNotFoundError,
     LedgerError,
@@ -721,8 +722,11 @@ class Ledger:
         horizon = self.config.forget_workers_s
         if worker_id in self._workers or (horizon is not None and joined_s > horizon):
             return False
-        self._workers[worker_id] = WorkerRecord(worker_id, str(name)[:128], {},
-                                                self._clock() - max(joined_s, 0.0))
+        try:
+            kept = worker_name(name)
+        except FrameError:      # a record written before names were checked: listed nameless
+            kept = ""
+        self._workers[worker_id] = WorkerRecord(worker_id, kept, {}, self._clock() - max(joined_s, 0.0))
         return True
 
     def forget_workers(self) -> int:
