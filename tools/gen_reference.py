@@ -351,7 +351,8 @@ ROUTE_PURPOSE: Mapping[str, str] = {
     "lease": "lease the next work unit (201); `503 no_work` with `Retry-After` while every unit is out, "
              "`410 run_finished` once every unit is merged",
     "resume": "a restarted worker takes its lease back while it is still valid",
-    "heartbeat": "report progress (`steps_done`) and push the lease's deadline out",
+    "heartbeat": ("report progress (`steps_done`) and push the lease's deadline out; `stopping`: the "
+                  "worker is preempted and keeps the lease for a restart to resume"),
     "result": "upload the result of a lease: a wire payload whose meta names `lease_id`, `base_version`, "
               "`kind` (`delta` or `weights`), `steps` and optionally `samples`, `partial`, `metrics`; "
               "sending it again is harmless (`duplicate`)",

@@ -154,6 +154,13 @@ async def test_preempted_worker_keeps_the_lease_and_resumes_it(tmp_path: Path) -
         assert not report.grace_exceeded
         assert report.results_accepted == 0
         assert (tmp_path / "w" / "lease.json").exists()
+        # found by a probe: it told the coordinator nothing, so the status showed it alive and
+        # holding its lease (then gone), never preempted, with no event for the preemption
+        (row,) = coord.live_status()["worker_rows"]
+        assert row["state"] == "preempted"
+        assert coord.status()["units"]["leased"] == 1          # the lease stays, for the resume
+        (event,) = [e for e in coord.activity.events() if e.kind == "preempted"]
+        assert "keeps lease" in event.detail
         assert len(list((tmp_path / "w" / "checkpoints").iterdir())) == 1
 
         again = await worker(server.url, tmp_path / "w", make_trainer(None, log)).run()

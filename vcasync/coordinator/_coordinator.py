@@ -753,16 +753,23 @@ class Coordinator:
         finally:
             self._check_finished()
 
-    async def heartbeat(self, worker_id: str, lease_id: str, steps_done: int) -> LeaseGrant:
+    async def heartbeat(self, worker_id: str, lease_id: str, steps_done: int, *,
+                        stopping: bool = False) -> LeaseGrant:
         """Progress report; progress extends the lease. In a finished run (no lease is live: this
         one's unit was delivered by another worker after it expired, or parked), the ledger's
         refusal is :class:`NoWorkAvailableError` (``finished``, ``410 run_finished``): the worker
         stops its trainer and exits, instead of training on and delivering to a coordinator that
-        has stopped lingering."""
+        has stopped lingering. ``stopping``: the worker is preempted and keeps the lease and its
+        checkpoint for a restart to resume (shown ``preempted``, and an event says so)."""
         self._check_running()
         self.metrics.heartbeats += 1
         try:
-            return self._ledger.heartbeat(worker_id, lease_id, steps_done)
+            grant = self._ledger.heartbeat(worker_id, lease_id, steps_done, stopping=stopping)
+            if stopping:
+                self.activity.note("preempted", worker=worker_id, unit=grant.unit.unit_id,
+                                   detail=f"stopping after {steps_done} step(s); keeps lease "
+                                          f"{lease_id} and its checkpoint for a restart to resume")
+            return grant
         except LedgerError as exc:
             if self._ledger.finished and self._over():
                 raise self._run_over("heartbeat", exc) from exc

@@ -360,8 +360,11 @@ class Ledger:
         heapq.heappush(self._heap, (lease.deadline, lease.lease_id))
         return self._grant(lease, resumed=True)
 
-    def heartbeat(self, worker_id: str, lease_id: str, steps_done: int) -> LeaseGrant:
-        """Record progress; progress pushes the deadline out by the worker's window."""
+    def heartbeat(self, worker_id: str, lease_id: str, steps_done: int, *,
+                  stopping: bool = False) -> LeaseGrant:
+        """Record progress; progress pushes the deadline out by the worker's window. ``stopping``:
+        the worker is preempted and keeps the lease for a restart to resume: it is ``preempted``
+        until it is heard from again, as one that released its lease without fault is."""
         w = self._touch(worker_id)
         lease = self._find(lease_id, worker_id)
         self._holder(lease, worker_id)
@@ -379,6 +382,7 @@ class Ledger:
             heapq.heappush(self._heap, (lease.deadline, lease.lease_id))
         elif steps_done < lease.steps_done:   # restarted from an older checkpoint: no extension
             lease.steps_done, lease.progress_at = steps_done, now
+        w.preempted = stopping
         return self._grant(lease, resumed=False)
 
     def release(self, worker_id: str, lease_id: str, reason: str = "", *, failed: bool = True) -> None:

@@ -157,7 +157,7 @@ async def resume(request: web.Request) -> web.Response:
 async def heartbeat(request: web.Request) -> web.Response:
     beat = await read_msg(request, HeartbeatRequest)
     grant = await request.app[COORDINATOR].heartbeat(request[WORKER_ID], _lease_id(request),
-                                                     beat.steps_done)
+                                                     beat.steps_done, stopping=beat.stopping)
     return reply_msg(request, grant.heartbeat_at_most(request.app[LONGEST_WAIT]))
 
 

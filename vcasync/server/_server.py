@@ -6,7 +6,7 @@ credential)::
     POST /v1/join                       join credential -> {worker_id, token}
     POST /v1/leases                     -> a lease (201), 503 + Retry-After, or 410 run_finished
     POST /v1/leases/{lease}/resume      -> the same lease, if still valid
-    POST /v1/leases/{lease}/heartbeat   {steps_done} -> the lease with its new deadline
+    POST /v1/leases/{lease}/heartbeat   {steps_done, stopping} -> the lease with its new deadline
     PUT  /v1/leases/{lease}/result      wire payload, streamed into the coordinator -> a receipt
     POST /v1/leases/{lease}/release     {reason}
     GET  /v1/models/{version|latest}    wire payload, streamed; ETag / If-None-Match -> 304

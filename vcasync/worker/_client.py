@@ -295,8 +295,10 @@ class CoordinatorClient:
         body = await self._control("POST", f"{P.API_PREFIX}/leases/{lease_id}/resume", "resume", {}, "lease")
         return from_body(LeaseGrant, body)
 
-    async def heartbeat(self, lease_id: str, steps_done: int) -> LeaseGrant:
-        return await self._send(HeartbeatRequest(int(steps_done)), LeaseGrant,
+    async def heartbeat(self, lease_id: str, steps_done: int, *, stopping: bool = False) -> LeaseGrant:
+        """Progress on a lease; ``stopping``: this worker is preempted and keeps the lease and its
+        checkpoint for a restart to resume (the coordinator shows it preempted meanwhile)."""
+        return await self._send(HeartbeatRequest(int(steps_done), stopping), LeaseGrant,
                                 f"/leases/{lease_id}/heartbeat")
 
     async def release(self, lease_id: str, reason: str = "", *, failed: bool = True) -> None:

@@ -101,6 +101,8 @@ T = TypeVar("T")
 WORKER_BACKOFF = RetryPolicy(base_delay_s=0.2, max_delay_s=10.0)
 #: The most characters of a failure a released lease carries (the coordinator keeps 300 of them).
 RELEASE_REASON_CHARS = 300
+#: How long a preempted worker tries to tell the coordinator it keeps its lease (one heartbeat).
+STOPPING_NOTICE_S = 2.0
 
 _LEASE_GONE = (LeaseNotFoundError, NotLeaseHolderError, UnitClosedError, LeaseExpiredError)
 
@@ -599,6 +601,7 @@ class Worker:
         if self.stopping and partial and self.config.on_preempt == "checkpoint" and measured:
             log.info("preempted after %d/%d steps of unit %s; the lease and checkpoint stay in %s",
                      result.steps, grant.unit.steps, grant.unit.unit_id, self.state.where)
+            await self._say_stopping(grant, result.steps)
             raise _Stopped
         if result.steps <= 0:
             # Nothing to send (a result needs at least one step): hand the unit back at once
@@ -648,6 +651,17 @@ class Worker:
             return
         self._warned_short = True
         log.warning("%s%s (see docs/trainer.md)", text, _short_cause(ctx))
+
+    async def _say_stopping(self, grant: LeaseGrant, steps: int) -> None:
+        """Tell the coordinator this worker is preempted and keeps ``grant`` for a restart to
+        resume (one heartbeat with ``stopping``), so its status shows it preempted instead of alive
+        and holding the lease until the lease runs out. Best effort, within a couple of seconds of
+        the grace period: nothing depends on it (the lease and checkpoint stay either way)."""
+        try:
+            async with asyncio.timeout(STOPPING_NOTICE_S):
+                await self._cli().heartbeat(grant.lease_id, steps, stopping=True)
+        except Exception as exc:      # the coordinator away, the lease gone: it is only a notice
+            log.debug("could not tell the coordinator this worker is stopping: %r", exc)
 
     def _warn_unreported(self, grant: LeaseGrant, result: TrainResult) -> None:
         """Once per worker: the trainer never calls ``ctx.report_progress``, so what the worker and
