@@ -444,6 +444,32 @@ async def test_failing_trainer_releases_and_gives_up(tmp_path: Path) -> None:
         assert not isinstance(ei.value, ConfigError)
 
 
+async def test_a_trainers_configuration_error_hands_the_unit_back_before_the_worker_stops(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by a probe: a digits worker on an image without scikit-learn exited 2 (the trainer's
+    ConfigError) holding its lease ("leased 1, released 0"): the unit sat until the lease timed out.
+    Now it is handed back at once, counted against neither the unit nor the worker (the machine's
+    configuration is at fault), and the worker still stops with the ConfigError."""
+    def needs_a_package(ctx: TrainContext) -> TrainResult:
+        raise ConfigError("the digits data set needs scikit-learn: pip install 'vcasync[examples]'")
+
+    async with running(tmp_path, units=make_units(1, steps=2), lease_timeout_s=300) as (coord, server):
+        with pytest.raises(ConfigError, match="needs scikit-learn"):
+            await asyncio.wait_for(worker(server.url, tmp_path / "w", needs_a_package).run(), 60)
+        status = coord.status()
+        assert status["leases"]["released"] == 1
+        units = status["units"]
+        assert isinstance(units, dict)
+        assert not units.get("leased")
+        assert units.get("queued") == 1, units                  # queued again at once, not in 300 s
+        assert not status["failing_workers"], status["failing_workers"]   # nobody's fault
+        assert not (tmp_path / "w" / "lease.json").exists()
+        assert "configuration error: the digits data set needs scikit-learn" in caplog.text
+        # another (well configured) worker takes it straight away and the run finishes
+        report = await asyncio.wait_for(worker(server.url, tmp_path / "w2", make_trainer()).run(), 60)
+        assert (report.reason, report.results_accepted) == ("finished", 1)
+
+
 async def test_max_units_counts_the_units_taken_not_only_those_delivered(tmp_path: Path) -> None:
     """``--max-units 1`` with a failing trainer took 3 units (it counted only delivered ones, and
     stopped at the third failure): each lease taken counts, and having delivered none of them is an

@@ -24,7 +24,8 @@ failing with a back-off (:class:`WorkerBackoffError`: the worker waits that long
 again, so the unit goes to another worker) and then a quarantine (:class:`WorkerQuarantinedError`:
 the worker stops with that message). After ``max_trainer_failures`` in a row the worker stops by
 itself with a :class:`TrainerError`; so does one that hears the run is finished when its trainer
-failed every unit it got (none delivered).
+failed every unit it got (none delivered). A trainer that raises a :class:`ConfigError` (a package
+missing on the machine) stops the worker with it, after handing its lease back as nobody's failure.
 
 Outages: every call to the coordinator is retried with capped, jittered backoff while it is down or
 restarting. Results are written to the state dir before upload and re-sent until acknowledged: the
@@ -74,6 +75,7 @@ from ..errors import (
     LedgerError,
     NotLeaseHolderError,
     NoWorkAvailableError,
+    StateInUseError,
     StorageUnavailableError,
     TrainerError,
     UnitClosedError,
@@ -103,6 +105,8 @@ WORKER_BACKOFF = RetryPolicy(base_delay_s=0.2, max_delay_s=10.0)
 RELEASE_REASON_CHARS = 300
 #: How long a preempted worker tries to tell the coordinator it keeps its lease (one heartbeat).
 STOPPING_NOTICE_S = 2.0
+#: How long a worker whose trainer raised a ConfigError tries to hand its lease back before it exits.
+CONFIG_ERROR_RELEASE_S = 10.0
 
 _LEASE_GONE = (LeaseNotFoundError, NotLeaseHolderError, UnitClosedError, LeaseExpiredError)
 
@@ -561,7 +565,16 @@ class Worker:
         lost = asyncio.Event()
         try:
             result = await self._train(grant, ctx, lost)
-        except (_Stopped, ConfigError):
+        except (_Stopped, StateInUseError):
+            raise          # a takeover of the state: its new holder resumes this lease, never released
+        except ConfigError as exc:
+            # The trainer's configuration error (a package missing on this machine, an option it
+            # refuses): the worker stops with it (exit 2, a restart cannot help), but hands the unit
+            # back first, so it is queued again at once instead of when the lease times out.
+            log.error("trainer on unit %s: configuration error: %s", grant.unit.unit_id,
+                      self._scrub(str(exc)))
+            self._abandoned += 1
+            await self._release_config_error(grant, exc)
             raise
         except TrainerError as exc:
             # The trainer returned something that is not a result (None): a bug in its code, so the
@@ -757,6 +770,27 @@ class Worker:
         with contextlib.suppress(LedgerError):
             await self._call("release", lambda: self._cli().release(grant.lease_id, reason,
                                                                    failed=failed))
+        await asyncio.to_thread(self.state.finish_lease, grant.lease_id)
+
+    async def _release_config_error(self, grant: LeaseGrant, exc: ConfigError) -> None:
+        """Hand back the lease of a unit the trainer refused with a :class:`ConfigError`, best effort,
+        within :data:`CONFIG_ERROR_RELEASE_S`: the worker is about to exit, and need not wait long for
+        a coordinator that does not answer. Released with ``failed=False``: the machine's or the run's
+        configuration is at fault, not the unit (several misconfigured machines must not park it) nor
+        this worker's luck (it stops anyway, so no back-off is needed to keep the unit from it). A
+        lease that could not be handed back stays in the state: a restart resumes it, or the
+        coordinator re-queues it when it times out."""
+        reason = bounded(self._scrub(f"configuration error: {exc}"), RELEASE_REASON_CHARS)
+        try:
+            async with asyncio.timeout(CONFIG_ERROR_RELEASE_S):
+                await self._call("release", lambda: self._cli().release(grant.lease_id, reason, failed=False),
+                                 interruptible=False)
+        except LedgerError:
+            pass       # expired or closed meanwhile: nothing is held to hand back
+        except Exception as err:
+            log.warning("could not hand lease %s back (%s): the coordinator re-queues unit %s when the "
+                        "lease times out", grant.lease_id, type(err).__name__, grant.unit.unit_id)
+            return
         await asyncio.to_thread(self.state.finish_lease, grant.lease_id)
 
     # -- models ------------------------------------------------------------------------------------
