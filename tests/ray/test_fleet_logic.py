@@ -126,7 +126,7 @@ def test_up_checks_the_join_credential_as_the_worker_does(env: dict[str, str], p
     for var, value in env.items():
         monkeypatch.setenv(var, value)
     assert main(["ray", "--address", "127.0.0.1:1", "up", "--workers", "1", "--coordinator",
-                 "http://127.0.0.1:8470", "--trainer", "m:f", "--state-root", "memory://w"]) == 2
+                 "http://127.0.0.1:8470", "--trainer", "m:f", "--state-root", "file:///shared/w"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("vcasync ray: configuration error: ")
     assert problem in err
@@ -172,6 +172,22 @@ def test_a_spec_the_worker_would_refuse_is_refused_before_the_cluster_is_touched
     assert "SECRET123" not in err
 
 
+def test_up_refuses_a_state_root_that_dies_with_each_actor(capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a probe: `ray up --state-root memory://fleet` started the fleet; an actor Ray
+    restarted found no state, joined as a new worker and trained its unit again from step 0."""
+    from vcasync.cli import main
+
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "abcdefghijklmnopqrstuvwxyz")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert main(["ray", "--address", "127.0.0.1:1", "up", "--workers", "2", "--coordinator",
+                 "http://127.0.0.1:8470", "--trainer", "m:f", "--state-root", "memory://fleet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vcasync ray: configuration error: state_root 'memory://fleet' lives in the "
+                          "memory of the process that opens it")
+    assert "Ray cluster" not in err             # refused before connecting
+
+
 def test_up_waits_for_its_actors_to_be_constructed_but_not_for_unplaceable_ones() -> None:
     """`up` exited 0 with a fleet whose trainer did not import: it now waits for the constructors."""
     from vcasync.launch.ray import _GONE, _STARTING
@@ -189,7 +205,7 @@ def test_up_waits_for_its_actors_to_be_constructed_but_not_for_unplaceable_ones(
 
 
 UP = ["up", "--workers", "1", "--coordinator", "http://127.0.0.1:8470", "--trainer", "m:f",
-      "--state-root", "memory://w"]
+      "--state-root", "file:///shared/w"]
 
 
 @pytest.mark.parametrize(("text", "problem"), [

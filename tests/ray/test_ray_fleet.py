@@ -143,6 +143,11 @@ def test_state_urls_keep_the_query_and_relative_paths_are_refused() -> None:
             RayWorkerSpec(**_WHERE, state_root=bad)
     with pytest.raises(ConfigError, match="fragment"):
         RayWorkerSpec(**_WHERE, state_root="s3://b/p#x")
+    # found by a probe: memory:// was accepted, and a restarted actor retrained its unit from step 0
+    for in_memory in ("memory://fleet", "MEMORY://fleet"):
+        with pytest.raises(ConfigError, match=rf"state_root '{in_memory}' lives in the memory of the "
+                                              "process that opens it: .* from step 0"):
+            RayWorkerSpec(**_WHERE, state_root=in_memory)
 
 
 

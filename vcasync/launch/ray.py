@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import BackendUnavailableError, ConfigError
+from ..errors import BackendUnavailableError, ConfigError, StorageError
 from ._fleet_state import FAILED, death_reason, fleet_done, placement_problem, spec_differences
 
 __all__ = ["FAILED", "RayFleet", "RayWorkerSpec", "actor_options", "ray_available", "shutdown_fleet"]
@@ -77,7 +77,8 @@ class RayWorkerSpec:
 
     coordinator: str
     trainer: str
-    #: Actor ``i`` keeps its state at ``{state_root}/worker-{i}``: a storage URL every node reaches.
+    #: Actor ``i`` keeps its state at ``{state_root}/worker-{i}``: a storage URL every node reaches
+    #: (not a relative path, nor ``memory://``, which a restarted actor would find empty).
     state_root: str
     #: Directory put on ``sys.path`` to import the trainer (must exist on every node), or None.
     app_dir: str | None = None
@@ -103,6 +104,7 @@ class RayWorkerSpec:
         split_ref(self.trainer, what="trainer")                   # imported on the nodes, not here
         _check_state_root(self.state_root)
         _check_state_url(self.state_url(0))
+        _check_state_outlives_actors(self.state_root)
         if not (self.grace_period_s > 0 and math.isfinite(self.grace_period_s)):  # NaN fails `<= 0` too
             raise ConfigError(f"grace_period_s must be a finite number > 0, got {self.grace_period_s!r}")
         if not (self.num_cpus >= 0 and self.num_gpus >= 0):
@@ -160,6 +162,24 @@ def _check_state_url(url: str) -> None:
         log.warning("state_root not checked on this machine: %s", exc)
     except ConfigError as exc:
         raise ConfigError(f"state_root: {exc}") from None
+
+
+def _check_state_outlives_actors(root: str) -> None:
+    """Refuse a store whose objects live in the process that opens it (``memory://``): each actor
+    would keep its state in its own memory, so the actor Ray restarts after a preemption would find
+    none, join as a new worker and train the unit again from step 0 (the work of the dead one lost)."""
+    from ..storage import outlives_process
+
+    try:
+        durable = outlives_process(root)
+    except StorageError:   # a backend not installed here (already warned of): the nodes may have it
+        return
+    if not durable:
+        raise ConfigError(f"state_root {root!r} lives in the memory of the process that opens it: each "
+                          "actor would keep its state there, and one Ray restarts (its node preempted) "
+                          "would find none, join as a new worker and train its unit again from step 0; "
+                          "give storage every node reaches (s3://bucket/run1/workers, gs://..., or "
+                          "file:///shared/run1 on a shared file system)")
 
 
 class _Ring(logging.Handler):
