@@ -188,6 +188,59 @@ def test_up_refuses_a_state_root_that_dies_with_each_actor(capsys: pytest.Captur
     assert "Ray cluster" not in err             # refused before connecting
 
 
+_GOOD_UP = ["up", "--workers", "1", "--coordinator", "http://127.0.0.1:8470", "--trainer", "m:f",
+            "--state-root", "s3://b/w"]
+
+
+@pytest.mark.parametrize(("argv", "flag", "problem"), [
+    (["--workers=0"], "--workers", "must be a whole number >= 1, got 0"),
+    (["--workers=-3"], "--workers", "must be a whole number >= 1, got -3"),
+    (["--workers=2.5"], "--workers", "'2.5' is not a whole number"),
+    (["--gpus=inf"], "--gpus", "must be a finite number >= 0, got inf"),
+    (["--gpus=nan"], "--gpus", "must be a finite number >= 0, got nan"),
+    (["--cpus=-1"], "--cpus", "must be a finite number >= 0, got -1"),
+    (["--grace-period=-5"], "--grace-period", "must be a finite number of seconds > 0, got -5"),
+    (["--grace-period=0"], "--grace-period", "must be a finite number of seconds > 0, got 0"),
+    (["scale", "-1"], "COUNT", "must be a whole number >= 0, got -1"),
+    (["scale", "two"], "COUNT", "'two' is not a whole number"),
+])
+def test_every_value_is_refused_while_parsing_before_ray_is_reached(
+        argv: list[str], flag: str, problem: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a probe: without a cluster `up --workers 0`, `--workers -3` and `--gpus inf` said
+    "no Ray cluster to connect to" instead of naming the value; with one, `up --workers 0` exited 0
+    having started nothing (`{"running": []}`). Each is now argparse's error, the flag named."""
+    from vcasync.cli import main
+    from vcasync.launch import ray as launch
+
+    def no_ray() -> None:
+        raise AssertionError("Ray was reached with a bad value")
+
+    monkeypatch.setattr(launch, "_ray", no_ray)
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "abcdefghijklmnopqrstuvwxyz")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    args = argv if argv[0] == "scale" else [*_GOOD_UP, *argv]
+    with pytest.raises(SystemExit) as info:
+        main(["ray", "--address", "127.0.0.1:1", *args])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    (line,) = [ln for ln in err.splitlines() if "error:" in ln]
+    assert line.startswith(f"vcasync ray {args[0]}: error: argument {flag}: {problem}"), err
+
+
+def test_the_spec_and_scale_refuse_counts_and_resources_that_are_not_finite() -> None:
+    from vcasync.errors import ConfigError
+
+    for field in ("num_cpus", "num_gpus"):
+        with pytest.raises(ConfigError, match=r"num_cpus and num_gpus must be >= 0 and finite, got"):
+            RayWorkerSpec(**WHERE, state_root="s3://b/w", **{field: float("inf")})
+    fleet = object.__new__(RayFleet)
+    for count in (-1, 2.5, True):
+        with pytest.raises(ConfigError, match="the worker count must be a whole number >= 0"):
+            fleet.scale(count)  # type: ignore[arg-type]
+
+
 def test_up_waits_for_its_actors_to_be_constructed_but_not_for_unplaceable_ones() -> None:
     """`up` exited 0 with a fleet whose trainer did not import: it now waits for the constructors."""
     from vcasync.launch.ray import _GONE, _STARTING

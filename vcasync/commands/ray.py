@@ -48,13 +48,19 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--namespace", default="vcasync", help="Ray namespace of the fleet's named actors")
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     up = sub.add_parser("up", help="start N worker actors on spot nodes")
-    up.add_argument("--workers", type=int, required=True)
+    # Every value is checked while parsing, before Ray is imported or connected to: without a
+    # cluster, `--workers 0` and `--gpus inf` were reported as "no Ray cluster to connect to", and
+    # with one, `up --workers 0` exited 0 having started nothing.
+    up.add_argument("--workers", type=argument_number(int, 1), required=True, metavar="N",
+                    help="worker actors to run (at least 1; 'scale 0' or 'down' stops them)")
     up.add_argument("--coordinator", required=True, help="the coordinator's URL, reachable from every node")
     up.add_argument("--trainer", required=True, help="trainer 'pkg.mod:fn', importable on every node")
     up.add_argument("--state-root", required=True,
                     help="storage URL; worker i keeps its state at STATE_ROOT/worker-i")
     up.add_argument("--app-dir", help="directory on every node to put on sys.path for the trainer")
-    up.add_argument("--grace-period", type=float, default=20.0)
+    up.add_argument("--grace-period", default=20.0, metavar="SECONDS",
+                    type=argument_number(float, 0, strict=True, what="a finite number of seconds"),
+                    help="how long a stopped worker has to store its checkpoint (default 20)")
     up.add_argument("--join-secret-file", type=Path,
                     help="file whose first line is the join secret the workers join with (read as "
                          "vcasync worker reads it; instead of VCASYNC_JOIN_SECRET)")
@@ -68,13 +74,14 @@ def _configure(p: argparse.ArgumentParser) -> None:
                     help="Ray resource that spot nodes carry ('' places workers anywhere)")
     up.add_argument("--spot-label", action="append", default=[], metavar="KEY=VALUE",
                     help="node label a worker's node must carry, e.g. ray.io/market-type=spot (repeatable)")
-    up.add_argument("--cpus", type=float, default=1.0, help="CPUs per worker actor")
-    up.add_argument("--gpus", type=float, default=0.0, help="GPUs per worker actor")
+    up.add_argument("--cpus", type=argument_number(float, 0), default=1.0, help="CPUs per worker actor")
+    up.add_argument("--gpus", type=argument_number(float, 0), default=0.0, help="GPUs per worker actor")
     up.add_argument("--wait", action="store_true", help="stay until every worker is done")
     up.add_argument("--wait-timeout", type=float, default=None, metavar="SECONDS",
                     help="with --wait: give up after this long (exit status 5); default: no limit")
     scale = sub.add_parser("scale", help="change the number of workers while the run goes")
-    scale.add_argument("count", type=int)
+    scale.add_argument("count", type=argument_number(int, 0), metavar="COUNT",
+                       help="workers to run: more start, the highest beyond it stop (0: every one)")
     sub.add_parser("status", help="print each worker's status as JSON lines")
     sub.add_parser("down", help="stop every worker gracefully and remove the actors (pending ones too)")
 
@@ -158,14 +165,12 @@ def _run(a: argparse.Namespace) -> int:
         if spec is not None:
             fleet = RayFleet(spec, credentials=credentials)
             print(json.dumps({"running": fleet.scale(a.workers)}), flush=True)
-            problem = fleet.placement_problem() if a.workers > 0 else None
+            problem = fleet.placement_problem()
             if problem:
                 print(f"vcasync ray up: warning: Ray cannot place the workers: {problem}; they stay "
                       "pending until such a node joins ('vcasync ray down' removes them)",
                       file=sys.stderr, flush=True)
             if not a.wait:
-                if a.workers <= 0:
-                    return ExitCode.OK
                 # A trainer that does not import on the nodes kills each actor in its constructor:
                 # said here, not left to a 'status' run later.
                 started = fleet.wait_started(timeout_s=STARTUP_WAIT_S)

@@ -107,8 +107,8 @@ class RayWorkerSpec:
         _check_state_outlives_actors(self.state_root)
         if not (self.grace_period_s > 0 and math.isfinite(self.grace_period_s)):  # NaN fails `<= 0` too
             raise ConfigError(f"grace_period_s must be a finite number > 0, got {self.grace_period_s!r}")
-        if not (self.num_cpus >= 0 and self.num_gpus >= 0):
-            raise ConfigError(f"num_cpus and num_gpus must be >= 0, got {self.num_cpus!r} and "
+        if not all(n >= 0 and math.isfinite(n) for n in (self.num_cpus, self.num_gpus)):   # NaN, inf
+            raise ConfigError(f"num_cpus and num_gpus must be >= 0 and finite, got {self.num_cpus!r} and "
                               f"{self.num_gpus!r}")
 
     def state_url(self, index: int) -> str:
@@ -304,8 +304,8 @@ class RayFleet:
         """Run ``count`` workers: start the missing indices, stop (gracefully) and remove the highest
         ones beyond ``count``. Returns the indices now running. Refuses (:class:`ConfigError`) when
         the namespace already runs workers with another spec: mixing two would be silent damage."""
-        if count < 0:
-            raise ConfigError("the worker count must be >= 0")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ConfigError(f"the worker count must be a whole number >= 0, got {count!r}")
         ray, ns = self._ray, self.spec.namespace
         actors = _actors(ray, ns)
         if actors:
