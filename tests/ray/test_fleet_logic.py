@@ -241,6 +241,24 @@ def test_the_spec_and_scale_refuse_counts_and_resources_that_are_not_finite() ->
             fleet.scale(count)  # type: ignore[arg-type]
 
 
+def test_status_prints_the_newest_log_line_as_the_docs_say() -> None:
+    """docs/engines.md said `vcasync ray status` gave each worker's last 200 log lines; it prints
+    `last_log`, the newest one (the 200 are in RayFleet.status()). The docs now name its fields."""
+    from pathlib import Path
+
+    from vcasync.commands.ray import _summary
+    from vcasync.launch.ray import _LOG_LINES
+
+    st = {"index": 3, "state": "running", "node_id": "n", "restarted": True, "error": None, "pid": 7,
+          "log": [f"line {i}" for i in range(_LOG_LINES)], "spec": {}, "report": None}
+    summary = _summary(st)
+    assert summary["last_log"] == f"line {_LOG_LINES - 1}"
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "engines.md").read_text()
+    (said,) = [p for p in docs.split("\n\n") if p.startswith("`vcasync ray status` prints")]
+    assert all(f"`{key}`" in said for key in summary), said
+    assert f"last {_LOG_LINES} log lines (`log`)" in " ".join(said.split())
+
+
 def test_up_waits_for_its_actors_to_be_constructed_but_not_for_unplaceable_ones() -> None:
     """`up` exited 0 with a fleet whose trainer did not import: it now waits for the constructors."""
     from vcasync.launch.ray import _GONE, _STARTING
