@@ -470,6 +470,35 @@ async def test_a_trainers_configuration_error_hands_the_unit_back_before_the_wor
         assert (report.reason, report.results_accepted) == ("finished", 1)
 
 
+async def test_a_configuration_error_does_not_wait_long_on_a_coordinator_that_does_not_answer(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hand-back of a ConfigError'd unit is best effort: the coordinator unreachable for the
+    release, the worker still stops (within CONFIG_ERROR_RELEASE_S, not give_up_after_s) with the
+    ConfigError, and keeps the lease in its state for a restart to resume."""
+    import time
+
+    import aiohttp
+
+    from vcasync.worker import _client, _worker
+
+    def needs_a_package(ctx: TrainContext) -> TrainResult:
+        raise ConfigError("the digits data set needs scikit-learn")
+
+    async def unreachable(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise aiohttp.ClientConnectionError("connection refused")
+
+    monkeypatch.setattr(_client.CoordinatorClient, "release", unreachable)
+    monkeypatch.setattr(_worker, "CONFIG_ERROR_RELEASE_S", 0.5)
+    async with running(tmp_path, units=make_units(1, steps=2)) as (coord, server):
+        t0 = time.monotonic()
+        with pytest.raises(ConfigError, match="needs scikit-learn"):
+            await asyncio.wait_for(worker(server.url, tmp_path / "w", needs_a_package).run(), 60)
+        assert time.monotonic() - t0 < 10
+        assert coord.status()["leases"]["released"] == 0
+        assert (tmp_path / "w" / "lease.json").exists()          # kept: a restart resumes it
+        assert "could not hand lease" in caplog.text
+
+
 async def test_max_units_counts_the_units_taken_not_only_those_delivered(tmp_path: Path) -> None:
     """``--max-units 1`` with a failing trainer took 3 units (it counted only delivered ones, and
     stopped at the third failure): each lease taken counts, and having delivered none of them is an
