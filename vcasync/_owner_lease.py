@@ -16,13 +16,15 @@ owner records under ``prefix``, each created if-absent, the highest one current:
 - the owner renews its record every ``ttl_s / 3`` (``beat`` + 1, a new ``renewed_at``), checking
   before and after the write that its epoch is still the current one;
 - a newcomer takes over by creating ``<epoch + 1>`` if-absent, at once when the current record is
-  ``released`` (a clean exit); or its ``renewed_at`` is over ``2 * ttl_s`` old by the newcomer's wall
-  clock (so a replacement booted long after the death need not wait; this trusts the two clocks to
-  agree within ``ttl_s``); or its holder is provably dead: it ran on this very machine (same host
-  name, boot id and pid namespace, so the pid means the same process) and its pid no longer runs
-  (or is a zombie), or it is this process and the lease object that held it let it go without a
-  release (:meth:`OwnerLease.abandon`, what a crash leaves in a test). A pid that runs is never
-  taken for dead: it may be reused, and then the newcomer waits as below;
+  ``released`` (a clean exit); or its holder is provably dead: it ran on this very machine (same
+  host name, boot id and pid namespace, so the pid means the same process) and its pid no longer
+  runs (or is a zombie), or it is this process and the lease object that held it let it go without
+  a release (:meth:`OwnerLease.abandon`, what a crash leaves in a test). A pid that runs is never
+  taken for dead, whatever the clocks say: it may be reused, and then the newcomer waits as below.
+  A record of another machine is also taken at once when its ``renewed_at`` is over
+  :data:`LONG_DEAD_S` (a day; ``2 * ttl_s`` if longer) old by the newcomer's wall clock (so a
+  replacement booted long after the death need not wait; this trusts the two clocks to agree within
+  a day, never within a TTL: a clock minutes or hours fast must not take a live holder's lease);
 - otherwise the newcomer watches the record for ``ttl_s`` by its own monotonic clock (which needs
   no agreement between clocks): unchanged for that long, the owner stopped renewing and is taken
   over; changed, the owner is alive and the newcomer is refused with the error the user chose
@@ -63,6 +65,11 @@ _DIGITS = 12
 #: TTL lets a live owner miss renewals and be taken over, and renews hundreds of times a second when
 #: very short (0.001 s: ~650 a second, 71 % of a core). Read at validation time (tests lower it).
 MIN_TTL_S = 3.0
+#: How old (by the newcomer's wall clock) another machine's record must be to be taken at once,
+#: without watching it for a TTL: a day, so that two clocks that disagree by minutes or hours (a
+#: fast clock, a time zone set wrong) never make a live holder look dead. Younger records are
+#: watched on the newcomer's monotonic clock, which trusts no agreement between clocks.
+LONG_DEAD_S = 24 * 3600.0
 #: Holder tokens of the leases this process holds now (see the module docstring: a record naming
 #: this process whose holder is not here was let go without a release).
 _HELD: set[str] = set()
@@ -247,14 +254,17 @@ class OwnerLease:
             return "unreadable"
         if rec.released:
             return "released"
-        if self._clock() - rec.renewed_at > 2 * rec.ttl_s:
-            return f"not renewed since {_when(rec.renewed_at)}"
         if self._node is not None and rec.node == self._node:
+            # this very machine: the pid decides, never the clock (a record's stamp may be far off
+            # by ours, the holder's clock set back or ours ahead, while its process renews it)
             if rec.pid == os.getpid():
                 if rec.holder not in _HELD:
                     return "let go by this process without a release"
             elif _pid_gone(rec.pid):
                 return "its process no longer runs"
+            return None
+        if self._clock() - rec.renewed_at > max(2 * rec.ttl_s, LONG_DEAD_S):
+            return f"not renewed since {_when(rec.renewed_at)}"
         return None
 
     async def acquire(self, *, poll_s: float | None = None, prune: bool = True) -> None:

@@ -313,19 +313,92 @@ async def test_a_live_owner_is_refused_as_soon_as_it_renews() -> None:
     await live.check()                                      # nothing changed for the owner
 
 
-async def test_released_or_long_stale_records_are_taken_at_once() -> None:
+ELSEWHERE = "vm-b/another-boot/pid:[4026531836]"      # another machine's this_node()
+
+
+async def plant_elsewhere(store: MemoryStorage, renewed_at: float, beat: int = 1) -> None:
+    """Epoch 1 held by a worker on another machine, last renewed at ``renewed_at`` by its clock."""
+    rec = _owner_lease.OwnerRecord("h-b", "vm-b", 27730, 10.0, beat, renewed_at, False,
+                                   renewed_at - 60, ELSEWHERE)
+    await store.put("owner/000000000001.json", rec.to_bytes())
+
+
+async def test_released_or_long_stale_records_are_taken_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     store = MemoryStorage("s")
     c = Clocks()
     one = state_lease(store.peer(), 10, clock=c.time, monotonic=c.monotonic)
     await one.acquire()
     await one.release()
-    two = state_lease(store.peer(), 10, clock=c.time, monotonic=c.monotonic)
+    with monkeypatch.context() as m:                        # a worker on another machine
+        m.setattr(_owner_lease, "this_node", lambda: ELSEWHERE)
+        two = state_lease(store.peer(), 10, clock=c.time, monotonic=c.monotonic)
     await asyncio.wait_for(two.acquire(poll_s=0.001), 1)    # a clean exit: no wait
-    c.wall += 25                                            # over 2 TTLs since its last beat
+    c.wall += 25                                            # over 2 TTLs since its last beat: that
+    three = state_lease(store.peer(), 10, clock=c.time, monotonic=c.monotonic)   # may be a clock
+    with pytest.raises(TimeoutError):                       # ahead, so it is watched, not taken
+        await asyncio.wait_for(three.acquire(poll_s=0.001), 0.2)
+    c.wall += _owner_lease.LONG_DEAD_S                      # over a day: dead, whatever the clocks
     three = state_lease(store.peer(), 10, clock=c.time, monotonic=c.monotonic)
     await asyncio.wait_for(three.acquire(poll_s=0.001), 1)
     assert three.held
     assert await keys(store, "owner/") == ["owner/000000000002.json", "owner/000000000003.json"]
+
+
+@pytest.mark.parametrize("ahead_s", [100.0, 5 * 3600.0])
+async def test_a_newcomer_whose_clock_runs_ahead_is_refused_by_a_live_holder_elsewhere(
+        ahead_s: float) -> None:
+    # a worker on a machine whose clock ran 100 s ahead read a live worker's fresh record as "not
+    # renewed since" and took its state over at once; the live one then stopped, exit 2
+    store = MemoryStorage("s")
+    c = Clocks()
+    await plant_elsewhere(store, c.wall)
+    newcomer = state_lease(store.peer(), 10, clock=lambda: c.wall + ahead_s, monotonic=c.monotonic)
+    waiting = asyncio.create_task(newcomer.acquire(poll_s=0.001))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()                               # watched, not presumed dead
+    c.wall += 3
+    c.mono += 3
+    await plant_elsewhere(store, c.wall, beat=2)            # the holder renews
+    with pytest.raises(StateInUseError, match=r"in use by a live worker \(host vm-b, pid 27730"):
+        await asyncio.wait_for(waiting, 5)
+    assert not newcomer.held
+    assert await keys(store, "owner/") == ["owner/000000000001.json"]
+
+
+async def test_a_dead_holder_elsewhere_is_taken_over_after_one_ttl_of_watching_whatever_the_clocks(
+        ) -> None:
+    store = MemoryStorage("s")
+    c = Clocks()
+    await plant_elsewhere(store, c.wall)
+    newcomer = state_lease(store.peer(), 10, clock=lambda: c.wall + 100, monotonic=c.monotonic)
+    waiting = asyncio.create_task(newcomer.acquire(poll_s=0.001))
+    await asyncio.sleep(0.05)
+    c.mono += 9.5
+    await asyncio.sleep(0.05)
+    assert not waiting.done()                               # less than a TTL of silence
+    c.mono += 1                                             # a whole TTL on the newcomer's clock
+    await asyncio.wait_for(waiting, 5)
+    assert newcomer.held
+    assert newcomer.took_over
+
+
+async def test_a_live_holder_on_this_machine_keeps_its_state_whatever_the_clocks_say() -> None:
+    # the probe's case: both workers on one host, the newcomer's clock 100 s ahead (or a day)
+    store = MemoryStorage("s")
+    c = Clocks()
+    live = state_lease(store.peer(), 10, clock=c.time, monotonic=c.monotonic)
+    await live.acquire()
+    for ahead_s in (100.0, 2 * _owner_lease.LONG_DEAD_S):
+        newcomer = state_lease(store.peer(), 10, clock=lambda a=ahead_s: c.wall + a,
+                               monotonic=c.monotonic)
+        waiting = asyncio.create_task(newcomer.acquire(poll_s=0.001))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        await live.renew()
+        with pytest.raises(StateInUseError, match="in use by a live worker"):
+            await asyncio.wait_for(waiting, 5)
+    await live.check()                                      # still the owner
+    assert live.held
 
 
 async def test_an_async_trainers_checkpoints_reach_storage_before_the_worker_returns(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """The owner lease's takeover rules that need no waiting: a holder is taken over at once only when it
-is provably dead (released; long stale by the wall clock; on this very machine with its pid gone or
-a zombie; in this process and let go). Anything else is watched for a TTL. (The TTL rules in virtual
-time: tests/server/test_remote_state.py; coordinators: tests/coordinator/test_owner.py.)"""
+is provably dead (released; on this very machine with its pid gone or a zombie; in this process and
+let go; on another machine and over a day stale by the wall clock). Anything else is watched for a
+TTL. (The TTL rules in virtual time: tests/server/test_remote_state.py; coordinators:
+tests/coordinator/test_owner.py.)"""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import time
 import pytest
 from vcasync.backends.memory import MemoryStorage
 
-from vcasync._owner_lease import OwnerLease, OwnerRecord, this_node
+from vcasync._owner_lease import LONG_DEAD_S, OwnerLease, OwnerRecord, this_node
 from vcasync.errors import PrefixTakenError, StorageUnavailableError
 
 pytestmark = pytest.mark.skipif(this_node() is None, reason="needs /proc (Linux) to tell a pid's fate")
@@ -31,8 +32,10 @@ def lease(store: MemoryStorage, **kw: object) -> OwnerLease:
                       role="coordinator", **kw)  # type: ignore[arg-type]
 
 
-async def plant(store: MemoryStorage, *, pid: int, node: str | None, holder: str = "h0") -> None:
-    now = time.time()
+async def plant(store: MemoryStorage, *, pid: int, node: str | None, holder: str = "h0",
+                age_s: float = 0.0) -> None:
+    """A record of ``pid`` on ``node``, renewed ``age_s`` ago by our clock (its clock may be behind)."""
+    now = time.time() - age_s
     rec = OwnerRecord(holder, "elsewhere", pid, 30.0, 3, now, False, now - 5, node)
     await store.put("p/owner/000000000001.json", rec.to_bytes())
 
@@ -47,11 +50,11 @@ async def _taken_at_once(store: MemoryStorage) -> bool:
     return True
 
 
-def holder_taken_at_once(pid: int, node: str | None) -> bool:
+def holder_taken_at_once(pid: int, node: str | None, age_s: float = 0.0) -> bool:
     """A newcomer facing a live-looking record of ``pid`` on ``node``: did it take over at once?"""
     async def go() -> bool:
         store = MemoryStorage("s")
-        await plant(store, pid=pid, node=node)
+        await plant(store, pid=pid, node=node, age_s=age_s)
         return await _taken_at_once(store)
     return asyncio.run(go())
 
@@ -85,6 +88,26 @@ def test_a_running_pid_or_another_machine_is_watched_not_presumed_dead() -> None
         alive.wait()
     assert not holder_taken_at_once(alive.pid, "another-host/another-boot/pid:[1]")   # means nothing here
     assert not holder_taken_at_once(alive.pid, None)   # a holder that could not say where it ran
+
+
+def test_a_running_holder_on_this_machine_is_never_presumed_dead_by_the_clocks() -> None:
+    # a newcomer whose clock ran 100 s ahead took a live worker's state on the same host at once
+    # ("not renewed since ..."), and the live one stopped with exit 2
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for age_s in (100.0, 3600.0, 2 * LONG_DEAD_S):
+            assert not holder_taken_at_once(alive.pid, this_node(), age_s=age_s)
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def test_another_machines_record_is_taken_at_once_only_when_over_a_day_stale() -> None:
+    elsewhere = "another-host/another-boot/pid:[1]"
+    for age_s in (100.0, 5 * 3600.0):              # a clock minutes or hours off: watched
+        assert not holder_taken_at_once(4242, elsewhere, age_s=age_s)
+    assert holder_taken_at_once(4242, elsewhere, age_s=LONG_DEAD_S + 61)
+    assert holder_taken_at_once(4242, None, age_s=LONG_DEAD_S + 61)   # a holder off Linux too
 
 
 async def test_in_this_process_a_lease_let_go_is_free_and_a_held_one_is_not() -> None:
