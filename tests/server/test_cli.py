@@ -611,3 +611,64 @@ def test_a_coordinator_signalled_while_it_opens_its_storage_closes_it_without_se
     args = build_parser({"coordinator": coordinator.COMMAND}).parse_args(argv)
     assert coordinator.launch(args, hooks=_SignalWhileStarting()) == 130
     assert "stopped uncleanly" not in caplog.text         # the first start's owner lease was let go
+
+
+class _LookAtThePortFileWhileStarting(_SignalWhileStarting):
+    """Notes whether the port file exists when the coordinator opens its storage, then stops it."""
+
+    def __init__(self, port_file: Path) -> None:
+        self.port_file = port_file
+        self.seen: list[str | None] = []
+
+    def wrap_storage(self, storage: Any, state_prefix: str) -> Any:
+        self.seen.append(self.port_file.read_text() if self.port_file.exists() else None)
+        return storage
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_port_file_a_killed_coordinator_left_is_gone_before_the_restart_opens_its_storage(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # a SIGKILLed coordinator cannot remove its --port-file: the dead URL stayed until the restart
+    # was listening (~2 s later), and a script waiting for the file read the old URL
+    from vcasync.commands import coordinator
+
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    port_file = tmp_path / "url"
+    port_file.write_text(f"http://127.0.0.1:{_closed_port()}\n")     # nothing listens there
+    argv = ["coordinator", "--model", "vcasync.examples.digits:model", "--units", "2", "--port", "0",
+            "--storage", str(tmp_path / "store"), "--port-file", str(port_file), "--linger", "0"]
+    hooks = _LookAtThePortFileWhileStarting(port_file)
+    args = build_parser({"coordinator": coordinator.COMMAND}).parse_args(argv)
+    assert coordinator.launch(args, hooks=hooks) == 130
+    assert hooks.seen == [None]
+
+
+def test_a_port_file_where_a_coordinator_still_listens_is_left_to_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # a second start (to be refused: the run is in use) must not take the live one's file away
+    import socket
+
+    from vcasync.commands import coordinator
+
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    port_file = tmp_path / "url"
+    with socket.socket() as live:
+        live.bind(("127.0.0.1", 0))
+        live.listen()
+        url = f"http://127.0.0.1:{live.getsockname()[1]}\n"
+        port_file.write_text(url)
+        argv = ["coordinator", "--model", "vcasync.examples.digits:model", "--units", "2",
+                "--port", "0", "--storage", str(tmp_path / "store"), "--port-file", str(port_file),
+                "--linger", "0"]
+        hooks = _LookAtThePortFileWhileStarting(port_file)
+        args = build_parser({"coordinator": coordinator.COMMAND}).parse_args(argv)
+        assert coordinator.launch(args, hooks=hooks) == 130
+    assert hooks.seen == [url]
+    assert port_file.read_text() == url                 # it never listened: nothing of it to remove

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -99,8 +100,9 @@ def _configure(p: argparse.ArgumentParser) -> None:
                    help="write the final weights here (torch.save of a state dict) as soon as the run "
                         "finishes; not written when it is stopped before; its directory must exist")
     p.add_argument("--port-file", type=Path,
-                   help="write the bound URL here once listening (removed when it stops listening); "
-                        "its directory must exist")
+                   help="write the bound URL here once listening (removed when it stops listening, "
+                        "and at start-up when it names a URL where nothing listens, as a killed "
+                        "coordinator leaves it); its directory must exist")
     p.add_argument("--app-dir", type=Path, default=Path("."),
                    help="put this directory on sys.path to find the model factory and a "
                         "'module:Class' policy (default: .)")
@@ -268,6 +270,8 @@ def launch(a: argparse.Namespace, hooks: ServeHooks | None = None) -> int:
     from .._loop import run
     from ..runconfig import load_run_config
 
+    if a.port_file is not None:         # first: importing the server (torch) alone takes seconds
+        _clear_dead_port_file(a.port_file)
     cfg = load_run_config(a.config, _overrides(a))
     secret = read_join_secret(a.join_secret_file)
     tokens = _join_tokens(a.join_tokens_file)
@@ -373,6 +377,7 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     if port_file is not None:
         check_output_file(port_file, "--port-file",
                           purpose=f"the coordinator's URL is written to {port_file} once it listens")
+        _clear_dead_port_file(port_file)     # before the model is built and the storage opened
 
     from ..coordinator import Coordinator, CoordinatorConfig, first_non_finite
     from ..coordinator._args import unmergeable
@@ -510,6 +515,51 @@ async def _serve_until_done(cfg: RunConfig, coord: Coordinator, authority: Any, 
             # read this URL (unless another start wrote its own meanwhile)
             if port_file is not None:
                 _remove_port_file(port_file, server.url)
+
+
+def _clear_dead_port_file(port_file: Path) -> None:
+    """Remove ``port_file`` when it holds the URL of a coordinator that no longer listens.
+
+    A coordinator removes its file when it stops listening, but one SIGKILLed (or whose machine
+    lost power) cannot: its dead URL stayed until the next start was listening, seconds later, and
+    a script waiting for the file after the restart read it. A start calls this first, so the file
+    is absent until the new URL replaces it. Only a regular file is removed (anything else is left
+    for the --port-file check to refuse), and only when nothing accepts a connection at its URL: a
+    live coordinator's file is not taken from it by a second start that will be refused."""
+    try:
+        if not port_file.is_file():
+            return
+        url = port_file.read_text(errors="replace").strip()
+    except OSError:
+        return
+    if _answers(url):
+        log.info("--port-file %s holds %s, where something still listens: left until this "
+                 "coordinator listens", port_file, url)
+        return
+    with contextlib.suppress(OSError):
+        port_file.unlink()
+        log.info("removed --port-file %s: it held %s, where no coordinator listens any more",
+                 port_file, url or "nothing")
+
+
+def _answers(url: str, timeout_s: float = 1.0) -> bool:
+    """True when a TCP connection to ``url``'s host and port is accepted within ``timeout_s``."""
+    import socket
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return False
+    if not host or parts.scheme not in ("http", "https"):
+        return False
+    try:
+        with socket.create_connection((host, port or (443 if parts.scheme == "https" else 80)),
+                                      timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def _remove_port_file(port_file: Path, url: str) -> None:
