@@ -94,6 +94,23 @@ def test_a_model_whose_dtype_no_merge_can_add_names_its_factory_and_tensor(
     assert err.count("\n") == 1
 
 
+@pytest.mark.timeout(60)
+def test_a_complex_model_names_its_factory_and_tensor(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a complex buffer was accepted, and merged by the docs' policy templates as a counter (the
+    # coordinator started and served it, waiting for workers: hence the timeout)
+    err = _refused_factory(monkeypatch, tmp_path, capsys, "vca_complex_factory", (
+        "import torch\n"
+        "def model():\n"
+        "    m = torch.nn.Linear(2, 2)\n"
+        "    m.register_buffer('phase', torch.zeros(2, dtype=torch.complex64))\n"
+        "    return m\n"))
+    assert ("model factory 'vca_complex_factory:model' built a model whose tensor 'phase' has "
+            "dtype torch.complex64: ") in err
+    assert "torch.view_as_real(z)" in err
+    assert err.count("\n") == 1
+
+
 def test_a_model_factory_that_raises_is_a_configuration_error(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # found by a new-user probe: the trainer given as the factory (it needs an argument) ended in

@@ -40,7 +40,9 @@ def _unsigned(dtype: torch.dtype) -> bool:
 
 def unmergeable(tensors: Mapping[str, torch.Tensor]) -> str | None:
     """Why the first tensor no merge can handle cannot be, or None: a sparse or meta tensor (no
-    dense values to copy), an unsigned integer (uint8 to uint64: a counter whose increments could
+    dense values to copy), a complex one (the merge rules know real values, counters and bools:
+    the policies users write from the docs' examples would add complex weights as counters), an
+    unsigned integer (uint8 to uint64: a counter whose increments could
     not go below zero, so a decrease would wrap to a huge increase and the negative-increment
     check could not see it), or a dtype torch has no CPU arithmetic for (the float8 family: the
     wire carries them, but a merge could not subtract, add or mix them, so the first result would
@@ -51,6 +53,12 @@ def unmergeable(tensors: Mapping[str, torch.Tensor]) -> str | None:
             return f"tensor {name!r} is {t.layout} (not dense): pass dense tensors (.to_dense())"
         if t.device.type == "meta":
             return f"tensor {name!r} is on the meta device: it holds no values to train from"
+        if t.is_complex():
+            return (f"tensor {name!r} has dtype {t.dtype}: a merge treats every tensor as a real "
+                    "value to average, an integer counter or a bool mask, and complex is none of "
+                    "these (a policy written for them would add its values up as a counter's): "
+                    "keep it as its real and imaginary parts, torch.view_as_real(z) (a float "
+                    "tensor with a last dimension of 2), in the model's state dict")
         if _unsigned(t.dtype):
             return (f"tensor {name!r} has dtype {t.dtype}: integer tensors are counters, merged by "
                     "adding each worker's increment, and an unsigned one cannot hold an increment "
