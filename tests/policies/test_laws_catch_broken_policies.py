@@ -372,3 +372,80 @@ def test_check_policy_validates_like_the_registry(attrs: dict[str, Any], message
 def test_kit_misuse_is_a_config_error(call: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         call()
+
+
+# Found by a probe: a buffering policy whose buffer is torch.zeros_like(model tensor) (it keeps a
+# non-contiguous tensor's strides) failed state_roundtrip with "the final states differ", naming
+# nothing, though it is fine in a run. The restored buffer is contiguous, and torch's bf16 add gives
+# a NaN another payload depending on the layout (0x7fc0 vs 0xffff): equal values, other bits. NaN
+# results are in the streams because a coordinator with require_finite = false passes them on.
+
+class ZerosLikeBuffer:
+    """Buffers every result in ``torch.zeros_like`` buffers and applies nothing (no flush)."""
+
+    name: ClassVar[str] = "zeros_like_buffer"
+    needs_base: ClassVar[bool] = False
+    claims: ClassVar[frozenset[str]] = frozenset()
+
+    def init_state(self, model: ModelState) -> PolicyState:
+        return {"buf": {n: torch.zeros_like(t) for n, t in model.items()}}
+
+    def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState | None:
+        for n, b in state["buf"].items():
+            x = update.tensors[n]
+            if b.dtype == torch.bool:
+                b.copy_(x)
+            else:
+                b.add_(x)
+        return None
+
+
+class InstanceScaledBuffer(ZerosLikeBuffer):
+    """Wrong: scales what it buffers by a count kept on the instance, which a restore resets."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState | None:
+        self.n += 1
+        for n, b in state["buf"].items():
+            if b.is_floating_point():
+                b.add_(update.tensors[n], alpha=self.n)
+        return None
+
+
+def _transposed_bf16_model() -> ModelState:
+    return ModelState({"layer0.weight": torch.zeros(2, 4, 4, dtype=torch.bfloat16).transpose(-1, -2)})
+
+
+def _nan_stream() -> Any:
+    from vcasync.testing.strategies import StreamItem, UpdateStream
+    x = torch.zeros(2, 4, 4, dtype=torch.bfloat16)
+    x[0, 0, 1], x[1, 2, 3], x[1, 1, 1] = float("nan"), float("inf"), 1.5
+    return UpdateStream(_transposed_bf16_model(),
+                        (StreamItem({"layer0.weight": x}), StreamItem({"layer0.weight": -x})))
+
+
+def test_a_state_that_differs_after_a_restore_is_named_with_how() -> None:
+    from vcasync.testing import laws
+    with pytest.raises(LawViolation) as info:
+        laws.state_roundtrip(InstanceScaledBuffer, _nan_stream(), 1)
+    said = str(info.value)
+    assert info.value.law == "state_roundtrip"
+    assert "restored after 1 results vs the original: the final states differ (" in said
+    assert ("tensor state['buf']['layer0.weight'] (torch.bfloat16, shape (2, 4, 4)): 1 of 32 "
+            "element(s) differ, first at index (1, 1, 1): -1.5 (0xbfc0) vs 0.0 (0x0000); "
+            "largest absolute difference 1.5") in said
+
+
+def test_models_that_differ_name_the_tensor_and_how() -> None:
+    from vcasync.testing import laws
+    from vcasync.testing.strategies import StreamItem, UpdateStream
+    w = torch.tensor([1.0, 2.0, 3.0])
+    stream = UpdateStream(ModelState({"w": w}), tuple(StreamItem({"w": torch.ones(3)})
+                                                      for _ in range(3)))
+    with pytest.raises(LawViolation) as info:
+        laws.state_roundtrip(HiddenCounter, stream, 1)
+    assert re.search(r"step 1 models differ \(tensor 'w' \(torch.float32, shape \(3,\)\): 3 of 3 "
+                     r"element\(s\) differ, first at index \(0,\): .*; largest absolute difference ",
+                     str(info.value)), str(info.value)

@@ -23,6 +23,7 @@ failure) that names the law, the policy, the step and the tensor.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -44,6 +45,7 @@ __all__ = [
     "compare_runs",
     "pack_state",
     "roundtrip_state",
+    "values_equal",
 ]
 
 #: Anything that builds a fresh policy: a class, ``functools.partial(build_policy, name, params)``,
@@ -75,19 +77,167 @@ def roundtrip_state(state: PolicyState) -> PolicyState:
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same dtype, shape and bytes (NaN payloads and signed zeros included)."""
+    """Same dtype, shape and bytes (NaN payloads and signed zeros included; strides are not)."""
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
     return bytes(tensor_bytes(a)) == bytes(tensor_bytes(b))
 
 
-def _first_difference(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> str | None:
+def values_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and values, element by element: a NaN equals a NaN whatever its bits
+    (torch's kernels give a NaN another payload, or sign, depending on the memory layout they
+    run over), and strides are not compared."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return not bool(_value_differences(a, b).any())
+
+
+def _flat_values(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s elements in logical order, one row per element (complex: real and imaginary),
+    floats as float64 (a dtype with no CPU comparison, the float8 family, compares too)."""
+    t = t.detach().cpu().resolve_conj().resolve_neg().reshape(-1)
+    if t.is_complex():
+        t = torch.view_as_real(t)               # (n, 2)
+    else:
+        t = (t.to(torch.uint8) if t.dtype == torch.bool else t).reshape(-1, 1)
+    return t.double() if t.is_floating_point() else t
+
+
+def _value_differences(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A bool per element (logical order): where the values differ, NaN equal to NaN."""
+    x, y = _flat_values(a), _flat_values(b)
+    differ = x != y
+    if x.is_floating_point():
+        differ &= ~(x.isnan() & y.isnan())
+    return differ.any(1)
+
+
+def _bit_differences(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A bool per element (logical order): where the bytes differ."""
+    if a.numel() == 0:
+        return torch.zeros(0, dtype=torch.bool)
+    x = torch.frombuffer(bytearray(tensor_bytes(a)), dtype=torch.uint8)
+    y = torch.frombuffer(bytearray(tensor_bytes(b)), dtype=torch.uint8)
+    return (x != y).reshape(a.numel(), a.dtype.itemsize).any(1)
+
+
+def _at(shape: torch.Size, flat: int) -> tuple[int, ...]:
+    """The index in a tensor of ``shape`` of its ``flat``-th element in logical order."""
+    index: list[int] = []
+    for side in reversed(shape):
+        flat, i = divmod(flat, side)
+        index.append(i)
+    return tuple(reversed(index))
+
+
+def _element(t: torch.Tensor, flat: int) -> str:
+    """The ``flat``-th element of ``t`` (logical order): its value, and for a float its bits."""
+    value = t.detach().cpu().resolve_conj().resolve_neg().reshape(-1)[flat]
+    if not (t.is_floating_point() or t.is_complex()):
+        return repr(value.item())
+    return f"{value.item()!r} (0x{bytes(tensor_bytes(value))[::-1].hex()})"   # little-endian
+
+
+def _tensor_difference(name: str, a: torch.Tensor, b: torch.Tensor, *,
+                      exact: bool = True) -> str | None:
+    """How ``b`` differs from ``a`` (``name`` says which tensor), or None when they are equal:
+    bit for bit when ``exact`` (:func:`bits_equal`), else value for value (:func:`values_equal`).
+    The description names the tensor, its dtype and shape, and how it differs: the dtype or the
+    shape, a NaN where the other has a number, how many elements differ and by how much (the
+    largest absolute difference), or for bits alone which bits (a NaN's payload, a zero's sign)."""
+    if a.dtype != b.dtype:
+        return f"tensor {name!r}: dtype {a.dtype} vs {b.dtype}"
+    if a.shape != b.shape:
+        return f"tensor {name!r}: {a.dtype} of shape {tuple(a.shape)} vs {tuple(b.shape)}"
+    what = f"tensor {name!r} ({a.dtype}, shape {tuple(a.shape)})"
+    values = _value_differences(a, b)
+    if not bool(values.any()):
+        if not exact:
+            return None
+        bits = _bit_differences(a, b)
+        if not bool(bits.any()):
+            return None
+        i = int(bits.nonzero()[0])
+        return (f"{what}: equal values, other bits at {bits.sum().item()} element(s), first at "
+                f"index {_at(a.shape, i)}: {_element(a, i)} vs {_element(b, i)} (a NaN's "
+                "payload or a zero's sign)")
+    i = int(values.nonzero()[0])
+    said = (f"{what}: {int(values.sum())} of {a.numel()} element(s) differ, first at index "
+            f"{_at(a.shape, i)}: {_element(a, i)} vs {_element(b, i)}")
+    if a.is_floating_point() or a.is_complex():
+        x, y = _flat_values(a), _flat_values(b)
+        nan_x, nan_y = x.isnan().any(1), y.isnan().any(1)
+        one_nan = nan_x ^ nan_y
+        if bool(one_nan.any()):
+            said += f"; NaN in one only at {int(one_nan.sum())} element(s)"
+        both = ~(nan_x | nan_y) & values
+        if bool(both.any()):
+            gap = (x[both] - y[both]).abs().max().item()
+            said += f"; largest absolute difference {gap:.6g}"
+    elif a.dtype != torch.bool:
+        gap = (_flat_values(a) - _flat_values(b)).abs().max().item()
+        said += f"; largest absolute difference {gap}"
+    return said
+
+
+def _first_difference(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], *,
+                      exact: bool = True) -> str | None:
     if list(a) != list(b):
         return f"names differ: {list(a)} vs {list(b)}"
     for name, t in a.items():
-        if not bits_equal(t, b[name]):
-            return f"tensor {name!r}: {t.flatten()[:6].tolist()} vs {b[name].flatten()[:6].tolist()}"
+        diff = _tensor_difference(name, t, b[name], exact=exact)
+        if diff is not None:
+            return diff
     return None
+
+
+def _state_difference(a: PolicyState, b: PolicyState, *, exact: bool = True) -> str | None:
+    """Where two policy states differ as stored (each through :func:`vcasync.wire.pack_tree` and
+    back: tensors contiguous), or None: the first differing key as a path (``state['buf']['w']``)
+    and, for a tensor, how it differs (``exact`` as for :func:`_tensor_difference`). A float in the
+    state compares as a tensor's element does (NaN equals NaN unless ``exact``)."""
+    packed_a, packed_b = pack_state(a), pack_state(b)
+    if exact and packed_a == packed_b:
+        return None
+    found = _tree_difference("state", unpack_tree(packed_a), unpack_tree(packed_b), exact)
+    if found is None and exact:        # no element differs, but the bytes do: say so, unnamed
+        return "state: the stored bytes differ, though no key or value does"
+    return found
+
+
+def _tree_difference(path: str, x: object, y: object, exact: bool) -> str | None:
+    if type(x) is not type(y):
+        return f"{path}: a {type(x).__name__} vs a {type(y).__name__}"
+    if isinstance(x, torch.Tensor):
+        assert isinstance(y, torch.Tensor)
+        diff = _tensor_difference(path, x, y, exact=exact)
+        return None if diff is None else diff.replace(f"tensor {path!r}", f"tensor {path}", 1)
+    if isinstance(x, dict):
+        assert isinstance(y, dict)
+        if list(x) != list(y):
+            missing = [k for k in x if k not in y]
+            extra = [k for k in y if k not in x]
+            return (f"{path}: keys differ: {list(x)} vs {list(y)}" if not (missing or extra) else
+                    f"{path}: keys {missing} only in the first, {extra} only in the second")
+        for k in x:
+            found = _tree_difference(f"{path}[{k!r}]", x[k], y[k], exact)
+            if found is not None:
+                return found
+        return None
+    if isinstance(x, (list, tuple)):
+        assert isinstance(y, (list, tuple))
+        if len(x) != len(y):
+            return f"{path}: {len(x)} vs {len(y)} items"
+        for i, (p, q) in enumerate(zip(x, y, strict=True)):
+            found = _tree_difference(f"{path}[{i}]", p, q, exact)
+            if found is not None:
+                return found
+        return None
+    if isinstance(x, float) and isinstance(y, float):
+        same = (x == y or (x != x and y != y)) if not exact else \
+            struct.pack("<d", x) == struct.pack("<d", y)
+        return None if same else f"{path}: {x!r} vs {y!r}"
+    return None if x == y else f"{path}: {x!r} vs {y!r}"
 
 
 @dataclass(frozen=True, eq=False)
@@ -269,8 +419,13 @@ class PolicyRun:
                 raise LawViolation("inputs_unchanged", f"{label}: merge changed update.base.version")
 
 
-def compare_runs(a: PolicyRun, b: PolicyRun, law: str, what: str, *, skip_a: int = 0) -> None:
-    """Raise :class:`LawViolation` unless both runs took the same steps with the same bits.
+def compare_runs(a: PolicyRun, b: PolicyRun, law: str, what: str, *, skip_a: int = 0,
+                 exact: bool = True) -> None:
+    """Raise :class:`LawViolation` unless both runs took the same steps with the same models and
+    end with the same state: the same bits when ``exact``, else the same values (NaN equal to NaN
+    whatever its bits: :func:`values_equal`). The message names the step, the first model tensor
+    or state key that differs, its dtype and shape, and how it differs (a NaN where the other has
+    a number, how many elements differ and the largest absolute difference, or which bits).
 
     ``skip_a`` ignores ``a``'s first steps (``b`` was forked from ``a`` after them).
     """
@@ -281,8 +436,9 @@ def compare_runs(a: PolicyRun, b: PolicyRun, law: str, what: str, *, skip_a: int
         if (x.outcome, x.reason) != (y.outcome, y.reason):
             raise LawViolation(law, f"{what}: step {i + skip_a} was {x.outcome}/{x.reason} vs "
                                     f"{y.outcome}/{y.reason}")
-        diff = _first_difference(x.model, y.model)
+        diff = _first_difference(x.model, y.model, exact=exact)
         if diff is not None:
             raise LawViolation(law, f"{what}: step {i + skip_a} models differ ({diff})")
-    if pack_state(a.state) != pack_state(b.state):
-        raise LawViolation(law, f"{what}: the final states differ")
+    diff = _state_difference(a.state, b.state, exact=exact)
+    if diff is not None:
+        raise LawViolation(law, f"{what}: the final states differ ({diff})")
