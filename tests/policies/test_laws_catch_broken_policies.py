@@ -426,6 +426,17 @@ def _nan_stream() -> Any:
                         (StreamItem({"layer0.weight": x}), StreamItem({"layer0.weight": -x})))
 
 
+def test_a_zeros_like_buffer_of_a_non_contiguous_tensor_keeps_state_roundtrip() -> None:
+    from hypothesis import strategies as st
+
+    from vcasync.testing import laws
+    assert _transposed_bf16_model()["layer0.weight"].stride() == (16, 1, 4)
+    laws.state_roundtrip(ZerosLikeBuffer, _nan_stream(), 0)
+    laws.state_roundtrip(ZerosLikeBuffer, _nan_stream(), 1)
+    assert "state_roundtrip" in check_policy(ZerosLikeBuffer, settings=FIND,
+                                             models=st.just(_transposed_bf16_model()))
+
+
 def test_a_state_that_differs_after_a_restore_is_named_with_how() -> None:
     from vcasync.testing import laws
     with pytest.raises(LawViolation) as info:

@@ -15,7 +15,8 @@ Bound by every policy (:data:`vcasync.policy.REQUIRED_LAWS`):
   (``staleness``, ``samples``, ``steps``, ``metrics``, ...) are never changed.
 - ``deterministic``: two fresh policies fed the same stream produce the same bits.
 - ``state_roundtrip``: a state saved mid-stream through ``vcasync.wire`` and restored into a fresh
-  policy continues exactly as the original does.
+  policy continues exactly as the original does (value for value: a NaN equals a NaN whatever its
+  bits, which torch's kernels choose by memory layout).
 - ``finite``: finite results produce finite models.
 - ``counters``: integer tensors count, bools take the last value (:mod:`vcasync.policy`): every
   merge leaves each integer tensor at its value after the previous merge plus the increments of
@@ -100,7 +101,13 @@ def deterministic(factory: PolicyFactory, stream: UpdateStream) -> None:
 
 def state_roundtrip(factory: PolicyFactory, stream: UpdateStream, cut: int) -> None:
     """After ``cut`` results, a fresh policy with the state restored from the wire continues the
-    same way as the original does."""
+    same way as the original does: the same steps, models and final state, value for value.
+
+    Values, not bits: a restored tensor is contiguous where the original may not be, and torch's
+    kernels give a NaN another payload (or sign) depending on the memory layout, so a buffer that
+    kept an input's strides (``torch.zeros_like``) holds other NaN bits after the same additions.
+    NaN results are in the streams because a policy can receive them (a coordinator configured
+    with ``require_finite = false``); a NaN equals a NaN here, whatever its bits."""
     cut = max(0, min(cut, len(stream.items)))
     a = PolicyRun(factory(), stream.model.clone())
     a.feed_all(stream.items[:cut])
@@ -110,7 +117,7 @@ def state_roundtrip(factory: PolicyFactory, stream: UpdateStream, cut: int) -> N
     a.flush()
     b.flush()
     compare_runs(a, b, "state_roundtrip", f"restored after {cut} results vs the original",
-                 skip_a=cut)
+                 skip_a=cut, exact=False)
 
 
 def _require_finite(stream: UpdateStream, law: str) -> None:
