@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests._crash import crash
 from vcasync.coordinator import Coordinator, CoordinatorConfig, _merger
 from vcasync.coordinator._journal import Journal
 from vcasync.errors import WorkerBackoffError, WorkerQuarantinedError
@@ -26,14 +27,6 @@ def make(kit: Any, storage: Any, clock: Any, **cfg: Any) -> Coordinator:
                                   "snapshot_interval_s": 3600.0, "snapshot_every": 100, **cfg})
     return Coordinator(kit.tiny_model(), make_units(6, steps=4), policy=build_policy("vcasgd"),
                        storage=storage, config=config, clock=clock)
-
-
-async def crash(coord: Coordinator) -> None:
-    assert coord._runner is not None
-    coord._runner.cancel()
-    await asyncio.gather(coord._runner, return_exceptions=True)
-    coord._abandon_prefix()                 # no renewal, no release: as SIGKILL leaves it
-    coord._phase = "closed"
 
 
 async def send(kit: Any, coord: Coordinator, w: str, g: Any, kind: str, n: int) -> Any:

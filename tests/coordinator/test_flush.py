@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests._crash import crash
 from vcasync.coordinator import Coordinator, CoordinatorConfig, StartOptions
 from vcasync.errors import NoWorkAvailableError
 from vcasync.ledger._units import make_units
@@ -142,14 +143,6 @@ async def test_a_policy_without_flush_that_holds_results_says_so(kit, clock, cap
 
 
 # -- crash safety ----------------------------------------------------------------------------------
-
-async def crash(coord: Coordinator) -> None:
-    """Stop a coordinator the way SIGKILL would: no drain, no final snapshot."""
-    assert coord._runner is not None
-    coord._runner.cancel()
-    await asyncio.gather(coord._runner, return_exceptions=True)
-    coord._abandon_prefix()
-    coord._phase = "closed"
 
 
 async def uninterrupted(kit, clock) -> ModelState:

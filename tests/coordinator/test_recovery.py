@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests._crash import crash
 from vcasync.checkpoint import CheckpointStore
 from vcasync.coordinator import Coordinator, CoordinatorConfig
 from vcasync.errors import (
@@ -37,15 +38,6 @@ def make(kit, storage, clock, policy=None, *, units=6, steps=4, **cfg: Any) -> C
                                   "snapshot_interval_s": 3600.0, "max_staleness": 3, **cfg})
     return Coordinator(kit.tiny_model(), make_units(units, steps=steps),
                        policy=policy or kit.HalfWay(), storage=storage, config=config, clock=clock)
-
-
-async def crash(coord: Coordinator) -> None:
-    """Stop a coordinator the way SIGKILL would: no drain, no final snapshot."""
-    assert coord._runner is not None
-    coord._runner.cancel()
-    await asyncio.gather(coord._runner, return_exceptions=True)
-    coord._abandon_prefix()                 # no renewal, no release: as SIGKILL leaves it
-    coord._phase = "closed"
 
 
 async def submit(kit, coord, w, g, value=0.25, **kw):

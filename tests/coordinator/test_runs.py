@@ -4,13 +4,13 @@ before identities were kept, unsafe stores, and start-up retried through transie
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import pytest
 import torch
 
+from tests._crash import crash
 from vcasync.coordinator import Coordinator, CoordinatorConfig, StartOptions
 from vcasync.errors import ConfigError, TransientStorageError
 from vcasync.ledger._units import make_units
@@ -30,15 +30,6 @@ def make(kit, storage, clock, name: str = "vcasgd", params: dict[str, Any] | Non
     return Coordinator(kit.tiny_model(), make_units(units, steps=4), policy=build_policy(name, params),
                        storage=storage, config=CFG, clock=clock, policy_params=full, start=start,
                        **kw)
-
-
-async def crash(coord: Coordinator) -> None:
-    """Stop the way SIGKILL would: no final snapshot, so the journal holds what came after."""
-    assert coord._runner is not None
-    coord._runner.cancel()
-    await asyncio.gather(coord._runner, return_exceptions=True)
-    coord._abandon_prefix()                 # no renewal, no release: as SIGKILL leaves it
-    coord._phase = "closed"
 
 
 async def feed(kit, coord: Coordinator, n: int) -> None:

@@ -3,11 +3,11 @@ and those who joined after it (the server's token records keep who joined, and a
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import aiohttp
 
+from tests._crash import crash
 from vcasync.coordinator import Coordinator, CoordinatorConfig
 from vcasync.ledger._units import make_units
 from vcasync.policy import build_policy
@@ -25,15 +25,6 @@ def coordinator(storage) -> Coordinator:
                             restart_grace_s=0.0)
     return Coordinator(ModelState.from_module(tiny_model()), make_units(4, steps=3),
                        policy=build_policy("vcasgd"), storage=storage, config=cfg)
-
-
-async def crash(coord: Coordinator) -> None:
-    """As SIGKILL leaves it: no drain, no final snapshot, the run's prefix not released."""
-    assert coord._runner is not None
-    coord._runner.cancel()
-    await asyncio.gather(coord._runner, return_exceptions=True)
-    coord._abandon_prefix()
-    coord._phase = "closed"
 
 
 async def test_workers_who_joined_after_the_last_snapshot_are_listed_by_name_after_a_crash(
