@@ -689,3 +689,22 @@ def test_a_port_file_where_a_coordinator_still_listens_is_left_to_it(
         assert coordinator.launch(args, hooks=hooks) == 130
     assert hooks.seen == [url]
     assert port_file.read_text() == url                 # it never listened: nothing of it to remove
+
+
+def test_a_port_file_that_holds_no_url_is_never_removed_nor_logged(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # found by a probe: --port-file pointed at another file by mistake deleted it at start-up, even
+    # when the start was then refused, and logged what it held ("it held precious notes ...")
+    from vcasync.commands import coordinator
+
+    caplog.set_level("INFO")
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("precious notes\nline 2\n")
+    argv = ["coordinator", "--model", "no_such_module:fn", "--port", "0", "--epochs", "-3",
+            "--storage", str(tmp_path / "store"), "--port-file", str(notes)]
+    args = build_parser({"coordinator": coordinator.COMMAND}).parse_args(argv)
+    with pytest.raises(ConfigError, match="epochs"):       # refused (exit 2)
+        coordinator.launch(args)
+    assert notes.read_text() == "precious notes\nline 2\n"
+    assert "precious" not in caplog.text

@@ -31,6 +31,7 @@ import dataclasses
 import functools
 import logging
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -517,6 +518,12 @@ async def _serve_until_done(cfg: RunConfig, coord: Coordinator, authority: Any, 
                 _remove_port_file(port_file, server.url)
 
 
+#: What a port file this command writes holds: one http(s) URL. Anything else is not removed at
+#: start-up (a --port-file pointed at another file by mistake once deleted it, and logged it).
+_PORT_FILE_URL = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+/?")
+MAX_PORT_FILE_BYTES = 512
+
+
 def _clear_dead_port_file(port_file: Path) -> None:
     """Remove ``port_file`` when it holds the URL of a coordinator that no longer listens.
 
@@ -525,13 +532,17 @@ def _clear_dead_port_file(port_file: Path) -> None:
     a script waiting for the file after the restart read it. A start calls this first, so the file
     is absent until the new URL replaces it. Only a regular file is removed (anything else is left
     for the --port-file check to refuse), and only when nothing accepts a connection at its URL: a
-    live coordinator's file is not taken from it by a second start that will be refused."""
+    live coordinator's file is not taken from it by a second start that will be refused. A file that
+    holds anything but one http(s) URL is not one this command wrote: it is left alone, and its
+    contents are never logged."""
     try:
-        if not port_file.is_file():
+        if not port_file.is_file() or port_file.stat().st_size > MAX_PORT_FILE_BYTES:
             return
         url = port_file.read_text(errors="replace").strip()
     except OSError:
         return
+    if not _PORT_FILE_URL.fullmatch(url):
+        return      # not a URL this command wrote (a path given by mistake): never removed
     if _answers(url):
         log.info("--port-file %s holds %s, where something still listens: left until this "
                  "coordinator listens", port_file, url)
