@@ -213,6 +213,36 @@ async def test_killed_after_the_flush_is_journaled_replays_it_once(kit, clock, s
     await restarted(kit, clock, storage, expected)
 
 
+async def test_with_linger_0_the_coordinator_still_answers_the_workers_told_to_ask_again(
+        kit, clock, storage) -> None:
+    """Found by a probe: with ``--linger 0`` a worker told "the run is finishing, ask again in 1 s"
+    asked again of a coordinator that had exited as soon as the run finished, and retried for its
+    --give-up-after (an hour) instead of hearing the end. The coordinator serves at least until
+    those it told have asked again."""
+    from types import SimpleNamespace
+
+    from vcasync.commands.coordinator import _serve_on
+
+    StuckFlush.entered.clear()
+    StuckFlush.release.clear()
+    async with make(kit, clock, StuckFlush(), storage) as a:
+        await feed(kit, a)
+        assert await asyncio.to_thread(StuckFlush.entered.wait, 10)
+        w = await a.join("late")
+        with pytest.raises(NoWorkAvailableError) as told:
+            await a.lease(w)                       # the flush is still running: "finishing"
+        assert not told.value.finished
+        assert a.finishing_told_s == pytest.approx(told.value.retry_after + 1.0)
+        StuckFlush.release.set()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        assert await _serve_on(SimpleNamespace(linger_s=0.0, output=None), a, asyncio.Event())
+        assert loop.time() - start >= 0.9 * a.finishing_told_s     # lingered for them: 2 s
+        with pytest.raises(NoWorkAvailableError) as end:
+            await a.lease(w)
+        assert end.value.finished
+
+
 class FailFlushWrite:
     """FaultyStorage trigger: every write of journal entry 5 (the flush after 4 results) fails."""
 

@@ -590,9 +590,11 @@ async def _serve_on(cfg: RunConfig, coord: Coordinator, stop: asyncio.Event) -> 
             finished = True
             _log_parked(coord.parked())
             _write_output(cfg, coord)   # now: the weights are final, lingering changes nothing
+            # at least until the workers told "finishing, ask again" have asked (--linger 0 too)
+            linger = max(cfg.linger_s, coord.finishing_told_s)
             log.info("run finished at model v%d; serving %.0fs more so workers hear it",
-                     coord.version, cfg.linger_s)
-            if not await _linger(coord, cfg.linger_s, stop):
+                     coord.version, linger)
+            if not await _linger(coord, linger, stop):
                 break
             finished = False
             log.info("parked units were requeued: the run goes on")

@@ -198,6 +198,7 @@ class Coordinator:
         self._prefix_lost = asyncio.Event()
         #: no new leases before this (clock) time: set when the run was taken over from a crash
         self._grace_until: float | None = None
+        self._finishing_told_until = 0.0     # see finishing_told_s
         #: the start wrote under the prefix (the run record, a replayed version floor, a sweep, a
         #: snapshot): a start that fails then releases its owner lease instead of withdrawing it
         self._wrote = False
@@ -706,10 +707,19 @@ class Coordinator:
     def _finishing(self, action: str) -> NoWorkAvailableError:
         """Every unit is done or parked but the run is not finished yet (:meth:`_over`): ask
         again soon (not ``finished``: the worker stays until the run is)."""
+        wait = round(min(FINISHING_RETRY_S, self._ledger.config.heartbeat_s), 3)
+        self._finishing_told_until = max(self._finishing_told_until, self._clock() + wait + 1.0)
         return NoWorkAvailableError(
             f"cannot {action}: every work unit is done or parked and the run is finishing (its last "
-            f"results are being merged and made durable); ask again",
-            retry_after=round(min(FINISHING_RETRY_S, self._ledger.config.heartbeat_s), 3))
+            f"results are being merged and made durable); ask again", retry_after=wait)
+
+    @property
+    def finishing_told_s(self) -> float:
+        """Seconds until every worker told "the run is finishing, ask again" has asked again (its
+        wait and a second more): a server that stops serving once the run is finished serves at
+        least this long, so those workers hear the end (with ``--linger 0`` they asked again of
+        a coordinator that had exited, and retried for their ``--give-up-after``)."""
+        return max(0.0, self._finishing_told_until - self._clock())
 
     def _refuse_if_finished(self, action: str) -> None:
         """:class:`NoWorkAvailableError` (``finished``: ``410 run_finished``) once the run is
