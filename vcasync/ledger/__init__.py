@@ -2,7 +2,8 @@
 
 No asyncio and no IO. The public names are re-exported here; the modules beside them are private:
 ``_ledger`` (the state machine), ``_units`` (the value types it hands out: units, grants, receipts),
-``_types`` (its config, states and records) and ``_lease_id`` (signed lease ids).
+``_types`` (its config, states and records), ``_lease_id`` (signed lease ids), ``_columns`` (its
+snapshot as columns) and ``_plain`` (what a snapshot can hold of what workers and units bring).
 """
 
 from __future__ import annotations
