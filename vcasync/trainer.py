@@ -223,6 +223,10 @@ def _metric_values(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+#: The largest step or sample count a trainer may report: what a result's meta can carry.
+MAX_COUNT = 2**63 - 1
+
+
 def _count(name: str, value: object, where: str = "report_progress") -> int:
     """``value`` as a count (an int, or a numpy or torch integer scalar: ``operator.index``); a
     bool, a float, a string is refused with a ``TypeError``, a negative count with a ``ValueError``,
@@ -241,6 +245,9 @@ def _count(name: str, value: object, where: str = "report_progress") -> int:
     if count < 0:
         raise ValueError(f"{where}: {name} = {count} is negative; it counts this unit's "
                          f"{what} done, from 0")
+    if count > MAX_COUNT:     # a result's meta (msgpack) carries 64-bit ints: the upload crashed
+        raise ValueError(f"{where}: {name} = {_short_repr(count)} is more than a result can carry "
+                         f"(at most 2**63 - 1); it counts this unit's {what} done")
     return count
 
 

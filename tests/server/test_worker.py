@@ -1043,6 +1043,8 @@ def test_progress_that_is_not_a_count_is_refused_naming_the_argument(
     ({"steps": True}, TypeError, "steps = True is not an integer"),
     ({"samples": "16"}, TypeError, "samples = '16' is not an integer"),
     ({"steps": -1}, ValueError, "steps = -1 is negative"),
+    # found by a probe: 2**70 samples crashed the upload (msgpack) and left the lease held
+    ({"samples": 2**70}, ValueError, "samples = 1180591620717411303424 is more than a result can carry"),
 ])
 def test_steps_and_samples_given_to_the_result_are_counts_too(
         tmp_path: Path, kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
