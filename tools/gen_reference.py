@@ -356,7 +356,8 @@ ROUTE_PURPOSE: Mapping[str, str] = {
     "result": "upload the result of a lease: a wire payload whose meta names `lease_id`, `base_version`, "
               "`kind` (`delta` or `weights`), `steps` and optionally `samples`, `partial`, `metrics`; "
               "sending it again is harmless (`duplicate`)",
-    "release": "give a lease up; `failed: false` when it is nobody's fault (a preemption)",
+    "release": ("give a lease up; `failed: false` when it is nobody's fault, `preempted: false` too "
+                "when that is not a preemption (a lost base, the machine's configuration)"),
     "model": "download model `version` (or `latest`) as a wire payload; `If-None-Match` with the ETag "
              "answers 304",
     "status": "the run's state as JSON: units by state, workers, version, metrics, storage health, "

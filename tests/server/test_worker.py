@@ -463,6 +463,11 @@ async def test_a_trainers_configuration_error_hands_the_unit_back_before_the_wor
         assert not units.get("leased")
         assert units.get("queued") == 1, units                  # queued again at once, not in 300 s
         assert not status["failing_workers"], status["failing_workers"]   # nobody's fault
+        # nor a preemption (found by a second probe: the status showed the worker "preempted")
+        (row,) = coord.live_status()["worker_rows"]
+        assert row["state"] != "preempted"
+        assert [e.kind for e in coord.activity.events() if e.kind in ("preempted", "released")] \
+            == ["released"]
         assert not (tmp_path / "w" / "lease.json").exists()
         assert "configuration error: the digits data set needs scikit-learn" in caplog.text
         # another (well configured) worker takes it straight away and the run finishes

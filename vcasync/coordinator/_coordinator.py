@@ -788,14 +788,16 @@ class Coordinator:
             self._check_finished()
 
     async def release(self, worker_id: str, lease_id: str, reason: str = "", *,
-                      failed: bool = True) -> None:
+                      failed: bool = True, preempted: bool = True) -> None:
         """Give a lease up (its unit goes back to the queue); ``failed``: the unit failed on this
-        worker (counts against both), False when it is nobody's fault (preemption)."""
+        worker (counts against both), False when it is nobody's fault: a preemption, or with
+        ``preempted`` False another cause (a lost base, the machine's configuration), which is
+        not shown as a preemption."""
         self._check_running()
         try:
-            self._ledger.release(worker_id, lease_id, reason, failed=failed)
-            self.activity.note("released" if failed else "preempted", worker=worker_id,
-                               unit=self._ledger.lease_unit(lease_id), detail=reason)
+            self._ledger.release(worker_id, lease_id, reason, failed=failed, preempted=preempted)
+            self.activity.note("preempted" if not failed and preempted else "released",
+                               worker=worker_id, unit=self._ledger.lease_unit(lease_id), detail=reason)
         finally:
             self._check_finished()
 

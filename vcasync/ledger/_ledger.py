@@ -385,7 +385,8 @@ class Ledger:
         w.preempted = stopping
         return self._grant(lease, resumed=False)
 
-    def release(self, worker_id: str, lease_id: str, reason: str = "", *, failed: bool = True) -> None:
+    def release(self, worker_id: str, lease_id: str, reason: str = "", *, failed: bool = True,
+                preempted: bool = True) -> None:
         """The holder gives the lease up; its unit goes back to the queue. Idempotent.
 
         ``failed``: the unit failed on this worker (a trainer error), which counts against both;
@@ -402,7 +403,7 @@ class Ledger:
             if failed:
                 self._fail(u, lease, why)
                 return
-            self._workers[worker_id].preempted = True   # until it is heard from again
+            self._workers[worker_id].preempted = preempted   # until it is heard from again
             if u.state is UnitState.LEASED and u.lease_id == lease.lease_id:
                 u.lease_id = None
                 self._set(u, UnitState.QUEUED)

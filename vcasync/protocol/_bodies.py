@@ -184,7 +184,11 @@ class HeartbeatRequest:
 @dataclass(frozen=True, slots=True)
 class ReleaseRequest:
     reason: str = field(default="", metadata=rule(max_len=512))
-    failed: bool = True       # False: preempted, nobody's fault
+    failed: bool = True       # False: nobody's fault
+    #: With ``failed`` False: a preemption (shown so until the worker is heard from again); False
+    #: for another release that is nobody's fault (the machine's configuration, a base model no
+    #: longer served). A coordinator from before the field takes every such release for one.
+    preempted: bool = True
 
 
 @message("released")

@@ -167,7 +167,7 @@ async def release(request: web.Request) -> web.Response:
     # the secrets we know, whatever the worker did (an older one sends its trainer's message raw)
     reason = request.app[AUTH].scrub(req.reason)
     await request.app[COORDINATOR].release(request[WORKER_ID], _lease_id(request), reason,
-                                           failed=req.failed)
+                                           failed=req.failed, preempted=req.preempted)
     return reply_msg(request, Released(_lease_id(request)))
 
 

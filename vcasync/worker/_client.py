@@ -301,9 +301,11 @@ class CoordinatorClient:
         return await self._send(HeartbeatRequest(int(steps_done), stopping), LeaseGrant,
                                 f"/leases/{lease_id}/heartbeat")
 
-    async def release(self, lease_id: str, reason: str = "", *, failed: bool = True) -> None:
-        """Give a lease up; ``failed=False`` when it is nobody's fault (preemption, a lost base)."""
-        await self._send(ReleaseRequest(reason[:500], failed), Released,
+    async def release(self, lease_id: str, reason: str = "", *, failed: bool = True,
+                      preempted: bool = True) -> None:
+        """Give a lease up; ``failed=False`` when it is nobody's fault (a preemption, or with
+        ``preempted=False`` another cause: a lost base, the machine's configuration)."""
+        await self._send(ReleaseRequest(reason[:500], failed, preempted), Released,
                          f"/leases/{lease_id}/release")
 
     async def requeue(self, operator_token: str, units: list[str] | None = None) -> list[str]:

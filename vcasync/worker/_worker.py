@@ -552,7 +552,7 @@ class Worker:
             base = await self._model(grant.base_version)
         except LedgerError as exc:  # the coordinator no longer has that version: too stale to train
             log.warning("model v%d for lease %s is gone (%s)", grant.base_version, grant.lease_id, exc)
-            await self._release(grant, "base model unavailable", failed=False)
+            await self._release(grant, "base model unavailable", failed=False, preempted=False)
             return True
         unit_stop = threading.Event()
         if self.stopping:
@@ -763,13 +763,15 @@ class Worker:
             self._redact.add(self._ident.token)
         return self._redact(text)
 
-    async def _release(self, grant: LeaseGrant, reason: str, *, failed: bool = True) -> None:
-        """Hand the lease back; ``failed``: the unit failed here (the coordinator counts it).
-        ``reason`` is scrubbed of secrets, then cut to :data:`RELEASE_REASON_CHARS`."""
+    async def _release(self, grant: LeaseGrant, reason: str, *, failed: bool = True,
+                       preempted: bool = True) -> None:
+        """Hand the lease back; ``failed``: the unit failed here (the coordinator counts it);
+        ``preempted`` (with ``failed`` False): shown as a preemption. ``reason`` is scrubbed of
+        secrets, then cut to :data:`RELEASE_REASON_CHARS`."""
         reason = bounded(self._scrub(reason), RELEASE_REASON_CHARS)
         with contextlib.suppress(LedgerError):
             await self._call("release", lambda: self._cli().release(grant.lease_id, reason,
-                                                                   failed=failed))
+                                                                   failed=failed, preempted=preempted))
         await asyncio.to_thread(self.state.finish_lease, grant.lease_id)
 
     async def _release_config_error(self, grant: LeaseGrant, exc: ConfigError) -> None:
@@ -783,8 +785,8 @@ class Worker:
         reason = bounded(self._scrub(f"configuration error: {exc}"), RELEASE_REASON_CHARS)
         try:
             async with asyncio.timeout(CONFIG_ERROR_RELEASE_S):
-                await self._call("release", lambda: self._cli().release(grant.lease_id, reason, failed=False),
-                                 interruptible=False)
+                await self._call("release", lambda: self._cli().release(
+                    grant.lease_id, reason, failed=False, preempted=False), interruptible=False)
         except LedgerError:
             pass       # expired or closed meanwhile: nothing is held to hand back
         except Exception as err:
