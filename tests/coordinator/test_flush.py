@@ -11,6 +11,7 @@ to the same model, bit for bit, and never applies it twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from typing import Any
 
@@ -291,6 +292,38 @@ async def test_snapshot_mode_finishes_once_a_snapshot_holds_the_flush(kit, clock
         await asyncio.wait_for(b.wait_finished(), 10)
         assert b.model().equal(expected)
         assert b.status()["held_results"] == 0
+
+
+async def test_a_final_snapshot_that_cannot_be_written_is_a_storage_outage_with_an_end(
+        kit, clock, storage, caplog) -> None:
+    """Found by a probe: durability snapshot, the snapshots' directory made immutable once every
+    unit was done: the coordinator retried its final snapshot once a second without end, said
+    "results are still made durable" (they are in no journal), and, since workers now hear the end
+    only once the run is finished, the whole fleet waited with it. The final snapshot is a write
+    the run needs: its failure is an outage, ended by storage_outage_limit_s (exit 4)."""
+    caplog.set_level("WARNING", logger="vcasync.coordinator")
+    blocked = False
+
+    def snapshots_refused(op: str, key: str | None) -> bool:
+        return blocked and op in ("put", "put_stream") and key is not None and "snapshots/" in key
+
+    a = await make(kit, clock, build_policy("fedbuff"), FaultyStorage(storage, trigger=snapshots_refused),
+                   durability="snapshot", storage_outage_limit_s=5.0).__aenter__()
+    try:
+        blocked = True
+        await feed(kit, a)
+        for _ in range(400):
+            if a.storage_error is not None:
+                break
+            clock.advance(0.5)
+            await asyncio.sleep(0.02)
+        assert a.storage_error is not None, a.status()["storage"]
+        assert not a.finished
+        assert "the final snapshot failed" in caplog.text
+        assert "results are still made durable" not in caplog.text
+    finally:
+        with contextlib.suppress(Exception):
+            await a.aclose()
 
 
 async def told_finished(coord: Coordinator) -> None:

@@ -168,7 +168,8 @@ class Coordinator:
         #: Recent events, merge rate and evaluation curve, for the live status page.
         self.activity = Activity()
         self._health = StorageHealth(probe_interval_s=self.config.storage_probe_interval_s,
-                                     limit_s=self.config.storage_outage_limit_s, clock=clock)
+                                     limit_s=self.config.storage_outage_limit_s, clock=clock,
+                                     journaled=self.config.durability == "journal")
         self._final_error: BaseException | None = None   # the last snapshot could not be written
         self._phase = "new"
         self._recovered = False           # _ledger, _owner and _merger exist (set by _recover)
@@ -199,6 +200,7 @@ class Coordinator:
         #: no new leases before this (clock) time: set when the run was taken over from a crash
         self._grace_until: float | None = None
         self._finishing_told_until = 0.0     # see finishing_told_s
+        self._final_failing = False          # the final snapshot (durability snapshot) failed
         #: the start wrote under the prefix (the run record, a replayed version floor, a sweep, a
         #: snapshot): a start that fails then releases its owner lease instead of withdrawing it
         self._wrote = False
@@ -1038,9 +1040,20 @@ class Coordinator:
                 raise                   # another coordinator writes this run: this one stops
             except Exception as exc:    # a failed snapshot must never stop the coordinator
                 self.metrics.snapshot_failures += 1
-                log.warning("snapshot failed (the next one retries): %r", exc)
-                self._health.write_failed(exc, needed=False)
+                # durability snapshot, every unit done: the run finishes only once a snapshot
+                # holds its last results, so this write is needed (an outage: bounded by
+                # storage_outage_limit_s, then exit 4) rather than one a later snapshot makes good
+                final = self._finish_wanted.is_set()
+                if not final:
+                    log.warning("snapshot failed (the next one retries): %r", exc)
+                elif not self._final_failing:
+                    log.error("the final snapshot failed: %r. The run cannot finish until a snapshot "
+                              "holds its last results (they are in no journal): retrying; workers "
+                              "are told the run is finishing", exc)
+                self._final_failing = final
+                self._health.write_failed(exc, needed=final)
             else:
+                self._final_failing = False
                 self._health.write_ok()
 
     async def _storage_probe_loop(self) -> None:

@@ -61,8 +61,11 @@ class StorageHealth:
     """Tracks the storage's state for one coordinator; see the module docstring."""
 
     def __init__(self, *, probe_interval_s: float, limit_s: float,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], journaled: bool = True) -> None:
         self.probe_interval_s = probe_interval_s
+        #: results are journaled before they are acknowledged (durability ``journal``): a failed
+        #: snapshot loses nothing; otherwise the snapshots are the results' only durability
+        self.journaled = journaled
         self.limit_s = limit_s
         self._clock = clock
         self.state = StorageState.OK
@@ -97,8 +100,10 @@ class StorageHealth:
                       self.probe_interval_s, self.limit_s)
         elif self.state is StorageState.OK:
             self.state, self.since = StorageState.DEGRADED, self._clock()
-            log.warning("storage degraded: %s (results are still made durable; the next write "
-                        "retries)", self.last_error)
+            log.warning("storage degraded: %s (%s; the next write retries)", self.last_error,
+                        "results are still made durable" if self.journaled else
+                        "the results merged since the last snapshot are in memory only until one "
+                        "is written")
 
     def _relapse(self) -> bool:
         """A needed write failed on probation: the outage the probe seemed to end goes on."""
