@@ -92,3 +92,19 @@ async def test_token_records_say_who_joined_as_whom_and_when() -> None:
         (row,) = second.joined()
         assert row[:2] == ("w1", "spot-1")
         assert 0 <= row[2] < 60
+
+
+def test_after_a_snapshot_every_worker_who_joined_since_is_recalled_however_long_ago() -> None:
+    # found by a probe: recall skipped a worker that joined more than forget_workers_s ago, though
+    # forgetting counts from when a worker was last seen (it may have heartbeated until the crash)
+    from vcasync.ledger import Ledger, LedgerConfig
+    led = Ledger(make_units(1, steps=1), config=LedgerConfig(forget_workers_s=5.0),
+                 clock=lambda: 1000.0, secret=b"0123456789abcdef0123456789abcdef")
+    nameless = led.join("")                                    # as a replayed result re-registers it
+    assert led.recall("w-long", "long", 30.0, since_capture_s=60.0)     # joined after the capture
+    assert not led.recall("w-before", "before", 90.0, since_capture_s=60.0)   # before: forgotten
+    assert not led.recall(nameless, "spot-9", 30.0, since_capture_s=60.0)
+    _, rows = led.worker_rows()
+    by_id = {r["id"]: r for r in rows}
+    assert set(by_id) == {nameless, "w-long"}
+    assert by_id[nameless]["name"] == "spot-9"                  # known, nameless: named now

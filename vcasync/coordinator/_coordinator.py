@@ -67,7 +67,7 @@ from ..errors import (
     WorkerBackoffError,
     WorkerQuarantinedError,
 )
-from ..ledger import Ledger
+from ..ledger import CAPTURED_WALL, Ledger
 from ..ledger._ledger import down_since_capture
 from ..ledger._units import LeaseGrant, Receipt, WorkUnit
 from ..metrics import Metrics
@@ -201,6 +201,7 @@ class Coordinator:
         self._grace_until: float | None = None
         self._finishing_told_until = 0.0     # see finishing_told_s
         self._final_failing = False          # the final snapshot (durability snapshot) failed
+        self._captured_at: float | None = None   # (clock) capture of the snapshot restored from
         #: the start wrote under the prefix (the run record, a replayed version floor, a sweep, a
         #: snapshot): a start that fails then releases its owner lease instead of withdrawing it
         self._wrote = False
@@ -553,8 +554,11 @@ class Coordinator:
                                      policy_state=rec.policy_state, pool=self._update_buffers,
                                      adopt=True, held=rec.held, renumbered=rec.renumbered)
             rec.tensors = {}
+            down_s = down_since_capture(rec.ledger)
             self._ledger = Ledger.restore(rec.ledger, config=cfg, clock=self._clock,
-                                          secret=run.secret, down_s=down_since_capture(rec.ledger))
+                                          secret=run.secret, down_s=down_s)
+            if CAPTURED_WALL in rec.ledger:      # when the snapshot restored was captured
+                self._captured_at = self._clock() - down_s
             self._ledger.add_units(self._units_in)
         # merges count the run, not this process: from the ledger's count (the snapshot's, or 0)
         # on, each replayed entry adding itself, so journal and snapshot mode say the same
@@ -672,7 +676,9 @@ class Coordinator:
         server's token records) that the ledger does not know: after a crash, those who joined
         since the last snapshot, shown gone (last seen at their join) until heard again, instead
         of missing from the status until they call in, and then nameless. How many were listed."""
-        return sum(self._ledger.recall(worker_id, name, since) for worker_id, name, since in joined)
+        since_capture = None if self._captured_at is None else self._clock() - self._captured_at
+        return sum(self._ledger.recall(worker_id, name, since, since_capture_s=since_capture)
+                   for worker_id, name, since in joined)
 
     async def lease(self, worker_id: str) -> LeaseGrant:
         """The next unit, or :class:`NoWorkAvailableError` (``finished`` when the run is over);

@@ -108,6 +108,9 @@ def down_since_capture(data: Mapping[str, Any]) -> float:
     if not isinstance(wall, int | float) or isinstance(wall, bool) or not math.isfinite(wall):
         return 0.0
     return max(0.0, time.time() - wall)
+#: A token issued this long before a snapshot's capture still counts as joined after it (the two
+#: are stamped by different clocks a moment apart).
+RECALL_SLACK_S = 5.0
 #: How far into the queue :meth:`Ledger.lease` looks for a unit the worker has not failed yet.
 _PICK_WINDOW = 256
 #: "The rest of the run" as a finite number of seconds (snapshots and JSON hold it).
@@ -718,19 +721,32 @@ class Ledger:
                          "last_seen_s": round(max(now - w.last_seen, 0.0), 1),
                          "done": w.done, "failures": w.failures} for w in recent]
 
-    def recall(self, worker_id: str, name: str, joined_s: float) -> bool:
+    def recall(self, worker_id: str, name: str, joined_s: float, *,
+               since_capture_s: float | None = None) -> bool:
         """List a worker this ledger does not know that joined ``joined_s`` seconds ago (the
         coordinator's token records keep who joined; a snapshot captured before a crash does not
         hold those who joined after it): last seen at its join until it is heard again, so shown
-        gone unless that was lately. Not one the ledger would have forgotten by now, nor one it
-        knows; True when listed."""
-        horizon = self.config.forget_workers_s
-        if worker_id in self._workers or (horizon is not None and joined_s > horizon):
-            return False
+        gone unless that was lately. ``since_capture_s``: how long ago the snapshot this ledger
+        was restored from was captured: a worker that joined before it and is not in it was
+        forgotten, one that joined after it is listed however long ago (it may have heartbeated
+        until the crash); unknown (None), one the ledger would have forgotten by now is not
+        listed. A known worker without a name (re-registered when a replayed result or a call
+        named it) gets this one. True when listed."""
         try:
             kept = worker_name(name)
         except FrameError:      # a record written before names were checked: listed nameless
             kept = ""
+        known = self._workers.get(worker_id)
+        if known is not None:
+            if not known.name:
+                known.name = kept
+            return False
+        horizon = self.config.forget_workers_s
+        if since_capture_s is not None:
+            if joined_s > since_capture_s + RECALL_SLACK_S:
+                return False
+        elif horizon is not None and joined_s > horizon:
+            return False
         self._workers[worker_id] = WorkerRecord(worker_id, kept, {}, self._clock() - max(joined_s, 0.0))
         return True
 
