@@ -160,7 +160,7 @@ async def test_preempted_worker_keeps_the_lease_and_resumes_it(tmp_path: Path) -
         assert row["state"] == "preempted"
         assert coord.status()["units"]["leased"] == 1          # the lease stays, for the resume
         (event,) = [e for e in coord.activity.events() if e.kind == "preempted"]
-        assert "keeps lease" in event.detail
+        assert "stays until a restart resumes it" in event.detail
         assert len(list((tmp_path / "w" / "checkpoints").iterdir())) == 1
 
         again = await worker(server.url, tmp_path / "w", make_trainer(None, log)).run()
@@ -280,6 +280,10 @@ async def test_partial_result_on_preemption(tmp_path: Path) -> None:
         assert report.results_accepted == 1
         assert not (tmp_path / "w" / "lease.json").exists()
         assert coord.version >= v0
+        # found by a probe: it showed alive (then gone), never preempted, with no event
+        (row,) = coord.live_status()["worker_rows"]
+        assert row["state"] == "preempted"
+        assert [e.kind for e in coord.activity.events()].count("preempted") == 1
 
 
 def stalled_trainer(started: threading.Event) -> Callable[[TrainContext], TrainResult]:

@@ -785,8 +785,9 @@ class Coordinator:
             grant = self._ledger.heartbeat(worker_id, lease_id, steps_done, stopping=stopping)
             if stopping:
                 self.activity.note("preempted", worker=worker_id, unit=grant.unit.unit_id,
-                                   detail=f"stopping after {steps_done} step(s); keeps lease "
-                                          f"{lease_id} and its checkpoint for a restart to resume")
+                                   detail=f"stopping after {steps_done} step(s); its lease {lease_id} "
+                                          "stays until a restart resumes it, it delivers, or it "
+                                          "times out")
             return grant
         except LedgerError as exc:
             if self._ledger.finished and self._over():

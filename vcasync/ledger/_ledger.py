@@ -178,9 +178,10 @@ class Ledger:
         self._workers[record.worker_id] = record
         return record.worker_id
 
-    def _touch(self, worker_id: str) -> WorkerRecord:
+    def _touch(self, worker_id: str, *, heard: bool = True) -> WorkerRecord:
         # Workers that joined after the last snapshot are unknown after a restart; the server has
-        # already authenticated them, so they are re-registered rather than refused.
+        # already authenticated them, so they are re-registered rather than refused. ``heard``
+        # False (a result's upload): a preempted worker delivering on its way out stays preempted.
         if not isinstance(worker_id, str) or not 0 < len(worker_id) <= 128:
             raise ValidationError("worker id must be a non-empty string of at most 128 chars",
                                   reason="bad_worker_id")
@@ -189,7 +190,8 @@ class Ledger:
         if w is None:
             w = self._workers[worker_id] = WorkerRecord(worker_id, "", {}, now)
         w.last_seen = now
-        w.preempted = False
+        if heard:
+            w.preempted = False
         return w
 
     def _window(self, w: WorkerRecord) -> float:
@@ -503,7 +505,7 @@ class Ledger:
     # -- results ----------------------------------------------------------------------------------
     def check_result(self, worker_id: str, lease_id: str) -> ResultCheck:
         """May this lease's result be merged? An earlier receipt comes back instead of merging twice."""
-        self._touch(worker_id)
+        self._touch(worker_id, heard=False)
         lease = self._find(lease_id, worker_id)
         self._holder(lease, worker_id)
         u = self._units[lease.unit_id]

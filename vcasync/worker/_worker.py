@@ -644,6 +644,8 @@ class Worker:
             return False
         if partial and not ctx.should_stop:
             self._warn_short(grant, ctx, result)
+        if self.stopping and partial:      # --on-preempt partial: shown preempted as it delivers
+            await self._say_stopping(grant, result.steps)
         return await self._deliver(grant, base, result, partial=partial)
 
     def _warn_short(self, grant: LeaseGrant, ctx: TrainContext, result: TrainResult) -> None:
@@ -666,10 +668,11 @@ class Worker:
         log.warning("%s%s (see docs/trainer.md)", text, _short_cause(ctx))
 
     async def _say_stopping(self, grant: LeaseGrant, steps: int) -> None:
-        """Tell the coordinator this worker is preempted and keeps ``grant`` for a restart to
-        resume (one heartbeat with ``stopping``), so its status shows it preempted instead of alive
-        and holding the lease until the lease runs out. Best effort, within a couple of seconds of
-        the grace period: nothing depends on it (the lease and checkpoint stay either way)."""
+        """Tell the coordinator this worker is preempted (one heartbeat with ``stopping``): it
+        keeps ``grant`` for a restart to resume (``--on-preempt checkpoint``) or delivers a partial
+        result on its way out (``partial``), and its status shows it preempted instead of alive
+        (and holding the lease until the lease runs out). Best effort, within a couple of seconds
+        of the grace period: nothing depends on it."""
         try:
             async with asyncio.timeout(STOPPING_NOTICE_S):
                 await self._cli().heartbeat(grant.lease_id, steps, stopping=True)
