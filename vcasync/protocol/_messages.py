@@ -90,6 +90,11 @@ def _json_object(data: bytes) -> dict[str, Any]:
     except RecursionError:
         raise FrameError("body is not valid JSON: it nests too deeply", field="body") from None
     except ValueError as exc:   # not JSON, not UTF-8, an int of over 4300 digits
+        if not isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
+            # Python's own limit on int digits, whose message tells the caller to raise it in
+            # this process: an int that long is no 64-bit int anyway
+            raise FrameError("body is not valid JSON here: it holds an integer of thousands of "
+                             "digits; integers must fit in 64 bits", field="body") from None
         raise FrameError(f"body is not valid JSON: {exc}", field="body") from exc
     if not isinstance(obj, dict):
         raise FrameError("body must be a JSON object", field="body")
