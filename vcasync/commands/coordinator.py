@@ -103,7 +103,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port-file", type=Path,
                    help="write the bound URL here once listening (removed when it stops listening, "
                         "and at start-up when it names a URL where nothing listens, as a killed "
-                        "coordinator leaves it); its directory must exist")
+                        "coordinator leaves it); its directory must exist, and an existing file "
+                        "must hold a URL or nothing")
     p.add_argument("--app-dir", type=Path, default=Path("."),
                    help="put this directory on sys.path to find the model factory and a "
                         "'module:Class' policy (default: .)")
@@ -378,7 +379,6 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     if port_file is not None:
         check_output_file(port_file, "--port-file",
                           purpose=f"the coordinator's URL is written to {port_file} once it listens")
-        _clear_dead_port_file(port_file)     # before the model is built and the storage opened
 
     from ..coordinator import Coordinator, CoordinatorConfig, first_non_finite
     from ..coordinator._args import unmergeable
@@ -532,17 +532,24 @@ def _clear_dead_port_file(port_file: Path) -> None:
     a script waiting for the file after the restart read it. A start calls this first, so the file
     is absent until the new URL replaces it. Only a regular file is removed (anything else is left
     for the --port-file check to refuse), and only when nothing accepts a connection at its URL: a
-    live coordinator's file is not taken from it by a second start that will be refused. A file that
-    holds anything but one http(s) URL is not one this command wrote: it is left alone, and its
-    contents are never logged."""
+    live coordinator's file is not taken from it by a second start that will be refused. A file
+    that holds anything but one http(s) URL (or nothing) is not one this command wrote: the start
+    is refused (:class:`ConfigError`) rather than overwrite it once listening (a file given as
+    --port-file by mistake was replaced, then removed at the stop), and its contents are never
+    logged."""
     try:
-        if not port_file.is_file() or port_file.stat().st_size > MAX_PORT_FILE_BYTES:
+        if not port_file.is_file():
             return
-        url = port_file.read_text(errors="replace").strip()
+        big = port_file.stat().st_size > MAX_PORT_FILE_BYTES
+        url = "" if big else port_file.read_text(errors="replace").strip()
     except OSError:
         return
-    if not _PORT_FILE_URL.fullmatch(url):
-        return      # not a URL this command wrote (a path given by mistake): never removed
+    if big or (url and not _PORT_FILE_URL.fullmatch(url)):
+        raise ConfigError(f"--port-file {port_file} exists and holds something other than a URL: "
+                          "not a file this command wrote, so it is not overwritten; remove it or "
+                          "name another path")
+    if not url:
+        return      # empty (made by mktemp, say): replaced once listening
     if _answers(url):
         log.info("--port-file %s holds %s, where something still listens: left until this "
                  "coordinator listens", port_file, url)
