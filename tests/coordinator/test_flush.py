@@ -233,15 +233,29 @@ async def test_with_linger_0_the_coordinator_still_answers_the_workers_told_to_a
         with pytest.raises(NoWorkAvailableError) as told:
             await a.lease(w)                       # the flush is still running: "finishing"
         assert not told.value.finished
-        assert a.finishing_told_s == pytest.approx(told.value.retry_after + 1.0)
+        assert a.answers_owed_s == pytest.approx(told.value.retry_after + 1.0)
         StuckFlush.release.set()
         loop = asyncio.get_running_loop()
         start = loop.time()
         assert await _serve_on(SimpleNamespace(linger_s=0.0, output=None), a, asyncio.Event())
-        assert loop.time() - start >= 0.9 * a.finishing_told_s     # lingered for them: 2 s
+        assert loop.time() - start >= 0.9 * a.answers_owed_s     # lingered for them: 2 s
         with pytest.raises(NoWorkAvailableError) as end:
             await a.lease(w)
         assert end.value.finished
+
+
+async def test_a_worker_told_every_unit_is_leased_out_is_owed_an_answer_too(kit, clock, storage) -> None:
+    """Found by a third probe: with --linger 0, a worker told "no queued work; 1 units are leased,
+    retry in 5 s" while another delivered the last unit asked again of a coordinator that served
+    only the 2 s owed to the "finishing" answers, and exited 1 after its --give-up-after."""
+    async with make(kit, clock, build_policy("vcasgd"), storage, units=1) as a:
+        w1, w2 = await a.join("w1"), await a.join("w2")
+        await a.lease(w2)
+        with pytest.raises(NoWorkAvailableError) as told:
+            await a.lease(w1)
+        assert not told.value.finished
+        assert told.value.retry_after is not None
+        assert a.answers_owed_s == pytest.approx(told.value.retry_after + 1.0)
 
 
 class FailFlushWrite:

@@ -597,8 +597,8 @@ async def _serve_on(cfg: RunConfig, coord: Coordinator, stop: asyncio.Event) -> 
             finished = True
             _log_parked(coord.parked())
             _write_output(cfg, coord)   # now: the weights are final, lingering changes nothing
-            # at least until the workers told "finishing, ask again" have asked (--linger 0 too)
-            linger = max(cfg.linger_s, coord.finishing_told_s)
+            # at least until the workers told "no work now, ask again" have asked (--linger 0 too)
+            linger = max(cfg.linger_s, coord.answers_owed_s)
             log.info("run finished at model v%d; serving %.0fs more so workers hear it",
                      coord.version, linger)
             if not await _linger(coord, linger, stop):

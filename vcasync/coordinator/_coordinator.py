@@ -199,7 +199,7 @@ class Coordinator:
         self._prefix_lost = asyncio.Event()
         #: no new leases before this (clock) time: set when the run was taken over from a crash
         self._grace_until: float | None = None
-        self._finishing_told_until = 0.0     # see finishing_told_s
+        self._answers_owed_until = 0.0       # see answers_owed_s
         self._final_failing = False          # the final snapshot (durability snapshot) failed
         self._captured_at: float | None = None   # (clock) capture of the snapshot restored from
         #: the start wrote under the prefix (the run record, a replayed version floor, a sweep, a
@@ -697,6 +697,8 @@ class Coordinator:
         except NoWorkAvailableError as exc:
             if exc.finished and not self._over():
                 raise self._finishing("lease") from None
+            if not exc.finished and exc.retry_after is not None:
+                self._owe_answer(exc.retry_after)      # "no queued work; N units are leased"
             raise
         finally:
             self._check_finished()      # leasing expires overdue leases, which may park the last unit
@@ -716,18 +718,23 @@ class Coordinator:
         """Every unit is done or parked but the run is not finished yet (:meth:`_over`): ask
         again soon (not ``finished``: the worker stays until the run is)."""
         wait = round(min(FINISHING_RETRY_S, self._ledger.config.heartbeat_s), 3)
-        self._finishing_told_until = max(self._finishing_told_until, self._clock() + wait + 1.0)
+        self._owe_answer(wait)
         return NoWorkAvailableError(
             f"cannot {action}: every work unit is done or parked and the run is finishing (its last "
             f"results are being merged and made durable); ask again", retry_after=wait)
 
+    def _owe_answer(self, wait: float) -> None:
+        """A worker was told "no work now, ask again in ``wait`` s": see :attr:`answers_owed_s`."""
+        self._answers_owed_until = max(self._answers_owed_until, self._clock() + wait + 1.0)
+
     @property
-    def finishing_told_s(self) -> float:
-        """Seconds until every worker told "the run is finishing, ask again" has asked again (its
-        wait and a second more): a server that stops serving once the run is finished serves at
-        least this long, so those workers hear the end (with ``--linger 0`` they asked again of
-        a coordinator that had exited, and retried for their ``--give-up-after``)."""
-        return max(0.0, self._finishing_told_until - self._clock())
+    def answers_owed_s(self) -> float:
+        """Seconds until every worker told "no work now, ask again" (the run finishing, or every
+        unit leased out) has asked again: its wait and a second more. A server that stops serving
+        once the run is finished serves at least this long, so those workers hear the end (with
+        ``--linger 0`` they asked again of a coordinator that had exited, and retried for their
+        ``--give-up-after``)."""
+        return max(0.0, self._answers_owed_until - self._clock())
 
     def _refuse_if_finished(self, action: str) -> None:
         """:class:`NoWorkAvailableError` (``finished``: ``410 run_finished``) once the run is
