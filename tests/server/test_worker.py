@@ -158,6 +158,7 @@ async def test_preempted_worker_keeps_the_lease_and_resumes_it(tmp_path: Path) -
         # holding its lease (then gone), never preempted, with no event for the preemption
         (row,) = coord.live_status()["worker_rows"]
         assert row["state"] == "preempted"
+        assert coord.status()["workers"]["alive"] == 0         # counted preempted, not alive too
         assert coord.status()["units"]["leased"] == 1          # the lease stays, for the resume
         (event,) = [e for e in coord.activity.events() if e.kind == "preempted"]
         assert "stays until a restart resumes it" in event.detail

@@ -770,8 +770,10 @@ class Ledger:
         return len(gone)
 
     def workers_alive(self) -> int:
+        """Workers heard from within ``alive_s`` that are not preempted (one that said it is
+        stopping was counted alive beside the status's preempted)."""
         horizon = self._clock() - self.config.alive_s
-        return sum(1 for w in self._workers.values() if w.last_seen >= horizon)
+        return sum(1 for w in self._workers.values() if w.last_seen >= horizon and not w.preempted)
 
     def worker_speed(self, worker_id: str) -> float | None:
         w = self._workers.get(worker_id)
