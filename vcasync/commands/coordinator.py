@@ -591,14 +591,18 @@ def _remove_port_file(port_file: Path, url: str) -> None:
 
 async def _serve_on(cfg: RunConfig, coord: Coordinator, stop: asyncio.Event) -> bool:
     """Serve until the run is finished and lingered (or is stopped): True if it finished."""
+    from ..server._waits import MIN_WAIT_S
+
     finished = False
     try:
         while await _first(coord.wait_finished(), stop.wait()):
             finished = True
             _log_parked(coord.parked())
             _write_output(cfg, coord)   # now: the weights are final, lingering changes nothing
-            # at least until the workers told "no work now, ask again" have asked (--linger 0 too)
-            linger = max(cfg.linger_s, coord.answers_owed_s)
+            # a linger too short to cap the waits told (--linger 0): at least until the workers told
+            # "no work now, ask again" have asked (a longer one caps every wait at half of it)
+            linger = cfg.linger_s if cfg.linger_s >= 2 * MIN_WAIT_S else max(cfg.linger_s,
+                                                                            coord.answers_owed_s)
             log.info("run finished at model v%d; serving %.0fs more so workers hear it",
                      coord.version, linger)
             if not await _linger(coord, linger, stop):

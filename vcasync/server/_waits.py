@@ -66,9 +66,9 @@ def linger_warning(linger_s: float) -> str | None:
         return None
     if linger_s <= 0:
         return ("--linger 0 (run.linger_s): the coordinator exits as soon as the run is finished "
-                "and the workers it told to ask again have asked, so a worker it told nothing (one "
-                "training a unit another delivered, one backed off) never hears the end and "
-                "retries for its --give-up-after (an hour by default). Give at least "
+                "and the workers it told to ask again have asked, so workers it told nothing (one "
+                "training a unit another delivered, one backed off) never hear the end and "
+                "retry for their --give-up-after (an hour by default). Give at least "
                 f"{2 * MIN_WAIT_S:g} s for every worker to hear the end")
     return (f"--linger {linger_s:g} (run.linger_s) is under {2 * MIN_WAIT_S:g} s: a worker told to "
             f"wait (never less than {MIN_WAIT_S:g} s) may ask again only after the coordinator "
