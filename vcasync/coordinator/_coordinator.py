@@ -784,8 +784,9 @@ class Coordinator:
         one's unit was delivered by another worker after it expired, or parked), the ledger's
         refusal is :class:`NoWorkAvailableError` (``finished``, ``410 run_finished``): the worker
         stops its trainer and exits, instead of training on and delivering to a coordinator that
-        has stopped lingering. ``stopping``: the worker is preempted and keeps the lease and its
-        checkpoint for a restart to resume (shown ``preempted``, and an event says so)."""
+        has stopped lingering. ``stopping``: the worker is preempted: it keeps the lease and its
+        checkpoint for a restart to resume, or delivers a partial result on its way out (shown
+        ``preempted``, and an event says so)."""
         self._check_running()
         self.metrics.heartbeats += 1
         try:

@@ -174,9 +174,10 @@ class Joined:
 @dataclass(frozen=True, slots=True)
 class HeartbeatRequest:
     steps_done: int = field(metadata=rule(minimum=0))
-    #: The worker is stopping (a spot notice, SIGTERM) and keeps this lease and its checkpoint for
-    #: a restart to resume: shown ``preempted`` until it is heard from again. (A coordinator from
-    #: before the field ignores it, as every field it does not know.)
+    #: The worker is stopping (a spot notice, SIGTERM): it keeps this lease and its checkpoint for
+    #: a restart to resume, or delivers a partial result on its way out; shown ``preempted`` until
+    #: it is heard from again. (A coordinator from before the field ignores it, as every field it
+    #: does not know.)
     stopping: bool = False
 
 
