@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, Union
 
 from ..errors import ConfigError, FrameError
-from ..ledger._types import worker_info, worker_name
 from ..ledger._units import LeaseGrant, Receipt
 from ..tensors import UpdateKind
 
@@ -153,11 +152,6 @@ def _check(tp: Any, value: Any, name: str, meta: Mapping[str, Any]) -> Any:
 class JoinRequest:
     name: str = field(default="", metadata=rule(max_len=128))
     info: dict[str, Any] = field(default_factory=dict, metadata=rule(max_len=64))
-
-    def __post_init__(self) -> None:
-        # The ledger keeps both, and snapshots them: FrameError naming the field, as it will.
-        worker_name(self.name)
-        worker_info(self.info)
 
 
 @message("joined")
