@@ -767,14 +767,15 @@ class Worker:
         return self._redact(text)
 
     async def _release(self, grant: LeaseGrant, reason: str, *, failed: bool = True,
-                       preempted: bool = True) -> None:
+                       preempted: bool = True, interruptible: bool = True) -> None:
         """Hand the lease back; ``failed``: the unit failed here (the coordinator counts it);
         ``preempted`` (with ``failed`` False): shown as a preemption. ``reason`` is scrubbed of
         secrets, then cut to :data:`RELEASE_REASON_CHARS`."""
         reason = bounded(self._scrub(reason), RELEASE_REASON_CHARS)
-        with contextlib.suppress(LedgerError):
+        with contextlib.suppress(LedgerError):      # expired or closed meanwhile: nothing is held
             await self._call("release", lambda: self._cli().release(grant.lease_id, reason,
-                                                                   failed=failed, preempted=preempted))
+                                                                   failed=failed, preempted=preempted),
+                             interruptible=interruptible)
         await asyncio.to_thread(self.state.finish_lease, grant.lease_id)
 
     async def _release_config_error(self, grant: LeaseGrant, exc: ConfigError) -> None:
@@ -785,18 +786,13 @@ class Worker:
         this worker's luck (it stops anyway, so no back-off is needed to keep the unit from it). A
         lease that could not be handed back stays in the state: a restart resumes it, or the
         coordinator re-queues it when it times out."""
-        reason = bounded(self._scrub(f"configuration error: {exc}"), RELEASE_REASON_CHARS)
         try:
             async with asyncio.timeout(CONFIG_ERROR_RELEASE_S):
-                await self._call("release", lambda: self._cli().release(
-                    grant.lease_id, reason, failed=False, preempted=False), interruptible=False)
-        except LedgerError:
-            pass       # expired or closed meanwhile: nothing is held to hand back
+                await self._release(grant, f"configuration error: {exc}", failed=False,
+                                    preempted=False, interruptible=False)
         except Exception as err:
             log.warning("could not hand lease %s back (%s): the coordinator re-queues unit %s when the "
                         "lease times out", grant.lease_id, type(err).__name__, grant.unit.unit_id)
-            return
-        await asyncio.to_thread(self.state.finish_lease, grant.lease_id)
 
     # -- models ------------------------------------------------------------------------------------
     async def _model(self, version: int) -> ModelState:
