@@ -146,6 +146,24 @@ async def test_worker_runs_until_finished(tmp_path: Path) -> None:
     assert (state / "identity.json").stat().st_mode & 0o077 == 0  # the token file is private
 
 
+async def test_a_worker_with_no_work_to_lease_says_so_while_it_waits(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by a probe: a worker told "no work now, ask again" (every unit leased elsewhere, or the
+    run finishing) asked again silently for as long as it lasted, and looked hung."""
+    caplog.set_level(logging.INFO, logger="vcasync.worker")
+    async with running(tmp_path, units=make_units(1, steps=4)) as (coord, server):
+        blocker = Blocker(at_step=1)
+        _, task = await started(server.url, tmp_path / "a", blocker)
+        second = asyncio.create_task(worker(server.url, tmp_path / "b", make_trainer()).run())
+        await eventually(lambda: "no work to lease now" in caplog.text)
+        assert "no queued work; 1 units are leased" in caplog.text
+        blocker.release.set()
+        assert (await task).results_accepted == 1
+        assert (await second).reason == "finished"
+        await coord.wait_finished()
+        assert "work again after" not in caplog.text        # it never got work: none was left
+
+
 async def test_preempted_worker_keeps_the_lease_and_resumes_it(tmp_path: Path) -> None:
     async with running(tmp_path, units=make_units(2, steps=20)) as (coord, server):
         log: list[dict[str, Any]] = []

@@ -32,6 +32,8 @@ restarting. Results are written to the state dir before upload and re-sent until
 lease id makes a re-send harmless. When the coordinator is up but its storage is not (``503
 storage_unavailable``), the worker says so ("coordinator's storage unavailable, waiting"), keeps its
 result and asks no new work, retrying as often as the coordinator's ``Retry-After`` says.
+A worker told there is no work now (every unit leased elsewhere, the run finishing) asks again as
+often as the coordinator says, and logs so when the wait starts and every :data:`WAITING_LOG_S`.
 A coordinator that said the run is finished (``410 run_finished``: at a lease request, a join or a
 heartbeat) and is unreachable afterwards has stopped lingering: the worker is done, and exits as
 finished at once instead of retrying for ``give_up_after_s``.
@@ -107,6 +109,9 @@ RELEASE_REASON_CHARS = 300
 STOPPING_NOTICE_S = 2.0
 #: How long a worker whose trainer raised a ConfigError tries to hand its lease back before it exits.
 CONFIG_ERROR_RELEASE_S = 10.0
+#: While no work can be leased (every unit leased elsewhere, the run finishing), the worker says
+#: so when the wait starts and again every this many seconds.
+WAITING_LOG_S = 60.0
 
 _LEASE_GONE = (LeaseNotFoundError, NotLeaseHolderError, UnitClosedError, LeaseExpiredError)
 
@@ -529,9 +534,14 @@ class Worker:
         return grant
 
     async def _next_lease(self) -> LeaseGrant | None:
+        waiting_since: float | None = None      # told "no work now, ask again" since
+        said_at = 0.0
         while True:
             try:
-                return await self._call("lease", self._cli().lease)
+                grant = await self._call("lease", self._cli().lease)
+                if waiting_since is not None:
+                    log.info("work again after %.0f s without", time.monotonic() - waiting_since)
+                return grant
             except WorkerBackoffError as exc:
                 # Our last units failed: the coordinator gives them to other workers first. Wait
                 # the whole back-off (asking earlier only gets the same answer).
@@ -542,7 +552,19 @@ class Worker:
                     log.info("the run is finished")
                     return None
                 cap = self.config.backoff.max_delay_s
-                await self._sleep(min(cap, max(0.05, exc.retry_after)) * self._rng.uniform(0.5, 1.0))
+                wait = min(cap, max(0.05, exc.retry_after))
+                # Said when the wait starts and every WAITING_LOG_S while it lasts: a worker that
+                # sat silent for minutes (the last units leased elsewhere, a run finishing) looked hung.
+                now = time.monotonic()
+                if waiting_since is None:
+                    waiting_since = said_at = now
+                    log.info("no work to lease now: %s; asking again every %.1f s or less",
+                             self._scrub(str(exc)), wait)
+                elif now - said_at >= WAITING_LOG_S:
+                    said_at = now
+                    log.info("still no work to lease after %.0f s: %s", now - waiting_since,
+                             self._scrub(str(exc)))
+                await self._sleep(wait * self._rng.uniform(0.5, 1.0))
 
     # -- one unit ----------------------------------------------------------------------------------
     async def _work(self, grant: LeaseGrant) -> bool:
