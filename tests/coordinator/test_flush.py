@@ -335,6 +335,10 @@ async def test_a_final_snapshot_that_cannot_be_written_is_a_storage_outage_with_
         assert not a.finished
         assert "the final snapshot failed" in caplog.text
         assert "results are still made durable" not in caplog.text
+        # found by a probe: the outage's ERROR said workers were told to wait for the storage,
+        # while a lease is answered "finishing" (every unit done, nothing to take in)
+        assert "workers are told the run is finishing (503 no_work)" in caplog.text
+        assert "503 storage_unavailable" not in caplog.text
     finally:
         with contextlib.suppress(Exception):
             await a.aclose()

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -16,6 +17,7 @@ import pytest
 
 from vcasync.coordinator import Coordinator, CoordinatorConfig
 from vcasync.errors import (
+    AccessDeniedError,
     ClosedError,
     NoWorkAvailableError,
     StorageError,
@@ -29,7 +31,7 @@ from vcasync.server import Server, ServerConfig
 from vcasync.server._auth import StorageTokenStore, TokenAuthority
 from vcasync.storage import open_storage
 from vcasync.tensors import ModelState
-from vcasync.testing.faults import FaultyStorage, WriteOutage
+from vcasync.testing.faults import FaultPlan, FaultyStorage, WriteOutage
 from vcasync.wire import decode_payload_bytes
 from vcasync.worker._client import CoordinatorClient
 
@@ -165,15 +167,39 @@ class FullDisk(WriteOutage):
         return self.down and op in ("put", "put_stream") and not (key or "").endswith("/probe")
 
 
+def _no_space(op: str, key: str | None) -> Exception:
+    """What the file backend raises on a full disk: a StorageError from the OSError."""
+    cause = OSError(errno.ENOSPC, "No space left on device", key)
+    error = StorageError(f"file:///store: {key!r}: {cause}", key=key)
+    error.__cause__ = cause
+    return error
+
+
+def _not_permitted(op: str, key: str | None) -> Exception:
+    """... and on a path it may not write to (``chattr +i`` on the snapshots' directory)."""
+    cause = PermissionError(errno.EPERM, "Operation not permitted", key)
+    error = AccessDeniedError(f"file:///store: {cause}", key=key)
+    error.__cause__ = cause
+    return error
+
+
+@pytest.mark.parametrize(("make_error", "hint"), [
+    (_no_space, "the disk is full or the quota spent"),
+    # found by a probe: a path the probe does not write to refused (EPERM), and the warning still
+    # guessed "a full disk or a spent quota?"
+    (_not_permitted, "the probe's small write went through where this write did not"),
+])
 async def test_a_store_that_takes_the_probe_but_not_results_is_one_outage_up_to_its_limit(
-        caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, make_error: Callable[[str, str | None], Exception],
+        hint: str) -> None:
     """The probe's small write fits, the next result does not: that is the outage going on, not a
     new one each probe (which flapped the state, logged an ERROR per probe and never reached
-    ``storage_outage_limit_s``, so a coordinator on a full disk ran on forever)."""
+    ``storage_outage_limit_s``, so a coordinator on a full disk ran on forever). The warning guesses a
+    full disk only when the error says so."""
     disk = FullDisk()
     config = CoordinatorConfig(storage_probe_interval_s=PROBE_S, storage_outage_limit_s=1.5)
     async with open_storage("memory://full-disk") as inner:
-        storage: Any = FaultyStorage(inner, trigger=disk)
+        storage: Any = FaultyStorage(inner, FaultPlan(make_error=make_error), trigger=disk)
         coord = Coordinator(ModelState.from_module(tiny_model()), make_units(4, steps=3),
                             policy=build_policy("vcasgd"), storage=storage, config=config)
         async with coord, Server(coord, TokenAuthority(join_secret=SECRET,
@@ -198,7 +224,9 @@ async def test_a_store_that_takes_the_probe_but_not_results_is_one_outage_up_to_
     assert sum("storage unavailable" in m for m in errors) == 1, errors
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert sum("storage is back" in m for m in warnings) <= 1, warnings
-    assert sum("failed again right after a probe" in m for m in warnings) == 1, warnings
+    (relapse,) = [m for m in warnings if "failed again right after a probe" in m]
+    assert hint in relapse
+    assert ("full" in relapse) == (make_error is _no_space)
 
 
 async def test_a_finished_run_says_so_to_a_waiting_worker_while_its_storage_is_down() -> None:

@@ -1066,7 +1066,7 @@ class Coordinator:
                               "holds its last results (they are in no journal): retrying; workers "
                               "are told the run is finishing", exc)
                 self._final_failing = final
-                self._health.write_failed(exc, needed=final)
+                self._health.write_failed(exc, needed=final, finishing=final)
             else:
                 self._final_failing = False
                 self._health.write_ok()
@@ -1079,8 +1079,9 @@ class Coordinator:
             if not health.unavailable.is_set():
                 await _first_of(health.unavailable.wait(), self._stop.wait())
                 continue
+            # never sleep past the limit: the stop came one probe interval late (15 s for 10)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(health.next_probe_delay()):
+                async with asyncio.timeout(min(health.next_probe_delay(), health.left_s() + 0.01)):
                     await self._stop.wait()
             if self._stop.is_set():
                 return

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import errno
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -81,13 +82,15 @@ class StorageHealth:
         self.relapses = 0                   # needed writes that failed on probation, this outage
 
     # -- what the coordinator reports ---------------------------------------------------------
-    def write_failed(self, exc: BaseException, *, needed: bool) -> None:
-        """A storage write failed. ``needed``: results cannot be made durable without it."""
+    def write_failed(self, exc: BaseException, *, needed: bool, finishing: bool = False) -> None:
+        """A storage write failed. ``needed``: results cannot be made durable without it.
+        ``finishing``: it is the final snapshot of a run whose every unit is done, so workers are
+        told the run is finishing (not to wait for the storage), and what is said says so."""
         self.write_failures += 1
         self.last_error = _describe(exc)
         if self.state >= StorageState.UNAVAILABLE:
             return
-        if needed and self._relapse():
+        if needed and self._relapse(exc):
             return
         if needed:
             self.state, self.since = StorageState.UNAVAILABLE, self._clock()
@@ -95,9 +98,11 @@ class StorageHealth:
             self.outages += 1
             self._probe_delay = min(FIRST_PROBE_S, self.probe_interval_s)
             self.unavailable.set()
-            log.error("storage unavailable: %s. Workers are told to wait (503 storage_unavailable); "
-                      "probing it (every %.3gs at most), giving up after %.0fs", self.last_error,
-                      self.probe_interval_s, self.limit_s)
+            told = ("Every unit is done: workers are told the run is finishing (503 no_work) until "
+                    "the final snapshot is written" if finishing else
+                    "Workers are told to wait (503 storage_unavailable)")
+            log.error("storage unavailable: %s. %s; probing it (every %.3gs at most), giving up "
+                      "after %.0fs", self.last_error, told, self.probe_interval_s, self.limit_s)
         elif self.state is StorageState.OK:
             self.state, self.since = StorageState.DEGRADED, self._clock()
             log.warning("storage degraded: %s (%s; the next write retries)", self.last_error,
@@ -105,7 +110,7 @@ class StorageHealth:
                         "the results merged since the last snapshot are in memory only until one "
                         "is written")
 
-    def _relapse(self) -> bool:
+    def _relapse(self, exc: BaseException) -> bool:
         """A needed write failed on probation: the outage the probe seemed to end goes on."""
         probation, self._probation = self._probation, None
         if probation is None or self._clock() - probation[0] > RELAPSE_WINDOW_S:
@@ -116,9 +121,8 @@ class StorageHealth:
         self.relapses += 1
         if self.relapses == 1:
             log.warning("storage failed again right after a probe write went through: %s. The "
-                        "outage goes on (%.0fs so far; a small write fits, results do not: a full "
-                        "disk or a spent quota?); giving up after %.0fs", self.last_error,
-                        self.down_for(), self.limit_s)
+                        "outage goes on (%.0fs so far; %s); giving up after %.0fs", self.last_error,
+                        self.down_for(), _relapse_hint(exc), self.limit_s)
         return True
 
     def durable_write_ok(self) -> None:
@@ -197,6 +201,10 @@ class StorageHealth:
     def over_limit(self) -> bool:
         return self.down_for() > self.limit_s
 
+    def left_s(self) -> float:
+        """Seconds left of ``limit_s`` in the current unavailable spell (``limit_s`` when none)."""
+        return max(0.0, self.limit_s - self.down_for())
+
     @property
     def refusing(self) -> bool:
         """True while results cannot be made durable (unavailable, or failed)."""
@@ -217,6 +225,25 @@ class StorageHealth:
         return {"storage_state": int(self.state), "storage_unavailable_seconds": self.down_for(),
                 "storage_write_failures_total": self.write_failures,
                 "storage_outages_total": self.outages, "storage_probes_total": self.probes}
+
+
+def _relapse_hint(exc: BaseException) -> str:
+    """What a needed write failing where a probe's small one went through suggests: a full disk
+    or a spent quota when the error says so; otherwise only that (a permission refused on one
+    path, say, is no full disk)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in _FULL_ERRNOS:
+            return "a small write fits, results do not: the disk is full or the quota spent"
+        seen = seen.__cause__ or seen.__context__
+    text = str(exc).lower()
+    if any(word in text for word in _FULL_WORDS):
+        return "a small write fits, results do not: the disk is full or the quota spent"
+    return "the probe's small write went through where this write did not"
+
+
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+_FULL_WORDS = ("no space left", "quota", "insufficient storage", "disk full")
 
 
 def _describe(exc: BaseException) -> str:
