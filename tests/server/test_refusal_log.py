@@ -190,3 +190,25 @@ async def test_a_client_that_hangs_up_mid_download_is_one_info_line_not_an_error
         assert errors == [], [r.getMessage() for r in errors]
         assert all(line.levelno == logging.INFO and "client_disconnected" in line.getMessage()
                    for line in server_lines(caplog))
+
+
+async def test_a_lease_id_or_path_cannot_forge_a_log_line(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The lease id in the path is decoded (``%0a`` is a line break): it was written as it came, so
+    ``/v1/leases/x%0a<a fake ERROR line>/heartbeat`` put a line of the client's choosing in the log."""
+    forged = "2026-12-07 11:00:00,000 ERROR vcasync.coordinator: FORGED"
+    quoted = forged.replace(" ", "%20")
+    async with running(tmp_path) as (_, server), aiohttp.ClientSession() as http:
+        async with http.post(f"{server.url}/v1/join", data=control("join", {"name": "t"}),
+                             headers=bearer(SECRET)) as r:
+            token = decode_message(await r.read(), expected_kind="joined").body["token"]
+        with caplog.at_level(logging.INFO, "vcasync.server"):
+            for path in (f"/v1/leases/x%0a{quoted}%1b[2J/heartbeat", f"/v1/nothing%0d%0a{quoted}"):
+                async with http.post(server.url + path, data=control("heartbeat", {"steps_done": 1}),
+                                     headers=bearer(token)) as r:
+                    assert r.status == 404
+    lines = [r.getMessage() for r in server_lines(caplog)]
+    assert len(lines) == 2, lines
+    assert "(lease x\\n2026-12-07" in lines[0]          # shown, escaped, on its own line
+    for line in lines:
+        assert not {"\n", "\r", "\x1b"} & set(line), line

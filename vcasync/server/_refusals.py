@@ -4,7 +4,9 @@ Every refusal is worth one line an operator can act on: the reason code, the rou
 before authentication, the peer address) and the lease, never a credential. A broken or hostile
 worker repeats the same refusal many times a second, so each (code, route, caller) logs its first
 refusal at once and then at most one line per ``window_s`` that counts what was left out; past
-``max_keys`` callers tracked, the table starts over, so memory stays bounded.
+``max_keys`` callers tracked, the table starts over, so memory stays bounded. What the client chose
+(the lease id and path it sent, decoded: ``%0a`` is a line break) is written on one line, its control
+characters escaped (``\\n``), so a client cannot forge a log line.
 
 A flood from many fresh addresses (each its own caller) would still cost a line per address, so on
 top of that the whole log holds at most ``max_lines`` refusal lines per ``window_s``: past them,
@@ -31,6 +33,13 @@ log = logging.getLogger("vcasync.server")
 #: told to back off), logged at INFO; every other 4xx at WARNING.
 ROUTINE = frozenset({"run_finished", "version_not_found", "worker_backoff", "lease_expired",
                      "unit_closed", "client_disconnected"})
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    """``text`` (cut to ``limit`` characters) with each character that is not printable (a line
+    break, an escape, a NUL) written as its escape (``\\n``, ``\\x1b``): one line, and a client
+    cannot forge log lines through what it sent."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
 
 
 @dataclass(slots=True)
@@ -84,8 +93,9 @@ class RefusalLog:
         level = logging.INFO if code in ROUTINE else logging.WARNING
         more = (f" ({left_out} more like it in the last {self.window_s:.0f}s not logged)"
                 if left_out else "")
-        log.log(level, "refused %s from %s%s: %d %s: %s%s", route, caller,
-                f" (lease {lease})" if lease else "", status, code, message[:300], more)
+        log.log(level, "refused %s from %s%s: %d %s: %s%s", _one_line(route), caller,
+                f" (lease {_one_line(lease, 128)})" if lease else "", status, code,
+                _one_line(message), more)
 
     def _end_window(self, now: float) -> None:
         """Start a new window of ``max_lines``, after one summary line of what the last one left out."""

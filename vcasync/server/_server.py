@@ -321,7 +321,7 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     except TimeoutError:
         raise
     except Exception:
-        log.exception("internal error in %s %s", request.method, request.path)
+        log.exception("internal error in %s %s", request.method, request.raw_path[:200])  # as sent: one line
         return _error_response(500, "internal_error", "internal server error; see the coordinator's log")
 
 
