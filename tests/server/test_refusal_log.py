@@ -212,3 +212,23 @@ async def test_a_lease_id_or_path_cannot_forge_a_log_line(
     assert "(lease x\\n2026-12-07" in lines[0]          # shown, escaped, on its own line
     for line in lines:
         assert not {"\n", "\r", "\x1b"} & set(line), line
+
+
+async def test_requests_the_http_parser_refuses_are_rate_limited_too(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A request line or header aiohttp's parser refuses never reaches a route: each logged its own
+    line, so with the access log off a client sending garbage still wrote a line per request."""
+    async with running(tmp_path, server_config=ServerConfig(port=0, access_log=False)) as (_, server):
+        with caplog.at_level(logging.INFO, "vcasync.server"):
+            for i in range(30):
+                reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+                writer.write(f"NOT-A-METHOD{i} /healthz HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                await writer.drain()
+                answer = await reader.read()
+                writer.close()
+                assert answer.startswith(b"HTTP/1.0 400"), answer
+                assert b'"bad_http_request"' in answer, answer
+    lines = [r for r in caplog.records if r.name == "vcasync.server" and "malformed HTTP" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    assert "peer 127.0.0.1" in lines[0].getMessage()
+    assert lines[0].levelno == logging.INFO

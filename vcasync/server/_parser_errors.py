@@ -5,7 +5,9 @@ answers those itself with a ``text/plain`` 400 that quotes the offending bytes, 
 ERROR with a traceback (attacker-controlled bytes in the log, and a credential if it was in the
 oversized header). :class:`JsonErrorRunner` answers them like every other error of the API, a JSON
 ``{"error": "bad_http_request", "message": ...}`` naming the problem but not the bytes, and logs one
-line without them.
+line without them, through the server's refusal log (:class:`~._refusals.RefusalLog`): at most one a
+minute per peer, 50 a minute in all, so a client sending garbage does not fill the log with a line
+per request when the access log is off.
 
 A body that does not decode (``Content-Encoding: gzip`` on bytes that are not gzip, broken chunked
 framing) is found only as it is read. A route reading it gets
@@ -25,19 +27,29 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from aiohttp.web_request import BaseRequest
 
+from ._refusals import RefusalLog
+
 __all__ = ["JsonErrorRunner", "undecodable_body"]
 
 log = logging.getLogger("vcasync.server")
 
 
 class _JsonErrorHandler(RequestHandler):
+    #: Where refusals are logged (set by the server that makes the handler); None: a line each.
+    refusals: RefusalLog | None = None
+
     def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
         if status >= 500 or request.writer.output_size > 0:
             return super().handle_error(request, status, exc, message)
         phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "error"
         what = type(exc).__name__ if exc is not None else phrase
-        log.info("refused a malformed HTTP request from %s: %d %s", request.remote, status, what)
+        if self.refusals is None:
+            log.info("refused a malformed HTTP request from %s: %d %s", request.remote, status, what)
+        else:
+            self.refusals.note(status=status, code="bad_http_request", message=f"{what}: {phrase}",
+                               route="a malformed HTTP request", worker=None,
+                               peer=request.remote, lease=None, routine=True)
         resp = web.json_response({"error": "bad_http_request",
                                   "message": f"malformed HTTP request ({what}): {phrase}"}, status=status)
         resp.force_close()
@@ -48,8 +60,14 @@ class _JsonErrorHandler(RequestHandler):
         if isinstance(exc, RequestPayloadError):
             # aiohttp drained the body of a request already answered (and logged), and it did not
             # decode: the client's bytes, not a fault of the server, and no traceback to read
-            log.info("dropped the rest of a request body from %s that did not decode (%s)",
-                     self._peer(), _cause_name(exc))
+            why = f"it did not decode ({_cause_name(exc)}); dropped"
+            if self.refusals is None:
+                log.info("dropped the rest of a request body from %s that did not decode (%s)",
+                         self._peer(), _cause_name(exc))
+            else:
+                self.refusals.note(status=400, code="bad_http_request", message=why,
+                                   route="the rest of a request body", worker=None,
+                                   peer=self._peer(), lease=None, routine=True)
             return
         super().log_exception(*args, **kw)
 
@@ -71,15 +89,27 @@ def undecodable_body(exc: RequestPayloadError) -> str:
 
 
 class _JsonErrorServer(web.Server):
+    refusals: RefusalLog | None = None
+
     def __call__(self) -> RequestHandler:
-        return _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
+        handler = _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
+        handler.refusals = self.refusals
+        return handler
 
 
 class JsonErrorRunner(web.AppRunner):
-    """An :class:`aiohttp.web.AppRunner` whose connections answer parser errors in JSON."""
+    """An :class:`aiohttp.web.AppRunner` whose connections answer parser errors in JSON, logged
+    through ``refusals`` (None: one INFO line each)."""
+
+    def __init__(self, app: web.Application, *, refusals: RefusalLog | None = None, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._refusals = refusals
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
-        # Same object, one overridden method (the handler factory): no state is added or lost.
+        # Same object, one overridden method (the handler factory) and the class attribute
+        # ``refusals`` given a value: no state of aiohttp's is added or lost.
         server.__class__ = _JsonErrorServer
+        assert isinstance(server, _JsonErrorServer)
+        server.refusals = self._refusals
         return server

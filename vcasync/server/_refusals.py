@@ -68,7 +68,8 @@ class RefusalLog:
         self.suppressed = 0
 
     def note(self, *, status: int, code: str, message: str, route: str, worker: str | None,
-             peer: str | None, lease: str | None) -> None:
+             peer: str | None, lease: str | None, routine: bool = False) -> None:
+        """Log (or count) one refusal; ``routine``: at INFO, whatever its code."""
         caller = f"worker {worker}" if worker else f"peer {peer or '?'}"
         key = (code, route, caller)
         now = self._clock()
@@ -90,7 +91,7 @@ class RefusalLog:
         left_out = 0 if seen is None else seen.left_out
         self._seen[key] = _Seen(now)
         self.logged += 1
-        level = logging.INFO if code in ROUTINE else logging.WARNING
+        level = logging.INFO if routine or code in ROUTINE else logging.WARNING
         more = (f" ({left_out} more like it in the last {self.window_s:.0f}s not logged)"
                 if left_out else "")
         log.log(level, "refused %s from %s%s: %d %s: %s%s", _one_line(route), caller,

@@ -442,7 +442,8 @@ class Server:
             app = build_app(self._coordinator, self._authority, cfg, status_access=self._status_access,
                             linger_s=self._linger_s)
             kwargs: dict[str, Any] = {} if cfg.access_log else {"access_log": None}
-            runner = JsonErrorRunner(app, handle_signals=False, shutdown_timeout=cfg.shutdown_timeout_s,
+            runner = JsonErrorRunner(app, refusals=app[REFUSALS], handle_signals=False,
+                                     shutdown_timeout=cfg.shutdown_timeout_s,
                                      keepalive_timeout=cfg.idle_timeout_s, **kwargs)
             await runner.setup()
         except BaseException:
