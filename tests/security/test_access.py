@@ -9,7 +9,13 @@ from pathlib import Path
 import aiohttp
 
 from harness import hostile_payloads as HP
+from vcasync.coordinator import Coordinator, CoordinatorConfig
+from vcasync.ledger._units import make_units
+from vcasync.policy import build_policy
+from vcasync.server import Server, ServerConfig
+from vcasync.server._auth import StorageTokenStore, TokenAuthority
 from vcasync.server.status import PUBLIC_STATUS_ROUTES
+from vcasync.storage import open_storage
 
 from .conftest import PAYLOAD, SECRET, call, digits_model, join, lease, serving
 
@@ -62,6 +68,48 @@ async def test_tokens_are_per_worker_and_revocable(tmp_path: Path) -> None:
         _, a2 = await join(http, server.url, "a")             # joining again gives a new token
         assert a2 != a
         await lease(http, server.url, a2)
+
+
+async def test_revoking_a_join_token_revokes_the_worker_tokens_it_gave(tmp_path: Path) -> None:
+    """operating.md: a pre-issued join token is the way to "revoke one machine". Found by a probe:
+    a coordinator restarted without alice's line in --join-tokens-file refused alice's next join, but
+    the worker token she got with it was still accepted (she leased on), revoked or not."""
+    tokens = {"alice": "alice-join-token-0123456789abcdef", "bob": "bob-join-token-0123456789abcdef0"}
+    async with open_storage(f"file://{tmp_path / 'store'}") as storage, aiohttp.ClientSession() as http:
+        async def start(join_tokens: dict[str, str]) -> tuple[Coordinator, Server, TokenAuthority]:
+            coord = Coordinator(digits_model(), make_units(6, steps=5), policy=build_policy("vcasgd"),
+                                storage=storage, config=CoordinatorConfig(lease_timeout_s=600.0))
+            auth = TokenAuthority(join_tokens=join_tokens, store=StorageTokenStore(storage))
+            await coord.__aenter__()
+            server = Server(coord, auth, ServerConfig(port=0))
+            await server.start()
+            return coord, server, auth
+
+        coord, server, _ = await start(tokens)
+        worker = {}
+        for name, credential in tokens.items():
+            status, body, _ = await call(http, "POST", f"{server.url}/v1/join", credential, "join", {})
+            assert status == 200, body
+            worker[name] = body["token"]
+        await server.aclose()
+        await coord.__aexit__(None, None, None)
+
+        coord, server, auth = await start({"bob": tokens["bob"]})      # alice's line taken out
+        try:
+            status, body, _ = await call(http, "POST", f"{server.url}/v1/leases", worker["alice"],
+                                         "lease_request")
+            assert status == 401, body                                  # it was 201: a lease
+            assert body["error"] == "unauthorized"
+            assert "revoked" in body["message"]
+            assert [name for _, name, _ in auth.joined()] == ["bob"]
+            await lease(http, server.url, worker["bob"])               # bob is untouched
+            assert auth.revoke_join_token("bob")                        # and in-process the same
+            status, body, _ = await call(http, "POST", f"{server.url}/v1/leases", worker["bob"],
+                                         "lease_request")
+            assert (status, body["error"]) == (401, "unauthorized"), body
+        finally:
+            await server.aclose()
+            await coord.__aexit__(None, None, None)
 
 
 async def test_a_worker_cannot_touch_another_workers_lease(tmp_path: Path) -> None:

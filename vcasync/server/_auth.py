@@ -76,6 +76,10 @@ class TokenRecord:
     #: The name the worker joined with (records from before 2026-12-07 have none): a coordinator
     #: restarted after a crash lists the workers that joined since its last snapshot by it.
     name: str = ""
+    #: The name of the pre-issued join token the worker joined with ("": the join secret; records
+    #: from before 2026-12-07 have none): the token is refused once that join token is no longer
+    #: configured, so revoking a join token revokes the machine, not only its next join.
+    join_token: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +124,7 @@ class StorageTokenStore:
                 out[key[len(self._prefix):].removesuffix(".json")] = TokenRecord(
                     worker_id=str(raw["worker_id"]), digest_hex=str(raw["digest_hex"]),
                     issued_at=float(raw["issued_at"]), revoked=bool(raw.get("revoked", False)),
-                    name=str(raw.get("name", "")))
+                    name=str(raw.get("name", "")), join_token=str(raw.get("join_token", "")))
             except (ValueError, KeyError, TypeError) as exc:
                 raise ConfigError(f"token record {key!r} is corrupt: {exc}") from exc
 
@@ -211,16 +215,20 @@ class TokenAuthority:
             raise AuthError("operator credential refused: send the operator token")
 
     def revoke_join_token(self, name: str) -> bool:
-        """Stop accepting the pre-issued join token of ``name``; True when there was one."""
+        """Stop accepting the pre-issued join token of ``name``, and the worker tokens issued to
+        whoever joined with it; True when there was one."""
         return self._join_tokens.pop(name, None) is not None
 
     # -- worker tokens ---------------------------------------------------------------------------
-    async def issue(self, worker_id: str, name: str = "") -> str:
-        """A new bearer token for ``worker_id`` (who joined as ``name``); only its digest is kept."""
+    async def issue(self, worker_id: str, name: str = "", *, join_token: str = "") -> str:
+        """A new bearer token for ``worker_id`` (who joined as ``name``, with the pre-issued join
+        token of that name ``join_token``, "" for the join secret); only its digest is kept. A token
+        issued under a join token is refused once that join token is revoked (or left out of the
+        coordinator's join tokens at a restart)."""
         token_id = secrets.token_hex(_ID_HEX // 2)
         secret = secrets.token_urlsafe(32)
         record = TokenRecord(worker_id=worker_id, digest_hex=_digest(secret).hex(), issued_at=self._clock(),
-                             name=name)
+                             name=name, join_token=join_token)
         if self._store is not None:
             await self._store.save(token_id, record)
         self._records[token_id] = record
@@ -239,7 +247,13 @@ class TokenAuthority:
             raise AuthError("unknown worker token: join again")
         if record.revoked:
             raise AuthError("this worker token was revoked")
+        if not self._live(record):
+            raise AuthError("this worker token was revoked with the join token it joined with")
         return record.worker_id
+
+    def _live(self, record: TokenRecord) -> bool:
+        """Not revoked, and the join token it joined with (if any) still accepted."""
+        return not record.revoked and (not record.join_token or record.join_token in self._join_tokens)
 
     async def revoke(self, worker_id: str) -> int:
         """Revoke every token of ``worker_id``; returns how many were live."""
@@ -258,10 +272,10 @@ class TokenAuthority:
         its latest: whom a restarted coordinator can list though its snapshot predates them."""
         latest: dict[str, TokenRecord] = {}
         for r in self._records.values():
-            if not r.revoked and (r.worker_id not in latest or r.issued_at > latest[r.worker_id].issued_at):
+            if self._live(r) and (r.worker_id not in latest or r.issued_at > latest[r.worker_id].issued_at):
                 latest[r.worker_id] = r
         now = self._clock()
         return [(r.worker_id, r.name, max(now - r.issued_at, 0.0)) for r in latest.values()]
 
     def live_tokens(self) -> int:
-        return sum(1 for r in self._records.values() if not r.revoked)
+        return sum(1 for r in self._records.values() if self._live(r))

@@ -137,7 +137,7 @@ async def join(request: web.Request) -> web.Response:
     if identity.name is not None:  # a pre-issued join token fixes the worker's name
         name = identity.name
     worker_id = await app[COORDINATOR].join(name, info)
-    token = await auth.issue(worker_id, name[:128])
+    token = await auth.issue(worker_id, name[:128], join_token=identity.name or "")
     log.info("worker %s joined", worker_id)
     return reply_msg(request, Joined(worker_id, token, app[COORDINATOR].run_id))
 
