@@ -7,6 +7,7 @@ live at once at scale, so they are kept small); everything handed out is a froze
 from __future__ import annotations
 
 import enum
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -178,6 +179,9 @@ class WorkerRecord:
 
 #: How deep a worker's info may nest (``{"gpu": {"name": ...}}`` is two levels).
 MAX_INFO_DEPTH = 8
+#: How large a worker's info may be, as compact JSON. It is kept for as long as the worker is known
+#: and in every snapshot: a 64 KiB join body of small numbers held 650 KB of Python objects.
+MAX_INFO_BYTES = 4096
 MAX_NAME_LENGTH = 128
 
 
@@ -192,12 +196,18 @@ def worker_name(name: object) -> str:
 
 
 def worker_info(info: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of a joining worker's info, JSON-like (it is snapshotted and shown in status);
-    :class:`FrameError` (``field="info"``) naming what is not (see :func:`plain_problem`)."""
+    """A copy of a joining worker's info, JSON-like (it is snapshotted and shown in status), at
+    most :data:`MAX_INFO_BYTES` as compact JSON; :class:`FrameError` (``field="info"``) naming
+    what is not (see :func:`plain_problem`) or its size."""
     problem = plain_problem(info, "info", noun="worker info", max_depth=MAX_INFO_DEPTH)
     if problem is not None:
         raise FrameError(f"worker {problem}", field="info")
-    return {k: _copy(v) for k, v in info.items()}
+    kept = {k: _copy(v) for k, v in info.items()}
+    size = len(json.dumps(kept, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > MAX_INFO_BYTES:
+        raise FrameError(f"worker info is {size} bytes as JSON, over {MAX_INFO_BYTES}: send a few "
+                         "facts about the machine (host, pid), not data", field="info")
+    return kept
 
 
 def _copy(value: Any) -> Any:
