@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+from pathlib import Path
 
+import aiohttp
 import prometheus_client
 from prometheus_client.parser import text_string_to_metric_families
 
 from vcasync.metrics import Metrics
 from vcasync.server._http_metrics import HttpMetrics
+
+from .conftest import PAYLOAD, running
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -69,3 +74,20 @@ def test_every_family_has_help_and_label_values_are_escaped() -> None:
         assert fam.documentation.strip(), fam.name
     assert 'worker="q\\"\\n\\\\"' in text
     assert {f.name: f.type for f in families}["vcasync_leases_issued"] == "counter"
+
+
+async def test_request_bytes_count_what_arrived_not_what_was_declared(tmp_path: Path) -> None:
+    """Found by a probe: one unauthenticated PUT declaring a Content-Length of 900 TB and sending
+    nothing, answered 401 before its body was read, added 9e14 to the result route's bytes."""
+    async with running(tmp_path) as (_, server), aiohttp.ClientSession() as http:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"PUT /v1/leases/x/result HTTP/1.1\r\nHost: x\r\nContent-Type: " + PAYLOAD.encode()
+                     + b"\r\nContent-Length: 900000000000000\r\n\r\n" + b"\0" * 100)
+        await writer.drain()
+        assert (await reader.readline()).startswith(b"HTTP/1.1 401")
+        writer.close()
+        async with http.get(f"{server.url}/metrics") as r:
+            got = _samples(await r.text())
+    put = (("method", "PUT"), ("route", "result"), ("status", "401"))
+    assert got[("vcasync_http_requests_total", put)] == 1
+    assert got[("vcasync_http_request_bytes_total", (("route", "result"),))] <= 100

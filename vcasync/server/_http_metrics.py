@@ -51,7 +51,8 @@ class HttpMetrics:
         for (route, method, status), n in sorted(self.requests.items()):
             requests.add_metric([route, method, str(status)], n)
         yield requests
-        yield _by_route("vcasync_http_request_bytes_total", "request body bytes received by route",
+        yield _by_route("vcasync_http_request_bytes_total",
+                        "request body bytes received by route (as decoded: after a Content-Encoding)",
                         self.bytes_in)
         yield _by_route("vcasync_http_response_bytes_total", "response body bytes sent by route",
                         self.bytes_out)

@@ -343,8 +343,10 @@ async def _metrics(request: web.Request, handler: Handler) -> web.StreamResponse
     resp = await handler(request)
     route = request.match_info.route.name or "unmatched"
     out = resp.body_length if resp.prepared else (resp.content_length or 0)
+    # the body bytes that arrived, not the Content-Length the client declared: a request refused
+    # before its body is read (401, 413) declared what it liked and sent nothing
     request.app[R.HTTP_METRICS].observe(route, request.method, resp.status, time.perf_counter() - start,
-                                        request.content_length or 0, out)
+                                        request.content.total_bytes, out)
     return resp
 
 
