@@ -108,3 +108,23 @@ async def test_no_credential_reaches_a_log_line(tmp_path: Path, caplog: pytest.L
     assert "refused a malformed HTTP request" in caplog.text
     for secret in (SECRET, token, token.split("_", 2)[2]):
         assert secret not in text
+
+
+@pytest.mark.parametrize("command", ["coordinator", "worker"])
+def test_a_memory_url_with_credentials_is_refused_without_showing_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        command: str) -> None:
+    """Found by a probe: the warning that a memory:// store dies with the process showed the URL as
+    given, user info and all, before the URL was refused (the refusal itself masks it)."""
+    from vcasync.cli import main
+
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", SECRET)
+    url = "memory://user:NotShownAnywhere123@run"
+    args = (["coordinator", "--model", "vcasync.examples.digits:model", "--port", "0", "--storage", url]
+            if command == "coordinator" else
+            ["worker", "--coordinator", "http://127.0.0.1:1", "--trainer", "vcasync.examples.digits:train",
+             "--state", url])
+    with caplog.at_level(logging.DEBUG):
+        assert main(args) == 2
+    assert "memory://***@run" in caplog.text
+    assert "NotShownAnywhere123" not in caplog.text

@@ -385,7 +385,7 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     from ..runconfig import dataclass_from_table
     from ..server import listen
     from ..server._auth import StorageTokenStore, TokenAuthority
-    from ..storage import open_storage, outlives_process
+    from ..storage import open_storage, outlives_process, shown_url
     from ..tensors import ModelState
 
     # before the model is built: its settings are checked when made (heartbeat vs lease timeout)
@@ -413,7 +413,7 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     if not outlives_process(cfg.storage):
         log.warning("storage %s lives in this process: the run's state is gone when it exits, and a "
                     "restarted coordinator starts the run over (for a run that resumes: a path, "
-                    "file://, s3:// or gs://)", cfg.storage)
+                    "file://, s3:// or gs://)", shown_url(cfg.storage))
     # Bound (and the TLS files loaded) before the storage is touched: a bad certificate, a host
     # that is not this machine's or a port in use was found once the run record, the first
     # snapshot and the owner lease were written, so an exit 2 ("nothing was changed") left a run

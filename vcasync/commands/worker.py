@@ -24,7 +24,7 @@ from pathlib import Path
 from .. import _early_signals
 from ..cli import Command, read_join_credential
 from ..errors import ConfigError
-from ..storage import outlives_process
+from ..storage import outlives_process, shown_url
 
 log = logging.getLogger("vcasync.cli")
 
@@ -111,7 +111,7 @@ def _run(a: argparse.Namespace) -> int:
     if a.state is not None and not outlives_process(a.state):
         log.warning("--state %s lives in this process: a worker started again (here or on another "
                     "machine) will not find its identity, lease or checkpoints there (for a state "
-                    "that resumes: s3://, gs:// or file://)", a.state)
+                    "that resumes: s3://, gs:// or file://)", shown_url(a.state))
     if a.threads is not None and a.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {a.threads}")
     secret, token = read_join_credential(a.join_secret_file)
