@@ -323,6 +323,62 @@ async def test_result_over_the_size_limit_is_413_before_reading(tmp_path: Path,
         assert await snapshot(coord) == state
 
 
+async def _head_answer(port: int, head: str, body: bytes = b"") -> tuple[bytes, bytes]:
+    """The first status line the server sends to ``head`` (a request head without its body),
+    and, if it was ``100 Continue``, the status line of the answer once ``body`` follows."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head.encode())
+        await writer.drain()
+        first = await reader.readline()
+        final = b""
+        if first.startswith(b"HTTP/1.1 100"):
+            await reader.readline()
+            writer.write(body)
+            await writer.drain()
+            final = await reader.readline()
+        return first, final
+    finally:
+        writer.close()
+
+
+async def test_100_continue_only_invites_a_body_the_route_will_read(
+        tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    """Found by a probe: aiohttp answered ``Expect: 100-continue`` before any check, so a client
+    with a wrong token or a body over the limit was told to send it (4 GB, say) and refused after;
+    an unknown expectation got a text/plain 417 outside the API's JSON errors."""
+    cfg = ServerConfig(port=0, max_result_bytes=1000)
+    async with running(tmp_path, server_config=cfg) as (coord, server):
+        _, token = await join(http, server.url)
+        grant = await lease(http, server.url, token)
+        state = await snapshot(coord)
+        port, lid = server.port, grant["lease_id"]
+        expect = "Host: x\r\nExpect: 100-continue\r\nContent-Type: application/json\r\n"
+        refused = {
+            f"PUT /v1/leases/{lid}/result HTTP/1.1\r\n{expect}Authorization: Bearer vca_0000000000000000_"
+            "nope\r\nContent-Length: 4000000000\r\n\r\n": b"HTTP/1.1 401",
+            f"PUT /v1/leases/{lid}/result HTTP/1.1\r\n{expect}Authorization: Bearer {token}\r\n"
+            "Content-Length: 4000000000\r\n\r\n": b"HTTP/1.1 413",
+            f"POST /v1/join HTTP/1.1\r\n{expect}Authorization: Bearer wrong-secret-0123456789\r\n"
+            "Content-Length: 2\r\n\r\n": b"HTTP/1.1 401",
+            f"POST /v1/leases/{lid}/heartbeat HTTP/1.1\r\n{expect}Authorization: Bearer {token}\r\n"
+            "Content-Length: 100000\r\n\r\n": b"HTTP/1.1 413",
+        }
+        for head, status in refused.items():
+            first, _ = await _head_answer(port, head)
+            assert first.startswith(status), (head, first)
+        beat = b'{"steps_done": 1}'
+        first, final = await _head_answer(port, f"POST /v1/leases/{lid}/heartbeat HTTP/1.1\r\n{expect}"
+                                          f"Authorization: Bearer {token}\r\nContent-Length: {len(beat)}"
+                                          "\r\n\r\n", beat)
+        assert first.startswith(b"HTTP/1.1 100"), first
+        assert final.startswith(b"HTTP/1.1 200"), final
+        first, _ = await _head_answer(port, "GET /v1/status HTTP/1.1\r\nHost: x\r\nExpect: something-else"
+                                      f"\r\nAuthorization: Bearer {token}\r\n\r\n")
+        assert first.startswith(b"HTTP/1.1 200"), first
+        assert (await snapshot(coord))[0] == state[0]
+
+
 async def test_model_download_etag_and_304(served: Any, http: aiohttp.ClientSession) -> None:
     coord, server = served
     _, token = await join(http, server.url)

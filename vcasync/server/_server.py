@@ -36,7 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from ..coordinator import Coordinator
 from ..errors import (
@@ -48,6 +48,7 @@ from ..errors import (
     StorageUnavailableError,
     VCAsyncError,
 )
+from ..protocol import _messages as P
 from ..protocol._errors import error_fields, spec_for
 from ..wire import Limits
 from . import _routes as R
@@ -350,6 +351,48 @@ async def _metrics(request: web.Request, handler: Handler) -> web.StreamResponse
     return resp
 
 
+async def _expect(request: web.Request) -> None:
+    """A request's ``Expect`` header. ``100-continue`` is answered ``100 Continue`` only when the
+    route will read the body: not when its credential or its declared size is refused, which the
+    route then answers at once, before one byte of the body is sent (aiohttp's own handler invited
+    every body first, a 4 GB upload with a wrong token included). Any other expectation is ignored,
+    as RFC 9110 allows (aiohttp answered it with a ``text/plain`` 417 outside the JSON errors)."""
+    if request.version != HttpVersion11 or request.headers.get("Expect", "").lower() != "100-continue":
+        return
+    if _refused_unread(request):
+        return
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0       # the answer's own bytes have not begun (as aiohttp does)
+
+
+def _refused_unread(request: web.Request) -> bool:
+    """Whether the route will refuse ``request`` before reading its body: its credential (the
+    same checks as :func:`_auth` and the join and requeue routes) or its Content-Length."""
+    app, name = request.app, request.match_info.route.name
+    length = request.content_length or 0
+    if length > (app[R.MAX_RESULT] if name == "result" else P.MAX_CONTROL_BYTES):
+        return True
+    if name is None or (name in _PUBLIC_ROUTES and name not in ("join", "requeue")):
+        return False
+    try:
+        credential = R.bearer(request)
+        if name == "join":
+            app[R.AUTH].check_join(credential)
+        elif name == "requeue":
+            app[R.AUTH].check_operator(credential)
+        else:
+            app[R.AUTH].verify(credential)
+    except VCAsyncError:
+        return True
+    return False
+
+
+def _expecting(defs: list[web.RouteDef]) -> list[web.RouteDef]:
+    """``defs``, each with :func:`_expect` for its ``Expect`` header."""
+    return [web.RouteDef(d.method, d.path, d.handler, {**d.kwargs, "expect_handler": _expect})
+            for d in defs]
+
+
 async def _metrics_page(request: web.Request) -> web.Response:
     """The coordinator's registry (its metrics and this server's HTTP counters), exposed once."""
     return web.Response(text=coordinator_metrics_text(request.app[R.COORDINATOR]),
@@ -381,9 +424,9 @@ def build_app(coordinator: Coordinator, authority: TokenAuthority,
     app[R.CHUNK] = config.chunk_size
     app[R.BODY_TIMEOUTS] = config.body_timeouts
     app[STATUS_ACCESS] = status_access or StatusAccess()
-    app.add_routes(R.routes())
-    app.add_routes(status_routes())
-    app.router.add_get("/metrics", _metrics_page, name="metrics")
+    app.add_routes(_expecting(R.routes()))
+    app.add_routes(_expecting(status_routes()))
+    app.router.add_get("/metrics", _metrics_page, name="metrics", expect_handler=_expect)
     registry = coordinator.metrics.registry
 
     async def expose(_: web.Application) -> None:
