@@ -78,11 +78,12 @@ def bearer(token: str) -> dict[str, str]:
 
 
 def result_payload(coord_model: ModelState, lease_id: str, base_version: int, *, scale: float = 0.01,
-                   tensors: Mapping[str, torch.Tensor] | None = None, steps: int = 3) -> bytes:
+                   tensors: Mapping[str, torch.Tensor] | None = None, steps: int = 3,
+                   samples: int = 32) -> bytes:
     """A delta result for ``lease_id``: every float tensor moves by ``scale``."""
     delta = dict(tensors) if tensors is not None else {
         k: torch.full_like(v, scale) for k, v in coord_model.items()}
-    meta = {"lease_id": lease_id, "base_version": base_version, "kind": "delta", "samples": 32,
+    meta = {"lease_id": lease_id, "base_version": base_version, "kind": "delta", "samples": samples,
             "steps": steps, "partial": False, "metrics": {"loss": 1.0}}
     return b"".join(encode_payload("result", meta, delta))
 

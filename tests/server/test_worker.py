@@ -587,6 +587,10 @@ def _too_many_steps(ctx: TrainContext, sd: dict[str, torch.Tensor]) -> TrainResu
     return ctx.result(sd, steps=ctx.unit.steps * 10)
 
 
+def _too_many_samples(ctx: TrainContext, sd: dict[str, torch.Tensor]) -> TrainResult:
+    return ctx.result(sd, steps=ctx.unit.steps, samples=2**63 - 1)
+
+
 def _wrong_shape(ctx: TrainContext, sd: dict[str, torch.Tensor]) -> TrainResult:
     return ctx.result({**sd, "0.bias": torch.zeros(2)}, steps=ctx.unit.steps)
 
@@ -604,6 +608,7 @@ def _missing(ctx: TrainContext, sd: dict[str, torch.Tensor]) -> TrainResult:
     (_nan_metric, "metric 'loss' is nan: metrics must be finite numbers"),
     (_not_a_number, "metric 'loss' = 'abc' is not a number"),
     (_too_many_steps, "the result claims 20 steps; unit e0-s0 has 2"),
+    (_too_many_samples, "a result may count at most 2**40"),
     (_wrong_shape, "tensor '0.bias' has shape (2,), the model has (3,)"),
     (_float64, "tensor '0.weight' has dtype torch.float64, the model has torch.float32"),
     (_missing, "lacks tensor '2.bias'"),

@@ -21,7 +21,7 @@ import torch
 from .._aio import to_thread_released
 from ..errors import ValidationError, WireError
 from ..ledger._units import WorkUnit
-from ..protocol._bodies import ResultMeta, metrics_problem
+from ..protocol._bodies import MAX_RESULT_SAMPLES, ResultMeta, metrics_problem
 from ..tensors import ModelSpec
 from ..wire import Limits, decode_payload
 
@@ -51,8 +51,8 @@ def parse_result_meta(meta: Mapping[str, Any], *, lease_id: str, unit: WorkUnit,
     """Validate a result's metadata against its lease, its unit and the model's current version.
 
     Required: ``lease_id`` (the lease it was uploaded to), ``base_version``, ``kind`` (``"delta"`` or
-    ``"weights"``), ``steps`` (1..unit.steps). Optional: ``samples``, ``partial``, ``metrics``
-    (name -> finite number). Other keys are ignored.
+    ``"weights"``), ``steps`` (1..unit.steps). Optional: ``samples`` (0..``MAX_RESULT_SAMPLES``),
+    ``partial``, ``metrics`` (name -> finite number). Other keys are ignored.
     """
     if meta.get("lease_id") != lease_id:
         raise _bad(f"lease_id {str(meta.get('lease_id'))[:80]!r} does not match the lease it was "
@@ -76,8 +76,12 @@ def parse_result_meta(meta: Mapping[str, Any], *, lease_id: str, unit: WorkUnit,
     if problem is not None:
         raise _bad(problem, "bad_meta", "metrics")
     metrics = {name: float(value) for name, value in raw.items()}
-    return ResultMeta(lease_id, base_version, kind, steps, _int(meta, "samples", default=0),
-                      partial and steps < unit.steps, metrics)
+    samples = _int(meta, "samples", default=0)
+    if samples > MAX_RESULT_SAMPLES:
+        raise _bad(f"'samples' must be at most 2**40 ({MAX_RESULT_SAMPLES}), got {samples}"[:200],
+                   "bad_meta", "samples")
+    return ResultMeta(lease_id, base_version, kind, steps, samples, partial and steps < unit.steps,
+                      metrics)
 
 
 def update_norm(tensors: Mapping[str, torch.Tensor],

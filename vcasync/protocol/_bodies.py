@@ -237,6 +237,13 @@ class EvalRecorded:
 
 
 # -- a result's metadata and the journal's records ----------------------------------------------------
+#: The most samples one result may say it trained on: a trillion, far past any unit, and low enough
+#: that a sum over a run's results (at most 10 million units and their remainders) stays within the
+#: 64-bit ints a snapshot and the journal carry (a result claiming 2**63 - 1 was taken, and a
+#: ``sync`` policy's running total of three such broke every snapshot after it; it also outweighed
+#: every honest result in that policy's sample-weighted mean).
+MAX_RESULT_SAMPLES = 2**40
+
 #: A result's metrics: at most this many names, each at most ``MAX_METRIC_NAME`` characters.
 MAX_METRICS = 64
 MAX_METRIC_NAME = 128

@@ -18,7 +18,7 @@ import torch
 from .._aio import close_file, file_blocks, open_binary
 from ..errors import SpecMismatchError, ValidationError, VCAsyncError
 from ..ledger._units import WorkUnit
-from ..protocol._bodies import metrics_problem
+from ..protocol._bodies import MAX_RESULT_SAMPLES, metrics_problem
 from ..tensors import ModelSpec, ModelState, is_counter, make_delta
 from ..trainer import TrainResult
 from ..wire import Limits, aencode_payload, decode_payload
@@ -103,7 +103,7 @@ def result_problem(base: ModelState, result: TrainResult, unit: WorkUnit) -> str
 
     Names, shapes and dtypes against the model the trainer started from, integer tensors (counters)
     not below it (:func:`counter_went_down`), ``steps`` within the unit
-    (at least one step is checked by the worker before), ``samples`` not negative, metrics finite
+    (at least one step is checked by the worker before), ``samples`` in 0..2**40, metrics finite
     numbers. The same for both upload modes: a float64 result of a float32 model is refused, not cast
     (a ``weights`` upload would be refused for it, so a ``delta`` one must not hide it).
     """
@@ -122,6 +122,9 @@ def result_problem(base: ModelState, result: TrainResult, unit: WorkUnit) -> str
         return f"the result claims {result.steps} steps; unit {unit.unit_id} has {unit.steps}"
     if result.samples < 0:
         return f"the result claims {result.samples} samples; it must be >= 0"
+    if result.samples > MAX_RESULT_SAMPLES:
+        return (f"the result claims {result.samples} samples; a result may count at most 2**40 "
+                f"({MAX_RESULT_SAMPLES})")
     return metrics_problem(result.metrics)       # the coordinator's own rule
 
 
