@@ -47,7 +47,7 @@ from typing import Any
 
 from .coerce import SEED_RANGE, coerce, from_table, is_seed
 from .errors import ConfigError
-from .ledger._units import WorkUnit, check_user_params, make_units
+from .ledger._units import MAX_UNIT_INT, WorkUnit, check_user_params, make_units
 from .server import ServerConfig
 
 __all__ = ["RunConfig", "UnitsConfig", "dataclass_from_table", "load_run_config", "merge_tables"]
@@ -75,6 +75,9 @@ class UnitsConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"units.{name} ({flag}) must be a whole number >= 1, got {value!r}")
+            if value > MAX_UNIT_INT:    # a unit carries it to workers and into every snapshot
+                raise ConfigError(f"units.{name} ({flag}) must be at most 2**63 - 1 (what a "
+                                  f"worker's result and a snapshot can carry), got {value}")
         if isinstance(self.params, Mapping):
             check_user_params(self.params, "units.params ([units.params] in run.toml, --unit-param)")
 

@@ -523,6 +523,29 @@ def test_coordinator_refuses_a_unit_count_below_one_naming_its_flag(
     assert f"units.{key} ({flag}) must be a whole number >= 1, got {int(value)}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("flag", "key"), [("--shards", "shards"), ("--epochs", "epochs"),
+                                         ("--steps", "steps"), ("--units", "count")])
+def test_coordinator_refuses_a_unit_count_no_result_can_carry_naming_its_flag(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        flag: str, key: str) -> None:
+    # found by a probe: --steps 100000000000000000000 was taken, wrote the run record, then the first
+    # snapshot crashed (TypeError traceback, exit 1), and the corrected start was refused as
+    # "does not match" the run that crash left
+    value = 2**63
+    assert coordinator_refused(tmp_path, monkeypatch, flag, str(value)) == 2
+    assert f"units.{key} ({flag}) must be at most 2**63 - 1" in capsys.readouterr().err
+
+
+def test_a_work_unit_holds_no_count_a_result_cannot_carry() -> None:
+    from vcasync.ledger import make_units
+    from vcasync.ledger._units import WorkUnit
+
+    assert make_units(1, steps=2**63 - 1)[0].steps == 2**63 - 1
+    for field in ("steps", "epoch", "num_shards"):
+        with pytest.raises(ConfigError, match=f"'{field}' must be at most 2\\*\\*63 - 1"):
+            WorkUnit("u", **{field: 2**63})
+
+
 @pytest.mark.parametrize(("flag", "value"), [("--unit-param", "lr=0.1.2"), ("--unit-param", "lr=["),
                                             ("--policy-param", 'alpha="0.5')])
 def test_coordinator_refuses_a_param_that_is_neither_a_value_nor_a_bare_word_before_starting(

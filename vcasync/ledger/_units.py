@@ -51,11 +51,20 @@ def check_user_params(params: Mapping[str, Any], where: str) -> None:
                           "name your parameter otherwise")
 
 
+#: The largest shard, epoch or step count a unit may hold: what a worker's result can carry back
+#: (``vcasync.trainer.MAX_COUNT``) and a snapshot can store. ``--steps 100000000000000000000`` was
+#: taken, wrote the run record, then crashed on the first snapshot (exit 1, a traceback), and the
+#: corrected start was refused as another run.
+MAX_UNIT_INT = 2**63 - 1
+
+
 def _int(name: str, value: Any, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"work unit field {name!r} must be an int, got {type(value).__name__}")
     if value < minimum:
         raise ConfigError(f"work unit field {name!r} must be >= {minimum}, got {value}")
+    if value > MAX_UNIT_INT:
+        raise ConfigError(f"work unit field {name!r} must be at most 2**63 - 1, got {value}")
     return value
 
 
