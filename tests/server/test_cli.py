@@ -314,6 +314,43 @@ def test_worker_refuses_zero_threads_and_warns_of_state_that_dies_with_it(
     assert "--state memory://w lives in this process" in caplog.text
 
 
+def test_worker_refuses_more_threads_than_it_could_start_before_making_its_state(
+        tmp_path: Path) -> None:
+    # found by a probe: --threads 100000 was taken; the worker crashed on "can't start new thread"
+    # (a traceback, exit 134), its state dir made. A process of its own: taken, that many threads
+    # would be this one's
+    import subprocess
+    import sys
+
+    state = tmp_path / "w"
+    env = {**os.environ, "VCASYNC_JOIN_SECRET": "x" * 20}
+    done = subprocess.run(
+        [sys.executable, "-m", "vcasync", "worker", "--coordinator", "http://127.0.0.1:9",
+         "--trainer", "vcasync.examples.digits:train", "--state-dir", str(state),
+         "--give-up-after", "1", "--threads", str(max(1024, os.cpu_count() or 1) + 1)],
+        env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "--threads must be at most" in done.stderr
+    assert not state.exists()
+
+
+@pytest.mark.parametrize(("flag", "value", "says"), [
+    # found by a probe: refused as "keep_checkpoints must be >= 1", naming no flag
+    ("--keep-checkpoints", "0", "--keep-checkpoints must be >= 1, got 0"),
+    ("--max-units", "-3", "--max-units must be >= 1, got -3"),
+])
+def test_worker_refuses_a_count_out_of_range_naming_its_flag_before_making_its_state(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        flag: str, value: str, says: str) -> None:
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    state = tmp_path / "w"
+    args = ["worker", "--coordinator", "http://127.0.0.1:9", "--trainer",
+            "vcasync.examples.digits:train", "--state-dir", str(state), flag, value]
+    assert main(args) == 2
+    assert says in capsys.readouterr().err
+    assert not state.exists()
+
+
 #: Coordinator URLs no request can go to, and what the one check (check_coordinator_url) says.
 BAD_URLS = [
     ("http://127.0.0.1:99999", "is not a valid URL: Port out of range 0-65535"),

@@ -60,7 +60,9 @@ def _configure(p: argparse.ArgumentParser) -> None:
                         "resumed from the state, whatever came of it (delivered, failed, handed "
                         "back); exit 1 if its trainer failed every one")
     p.add_argument("--ca-file", type=Path, help="CA certificate to verify an https coordinator")
-    p.add_argument("--threads", type=int, help="torch.set_num_threads for the trainer")
+    p.add_argument("--threads", type=int,
+                   help="torch.set_num_threads for the trainer (1 to 1024, or this machine's CPUs "
+                        "if more)")
     p.add_argument("--app-dir", type=Path, default=Path("."),
                    help="put this directory on sys.path to find the trainer (default: .)")
     p.add_argument("--join-secret-file", type=Path)
@@ -81,6 +83,12 @@ exit status: 0 the run is finished (410 run_finished at a lease, a join or a hea
   a coordinator certificate that does not verify: --ca-file, --state held by another live
   worker), 4 --state storage failed
 """
+
+
+def max_threads() -> int:
+    """The most ``--threads`` a worker takes: past the machine's CPUs threads only take turns, and
+    far past them the trainer's first step cannot start them all."""
+    return max(1024, os.cpu_count() or 1)
 
 
 def _run(a: argparse.Namespace) -> int:
@@ -114,6 +122,14 @@ def _run(a: argparse.Namespace) -> int:
                     "that resumes: s3://, gs:// or file://)", shown_url(a.state))
     if a.threads is not None and a.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {a.threads}")
+    if a.threads is not None and a.threads > max_threads():
+        # --threads 100000 was taken: torch started its threads at the first step, the worker
+        # crashed on "can't start new thread" (a traceback, exit 134) with its state dir made
+        raise ConfigError(f"--threads must be at most {max_threads()} (torch threads for the "
+                          f"trainer; this machine has {os.cpu_count() or 1} CPUs), got {a.threads}")
+    for flag, count in (("--max-units", a.max_units), ("--keep-checkpoints", a.keep_checkpoints)):
+        if count is not None and count < 1:     # named as the flag, not WorkerConfig's field
+            raise ConfigError(f"{flag} must be >= 1, got {count}")
     secret, token = read_join_credential(a.join_secret_file)
     trainer = import_object(a.trainer, what="trainer", app_dir=a.app_dir)
     if a.threads is not None:
