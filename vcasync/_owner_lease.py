@@ -11,12 +11,14 @@ Object stores offer one atomic primitive everywhere: create-if-absent. So owners
 owner records under ``prefix``, each created if-absent, the highest one current::
 
     <prefix><epoch:012d>.json   {"holder", "host", "node", "pid", "ttl_s", "beat", "since",
-                                 "renewed_at", "released"}
+                                 "renewed_at", "released", "clean"}
 
 - the owner renews its record every ``ttl_s / 3`` (``beat`` + 1, a new ``renewed_at``), checking
   before and after the write that its epoch is still the current one;
 - a newcomer takes over by creating ``<epoch + 1>`` if-absent, at once when the current record is
-  ``released`` (a clean exit); or its holder is provably dead: it ran on this very machine (same
+  ``released`` (an exit; ``clean`` false when the holder could not save what it held, and the
+  newcomer then takes over as from a crash: :attr:`OwnerLease.took_over`); or its holder is
+  provably dead: it ran on this very machine (same
   host name, boot id and pid namespace, so the pid means the same process) and its pid no longer
   runs (or is a zombie), or it is this process and the lease object that held it let it go without
   a release (:meth:`OwnerLease.abandon`, what a crash leaves in a test). A pid that runs is never
@@ -70,6 +72,8 @@ MIN_TTL_S = 3.0
 #: fast clock, a time zone set wrong) never make a live holder look dead. Younger records are
 #: watched on the newcomer's monotonic clock, which trusts no agreement between clocks.
 LONG_DEAD_S = 24 * 3600.0
+#: Why a record released without its holder's state saved is free: taken at once, as from a crash.
+UNSAVED = "it stopped without saving its state"
 #: Holder tokens of the leases this process holds now (see the module docstring: a record naming
 #: this process whose holder is not here was let go without a release).
 _HELD: set[str] = set()
@@ -132,12 +136,15 @@ class OwnerRecord:
     released: bool = False
     since: float = 0.0             # when the holder took the lease (wall clock)
     node: str | None = None        # this_node() of the holder
+    #: with ``released``: the holder saved what it held before it let go (false: a coordinator
+    #: whose final snapshot could not be written; its successor takes over as from a crash)
+    clean: bool = True
 
     def to_bytes(self) -> bytes:
         return json.dumps({"holder": self.holder, "host": self.host, "node": self.node,
                            "pid": self.pid, "ttl_s": self.ttl_s, "beat": self.beat,
                            "since": self.since, "renewed_at": self.renewed_at,
-                           "released": self.released}).encode()
+                           "released": self.released, "clean": self.clean}).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> OwnerRecord | None:
@@ -147,7 +154,8 @@ class OwnerRecord:
             node = raw.get("node")
             return cls(str(raw["holder"]), str(raw["host"]), int(raw["pid"]), float(raw["ttl_s"]),
                        int(raw["beat"]), float(raw["renewed_at"]), bool(raw.get("released", False)),
-                       float(raw.get("since", raw["renewed_at"])), None if node is None else str(node))
+                       float(raw.get("since", raw["renewed_at"])), None if node is None else str(node),
+                       bool(raw.get("clean", True)))
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
 
@@ -226,9 +234,9 @@ class OwnerLease:
     def _key(self, epoch: int) -> str:
         return f"{self.prefix}{epoch:0{_DIGITS}d}.json"
 
-    def _record(self, *, released: bool = False) -> OwnerRecord:
+    def _record(self, *, released: bool = False, clean: bool = True) -> OwnerRecord:
         return OwnerRecord(self._holder, socket.gethostname(), os.getpid(), self.ttl_s, self._beat,
-                           self._clock(), released, self._since, self._node)
+                           self._clock(), released, self._since, self._node, clean)
 
     async def _current(self) -> tuple[int, OwnerRecord | None] | None:
         """The highest epoch and its record (None when it does not parse); None when there is none."""
@@ -253,7 +261,7 @@ class OwnerLease:
         if rec is None:
             return "unreadable"
         if rec.released:
-            return "released"
+            return "released" if rec.clean else UNSAVED
         if self._node is not None and rec.node == self._node:
             # this very machine: the pid decides, never the clock (a record's stamp may be far off
             # by ours, the holder's clock set back or ours ahead, while its process renews it)
@@ -385,16 +393,21 @@ class OwnerLease:
         assert self._confirmed is not None
         return self._monotonic() - self._confirmed
 
-    async def release(self) -> None:
-        """Mark our record released so a successor takes over at once (a clean exit)."""
+    async def release(self, *, clean: bool = True) -> None:
+        """Mark our record released so a successor takes over at once (an exit). ``clean`` False:
+        this holder could not save what it held (a coordinator whose final snapshot failed), so
+        the successor takes over as from a crash (:attr:`took_over`), not from a clean stop."""
         if not self.held:
             self._epoch = None
             return
         try:
             await self.check()
             assert self._epoch is not None
-            await self.storage.put(self._key(self._epoch), self._record(released=True).to_bytes())
-            self._log.info("released %s", self.subject)
+            await self.storage.put(self._key(self._epoch),
+                                   self._record(released=True, clean=clean).to_bytes())
+            self._log.info("released %s%s", self.subject,
+                           "" if clean else " (its state was not all saved: the next start takes "
+                                            "it over as from a crash)")
         except StorageError as exc:  # a successor then waits one TTL instead of none
             if not self._lost:
                 self._log.warning("could not release %s (%s)", self.subject, type(exc).__name__)
@@ -404,12 +417,13 @@ class OwnerLease:
         finally:
             self._forget()
 
-    async def withdraw(self) -> None:
+    async def withdraw(self, *, clean: bool = True) -> None:
         """Give the lease back as if it had never been taken: delete our own record, so the
         previous one (released, or its holder's last beat) is current again and the store holds
         what it held before :meth:`acquire` (with ``prune=False``). Only for a holder that wrote
         nothing under the lease: this epoch is taken again by the next newcomer, and a write
-        fenced by it would be its. Where the delete fails, the record is released instead."""
+        fenced by it would be its. Where the delete fails, the record is released instead
+        (``clean`` as :meth:`release` takes it)."""
         if not self.held:
             self._epoch = None
             return
@@ -421,7 +435,7 @@ class OwnerLease:
                            self.subject, self._epoch)
         except StorageError:
             if not self._lost:      # the record stays, released: a successor takes over at once
-                await self.release()
+                await self.release(clean=clean)
         except Exception:
             if not self._lost:
                 raise

@@ -206,6 +206,38 @@ async def test_a_restart_grace_that_ran_out_is_not_handed_on_again(kit, clock, s
         assert d._owner.versions.numbers() == [d.version]
 
 
+async def test_a_stop_whose_final_snapshot_failed_is_taken_over_as_after_a_crash(
+        kit, clock, storage) -> None:
+    """Found running ``vcasync coordinator`` on a file:// store on a full disk: it stopped with exit
+    status 4 (storage unavailable past ``storage_outage_limit_s``), its final snapshot unwritten,
+    and released its owner record as at a clean stop (that small write fitted). The start after the
+    disk was freed took the run over as a clean one: no grace, only the newest version held, so a
+    worker's result on a version after the last snapshot was refused as ``base_unavailable`` and
+    its unit trained again. Such a stop now says in its record that its state was not saved."""
+    def writes_fail(op: str, key: str | None) -> bool:     # room for the owner record only
+        return full and op in ("put", "put_stream", "delete") \
+            and not (key or "").startswith("vcasync/owner/")
+
+    full = False
+    store = FaultyStorage(storage, trigger=writes_fail)
+    a = await make(kit, store, clock, build_policy("vcasgd"), restart_grace_s=None).__aenter__()
+    slow, fast, idle = await a.join("slow"), await a.join("fast"), await a.join("idle")
+    g_slow, g_fast = await a.lease(slow), await a.lease(fast)     # both on v0, unknown to snapshots
+    assert (await submit(kit, a, fast, g_fast)).version == 1      # journaled
+    g_next = await a.lease(fast)                                  # on v1
+    full = True
+    await a.aclose()                                              # the final snapshot fails
+    assert a.storage_error is not None
+    full = False
+    async with make(kit, storage, clock, build_policy("vcasgd"), restart_grace_s=None) as b:
+        with pytest.raises(NoWorkAvailableError) as refused:
+            await b.lease(idle)                # the unit in flight is not handed out
+        assert "stopped uncleanly" in str(refused.value)
+        assert (await submit(kit, b, fast, g_next)).version == 2
+        receipt = await submit(kit, b, slow, g_slow)                # on v0: still held
+        assert (receipt.status, receipt.version) == ("accepted", 3), receipt
+
+
 async def test_a_clean_restart_grants_leases_at_once(kit, clock, storage) -> None:
     async with make(kit, storage, clock, restart_grace_s=None) as a:
         w = await a.join()

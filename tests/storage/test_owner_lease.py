@@ -129,6 +129,22 @@ async def test_records_from_before_the_new_fields_still_read() -> None:
     assert OwnerRecord.from_bytes(b"[1, 2]") is None
 
 
+@pytest.mark.parametrize("clean", [True, False])
+async def test_a_released_record_is_taken_at_once_and_says_whether_its_holder_saved_its_state(
+        clean: bool) -> None:
+    # found by a probe: a coordinator stopped by a storage outage (exit 4, no final snapshot)
+    # released its record like a clean stop, and the next start skipped the restart grace
+    store = MemoryStorage("s")
+    first = lease(store)
+    await first.acquire()
+    await first.release(clean=clean)
+    newcomer = lease(store)
+    await asyncio.wait_for(newcomer.acquire(poll_s=0.01), 5.0)      # at once, either way
+    assert newcomer.took_over is not clean
+    assert OwnerRecord.from_bytes(b'{"holder": "h", "host": "x", "pid": 7, "ttl_s": 30.0, '
+                                  b'"beat": 2, "renewed_at": 100.0, "released": true}').clean
+
+
 class Hiccups:
     """The lease's storage with puts that fail while ``failing`` (reads still answer)."""
 

@@ -221,8 +221,12 @@ class Coordinator:
             self._phase = "closed"
             self._closed.set()
             # refused before it wrote anything (another run's identity, a snapshot of another
-            # model...): nothing but the owner record was written, and it goes too
-            await self._let_go_of_prefix(withdraw=not self._wrote)
+            # model...): nothing but the owner record was written, and it goes too. One that took
+            # the run over from a crash and failed hands that on: it served nobody, so the leases
+            # the crash left unknown are as unknown as they were
+            lease = self._prefix_lease
+            await self._let_go_of_prefix(withdraw=not self._wrote,
+                                         clean=lease is None or not lease.took_over)
             raise
         if self._prefix_lease is not None:
             await self._prefix_lease.prune()   # the start stands: older owner records go
@@ -247,6 +251,7 @@ class Coordinator:
             await self._closed.wait()
             return
         self._phase = "closing"
+        saved = False       # the final snapshot holds what this coordinator knew (leases too)
         try:
             self._stop.set()
             self._merger.snapshots.ready.set()     # wakes the snapshot writer so it can stop
@@ -262,11 +267,15 @@ class Coordinator:
                 await self._final_snapshot()
                 if isinstance(self._final_error, PrefixTakenError):
                     self._failure = self._final_error    # taken over: this stop was no clean one
+                saved = self._final_error is None
             self._merger.snapshots.drop()
         finally:
             self._phase = "closed"
             self._closed.set()
-            await self._let_go_of_prefix()
+            # Unsaved (storage gave out: exit 4; the final snapshot failed), the leases granted
+            # since the last snapshot are known to nobody: released as clean, the next start
+            # handed their units out at once and refused their results as base_unavailable
+            await self._let_go_of_prefix(clean=saved)
 
     # -- the run's owner lease ------------------------------------------------------------------------
     async def _take_prefix(self) -> None:
@@ -318,16 +327,17 @@ class Coordinator:
         assert lease.error is not None
         raise lease.error
 
-    async def _let_go_of_prefix(self, *, withdraw: bool = False) -> None:
-        """Stop renewing and release the lease (a successor starts at once), or with ``withdraw``
-        delete its record (a start that wrote nothing under it). Idempotent."""
+    async def _let_go_of_prefix(self, *, withdraw: bool = False, clean: bool = True) -> None:
+        """Stop renewing and release the lease (a successor starts at once; not ``clean``: one
+        that takes over as from a crash), or with ``withdraw`` delete its record (a start that
+        wrote nothing under it). Idempotent."""
         renewer, self._renewer = self._renewer, None
         if renewer is not None:
             renewer.cancel()
             await asyncio.gather(renewer, return_exceptions=True)
         lease, self._prefix_lease = self._prefix_lease, None
         if lease is not None:
-            await (lease.withdraw() if withdraw else lease.release())
+            await (lease.withdraw(clean=clean) if withdraw else lease.release(clean=clean))
 
     def _abandon_prefix(self) -> None:
         """What SIGKILL does to the owner lease: no more renewals, no release (the tests' crash)."""
