@@ -477,6 +477,38 @@ def test_requeue_against_a_coordinator_that_is_not_there_says_so(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(("unit", "why"), [("e0-s0", "unit 'e0-s0' is queued, not parked"),
+                                         ("e9-s9", "no work unit 'e9-s9'")])
+async def test_requeue_of_a_unit_that_is_not_parked_is_the_operators_to_fix(
+        tmp_path: Path, unit: str, why: str) -> None:
+    # found by a probe: "vcasync requeue --unit e0-s0" for a unit not parked (or a typo) exited 1,
+    # which operating.md reads as "restart: the run resumes"; no retry mends the unit named
+    import asyncio
+    import subprocess
+    import sys
+
+    from vcasync.server._auth import TokenAuthority
+
+    from .conftest import SECRET, running
+
+    operator = "operator-token-for-tests-1d2e"
+    async with running(tmp_path, authority=TokenAuthority(join_secret=SECRET,
+                                                          operator_token=operator)) as (coord, server):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "vcasync", "requeue", "--coordinator", server.url, "--unit", unit,
+            env={**os.environ, "VCASYNC_OPERATOR_TOKEN": operator},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+        assert coord.status()["units"]["queued"] == 4            # nothing changed
+    text = err.decode()
+    assert proc.returncode == 2, text
+    assert why in text
+    assert "nothing was requeued" in text
+    assert "only parked units" in text
+    assert "Traceback" not in text
+    assert out == b""
+
+
 def test_coordinator_refuses_an_output_it_could_not_write_and_an_unknown_storage_scheme(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Both were found only late: the output when the run finished (after all of it), the scheme

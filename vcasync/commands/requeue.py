@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 
 from ..cli import Command, ExitCode, read_secret
-from ..errors import AuthError, ConfigError
+from ..errors import AuthError, ConfigError, LedgerError
 
 log = logging.getLogger("vcasync.cli")
 
@@ -64,6 +64,13 @@ def _run(a: argparse.Namespace) -> int:
 
     try:
         done = asyncio.run(main())
+    except LedgerError as exc:
+        # a unit that is not parked, or no unit of the run (a typo): the operator's to fix, as an
+        # empty --unit is (exit 2); exit 1 reads as "restart, the run resumes", and no retry mends it
+        detail = str(exc).removesuffix("; nothing was requeued")
+        raise ConfigError(f"the coordinator at {url} refused it: {detail}; nothing was requeued "
+                          "(only parked units can be requeued: GET /v1/status lists them under "
+                          "'parked', and vcasync requeue without --unit requeues every one)") from None
     except AuthError as exc:
         # a wrong token is configuration (exit 2, as the worker's refused join credential), not
         # an error a retry could mend (exit 1)
