@@ -31,6 +31,11 @@ def import_object(ref: str, *, what: str, app_dir: Path | None = None) -> Any:
     """
     mod_name, attr = split_ref(ref, what=what)
     if app_dir is not None:
+        if not app_dir.is_dir():
+            # a typo'd --app-dir was passed over in silence: an installed copy of the module was
+            # imported instead of the project's own, or "cannot import" named no directory
+            raise ConfigError(f"{what} {ref!r}: the app dir {str(app_dir)!r} (--app-dir) is not a "
+                              "directory; name the directory that holds the module")
         path = str(app_dir.resolve())
         if path not in sys.path:
             sys.path.insert(0, path)

@@ -351,6 +351,21 @@ def test_worker_refuses_a_count_out_of_range_naming_its_flag_before_making_its_s
     assert not state.exists()
 
 
+def test_an_app_dir_that_is_not_a_directory_is_refused_before_the_state_is_made(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # found by a probe: a typo'd --app-dir was passed over in silence, and an installed copy of the
+    # trainer (or model factory) imported instead of the project's own
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    state = tmp_path / "w"
+    args = ["worker", "--coordinator", "http://127.0.0.1:9", "--trainer",
+            "vcasync.examples.digits:train", "--state-dir", str(state), "--give-up-after", "1",
+            "--app-dir", str(tmp_path / "no-such-dir")]
+    assert main(args) == 2
+    assert f"the app dir {str(tmp_path / 'no-such-dir')!r} (--app-dir) is not a directory" \
+        in capsys.readouterr().err
+    assert not state.exists()
+
+
 #: Coordinator URLs no request can go to, and what the one check (check_coordinator_url) says.
 BAD_URLS = [
     ("http://127.0.0.1:99999", "is not a valid URL: Port out of range 0-65535"),
