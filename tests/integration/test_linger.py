@@ -208,3 +208,40 @@ def test_a_worker_whose_unit_was_delivered_elsewhere_hears_the_end_at_a_heartbea
     assert "the run is finished (said at a heartbeat)" in log
     assert "is gone" in log, log[-3000:]
     assert "after it said the run is finished" in log, log[-3000:]
+
+
+def test_final_weights_that_cannot_be_written_leave_the_workers_told_and_the_start_after_says_so(
+        procs: Procs, tmp_path: Path) -> None:
+    """Found by a probe: the --output directory removed mid-run (a full disk, a permission taken
+    away alike) crashed the coordinator as the run finished, a traceback before it lingered: its
+    workers were never told the run is finished and retried for their --give-up-after. It now logs
+    why at ERROR, lingers so they hear the end, and exits 1; a start on the finished run with the
+    same output does the same without serving work, and one with an output it can write writes it."""
+    gate = tmp_path / "gate"
+    procs.env["GATED_TRAINER_GATE"] = str(gate)
+    port = free_port()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".final.pt.tmp").mkdir()         # what the weights are saved to first: not a file
+    args = [*coordinator_args(tmp_path, port), "--output", str(out / "final.pt")]
+    coord = procs.start("coord", *args)
+    a = gated_worker(procs, tmp_path, port, "a", 60)
+    wait_until("worker A's lease", lambda: '"POST /v1/leases HTTP/1.1" 201' in procs.log("coord"), 90)
+    gate.touch()
+    assert a.wait(60) == ExitCode.OK, procs.log("a")[-3000:]
+    assert "the run is finished" in procs.log("a")
+    assert coord.wait(30) == ExitCode.ERROR, procs.log("coord")[-3000:]
+    log = procs.log("coord")
+    assert "Traceback" not in log, log[-3000:]
+    assert f"could not be written to {out / 'final.pt'}" in log
+    assert "serving 2s more so workers hear it" in log
+    assert not (out / "final.pt").exists()
+
+    again = procs.start("again", *args)
+    assert again.wait(60) == ExitCode.ERROR, procs.log("again")[-3000:]
+    assert "exiting with status 1: the final weights (model v1) could not be written" \
+        in procs.log("again")
+    args[-1] = str(tmp_path / "final.pt")
+    fixed = procs.start("fixed", *args)
+    assert fixed.wait(60) == ExitCode.OK, procs.log("fixed")[-3000:]
+    assert (tmp_path / "final.pt").exists()

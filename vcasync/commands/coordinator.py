@@ -404,6 +404,7 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                           "fail on it; fix the factory's initialisation (nothing was started)")
     policy, policy_params = _policy(cfg, app_dir)
     units = cfg.units.build()
+    output_failed: list[str] = []       # why the final weights could not be written, if so
     stop = asyncio.Event()
     # a SIGTERM since the command started (importing torch, building the model) sets it now
     _early_signals.handover(asyncio.get_running_loop(), stop.set)
@@ -449,7 +450,9 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                 log.info("run %s is already finished at model v%d (units: %s); nothing to serve",
                          status.get("run_id"), coord.version, status.get("units"))
                 _log_parked(coord.parked())
-                _write_output(cfg, coord)
+                problem = _write_output(cfg, coord)
+                if problem is not None:
+                    output_failed.append(problem)
                 finished = True
             else:
                 if coord.finished and not coord.parked():
@@ -467,8 +470,12 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
                              len(coord.parked()), cfg.linger_s)
                 finished = await _serve_until_done(cfg, coord, authority, port_file, stop,
                                                    f"{len(units)} units, policy {policy.name}",
-                                                   status_access, listener)
-    return _exit_code(coord, finished)
+                                                   status_access, listener, output_failed)
+    code = _exit_code(coord, finished)
+    if finished and output_failed and code in (ExitCode.OK, ExitCode.PARKED):
+        log.error("exiting with status %d: %s", ExitCode.ERROR, output_failed[0])
+        return ExitCode.ERROR
+    return code
 
 
 def _reconnect_linger() -> float:
@@ -483,7 +490,8 @@ def _reconnect_linger() -> float:
 async def _serve_until_done(cfg: RunConfig, coord: Coordinator, authority: Any, port_file: Path | None,
                             stop: asyncio.Event, what: str,
                             status_access: StatusAccess | None = None,
-                            listener: Listener | None = None) -> bool:
+                            listener: Listener | None = None,
+                            output_failed: list[str] | None = None) -> bool:
     """Serve workers until the run is finished (then ``linger_s``, during which an operator may
     requeue parked units and the run goes on) or a signal; True if the run finished."""
     from ..server import CollectorGuard, Server
@@ -510,7 +518,7 @@ async def _serve_until_done(cfg: RunConfig, coord: Coordinator, authority: Any, 
             tmp.write_text(server.url + "\n")
             tmp.replace(port_file)
         try:
-            return await _serve_on(cfg, coord, stop)
+            return await _serve_on(cfg, coord, stop, output_failed)
         finally:
             # no longer listening: a script waiting for the file (a restart on --port 0) must not
             # read this URL (unless another start wrote its own meanwhile)
@@ -589,8 +597,10 @@ def _remove_port_file(port_file: Path, url: str) -> None:
         pass
 
 
-async def _serve_on(cfg: RunConfig, coord: Coordinator, stop: asyncio.Event) -> bool:
-    """Serve until the run is finished and lingered (or is stopped): True if it finished."""
+async def _serve_on(cfg: RunConfig, coord: Coordinator, stop: asyncio.Event,
+                    output_failed: list[str] | None = None) -> bool:
+    """Serve until the run is finished and lingered (or is stopped): True if it finished.
+    ``output_failed`` gets why the final weights could not be written, if they could not."""
     from ..server._waits import MIN_WAIT_S
 
     finished = False
@@ -598,7 +608,9 @@ async def _serve_on(cfg: RunConfig, coord: Coordinator, stop: asyncio.Event) -> 
         while await _first(coord.wait_finished(), stop.wait()):
             finished = True
             _log_parked(coord.parked())
-            _write_output(cfg, coord)   # now: the weights are final, lingering changes nothing
+            problem = _write_output(cfg, coord)   # now: the weights are final, lingering changes nothing
+            if output_failed is not None:     # a requeued run that finishes again writes them again
+                output_failed[:] = [] if problem is None else [problem]
             # a linger too short to cap the waits told (--linger 0): at least until the workers told
             # "no work now, ask again" have asked (a longer one caps every wait at half of it)
             linger = cfg.linger_s if cfg.linger_s >= 2 * MIN_WAIT_S else max(cfg.linger_s,
@@ -620,16 +632,32 @@ async def _serve_on(cfg: RunConfig, coord: Coordinator, stop: asyncio.Event) -> 
     return finished
 
 
-def _write_output(cfg: RunConfig, coord: Coordinator) -> None:
-    """``torch.save`` the final weights to ``--output`` atomically: a reader never sees half a file."""
+def _write_output(cfg: RunConfig, coord: Coordinator) -> str | None:
+    """``torch.save`` the final weights to ``--output`` atomically: a reader never sees half a file.
+
+    Returns None, or why they could not be written (logged at ERROR): the coordinator goes on
+    lingering so that its workers hear the run is finished, and exits 1 at the end. (The
+    directory removed, a full disk or a permission taken away since the start crashed it with a
+    traceback before it lingered: its workers, never told, retried for their --give-up-after.)"""
     import torch
 
     if cfg.output is None:
-        return
+        return None
     tmp = cfg.output.with_name(f".{cfg.output.name}.tmp")
-    torch.save(dict(coord.model().tensors), tmp)
-    tmp.replace(cfg.output)
+    try:
+        torch.save(dict(coord.model().tensors), tmp)
+        tmp.replace(cfg.output)
+    except (OSError, RuntimeError) as exc:     # torch says RuntimeError for a missing directory
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        problem = (f"the final weights (model v{coord.version}) could not be written to "
+                   f"{cfg.output}: {type(exc).__name__}: {exc}; the run's storage keeps them: start "
+                   "the coordinator again with a run.output (--output) it can write, and the "
+                   "finished run writes it and exits")
+        log.error("%s", problem)
+        return problem
     log.info("final weights (model v%d) written to %s", coord.version, cfg.output)
+    return None
 
 
 def _log_parked(parked: dict[str, str]) -> None:
