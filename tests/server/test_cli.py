@@ -524,6 +524,43 @@ async def test_requeue_of_a_unit_that_is_not_parked_is_the_operators_to_fix(
     assert out == b""
 
 
+@pytest.mark.parametrize("command", ["worker", "requeue"])
+def test_a_url_where_another_server_answers_is_said_to_be_no_coordinator(
+        tmp_path: Path, command: str) -> None:
+    # found by a probe: --coordinator at a port where another web server answers (501, an HTML
+    # page) ended the worker on an aiohttp traceback holding that page (exit 1), and requeue on
+    # "cannot reach the coordinator: 501, message='<!DOCTYPE HTML>..." (exit 1)
+    import http.server
+    import subprocess
+    import sys
+    import threading
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.send_error(501, "Unsupported method ('POST')")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{other.server_address[1]}"
+    env = {**os.environ, "VCASYNC_JOIN_SECRET": "x" * 20, "VCASYNC_OPERATOR_TOKEN": "o" * 20}
+    args = (["worker", "--trainer", "vcasync.examples.digits:train", "--state-dir",
+             str(tmp_path / "w"), "--give-up-after", "5"] if command == "worker" else ["requeue"])
+    try:
+        done = subprocess.run([sys.executable, "-m", "vcasync", *args, "--coordinator", url],
+                              env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        other.shutdown()
+        other.server_close()
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"at {url} was answered HTTP 501 (text/html) without a vcasync error body" in done.stderr
+    assert "is not a vcasync coordinator" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "DOCTYPE" not in done.stderr
+
+
 def test_coordinator_refuses_an_output_it_could_not_write_and_an_unknown_storage_scheme(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Both were found only late: the output when the run finished (after all of it), the scheme

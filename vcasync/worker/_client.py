@@ -68,6 +68,12 @@ classify(aiohttp.ClientResponseError,
          lambda exc: isinstance(exc, aiohttp.ClientResponseError) and exc.status in (502, 503, 504))
 
 
+#: Answers without a vcasync error body that do not say the address is wrong, left as HTTP errors:
+#: a proxy or load balancer while the coordinator behind it is down or restarting (502, 503, 504:
+#: retried), or one rate-limiting (429).
+_NOT_OURS_TRANSIENT = frozenset({429, 502, 503, 504})
+
+
 def check_requeue_units(units: list[str] | None) -> None:
     """Unit ids ``requeue`` would send that the coordinator refuses, refused here as configuration
     (``--unit ""`` was a FrameError from the client: exit 1)."""
@@ -235,6 +241,16 @@ class CoordinatorClient:
         except ValueError:
             body = None
         if not isinstance(body, dict) or "error" not in body:
+            if resp.status not in _NOT_OURS_TRANSIENT:
+                # Another server at the URL (a web app on that port, a proxy that does not pass the
+                # route or refuses the body): no retry mends it. It was an aiohttp traceback with
+                # the other server's HTML in it (exit 1), for the worker and requeue alike.
+                raise ConfigError(
+                    f"{resp.method} {resp.url.path} at {self.url} was answered HTTP {resp.status} "
+                    f"({resp.content_type or 'no content type'}) without a vcasync error body: what "
+                    "answers there is not a vcasync coordinator, or a proxy in front of it refused "
+                    "the request (a path it does not pass, a body size limit); give the address the "
+                    "coordinator logs at start ('coordinator listening on ...')")
             raise aiohttp.ClientResponseError(resp.request_info, resp.history, status=resp.status,
                                               message=data[:200].decode("utf-8", "replace"))
         exc = error_from_body(resp.status, body)
