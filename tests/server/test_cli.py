@@ -335,17 +335,22 @@ def test_worker_refuses_more_threads_than_it_could_start_before_making_its_state
 
 
 @pytest.mark.parametrize(("flag", "value", "says"), [
+    # found by a probe: refused by the coordinator at the join (FrameError, exit 1: "restart"),
+    # and a name of bytes that are not UTF-8 by the client's encoder (a TypeError traceback)
+    ("--name", "a" * 129, "name (--name) must be a string of at most 128 characters"),
+    ("--name", "w\udc80", "name (--name) is not valid UTF-8"),
     # found by a probe: refused as "keep_checkpoints must be >= 1", naming no flag
     ("--keep-checkpoints", "0", "--keep-checkpoints must be >= 1, got 0"),
     ("--max-units", "-3", "--max-units must be >= 1, got -3"),
 ])
-def test_worker_refuses_a_count_out_of_range_naming_its_flag_before_making_its_state(
+def test_worker_refuses_a_value_out_of_range_naming_its_flag_before_making_its_state(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         flag: str, value: str, says: str) -> None:
     monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
     state = tmp_path / "w"
     args = ["worker", "--coordinator", "http://127.0.0.1:9", "--trainer",
-            "vcasync.examples.digits:train", "--state-dir", str(state), flag, value]
+            "vcasync.examples.digits:train", "--state-dir", str(state), "--give-up-after", "1",
+            flag, value]
     assert main(args) == 2
     assert says in capsys.readouterr().err
     assert not state.exists()

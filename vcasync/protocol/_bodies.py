@@ -26,11 +26,15 @@ from ..errors import ConfigError, FrameError
 from ..ledger._units import LeaseGrant, Receipt
 from ..tensors import UpdateKind
 
-__all__ = ["MAX_EVAL_SERIES", "MAX_METRICS", "EvalRecorded", "EvalRequest", "HeartbeatRequest", "JoinRequest",
-           "Joined", "JournalFlush", "JournalReject", "JournalResult", "Released", "ReleaseRequest",
-           "Requeued", "RequeueRequest", "ResultMeta", "from_body", "kind_of", "metrics_problem", "to_body"]
+__all__ = ["MAX_EVAL_SERIES", "MAX_METRICS", "MAX_WORKER_NAME", "EvalRecorded", "EvalRequest",
+           "HeartbeatRequest", "JoinRequest", "Joined", "JournalFlush", "JournalReject",
+           "JournalResult", "Released", "ReleaseRequest", "Requeued", "RequeueRequest",
+           "ResultMeta", "from_body", "kind_of", "metrics_problem", "to_body"]
 
 M = TypeVar("M")
+
+#: The longest name a worker may join with (characters): ``--name``, ``WorkerConfig.name``.
+MAX_WORKER_NAME = 128
 
 #: The control message kind each struct travels as (the ``kind`` of its msgpack/JSON envelope).
 KINDS: dict[type[Any], str] = {LeaseGrant: "lease", Receipt: "receipt"}
@@ -150,7 +154,7 @@ def _check(tp: Any, value: Any, name: str, meta: Mapping[str, Any]) -> Any:
 @message("join")
 @dataclass(frozen=True, slots=True)
 class JoinRequest:
-    name: str = field(default="", metadata=rule(max_len=128))
+    name: str = field(default="", metadata=rule(max_len=MAX_WORKER_NAME))
     info: dict[str, Any] = field(default_factory=dict, metadata=rule(max_len=64))
 
 

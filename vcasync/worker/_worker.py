@@ -84,8 +84,9 @@ from ..errors import (
     VCAsyncError,
     WorkerBackoffError,
 )
+from ..ledger._plain import text_problem
 from ..ledger._units import BLAMED_REASONS, LeaseGrant, Receipt
-from ..protocol._bodies import ResultMeta, to_body
+from ..protocol._bodies import MAX_WORKER_NAME, ResultMeta, to_body
 from ..retry import RetryPolicy, is_transient
 from ..storage import Storage
 from ..tensors import ModelState
@@ -178,6 +179,14 @@ class WorkerConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        # refused by the coordinator at the join (a FrameError, exit 1: "restart") or by the
+        # client's encoder (a TypeError traceback, for bytes that are not UTF-8), the state dir made
+        if not isinstance(self.name, str) or len(self.name) > MAX_WORKER_NAME:
+            raise ConfigError(f"name (--name) must be a string of at most {MAX_WORKER_NAME} "
+                              f"characters, got {bounded(repr(self.name), 60)}")
+        bad_name = text_problem(self.name, "name (--name)")
+        if bad_name is not None:
+            raise ConfigError(bad_name)
         resolve_codec(self.codec)     # an unknown codec names the known ones
         if not isinstance(self.backoff, RetryPolicy) or self.backoff.base_delay_s <= 0:
             raise ConfigError(f"backoff must be a RetryPolicy with base_delay_s > 0 (the worker retries "
