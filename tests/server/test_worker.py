@@ -291,6 +291,36 @@ async def test_a_state_holding_work_of_another_run_is_refused_untouched(tmp_path
         assert (log[1]["lease"], log[1]["resumed"], log[1]["start"]) == (log[0]["lease"], True, 6)
 
 
+async def test_a_new_run_at_the_address_mid_unit_stops_the_worker_with_its_work_kept(
+        tmp_path: Path) -> None:
+    """Found by a probe: the coordinator stopped mid-unit and a new run was started at the same
+    address; the worker's next heartbeat was refused (401), it joined the new run without a word,
+    uploaded the old lease's result there ("never issued here") and dropped the lease, so pointed
+    back at its run the unit was lost. The check a start makes (a state holding work of another
+    run) is made at a re-join too: the worker stops with a ConfigError, its lease and checkpoint
+    kept."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    state = tmp_path / "w"
+    port = free_port()
+    blocker = Blocker(at_step=2)
+    async with running(tmp_path / "a", units=make_units(1, steps=20), lease_timeout_s=3.0,
+                       server_config=ServerConfig(port=port)) as (coord_a, _):
+        run_a = coord_a.run_id
+        _, task = await started(f"http://127.0.0.1:{port}", state, blocker)
+    async with running(tmp_path / "b", units=make_units(1, steps=2), lease_timeout_s=3.0,
+                       server_config=ServerConfig(port=port)) as (coord_b, _):
+        with pytest.raises(ConfigError) as info:
+            await asyncio.wait_for(task, 30)
+        message = str(info.value)
+        assert run_a in message
+        assert coord_b.run_id in message
+        assert "lease" in message
+        assert coord_b.status()["workers"]["known"] == 0        # it never joined run B
+    assert (state / "lease.json").exists()                       # the lease is kept ...
+    assert len(list((state / "checkpoints").iterdir())) == 1      # ... and its checkpoint
+
+
 async def test_partial_result_on_preemption(tmp_path: Path) -> None:
     async with running(tmp_path, units=make_units(1, steps=20)) as (coord, server):
         v0 = coord.version

@@ -242,6 +242,9 @@ class Worker:
         #: The coordinator said the run is finished (``410 run_finished``): once it is gone, it is
         #: done lingering, and there is nothing left to wait for.
         self._finish_heard = False
+        #: Heard at a heartbeat: the address now serves another run while this worker holds a
+        #: lease of its own (:meth:`_rejoin`); the unit stops and the worker stops with it.
+        self._run_moved: ConfigError | None = None
 
     def __repr__(self) -> str:
         return f"Worker({self.url!r}, state_dir={str(self.state.root)!r})"
@@ -299,6 +302,7 @@ class Worker:
         # delivered, and one after max_units returned at once, having taken nothing
         self._accepted = self._refused = self._abandoned = self._taken = 0
         self._trainer_failures = 0
+        self._run_moved = None
         if self._stop.is_set():
             # stopped before it started (a SIGTERM while ``vcasync worker`` imported torch): it
             # holds nothing new, and a lease, checkpoint or result in its state waits for a restart
@@ -397,7 +401,7 @@ class Worker:
                     raise
                 log.warning("%s: the coordinator no longer knows our token; joining again", what)
                 rejoined = True
-                await self._join()
+                await self._rejoin()
                 continue
             except NoWorkAvailableError as exc:
                 if exc.finished:
@@ -518,6 +522,26 @@ class Worker:
             parts.append(f"{pending} undelivered result(s)")
         return " and ".join(parts)
 
+    async def _rejoin(self) -> None:
+        """Join again: the coordinator no longer knows our token. A coordinator of *another run*
+        now at this address (its ``/healthz``) while this state holds work of ours is a
+        :class:`ConfigError`, the state untouched, as at start (:meth:`_identity_of_this_run`):
+        joined, the worker uploaded its old lease's result there ("never issued here") and
+        dropped it, and a restart pointed back at its run found the lease gone."""
+        ours = self._ident.run_id if self._ident is not None else None
+        served = await self._cli().served_run()
+        if ours is not None and served is not None and served != ours:
+            held = await asyncio.to_thread(self._work_held)
+            if held:
+                raise ConfigError(
+                    f"the coordinator at {self.url} now serves run {served}, not run {ours}, whose "
+                    f"{held} this worker holds: stopping with the lease and checkpoint kept in "
+                    f"{self.state.where}; point this worker at run {ours}'s coordinator to finish "
+                    f"that work, or give it another --state-dir/--state for run {served}")
+            log.info("the coordinator at %s now serves run %s (was run %s): joining it as a new "
+                     "worker", self.url, served, ours)
+        await self._join()
+
     async def _join(self) -> None:
         if not self._credential:
             raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET (or VCASYNC_JOIN_TOKEN)")
@@ -622,6 +646,9 @@ class Worker:
             return False
         finally:
             self._unit_stop = None
+        if self._run_moved is not None:
+            log.error("%s", self._run_moved)
+            raise self._run_moved
         if lost.is_set() and self._finish_heard:
             log.info("the run is finished (said at a heartbeat): dropping unit %s, which another "
                      "worker delivered or which was parked", grant.unit.unit_id)
@@ -782,7 +809,13 @@ class Worker:
                 return
             except AuthError:
                 try:
-                    await self._join()
+                    await self._rejoin()
+                except ConfigError as exc:
+                    # another run at this address: stop the trainer (it checkpoints as when
+                    # preempted), keep the lease and the checkpoint, and stop with this error
+                    self._run_moved = exc
+                    ctx.stop_event.set()
+                    return
                 except Exception as exc:
                     log.warning("re-joining failed: %s", type(exc).__name__)
             except Exception as exc:  # never let a heartbeat problem kill the unit: the result may count
