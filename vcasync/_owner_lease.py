@@ -72,6 +72,9 @@ MIN_TTL_S = 3.0
 #: fast clock, a time zone set wrong) never make a live holder look dead. Younger records are
 #: watched on the newcomer's monotonic clock, which trusts no agreement between clocks.
 LONG_DEAD_S = 24 * 3600.0
+#: The longest TTL: a day. After a crash, a start on another machine watches the old record for a
+#: TTL before taking it over, so a TTL of 1e12 s (it was taken) would keep the run down for ever.
+MAX_TTL_S = LONG_DEAD_S
 #: Why a record released without its holder's state saved is free: taken at once, as from a crash.
 UNSAVED = "it stopped without saving its state"
 #: Holder tokens of the leases this process holds now (see the module docstring: a record naming

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .._owner_lease import MIN_TTL_S
+from .._owner_lease import MAX_TTL_S, MIN_TTL_S
 from ..cli import Command, ExitCode, join_credential_env, read_join_credential
 from ..coerce import argument_number
 from ..errors import ConfigError, RunIncompleteError
@@ -67,9 +67,10 @@ def _configure(p: argparse.ArgumentParser) -> None:
     # refused while parsing, before Ray is imported or an actor started (each actor's worker
     # refused it only once it ran, and the fleet died actor by actor)
     up.add_argument("--state-lease", default=30.0, metavar="SECONDS",
-                    type=argument_number(float, MIN_TTL_S, what="a finite number of seconds"),
+                    type=argument_number(float, MIN_TTL_S, high=MAX_TTL_S,
+                                         what="a finite number of seconds"),
                     help="how long a silent worker keeps its state from a replacement (default 30, "
-                         f"at least {MIN_TTL_S:g}; renewed every third of it)")
+                         f"at least {MIN_TTL_S:g}, at most {MAX_TTL_S:g}; renewed every third of it)")
     up.add_argument("--spot-resource", default="spot",
                     help="Ray resource that spot nodes carry ('' places workers anywhere)")
     up.add_argument("--spot-label", action="append", default=[], metavar="KEY=VALUE",

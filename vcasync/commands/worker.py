@@ -111,6 +111,10 @@ def _run(a: argparse.Namespace) -> int:
         raise ConfigError(f"--state-lease must be at least {_owner_lease.MIN_TTL_S:g} seconds (the "
                           "state is renewed every third of it, each renewal several storage round "
                           f"trips), got {a.state_lease}")
+    if a.state_lease > _owner_lease.MAX_TTL_S:
+        raise ConfigError(f"--state-lease must be at most {_owner_lease.MAX_TTL_S:g} seconds (a day: "
+                          "a replacement machine waits up to this long for a dead worker's state), "
+                          f"got {a.state_lease}")
     if not a.give_up_after > 0:     # NaN too
         raise ConfigError(f"--give-up-after must be a number of seconds > 0 (inf: never), "
                           f"got {a.give_up_after}")

@@ -101,6 +101,9 @@ class CoordinatorConfig:
         need(self.owner_ttl_s >= _owner_lease.MIN_TTL_S, "owner_ttl_s",
              f"must be >= {_owner_lease.MIN_TTL_S:g} s (renewed every third of it, each renewal "
              "several storage round trips: a shorter TTL gets a live coordinator taken over)")
+        need(not self.owner_ttl_s > _owner_lease.MAX_TTL_S, "owner_ttl_s",
+             f"must be at most {_owner_lease.MAX_TTL_S:g} s (a day: after a crash, a start on "
+             "another machine waits up to this long before it takes the run over)")
         need(self.max_update_norm is None or self.max_update_norm > 0, "max_update_norm",
              "must be > 0 or None")
         need(self.max_retained_bytes is None or self.max_retained_bytes >= 0, "max_retained_bytes",

@@ -173,6 +173,9 @@ class WorkerConfig:
              f"state_lease_s must be >= {_owner_lease.MIN_TTL_S:g} s (renewed every third of it, each "
              "renewal several storage round trips: a shorter lease gets a live worker's state taken "
              f"over), got {self.state_lease_s}"),
+            (not self.state_lease_s > _owner_lease.MAX_TTL_S,
+             f"state_lease_s must be at most {_owner_lease.MAX_TTL_S:g} s (a day: a replacement "
+             f"machine waits up to this long for a dead worker's state), got {self.state_lease_s}"),
             (self.give_up_after_s > 0,
              f"give_up_after_s must be > 0 (inf: never), got {self.give_up_after_s}"),
         ]
