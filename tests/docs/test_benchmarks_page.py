@@ -258,6 +258,19 @@ def test_only_and_quick_without_run_are_refused(capsys: pytest.CaptureFixture[st
         assert "is for --run" in capsys.readouterr().err
 
 
+def test_an_empty_only_with_run_is_refused_not_read_as_every_bench(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # found by QA: `--run --only ''` (an unset variable in a script) ran every bench, hours of them,
+    # and re-saved every result, where `--only ,` was refused as naming none
+    from bench.publish import parse
+
+    for only in ("", ",", " "):
+        with pytest.raises(SystemExit) as exc:
+            parse(["--run", "--only", only])   # the parser alone: nothing is run either way
+        assert exc.value.code == 2
+        assert "--only" in capsys.readouterr().err
+
+
 def test_check_says_whether_the_page_is_stale_and_writes_nothing(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     results = tmp_path / "results"
