@@ -104,6 +104,21 @@ def test_trace_parses_validates_and_wraps() -> None:
         TracePreemption.parse("worker,down_s,up_s\n0,x,20\n")
 
 
+def test_a_trace_is_read_as_every_other_csv_input() -> None:
+    # found by QA: simulate --trace read its CSV apart from --prices and --spot-trace: a row's extra
+    # cell (a notice under a header without notice_s) was dropped without a word, the second of two
+    # up_s columns won silently, and a header typed "worker, down_s, up_s" was refused as lacking
+    # down_s. Now vcasync.costing.params.csv_records reads all three.
+    with pytest.raises(ConfigError, match=r"^t.csv:2: the row has more cells than the header$"):
+        TracePreemption.parse("worker,down_s,up_s\n0,100,500,7\n", source="t.csv")
+    with pytest.raises(ConfigError, match=r"^t.csv:1: the header names \['up_s'\] more than once"):
+        TracePreemption.parse("worker,down_s,up_s,up_s\n0,100,500,900\n", source="t.csv")
+    spaced = TracePreemption.parse("worker, down_s, up_s, notice_s\n0,100,500,7\n")
+    assert list(spaced.outages(0, 0)) == [Outage(100, 500, 7)]
+    with pytest.raises(ConfigError, match=r"^t.csv:3: not a number"):
+        TracePreemption.parse("worker,down_s,up_s\n0,10,20\n1,x,30\n", source="t.csv")
+
+
 def test_a_trace_the_fleet_would_not_replay_is_refused_and_one_it_cuts_short_said(
         caplog: pytest.LogCaptureFixture) -> None:
     # a trace of worker 99 for 2 workers ran with no preemption at all, silently

@@ -17,8 +17,6 @@ so adding a worker does not reshuffle the others.
 
 from __future__ import annotations
 
-import csv
-import io
 import itertools
 import logging
 import math
@@ -29,7 +27,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..costing.params import read_text_file
+from ..costing.params import csv_records, read_text_file
 from ..errors import ConfigError
 
 log = logging.getLogger("vcasync.sim")
@@ -248,13 +246,16 @@ class TracePreemption:
 
     @classmethod
     def parse(cls, text: str, *, source: str = "trace") -> TracePreemption:
-        reader = csv.DictReader(io.StringIO(text))
+        # read as every CSV input is (csv_records): header names stripped, a name given twice or a
+        # row with more cells than the header refused (a row's extra cell, a notice under a header
+        # without notice_s, was dropped without a word)
+        names, records = csv_records(text, f"{source}:")
         need = {"worker", "down_s", "up_s"}
-        if reader.fieldnames is None or not need <= set(reader.fieldnames):
+        if not need <= set(names):
             raise ConfigError(f"{source}: the CSV header must name {sorted(need)} (optionally notice_s), "
-                              f"got {reader.fieldnames}")
+                              f"got {names}")
         rows: list[tuple[int, Outage]] = []
-        for line, rec in enumerate(reader, start=2):
+        for line, rec in records:
             try:
                 rows.append((int(rec["worker"]), Outage(float(rec["down_s"]), float(rec["up_s"]),
                                                           float(rec.get("notice_s") or 0.0))))
