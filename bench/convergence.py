@@ -660,7 +660,11 @@ def calibration_figures(cal: list[dict[str, Any]]) -> dict[str, Any]:
     errors = [e for c in cal for e in (c.get("error_fleet"), c.get("error_ddp")) if e is not None]
     summary = calibration_summary(cal)
     errors_mean = [s["error"] for per in summary.values() for s in per.values() if s["error"] is not None]
-    disagree = sum(s["disagree"] for per in summary.values() for s in per.values())
+    # seeds (of a workload) where on either side only one of the run and its replay reached the
+    # target: a seed whose fleet and DDP replays both did is one seed (the two sides' counts were
+    # summed: "in 2 seed(s)" of a one-seed run)
+    disagree = sum(any(f"real_{side}_s" in c and (c[f"real_{side}_s"] is None) != (c[f"sim_{side}_s"] is None)
+                       for side in ("fleet", "ddp")) for c in cal)
     value, why = per_seed_error(errors, disagree)
     return {"sim_vs_real_error": value, "sim_vs_real_error_both_reached": max(errors) if errors else None,
             "sim_vs_real_error_mean": max(errors_mean) if errors_mean else None,

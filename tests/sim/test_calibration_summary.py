@@ -84,3 +84,23 @@ def test_a_seed_only_one_side_reached_leaves_the_per_seed_error_unbounded_not_th
                    "the largest error over the seeds where both did: 0.109")
     assert per_seed_error([], 2) == (None, "unbounded: in 2 seed(s) only one of the run and its replay "
                                            "reached the target")
+
+
+def test_a_seed_whose_fleet_and_ddp_replays_both_disagree_is_one_seed_not_two() -> None:
+    # found by QA: `python -m bench.convergence --quick` (seeds [0]) said "2 seeds where only one
+    # side reached the target" and "unbounded: in 2 seed(s)": the count was of sides (the fleet's
+    # and DDP's replay of seed 0 both missed what their runs reached), summed over the two
+    from bench.convergence import calibration_figures
+
+    one = [{**_cal("digits", (61.4, None), (27.3, None)), "seed": 0}]
+    f = calibration_figures(one)
+    assert f["sim_vs_real_disagree"] == 1
+    assert f["why"] == "unbounded: in 1 seed(s) only one of the run and its replay reached the target"
+    # per side, each side's own count is unchanged
+    assert f["calibration_summary"]["digits"]["fleet"]["disagree"] == 1
+    assert f["calibration_summary"]["digits"]["ddp"]["disagree"] == 1
+    # two seeds, one side each; and a seed of another workload with the same number is another seed
+    two = [{**_cal("digits", (10.0, None), (5.0, 5.5)), "seed": 0},
+           {**_cal("digits", (9.0, 9.5), (None, 5.0)), "seed": 1},
+           {**_cal("mnist5000", (20.0, None), (15.0, 15.5)), "seed": 0}]
+    assert calibration_figures(two)["sim_vs_real_disagree"] == 3
