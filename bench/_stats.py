@@ -114,6 +114,28 @@ def non_negative_int(text: str) -> int:
     return int(_number(text, int, 0, strict=False))
 
 
+#: Seeds are 32-bit (SimConfig, the demo): a larger one ended in a ConfigError traceback mid-run.
+SEED_LIMIT = 2**32
+
+
+def seed_arg(text: str) -> int:
+    """An argparse type: a seed, a whole number from 0 to 2**32 - 1."""
+    value = non_negative_int(text)
+    if value >= SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be < {SEED_LIMIT:,d} (a 32-bit seed), got {text}")
+    return value
+
+
+def distinct_seeds(parser: argparse.ArgumentParser, seeds: Sequence[int]) -> None:
+    """Refuse a seed given twice: the repeat is the same simulated cells (and the same preemption
+    schedule and data order in a real run) counted again, so "5 of 5 seeds" of ``--seeds 0 0 0 0 0``
+    had an interval of width 0."""
+    twice = sorted({s for s in seeds if list(seeds).count(s) > 1})
+    if twice:
+        parser.error(f"argument --seeds: seed {', '.join(map(str, twice))} given twice: each seed is "
+                     "one run in the mean and its interval, so name each once")
+
+
 def non_negative_float(text: str) -> float:
     """An argparse type: a finite number >= 0 (rates, paces)."""
     return _number(text, float, 0.0, strict=False)

@@ -103,11 +103,12 @@ from ._signals import restores_sigterm, stop_on_sigterm
 from ._simpool import SimPool
 from ._stats import (
     add_quick,
+    distinct_seeds,
     non_negative_float,
-    non_negative_int,
     parse_args,
     positive_float,
     positive_int,
+    seed_arg,
     vcasgd_alpha,
 )
 
@@ -923,7 +924,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     add_quick(p, QUICK, "short runs, digits only, no learning-rate search (about 2 minutes)")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--seeds", type=non_negative_int, nargs="+", default=[0, 1, 2, 3, 4], help="default 0-4")
+    p.add_argument("--seeds", type=seed_arg, nargs="+", default=[0, 1, 2, 3, 4],
+                   help="default 0-4, each once")
     p.add_argument("--workloads", nargs="+", choices=sorted(REAL_SHAPE),
                    help="real-process workloads (default digits: the default run fits 20 minutes on 2 "
                         "cores; mnist5000 adds about 10 minutes for 5 seeds, tinylm about 26)")
@@ -976,6 +978,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="no real run: replay these saved real runs (--save-records) in the simulator "
                         "and report the calibration (sim_vs_real_error) alone")
     a = parse_args(p, argv)
+    distinct_seeds(p, a.seeds)
     if a.sweeps_only and not (a.real_rates or a.step_s or a.alpha):
         p.error("--sweeps-only needs --real-rates, --step-s or --alpha")
     if a.plot is not None:

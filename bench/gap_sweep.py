@@ -38,7 +38,7 @@ from vcasync.examples.workloads import get_workload
 from vcasync.policy import available_policies, build_policy
 from vcasync.sim import Simulation
 
-from ._stats import add_quick, parse_args, positive_int, vcasgd_alpha
+from ._stats import add_quick, distinct_seeds, parse_args, positive_int, seed_arg, vcasgd_alpha
 from .convergence import REAL_SHAPE, Rates, preempted_fleet, search_lr
 
 #: Epochs and alphas per workload: the default budget (3 and 2 were the real runs' epochs when the
@@ -186,7 +186,7 @@ QUICK: dict[str, Any] = {"seeds": [0]}
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--workloads", nargs="+", choices=sorted(GRID), default=["mnist5000"])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--seeds", type=seed_arg, nargs="+", default=[0, 1])
     add_quick(p, QUICK, "one seed, the first two epoch counts, alpha 0.25 and 0.5")
     p.add_argument("--policy", default="vcasgd", choices=available_policies(),
                    help="merge policy (default vcasgd; another runs with its defaults, no alpha axis)")
@@ -198,6 +198,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="VC-ASGD alpha grid (default: the workload's)")
     p.add_argument("--json", action="store_true")
     a = parse_args(p, argv)
+    distinct_seeds(p, a.seeds)
     # the policy's own checks, before any training: an unknown or out-of-range parameter ended
     # in a traceback from the first simulated cell
     for alpha in (a.alpha or [None]) if a.policy == "vcasgd" else [None]:

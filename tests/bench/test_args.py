@@ -150,3 +150,21 @@ def test_scale_sizes_the_memory_runs_ledger_to_its_fleet() -> None:
     # a 101,000-unit ledger left freed heap the connections fit in: 102 bytes per worker
     assert scale.units(runs["quiet_1000"]) == scale.units(runs["bare_1000"]) == 2000
     assert scale.units(runs["conn_1000"]) == 101_000           # the merger consumes units
+
+
+@pytest.mark.parametrize(("bench", "argv", "said"), [
+    # found by QA: gap_sweep took any int (--seeds -1: a ConfigError traceback after a minute of
+    # rate search), and both benches took a seed twice (--seeds 0 0 0 0 0: five copies of the same
+    # simulated cells, "5 of 5 seeds reached" and an interval of width 0)
+    ("gap_sweep", ["--seeds", "-1"], "--seeds: must be >= 0, got -1"),
+    ("gap_sweep", ["--seeds", "0", "0"], "--seeds: seed 0 given twice"),
+    ("convergence", ["--seeds", "1", "0", "1"], "--seeds: seed 1 given twice"),
+    ("convergence", ["--seeds", str(2**32)],
+     "--seeds: must be < 4,294,967,296 (a 32-bit seed), got 4294967296"),
+])
+def test_seeds_are_checked_by_the_parser_before_anything_runs(bench: str, argv: list[str], said: str,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        importlib.import_module(f"bench.{bench}").parse(argv)    # the parser alone: nothing runs
+    assert info.value.code == 2
+    assert said in capsys.readouterr().err
