@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("vcasync.coordinator", reason="the simulator drives the real Coordinator")
@@ -70,3 +72,18 @@ def test_simulate_json_is_strict_json_a_non_finite_figure_null_and_named(
     doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1], parse_constant=refuse)
     assert doc["final_loss"] is None
     assert doc["non_finite"]["fields"] == ["final_loss (nan)"]
+
+
+def test_the_plot_says_its_figures_are_simulated(tmp_path: Path) -> None:
+    # found by QA: `vcasync simulate --plot p.png` titled its panels "accuracy over time" and
+    # "staleness", nothing saying the curves were simulated, where the text summary, the JSON and
+    # bench.convergence's plot all say so ("Simulated figures are marked so", docs/headline.md)
+    import matplotlib
+
+    from vcasync.sim.report import plot_summary
+
+    s = summarize(Simulation(SimConfig(fleet=FleetConfig(workers=2), epochs=1, eval_points=5)).run())
+    with matplotlib.rc_context({"svg.fonttype": "none"}):     # the SVG keeps its text as text
+        svg = plot_summary(s, tmp_path / "p.svg").read_text()
+    assert "simulated" in svg
+    assert "virtual clock" in svg

@@ -407,7 +407,8 @@ def _money(x: float | None) -> str:
 
 
 def plot_summary(s: dict[str, Any], path: str | Path) -> Path:
-    """Accuracy over virtual time (async vs sync) and the staleness histogram, as a PNG."""
+    """Accuracy over virtual time (async vs sync) and the staleness histogram, as a PNG, titled as
+    simulated (as the text summary and the JSON say it): a plot is often seen without them."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -431,6 +432,9 @@ def plot_summary(s: dict[str, Any], path: str | Path) -> Path:
     ax2.set_xlabel("staleness (versions)")
     ax2.set_ylabel("merged results")
     ax2.set_title("staleness")
+    cfg = s["config"]
+    fig.suptitle(f"simulated (virtual clock, modelled machines and preemptions): {s['fleet']['workers']} "
+                 f"workers, {cfg['policy']}, {cfg['signal']}, seed {cfg['seed']}", fontsize=10)
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out, dpi=100)
