@@ -71,3 +71,37 @@ def test_unknown_workload_and_split_are_clear_errors() -> None:
         get_workload("digits").evaluate(get_workload("digits").model(), "train")
     assert set(WORKLOADS) == {"digits", "mnist5000", "tinylm"}
     assert get_workload("tinylm").metric == "loss"
+
+
+def test_every_minibatch_has_the_batch_size_even_from_fewer_samples() -> None:
+    # found by QA: a minibatch larger than what it was drawn from came out short, where every
+    # count (samples trained and merged, samples to target, the synchronous baseline's samples)
+    # says steps x batch: 64 workers x 32 on digits' 1,437 training images gave DDP steps of 2,048,
+    # 2,048, 1,652, then 1,437 each; `vcasync simulate --shards 5000` units of 12, 6, 6 counted 32
+    from vcasync.examples.cnn import unit_batches
+
+    for n, batch in ((1437, 2048), (6, 32), (1, 4), (100, 100)):
+        batches = unit_batches(np.arange(n), 40, batch, seed=5)
+        assert [len(b) for b in batches] == [batch] * 40, (n, batch)
+        drawn = np.concatenate(batches)
+        counts = np.bincount(drawn, minlength=n)
+        assert counts.max() - counts.min() <= 1 + batch // n   # passes over the indices, as before
+
+    assert unit_batches(np.arange(0), 0, 32, seed=5) == []
+    with pytest.raises(ConfigError, match="no samples"):      # never a loop without end
+        unit_batches(np.arange(0), 1, 32, seed=5)
+
+    # where the indices hold a batch, the draws are what they were (the saved runs' batches)
+    def before(indices: np.ndarray, steps: int, batch: int, seed: int) -> list[np.ndarray]:
+        rng = np.random.default_rng(seed)
+        out, order, pos = [], rng.permutation(indices), 0
+        for _ in range(steps):
+            if pos + batch > len(order):
+                order, pos = np.concatenate([order[pos:], rng.permutation(indices)]), 0
+            out.append(order[pos:pos + batch])
+            pos += batch
+        return out
+
+    for n, batch in ((1437, 512), (180, 32), (32, 32)):
+        now, then = unit_batches(np.arange(n), 50, batch, 7), before(np.arange(n), 50, batch, 7)
+        assert all(np.array_equal(a, b) for a, b in zip(now, then, strict=True))

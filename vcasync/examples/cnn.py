@@ -138,15 +138,19 @@ def shard_indices(num_train: int, shard: int, num_shards: int) -> np.ndarray:
 
 
 def unit_batches(indices: np.ndarray, steps: int, batch_size: int, seed: int) -> list[np.ndarray]:
-    """``steps`` minibatches drawn by passes over ``indices`` in a seeded order (epochs wrap)."""
+    """``steps`` minibatches of ``batch_size`` drawn by passes over ``indices`` in a seeded order
+    (epochs wrap; a batch larger than the indices takes as many passes as it needs, as torch's
+    ``DistributedSampler`` pads with repeats: it came out short, where every count is steps x batch)."""
     if batch_size < 1 or steps < 0:
         raise ConfigError(f"need batch_size >= 1 and steps >= 0, got {batch_size}, {steps}")
+    if steps and not len(indices):
+        raise ConfigError("no samples to draw minibatches from (an empty shard)")
     rng = np.random.default_rng(seed)
     out: list[np.ndarray] = []
     order = rng.permutation(indices)
     pos = 0
     for _ in range(steps):
-        if pos + batch_size > len(order):
+        while pos + batch_size > len(order):   # once, unless the batch outgrows the indices
             order = np.concatenate([order[pos:], rng.permutation(indices)])
             pos = 0
         out.append(order[pos:pos + batch_size])
