@@ -136,3 +136,16 @@ def test_a_given_target_is_kept_when_the_baseline_did_not_learn() -> None:
     assert s["target"] == 0.5
     assert s["target_withheld"] is None
     assert s["saving_at_target"] is None      # still no saving against that baseline
+
+
+def test_more_shards_than_training_samples_is_refused_not_cut_down() -> None:
+    # found by QA: `vcasync simulate --shards 40000` on the surrogate's 32,768 training samples ran
+    # 32,768 shards without a word (the demo refuses it); a shard holds at least one sample
+    from vcasync.sim.signals import make_signal
+
+    n = make_signal("digits", "test").num_train
+    with pytest.raises(ConfigError, match=rf"^--shards {n + 1} is more than the digits signal's {n:,} "
+                                          r"training samples"):
+        Simulation(SimConfig(signal="digits", shards=n + 1, fleet=FleetConfig(workers=2), epochs=1))
+    assert Simulation(SimConfig(signal="digits", shards=n, fleet=FleetConfig(workers=2),
+                                epochs=1)).unit_list    # as many as it has: one each

@@ -100,8 +100,11 @@ class Simulation:
         d = self.signal.defaults
         bs = config.batch_size or d.batch_size
         n_train = self.signal.num_train
+        if config.shards is not None and config.shards > n_train:
+            # it was cut to n_train without a word (the demo refuses it): a shard holds a sample
+            raise ConfigError(f"--shards {config.shards} is more than the {self.signal.name} signal's "
+                              f"{n_train:,} training samples: a shard holds at least one")
         shards = config.shards or min(4 * config.fleet.workers, max(1, n_train // (bs * 4)))
-        shards = min(shards, n_train)
         shard_idx = tuple(shard_indices(n_train, s, shards) for s in range(shards))
         self.unit_steps = config.local_steps or max(1, math.ceil(len(shard_idx[0]) / bs))
         self.unit_list = make_units(shards, epochs=config.epochs, steps=self.unit_steps)
