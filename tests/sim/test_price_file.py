@@ -169,3 +169,14 @@ def test_a_spot_price_above_on_demand_is_kept_with_a_warning_naming_the_row(
         assert not caplog.text
         PriceTable().with_override("n1-standard-8", spot_per_h=0.5)         # --spot-price too
     assert "price row gcp:n1-standard-8: spot $0.5/h is above on-demand" in caplog.text
+
+
+def test_list_prices_lines_up_its_columns(capsys: pytest.CaptureFixture[str]) -> None:
+    # found by QA: only the instance name was padded (to 14), so "gcp:n1-standard-4+t4" and the
+    # azure rows pushed their region and prices right of every other row's
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    assert run(parser.parse_args(["--list-prices"])) == ExitCode.OK
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) >= 10
+    assert len({line.index(" on-demand $") for line in lines}) == 1, "\n".join(lines)

@@ -189,10 +189,17 @@ def run(args: argparse.Namespace) -> int:
         if args.list_prices:
             table = _prices(args)
             rows = [table[k].as_dict() for k in table]
+            # the columns padded to the longest row's (the instance alone was: longer names pushed
+            # their row's region and prices right of the others')
+            names = [f"{r['provider']}:{r['instance']}" for r in rows]
+            key = max(map(len, names))
+            region = max(len(str(r["region"])) for r in rows)
             print(strict_json(rows, indent=1) if args.json else "\n".join(
-                f"{r['provider']}:{r['instance']:<14} {r['region']:<12} on-demand ${r['on_demand_per_h']}/h"
+                f"{name:<{key}} {r['region']!s:<{region}} "
+                f"on-demand ${r['on_demand_per_h']}/h"
                 f"  spot ${r['spot_per_h']}/h  ({r['source']}, as of {r['as_of']}"
-                f"{', approximate' if r['approximate'] else ''})" for r in rows))
+                f"{', approximate' if r['approximate'] else ''})"
+                for name, r in zip(names, rows, strict=True)))
             return ExitCode.OK
         config = build_config(args)
         if args.plot is not None:
