@@ -149,3 +149,16 @@ def test_more_shards_than_training_samples_is_refused_not_cut_down() -> None:
         Simulation(SimConfig(signal="digits", shards=n + 1, fleet=FleetConfig(workers=2), epochs=1))
     assert Simulation(SimConfig(signal="digits", shards=n, fleet=FleetConfig(workers=2),
                                 epochs=1)).unit_list    # as many as it has: one each
+
+
+@pytest.mark.parametrize("config", [
+    SimConfig(fleet=FleetConfig(workers=2), epochs=1, sample_cost_s=1e5),
+    SimConfig(fleet=FleetConfig(workers=2, slow_fraction=1.0, slow_factor=1e9), epochs=1),
+])
+def test_a_step_too_slow_for_any_lease_names_the_flags_not_the_coordinators_config(config: SimConfig) -> None:
+    # found by QA: simulate --sample-cost-s 100000 (or --batch-size 100000 on digits, --slow-factor
+    # 1e9) said "CoordinatorConfig.lease_timeout_s must be at most 604800 s ... got 25382901", a
+    # setting the command has no flag for; the lease is three of the slowest machine's steps
+    with pytest.raises(ConfigError, match=r"one training step of the slowest machine takes .* virtual "
+                                          r"s .*--batch-size.*--sample-cost-s.*--slow-factor"):
+        Simulation(config)

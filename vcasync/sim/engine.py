@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..coordinator import Coordinator, CoordinatorConfig
+from ..coordinator._config import MAX_LEASE_TIMEOUT_S
 from ..errors import ConfigError
 from ..examples.cnn import shard_indices
 from ..examples.workloads import Metric
@@ -120,6 +121,16 @@ class Simulation:
             boot_s=config.boot_s, heartbeat_s=config.heartbeat_s,
             idle_poll_s=min(60.0, config.heartbeat_s), on_notice=config.on_notice, seed=config.seed,
             shards=shard_idx)
+        if config.lease_timeout_s is None and self.lease_timeout_s() > MAX_LEASE_TIMEOUT_S:
+            # found only when the run built its coordinator, and said as a setting the command has
+            # no flag for ("CoordinatorConfig.lease_timeout_s must be at most 604800 s")
+            step_s = self.lease_timeout_s() / 3
+            raise ConfigError(
+                f"one training step of the slowest machine takes {step_s:,.0f} virtual s (--batch-size "
+                f"{bs} x --sample-cost-s {self.workload.sample_cost_s:g} / its speed "
+                f"{min(m.speed for m in self.fleet):.3g}), and a lease lasts three steps, at most "
+                f"{MAX_LEASE_TIMEOUT_S:,.0f} s (a week): give a smaller --batch-size or --sample-cost-s, "
+                "or a milder --slow-factor / --speed-sigma")
 
     # -- the run ----------------------------------------------------------------------------------
     def run(self) -> SimOutcome:
