@@ -1476,6 +1476,11 @@ def _print_table(f: dict[str, Any]) -> None:
           f"({f['sim_vs_real_disagree']} seeds where only one side reached the target); "
           f"seeds {f['seeds']}; targets missed {f['targets_missed']}; real runs failed (crashed or "
           f"timed out) {f.get('failed', 0)}; {f['wall_s']:.0f} s")
+    unusable = {k: v for k, v in (f.get("sim_baseline_unusable") or {}).items() if v}
+    if unusable:   # "0 of 1" reached beside "targets missed 0" said nothing of why
+        print("simulated cells with no target (their synchronous baseline did not learn or fell back; "
+              "not in targets missed): "
+              + ", ".join(f"{cell} seed(s) {seeds}" for cell, seeds in unusable.items()))
     withheld: dict[str, list[str]] = {}
     for key in sp:
         if f.get(key) is None and key in f.get("reasons", {}) and sp[key]["n"]:

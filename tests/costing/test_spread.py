@@ -127,3 +127,26 @@ def test_t_quantile_past_the_table_is_students_not_the_normals() -> None:
     ts = [t_975(d) for d in range(1, 2000)]
     assert all(a > b for a, b in itertools.pairwise(ts))   # falls with every degree of freedom
     assert ts[-1] > 1.959964                              # and never below the normal's quantile
+
+
+def test_the_table_says_which_simulated_seeds_set_no_target(capsys: pytest.CaptureFixture[str]) -> None:
+    # found by QA: `python -m bench.convergence --quick` printed the simulated savings "0 of 1"
+    # beside "targets missed 0" and nothing else: the cells' synchronous baselines had not learned
+    # (sim_baseline_unusable, in the JSON only), so no seed reached and none missed
+    import bench.convergence as conv
+
+    empty = spread([]).as_dict()
+    missed = spread([None], miss="low").as_dict()
+    figures = {"spread": {k: (missed if k.startswith("saving_s") else empty) for k in (
+        "saving_real", "saving_real_per_second", "samples_to_target_ratio", "saving_sim_64",
+        "saving_same_machines", "gap_mnist_30", "adaptive_gap_mnist_50", "lm_loss_gap_30")},
+        "sim_workers": 64, "sim_vs_real_error": None, "sim_vs_real_error_mean": None,
+        "sim_vs_real_disagree": 0, "seeds": [0], "targets_missed": 0, "wall_s": 1.0,
+        "sim_baseline_unusable": {"heterogeneous": [0], "identical": [0, 3]}}
+    conv._print_table(figures)
+    out = capsys.readouterr().out
+    assert ("simulated cells with no target (their synchronous baseline did not learn or fell back; "
+            "not in targets missed): heterogeneous seed(s) [0], identical seed(s) [0, 3]") in out
+    figures["sim_baseline_unusable"] = {"heterogeneous": [], "identical": []}
+    conv._print_table(figures)
+    assert "no target" not in capsys.readouterr().out
