@@ -241,12 +241,16 @@ def _missing(name: str, path: str, exc: ImportError) -> Exception:
                                  f"it (and its dependencies) installed?", plugin=name)
 
 
+def _broken(name: str, problem: str) -> Exception:
+    return PluginValidationError(problem, plugin=name)
+
+
 def _unknown(name: str, names: list[str]) -> Exception:
     return UnknownPolicyError(f"no merge policy named {name!r}; available: {', '.join(names)}")
 
 
 _POLICIES: Final = Registry[PolicySpec](_GROUP, validate=_validate, missing=_missing,
-                                        unknown=_unknown)
+                                        unknown=_unknown, broken=_broken)
 
 
 def register_policy(name: str, cls: type, *, replace: bool = False) -> PolicySpec:

@@ -278,6 +278,10 @@ def _missing(name: str, path: str, exc: ImportError) -> Exception:
         f"({exc.name or exc}): {hint}")
 
 
+def _broken(name: str, problem: str) -> Exception:
+    return BackendUnavailableError(f"the {name}:// storage backend: {problem}")
+
+
 def _unknown(name: str, known: list[str]) -> Exception:
     if not known and " " in name:  # Registry.register passes its duplicate-name message here
         return BackendUnavailableError(name)
@@ -288,14 +292,15 @@ def _unknown(name: str, known: list[str]) -> Exception:
 def backend_registry() -> Registry[StorageBackend]:
     """A fresh registry fed by the ``vcasync.backends`` entry points (tests use their own)."""
     return Registry("vcasync.backends", validate=_validate_backend, missing=_missing,
-                    unknown=_unknown)
+                    unknown=_unknown, broken=_broken)
 
 
 _BACKENDS = backend_registry()
 
 
 def register_backend(scheme: str, backend: object, *, replace: bool = False) -> None:
-    """Add a backend for ``scheme://`` URLs at run time (entry points are the usual way)."""
+    """Add a backend for ``scheme://`` URLs at run time (entry points are the usual way); a
+    scheme already taken, by a registration or an installed backend, needs ``replace=True``."""
     _BACKENDS.register(scheme, backend, replace=replace)
 
 

@@ -90,9 +90,12 @@ dependencies = ["vcasync"]
 halfway = "halfway_policy:Halfway"
 broken_policy = "halfway_policy:Broken"
 missing_dep = "halfway_policy_extra:Nothing"
+fails_at_import = "halfway_boom:Thing"
+no_such_class = "halfway_policy:NoSuchClass"
+vcasgd = "halfway_policy:Halfway"
 
 [tool.setuptools]
-py-modules = ["halfway_policy"]
+py-modules = ["halfway_policy", "halfway_boom"]
 '''
 
 
@@ -102,6 +105,7 @@ def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     project.mkdir()
     (project / "pyproject.toml").write_text(textwrap.dedent(PYPROJECT))
     (project / "halfway_policy.py").write_text(POLICY_SOURCE)
+    (project / "halfway_boom.py").write_text('raise RuntimeError("halfway_boom cannot start")\n')
     target = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
@@ -115,9 +119,11 @@ def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     try:
         yield target
     finally:
-        for name in ("halfway", "broken_policy", "missing_dep"):
+        for name in ("halfway", "broken_policy", "missing_dep", "fails_at_import", "no_such_class",
+                     "vcasgd"):
             unregister_policy(name)
         sys.modules.pop("halfway_policy", None)
+        sys.modules.pop("halfway_boom", None)
         monkeypatch.undo()
         importlib.invalidate_caches()
         refresh_policies()
@@ -138,6 +144,33 @@ def test_installed_broken_policies_fail_with_their_name(installed: Path) -> None
         build_policy("broken_policy")
     with pytest.raises(PluginValidationError, match="plugin 'missing_dep': cannot import"):
         build_policy("missing_dep")
+
+
+def test_a_plugin_that_cannot_load_is_a_config_error_naming_it(installed: Path) -> None:
+    # Its module raising something else than ImportError, or its entry point naming an object
+    # the module does not have, used to escape as that exception: `vcasync coordinator --policy
+    # NAME` died with a traceback and exit status 1 instead of a configuration error (2).
+    with pytest.raises(PluginValidationError) as info:
+        build_policy("fails_at_import")
+    assert str(info.value) == ("plugin 'fails_at_import': cannot load halfway_boom:Thing: "
+                               "RuntimeError: halfway_boom cannot start")
+    with pytest.raises(PluginValidationError) as info:
+        build_policy("no_such_class")
+    assert "plugin 'no_such_class': cannot load halfway_policy:NoSuchClass: AttributeError" in str(
+        info.value)
+    assert "NoSuchClass" in str(info.value)
+
+
+def test_a_name_two_installed_packages_provide_is_refused_naming_both(installed: Path) -> None:
+    # Both vcasync and halfway-policy declare "vcasgd": which one loaded depended on the order
+    # importlib.metadata found the packages in (here the built-in, silently ignoring the plugin).
+    unregister_policy("vcasgd")          # forget a copy an earlier test loaded (the entry point stays)
+    with pytest.raises(PluginValidationError) as info:
+        build_policy("vcasgd")
+    message = str(info.value)
+    assert message.startswith("plugin 'vcasgd': 2 installed packages provide it under this name")
+    assert "vcasync (vcasync.plugins.vcasgd:VCASGD)" in message
+    assert "halfway-policy (halfway_policy:Halfway)" in message
 
 
 def test_discovery_is_cleaned_up() -> None:

@@ -222,3 +222,74 @@ def test_which_stores_outlive_the_process_that_opens_them(tmp_path: Path) -> Non
     assert not outlives_process("scratch://x", registry=registry)
     with pytest.raises(BackendUnavailableError, match="nope"):
         outlives_process("nope://x", registry=registry)
+
+
+@pytest.fixture
+def installed_backends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A package of storage backends as pip installs it (its ``.dist-info`` with entry points),
+    on ``sys.path``: ``backend_registry()`` finds them through ``importlib.metadata``."""
+    site = tmp_path / "site"
+    info = site / "probe_backends-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: probe-backends\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[vcasync.backends]\n"
+        "boom = probe_backends_boom:Store\n"
+        "nothing = probe_backends:NoSuchStore\n"
+        "memory = probe_backends:Store\n"
+        "probe = probe_backends:Store\n")
+    (site / "probe_backends_boom.py").write_text('raise RuntimeError("no driver for this box")\n')
+    (site / "probe_backends.py").write_text(
+        "from vcasync.backends.memory import MemoryStorage\n\n"
+        "class Store:\n"
+        "    @staticmethod\n"
+        "    def from_url(url, **options):\n"
+        "        return MemoryStorage(url.partition('://')[2])\n")
+    monkeypatch.syspath_prepend(str(site))
+    for module in ("probe_backends", "probe_backends_boom"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    return site
+
+
+def test_a_backend_that_cannot_load_is_named_with_its_problem(installed_backends: Path) -> None:
+    # Its module raising something else than ImportError, or its entry point naming an object the
+    # module lacks, escaped as that exception: `vcasync coordinator --storage boom://x` died with
+    # a traceback (exit 1) instead of a configuration error naming the backend (exit 2).
+    registry = backend_registry()
+    assert open_storage("probe://x", registry=registry).url == "memory://x"
+    with pytest.raises(BackendUnavailableError) as info:
+        open_storage("boom://x", registry=registry)
+    assert str(info.value) == ("the boom:// storage backend: cannot load probe_backends_boom:Store: "
+                               "RuntimeError: no driver for this box")
+    with pytest.raises(BackendUnavailableError, match=r"the nothing:// storage backend: cannot load "
+                                                      r"probe_backends:NoSuchStore: AttributeError"):
+        open_storage("nothing://x", registry=registry)
+
+
+def test_a_scheme_two_installed_packages_provide_is_refused_naming_both(
+        installed_backends: Path) -> None:
+    # vcasync and probe-backends both declare memory://: which one opened depended on the order
+    # importlib.metadata found them in, silently.
+    registry = backend_registry()
+    with pytest.raises(BackendUnavailableError) as info:
+        open_storage("memory://x", registry=registry)
+    message = str(info.value)
+    assert message.startswith("the memory:// storage backend: 2 installed packages provide it")
+    assert "vcasync (vcasync.backends.memory:MemoryStorage)" in message
+    assert "probe-backends (probe_backends:Store)" in message
+
+
+def test_registering_over_an_installed_scheme_needs_replace() -> None:
+    # register_backend("file", X) replaced the built-in file:// silently while its entry point was
+    # not loaded yet (and refused the same call once it was).
+    class Mine:
+        @staticmethod
+        def from_url(url: str, **options: object) -> Storage:
+            return MemoryStorage("mine")
+
+    registry = backend_registry()
+    with pytest.raises(BackendUnavailableError, match="'file' is already registered"):
+        registry.register("file", Mine)
+    assert isinstance(open_storage("/tmp/x", registry=registry), LocalStorage)
+    registry.register("file", Mine, replace=True)
+    assert open_storage("/tmp/x", registry=registry).url == "memory://mine"

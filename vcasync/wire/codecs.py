@@ -188,7 +188,9 @@ def _missing_block_codec(name: str, path: str, exc: ImportError) -> Exception:
 #: or the ``vcasync.block_codecs`` entry-point group (the same Registry as policies and backends).
 _BLOCK_CODECS: Final = Registry[BlockCodec](
     "vcasync.block_codecs", validate=_validate_block_codec, missing=_missing_block_codec,
-    unknown=_not_allowed, duplicate=lambda name: ConfigError(f"block codec {name!r} is already registered"))
+    unknown=_not_allowed,
+    broken=lambda name, problem: ConfigError(f"the block codec {name!r}: {problem}"),
+    duplicate=lambda name: ConfigError(f"block codec {name!r} is already registered"))
 
 
 def register_block_codec(codec: BlockCodec, *, replace: bool = False) -> BlockCodec:

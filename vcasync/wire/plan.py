@@ -130,6 +130,7 @@ def _missing_codec(name: str, path: str, exc: ImportError) -> ConfigError:
 #: policies and backends (third parties: :func:`register_codec` or the ``vcasync.codecs`` group).
 _PRESETS: Final = Registry[CodecSpec](
     "vcasync.codecs", validate=_validate_spec, missing=_missing_codec, unknown=_unknown_codec,
+    broken=lambda name, problem: ConfigError(f"the codec {name!r}: {problem}"),
     duplicate=lambda name: ConfigError(f"codec {name!r} is already registered"))
 for _name, _spec in {
     "raw": CodecSpec("raw"),
