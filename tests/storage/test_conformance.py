@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -10,7 +10,7 @@ from vcasync.backends.local import LocalStorage
 from vcasync.backends.memory import MemoryStorage
 from vcasync.backends.s3 import S3Storage
 
-from vcasync.storage import Storage, open_storage
+from vcasync.storage import BytesLike, Storage, open_storage
 from vcasync.testing.emulators import DUMMY_S3_CREDENTIALS
 from vcasync.testing.faults import ForwardingStorage
 from vcasync.testing.storage import StorageConformance
@@ -70,3 +70,35 @@ async def test_the_suite_refuses_a_get_that_is_not_bytes() -> None:
     async with _MemoryviewReads(open_storage("memory://not-bytes")) as st:
         with pytest.raises(AssertionError, match=r"_MemoryviewReads\.get must return bytes.*memoryview"):
             await StorageConformance().test_reads_return_bytes(st)
+
+
+class _PublishesAsItGoes(ForwardingStorage):
+    """put_stream writes what it has after every chunk, and puts back what was there if the
+    stream breaks: every other law of the suite holds."""
+
+    async def put_stream(self, key: str, chunks: AsyncIterable[BytesLike], *,
+                         if_absent: bool = False) -> None:
+        if if_absent and await self.inner.exists(key):
+            await self.inner.put(key, b"", if_absent=True)     # raises PreconditionFailedError
+        old = await self.inner.get(key) if await self.inner.exists(key) else None
+        written = b""
+        try:
+            async for chunk in chunks:
+                written += bytes(chunk)
+                await self.inner.put(key, written)
+        except BaseException:
+            if old is None:
+                await self.inner.delete(key)
+            else:
+                await self.inner.put(key, old)
+            raise
+
+
+async def test_the_suite_refuses_a_stream_published_before_it_is_complete() -> None:
+    # Found by a tester: such a backend passed the whole suite, though a reader (a restarted
+    # coordinator, a peer) could read half a journal entry or snapshot while it was written.
+    async with _PublishesAsItGoes(open_storage("memory://half-published")) as st:
+        with pytest.raises(AssertionError, match=r"_PublishesAsItGoes\.put_stream publishes before "
+                                                 r"its input is complete \(3000 bytes to 'fresh'\): "
+                                                 r"'fresh' exists while"):
+            await StorageConformance().test_stream_is_published_only_when_complete(st)

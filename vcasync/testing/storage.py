@@ -385,6 +385,36 @@ class StorageConformance:
         assert await storage.get("kept") == b"the old value"
         assert await _collect(storage.list()) == ["kept"]
 
+    async def test_stream_is_published_only_when_complete(self, storage: Storage) -> None:
+        # While put_stream takes its input, readers see what was there before: no object under a
+        # fresh key, the old bytes under a kept one (a store that published part by part passed
+        # every other test, as long as it cleaned up when the stream broke).
+        await storage.put("kept", b"the old value")
+        seen: list[str] = []
+
+        async def watched(key: str, size: int) -> AsyncIterator[bytes]:
+            async for chunk in pattern_stream(size, seed=7):
+                yield chunk
+                # the writer asked for the next chunk: it holds this one and every one before
+                if key == "fresh" and await storage.exists("fresh"):
+                    seen.append("'fresh' exists while its put_stream is still reading input")
+                elif key == "kept" and (got := await storage.get("kept")) != b"the old value":
+                    seen.append(f"'kept' reads {len(got)} byte(s) that are not its old value while "
+                                f"its put_stream is still reading input")
+                if await _collect(storage.list()) != ["kept"]:
+                    seen.append(f"list() shows {await _collect(storage.list())} while a "
+                                f"put_stream to {key!r} is still reading input")
+                if seen:
+                    return
+
+        for key in ("fresh", "kept"):
+            for size in (3000, 20 * MiB):   # one part, and past the object stores' thresholds
+                await storage.put_stream(key, watched(key, size))
+                assert not seen, (f"{type(storage).__name__}.put_stream publishes before its input "
+                                  f"is complete ({size} bytes to {key!r}): {seen[0]}")
+                await storage.delete("fresh")
+                await storage.put("kept", b"the old value")
+
     async def test_cancelled_stream_leaves_nothing(self, storage: Storage) -> None:
         reached = asyncio.Event()
 
