@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
 
@@ -102,3 +105,37 @@ async def test_the_suite_refuses_a_stream_published_before_it_is_complete() -> N
                                                  r"its input is complete \(3000 bytes to 'fresh'\): "
                                                  r"'fresh' exists while"):
             await StorageConformance().test_stream_is_published_only_when_complete(st)
+
+
+UNSORTED_STORE = """
+import pytest
+
+from vcasync.storage import open_storage
+from vcasync.testing.faults import ForwardingStorage
+from vcasync.testing.storage import StorageConformance
+
+
+class Unsorted(ForwardingStorage):
+    async def list(self, prefix=""):
+        for key in sorted([k async for k in self.inner.list(prefix)], key=lambda k: k.split("/")):
+            yield key
+
+
+class TestUnsorted(StorageConformance):
+    @pytest.fixture
+    async def storage(self):
+        async with Unsorted(open_storage("memory://unsorted")) as st:
+            yield st
+"""
+
+
+def test_a_broken_law_says_what_differed(tmp_path: Path) -> None:
+    # Found by a tester: pytest rewrites the asserts of test modules only, so a backend failing a
+    # law of the installed suite got a bare "AssertionError", not what its listing returned.
+    (tmp_path / "test_unsorted_store.py").write_text(textwrap.dedent(UNSORTED_STORE))
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "asyncio_mode=auto",
+         "-o", "asyncio_default_fixture_loop_scope=function", "-k", "list_prefix_semantics",
+         "test_unsorted_store.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "At index 0 diff: 'a/1' != 'a.x'" in out.stdout, out.stdout

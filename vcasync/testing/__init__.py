@@ -20,6 +20,14 @@ harness is not part of it (nor of the installed package): it lives in the source
 ``harness/``, for vcasync's own tests and benchmarks.
 """
 
+import sys
+
+if "pytest" in sys.modules:
+    # Under pytest, have it rewrite the asserts of the suite's mixin as it does a test module's,
+    # so that a backend failing one is told what differed (`['b', 'a'] == ['a', 'b']`), not a
+    # bare AssertionError: pytest rewrites only test modules and conftests unless asked.
+    sys.modules["pytest"].register_assert_rewrite("vcasync.testing.storage")
+
 from .policy_run import LawViolation, PolicyRun
 from .suite import check_law, check_policy
 
