@@ -460,3 +460,59 @@ def test_models_that_differ_name_the_tensor_and_how() -> None:
     assert re.search(r"step 1 models differ \(tensor 'w' \(torch.float32, shape \(3,\)\): 3 of 3 "
                      r"element\(s\) differ, first at index \(0,\): .*; largest absolute difference ",
                      str(info.value)), str(info.value)
+
+
+
+# Found by a tester: a merge returning float64 tensors for a float32 model was reported as "the
+# merged model's spec changed", naming neither the tensor nor the dtype; and a policy whose
+# init_state scaled the model (the coordinator's version 0) passed every law it did not claim.
+
+class ReturnsDoubles(Mix):
+    def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState | None:
+        super().merge(model, update, state)
+        return ModelState({n: w.double() if w.dtype == torch.float32 else w for n, w in model.items()})
+
+
+class DropsATensor(Mix):
+    def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState | None:
+        super().merge(model, update, state)
+        return ModelState(dict(list(model.items())[1:]))
+
+
+class InitScalesTheModel(Mix):
+    claims: ClassVar[frozenset[str]] = frozenset()
+
+    def init_state(self, model: ModelState) -> PolicyState:
+        for w in model.values():
+            if w.is_floating_point():
+                w.mul_(0.5)
+        return {"merged": 0}
+
+
+def _float32_stream() -> Any:
+    from vcasync.testing.strategies import StreamItem, UpdateStream
+    model = ModelState({"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)})
+    return UpdateStream(model, (StreamItem({"w": torch.ones(2), "n": torch.tensor(1)}),))
+
+
+def test_a_merge_that_breaks_the_spec_is_named_with_the_tensor() -> None:
+    from vcasync.testing import laws
+    with pytest.raises(LawViolation) as info:
+        laws.contract(ReturnsDoubles, _float32_stream())
+    assert info.value.law == "contract"
+    assert ("step 0: the merged model's spec changed: tensor 'w' has dtype torch.float64, the model "
+            "has torch.float32") in str(info.value)
+    with pytest.raises(LawViolation) as info:
+        laws.contract(DropsATensor, _float32_stream())
+    assert "the merged model's spec changed: tensor 'w' is missing (1 of the model's 2 are)" in str(
+        info.value)
+
+
+@pytest.mark.parametrize("check", [lambda cls: check_policy(cls, settings=FIND),
+                                   lambda cls: check_law("contract", cls, settings=FIND)])
+def test_an_init_state_that_changes_the_model_breaks_the_contract(check: Any) -> None:
+    with pytest.raises(LawViolation) as info:
+        check(InitScalesTheModel)
+    assert info.value.law == "contract"
+    assert "InitScalesTheModel" in str(info.value)
+    assert "init_state(model) changed the model (tensor " in str(info.value)

@@ -9,6 +9,7 @@ lag``, ``staleness``, for a delta ``base`` when the policy ``needs_base``, and f
 integer tensors as increments over the base, as the coordinator does), merges it, and checks the
 rules of :mod:`vcasync.policy`:
 
+- ``init_state`` leaves the model as it was (it reads it; only ``merge`` and ``flush`` change it);
 - returning None leaves the model bit-for-bit as it was;
 - a refusal (:class:`~vcasync.errors.UpdateRejectedError`) leaves model and state as they were;
 - a merged model keeps the names, shapes and dtypes;
@@ -32,7 +33,7 @@ import torch
 
 from ..errors import UpdateRejectedError
 from ..policy import MergePolicy, PolicyState
-from ..tensors import ModelState, Update, counter_increments, tensor_bytes
+from ..tensors import ModelSpec, ModelState, Update, counter_increments, tensor_bytes
 from ..wire import pack_tree, unpack_tree
 from .strategies import StreamItem
 
@@ -240,6 +241,23 @@ def _tree_difference(path: str, x: object, y: object, exact: bool) -> str | None
     return None if x == y else f"{path}: {x!r} vs {y!r}"
 
 
+def _spec_difference(want: ModelSpec, got: ModelSpec) -> str:
+    """How ``got`` differs from the model's spec ``want``: the first tensor gone, added, or of
+    another dtype or shape (the coordinator refuses each), else the order of the names."""
+    gone = [n for n in want if n not in got]
+    if gone:
+        return f"tensor {gone[0]!r} is missing ({len(gone)} of the model's {len(want)} are)"
+    extra = [n for n in got if n not in want]
+    if extra:
+        return f"it has a tensor the model has not, {extra[0]!r} ({len(extra)} such)"
+    for name, spec in want.items():
+        if got[name].dtype != spec.dtype:
+            return f"tensor {name!r} has dtype {got[name].dtype}, the model has {spec.dtype}"
+        if got[name].shape != spec.shape:
+            return f"tensor {name!r} has shape {got[name].shape}, the model has {spec.shape}"
+    return f"its tensors are in another order: {list(got)} vs the model's {list(want)}"
+
+
 @dataclass(frozen=True, eq=False)
 class Step:
     """What one result did: ``outcome``, the refusal ``reason``, and the model afterwards (a copy)."""
@@ -266,7 +284,12 @@ class PolicyRun:
                  history: list[ModelState] | None = None, check: bool = True) -> None:
         self.policy = policy
         self.model = model
+        before = model.clone() if check and state is None else None
         self.state: PolicyState = policy.init_state(model) if state is None else state
+        if before is not None:
+            # the coordinator calls init_state on the model it serves as version 0 (and again on
+            # the model of the moment when --reset-policy switches policies): it only reads it
+            self._same(before, model, "contract", f"{policy!r}: init_state(model) changed the model")
         if not isinstance(self.state, dict):
             # as the coordinator refuses it (a ConfigError naming the policy); this was reported
             # later as "[state_roundtrip] state came back as NoneType", which the policy never did
@@ -352,8 +375,10 @@ class PolicyRun:
             if not isinstance(out, ModelState):
                 raise LawViolation("contract", f"{label}: {method} returned {type(out).__name__}, "
                                                f"not a ModelState or None")
-            if out.spec != self.history[0].spec:
-                raise LawViolation("contract", f"{label}: the {done} model's spec changed")
+            want = self.history[0].spec
+            if out.spec != want:
+                raise LawViolation("contract", f"{label}: the {done} model's spec changed: "
+                                               f"{_spec_difference(want, out.spec)}")
             self.model = out
             self.model.version = self.version + 1
             self.history.append(out.clone())
