@@ -134,6 +134,22 @@ class Storage(Protocol):
                         tb: types.TracebackType | None) -> None: ...
 
 
+#: What an object needs to be a :class:`Storage` (``isinstance`` checks that each is there).
+_STORAGE_MEMBERS = ("url", "get", "put", "exists", "stat", "list", "delete", "open_read",
+                    "put_stream", "aclose", "__aenter__", "__aexit__")
+
+
+def _missing_storage_members(obj: object) -> list[str]:
+    """The members of the :class:`Storage` contract ``obj`` lacks (a method set to None counts
+    as lacking), in the contract's order: what to say when ``isinstance(obj, Storage)`` is False."""
+    missing = []
+    for name in _STORAGE_MEMBERS:
+        value = getattr(obj, name, None)
+        if value is None or (name != "url" and not callable(value)):
+            missing.append(name)
+    return missing
+
+
 @runtime_checkable
 class Preflight(Protocol):
     """Optional for a backend: checks that need no write, run once before a coordinator starts.
@@ -379,4 +395,11 @@ def open_storage(url: str | os.PathLike[str], *, registry: Registry[StorageBacke
                           f"gs://bucket/prefix, memory://name) or a path, got {_not_a_url(url)}")
     scheme = url_scheme(url)
     backend = (registry if registry is not None else _BACKENDS).get(scheme)
-    return backend.from_url(url, **options)
+    storage: object = backend.from_url(url, **options)   # a third party's: checked
+    if not isinstance(storage, Storage):
+        # said here, naming the backend, rather than as an AttributeError wherever the call is
+        lacks = ", ".join(_missing_storage_members(storage)) or "a member"
+        raise BackendUnavailableError(
+            f"the {scheme}:// storage backend's from_url returned a {type(storage).__name__}, "
+            f"which lacks {lacks} of the vcasync.storage.Storage contract")
+    return storage

@@ -34,6 +34,8 @@ def _coordinator(**kwargs: object) -> Coordinator:
     ({"storage": "file:///tmp/run"}, "open_storage(url)"),
     ({"storage": Path("/tmp/run")}, "open_storage(url)"),
     ({"storage": object()}, "must implement vcasync.Storage"),
+    ({"storage": type("NoPutStream", (), {"put_stream": None})()},
+     "got a NoPutStream, which lacks url, get, put, exists, stat, list, delete, open_read, put_stream"),
     ({"policy": "vcasgd"}, "build_policy(name)"),
     ({"config": {"durability": "none"}}, "CoordinatorConfig"),
     ({"clock": 0.0}, "clock must be a callable"),

@@ -293,3 +293,24 @@ def test_registering_over_an_installed_scheme_needs_replace() -> None:
     assert isinstance(open_storage("/tmp/x", registry=registry), LocalStorage)
     registry.register("file", Mine, replace=True)
     assert open_storage("/tmp/x", registry=registry).url == "memory://mine"
+
+
+def test_a_backend_whose_from_url_returns_no_storage_is_named_with_what_it_lacks() -> None:
+    # A backend lacking put_stream was refused by the coordinator as "storage must implement
+    # vcasync.Storage (or be None), got NoStream", saying neither what was missing nor which
+    # backend made it; used directly, it failed later, as an AttributeError or TypeError.
+    class NoStream(MemoryStorage):
+        put_stream = None               # type: ignore[assignment]
+        open_read = None                # type: ignore[assignment]
+
+    class Factory:
+        @staticmethod
+        def from_url(url: str, **options: object) -> Storage:
+            return NoStream(url.partition("://")[2])
+
+    registry = backend_registry()
+    registry.register("halfway", Factory)
+    with pytest.raises(BackendUnavailableError) as info:
+        open_storage("halfway://x", registry=registry)
+    assert str(info.value) == ("the halfway:// storage backend's from_url returned a NoStream, which "
+                               "lacks open_read, put_stream of the vcasync.storage.Storage contract")

@@ -12,7 +12,7 @@ import torch
 from ..errors import ConfigError, VCAsyncError
 from ..ledger._units import WorkUnit, check_user_params
 from ..policy import MergePolicy
-from ..storage import Storage
+from ..storage import Storage, _missing_storage_members
 from ..tensors import ModelState
 from ..wire import pack_tree
 from ._config import CoordinatorConfig
@@ -111,8 +111,9 @@ def check_arguments(model: object, units: object, policy: object, storage: objec
         raise ConfigError(f"storage is the URL {str(storage)!r}, not an open Storage: open it "
                           "yourself, `async with open_storage(url) as storage:`, and pass storage")
     if storage is not None and not isinstance(storage, Storage):
-        raise ConfigError(f"storage must implement vcasync.Storage (or be None), "
-                          f"got {type(storage).__name__}")
+        lacks = ", ".join(_missing_storage_members(storage)) or "a member"
+        raise ConfigError(f"storage must implement vcasync.Storage (or be None), got a "
+                          f"{type(storage).__name__}, which lacks {lacks}")
     if config is not None and not isinstance(config, CoordinatorConfig):
         raise ConfigError(f"config must be a CoordinatorConfig, got {type(config).__name__}")
     if not callable(clock):
