@@ -151,3 +151,35 @@ def test_the_wheel_carries_the_kit_and_not_the_harness(tmp_path: Path) -> None:
     assert not [n for n in names if n.startswith("harness/")]
     assert {f"vcasync/testing/{m}.py" for m in KIT} <= names
     assert not {f"vcasync/testing/{m}.py" for m in HARNESS} & names
+
+
+def test_the_testkit_extra_installs_what_the_kit_imports_and_not_the_repositorys_suite() -> None:
+    # Found by a tester: docs/testing.md sent plugin authors to the `test` extra, "hypothesis,
+    # pytest, pytest-asyncio, and the storage emulators", which is vcasync's own suite's and also
+    # installs Ray, Playwright, mkdocs and kubernetes-validate.
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    optional = project["optional-dependencies"]
+    kit = {canonicalize_name(Requirement(r).name) for r in optional["testkit"]}
+    core = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
+    # the top-level modules the kit imports -> the distribution that provides each
+    provides = {"hypothesis": "hypothesis", "pytest": "pytest", "gcp_storage_emulator":
+                "gcp-storage-emulator", "moto": "moto", "werkzeug": "moto",   # moto[server] brings it
+                "torch": "torch", "numpy": "numpy"}
+    imported = set()
+    for path in sorted((ROOT / "vcasync" / "testing").glob("*.py")):
+        for _, module, _ in _imports(path, "vcasync.testing"):
+            top = module.split(".")[0]
+            if top and top != "vcasync" and top not in sys.stdlib_module_names:
+                imported.add(top)
+    assert imported <= set(provides), f"map these to their distributions: {imported - set(provides)}"
+    assert {provides[m] for m in imported} <= kit | core
+    # the storage suite runs on pytest-asyncio; the emulators are of use with the backends for them
+    assert {"pytest-asyncio", "aiobotocore", "gcloud-aio-storage"} <= kit
+    assert not kit & {"ray", "playwright", "mkdocs-material", "kubernetes-validate"}
+    assert "vcasync[testkit]" in optional["test"]
+    assert 'pip install "vcasync[testkit]"' in (ROOT / "docs" / "testing.md").read_text()

@@ -1,6 +1,6 @@
 """Real S3 and GCS API servers on 127.0.0.1 for tests and benchmarks, in child processes.
 
-``S3`` is moto's server mode, ``GCS`` is gcp-storage-emulator (install ``vcasync[test]``). Each
+``S3`` is moto's server mode, ``GCS`` is gcp-storage-emulator (install ``vcasync[testkit]``). Each
 binds a free port, is ready when :meth:`Emulator.start` returns, and is stopped (SIGTERM, then
 SIGKILL) by :meth:`Emulator.stop` or the ``with`` block. No internet, no cloud account: S3 calls
 need only dummy credentials (``DUMMY_S3_CREDENTIALS``), GCS calls none. See ``_emulator_main`` for
