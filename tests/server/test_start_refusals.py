@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 
 from harness.tls import self_signed
+from vcasync import storage as storage_module
 from vcasync._spawn import module_command
 from vcasync.cli import main
 from vcasync.policy import refresh_policies, unregister_policy
+from vcasync.storage import unregister_backend
 
 SECRET = "s" * 24
 MODEL = "vcasync.examples.digits:model"
@@ -50,7 +52,7 @@ class BadState(VCASGD):
         return {"obj": object()}
 '''
 ENTRY_POINTS = {"wrongname": "WrongName", "noannot": "NoAnnot", "badstate": "BadState",
-                "missingmod": None}
+                "missingmod": None, "noclass": "NoSuchClass"}
 
 
 @pytest.fixture
@@ -89,6 +91,9 @@ def stored(tmp_path: Path) -> list[str]:
     ("wrongname", "class attribute 'name' is 'not-wrongname'"),
     ("noannot", "constructor parameter 'rate' needs a type annotation"),
     ("missingmod", "cannot import fa_no_such_module:Policy"),
+    # an entry point naming a class its module lacks died with an AttributeError, exit 1
+    ("noclass", "cannot load fa_probe_policies:NoSuchClass: AttributeError: module "
+                "'fa_probe_policies' has no attribute 'NoSuchClass'"),
 ])
 def test_a_policy_plugin_that_fails_validation_is_a_configuration_error(
         plugins: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -108,12 +113,58 @@ def test_help_lists_a_policy_that_cannot_load_apart_from_the_installed_ones(
     out = capsys.readouterr().out
     installed = out.split("merge policies installed", 1)[1].split("merge policies that cannot load", 1)[0]
     broken = out.split("merge policies that cannot load", 1)[1].split("storage schemes", 1)[0]
-    for name in ("wrongname", "noannot", "missingmod"):
+    for name in ("wrongname", "noannot", "missingmod", "noclass"):
         assert name not in installed
         assert name in broken
     for name in ("vcasgd", "badstate"):     # badstate validates: its state fails only when made
         assert name in installed
         assert name not in broken
+
+
+@pytest.fixture
+def backend_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Storage backends of a package as pip installs it: one that loads, one whose import fails."""
+    site = tmp_path / "backend-site"
+    site.mkdir()
+    (site / "fa_probe_store.py").write_text(
+        "from vcasync.backends.memory import MemoryStorage as Store\n")
+    (site / "fa_probe_store_boom.py").write_text('raise RuntimeError("no driver here")\n')
+    info = site / "fa_probe_store-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fa-probe-store\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[vcasync.backends]\nfaok = fa_probe_store:Store\n"
+                                           "faboom = fa_probe_store_boom:Store\n")
+    monkeypatch.syspath_prepend(str(site))
+    storage_module._BACKENDS.refresh()
+    yield site
+    for scheme in ("faok", "faboom"):
+        unregister_backend(scheme)
+    monkeypatch.undo()
+    storage_module._BACKENDS.refresh()
+
+
+def test_help_lists_a_storage_scheme_that_cannot_load_apart_from_the_installed_ones(
+        backend_plugins: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # --help listed every declared scheme as installed, one whose backend cannot load too
+    with pytest.raises(SystemExit):
+        main(["coordinator", "--help"])
+    out = capsys.readouterr().out
+    installed = out.split("storage schemes installed", 1)[1].split("storage schemes that cannot", 1)[0]
+    broken = out.split("storage schemes that cannot load", 1)[1].split("\n\n", 1)[0]
+    assert "faok://" in installed
+    assert "file://" in installed
+    assert "faboom://" in broken
+    assert "faboom://" not in installed
+    assert "faok://" not in broken
+    # and starting on it is a configuration error naming the backend and what its import raised
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", SECRET)
+    assert main(["coordinator", "--model", MODEL, "--units", "2", "--port", "0",
+                 "--storage", "faboom://x"]) == 2
+    err = capsys.readouterr().err
+    assert ("configuration error: the faboom:// storage backend: cannot load fa_probe_store_boom:Store: "
+            "RuntimeError: no driver here") in err
+    assert "Traceback" not in err
 
 
 def test_help_has_no_broken_list_when_every_policy_loads(capsys: pytest.CaptureFixture[str]) -> None:

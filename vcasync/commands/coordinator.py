@@ -138,16 +138,19 @@ def installed_help() -> str:
     """The policies and storage schemes installed here, from their registries: a policy or backend
     a plugin package registers shows up in ``--help`` as soon as it is installed. A policy that
     cannot load (it fails validation, or its package does not import) is listed apart, as broken:
-    under "installed", an operator would pick it and be refused at start."""
-    from ..storage import available_backends
+    under "installed", an operator would pick it and be refused at start. So is a storage scheme
+    whose backend cannot load."""
     from ._help_text import wrap_list
 
     usable, broken = _policies_by_health()
+    schemes, broken_schemes = _backends_by_health()
     return (wrap_list("merge policies installed (--policy, [policy] name):", usable)
             + (wrap_list("merge policies that cannot load (--policy NAME says why):", broken)
                if broken else "")
             + wrap_list("storage schemes installed (--storage, [storage] url):",
-                        [f"{s}://" for s in available_backends()]))
+                        [f"{s}://" for s in schemes])
+            + (wrap_list("storage schemes that cannot load (--storage URL says why):",
+                         [f"{s}://" for s in broken_schemes]) if broken_schemes else ""))
 
 
 def _policies_by_health() -> tuple[list[str], list[str]]:
@@ -163,6 +166,23 @@ def _policies_by_health() -> tuple[list[str], list[str]]:
             broken.append(name)
         else:
             usable.append(name)
+    return usable, broken
+
+
+def _backends_by_health() -> tuple[list[str], list[str]]:
+    """The URL schemes whose backend loads, and those whose backend does not (its package or a
+    dependency missing, its import failing, two packages declaring the scheme)."""
+    from ..storage import _BACKENDS as registry
+
+    usable: list[str] = []
+    broken: list[str] = []
+    for scheme in registry.names():
+        try:
+            registry.get(scheme)
+        except Exception:   # any failure of a plugin's import: --help must still print
+            broken.append(scheme)
+        else:
+            usable.append(scheme)
     return usable, broken
 
 
