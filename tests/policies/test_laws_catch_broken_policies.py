@@ -516,3 +516,42 @@ def test_an_init_state_that_changes_the_model_breaks_the_contract(check: Any) ->
     assert info.value.law == "contract"
     assert "InitScalesTheModel" in str(info.value)
     assert "init_state(model) changed the model (tensor " in str(info.value)
+
+
+
+# Found by a tester: the contract has a policy change its state through torch operations on the
+# tensors themselves, never through .data or a NumPy view (the coordinator copies, before each
+# merge, only the state tensors whose count of in-place changes moved, to put them back if the
+# merge fails), but a policy doing so passed every law.
+
+class MomentumBehindTorchsBack(Mix):
+    def init_state(self, model: ModelState) -> PolicyState:
+        return {"merged": 0, "m": {n: torch.zeros_like(w) for n, w in model.items()
+                                   if w.is_floating_point()}}
+
+    def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState | None:
+        out = super().merge(model, update, state)
+        for m in state["m"].values():
+            m.data.mul_(0.5).add_(1.0)
+        return out
+
+
+class CountsThroughNumpy(Mix):
+    def init_state(self, model: ModelState) -> PolicyState:
+        return {"merged": 0, "seen": torch.zeros(1, dtype=torch.float64)}
+
+    def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState | None:
+        state["seen"].numpy()[0] += 1
+        return super().merge(model, update, state)
+
+
+@pytest.mark.parametrize("cls", [MomentumBehindTorchsBack, CountsThroughNumpy])
+def test_a_state_changed_behind_torchs_back_breaks_the_contract(cls: type[Any]) -> None:
+    with pytest.raises(LawViolation) as info:
+        check_law("contract", cls, settings=FIND)
+    said = str(info.value)
+    assert info.value.law == "contract"
+    assert cls.__name__ in said
+    assert re.search(r"step 0: merge changed state\['(m|seen)'\].* without PyTorch counting the "
+                     r"change \(it \(torch\.", said), said
+    assert "through .data or a NumPy view?" in said

@@ -15,7 +15,9 @@ rules of :mod:`vcasync.policy`:
 - a merged model keeps the names, shapes and dtypes;
 - the update's tensors, its base and its metadata (kind, versions, staleness, samples, steps,
   worker, unit, metrics) are never changed;
-- the state stays serialisable by :func:`vcasync.wire.pack_tree`;
+- the state stays serialisable by :func:`vcasync.wire.pack_tree`, and its tensors change only
+  through torch operations on them (PyTorch counts those; a change through ``.data`` or a NumPy
+  view it does not, and the coordinator goes by that count);
 - ``merge`` raises nothing but :class:`~vcasync.errors.UpdateRejectedError`.
 
 Any breach raises :class:`LawViolation` (an ``AssertionError``, so test runners report it as a
@@ -25,7 +27,7 @@ failure) that names the law, the policy, the step and the tensor.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -270,6 +272,47 @@ class Step:
     update: Update | None = None
 
 
+def _state_tensors(tree: object, path: str = "state") -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor in a policy state, with its path (``state['m']['w']``)."""
+    if isinstance(tree, torch.Tensor):
+        yield path, tree
+    elif isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _state_tensors(value, f"{path}[{key!r}]")
+    elif isinstance(tree, (list, tuple)):
+        for i, value in enumerate(tree):
+            yield from _state_tensors(value, f"{path}[{i}]")
+
+
+def _counted(state: PolicyState) -> list[tuple[str, torch.Tensor, int, torch.Tensor]]:
+    """Each state tensor with its path, PyTorch's count of its in-place changes, and a copy."""
+    out = []
+    for path, t in _state_tensors(state):
+        try:
+            version = int(t._version)
+        except RuntimeError:                     # an inference-mode tensor counts nothing
+            continue
+        out.append((path, t, version, t.detach().clone()))
+    return out
+
+
+def _uncounted_change(counted: list[tuple[str, torch.Tensor, int, torch.Tensor]],
+                      state: PolicyState, label: str) -> None:
+    """A :class:`LawViolation` (``contract``) when a tensor still in ``state`` changed while its
+    count of in-place changes did not: the coordinator takes the state before each merge, to put
+    it back if the merge fails, copying only the tensors whose count moved, so a change made
+    through ``.data`` or a NumPy view would be restored from a stale copy."""
+    present = {id(t) for _, t in _state_tensors(state)}
+    for path, t, version, before in counted:
+        if id(t) in present and int(t._version) == version and not bits_equal(t, before):
+            diff = str(_tensor_difference(path, before, t)).replace(f"tensor {path!r}", "it", 1)
+            raise LawViolation("contract", f"{label} changed {path} without PyTorch counting the "
+                                           f"change ({diff}): through .data or a NumPy view? Change "
+                                           "state tensors with torch operations on the tensors "
+                                           "themselves: the coordinator finds what a merge changed "
+                                           "by their count of in-place changes")
+
+
 def _metadata(update: Update) -> tuple[object, ...]:
     """Everything about an update but its tensors: what a merge must leave as it found it."""
     return (update.kind, update.base_version, update.staleness, update.samples, update.steps,
@@ -335,6 +378,7 @@ class PolicyRun:
         if self.check:
             before_model = self.model.clone()
             before_state = self._packed(label)
+            counted = _counted(self.state)
             inputs = {n: t.clone() for n, t in update.tensors.items()}
             base_copy = base.clone() if base is not None else None
             meta = _metadata(update)
@@ -358,6 +402,7 @@ class PolicyRun:
         if self.check:
             self._inputs(update, inputs, base, base_copy, meta, label)
             self._packed(label)
+            _uncounted_change(counted, self.state, f"{label}: merge")
         return self._record(out, before_model if self.check else None, label, "merge", update)
 
     def _record(self, out: Any, before_model: ModelState | None, label: str, method: str,
@@ -405,6 +450,7 @@ class PolicyRun:
 
     def _flush_once(self, flush: Any, label: str) -> Step:
         before_model = self.model.clone() if self.check else None
+        counted = _counted(self.state) if self.check else []
         try:
             out = flush(self.model, self.state)
         except Exception as exc:
@@ -412,6 +458,7 @@ class PolicyRun:
                                            "a flush applies what the policy holds, or returns None"
                                ) from exc
         self._packed(label)
+        _uncounted_change(counted, self.state, f"{label}: flush")
         return self._record(out, before_model, label, "flush")
 
     def _packed(self, label: str) -> bytes:
