@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import types
 from collections.abc import AsyncIterable, AsyncIterator
@@ -280,6 +281,13 @@ _EXTRAS = {"s3": "s3", "gs": "gcs"}
 
 
 def _validate_backend(name: str, obj: object) -> StorageBackend:
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9+.-]+", name):
+        # url_scheme lowercases what a URL says, and takes a one-letter scheme for a drive and
+        # a name urlsplit does not take for a path: a backend under such a name never opens
+        raise BackendUnavailableError(
+            f"storage backend {name!r}: a URL scheme is a lowercase letter, then lowercase "
+            f"letters, digits, '+', '-' or '.', two characters at least (so that {name}://... "
+            f"names it, not a file path)")
     if not callable(getattr(obj, "from_url", None)):
         raise BackendUnavailableError(
             f"storage backend {name!r} ({obj!r}) has no from_url(url, **options) factory")

@@ -314,3 +314,22 @@ def test_a_backend_whose_from_url_returns_no_storage_is_named_with_what_it_lacks
         open_storage("halfway://x", registry=registry)
     assert str(info.value) == ("the halfway:// storage backend's from_url returned a NoStream, which "
                                "lacks open_read, put_stream of the vcasync.storage.Storage contract")
+
+
+@pytest.mark.parametrize("scheme", ["Mem", "m", "my_store", "my store", "9p", ""])
+def test_a_backend_under_a_scheme_no_url_can_name_is_refused(scheme: str) -> None:
+    # register_backend("Mem", ...) was taken, and every "Mem://x" then failed as an unknown scheme
+    # 'mem' (URLs' schemes are read lowercased), or "my_store://x" as a file path
+    with pytest.raises(BackendUnavailableError, match="a URL scheme is a lowercase letter"):
+        backend_registry().register(scheme, MemoryStorage)
+
+
+def test_a_scheme_with_digits_and_punctuation_opens() -> None:
+    class Mine:
+        @staticmethod
+        def from_url(url: str, **options: object) -> Storage:
+            return MemoryStorage(url.partition("://")[2])
+
+    registry = backend_registry()
+    registry.register("my-store+v2.x", Mine)
+    assert open_storage("my-store+v2.x://zone", registry=registry).url == "memory://zone"
