@@ -516,6 +516,8 @@ def test_an_init_state_that_changes_the_model_breaks_the_contract(check: Any) ->
     assert info.value.law == "contract"
     assert "InitScalesTheModel" in str(info.value)
     assert "init_state(model) changed the model (tensor " in str(info.value)
+    # named by its class and name, not as "<...InitScalesTheModel object at 0x7f...>"
+    assert " object at 0x" not in str(info.value)
 
 
 

@@ -49,7 +49,7 @@ from collections.abc import Sequence
 import torch
 
 from ..tensors import ModelState, is_counter
-from .policy_run import LawViolation, PolicyFactory, PolicyRun, compare_runs, roundtrip_state
+from .policy_run import LawViolation, PolicyFactory, PolicyRun, compare_runs, policy_label, roundtrip_state
 from .strategies import StreamItem, UpdateStream
 
 __all__ = [
@@ -133,7 +133,7 @@ def finite(factory: PolicyFactory, stream: UpdateStream) -> None:
     for i, step in enumerate(run.steps):
         for name, t in step.model.items():
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                raise LawViolation("finite", f"{run.policy!r}: step {i} made tensor {name!r} "
+                raise LawViolation("finite", f"{policy_label(run.policy)}: step {i} made tensor {name!r} "
                                              f"non-finite from finite inputs")
 
 
@@ -167,7 +167,7 @@ def counters(factory: PolicyFactory, stream: UpdateStream) -> None:
             if not torch.equal(got, expected[n]):
                 rule = ("the last merged result's value" if got.dtype == torch.bool else
                         "the model's value plus every merged increment")
-                raise LawViolation("counters", f"{run.policy!r}: step {i}: {got.dtype} tensor "
+                raise LawViolation("counters", f"{policy_label(run.policy)}: step {i}: {got.dtype} tensor "
                                                f"{n!r} is {got.flatten()[:6].tolist()}, expected "
                                                f"{expected[n].flatten()[:6].tolist()} ({rule})")
         expected = {n: run.model[n].clone() for n in names}
@@ -175,7 +175,7 @@ def counters(factory: PolicyFactory, stream: UpdateStream) -> None:
     if flushed is not None and flushed.outcome == "flushed":
         for n in names:          # the flush applies every increment held, and the last bool
             if not torch.equal(run.model[n], expected[n]):
-                raise LawViolation("counters", f"{run.policy!r}: the end-of-run flush left "
+                raise LawViolation("counters", f"{policy_label(run.policy)}: the end-of-run flush left "
                                                f"{run.model[n].dtype} tensor {n!r} at "
                                                f"{run.model[n].flatten()[:6].tolist()}, expected "
                                                f"{expected[n].flatten()[:6].tolist()}")
@@ -205,7 +205,7 @@ def identity(factory: PolicyFactory, stream: UpdateStream) -> None:
         run.feed(item)
         for name, t in run.model.items():
             if not torch.equal(t, stream.model[name]):
-                raise LawViolation("identity", f"{run.policy!r}: step {i}: a result equal to the "
+                raise LawViolation("identity", f"{policy_label(run.policy)}: step {i}: a result equal to the "
                                                f"model changed tensor {name!r}: "
                                                f"{stream.model[name].flatten()[:6].tolist()} -> "
                                                f"{t.flatten()[:6].tolist()}")
@@ -257,7 +257,7 @@ def convex(factory: PolicyFactory, stream: UpdateStream, *, ulps: int = DEFAULT_
             for name, out in run.model.items():
                 if not out.is_floating_point():
                     continue   # integers and bools: the counters law
-                _check_hull("convex", f"{run.policy!r}: step {i}", name, out,
+                _check_hull("convex", f"{policy_label(run.policy)}: step {i}", name, out,
                             [start[name], *(r[name] for r in window)], [e[name] for e in extra], ulps)
             start, window, extra = run.model.clone(), [], []
 
@@ -278,7 +278,7 @@ def staleness_monotone(factory: PolicyFactory, stream: UpdateStream, fresh: int,
                 break
         runs.append(run)
     a, b = runs[0].steps[-1], runs[1].steps[-1]
-    label = f"{runs[0].policy!r}: staleness {fresh} vs {stale}"
+    label = f"{policy_label(runs[0].policy)}: staleness {fresh} vs {stale}"
     if a.outcome == "rejected" and b.outcome == "merged":
         raise LawViolation("staleness_monotone", f"{label}: the fresher result was refused and the "
                                                  f"staler one merged")
@@ -329,14 +329,15 @@ def bounded_influence(factory: PolicyFactory, stream: UpdateStream, positions: S
     k = next((j + 1 for j in range(MAX_FEED)
               if probe.feed(honest[j % len(honest)]).outcome == "merged"), None)
     if k is None:
-        raise LawViolation("bounded_influence", f"{policy!r} merged nothing after {MAX_FEED} results")
+        raise LawViolation("bounded_influence",
+                           f"{policy_label(policy)} merged nothing after {MAX_FEED} results")
     bad_slots = sorted({p % k for p in positions})[:f]
     items = [honest[j % len(honest)] for j in range(k)]
     for n, j in enumerate(bad_slots):
         items[j] = StreamItem(outlier_payload(stream.model, 1 if n % 2 == 0 else -1), "delta", 0, 1)
     run = PolicyRun(policy, stream.model.clone())
     run.feed_all(items)
-    label = f"{policy!r} with {len(bad_slots)} outlier(s) at {bad_slots} of {k}"
+    label = f"{policy_label(policy)} with {len(bad_slots)} outlier(s) at {bad_slots} of {k}"
     if run.steps[-1].outcome != "merged":
         raise LawViolation("bounded_influence", f"{label}: did not merge after the same {k} results")
     good = [items[j] for j in range(k) if j not in bad_slots]

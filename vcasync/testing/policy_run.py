@@ -320,6 +320,16 @@ def _metadata(update: Update) -> tuple[object, ...]:
             list(update.tensors), [id(t) for t in update.tensors.values()])
 
 
+def policy_label(policy: object) -> str:
+    """How a law names ``policy``: its ``repr`` when its class gives one (the built-ins'
+    ``SyncAverage(buffer_size=4)``), else its class and ``name`` (a plugin's policy without a
+    ``__repr__`` was named ``<mod.Damped object at 0x7f...>``)."""
+    if type(policy).__repr__ is not object.__repr__:
+        return repr(policy)
+    name = getattr(policy, "name", None)
+    return type(policy).__name__ + (f" (name {name!r})" if isinstance(name, str) else "")
+
+
 class PolicyRun:
     """A policy, its state and the model, fed results one at a time like the coordinator does."""
 
@@ -332,11 +342,12 @@ class PolicyRun:
         if before is not None:
             # the coordinator calls init_state on the model it serves as version 0 (and again on
             # the model of the moment when --reset-policy switches policies): it only reads it
-            self._same(before, model, "contract", f"{policy!r}: init_state(model) changed the model")
+            self._same(before, model, "contract",
+                       f"{policy_label(policy)}: init_state(model) changed the model")
         if not isinstance(self.state, dict):
             # as the coordinator refuses it (a ConfigError naming the policy); this was reported
             # later as "[state_roundtrip] state came back as NoneType", which the policy never did
-            raise LawViolation("contract", f"{policy!r}: init_state(model) returned a "
+            raise LawViolation("contract", f"{policy_label(policy)}: init_state(model) returned a "
                                            f"{type(self.state).__name__}; a policy's state is a dict "
                                            "with str keys (of tensors and plain data), {} for none")
         self.history: list[ModelState] = history if history is not None else [model.clone()]
@@ -374,7 +385,7 @@ class PolicyRun:
         update = item.to_update(base_version, tau, base)
         if item.kind == "weights":
             update.tensors = counter_increments(item.tensors, self.model_at(base_version))
-        label = f"{self.policy!r}, step {len(self.steps)}"
+        label = f"{policy_label(self.policy)}, step {len(self.steps)}"
         if self.check:
             before_model = self.model.clone()
             before_state = self._packed(label)
@@ -439,7 +450,7 @@ class PolicyRun:
         flush = getattr(self.policy, "flush", None)
         if flush is None:
             return None
-        label = f"{self.policy!r}, flush after step {len(self.steps) - 1}"
+        label = f"{policy_label(self.policy)}, flush after step {len(self.steps) - 1}"
         step = self._flush_once(flush, label)
         again = self._flush_once(flush, f"{label}, asked again")
         if again.outcome != "kept":
