@@ -20,7 +20,8 @@ The suite also runs :func:`vcasync.storage.probe_storage`, the check a coordinat
 trusts a store: a conforming backend passes its own preflight and honours if-absent, and the probe
 leaves nothing behind. :class:`IgnoringPreconditions` wraps a store so that it does not (as some
 S3-compatible stores and the stock GCS emulator do), for tests of what happens then.
-Needs pytest with pytest-asyncio in auto mode (or mark the subclass ``pytest.mark.asyncio``).
+Needs pytest with pytest-asyncio in auto mode; in its default strict mode, mark the subclass
+``pytest.mark.asyncio`` and declare the ``storage`` fixture with ``pytest_asyncio.fixture``.
 """
 
 from __future__ import annotations
