@@ -3,6 +3,7 @@ with the ledger: a clean stop, and a crash whose last snapshot predates the leas
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -86,3 +87,37 @@ async def test_merge_counts_go_on_across_restarts(kit, clock, tmp_path, durabili
         async with make_in(durability) as c:
             kept = 4 if durability == "journal" else 3     # snapshot mode loses it, by design
             assert merges(c) == (kept, kept, 1, kept)
+
+
+async def test_a_quarantine_with_no_result_since_is_snapshotted_and_survives_a_crash(kit, clock) -> None:
+    # Found by a probe: the interval snapshot was taken only after a merged result, so a quarantine
+    # (and the released, parked, requeued and back-off counts) with no result since the last
+    # snapshot was lost to a crash however long ago it happened: the restarted coordinator showed
+    # the worker with no failures, handed it work again, and /metrics counters went down.
+    def make_q() -> Coordinator:
+        config = CoordinatorConfig(durability="journal", lease_timeout_s=10.0,
+                                   snapshot_interval_s=0.05, quarantine_after=1, quarantine_s=3600.0)
+        return Coordinator(kit.tiny_model(), make_units(4, steps=4), policy=kit.HalfWay(),
+                           storage=storage, config=config, clock=clock)
+
+    async with open_storage("memory://quarantine-snapshot") as storage:
+        a = await make_q().__aenter__()
+        w = await a.join("bad")
+        g = await a.lease(w)
+        await a.release(w, g.lease_id, "trainer error: boom", failed=True)
+        assert a.status()["workers"]["quarantined"] == 1
+        written = a.metrics.snapshots
+        await wait_for(lambda: a.metrics.snapshots > written)   # the interval snapshot holds it
+        await crash(a)
+        async with make_q() as b:
+            assert b.status()["workers"]["quarantined"] == 1
+            assert b.status()["leases"]["released"] == 1
+            assert b.metrics.gauges()["worker_backoffs_total"] == 1
+
+
+async def wait_for(cond: Any, timeout_s: float = 30.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not cond():
+        assert loop.time() < deadline, "not within the time limit"
+        await asyncio.sleep(0.02)

@@ -133,6 +133,9 @@ class Merger:
         self._jobs: asyncio.Queue[Job | Control] = asyncio.Queue()
         self._busy = False
         self._since_snapshot = 0      # results applied since the last capture
+        #: the ledger's counts at the last capture: a change without a result (a release, an
+        #: expiry, a quarantine, a parked or requeued unit, a join) is worth a snapshot too
+        self._ledger_seen: tuple[int, ...] | None = None
         self._capture_queued = False
         self._flush_queued = False
         self._bases_scan: tuple[int, set[int]] | None = None   # (version, bases) of the last scan
@@ -149,9 +152,19 @@ class Merger:
     def request_capture(self) -> None:
         """Ask for a snapshot capture between two jobs, if anything was applied since the last one
         (at most one request is queued at a time)."""
-        if self._since_snapshot and not self._capture_queued:
+        if self._changed() and not self._capture_queued:
             self._capture_queued = True
             self._jobs.put_nowait(Control.CAPTURE)
+
+    def _ledger_counts(self) -> tuple[int, ...]:
+        return (*self._ledger.stats.values(), self._ledger.num_workers)
+
+    def _changed(self) -> bool:
+        """Anything applied since the last capture: a result, or a change the ledger counts (a
+        lease released, expired or refused, a worker backed off or quarantined, a unit parked or
+        requeued, a worker joined): until 2026-12-07 only a result was, and a crash lost the
+        others however long ago they happened."""
+        return bool(self._since_snapshot) or self._ledger_counts() != self._ledger_seen
 
     def request_flush(self) -> None:
         """Ask for the end-of-run flush (see :meth:`flush`) between two jobs (at most one request
@@ -195,7 +208,7 @@ class Merger:
                 return
             if job is Control.CAPTURE:
                 self._capture_queued = False
-                if self._since_snapshot:
+                if self._changed():
                     await self.capture()
                 continue
             if job is Control.FLUSH:
@@ -276,6 +289,7 @@ class Merger:
         """Capture a consistent state now: from the loop between two jobs, or while it is not
         running (start-up, close)."""
         self._since_snapshot = 0
+        self._ledger_seen = self._ledger_counts()
         # with this machine's wall clock: a restore counts the time the run was down since (the
         # ledger's times are relative to the capture, on a clock only this process reads)
         ledger = {**self._ledger.snapshot(), CAPTURED_WALL: time.time()}
