@@ -175,6 +175,13 @@ def load_run_config(path: Path | None, overrides: Mapping[str, Any] | None = Non
     for name, value in table.items():
         if not isinstance(value, Mapping):
             raise ConfigError(_not_a_table(name, value))
+    # The file's [policy.params] are its policy's: a --policy naming another one (to switch with
+    # --reset-policy, or to try one) starts from that policy's defaults, not from keys it refuses.
+    flag_policy = (overrides or {}).get("policy")
+    file_policy = table.get("policy", {})
+    if (isinstance(flag_policy, Mapping) and flag_policy.get("name") is not None
+            and flag_policy["name"] != file_policy.get("name", "vcasgd")):
+        table["policy"] = {k: v for k, v in file_policy.items() if k != "params"}
     table = merge_tables(table, overrides or {})
     # The name's default applies to a [policy] (or [policy.params]) that does not give one, as it
     # does with no [policy] at all: so ``--policy-param`` alone tunes vcasgd.

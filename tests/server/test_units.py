@@ -264,3 +264,20 @@ def test_policy_params_without_a_name_tune_the_default_policy(tmp_path: Path,
     assert load_run_config(path, flags).policy == {"name": "vcasgd", "params": {"alpha": 0.3}}
     path.write_text('[model]\nfactory = "m:f"\n[policy]\nname = "fedasync"\n')
     assert load_run_config(path, flags).policy == {"name": "fedasync"}
+
+
+@pytest.mark.parametrize("file_policy", ['[policy]\nname = "vcasgd"\n', ""])
+def test_a_policy_flag_naming_another_policy_drops_the_files_params(tmp_path: Path, file_policy: str) -> None:
+    # runs.md's "--policy fedbuff --policy-param buffer_size=4 --reset-policy" over the README's
+    # run.toml (vcasgd, alpha = 0.5) was refused: "unknown parameter(s) for policy 'fedbuff': alpha"
+    path = tmp_path / "run.toml"
+    path.write_text('[model]\nfactory = "m:f"\n' + file_policy + '[policy.params]\nalpha = 0.5\n')
+    flags = {"policy": {"name": "fedbuff", "params": {"buffer_size": 4}}}
+    assert load_run_config(path, flags).policy == {"name": "fedbuff", "params": {"buffer_size": 4}}
+    assert load_run_config(path, {"policy": {"name": "fedbuff"}}).policy == {"name": "fedbuff"}
+    # the file's own policy named again: its params still apply, the flags' on top
+    same = {"policy": {"name": "vcasgd", "params": {"schedule": "constant"}}}
+    assert load_run_config(path, same).policy == {"name": "vcasgd",
+                                                  "params": {"alpha": 0.5, "schedule": "constant"}}
+    assert load_run_config(path, {"policy": {"name": None}}).policy == {"name": "vcasgd",
+                                                                        "params": {"alpha": 0.5}}
