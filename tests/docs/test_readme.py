@@ -171,3 +171,48 @@ def test_readme_run_toml_is_what_its_coordinator_command_accepts(tmp_path: Path)
     build_policy(cfg.policy["name"], cfg.policy.get("params"))
     dataclass_from_table(CoordinatorConfig, cfg.coordinator, "coordinator")
     assert cfg.server.port == 8470
+
+
+def _anchors(page: Path) -> set[str]:
+    """The heading ids the site gives ``page`` (mkdocs' ``toc`` slugs; the site build checks the
+    docs pages' own links and anchors, but the README is not one of its pages)."""
+    from markdown.extensions.toc import slugify
+
+    text = FENCE.sub("", page.read_text())
+    return {slugify(h, "-") for h in re.findall(r"^#{1,6}\s+(.+?)\s*$", text, re.M)}
+
+
+def readme_link_problems(readme: Path) -> list[str]:
+    """Links ``[text](target)`` and backquoted repository paths (``docs/x.md``) of ``readme`` that
+    name no file of the repository, or an anchor its page does not have."""
+    text = FENCE.sub("", readme.read_text())
+    problems = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+://", target):
+            continue
+        path, _, anchor = target.partition("#")
+        page = readme.parent / path if path else readme
+        if not page.exists():
+            problems.append(f"{target}: no such file")
+        elif anchor and anchor not in _anchors(page):
+            problems.append(f"{target}: {path or readme.name} has no heading #{anchor}")
+    for path in re.findall(r"`((?:docs|bench|tests|harness|deploy|tools|examples)/[\w./-]+\.(?:md|py|json))`",
+                           text):
+        if not (readme.parent / path).exists():
+            problems.append(f"`{path}`: no such file")
+    return problems
+
+
+def test_readme_links_and_paths_exist() -> None:
+    assert readme_link_problems(ROOT / "README.md") == []
+
+
+def test_readme_link_check_catches_mistakes(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# A page\n\n## Some part\n")
+    (tmp_path / "README.md").write_text(
+        "[ok](docs/a.md) [ok](docs/a.md#some-part) [ext](https://example.com/x) `docs/a.md`\n"
+        "[gone](docs/b.md) [bad](docs/a.md#nonesuch) `docs/c.md`\n")
+    assert readme_link_problems(tmp_path / "README.md") == [
+        "docs/b.md: no such file", "docs/a.md#nonesuch: docs/a.md has no heading #nonesuch",
+        "`docs/c.md`: no such file"]
