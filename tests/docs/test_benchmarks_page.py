@@ -377,3 +377,25 @@ def test_a_null_in_a_benchs_own_table_says_why_never_null(tmp_path: Path) -> Non
     assert "| `gap_mnist_30_ci_high` | not measured (as `gap_mnist_30`) |" in table
     assert "| `sim_vs_real_error` | unbounded: in 1 seed(s) only one |" in table
     assert "| `other` | not measured |" in table
+
+
+def test_the_reliability_page_is_what_its_saved_figures_render_to() -> None:
+    """docs/RELIABILITY.md says "Do not edit by hand: re-run it", but a hand edit (the base_unavailable
+    limit) had drifted from bench/_reliability.py, so the next --write-docs would have dropped it."""
+    from bench._reliability import render as render_reliability
+
+    root = Path(__file__).resolve().parents[2]
+    saved = json.loads((root / "docs" / "reliability.json").read_text())
+    assert (root / "docs" / "RELIABILITY.md").read_text() == render_reliability(
+        saved, Path("docs/reliability.json")), "run: python -m bench.chaos --only none --write-docs"
+
+
+def test_the_reliability_page_counts_every_sigterm() -> None:
+    from bench._reliability import render as render_reliability
+
+    root = Path(__file__).resolve().parents[2]
+    saved = json.loads((root / "docs" / "reliability.json").read_text())
+    saved.update(worker_sigterm=10, sigterm_clean_exits=7, sigterm_escalated=1)
+    assert "**2** exited within it with a status other than 0" in render_reliability(saved, "x.json")
+    saved.update(sigterm_clean_exits=9)
+    assert "status other than 0" not in render_reliability(saved, "x.json")
