@@ -196,6 +196,11 @@ class S3Storage(ObjectStore):
                 status = 404
             elif code in _DENIED:
                 status = 403
+                if code in ("403", "401"):   # a HEAD's bare status: no error code or message to show
+                    msg = (f"{where}: {code} access denied to bucket {self.bucket!r}: the credentials "
+                           "are wrong (a key that does not exist, a wrong secret, an expired session) "
+                           "or lack permission on it; check the AWS credential chain (environment, "
+                           "profile, instance or pod role) and the bucket policy")
             elif code == "PreconditionFailed":
                 status = 412
             elif code in _TRANSIENT:

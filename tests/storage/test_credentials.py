@@ -3,12 +3,16 @@ are missing or unreadable (no network lookups: the metadata service is switched 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from vcasync.errors import AccessDeniedError, ConfigError
 from vcasync.storage import open_storage
+from vcasync.testing.emulators import Emulator
+
+from .conftest import _request
 
 BUCKET = "vcasync-tests"
 
@@ -40,3 +44,28 @@ async def test_missing_aws_credentials_say_what_to_do(s3_endpoint: str, tmp_path
         with pytest.raises(AccessDeniedError, match="credentials") as info:
             await storage.get("some/key")
         assert info.value.key == "some/key"
+
+
+@pytest.fixture(scope="module")
+def s3_with_auth() -> Iterator[str]:
+    """moto checking every request's credentials (after the one that creates the bucket)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("INITIAL_NO_AUTH_ACTION_COUNT", "1")
+        server = Emulator("s3").start()
+    try:
+        _request("PUT", f"{server.endpoint}/{BUCKET}")
+        yield server.endpoint
+    finally:
+        server.stop()
+
+
+async def test_refused_aws_credentials_are_named_as_the_cause(s3_with_auth: str) -> None:
+    """A wrong key at the bucket check every worker and coordinator starts with (a HEAD: a bare 403,
+    no error code to read) names the credentials as the likely cause, never the secret."""
+    async with open_storage(f"s3://{BUCKET}/x", endpoint_url=s3_with_auth, region="us-east-1",
+                            aws_access_key_id="AKIAWRONGWRONGWRONG0",
+                            aws_secret_access_key="not-the-secret") as storage:
+        with pytest.raises(AccessDeniedError, match="credentials") as info:
+            await storage.preflight()
+    assert "not-the-secret" not in str(info.value)
+    assert BUCKET in str(info.value)
