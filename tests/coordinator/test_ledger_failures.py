@@ -87,6 +87,10 @@ def test_back_off_grows_then_quarantine_and_success_resets(clock) -> None:
         led.lease(w, 0)
     assert led.workers_quarantined() == 1
     assert led.stats["quarantined"] == 1
+    # found by a probe: a quarantined worker (which stops when told) was counted alive too, so the
+    # status page's table said "alive 1" beside its state line's "quarantined 1"
+    assert led.workers_alive() == 0
+    assert led.worker_rows()[0]["quarantined"] == 1
 
 
 def test_one_worker_never_gets_a_unit_parked(clock) -> None:

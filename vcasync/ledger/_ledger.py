@@ -770,10 +770,14 @@ class Ledger:
         return len(gone)
 
     def workers_alive(self) -> int:
-        """Workers heard from within ``alive_s`` that are not preempted (one that said it is
-        stopping was counted alive beside the status's preempted)."""
-        horizon = self._clock() - self.config.alive_s
-        return sum(1 for w in self._workers.values() if w.last_seen >= horizon and not w.preempted)
+        """Workers heard from within ``alive_s`` that are neither preempted (one that said it is
+        stopping was counted alive beside the status's preempted) nor quarantined (a worker told
+        so stops: it was counted alive, beside the status's quarantined, for ``alive_s`` after it
+        exited). A backed-off worker waits out its back-off running: alive."""
+        now = self._clock()
+        horizon = now - self.config.alive_s
+        return sum(1 for w in self._workers.values() if w.last_seen >= horizon and not w.preempted
+                   and not (w.quarantined is not None and w.backoff_until > now))
 
     def worker_speed(self, worker_id: str) -> float | None:
         w = self._workers.get(worker_id)
