@@ -526,23 +526,12 @@ class Worker:
         return " and ".join(parts)
 
     async def _rejoin(self) -> None:
-        """Join again: the coordinator no longer knows our token. A coordinator of *another run*
-        now at this address (its ``/healthz``) while this state holds work of ours is a
-        :class:`ConfigError`, the state untouched, as at start (:meth:`_identity_of_this_run`):
-        joined, the worker uploaded its old lease's result there ("never issued here") and
-        dropped it, and a restart pointed back at its run found the lease gone."""
-        ours = self._ident.run_id if self._ident is not None else None
-        served = await self._cli().served_run()
-        if ours is not None and served is not None and served != ours:
-            held = await asyncio.to_thread(self._work_held)
-            if held:
-                raise ConfigError(
-                    f"the coordinator at {self.url} now serves run {served}, not run {ours}, whose "
-                    f"{held} this worker holds: stopping with the lease and checkpoint kept in "
-                    f"{self.state.where}; point this worker at run {ours}'s coordinator to finish "
-                    f"that work, or give it another --state-dir/--state for run {served}")
-            log.info("the coordinator at %s now serves run %s (was run %s): joining it as a new "
-                     "worker", self.url, served, ours)
+        """Join again: the coordinator no longer knows our token. The same check as at start
+        (:meth:`_identity_of_this_run`): a coordinator of *another run* now at this address while
+        this state holds work of ours is a :class:`ConfigError`, the state untouched (joined, the
+        worker uploaded its old lease's result there, "never issued here", and dropped it, and a
+        restart pointed back at its run found the lease gone)."""
+        await self._identity_of_this_run(self._ident)
         await self._join()
 
     async def _join(self) -> None:
