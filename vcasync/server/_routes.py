@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, Final, TypeVar
 
 from aiohttp import web
@@ -54,6 +54,10 @@ WORKER_ID: Final = web.RequestKey("worker_id", str)
 #: Routes that need no worker token (``join`` checks a join credential itself, ``requeue`` the
 #: operator token: a worker's token must not pass there).
 PUBLIC_ROUTES: Final = frozenset({"healthz", "metrics", "join", "requeue"})
+#: The public routes that check a credential of their own, and the check (every other route that is
+#: not public takes a worker token: :meth:`TokenAuthority.verify`).
+OWN_CREDENTIAL: Final[dict[str, Callable[[TokenAuthority, str], object]]] = {
+    "join": TokenAuthority.check_join, "requeue": TokenAuthority.check_operator}
 #: At most this many unit ids in one requeue request.
 T = TypeVar("T")
 

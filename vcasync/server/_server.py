@@ -367,21 +367,18 @@ async def _expect(request: web.Request) -> None:
 
 def _refused_unread(request: web.Request) -> bool:
     """Whether the route will refuse ``request`` before reading its body: its credential (the
-    same checks as :func:`_auth` and the join and requeue routes) or its Content-Length."""
+    check :func:`_auth` makes, or the route's own: ``R.OWN_CREDENTIAL``) or its Content-Length."""
     app, name = request.app, request.match_info.route.name
     length = request.content_length or 0
     if length > (app[R.MAX_RESULT] if name == "result" else P.MAX_CONTROL_BYTES):
         return True
-    if name is None or (name in _PUBLIC_ROUTES and name not in ("join", "requeue")):
-        return False
+    check = R.OWN_CREDENTIAL.get(name or "")
+    if check is None:
+        if name is None or name in _PUBLIC_ROUTES:
+            return False
+        check = TokenAuthority.verify
     try:
-        credential = R.bearer(request)
-        if name == "join":
-            app[R.AUTH].check_join(credential)
-        elif name == "requeue":
-            app[R.AUTH].check_operator(credential)
-        else:
-            app[R.AUTH].verify(credential)
+        check(app[R.AUTH], R.bearer(request))
     except VCAsyncError:
         return True
     return False
