@@ -17,44 +17,40 @@ from vcasync.coordinator import CoordinatorConfig
 from vcasync.errors import ConfigError
 from vcasync.worker import WorkerConfig
 
+#: (TTL, what CoordinatorConfig says, what WorkerConfig says, the bound the config takes)
+CONFIG_BOUNDS = [
+    (0.001, r"CoordinatorConfig\.owner_ttl_s must be >= 3 s", r"state_lease_s must be >= 3 s", 3.0),
+    (2.9, r"CoordinatorConfig\.owner_ttl_s must be >= 3 s", r"state_lease_s must be >= 3 s", 3.0),
+    # Found by a probe: ``owner_ttl_s = 1e12`` was taken; after a crash, a start on another machine
+    # watches the old record for a TTL before taking the run over, so the run stayed down for ever.
+    (86400.5, r"CoordinatorConfig\.owner_ttl_s must be at most 86400 s",
+     r"state_lease_s must be at most 86400 s", 86400.0),
+    (1e12, r"CoordinatorConfig\.owner_ttl_s must be at most 86400 s",
+     r"state_lease_s must be at most 86400 s", 86400.0),
+]
 
-@pytest.mark.parametrize("ttl", [0.001, 2.9])
-def test_an_owner_ttl_below_the_minimum_is_refused_by_name(ttl: float) -> None:
-    with pytest.raises(ConfigError, match=r"CoordinatorConfig\.owner_ttl_s must be >= 3 s"):
+
+@pytest.mark.parametrize(("ttl", "coordinator", "worker", "bound"), CONFIG_BOUNDS)
+def test_an_owner_ttl_out_of_bounds_is_refused_by_name(ttl: float, coordinator: str, worker: str,
+                                                       bound: float) -> None:
+    with pytest.raises(ConfigError, match=coordinator):
         CoordinatorConfig(owner_ttl_s=ttl)
-    with pytest.raises(ConfigError, match=r"state_lease_s must be >= 3 s"):
+    with pytest.raises(ConfigError, match=worker):
         WorkerConfig(state_lease_s=ttl)
-    assert CoordinatorConfig(owner_ttl_s=3.0).owner_ttl_s == 3.0
-    assert WorkerConfig(state_lease_s=3.0).state_lease_s == 3.0
+    assert CoordinatorConfig(owner_ttl_s=bound).owner_ttl_s == bound
+    assert WorkerConfig(state_lease_s=bound).state_lease_s == bound
 
 
-@pytest.mark.parametrize("ttl", [86400.5, 1e12])
-def test_an_owner_ttl_past_a_day_is_refused_by_name(ttl: float) -> None:
-    """Found by a probe: ``owner_ttl_s = 1e12`` was taken; after a crash, a start on another machine
-    watches the old record for a TTL before taking the run over, so the run stayed down for ever."""
-    with pytest.raises(ConfigError, match=r"CoordinatorConfig\.owner_ttl_s must be at most 86400 s"):
-        CoordinatorConfig(owner_ttl_s=ttl)
-    with pytest.raises(ConfigError, match=r"state_lease_s must be at most 86400 s"):
-        WorkerConfig(state_lease_s=ttl)
-    assert CoordinatorConfig(owner_ttl_s=86400.0).owner_ttl_s == 86400.0
-    assert WorkerConfig(state_lease_s=86400.0).state_lease_s == 86400.0
-
-
-def test_the_cli_refuses_a_long_state_lease_with_exit_2(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert coordinator_refused(tmp_path, monkeypatch, toml="[coordinator]\nowner_ttl_s = 1e12\n") == 2
-    assert "owner_ttl_s must be at most 86400 s" in capsys.readouterr().err
+@pytest.mark.parametrize(("ttl", "coordinator", "worker"), [
+    ("0.001", "owner_ttl_s must be >= 3 s", "--state-lease must be at least 3 seconds"),
+    ("1e12", "owner_ttl_s must be at most 86400 s", "--state-lease must be at most 86400 seconds"),
+])
+def test_the_cli_refuses_an_owner_ttl_and_state_lease_out_of_bounds_with_exit_2(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        ttl: str, coordinator: str, worker: str) -> None:
+    assert coordinator_refused(tmp_path, monkeypatch, toml=f"[coordinator]\nowner_ttl_s = {ttl}\n") == 2
+    assert coordinator in capsys.readouterr().err
     assert main(["worker", "--coordinator", "http://127.0.0.1:9", "--trainer", "no.such.module:train",
-                 "--state", (tmp_path / "ws").as_uri(), "--state-lease", "1e12"]) == 2
-    assert "--state-lease must be at most 86400 seconds" in capsys.readouterr().err
-    assert not (tmp_path / "ws").exists()
-
-
-def test_the_cli_refuses_a_short_owner_ttl_and_state_lease_with_exit_2(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert coordinator_refused(tmp_path, monkeypatch, toml="[coordinator]\nowner_ttl_s = 0.001\n") == 2
-    assert "owner_ttl_s must be >= 3 s" in capsys.readouterr().err
-    assert main(["worker", "--coordinator", "http://127.0.0.1:9", "--trainer", "no.such.module:train",
-                 "--state", (tmp_path / "ws").as_uri(), "--state-lease", "0.001"]) == 2
-    assert "--state-lease must be at least 3 seconds" in capsys.readouterr().err
+                 "--state", (tmp_path / "ws").as_uri(), "--state-lease", ttl]) == 2
+    assert worker in capsys.readouterr().err
     assert not (tmp_path / "ws").exists()
