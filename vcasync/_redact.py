@@ -24,7 +24,7 @@ from typing import Any, Final
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 __all__ = ["MASK", "MIN_SECRET", "SHAPES", "WORKER_TOKEN", "Redactor", "bounded", "env_secrets",
-           "mask_spans", "option_secrets", "shaped_spans", "url_secrets"]
+           "mask_spans", "one_line", "option_secrets", "shaped_spans", "url_secrets"]
 
 MASK: Final = "***"
 #: The shortest secret looked for.
@@ -67,6 +67,14 @@ def mask_spans(text: str, spans: Iterable[tuple[int, int]]) -> str:
         at = end
     out.append(text[at:])
     return "".join(out)
+
+
+def one_line(text: object, limit: int, *, escape: bool = False) -> str:
+    """``text`` cut to ``limit`` characters as one printable line: each character that is not
+    printable (a line break, an escape, a NUL) becomes ``?``, or with ``escape`` its escape
+    (``\\n``, ``\\x1b``), so that what a worker or a client sent cannot forge a log line."""
+    return "".join(c if c.isprintable() else (repr(c)[1:-1] if escape else "?")
+                   for c in str(text)[:limit])
 
 
 def bounded(text: str, limit: int) -> str:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from .._redact import one_line
 from ..errors import ConfigError, FrameError, LimitExceededError
 from ..protocol._bodies import MAX_EVAL_SERIES
 
@@ -30,7 +31,7 @@ _MAX_TEXT: Final = 200
 
 def _line(text: object, limit: int = _MAX_TEXT) -> str:
     """One printable line of at most ``limit`` characters (worker words must not forge lines)."""
-    return "".join(c if c.isprintable() else "?" for c in str(text)[:limit])
+    return one_line(text, limit)
 
 
 @dataclass(frozen=True, slots=True)

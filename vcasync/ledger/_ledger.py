@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from operator import attrgetter
 from typing import Any
 
+from .._redact import one_line
 from ..errors import (
     ConfigError,
     FrameError,
@@ -120,7 +121,7 @@ _FOREVER = 1e12
 def _printable(text: str, limit: int = 200) -> str:
     """A worker's words as they may appear in the coordinator's log and status: one line, no
     control characters (a worker must not forge log lines), bounded."""
-    return "".join(c if c.isprintable() else "?" for c in str(text)[:limit])
+    return one_line(text, limit)
 
 
 #: Lease states whose result may still arrive and be merged: the *open* leases. The others

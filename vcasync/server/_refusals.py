@@ -25,6 +25,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .._redact import one_line
+
 __all__ = ["RefusalLog"]
 
 log = logging.getLogger("vcasync.server")
@@ -39,7 +41,7 @@ def _one_line(text: str, limit: int = 300) -> str:
     """``text`` (cut to ``limit`` characters) with each character that is not printable (a line
     break, an escape, a NUL) written as its escape (``\\n``, ``\\x1b``): one line, and a client
     cannot forge log lines through what it sent."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return one_line(text, limit, escape=True)
 
 
 @dataclass(slots=True)
