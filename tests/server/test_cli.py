@@ -356,6 +356,56 @@ def test_worker_refuses_a_value_out_of_range_naming_its_flag_before_making_its_s
     assert not state.exists()
 
 
+@pytest.mark.parametrize("given", [["--state-lease", "10"], ["--keep-checkpoints", "5"],
+                                   ["--allow-unsafe-store"],
+                                   ["--state-lease", "10", "--allow-unsafe-store"]])
+def test_worker_refuses_flags_of_a_state_in_storage_beside_a_local_state_dir_alone(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        given: list[str]) -> None:
+    # left alone in stop 46: dropped without a word, so a user believed a replacement would
+    # resume a dead worker's lease after 10 s, or that an unsafe store had been allowed
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    state = tmp_path / "w"
+    assert main(["worker", "--coordinator", "http://127.0.0.1:9", "--trainer",
+                 "vcasync.examples.digits:train", "--state-dir", str(state), "--give-up-after", "1",
+                 *given]) == 2
+    flags = " and ".join(f for f in given if f.startswith("--"))
+    assert f"{flags} only apply to a state in storage: give --state URL" in capsys.readouterr().err
+    assert not state.exists()
+
+
+def test_worker_refuses_a_grace_period_past_a_day(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # left alone in stop 46: --grace-period 1e300 was taken
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    state = tmp_path / "w"
+    assert main(["worker", "--coordinator", "http://127.0.0.1:9", "--trainer",
+                 "vcasync.examples.digits:train", "--state-dir", str(state), "--give-up-after", "1",
+                 "--grace-period", "1e300"]) == 2
+    assert "--grace-period must be at most 86400 seconds (a day), got 1e+300" in capsys.readouterr().err
+    assert not state.exists()
+
+
+def test_ray_up_refuses_a_grace_period_past_a_day_while_parsing(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import vcasync.launch.ray as launch_ray
+
+    def no_ray() -> None:
+        raise AssertionError("Ray was reached with a bad --grace-period")
+
+    monkeypatch.setattr(launch_ray, "_ray", no_ray)
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "x" * 20)
+    with pytest.raises(SystemExit) as info:
+        main(["ray", "--address", "127.0.0.1:1", "up", "--workers", "1", "--coordinator",
+              "http://127.0.0.1:8470", "--trainer", "m:f", "--state-root", "s3://b/w",
+              "--grace-period", "1e300"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    (line,) = [ln for ln in err.splitlines() if "error:" in ln]
+    assert line.startswith("vcasync ray up: error: argument --grace-period: "), err
+    assert "<= 86,400" in line, line
+
+
 def test_an_app_dir_that_is_not_a_directory_is_refused_before_the_state_is_made(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # found by a probe: a typo'd --app-dir was passed over in silence, and an installed copy of the

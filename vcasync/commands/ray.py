@@ -59,8 +59,10 @@ def _configure(p: argparse.ArgumentParser) -> None:
                     help="storage URL; worker i keeps its state at STATE_ROOT/worker-i")
     up.add_argument("--app-dir", help="directory on every node to put on sys.path for the trainer")
     up.add_argument("--grace-period", default=20.0, metavar="SECONDS",
-                    type=argument_number(float, 0, strict=True, what="a finite number of seconds"),
-                    help="how long a stopped worker has to store its checkpoint (default 20)")
+                    type=argument_number(float, 0, strict=True, high=MAX_TTL_S,
+                                         what="a finite number of seconds"),
+                    help="how long a stopped worker has to store its checkpoint (default 20, at "
+                         f"most {MAX_TTL_S:g})")
     up.add_argument("--join-secret-file", type=Path,
                     help="file whose first line is the join secret the workers join with (read as "
                          "vcasync worker reads it; instead of VCASYNC_JOIN_SECRET)")

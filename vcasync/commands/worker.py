@@ -39,15 +39,17 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state", metavar="URL",
                    help="keep identity, lease and checkpoints in storage (file://, s3://, gs://) so a "
                         "replacement machine resumes them")
-    p.add_argument("--state-lease", type=float, default=30.0, metavar="SECONDS",
+    p.add_argument("--state-lease", type=float, metavar="SECONDS",
                    help="with --state: how long a silent owner keeps the state from a replacement "
-                        "(at least 3; renewed every third of it)")
-    p.add_argument("--keep-checkpoints", type=int, default=2, help="with --state: checkpoints kept per lease")
+                        "(default 30, at least 3; renewed every third of it)")
+    p.add_argument("--keep-checkpoints", type=int,
+                   help="with --state: checkpoints kept per lease (default 2)")
     p.add_argument("--allow-unsafe-store", action="store_true",
                    help="with --state: run (with a loud warning) on a store that ignores conditional "
                         "writes, instead of refusing it")
     p.add_argument("--name", default="", help="a human-readable worker name")
-    p.add_argument("--grace-period", type=float, default=20.0, help="seconds to wrap up after SIGTERM")
+    p.add_argument("--grace-period", type=float, default=20.0,
+                   help="seconds to wrap up after SIGTERM (default 20, at most a day)")
     p.add_argument("--give-up-after", type=float, default=3600.0, metavar="SECONDS",
                    help="exit with an error once the coordinator has been unreachable this long without a "
                         "break (default 3600; inf: never); the lease and checkpoints stay for a restart. "
@@ -103,10 +105,22 @@ def _run(a: argparse.Namespace) -> int:
     note = check_ca_file(a.ca_file, str(a.coordinator))
     if note is not None:
         log.warning("%s", note)
+    # Flags that only mean something for a state in storage: given beside --state-dir alone they
+    # were dropped without a word, and a user believed a replacement machine would resume after
+    # 10 s (--state-lease 10) or that a store ignoring preconditions had been allowed
+    only_remote = [flag for flag, value in (("--state-lease", a.state_lease),
+                                            ("--keep-checkpoints", a.keep_checkpoints),
+                                            ("--allow-unsafe-store", a.allow_unsafe_store or None))
+                   if value is not None]
+    a.state_lease = 30.0 if a.state_lease is None else a.state_lease
+    a.keep_checkpoints = 2 if a.keep_checkpoints is None else a.keep_checkpoints
     # nan passed the "<= 0" check and failed on SIGTERM ("cannot convert float NaN to integer")
     for flag, seconds in (("--grace-period", a.grace_period), ("--state-lease", a.state_lease)):
         if not (math.isfinite(seconds) and seconds > 0):
             raise ConfigError(f"{flag} must be a finite number of seconds > 0, got {seconds}")
+    if a.grace_period > _owner_lease.MAX_TTL_S:     # 1e300 was taken
+        raise ConfigError(f"--grace-period must be at most {_owner_lease.MAX_TTL_S:g} seconds (a "
+                          f"day), got {a.grace_period}")
     if a.state_lease < _owner_lease.MIN_TTL_S:
         raise ConfigError(f"--state-lease must be at least {_owner_lease.MIN_TTL_S:g} seconds (the "
                           "state is renewed every third of it, each renewal several storage round "
@@ -120,6 +134,12 @@ def _run(a: argparse.Namespace) -> int:
                           f"got {a.give_up_after}")
     if a.state_dir is None and a.state is None:
         raise ConfigError("give --state-dir DIR (local state) or --state URL (state in storage)")
+    for flag, count in (("--max-units", a.max_units), ("--keep-checkpoints", a.keep_checkpoints)):
+        if count is not None and count < 1:     # named as the flag, not WorkerConfig's field
+            raise ConfigError(f"{flag} must be >= 1, got {count}")
+    if a.state is None and only_remote:
+        raise ConfigError(f"{' and '.join(only_remote)} only apply to a state in storage: give "
+                          "--state URL, or leave them out with --state-dir alone")
     if a.state is not None and not outlives_process(a.state):
         log.warning("--state %s lives in this process: a worker started again (here or on another "
                     "machine) will not find its identity, lease or checkpoints there (for a state "
@@ -131,9 +151,6 @@ def _run(a: argparse.Namespace) -> int:
         # crashed on "can't start new thread" (a traceback, exit 134) with its state dir made
         raise ConfigError(f"--threads must be at most {max_threads()} (torch threads for the "
                           f"trainer; this machine has {os.cpu_count() or 1} CPUs), got {a.threads}")
-    for flag, count in (("--max-units", a.max_units), ("--keep-checkpoints", a.keep_checkpoints)):
-        if count is not None and count < 1:     # named as the flag, not WorkerConfig's field
-            raise ConfigError(f"{flag} must be >= 1, got {count}")
     secret, token = read_join_credential(a.join_secret_file)
     trainer = import_object(a.trainer, what="trainer", app_dir=a.app_dir)
     if a.threads is not None:

@@ -158,6 +158,9 @@ class WorkerConfig:
             raise ConfigError(f"upload must be 'delta' or 'weights', got {self.upload!r}")
         if not (self.grace_period_s > 0 and math.isfinite(self.grace_period_s)):  # NaN fails `<= 0` too
             raise ConfigError(f"grace_period_s must be a finite number > 0, got {self.grace_period_s!r}")
+        if self.grace_period_s > _owner_lease.MAX_TTL_S:
+            raise ConfigError(f"grace_period_s must be at most {_owner_lease.MAX_TTL_S:g} s (a day), "
+                              f"got {self.grace_period_s!r}")
         if self.keep_models < 1:
             raise ConfigError("keep_models must be at least 1")
         # Each was taken as it came and found wrong only late: a codec at the first upload, after
