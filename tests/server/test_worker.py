@@ -847,6 +847,47 @@ async def test_a_result_rejected_for_its_counters_is_a_trainer_failure(
         assert coord.version == v0
 
 
+def nan_trainer(ctx: TrainContext) -> TrainResult:
+    net = tiny_model()
+    ctx.model.load_into(net)
+    with torch.no_grad():
+        net[0].weight.fill_(float("nan"))            # a trainer that diverged
+    ctx.report_progress(ctx.unit.steps, 8)
+    return ctx.result(net, steps=ctx.unit.steps, samples=8)
+
+
+def far_trainer(ctx: TrainContext) -> TrainResult:
+    net = tiny_model()
+    ctx.model.load_into(net)
+    with torch.no_grad():
+        net[0].weight.add_(100.0)                    # a learning rate far too high
+    ctx.report_progress(ctx.unit.steps, 8)
+    return ctx.result(net, steps=ctx.unit.steps, samples=8)
+
+
+@pytest.mark.parametrize(("trainer", "config", "refusal"), [
+    (nan_trainer, {}, "refused: tensor '0.weight' holds NaN or Inf (the trainer's result"),
+    (far_trainer, {"max_update_norm": 1.0}, "exceeds the bound 1 (the trainer's result"),
+], ids=["non_finite", "norm_too_large"])
+async def test_a_result_refused_for_what_its_tensors_hold_is_a_trainer_failure(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, trainer: Callable[..., TrainResult],
+        config: dict[str, Any], refusal: str) -> None:
+    """Found by a probe: only the coordinator knows whether it refuses NaN (require_finite) or a
+    norm over a bound, so the worker uploads such a result; its refusal was a WARNING and no
+    failure of the trainer, so max_trainer_failures=1 never stopped the worker: it trained unit
+    after unit until the coordinator quarantined it (5 in a row) for an hour, exit 1 with
+    WorkerQuarantinedError, and its restart after a fix of the trainer was quarantined too."""
+    async with running(tmp_path, units=make_units(4, steps=2),
+                       coordinator={"worker_backoff_s": 0.01, **config}) as (coord, server):
+        v0 = coord.version
+        with pytest.raises(TrainerError, match="failed 2 units in a row"):
+            await asyncio.wait_for(worker(server.url, tmp_path / "w", trainer,
+                                          max_trainer_failures=2).run(), 60)
+        assert caplog.text.count(refusal) == 2
+        assert "quarantined" not in caplog.text
+        assert coord.version == v0
+
+
 class Masked(torch.nn.Module):
     """A layer with a bool mask buffer the trainer switches on, one entry per unit."""
 

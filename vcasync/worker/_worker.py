@@ -16,10 +16,12 @@ Failures: a trainer that raises (``sys.exit()`` in it included: the worker does 
 or returns a result the coordinator would refuse (checked here before any upload: tensor names,
 shapes and dtypes, integer tensors (counters) not below the base, steps within the unit, finite
 metrics), releases its lease as a failure, which the coordinator attributes to this worker; a
-result the coordinator rejects for its counters all the same (``BLAMED_REASONS``) counts as such a
-failure too. The failure's text goes with the release, and to the log, without the secrets the
-worker knows (its join credential and token, its state storage's credentials:
-:mod:`vcasync._redact`), and cut to :data:`RELEASE_REASON_CHARS`. It answers a worker that keeps
+result the coordinator rejects for its counters all the same (``BLAMED_REASONS``), or refuses for
+what its tensors hold where only the coordinator's configuration says so (NaN or Inf, a norm over
+its bound: ``TRAINED_TENSOR_REASONS``), counts as such a failure too. The failure's text goes
+with the release, and to the log, without the secrets the worker knows (its join credential and
+token, its state storage's credentials: :mod:`vcasync._redact`), and cut to
+:data:`RELEASE_REASON_CHARS`. It answers a worker that keeps
 failing with a back-off (:class:`WorkerBackoffError`: the worker waits that long before it leases
 again, so the unit goes to another worker) and then a quarantine (:class:`WorkerQuarantinedError`:
 the worker stops with that message). After ``max_trainer_failures`` in a row the worker stops by
@@ -81,6 +83,7 @@ from ..errors import (
     StorageUnavailableError,
     TrainerError,
     UnitClosedError,
+    ValidationError,
     VCAsyncError,
     WorkerBackoffError,
 )
@@ -115,6 +118,12 @@ CONFIG_ERROR_RELEASE_S = 10.0
 WAITING_LOG_S = 60.0
 
 _LEASE_GONE = (LeaseNotFoundError, NotLeaseHolderError, UnitClosedError, LeaseExpiredError)
+#: Reasons of a ``422`` refusal of an upload for what the trainer's tensors hold, which the worker
+#: cannot check before uploading (it does not know the coordinator's ``require_finite`` and
+#: ``max_update_norm``): NaN or Inf, a norm over the bound. The same trainer does it again on the
+#: next unit, so such a refusal is a trainer failure toward ``max_trainer_failures``, as a result
+#: rejected for its counters is (``BLAMED_REASONS``).
+TRAINED_TENSOR_REASONS = frozenset({"non_finite", "norm_too_large"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -864,8 +873,9 @@ class Worker:
     # -- results -----------------------------------------------------------------------------------
     async def _deliver(self, grant: LeaseGrant, base: ModelState, result: TrainResult, *,
                        partial: bool) -> bool:
-        """Upload a result; False when the coordinator rejected it for what training made of it
-        (``BLAMED_REASONS``): a failure of the trainer, counted as one that raised."""
+        """Upload a result; False when the coordinator refused it for what training made of it
+        (``BLAMED_REASONS``, ``TRAINED_TENSOR_REASONS``): a failure of the trainer, counted as one
+        that raised."""
         tensors = await asyncio.to_thread(result_tensors, base, result, self.config.upload)
         meta = to_body(ResultMeta(grant.lease_id, grant.base_version, self.config.upload,
                                   steps=int(result.steps), samples=int(result.samples), partial=partial,
@@ -876,7 +886,7 @@ class Worker:
 
     async def _upload(self, lease_id: str, path: Path) -> bool:
         """Send a spooled result until it is answered; False when it was rejected for a reason
-        in ``BLAMED_REASONS``."""
+        in ``BLAMED_REASONS`` or refused for one in ``TRAINED_TENSOR_REASONS``."""
         ok = True
         try:
             receipt: Receipt = await self._call("upload", lambda: self._cli().submit(lease_id, path),
@@ -886,8 +896,16 @@ class Worker:
         except VCAsyncError as exc:  # refused for good (closed unit, expired lease, invalid): drop it
             if isinstance(exc, NoWorkAvailableError) and exc.finished:
                 raise           # the coordinator is gone after saying the run is finished: done
-            log.warning("result for lease %s refused: %s", lease_id, exc)
             self._refused += 1
+            if isinstance(exc, ValidationError) and exc.reason in TRAINED_TENSOR_REASONS:
+                # what the trainer made of the tensors (a NaN): it fails the same way on the next
+                # unit, so a failure in a row, as a raise; it used to be a warning per unit until
+                # the coordinator quarantined this worker (5 in a row), max_trainer_failures unmet
+                log.error("result for lease %s refused: %s (the trainer's result; see "
+                          "docs/trainer.md)", lease_id, self._scrub(str(exc)))
+                ok = False
+            else:
+                log.warning("result for lease %s refused: %s", lease_id, exc)
         else:
             await asyncio.to_thread(self.state.record_receipt, receipt)
             if receipt.status == "rejected" and receipt.reason in BLAMED_REASONS:
