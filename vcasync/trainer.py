@@ -199,7 +199,7 @@ class TrainContext:
         for ``2.7`` or ``True``, ``ValueError`` for a negative count, naming the argument).
         """
         tensors = (ModelState.from_module(trained).tensors if isinstance(trained, torch.nn.Module)
-                   else {k: v.detach().cpu() for k, v in trained.items()})
+                   else {k: _result_tensor(k, v) for k, v in trained.items()})
         with self._lock:
             all_metrics = {**self._metrics, **_metric_values(metrics)}
             self._steps_given = self._steps_given or steps is not None
@@ -210,6 +210,19 @@ class TrainContext:
                 steps=self._steps_done if steps is None else _count("steps", steps, "ctx.result"),
                 samples=self._samples_done if samples is None else _count("samples", samples, "ctx.result"),
                 metrics=all_metrics)
+
+
+def _result_tensor(name: object, value: object) -> torch.Tensor:
+    """One value of a state dict given to :meth:`TrainContext.result`, on the CPU; what is not a
+    tensor is refused with a ``TypeError`` naming it (it failed as ``AttributeError("'NoneType'
+    object has no attribute 'detach'")``, which named neither the tensor nor the fix)."""
+    if not isinstance(value, torch.Tensor):
+        kind = type(value)
+        raise TypeError(f"the trained state dict's entry {_short_repr(name)} is a "
+                        f"{kind.__module__}.{kind.__qualname__}, not a torch.Tensor; every value "
+                        "of the model's state dict must be a tensor (a numpy array: "
+                        "torch.from_numpy(a))")
+    return value.detach().cpu()
 
 
 def _metric_values(metrics: Mapping[str, Any]) -> dict[str, float]:

@@ -633,9 +633,33 @@ def _missing(ctx: TrainContext, sd: dict[str, torch.Tensor]) -> TrainResult:
     return ctx.result({k: v for k, v in sd.items() if k != "2.bias"}, steps=ctx.unit.steps)
 
 
+def _numpy_value(ctx: TrainContext, sd: dict[str, torch.Tensor]) -> TrainResult:
+    return ctx.result({**sd, "0.bias": sd["0.bias"].numpy()},  # type: ignore[dict-item]
+                      steps=ctx.unit.steps)
+
+
+def _none_value(ctx: TrainContext, sd: dict[str, torch.Tensor]) -> Any:
+    return {**sd, "2.bias": None}          # a plain dict returned: the worker wraps it the same way
+
+
+def _sparse(ctx: TrainContext, sd: dict[str, torch.Tensor]) -> TrainResult:
+    return ctx.result({**sd, "0.weight": sd["0.weight"].to_sparse()}, steps=ctx.unit.steps)
+
+
+def _meta(ctx: TrainContext, sd: dict[str, torch.Tensor]) -> TrainResult:
+    return TrainResult({**sd, "0.weight": torch.empty(3, 4, device="meta")}, steps=ctx.unit.steps)
+
+
 @pytest.mark.parametrize("upload", ["delta", "weights"])
 @pytest.mark.parametrize(("mistake", "message"), [
     (_nan_metric, "metric 'loss' is nan: metrics must be finite numbers"),
+    # found by a probe: an AttributeError("'numpy.ndarray' object has no attribute 'detach'")
+    (_numpy_value, "the trained state dict's entry '0.bias' is a numpy.ndarray, not a torch.Tensor"),
+    (_none_value, "the trained state dict's entry '2.bias' is a builtins.NoneType, not a torch.Tensor"),
+    # found by a probe: both passed every check, then crashed the worker (RuntimeError from the
+    # delta or the encoder), the lease held until it timed out
+    (_sparse, "result tensor '0.weight' has layout torch.sparse_coo; the model's tensors are dense"),
+    (_meta, "result tensor '0.weight' is a meta tensor, which holds no values"),
     (_not_a_number, "metric 'loss' = 'abc' is not a number"),
     (_too_many_steps, "the result claims 20 steps; unit e0-s0 has 2"),
     (_too_many_samples, "a result may count at most 2**40"),

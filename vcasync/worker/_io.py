@@ -111,6 +111,14 @@ def result_problem(base: ModelState, result: TrainResult, unit: WorkUnit) -> str
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             return f"result tensor {name!r} is a {type(t).__name__}, not a torch.Tensor"
+        if t.layout != torch.strided or t.is_meta:
+            # a sparse (or data-less meta) tensor passed every check below, then crashed the
+            # worker at the delta (RuntimeError: add(sparse, dense)) with the lease still held
+            if t.is_meta:
+                return (f"result tensor {name!r} is a meta tensor, which holds no values; "
+                        "return the trained tensor itself")
+            return (f"result tensor {name!r} has layout {t.layout}; the model's tensors are "
+                    "dense: return t.to_dense()")
     try:
         base.spec.check(result.tensors)     # what the coordinator checks first, with its messages
     except SpecMismatchError as exc:
