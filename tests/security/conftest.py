@@ -17,6 +17,7 @@ from vcasync.ledger._units import make_units
 from vcasync.policy import MergePolicy, build_policy
 from vcasync.server import Server, ServerConfig
 from vcasync.server._auth import TokenAuthority
+from vcasync.server.status import StatusAccess
 from vcasync.storage import Storage, open_storage
 from vcasync.tensors import ModelState
 from vcasync.wire import decode_message, encode_message
@@ -34,7 +35,8 @@ def digits_model() -> ModelState:
 @contextlib.asynccontextmanager
 async def serving(tmp_path: Path, *, units: int = 6, steps: int = 5, policy: MergePolicy | None = None,
                   storage: Storage | None = None, server_config: ServerConfig | None = None,
-                  model: ModelState | None = None) -> AsyncIterator[tuple[Coordinator, Server,
+                  model: ModelState | None = None,
+                  status_access: StatusAccess | None = None) -> AsyncIterator[tuple[Coordinator, Server,
                                                                           TokenAuthority]]:
     auth = TokenAuthority(join_secret=SECRET)
     async with contextlib.AsyncExitStack() as stack:
@@ -44,7 +46,8 @@ async def serving(tmp_path: Path, *, units: int = 6, steps: int = 5, policy: Mer
             model or digits_model(), make_units(units, steps=steps),
             policy=policy or build_policy("vcasgd"), storage=storage,
             config=CoordinatorConfig(lease_timeout_s=600.0)))
-        server = await stack.enter_async_context(Server(coord, auth, server_config or ServerConfig(port=0)))
+        server = await stack.enter_async_context(Server(coord, auth, server_config or ServerConfig(port=0),
+                                                         status_access=status_access))
         yield coord, server, auth
 
 

@@ -15,6 +15,7 @@ import pytest
 from harness import hostile_payloads as HP
 from harness.probe import HttpProbe, Reply
 from vcasync.errors import StorageError
+from vcasync.server.status import StatusAccess
 from vcasync.storage import open_storage
 from vcasync.testing.faults import FaultPlan, FaultyStorage
 
@@ -128,3 +129,31 @@ def test_a_memory_url_with_credentials_is_refused_without_showing_them(
         assert main(args) == 2
     assert "memory://***@run" in caplog.text
     assert "NotShownAnywhere123" not in caplog.text
+
+
+async def test_a_credential_in_a_query_string_never_reaches_the_access_log(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by a probe: no route reads a query string, but aiohttp's access log wrote each request
+    line as sent, query and all, at INFO. The status page takes its read token as ``#token=...``
+    (never sent); a ``?token=...`` typed for it, or a worker token a script put in the URL, was
+    written to the coordinator's log in clear (and a Referer header's query with it)."""
+    status_token = "status-read-token-0123456789abcdef"
+    caplog.set_level(logging.DEBUG)
+    async with serving(tmp_path, status_access=StatusAccess(status_token)) as (_, server, _), \
+            aiohttp.ClientSession() as http:
+        _, token = await join(http, server.url, "w")
+        async with http.get(f"{server.url}/status/?token={status_token}") as r:
+            assert r.status == 200
+        async with http.get(f"{server.url}/v1/status?token={token}&x=1",
+                            headers={"Authorization": f"Bearer {token}",
+                                     "Referer": f"http://h/status/?token={status_token}#t=1"}) as r:
+            assert r.status == 200
+        async with http.get(f"{server.url}/nowhere?{SECRET}") as r:     # a 404, a bare query
+            assert r.status == 404
+    access = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
+    assert any('"GET /status/?*** HTTP/1.1" 200' in line for line in access), access
+    assert any('"GET /v1/status?*** HTTP/1.1" 200' in line and '"http://h/status/?***"' in line
+               for line in access), access
+    text = caplog.text + "".join(str(r.args) + str(r.__dict__) for r in caplog.records)
+    for secret in (status_token, token, token.split("_", 2)[2], SECRET):
+        assert secret not in text

@@ -52,6 +52,7 @@ from ..protocol import _messages as P
 from ..protocol._errors import error_fields, spec_for
 from ..wire import Limits
 from . import _routes as R
+from ._access_log import AccessLog, without_query
 from ._auth import TokenAuthority
 from ._http_metrics import HttpMetrics
 from ._parser_errors import JsonErrorRunner, undecodable_body
@@ -322,7 +323,8 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     except TimeoutError:
         raise
     except Exception:
-        log.exception("internal error in %s %s", request.method, request.raw_path[:200])  # as sent: one line
+        # the path as sent (one line), its query masked as in the access log
+        log.exception("internal error in %s %s", request.method, without_query(request.raw_path)[:200])
         return _error_response(500, "internal_error", "internal server error; see the coordinator's log")
 
 
@@ -483,7 +485,9 @@ class Server:
             self._coordinator.recall_workers(self._authority.joined())
             app = build_app(self._coordinator, self._authority, cfg, status_access=self._status_access,
                             linger_s=self._linger_s)
-            kwargs: dict[str, Any] = {} if cfg.access_log else {"access_log": None}
+            # the access log's line, its query strings masked: a token pasted into a URL stays out
+            kwargs: dict[str, Any] = ({"access_log_class": AccessLog} if cfg.access_log
+                                      else {"access_log": None})
             runner = JsonErrorRunner(app, refusals=app[REFUSALS], handle_signals=False,
                                      shutdown_timeout=cfg.shutdown_timeout_s,
                                      keepalive_timeout=cfg.idle_timeout_s, **kwargs)
