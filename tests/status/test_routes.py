@@ -4,6 +4,7 @@ numbers as ``GET /v1/status`` and never a credential."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +163,34 @@ async def test_without_a_read_token_elsewhere_is_refused_with_403(tmp_path: Path
         assert status == 403
         assert body["error"] == "status_disabled"
         assert "VCASYNC_STATUS_TOKEN" in body["message"]
+
+
+async def test_loopback_is_trusted_only_under_a_local_host_name(tmp_path: Path) -> None:
+    """Found by a probe: a web page the operator opens elsewhere whose name its DNS then points
+    at 127.0.0.1 (DNS rebinding) reads the data through the operator's browser, which comes from
+    loopback; its requests carry that page's name in ``Host``. Loopback is trusted under an
+    address, ``localhost`` or this machine's name only; any other name needs the read token."""
+    async with serving(tmp_path, StatusAccess(READ_TOKEN)) as (_, server), \
+            aiohttp.ClientSession() as http:
+        port = server.port
+        for host in (f"attacker.example:{port}", "attacker.example", f"127.0.0.1.nip.io:{port}",
+                     f"localhost.attacker.example:{port}", f"{socket.gethostname()}.evil.example"):
+            async with http.get(f"{server.url}/status/data", headers={"Host": host}) as resp:
+                body = await resp.json()
+                assert (resp.status, body["error"]) == (401, "unauthorized"), host
+                assert "Host" in body["message"]
+            async with http.get(f"{server.url}/status/data",
+                                headers={"Host": host, "Authorization": f"Bearer {READ_TOKEN}"}) as resp:
+                assert resp.status == 200, host
+        for host in (f"127.0.0.1:{port}", "127.0.0.1", f"[::1]:{port}", f"localhost:{port}",
+                     "LocalHost.", f"app.localhost:{port}", f"{socket.gethostname()}:{port}"):
+            async with http.get(f"{server.url}/status/data", headers={"Host": host}) as resp:
+                assert resp.status == 200, host
+    async with serving(tmp_path, StatusAccess(None)) as (_, server), aiohttp.ClientSession() as http, \
+            http.get(f"{server.url}/status/data", headers={"Host": "attacker.example"}) as resp:
+        body = await resp.json()
+        assert (resp.status, body["error"]) == (403, "status_disabled")
+        assert "attacker.example" in body["message"]
 
 
 @pytest.mark.parametrize(("remote", "loopback"), [

@@ -5,6 +5,11 @@ it is not the join secret (every volunteer holds that) nor the operator token (a
 read token in its session storage). Only its SHA-256 digest is kept, compared in constant time;
 ``repr`` says whether one is set, never what it is. Behind a reverse proxy on the same host every
 request comes from loopback: set ``open_on_loopback=False`` (``--status-no-loopback``) there.
+
+Loopback is trusted only under a local name in the request's ``Host`` (an IP address,
+``localhost`` or a name under ``.localhost``, this machine's host name): a web page opened
+elsewhere whose DNS name its owner then points at 127.0.0.1 (DNS rebinding) makes the operator's
+browser ask from loopback, but under that page's name, and is asked for the token like any caller.
 """
 
 from __future__ import annotations
@@ -12,10 +17,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import socket
 
+from ..._redact import one_line
 from ...errors import AuthError, ConfigError, StatusDisabledError
 
-__all__ = ["MIN_TOKEN_LENGTH", "StatusAccess", "is_loopback"]
+__all__ = ["MIN_TOKEN_LENGTH", "StatusAccess", "is_local_host", "is_loopback"]
 
 MIN_TOKEN_LENGTH = 16
 
@@ -35,6 +42,29 @@ def is_loopback(remote: str | None) -> bool:
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         return addr.ipv4_mapped.is_loopback
     return addr.is_loopback
+
+
+def is_local_host(host: str | None) -> bool:
+    """``host`` (a ``Host`` header, with or without its port) names this machine as only a caller
+    on it would: an IP address, ``localhost`` or a name under ``.localhost``, this machine's host
+    name; no header at all too (a browser always sends one). A DNS name of anyone else's is not."""
+    if host is None:
+        return True
+    name = host.strip()
+    if name.startswith("["):
+        name = name[1:name.find("]")] if "]" in name else name[1:]
+    else:
+        head, sep, port = name.rpartition(":")
+        if sep and (port.isdigit() or not port):
+            name = head
+    name = name.rstrip(".").lower()
+    try:
+        ipaddress.ip_address(name.split("%", 1)[0])
+        return True
+    except ValueError:
+        pass
+    return (name == "localhost" or name.endswith(".localhost")
+            or (bool(name) and name == socket.gethostname().rstrip(".").lower()))
 
 
 class StatusAccess:
@@ -63,17 +93,23 @@ class StatusAccess:
     def has_token(self) -> bool:
         return self._digest is not None
 
-    def check(self, remote: str | None, authorization: str) -> None:
+    def check(self, remote: str | None, authorization: str, host: str | None = None) -> None:
         """Pass, or raise :class:`StatusDisabledError` (no token configured and not on loopback) or
-        :class:`AuthError` (the ``Authorization: Bearer`` credential is missing or wrong)."""
+        :class:`AuthError` (the ``Authorization: Bearer`` credential is missing or wrong).
+        ``host``: the request's ``Host`` header; loopback is trusted only when it is a local name
+        (:func:`is_local_host`; None: not sent)."""
+        foreign = ""
         if self.open_on_loopback and is_loopback(remote):
-            return
+            if is_local_host(host):
+                return
+            foreign = (f" (a request from loopback is trusted under a local Host only: 127.0.0.1, "
+                       f"localhost or this machine's name, not {one_line(host, 100)!r})")
         if self._digest is None:
             raise StatusDisabledError("the status page's data is served to loopback only: start the "
                                       "coordinator with VCASYNC_STATUS_TOKEN or --status-token-file "
-                                      "to read it from elsewhere")
+                                      f"to read it from elsewhere{foreign}")
         scheme, _, value = authorization.partition(" ")
         got = _digest(value.strip()) if scheme.lower() == "bearer" else bytes(32)
         if not hmac.compare_digest(got, self._digest) or not value.strip():
             raise AuthError("status credential refused: send 'Authorization: Bearer <status read "
-                            "token>'")
+                            f"token>'{foreign}")

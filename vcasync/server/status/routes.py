@@ -86,7 +86,8 @@ def page_data(request: web.Request) -> dict[str, Any]:
 
 
 async def _data(request: web.Request) -> web.Response:
-    request.app[STATUS_ACCESS].check(request.remote, request.headers.get("Authorization", ""))
+    request.app[STATUS_ACCESS].check(request.remote, request.headers.get("Authorization", ""),
+                                     request.headers.get("Host"))
     text = json.dumps(page_data(request), default=str, allow_nan=False)
     return web.Response(text=text, content_type=P.JSON,
                         headers={**_SECURITY_HEADERS, "Cache-Control": "no-store"})
