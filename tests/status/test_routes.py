@@ -193,6 +193,26 @@ async def test_loopback_is_trusted_only_under_a_local_host_name(tmp_path: Path) 
         assert "attacker.example" in body["message"]
 
 
+async def test_a_worker_name_is_shown_as_one_printable_line(tmp_path: Path) -> None:
+    """Found by a probe: a name joined with control characters (an escape sequence, a line break)
+    was shown as such in the worker rows of /status/data and in /v1/status's failing workers,
+    though the events beside them showed it as one printable line, as this page's docs promise."""
+    name = "evil\x1b[31m\nFAKE\tline\u202e"
+    async with serving(tmp_path) as (_, server), aiohttp.ClientSession() as http:
+        token = await _join(http, server.url, name)
+        _, grant = await _call(http, "POST", f"{server.url}/v1/leases", token)
+        await _call(http, "POST", f"{server.url}/v1/leases/{grant['lease_id']}/release", token,
+                    {"reason": "crashed", "failed": True})
+        _, data = await _data(http, server.url)
+        _, status = await _call(http, "GET", f"{server.url}/v1/status", token)
+    shown = [row["name"] for row in data["live"]["worker_rows"]]
+    shown += [w["name"] for w in data["status"]["failing_workers"].values()]
+    shown += [w["name"] for w in status["failing_workers"].values()]
+    shown += [e["detail"] for e in data["live"]["events"] if e["kind"] == "join"]
+    assert len(shown) == 4, shown
+    assert set(shown) == {"evil?[31m?FAKE?line?"}, shown
+
+
 @pytest.mark.parametrize(("remote", "loopback"), [
     ("127.0.0.1", True), ("127.8.9.1", True), ("::1", True), ("::ffff:127.0.0.1", True),
     ("10.0.0.1", False), ("192.168.1.5", False), ("::ffff:10.0.0.1", False), ("2001:db8::1", False),

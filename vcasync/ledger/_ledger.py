@@ -669,7 +669,7 @@ class Ledger:
     def worker_health(self) -> dict[str, dict[str, Any]]:
         """Workers that failed: id -> failures, failures in a row, back-off left, quarantine reason."""
         now = self._clock()
-        return {w.worker_id: {"name": w.name, "failures": w.failures, "streak": w.streak,
+        return {w.worker_id: {"name": _printable(w.name), "failures": w.failures, "streak": w.streak,
                               "backoff_s": round(max(w.backoff_until - now, 0.0), 3),
                               "quarantined": w.quarantined, "last_failure": w.last_failure}
                 for w in self._workers.values() if w.failures}
@@ -720,7 +720,7 @@ class Ledger:
         # rows only for the ``limit`` shown: a run's workers include every machine that ever
         # joined (100,000 rows built and sorted took ~0.3 s of the loop at each status poll)
         recent = heapq.nlargest(limit, self._workers.values(), key=_last_seen)
-        return counts, [{"id": w.worker_id, "name": w.name, "state": self.worker_state(w, now),
+        return counts, [{"id": w.worker_id, "name": _printable(w.name), "state": self.worker_state(w, now),
                          "last_seen_s": round(max(now - w.last_seen, 0.0), 1),
                          "done": w.done, "failures": w.failures} for w in recent]
 
