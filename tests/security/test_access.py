@@ -52,6 +52,17 @@ async def test_every_route_but_the_probes_needs_a_worker_token(tmp_path: Path) -
         assert after["version"] == before["version"]
 
 
+async def test_the_status_answer_is_never_cached(tmp_path: Path) -> None:
+    # found by a probe: /status/data said no-store, GET /v1/status (the same document, behind a
+    # worker token) said nothing, so a proxy or browser cache could keep and serve it
+    async with serving(tmp_path) as (_coord, server, _), aiohttp.ClientSession() as http:
+        _, token = await join(http, server.url, "a")
+        async with http.get(f"{server.url}/v1/status",
+                            headers={"Authorization": f"Bearer {token}"}) as r:
+            assert r.status == 200
+            assert r.headers.get("Cache-Control") == "no-store"
+
+
 async def test_tokens_are_per_worker_and_revocable(tmp_path: Path) -> None:
     async with serving(tmp_path) as (_coord, server, auth), aiohttp.ClientSession() as http:
         a_id, a = await join(http, server.url, "a")

@@ -255,7 +255,9 @@ def status_body(coord: Coordinator, longest_wait: float = math.inf) -> dict[str,
 
 async def status(request: web.Request) -> web.Response:
     body = status_body(request.app[COORDINATOR], request.app[LONGEST_WAIT])
-    return web.Response(text=json.dumps(body, default=str, allow_nan=False), content_type=P.JSON)
+    # an authenticated answer that changes by the second: no cache keeps it (as /status/data)
+    return web.Response(text=json.dumps(body, default=str, allow_nan=False), content_type=P.JSON,
+                        headers={"Cache-Control": "no-store"})
 
 
 def _scrub(obj: Any) -> Any:
