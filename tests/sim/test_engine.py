@@ -246,6 +246,23 @@ def test_the_json_and_the_text_say_the_figures_are_simulated(capsys: pytest.Capt
     assert " h virtual   sync on-demand " in text
 
 
+def test_a_target_the_initial_model_meets_says_why_there_is_no_saving(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # left alone in stop 46: --target-accuracy 0.05 (under the initial model's) printed "saving n/a"
+    # beside $0 on both sides and nothing saying why
+    args = _parser().parse_args(["--workers", "2", "--epochs", "1", "--preemption-rate", "0",
+                                 "--target-accuracy", "0.05", "--json"])
+    assert run(args) == 0
+    s = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (s["target_met_at_start"], s["time_to_target_s"], s["saving_at_target"]) == (True, 0.0, None)
+    args.json = False
+    assert run(args) == 0
+    assert "n/a: the initial model already meets the target" in capsys.readouterr().out
+    args.target_accuracy, args.json = 0.5, True
+    assert run(args) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["target_met_at_start"] is False
+
+
 def test_without_a_baseline_or_a_target_nothing_is_missed(capsys: pytest.CaptureFixture[str]) -> None:
     # --no-sync gave "target_missed": true beside "target": null, counted as a miss by a tool
     # counting misses
@@ -290,6 +307,24 @@ def test_a_trace_beside_the_poisson_flags_is_refused_and_its_wrapping_is_shown(
     cfg = build_config(_parser().parse_args(["--hard-fraction", "1"]))
     assert cfg.preemption == PoissonPreemption(0.3, restart_delay_s=120.0, notice_s=30.0, hard_fraction=1.0)
     assert isinstance(build_config(_parser().parse_args(["--preemption-rate", "0"])).preemption, NoPreemption)
+
+
+def test_identical_machines_beside_the_spread_flags_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # left alone in stop 46: --identical dropped --speed-sigma 1 and --bandwidth-mbps without a word
+    base = ["--workers", "4", "--epochs", "1", "--no-sync", "--identical"]
+    for extra, named in ((["--speed-sigma", "1"], "--speed-sigma"),
+                         (["--slow-fraction", "0.5", "--slow-factor", "4"], "--slow-fraction, --slow-factor"),
+                         (["--bandwidth-mbps", "1", "10"], "--bandwidth-mbps")):
+        assert run(_parser().parse_args([*base, *extra])) == 2
+        assert (f"--identical makes every machine the reference machine: {named} cannot go with it"
+                in capsys.readouterr().err)
+    assert build_config(_parser().parse_args(base)).fleet == FleetConfig.identical(4)
+    # without --identical each flag given is the fleet's, the others keep FleetConfig's defaults
+    fleet = build_config(_parser().parse_args(["--workers", "4", "--speed-sigma", "1"])).fleet
+    assert fleet == FleetConfig(workers=4, speed_sigma=1.0)
+    assert build_config(_parser().parse_args(["--workers", "4"])).fleet == FleetConfig(workers=4)
+    fleet = build_config(_parser().parse_args(["--bandwidth-mbps", "10", "20"])).fleet
+    assert (fleet.bandwidth_min_bps, fleet.bandwidth_max_bps) == (10e6, 20e6)
 
 
 def test_the_synchronous_baseline_trains_at_its_own_batch_on_the_same_samples() -> None:

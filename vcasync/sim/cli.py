@@ -68,12 +68,15 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help=f"worker slots (default 8, at most {MAX_WORKERS:,})")
     f.add_argument("--identical", action="store_true",
                    help="identical reference machines on both sides: only the spot discount and the "
-                        "preemptions differ (ignores the speed and bandwidth spread flags)")
-    f.add_argument("--speed-sigma", type=number(float, 0), default=0.25)
-    f.add_argument("--slow-fraction", type=number(float, 0, high=1), default=0.1)
-    f.add_argument("--slow-factor", type=number(float, 1), default=3.0)
+                        "preemptions differ (refused beside the speed and bandwidth spread flags)")
+    f.add_argument("--speed-sigma", type=number(float, 0),
+                   help="sigma of the machines' log-normal speeds around 1 (default 0.25)")
+    f.add_argument("--slow-fraction", type=number(float, 0, high=1),
+                   help="fraction of machines slower on top, stragglers (default 0.1)")
+    f.add_argument("--slow-factor", type=number(float, 1),
+                   help="how many times slower a straggler is (default 3)")
     f.add_argument("--bandwidth-mbps", type=number(float, 0, strict=True), nargs=2, metavar=("MIN", "MAX"),
-                   default=(100.0, 2000.0))
+                   help="machines' link speeds, log-uniform between MIN and MAX (default 100 2000)")
     f.add_argument("--preemption-rate", type=number(float, 0),
                    help="Poisson preemptions per worker-hour (default 0.3: 30%% of workers per hour)")
     f.add_argument("--restart-delay-s", type=number(float, 0),
@@ -143,13 +146,30 @@ def _preemption(args: argparse.Namespace) -> PreemptionModel:
                              notice_s=p["notice_s"], hard_fraction=p["hard_fraction"])
 
 
+#: The fleet's spread flags, each a :class:`FleetConfig` field of the same name.
+_SPREAD_FLAGS = (("speed_sigma", "--speed-sigma"), ("slow_fraction", "--slow-fraction"),
+                 ("slow_factor", "--slow-factor"))
+
+
 def build_config(args: argparse.Namespace) -> SimConfig:
     preemption = _preemption(args)
-    lo, hi = args.bandwidth_mbps
-    fleet = FleetConfig(workers=args.workers, speed_sigma=args.speed_sigma, slow_fraction=args.slow_fraction,
-                        slow_factor=args.slow_factor, bandwidth_min_bps=lo * 1e6, bandwidth_max_bps=hi * 1e6)
+    spread: dict[str, float] = {name: getattr(args, name) for name, _ in _SPREAD_FLAGS
+                                if getattr(args, name) is not None}
+    if args.bandwidth_mbps is not None:
+        lo, hi = args.bandwidth_mbps
+        spread.update(bandwidth_min_bps=lo * 1e6, bandwidth_max_bps=hi * 1e6)
     if args.identical:
+        # they were ignored without a word: a user asking for identical machines with a spread
+        # got identical machines and believed the figures were the spread's
+        given = [flag for name, flag in (*_SPREAD_FLAGS, ("bandwidth_mbps", "--bandwidth-mbps"))
+                 if getattr(args, name) is not None]
+        if given:
+            raise ConfigError(f"--identical makes every machine the reference machine: "
+                              f"{', '.join(given)} cannot go with it (leave out --identical for a "
+                              "heterogeneous fleet)")
         fleet = FleetConfig.identical(args.workers)
+    else:
+        fleet = FleetConfig(workers=args.workers, **spread)
     return SimConfig(
         signal=args.signal, policy=args.policy, policy_params=parse_params(args.policy_param), fleet=fleet,
         preemption=preemption, epochs=args.epochs, shards=args.shards, local_steps=args.local_steps,

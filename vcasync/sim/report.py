@@ -214,6 +214,9 @@ def summarize(out: SimOutcome, target: float | None = None) -> dict[str, Any]:
         "target_loss": target if metric == "loss" else None,
         "time_to_target_s": t_async,
         "sync_time_to_target_s": t_sync,
+        # the initial model met the target (a --target-accuracy under it): both sides "reach" it
+        # at 0 s for $0, so there is no saving to price; said, where "saving n/a" said nothing
+        "target_met_at_start": t_async == 0.0,
         "final_accuracy": None if final is None else final.accuracy,
         "final_loss": None if final is None else final.loss,
         "sync_final_accuracy": None if sync_final is None else sync_final.accuracy,
@@ -330,6 +333,9 @@ def render_text(s: dict[str, Any]) -> str:
         # no saving to print: both sides were priced against a baseline that never learned
         lines.append("  cost to target         no target: the synchronous baseline did not learn (check "
                      "--sync-lr), so no saving at equal quality")
+    elif s["target_met_at_start"]:
+        lines.append("  cost to target         n/a: the initial model already meets the target, both "
+                     "sides at 0 s for $0 (give a --target-accuracy above the initial model's)")
     elif at is not None:
         lines.append(f"  cost to target         spot ${at['spot_usd']:.4f} + coordinator "
                      f"${at['coordinator_usd']:.4f}   sync on-demand {_money(at['sync_on_demand_usd'])}"
