@@ -839,6 +839,38 @@ async def test_a_damaged_journal_stops_the_start_with_a_clear_error(kit, clock, 
         await make(kit, storage, clock).__aenter__()
 
 
+async def test_objects_not_of_the_run_under_journal_and_bases_are_left_alone(kit, clock, storage,
+                                                                              caplog) -> None:
+    """A file someone else put beside the journal or the stored bases (a copy, a sync tool's or an
+    editor's file, a folder) is no entry: the start replays the run as without it, logs it, and
+    leaves it there (it ended the start with a ValueError traceback, exit 1)."""
+    a = await make(kit, storage, clock, snapshot_every=2).__aenter__()
+    w = await a.join()
+    old = await a.lease(w)
+    for _ in range(3):
+        await submit(kit, a, w, await a.lease(w))
+    await submit(kit, a, w, old)      # based on v0, older than the snapshot: v0 goes to bases/
+    model, version = a.model(), a.version
+    assert a.status()["journal"]["bases_stored"] == 1
+    await crash(a)
+    strays = {"vcasync/journal/0000000000000004.bak": b"a copy",
+              "vcasync/journal/notes.txt": b"x", "vcasync/journal/old/0000000000000009": b"x",
+              "vcasync/bases/README": b"x", "vcasync/bases/0000000000000000.tmp": b"x"}
+    for key, data in strays.items():
+        await storage.put(key, data)
+
+    async with make(kit, storage, clock, snapshot_every=2) as b:
+        assert b.version == version
+        assert b.status()["journal"]["bases_stored"] == 1
+        assert all(torch.equal(b.model()[n], model[n]) for n in model.tensors)
+        await submit(kit, b, w, await b.lease(w))
+    assert {key: await storage.get(key) for key in strays} == strays
+    assert [k async for k in storage.list("vcasync/journal/")] == sorted(
+        k for k in strays if k.startswith("vcasync/journal/"))         # the run's own were pruned
+    logged = caplog.text
+    assert all(f"ignoring {key}: not an object the run wrote" in logged for key in strays)
+
+
 async def test_snapshot_models_and_bases_are_streamed_to_storage_never_put_whole(kit, clock,
                                                                                  storage) -> None:
     """A model-sized object (a snapshot's model, a delta's stored base) goes to storage as it is

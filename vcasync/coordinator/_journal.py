@@ -109,6 +109,8 @@ ENTRY_INLINE = "journal"
 ENTRY_REF = "journal-ref"
 #: A record (format 2, or a rejection) is far smaller than this; an entry over it holds tensors.
 MAX_RECORD_BYTES = 256 * 1024
+#: Journal entries and stored bases are named by their number, zero-padded to this many digits.
+NUMBER_DIGITS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +209,7 @@ class Journal:
         self._recovered_seq = 0
         self._looked_at: set[int] = set()
         self._blobs: dict[int, str] = {}     # entry number -> the received bytes it names
+        self._foreign: set[str] = set()      # objects under journal/ or bases/ not of the run (logged)
         #: recovery passed over a damaged snapshot that held the entries up to this one: replay
         #: must reach it (0: nothing passed over)
         self._replay_to = 0
@@ -335,8 +338,8 @@ class Journal:
         self._found_step = self._step
         self._captured_version = version
         self._kept.append((seq, version))
-        async for key in self._storage_list("bases/"):
-            self._bases.add(int(key.rsplit("/", 1)[1]))
+        async for number, _ in self._numbered("bases"):
+            self._bases.add(number)
         held = meta.get("held", 0)
         if not isinstance(held, int) or isinstance(held, bool) or held < 0:
             raise CorruptObjectError(f"snapshot meta 'held' is {held!r}, not a count")
@@ -374,11 +377,26 @@ class Journal:
         async for key in self._need().list(self._key(sub)):
             yield key
 
+    async def _numbered(self, sub: str) -> AsyncIterator[tuple[int, str]]:
+        """The objects under ``P/<sub>/`` (``journal``, ``bases``) that this journal names, as
+        (number, key). Anything else found there (a copy an operator made, an editor's or a sync
+        tool's file, a subfolder) is no entry of the run: it is logged once and left alone, never
+        parsed as one (a stray name used to end the start with a ValueError traceback, exit 1)."""
+        head = self._key(sub, "")
+        async for key in self._storage_list(sub + "/"):
+            name = key[len(head):]
+            if len(name) >= NUMBER_DIGITS and name.isascii() and name.isdigit():
+                yield int(name), key
+            elif key not in self._foreign:
+                self._foreign.add(key)
+                log.warning("ignoring %s: not an object the run wrote (its name is not a number); "
+                            "it is left where it is", key)
+
     async def entries(self) -> AsyncIterator[Entry]:
         """The journal entries after the snapshot, in order; a gap is corruption."""
         if not self.journaling:
             return
-        seqs = sorted([int(k.rsplit("/", 1)[1]) async for k in self._storage_list("journal/")])
+        seqs = sorted([seq async for seq, _ in self._numbered("journal")])
         expect = self.seq + 1
         for seq in (s for s in seqs if s > self.seq):
             if seq != expect:
@@ -458,8 +476,7 @@ class Journal:
         refused, or cut off by a crash, before its record was written)."""
         if not self.journaling:
             return
-        async for key in self._storage_list("journal/"):
-            seq = int(key.rsplit("/", 1)[1])
+        async for seq, key in self._numbered("journal"):
             if seq not in self._blobs:
                 blob = await self._blob_named(key)
                 if blob is not None:
@@ -483,10 +500,10 @@ class Journal:
         return _blob_of(payload.meta) if payload.kind == ENTRY_REF else None
 
     def _entry_key(self, seq: int) -> str:
-        return self._key("journal", f"{seq:016d}")
+        return self._key("journal", f"{seq:0{NUMBER_DIGITS}d}")
 
     def _base_key(self, version: int) -> str:
-        return self._key("bases", f"{version:016d}")
+        return self._key("bases", f"{version:0{NUMBER_DIGITS}d}")
 
     def has_base(self, version: int) -> bool:
         return version in self._bases
@@ -663,8 +680,7 @@ class Journal:
         if len(self._kept) < keep:
             return
         oldest_seq, oldest_version = self._kept[0]
-        async for key in self._storage_list("journal/"):
-            seq = int(key.rsplit("/", 1)[1])
+        async for seq, key in self._numbered("journal"):
             if seq <= oldest_seq:
                 await _forget(storage, key)
                 blob = self._blobs.pop(seq, None)
@@ -698,7 +714,7 @@ class Journal:
         steps = await store.steps()
         if steps:
             return f"{len(steps)} snapshot(s) under {self._key('snapshots')}, none complete and intact"
-        async for _ in self._storage_list("journal/"):
+        async for _ in self._numbered("journal"):
             return f"journal entries under {self._key('journal')} but no snapshot to replay them on"
         for name in ("started", "floor"):
             if await storage.exists(self._key(name)):
