@@ -12,7 +12,7 @@ import torch
 
 from tests._crash import crash
 from vcasync.coordinator import Coordinator, CoordinatorConfig, StartOptions
-from vcasync.errors import ConfigError, TransientStorageError
+from vcasync.errors import ConfigError, CorruptObjectError, TransientStorageError
 from vcasync.ledger._units import make_units
 from vcasync.policy import build_policy, policy_spec
 from vcasync.retry import RetryPolicy
@@ -158,6 +158,33 @@ async def test_a_run_recorded_before_identities_is_adopted(kit, clock, storage) 
     async with make(kit, storage, clock) as b:
         assert b.status()["run_id"] == run_id
     assert json.loads(await storage.get("vcasync/run"))["identity"]["policy"]["name"] == "vcasgd"
+
+
+@pytest.mark.parametrize("found", [2, "1", True])
+async def test_a_run_record_of_another_format_is_refused_and_left_as_it_was(kit, clock, storage,
+                                                                           found) -> None:
+    """A record a later build wrote (or one damaged into another format) may mean something else
+    by its fields: the start refuses it, naming both formats, and changes nothing of the run (it
+    used to resume it as if it were format 1). --new-run still starts afresh."""
+    async with make(kit, storage, clock) as a:
+        await feed(kit, a, 2)
+        run_id = a.status()["run_id"]
+    record = json.loads(await storage.get("vcasync/run"))
+    record["format"] = found
+    await storage.put("vcasync/run", json.dumps(record).encode())
+
+    async def stored() -> dict[str, bytes]:
+        return {k: await storage.get(k) async for k in storage.list("vcasync/")
+                if "/owner/" not in k}
+
+    before = await stored()
+    with pytest.raises(CorruptObjectError, match=f"vcasync/run: run record format {found!r}, "
+                                                 "and this vcasync reads format 1 only"):
+        await make(kit, storage, clock).__aenter__()
+    assert await stored() == before
+    async with make(kit, storage, clock, start=StartOptions(new_run=True)) as b:
+        assert b.status()["run_id"] != run_id
+        assert b.version == 0
 
 
 async def test_a_store_that_ignores_if_absent_is_refused_unless_allowed(kit, clock, storage,

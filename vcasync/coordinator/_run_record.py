@@ -73,6 +73,17 @@ def _encode(run_id: str, secret: bytes, identity: RunIdentity | None) -> bytes:
 def _decode(key: str, raw: bytes) -> tuple[str, bytes, RunIdentity | None]:
     try:
         data: Any = json.loads(raw)
+        found = data.get("format", FORMAT)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise CorruptObjectError(f"{key}: not a vcasync run record ({exc!r})", key=key) from None
+    if type(found) is not int or found != FORMAT:
+        # a later build's record may mean something else by the same fields: resuming it on a
+        # guess (as before 2026-12-07) could serve its run with the wrong secret or identity
+        raise CorruptObjectError(f"{key}: run record format {repr(found)[:40]}, and this vcasync "
+                                 f"reads format {FORMAT} only: start the run with the vcasync that "
+                                 f"wrote it, or start a new run (--new-run, or another "
+                                 f"state_prefix)", key=key)
+    try:
         run_id, secret = str(data["run_id"]), bytes.fromhex(data["secret"])
         identity = data.get("identity")
         return run_id, secret, None if identity is None else RunIdentity.from_json(identity)
