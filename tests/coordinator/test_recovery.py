@@ -839,6 +839,23 @@ async def test_a_damaged_journal_stops_the_start_with_a_clear_error(kit, clock, 
         await make(kit, storage, clock).__aenter__()
 
 
+async def test_damaged_received_bytes_are_named_not_the_sound_record_naming_them(kit, clock,
+                                                                                  storage) -> None:
+    """A result's bytes under incoming/ cut short (a disk that lost them): the refusal names that
+    object; it blamed the journal entry, whose record was intact."""
+    a = await make(kit, storage, clock).__aenter__()
+    w = await a.join()
+    await submit(kit, a, w, await a.lease(w))
+    await crash(a)
+    [blob] = [k async for k in storage.list("vcasync/incoming/")]
+    data = await storage.get(blob)
+    await storage.put(blob, data[:len(data) // 2])
+    with pytest.raises(CorruptObjectError) as info:
+        await make(kit, storage, clock).__aenter__()
+    assert str(info.value).startswith(f"the journal names {blob}, which is unreadable: ")
+    assert "journal entry" not in str(info.value)
+
+
 async def test_objects_not_of_the_run_under_journal_and_bases_are_left_alone(kit, clock, storage,
                                                                               caplog) -> None:
     """A file someone else put beside the journal or the stored bases (a copy, a sync tool's or an

@@ -436,6 +436,9 @@ class Journal:
         except ObjectNotFoundError:
             raise CorruptObjectError(f"the journal names {blob}, which is not stored",
                                      key=blob) from None
+        except WireError as exc:     # the record is sound: name the bytes that are not
+            raise CorruptObjectError(f"the journal names {blob}, which is unreadable: {exc}",
+                                     key=blob) from None
         if payload.meta.get("lease_id") != meta.get("lease_id"):
             raise CorruptObjectError(f"{blob} holds a result of lease "
                                      f"{str(payload.meta.get('lease_id'))[:80]!r}, its record says "
