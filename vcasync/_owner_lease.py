@@ -314,8 +314,13 @@ class OwnerLease:
             elif cur is not None and cur[1] is not None and why != "released":
                 self._log.warning("the previous %s of %s (%s) is gone (%s); taking over", self.role,
                                   self.subject, cur[1].describe(), why)
+            elif cur is not None and cur[1] is None:
+                self._log.warning("the record of the previous %s of %s (%s) is unreadable; taking "
+                                  "over as from a crash", self.role, self.subject, self._key(cur[0]))
             epoch = cur[0] + 1 if cur is not None else 1
-            self.took_over = cur is not None and cur[1] is not None and why != "released"
+            # an unreadable record says nothing of how its holder stopped: take the worse case
+            # (until 2026-12-07 it was taken for a clean stop, and a crashed run got no grace)
+            self.took_over = cur is not None and why != "released"
             self._beat, self._since = 0, self._clock()
             started = self._monotonic()
             try:

@@ -238,6 +238,26 @@ async def test_a_stop_whose_final_snapshot_failed_is_taken_over_as_after_a_crash
         assert (receipt.status, receipt.version) == ("accepted", 3), receipt
 
 
+async def test_a_crashed_owner_whose_record_is_unreadable_is_taken_over_as_after_a_crash(
+        kit, clock, storage, caplog) -> None:
+    """The crashed coordinator's owner record cut to nothing (a disk that lost it): the start took
+    the run over as from a clean stop, without the restart grace, and handed the unit in flight to
+    the next worker that asked."""
+    a = await make(kit, storage, clock, restart_grace_s=None).__aenter__()
+    busy, idle = await a.join("busy"), await a.join("idle")
+    g = await a.lease(busy)                                   # unknown to every snapshot
+    await crash(a)
+    [record] = [k async for k in storage.list("vcasync/owner/")]
+    await storage.put(record, b"")
+    async with make(kit, storage, clock, restart_grace_s=None) as b:
+        assert b.took_over
+        with pytest.raises(NoWorkAvailableError, match="stopped uncleanly"):
+            await b.lease(idle)
+        assert (await submit(kit, b, busy, g)).status == "accepted"
+    assert f"the record of the previous coordinator of the run under 'vcasync' on " \
+           f"{storage.url} ({record}) is unreadable; taking over as from a crash" in caplog.text
+
+
 async def test_a_clean_restart_grants_leases_at_once(kit, clock, storage) -> None:
     async with make(kit, storage, clock, restart_grace_s=None) as a:
         w = await a.join()
