@@ -9,6 +9,7 @@ everything with one clause, or exactly one failure with a leaf class::
     │   └── PriceRowError             a bad price row (``.problem``, ``.key``, ``.where`` in a file)
     ├── ClosedError                   *we* closed the resource (contrast: the peer broke it)
     │   └── CoordinatorGoneError      a worker gave up on an unreachable coordinator (kept its state)
+    ├── RequestTimeoutError           the coordinator cut off a request body that came too slowly (408)
     ├── RunIncompleteError            a run stopped at its time limit with work left (exit status 5)
     ├── WireError                     anything wrong with bytes that came off the network
     │   ├── FrameError                malformed, truncated or mis-ordered frames / messages
@@ -82,6 +83,7 @@ __all__ = [
     "PrefixTakenError",
     "PriceRowError",
     "ProtocolVersionError",
+    "RequestTimeoutError",
     "RunIncompleteError",
     "SpecMismatchError",
     "StateInUseError",
@@ -152,6 +154,12 @@ class ClosedError(VCAsyncError):
 class CoordinatorGoneError(ClosedError):
     """A worker gave up on a coordinator unreachable for its ``give_up_after_s``: nothing was
     refused, so its lease, checkpoint and spooled result stay for a restart to use."""
+
+
+class RequestTimeoutError(VCAsyncError):
+    """The coordinator cut a request off because its body came too slowly or stalled (``408
+    request_timeout``, see docs/limits.md): nothing of it was taken in, and the same request may be
+    sent again (a result under the same lease). Transient: a slow or stalled link, not a refusal."""
 
 
 class RunIncompleteError(VCAsyncError):

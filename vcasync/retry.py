@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeAlias, TypeVar
 
-from .errors import ClosedError, ConfigError, StorageError, TransientStorageError
+from .errors import ClosedError, ConfigError, RequestTimeoutError, StorageError, TransientStorageError
 
 __all__ = ["TRANSIENT", "Retrier", "RetryPolicy", "Verdict", "classify", "is_transient"]
 
@@ -47,6 +47,7 @@ Verdict: TypeAlias = bool | Callable[[BaseException], bool]
 TRANSIENT: dict[type[BaseException], Verdict] = {
     TransientStorageError: True,     # a backend's timeout, 5xx or throttling (or storage unavailable)
     ClosedError: True,               # the coordinator is stopping: a restarted one will answer
+    RequestTimeoutError: True,       # a body cut off as too slow (408): the link, not the request
     ConnectionError: True,           # refused, reset, aborted
     TimeoutError: True,              # asyncio.TimeoutError is the same class
 }

@@ -13,6 +13,7 @@ from vcasync.errors import (
     AccessDeniedError,
     ClosedError,
     ConfigError,
+    RequestTimeoutError,
     StorageUnavailableError,
     TransientStorageError,
 )
@@ -34,6 +35,7 @@ CASES: list[tuple[str, BaseException, bool]] = [
     ("coordinator's storage down", StorageUnavailableError("down", retry_after=1.0), True),
     ("storage access denied", AccessDeniedError("no", key="k"), False),
     ("coordinator stopping", ClosedError("closing"), True),
+    ("body cut off as too slow (408)", RequestTimeoutError("request body too slow"), True),
     ("connection reset", ConnectionResetError(), True),
     ("timeout", TimeoutError(), True),
     ("server disconnected", aiohttp.ServerDisconnectedError(), True),

@@ -56,6 +56,9 @@ HTTP_ERRORS: Final[Mapping[type[BaseException], ErrorSpec]] = {
     E.VCAsyncError: ErrorSpec(500, "internal_error"),
     E.ConfigError: ErrorSpec(500, "config_error"),
     E.ClosedError: ErrorSpec(503, "shutting_down"),
+    # Answered by the server's body pacing (BodyCutOff), never raised there as this class: the
+    # client rebuilds it so that a worker re-sends what a slow or stalled link had cut off.
+    E.RequestTimeoutError: ErrorSpec(408, "request_timeout"),
     E.WireError: ErrorSpec(400, "bad_payload"),
     E.FrameError: ErrorSpec(400, "malformed_payload"),
     E.ProtocolVersionError: ErrorSpec(400, "protocol_version"),

@@ -79,6 +79,7 @@ from ..errors import (
     LedgerError,
     NotLeaseHolderError,
     NoWorkAvailableError,
+    RequestTimeoutError,
     StateInUseError,
     StorageUnavailableError,
     TrainerError,
@@ -456,8 +457,13 @@ class Worker:
                 # no wait past the give-up time (a 5 s limit gave up after 9-11 s)
                 left = self.config.give_up_after_s - (now - unreachable_since)
                 delay = min(self.config.backoff.delay(attempt, self._rng), max(left, 0.01))
-                log.warning("%s: coordinator unreachable (%s); retry %d in %.2fs%s", what,
-                            type(exc).__name__, attempt, delay, plain_http_hint(exc, self.url))
+                if isinstance(exc, RequestTimeoutError):
+                    # it answered, so "unreachable" would mislead: the link is slow or stalled
+                    log.warning("%s: the coordinator cut the request off (%s): a slow or stalled "
+                                "link; retry %d in %.2fs", what, exc, attempt, delay)
+                else:
+                    log.warning("%s: coordinator unreachable (%s); retry %d in %.2fs%s", what,
+                                type(exc).__name__, attempt, delay, plain_http_hint(exc, self.url))
             else:
                 if storage_down:
                     log.info("%s: the coordinator's storage is back", what)

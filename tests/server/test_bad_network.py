@@ -1,0 +1,155 @@
+"""A worker on a bad network: the real worker loop in-process, a real coordinator and server on
+127.0.0.1, and between them a real TCP proxy (:class:`FaultyLink`) that stalls a request part way,
+or answers in place of the coordinator as a proxy does (an HTML error page). Whatever the link does,
+no result is lost or merged twice, and the worker keeps going."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from vcasync.ledger._units import make_units
+from vcasync.retry import RetryPolicy
+from vcasync.server import ServerConfig
+from vcasync.trainer import TrainContext, TrainResult
+from vcasync.worker import Worker, WorkerConfig
+
+from .conftest import SECRET, running
+
+FAST = RetryPolicy(base_delay_s=0.02, max_delay_s=0.2)
+KiB = 1024
+_REQUEST_LINE = re.compile(rb"(GET|POST|PUT) (\S+) HTTP/1\.1")
+
+
+def wide_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Linear(256, 256)        # 257 KiB of float32: a result spans many reads
+
+
+def train(ctx: TrainContext) -> TrainResult:
+    net = wide_model()
+    ctx.model.load_into(net)
+    for step in range(ctx.unit.steps):
+        with torch.no_grad():
+            for p in net.parameters():
+                p.add_(0.01)
+        ctx.report_progress(step + 1, step + 1)
+    return ctx.result(net, steps=ctx.unit.steps, samples=ctx.unit.steps)
+
+
+class FaultyLink:
+    """A TCP proxy on 127.0.0.1 in front of ``port``. The first request whose request line holds
+    ``match`` gets ``fault``, once: ``"stall"`` forwards ``after`` bytes of it and then nothing more
+    from the client (the server's answer still comes back, as on a link that lost its upstream),
+    ``"html429"`` answers it with a rate-limiting proxy's HTML page instead of passing it on."""
+
+    def __init__(self, port: int, fault: str, match: str, after: int = 0) -> None:
+        self.port, self.fault, self.match, self.after = port, fault, match, after
+        self.fired: list[str] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[FaultyLink]:
+        self._server = await asyncio.start_server(self._conn, "127.0.0.1", 0)
+        try:
+            yield self
+        finally:
+            self._server.close()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _conn(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            server_r, server_w = await asyncio.open_connection("127.0.0.1", self.port)
+        except OSError:
+            client_w.close()
+            return
+        try:
+            await asyncio.gather(self._up(client_r, client_w, server_w), self._down(server_r, client_w))
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            client_w.close()
+            server_w.close()
+            self._tasks.discard(task)
+
+    async def _up(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
+                  server_w: asyncio.StreamWriter) -> None:
+        armed_at: int | None = None
+        sent = 0
+        while data := await client_r.read(64 * KiB):
+            line = _REQUEST_LINE.search(data)
+            if armed_at is None and not self.fired and line and self.match in line.group(2).decode():
+                self.fired.append(line.group(0).decode())
+                armed_at = sent + line.start()
+                if self.fault == "html429":
+                    page = b"<html><body><h1>429 Too Many Requests</h1><hr>nginx</body></html>"
+                    client_w.write(b"HTTP/1.1 429 Too Many Requests\r\nServer: nginx\r\n"
+                                   b"Content-Type: text/html\r\nContent-Length: %d\r\n"
+                                   b"Connection: close\r\n\r\n%s" % (len(page), page))
+                    await client_w.drain()
+                    return
+            if armed_at is not None and self.fault == "stall" and sent + len(data) - armed_at > self.after:
+                keep = armed_at + self.after - sent
+                server_w.write(data[:max(keep, 0)])
+                await server_w.drain()
+                await asyncio.Event().wait()        # the link upstream is gone; never returns
+            server_w.write(data)
+            sent += len(data)
+            await server_w.drain()
+
+    async def _down(self, server_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        while data := await server_r.read(64 * KiB):
+            client_w.write(data)
+            await client_w.drain()
+
+
+# Small pace limits: a stalled body is cut off (408) a second or two after it stops.
+PACED = ServerConfig(port=0, min_upload_bytes_per_s=64 * KiB, upload_rate_grace_s=1.0,
+                     upload_rate_window_s=1.0, body_idle_timeout_s=30.0)
+
+
+async def test_an_upload_cut_off_as_too_slow_is_sent_again_not_dropped(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # found by a probe through a stalling proxy: the coordinator's 408 request_timeout for a stalled
+    # upload came back as a bare VCAsyncError, which the worker took for a refusal: it dropped the
+    # spooled result ("result for lease ... refused: HTTP 408 request_timeout ..."), so the unit's
+    # work was lost and trained again once its lease expired, where docs/limits.md says the worker
+    # may send the same result again under the same lease
+    caplog.set_level(logging.INFO, logger="vcasync.worker")
+    async with running(tmp_path, units=make_units(2, steps=2), initial=wide_model(),
+                       server_config=PACED, lease_timeout_s=5.0) as (coord, server):
+        port = int(server.url.rsplit(":", 1)[1])
+        async with FaultyLink(port, "stall", "/result", after=64 * KiB).serving() as link:
+            w = Worker(link.url, train, state_dir=tmp_path / "w", join_secret=SECRET,
+                       config=WorkerConfig(backoff=FAST))
+            report = await w.run()
+        assert len(link.fired) == 1
+        assert link.fired[0].startswith("PUT")
+        assert report.reason == "finished"
+        assert report.results_refused == 0
+        assert report.results_accepted == 2
+        await coord.wait_finished()
+        assert coord.version == 2           # each unit merged once, none trained twice
+        assert coord.status()["units"]["done"] == 2
+    cut = [r.getMessage() for r in caplog.records if "cut the request off" in r.getMessage()]
+    assert len(cut) == 1, cut
+    assert "request body too slow" in cut[0]
+
