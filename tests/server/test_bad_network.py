@@ -153,3 +153,24 @@ async def test_an_upload_cut_off_as_too_slow_is_sent_again_not_dropped(
     assert len(cut) == 1, cut
     assert "request body too slow" in cut[0]
 
+
+async def test_a_proxys_429_page_is_retried_not_a_crash(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # found by a probe through a rate-limiting proxy: a 429 HTML page (nginx's limit_req) at a lease
+    # request ended the worker on an aiohttp ClientResponseError traceback (exit 1), though the
+    # client leaves 429 an HTTP error to be retried, as it does a proxy's 502, 503 and 504
+    caplog.set_level(logging.INFO, logger="vcasync.worker")
+    async with running(tmp_path, units=make_units(2, steps=2), initial=wide_model()) as (coord, server):
+        port = int(server.url.rsplit(":", 1)[1])
+        async with FaultyLink(port, "html429", "/v1/leases").serving() as link:
+            w = Worker(link.url, train, state_dir=tmp_path / "w", join_secret=SECRET,
+                       config=WorkerConfig(backoff=FAST))
+            report = await w.run()
+        assert link.fired == ["POST /v1/leases HTTP/1.1"]
+        assert report.reason == "finished"
+        assert report.results_accepted == 2
+        await coord.wait_finished()
+        assert coord.version == 2
+    said = [r.getMessage() for r in caplog.records if "coordinator unreachable" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "HTTP 429" in said[0]

@@ -47,6 +47,7 @@ CASES: list[tuple[str, BaseException, bool]] = [
     ("502", _status(502), True),
     ("503", _status(503), True),
     ("504", _status(504), True),
+    ("429 from a proxy", _status(429), True),
     ("500", _status(500), False),
     ("404", _status(404), False),
     ("bad config", ConfigError("no"), False),

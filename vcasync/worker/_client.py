@@ -57,21 +57,20 @@ __all__ = ["CoordinatorClient", "check_coordinator_url", "client_ssl_context", "
            "plain_http_hint", "tls_problem"]
 
 
+#: Answers without a vcasync error body that do not say the address is wrong, left as HTTP errors
+#: and retried: a proxy or load balancer while the coordinator behind it is down or restarting (502,
+#: 503, 504), or one rate-limiting (429: until 2026-12-07 it ended the worker on a traceback).
+_NOT_OURS_TRANSIENT = frozenset({429, 502, 503, 504})
+
 # The HTTP transport's entries in the one transient table (vcasync.retry.TRANSIENT): the
 # coordinator down, restarting or overloaded is worth another try; a certificate that does not verify
-# is not (a retry cannot fix it), nor is any other answer than 502, 503 or 504.
+# is not (a retry cannot fix it), nor is any other answer than those of _NOT_OURS_TRANSIENT.
 classify(aiohttp.ClientConnectionError, True)
 classify(aiohttp.ClientPayloadError, True)
 classify(aiohttp.ClientSSLError, False)
 classify(aiohttp.ClientConnectorCertificateError, False)
 classify(aiohttp.ClientResponseError,
-         lambda exc: isinstance(exc, aiohttp.ClientResponseError) and exc.status in (502, 503, 504))
-
-
-#: Answers without a vcasync error body that do not say the address is wrong, left as HTTP errors:
-#: a proxy or load balancer while the coordinator behind it is down or restarting (502, 503, 504:
-#: retried), or one rate-limiting (429).
-_NOT_OURS_TRANSIENT = frozenset({429, 502, 503, 504})
+         lambda exc: isinstance(exc, aiohttp.ClientResponseError) and exc.status in _NOT_OURS_TRANSIENT)
 
 
 def check_requeue_units(units: list[str] | None) -> None:

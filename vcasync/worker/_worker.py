@@ -463,7 +463,7 @@ class Worker:
                                 "link; retry %d in %.2fs", what, exc, attempt, delay)
                 else:
                     log.warning("%s: coordinator unreachable (%s); retry %d in %.2fs%s", what,
-                                type(exc).__name__, attempt, delay, plain_http_hint(exc, self.url))
+                                _failure_name(exc), attempt, delay, plain_http_hint(exc, self.url))
             else:
                 if storage_down:
                     log.info("%s: the coordinator's storage is back", what)
@@ -957,6 +957,15 @@ def _lock_wait(config: WorkerConfig) -> float:
     """How long a worker waits for one still using its state dir: a supervisor may restart it while
     the old process wraps up (its grace period, then a moment to exit) before it refuses."""
     return config.grace_period_s + 10.0
+
+
+def _failure_name(exc: BaseException) -> str:
+    """What failed, for the retry line: the class, with the status of an HTTP answer that was not
+    the coordinator's (a proxy's 502 or 429 said "ClientResponseError" and nothing more)."""
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):
+        return f"{type(exc).__name__}: HTTP {status}, not from vcasync (a proxy?)"
+    return type(exc).__name__
 
 
 def _short_cause(ctx: TrainContext) -> str:
