@@ -48,10 +48,11 @@ class FaultyLink:
     """A TCP proxy on 127.0.0.1 in front of ``port``. The first request whose request line holds
     ``match`` gets ``fault``, once: ``"stall"`` forwards ``after`` bytes of it and then nothing more
     from the client (the server's answer still comes back, as on a link that lost its upstream),
-    ``"html429"`` answers it with a rate-limiting proxy's HTML page instead of passing it on."""
+    ``"html429"`` answers it with a rate-limiting proxy's HTML page instead of passing it on,
+    ``"throttle"`` passes it and all after it on at ``rate`` bytes a second."""
 
-    def __init__(self, port: int, fault: str, match: str, after: int = 0) -> None:
-        self.port, self.fault, self.match, self.after = port, fault, match, after
+    def __init__(self, port: int, fault: str, match: str, after: int = 0, rate: float = 0.0) -> None:
+        self.port, self.fault, self.match, self.after, self.rate = port, fault, match, after, rate
         self.fired: list[str] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
@@ -94,7 +95,7 @@ class FaultyLink:
                   server_w: asyncio.StreamWriter) -> None:
         armed_at: int | None = None
         sent = 0
-        while data := await client_r.read(64 * KiB):
+        while data := await client_r.read(16 * KiB):
             line = _REQUEST_LINE.search(data)
             if armed_at is None and not self.fired and line and self.match in line.group(2).decode():
                 self.fired.append(line.group(0).decode())
@@ -111,6 +112,8 @@ class FaultyLink:
                 server_w.write(data[:max(keep, 0)])
                 await server_w.drain()
                 await asyncio.Event().wait()        # the link upstream is gone; never returns
+            if armed_at is not None and self.fault == "throttle":
+                await asyncio.sleep(len(data) / self.rate)
             server_w.write(data)
             sent += len(data)
             await server_w.drain()
@@ -174,3 +177,29 @@ async def test_a_proxys_429_page_is_retried_not_a_crash(
     said = [r.getMessage() for r in caplog.records if "coordinator unreachable" in r.getMessage()]
     assert len(said) == 1, said
     assert "HTTP 429" in said[0]
+
+
+async def test_an_upload_slower_than_the_request_timeout_is_not_cut_off_by_the_worker(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # found by a probe through a proxy throttled to 50 KB/s: a 4.3 MB result takes ~90 s there, and
+    # the worker's own read timeout (request_timeout_s, 60 s), which aiohttp counts from the request's
+    # head, cut every upload off at 60 s while its bytes still flowed ("upload: coordinator
+    # unreachable (SocketTimeoutError)"), and each retry began again from zero: a result that takes
+    # longer than a minute to send was never delivered. Here: 257 KiB at 64 KiB/s, a 1 s timeout.
+    caplog.set_level(logging.INFO, logger="vcasync.worker")
+    async with running(tmp_path, units=make_units(1, steps=2), initial=wide_model()) as (coord, server):
+        port = int(server.url.rsplit(":", 1)[1])
+        async with FaultyLink(port, "throttle", "/result", rate=64 * KiB).serving() as link:
+            w = Worker(link.url, train, state_dir=tmp_path / "w", join_secret=SECRET,
+                       config=WorkerConfig(backoff=FAST, request_timeout_s=1.0, give_up_after_s=60.0))
+            report = await w.run()
+        assert len(link.fired) == 1
+        assert report.reason == "finished"
+        assert report.results_accepted == 1
+        await coord.wait_finished()
+        assert coord.version == 1
+    retried = [r.getMessage() for r in caplog.records if "upload:" in r.getMessage()]
+    assert retried == []                    # sent once, never cut off and begun again
+    said = [r.getMessage() for r in caplog.records if "result for lease" in r.getMessage()]
+    assert len(said) == 1
+    assert "accepted" in said[0]            # not a "duplicate" of a first try the link still carried

@@ -178,6 +178,14 @@ def client_ssl_context(ca_file: Path | None) -> ssl.SSLContext:
 #: buffer goes to the transport as memoryview slices, and a file is read one block per thread hop.
 UPLOAD_BLOCK = 1 << 20
 FILE_BLOCK = 4 << 20
+#: An upload goes to the transport in pieces of at most this size, each a sign of progress (see
+#: :meth:`CoordinatorClient._put_result`): at the coordinator's slowest accepted rate
+#: (``min_upload_bytes_per_s``, 16 KiB/s by default) one takes 16 s.
+UPLOAD_PIECE = 256 << 10
+#: After the last piece, the bytes still in the sockets' buffers (at most this many counted) may
+#: take their time at :data:`UPLOAD_SLOWEST_RATE` before the answer can come.
+UPLOAD_IN_FLIGHT = 4 << 20
+UPLOAD_SLOWEST_RATE = 16 << 10
 
 
 class CoordinatorClient:
@@ -367,10 +375,39 @@ class CoordinatorClient:
         return await self._put_result(url, body, headers)
 
     async def _put_result(self, url: str, data: Any, headers: dict[str, str]) -> Receipt:
-        async with self._sess().put(url, data=data, headers=headers) as resp:
-            await self._raise_for(resp)
-            raw = await P.read_capped(resp.content, P.MAX_CONTROL_BYTES)
-            return P.decode_msg(Receipt, raw, resp.content_type)
+        """PUT a result body, timed by its progress, not by the session's read timeout.
+
+        aiohttp's ``sock_read`` timeout runs from the request's head: an upload that took longer
+        than ``timeout_s`` (a 4 MB result at 50 KB/s, 100 MB at 1 Mbit/s) was cut off by the
+        worker itself while its bytes were still flowing, and every retry started again from zero,
+        for ever. Here the limit is ``timeout_s`` without a piece of the body taken by the
+        transport, then, after the last one, ``timeout_s`` plus what the bytes still buffered
+        need at :data:`UPLOAD_SLOWEST_RATE` for the answer. A stalled or dead link is still cut
+        off (``TimeoutError``, retried); the coordinator cuts off one too slow for it (408)."""
+        timeout_s = self._timeout.sock_read or 60.0
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(timeout_s) as limit:
+
+            async def pieces() -> AsyncIterator[bytes | memoryview]:
+                sent = 0
+                async for block in data:
+                    view = memoryview(block).cast("B")
+                    for start in range(0, view.nbytes, UPLOAD_PIECE):
+                        limit.reschedule(loop.time() + timeout_s)
+                        piece = view[start:start + UPLOAD_PIECE]
+                        sent += piece.nbytes
+                        yield piece
+                limit.reschedule(loop.time() + timeout_s
+                                 + min(sent, UPLOAD_IN_FLIGHT) / UPLOAD_SLOWEST_RATE)
+
+            no_read_timeout = aiohttp.ClientTimeout(total=None, connect=self._timeout.connect,
+                                                    sock_read=None)
+            async with self._sess().put(url, data=pieces(), headers=headers,
+                                        timeout=no_read_timeout) as resp:
+                limit.reschedule(loop.time() + timeout_s)   # answered: its body is small
+                await self._raise_for(resp)
+                raw = await P.read_capped(resp.content, P.MAX_CONTROL_BYTES)
+                return P.decode_msg(Receipt, raw, resp.content_type)
 
     async def download_model(self, version: int | str, dest: Path, *, etag: str | None = None
                              ) -> tuple[str | None, int]:
