@@ -199,8 +199,8 @@ _GOOD_UP = ["up", "--workers", "1", "--coordinator", "http://127.0.0.1:8470", "-
     (["--gpus=inf"], "--gpus", "must be a finite number >= 0, got inf"),
     (["--gpus=nan"], "--gpus", "must be a finite number >= 0, got nan"),
     (["--cpus=-1"], "--cpus", "must be a finite number >= 0, got -1"),
-    (["--grace-period=-5"], "--grace-period", "must be a finite number of seconds > 0, got -5"),
-    (["--grace-period=0"], "--grace-period", "must be a finite number of seconds > 0, got 0"),
+    (["--grace-period=-5"], "--grace-period", "must be a finite number of seconds > 0 and <= 86,400, got -5"),
+    (["--grace-period=0"], "--grace-period", "must be a finite number of seconds > 0 and <= 86,400, got 0"),
     (["scale", "-1"], "COUNT", "must be a whole number >= 0, got -1"),
     (["scale", "two"], "COUNT", "'two' is not a whole number"),
 ])
