@@ -6,10 +6,19 @@ Kept apart so they are tested as plain functions, without starting a Ray cluster
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
-__all__ = ["DONE", "FAILED", "death_reason", "fleet_done", "placement_problem", "spec_differences"]
+__all__ = ["DONE", "FAILED", "RETRY_FIRST_S", "RETRY_MAX_S", "death_reason", "fleet_done",
+           "placement_problem", "restartable", "run_until_settled", "spec_differences"]
+
+T = TypeVar("T")
+
+#: An actor's worker that failed on what a retry may cure runs again after this long, doubling up to
+#: :data:`RETRY_MAX_S`: a storage outage of minutes costs a few idle minutes, not the worker.
+RETRY_FIRST_S = 5.0
+RETRY_MAX_S = 300.0
 
 #: A worker in one of these states will not run again: ``wait`` ends once every worker is in one.
 #: ``dead``: Ray's actor is gone for good (its constructor raised, it was killed, it left the namespace).
@@ -22,6 +31,40 @@ def fleet_done(states: Mapping[int, Mapping[str, Any]]) -> bool:
     """Whether every worker is done. An empty fleet is done: nothing is left to wait for (a fleet
     whose actors all died still lists them, as ``dead``, so this is not how a failure looks)."""
     return all(s.get("state") in DONE for s in states.values())
+
+
+def restartable(exc: BaseException) -> bool:
+    """Whether a worker that ended on ``exc`` should run again in its actor: a failure a retry may
+    cure (:func:`vcasync.retry.is_transient`: its state's storage timing out or answering 5xx, a
+    connection refused or reset), not one of its own making (a :class:`~vcasync.errors.ClosedError`:
+    ``--give-up-after`` passed, :class:`~vcasync.errors.CoordinatorGoneError`, or it was closed), nor a
+    configuration error, a trainer that fails, refused credentials or a missing bucket."""
+    from ..errors import ClosedError
+    from ..retry import is_transient
+
+    return is_transient(exc) and not isinstance(exc, ClosedError)
+
+
+def run_until_settled(attempt: Callable[[], T], stopping: threading.Event, *,
+                      on_retry: Callable[[BaseException, int, float], None],
+                      first_s: float = RETRY_FIRST_S, max_s: float = RETRY_MAX_S) -> T | None:
+    """``attempt()`` until it returns (its value) or raises what :func:`restartable` says a retry
+    cannot cure (raised). Between tries it waits ``first_s``, doubling up to ``max_s``, after
+    calling ``on_retry(exc, tries so far, wait)``; None when ``stopping`` is set during a wait.
+    Until 2026-12-07 an actor's worker whose state's storage was down for a minute at its start
+    stayed ``failed`` for good: its process lived on, so Ray never restarted it."""
+    tries = 0
+    while True:
+        try:
+            return attempt()
+        except Exception as exc:
+            if not restartable(exc):
+                raise
+            tries += 1
+            wait = min(max_s, first_s * 2.0 ** min(tries - 1, 30))
+            on_retry(exc, tries, wait)
+            if stopping.wait(wait):
+                return None
 
 
 def placement_problem(needs: Mapping[str, float], labels: Mapping[str, str],

@@ -45,7 +45,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import BackendUnavailableError, ConfigError, StorageError
-from ._fleet_state import FAILED, death_reason, fleet_done, placement_problem, spec_differences
+from ._fleet_state import (
+    FAILED,
+    death_reason,
+    fleet_done,
+    placement_problem,
+    run_until_settled,
+    spec_differences,
+)
 
 __all__ = ["FAILED", "RayFleet", "RayWorkerSpec", "actor_options", "ray_available", "shutdown_fleet"]
 
@@ -224,10 +231,17 @@ class WorkerActor:
         cache = tempfile.mkdtemp(prefix=f"vcasync-worker-{index}-")
         config = WorkerConfig(name=f"ray-{index}", grace_period_s=self.spec.grace_period_s,
                               state_lease_s=self.spec.state_lease_s)
-        self.worker = Worker(self.spec.coordinator, trainer, state_dir=cache,
-                             state=self.spec.state_url(index),
-                             join_secret=os.environ.get("VCASYNC_JOIN_SECRET") or None,
-                             join_token=os.environ.get("VCASYNC_JOIN_TOKEN") or None, config=config)
+
+        def new_worker() -> Worker:
+            return Worker(self.spec.coordinator, trainer, state_dir=cache,
+                          state=self.spec.state_url(index),
+                          join_secret=os.environ.get("VCASYNC_JOIN_SECRET") or None,
+                          join_token=os.environ.get("VCASYNC_JOIN_TOKEN") or None, config=config)
+
+        self._new_worker = new_worker
+        self.worker = new_worker()
+        self._stopping = threading.Event()
+        self._swap = threading.Lock()      # stop() and a retry's new Worker, one at a time
         self.state = "starting"
         self.report: dict[str, Any] | None = None
         self.error: str | None = None
@@ -240,11 +254,34 @@ class WorkerActor:
         import asyncio
 
         self.state = "running"
+        first = True
+
+        def attempt() -> Any:
+            nonlocal first
+            if not first:
+                with self._swap:    # a fresh Worker: the failed one's loop and session are gone
+                    self.worker = self._new_worker()
+                    if self._stopping.is_set():
+                        self.worker.request_stop()
+                self.state, self.error = "running", None
+            first = False
+            return asyncio.run(self.worker.run())
+
+        def on_retry(exc: BaseException, tries: int, wait: float) -> None:
+            log.warning("worker %d stopped on what a retry may cure (%s: %s); running it again in "
+                        "%.0fs (try %d)", self.index, type(exc).__name__, exc, wait, tries + 1)
+            self.state, self.error = "retrying", f"{type(exc).__name__}: {exc}"
+
         try:
-            report = asyncio.run(self.worker.run())
-        except Exception as exc:  # reported through status(); Ray restarts only dead processes
+            # a failure a retry may cure (its state's storage down at its start) runs the worker
+            # again in this process: Ray restarts only dead processes, and this one lives on
+            report = run_until_settled(attempt, self._stopping, on_retry=on_retry)
+        except Exception as exc:  # reported through status()
             log.error("worker %d failed: %s: %s", self.index, type(exc).__name__, exc)
             self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            return
+        if report is None:      # stopped while it waited to run again: it holds nothing new
+            self.state = "preempted"
             return
         self.report = dataclasses.asdict(report)
         self.state = report.reason
@@ -257,7 +294,9 @@ class WorkerActor:
 
     def stop(self, timeout_s: float | None = None) -> dict[str, Any]:
         """The preemption notice: checkpoint, release the state, return the final status."""
-        self.worker.request_stop()
+        with self._swap:
+            self._stopping.set()
+            self.worker.request_stop()
         self.thread.join(timeout_s if timeout_s is not None else self.spec.grace_period_s + 10)
         return self.status()
 
