@@ -228,6 +228,10 @@ async def test_requests_the_http_parser_refuses_are_rate_limited_too(
                 writer.close()
                 assert answer.startswith(b"HTTP/1.0 400"), answer
                 assert b'"bad_http_request"' in answer, answer
+        # counted, each one (left alone in stop 46: in no figure of /metrics)
+        async with aiohttp.ClientSession() as http, http.get(f"{server.url}/metrics") as r:
+            metrics = await r.text()
+        assert 'vcasync_http_malformed_requests_total{where="request"} 30.0' in metrics, metrics
     lines = [r for r in caplog.records if r.name == "vcasync.server" and "malformed HTTP" in r.getMessage()]
     assert len(lines) == 1, [r.getMessage() for r in lines]
     assert "peer 127.0.0.1" in lines[0].getMessage()

@@ -31,6 +31,13 @@ class HttpMetrics:
         self.bytes_out: dict[str, int] = {}
         self.latency: dict[str, Histogram] = {}
         self.auth_failures = 0
+        #: requests aiohttp's parser refused before any route saw them ("request"), and bodies of
+        #: requests already answered that did not decode as aiohttp drained them ("body"):
+        #: uncounted until 2026-12-07, so a client sending garbage showed in no figure
+        self.malformed: dict[str, int] = {}
+
+    def note_malformed(self, where: str) -> None:
+        self.malformed[where] = self.malformed.get(where, 0) + 1
 
     def observe(self, route: str, method: str, status: int, seconds: float, bytes_in: int,
                 bytes_out: int) -> None:
@@ -63,6 +70,13 @@ class HttpMetrics:
         yield latency
         yield CounterMetricFamily("vcasync_http_auth_failures_total",
                                   "requests refused for their credentials", value=self.auth_failures)
+        malformed = CounterMetricFamily(
+            "vcasync_http_malformed_requests_total",
+            "requests refused by the HTTP parser before any route (where=request), and bodies of "
+            "answered requests that did not decode (where=body)", labels=["where"])
+        for where in ("request", "body"):
+            malformed.add_metric([where], self.malformed.get(where, 0))
+        yield malformed
 
 
 def _by_route(name: str, help_: str, values: Mapping[str, int]) -> CounterMetricFamily:

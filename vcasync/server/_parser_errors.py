@@ -27,6 +27,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from aiohttp.web_request import BaseRequest
 
+from ._http_metrics import HttpMetrics
 from ._refusals import RefusalLog
 
 __all__ = ["JsonErrorRunner", "undecodable_body"]
@@ -37,6 +38,8 @@ log = logging.getLogger("vcasync.server")
 class _JsonErrorHandler(RequestHandler):
     #: Where refusals are logged (set by the server that makes the handler); None: a line each.
     refusals: RefusalLog | None = None
+    #: Where they are counted (``vcasync_http_malformed_requests_total``); None: nowhere.
+    metrics: HttpMetrics | None = None
 
     def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -44,6 +47,8 @@ class _JsonErrorHandler(RequestHandler):
             return super().handle_error(request, status, exc, message)
         phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "error"
         what = type(exc).__name__ if exc is not None else phrase
+        if self.metrics is not None:
+            self.metrics.note_malformed("request")
         if self.refusals is None:
             log.info("refused a malformed HTTP request from %s: %d %s", request.remote, status, what)
         else:
@@ -61,6 +66,8 @@ class _JsonErrorHandler(RequestHandler):
             # aiohttp drained the body of a request already answered (and logged), and it did not
             # decode: the client's bytes, not a fault of the server, and no traceback to read
             why = f"it did not decode ({_cause_name(exc)}); dropped"
+            if self.metrics is not None:
+                self.metrics.note_malformed("body")
             if self.refusals is None:
                 log.info("dropped the rest of a request body from %s that did not decode (%s)",
                          self._peer(), _cause_name(exc))
@@ -90,20 +97,24 @@ def undecodable_body(exc: RequestPayloadError) -> str:
 
 class _JsonErrorServer(web.Server):
     refusals: RefusalLog | None = None
+    metrics: HttpMetrics | None = None
 
     def __call__(self) -> RequestHandler:
         handler = _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
         handler.refusals = self.refusals
+        handler.metrics = self.metrics
         return handler
 
 
 class JsonErrorRunner(web.AppRunner):
     """An :class:`aiohttp.web.AppRunner` whose connections answer parser errors in JSON, logged
-    through ``refusals`` (None: one INFO line each)."""
+    through ``refusals`` (None: one INFO line each) and counted in ``metrics`` (None: nowhere)."""
 
-    def __init__(self, app: web.Application, *, refusals: RefusalLog | None = None, **kwargs: Any) -> None:
+    def __init__(self, app: web.Application, *, refusals: RefusalLog | None = None,
+                 metrics: HttpMetrics | None = None, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self._refusals = refusals
+        self._metrics = metrics
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
@@ -112,4 +123,5 @@ class JsonErrorRunner(web.AppRunner):
         server.__class__ = _JsonErrorServer
         assert isinstance(server, _JsonErrorServer)
         server.refusals = self._refusals
+        server.metrics = self._metrics
         return server

@@ -488,7 +488,8 @@ class Server:
             # the access log's line, its query strings masked: a token pasted into a URL stays out
             kwargs: dict[str, Any] = ({"access_log_class": AccessLog} if cfg.access_log
                                       else {"access_log": None})
-            runner = JsonErrorRunner(app, refusals=app[REFUSALS], handle_signals=False,
+            runner = JsonErrorRunner(app, refusals=app[REFUSALS], metrics=app[R.HTTP_METRICS],
+                                     handle_signals=False,
                                      shutdown_timeout=cfg.shutdown_timeout_s,
                                      keepalive_timeout=cfg.idle_timeout_s, **kwargs)
             await runner.setup()
