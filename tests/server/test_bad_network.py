@@ -10,6 +10,7 @@ import contextlib
 import logging
 import re
 from collections.abc import AsyncIterator
+from http import HTTPStatus
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,8 @@ class FaultyLink:
     """A TCP proxy on 127.0.0.1 in front of ``port``. The first request whose request line holds
     ``match`` gets ``fault``, once: ``"stall"`` forwards ``after`` bytes of it and then nothing more
     from the client (the server's answer still comes back, as on a link that lost its upstream),
-    ``"html429"`` answers it with a rate-limiting proxy's HTML page instead of passing it on,
+    ``"html429"`` (``"html408"``, ...) answers it with a proxy's HTML page of that status (a
+    rate-limiting one's 429, one that timed the body out's 408) instead of passing it on,
     ``"throttle"`` passes it and all after it on at ``rate`` bytes a second."""
 
     def __init__(self, port: int, fault: str, match: str, after: int = 0, rate: float = 0.0) -> None:
@@ -100,11 +102,13 @@ class FaultyLink:
             if armed_at is None and not self.fired and line and self.match in line.group(2).decode():
                 self.fired.append(line.group(0).decode())
                 armed_at = sent + line.start()
-                if self.fault == "html429":
-                    page = b"<html><body><h1>429 Too Many Requests</h1><hr>nginx</body></html>"
-                    client_w.write(b"HTTP/1.1 429 Too Many Requests\r\nServer: nginx\r\n"
+                if self.fault.startswith("html"):
+                    code = int(self.fault[4:])
+                    head = f"{code} {HTTPStatus(code).phrase}".encode()
+                    page = b"<html><body><h1>%s</h1><hr>nginx</body></html>" % head
+                    client_w.write(b"HTTP/1.1 %s\r\nServer: nginx\r\n"
                                    b"Content-Type: text/html\r\nContent-Length: %d\r\n"
-                                   b"Connection: close\r\n\r\n%s" % (len(page), page))
+                                   b"Connection: close\r\n\r\n%s" % (head, len(page), page))
                     await client_w.drain()
                     return
             if armed_at is not None and self.fault == "stall" and sent + len(data) - armed_at > self.after:
@@ -157,26 +161,30 @@ async def test_an_upload_cut_off_as_too_slow_is_sent_again_not_dropped(
     assert "request body too slow" in cut[0]
 
 
-async def test_a_proxys_429_page_is_retried_not_a_crash(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(("status", "match"), [(429, "/v1/leases"), (408, "/result")])
+async def test_a_proxys_429_or_408_page_is_retried_not_a_crash(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, status: int, match: str) -> None:
     # found by a probe through a rate-limiting proxy: a 429 HTML page (nginx's limit_req) at a lease
     # request ended the worker on an aiohttp ClientResponseError traceback (exit 1), though the
-    # client leaves 429 an HTTP error to be retried, as it does a proxy's 502, 503 and 504
+    # client leaves 429 an HTTP error to be retried, as it does a proxy's 502, 503 and 504; a proxy
+    # that timed an upload's body out (nginx's client_body_timeout: 408) was taken for "not a
+    # vcasync coordinator" (exit 2), where the coordinator's own 408 is sent again
     caplog.set_level(logging.INFO, logger="vcasync.worker")
     async with running(tmp_path, units=make_units(2, steps=2), initial=wide_model()) as (coord, server):
         port = int(server.url.rsplit(":", 1)[1])
-        async with FaultyLink(port, "html429", "/v1/leases").serving() as link:
+        async with FaultyLink(port, f"html{status}", match).serving() as link:
             w = Worker(link.url, train, state_dir=tmp_path / "w", join_secret=SECRET,
                        config=WorkerConfig(backoff=FAST))
             report = await w.run()
-        assert link.fired == ["POST /v1/leases HTTP/1.1"]
+        assert len(link.fired) == 1
+        assert match in link.fired[0]
         assert report.reason == "finished"
         assert report.results_accepted == 2
         await coord.wait_finished()
         assert coord.version == 2
     said = [r.getMessage() for r in caplog.records if "coordinator unreachable" in r.getMessage()]
     assert len(said) == 1, said
-    assert "HTTP 429" in said[0]
+    assert f"HTTP {status}" in said[0]
 
 
 async def test_an_upload_slower_than_the_request_timeout_is_not_cut_off_by_the_worker(

@@ -59,8 +59,9 @@ __all__ = ["CoordinatorClient", "check_coordinator_url", "client_ssl_context", "
 
 #: Answers without a vcasync error body that do not say the address is wrong, left as HTTP errors
 #: and retried: a proxy or load balancer while the coordinator behind it is down or restarting (502,
-#: 503, 504), or one rate-limiting (429: until 2026-12-07 it ended the worker on a traceback).
-_NOT_OURS_TRANSIENT = frozenset({429, 502, 503, 504})
+#: 503, 504), one rate-limiting (429: until 2026-12-07 it ended the worker on a traceback), or one
+#: that timed a slow body out (408: until 2026-12-07 taken for "not a vcasync coordinator", exit 2).
+_NOT_OURS_TRANSIENT = frozenset({408, 429, 502, 503, 504})
 
 # The HTTP transport's entries in the one transient table (vcasync.retry.TRANSIENT): the
 # coordinator down, restarting or overloaded is worth another try; a certificate that does not verify
