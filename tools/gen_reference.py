@@ -312,6 +312,8 @@ async def live_exchanges() -> tuple[list[tuple[str, str, str]], dict[str, Exchan
             for method, path, name in routes:     # a plain GET added later (a page, a probe)
                 if name not in out and method == "GET" and "{" not in path and path != "/metrics":
                     await call(name, "GET", path)
+            # last: the status page's data above shows a run's events, not this one (no unit)
+            await call("leave", "POST", "/v1/leave", {"reason": "finished"})
             async with http.get(server.url + "/metrics") as resp:
                 metrics = await resp.text()
             out["metrics"] = Exchange("(none)", resp.status, "Prometheus text format 0.0.4 (see the "
@@ -348,6 +350,9 @@ ROUTE_PURPOSE: Mapping[str, str] = {
     "metrics": "Prometheus metrics",
     "join": "a worker joins with the join secret (or a pre-issued join token) and gets its own worker "
             "token; `name` and `info` are optional",
+    "leave": ("a worker exiting cleanly says so (`reason`: a short word such as `finished` or "
+              "`preempted`): shown `left` and not counted alive until it is heard from again; its "
+              "leases stay as they are (a preempted worker keeps its lease for a restart to resume)"),
     "lease": "lease the next work unit (201); `503 no_work` with `Retry-After` while every unit is out, "
              "`410 run_finished` once every unit is merged",
     "resume": "a restarted worker takes its lease back while it is still valid",

@@ -207,7 +207,7 @@ def _labelled(name: str, help_: str, labels: Sequence[str],
 
 _GAUGE_HELP = {
     "version": "Current model version.",
-    "workers_alive": "Workers seen within the alive window, not preempted nor quarantined.",
+    "workers_alive": "Workers seen within the alive window, not preempted, quarantined nor left.",
     "workers_known": "Workers with a record (those silent for forget_workers_s are dropped).",
     "leases_issued_total": "Leases granted.",
     "leases_expired_total": "Leases that missed their deadline.",

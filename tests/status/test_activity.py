@@ -133,11 +133,39 @@ def test_worker_rows_show_state_last_seen_and_units_done() -> None:
     assert rows[0]["name"] == "good"
     assert rows[0]["last_seen_s"] == 0.0
     assert {r["name"]: r["done"] for r in rows} == {"good": 1, "spot": 0, "flaky": 0, "idle": 0}
-    assert counts == {"alive": 1, "preempted": 1, "backed_off": 0, "quarantined": 1, "gone": 1}
+    assert counts == {"alive": 1, "preempted": 1, "backed_off": 0, "quarantined": 1, "left": 0,
+                      "gone": 1}
     led.lease(spot, 1)                                  # a preempted worker back at work
     assert _states(led)["spot"] == "alive"
     assert len(led.worker_rows(limit=2)[1]) == 2
     assert sum(led.worker_rows(limit=2)[0].values()) == 4    # counts cover every worker
+
+
+def test_a_worker_that_left_is_not_alive_until_heard_and_a_restart_keeps_it_so() -> None:
+    clock = Clock(1000.0)
+    led = _ledger(clock, worker_backoff_s=5.0)
+    idle, flaky, spot = (led.join(n) for n in ("idle", "flaky", "spot"))
+    led.release(flaky, led.lease(flaky, 0).lease_id, "trainer crashed")      # backed off
+    grant = led.lease(spot, 0)
+    led.heartbeat(spot, grant.lease_id, 1, stopping=True)                   # keeps its lease
+    assert led.workers_alive() == 2
+    assert [led.leave(w) for w in (idle, flaky, spot)] == [True, True, True]
+    assert not led.leave(idle)                                               # twice: the same
+    assert led.workers_alive() == 0
+    assert (led.workers_left(), led.stats["left"]) == (3, 3)
+    assert _states(led) == {"idle": "left", "flaky": "left", "spot": "preempted"}
+    assert led.lease_state(grant.lease_id) is not None
+    assert led.counts()["leased"] == 1                                       # leases untouched
+    back = Ledger.restore(led.snapshot(), config=led.config, clock=clock, secret=b"s" * 32)
+    assert back.workers_alive() == 0
+    assert _states(back) == {"idle": "left", "flaky": "left", "spot": "left"}   # preempted: not kept
+    back.lease(idle, 0)                                                      # heard again: alive
+    assert _states(back)["idle"] == "alive"
+    assert (back.workers_alive(), back.workers_left()) == (1, 2)
+    # a snapshot from before the column: nobody had left
+    old = led.snapshot()
+    del old["workers"]["left"]
+    assert Ledger.restore(old, config=led.config, clock=clock, secret=b"s" * 32).workers_left() == 0
 
 
 def test_units_done_per_worker_survive_a_snapshot_restore() -> None:

@@ -828,6 +828,16 @@ class Coordinator:
         finally:
             self._check_finished()
 
+    async def leave(self, worker_id: str, reason: str = "") -> None:
+        """The worker says it exits cleanly (``reason``: why, e.g. ``finished`` or ``preempted``):
+        shown ``left`` and no longer counted alive, until it is heard from again. Its leases stay
+        as they are (a preempted worker keeps its lease for a restart to resume). Kept in the
+        ledger's snapshots like every worker row, so a restart does not show it alive again.
+        Answered in a finished run too (the worker hears ``410 run_finished`` and then leaves)."""
+        self._check_running()
+        if self._ledger.leave(worker_id):
+            self.activity.note("left", worker=worker_id, detail=reason)
+
     async def requeue(self, unit_ids: Sequence[str] | None = None) -> list[str]:
         """Queue parked units again (all, or the named ones; all or nothing): the operator's action
         once whatever broke them is fixed. The run goes on without a restart."""
@@ -1230,7 +1240,8 @@ class Coordinator:
             "held_results": self._owner.held,
             "parked": dict(list(self._ledger.parked().items())[:100]),
             "workers": {"known": self._ledger.num_workers, "alive": self._ledger.workers_alive(),
-                        "quarantined": self._ledger.workers_quarantined()},
+                        "quarantined": self._ledger.workers_quarantined(),
+                        "left": self._ledger.workers_left()},
             "failing_workers": dict(list(self._ledger.worker_health().items())[:100]),
             "leases": dict(self._ledger.stats), "retained_versions": self._owner.versions.numbers(),
             "journal": self._journal.status(), "metrics": self.metrics.as_dict(),

@@ -23,7 +23,8 @@ from ._types import LeaseRecord, LeaseState, UnitRecord, UnitState, WorkerRecord
 from ._units import Receipt, WorkUnit, receipt_status
 
 __all__ = ["LEASE_FIELDS", "WORKER_FIELDS", "LeaseArchive", "UnitSpecs", "UnitStates",
-           "lease_records", "restore_unit_states", "unit_specs", "worker_table", "worker_table_rows"]
+           "lease_records", "restore_unit_states", "unit_specs", "worker_left", "worker_table",
+           "worker_table_rows"]
 
 #: Snapshot columns of a unit's spec (its ``params`` are kept sparse: most units have none).
 SPEC_FIELDS = ("unit_id", "shard", "num_shards", "epoch", "steps")
@@ -170,7 +171,17 @@ def worker_table(workers: Iterable[WorkerRecord], now: float) -> dict[str, list[
             "info": [w.info for w in ws], "since": [now - w.last_seen for w in ws],
             "spw": [w.spw for w in ws], "streak": [w.streak for w in ws],
             "failures": [w.failures for w in ws], "backoff": [w.backoff_until - now for w in ws],
-            "quarantined": [w.quarantined for w in ws], "last_failure": [w.last_failure for w in ws]}
+            "quarantined": [w.quarantined for w in ws], "last_failure": [w.last_failure for w in ws],
+            "left": [w.left for w in ws]}
+
+
+def worker_left(table: Any) -> list[bool] | None:
+    """The ``left`` column of a format-2 worker table (who said it exits), None where the table
+    has none (a snapshot from before 2026-12-07: nobody had left) or not a list of booleans."""
+    col = table.get("left") if isinstance(table, Mapping) else None
+    if not isinstance(col, list) or not all(isinstance(v, bool) for v in col):
+        return None
+    return col
 
 
 # -- reading a snapshot back ---------------------------------------------------------------------

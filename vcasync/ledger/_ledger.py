@@ -65,6 +65,7 @@ from ._columns import (
     lease_records,
     restore_unit_states,
     unit_specs,
+    worker_left,
     worker_table,
     worker_table_rows,
 )
@@ -165,7 +166,7 @@ class Ledger:
         self._count: dict[UnitState, int] = dict.fromkeys(UnitState, 0)
         self.stats: dict[str, int] = dict.fromkeys(
             ("issued", "reissued", "expired", "released", "revived", "adopted", "parked",
-             "accepted", "rejected", "refused", "requeued", "backoffs", "quarantined"), 0)
+             "accepted", "rejected", "refused", "requeued", "backoffs", "quarantined", "left"), 0)
         for unit in units:
             self._add_unit(unit, front=False)
         if not self._order:
@@ -192,8 +193,21 @@ class Ledger:
             w = self._workers[worker_id] = WorkerRecord(worker_id, "", {}, now)
         w.last_seen = now
         if heard:
-            w.preempted = False
+            w.preempted = w.left = False
         return w
+
+    def leave(self, worker_id: str) -> bool:
+        """The worker says it exits (a clean exit: the run finished, a SIGTERM, its ``max_units``):
+        shown ``left`` and no longer counted alive, until it is heard from again. Its leases stay as
+        they are: a preempted worker keeps its lease and checkpoint for a restart to resume, and an
+        open lease of a worker that left still expires at its deadline. True when it was not
+        ``left`` already (a second leave changes nothing)."""
+        w = self._touch(worker_id, heard=False)
+        if w.left:
+            return False
+        w.left = True
+        self.stats["left"] += 1
+        return True
 
     def _window(self, w: WorkerRecord) -> float:
         cfg = self.config
@@ -702,10 +716,15 @@ class Ledger:
                 if self._units[lse.unit_id].state is not UnitState.DONE}
 
     def worker_state(self, w: WorkerRecord, now: float) -> str:
-        """``quarantined``, ``backed_off``, ``preempted``, ``alive`` or ``gone`` (not seen within
-        the alive window), the first that applies."""
+        """``quarantined``, ``left`` (it said it exits, and keeps no lease for a restart: not
+        preempted), ``backed_off``, ``preempted``, ``alive`` or ``gone`` (not seen within the alive
+        window), the first that applies."""
+        if w.backoff_until > now and w.quarantined is not None:
+            return "quarantined"
+        if w.left and not w.preempted:
+            return "left"
         if w.backoff_until > now:
-            return "quarantined" if w.quarantined is not None else "backed_off"
+            return "backed_off"
         if w.preempted:
             return "preempted"
         return "alive" if w.last_seen >= now - self.config.alive_s else "gone"
@@ -714,7 +733,7 @@ class Ledger:
         """Workers by state (all of them), and the ``limit`` seen most recently: id, name, state,
         seconds since last seen, units done, failures."""
         now = self._clock()
-        counts = dict.fromkeys(("alive", "preempted", "backed_off", "quarantined", "gone"), 0)
+        counts = dict.fromkeys(("alive", "preempted", "backed_off", "quarantined", "left", "gone"), 0)
         for w in self._workers.values():
             counts[self.worker_state(w, now)] += 1
         # rows only for the ``limit`` shown: a run's workers include every machine that ever
@@ -774,11 +793,16 @@ class Ledger:
         """Workers heard from within ``alive_s`` that are neither preempted (one that said it is
         stopping was counted alive beside the status's preempted) nor quarantined (a worker told
         so stops: it was counted alive, beside the status's quarantined, for ``alive_s`` after it
-        exited). A backed-off worker waits out its back-off running: alive."""
+        exited), nor left (one that said it exits: until 2026-12-07 it was counted alive for
+        ``alive_s`` after it exited). A backed-off worker waits out its back-off running: alive."""
         now = self._clock()
         horizon = now - self.config.alive_s
         return sum(1 for w in self._workers.values() if w.last_seen >= horizon and not w.preempted
-                   and not (w.quarantined is not None and w.backoff_until > now))
+                   and not w.left and not (w.quarantined is not None and w.backoff_until > now))
+
+    def workers_left(self) -> int:
+        """Workers that said they exit and have not been heard from since (see :meth:`leave`)."""
+        return sum(1 for w in self._workers.values() if w.left)
 
     def worker_speed(self, worker_id: str) -> float | None:
         w = self._workers.get(worker_id)
@@ -846,11 +870,15 @@ class Ledger:
                 lease.deadline = now + max(remaining, self.config.grace_s)
                 heapq.heappush(self._heap, (lease.deadline, lease.lease_id))
             self._keep(lease)
-        for row in (worker_table_rows(data["workers"]) if fmt == SNAPSHOT_FORMAT
-                    else data["workers"]):
+        rows = list(worker_table_rows(data["workers"]) if fmt == SNAPSHOT_FORMAT else data["workers"])
+        left = worker_left(data["workers"]) if fmt == SNAPSHOT_FORMAT else None
+        if left is None or len(left) != len(rows):
+            left = [False] * len(rows)
+        for row, gone in zip(rows, left, strict=True):
             worker_id, name, info, since, spw = row[:5]
             w = self._workers[worker_id] = WorkerRecord(worker_id, name, info, now - since - down_s)
             w.spw = spw
+            w.left = gone       # a restart must not show a worker that left alive again
             if len(row) >= 10:
                 w.streak, w.failures, w.quarantined, w.last_failure = row[5], row[6], row[8], row[9]
                 w.backoff_until = now + max(row[7] - down_s, 0.0)     # served through the outage

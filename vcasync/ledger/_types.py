@@ -159,8 +159,8 @@ class LeaseRecord:
 
 
 class WorkerRecord:
-    __slots__ = ("backoff_until", "done", "failures", "info", "last_failure", "last_seen", "name",
-                 "preempted", "quarantined", "spw", "streak", "worker_id")
+    __slots__ = ("backoff_until", "done", "failures", "info", "last_failure", "last_seen", "left",
+                 "name", "preempted", "quarantined", "spw", "streak", "worker_id")
 
     def __init__(self, worker_id: str, name: str, info: dict[str, Any], now: float) -> None:
         self.worker_id = worker_id
@@ -175,6 +175,7 @@ class WorkerRecord:
         self.last_failure: str | None = None
         self.done = 0                    # units it closed with an accepted result
         self.preempted = False           # its last act was a release that was nobody's fault
+        self.left = False                # it said it exits (``POST /v1/leave``), until heard again
 
 
 #: How deep a worker's info may nest (``{"gpu": {"name": ...}}`` is two levels).

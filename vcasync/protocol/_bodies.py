@@ -28,8 +28,8 @@ from ..tensors import UpdateKind
 
 __all__ = ["MAX_EVAL_SERIES", "MAX_METRICS", "MAX_WORKER_NAME", "EvalRecorded", "EvalRequest",
            "HeartbeatRequest", "JoinRequest", "Joined", "JournalFlush", "JournalReject",
-           "JournalResult", "Released", "ReleaseRequest", "Requeued", "RequeueRequest",
-           "ResultMeta", "from_body", "kind_of", "metrics_problem", "to_body"]
+           "JournalResult", "LeaveRequest", "Left", "Released", "ReleaseRequest", "Requeued",
+           "RequeueRequest", "ResultMeta", "from_body", "kind_of", "metrics_problem", "to_body"]
 
 M = TypeVar("M")
 
@@ -194,6 +194,22 @@ class ReleaseRequest:
 @dataclass(frozen=True, slots=True)
 class Released:
     lease_id: str
+
+
+@message("leave")
+@dataclass(frozen=True, slots=True)
+class LeaveRequest:
+    """The worker exits cleanly (``reason``: why, e.g. ``finished``, ``preempted``, ``max_units``):
+    the coordinator shows it ``left`` and no longer counts it alive, until it is heard from again.
+    Its leases stay as they are."""
+
+    reason: str = field(default="", metadata=rule(max_len=64))
+
+
+@message("left")
+@dataclass(frozen=True, slots=True)
+class Left:
+    worker_id: str
 
 
 #: Unit ids one requeue request may name.

@@ -15,6 +15,7 @@ from typing import Any, Final, TypeVar
 
 from aiohttp import web
 
+from .._redact import one_line
 from ..coordinator import Coordinator
 from ..errors import AuthError, FrameError, LimitExceededError
 from ..protocol import _messages as P
@@ -22,6 +23,8 @@ from ..protocol._bodies import (
     HeartbeatRequest,
     Joined,
     JoinRequest,
+    LeaveRequest,
+    Left,
     Released,
     ReleaseRequest,
     Requeued,
@@ -144,6 +147,15 @@ async def join(request: web.Request) -> web.Response:
     token = await auth.issue(worker_id, name[:128], join_token=identity.name or "")
     log.info("worker %s joined", worker_id)
     return reply_msg(request, Joined(worker_id, token, app[COORDINATOR].run_id))
+
+
+async def leave(request: web.Request) -> web.Response:
+    """A worker exits cleanly: shown ``left``, not alive, until heard again; its leases stay."""
+    req = await read_msg(request, LeaveRequest)
+    reason = request.app[AUTH].scrub(req.reason)
+    await request.app[COORDINATOR].leave(request[WORKER_ID], reason)
+    log.info("worker %s left (%s)", request[WORKER_ID], one_line(reason, 64) or "no reason given")
+    return reply_msg(request, Left(request[WORKER_ID]))
 
 
 async def lease(request: web.Request) -> web.Response:
@@ -275,6 +287,7 @@ def routes(prefix: str = P.API_PREFIX) -> list[web.RouteDef]:
     return [
         web.get("/healthz", healthz, name="healthz"),
         web.post(f"{prefix}/join", join, name="join"),
+        web.post(f"{prefix}/leave", leave, name="leave"),
         web.post(f"{prefix}/leases", lease, name="lease"),
         web.post(f"{prefix}/leases/{{lease}}/resume", resume, name="resume"),
         web.post(f"{prefix}/leases/{{lease}}/heartbeat", heartbeat, name="heartbeat"),

@@ -40,6 +40,8 @@ from ..protocol._bodies import (
     HeartbeatRequest,
     Joined,
     JoinRequest,
+    LeaveRequest,
+    Left,
     Released,
     ReleaseRequest,
     Requeued,
@@ -293,6 +295,12 @@ class CoordinatorClient:
         self.token = joined.token
         self.run_id = joined.run_id
         return joined.worker_id, joined.token
+
+    async def leave(self, reason: str = "") -> None:
+        """Tell the coordinator this worker exits cleanly (``reason``: why, a short word such as
+        ``finished``): it is shown ``left`` and no longer counted alive until it is heard from
+        again; its leases stay as they are."""
+        await self._send(LeaveRequest(reason[:64]), Left, "/leave")
 
     async def served_run(self) -> str | None:
         """The id of the run the coordinator serves (``GET /healthz``, no credential: nothing is

@@ -112,6 +112,8 @@ WORKER_BACKOFF = RetryPolicy(base_delay_s=0.2, max_delay_s=10.0)
 RELEASE_REASON_CHARS = 300
 #: How long a preempted worker tries to tell the coordinator it keeps its lease (one heartbeat).
 STOPPING_NOTICE_S = 2.0
+#: How long a worker exiting cleanly tries to tell the coordinator it leaves (``POST /v1/leave``).
+LEAVE_NOTICE_S = 2.0
 #: How long a worker whose trainer raised a ConfigError tries to hand its lease back before it exits.
 CONFIG_ERROR_RELEASE_S = 10.0
 #: While no work can be leased (every unit leased elsewhere, the run finishing), the worker says
@@ -328,6 +330,7 @@ class Worker:
                                 results_refused=0, units_abandoned=0)
         ssl_ctx = client_ssl_context(self.config.ca_file) if self.url.startswith("https://") else None
         grace_exceeded = False
+        leave_by: float | None = None
         async with CoordinatorClient(self.url, ssl_context=ssl_ctx,
                                      timeout_s=self.config.request_timeout_s) as client:
             self._client = client
@@ -337,6 +340,7 @@ class Worker:
                     if self.stopping:
                         grace.reschedule(self._loop.time() + self.config.grace_period_s)
                     reason = await self._main()
+                    leave_by = grace.when()
             except TimeoutError:
                 if not self._grace or not self._grace.expired():
                     raise
@@ -346,6 +350,8 @@ class Worker:
             finally:
                 self._grace = None
                 self._client = None
+            if not grace_exceeded:
+                await self._leave(client, reason, leave_by)
         worker_id = self._ident.worker_id if self._ident else ""
         return WorkerReport(reason=reason, worker_id=worker_id, results_accepted=self._accepted,
                             results_refused=self._refused, units_abandoned=self._abandoned,
@@ -385,6 +391,25 @@ class Worker:
             self._check_delivered("the run is finished")
             return "finished"
         return "preempted"
+
+    async def _leave(self, client: CoordinatorClient, reason: str, grace_ends: float | None) -> None:
+        """Tell the coordinator this worker exits (``POST /v1/leave``), so that its status stops
+        counting it alive at once rather than after twice the lease timeout: best effort, within
+        :data:`LEAVE_NOTICE_S` and what is left of a grace period; any failure is only logged."""
+        if self._ident is None or not client.token:
+            return          # never joined: nothing to say
+        assert self._loop is not None
+        wait = LEAVE_NOTICE_S
+        if grace_ends is not None:
+            wait = min(wait, grace_ends - self._loop.time())
+        if wait <= 0:
+            return
+        try:
+            async with asyncio.timeout(wait):
+                await client.leave(reason)
+        except Exception as exc:    # a coordinator gone, slow or older (404): it finds out later
+            log.info("could not tell the coordinator this worker leaves (%s); it shows it gone once "
+                     "it has not heard from it for a while", type(exc).__name__)
 
     def _check_delivered(self, why: str) -> None:
         """The worker is done (``why``: the run is finished, or it took its ``max_units``): one whose
