@@ -336,8 +336,10 @@ def metrics_page(metrics: str) -> str:
     return (HEADER + "# Metrics reference\n\n"
             "What `GET /metrics` serves (Prometheus text format, no credential needed), as a live "
             "coordinator answered. Counters only go up; those the ledger keeps (merges, accepted and "
-            "rejected results, leases, requeued units, back-offs) count the run and go on across a "
-            "coordinator restart, the others count since the process started; histograms come with "
+            "rejected results, leases, requeued units, back-offs) and the merge histograms "
+            "(`vcasync_staleness`, `vcasync_merge_seconds`, kept in each snapshot) count the run and "
+            "go on across a coordinator restart, a merge the journal replays counted once; the "
+            "others count since the process started; histograms come with "
             "`_bucket`, `_sum` and `_count` series. The same figures, as JSON, are in `GET /v1/status`.\n\n"
             "| metric | type | meaning |\n|---|---|---|\n" + "\n".join(rows) + "\n")
 

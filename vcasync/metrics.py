@@ -1,15 +1,16 @@
 """The coordinator's counters, gauges and histograms, exposed through ``prometheus-client``.
 
-Counters only go up within one process (Prometheus handles restarts), except the run's result
-counts (``merges``, ``results`` accepted and rejected): a restarted coordinator takes them up where
-its ledger left them (:meth:`Metrics.resume_results`), so they count the run, not the process, in
-every durability mode. Gauges that other objects already know (current version, workers alive,
-lease counts) are *pulled* from a callback at collect time instead of being copied on every change.
-The numbers are plain attributes: ``as_dict()`` is JSON-able for ``status()``;
-:meth:`Metrics.collect` hands them to prometheus-client as metric families, and each
-:class:`Metrics` owns its own ``CollectorRegistry`` (two coordinators in one process never share
-series), so ``render_prometheus()`` is the library's one text exposition (format 0.0.4: ``NaN``,
-``+Inf`` and ``-Inf`` spelled the standard way).
+Counters only go up within one process (Prometheus handles restarts), except the run's result counts
+(``merges``, ``results`` accepted and rejected) and the merge histograms (``staleness``,
+``merge_seconds``): a restarted coordinator takes them up where its ledger and its snapshot left
+them (:meth:`Metrics.resume_results`, :meth:`Metrics.resume_histograms`), so they count the run, not
+the process, in every durability mode, and a merge the journal replays is counted once. Gauges that
+other objects already know (current version, workers alive, lease counts) are *pulled* from a
+callback at collect time instead of being copied on every change. The numbers are plain attributes:
+``as_dict()`` is JSON-able for ``status()``; :meth:`Metrics.collect` hands them to prometheus-client
+as metric families, and each :class:`Metrics` owns its own ``CollectorRegistry`` (two coordinators
+in one process never share series), so ``render_prometheus()`` is the library's one text exposition
+(format 0.0.4: ``NaN``, ``+Inf`` and ``-Inf`` spelled the standard way).
 """
 
 from __future__ import annotations
@@ -59,6 +60,27 @@ class Histogram:
 
     def as_dict(self) -> dict[str, Any]:
         return {"count": self.count, "sum": self.sum, "buckets": dict(self.cumulative())}
+
+    def to_plain(self) -> dict[str, Any]:
+        """Bounds, per-bucket counts and sum, as a snapshot keeps them (:meth:`resume`)."""
+        return {"bounds": list(self.bounds), "counts": list(self.counts), "sum": self.sum}
+
+    def resume(self, plain: object) -> bool:
+        """Start from ``plain`` (what :meth:`to_plain` gave, before a restart) when its bounds are
+        this histogram's and its counts are counts; else stay as it is. True when taken."""
+        if not isinstance(plain, Mapping):
+            return False
+        bounds, counts, total = plain.get("bounds"), plain.get("counts"), plain.get("sum")
+        if not (isinstance(bounds, list) and tuple(bounds) == self.bounds
+                and isinstance(counts, list) and len(counts) == len(self.counts)
+                and all(type(n) is int and n >= 0 for n in counts)
+                and isinstance(total, int | float) and not isinstance(total, bool)
+                and math.isfinite(total)):
+            return False
+        self.counts = list(counts)
+        self.count = sum(counts)
+        self.sum = float(total)
+        return True
 
     def add_to(self, family: HistogramMetricFamily, labels: Sequence[str] = ()) -> None:
         """Add this histogram's buckets, sum and count to ``family`` under ``labels``."""
@@ -117,6 +139,21 @@ class Metrics:
             self.results.pop(status, None)
             if n:                # a status shows once a result had it, as in a fresh run
                 self.results[status] = n
+
+    def histograms(self) -> dict[str, Any]:
+        """The merge histograms as plain data, for a snapshot to keep beside the ledger (taken at
+        the same point between two merges, so they hold exactly the merges it holds)."""
+        return {"staleness": self.staleness.to_plain(), "merge_seconds": self.merge_seconds.to_plain()}
+
+    def resume_histograms(self, plain: object) -> None:
+        """Start the merge histograms from a snapshot's (:meth:`histograms`), a restart's: merges
+        the journal replays after it add to them once. Until 2026-12-07 they started empty and the
+        replayed merges were observed again, so a Prometheus series counted them twice across the
+        restart (its reset read as new merges); a snapshot without them (older) leaves them empty."""
+        if not isinstance(plain, Mapping):
+            return
+        self.staleness.resume(plain.get("staleness"))
+        self.merge_seconds.resume(plain.get("merge_seconds"))
 
     def reject(self, reason: str, worker_id: str | None = None) -> None:
         """Count a refused result; with ``worker_id``, also against its sender (a worker sending

@@ -89,6 +89,48 @@ async def test_merge_counts_go_on_across_restarts(kit, clock, tmp_path, durabili
             assert merges(c) == (kept, kept, 1, kept)
 
 
+@pytest.mark.parametrize("durability", ["journal", "snapshot"])
+async def test_merge_histograms_go_on_across_restarts_and_count_a_replayed_merge_once(
+        kit, clock, tmp_path, durability) -> None:
+    # Found in review: /metrics' staleness and merge-seconds histograms started empty at each start
+    # and the journal's replay observed its merges again: a crash's restart counted those merges
+    # twice across the restart (Prometheus reads a reset and then the replayed ones as new), and
+    # a clean restart dropped every merge before it while merges_total went on.
+    def make_in(mode: str) -> Coordinator:
+        config = CoordinatorConfig(durability=mode, lease_timeout_s=10.0, snapshot_interval_s=3600.0,
+                                   snapshot_every=2, max_staleness=3)
+        return Coordinator(kit.tiny_model(), make_units(6, steps=4), policy=kit.HalfWay(),
+                           storage=storage, config=config, clock=clock)
+
+    def histograms(coord: Coordinator) -> tuple[Any, ...]:
+        m = coord.status()["metrics"]
+        return (m["merges"], m["staleness"]["count"], m["staleness"]["buckets"],
+                m["merge_seconds"]["count"])
+
+    async with open_storage(f"file://{tmp_path}/state") as storage:
+        async with make_in(durability) as a:
+            w = await a.join()
+            held = await a.lease(w)                    # based on version 0
+            await submit(kit, a, w, await a.lease(w))                  # staleness 0
+            await submit(kit, a, w, held)                              # staleness 1
+            await submit(kit, a, w, await a.lease(w))                  # staleness 0
+            before = histograms(a)
+            assert before[:2] == (3, 3)
+            assert before[2]["0"] == 2
+            assert before[2]["1"] == 3
+        async with make_in(durability) as b:           # a clean stop: they go on
+            assert histograms(b) == before
+            w = await b.join()
+            g = await b.lease(w)
+            await submit(kit, b, w, g, base_version=b.version)
+            grown = histograms(b)
+            assert grown[:2] == (4, 4)
+            await crash(b)       # after the snapshot of its start: only the journal holds the 4th
+        async with make_in(durability) as c:
+            # journal: the 4th merge replayed, counted once; snapshot: lost with the result
+            assert histograms(c) == (grown if durability == "journal" else before)
+
+
 async def test_a_quarantine_with_no_result_since_is_snapshotted_and_survives_a_crash(kit, clock) -> None:
     # Found by a probe: the interval snapshot was taken only after a merged result, so a quarantine
     # (and the released, parked, requeued and back-off counts) with no result since the last

@@ -64,6 +64,26 @@ def test_two_coordinators_in_one_process_keep_their_own_series() -> None:
     assert "vcasync_" not in default
 
 
+def test_merge_histograms_resume_only_from_what_they_wrote() -> None:
+    a = Metrics()
+    for staleness, seconds in ((0, 0.02), (3, 0.2), (70, 2.0)):
+        a.staleness.observe(staleness)
+        a.merge_seconds.observe(seconds)
+    b = Metrics()
+    b.resume_histograms(a.histograms())
+    assert (b.staleness.as_dict(), b.merge_seconds.as_dict()) == \
+        (a.staleness.as_dict(), a.merge_seconds.as_dict())
+    b.staleness.observe(1)                          # goes on from there
+    assert b.staleness.count == 4
+    # other bounds (another release's), counts that are not counts, nothing: left as they are
+    for bad in ({"staleness": {**a.histograms()["staleness"], "bounds": [0, 1]}},
+                {"staleness": {**a.histograms()["staleness"], "counts": [-1] * 9}},
+                {"staleness": {**a.histograms()["staleness"], "sum": math.nan}}, None, []):
+        fresh = Metrics()
+        fresh.resume_histograms(bad)
+        assert fresh.staleness.count == 0
+
+
 def test_every_family_has_help_and_label_values_are_escaped() -> None:
     m = Metrics(lambda: {"workers_alive": 1, "leases_issued_total": 2})
     m.reject("bad", 'q"\n\\')

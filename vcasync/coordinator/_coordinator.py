@@ -83,7 +83,7 @@ from ._config import CoordinatorConfig, Durability
 from ._identity import RunIdentity
 from ._ingest import tee
 from ._journal import Journal
-from ._merger import Job, Merger, retrieve
+from ._merger import METRICS_KEY, Job, Merger, retrieve
 from ._model_owner import ModelOwner
 from ._result_checks import ResultMeta, read_result, reject_reason
 from ._run_record import OWNER, StartOptions, check_store
@@ -574,6 +574,8 @@ class Coordinator:
         # on, each replayed entry adding itself, so journal and snapshot mode say the same
         self.metrics.resume_results(accepted=self._ledger.stats["accepted"],
                                     rejected=self._ledger.stats["rejected"])
+        if rec is not None:     # the histograms too, as of the snapshot; replay adds the rest
+            self.metrics.resume_histograms(rec.ledger.get(METRICS_KEY))
         self._merger = Merger(owner=self._owner, ledger=self._ledger, journal=self._journal,
                               metrics=self.metrics, snapshot_every=self.config.snapshot_every,
                               max_staleness=self.config.max_staleness,

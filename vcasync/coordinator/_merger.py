@@ -62,7 +62,11 @@ from ._snapshots import SnapshotSlot
 from ._storage_health import StorageHealth
 from ._versions import Version
 
-__all__ = ["INCREMENTS", "Control", "Job", "Merger"]
+__all__ = ["INCREMENTS", "METRICS_KEY", "Control", "Job", "Merger"]
+
+#: Key of a snapshot's ledger map holding the merge histograms (:meth:`Metrics.histograms`) as of
+#: the capture: a restart continues them instead of counting the replayed merges again.
+METRICS_KEY = "metrics"
 
 #: Marks a journaled result whose integer tensors are increments (every entry written since the
 #: counter rule; older full-weights entries carry values, replayed by the old maximum rule).
@@ -292,7 +296,8 @@ class Merger:
         self._ledger_seen = self._ledger_counts()
         # with this machine's wall clock: a restore counts the time the run was down since (the
         # ledger's times are relative to the capture, on a clock only this process reads)
-        ledger = {**self._ledger.snapshot(), CAPTURED_WALL: time.time()}
+        ledger = {**self._ledger.snapshot(), CAPTURED_WALL: time.time(),
+                  METRICS_KEY: self._metrics.histograms()}
         await self._slot.capture(ledger, self.keep_from)
 
     async def flush(self) -> bool:
