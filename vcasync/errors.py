@@ -13,6 +13,7 @@ everything with one clause, or exactly one failure with a leaf class::
     ├── RunIncompleteError            a run stopped at its time limit with work left (exit status 5)
     ├── WireError                     anything wrong with bytes that came off the network
     │   ├── FrameError                malformed, truncated or mis-ordered frames / messages
+    │   │   └── UnsupportedMediaTypeError  a body of a content type the route does not read (415)
     │   ├── ProtocolVersionError      a protocol version this build does not speak
     │   ├── LimitExceededError        a declared size is over a configured limit
     │   ├── UnsupportedDtypeError     a dtype (or codec) outside the allow-list
@@ -96,6 +97,7 @@ __all__ = [
     "UnitClosedError",
     "UnknownPolicyError",
     "UnsupportedDtypeError",
+    "UnsupportedMediaTypeError",
     "UpdateRejectedError",
     "VCAsyncError",
     "ValidationError",
@@ -181,6 +183,11 @@ class WireError(VCAsyncError):
 
 class FrameError(WireError):
     """Malformed, truncated or out-of-order frames or messages."""
+
+
+class UnsupportedMediaTypeError(FrameError):
+    """A request body of a content type the route does not read (a control route reads JSON or
+    msgpack); nothing was read or changed."""
 
 
 class ProtocolVersionError(WireError):

@@ -61,6 +61,7 @@ HTTP_ERRORS: Final[Mapping[type[BaseException], ErrorSpec]] = {
     E.RequestTimeoutError: ErrorSpec(408, "request_timeout"),
     E.WireError: ErrorSpec(400, "bad_payload"),
     E.FrameError: ErrorSpec(400, "malformed_payload"),
+    E.UnsupportedMediaTypeError: ErrorSpec(415, "unsupported_media_type"),
     E.ProtocolVersionError: ErrorSpec(400, "protocol_version"),
     E.LimitExceededError: ErrorSpec(413, "limit_exceeded"),
     E.UnsupportedDtypeError: ErrorSpec(422, "unsupported_dtype"),

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from types import EllipsisType
 from typing import Any, Final, Protocol, TypeVar
 
-from ..errors import FrameError, LimitExceededError
+from ..errors import FrameError, LimitExceededError, UnsupportedMediaTypeError
 from ..ledger._plain import plain_problem, text_problem
 from ..ledger._units import LeaseGrant, Receipt
 from ..wire import decode_message, encode_message
@@ -70,14 +70,16 @@ def decode_control(data: bytes, content_type: str, kind: str) -> dict[str, Any]:
         return {}
     if content_type == MSGPACK:
         return dict(decode_message(data, expected_kind=kind).body)
-    if content_type in (JSON, "", "application/octet-stream", "text/plain"):
+    if content_type in (JSON, ""):     # "": no Content-Type header, read as JSON (curl -H-less)
         obj = _json_object(data)
         got = obj.pop("kind", kind)
         if got != kind:
             raise FrameError(f"expected a {kind!r} message, got {got!r}", field="kind")
         return obj
-    raise FrameError(f"unsupported content type {content_type!r}: use {MSGPACK} or {JSON}",
-                     field="content-type")
+    # text/plain and application/octet-stream were read as JSON until 2026-12-07: a body sent as
+    # something else was taken for what it was not
+    raise UnsupportedMediaTypeError(f"unsupported content type {content_type[:80]!r}: send "
+                                    f"Content-Type: {JSON} or {MSGPACK}", field="content-type")
 
 
 def _json_object(data: bytes) -> dict[str, Any]:

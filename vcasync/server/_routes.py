@@ -75,7 +75,11 @@ def bearer(request: web.Request) -> str:
 
 
 def _content_type(request: web.Request) -> str:
-    return request.content_type if request.body_exists else ""
+    """The body's content type; "" without a body or a Content-Type header (which aiohttp reports
+    as application/octet-stream): such a control body is read as JSON."""
+    if not request.body_exists or "Content-Type" not in request.headers:
+        return ""
+    return request.content_type
 
 
 def _reply_type(request: web.Request) -> str:
