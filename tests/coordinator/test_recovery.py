@@ -513,6 +513,58 @@ async def test_snapshot_mode_finishes_only_once_a_snapshot_holds_the_last_result
         assert b.version >= version
 
 
+async def test_a_crash_in_journal_mode_is_recovered_by_a_start_in_snapshot_mode(kit, clock,
+                                                                                storage) -> None:
+    # Found running `vcasync coordinator` with two workers: durability "journal", SIGKILLed at v28
+    # (28 results journaled, none snapshotted), restarted with `--durability snapshot` (the docs:
+    # durability may change at any restart). It came back at v0: the 28 acknowledged results were
+    # dropped, v1.. were served again with other weights, and the workers' results in flight were
+    # refused as "422 invalid_update (bad_base_version): base_version 28 is newer than the model".
+    a = await make(kit, storage, clock, snapshot_every=100).__aenter__()
+    w = await a.join()
+    for _ in range(3):
+        await submit(kit, a, w, await a.lease(w), base_version=a.version)
+    acknowledged, version = a.model(), a.version
+    await crash(a)
+    b = await make(kit, storage, clock, durability="snapshot", snapshot_every=100).__aenter__()
+    assert b.version == version                          # the journal's results are all there
+    assert b.model().equal(acknowledged)
+    assert b.status()["units"]["done"] == 3
+    g = await b.lease(w)
+    await submit(kit, b, w, g, base_version=b.version)   # one more, lost in the crash by design
+    served = b.version
+    await crash(b)
+    async with make(kit, storage, clock, snapshot_every=100) as c:     # and back to journal mode
+        assert c.version > served                        # no number served is used again
+        assert c.model().equal(acknowledged)             # the journal's results, applied once
+        assert c.status()["units"]["done"] == 3
+
+
+async def test_a_crash_in_snapshot_mode_is_recovered_by_a_start_in_journal_mode(kit, clock,
+                                                                                storage) -> None:
+    # Found as above, the other way: durability "snapshot", SIGKILLed at v12 (its snapshot v0),
+    # restarted with `--durability journal`: the model came back as v0, not renumbered past the
+    # versions served (snapshot mode's version floor was read in snapshot mode only), so v1..v12
+    # were served again with other weights.
+    a = await make(kit, storage, clock, durability="snapshot", snapshot_every=100).__aenter__()
+    w = await a.join()
+    at_snapshot = a.model()
+    for _ in range(2):
+        await submit(kit, a, w, await a.lease(w), base_version=a.version)
+    served = a.version
+    await crash(a)
+    b = await make(kit, storage, clock, snapshot_every=100).__aenter__()
+    assert b.version > served                            # never reuse a number that was served
+    assert b.model().equal(at_snapshot)
+    g = await b.lease(w)
+    await submit(kit, b, w, g, base_version=b.version)   # journaled on the renumbered version
+    journaled, version = b.model(), b.version
+    await crash(b)
+    async with make(kit, storage, clock, snapshot_every=100) as c:
+        assert c.version == version                      # replayed on the version it was based on
+        assert c.model().equal(journaled)
+
+
 @pytest.mark.parametrize("damage", ["delete", "truncate"])
 @pytest.mark.parametrize("durability", ["journal", "snapshot"])
 async def test_a_run_whose_snapshots_are_lost_is_refused_not_begun_again(kit, clock, storage, damage,

@@ -593,19 +593,27 @@ class Coordinator:
         # that snapshot says a grace is open: the clean stop writes one that says how it ended
         self._grace_handed_on = unknown_from is not None
         self._wrote = True     # replay, the sweep and what follows write under the prefix
+        # read before the replay, which raises it in snapshot mode as it recreates versions that
+        # were served (with these very weights) by a start in journal mode
+        floor = await self._journal.version_floor()
         async for entry in self._journal.entries():
             await self._merger.replay(entry.meta, entry.tensors)
             self._replayed = True     # the snapshot lacks it: the clean stop writes one that has it
         await self._journal.sweep()     # received bytes no entry names: refused or cut off
         await self._remove_stale_temp()
         await self._adopt_open_bases()
-        floor = await self._journal.version_floor()
-        if floor is not None and floor > self.version:
+        jumped = floor is not None and floor > self.version
+        if floor is not None and jumped:
             # Snapshot mode: versions up to the floor may have been served; never reuse a number
             # (the floor's own number is the snapshot's version when a clean stop settled it).
             self._owner.jump(floor + 1)
             self._merger.retain()
         await self._journal.raise_version_floor(self.version)
+        # What the other durability mode left (a start may change it): journal entries replayed
+        # in snapshot mode, a floor jumped past in journal mode. A snapshot of it at once, so no
+        # later start reads them again by this mode's rules (journal mode would replay its entries
+        # on the snapshot from before the jump, under numbers served since).
+        switched = self._replayed if not self._journal.journaling else jumped
         if reset:
             assert run.recorded is not None
             if self._owner.flush_due:
@@ -622,7 +630,7 @@ class Coordinator:
                         "starts afresh", run.run_id, run.recorded.policy, self._policy.name,
                         self.version)
             self._owner.switch_policy(self._policy)
-        if (rec is None or reset) and self._journal.durable:
+        if (rec is None or reset or switched) and self._journal.durable:
             # The first snapshot pins the initial model: replay must start from exactly it. After a
             # reset it holds the new policy's state, so nothing is ever replayed with the old state.
             await self._merger.capture()

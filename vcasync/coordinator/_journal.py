@@ -9,7 +9,8 @@ Layout under ``config.state_prefix`` (``P``)::
     P/incoming/<token>    a result's wire payload exactly as it was received, named by its record
     P/bases/<version>     a model version a journaled delta was based on, when replay cannot
                           regenerate it (older than the newest snapshot)
-    P/floor               versions that may have been served (durability "snapshot")
+    P/floor               versions that may have been served (written in durability "snapshot",
+                          honoured by every start)
     P/probe               a small object rewritten to learn whether storage is back after an outage
     P/owner/<epoch>.json  who holds the run now: the one live coordinator's owner lease
                           (:mod:`vcasync._owner_lease`), taken before anything else is read
@@ -393,8 +394,11 @@ class Journal:
                             "it is left where it is", key)
 
     async def entries(self) -> AsyncIterator[Entry]:
-        """The journal entries after the snapshot, in order; a gap is corruption."""
-        if not self.journaling:
+        """The journal entries after the snapshot, in order; a gap is corruption.
+
+        Read in snapshot mode too: they are results a start in journal mode acknowledged before it
+        crashed (durability may change at any restart), and the snapshot does not hold them."""
+        if self._storage is None:
             return
         seqs = sorted([seq async for seq, _ in self._numbered("journal")])
         expect = self.seq + 1
@@ -421,6 +425,7 @@ class Journal:
                                          key=key) from None
             self.seq, expect = seq, seq + 1
             yield Entry(seq, meta, tensors)
+            self.seq = seq      # snapshot mode counts each result it applies: replay counts entries
         if self.seq < self._replay_to:
             raise CorruptObjectError(
                 f"the newest snapshot is damaged and the journal after the one before it ends at "
@@ -477,7 +482,7 @@ class Journal:
     async def sweep(self) -> None:
         """At start, after replay: delete received bytes that no journal entry names (an upload
         refused, or cut off by a crash, before its record was written)."""
-        if not self.journaling:
+        if self._storage is None:
             return
         async for seq, key in self._numbered("journal"):
             if seq not in self._blobs:
@@ -726,7 +731,9 @@ class Journal:
 
     # -- version floor (snapshot mode) -----------------------------------------------------------
     async def version_floor(self) -> int | None:
-        if self._storage is None or self._config.durability != "snapshot":
+        """The floor a start in snapshot mode left, in either mode: a start in journal mode after a
+        crash in snapshot mode must not publish the numbers served since its last snapshot again."""
+        if self._storage is None:
             return None
         try:
             self._floor = int(json.loads(await self._storage.get(self._key("floor")))["floor"])
