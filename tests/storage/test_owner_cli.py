@@ -10,6 +10,7 @@ was paused past its TTL and taken over stops with the STORAGE status when it wak
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -168,3 +169,40 @@ def test_a_finished_run_taken_over_from_a_crash_serves_so_its_workers_hear_it_en
     last = start(procs, tmp_path, storage, *args, name="last")   # after a clean stop: at once
     assert last.wait() == ExitCode.OK
     assert not last.port_file.exists()
+
+
+@pytest.mark.slow
+def test_a_finished_snapshot_mode_run_keeps_its_version_across_crashes(
+        tmp_path: Path, procs: list[Coord]) -> None:
+    """Found by a probe: in durability "snapshot", SIGKILLing a finished run's coordinator while
+    it lingered, and each coordinator started again on it, added about 1,000 to the model version
+    every time (v24, then v1001, v2002, ...), so --output and the status named another version
+    after each crash. The snapshot said the run was finished and held every result: nothing can
+    have been served above it, so there is nothing to renumber."""
+    storage = (tmp_path / "store").as_uri()
+    args = ("--units", "2", "--steps", "5", "--durability", "snapshot", "--linger", "600")
+    first = start(procs, tmp_path, storage, *args)
+    url = first.ready()
+    worker = start_worker(tmp_path, url)
+    try:
+        deadline = time.monotonic() + 240
+        while (end := re.search(r"run finished at model v(\d+)", first.log())) is None:
+            assert time.monotonic() < deadline, first.log()[-3000:]
+            time.sleep(0.1)
+        first.stop(signal.SIGKILL)                      # while it lingered
+    finally:
+        worker.kill()
+        worker.wait()
+    version = int(end.group(1))
+    for n in range(3):
+        again = start(procs, tmp_path, storage, *args, name=f"again{n}")
+        again.ready()                                   # serving, for the workers to hear the end
+        said = re.search(r"already finished at model v(\d+)", again.log())
+        assert said is not None, again.log()[-3000:]
+        assert int(said.group(1)) == version, again.log()[-3000:]
+        again.stop(signal.SIGKILL)                      # while it lingered, again
+    last = start(procs, tmp_path, storage, *args, "--output", str(tmp_path / "final.pt"),
+                 name="last")
+    last.ready()
+    last.stop()
+    assert f"already finished at model v{version}" in last.log(), last.log()[-3000:]

@@ -82,7 +82,7 @@ from ._buffers import BufferPool
 from ._config import CoordinatorConfig, Durability
 from ._identity import RunIdentity
 from ._ingest import tee
-from ._journal import Journal
+from ._journal import Journal, Recovered
 from ._merger import METRICS_KEY, Job, Merger, retrieve
 from ._model_owner import ModelOwner
 from ._result_checks import ResultMeta, read_result, reject_reason
@@ -602,8 +602,14 @@ class Coordinator:
         await self._journal.sweep()     # received bytes no entry names: refused or cut off
         await self._remove_stale_temp()
         await self._adopt_open_bases()
-        jumped = floor is not None and floor > self.version
-        if floor is not None and jumped:
+        finished = floor is not None and floor > self.version and self._recovered_finished(rec)
+        jumped = floor is not None and floor > self.version and not finished
+        if finished:
+            # Snapshot mode, a run the snapshot holds finished (its coordinator died while it
+            # lingered): no version above it was ever served, so its number stays and the floor
+            # comes down to it, as a clean stop's does (else each crash added FLOOR_BLOCK)
+            await self._journal.settle_version_floor(self.version)
+        elif jumped and floor is not None:
             # Snapshot mode: versions up to the floor may have been served; never reuse a number
             # (the floor's own number is the snapshot's version when a clean stop settled it).
             self._owner.jump(floor + 1)
@@ -646,6 +652,13 @@ class Coordinator:
             log.info("took run %s over from a coordinator that stopped uncleanly: new leases wait "
                      "%.3gs for the workers it leased units to since its last snapshot to call in",
                      run.run_id, self.config.restart_grace())
+
+    def _recovered_finished(self, rec: Recovered | None) -> bool:
+        """The state recovered is a finished run that nothing can have gone on from: every unit
+        done (none parked: an operator may have requeued one after the snapshot and merged its
+        result) and no end-of-run flush still due (one may have been applied and served)."""
+        return (rec is not None and self._ledger.finished and not self._ledger.counts()["parked"]
+                and not self._owner.flush_due)
 
     async def _holds_state(self, prefix: str) -> bool:
         """Whether anything is stored under the run's prefix (a run record, owner records, tokens)."""
