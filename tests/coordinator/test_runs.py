@@ -187,6 +187,30 @@ async def test_a_run_record_of_another_format_is_refused_and_left_as_it_was(kit,
         assert b.version == 0
 
 
+@pytest.mark.parametrize(("record", "why"), [
+    ({"format": 1}, "it has no 'run_id' and no 'secret' field"),
+    ({"format": 1, "run_id": "0123abcd"}, "it has no 'secret' field"),
+    ({"format": 1, "run_id": None, "secret": "ab"}, "its 'run_id' is None, not a non-empty string"),
+    ({"format": 1, "run_id": "0123abcd", "secret": "not-hex-s3cr3t"},
+     "its 'secret' is not a non-empty hexadecimal string"),
+    ({"format": 1, "run_id": "0123abcd", "secret": "ab", "identity": {"layout": 1}},
+     "its 'identity' has no 'units' field"),
+    ([1], "a JSON list, not an object"),
+])
+async def test_a_damaged_run_record_names_what_is_wrong_and_is_left_as_it_was(kit, clock, storage,
+                                                                             record, why) -> None:
+    """Found by a probe: a record ``{"format": 1}`` was refused as "not a vcasync run record
+    (KeyError('run_id'))", and a null run id was resumed as the run "None". Each problem is named
+    plainly (the secret never shown), and nothing is written."""
+    await storage.put("vcasync/run", json.dumps(record).encode())
+    with pytest.raises(CorruptObjectError) as info:
+        await make(kit, storage, clock).__aenter__()
+    assert str(info.value) == f"vcasync/run: not a vcasync run record ({why})"
+    assert "s3cr3t" not in str(info.value)
+    assert json.loads(await storage.get("vcasync/run")) == record
+    assert [k async for k in storage.list("vcasync/") if "/owner/" not in k] == ["vcasync/run"]
+
+
 async def test_a_store_that_ignores_if_absent_is_refused_unless_allowed(kit, clock, storage,
                                                                         caplog) -> None:
     unsafe = IgnoringPreconditions(storage)

@@ -71,11 +71,16 @@ def _encode(run_id: str, secret: bytes, identity: RunIdentity | None) -> bytes:
 
 
 def _decode(key: str, raw: bytes) -> tuple[str, bytes, RunIdentity | None]:
+    def refused(why: str) -> CorruptObjectError:
+        return CorruptObjectError(f"{key}: not a vcasync run record ({why})", key=key)
+
     try:
         data: Any = json.loads(raw)
-        found = data.get("format", FORMAT)
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise CorruptObjectError(f"{key}: not a vcasync run record ({exc!r})", key=key) from None
+    except ValueError as exc:
+        raise refused(f"not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise refused(f"a JSON {type(data).__name__}, not an object")
+    found = data.get("format", FORMAT)
     if type(found) is not int or found != FORMAT:
         # a later build's record may mean something else by the same fields: resuming it on a
         # guess (as before 2026-12-07) could serve its run with the wrong secret or identity
@@ -83,12 +88,26 @@ def _decode(key: str, raw: bytes) -> tuple[str, bytes, RunIdentity | None]:
                                  f"reads format {FORMAT} only: start the run with the vcasync that "
                                  f"wrote it, or start a new run (--new-run, or another "
                                  f"state_prefix)", key=key)
+    # each problem named plainly (it used to say "KeyError('run_id')"); the secret is never shown
+    missing = [name for name in ("run_id", "secret") if name not in data]
+    if missing:
+        raise refused(f"it has no {' and no '.join(repr(name) for name in missing)} field")
+    run_id, secret = data["run_id"], data["secret"]
+    if not isinstance(run_id, str) or not run_id:
+        raise refused(f"its 'run_id' is {repr(run_id)[:40]}, not a non-empty string")
     try:
-        run_id, secret = str(data["run_id"]), bytes.fromhex(data["secret"])
-        identity = data.get("identity")
-        return run_id, secret, None if identity is None else RunIdentity.from_json(identity)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CorruptObjectError(f"{key}: not a vcasync run record ({exc!r})", key=key) from None
+        key_bytes = bytes.fromhex(secret) if isinstance(secret, str) else None
+    except ValueError:
+        key_bytes = None
+    if not key_bytes:
+        raise refused("its 'secret' is not a non-empty hexadecimal string")
+    identity = data.get("identity")
+    try:
+        return run_id, key_bytes, None if identity is None else RunIdentity.from_json(identity)
+    except KeyError as exc:
+        raise refused(f"its 'identity' has no {exc.args[0]!r} field") from None
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise refused(f"its 'identity' is unreadable: {exc}") from None
 
 
 async def check_store(storage: Storage, prefix: str, allow_unsafe: bool) -> None:
