@@ -9,7 +9,8 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
 from pathlib import Path
 
@@ -211,3 +212,146 @@ async def test_an_upload_slower_than_the_request_timeout_is_not_cut_off_by_the_w
     said = [r.getMessage() for r in caplog.records if "result for lease" in r.getMessage()]
     assert len(said) == 1
     assert "accepted" in said[0]            # not a "duplicate" of a first try the link still carried
+
+
+class Blackhole:
+    """A TCP proxy on 127.0.0.1 in front of ``port`` whose link can be cut: :meth:`cut` drops every
+    byte both ways, on the connections open and on new ones, as a link that loses its packets (no
+    reset, no refusal: a request waits for an answer that never comes); :meth:`mend` lets new
+    connections through (those that saw the cut stay dead)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.is_cut = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._dead: list[list[bool]] = []
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    def cut(self) -> None:
+        self.is_cut = True
+        for dead in self._dead:
+            dead[0] = True
+
+    def mend(self) -> None:
+        self.is_cut = False
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[Blackhole]:
+        self._server = await asyncio.start_server(self._conn, "127.0.0.1", 0)
+        try:
+            yield self
+        finally:
+            self._server.close()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _conn(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        dead = [self.is_cut]
+        self._dead.append(dead)
+        try:
+            server_r, server_w = await asyncio.open_connection("127.0.0.1", self.port)
+        except OSError:
+            client_w.close()
+            return
+        try:
+            await asyncio.gather(self._pump(client_r, server_w, dead), self._pump(server_r, client_w, dead))
+        except (ConnectionError, OSError, asyncio.CancelledError):
+            pass        # (cancelled: the proxy closes; a handler task must not end cancelled)
+        finally:
+            client_w.close()
+            server_w.close()
+            self._tasks.discard(task)
+
+    @staticmethod
+    async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, dead: list[bool]) -> None:
+        while data := await src.read(64 * KiB):
+            if not dead[0]:
+                dst.write(data)
+                await dst.drain()
+        if dead[0]:
+            await asyncio.Event().wait()        # a dead link says nothing, not even goodbye
+
+
+async def test_failing_heartbeats_are_said_with_the_lease_at_stake_and_their_recovery(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # found by a probe: with the link cut for 50 s mid-unit, every failed heartbeat was logged at
+    # DEBUG, so the worker said nothing while its 20 s lease expired at the coordinator, and the
+    # operator could not tell why the unit was lost. Now: a WARNING when heartbeats start failing
+    # (the lease, the time left on it), a WARNING once it has probably expired, an INFO when they
+    # get through again; each failure in between only at DEBUG.
+    caplog.set_level(logging.DEBUG, logger="vcasync.worker")
+    reached, hold = threading.Event(), threading.Event()
+
+    def held(ctx: TrainContext) -> TrainResult:
+        net = torch.nn.Linear(2, 2)
+        ctx.model.load_into(net)
+        ctx.report_progress(1, 1)
+        reached.set()
+        while not hold.wait(0.01) and not ctx.should_stop:
+            pass
+        ctx.report_progress(2, 2)
+        return ctx.result(net, steps=2, samples=2)
+
+    def heartbeat_failures() -> int:
+        return sum("heartbeat for" in r.getMessage() and "failed" in r.getMessage() for r in caplog.records)
+
+    torch.manual_seed(0)
+    async with running(tmp_path, units=make_units(1, steps=2), initial=torch.nn.Linear(2, 2),
+                       lease_timeout_s=4.0) as (coord, server):
+        port = int(server.url.rsplit(":", 1)[1])
+        async with Blackhole(port).serving() as link:
+            # request_timeout_s 1 s: the old worker's heartbeats failed in the blackout too, not
+            # after 60 s
+            w = Worker(link.url, held, state_dir=tmp_path / "w", join_secret=SECRET,
+                       config=WorkerConfig(backoff=FAST, request_timeout_s=1.0, max_units=1))
+            task = asyncio.create_task(w.run())
+            assert await asyncio.to_thread(reached.wait, 30)
+            link.cut()
+            # the coordinator lets the lease expire, and the worker's heartbeats go on failing
+            await eventually(lambda: coord.status()["leases"]["expired"] >= 1)
+            seen = heartbeat_failures()
+            await eventually(lambda: heartbeat_failures() >= seen + 3)
+            # said while the link is still cut, not once it is back
+            warned = [r.getMessage() for r in caplog.records if r.name == "vcasync.worker"
+                      and r.levelno == logging.WARNING]
+            assert any(m.startswith("heartbeat for lease ") for m in warned), warned
+            assert any("has probably expired at the coordinator" in m for m in warned), warned
+            link.mend()
+            # the next heartbeat reports the progress the coordinator missed: that revives the lease
+            await eventually(lambda: any("get through again" in r.getMessage() for r in caplog.records))
+            hold.set()
+            report = await asyncio.wait_for(task, 60)
+        assert report.reason == "max_units"
+    lease = coord.status()["leases"]
+    assert lease["expired"] >= 1
+    lines = [r for r in caplog.records if r.name == "vcasync.worker" and r.levelno >= logging.INFO
+             and ("heartbeat" in r.getMessage() or "probably expired" in r.getMessage())]
+    said = [(r.levelname, r.getMessage()) for r in lines]
+    assert [level for level, _ in said] == ["WARNING", "WARNING", "INFO"], said
+    assert re.fullmatch(r"heartbeat for lease \S+ \(unit \S+\) failed \(no answer within 1\.0 s\): "
+                        r"the coordinator expires the lease in about \d+ s unless a heartbeat gets "
+                        r"through; training goes on, a heartbeat every 1\.0 s", said[0][1]), said[0]
+    assert said[1][1].startswith("lease ")
+    assert "has probably expired at the coordinator" in said[1][1]
+    assert re.fullmatch(r"heartbeats for lease \S+ get through again after \d+ s \(\d+ failed\)", said[2][1])
+    failed = int(said[2][1].rsplit("(", 1)[1].split()[0])
+    assert failed >= 4
+    assert failed == heartbeat_failures()
+
+
+async def eventually(predicate: Callable[[], bool], attempts: int = 1500) -> None:
+    """Poll ``predicate`` (every 20 ms, up to 30 s)."""
+    for _ in range(attempts):
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the condition never came true")

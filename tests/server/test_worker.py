@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import json
 import logging
+import random
 import re
 import socket
 import threading
@@ -397,6 +399,54 @@ async def test_worker_waits_for_a_coordinator_that_is_down(tmp_path: Path) -> No
             report = await asyncio.wait_for(task, 60)
         assert report.reason == "finished"
         assert report.results_accepted == 2
+
+
+async def test_an_outage_logs_one_warning_a_summary_a_minute_and_the_recovery(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    # found by a probe: every retry while the coordinator was down logged a WARNING ("join:
+    # coordinator unreachable (ClientConnectorError); retry 17 in 9.21s"), ~800 lines an hour per
+    # worker, a flood from a fleet. Now: one WARNING with the retry policy, at most one summary per
+    # OUTAGE_LOG_S (shortened here so that one comes), each try at DEBUG, one INFO at the end.
+    from vcasync.worker import _outage
+
+    monkeypatch.setattr(_outage, "OUTAGE_LOG_S", 0.5)
+    caplog.set_level(logging.DEBUG, logger="vcasync.worker")
+    port = free_port()
+
+    def tries() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage().startswith("join: coordinator unreachable")]
+
+    async with running(tmp_path, units=make_units(2, steps=2),
+                       server_config=ServerConfig(port=port)) as (coord, server):
+        await server.aclose()  # the coordinator is alive, its server is not: connection refused
+        w = Worker(f"http://127.0.0.1:{port}", make_trainer(), state_dir=tmp_path / "w",
+                   join_secret=SECRET, config=WorkerConfig(backoff=FAST), rng=random.Random(0))
+        task = asyncio.create_task(w.run())
+        await eventually(lambda: len(tries()) >= 30)
+        async with Server(coord, TokenAuthority(join_secret=SECRET), ServerConfig(port=port)):
+            report = await asyncio.wait_for(task, 60)
+        assert (report.reason, report.results_accepted) == ("finished", 2)
+    said = [r for r in caplog.records if r.getMessage().startswith("join: ")]
+    loud = [r for r in said if r.levelno >= logging.WARNING]
+    failed = len([r for r in said if "unreachable" in r.getMessage() and "still" not in r.getMessage()])
+    assert failed >= 30
+    assert len(loud) < failed / 2, [r.getMessage() for r in loud]
+    first, summaries = loud[0], loud[1:]
+    assert first.getMessage().startswith("join: coordinator unreachable (ClientConnectorError); retry 1 in ")
+    assert "then at most 0.2 s apart, giving up after 3600 s without an answer (--give-up-after)" \
+        in first.getMessage()
+    assert summaries, "an outage longer than OUTAGE_LOG_S says that it goes on"
+    for r in summaries:
+        text = r.getMessage()
+        assert re.fullmatch(r"join: coordinator still unreachable after \d+ tries over \d+ s "
+                            r"\(ClientConnectorError\); next retry in [\d.]+s", text), text
+    # at most one line per OUTAGE_LOG_S (the records' own clock; a little slack for the wall clock)
+    gaps = [b.created - a.created for a, b in itertools.pairwise(loud)]
+    assert all(gap >= 0.45 for gap in gaps), gaps
+    back = [r.getMessage() for r in said if "reachable again" in r.getMessage()]
+    assert len(back) == 1
+    assert said[-1].levelno == logging.INFO
+    assert re.fullmatch(rf"join: coordinator reachable again after \d+ s, {failed} failed tries", back[0])
 
 
 async def test_a_worker_gives_up_on_a_coordinator_gone_for_good(tmp_path: Path) -> None:

@@ -30,7 +30,9 @@ failed every unit it got (none delivered). A trainer that raises a :class:`Confi
 missing on the machine) stops the worker with it, after handing its lease back as nobody's failure.
 
 Outages: every call to the coordinator is retried with capped, jittered backoff while it is down or
-restarting. Results are written to the state dir before upload and re-sent until acknowledged: the
+restarting, said in a few lines per outage, not one per try (:mod:`vcasync.worker._outage`); failed
+heartbeats are said when they start, when the lease has probably expired, and when they recover.
+Results are written to the state dir before upload and re-sent until acknowledged: the
 lease id makes a re-send harmless. When the coordinator is up but its storage is not (``503
 storage_unavailable``), the worker says so ("coordinator's storage unavailable, waiting"), keeps its
 result and asks no new work, retrying as often as the coordinator's ``Retry-After`` says.
@@ -79,7 +81,6 @@ from ..errors import (
     LedgerError,
     NotLeaseHolderError,
     NoWorkAvailableError,
-    RequestTimeoutError,
     StateInUseError,
     StorageUnavailableError,
     TrainerError,
@@ -98,6 +99,7 @@ from ..trainer import TrainContext, Trainer, TrainResult
 from ..wire import Limits, resolve_codec
 from ._client import CoordinatorClient, client_ssl_context, plain_http_hint, tls_problem
 from ._io import ModelCache, result_problem, result_tensors, spool_result
+from ._outage import CallOutage, HeartbeatSilence, failure_name
 from ._remote_state import RemoteStateDir
 from ._state_dir import Identity, StateDir
 
@@ -116,6 +118,9 @@ STOPPING_NOTICE_S = 2.0
 LEAVE_NOTICE_S = 2.0
 #: How long a worker whose trainer raised a ConfigError tries to hand its lease back before it exits.
 CONFIG_ERROR_RELEASE_S = 10.0
+#: The least time a heartbeat is given to be answered before it counts as failed (its interval when
+#: longer, ``request_timeout_s`` when shorter).
+HEARTBEAT_MIN_WAIT_S = 1.0
 #: While no work can be leased (every unit leased elsewhere, the run finishing), the worker says
 #: so when the wait starts and again every this many seconds.
 WAITING_LOG_S = 60.0
@@ -434,10 +439,13 @@ class Worker:
         rejoined = not rejoin
         storage_down = False
         unreachable_since: float | None = None
+        # one WARNING when an outage starts, a summary a minute while it lasts, one INFO at its end
+        outage = CallOutage(what, self.config.backoff, self.config.give_up_after_s)
         while True:
             try:
                 answer = await fn()
             except AuthError:
+                outage.answered(time.monotonic())
                 if rejoined:
                     raise
                 log.warning("%s: the coordinator no longer knows our token; joining again", what)
@@ -445,10 +453,12 @@ class Worker:
                 await self._rejoin()
                 continue
             except NoWorkAvailableError as exc:
+                outage.answered(time.monotonic())
                 if exc.finished:
                     self._finish_heard = True
                 raise
             except StorageUnavailableError as exc:
+                outage.answered(time.monotonic())
                 # The coordinator is up but cannot make anything durable: wait as long as it
                 # asks, keeping what we hold (a spooled result stays on disk until acknowledged).
                 delay = max(0.05, exc.retry_after) * self._rng.uniform(0.5, 1.0)
@@ -461,6 +471,8 @@ class Worker:
                     problem = tls_problem(exc, self.url, self.config.ca_file)
                     if problem is not None:
                         raise problem from exc
+                    if isinstance(exc, VCAsyncError):       # the coordinator's refusal: it answered
+                        outage.answered(time.monotonic())
                     raise
                 if self._finish_heard:
                     # It said the run is finished and has stopped lingering since: nobody will
@@ -482,14 +494,9 @@ class Worker:
                 # no wait past the give-up time (a 5 s limit gave up after 9-11 s)
                 left = self.config.give_up_after_s - (now - unreachable_since)
                 delay = min(self.config.backoff.delay(attempt, self._rng), max(left, 0.01))
-                if isinstance(exc, RequestTimeoutError):
-                    # it answered, so "unreachable" would mislead: the link is slow or stalled
-                    log.warning("%s: the coordinator cut the request off (%s): a slow or stalled "
-                                "link; retry %d in %.2fs", what, exc, attempt, delay)
-                else:
-                    log.warning("%s: coordinator unreachable (%s); retry %d in %.2fs%s", what,
-                                _failure_name(exc), attempt, delay, plain_http_hint(exc, self.url))
+                outage.failed(exc, now, delay, plain_http_hint(exc, self.url))
             else:
+                outage.answered(time.monotonic())
                 if storage_down:
                     log.info("%s: the coordinator's storage is back", what)
                 return answer
@@ -637,6 +644,7 @@ class Worker:
     # -- one unit ----------------------------------------------------------------------------------
     async def _work(self, grant: LeaseGrant) -> bool:
         """Train and deliver one unit; False only when the trainer raised."""
+        granted_at = time.monotonic()       # the grant just came: its deadline counts from about now
         await asyncio.to_thread(self.state.save_lease, grant)
         try:
             base = await self._model(grant.base_version)
@@ -654,7 +662,7 @@ class Worker:
                            on_checkpoint=lambda: self.state.checkpoint_saved(grant.lease_id))
         lost = asyncio.Event()
         try:
-            result = await self._train(grant, ctx, lost)
+            result = await self._train(grant, ctx, lost, granted_at)
         except (_Stopped, StateInUseError):
             raise          # a takeover of the state: its new holder resumes this lease, never released
         except ConfigError as exc:
@@ -786,9 +794,11 @@ class Worker:
                     "progress; call ctx.report_progress(step + 1) after each step (see "
                     "docs/trainer.md)", name, counted)
 
-    async def _train(self, grant: LeaseGrant, ctx: TrainContext, lost: asyncio.Event) -> TrainResult:
+    async def _train(self, grant: LeaseGrant, ctx: TrainContext, lost: asyncio.Event,
+                     granted_at: float) -> TrainResult:
         """The trainer, with heartbeats flowing beside it until it returns."""
-        beats = asyncio.create_task(self._heartbeats(grant, ctx, lost), name=f"heartbeats-{grant.lease_id}")
+        beats = asyncio.create_task(self._heartbeats(grant, ctx, lost, granted_at),
+                                    name=f"heartbeats-{grant.lease_id}")
         try:
             return await self._run_trainer(ctx)
         finally:
@@ -812,50 +822,76 @@ class Worker:
         raise TrainerError(f"the trainer returned {type(out).__name__}; return ctx.result(module) or a "
                            "TrainResult")
 
-    async def _heartbeats(self, grant: LeaseGrant, ctx: TrainContext, lost: asyncio.Event) -> None:
+    async def _heartbeats(self, grant: LeaseGrant, ctx: TrainContext, lost: asyncio.Event,
+                          granted_at: float) -> None:
         """Heartbeats every ``heartbeat_interval_s`` the coordinator says, until the trainer returns.
         An expired lease keeps heartbeating: progress may revive it, and a unit delivered by
         another worker meanwhile (or a run finished meanwhile) is heard there, while the
-        coordinator still answers, instead of at the upload of a result nobody needs."""
+        coordinator still answers, instead of at the upload of a result nobody needs.
+
+        A heartbeat gets an answer within the interval (at least :data:`HEARTBEAT_MIN_WAIT_S`, at
+        most ``request_timeout_s``) or counts as failed: on a link that drops packets a request
+        waited ``request_timeout_s`` (60 s) for nothing while a 20 s lease ran out. Failures are
+        said once when they start (with the time left on the lease), once more when the lease has
+        probably expired, and once when heartbeats get through again (:class:`HeartbeatSilence`)."""
         interval = max(0.05, grant.heartbeat_interval_s)
         expired = False
+        silence = HeartbeatSilence(grant, granted_at)
         while True:
             await asyncio.sleep(interval)
+            wait = min(self.config.request_timeout_s, max(interval, HEARTBEAT_MIN_WAIT_S))
             try:
-                g = await self._cli().heartbeat(grant.lease_id, ctx.steps_done)
+                async with asyncio.timeout(wait):
+                    g = await self._cli().heartbeat(grant.lease_id, ctx.steps_done)
+            except Exception as exc:  # never let a heartbeat problem kill the unit: the result may count
+                if is_transient(exc):
+                    why = (f"no answer within {wait:.1f} s" if type(exc) is TimeoutError
+                           else failure_name(exc))
+                    silence.failed(why, time.monotonic(), interval)
+                    continue
+                silence.answered(time.monotonic())
+                if await self._heartbeat_refused(grant, ctx, lost, exc, expired):
+                    return
+                expired = expired or isinstance(exc, LeaseExpiredError)
+            else:
+                silence.answered(time.monotonic(), g)
                 interval = max(0.05, g.heartbeat_interval_s)
                 expired = False
-            except LeaseExpiredError:
-                if not expired:
-                    log.info("lease %s expired; finishing anyway (a late result may still count)",
-                             grant.lease_id)
-                expired = True
-            except NoWorkAvailableError as exc:
-                if not exc.finished:
-                    log.warning("heartbeat for %s failed: %r", grant.lease_id, exc)
-                    continue
-                self._finish_heard = True
-                lost.set()
+
+    async def _heartbeat_refused(self, grant: LeaseGrant, ctx: TrainContext, lost: asyncio.Event,
+                                 exc: Exception, expired: bool) -> bool:
+        """What a heartbeat's refusal means for the unit; True: stop heartbeating."""
+        if isinstance(exc, LeaseExpiredError):
+            if not expired:
+                log.info("lease %s expired; finishing anyway (a late result may still count)",
+                         grant.lease_id)
+            return False
+        if isinstance(exc, NoWorkAvailableError):
+            if not exc.finished:
+                log.warning("heartbeat for %s failed: %r", grant.lease_id, exc)
+                return False
+            self._finish_heard = True
+            lost.set()
+            ctx.stop_event.set()
+            return True
+        if isinstance(exc, LeaseNotFoundError | NotLeaseHolderError | UnitClosedError):
+            lost.set()
+            ctx.stop_event.set()
+            return True
+        if isinstance(exc, AuthError):
+            try:
+                await self._rejoin()
+            except ConfigError as err:
+                # another run at this address: stop the trainer (it checkpoints as when
+                # preempted), keep the lease and the checkpoint, and stop with this error
+                self._run_moved = err
                 ctx.stop_event.set()
-                return
-            except (LeaseNotFoundError, NotLeaseHolderError, UnitClosedError):
-                lost.set()
-                ctx.stop_event.set()
-                return
-            except AuthError:
-                try:
-                    await self._rejoin()
-                except ConfigError as exc:
-                    # another run at this address: stop the trainer (it checkpoints as when
-                    # preempted), keep the lease and the checkpoint, and stop with this error
-                    self._run_moved = exc
-                    ctx.stop_event.set()
-                    return
-                except Exception as exc:
-                    log.warning("re-joining failed: %s", type(exc).__name__)
-            except Exception as exc:  # never let a heartbeat problem kill the unit: the result may count
-                level = logging.DEBUG if is_transient(exc) else logging.WARNING
-                log.log(level, "heartbeat for %s failed: %r", grant.lease_id, exc)
+                return True
+            except Exception as err:
+                log.warning("re-joining failed: %s", type(err).__name__)
+            return False
+        log.warning("heartbeat for %s failed: %r", grant.lease_id, exc)
+        return False
 
     def _scrub(self, text: str) -> str:
         """``text`` without the secrets this worker knows: its join credential, its worker token,
@@ -982,15 +1018,6 @@ def _lock_wait(config: WorkerConfig) -> float:
     """How long a worker waits for one still using its state dir: a supervisor may restart it while
     the old process wraps up (its grace period, then a moment to exit) before it refuses."""
     return config.grace_period_s + 10.0
-
-
-def _failure_name(exc: BaseException) -> str:
-    """What failed, for the retry line: the class, with the status of an HTTP answer that was not
-    the coordinator's (a proxy's 502 or 429 said "ClientResponseError" and nothing more)."""
-    status = getattr(exc, "status", None)
-    if isinstance(status, int):
-        return f"{type(exc).__name__}: HTTP {status}, not from vcasync (a proxy?)"
-    return type(exc).__name__
 
 
 def _short_cause(ctx: TrainContext) -> str:
