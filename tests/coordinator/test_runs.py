@@ -345,3 +345,37 @@ async def test_a_policy_reference_is_recorded_and_not_compared(kit, clock, stora
     assert ("was started with policy 'vcasgd' from 'here:Policy'; this start imports 'vcasgd' from "
             "'there:Policy'") in caplog.text
     assert json.loads(await storage.get("vcasync/run"))["identity"]["policy"]["ref"] == "there:Policy"
+
+
+async def test_a_policy_reset_on_a_finished_run_switches_nothing_and_writes_nothing(
+        kit, clock, storage, caplog: pytest.LogCaptureFixture) -> None:
+    # found by a probe: --reset-policy on a finished run rewrote the run record and a snapshot,
+    # logged "switches from vcasgd to fedbuff", then reported the run finished
+    async with make(kit, storage, clock, units=2) as a:
+        await feed(kit, a, 2)
+        assert a.finished
+        final, version = a.model(), a.version
+
+    async def kept() -> dict[str, bytes]:   # each start takes and releases the owner lease
+        return {k: v for k, v in (await _objects(storage)).items()
+                if "/owner/" not in k and not k.endswith(("/probe", "probe/"))}
+
+    before = await kept()
+    with caplog.at_level("WARNING", logger="vcasync.coordinator"):
+        async with make(kit, storage, clock, "fedbuff", {"buffer_size": 1}, units=2,
+                        start=StartOptions(reset_policy=True)) as b:
+            assert b.finished
+            assert b.version == version
+            assert b.status()["policy"] == "vcasgd"
+            for name, t in final.items():
+                assert torch.equal(b.model()[name], t), name
+    assert await kept() == before
+    assert "is finished at v2, so nothing is switched: it keeps its policy vcasgd" in caplog.text
+    assert "switches from" not in caplog.text
+
+
+def test_a_new_run_with_a_policy_reset_is_refused_as_meaning_nothing() -> None:
+    # found by a probe: --new-run --reset-policy was taken, the stored run deleted and the reset
+    # meaningless without a word
+    with pytest.raises(ConfigError, match="means nothing beside it: give one of the two"):
+        StartOptions(new_run=True, reset_policy=True)

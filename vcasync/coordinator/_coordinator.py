@@ -620,6 +620,16 @@ class Coordinator:
         # later start reads them again by this mode's rules (journal mode would replay its entries
         # on the snapshot from before the jump, under numbers served since).
         switched = self._replayed if not self._journal.journaling else jumped
+        if reset and self._ledger.finished:
+            # nothing is left to merge: the switch only rewrote the run record and wrote a
+            # snapshot of a run whose start only reports (until 2026-12-07), and the status named
+            # a policy the run never merged with
+            assert run.recorded is not None
+            log.warning("--reset-policy: run %s is finished at v%d, so nothing is switched: it "
+                        "keeps its policy %s and nothing is written", run.run_id, self.version,
+                        run.recorded.policy)
+            self._policy = self._owner.policy
+            reset = False
         if reset:
             assert run.recorded is not None
             if self._owner.flush_due:

@@ -52,6 +52,14 @@ class StartOptions:
     #: Run on a store that ignores if-absent writes (with a loud warning) instead of refusing.
     allow_unsafe_store: bool = False
 
+    def __post_init__(self) -> None:
+        if self.new_run and self.reset_policy:
+            # both were taken: the stored run was deleted and --reset-policy meant nothing
+            raise ConfigError("--new-run (StartOptions(new_run=True)) deletes the stored run and "
+                              "starts a new one with the policy given, so --reset-policy "
+                              "(reset_policy=True), which switches a stored run to another policy, "
+                              "means nothing beside it: give one of the two")
+
 
 @dataclass(frozen=True, slots=True)
 class RunRecord:
