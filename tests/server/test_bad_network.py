@@ -10,9 +10,10 @@ import contextlib
 import logging
 import re
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from http import HTTPStatus
 from pathlib import Path
+from typing import Self
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from vcasync.trainer import TrainContext, TrainResult
 from vcasync.worker import Worker, WorkerConfig
 
 from .conftest import SECRET, running
+from .test_worker import eventually
 
 FAST = RetryPolicy(base_delay_s=0.02, max_delay_s=0.2)
 KiB = 1024
@@ -46,17 +48,12 @@ def train(ctx: TrainContext) -> TrainResult:
     return ctx.result(net, steps=ctx.unit.steps, samples=ctx.unit.steps)
 
 
-class FaultyLink:
-    """A TCP proxy on 127.0.0.1 in front of ``port``. The first request whose request line holds
-    ``match`` gets ``fault``, once: ``"stall"`` forwards ``after`` bytes of it and then nothing more
-    from the client (the server's answer still comes back, as on a link that lost its upstream),
-    ``"html429"`` (``"html408"``, ...) answers it with a proxy's HTML page of that status (a
-    rate-limiting one's 429, one that timed the body out's 408) instead of passing it on,
-    ``"throttle"`` passes it and all after it on at ``rate`` bytes a second."""
+class _Proxy:
+    """A TCP proxy on 127.0.0.1 in front of ``port`` (``url``), serving while ``serving()`` is
+    entered; each connection relayed by the subclass's ``_relay``."""
 
-    def __init__(self, port: int, fault: str, match: str, after: int = 0, rate: float = 0.0) -> None:
-        self.port, self.fault, self.match, self.after, self.rate = port, fault, match, after, rate
-        self.fired: list[str] = []
+    def __init__(self, port: int) -> None:
+        self.port = port
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
 
@@ -66,7 +63,7 @@ class FaultyLink:
         return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
 
     @contextlib.asynccontextmanager
-    async def serving(self) -> AsyncIterator[FaultyLink]:
+    async def serving(self) -> AsyncIterator[Self]:
         self._server = await asyncio.start_server(self._conn, "127.0.0.1", 0)
         try:
             yield self
@@ -84,15 +81,38 @@ class FaultyLink:
             server_r, server_w = await asyncio.open_connection("127.0.0.1", self.port)
         except OSError:
             client_w.close()
+            self._tasks.discard(task)
             return
         try:
-            await asyncio.gather(self._up(client_r, client_w, server_w), self._down(server_r, client_w))
-        except (ConnectionError, OSError):
-            pass
+            await self._relay(client_r, client_w, server_r, server_w)
+        except (ConnectionError, OSError, asyncio.CancelledError):
+            pass        # (cancelled: the proxy closes; a handler task must not end cancelled)
         finally:
             client_w.close()
             server_w.close()
             self._tasks.discard(task)
+
+    async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
+                     server_r: asyncio.StreamReader, server_w: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+
+class FaultyLink(_Proxy):
+    """A TCP proxy on 127.0.0.1 in front of ``port``. The first request whose request line holds
+    ``match`` gets ``fault``, once: ``"stall"`` forwards ``after`` bytes of it and then nothing more
+    from the client (the server's answer still comes back, as on a link that lost its upstream),
+    ``"html429"`` (``"html408"``, ...) answers it with a proxy's HTML page of that status (a
+    rate-limiting one's 429, one that timed the body out's 408) instead of passing it on,
+    ``"throttle"`` passes it and all after it on at ``rate`` bytes a second."""
+
+    def __init__(self, port: int, fault: str, match: str, after: int = 0, rate: float = 0.0) -> None:
+        super().__init__(port)
+        self.fault, self.match, self.after, self.rate = fault, match, after, rate
+        self.fired: list[str] = []
+
+    async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
+                     server_r: asyncio.StreamReader, server_w: asyncio.StreamWriter) -> None:
+        await asyncio.gather(self._up(client_r, client_w, server_w), self._down(server_r, client_w))
 
     async def _up(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
                   server_w: asyncio.StreamWriter) -> None:
@@ -214,23 +234,16 @@ async def test_an_upload_slower_than_the_request_timeout_is_not_cut_off_by_the_w
     assert "accepted" in said[0]            # not a "duplicate" of a first try the link still carried
 
 
-class Blackhole:
+class Blackhole(_Proxy):
     """A TCP proxy on 127.0.0.1 in front of ``port`` whose link can be cut: :meth:`cut` drops every
     byte both ways, on the connections open and on new ones, as a link that loses its packets (no
     reset, no refusal: a request waits for an answer that never comes); :meth:`mend` lets new
     connections through (those that saw the cut stay dead)."""
 
     def __init__(self, port: int) -> None:
-        self.port = port
+        super().__init__(port)
         self.is_cut = False
-        self._tasks: set[asyncio.Task[None]] = set()
         self._dead: list[list[bool]] = []
-        self._server: asyncio.Server | None = None
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
 
     def cut(self) -> None:
         self.is_cut = True
@@ -240,36 +253,11 @@ class Blackhole:
     def mend(self) -> None:
         self.is_cut = False
 
-    @contextlib.asynccontextmanager
-    async def serving(self) -> AsyncIterator[Blackhole]:
-        self._server = await asyncio.start_server(self._conn, "127.0.0.1", 0)
-        try:
-            yield self
-        finally:
-            self._server.close()
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _conn(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
+    async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
+                     server_r: asyncio.StreamReader, server_w: asyncio.StreamWriter) -> None:
         dead = [self.is_cut]
         self._dead.append(dead)
-        try:
-            server_r, server_w = await asyncio.open_connection("127.0.0.1", self.port)
-        except OSError:
-            client_w.close()
-            return
-        try:
-            await asyncio.gather(self._pump(client_r, server_w, dead), self._pump(server_r, client_w, dead))
-        except (ConnectionError, OSError, asyncio.CancelledError):
-            pass        # (cancelled: the proxy closes; a handler task must not end cancelled)
-        finally:
-            client_w.close()
-            server_w.close()
-            self._tasks.discard(task)
+        await asyncio.gather(self._pump(client_r, server_w, dead), self._pump(server_r, client_w, dead))
 
     @staticmethod
     async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, dead: list[bool]) -> None:
@@ -346,12 +334,3 @@ async def test_failing_heartbeats_are_said_with_the_lease_at_stake_and_their_rec
     failed = int(said[2][1].rsplit("(", 1)[1].split()[0])
     assert failed >= 4
     assert failed == heartbeat_failures()
-
-
-async def eventually(predicate: Callable[[], bool], attempts: int = 1500) -> None:
-    """Poll ``predicate`` (every 20 ms, up to 30 s)."""
-    for _ in range(attempts):
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("the condition never came true")
