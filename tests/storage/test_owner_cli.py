@@ -136,6 +136,23 @@ def test_a_paused_coordinator_taken_over_stops_when_it_wakes(tmp_path: Path,
     second.stop()
 
 
+def _finish_then_kill(procs: list[Coord], tmp_path: Path, storage: str, *args: str) -> str:
+    """Start a coordinator (``args``: it must linger) and a worker, wait for the run to finish,
+    SIGKILL the coordinator while it lingers; its log."""
+    first = start(procs, tmp_path, storage, *args)
+    worker = start_worker(tmp_path, first.ready())
+    try:
+        deadline = time.monotonic() + 240
+        while "run finished at model" not in first.log():
+            assert time.monotonic() < deadline, first.log()[-3000:]
+            time.sleep(0.1)
+        first.stop(signal.SIGKILL)                      # while it lingered
+    finally:
+        worker.kill()
+        worker.wait()
+    return first.log()
+
+
 @pytest.mark.slow
 def test_a_finished_run_taken_over_from_a_crash_serves_so_its_workers_hear_it_ended(
         tmp_path: Path, procs: list[Coord]) -> None:
@@ -147,18 +164,7 @@ def test_a_finished_run_taken_over_from_a_crash_serves_so_its_workers_hear_it_en
     run that finishes while served does; a clean stop's finished run still exits at once."""
     storage = (tmp_path / "store").as_uri()
     args = ("--units", "2", "--steps", "5")
-    first = start(procs, tmp_path, storage, *args, "--linger", "600")
-    url = first.ready()
-    worker = start_worker(tmp_path, url)
-    try:
-        deadline = time.monotonic() + 240
-        while "run finished at model" not in first.log():
-            assert time.monotonic() < deadline, first.log()[-3000:]
-            time.sleep(0.1)
-        first.stop(signal.SIGKILL)                      # while it lingered
-    finally:
-        worker.kill()
-        worker.wait()
+    _finish_then_kill(procs, tmp_path, storage, *args, "--linger", "600")
     again = start(procs, tmp_path, storage, *args, "--linger", "5", name="again")
     with pytest.raises(NoWorkAvailableError) as heard:   # it serves: a worker calling in hears it
         asyncio.run(_status(again.ready()))              # (a join to a finished run: 410)
@@ -181,18 +187,8 @@ def test_a_finished_snapshot_mode_run_keeps_its_version_across_crashes(
     have been served above it, so there is nothing to renumber."""
     storage = (tmp_path / "store").as_uri()
     args = ("--units", "2", "--steps", "5", "--durability", "snapshot", "--linger", "600")
-    first = start(procs, tmp_path, storage, *args)
-    url = first.ready()
-    worker = start_worker(tmp_path, url)
-    try:
-        deadline = time.monotonic() + 240
-        while (end := re.search(r"run finished at model v(\d+)", first.log())) is None:
-            assert time.monotonic() < deadline, first.log()[-3000:]
-            time.sleep(0.1)
-        first.stop(signal.SIGKILL)                      # while it lingered
-    finally:
-        worker.kill()
-        worker.wait()
+    end = re.search(r"run finished at model v(\d+)", _finish_then_kill(procs, tmp_path, storage, *args))
+    assert end is not None
     version = int(end.group(1))
     for n in range(3):
         again = start(procs, tmp_path, storage, *args, name=f"again{n}")
