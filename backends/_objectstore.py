@@ -36,7 +36,7 @@ from vcasync.errors import (
     TransientStorageError,
 )
 from vcasync.retry import Retrier, RetryPolicy
-from vcasync.storage import MAX_KEY_BYTES, BytesLike, ObjectInfo, validate_key
+from vcasync.storage import MAX_KEY_BYTES, BytesLike, ObjectInfo, shown_url, validate_key
 
 from ._common import StorageBase, check_data, rechunk
 
@@ -75,7 +75,14 @@ class ObjectStore(StorageBase):
             raise ConfigError(f"{self.store}: a bucket name is required, got {bucket!r}")
         prefix = prefix.strip("/")
         if prefix:
-            validate_key(prefix)
+            try:
+                validate_key(prefix)
+            except InvalidKeyError as exc:
+                # the URL is the operator's input: a configuration error naming it (exit 2,
+                # nothing written), not a storage error about some key
+                url = shown_url(f"{self.scheme}://{bucket}/{prefix}{query}")
+                raise ConfigError(f"{url}: the prefix {prefix!r} cannot be used: {exc}; give a "
+                                  "prefix of '/'-separated names, none empty, '.' or '..'") from None
         self.bucket = bucket
         self.prefix = prefix
         super().__init__(f"{self.scheme}://{bucket}/{prefix}{query}")

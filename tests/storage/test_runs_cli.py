@@ -278,6 +278,21 @@ def test_a_missing_bucket_is_named(kind: str, request: pytest.FixtureRequest, tm
     assert "ObjectNotFoundError" not in c.log()
 
 
+@pytest.mark.parametrize("kind", ["s3", "gs"])
+@pytest.mark.parametrize("prefix", ["runs//a", "runs/./a", "runs/../a"])
+def test_a_prefix_that_is_no_key_is_a_configuration_error(kind: str, prefix: str,
+                                                          request: pytest.FixtureRequest,
+                                                          tmp_path: Path, coords: list[Coord]) -> None:
+    # A typo in the URL's path is the operator's to fix: exit 2 naming the URL and its prefix
+    # (it was exit 4, "storage error: key 'runs//a' has an empty part", naming neither).
+    c = start(coords, tmp_path, _url(kind, request, prefix), "--units", "2")
+    assert c.wait() == ExitCode.CONFIG
+    log = c.log()
+    assert "configuration error" in log
+    assert f"{kind}://{BUCKET}/{prefix}?" in log
+    assert f"the prefix {prefix!r} cannot be used" in log
+
+
 def test_gcs_without_credentials_says_so_quickly(tmp_path: Path, coords: list[Coord]) -> None:
     closed = tmp_path / "no-gcloud"
     closed.mkdir()
