@@ -40,6 +40,7 @@ from botocore.exceptions import (
     IncompleteReadError,
     NoCredentialsError,
     PartialCredentialsError,
+    ProfileNotFound,
 )
 from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
@@ -169,7 +170,19 @@ class S3Storage(ObjectStore):
                     aws_access_key_id=opts.aws_access_key_id,
                     aws_secret_access_key=opts.aws_secret_access_key,
                     aws_session_token=opts.aws_session_token)
-                client = await cm.__aenter__()
+                try:
+                    client = await cm.__aenter__()
+                except ProfileNotFound as exc:
+                    # the operator's configuration (a typo in ?profile= or AWS_PROFILE): named,
+                    # not a traceback out of botocore
+                    raise ConfigError(
+                        f"{self.url}: the AWS profile {exc.kwargs.get('profile')!r} (from "
+                        f"{'?profile=' if opts.profile else 'AWS_PROFILE'}) is not in the AWS "
+                        "configuration (~/.aws/config and ~/.aws/credentials, or AWS_CONFIG_FILE "
+                        "and AWS_SHARED_CREDENTIALS_FILE); name a profile that is there, or drop "
+                        "it to use the rest of the AWS credential chain") from None
+                except BotoCoreError as exc:
+                    raise self._translate(exc, "connect", None) from exc
                 if self._closed:  # closed while we were connecting
                     await cm.__aexit__(None, None, None)
                     self._check_open()

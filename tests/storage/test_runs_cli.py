@@ -293,6 +293,27 @@ def test_a_prefix_that_is_no_key_is_a_configuration_error(kind: str, prefix: str
     assert f"the prefix {prefix!r} cannot be used" in log
 
 
+@pytest.mark.parametrize("where", ["url", "env"])
+def test_an_aws_profile_that_does_not_exist_is_named(where: str, request: pytest.FixtureRequest,
+                                                     tmp_path: Path, coords: list[Coord]) -> None:
+    # A typo in ?profile= or AWS_PROFILE ended the coordinator on botocore's ProfileNotFound
+    # traceback (exit 1); it is a configuration error naming the profile and where it came from.
+    empty = tmp_path / "aws-config"
+    empty.write_text("")
+    env = {"AWS_CONFIG_FILE": str(empty), "AWS_SHARED_CREDENTIALS_FILE": str(empty)}
+    url = _url("s3", request, "p")
+    if where == "url":
+        url += "&profile=no-such-profile"
+    else:
+        env["AWS_PROFILE"] = "no-such-profile"
+    c = start(coords, tmp_path, url, "--units", "2", env=env)
+    assert c.wait() == ExitCode.CONFIG
+    log = c.log()
+    assert "Traceback" not in log
+    assert "the AWS profile 'no-such-profile'" in log
+    assert ("?profile=" if where == "url" else "AWS_PROFILE") in log
+
+
 def test_gcs_without_credentials_says_so_quickly(tmp_path: Path, coords: list[Coord]) -> None:
     closed = tmp_path / "no-gcloud"
     closed.mkdir()
