@@ -172,6 +172,60 @@ def test_a_restart_keeps_the_run_and_the_leases_in_flight(kind: str, request: py
     second.stop()
 
 
+KEYS = {k: v for k, v in DUMMY_S3_CREDENTIALS.items() if k != "region"}   # the URL has the region
+
+
+async def _journal(url: str) -> list[str]:
+    async with open_storage(url, **KEYS) as st:
+        return [k async for k in st.list("vcasync/journal/")]
+
+
+def _run_until_journaled(tmp: Path, url: str, entries: int, coords: list[Coord]) -> list[str]:
+    """A coordinator and a worker on ``url`` until its journal holds ``entries``; then both are
+    SIGKILLed, so the entries stay (a clean stop would fold them into its final snapshot)."""
+    tmp.mkdir()
+    c = start(coords, tmp, url, "--units", "20", "--steps", "20")
+    worker = start_worker(tmp, c.ready())
+    try:
+        deadline = time.monotonic() + 240
+        while len(keys := asyncio.run(_journal(url))) < entries:
+            assert time.monotonic() < deadline, (tmp / "worker.log").read_text()[-2000:]
+            time.sleep(0.5)
+    finally:
+        c.stop(signal.SIGKILL)
+        worker.kill()
+        worker.wait()
+    return keys
+
+
+@pytest.mark.slow
+def test_a_journal_entry_of_another_run_is_not_replayed(request: pytest.FixtureRequest,
+                                                        tmp_path: Path, unique_prefix: str,
+                                                        coords: list[Coord]) -> None:
+    # An entry copied (or restored) into this run's journal from another run's, same units and
+    # model, was merged on replay without a word; its lease was never signed by this run.
+    mine = _url("s3", request, f"{unique_prefix}-mine")
+    other = _url("s3", request, f"{unique_prefix}-other")
+    kept = _run_until_journaled(tmp_path / "mine", mine, 1, coords)
+    theirs = _run_until_journaled(tmp_path / "other", other, len(kept) + 1, coords)
+    foreign = theirs[len(kept)]                  # the seq that comes next in this run's journal
+
+    async def copy() -> None:
+        async with open_storage(other, **KEYS) as src, open_storage(mine, **KEYS) as dst:
+            entry = await src.get(foreign)
+            await dst.put(foreign, entry)
+            async for key in src.list("vcasync/incoming/"):
+                if key.encode() in entry:        # the received bytes the record names
+                    await dst.put(key, await src.get(key))
+
+    asyncio.run(copy())
+    again = start(coords, tmp_path, mine, "--units", "20", "--steps", "20", name="again")
+    assert again.wait() == ExitCode.STORAGE
+    log = again.log()
+    assert "which this run never granted" in log
+    assert "coordinator listening" not in log
+
+
 def test_a_store_that_ignores_preconditions_is_refused(stock_gcs_endpoint: str, tmp_path: Path,
                                                        unique_prefix: str,
                                                        coords: list[Coord]) -> None:

@@ -518,6 +518,14 @@ class Merger:
         if isinstance(record, JournalFlush):
             await self.apply_flush()
             return
+        if not self._ledger.granted_here(record.lease_id):
+            # every result this run journaled came under a lease it signed: an entry that did not
+            # is another run's (an object copied or restored into this prefix), never merged
+            raise CorruptObjectError(
+                f"journal entry {meta.get('seq')} holds a result of lease "
+                f"{str(record.lease_id)[:80]!r}, which this run never granted (an entry of another "
+                "run's journal?); restore this run's own journal entry, or start a new run "
+                "(--new-run, or another state_prefix)", key=str(meta.get("seq")))
         rm, worker_id, unit_id = record.meta(), record.worker_id, record.unit_id
         if rm.kind == "weights" and record.ints != INCREMENTS:   # written before increments
             self._owner.counters.legacy_increments(tensors, self._owner.versions.current.model)

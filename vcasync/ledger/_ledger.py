@@ -305,6 +305,12 @@ class Ledger:
         return LeaseGrant(lease.lease_id, self._units[lease.unit_id].unit, lease.base_version,
                           max(lease.deadline - self._clock(), 0.0), self.config.heartbeat_s, resumed)
 
+    def granted_here(self, lease_id: str) -> bool:
+        """Whether ``lease_id`` was signed with this run's secret for one of its units (a journal
+        entry copied in from another run's storage is not)."""
+        return self._signer.parse(lease_id, lambda i: self._order[i].unit.unit_id
+                                  if 0 <= i < len(self._order) else None) is not None
+
     def _find(self, lease_id: str, worker_id: str) -> LeaseRecord:
         """The lease, adopting a validly signed one the ledger does not know (lost in a restart)."""
         lease = self._leases.get(lease_id)
