@@ -258,6 +258,44 @@ async def test_a_worker_told_every_unit_is_leased_out_is_owed_an_answer_too(kit,
         assert a.answers_owed_s == pytest.approx(told.value.retry_after + 1.0)
 
 
+async def test_a_stop_while_lingering_still_answers_the_workers_told_to_ask_again(
+        kit, clock, storage) -> None:
+    """Found by a probe: a worker told "no queued work (or: the run is finishing), ask again",
+    then the run finished and the coordinator got SIGTERM while it lingered, before that worker
+    asked again: it never heard ``410 run_finished`` and retried the dead URL for its
+    --give-up-after (an hour), and a restart did not help (a cleanly stopped finished run exits
+    at once). A stop serves on until those told to ask again have asked (bounded by what was
+    owed at the stop)."""
+    from types import SimpleNamespace
+
+    from vcasync.commands.coordinator import _serve_on
+
+    async with make(kit, clock, build_policy("vcasgd"), storage, units=1,
+                    lease_timeout_s=60.0) as a:
+        w1, w2 = await a.join("w1"), await a.join("w2")
+        g = await a.lease(w2)
+        with pytest.raises(NoWorkAvailableError) as told:
+            await a.lease(w1)                  # "no queued work; 1 units are leased": ask in 15 s
+        assert not told.value.finished
+        owed = a.answers_owed_s
+        assert owed > 10
+        r = await a.submit(w2, g.lease_id, kit.stream(kit.result_chunks(
+            g.lease_id, result(kit.tiny_model(), 0), steps=g.unit.steps, base_version=0)))
+        assert r.status == "accepted"
+        stop = asyncio.Event()
+        serving = asyncio.create_task(_serve_on(SimpleNamespace(linger_s=600.0, output=None), a,
+                                                stop))
+        await asyncio.wait_for(a.wait_finished(), 10)
+        stop.set()                             # SIGTERM while it lingers
+        await asyncio.sleep(1.0)               # (the fake clock stands: w1 is still owed)
+        assert not serving.done(), "stopped before the worker told to ask again had asked"
+        with pytest.raises(NoWorkAvailableError) as end:
+            await a.lease(w1)                  # it asks again, and hears the end
+        assert end.value.finished
+        clock.advance(owed)
+        assert await asyncio.wait_for(serving, 10)
+
+
 class FailFlushWrite:
     """FaultyStorage trigger: every write of journal entry 5 (the flush after 4 results) fails."""
 

@@ -641,6 +641,8 @@ async def _serve_on(cfg: RunConfig, coord: Coordinator, stop: asyncio.Event,
                 break
             finished = False
             log.info("parked units were requeued: the run goes on")
+        if stop.is_set():
+            finished = await _answer_owed(cfg, coord, finished, output_failed)
     except ClosedError:
         if coord.storage_error is None:
             raise
@@ -650,6 +652,37 @@ async def _serve_on(cfg: RunConfig, coord: Coordinator, stop: asyncio.Event,
                  f"; {cfg.output} not written (the weights are not final)"
                  if cfg.output is not None else "")
     return finished
+
+
+async def _answer_owed(cfg: RunConfig, coord: Coordinator, finished: bool,
+                       output_failed: list[str] | None) -> bool:
+    """Stopped (a signal) once every unit is done: serve on until the workers told "the run is
+    finishing" or "no work now" have asked again (:attr:`Coordinator.answers_owed_s`, bounded by
+    what was owed at the stop), so they hear ``410 run_finished``. A stop within that second
+    left them retrying an unreachable URL for their --give-up-after (an hour by default), and a
+    restart did not help: a cleanly stopped finished run exits at once. A run still finishing
+    (its last results merged and made durable) may finish meanwhile: its weights are written
+    then. True if the run is finished."""
+    owed = coord.answers_owed_s
+    units = coord.status().get("units", {})
+    if owed <= 0 or units.get("queued", 0) or units.get("leased", 0):
+        return finished     # nobody to answer, or a run that goes on: a restart serves it
+    log.info("stopping: serving up to %.1fs more so the workers told to ask again hear the run "
+             "%s", owed, "ended" if finished else "ending")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + owed
+    if not finished:
+        finished = await _first(coord.wait_finished(), asyncio.sleep(owed))
+        if finished:
+            _log_parked(coord.parked())
+            problem = _write_output(cfg, coord)
+            if output_failed is not None:
+                output_failed[:] = [] if problem is None else [problem]
+    while (left := deadline - loop.time()) > 0:
+        if coord.answers_owed_s <= 0:      # every worker told has asked again by now
+            break
+        await asyncio.sleep(min(0.2, left))
+    return finished and coord.finished
 
 
 def _write_output(cfg: RunConfig, coord: Coordinator) -> str | None:
