@@ -466,6 +466,51 @@ async def test_a_worker_gives_up_on_a_coordinator_gone_for_good(tmp_path: Path) 
     assert WorkerConfig(give_up_after_s=float("inf")).give_up_after_s == float("inf")
 
 
+async def test_a_call_answered_storage_unavailable_between_two_outages_does_not_give_up_at_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by a probe: ``--give-up-after`` counted from the first failure of a call, not reset
+    when the coordinator answered: a join that found it unreachable, was then told ``503
+    storage_unavailable`` for longer than --give-up-after, and found it unreachable once more gave
+    up at that first failure ("unreachable for 7200 s") though the coordinator had answered all
+    along. Every answer (a storage wait, a 401 re-join) starts the count again."""
+    from vcasync.coordinator import Coordinator, CoordinatorConfig
+    from vcasync.policy import build_policy
+    from vcasync.server._auth import StorageTokenStore
+    from vcasync.storage import open_storage
+    from vcasync.testing.faults import FaultyStorage, WriteOutage
+
+    caplog.set_level(logging.INFO, logger="vcasync.worker")
+    give_up = 3.0
+    port = free_port()
+    switch = WriteOutage()
+
+    def said(text: str) -> int:
+        return sum(text in r.getMessage() for r in caplog.records)
+
+    async with open_storage("memory://give-up-reset") as inner:
+        storage: Any = FaultyStorage(inner, trigger=switch)
+        auth = TokenAuthority(join_secret=SECRET, store=StorageTokenStore(storage))
+        config = CoordinatorConfig(storage_probe_interval_s=0.05, storage_outage_limit_s=600.0)
+        async with Coordinator(ModelState.from_module(tiny_model()), make_units(2, steps=2),
+                               policy=build_policy("vcasgd"), storage=storage,
+                               config=config) as coord:
+            switch.down = True          # a join's token write fails: 503 storage_unavailable
+            w = worker(f"http://127.0.0.1:{port}", tmp_path / "w", make_trainer(),
+                       give_up_after_s=give_up)
+            task = asyncio.create_task(w.run())
+            await eventually(lambda: said("join: coordinator unreachable") == 1)   # 1st outage
+            async with Server(coord, auth, ServerConfig(port=port)):
+                await eventually(lambda: said("coordinator's storage unavailable, waiting") == 1)
+                await asyncio.sleep(give_up + 1.0)     # answered "storage unavailable" meanwhile
+            # unreachable again: a new outage, said again, not given up at its first failure
+            await eventually(lambda: task.done() or said("join: coordinator unreachable") == 2)
+            assert not task.done(), task.exception()
+            switch.down = False
+            async with Server(coord, auth, ServerConfig(port=port)):
+                report = await asyncio.wait_for(task, 60)
+    assert (report.reason, report.results_accepted) == ("finished", 2)
+
+
 @pytest.mark.parametrize("ending", ["stopped", "gave_up"])
 async def test_result_spooled_during_an_outage_is_resent_after_restart(tmp_path: Path, ending: str) -> None:
     # gave_up: the coordinator stayed away past --give-up-after, and the upload gave up. That was

@@ -450,6 +450,7 @@ class Worker:
                     raise
                 log.warning("%s: the coordinator no longer knows our token; joining again", what)
                 rejoined = True
+                attempt, unreachable_since = 0, None     # it answered: an outage after is new
                 await self._rejoin()
                 continue
             except NoWorkAvailableError as exc:
@@ -459,6 +460,10 @@ class Worker:
                 raise
             except StorageUnavailableError as exc:
                 outage.answered(time.monotonic())
+                # it answered: --give-up-after counts an outage after this one from its own start
+                # (counted from the call's first failure, an unreachable try after an hour of
+                # "storage unavailable" gave up at once, "unreachable for 3600 s")
+                attempt, unreachable_since = 0, None
                 # The coordinator is up but cannot make anything durable: wait as long as it
                 # asks, keeping what we hold (a spooled result stays on disk until acknowledged).
                 delay = max(0.05, exc.retry_after) * self._rng.uniform(0.5, 1.0)
