@@ -8,6 +8,7 @@ Failures are injected between journal write, merge and snapshot.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from typing import Any
@@ -671,6 +672,31 @@ async def test_a_finished_run_started_again_leaves_its_storage_as_it_was(kit, cl
     assert sorted(kept(after)) == sorted(kept(before))
     assert {k: v for k, v in kept(after).items() if not k.endswith(("/probe", "probe/"))} == \
         {k: v for k, v in kept(before).items() if not k.endswith(("/probe", "probe/"))}
+
+
+@pytest.mark.parametrize("durability", ["journal", "snapshot"])
+async def test_a_finished_run_taken_over_from_a_crash_waits_for_no_leases(kit, clock, storage,
+                                                                          durability, caplog) -> None:
+    """Found by a probe: a finished run started again after its coordinator was SIGKILLed while
+    it lingered logged "took run ... over ...: new leases wait 20s for the workers it leased units
+    to since its last snapshot", though every unit was done and no such lease can exist. A
+    finished run has no restart grace and says nothing of one."""
+    caplog.set_level(logging.INFO, logger="vcasync.coordinator")
+    a = await make(kit, storage, clock, units=2, durability=durability,
+                   restart_grace_s=None).__aenter__()
+    w = await a.join()
+    for _ in range(2):
+        await submit(kit, a, w, await a.lease(w), base_version=a.version)
+    await asyncio.wait_for(a.wait_finished(), 10)
+    await crash(a)                                    # SIGKILL while it lingered
+    async with make(kit, storage, clock, units=2, durability=durability,
+                    restart_grace_s=None) as b:
+        assert b.took_over
+        assert b.finished
+        with pytest.raises(NoWorkAvailableError) as told:
+            await b.lease(w)
+        assert told.value.finished                    # the end, not "new work in 20s"
+    assert not [r.getMessage() for r in caplog.records if "new leases wait" in r.getMessage()]
 
 
 async def test_a_restart_that_replayed_the_journal_snapshots_it_at_a_clean_stop(kit, clock,

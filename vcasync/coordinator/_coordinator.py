@@ -657,7 +657,11 @@ class Coordinator:
             assert run.recorded is not None
             await self._journal.record_identity(self.identity.with_origin_of(run.recorded))
         self._merger.snapshots.written_version = self.version     # what was recovered is stored
-        if taken_over:
+        if taken_over and self._recovered_finished(rec):
+            # every unit done: no lease can be out that a worker still trains, so there is nothing
+            # to wait for ("new leases wait 20s for the workers it leased units to" misled)
+            self._merger.keep_from = None
+        elif taken_over:
             self._grace_until = self._clock() + self.config.restart_grace()
             log.info("took run %s over from a coordinator that stopped uncleanly: new leases wait "
                      "%.3gs for the workers it leased units to since its last snapshot to call in",
