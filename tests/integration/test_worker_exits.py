@@ -2,12 +2,15 @@
 ``--state-dir`` (a grace period exceeded after SIGTERM exits 0, a refused join secret exits 2 as a
 configuration error), never an exception-group traceback; without ``--state-dir`` the temporary local
 cache (it holds the worker's token) is gone when the process ends, on those paths too; a store that
-ignores conditional writes is refused (exit 2) unless ``--allow-unsafe-store``, as a coordinator's is."""
+ignores conditional writes is refused (exit 2) unless ``--allow-unsafe-store``, as a coordinator's is;
+a worker restarted after its run finished (Kubernetes restarts every exit) is done at once."""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +20,7 @@ import pytest
 from vcasync.cli import ExitCode
 from vcasync.testing.emulators import Emulator
 
-from .conftest import HERE, Procs
+from .conftest import HERE, Procs, free_port
 from .test_remote_state import BUCKET, http, start_coordinator, state_url, stored, wait_until
 
 pytestmark = pytest.mark.slow
@@ -93,3 +96,50 @@ def test_a_state_store_that_ignores_conditional_writes_is_refused_unless_allowed
     assert "UNSAFE STORE" in procs.log("allowed")
     allowed.send_signal(signal.SIGTERM)
     assert allowed.wait(60) == 0, procs.log("allowed")[-3000:]
+
+
+def test_a_worker_restarted_after_its_run_finished_exits_0_when_the_coordinator_is_gone(
+        procs: Procs, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Kubernetes restarts a container whatever its exit status: the pod of a worker that heard its
+    run is finished starts again once its coordinator has stopped lingering (and that coordinator's
+    own restarts exit at once, never serving). It is done (exit 0), not retrying for
+    --give-up-after (an hour) on a spot node; the same state at a coordinator that serves a new run
+    joins and works as before."""
+    url = state_url("file", tmp_path, request)
+    port = free_port()
+    coordinator = f"http://127.0.0.1:{port}"
+
+    def start_coordinator(name: str, store: str) -> subprocess.Popen[bytes]:
+        return procs.start(name, "coordinator", "--model", "vcasync.examples.digits:model",
+                           "--shards", "1", "--epochs", "1", "--steps", "5",
+                           "--storage", f"file://{tmp_path / store}", "--port", str(port), "--linger", "1")
+
+    def serving() -> bool:
+        try:
+            http("GET", f"{coordinator}/healthz")
+        except OSError:
+            return False
+        return True
+
+    args = ["--coordinator", coordinator, "--trainer", "vcasync.examples.digits:train", "--state", url]
+    coord = start_coordinator("coord", "store")
+    first = procs.start("w1", "worker", *args)
+    assert first.wait(180) == 0, procs.log("w1")[-3000:]
+    assert "done (finished)" in procs.log("w1")
+    assert coord.wait(60) == 0, procs.log("coord")[-3000:]
+
+    restarted = procs.start("w2", "worker", *args)           # a new pod: an empty local cache
+    assert restarted.wait(120) == 0, procs.log("w2")[-3000:]
+    log = procs.log("w2")
+    assert "is finished; asking the coordinator" in log
+    assert "after it said the run is finished: nothing left to do" in log
+    assert "Traceback" not in log
+
+    new_run = start_coordinator("coord2", "store2")
+    wait_until("the new run's coordinator", lambda: new_run.poll() is None and serving())
+    again = procs.start("w3", "worker", *args)
+    assert again.wait(180) == 0, procs.log("w3")[-3000:]
+    log = procs.log("w3")
+    assert "joining as a new worker" in log
+    assert re.search(r"result for lease \S+ \(unit \S+\) accepted", log), log[-3000:]
+    assert new_run.wait(60) == 0, procs.log("coord2")[-3000:]

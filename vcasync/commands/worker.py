@@ -53,7 +53,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--give-up-after", type=float, default=3600.0, metavar="SECONDS",
                    help="exit with an error once the coordinator has been unreachable this long without a "
                         "break (default 3600; inf: never); the lease and checkpoints stay for a restart. "
-                        "Unreachable after saying the run is finished: exit 0 at once")
+                        "Unreachable after saying the run is finished: exit 0 at once, also in a "
+                        "restart on the same state (its identity remembers it)")
     p.add_argument("--on-preempt", choices=["checkpoint", "partial"], default="checkpoint")
     p.add_argument("--upload", choices=["delta", "weights"], default="delta")
     p.add_argument("--codec", default="raw", help="wire codec for results (raw, zstd, ...)")

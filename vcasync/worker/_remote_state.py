@@ -5,9 +5,9 @@ A preempted spot VM usually comes back as a *different* machine with an empty di
 restart needs in object storage, and a replacement given the same URL resumes the same lease from its
 last checkpoint::
 
-    identity.json                        {coordinator, run_id, worker_id, token}: the token is a
-                                         credential, so the state URL must be as private as the
-                                         join secret
+    identity.json                        {coordinator, run_id, worker_id, token, finished}: the
+                                         token is a credential, so the state URL must be as
+                                         private as the join secret
     lease.json                           the lease being worked on
     checkpoints/<lease>/<seq:012d>-<sha256:16>.pt
                                          the trainer's checkpoints, newest ``keep`` kept; a restore

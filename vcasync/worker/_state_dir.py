@@ -2,8 +2,9 @@
 
 Layout (every write is write-to-temp then rename, so a SIGKILL never leaves half a file)::
 
-    identity.json          {coordinator, run_id, worker_id, token}   mode 0600: the token is a
-                           credential; run_id (absent in older dirs) says which run it is for
+    identity.json          {coordinator, run_id, worker_id, token, finished}   mode 0600: the token
+                           is a credential; run_id (absent in older dirs) says which run it is for;
+                           finished (absent: false) that its coordinator said the run is finished
     lease.json             the lease being worked on (resumed after a restart if still valid)
     checkpoints/<lease>.pt the trainer's checkpoints for that lease (torch.save / weights_only load)
     results/<lease>.vca    a result payload written before upload, re-sent after a restart
@@ -58,20 +59,24 @@ class Identity:
     """Who the worker is in one run. ``run_id`` is the run the token belongs to (None: saved
     before identities named their run, or by a coordinator that did not say); ``coordinator`` is
     the URL it last reached that run at, which may change (a restart on another port, a hostname
-    for an address) without making it another run."""
+    for an address) without making it another run. ``finished``: the coordinator said that run is
+    finished, so a restart that finds it unreachable is done (a supervisor that restarts every
+    exit, Kubernetes, gets an exit 0 at once, not an hour of retries)."""
 
     coordinator: str
     worker_id: str
     token: str
     run_id: str | None = None
+    finished: bool = False
 
     def __repr__(self) -> str:  # the token is a credential: never in a repr or a log line
         return (f"Identity(coordinator={self.coordinator!r}, worker_id={self.worker_id!r}, "
-                f"run_id={self.run_id!r})")
+                f"run_id={self.run_id!r}, finished={self.finished!r})")
 
     def to_json(self) -> bytes:
         return json.dumps({"coordinator": self.coordinator, "run_id": self.run_id,
-                           "worker_id": self.worker_id, "token": self.token}).encode()
+                           "worker_id": self.worker_id, "token": self.token,
+                           "finished": self.finished}).encode()
 
     @classmethod
     def from_json(cls, raw: Any) -> Identity:
@@ -79,7 +84,8 @@ class Identity:
         if not isinstance(raw, dict) or not isinstance(raw.get("run_id", ""), str | None):
             raise TypeError("not an identity record")
         run_id = raw.get("run_id")
-        return cls(str(raw["coordinator"]), str(raw["worker_id"]), str(raw["token"]), run_id or None)
+        return cls(str(raw["coordinator"]), str(raw["worker_id"]), str(raw["token"]), run_id or None,
+                   raw.get("finished") is True)
 
 
 def _atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:

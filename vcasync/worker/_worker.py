@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
 import math
@@ -345,6 +346,8 @@ class Worker:
                     if self.stopping:
                         grace.reschedule(self._loop.time() + self.config.grace_period_s)
                     reason = await self._main()
+                    if reason == "finished":
+                        await self._remember_finished()
                     leave_by = grace.when()
             except TimeoutError:
                 if not self._grace or not self._grace.expired():
@@ -396,6 +399,20 @@ class Worker:
             self._check_delivered("the run is finished")
             return "finished"
         return "preempted"
+
+    async def _remember_finished(self) -> None:
+        """Keep in the state that this identity's run is finished: a restart (a supervisor that
+        restarts every exit, as Kubernetes does) that then finds the coordinator gone is done at
+        once, instead of retrying for ``give_up_after_s`` against a coordinator that will not come
+        back for a finished run (:meth:`_identity_of_this_run`)."""
+        if self._ident is None or self._ident.finished:
+            return
+        self._ident = dataclasses.replace(self._ident, finished=True)
+        try:
+            await asyncio.to_thread(self.state.save_identity, self._ident)
+        except OSError as exc:
+            log.warning("could not note in %s that the run is finished (%s); a restart retries the "
+                        "coordinator for --give-up-after", self.state.where, exc)
 
     async def _leave(self, client: CoordinatorClient, reason: str, grace_ends: float | None) -> None:
         """Tell the coordinator this worker exits (``POST /v1/leave``), so that its status stops
@@ -537,7 +554,18 @@ class Worker:
         learns its run there."""
         if stored is None:
             return None
-        served = await self._call("run id", self._cli().served_run, rejoin=False)
+        heard = self._finish_heard
+        if stored.finished:
+            # Its coordinator said the run is finished before this process started: if it does not
+            # answer now, it has stopped lingering, and there is nothing left to do (exit 0). One
+            # that answers says again, or serves more work (requeued units, a new run) as usual.
+            log.info("the state in %s says run %s is finished; asking the coordinator at %s whether "
+                     "it serves anything more", self.state.where, stored.run_id, self.url)
+            self._finish_heard = True
+        try:
+            served = await self._call("run id", self._cli().served_run, rejoin=False)
+        finally:
+            self._finish_heard = heard
         if stored.run_id is None or served is None:
             if stored.coordinator != self.url:
                 log.info("the identity in %s is for %s, not %s, and does not name its run: joining "
