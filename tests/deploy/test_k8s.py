@@ -162,6 +162,21 @@ def test_the_worker_wiring_agrees_with_the_cli(rendered: tuple[str, list[dict[st
     assert w["resources"]["requests"]
 
 
+def test_an_exit_is_explained_on_the_pod_and_a_long_recovery_is_not_killed(
+        rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    # found by a probe: an exit 2 (a configuration error, one line on stderr) restarted with no
+    # reason on the pod (only `kubectl logs --previous` showed it), and the liveness probe (30 s
+    # delay, 6 x 10 s) killed a coordinator whose journal replay took over 90 s, in a loop
+    _, docs = rendered
+    coord = container(one(docs, "Deployment", "vcasync-coordinator"))
+    for c in (coord, container(one(docs, "StatefulSet", "vcasync-worker"))):
+        assert c["terminationMessagePolicy"] == "FallbackToLogsOnError", c["name"]
+    startup = coord["startupProbe"]
+    assert startup["httpGet"] == coord["livenessProbe"]["httpGet"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 1800
+    assert "initialDelaySeconds" not in coord["livenessProbe"]     # the startup probe gates it
+
+
 @pytest.mark.parametrize("overlay", ["gke-spot", "eks-spot"])
 def test_workers_go_to_spot_capacity_and_the_coordinator_never_does(overlay: str) -> None:
     docs = render(OVERLAYS[overlay])
