@@ -166,3 +166,69 @@ def test_a_state_url_added_to_a_killed_workers_state_dir_takes_its_lease_over(
     starts = {lease_id: int(step) for _, lease_id, step in START.findall(log)}
     assert starts[lease] > 0, f"the resumed unit started over: {starts}"
     assert stored(url, "identity.json") == ["identity.json"]    # the state now lives in storage
+
+
+def test_a_checkpoint_saved_after_falling_back_from_a_corrupt_one_is_numbered_past_it(
+        procs: Procs, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    # A restore that skipped the newest checkpoint (its bytes no longer match its digest) went on
+    # numbering from the one it took, so the next checkpoint reused the corrupt one's number: two
+    # checkpoints #3, and keeping the newest one (--keep-checkpoints 1) could delete the good one
+    # and keep the corrupt one, so the next restart started the unit over.
+    url = state_url("file", tmp_path, request)
+    port = free_port()
+    coordinator = f"http://127.0.0.1:{port}"
+    procs.start("coord", "coordinator", "--model", "hold_trainer:model", "--app-dir", str(HERE),
+                "--shards", "1", "--epochs", "1", "--steps", "6",
+                "--storage", f"file://{tmp_path / 'store'}", "--durability", "journal",
+                "--lease-timeout", "120", "--port", str(port), "--linger", "600")
+    wait_until("the coordinator", lambda: _up(coordinator))
+    bucket = Path(url.removeprefix("file://"))
+
+    def start_worker(name: str, hold_at: int | None, *extra: str) -> Any:
+        procs.env.pop("HOLD_AT", None)
+        if hold_at is not None:
+            procs.env["HOLD_AT"] = str(hold_at)
+        return procs.start(name, "worker", "--coordinator", coordinator, "--trainer", "hold_trainer:train",
+                           "--app-dir", str(HERE), "--state", url, "--state-dir", str(tmp_path / name),
+                           "--state-lease", "3", *extra)
+
+    def checkpoints() -> list[str]:
+        return [k.rsplit("/", 1)[1] for k in stored(url, "checkpoints/")]
+
+    first = start_worker("machine-a", 3)
+    wait_until("machine-a holding",
+               lambda: "holding after the checkpoint of step 3" in procs.log("machine-a"))
+    first.send_signal(signal.SIGKILL)
+    first.wait(30)
+    kept = checkpoints()
+    assert [k[:12] for k in kept] == ["000000000002", "000000000003"], kept
+    (newest,) = [k for k in stored(url, "checkpoints/") if k.endswith(kept[-1])]
+    torn = bucket / newest
+    torn.write_bytes(torn.read_bytes()[:40])          # the newest checkpoint no longer matches its digest
+
+    second = start_worker("machine-b", 3, "--keep-checkpoints", "1")
+    wait_until("machine-b holding",
+               lambda: "holding after the checkpoint of step 3" in procs.log("machine-b"))
+    log_b = procs.log("machine-b")
+    assert "does not match its digest; trying an older one" in log_b, log_b[-3000:]
+    assert "with checkpoint #2" in log_b
+    assert [int(s) for _, _, s in START.findall(log_b)] == [2]
+    after = checkpoints()
+    assert [k[:12] for k in after] == ["000000000004"], after   # past the corrupt #3, which is gone
+    second.send_signal(signal.SIGKILL)
+    second.wait(30)
+
+    third = start_worker("machine-c", None)
+    assert third.wait(180) == 0, procs.log("machine-c")[-3000:]
+    log_c = procs.log("machine-c")
+    assert [int(s) for _, _, s in START.findall(log_c)] == [3], log_c[-3000:]   # machine-b's step 3
+    assert "does not match its digest" not in log_c
+    assert http("GET", f"{coordinator}/healthz")["version"] == 1
+
+
+def _up(url: str) -> bool:
+    try:
+        http("GET", f"{url}/healthz")
+    except OSError:
+        return False
+    return True

@@ -260,6 +260,11 @@ class RemoteStateDir(StateDir):
         """Copy the newest intact checkpoint of ``lease_id`` to its local path; its number, or 0."""
         st = self._st()
         keys = [k async for k in st.list(f"{_CKPT}{_safe(lease_id)}/")]
+        # The next checkpoint is numbered past every one stored, a corrupt one skipped here too:
+        # numbered from the one restored, it took the corrupt one's number, and the pruning (which
+        # keeps the last keys) could then delete it and keep the corrupt one.
+        seqs = [s for k in keys if (s := _parse_ckpt(k)[0]) is not None]
+        self._seq[lease_id] = max([self._seq.get(lease_id, 0), *seqs])
         for key in reversed(keys):
             seq, digest = _parse_ckpt(key)
             if seq is None:
@@ -269,13 +274,21 @@ class RemoteStateDir(StateDir):
             except ObjectNotFoundError:
                 continue
             if hashlib.sha256(data).hexdigest()[:16] != digest:
-                log.warning("checkpoint %s in %s does not match its digest; trying an older one", key,
-                            self.url)
+                log.warning("checkpoint %s in %s does not match its digest; trying an older one "
+                            "(and removing it: it can never be restored)", key, self.url)
+                # it would hold one of the --keep-checkpoints places, pruning a good one instead
+                with contextlib.suppress(StorageError):
+                    await self._lease_checked_delete(key)
                 continue
-            self._seq[lease_id] = max(self._seq.get(lease_id, 0), seq)
             await asyncio.to_thread(_atomic_write, self.checkpoint_path(lease_id), data)
             return seq
         return 0
+
+    async def _lease_checked_delete(self, key: str) -> None:
+        assert self._lease is not None
+        await self._lease.check()
+        with contextlib.suppress(ObjectNotFoundError):
+            await self._st().delete(key)
 
     def _st(self) -> Storage:
         if self._storage is None:
