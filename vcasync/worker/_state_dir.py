@@ -210,8 +210,11 @@ class StateDir:
         current = self.load_lease()
         if current is not None and current.lease_id == lease_id:
             (self.root / "lease.json").unlink(missing_ok=True)
-        self.checkpoint_path(lease_id).unlink(missing_ok=True)
-        self.result_path(lease_id).unlink(missing_ok=True)
+        for path in (self.checkpoint_path(lease_id), self.result_path(lease_id)):
+            path.unlink(missing_ok=True)
+            # and what a write cut off by a SIGKILL left beside it (the trainer's checkpoint, a
+            # spooled result: written to ".<name>.tmp", then renamed): kept until 2026-12-07
+            path.with_name(f".{path.name}.tmp").unlink(missing_ok=True)
 
     # -- receipts ----------------------------------------------------------------------------------
     def record_receipt(self, receipt: Receipt) -> None:
