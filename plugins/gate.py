@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from vcasync.errors import ConfigError, UpdateRejectedError
+from vcasync.errors import ConfigError, UnknownPolicyError, UpdateRejectedError
 from vcasync.policy import MergePolicy, PolicyState, build_policy
 from vcasync.tensors import ModelState, Update, all_finite
 
@@ -67,7 +67,7 @@ class Gate:
             raise ConfigError(f"gate: max_norm must be positive, got {max_norm}")
         if min_cosine is not None and not -1.0 <= min_cosine <= 1.0:
             raise ConfigError(f"gate: min_cosine must be in [-1, 1], got {min_cosine}")
-        self.inner: MergePolicy = build_policy(inner, inner_params)
+        self.inner: MergePolicy = _build_inner(inner, inner_params)
         self.z, self.warmup, self.decay = z, warmup, decay
         self.max_norm, self.min_cosine = max_norm, min_cosine
         self._ws = Workspace()
@@ -194,6 +194,17 @@ class Gate:
             return None
         out: ModelState | None = inner(model, state["inner"])
         return out
+
+
+def _build_inner(inner: str, inner_params: dict[str, Any] | None) -> MergePolicy:
+    """The wrapped policy; a refusal names the gate's parameter it came from (``inner`` for an
+    unknown name, ``inner_params`` for a parameter the wrapped policy refuses)."""
+    try:
+        return build_policy(inner, inner_params)
+    except UnknownPolicyError as exc:
+        raise UnknownPolicyError(f"gate: parameter 'inner': {exc}") from exc
+    except ConfigError as exc:
+        raise ConfigError(f"gate: parameter 'inner_params' (of policy {inner!r}): {exc}") from exc
 
 
 def _ew_update(state: PolicyState, key: str, value: float, decay: float, *, first: bool) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Literal
@@ -112,6 +113,26 @@ def test_builtin_value_errors_are_config_errors() -> None:
         build_policy("gate", {"inner": "vcasgd", "inner_params": {"bogus": 1}})
     with pytest.raises(UnknownPolicyError):
         build_policy("gate", {"inner": "nope"})
+
+
+@pytest.mark.parametrize(("params", "error", "says"), [
+    ({"inner": "nope"}, UnknownPolicyError,
+     r"^gate: parameter 'inner': no merge policy named 'nope'; available: .*vcasgd"),
+    ({"inner": "vcasgd", "inner_params": {"alpha": math.nan}}, ConfigError,
+     r"^gate: parameter 'inner_params' \(of policy 'vcasgd'\): vcasgd: alpha must be in"),
+    ({"inner": "fedbuff", "inner_params": {"buffer_size": -1}}, ConfigError,
+     r"^gate: parameter 'inner_params' \(of policy 'fedbuff'\): fedbuff: buffer_size must be >= 1"),
+    ({"inner_params": {"alpha": True}}, ConfigError,
+     r"^gate: parameter 'inner_params' \(of policy 'vcasgd'\): parameter 'alpha' of policy 'vcasgd' "
+     r"must be float, got True"),
+])
+def test_gate_refusing_its_inner_policy_names_the_gate_parameter(
+        params: dict[str, Any], error: type[Exception], says: str) -> None:
+    # A refusal of the wrapped policy names which of the gate's own parameters holds the bad value
+    # (until 2026-12-07 it said only "no merge policy named 'nope'" or "vcasgd: alpha must be ...",
+    # naming a parameter `--policy gate` does not take).
+    with pytest.raises(error, match=says):
+        build_policy("gate", params)
 
 
 def test_unknown_policy_lists_the_available_ones() -> None:
