@@ -7,15 +7,19 @@ gradients really were all-reduced), and the result equals single-process SGD on 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import threading
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("sklearn", reason="the demo needs scikit-learn (vcasync[demo])")
 
+from tests._procs import live_processes, wait_until
 from vcasync.demo.baseline import sync_sgd
 from vcasync.demo.ddp import DdpConfig, run_ddp
-from vcasync.errors import ConfigError
+from vcasync.errors import ConfigError, RunIncompleteError
 from vcasync.examples.workloads import get_workload
 
 
@@ -63,9 +67,43 @@ def test_the_demo_compares_with_a_baseline_on_the_same_footing() -> None:
 
 
 def test_a_failing_rank_is_a_clear_error(tmp_path: Path) -> None:
+    # the ranks ran and failed: the run is incomplete, not its configuration wrong (exit 2 said
+    # "nothing changed" after a whole fleet had run)
     cfg = DdpConfig(workers=2, workload="no-such-data", batch_size=8, samples=32, lr=0.1, timeout_s=60)
-    with pytest.raises(ConfigError, match="DDP rank failed"):
+    with pytest.raises(RunIncompleteError, match=r"DDP rank failed \(rank \d exited with status 1"):
         run_ddp(cfg, tmp_path)
+
+
+def test_a_rank_killed_from_outside_ends_the_baseline_and_stops_the_others(tmp_path: Path) -> None:
+    # Found by hand: a rank SIGKILLed (the OOM killer) in the rendezvous left rank 0 waiting there,
+    # and run_ddp waited for rank 0 until the gloo timeout (--max-wall, 15 minutes in the demo),
+    # then said only that the baseline "did not finish"; killed later, it was "configuration error".
+    cfg = DdpConfig(workers=2, workload="digits", batch_size=16, samples=2 * 16 * 2000, lr=0.1,
+                    eval_points=3, timeout_s=120)
+    out = tmp_path / "ddp"
+    caught: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            run_ddp(cfg, out)
+        except BaseException as exc:    # handed to the test's thread
+            caught.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        def rank1() -> list[int]:
+            return [pid for pid, cmd in live_processes(str(out)).items() if "--rank 1 " in cmd]
+
+        wait_until("DDP rank 1", rank1, 120)
+        os.kill(rank1()[0], signal.SIGKILL)
+    finally:
+        thread.join()
+    assert len(caught) == 1, caught
+    assert isinstance(caught[0], RunIncompleteError), repr(caught[0])
+    assert "DDP rank failed (rank 1 killed by SIGKILL)" in str(caught[0])
+    assert "the other ranks were stopped" in str(caught[0])
+    assert not live_processes(str(out))
 
 
 def test_bad_config_is_refused() -> None:

@@ -142,3 +142,40 @@ def test_a_coordinator_killed_from_outside_ends_the_fleet_and_says_so(tmp_path: 
     assert report["stopped_at_limit_s"] is None                  # not said to be the time limit
     assert any(e["who"] == "coordinator" and e["kind"] == "exited" for e in report["timeline"])
     assert not _children_of_run(str(run_dir))
+
+
+def test_a_ddp_rank_killed_from_outside_still_reports_the_fleet(tmp_path: Path) -> None:
+    # Found by hand: a DDP rank SIGKILLed (the OOM killer) left the demo waiting for the other one
+    # until the gloo timeout (--max-wall, 15 minutes by default), then exit 5 with no report of the
+    # fleet's run; a rank that failed later was exit 2, "configuration error", and no report either.
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "vcasync", "demo", "--quick", "--no-progress", "--json",
+                             "--preemptions", "0", "--max-wall", "120", "--run-dir", str(run_dir)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    ddp = str(run_dir / "ddp")
+    try:
+        def rank1() -> list[int]:
+            return [pid for pid, cmd in live_processes(ddp).items() if "--rank 1 " in cmd]
+
+        wait_until("DDP rank 1", rank1, 300, every=0.1)
+        os.kill(rank1()[0], signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == ExitCode.INCOMPLETE, err
+    assert "the DDP baseline failed: a DDP rank failed (rank 1 killed by SIGKILL)" in err
+    assert "configuration error" not in err
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["finished"] is True                      # the fleet's run, reported as it was
+    assert report["final_accuracy"] > 0.5
+    assert report["baseline"] is None
+    assert "rank 1 killed by SIGKILL" in report["baseline_error"]
+    assert report["saving"] is None
+    assert report["cost"]["target"] is None
+    head = json.loads(out.strip().splitlines()[-1])
+    assert head["baseline_error"] == report["baseline_error"]
+    assert (run_dir / "accuracy.png").exists()
+    assert (run_dir / "timeline.png").exists()
+    assert not _children_of_run(str(run_dir))

@@ -181,6 +181,7 @@ def _run(a: argparse.Namespace, cfg: Any) -> int:
         print(f"DDP baseline: {cfg.workers} processes (gloo on 127.0.0.1), {samples} samples ...",
               file=sys.stderr)
     ddp = cfg.ddp_config(samples)
+    baseline_error: str | None = None
     try:
         baseline = run_ddp(ddp, result.run_dir / "ddp")
     except KeyboardInterrupt:        # run_ddp killed its ranks on the way out
@@ -188,7 +189,12 @@ def _run(a: argparse.Namespace, cfg: Any) -> int:
               f"report was written (the fleet's logs and state are in {result.run_dir})",
               file=sys.stderr, flush=True)
         raise
-    report = build_report(result, baseline, t0_wall)
+    except RunIncompleteError as exc:
+        # a rank killed from outside (the OOM killer) or crashed, or the baseline out of time: the
+        # fleet's run is still reported, with no comparison (it was exit 2, "configuration error",
+        # or a wait until --max-wall, and no report of the fleet at all)
+        baseline, baseline_error = None, str(exc)
+    report = build_report(result, baseline, t0_wall, baseline_error=baseline_error)
     try:
         paths = write_report(report, result.run_dir)
     except KeyboardInterrupt:        # every process had stopped: only the files may be partial
@@ -203,16 +209,22 @@ def _run(a: argparse.Namespace, cfg: Any) -> int:
         # printed only accuracies, which could not say why its fleet missed the target
         keys = ("metric", "final_accuracy", "ddp_accuracy", "accuracy_gap", "final_loss", "ddp_loss",
                 "loss_gap", "saving", "time_to_target_s", "ddp_time_to_target_s", "first_merge_s",
-                "finished", "wall_s", "stopped_at_limit_s", "workers_stopped_s", "final_scored_after_limit")
+                "finished", "wall_s", "stopped_at_limit_s", "workers_stopped_s", "final_scored_after_limit",
+                "baseline_error")
         head = {k: report[k] for k in keys}
         print(strict_json(head | {"cost": report["cost"], "run_dir": str(result.run_dir)}))
     else:
         _print_summary(report, paths)
+    whys = []
     if not result.finished:   # it ran and stopped: not a configuration error (exit 2: nothing changed)
         # the cause the run found (the limit, workers that kept crashing ...): every unfinished
         # fleet was said to have hit --max-wall, a run of crashing workers included
-        why = result.incomplete_reason or "the fleet did not finish"
-        raise RunIncompleteError(f"{why}; the report covers what was merged; see {result.run_dir}")
+        whys.append(result.incomplete_reason or "the fleet did not finish")
+    if baseline_error is not None:
+        whys.append(f"the DDP baseline failed: {baseline_error}; no comparison was made")
+    if whys:
+        raise RunIncompleteError(f"{'; and '.join(whys)}; the report covers what was merged; see "
+                                 f"{result.run_dir}")
     return 0
 
 
@@ -317,7 +329,13 @@ def _lost_lines(lost: dict[str, Any]) -> list[str]:
 def _incomplete_lines(r: dict[str, Any]) -> list[str]:
     """An unfinished run says why; one stopped by --max-wall says that its figures are the fleet's at
     the limit (a fleet that went on merging during its grace period was said to reach the target
-    after the limit, and priced without its workers)."""
+    after the limit, and priced without its workers). A DDP baseline that failed is said too."""
+    failed = r.get("baseline_error")
+    baseline = [f"  incomplete              the DDP baseline failed: {failed}"] if failed else []
+    return _fleet_incomplete_lines(r) + baseline
+
+
+def _fleet_incomplete_lines(r: dict[str, Any]) -> list[str]:
     if r.get("finished", True):
         return []
     at = r.get("stopped_at_limit_s")
@@ -340,7 +358,8 @@ def _incomplete_lines(r: dict[str, Any]) -> list[str]:
 def _wall_line(r: dict[str, Any]) -> str:
     """The fleet's wall time; with --max-wall the limit and the moment its workers had stopped, apart
     (one figure, the run's end, read as the limit though it ran past it by the grace period)."""
-    ddp = f" + {r['baseline']['wall_s']:.0f} s (DDP)"
+    ddp = (" + DDP failed (see incomplete)" if r.get("baseline") is None
+           else f" + {r['baseline']['wall_s']:.0f} s (DDP)")
     at = r.get("stopped_at_limit_s")
     if at is None:
         return f"  wall time               {r['wall_s']:.0f} s (fleet){ddp}"
@@ -395,17 +414,24 @@ def _print_summary(r: dict[str, Any], paths: list[Path]) -> None:
     ddp = f"(DDP, {n} process{'es' if n != 1 else ''}, same {r['samples']} samples:"
     by_loss = r.get("metric") == "loss"
     late = " (scored after the limit, see below)" if r.get("final_scored_after_limit") else ""
+
+    def theirs(key: str) -> str:
+        # no baseline (a DDP rank failed): nothing to compare with, said rather than a crash
+        return "(DDP: none, the baseline failed)" if r[key] is None else f"{ddp} {r[key]:.3f})"
+
     # a workload judged by loss (tinylm) showed only its accuracy, beside a target in loss
     lines = [
         "",
         f"vcasync demo: {n} worker{'s' if n != 1 else ''}, {r['config']['policy']}, "
         f"{r['config']['workload']}",
-        *([f"  final test loss         {_score(r['final_loss'])}   {ddp} {r['ddp_loss']:.3f}){late}"]
+        *([f"  final test loss         {_score(r['final_loss'])}   {theirs('ddp_loss')}{late}"]
           if by_loss else []),
-        f"  final test accuracy     {_score(r['final_accuracy'])}   {ddp} {r['ddp_accuracy']:.3f}){late}",
+        f"  final test accuracy     {_score(r['final_accuracy'])}   {theirs('ddp_accuracy')}{late}",
     ]
     if c.get("target_withheld"):
         lines.append(f"  target                  none, so no saving: {c['target_withheld']}")
+    if r.get("baseline_error"):
+        lines.append("  target                  none, so no saving: the DDP baseline failed (see incomplete)")
     if c.get("target") is not None:
         a, d, t = c["async"], c["ddp"], c["target"]
         # "n of m seeds reached" on every saving (vcasync.costing.spread's rule): here m is 1

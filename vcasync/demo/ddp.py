@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -98,7 +99,8 @@ def _free_port() -> int:
 
 
 def run_ddp(cfg: DdpConfig, out_dir: Path) -> DdpResult:
-    """Run ``cfg.workers`` DDP processes to the end; ConfigError (with the logs' place) if one fails."""
+    """Run ``cfg.workers`` DDP processes to the end; :class:`RunIncompleteError` (with the logs' place)
+    as soon as one fails, the others stopped, or when they run past ``cfg.timeout_s``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
            "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": str(cfg.threads), "PYTHONUNBUFFERED": "1"}
@@ -114,14 +116,7 @@ def run_ddp(cfg: DdpConfig, out_dir: Path) -> DdpResult:
                                   "--out", str(out_dir / f"ddp-rank{rank}.json"), "--t0", repr(t0))
             procs.append(subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                           stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + cfg.timeout_s
-        codes = []
-        for p in procs:
-            try:
-                codes.append(p.wait(max(0.1, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                raise RunIncompleteError(f"the DDP baseline did not finish in {cfg.timeout_s:.0f} s; "
-                                  f"see {out_dir}/ddp-rank*.log") from None
+        _wait_ranks(procs, cfg.timeout_s, out_dir)
         wall = time.time() - t0
     finally:
         for p in procs:
@@ -130,11 +125,41 @@ def run_ddp(cfg: DdpConfig, out_dir: Path) -> DdpResult:
                 p.wait()
         for log in logs:
             log.close()
-    if any(codes):
-        raise ConfigError(f"a DDP rank failed (exit codes {codes}); see {out_dir}/ddp-rank*.log")
     ranks = [json.loads((out_dir / f"ddp-rank{r}.json").read_text()) for r in range(cfg.workers)]
     points = [(float(t), int(n), float(a), float(loss)) for t, n, a, loss in ranks[0]["points"]]
     return DdpResult(cfg, points, float(ranks[0]["first_step_s"]), wall, [r["digest"] for r in ranks])
+
+
+def _wait_ranks(procs: list[subprocess.Popen[bytes]], timeout_s: float, out_dir: Path) -> None:
+    """Until every rank has exited 0; :class:`RunIncompleteError` as soon as one exits otherwise (the
+    caller stops the others) or after ``timeout_s``. The ranks were waited for one by one, so a
+    rank killed from outside (the OOM killer) while rank 0 waited in the rendezvous or an
+    all-reduce left the demo waiting for rank 0 until the gloo timeout, ``--max-wall`` (15 minutes
+    by default), and a failed rank was a "configuration error" (exit 2) after the whole fleet ran."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            said = ", ".join(f"rank {rank} {_exit_how(code)}" for rank, code in failed)
+            raise RunIncompleteError(f"a DDP rank failed ({said}); the other ranks were stopped; see "
+                                     f"{out_dir}/ddp-rank*.log")
+        if all(code == 0 for code in codes):
+            return
+        if time.monotonic() >= deadline:
+            raise RunIncompleteError(f"the DDP baseline did not finish in {timeout_s:.0f} s; "
+                                     f"see {out_dir}/ddp-rank*.log")
+        time.sleep(0.1)
+
+
+def _exit_how(code: int | None) -> str:
+    """A rank's exit, in words: the signal that killed it, or its exit status."""
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
 
 
 # -- one rank (runs in its own process) -------------------------------------------------------------

@@ -194,7 +194,10 @@ def _recoveries(run: DemoRun, events: dict[int, list[dict[str, Any]]], t0_wall: 
             "all_recovered": all(p["recovered"] for p in pairs)}
 
 
-def build_report(run: DemoRun, baseline: DdpResult | None, t0_wall: float) -> dict[str, Any]:
+def build_report(run: DemoRun, baseline: DdpResult | None, t0_wall: float, *,
+                 baseline_error: str | None = None) -> dict[str, Any]:
+    """``report.json``'s content; ``baseline`` None with ``baseline_error`` (why) when the DDP
+    baseline failed: the fleet's figures without a target or a saving."""
     cfg = run.config
     events = read_events(run.run_dir / "events")
     curve, late = run.curve(), run.scored_after_limit()
@@ -253,6 +256,8 @@ def build_report(run: DemoRun, baseline: DdpResult | None, t0_wall: float) -> di
             "run_dir": str(run.run_dir),
         },
         "baseline": None if baseline is None else baseline.as_dict(),
+        # why there is no baseline (a DDP rank failed, or it ran out of time); None when there is one
+        "baseline_error": baseline_error,
         "accuracy": [list(p) for p in curve],
         "workers": [{"name": s.name, "starts": s.starts, "sigterm": s.preemptions, "sigkill": s.kills,
                      "uptime_s": s.uptime_s, "sessions": [list(x) for x in s.sessions], "pids": s.pids,
