@@ -182,10 +182,11 @@ def _recoveries(run: DemoRun, events: dict[int, list[dict[str, Any]]], t0_wall: 
             "unit_finished_anyway": sum(1 for p in pairs if p["outcome"] == "finished"),
             "fewer_than_asked": fewer,
             "not_fired": not_fired,
+            # "the other 4" read wrong when none fired: "any of the 4" then
             "why_fewer": None if not fewer else (
-                f"the fleet finished its units before the other {not_fired} found a worker inside a "
-                f"unit" if run.finished else f"the run was stopped before the other {not_fired} "
-                f"found a worker inside a unit"),
+                f"the {'fleet finished its units' if run.finished else 'run was stopped'} before "
+                f"{f'the other {not_fired}' if fired else f'any of the {not_fired}'} found a worker "
+                "inside a unit"),
             "sigterm": sum(1 for p in pairs if p["signal"] == "SIGTERM"),
             "sigkill": sum(1 for p in pairs if p["signal"] == "SIGKILL"),
             # worker processes that exited on an error (not a preemption), and slots that gave up
