@@ -150,6 +150,12 @@ def _query(url: str, query: str) -> dict[str, str]:
     return out
 
 
+def _has_text_form(hint: Any) -> bool:
+    """Whether a value of type ``hint`` can be given as text (in a URL query): a plain scalar."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    return all(a in (str, int, float, bool) for a in args)
+
+
 def parse_options(cls: type[OptionsT], url: str, query: str, kwargs: Mapping[str, Any]) -> OptionsT:
     """Build the frozen options dataclass ``cls`` from the URL query and keyword arguments.
 
@@ -164,10 +170,16 @@ def parse_options(cls: type[OptionsT], url: str, query: str, kwargs: Mapping[str
         if set(kwargs) - set(fields):
             known = f"known: {', '.join(sorted(fields))}"
         else:   # a URL was listed its secrets, which it is always refused
-            public = sorted(n for n, f in fields.items() if not f.metadata.get("secret"))
+            # neither a secret (always refused in a URL) nor what has no text form (a
+            # RetryPolicy): a URL offered "retry", then refused it
+            public = sorted(n for n, f in fields.items() if not f.metadata.get("secret")
+                            and _has_text_form(hints[n]))
             known = f"a URL may carry: {', '.join(public)}"
-            if len(public) < len(fields):
+            if any(f.metadata.get("secret") for f in fields.values()):
                 known += " (credentials go as keyword arguments or the standard credential chain)"
+            python_only = sorted(n for n in fields if not _has_text_form(hints[n]))
+            if python_only:
+                known += f"; from Python only: {', '.join(python_only)}"
         raise ConfigError(f"unknown option(s) {', '.join(unknown)} for {shown_url(url)!r}; {known}")
     both = sorted(set(from_url) & set(kwargs))
     if both:

@@ -21,6 +21,10 @@ def test_an_unknown_url_option_lists_only_what_a_url_may_carry() -> None:
     for secret in ("aws_access_key_id", "aws_secret_access_key", "aws_session_token"):
         assert secret not in said
     assert "credentials go as keyword arguments or the standard credential chain" in said
+    # found by a probe: "retry" was offered, and a URL carrying it refused (a RetryPolicy has no
+    # text form): it is named apart
+    assert ", retry" not in said.split("(credentials")[0]
+    assert "; from Python only: retry" in said
 
 
 def test_an_unknown_keyword_option_lists_every_option() -> None:
