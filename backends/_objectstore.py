@@ -20,6 +20,7 @@ the two uploads, the writer tag lookup (``_writer``) and the bucket check (``_ch
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
@@ -187,10 +188,29 @@ class ObjectStore(StorageBase):
     async def put(self, key: str, data: BytesLike, *, if_absent: bool = False) -> None:
         full = self._full(key)
         view = check_data(data)
-        if len(view) <= self._one_request_max:
-            await self._put_one(key, full, data if isinstance(data, bytes) else view.tobytes(), if_absent)
-            return
-        await self._put_many(key, full, self._split(view), if_absent)
+        async with self._bucket_named(key):
+            if len(view) <= self._one_request_max:
+                await self._put_one(key, full, data if isinstance(data, bytes) else view.tobytes(),
+                                    if_absent)
+                return
+            await self._put_many(key, full, self._split(view), if_absent)
+
+    @contextlib.asynccontextmanager
+    async def _bucket_named(self, key: str) -> AsyncIterator[None]:
+        """A write answered "not found" can only mean the bucket is gone (an object being written
+        cannot be missing): said as :class:`BucketNotFoundError` when a check of the bucket finds
+        it so. GCS said "404 Not Found" on ``put 'k'``, an ObjectNotFoundError naming the key, where
+        the bucket had been deleted mid-run (S3 says so itself: NoSuchBucket)."""
+        try:
+            yield
+        except ObjectNotFoundError as exc:
+            try:
+                await self._check_bucket()
+            except ObjectNotFoundError:
+                raise self._no_bucket(self._where("put", key), key) from exc
+            except StorageError:
+                pass        # the check failed otherwise: the write's own error says more
+            raise
 
     async def put_stream(self, key: str, chunks: AsyncIterable[BytesLike], *,
                          if_absent: bool = False) -> None:
@@ -199,7 +219,8 @@ class ObjectStore(StorageBase):
         first = await anext(blocks, b"")
         second = await anext(blocks, None)
         if second is None and len(first) <= self._one_request_max:
-            await self._put_one(key, full, first, if_absent)
+            async with self._bucket_named(key):
+                await self._put_one(key, full, first, if_absent)
             return
 
         async def all_blocks() -> AsyncIterator[Block]:
@@ -209,7 +230,8 @@ class ObjectStore(StorageBase):
                 async for block in blocks:
                     yield block
 
-        await self._put_many(key, full, all_blocks(), if_absent)
+        async with self._bucket_named(key):
+            await self._put_many(key, full, all_blocks(), if_absent)
 
     async def exists(self, key: str) -> bool:
         try:

@@ -52,6 +52,24 @@ async def test_a_missing_bucket_is_named_before_anything_is_written(
         assert info.value.bucket == "no-such-bucket"
 
 
+@pytest.mark.parametrize("kind", ["s3", "gs"])
+@pytest.mark.parametrize("size", [1, 9 << 20])       # one request; a multipart/resumable upload
+async def test_a_write_to_a_bucket_gone_mid_run_names_the_bucket(
+        kind: str, size: int, request: pytest.FixtureRequest) -> None:
+    # found by a probe: past the open-time check (a bucket deleted mid-run, or embedding code that
+    # never probes), GCS's put said "404 Not Found" as an ObjectNotFoundError naming the key
+    if kind == "s3":
+        storage = open_storage("s3://no-such-bucket/p", endpoint_url=request.getfixturevalue(
+            "s3_endpoint"), part_size=5 << 20, multipart_threshold=5 << 20, **DUMMY_S3_CREDENTIALS)
+    else:
+        storage = open_storage(f"gs://no-such-bucket/p?emulator_host="
+                               f"{request.getfixturevalue('gcs_endpoint')}&simple_upload_max=1048576")
+    async with storage:
+        with pytest.raises(BucketNotFoundError, match="the bucket 'no-such-bucket' does not exist") as info:
+            await storage.put("k", b"x" * size)
+        assert info.value.bucket == "no-such-bucket"
+
+
 # -- GCS credential discovery ------------------------------------------------------------------------
 
 @pytest.fixture
