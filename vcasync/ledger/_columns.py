@@ -23,7 +23,7 @@ from ._types import LeaseRecord, LeaseState, UnitRecord, UnitState, WorkerRecord
 from ._units import Receipt, WorkUnit, receipt_status
 
 __all__ = ["LEASE_FIELDS", "WORKER_FIELDS", "LeaseArchive", "UnitSpecs", "UnitStates",
-           "lease_records", "restore_unit_states", "unit_specs", "worker_left", "worker_table",
+           "lease_records", "restore_unit_states", "unit_specs", "worker_flag", "worker_table",
            "worker_table_rows"]
 
 #: Snapshot columns of a unit's spec (its ``params`` are kept sparse: most units have none).
@@ -172,13 +172,15 @@ def worker_table(workers: Iterable[WorkerRecord], now: float) -> dict[str, list[
             "spw": [w.spw for w in ws], "streak": [w.streak for w in ws],
             "failures": [w.failures for w in ws], "backoff": [w.backoff_until - now for w in ws],
             "quarantined": [w.quarantined for w in ws], "last_failure": [w.last_failure for w in ws],
-            "left": [w.left for w in ws]}
+            "left": [w.left for w in ws], "preempted": [w.preempted for w in ws]}
 
 
-def worker_left(table: Any) -> list[bool] | None:
-    """The ``left`` column of a format-2 worker table (who said it exits), None where the table
-    has none (a snapshot from before 2026-12-07: nobody had left) or not a list of booleans."""
-    col = table.get("left") if isinstance(table, Mapping) else None
+def worker_flag(table: Any, name: str) -> list[bool] | None:
+    """A boolean column of a format-2 worker table: ``left`` (who said it exits) or ``preempted``
+    (whose last act was a release that was nobody's fault); None where the table has none (a
+    snapshot from before 2026-12-07: nobody had left, and nobody was kept preempted) or not a list
+    of booleans."""
+    col = table.get(name) if isinstance(table, Mapping) else None
     if not isinstance(col, list) or not all(isinstance(v, bool) for v in col):
         return None
     return col

@@ -65,7 +65,7 @@ from ._columns import (
     lease_records,
     restore_unit_states,
     unit_specs,
-    worker_left,
+    worker_flag,
     worker_table,
     worker_table_rows,
 )
@@ -877,14 +877,18 @@ class Ledger:
                 heapq.heappush(self._heap, (lease.deadline, lease.lease_id))
             self._keep(lease)
         rows = list(worker_table_rows(data["workers"]) if fmt == SNAPSHOT_FORMAT else data["workers"])
-        left = worker_left(data["workers"]) if fmt == SNAPSHOT_FORMAT else None
-        if left is None or len(left) != len(rows):
-            left = [False] * len(rows)
-        for row, gone in zip(rows, left, strict=True):
+
+        def flag(name: str) -> list[bool]:
+            col = worker_flag(data["workers"], name) if fmt == SNAPSHOT_FORMAT else None
+            return col if col is not None and len(col) == len(rows) else [False] * len(rows)
+
+        for row, gone, stopped in zip(rows, flag("left"), flag("preempted"), strict=True):
             worker_id, name, info, since, spw = row[:5]
             w = self._workers[worker_id] = WorkerRecord(worker_id, name, info, now - since - down_s)
             w.spw = spw
-            w.left = gone       # a restart must not show a worker that left alive again
+            # a restart must not show a worker that left, or was preempted, alive again (until
+            # 2026-12-07 a preempted one was, and one that also left showed "left")
+            w.left, w.preempted = gone, stopped
             if len(row) >= 10:
                 w.streak, w.failures, w.quarantined, w.last_failure = row[5], row[6], row[8], row[9]
                 w.backoff_until = now + max(row[7] - down_s, 0.0)     # served through the outage
