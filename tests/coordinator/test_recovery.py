@@ -49,6 +49,14 @@ async def submit(kit, coord, w, g, value=0.25, **kw):
                                                                           **kw)))
 
 
+async def merged(kit, coord, n: int) -> str:
+    """A worker joins and delivers ``n`` results, each on the version it leased at; its id."""
+    w = await coord.join()
+    for _ in range(n):
+        await submit(kit, coord, w, await coord.lease(w), base_version=coord.version)
+    return w
+
+
 async def drive(kit, coord, n: int) -> tuple[str, list]:
     """n results plus two held back: deltas from a mix of bases, one partial, one refused by the
     policy, one on an old base (its base must be stored to replay it), one too stale."""
@@ -499,10 +507,7 @@ async def test_snapshot_mode_finishes_only_once_a_snapshot_holds_the_last_result
     # its worker left, the coordinator was killed before any snapshot held the last results, and
     # the restarted one had the first model back, units open and nobody left to train them.
     a = await make(kit, storage, clock, durability="snapshot", snapshot_every=100, units=3).__aenter__()
-    w = await a.join()
-    for _ in range(3):
-        g = await a.lease(w)
-        await submit(kit, a, w, g, base_version=a.version)
+    await merged(kit, a, 3)
     await asyncio.wait_for(a.wait_finished(), 10)
     final, version = a.model(), a.version
     assert a.status()["finished"]
@@ -522,9 +527,7 @@ async def test_a_crash_in_journal_mode_is_recovered_by_a_start_in_snapshot_mode(
     # dropped, v1.. were served again with other weights, and the workers' results in flight were
     # refused as "422 invalid_update (bad_base_version): base_version 28 is newer than the model".
     a = await make(kit, storage, clock, snapshot_every=100).__aenter__()
-    w = await a.join()
-    for _ in range(3):
-        await submit(kit, a, w, await a.lease(w), base_version=a.version)
+    w = await merged(kit, a, 3)
     acknowledged, version = a.model(), a.version
     await crash(a)
     b = await make(kit, storage, clock, durability="snapshot", snapshot_every=100).__aenter__()
@@ -706,9 +709,7 @@ async def test_a_restart_that_replayed_the_journal_snapshots_it_at_a_clean_stop(
     # stopped without a snapshot, so the newest snapshot lacked six acknowledged results (the
     # journal still held them) and every later start replayed them again.
     a = await make(kit, storage, clock, units=3).__aenter__()
-    w = await a.join()
-    for _ in range(3):
-        await submit(kit, a, w, await a.lease(w), base_version=a.version)
+    await merged(kit, a, 3)
     final, version = a.model(), a.version
     assert a.finished
     await crash(a)

@@ -22,6 +22,14 @@ def make(kit, storage, clock) -> Coordinator:
                        storage=storage, config=config, clock=clock)
 
 
+def in_mode(kit, storage, clock, durability: str) -> Coordinator:
+    """Six units, a snapshot every two merges, in ``durability``."""
+    config = CoordinatorConfig(durability=durability, lease_timeout_s=10.0, snapshot_interval_s=3600.0,
+                               snapshot_every=2, max_staleness=3)
+    return Coordinator(kit.tiny_model(), make_units(6, steps=4), policy=kit.HalfWay(),
+                       storage=storage, config=config, clock=clock)
+
+
 def counters(coord: Coordinator) -> tuple[Any, Any]:
     return coord.status()["leases"]["issued"], coord.metrics.gauges()["leases_issued_total"]
 
@@ -59,32 +67,26 @@ async def test_lease_counters_agree_with_the_ledger_after_a_crash(kit, clock) ->
 async def test_merge_counts_go_on_across_restarts(kit, clock, tmp_path, durability) -> None:
     # Found by a probe: after a restart /v1/status metrics.merges counted this process only (0 in
     # snapshot mode, the replayed entries in journal mode), while the ledger's counts went on.
-    def make_in(mode: str) -> Coordinator:
-        config = CoordinatorConfig(durability=mode, lease_timeout_s=10.0, snapshot_interval_s=3600.0,
-                                   snapshot_every=2, max_staleness=3)
-        return Coordinator(kit.tiny_model(), make_units(6, steps=4), policy=kit.HalfWay(),
-                           storage=storage, config=config, clock=clock)
-
     def merges(coord: Coordinator) -> tuple[Any, ...]:
         m = coord.status()["metrics"]
         return (m["merges"], m["results"].get("accepted"), m["results"].get("rejected"),
                 coord.status()["leases"]["accepted"])
 
     async with open_storage(f"file://{tmp_path}/state") as storage:
-        async with make_in(durability) as a:
+        async with in_mode(kit, storage, clock, durability) as a:
             w = await a.join()
             for refuse in (0.0, 1.0, 0.0, 0.0):       # three merged, one rejected by the policy
                 g = await a.lease(w)
                 await submit(kit, a, w, g, base_version=a.version, metrics={"refuse": refuse})
             assert merges(a) == (3, 3, 1, 3)
-        async with make_in(durability) as b:           # a clean stop: nothing lost
+        async with in_mode(kit, storage, clock, durability) as b:           # a clean stop: nothing lost
             assert merges(b) == (3, 3, 1, 3)
             w = await b.join()
             g = await b.lease(w)
             await submit(kit, b, w, g, base_version=b.version)
             assert merges(b) == (4, 4, 1, 4)
             await crash(b)       # after the snapshot of its start: only the journal holds the 4th
-        async with make_in(durability) as c:
+        async with in_mode(kit, storage, clock, durability) as c:
             kept = 4 if durability == "journal" else 3     # snapshot mode loses it, by design
             assert merges(c) == (kept, kept, 1, kept)
 
@@ -96,19 +98,13 @@ async def test_merge_histograms_go_on_across_restarts_and_count_a_replayed_merge
     # and the journal's replay observed its merges again: a crash's restart counted those merges
     # twice across the restart (Prometheus reads a reset and then the replayed ones as new), and
     # a clean restart dropped every merge before it while merges_total went on.
-    def make_in(mode: str) -> Coordinator:
-        config = CoordinatorConfig(durability=mode, lease_timeout_s=10.0, snapshot_interval_s=3600.0,
-                                   snapshot_every=2, max_staleness=3)
-        return Coordinator(kit.tiny_model(), make_units(6, steps=4), policy=kit.HalfWay(),
-                           storage=storage, config=config, clock=clock)
-
     def histograms(coord: Coordinator) -> tuple[Any, ...]:
         m = coord.status()["metrics"]
         return (m["merges"], m["staleness"]["count"], m["staleness"]["buckets"],
                 m["merge_seconds"]["count"])
 
     async with open_storage(f"file://{tmp_path}/state") as storage:
-        async with make_in(durability) as a:
+        async with in_mode(kit, storage, clock, durability) as a:
             w = await a.join()
             held = await a.lease(w)                    # based on version 0
             await submit(kit, a, w, await a.lease(w))                  # staleness 0
@@ -118,7 +114,7 @@ async def test_merge_histograms_go_on_across_restarts_and_count_a_replayed_merge
             assert before[:2] == (3, 3)
             assert before[2]["0"] == 2
             assert before[2]["1"] == 3
-        async with make_in(durability) as b:           # a clean stop: they go on
+        async with in_mode(kit, storage, clock, durability) as b:           # a clean stop: they go on
             assert histograms(b) == before
             w = await b.join()
             g = await b.lease(w)
@@ -126,7 +122,7 @@ async def test_merge_histograms_go_on_across_restarts_and_count_a_replayed_merge
             grown = histograms(b)
             assert grown[:2] == (4, 4)
             await crash(b)       # after the snapshot of its start: only the journal holds the 4th
-        async with make_in(durability) as c:
+        async with in_mode(kit, storage, clock, durability) as c:
             # journal: the 4th merge replayed, counted once; snapshot: lost with the result
             assert histograms(c) == (grown if durability == "journal" else before)
 
