@@ -69,7 +69,6 @@ seeds of both real workloads take about 35 minutes.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import importlib.util
 import json
@@ -99,7 +98,7 @@ from vcasync.sim.fleet import Outage
 
 from ._exit_cpu import ChildCpuSampler, PeriodicSampler, exit_cpu
 from ._real_records import load_record, save_record
-from ._signals import restores_sigterm, stop_on_sigterm
+from ._signals import restores_sigterm, run_async, stop_on_sigterm
 from ._simpool import SimPool
 from ._stats import (
     add_quick,
@@ -355,7 +354,7 @@ def real_run(workload: str, seed: int, workers: int, epochs: int, steps: int | N
                      run_dir=base / f"{workload}-seed{seed}")
     t0_wall, t0_mono = time.time(), time.monotonic()
     with RunnableSampler() as fleet_load, ChildCpuSampler() as children:
-        run = asyncio.run(run_demo(cfg))
+        run = run_async(run_demo(cfg))
     t0_wall += run.timeline.t0 - t0_mono
     samples = run.total_units * run.unit_steps * cfg.batch_size
     with RunnableSampler() as ddp_load:

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._signals import restores_sigterm, stop_on_sigterm
+from ._signals import restores_sigterm, run_async, stop_on_sigterm
 from ._stats import (
     add_quick,
     finite,
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     stop_on_sigterm()  # its emulators stopped, its directory removed
     args.backends = {b.strip() for b in args.backends.split(",") if b.strip()}
-    figures = asyncio.run(main_async(args))
+    figures = run_async(main_async(args))
     if args.json:
         print(json.dumps(finite(figures)))
 

@@ -152,3 +152,53 @@ def test_a_benchmark_called_in_process_gives_sigterm_back_as_it_found_it(tmp_pat
     (tmp_path / "x.json").write_text("[]")
     assert convergence.main(["--replay-records", str(tmp_path / "x.json")]) == 2   # refused early
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+FINALISER_SCRIPT = """
+import asyncio, signal, sys, time
+from bench._signals import run_async, stop_on_sigterm
+
+class Slow:
+    def __del__(self):                     # the main thread is in here nearly all the time
+        t = time.monotonic()
+        while time.monotonic() - t < 0.05:
+            pass
+
+async def main():
+    print("up", flush=True)
+    while True:
+        Slow()
+        await asyncio.sleep(0)
+
+if sys.argv[1] == "ignored":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+stop_on_sigterm()
+try:
+    run_async(main())
+except KeyboardInterrupt:
+    print("stopped", flush=True)
+    raise SystemExit(3)
+"""
+
+
+@pytest.mark.parametrize("sigint", ["ignored", "default"])
+def test_a_sigterm_while_a_finaliser_runs_still_stops_an_event_loop(sigint: str) -> None:
+    """bench.convergence's real run (an event loop) went on to its end after a SIGTERM in CI, SIGINT
+    ignored: the KeyboardInterrupt raised wherever the main thread was can land in a finaliser
+    (``__del__``), where Python prints it and drops it. ``run_async`` cancels the loop's main task
+    from the loop instead. Here the main thread spends nearly all its time in a ``__del__``: under
+    ``asyncio.run`` the signal was dropped and the loop ran on past the 20-s bound."""
+    proc = subprocess.Popen([sys.executable, "-c", FINALISER_SCRIPT, sigint], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "up"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError("the loop ran on after its SIGTERM") from None
+    assert (proc.returncode, out.strip()) == (3, "stopped"), err[-2000:]

@@ -54,7 +54,10 @@ def test_sigterm_during_a_real_run_stops_its_coordinator_and_workers(tmp_path: P
         try:
             bench.wait(90)
         except subprocess.TimeoutExpired:
-            raise AssertionError("the benchmark did not stop within 90 s of its SIGTERM") from None
+            os.killpg(bench.pid, signal.SIGKILL)
+            _, err = bench.communicate()
+            raise AssertionError("the benchmark did not stop within 90 s of its SIGTERM; its "
+                                 f"stderr ended:\n{err.decode(errors='replace')[-3000:]}") from None
         assert bench.returncode != 0                    # stopped, not finished
         wait_until("the run's processes to end", lambda: not live_processes(str(tmp)), 30,
                    every=0.2)
