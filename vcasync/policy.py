@@ -30,6 +30,13 @@ Rules every policy keeps (``vcasync.testing.check_policy`` holds a policy to the
   dtype's maximum before any policy sees it, and unsigned integer tensors when it is built. Bool tensors
   carry the worker's **value** in both kinds; the last result merged wins (a buffering policy
   applies the last value it buffered). The ``counters`` law holds every policy to this.
+- Running statistics (floating-point buffers such as BatchNorm's ``running_mean`` and
+  ``running_var``: the names in ``ModelState.statistics``, which ``from_module`` fills) are not
+  the policy's to merge: in a coordinator the policy sees neutral values for them (the model's
+  own in full weights, a zero delta, the model minus the base for a delta added to its base), and
+  each new version's statistics are the element-wise median of the values carried by the results
+  merged into it (see "Running statistics" in docs/policies.md). A policy fed directly sees them
+  as any float tensor.
 - ``flush`` (optional) is for a policy whose ``merge`` holds results back (a buffer): when the
   run's last result is merged, the coordinator calls it once to apply what the policy still holds,
   as one more version, so the final model includes every accepted result. It follows ``merge``'s

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import operator
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -206,6 +206,31 @@ def _checked_tensors(tensors: object) -> dict[str, torch.Tensor]:
     return out
 
 
+def _checked_statistics(statistics: object, tensors: Mapping[str, torch.Tensor]) -> frozenset[str]:
+    """``statistics`` as a set of names of floating-point tensors of ``tensors``, or a ConfigError."""
+    if isinstance(statistics, str) or not isinstance(statistics, Iterable):
+        raise ConfigError(f"ModelState statistics must be a collection of tensor names, got "
+                          f"{statistics!r:.80}")
+    names = frozenset(statistics)
+    for name in sorted(names, key=str):
+        t = tensors.get(name) if isinstance(name, str) else None
+        if t is None:
+            raise ConfigError(f"ModelState statistics name {name!r:.80}, which is not one of its tensors")
+        if not t.is_floating_point():
+            raise ConfigError(f"ModelState statistic {name!r} is {t.dtype}: statistics are "
+                              "floating-point tensors (integer ones are counters already)")
+    return names
+
+
+def _float_buffers(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> frozenset[str]:
+    """The names in ``state`` (``module.state_dict()``) of ``module``'s floating-point buffers:
+    running statistics such as BatchNorm's ``running_mean`` and ``running_var``. A name that is
+    also a parameter's (a tie) is not one."""
+    params = {name for name, _ in module.named_parameters(remove_duplicate=False)}
+    return frozenset(name for name, b in module.named_buffers(remove_duplicate=False)
+                     if name in state and name not in params and b.is_floating_point())
+
+
 def _checked_version(version: object) -> int:
     if isinstance(version, bool) or not hasattr(version, "__index__"):
         raise ConfigError(f"ModelState version must be an int, got {version!r}")
@@ -222,11 +247,18 @@ class ModelState(Mapping[str, torch.Tensor]):
     so ``clone()`` before handing out a copy that must not change.
     """
 
-    __slots__ = ("_tensors", "version")
+    __slots__ = ("_tensors", "statistics", "version")
 
-    def __init__(self, tensors: Mapping[str, torch.Tensor], version: int = 0) -> None:
+    def __init__(self, tensors: Mapping[str, torch.Tensor], version: int = 0, *,
+                 statistics: Iterable[str] = ()) -> None:
+        """``statistics``: the names of floating-point tensors that are running statistics, not
+        trained weights (BatchNorm's ``running_mean`` and ``running_var``: a module's float
+        buffers, which :meth:`from_module` names). A coordinator gives them a rule of their own:
+        the median of the values the merged results carry, never a policy's step (which can push a
+        variance below zero); see "Running statistics" in docs/policies.md."""
         self._tensors: dict[str, torch.Tensor] = _checked_tensors(tensors)
         self.version = _checked_version(version)
+        self.statistics: frozenset[str] = _checked_statistics(statistics, self._tensors)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -237,7 +269,7 @@ class ModelState(Mapping[str, torch.Tensor]):
                               "a mapping of tensors goes to ModelState(tensors) itself")
         sd = module.state_dict()
         return cls({k: v.detach().to("cpu", copy=True).contiguous() for k, v in sd.items()},
-                   version)
+                   version, statistics=_float_buffers(module, sd))
 
     def load_into(self, module: torch.nn.Module, *, strict: bool = True) -> None:
         """Copy these tensors into ``module`` (parameters and buffers)."""
@@ -245,7 +277,7 @@ class ModelState(Mapping[str, torch.Tensor]):
 
     def clone(self, version: int | None = None) -> ModelState:
         return ModelState({k: v.clone() for k, v in self._tensors.items()},
-                          self.version if version is None else version)
+                          self.version if version is None else version, statistics=self.statistics)
 
     # -- mapping ------------------------------------------------------------------------------
     def __getitem__(self, name: str) -> torch.Tensor:

@@ -87,6 +87,7 @@ from ._merger import METRICS_KEY, Job, Merger, retrieve
 from ._model_owner import ModelOwner
 from ._result_checks import ResultMeta, read_result, reject_reason
 from ._run_record import OWNER, StartOptions, check_store
+from ._statistics import restored_pending
 from ._storage_health import StorageHealth
 
 __all__ = ["Coordinator", "CoordinatorConfig", "Durability", "StartOptions"]
@@ -151,6 +152,8 @@ class Coordinator:
         #: version, or not at all when a stored run is resumed); then let go of, so the process
         #: does not keep one more model-sized copy for the whole run when the caller drops its own.
         self._model_in: ModelState | None = model
+        #: The names of the model's running statistics (a rule of their own: _statistics)
+        self._statistics = model.statistics
         self._adopt_model = adopt_model
         self._units_in = units_in
         self._policy = policy
@@ -552,7 +555,8 @@ class Coordinator:
                     "again once the storage is consistent", key=self.config.state_prefix)
             self._owner = ModelOwner(self._policy, self._model_in,
                                      max_retained_bytes=self.config.max_retained_bytes,
-                                     pool=self._update_buffers, adopt=self._adopt_model)
+                                     pool=self._update_buffers, adopt=self._adopt_model,
+                                     statistics=self._statistics)
             self._ledger = Ledger(self._units_in, config=cfg, clock=self._clock, secret=run.secret)
         else:
             # The stored state belongs to the run's policy: replay with it, switch afterwards.
@@ -562,7 +566,9 @@ class Coordinator:
             self._owner = ModelOwner(replaying, ModelState(rec.tensors, rec.version),
                                      max_retained_bytes=self.config.max_retained_bytes,
                                      policy_state=rec.policy_state, pool=self._update_buffers,
-                                     adopt=True, held=rec.held, renumbered=rec.renumbered)
+                                     adopt=True, held=rec.held, renumbered=rec.renumbered,
+                                     statistics=self._statistics,
+                                     pending_statistics=restored_pending(rec.ledger))
             rec.tensors = {}
             down_s = down_since_capture(rec.ledger)
             self._ledger = Ledger.restore(rec.ledger, config=cfg, clock=self._clock,

@@ -59,6 +59,7 @@ from ._journal import Journal
 from ._model_owner import ModelOwner
 from ._result_checks import ResultMeta, reject_reason
 from ._snapshots import SnapshotSlot
+from ._statistics import STATISTICS_KEY, VALUES
 from ._storage_health import StorageHealth
 from ._versions import Version
 
@@ -94,6 +95,8 @@ class Job:
     blob_named: bool = False
     #: Journal mode: the write of those bytes, which may still be finishing (see ``_ingest``)
     written: asyncio.Future[None] | None = None
+    #: Its running statistics were made values (``Statistics.to_values``), else they are left out
+    statistics: bool = False
 
 
 def retrieve(fut: asyncio.Future[Any]) -> None:
@@ -298,6 +301,8 @@ class Merger:
         # ledger's times are relative to the capture, on a clock only this process reads)
         ledger = {**self._ledger.snapshot(), CAPTURED_WALL: time.time(),
                   METRICS_KEY: self._metrics.histograms()}
+        if self._owner.statistics.pending:    # values of results the policy holds unapplied
+            ledger[STATISTICS_KEY] = self._owner.statistics.pack()
         await self._slot.capture(ledger, self.keep_from)
 
     async def flush(self) -> bool:
@@ -389,6 +394,9 @@ class Merger:
                                       f"increment {inc} is past the largest {dtype} "
                                       f"({torch.iinfo(job.tensors[name].dtype).max}); integer "
                                       "addition would wrap")
+        # Running statistics become values (a delta's plus its base's): they merge by a rule of
+        # their own (see _statistics), and the journal keeps the values, so replay needs no base.
+        job.statistics = self._owner.statistics.to_values(job.tensors, meta.kind, meta.base_version)
         held: Version | None = None
         if self._owner.needs_base and meta.kind == "delta":
             held = self._owner.hold(meta.base_version)
@@ -398,6 +406,7 @@ class Merger:
         try:
             return await self.apply(job.worker_id, job.unit.unit_id, meta, job.tensors,
                                      None if held is None else held.model, live=True,
+                                     statistics=job.statistics,
                                      release=functools.partial(self._give_back, job),
                                      alongside=(functools.partial(self._journaled, job, held)
                                                 if self._journal.journaling else None))
@@ -412,13 +421,15 @@ class Merger:
         if held is not None:
             await self._journal.ensure_base(held.model)
         meta = job.meta
-        # The bytes as received stand for the result unless its counters were changed
-        # into increments above: then the tensors go inline, as format 1 wrote them.
-        by_ref = job.blob is not None and (meta.kind == "delta" or self._owner.counters.empty)
+        # The bytes as received stand for the result unless its counters were changed into
+        # increments (full weights) or its statistics into values (a delta) above: then the
+        # tensors go inline, as format 1 wrote them.
+        changed = (not self._owner.counters.empty if meta.kind == "weights" else job.statistics)
+        by_ref = job.blob is not None and not changed
         if by_ref and job.written is not None:
             await job.written         # the last of them, and the storage's fsync
         record = JournalResult.of(meta, worker_id=job.worker_id, unit_id=job.unit.unit_id,
-                                  ints=INCREMENTS)
+                                  ints=INCREMENTS, stats=VALUES if job.statistics else None)
         await self._journal.append(to_body(record), {} if by_ref else job.tensors,
                                    blob=job.blob if by_ref else None)
         job.blob_named = by_ref
@@ -444,25 +455,31 @@ class Merger:
     async def apply(self, worker_id: str, unit_id: str, meta: ResultMeta,
                      tensors: dict[str, torch.Tensor], base: ModelState | None, *,
                      live: bool = False, release: Callable[[], None] | None = None,
-                     alongside: Callable[[], Awaitable[None]] | None = None) -> Receipt:
+                     alongside: Callable[[], Awaitable[None]] | None = None,
+                     statistics: bool = False) -> Receipt:
         """Merge one result that passed every check (live, or replayed from the journal). A merge
         the policy broke is refused (reason ``policy``) as it was live; live ones are counted.
         ``release``: gives ``tensors`` back to the buffer pool once the policy is done with them
         (see :meth:`ModelOwner.merge`); ``tensors`` must not be used after the merge then.
-        ``alongside``: what must be done before the merge is published (see there)."""
+        ``alongside``: what must be done before the merge is published (see there).
+        ``statistics``: the running statistics in ``tensors`` are values (else left out); the
+        policy sees neutral ones either way (see :mod:`._statistics`)."""
         current = self._owner.version
         staleness = current - meta.base_version
         await self._journal.raise_version_floor(current + 1)   # before anyone can see it
+        values: dict[str, torch.Tensor] = {}
         try:
             # The policy sees its own mapping: one it kept (against the contract) holds the
-            # tensors, so they are never recycled under it. No reference to the Update stays
-            # here, so once the policy is done with it the new version can go into its tensors.
-            await self._owner.merge(Update(tensors=dict(tensors), kind=meta.kind,
+            # tensors, so they are never recycled under it. No reference to the Update or its
+            # mapping stays here, so once the policy is done with it the new version can go into
+            # its tensors.
+            await self._owner.merge(Update(tensors=self._policy_view(tensors, meta.kind, base, values),
+                                           kind=meta.kind,
                                            base_version=meta.base_version, staleness=staleness,
                                            samples=meta.samples, steps=meta.steps,
                                            worker_id=worker_id, unit_id=unit_id,
                                            metrics=dict(meta.metrics), base=base), release,
-                                    alongside=alongside)
+                                    alongside=alongside, statistics=values if statistics else None)
         except (UpdateRejectedError, ValidationError, PolicyError) as exc:
             if live and isinstance(exc, PolicyFailedError):
                 self._policy_failures.append(exc)
@@ -478,6 +495,16 @@ class Merger:
                                    status="accepted", version=self._owner.version,
                                    steps_done=meta.steps, partial=meta.partial,
                                    base_version=meta.base_version)
+
+    def _policy_view(self, tensors: dict[str, torch.Tensor], kind: str, base: ModelState | None,
+                     values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The policy's own mapping of a result's tensors, its running statistics neutral; their
+        values (copies) go into ``values``."""
+        view = dict(tensors)
+        if not self._owner.statistics.empty:
+            values.update(self._owner.statistics.neutral(view, kind, self._owner.versions.current.model,
+                                                         base))
+        return view
 
     def retain(self, *, rescan: bool = False) -> None:
         """Drop the versions nothing can be based on any more: a policy that applies a delta to
@@ -535,7 +562,7 @@ class Merger:
             held = self._owner.hold(rm.base_version)
             base = held.model if held is not None else await self._journal.load_base(rm.base_version)
         try:
-            await self.apply(worker_id, unit_id, rm, tensors, base)
+            await self.apply(worker_id, unit_id, rm, tensors, base, statistics=record.stats == VALUES)
         finally:
             if held is not None:
                 self._owner.release(held)

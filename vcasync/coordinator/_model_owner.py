@@ -13,7 +13,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Container, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Container, Iterable, Mapping
 
 import torch
 
@@ -32,6 +32,7 @@ from ..wire import aencode_payload, check_tree, pack_tree
 from ._buffers import BufferPool
 from ._counters import CounterBases
 from ._state_undo import StateUndo
+from ._statistics import Statistics
 from ._versions import Version, VersionStore, copy_tensors
 
 __all__ = ["ModelOwner"]
@@ -84,10 +85,15 @@ class ModelOwner:
     def __init__(self, policy: MergePolicy, model: ModelState, *, max_retained_bytes: int | None,
                  policy_state: PolicyState | None = None, pool: BufferPool | None = None,
                  adopt: bool = False, held: int = 0,
-                 renumbered: Mapping[int, int] | None = None) -> None:
+                 renumbered: Mapping[int, int] | None = None,
+                 statistics: Iterable[str] = (),
+                 pending_statistics: Iterable[Mapping[str, torch.Tensor]] = ()) -> None:
         """``adopt``: ``model``'s tensors (CPU, contiguous, no grad) become the working model
         instead of being copied: the caller hands them over and keeps no reference it uses again
-        (a snapshot decoded at resume, nobody else's; one model-sized copy less at start-up)."""
+        (a snapshot decoded at resume, nobody else's; one model-sized copy less at start-up).
+        ``statistics``: the names of the model's running statistics (``ModelState.statistics``),
+        with ``pending_statistics`` the values of held results a snapshot kept
+        (:mod:`vcasync.coordinator._statistics`)."""
         self.policy = policy
         self.needs_base = bool(getattr(policy, "needs_base", False))
         self.spec: ModelSpec = model.spec
@@ -105,7 +111,8 @@ class ModelOwner:
         self._failure_logged_at = 0.0
         self._failures_unlogged = 0
         self._working = ModelState(dict(model.tensors) if adopt and _adoptable(model)
-                                   else copy_tensors(model.tensors, None), model.version)
+                                   else copy_tensors(model.tensors, None), model.version,
+                                   statistics=statistics)
         self.state: PolicyState = (policy.init_state(self._working) if policy_state is None
                                    else policy_state)
         self.versions = VersionStore(self._working, max_bytes=max_retained_bytes, pool=pool)
@@ -118,6 +125,9 @@ class ModelOwner:
         #: Integer tensors per version, to turn full-weights results into increments (the policy
         #: contract); kept for the staleness window whatever the versions' byte budget drops.
         self.counters = CounterBases(self._working)
+        #: Running statistics by version, and the values of results merged since the last version:
+        #: they get a rule of their own, not the policy's (see :mod:`._statistics`).
+        self.statistics = Statistics(self._working.statistics, self._working, pending_statistics)
         #: Snapshot-mode recovery: the recovered snapshot's version -> the number :meth:`jump`
         #: renumbered it to (the same weights), kept in snapshots; see :meth:`renumbered`.
         self._renumbered: dict[int, int] = dict(renumbered or {})
@@ -133,11 +143,13 @@ class ModelOwner:
         self.needs_base = bool(getattr(policy, "needs_base", False))
         self.state = policy.init_state(self._working)
         self.held = 0                      # the old policy's buffer went with its state
+        self.statistics.forget_pending()
         self.flushed = False
 
     # -- merge loop only --------------------------------------------------------------------------
     async def merge(self, update: Update, release: Callable[[], None] | None = None, *,
-                    alongside: Callable[[], Awaitable[None]] | None = None) -> bool:
+                    alongside: Callable[[], Awaitable[None]] | None = None,
+                    statistics: Mapping[str, torch.Tensor] | None = None) -> bool:
         """Merge one update; True when a new version was published. Refusals raise unchanged.
 
         ``release`` is called once the policy is done with the update, before the new version is
@@ -151,7 +163,10 @@ class ModelOwner:
         merges into the working model, and may read ``update`` (the policy leaves it unchanged:
         the ``inputs_unchanged`` law); if it raises, the merge is undone (the working model and
         the policy's state as they were, nothing published) and its error raised. A refusal of
-        the policy is raised once ``alongside`` is done."""
+        the policy is raised once ``alongside`` is done.
+
+        ``statistics``: the result's running statistics as values (``update`` holds neutral ones,
+        see :meth:`Statistics.neutral`), applied with the version that applies the result."""
         current = self.version
         if alongside is None:
             changed = await to_thread_released(self._merge_sync, update, current)
@@ -163,7 +178,9 @@ class ModelOwner:
             # read before the update's tensors go back to the pool (policies leave inputs as they
             # are: the ``inputs_unchanged`` law); a merge applied at once costs nothing here
             self.counters.hold(update.tensors)
-        del update
+        if statistics is not None:
+            self.statistics.hold(statistics)
+        del update, statistics
         if release is not None:
             release()
         self.flushed = False
@@ -172,6 +189,7 @@ class ModelOwner:
             self.last_merge_s = merged_s
             return False
         started = time.perf_counter()
+        self.statistics.apply(self._working)
         await self._publish(current + 1)
         self.last_merge_s = merged_s + time.perf_counter() - started
         return True
@@ -212,6 +230,7 @@ class ModelOwner:
         self.flushed = True
         if not await to_thread_released(self._flush_sync, current):
             return False
+        self.statistics.apply(self._working)
         await self._publish(current + 1)
         return True
 
@@ -222,9 +241,11 @@ class ModelOwner:
         published = await to_thread_released(self._copy_out, buffer, number)
         self.versions.publish(published)
         self.counters.record(published)
+        self.statistics.record(published)
 
     def _copy_out(self, buffer: dict[str, torch.Tensor] | None, version: int) -> ModelState:
-        return ModelState(copy_tensors(self._working.tensors, buffer), version)
+        return ModelState(copy_tensors(self._working.tensors, buffer), version,
+                          statistics=self._working.statistics)
 
     def _merge_sync(self, update: Update, current: int) -> bool:
         """The policy's merge into the working model, checked; False when it changed nothing."""
@@ -336,6 +357,7 @@ class ModelOwner:
         """An older version, held again (start-up only): a base open leases' results need."""
         self.versions.adopt(model)
         self.counters.adopt(model)
+        self.statistics.adopt(model)
 
     def jump(self, version: int) -> None:
         """Publish the current tensors again under a higher number (snapshot-mode recovery).
@@ -344,9 +366,11 @@ class ModelOwner:
         it hold exactly these weights, so their results are merged as based on the new number."""
         old = self.version
         self._working.version = version
-        published = ModelState(copy_tensors(self._working.tensors, None), version)
+        published = ModelState(copy_tensors(self._working.tensors, None), version,
+                               statistics=self._working.statistics)
         self.versions.publish(published)
         self.counters.record(published)
+        self.statistics.record(published)
         for was, now in self._renumbered.items():
             if now == old:
                 self._renumbered[was] = version
@@ -368,6 +392,7 @@ class ModelOwner:
         or of open leases (downloads). Others go, and their buffers are recycled."""
         floor = self.version - max_staleness
         self.counters.retain(floor)
+        self.statistics.retain(floor)
         for old in [o for o, new in self._renumbered.items() if new < floor]:
             del self._renumbered[old]         # results on it are too stale now, whatever its name
         self.versions.retain(lambda n: n >= floor and n in bases)

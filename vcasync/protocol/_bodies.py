@@ -319,11 +319,15 @@ class JournalResult:
     metrics: dict[str, float] = field(metadata=rule(max_len=1 << 16))
     #: ``"increment"``: integer tensors are increments (absent in entries from before the rule).
     ints: str | None = None
+    #: ``"value"``: the model's running statistics are the worker's values (absent in entries from
+    #: before the rule, and for a delta whose base's statistics were not held: left out).
+    stats: str | None = None
 
     @classmethod
-    def of(cls, meta: ResultMeta, *, worker_id: str, unit_id: str, ints: str) -> JournalResult:
+    def of(cls, meta: ResultMeta, *, worker_id: str, unit_id: str, ints: str,
+           stats: str | None = None) -> JournalResult:
         return cls("result", worker_id, unit_id, meta.lease_id, meta.base_version, meta.kind,
-                   meta.steps, meta.samples, meta.partial, dict(meta.metrics), ints)
+                   meta.steps, meta.samples, meta.partial, dict(meta.metrics), ints, stats)
 
     def meta(self) -> ResultMeta:
         return ResultMeta(self.lease_id, self.base_version, self.kind, self.steps, self.samples,

@@ -1,0 +1,171 @@
+"""Running statistics (BatchNorm's ``running_mean``, ``running_var``): a rule of their own.
+
+A model's floating-point buffers are not trained by gradients: each worker measures them on its own
+batches, as its weights change. A merge policy's rule for weights (a server learning rate, outer
+momentum, a sum of stale deltas) is meaningless for them and can push them out of range: measured
+on 2026-12-07, fedbuff at its defaults and trimmed_mean with a buffer ended a BatchNorm model with a
+``running_var`` below zero (10 % accuracy), diloco with one of 1,575 (9.7 %). So the coordinator
+keeps them itself, for the names :attr:`ModelState.statistics` gives (``from_module`` names a
+module's float buffers):
+
+- every result's statistics become **values** before it is journaled or merged: a full-weights
+  result carries them; a delta's are added to its base version's, which this keeps per version for
+  the staleness window (they are small: two floats a channel). A delta whose base's statistics are
+  not held (its base predates a restart) leaves its statistics out; the rest of it merges as usual.
+- the policy sees **neutral** statistics (its rule would leave them as they are: the model's value
+  in full weights, a zero delta, the model minus the base for a policy that adds a delta to its
+  base), so nothing it computes or keeps in its state depends on them;
+- each new version's statistics are the **element-wise median** of the values of the results merged
+  into it since the previous version (one result: its values; two: their mean), whatever the
+  policy: a buffering policy's K results give the median of K, robust to a few broken workers.
+
+The values of results a policy holds unapplied (a buffer filling) are kept here until the version
+that applies them, and go into snapshots (:meth:`Statistics.pack`), so a restart merges exactly what
+the live run did. Everything here runs in the merge loop, in journal order, so replay decides the
+same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from ..tensors import ModelState
+
+__all__ = ["STATISTICS_KEY", "VALUES", "Statistics", "restored_pending"]
+
+#: Key of a snapshot's ledger map holding the statistics of results merged but not applied yet.
+STATISTICS_KEY = "statistics_pending"
+
+#: Marks a journaled result whose statistics are values (absent: entries from before the rule, or a
+#: delta whose base's statistics were not held: its statistics are left out on replay too).
+VALUES = "value"
+
+Tensors = dict[str, torch.Tensor]
+
+
+class Statistics:
+    """The statistics of ``model`` (``names``), by version, and the values merged but not applied."""
+
+    def __init__(self, names: Iterable[str], model: ModelState,
+                 pending: Iterable[Mapping[str, torch.Tensor]] = ()) -> None:
+        self._names = [n for n in model if n in frozenset(names)]     # the model's order
+        self._by_version: dict[int, Tensors] = {}
+        self._pending: list[Tensors] = [self._own(p) for p in pending if self._fits(p, model)]
+        self.record(model)
+
+    def _fits(self, values: Mapping[str, torch.Tensor], model: ModelState) -> bool:
+        """Held values a snapshot kept that fit the model's statistics (a snapshot of a run whose
+        statistics were named otherwise holds others: they are left out, as a delta's are)."""
+        return len(values) == len(self._names) and all(
+            isinstance(values.get(n), torch.Tensor) and values[n].shape == model[n].shape
+            and values[n].dtype == model[n].dtype for n in self._names)
+
+    def _own(self, values: Mapping[str, torch.Tensor]) -> Tensors:
+        return {n: values[n].detach().clone() for n in self._names}
+
+    @property
+    def empty(self) -> bool:
+        """True when the model has no statistics (then nothing here does anything)."""
+        return not self._names
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._names)
+
+    @property
+    def pending(self) -> int:
+        """Results merged since the last version whose statistics wait to be applied."""
+        return len(self._pending)
+
+    # -- versions ----------------------------------------------------------------------------------
+    def record(self, model: ModelState) -> None:
+        """Keep the statistics of a newly published version."""
+        if self._names:
+            self._by_version[model.version] = self._own(model)
+
+    def adopt(self, model: ModelState) -> None:
+        """Keep the statistics of an older version read back at a restart."""
+        if self._names and model.version not in self._by_version:
+            self._by_version[model.version] = self._own(model)
+
+    def retain(self, floor: int) -> None:
+        """Forget versions below ``floor`` (the newest is always kept)."""
+        newest = max(self._by_version, default=None)
+        for number in [n for n in self._by_version if n < floor and n != newest]:
+            del self._by_version[number]
+
+    # -- a result ----------------------------------------------------------------------------------
+    def to_values(self, tensors: Mapping[str, torch.Tensor], kind: str, base_version: int) -> bool:
+        """Turn a result's statistics into values, in place (a delta's plus its base's); False, with
+        nothing changed, when its base's statistics are not held or the sum is not finite (a
+        float16 past its range): then the result's statistics are left out."""
+        if not self._names:
+            return False
+        if kind == "weights":
+            return True
+        base = self._by_version.get(base_version)
+        if base is None:
+            return False
+        sums = {n: tensors[n] + base[n] for n in self._names}
+        if not all(bool(torch.isfinite(t).all()) for t in sums.values()):
+            return False
+        for name, t in sums.items():
+            tensors[name].copy_(t)
+        return True
+
+    def neutral(self, policy_view: dict[str, torch.Tensor], kind: str, model: ModelState,
+                base: ModelState | None) -> Tensors:
+        """Put neutral statistics into ``policy_view`` (the policy's own mapping of a result whose
+        statistics are values), so the policy leaves them as they are; returns copies of the values
+        (so no tensor of the result stays referenced: its set goes back to the buffer pool)."""
+        values = {n: policy_view[n].detach().clone() for n in self._names}
+        for name in self._names:
+            current = model[name]
+            if kind == "weights":
+                policy_view[name] = current.clone()
+            elif base is not None:
+                policy_view[name] = current - base[name]
+            else:
+                policy_view[name] = torch.zeros_like(current)
+        return values
+
+    def hold(self, values: Mapping[str, torch.Tensor]) -> None:
+        """A merged result's values (:meth:`neutral`'s copies, kept as they are): applied with the
+        next version."""
+        self._pending.append({n: values[n] for n in self._names})
+
+    def apply(self, working: ModelState) -> None:
+        """Set ``working``'s statistics to the element-wise median of the values held (the mean of
+        the middle two for an even count), and forget them; nothing when none are held."""
+        if not self._pending:
+            return
+        for name in self._names:
+            stack = torch.stack([p[name] for p in self._pending])
+            if len(self._pending) == 1:
+                value = stack[0]
+            else:
+                ordered = stack.to(torch.float64).sort(dim=0).values
+                n = len(self._pending)
+                value = ((ordered[(n - 1) // 2] + ordered[n // 2]) / 2).to(stack.dtype)
+            working[name].copy_(value)
+        self._pending.clear()
+
+    def forget_pending(self) -> None:
+        """Drop the values held (the policy that held their results was replaced)."""
+        self._pending.clear()
+
+    # -- snapshots ---------------------------------------------------------------------------------
+    def pack(self) -> list[Tensors]:
+        """The values held, for a snapshot (copies: the merge loop goes on meanwhile)."""
+        return [self._own(p) for p in self._pending]
+
+
+def restored_pending(ledger: Mapping[str, Any]) -> list[Tensors]:
+    """The held values a snapshot's ledger map kept (none in snapshots from before the rule)."""
+    pending = ledger.get(STATISTICS_KEY)
+    if not isinstance(pending, list):
+        return []
+    return [dict(p) for p in pending if isinstance(p, Mapping)]
