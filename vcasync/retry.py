@@ -30,7 +30,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeAlias, TypeVar
+from typing import Final, TypeAlias, TypeVar
 
 from .errors import ClosedError, ConfigError, RequestTimeoutError, StorageError, TransientStorageError
 
@@ -102,6 +102,12 @@ class RetryPolicy:
         except OverflowError:       # a loop that never gives up (the worker's) is long since capped
             cap = self.max_delay_s if self.base_delay_s > 0 else 0.0
         return cap * (1.0 - self.jitter * rng.random())
+
+
+#: A worker's default waits while its coordinator is unreachable: 0.2 s doubling to at most 10 s.
+#: Here, not in the worker, because the coordinator sizes its waits for those workers by it
+#: (the grace after a takeover from a crash must outlast a worker's longest retry delay).
+WORKER_BACKOFF: Final = RetryPolicy(base_delay_s=0.2, max_delay_s=10.0)
 
 
 class Retrier:

@@ -32,6 +32,7 @@ from vcasync.policy import build_policy
 from vcasync.storage import open_storage
 from vcasync.tensors import ModelState
 from vcasync.testing.faults import FaultPlan, FaultyStorage
+from vcasync.worker import WorkerConfig
 
 
 def make(kit, storage, clock, policy=None, *, units=6, steps=4, **cfg: Any) -> Coordinator:
@@ -140,17 +141,32 @@ async def test_after_a_crash_a_unit_in_flight_is_not_leased_again_before_its_wor
     await crash(a)
     async with make(kit, storage, clock, restart_grace_s=None) as b:
         grace = b.config.restart_grace()
-        assert grace == b.config.ledger_config().heartbeat_s + 5.0
+        assert grace == b.config.ledger_config().heartbeat_s + WorkerConfig().backoff.max_delay_s
         with pytest.raises(NoWorkAvailableError) as refused:
             await b.lease(idle)                         # the in-flight unit is not handed out
         assert not refused.value.finished
         assert 0 < refused.value.retry_after <= grace
         assert "stopped uncleanly" in str(refused.value)
         await b.heartbeat(trainer, g.lease_id, 1)       # its worker calls in: adopted
-        clock.advance(grace)
+        clock.advance(grace / 2)
+        await b.heartbeat(trainer, g.lease_id, 2)       # ... and trains on (the grace outlasts a lease)
+        clock.advance(grace / 2)
         other = await b.lease(idle)
         assert other.unit.unit_id != g.unit.unit_id
         assert (await submit(kit, b, trainer, g)).status == "accepted"
+
+
+@pytest.mark.parametrize("lease_timeout_s", [6.0, 10.0, 60.0])
+def test_the_restart_grace_outlasts_a_worker_retrying_at_its_longest_delay(lease_timeout_s) -> None:
+    """Found reading docs/leases.md: the default grace is "one heartbeat interval plus a worker's
+    longest retry delay", but it added RetryPolicy's default cap (5 s), while a ``vcasync worker``
+    retries an unreachable coordinator up to 10 s apart: with ``lease_timeout_s = 6`` (heartbeats
+    every 1.5 s) the grace was 6.5 s, and a worker retrying its resume or result 10 s apart called
+    in after its unit was handed to another worker."""
+    config = CoordinatorConfig(lease_timeout_s=lease_timeout_s)
+    worker_retry_s = WorkerConfig().backoff.max_delay_s
+    assert config.restart_grace() >= worker_retry_s
+    assert config.restart_grace() == config.ledger_config().heartbeat_s + worker_retry_s
 
 
 async def test_after_a_crash_the_base_of_a_lease_no_snapshot_knew_is_still_held(

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from .. import _owner_lease
 from ..errors import ConfigError, InvalidKeyError
 from ..ledger import LedgerConfig
-from ..retry import RetryPolicy
+from ..retry import WORKER_BACKOFF
 from ..storage import validate_prefix
 from ..wire import Limits, resolve_codec
 from ._journal import Durability, JournalConfig
@@ -16,8 +16,8 @@ from ._journal import Durability, JournalConfig
 #: The longest lease timeout: a week (a lease without progress for this long expires, and only then
 #: does another worker get its unit).
 MAX_LEASE_TIMEOUT_S = 7 * 24 * 3600.0
-#: A worker's longest wait between two tries of a call the coordinator did not answer.
-RETRY_CAP_S = RetryPolicy().max_delay_s
+#: A worker's longest wait between two tries of a call the coordinator did not answer (10 s).
+RETRY_CAP_S = WORKER_BACKOFF.max_delay_s
 
 __all__ = ["CoordinatorConfig", "Durability"]
 
@@ -74,7 +74,7 @@ class CoordinatorConfig:
     #: machine), leases it granted after its last snapshot are unknown until their workers call in
     #: (a heartbeat or the result adopts them), so for this long no *new* lease is granted: an idle
     #: worker would otherwise be handed a unit another worker is training, and one of the two
-    #: results be thrown away. None: one heartbeat interval and a worker's longest retry delay (5 s);
+    #: results be thrown away. None: one heartbeat interval and a worker's longest retry delay (10 s);
     #: 0: grant at once. See docs/leases.md#restarts.
     restart_grace_s: float | None = None
 

@@ -93,6 +93,7 @@ from ..errors import (
 from ..ledger._plain import text_problem
 from ..ledger._units import BLAMED_REASONS, LeaseGrant, Receipt
 from ..protocol._bodies import MAX_WORKER_NAME, ResultMeta, to_body
+from ..retry import WORKER_BACKOFF as WORKER_BACKOFF  # the coordinator CLI reads it here (its room)
 from ..retry import RetryPolicy, is_transient
 from ..storage import Storage
 from ..tensors import ModelState
@@ -109,8 +110,6 @@ __all__ = ["Worker", "WorkerConfig", "WorkerReport"]
 log = logging.getLogger("vcasync.worker")
 T = TypeVar("T")
 
-#: The worker's default waits while its coordinator is unreachable: 0.2 s doubling to at most 10 s.
-WORKER_BACKOFF = RetryPolicy(base_delay_s=0.2, max_delay_s=10.0)
 #: The most characters of a failure a released lease carries (the coordinator keeps 300 of them).
 RELEASE_REASON_CHARS = 300
 #: How long a preempted worker tries to tell the coordinator it keeps its lease (one heartbeat).
