@@ -3,7 +3,8 @@
 Real processes on 127.0.0.1: a ``vcasync coordinator`` with one unit, worker A holding it (its
 trainer waits for a gate file) and worker B told "no unit now". Until 2026-12-07 a worker that
 exited cleanly (B on SIGTERM while it waited, A after ``410 run_finished``) was counted alive, and
-shown ``alive`` on the status page, until twice the lease timeout had passed (here 120 s)."""
+shown ``alive`` on the status page, until twice the lease timeout had passed (here 120 s); so was,
+until 2026-12-07, one that ended on an error (its trainer raising on every unit)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from typing import Any
 
 import pytest
 
+from harness.fleet import toml_text
 from vcasync.cli import ExitCode
 
-from .conftest import Procs, free_port
+from .conftest import HERE, Procs, free_port
 from .test_fleet import wait_until
 from .test_linger import gated_worker
 
@@ -81,3 +83,30 @@ def test_a_worker_leaving_cleanly_is_no_longer_counted_alive(procs: Procs, tmp_p
     events = [e for e in status_data(port)["live"]["events"] if e["kind"] == "left"]
     assert {e["worker"] for e in events} == set(ids.values())
 
+
+
+def test_a_worker_ending_on_an_error_leaves_too(procs: Procs, tmp_path: Path) -> None:
+    """A worker whose trainer raises on every unit ends with a trainer error (exit 1): until
+    2026-12-07 it sent no leave, and the status counted it alive (here: for 120 s) after it was gone.
+    It now leaves as a clean exit does, the reason naming the error's type (not its message)."""
+    port = free_port()
+    (tmp_path / "run.toml").write_text(toml_text({
+        "model": {"factory": "vcasync.examples.digits:model"},
+        "units": {"shards": 1, "epochs": 1, "steps": 2},
+        "storage": {"url": f"file://{tmp_path / 'store'}"},
+        "coordinator": {"lease_timeout_s": 60.0, "worker_backoff_s": 0.2},
+        "server": {"host": "127.0.0.1", "port": port},
+        "run": {"linger_s": 300.0},
+    }))
+    procs.start("coord", "coordinator", "--config", str(tmp_path / "run.toml"))
+    wait_until("the coordinator", lambda: "status page:" in procs.log("coord"), 90)
+    bad = procs.start("bad", "worker", "--coordinator", f"http://127.0.0.1:{port}", "--trainer",
+                      "raising_trainer:train", "--app-dir", str(HERE), "--state-dir", str(tmp_path / "bad"))
+    assert bad.wait(120) == ExitCode.ERROR, procs.log("bad")[-3000:]
+    assert "TrainerError: the trainer failed 3 units in a row" in procs.log("bad")
+    (worker,) = worker_ids(procs, "bad").values()
+    workers, rows = states(port)
+    assert (workers["alive"], workers["left"]) == (0, 1), (workers, procs.log("bad")[-2000:])
+    assert rows == {worker: "left"}
+    (event,) = [e for e in status_data(port)["live"]["events"] if e["kind"] == "left"]
+    assert (event["worker"], event["detail"]) == (worker, "error: TrainerError")

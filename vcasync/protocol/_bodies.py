@@ -199,7 +199,8 @@ class Released:
 @message("leave")
 @dataclass(frozen=True, slots=True)
 class LeaveRequest:
-    """The worker exits cleanly (``reason``: why, e.g. ``finished``, ``preempted``, ``max_units``):
+    """The worker exits (``reason``: why, e.g. ``finished``, ``preempted``, ``max_units``, or
+    ``error: TrainerError`` for one ending on an error):
     the coordinator shows it ``left`` and no longer counts it alive, until it is heard from again.
     Its leases stay as they are."""
 

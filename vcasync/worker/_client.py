@@ -297,9 +297,9 @@ class CoordinatorClient:
         return joined.worker_id, joined.token
 
     async def leave(self, reason: str = "") -> None:
-        """Tell the coordinator this worker exits cleanly (``reason``: why, a short word such as
-        ``finished``): it is shown ``left`` and no longer counted alive until it is heard from
-        again; its leases stay as they are."""
+        """Tell the coordinator this worker exits (``reason``: why, a short word such as
+        ``finished``, or ``error: <type>``): it is shown ``left`` and no longer counted alive until
+        it is heard from again; its leases stay as they are."""
         await self._send(LeaveRequest(reason[:64]), Left, "/leave")
 
     async def served_run(self) -> str | None:

@@ -348,12 +348,21 @@ class Worker:
                     if reason == "finished":
                         await self._remember_finished()
                     leave_by = grace.when()
-            except TimeoutError:
+            except TimeoutError as exc:
                 if not self._grace or not self._grace.expired():
+                    await self._leave(client, _error_reason(exc), None)
                     raise
                 log.warning("grace period of %.1fs exceeded; leaving the lease for a restart",
                             self.config.grace_period_s)
                 reason, grace_exceeded = "preempted", True
+            except StateInUseError:
+                raise       # another live worker holds this state, and this identity: it is not leaving
+            except Exception as exc:
+                # An error ends the worker (exit 1, 2 or 4): it says so as a clean exit does, within
+                # the same bound, so the status stops counting it alive at once instead of after
+                # twice the lease timeout. Its lease stays as it is, for a restart or its expiry.
+                await self._leave(client, _error_reason(exc), None)
+                raise
             finally:
                 self._grace = None
                 self._client = None
@@ -1119,3 +1128,11 @@ def _in_daemon_thread(fn: Callable[[TrainContext], Any], ctx: TrainContext) -> a
 
     threading.Thread(target=body, name=f"vcasync-trainer-{ctx.unit.unit_id}", daemon=True).start()
     return fut
+
+
+def _error_reason(exc: BaseException) -> str:
+    """The ``reason`` of the leave a worker ending on ``exc`` sends: ``error: <its type>`` (the
+    innermost of an exception group), never its message, which may quote a path or a credential."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"error: {type(exc).__name__}"[:64]
