@@ -35,9 +35,15 @@ class HttpMetrics:
         #: requests already answered that did not decode as aiohttp drained them ("body"):
         #: uncounted until 2026-12-07, so a client sending garbage showed in no figure
         self.malformed: dict[str, int] = {}
+        #: connections closed for not sending a whole request head within the idle timeout, by what
+        #: they sent ("nothing", "partial_head"): uncounted until 2026-12-07 (see ``_stalls``)
+        self.stalled: dict[str, int] = {}
 
     def note_malformed(self, where: str) -> None:
         self.malformed[where] = self.malformed.get(where, 0) + 1
+
+    def note_stalled(self, sent: str) -> None:
+        self.stalled[sent] = self.stalled.get(sent, 0) + 1
 
     def observe(self, route: str, method: str, status: int, seconds: float, bytes_in: int,
                 bytes_out: int) -> None:
@@ -77,6 +83,13 @@ class HttpMetrics:
         for where in ("request", "body"):
             malformed.add_metric([where], self.malformed.get(where, 0))
         yield malformed
+        stalled = CounterMetricFamily(
+            "vcasync_http_stalled_connections_total",
+            "connections closed for sending no whole request head within idle_timeout_s: having sent "
+            "nothing (sent=nothing) or part of one (sent=partial_head)", labels=["sent"])
+        for sent in ("nothing", "partial_head"):
+            stalled.add_metric([sent], self.stalled.get(sent, 0))
+        yield stalled
 
 
 def _by_route(name: str, help_: str, values: Mapping[str, int]) -> CounterMetricFamily:

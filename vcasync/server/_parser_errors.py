@@ -15,11 +15,15 @@ framing) is found only as it is read. A route reading it gets
 ``bad_http_request`` (its message from :func:`undecodable_body`), closing the connection. A route
 that answered without reading it (a 401, a 404) leaves aiohttp to drain it after the answer, and
 the handler logs that failure as one INFO line, not as an ERROR traceback.
+
+The same handler tells a :class:`~._stalls.StallLog` of each connection aiohttp closes for not
+sending a whole request head within its keep-alive timeout (the server's ``idle_timeout_s``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -29,6 +33,7 @@ from aiohttp.web_request import BaseRequest
 
 from ._http_metrics import HttpMetrics
 from ._refusals import RefusalLog
+from ._stalls import StallLog
 
 __all__ = ["JsonErrorRunner", "undecodable_body"]
 
@@ -40,6 +45,36 @@ class _JsonErrorHandler(RequestHandler):
     refusals: RefusalLog | None = None
     #: Where they are counted (``vcasync_http_malformed_requests_total``); None: nowhere.
     metrics: HttpMetrics | None = None
+    #: Told of a connection closed for stalling before its request head; None: nobody.
+    stalls: StallLog | None = None
+    #: Bytes received on this connection, in all and by the end of its last request's handler.
+    received = 0
+    received_at_answer = 0
+
+    def data_received(self, data: bytes) -> None:
+        self.received += len(data)
+        super().data_received(data)
+
+    async def _handle_request(self, request: BaseRequest, start_time: float | None,
+                              request_handler: Callable[[BaseRequest], Awaitable[web.StreamResponse]]
+                              ) -> tuple[web.StreamResponse, bool]:
+        try:
+            return await super()._handle_request(request, start_time, request_handler)
+        finally:
+            self.received_at_answer = self.received
+
+    def _process_keepalive(self) -> None:
+        # aiohttp's keep-alive timer, armed at connect and after each answer, closes a connection
+        # still waiting for a request head (force_close): one that sent nothing since, or part of
+        # a head, stalled; one kept alive by a client's pool and idle since its answer did not.
+        closing, peer = self._force_close, self._peer()     # the peer: before the transport goes
+        super()._process_keepalive()
+        if closing or not self._force_close or self.stalls is None:
+            return
+        if self.received > self.received_at_answer:
+            self.stalls.note("partial_head", peer)
+        elif self._request_count == 0:
+            self.stalls.note("nothing", peer)
 
     def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -98,23 +133,28 @@ def undecodable_body(exc: RequestPayloadError) -> str:
 class _JsonErrorServer(web.Server):
     refusals: RefusalLog | None = None
     metrics: HttpMetrics | None = None
+    stalls: StallLog | None = None
 
     def __call__(self) -> RequestHandler:
         handler = _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
         handler.refusals = self.refusals
         handler.metrics = self.metrics
+        handler.stalls = self.stalls
         return handler
 
 
 class JsonErrorRunner(web.AppRunner):
     """An :class:`aiohttp.web.AppRunner` whose connections answer parser errors in JSON, logged
-    through ``refusals`` (None: one INFO line each) and counted in ``metrics`` (None: nowhere)."""
+    through ``refusals`` (None: one INFO line each) and counted in ``metrics`` (None: nowhere),
+    and tell ``stalls`` of those closed for stalling before their request head."""
 
     def __init__(self, app: web.Application, *, refusals: RefusalLog | None = None,
-                 metrics: HttpMetrics | None = None, **kwargs: Any) -> None:
+                 metrics: HttpMetrics | None = None, stalls: StallLog | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self._refusals = refusals
         self._metrics = metrics
+        self._stalls = stalls
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
@@ -124,4 +164,5 @@ class JsonErrorRunner(web.AppRunner):
         assert isinstance(server, _JsonErrorServer)
         server.refusals = self._refusals
         server.metrics = self._metrics
+        server.stalls = self._stalls
         return server

@@ -57,6 +57,7 @@ from ._auth import TokenAuthority
 from ._http_metrics import HttpMetrics
 from ._parser_errors import JsonErrorRunner, undecodable_body
 from ._refusals import RefusalLog
+from ._stalls import StallLog
 from ._upload_pace import BodyCutOff, BodyTimeouts, Pace
 from ._waits import cap_wait, longest_wait, told_wait
 from .status import PUBLIC_STATUS_ROUTES, STATUS_ACCESS, StatusAccess
@@ -461,6 +462,7 @@ class Server:
         self._coordinator = coordinator
         self._authority = authority
         self._runner: web.AppRunner | None = None
+        self._stalls: StallLog | None = None
         self._port: int | None = None
         self._closed = False
 
@@ -488,8 +490,9 @@ class Server:
             # the access log's line, its query strings masked: a token pasted into a URL stays out
             kwargs: dict[str, Any] = ({"access_log_class": AccessLog} if cfg.access_log
                                       else {"access_log": None})
+            self._stalls = StallLog(cfg.idle_timeout_s, metrics=app[R.HTTP_METRICS])
             runner = JsonErrorRunner(app, refusals=app[REFUSALS], metrics=app[R.HTTP_METRICS],
-                                     handle_signals=False,
+                                     stalls=self._stalls, handle_signals=False,
                                      shutdown_timeout=cfg.shutdown_timeout_s,
                                      keepalive_timeout=cfg.idle_timeout_s, **kwargs)
             await runner.setup()
@@ -543,3 +546,6 @@ class Server:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+        stalls, self._stalls = self._stalls, None
+        if stalls is not None:
+            stalls.close()      # the stalls of the last window, logged now rather than never
