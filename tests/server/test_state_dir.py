@@ -3,9 +3,14 @@ system: what ending a lease leaves behind."""
 
 from __future__ import annotations
 
+import os
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
-from vcasync.worker._state_dir import StateDir
+import pytest
+
+from vcasync.worker._state_dir import Identity, StateDir
 
 
 def test_finishing_a_lease_removes_what_a_write_cut_off_by_a_kill_left(tmp_path: Path) -> None:
@@ -24,3 +29,48 @@ def test_finishing_a_lease_removes_what_a_write_cut_off_by_a_kill_left(tmp_path:
     state.finish_lease(lease)
     assert [p for p in left if p.exists()] == []
     assert other.with_name(f".{other.name}.tmp").exists()      # only that lease's
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    """The usual umask, whatever the test runner's: it takes nothing away from 0644 or 0755."""
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.usefixtures("umask_022")
+def test_the_state_dir_holding_the_token_is_its_owners_only(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # found by a probe: --state-dir and its subdirs were made 0755 (identity.json alone 0600), and
+    # a temporary identity left by a crash kept its 0644 through the next save
+    root = tmp_path / "w"
+    state = StateDir(root)
+    assert [mode(p) for p in (root, root / "checkpoints", root / "results", root / "models")] == [0o700] * 4
+    (root / ".identity.json.tmp").write_bytes(b"left by a crash")     # 0644
+    state.save_identity(Identity("http://127.0.0.1:1", "w-1", "vca_token_that_is_a_credential"))
+    assert mode(root / "identity.json") == 0o600
+    assert not caplog.records
+
+
+@pytest.mark.usefixtures("umask_022")
+def test_a_state_dir_others_can_read_is_named_with_the_chmod_to_run(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "old"                 # made before 2026-12-07, or copied in
+    root.mkdir(mode=0o755)
+    StateDir(root)
+    assert not caplog.records               # no token in it: nothing to say
+    (root / "identity.json").write_text("{}")
+    (root / "identity.json").chmod(0o644)
+    StateDir(root)
+    (record,) = caplog.records
+    assert record.levelname == "WARNING"
+    assert str(root) in record.getMessage()
+    assert f"chmod 700 {root} && chmod 600 {root / 'identity.json'}" in record.getMessage()
+    assert mode(root) == 0o755              # named, not changed behind the operator's back

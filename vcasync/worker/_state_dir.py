@@ -3,8 +3,9 @@
 Layout (every write is write-to-temp then rename, so a SIGKILL never leaves half a file)::
 
     identity.json          {coordinator, run_id, worker_id, token, finished}   mode 0600: the token
-                           is a credential; run_id (absent in older dirs) says which run it is for;
-                           finished (absent: false) that its coordinator said the run is finished
+                           is a credential (the dir and its subdirs are 0700); run_id (absent in
+                           older dirs) says which run it is for; finished (absent: false) that its
+                           coordinator said the run is finished
     lease.json             the lease being worked on (resumed after a restart if still valid)
     checkpoints/<lease>.pt the trainer's checkpoints for that lease (torch.save / weights_only load)
     results/<lease>.vca    a result payload written before upload, re-sent after a restart
@@ -88,14 +89,35 @@ class Identity:
                    raw.get("finished") is True)
 
 
+#: Directories of the state (the token in ``identity.json`` is a credential): their owner's only.
+DIR_MODE = 0o700
+
+
 def _atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
+        # a temporary file left by a crash keeps its mode through O_CREAT: set it, or a leftover
+        # 0644 one made the next identity.json readable by every local user
+        if hasattr(os, "fchmod"):      # not on Windows before 3.13
+            os.fchmod(fd, mode)
         os.write(fd, data)
     finally:
         os.close(fd)
     os.replace(tmp, path)
+
+
+def exposed(root: Path) -> list[str]:
+    """The ``chmod`` commands that would make a state dir holding a worker token (``identity.json``)
+    its owner's only: none when it is (or holds no token). A dir made before 2026-12-07 was 0755,
+    and an identity copied in may be 0644."""
+    ident = root / "identity.json"
+    try:
+        loose = [(path, want) for path, want in ((root, DIR_MODE), (ident, 0o600))
+                 if path.stat().st_mode & 0o077]
+    except OSError:
+        return []       # no identity (yet): nothing secret here
+    return [f"chmod {oct(want)[2:]} {path}" for path, want in loose]
 
 
 class StateDir:
@@ -116,10 +138,17 @@ class StateDir:
 
     def _make_dirs(self) -> None:
         try:
+            # the dir and its subdirs are made 0700 (the umask can only take more away); one that
+            # exists keeps its mode, and holding a token it is named with the chmod to run
+            self.root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
             for sub in ("checkpoints", "results", "models"):
-                (self.root / sub).mkdir(parents=True, exist_ok=True)
+                (self.root / sub).mkdir(mode=DIR_MODE, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot use state dir {self.root}: {exc}") from exc
+        fixes = exposed(self.root)
+        if fixes:
+            log.warning("state dir %s holds this worker's token but other local users can read it: "
+                        "run %s", self.root, " && ".join(fixes))
 
     @contextlib.asynccontextmanager
     async def session(self, on_lost: Callable[[], Any]) -> AsyncIterator[None]:
