@@ -15,6 +15,8 @@ from typing import Literal
 
 from vcasync.errors import ConfigError
 
+from ._bounds import MAX_VERSIONS, shown
+
 __all__ = ["StalenessKind", "StalenessWeight"]
 
 StalenessKind = Literal["constant", "polynomial", "hinge"]
@@ -36,6 +38,9 @@ class StalenessWeight:
             raise ConfigError(f"staleness parameter a must be finite and >= 0, got {self.a}")
         if self.b < 0:
             raise ConfigError(f"staleness parameter b must be >= 0, got {self.b}")
+        if self.b > MAX_VERSIONS:
+            raise ConfigError(f"staleness parameter b must be at most {MAX_VERSIONS:,}, got "
+                              f"{shown(self.b)} (2**40 versions: a cut-off no run reaches)")
 
     def __call__(self, tau: int) -> float:
         tau = max(int(tau), 0)

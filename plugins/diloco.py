@@ -31,6 +31,7 @@ from vcasync.errors import ConfigError
 from vcasync.policy import PolicyState
 from vcasync.tensors import ModelState, Update
 
+from ._bounds import MAX_BUFFER, at_most
 from ._kernels import (
     Workspace,
     axpy,
@@ -66,6 +67,8 @@ class DiLoCo:
             raise ConfigError(f"diloco: momentum must be in [0, 1), got {momentum}")
         if buffer_size < 1:
             raise ConfigError(f"diloco: buffer_size must be >= 1, got {buffer_size}")
+        at_most("diloco", "buffer_size", buffer_size, MAX_BUFFER,
+                "a buffer no run fills leaves the model unchanged until the run's end")
         self.lr = lr
         self.momentum = momentum
         self.nesterov = nesterov

@@ -24,6 +24,7 @@ from vcasync.errors import ConfigError
 from vcasync.policy import PolicyState
 from vcasync.tensors import ModelState, Update
 
+from ._bounds import MAX_BUFFER, at_most
 from ._kernels import (
     Workspace,
     accumulate_delta,
@@ -37,6 +38,8 @@ from ._kernels import (
 from ._staleness import StalenessKind, StalenessWeight
 
 __all__ = ["FedBuff"]
+
+_NEVER_FILLS = "a buffer no run fills leaves the model unchanged until the run's end"
 
 
 class FedBuff:
@@ -53,6 +56,7 @@ class FedBuff:
                  staleness: StalenessKind = "polynomial", a: float = 0.5, b: int = 4) -> None:
         if buffer_size < 1:
             raise ConfigError(f"fedbuff: buffer_size must be >= 1, got {buffer_size}")
+        at_most("fedbuff", "buffer_size", buffer_size, MAX_BUFFER, _NEVER_FILLS)
         if not 0.0 < server_lr < float("inf"):
             raise ConfigError(f"fedbuff: server_lr must be positive and finite, got {server_lr}")
         self.buffer_size = buffer_size

@@ -39,6 +39,7 @@ from vcasync.errors import ConfigError, UnknownPolicyError, UpdateRejectedError
 from vcasync.policy import MergePolicy, PolicyState, build_policy
 from vcasync.tensors import ModelState, Update, all_finite
 
+from ._bounds import MAX_WARMUP, at_most
 from ._kernels import Workspace, check_update, delta_of, dot2, mixable, sumsq
 
 __all__ = ["Gate"]
@@ -61,6 +62,8 @@ class Gate:
             raise ConfigError(f"gate: z must be positive and finite, got {z}")
         if warmup < 0:
             raise ConfigError(f"gate: warmup must be >= 0, got {warmup}")
+        at_most("gate", "warmup", warmup, MAX_WARMUP,
+                "a warm-up no run ends switches the statistical checks off")
         if not 0.0 < decay < 1.0:
             raise ConfigError(f"gate: decay must be in (0, 1), got {decay}")
         if max_norm is not None and not max_norm > 0.0:

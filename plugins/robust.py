@@ -32,6 +32,7 @@ from vcasync.errors import ConfigError
 from vcasync.policy import PolicyState
 from vcasync.tensors import ModelState, Update
 
+from ._bounds import MAX_COPIES, at_most
 from ._kernels import (
     Workspace,
     axpy,
@@ -58,6 +59,8 @@ class _Buffered:
     def __init__(self, buffer_size: int, lr: float) -> None:
         if buffer_size < 1:
             raise ConfigError(f"{self.name}: buffer_size must be >= 1, got {buffer_size}")
+        at_most(self.name, "buffer_size", buffer_size, MAX_COPIES,
+                "the buffer holds a copy of the model per result, in the coordinator's memory")
         if not 0.0 < lr < float("inf"):
             raise ConfigError(f"{self.name}: lr must be positive and finite, got {lr}")
         self.buffer_size = buffer_size

@@ -25,6 +25,7 @@ from vcasync.errors import ConfigError
 from vcasync.policy import PolicyState
 from vcasync.tensors import ModelState, Update
 
+from ._bounds import MAX_BUFFER, at_most
 from ._kernels import (
     Workspace,
     buffer_discrete,
@@ -48,6 +49,8 @@ class SyncAverage:
     def __init__(self, buffer_size: int = 4) -> None:
         if buffer_size < 1:
             raise ConfigError(f"sync: buffer_size must be >= 1, got {buffer_size}")
+        at_most("sync", "buffer_size", buffer_size, MAX_BUFFER,
+                "a round no run fills leaves the model unchanged until the run's end")
         self.buffer_size = buffer_size
         self._ws = Workspace()
 

@@ -25,6 +25,7 @@ from vcasync.errors import ConfigError
 from vcasync.policy import PolicyState
 from vcasync.tensors import ModelState, Update
 
+from ._bounds import MAX_VERSIONS, at_most
 from ._kernels import Workspace, check_update, mix_result
 from ._staleness import StalenessKind, StalenessWeight
 
@@ -58,6 +59,8 @@ class VCASGD:
             raise ConfigError(f"vcasgd: schedule {schedule!r} needs alpha_end and horizon >= 1")
         if horizon < 0:
             raise ConfigError(f"vcasgd: horizon must be >= 0, got {horizon}")
+        at_most("vcasgd", "horizon", horizon, MAX_VERSIONS,
+                "a schedule no run reaches the end of keeps alpha where it starts")
         self.alpha = alpha
         self.schedule: Schedule = schedule
         self.alpha_end = alpha if alpha_end is None else alpha_end

@@ -187,6 +187,18 @@ def test_a_policy_state_that_cannot_be_stored_is_refused_before_anything_is_stor
     assert stored(tmp_path) == []
 
 
+def test_a_policy_parameter_past_its_bound_is_refused_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # was accepted: median's buffer, a copy of the model per result, would have grown with every
+    # result until the coordinator ran out of memory, never aggregating
+    assert coordinator(tmp_path, monkeypatch, "--policy", "median",
+                       "--policy-param", "buffer_size=1000000000000000000") == 2
+    err = capsys.readouterr().err
+    assert "median: buffer_size must be at most 1,000, got 1,000,000,000,000,000,000" in err
+    assert "Traceback" not in err
+    assert stored(tmp_path) == []
+
+
 @pytest.fixture
 def taken_port() -> Iterator[int]:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
