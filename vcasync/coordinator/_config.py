@@ -48,6 +48,11 @@ class CoordinatorConfig:
     quarantine_s: float | None = 3600.0   # ... for this long (None or inf: the rest of the run)
     forget_workers_s: float | None = 3600.0   # drop records of workers silent this long (no lease,
                                           # back-off or quarantine); None or inf: keep them all
+    #: The merge policy refusing this many results in a row (``UpdateRejectedError``, e.g. gate's
+    #: ``norm_outlier``), from at least two workers and none accepted in between, stops the
+    #: coordinator with PolicyFailedError (``vcasync coordinator`` exits 2): the fleet is locked
+    #: out. None (from Python): never stop for it.
+    policy_refusal_limit: int | None = 50
     require_finite: bool = True           # refuse results holding NaN or Inf
     max_update_norm: float | None = None  # refuse results whose delta norm is larger (None: no limit)
     limits: Limits = field(default_factory=Limits)
@@ -92,6 +97,8 @@ class CoordinatorConfig:
         count("snapshot_every", 1)
         count("keep_snapshots", 1)
         count("max_concurrent_decodes", 1)
+        if self.policy_refusal_limit is not None:
+            count("policy_refusal_limit", 1)
         need(self.durability in ("journal", "snapshot", "none"), "durability",
              "must be 'journal', 'snapshot' or 'none'")
         need(self.snapshot_interval_s > 0, "snapshot_interval_s", "must be > 0")

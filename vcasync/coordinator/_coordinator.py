@@ -586,6 +586,7 @@ class Coordinator:
                               metrics=self.metrics, snapshot_every=self.config.snapshot_every,
                               max_staleness=self.config.max_staleness,
                               settled=self._check_finished, health=self._health,
+                              refusal_limit=self.config.policy_refusal_limit,
                               recycle=self._update_buffers.give, guard=self._ensure_prefix)
         self._recovered = True
         lease = self._prefix_lease

@@ -109,6 +109,17 @@ def retrieve(fut: asyncio.Future[Any]) -> None:
 #: broken policy would otherwise have the fleet retrain the same units forever.
 POLICY_FAILURE_LIMIT = 3
 
+#: After this many results in a row that the merge policy refused (``UpdateRejectedError``: gate's
+#: ``norm_outlier``, ...), from at least ``POLICY_REFUSAL_WORKERS`` distinct workers and with no
+#: result accepted in between, the merge loop stops the coordinator with PolicyFailedError
+#: (``CoordinatorConfig.policy_refusal_limit``, the default): a policy that refuses the whole
+#: fleet leaves the model unchanged, so it refuses the same results for ever.
+POLICY_REFUSAL_LIMIT = 50
+
+#: Distinct workers whose results the refusals in a row must come from: one worker alone (an
+#: attacker the policy rightly refuses) never stops a run.
+POLICY_REFUSAL_WORKERS = 2
+
 #: Up to this many leases, the merge loop scans them for bases after every merge (see retain).
 SCAN_PER_MERGE = 1000
 
@@ -121,7 +132,7 @@ class Merger:
 
     def __init__(self, *, owner: ModelOwner, ledger: Ledger, journal: Journal, metrics: Metrics,
                  snapshot_every: int, max_staleness: int, settled: Callable[[], None],
-                 health: StorageHealth,
+                 health: StorageHealth, refusal_limit: int | None = POLICY_REFUSAL_LIMIT,
                  recycle: Callable[[dict[str, torch.Tensor]], object] | None = None,
                  guard: Callable[[], Awaitable[None]] | None = None) -> None:
         self._owner = owner
@@ -150,6 +161,10 @@ class Merger:
         #: staleness window), since leases no snapshot knew may be based on them; None: no such
         self.keep_from: int | None = None
         self._policy_failures: list[PolicyFailedError] = []     # live merges it broke, in a row
+        self._refusal_limit = refusal_limit
+        #: live results the policy refused since the last accepted one: the last refusal, their
+        #: count and their workers
+        self._refusals: tuple[UpdateRejectedError, int, set[str]] | None = None
 
     # -- the merge-loop interface ----------------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -256,6 +271,8 @@ class Merger:
             self.retain()
             if len(self._policy_failures) >= POLICY_FAILURE_LIMIT:
                 raise self._policy_stop()
+            if self._refused_too_often():
+                raise self._refusal_stop()
             self._settled()
             if self._since_snapshot >= self._snapshot_every and self._journal.durable:
                 await self.capture()
@@ -268,6 +285,30 @@ class Merger:
             f"the last: {last}. The coordinator stopped: fix or replace the policy and start it "
             f"again (the model, v{self._owner.version}, and every merged result are kept; the "
             "refused units are trained again)", policy=last.policy)
+        stop.__cause__ = last
+        return stop
+
+    def _refused_too_often(self) -> bool:
+        if self._refusal_limit is None or self._refusals is None:
+            return False
+        _, count, workers = self._refusals
+        return count >= self._refusal_limit and len(workers) >= POLICY_REFUSAL_WORKERS
+
+    def _refusal_stop(self) -> PolicyFailedError:
+        """What stops the coordinator once the policy refused ``refusal_limit`` results in a row
+        (from at least two workers): the fleet is locked out, the model no longer changes."""
+        assert self._refusals is not None
+        last, count, workers = self._refusals
+        policy = self._owner.policy.name
+        stop = PolicyFailedError(
+            f"merge policy {policy!r} refused {count} results in a row from {len(workers)} "
+            f"workers and accepted none (the last: {last.reason}: {last}); the model, "
+            f"v{self._owner.version}, no longer changes, so the same results would be refused for "
+            "ever. The coordinator stopped: loosen the policy (gate: a larger z or warmup, or "
+            "max_norm/min_cosine alone), start again with --reset-policy to relearn its "
+            "statistics, or use another policy; raise policy_refusal_limit ([coordinator] in "
+            "run.toml) if such a streak is expected. The model and every merged result are kept; "
+            "the refused units are trained again", policy=policy)
         stop.__cause__ = last
         return stop
 
@@ -483,8 +524,13 @@ class Merger:
         except (UpdateRejectedError, ValidationError, PolicyError) as exc:
             if live and isinstance(exc, PolicyFailedError):
                 self._policy_failures.append(exc)
+            if live and isinstance(exc, UpdateRejectedError):
+                _, count, workers = self._refusals or (exc, 0, set())
+                workers.add(worker_id)
+                self._refusals = (exc, count + 1, workers)
             return self.record_reject(meta.lease_id, worker_id, unit_id, reject_reason(exc))
         self._policy_failures.clear()
+        self._refusals = None
         self._metrics.merge_seconds.observe(self._owner.last_merge_s)
         self._metrics.staleness.observe(staleness)
         self._metrics.merges += 1
