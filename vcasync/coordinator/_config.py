@@ -13,6 +13,13 @@ from ..storage import validate_prefix
 from ..wire import Limits, resolve_codec
 from ._journal import Durability, JournalConfig
 
+#: After this many results in a row that the merge policy refused (``UpdateRejectedError``: gate's
+#: ``norm_outlier``, ...), from at least two distinct workers and with no result accepted in
+#: between, the merge loop stops the coordinator with PolicyFailedError (the default of
+#: ``CoordinatorConfig.policy_refusal_limit``): a policy that refuses the whole fleet leaves the
+#: model unchanged, so it refuses the same results for ever.
+POLICY_REFUSAL_LIMIT = 50
+
 #: The longest lease timeout: a week (a lease without progress for this long expires, and only then
 #: does another worker get its unit).
 MAX_LEASE_TIMEOUT_S = 7 * 24 * 3600.0
@@ -52,7 +59,7 @@ class CoordinatorConfig:
     #: ``norm_outlier``), from at least two workers and none accepted in between, stops the
     #: coordinator with PolicyFailedError (``vcasync coordinator`` exits 2): the fleet is locked
     #: out. None (from Python): never stop for it.
-    policy_refusal_limit: int | None = 50
+    policy_refusal_limit: int | None = POLICY_REFUSAL_LIMIT
     require_finite: bool = True           # refuse results holding NaN or Inf
     max_update_norm: float | None = None  # refuse results whose delta norm is larger (None: no limit)
     limits: Limits = field(default_factory=Limits)

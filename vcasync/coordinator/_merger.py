@@ -55,6 +55,7 @@ from ..ledger._units import Receipt, WorkUnit
 from ..metrics import Metrics
 from ..protocol._bodies import JournalFlush, JournalReject, JournalResult, journal_record, to_body
 from ..tensors import ModelState, Update
+from ._config import POLICY_REFUSAL_LIMIT
 from ._journal import Journal
 from ._model_owner import ModelOwner
 from ._result_checks import ResultMeta, reject_reason
@@ -109,12 +110,6 @@ def retrieve(fut: asyncio.Future[Any]) -> None:
 #: broken policy would otherwise have the fleet retrain the same units forever.
 POLICY_FAILURE_LIMIT = 3
 
-#: After this many results in a row that the merge policy refused (``UpdateRejectedError``: gate's
-#: ``norm_outlier``, ...), from at least ``POLICY_REFUSAL_WORKERS`` distinct workers and with no
-#: result accepted in between, the merge loop stops the coordinator with PolicyFailedError
-#: (``CoordinatorConfig.policy_refusal_limit``, the default): a policy that refuses the whole
-#: fleet leaves the model unchanged, so it refuses the same results for ever.
-POLICY_REFUSAL_LIMIT = 50
 
 #: Distinct workers whose results the refusals in a row must come from: one worker alone (an
 #: attacker the policy rightly refuses) never stops a run.
