@@ -23,7 +23,6 @@ sending a whole request head within its keep-alive timeout (the server's ``idle_
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -55,11 +54,11 @@ class _JsonErrorHandler(RequestHandler):
         self.received += len(data)
         super().data_received(data)
 
-    async def _handle_request(self, request: BaseRequest, start_time: float | None,
-                              request_handler: Callable[[BaseRequest], Awaitable[web.StreamResponse]]
-                              ) -> tuple[web.StreamResponse, bool]:
+    async def _handle_request(self, *args: Any, **kwargs: Any) -> Any:
+        # aiohttp's private hook, its arguments passed through as they are: their list has changed
+        # between aiohttp releases (``aiohttp>=3.9`` is allowed), and a request must never fail here
         try:
-            return await super()._handle_request(request, start_time, request_handler)
+            return await super()._handle_request(*args, **kwargs)
         finally:
             self.received_at_answer = self.received
 
