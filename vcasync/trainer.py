@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .errors import ConfigError
 from .ledger._units import WorkUnit
 from .tensors import ModelState
 
@@ -175,7 +176,14 @@ class TrainContext:
             self._on_checkpoint()
 
     def load_checkpoint(self) -> dict[str, Any] | None:
-        """The last checkpoint saved for this lease (``torch.load(weights_only=True)``), or None."""
+        """The last checkpoint saved for this lease (``torch.load(weights_only=True)``), or None.
+
+        A ``"model"`` entry that is a mapping of tensors is checked against :attr:`model`: a tensor
+        of another shape, or a name the model does not have, is a checkpoint some other model wrote
+        (the model changed, a state dir reused) and is refused with a
+        :class:`~vcasync.errors.ConfigError` naming the tensor, both shapes and the file to remove,
+        instead of torch's "size mismatch" from ``load_state_dict``. Entries named unlike the
+        model's tensors altogether (another naming scheme) are left to the trainer."""
         if not self._checkpoint_path.exists():
             return None
         try:
@@ -184,7 +192,17 @@ class TrainContext:
             log.warning("checkpoint %s is unreadable (%s); starting the unit over",
                         self._checkpoint_path, exc)
             return None
-        return dict(loaded) if isinstance(loaded, dict) else None
+        if not isinstance(loaded, dict):
+            return None
+        problem = _model_mismatch(loaded.get("model"), self.model)
+        if problem is not None:
+            raise ConfigError(
+                f"the checkpoint {self._checkpoint_path} of lease {self.lease_id} was not written for "
+                f"this run's model: {problem}; a model of another shape saved it (the model "
+                "changed, or a --state-dir reused from another run), so the unit must start over "
+                "without it: a worker drops it as it hands the lease back; otherwise remove "
+                f"{self._checkpoint_path}, or start with a fresh --state-dir")
+        return dict(loaded)
 
     # -- the result --------------------------------------------------------------------------------
     def result(self, trained: torch.nn.Module | Mapping[str, torch.Tensor], *, steps: int | None = None,
@@ -223,6 +241,34 @@ def _result_tensor(name: object, value: object) -> torch.Tensor:
                         "of the model's state dict must be a tensor (a numpy array: "
                         "torch.from_numpy(a))")
     return value.detach().cpu()
+
+
+def _model_mismatch(saved: object, model: ModelState) -> str | None:
+    """What makes a checkpoint's ``"model"`` entry unfit for ``model``, or None: the first tensor
+    of another shape, then names the model does not have. Not a mapping of tensors, or no name in
+    common with the model (a trainer's own naming), it is not checked. Dtypes are not compared
+    (``load_state_dict`` casts), only named beside the shapes."""
+    if not isinstance(saved, Mapping) or not saved or not all(
+            isinstance(v, torch.Tensor) for v in saved.values()):
+        return None
+    if not any(name in model for name in saved):
+        return None
+    for name, tensor in saved.items():
+        want = model.get(name)
+        if want is not None and tensor.shape != want.shape:
+            return (f"tensor {name!r} is {_tensor_kind(tensor)} in the checkpoint, the model's is "
+                    f"{_tensor_kind(want)}")
+    extra = [name for name in saved if name not in model]
+    if extra:
+        shown = ", ".join(_short_repr(n) for n in extra[:5])
+        more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
+        return f"its model holds {len(extra)} tensor(s) the model does not have: {shown}{more}"
+    return None
+
+
+def _tensor_kind(tensor: torch.Tensor) -> str:
+    """``shape (3, 4) float32``: a tensor's shape and dtype as the messages name them."""
+    return f"shape {tuple(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')}"
 
 
 def _metric_values(metrics: Mapping[str, Any]) -> dict[str, float]:

@@ -194,6 +194,59 @@ async def test_preempted_worker_keeps_the_lease_and_resumes_it(tmp_path: Path) -
         assert units_done(coord) in (2, -1)
 
 
+async def test_a_checkpoint_another_model_wrote_is_refused_naming_the_tensor_and_the_file(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by a probe: a lease resumed from a checkpoint of another model shape (the model
+    changed, a stale --state-dir reused) failed deep in the trainer with torch's "size mismatch for
+    0.weight". Now ctx.load_checkpoint refuses it with a ConfigError naming the tensor, both shapes
+    and the file: the worker hands the unit back (dropping that checkpoint) and stops (exit 2)."""
+    async with running(tmp_path, units=make_units(1, steps=20), lease_timeout_s=300) as (coord, server):
+        log: list[dict[str, Any]] = []
+        report = await preempted(server.url, tmp_path / "w", Blocker(at_step=5), log)
+        assert report.reason == "preempted"
+        (ckpt,) = (tmp_path / "w" / "checkpoints").iterdir()
+        other = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+        torch.save({"model": other.state_dict(), "step": 6}, ckpt)
+
+        with pytest.raises(ConfigError) as info:
+            await asyncio.wait_for(worker(server.url, tmp_path / "w", make_trainer(None, log)).run(), 60)
+        message = str(info.value)
+        assert f"the checkpoint {ckpt} of lease {log[0]['lease']} was not written for this run's " \
+               "model: tensor '0.weight' is shape (3, 5) float32 in the checkpoint, the model's is " \
+               "shape (3, 4) float32" in message
+        assert f"the unit must start over without it: a worker drops it as it hands the lease " \
+               f"back; otherwise remove {ckpt}, or start with a fresh --state-dir" in message
+        assert "size mismatch" not in caplog.text
+        assert "configuration error: the checkpoint" in caplog.text
+        assert len(log) == 1                     # the trainer never got past load_checkpoint
+        assert not ckpt.exists()                 # handed back with the lease: a restart starts over
+        units = coord.status()["units"]
+        assert isinstance(units, dict)
+        assert units.get("queued") == 1, units
+
+        again = await asyncio.wait_for(worker(server.url, tmp_path / "w", make_trainer(None, log)).run(), 60)
+        assert (again.reason, again.results_accepted) == ("finished", 1)
+        assert log[1]["start"] == 0
+
+
+def test_load_checkpoint_checks_only_a_model_entry_named_as_the_model(tmp_path: Path) -> None:
+    """What the shape check leaves alone: a checkpoint of the same model (another dtype too), one
+    with no "model" entry, and a "model" entry named otherwise (a trainer's own scheme); a tensor
+    the model does not have is refused."""
+    ctx = _context(tmp_path)
+    net = tiny_model()
+    for state in ({"model": net.state_dict(), "step": 1},
+                  {"model": {k: v.double() for k, v in net.state_dict().items()}, "step": 1},
+                  {"weights": torch.ones(3)}, {"model": {"module.0.weight": torch.ones(1)}},
+                  {"model": "a path"}):
+        torch.save(state, tmp_path / "ck")
+        assert ctx.load_checkpoint() is not None
+    torch.save({"model": {**net.state_dict(), "3.weight": torch.ones(2, 2)}}, tmp_path / "ck")
+    with pytest.raises(ConfigError, match=re.escape("its model holds 1 tensor(s) the model does not "
+                                                    "have: '3.weight'")):
+        ctx.load_checkpoint()
+
+
 async def test_a_second_worker_on_a_state_dir_in_use_waits_for_it_then_is_refused(tmp_path: Path) -> None:
     # Found by a probe: a second live worker on the same --state-dir took the same identity and
     # resumed the lease the first was training; both wrote checkpoints for it, and one deleted
