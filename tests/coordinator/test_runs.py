@@ -5,6 +5,9 @@ before identities were kept, unsafe stores, and start-up retried through transie
 from __future__ import annotations
 
 import json
+import logging
+import os
+import stat
 from typing import Any
 
 import pytest
@@ -379,3 +382,40 @@ def test_a_new_run_with_a_policy_reset_is_refused_as_meaning_nothing() -> None:
     # meaningless without a word
     with pytest.raises(ConfigError, match="means nothing beside it: give one of the two"):
         StartOptions(new_run=True, reset_policy=True)
+
+
+async def test_a_run_record_other_local_users_can_read_is_named_with_the_chmod_to_run(
+        kit, clock, tmp_path, caplog) -> None:
+    """Found by a probe: the file:// store writes objects 0600, but a run record a build before
+    2026-12-07 wrote 0644 (the secret that signs the run's leases) kept that mode at every start,
+    without a word. A start now warns, once, naming the file and the chmod to run; a root the
+    operator made 0755 is left alone (the record's own mode keeps the secret)."""
+    root = tmp_path / "shared store"
+    root.mkdir(mode=0o755)
+    os.chmod(root, 0o755)
+    record = root / "vcasync" / "run"
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if r.levelno >= logging.WARNING and "run record" in r.getMessage()]
+
+    async with open_storage(root.as_uri()) as st:
+        async with make(kit, st, clock):
+            pass
+        assert stat.S_IMODE(record.stat().st_mode) == 0o600
+        assert warnings() == []                          # a new run: nothing to say
+
+        os.chmod(record, 0o644)                          # as the older build left it
+        async with make(kit, st, clock):
+            pass
+        assert warnings() == [
+            f"the run record {record} (mode 0644) holds the secret that signs this run's leases, "
+            f"but other local users can read it: run chmod 600 '{record}'"]
+        assert stat.S_IMODE(record.stat().st_mode) == 0o644  # warned about, not changed
+
+        caplog.clear()
+        os.chmod(record, 0o600)                          # the command it named
+        async with make(kit, st, clock):
+            pass
+        assert warnings() == []
+        assert stat.S_IMODE(root.stat().st_mode) == 0o755

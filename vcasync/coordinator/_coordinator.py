@@ -86,7 +86,7 @@ from ._journal import Journal, Recovered
 from ._merger import METRICS_KEY, Job, Merger, retrieve
 from ._model_owner import ModelOwner
 from ._result_checks import ResultMeta, read_result, reject_reason
-from ._run_record import OWNER, StartOptions, check_store
+from ._run_record import OWNER, StartOptions, check_store, exposed_record
 from ._statistics import restored_pending
 from ._storage_health import StorageHealth
 
@@ -160,6 +160,8 @@ class Coordinator:
         self._clock = clock
         self.spec: ModelSpec = model.spec
         self._storage = storage
+        #: the file modes of the run's secrets were looked at (a file:// store: exposed_record)
+        self._modes_checked = False
         self._start = start or StartOptions()
         self._startup_retry = startup_retry
         self.identity = RunIdentity.of(self.spec, self._units_in, policy.name, policy_params,
@@ -536,6 +538,13 @@ class Coordinator:
         run = await self._journal.open(self.identity, self._start,
                                        probed=self._prefix_lease is not None)
         self._wrote |= run.wrote
+        if self._storage is not None and not self._modes_checked:
+            self._modes_checked = True        # once, not again at each retried recovery
+            if (loose := await asyncio.to_thread(exposed_record, self._storage, prefix)) is not None:
+                # written 0644 by a build before 2026-12-07 (or chmod'ed since): a store keeps
+                # the mode of a file it finds, so it stayed readable to every local user
+                log.warning("the run record %s holds the secret that signs this run's leases, but "
+                            "other local users can read it: run %s", *loose)
         reset = run.recorded is not None and not run.recorded.same_policy(self.identity)
         cfg = self.config.ledger_config()
         # a stored run supersedes the caller's model: let go of it before the snapshot is decoded

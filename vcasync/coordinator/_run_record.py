@@ -20,15 +20,21 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import secrets
+import shlex
+import stat
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigError, CorruptObjectError, ObjectNotFoundError, PreconditionFailedError
 from ..storage import Storage, probe_storage
 from ._identity import RunIdentity
 
-__all__ = ["FORMAT", "OWNER", "RunRecord", "StartOptions", "check_store", "open_run", "write_record"]
+__all__ = ["FORMAT", "OWNER", "RunRecord", "StartOptions", "check_store", "exposed_record", "open_run",
+           "write_record"]
 
 FORMAT = 1
 #: Under the state prefix: the owner records of the run's one live coordinator (vcasync._owner_lease).
@@ -116,6 +122,25 @@ def _decode(key: str, raw: bytes) -> tuple[str, bytes, RunIdentity | None]:
         raise refused(f"its 'identity' has no {exc.args[0]!r} field") from None
     except (ValueError, TypeError, AttributeError) as exc:
         raise refused(f"its 'identity' is unreadable: {exc}") from None
+
+
+def exposed_record(storage: Storage, prefix: str) -> tuple[str, str] | None:
+    """On a ``file://`` store, ``(path, chmod command)`` when the run record ``<prefix>/run``, which
+    holds the secret that signs the run's leases, is a file other local users may read (its mode has
+    group or other bits: a build before 2026-12-07 wrote it ``0644``; the store writes ``0600``);
+    None when it is its owner's only, absent, or the store is not ``file://``. A root directory
+    of another mode is left alone: the secret's own mode is what keeps it (see docs/storage.md)."""
+    url = storage.url
+    if not url.startswith("file://"):
+        return None
+    path = Path(unquote(urlsplit(url).path)).joinpath(*f"{prefix}/run".split("/"))
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return None
+    if not mode & 0o077:
+        return None
+    return f"{path} (mode {mode:04o})", f"chmod 600 {shlex.quote(str(path))}"
 
 
 async def check_store(storage: Storage, prefix: str, allow_unsafe: bool) -> None:
