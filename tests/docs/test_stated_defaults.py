@@ -22,6 +22,7 @@ import pytest
 from vcasync.cli import available_commands, build_parser
 from vcasync.coordinator import CoordinatorConfig
 from vcasync.coordinator._merger import POLICY_FAILURE_LIMIT
+from vcasync.costing.prices import PriceTable
 from vcasync.demo.cli import DEFAULT_WALK_STEP_S as DEMO_WALK_STEP_S
 from vcasync.demo.limits import MAX_WORKERS
 from vcasync.runconfig import RunConfig
@@ -51,6 +52,10 @@ def _show(value: Any) -> str:
 
 
 CONFIG = CoordinatorConfig()
+_PRICES = PriceTable()
+#: the built-in price rows' dates, exact rows first: the quickstart once said `--list-prices`
+#: "lists the current rows (2024)" while it listed the paper's 2021 rows among them
+_AS_OF = sorted({(_PRICES[k].approximate, _PRICES[k].as_of) for k in _PRICES})
 #: (page, phrase with {} for the value, the value as the code has it)
 CLAIMS: list[tuple[str, str, Any]] = [
     ("operating.md", "`--give-up-after` seconds without a break (default {};",
@@ -70,6 +75,8 @@ CLAIMS: list[tuple[str, str, Any]] = [
     ("operating.md", "then at most {} s apart", WorkerConfig().backoff.max_delay_s),
     ("quickstart.md", "every `--spot-walk-step` seconds, default {};", DEMO_WALK_STEP_S),
     ("quickstart.md", "at most {} workers", MAX_WORKERS),
+    ("quickstart.md", "the paper's {} rates beside", _AS_OF[0][1]),
+    ("quickstart.md", "beside approximate {} ones", _AS_OF[-1][1]),
 ]
 
 
