@@ -164,3 +164,37 @@ def test_statistics_that_do_not_fit_the_tensors_are_refused(statistics: Any, mes
     from vcasync.errors import ConfigError
     with pytest.raises(ConfigError, match=message):
         ModelState({"w": torch.zeros(2), "n": torch.tensor(0)}, statistics=statistics)
+
+
+async def test_a_start_that_names_other_statistics_is_refused(kit: Any, clock: Any) -> None:
+    """The journal keeps a result's statistics as values for the names the run had: a start whose
+    model names none (a plain ``ModelState(tensors)``) replayed those values as the policy's deltas
+    (a running_var of 11.05 where the run had 0.7). It is refused, naming them; a record from
+    before the rule (no names) resumes and records the start's."""
+    import json
+
+    from vcasync.errors import ConfigError
+    storage = open_storage("memory://stats-names")
+    a = await make(storage, clock, "vcasgd").__aenter__()
+    w = await a.join("w")
+    for var in [0.5, 0.9, 0.7]:
+        await send(kit, a, w, await a.lease(w), "delta", var)
+    model = a.model()
+    await crash(a)
+    plain = ModelState(dict(bn_model().tensors))            # the same tensors, no names
+    config = CoordinatorConfig(durability="journal", restart_grace_s=0.0, snapshot_every=100)
+    with pytest.raises(ConfigError, match=r"running statistics: the run keeps bn\.running_mean, "
+                                          r"bn\.running_var as running statistics, this model"):
+        await Coordinator(plain, make_units(40, steps=4), policy=build_policy("vcasgd"),
+                          storage=storage, config=config, clock=clock).__aenter__()
+    async with make(storage, clock, "vcasgd") as b:           # the same names resume
+        assert b.model().equal(model)
+        assert torch.allclose(b.model()[VAR], torch.full((3,), 0.7))
+    record = json.loads(await storage.get("vcasync/run"))
+    assert record["identity"]["statistics"] == [MEAN, VAR]
+    del record["identity"]["statistics"]                       # as a build before the rule wrote it
+    await storage.put("vcasync/run", json.dumps(record).encode())
+    async with make(storage, clock, "vcasgd") as c:
+        assert c.version == model.version
+    assert json.loads(await storage.get("vcasync/run"))["identity"]["statistics"] == [MEAN, VAR]
+    await storage.aclose()

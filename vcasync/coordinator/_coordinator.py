@@ -165,7 +165,7 @@ class Coordinator:
         self._start = start or StartOptions()
         self._startup_retry = startup_retry
         self.identity = RunIdentity.of(self.spec, self._units_in, policy.name, policy_params,
-                                       model_origin, policy_ref)
+                                       model_origin, policy_ref, model.statistics)
         self._load_policy = load_policy
         self._journal = Journal(storage, config=self.config.journal_config(), spec=self.spec)
         self.metrics = Metrics()

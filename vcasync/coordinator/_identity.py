@@ -20,6 +20,12 @@ restarts; a start with another reference for the same name is warned about), but
 ``--reset-policy`` away from it can import the class again to replay the journal. A record without a
 reference (an older build, or a start that named the policy) takes the next start's.
 
+The names of the model's running statistics (``ModelState.statistics``: a rule of their own, see
+:mod:`vcasync.coordinator._statistics`) are part of it: the journal keeps a result's statistics as
+values, and a snapshot the values of held results, for exactly those names; a start naming others
+would replay those values as the policy's tensors. A run recorded before the rule (no names)
+resumes, and records the start's.
+
 Things that may change between starts (durability, lease timeout, ports, limits) are *not* part of the
 identity: they configure the coordinator, not the run.
 """
@@ -29,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,12 +82,14 @@ class RunIdentity:
     #: The ``module:Class`` the policy was imported from; None: an installed policy (or not said).
     #: Recorded, never compared.
     policy_ref: str | None = None
+    #: The names of the model's running statistics, sorted; None: recorded before the rule.
+    statistics: list[str] | None = None
 
     @classmethod
     def of(cls, spec: ModelSpec, units: Sequence[WorkUnit], policy: str,
            policy_params: Mapping[str, Any] | None,
            origin: Mapping[str, Any] | None = None,
-           policy_ref: str | None = None) -> RunIdentity:
+           policy_ref: str | None = None, statistics: Iterable[str] = ()) -> RunIdentity:
         rows = [u.to_dict() for u in units]
         digest = hashlib.sha256(json.dumps(_plain(rows), sort_keys=True).encode()).hexdigest()[:32]
         return cls(model={name: [str(s.dtype).removeprefix("torch."), list(s.shape)]
@@ -91,16 +99,20 @@ class RunIdentity:
                    last_unit=rows[-1]["unit_id"] if rows else "",
                    policy=policy,
                    policy_params=None if policy_params is None else _plain(dict(policy_params)),
-                   origin=None if origin is None else _plain(dict(origin)), policy_ref=policy_ref)
+                   origin=None if origin is None else _plain(dict(origin)), policy_ref=policy_ref,
+                   statistics=sorted(statistics))
 
     def to_json(self) -> dict[str, Any]:
         policy: dict[str, Any] = {"name": self.policy, "params": self.policy_params}
         if self.policy_ref is not None:
             policy["ref"] = self.policy_ref
-        return {"layout": self.layout, "model": self.model,
-                "units": {"count": self.units, "digest": self.units_digest,
-                          "first": self.first_unit, "last": self.last_unit},
-                "policy": policy, "origin": self.origin}
+        out = {"layout": self.layout, "model": self.model,
+               "units": {"count": self.units, "digest": self.units_digest,
+                         "first": self.first_unit, "last": self.last_unit},
+               "policy": policy, "origin": self.origin}
+        if self.statistics is not None:
+            out["statistics"] = list(self.statistics)
+        return out
 
     @classmethod
     def from_json(cls, data: Any) -> RunIdentity:
@@ -109,13 +121,15 @@ class RunIdentity:
         params = policy["params"]
         origin = data.get("origin")      # absent in a record written before origins were
         ref = policy.get("ref")          # absent: an installed policy, or an older record
+        stats = data.get("statistics")   # absent in a record written before the rule
         return cls(model={str(k): list(v) for k, v in dict(data["model"]).items()},
                    units=int(units["count"]), units_digest=str(units["digest"]),
                    first_unit=str(units["first"]), last_unit=str(units["last"]),
                    policy=str(policy["name"]),
                    policy_params=None if params is None else dict(params),
                    origin=None if origin is None else dict(origin),
-                   layout=int(data["layout"]), policy_ref=None if ref is None else str(ref))
+                   layout=int(data["layout"]), policy_ref=None if ref is None else str(ref),
+                   statistics=None if stats is None else sorted(str(n) for n in stats))
 
     def same_policy(self, other: RunIdentity) -> bool:
         """Same name, and the same parameters where both sides know them."""
@@ -131,6 +145,13 @@ class RunIdentity:
             return self
         merged = {**wanted.origin, **(self.origin or {})}
         return self if merged == self.origin else dataclasses.replace(self, origin=merged)
+
+    def with_statistics_of(self, wanted: RunIdentity) -> RunIdentity:
+        """This (recorded) identity with ``wanted``'s statistics names when it has none (recorded
+        before the rule): what the start records, so the next start is compared against them."""
+        if self.statistics is not None or wanted.statistics is None:
+            return self
+        return dataclasses.replace(self, statistics=list(wanted.statistics))
 
     def with_policy_ref_of(self, wanted: RunIdentity) -> RunIdentity:
         """This (recorded) identity with ``wanted``'s policy reference, when it has one and the
@@ -148,6 +169,10 @@ class RunIdentity:
                        f"build writes layout {wanted.layout}")
         if self.model != wanted.model:
             out.append("model: " + _model_difference(self.model, wanted.model))
+        if (self.statistics is not None and wanted.statistics is not None
+                and self.statistics != wanted.statistics):
+            out.append("running statistics: " + _statistics_difference(self.statistics,
+                                                                        wanted.statistics))
         out.extend(f"initial model: the run was started with {key}={old!r}, this start asks for "
                    f"{key}={new!r}" for key, old, new in _origin_differences(self.origin, wanted.origin))
         if self.units_digest != wanted.units_digest:
@@ -168,6 +193,18 @@ def _origin_differences(old: dict[str, Any] | None,
     if old is None or new is None:
         return []
     return [(key, old[key], new[key]) for key in old if key in new and old[key] != new[key]]
+
+
+def _statistics_difference(old: list[str], new: list[str]) -> str:
+    def names(which: list[str]) -> str:
+        return ", ".join(which[:5]) + (f" (and {len(which) - 5} more)" if len(which) > 5 else "")
+    gone = [n for n in old if n not in new]
+    added = [n for n in new if n not in old]
+    parts = ([f"the run keeps {names(gone)} as running statistics, this model does not "
+              "(ModelState.from_module names a module's float buffers)"] if gone else []) + \
+            ([f"this model names {names(added)} as running statistics, the run does not"]
+             if added else [])
+    return "; ".join(parts)
 
 
 def _model_difference(old: dict[str, list[Any]], new: dict[str, list[Any]]) -> str:

@@ -222,6 +222,10 @@ async def open_run(storage: Storage, prefix: str, wanted: RunIdentity | None,
     known = recorded.with_origin_of(wanted)
     if known != recorded:                   # recorded without (part of) the origin: record it now
         log.info("run %s has no recorded model origin; recording this start's", run_id)
+    if recorded.statistics is None and wanted.statistics:   # recorded before the rule
+        log.info("run %s has no recorded running statistics; recording this start's (%s)", run_id,
+                 ", ".join(wanted.statistics))
+    known = known.with_statistics_of(wanted)
     if recorded.policy_ref is not None and wanted.policy_ref is not None \
             and recorded.policy_ref != wanted.policy_ref and recorded.same_policy(wanted):
         # the class may have been edited or moved between restarts: not refused, but never silent
