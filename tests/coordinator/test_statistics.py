@@ -198,3 +198,42 @@ async def test_a_start_that_names_other_statistics_is_refused(kit: Any, clock: A
         assert c.version == model.version
     assert json.loads(await storage.get("vcasync/run"))["identity"]["statistics"] == [MEAN, VAR]
     await storage.aclose()
+
+
+async def test_a_run_journaled_before_the_rule_replays_the_versions_it_had(kit: Any,
+                                                                           clock: Any) -> None:
+    """Entries journaled before statistics had a rule of their own carry no values: the policy
+    merged their statistics as any float tensor. A restart with a model that names them (the build
+    with the rule) replays those entries as they were merged then, so the version it publishes again
+    is the one the run had (the replay kept the snapshot's statistics: version 2 had another
+    running_var than the workers that downloaded it hold); results from then on take the median."""
+    import json
+    storage = open_storage("memory://stats-upgrade")
+    config = CoordinatorConfig(durability="journal", lease_timeout_s=60.0, restart_grace_s=0.0,
+                               snapshot_interval_s=3600.0, snapshot_every=100, max_staleness=50)
+
+    def start(model: ModelState) -> Coordinator:
+        return Coordinator(model, make_units(40, steps=4),
+                           policy=build_policy("fedbuff", {"buffer_size": 2}), storage=storage,
+                           config=config, clock=clock)
+
+    old = await start(ModelState(dict(bn_model().tensors))).__aenter__()  # no names: as before
+    w = await old.join("w")
+    for var in [0.5, 0.9, 0.7, 0.6, 0.8]:
+        await send(kit, old, w, await old.lease(w), "delta", var)
+    model = old.model()
+    await crash(old)
+    record = json.loads(await storage.get("vcasync/run"))
+    del record["identity"]["statistics"]                       # as a build before the rule wrote it
+    await storage.put("vcasync/run", json.dumps(record).encode())
+    async with start(bn_model()) as new:
+        assert new.version == model.version == 2
+        assert new.model().equal(model)
+        w = await new.join("w2")
+        await send(kit, new, w, await new.lease(w), "delta", 0.45)   # fills an old entry's buffer
+        assert torch.allclose(new.model()[VAR], torch.full((3,), 0.45))
+        for var in [0.55, 0.65]:
+            await send(kit, new, w, await new.lease(w), "delta", var)
+        assert new.version == 4
+        assert torch.allclose(new.model()[VAR], torch.full((3,), 0.6))
+    await storage.aclose()

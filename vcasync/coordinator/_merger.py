@@ -60,7 +60,7 @@ from ._journal import Journal
 from ._model_owner import ModelOwner
 from ._result_checks import ResultMeta, reject_reason
 from ._snapshots import SnapshotSlot
-from ._statistics import STATISTICS_KEY, VALUES
+from ._statistics import LEFT_OUT, STATISTICS_KEY, VALUES
 from ._storage_health import StorageHealth
 from ._versions import Version
 
@@ -464,8 +464,9 @@ class Merger:
         by_ref = job.blob is not None and not changed
         if by_ref and job.written is not None:
             await job.written         # the last of them, and the storage's fsync
+        stats = VALUES if job.statistics else None if self._owner.statistics.empty else LEFT_OUT
         record = JournalResult.of(meta, worker_id=job.worker_id, unit_id=job.unit.unit_id,
-                                  ints=INCREMENTS, stats=VALUES if job.statistics else None)
+                                  ints=INCREMENTS, stats=stats)
         await self._journal.append(to_body(record), {} if by_ref else job.tensors,
                                    blob=job.blob if by_ref else None)
         job.blob_named = by_ref
@@ -492,14 +493,15 @@ class Merger:
                      tensors: dict[str, torch.Tensor], base: ModelState | None, *,
                      live: bool = False, release: Callable[[], None] | None = None,
                      alongside: Callable[[], Awaitable[None]] | None = None,
-                     statistics: bool = False) -> Receipt:
+                     statistics: bool = False, own_rule: bool = True) -> Receipt:
         """Merge one result that passed every check (live, or replayed from the journal). A merge
         the policy broke is refused (reason ``policy``) as it was live; live ones are counted.
         ``release``: gives ``tensors`` back to the buffer pool once the policy is done with them
         (see :meth:`ModelOwner.merge`); ``tensors`` must not be used after the merge then.
         ``alongside``: what must be done before the merge is published (see there).
         ``statistics``: the running statistics in ``tensors`` are values (else left out); the
-        policy sees neutral ones either way (see :mod:`._statistics`)."""
+        policy sees neutral ones either way (see :mod:`._statistics`), unless ``own_rule`` is False
+        (a journal entry from before the rule: the policy merges them as it did then)."""
         current = self._owner.version
         staleness = current - meta.base_version
         await self._journal.raise_version_floor(current + 1)   # before anyone can see it
@@ -509,7 +511,8 @@ class Merger:
             # tensors, so they are never recycled under it. No reference to the Update or its
             # mapping stays here, so once the policy is done with it the new version can go into
             # its tensors.
-            await self._owner.merge(Update(tensors=self._policy_view(tensors, meta.kind, base, values),
+            await self._owner.merge(Update(tensors=(self._policy_view(tensors, meta.kind, base, values)
+                                                    if own_rule else dict(tensors)),
                                            kind=meta.kind,
                                            base_version=meta.base_version, staleness=staleness,
                                            samples=meta.samples, steps=meta.steps,
@@ -603,7 +606,8 @@ class Merger:
             held = self._owner.hold(rm.base_version)
             base = held.model if held is not None else await self._journal.load_base(rm.base_version)
         try:
-            await self.apply(worker_id, unit_id, rm, tensors, base, statistics=record.stats == VALUES)
+            await self.apply(worker_id, unit_id, rm, tensors, base, statistics=record.stats == VALUES,
+                             own_rule=record.stats is not None)
         finally:
             if held is not None:
                 self._owner.release(held)

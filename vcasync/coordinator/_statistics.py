@@ -34,14 +34,17 @@ import torch
 
 from ..tensors import ModelState
 
-__all__ = ["STATISTICS_KEY", "VALUES", "Statistics", "restored_pending"]
+__all__ = ["LEFT_OUT", "STATISTICS_KEY", "VALUES", "Statistics", "restored_pending"]
 
 #: Key of a snapshot's ledger map holding the statistics of results merged but not applied yet.
 STATISTICS_KEY = "statistics_pending"
 
-#: Marks a journaled result whose statistics are values (absent: entries from before the rule, or a
-#: delta whose base's statistics were not held: its statistics are left out on replay too).
+#: Marks a journaled result whose statistics are values.
 VALUES = "value"
+#: Marks a journaled delta whose base's statistics were not held: its statistics are left out on
+#: replay too. An entry with neither mark was journaled before the rule: its statistics are replayed
+#: as the policy merged them then (as any float tensor), so replay gives the versions that run had.
+LEFT_OUT = "left_out"
 
 Tensors = dict[str, torch.Tensor]
 

@@ -320,8 +320,9 @@ class JournalResult:
     metrics: dict[str, float] = field(metadata=rule(max_len=1 << 16))
     #: ``"increment"``: integer tensors are increments (absent in entries from before the rule).
     ints: str | None = None
-    #: ``"value"``: the model's running statistics are the worker's values (absent in entries from
-    #: before the rule, and for a delta whose base's statistics were not held: left out).
+    #: ``"value"``: the model's running statistics are the worker's values; ``"left_out"``: a delta
+    #: whose base's statistics were not held, its statistics left out; absent in entries from before
+    #: the rule (the policy merged their statistics as any float tensor) and in runs without any.
     stats: str | None = None
 
     @classmethod
