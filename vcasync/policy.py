@@ -32,11 +32,10 @@ Rules every policy keeps (``vcasync.testing.check_policy`` holds a policy to the
   applies the last value it buffered). The ``counters`` law holds every policy to this.
 - Running statistics (floating-point buffers such as BatchNorm's ``running_mean`` and
   ``running_var``: the names in ``ModelState.statistics``, which ``from_module`` fills) are not
-  the policy's to merge: in a coordinator the policy sees neutral values for them (the model's
-  own in full weights, a zero delta, the model minus the base for a delta added to its base), and
-  each new version's statistics are the element-wise median of the values carried by the results
-  merged into it (see "Running statistics" in docs/policies.md). A policy fed directly sees them
-  as any float tensor.
+  the policy's to merge: in a coordinator the policy sees what a result changes of them (to
+  measure and judge it), but each new version's statistics are the element-wise median of the
+  values carried by the results merged into it, whatever the policy made of them (see "Running
+  statistics" in docs/policies.md). A policy fed directly sees them as any float tensor.
 - ``flush`` (optional) is for a policy whose ``merge`` holds results back (a buffer): when the
   run's last result is merged, the coordinator calls it once to apply what the policy still holds,
   as one more version, so the final model includes every accepted result. It follows ``merge``'s

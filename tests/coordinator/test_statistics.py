@@ -41,10 +41,12 @@ def make(storage: Any, clock: Any, policy: str, params: dict[str, Any] | None = 
                        storage=storage, config=config, clock=clock)
 
 
-async def send(kit: Any, coord: Coordinator, w: str, g: Any, kind: str, var: float) -> Any:
-    """A result that trained its base's weights a little and measured a variance of ``var``."""
-    base = coord.model(g.base_version) if kind == "delta" else None
-    model = coord.model(g.base_version)
+async def send(kit: Any, coord: Coordinator, w: str, g: Any, kind: str, var: float,
+               base: ModelState | None = None) -> Any:
+    """A result that trained its base's weights a little and measured a variance of ``var``
+    (``base``: its base version, when the coordinator no longer holds it)."""
+    model = base if base is not None else coord.model(g.base_version)
+    base = model if kind == "delta" else None
     values = {MEAN: torch.full((3,), 0.5), VAR: torch.full((3,), var)}
     if kind == "delta":
         assert base is not None
@@ -236,4 +238,47 @@ async def test_a_run_journaled_before_the_rule_replays_the_versions_it_had(kit: 
             await send(kit, new, w, await new.lease(w), "delta", var)
         assert new.version == 4
         assert torch.allclose(new.model()[VAR], torch.full((3,), 0.6))
+    await storage.aclose()
+
+
+@pytest.mark.parametrize("kind", ["delta", "weights"])
+async def test_gate_refuses_a_result_whose_statistics_are_extreme(kit: Any, clock: Any,
+                                                                  kind: str) -> None:
+    """The policy sees what a result changes of the statistics, so gate measures them: a result
+    whose weights are like the others' and whose running_var is -1e30 is a norm outlier. (When the
+    policy saw neutral statistics, gate accepted it and the version published -1e30.)"""
+    async with make(open_storage(f"memory://stats-gate-{kind}"), clock, "gate",
+                    {"inner": "vcasgd", "warmup": 2}) as c:
+        w = await c.join("w")
+        for var in [0.5, 0.6, 0.55, 0.45, 0.5, 0.6, 0.4, 0.5]:
+            assert (await send(kit, c, w, await c.lease(w), kind, var)).status == "accepted"
+        before = c.model()
+        receipt = await send(kit, c, w, await c.lease(w), kind, -1e30)
+        assert (receipt.status, receipt.reason) == ("rejected", "norm_outlier")
+        assert c.model().equal(before)
+
+
+async def test_a_version_whose_result_left_its_statistics_out_keeps_the_previous_ones(
+        kit: Any, clock: Any) -> None:
+    """A delta on a base whose statistics are not held (its base predates a restart) leaves its
+    statistics out: the version it makes keeps the previous version's, whatever the policy (here
+    diloco, whose outer step on the raw delta moved them) made of them."""
+    storage = open_storage("memory://stats-left-out")
+    a = await make(storage, clock, "diloco", snapshot_every=1).__aenter__()
+    w = await a.join("w")
+    old = await a.lease(w)                                   # on version 0
+    await send(kit, a, w, await a.lease(w), "delta", 0.5)    # version 1
+    for _ in range(500):
+        if a.metrics.snapshots >= 2:
+            break
+        await asyncio.sleep(0.01)
+    await crash(a)
+    async with make(storage, clock, "diloco", snapshot_every=1) as b:
+        before = b.model()
+        receipt = await send(kit, b, w, old, "delta", 9.0, base=bn_model())   # v0's are gone
+        assert receipt.status == "accepted", receipt
+        after = b.model()
+        assert not torch.equal(after["w"], before["w"])      # its weights were merged
+        assert torch.equal(after[VAR], before[VAR])
+        assert torch.equal(after[MEAN], before[MEAN])
     await storage.aclose()

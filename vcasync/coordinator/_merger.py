@@ -500,19 +500,22 @@ class Merger:
         (see :meth:`ModelOwner.merge`); ``tensors`` must not be used after the merge then.
         ``alongside``: what must be done before the merge is published (see there).
         ``statistics``: the running statistics in ``tensors`` are values (else left out); the
-        policy sees neutral ones either way (see :mod:`._statistics`), unless ``own_rule`` is False
-        (a journal entry from before the rule: the policy merges them as it did then)."""
+        policy sees what the result changes of them, and the version takes the coordinator's rule
+        (see :mod:`._statistics`), unless ``own_rule`` is False (a journal entry from before the
+        rule: the policy merges them as it did then)."""
         current = self._owner.version
         staleness = current - meta.base_version
         await self._journal.raise_version_floor(current + 1)   # before anyone can see it
+        if not own_rule:
+            self._owner.statistics.note_legacy()
         values: dict[str, torch.Tensor] = {}
         try:
             # The policy sees its own mapping: one it kept (against the contract) holds the
             # tensors, so they are never recycled under it. No reference to the Update or its
             # mapping stays here, so once the policy is done with it the new version can go into
             # its tensors.
-            await self._owner.merge(Update(tensors=(self._policy_view(tensors, meta.kind, base, values)
-                                                    if own_rule else dict(tensors)),
+            await self._owner.merge(Update(tensors=self._policy_view(tensors, meta.kind, base, values,
+                                                                     statistics and own_rule),
                                            kind=meta.kind,
                                            base_version=meta.base_version, staleness=staleness,
                                            samples=meta.samples, steps=meta.steps,
@@ -541,13 +544,14 @@ class Merger:
                                    base_version=meta.base_version)
 
     def _policy_view(self, tensors: dict[str, torch.Tensor], kind: str, base: ModelState | None,
-                     values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The policy's own mapping of a result's tensors, its running statistics neutral; their
-        values (copies) go into ``values``."""
+                     values: dict[str, torch.Tensor], rule: bool) -> dict[str, torch.Tensor]:
+        """The policy's own mapping of a result's tensors. With ``rule`` (its running statistics
+        are values), they are given as what the result changes of them (``Statistics.for_policy``)
+        and their values (copies) go into ``values``."""
         view = dict(tensors)
-        if not self._owner.statistics.empty:
-            values.update(self._owner.statistics.neutral(view, kind, self._owner.versions.current.model,
-                                                         base))
+        if rule and not self._owner.statistics.empty:
+            values.update(self._owner.statistics.for_policy(view, kind,
+                                                            self._owner.versions.current.model, base))
         return view
 
     def retain(self, *, rescan: bool = False) -> None:

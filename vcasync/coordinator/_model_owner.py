@@ -165,8 +165,9 @@ class ModelOwner:
         the policy's state as they were, nothing published) and its error raised. A refusal of
         the policy is raised once ``alongside`` is done.
 
-        ``statistics``: the result's running statistics as values (``update`` holds neutral ones,
-        see :meth:`Statistics.neutral`), applied with the version that applies the result."""
+        ``statistics``: the result's running statistics as values (``update`` holds what the
+        result changes of them, see :meth:`Statistics.for_policy`), applied with the version that
+        applies the result."""
         current = self.version
         if alongside is None:
             changed = await to_thread_released(self._merge_sync, update, current)

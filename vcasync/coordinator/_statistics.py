@@ -12,12 +12,14 @@ module's float buffers):
   result carries them; a delta's are added to its base version's, which this keeps per version for
   the staleness window (they are small: two floats a channel). A delta whose base's statistics are
   not held (its base predates a restart) leaves its statistics out; the rest of it merges as usual.
-- the policy sees **neutral** statistics (its rule would leave them as they are: the model's value
-  in full weights, a zero delta, the model minus the base for a policy that adds a delta to its
-  base), so nothing it computes or keeps in its state depends on them;
+- the policy sees what the result changes of them, in the result's kind (its values in full
+  weights, a delta from its base for a policy given one, else from the model), so a policy that
+  judges results (``gate``'s norm and direction) measures them too; what it makes of them is
+  replaced when the version is published:
 - each new version's statistics are the **element-wise median** of the values of the results merged
   into it since the previous version (one result: its values; two: their mean), whatever the
-  policy: a buffering policy's K results give the median of K, robust to a few broken workers.
+  policy: a buffering policy's K results give the median of K, robust to a few broken workers. A
+  version whose results all left theirs out keeps the previous version's.
 
 The values of results a policy holds unapplied (a buffer filling) are kept here until the version
 that applies them, and go into snapshots (:meth:`Statistics.pack`), so a restart merges exactly what
@@ -56,6 +58,7 @@ class Statistics:
                  pending: Iterable[Mapping[str, torch.Tensor]] = ()) -> None:
         self._names = [n for n in model if n in frozenset(names)]     # the model's order
         self._by_version: dict[int, Tensors] = {}
+        self._legacy = False         # a journal entry from before the rule since the last version
         self._pending: list[Tensors] = [self._own(p) for p in pending if self._fits(p, model)]
         self.record(model)
 
@@ -119,31 +122,45 @@ class Statistics:
             tensors[name].copy_(t)
         return True
 
-    def neutral(self, policy_view: dict[str, torch.Tensor], kind: str, model: ModelState,
-                base: ModelState | None) -> Tensors:
-        """Put neutral statistics into ``policy_view`` (the policy's own mapping of a result whose
-        statistics are values), so the policy leaves them as they are; returns copies of the values
-        (so no tensor of the result stays referenced: its set goes back to the buffer pool)."""
+    def for_policy(self, policy_view: dict[str, torch.Tensor], kind: str, model: ModelState,
+                   base: ModelState | None) -> Tensors:
+        """Put into ``policy_view`` (the policy's own mapping of a result whose statistics are
+        values) what the result changes of them, in the result's kind: its values in full weights,
+        a delta from its base for a policy given one, else from the model. The policy can measure
+        it (``gate`` refuses a result whose statistics are extreme), and what it makes of them is
+        replaced when the version is published (:meth:`apply`). Returns copies of the values, so no
+        tensor of the result stays referenced: its set goes back to the buffer pool."""
         values = {n: policy_view[n].detach().clone() for n in self._names}
-        for name in self._names:
-            current = model[name]
-            if kind == "weights":
-                policy_view[name] = current.clone()
-            elif base is not None:
-                policy_view[name] = current - base[name]
-            else:
-                policy_view[name] = torch.zeros_like(current)
+        if kind != "weights":
+            for name in self._names:
+                policy_view[name] = values[name] - (base if base is not None else model)[name]
         return values
 
+    def note_legacy(self) -> None:
+        """A journal entry from before the rule is being replayed: the policy merges its statistics
+        as it did then, and the next version keeps what the policy made of them when no values
+        are held (see :meth:`apply`)."""
+        self._legacy = True
+
     def hold(self, values: Mapping[str, torch.Tensor]) -> None:
-        """A merged result's values (:meth:`neutral`'s copies, kept as they are): applied with the
-        next version."""
+        """A merged result's values (:meth:`for_policy`'s copies, kept as they are): applied with
+        the next version."""
         self._pending.append({n: values[n] for n in self._names})
 
     def apply(self, working: ModelState) -> None:
-        """Set ``working``'s statistics to the element-wise median of the values held (the mean of
-        the middle two for an even count), and forget them; nothing when none are held."""
+        """Set ``working``'s statistics (the version about to be published) to the element-wise
+        median of the values held (the mean of the middle two for an even count), and forget them.
+        With none held (the results it applies left theirs out) they stay the previous version's,
+        whatever the policy made of them; but a version that applies journal entries from before
+        the rule keeps the policy's, as that run published it."""
+        legacy, self._legacy = self._legacy, False
+        if not self._names:
+            return
         if not self._pending:
+            if not legacy:
+                previous = self._by_version[max(self._by_version)]
+                for name in self._names:
+                    working[name].copy_(previous[name])
             return
         for name in self._names:
             stack = torch.stack([p[name] for p in self._pending])
