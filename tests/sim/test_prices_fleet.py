@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import re
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +119,38 @@ def test_a_trace_is_read_as_every_other_csv_input() -> None:
     assert list(spaced.outages(0, 0)) == [Outage(100, 500, 7)]
     with pytest.raises(ConfigError, match=r"^t.csv:3: not a number"):
         TracePreemption.parse("worker,down_s,up_s\n0,10,20\n1,x,30\n", source="t.csv")
+
+
+BAD_OUTAGE_ROWS = [
+    # (the rows after the header's good first row, what the refusal must say: the line and the field)
+    ("0,100,50", r"^t.csv:3: worker 0: up_s 50 is before down_s 100"),
+    ("0,-100,50", r"^t.csv:3: worker 0: down_s must be >= 0 .*got -100"),
+    ("0,100,200,-5", r"^t.csv:3: worker 0: notice_s must be >= 0, got -5"),
+    ("0,100,inf", r"^t.csv:3: worker 0: up_s must be a finite number of seconds, got inf"),
+    ("-1,100,200", r"^t.csv:3: worker must be a slot index >= 0, got -1"),
+    ("0,100", r"^t.csv:3: not a number: up_s missing \(the row is short\)"),
+    ("0,100,200,x", r"^t.csv:3: not a number: notice_s = 'x'"),
+    ("0,15,30", r"^t.csv: worker 0 has overlapping outages \(10-20 s on line 2 and 15-30 s on line 3\)"),
+]
+
+
+@pytest.mark.parametrize(("row", "said"), BAD_OUTAGE_ROWS, ids=[r for r, _ in BAD_OUTAGE_ROWS])
+def test_a_bad_outage_row_is_refused_naming_its_line_and_field(
+        row: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # found by a capacity planner's probe: simulate --trace refused a bad row of a long trace with
+    # "t.csv: need finite times, 0 <= down_s <= up_s and notice_s >= 0 (worker 0: Outage(down_s=100.0,
+    # up_s=50.0, notice_s=0.0))": no line, no field, where --prices and --spot-trace name both
+    from vcasync.sim.cli import configure, run
+
+    monkeypatch.chdir(tmp_path)
+    Path("t.csv").write_text(f"worker,down_s,up_s,notice_s\n0,10,20,\n{row}\n")
+    parser = argparse.ArgumentParser(prog="vcasync simulate")
+    configure(parser)
+    assert run(parser.parse_args(["--trace", "t.csv", "--workers", "2", "--epochs", "1"])) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("vcasync simulate: "), err
+    assert re.match(said, err.removeprefix("vcasync simulate: ")), err
 
 
 def test_a_trace_the_fleet_would_not_replay_is_refused_and_one_it_cuts_short_said(

@@ -88,7 +88,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     f.add_argument("--trace", type=Path,
                    help="CSV of outages (worker,down_s,up_s[,notice_s]) replacing the Poisson model "
                         "(refused beside its flags); a fleet larger than the trace's workers replays it "
-                        "again: slot k takes trace worker k mod W's outages (the report says how many)")
+                        "again: slot k takes trace worker k mod W's outages (the report says how many); "
+                        "a bad row is refused naming its line and field (exit status 2)")
     f.add_argument("--on-notice", choices=("partial", "abandon"), default="partial")
     c = p.add_argument_group("prices")
     c.add_argument("--instance", default=DEFAULT_INSTANCE)

@@ -209,6 +209,22 @@ class PoissonPreemption:
                 "hard_fraction": self.hard_fraction}
 
 
+def _outage_problem(o: Outage) -> str | None:
+    """What is wrong with one outage, naming the field, or None."""
+    for name in ("down_s", "up_s", "notice_s"):
+        value = getattr(o, name)
+        if not math.isfinite(value):
+            # up_s inf: the machine never came back and the run waited for it for ever
+            return f"{name} must be a finite number of seconds, got {value!r}"
+    if o.down_s < 0:
+        return f"down_s must be >= 0 (seconds from the run's start), got {o.down_s:g}"
+    if o.up_s < o.down_s:
+        return f"up_s {o.up_s:g} is before down_s {o.down_s:g}: the machine comes back after it is taken"
+    if o.notice_s < 0:
+        return f"notice_s must be >= 0, got {o.notice_s:g}"
+    return None
+
+
 class TracePreemption:
     """Outages replayed from a CSV trace with a header ``worker,down_s,up_s`` (and ``notice_s``).
 
@@ -217,26 +233,34 @@ class TracePreemption:
     :meth:`on_fleet` says how many outages a fleet is scheduled, and the report shows it.
     """
 
-    def __init__(self, rows: Sequence[tuple[int, Outage]], *, source: str = "trace") -> None:
-        per: dict[int, list[Outage]] = {}
-        for worker, outage in rows:
+    def __init__(self, rows: Sequence[tuple[int, Outage]], *, source: str = "trace",
+                 lines: Sequence[int] | None = None) -> None:
+        """``rows``: ``(worker, outage)`` pairs; ``lines``: the file line of each (as :meth:`parse`
+        gives them), so a refusal names it as ``SOURCE:LINE``, else ``SOURCE: row N`` (from 1)."""
+        if lines is not None and len(lines) != len(rows):
+            raise ValueError(f"{len(rows)} rows but {len(lines)} line numbers")
+        per: dict[int, list[tuple[Outage, str]]] = {}
+        for i, (worker, outage) in enumerate(rows):
+            label, at = ((f"line {lines[i]}", f"{source}:{lines[i]}") if lines is not None
+                         else (f"row {i + 1}", f"{source}: row {i + 1}"))
             if worker < 0:
-                raise ConfigError(f"{source}: worker index must be >= 0, got {worker}")
-            if not (0 <= outage.down_s <= outage.up_s and outage.notice_s >= 0
-                    and all(map(math.isfinite, (outage.down_s, outage.up_s, outage.notice_s)))):
-                # up_s inf: the machine never came back and the run waited for it for ever
-                raise ConfigError(f"{source}: need finite times, 0 <= down_s <= up_s and notice_s >= 0 "
-                                  f"(worker {worker}: {outage})")
-            per.setdefault(worker, []).append(outage)
+                raise ConfigError(f"{at}: worker must be a slot index >= 0, got {worker}")
+            problem = _outage_problem(outage)
+            if problem:
+                # the line and the field: a 500-row trace said only "(worker 0: Outage(...))"
+                raise ConfigError(f"{at}: worker {worker}: {problem} (need finite times, "
+                                  "0 <= down_s <= up_s and notice_s >= 0)")
+            per.setdefault(worker, []).append((outage, label))
         for worker, outs in per.items():
-            outs.sort(key=lambda o: o.down_s)
-            for a, b in itertools.pairwise(outs):
+            outs.sort(key=lambda o: o[0].down_s)
+            for (a, label_a), (b, label_b) in itertools.pairwise(outs):
                 if b.down_s < a.up_s:
                     raise ConfigError(f"{source}: worker {worker} has overlapping outages "
-                                      f"({a.down_s}-{a.up_s} and {b.down_s}-{b.up_s})")
+                                      f"({a.down_s:g}-{a.up_s:g} s on {label_a} and "
+                                      f"{b.down_s:g}-{b.up_s:g} s on {label_b})")
         if not per:
             raise ConfigError(f"{source}: the trace holds no outage")
-        self._per = per
+        self._per = {w: [o for o, _ in outs] for w, outs in per.items()}
         self._workers = max(per) + 1
         self.source = source
 
@@ -255,13 +279,26 @@ class TracePreemption:
             raise ConfigError(f"{source}: the CSV header must name {sorted(need)} (optionally notice_s), "
                               f"got {names}")
         rows: list[tuple[int, Outage]] = []
+        lines: list[int] = []
         for line, rec in records:
-            try:
-                rows.append((int(rec["worker"]), Outage(float(rec["down_s"]), float(rec["up_s"]),
-                                                          float(rec.get("notice_s") or 0.0))))
-            except (TypeError, ValueError):
-                raise ConfigError(f"{source}:{line}: not a number in {dict(rec)}") from None
-        return cls(rows, source=source)
+            cells: dict[str, float] = {}
+            for name in ("worker", "down_s", "up_s", "notice_s"):
+                cell = rec.get(name)
+                if name == "notice_s" and not (cell or "").strip():
+                    cells[name] = 0.0     # no column, or an empty cell: a hard kill
+                    continue
+                try:
+                    cells[name] = int(cell) if name == "worker" else float(cell)  # type: ignore[arg-type]
+                except (TypeError, ValueError):
+                    # the field by name: the whole row's dict was printed, and which cell was wrong
+                    # (or missing, in a short row) left to the reader
+                    what = "a whole number (the slot index)" if name == "worker" else "a number of seconds"
+                    got = "missing (the row is short)" if cell is None else f"= {cell!r}"
+                    raise ConfigError(f"{source}:{line}: not a number: {name} {got} ({name} is {what})"
+                                      ) from None
+            rows.append((int(cells["worker"]), Outage(cells["down_s"], cells["up_s"], cells["notice_s"])))
+            lines.append(line)
+        return cls(rows, source=source, lines=lines)
 
     def outages(self, slot: int, seed: int) -> Iterator[Outage]:
         return iter(self._per.get(slot % self._workers, []))
