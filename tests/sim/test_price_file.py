@@ -112,6 +112,27 @@ def test_the_commands_take_prices_file_and_refuse_a_bad_one(tmp_path: Path) -> N
         assert not (tmp_path / "runs").exists()  # nothing was started
 
 
+def test_a_row_listed_twice_is_refused_naming_both_rows(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # found by a capacity planner's probe: a price file with a provider:instance on two rows was
+    # refused with "price table lists 'acme:big-1' twice", no line, where every other bad row of the
+    # file names its line (docs/headline.md, "Prices, with sources")
+    header = ",".join(ROW) + "\n"
+    cells = ",".join(str(v) for v in ROW.values()) + "\n"
+    other = ",".join("big-2" if k == "instance" else str(v) for k, v in ROW.items()) + "\n"
+    path = tmp_path / "mine.csv"
+    path.write_text(header + cells + other + cells)
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    assert run(parser.parse_args(["--list-prices", "--prices", str(path)])) == ExitCode.CONFIG
+    err = capsys.readouterr().err
+    assert "mine.csv': line 4 (acme:big-1): listed twice, first on line 2" in err, err
+    js = tmp_path / "mine.json"
+    js.write_text(json.dumps([ROW, ROW]))
+    with pytest.raises(ConfigError, match=r"price row 2 \(acme:big-1\): listed twice, first on price row 1"):
+        PriceTable.from_file(js)
+
+
 @pytest.mark.parametrize(("content", "word"), [
     ("[1, 2]", "must hold a non-empty list of price rows"),
     (json.dumps([{**ROW, "colour": "red"}]), "unknown field"),

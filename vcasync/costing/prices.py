@@ -291,6 +291,7 @@ class PriceTable(Mapping[str, InstancePrice]):
         """Build a table from JSON-like rows (the fields of :class:`InstancePrice`); an error names
         the row by ``labels[i]`` (default ``price row i+1``) and the field."""
         prices: list[InstancePrice] = []
+        seen: dict[str, str] = {}    # key -> where its row is
         fields = set(InstancePrice.__dataclass_fields__)
         for i, row in enumerate(rows):
             where = labels[i] if labels is not None else f"price row {i + 1}"
@@ -309,6 +310,13 @@ class PriceTable(Mapping[str, InstancePrice]):
                 raise exc.at(where) from None
             except TypeError as exc:
                 raise PriceRowError(str(exc), where=where) from None
+            key = prices[-1].key
+            if key in seen:
+                # both rows by place: "price table lists 'acme:big-8' twice" left a long file's
+                # reader to find them
+                raise PriceRowError(f"listed twice, first on {seen[key]}: give one row per "
+                                    "provider:instance", key=key, where=where)
+            seen[key] = where
         return cls(prices)
 
 
