@@ -197,3 +197,33 @@ def test_the_command_ends_and_explains_when_workers_die_or_cannot_be_placed(tmp_
     assert r["down"]["s"] < 30
     assert r["after_down"]["rc"] == 2
     assert "no vcasync workers in the Ray namespace 'pend'" in r["after_down"]["err"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="a loopback-only network namespace needs root and unshare (CI has both)")
+def test_a_sigterm_to_a_worker_actor_keeps_its_lease_for_the_restarted_actor(tmp_path: Path) -> None:
+    # found by a probe: the actor's process exited under its worker, the trainer failed on the
+    # interpreter's shutdown ("cannot schedule new futures after shutdown"), the worker reported it
+    # to the coordinator, which released the lease, and the restarted actor trained the unit anew
+    result_file = tmp_path / "result.json"
+    script = (f"ip link set lo up && exec {sys.executable} {HERE / 'sigterm_scenario.py'} "
+              f"{tmp_path} {result_file}")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(["unshare", "--net", "--", "bash", "-c", script], cwd=root,
+                          capture_output=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
+    r = json.loads(result_file.read_text())
+    coord_log = "\n".join(r["coordinator_log"])
+    assert "left (error" not in coord_log, coord_log[-3000:]
+    assert "left (preempted)" in coord_log, coord_log[-3000:]     # it stopped as told, not died
+    log0 = "\n".join(r["log"])
+    # its state released as it stopped: a replacement on another node does not wait out the state lease
+    assert "is gone (its process no longer runs)" not in log0, log0[-3000:]
+    lease = r["terminated_lease"]
+    assert r["final"]["0"] == {"state": "finished", "restarted": True, "error": None}, r["final"]
+    assert f"resumed lease {lease}" in log0, log0[-3000:]
+    (start,) = [int(s) for s in re.findall(rf"lease {re.escape(lease)} starts at step (\d+)", log0)]
+    assert start > 0
+    assert r["version"] == 2                      # both units merged, each once
+    assert r["coordinator_exit"] == 0

@@ -35,6 +35,7 @@ import json
 import logging
 import math
 import os
+import signal
 import tempfile
 import threading
 import time
@@ -249,6 +250,34 @@ class WorkerActor:
                  "restarted" if self.restarted else "first start", self.spec.state_url(index))
         self.thread = threading.Thread(target=self._run, name=f"vcasync-worker-{index}", daemon=True)
         self.thread.start()
+        self._stop_on_sigterm()
+
+    def _stop_on_sigterm(self) -> None:
+        """A SIGTERM to the actor's process (a drain, ``ray stop``, ``kill``) stops the worker as
+        :meth:`stop` does (checkpoint stored, lease kept in its state) before Ray's own handler
+        ends the process; Ray then restarts the actor, which resumes the lease. Until 2026-12-07 the
+        process exited under the running worker: the trainer failed on the interpreter's shutdown
+        ("cannot schedule new futures after shutdown"), the worker reported that to the
+        coordinator, which released the lease, and the restarted actor trained the unit from step 0.
+        Ray runs an actor's constructor in its process's main thread, the one that may set handlers."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous is None:        # set outside Python: the default is what it would do
+            previous = signal.SIG_DFL
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            log.warning("worker %d: SIGTERM: stopping as preempted (checkpoint stored, lease kept) "
+                        "within %.0fs before the actor's process exits", self.index,
+                        self.spec.grace_period_s)
+            self.stop()
+            if callable(previous):
+                previous(signum, frame)     # Ray's: the process exits, Ray restarts the actor
+                return
+            signal.signal(signal.SIGTERM, previous)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
 
     def _run(self) -> None:
         import asyncio
