@@ -4,7 +4,7 @@ test_ray_fleet.py inside a network namespace that has only loopback (``unshare -
 A one-node Ray (``ray.init``) with a ``spot`` resource, a coordinator process, one worker actor. Once the
 worker holds a checkpoint of its lease its process gets SIGTERM; Ray restarts the actor, and the run goes
 on to its end. Prints one JSON object of what happened: the lease cut short, the restarted worker's log,
-the coordinator's log, the final states and version.
+the coordinator's log, the final states and version, what the actors left in their $TMPDIR.
 """
 
 from __future__ import annotations
@@ -43,12 +43,14 @@ def main(work: Path) -> dict[str, Any]:
         os.environ["VCASYNC_JOIN_SECRET"] = SECRET
         ray.init(address="local", num_cpus=2, resources={"spot": 1}, namespace="vcasync-term",
                  include_dashboard=False, log_to_driver=False)
-        state = work / "state"
+        state, tmp = work / "state", work / "tmp"      # tmp: the actors' $TMPDIR
         state.mkdir()
+        tmp.mkdir()
         spec = RayWorkerSpec(coordinator=url, trainer="resume_probe:train", state_root=state.as_uri(),
                              app_dir=str(APP_DIR), grace_period_s=10, state_lease_s=3,
                              namespace="vcasync-term",
-                             env={"SLOW_DIGITS_DELAY_S": "0.1", "OMP_NUM_THREADS": "1"})
+                             env={"SLOW_DIGITS_DELAY_S": "0.1", "OMP_NUM_THREADS": "1",
+                                  "TMPDIR": str(tmp)})
         fleet = RayFleet(spec)
         fleet.scale(1)
         first = wait_until("a running worker", lambda: (s := fleet.status()[0])["state"] == "running" and s)
@@ -62,6 +64,7 @@ def main(work: Path) -> dict[str, Any]:
         out["log"] = final[0].get("log", [])
         out["version"] = version(url)
         fleet.shutdown()
+        out["left_in_tmp"] = sorted(p.name for p in tmp.glob("vcasync-*"))   # torch keeps its own
     finally:
         ray.shutdown()
         coord.send_signal(signal.SIGTERM)

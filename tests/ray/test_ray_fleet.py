@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -199,21 +200,33 @@ def test_the_command_ends_and_explains_when_workers_die_or_cannot_be_placed(tmp_
     assert "no vcasync workers in the Ray namespace 'pend'" in r["after_down"]["err"]
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
-                    reason="a loopback-only network namespace needs root and unshare (CI has both)")
-def test_a_sigterm_to_a_worker_actor_keeps_its_lease_for_the_restarted_actor(tmp_path: Path) -> None:
-    # found by a probe: the actor's process exited under its worker, the trainer failed on the
-    # interpreter's shutdown ("cannot schedule new futures after shutdown"), the worker reported it
-    # to the coordinator, which released the lease, and the restarted actor trained the unit anew
-    result_file = tmp_path / "result.json"
-    script = (f"ip link set lo up && exec {sys.executable} {HERE / 'sigterm_scenario.py'} "
-              f"{tmp_path} {result_file}")
+_NEEDS_NETNS = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="a loopback-only network namespace needs root and unshare (CI has both)")
+
+
+@pytest.fixture(scope="module")
+def sigterm_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """sigterm_scenario.py's account of a worker actor SIGTERMed mid-unit (run once for the file)."""
+    work = tmp_path_factory.mktemp("sigterm")
+    result_file = work / "result.json"
+    script = f"ip link set lo up && exec {sys.executable} {HERE / 'sigterm_scenario.py'} {work} {result_file}"
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(["unshare", "--net", "--", "bash", "-c", script], cwd=root,
                           capture_output=True, timeout=540)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
-    r = json.loads(result_file.read_text())
+    result: dict[str, Any] = json.loads(result_file.read_text())
+    return result
+
+
+@pytest.mark.slow
+@_NEEDS_NETNS
+def test_a_sigterm_to_a_worker_actor_keeps_its_lease_for_the_restarted_actor(
+        sigterm_run: dict[str, Any]) -> None:
+    # found by a probe: the actor's process exited under its worker, the trainer failed on the
+    # interpreter's shutdown ("cannot schedule new futures after shutdown"), the worker reported it
+    # to the coordinator, which released the lease, and the restarted actor trained the unit anew
+    r = sigterm_run
     coord_log = "\n".join(r["coordinator_log"])
     assert "left (error" not in coord_log, coord_log[-3000:]
     assert "left (preempted)" in coord_log, coord_log[-3000:]     # it stopped as told, not died
@@ -227,3 +240,12 @@ def test_a_sigterm_to_a_worker_actor_keeps_its_lease_for_the_restarted_actor(tmp
     assert start > 0
     assert r["version"] == 2                      # both units merged, each once
     assert r["coordinator_exit"] == 0
+
+
+@pytest.mark.slow
+@_NEEDS_NETNS
+def test_worker_actors_leave_no_local_cache_behind(sigterm_run: dict[str, Any]) -> None:
+    # found by a probe: each actor incarnation's $TMPDIR/vcasync-worker-<i>-* (models, checkpoints,
+    # identity.json with the worker's token) stayed after its worker finished, stopped or failed
+    assert sigterm_run["final"]["0"]["state"] == "finished"
+    assert sigterm_run["left_in_tmp"] == []

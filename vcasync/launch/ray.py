@@ -35,6 +35,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -228,8 +229,12 @@ class WorkerActor:
 
         trainer = import_object(self.spec.trainer, what="trainer",
                                 app_dir=Path(self.spec.app_dir) if self.spec.app_dir else None)
-        # A fresh local cache each incarnation: on a new node the disk is empty anyway.
-        cache = tempfile.mkdtemp(prefix=f"vcasync-worker-{index}-")
+        # A fresh local cache each incarnation: on a new node the disk is empty anyway. Kept across
+        # the retries of this incarnation (what storage did not take yet stays there) and removed
+        # once its worker is done for good (finished, failed, stopped), as `vcasync worker` removes
+        # its temporary directory: it holds the worker's token. Until 2026-12-07 every incarnation
+        # left one behind in $TMPDIR for as long as the node lived.
+        self._cache = cache = tempfile.mkdtemp(prefix=f"vcasync-worker-{index}-")
         config = WorkerConfig(name=f"ray-{index}", grace_period_s=self.spec.grace_period_s,
                               state_lease_s=self.spec.state_lease_s)
 
@@ -240,7 +245,11 @@ class WorkerActor:
                           join_token=os.environ.get("VCASYNC_JOIN_TOKEN") or None, config=config)
 
         self._new_worker = new_worker
-        self.worker = new_worker()
+        try:
+            self.worker = new_worker()
+        except BaseException:
+            shutil.rmtree(cache, ignore_errors=True)
+            raise
         self._stopping = threading.Event()
         self._swap = threading.Lock()      # stop() and a retry's new Worker, one at a time
         self.state = "starting"
@@ -309,6 +318,8 @@ class WorkerActor:
             log.error("worker %d failed: %s: %s", self.index, type(exc).__name__, exc)
             self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
             return
+        finally:
+            shutil.rmtree(self._cache, ignore_errors=True)   # its worker will not run again
         if report is None:      # stopped while it waited to run again: it holds nothing new
             self.state = "preempted"
             return
