@@ -172,34 +172,6 @@ def test_a_result_rejected_for_the_coordinators_or_policys_reasons_blames_nobody
     led.lease(a, 0)                                      # no back-off
 
 
-def test_a_result_the_policy_refused_backs_its_worker_off_but_never_quarantines_it(clock) -> None:
-    # Found by a probe (gate locked out by its own statistics): with fewer workers than
-    # park_after_workers, a unit the policy refused was leased and retrained at once, for ever,
-    # with no back-off. The policy judged what the worker trained: it backs off like any refusal,
-    # but a policy (which may refuse the whole honest fleet) never quarantines anyone.
-    led = make(clock, n=2, worker_backoff_s=1.0, worker_backoff_max_s=4.0, quarantine_after=2,
-               park_after_workers=3)
-    a = led.join("a")
-    waits = []
-    for attempt in (1, 2, 3, 4):
-        g = led.lease(a, 0)
-        led.record(g.lease_id, unit_id=g.unit.unit_id, worker_id=a, status="rejected", version=0,
-                   reason="norm_outlier")
-        with pytest.raises(WorkerBackoffError) as ei:       # never WorkerQuarantinedError
-            led.lease(a, 0)
-        waits.append(ei.value.retry_after)
-        clock.advance(ei.value.retry_after)
-        assert led.worker_health()[a]["streak"] == attempt
-    assert waits == [1.0, 2.0, 4.0, 4.0]                    # doubling, capped, as for others
-    assert led.workers_quarantined() == 0
-    assert led.stats["quarantined"] == 0
-    g = led.lease(a, 0)
-    led.record(g.lease_id, unit_id=g.unit.unit_id, worker_id=a, status="accepted", version=1,
-               steps_done=10)
-    assert led.worker_health()[a]["streak"] == 0            # accepted: no more back-off
-    led.lease(a, 1)
-
-
 def test_counters_agree_with_the_ledger_after_restore(clock) -> None:
     led = make(clock, n=3)
     w = led.join()

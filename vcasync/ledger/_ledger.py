@@ -21,8 +21,7 @@ Each unit is always in exactly one state::
 * Failures (an expired lease, a release marked as a failure, an upload refused as invalid, a result
   rejected for counters its training broke: ``BLAMED_REASONS``) are
   attributed to the worker that held the lease; a valid result the coordinator could not use (too
-  stale, base gone) counts against the unit only, one the policy refused backs the worker off too
-  (never into quarantine). A worker with failures in a row is backed off
+  stale, refused by the policy) counts against the unit only. A worker with failures in a row is backed off
   (:class:`WorkerBackoffError`, ``worker_backoff_s * 2**(n-1)``) and after ``quarantine_after`` in a
   row quarantined for ``quarantine_s`` (:class:`WorkerQuarantinedError`); an accepted result resets
   its count. A unit is
@@ -134,11 +133,6 @@ _MAY_DELIVER = frozenset({LeaseState.ACTIVE, LeaseState.EXPIRED, LeaseState.RELE
 #: unit again fixes them, so they never count toward parking it. Any other rejection (the policy
 #: refused the result itself) is a failure of the unit on that worker.
 COORDINATOR_REASONS = frozenset({"too_stale", "base_unavailable"})
-
-#: A merge the policy broke (``PolicyFailedError``): the coordinator's configuration is at fault,
-#: so it counts against the unit but never backs its worker off. Any other refusal by the policy
-#: (``UpdateRejectedError``: gate's ``norm_outlier``, ...) judged what the worker trained.
-POLICY_FAULT = "policy"
 
 
 #: How many expiries :meth:`Ledger.take_expired` keeps between two calls (the status page's event
@@ -477,9 +471,8 @@ class Ledger:
         self._expired_since.clear()
         return out
 
-    def _blame(self, worker_id: str, why: str, *, quarantine: bool = True) -> None:
-        """A failure of ``worker_id``: back it off, and quarantine it after too many in a row
-        (unless ``quarantine`` is False: a result the policy refused)."""
+    def _blame(self, worker_id: str, why: str) -> None:
+        """A failure of ``worker_id``: back it off, and quarantine it after too many in a row."""
         w = self._workers.get(worker_id)
         if w is None:
             return
@@ -488,24 +481,23 @@ class Ledger:
         w.last_failure = why[:300]
         w.backoff_until = self._clock() + self.config.backoff_s(w.streak)
         self.stats["backoffs"] += 1
-        if quarantine and w.streak >= self.config.quarantine_after and w.quarantined is None:
+        if w.streak >= self.config.quarantine_after and w.quarantined is None:
             w.quarantined = w.last_failure
             w.backoff_until = self._clock() + (_FOREVER if self.config.quarantine_s is None
                                                else self.config.quarantine_s)
             self.stats["quarantined"] += 1
 
     def _fail(self, u: UnitRecord, lease: LeaseRecord, why: str, *, blame: bool = True,
-              on_worker: bool = False, back_off: bool = False) -> None:
+              on_worker: bool = False) -> None:
         """One failed attempt at ``u`` by the lease's worker; requeue or park ``u`` unless another
         lease holds it now. Parking needs ``max_attempts`` failures on ``park_workers`` workers.
 
         ``blame``: the worker broke it (expired, released as failed, refused upload, a rejection
-        in ``BLAMED_REASONS``), which backs the worker off and may quarantine it; a result the
-        coordinator could not use for its own reasons (stale, base gone) counts against the unit
-        only. ``on_worker`` (without blame): the policy refused what it trained, or failed on it: a
-        failure of the unit on this worker for parking (a unit refused on every worker is parked,
-        not trained again for ever). ``back_off`` (with ``on_worker``): the policy refused it
-        (not a merge it broke), which backs the worker off, never into quarantine.
+        in ``BLAMED_REASONS``), which backs the worker off; a valid result the coordinator could
+        not use (stale, refused by the policy) counts against the unit only. ``on_worker``
+        (without blame): still a failure of the unit on this worker for parking (the policy
+        refused what it trained: a unit refused on every worker is parked, not trained again for
+        ever).
         """
         if u.state is UnitState.DONE:
             return
@@ -516,10 +508,6 @@ class Ledger:
             u.failed_by.add(lease.worker_id)
         if blame:
             self._blame(lease.worker_id, why)
-        elif on_worker and back_off:
-            # the policy refused what it trained: back off (a fleet the policy refuses would
-            # otherwise retrain as fast as it can), but never quarantine a worker for the policy
-            self._blame(lease.worker_id, why, quarantine=False)
         if u.state is UnitState.LEASED and u.lease_id != lease.lease_id:
             return                                  # someone else is on it; judge them on their own
         if u.state is UnitState.QUEUED:
@@ -582,8 +570,7 @@ class Ledger:
         if status == "rejected":
             self.stats["rejected"] += 1
             self._fail(u, lease, f"result rejected: {reason}", blame=reason in BLAMED_REASONS,
-                       on_worker=reason not in COORDINATOR_REASONS,
-                       back_off=reason not in COORDINATOR_REASONS and reason != POLICY_FAULT)
+                       on_worker=reason not in COORDINATOR_REASONS)
         else:
             self.stats["accepted"] += 1
             w = self._workers.get(worker_id)
