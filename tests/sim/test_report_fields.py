@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("vcasync.coordinator", reason="the simulator drives the real Coordinator")
 
-from vcasync.sim import FleetConfig, PoissonPreemption, SimConfig, Simulation, summarize
-from vcasync.sim.report import lost_seconds
+from vcasync._json import strict_json
+from vcasync.sim import FleetConfig, NoPreemption, PoissonPreemption, SimConfig, Simulation, summarize
+from vcasync.sim.report import lost_seconds, render_text
 
 
 def test_lost_time_and_the_baselines_hours_are_reported_as_what_they_are() -> None:
@@ -87,3 +89,28 @@ def test_the_plot_says_its_figures_are_simulated(tmp_path: Path) -> None:
         svg = plot_summary(s, tmp_path / "p.svg").read_text()
     assert "simulated" in svg
     assert "virtual clock" in svg
+
+
+def test_a_run_stopped_at_the_virtual_time_limit_says_why() -> None:
+    # --preemption-rate 1000 ran to the 720-hour limit, exited 5 and printed "finished False" with
+    # no reason: a machine is preempted every 3.6 s on average and none finished booting
+    cfg = SimConfig(fleet=FleetConfig.identical(2), preemption=PoissonPreemption(1000.0), epochs=1,
+                    seed=0, eval_points=4, max_virtual_s=3600.0, sync_baseline=False)
+    s = summarize(Simulation(cfg).run())
+    assert s["finished"] is False
+    why = s["incomplete_reason"]
+    assert isinstance(why, str)
+    assert "limit of 1 virtual hours with 0 of" in why
+    assert "--preemption-rate 1000" in why
+    assert "3.6 virtual s" in why
+    assert "lower --preemption-rate" in why
+    assert json.loads(strict_json(s))["incomplete_reason"] == why
+    assert f"  incomplete             {why}" in render_text(s).splitlines()
+
+
+def test_a_finished_run_has_no_incomplete_reason() -> None:
+    s = summarize(Simulation(SimConfig(fleet=FleetConfig.identical(2), preemption=NoPreemption(),
+                                       epochs=1, seed=0, eval_points=4, sync_baseline=False)).run())
+    assert s["finished"] is True
+    assert s["incomplete_reason"] is None
+    assert "incomplete" not in render_text(s)

@@ -84,6 +84,8 @@ class SimOutcome:
     parked: dict[str, str]
     #: what the run is judged by: the signal's metric (``accuracy``, or ``loss`` for a language model)
     metric: Metric = "accuracy"
+    #: the run stopped at ``config.max_virtual_s`` before the coordinator finished
+    limit_reached: bool = False
 
 
 class Simulation:
@@ -185,7 +187,7 @@ class Simulation:
             coord.metrics.staleness = _ExactStaleness(coord.metrics.staleness, rec.staleness)
             models = ModelCache(coord, spec, keep=cfg.staleness_window + 2)
             self.merges = MergeQueue(cfg.merge_s)
-            finished = True
+            finished, limit_reached = True, False
             # A slot that crashes is a bug in the simulator: the TaskGroup surfaces it.
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(self._slot(coord, m, models, rec, billing)) for m in self.fleet]
@@ -195,6 +197,7 @@ class Simulation:
                         await coord.wait_finished()
                 except TimeoutError:
                     finished = False
+                    limit_reached = True
                 end = loop.time()
                 for task in tasks:
                     task.cancel()
@@ -208,7 +211,7 @@ class Simulation:
             finished = finished and not parked
         return SimOutcome(cfg, self.fleet, self.workload, len(self.unit_list), self.unit_steps,
                           self.total_samples, finished, end, version, rec, billing, None, status,
-                          parked, self.signal.metric)
+                          parked, self.signal.metric, limit_reached)
 
     async def _slot(self, coord: Coordinator, profile: MachineProfile, models: ModelCache,
                     rec: Recorder, billing: Billing) -> None:

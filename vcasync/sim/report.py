@@ -51,7 +51,7 @@ from ..costing.target import (
 )
 from ..costing.target import held as held_curve
 from .engine import SimOutcome
-from .fleet import TracePreemption
+from .fleet import PoissonPreemption, TracePreemption
 from .records import EvalPoint
 
 __all__ = ["held", "lost_seconds", "plot_summary", "quality", "render_text", "summarize", "time_to_target"]
@@ -222,6 +222,7 @@ def summarize(out: SimOutcome, target: float | None = None) -> dict[str, Any]:
         "sync_final_accuracy": None if sync_final is None else sync_final.accuracy,
         "sync_final_loss": None if sync_final is None else sync_final.loss,
         "finished": out.finished,
+        "incomplete_reason": None if out.finished else _incomplete_reason(out),
         "units_parked": len(out.parked),
         "parked": dict(list(out.parked.items())[:20]),
         "duration_s": out.duration_s,
@@ -264,6 +265,36 @@ def summarize(out: SimOutcome, target: float | None = None) -> dict[str, Any]:
         "evals": [[p.t_s, p.version, p.samples_merged, p.accuracy, p.loss] for p in rec.evals],
         "coordinator_status": out.coordinator_status,
     }
+
+
+def _incomplete_reason(out: SimOutcome) -> str:
+    """Why a run did not finish: it ran to the virtual-time limit (with what it had done and, under
+    Poisson preemptions, how long a machine stays up against what a unit needs), or it parked
+    units. A run at --preemption-rate 1000 ran 720 virtual hours, exited 5 and said only
+    "finished False"."""
+    whys = []
+    if out.limit_reached:
+        units = out.coordinator_status.get("units")
+        done = units.get("done", 0) if isinstance(units, dict) else 0
+        w = out.workload
+        unit_s = out.unit_steps * w.batch_size * w.sample_cost_s
+        why = (f"the run reached the simulator's limit of {out.config.max_virtual_s / 3600:,.0f} virtual "
+               f"hours with {done} of {out.units} unit(s) trained ({out.rec.leases} lease(s), "
+               f"{out.rec.preemptions} preemption(s))")
+        model = out.config.preemption
+        if isinstance(model, PoissonPreemption) and model.rate_per_hour > 0:
+            up_s = 3600.0 / model.rate_per_hour
+            why += (f": at --preemption-rate {model.rate_per_hour:g} a machine stays up {up_s:,.3g} "
+                    f"virtual s on average, against {w.boot_s:g} s to boot and about {unit_s:,.3g} s for "
+                    "a unit on a reference machine: give a lower --preemption-rate or shorter units "
+                    "(--local-steps)")
+        else:
+            why += (": the fleet could not train its units in that time: give fewer preemptions, "
+                    "shorter units (--local-steps) or more --workers")
+        whys.append(why)
+    if out.parked:
+        whys.append(f"{len(out.parked)} unit(s) parked after failing on several workers (see parked)")
+    return "; ".join(whys) or "the fleet did not finish"
 
 
 def _spot_path(out: SimOutcome, cmp: Comparison | None, full: dict[str, Any]) -> dict[str, Any]:
@@ -358,6 +389,8 @@ def render_text(s: dict[str, Any]) -> str:
         f"  staleness              {_staleness_text(s['staleness_histogram'])}",
         f"  finished               {s['finished']} after {_fmt(_hours(s['duration_s']))} h virtual",
     ]
+    if s.get("incomplete_reason"):
+        lines.append(f"  incomplete             {s['incomplete_reason']}")
     if s["units_parked"]:
         why = next(iter(s["parked"].values()), "")
         lines.append(f"  parked                 {s['units_parked']} unit(s) never trained: they failed on "
