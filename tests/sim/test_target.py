@@ -141,3 +141,29 @@ def test_a_moving_spot_price_is_integrated_over_the_billed_time() -> None:
     assert moved != pytest.approx(flat)
     assert SpotWalk(seed=1, step_s=10.0, sigma=0.2).usd(0.36, 0, 100) == pytest.approx(moved)
     assert SpotWalk(sigma=0.0).usd(0.36, 0, 7200) == pytest.approx(0.72)
+
+
+def test_a_fleet_that_did_not_hold_the_target_is_named_and_one_that_never_reached_it_is_not() -> None:
+    from vcasync.costing.target import fleet_problem
+
+    assert fleet_problem([0.1, 0.5, 0.46], 0.5, "accuracy") is None        # 4 points short: noise
+    why = fleet_problem([0.1, 0.5, 0.44], 0.5, "accuracy")
+    assert why is not None
+    assert "ended at 0.44, more than 5 points worse" in why
+    assert fleet_problem([0.1, 0.4, 0.1], 0.5, "accuracy") is None         # a miss, counted apart
+    assert fleet_problem([3.0, 1.0, 1.04], 1.0, "loss") is None
+    assert fleet_problem([3.0, 1.0, 1.06], 1.0, "loss") is not None
+    assert fleet_problem([3.0, 1.0, math.nan], 1.0, "loss") is not None    # diverged after it
+
+
+def test_a_baseline_of_too_few_steps_is_named_before_the_other_rules() -> None:
+    from vcasync.costing.target import MIN_BASELINE_STEPS, baseline_problem
+
+    curve = [0.06, 0.3, 0.5]
+    assert baseline_problem(curve, "accuracy") is None                  # steps not given: not judged
+    assert baseline_problem(curve, "accuracy", steps=MIN_BASELINE_STEPS) is None
+    why = baseline_problem(curve, "accuracy", steps=MIN_BASELINE_STEPS - 1, fewer_steps="--x")
+    assert why is not None
+    assert f"only {MIN_BASELINE_STEPS - 1} optimiser step(s)" in why
+    assert "ended at accuracy 0.5" in why
+    assert "--x" in why

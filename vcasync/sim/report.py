@@ -15,7 +15,13 @@ a baseline that learned and then fell back (its final quality 5 points of accura
 worse than its best evaluation: a learning rate at the edge of stability): its final quality is a
 point in a collapse, not what a user would have trained to, so it sets no target and prices no
 saving (``baseline_held`` false; on digits, 64 workers' synchronous SGD at the searched rate 0.1
-rose to 84 %, fell to 12 % and ended at 55 %, and the fleet "saved" against a 54.5 % target).
+rose to 84 %, fell to 12 % and ended at 55 %, and the fleet "saved" against a 54.5 % target), and
+for one that took fewer than ``MIN_BASELINE_STEPS`` (10) optimiser steps: its end is a point in its
+first climb (64 workers on digits took 4 steps of 2,048 samples to 51 %, and the fleet "saved" 81 %).
+A fleet that reached the target and ended more than 5 points of accuracy (5 % of loss) short of it
+prices no saving at it (``fleet_held`` false, ``saving_withheld`` says why; ``time_to_target_s`` and
+the costs to it are kept): it crossed it by chance. A run that did not finish says why
+(``incomplete_reason``; null when it finished).
 
 Hours in ``cost_at_target`` / ``cost_full_run``: ``worker_hours`` are the fleet's machine-hours;
 ``sync_wall_hours`` the baseline's wall-clock hours and ``sync_machine_hours`` its machine-hours (its
@@ -47,6 +53,7 @@ from ..costing.target import (
     async_cost,
     baseline_problem,
     ddp_cost,
+    fleet_problem,
     learned,
 )
 from ..costing.target import held as held_curve
@@ -115,7 +122,23 @@ def _baseline_unusable(out: SimOutcome) -> str | None:
     if out.sync is None or not out.sync.evals:
         return None
     return baseline_problem([quality(p, out.metric) for p in out.sync.evals], out.metric,
-                            rate="--sync-lr")
+                            rate="--sync-lr", steps=out.sync.steps, fewer_steps=FEWER_STEPS)
+
+
+#: What gives the synchronous baseline more optimiser steps on the same samples.
+FEWER_STEPS = "a smaller --sync-batch-size, more --epochs or fewer --workers"
+#: What a fleet that crossed its target by chance and fell back may change.
+FLEET_CHANGE = "a lower --lr, more --epochs or fewer --workers"
+
+
+def _fleet_unheld(out: SimOutcome, target: float | None) -> str | None:
+    """Why the fleet, which reached ``target``, prices no saving at it: it did not hold it
+    (:func:`vcasync.costing.target.fleet_problem`); None when it did, or never reached it. 256
+    workers on digits crossed a 26.4 % target, ended at 10 % (chance), and "saved" 74 %."""
+    if target is None:
+        return None
+    return fleet_problem([quality(p, out.metric) for p in out.rec.evals], target, out.metric,
+                         change=FLEET_CHANGE)
 
 
 def _costs(out: SimOutcome, until_s: float | None, sync_until_s: float | None) -> dict[str, Any]:
@@ -186,7 +209,12 @@ def summarize(out: SimOutcome, target: float | None = None) -> dict[str, Any]:
     t_sync = (time_to_target(sync.evals, target, metric)
               if (sync is not None and target is not None) else None)
     at_target = _costs(out, t_async, t_sync) if t_async is not None else None
-    cmp = _comparison(out, target, t_async, t_sync)
+    unheld = _fleet_unheld(out, target)
+    # a fleet that crossed the target and fell back well short of it: no saving at the target,
+    # what it cost to the crossing kept (a fleet of 256 on digits "saved" 74 % ending at chance)
+    cmp = None if unheld else _comparison(out, target, t_async, t_sync)
+    if unheld and at_target is not None:
+        at_target["saving"] = None
     full = _costs(out, None, sync.duration_s if sync is not None else None)
     merged = rec.receipts.get("accepted", 0)
     trained = rec.samples_trained
@@ -210,6 +238,9 @@ def summarize(out: SimOutcome, target: float | None = None) -> dict[str, Any]:
         "wasted_fraction": (rec.samples_wasted / trained) if trained else 0.0,
         "target": target,
         "target_withheld": withheld,
+        # the fleet reached the target and kept it (None: no target, or never reached)
+        "fleet_held": None if target is None or t_async is None else unheld is None,
+        "saving_withheld": unheld,
         "target_accuracy": target if metric == "accuracy" else None,
         "target_loss": target if metric == "loss" else None,
         "time_to_target_s": t_async,
@@ -367,6 +398,8 @@ def render_text(s: dict[str, Any]) -> str:
     elif s["target_met_at_start"]:
         lines.append("  cost to target         n/a: the initial model already meets the target, both "
                      "sides at 0 s for $0 (give a --target-accuracy above the initial model's)")
+    elif s.get("saving_withheld"):
+        lines.append(f"  cost to target         no saving: {s['saving_withheld']}")
     elif at is not None:
         lines.append(f"  cost to target         spot ${at['spot_usd']:.4f} + coordinator "
                      f"${at['coordinator_usd']:.4f}   sync on-demand {_money(at['sync_on_demand_usd'])}"
