@@ -25,6 +25,7 @@ from collections.abc import Mapping
 import torch
 
 from ..tensors import ModelState, is_counter
+from ._by_version import ByVersion
 
 __all__ = ["CounterBases"]
 
@@ -34,8 +35,8 @@ class CounterBases:
     the window, :meth:`to_increments` a full-weights result."""
 
     def __init__(self, model: ModelState) -> None:
-        self._names = [n for n, t in model.items() if is_counter(t)]
-        self._by_version: dict[int, dict[str, torch.Tensor]] = {}
+        self._bases = ByVersion((n for n, t in model.items() if is_counter(t)), model)
+        self._names = self._bases.names
         #: The newest version's counters plus the increments merged since and held by the policy:
         #: the value each counter reaches once they are applied (what an increment must not wrap).
         self._reach: dict[str, torch.Tensor] = {}
@@ -46,38 +47,27 @@ class CounterBases:
         """True when the model has no integer tensors (then nothing needs converting)."""
         return not self._names
 
-    def versions(self) -> list[int]:
-        return sorted(self._by_version)
-
     def record(self, model: ModelState) -> None:
         """Keep the integer tensors of a newly published version (copies; shared when unchanged)."""
-        if not self._names:
-            return
-        prev = self._by_version[max(self._by_version)] if self._by_version else {}
-        kept: dict[str, torch.Tensor] = {}
-        for name in self._names:
-            t, old = model[name], prev.get(name)
-            kept[name] = old if old is not None and torch.equal(old, t) else t.detach().clone()
-        self._by_version[model.version] = kept
-        self._reach = dict(kept)     # replaced, never changed in place: shared with the version
+        if self._names:
+            # replaced, never changed in place: shared with the version
+            self._reach = dict(self._bases.record(model))
 
     def adopt(self, model: ModelState) -> None:
         """Keep the integer tensors of an older version read back at a restart."""
-        if self._names and model.version not in self._by_version:
-            self._by_version[model.version] = {n: model[n].detach().clone() for n in self._names}
+        if self._names:
+            self._bases.adopt(model)
 
     def retain(self, floor: int) -> None:
         """Forget versions below ``floor`` (the newest is always kept)."""
-        newest = max(self._by_version, default=None)
-        for number in [n for n in self._by_version if n < floor and n != newest]:
-            del self._by_version[number]
+        self._bases.retain(floor)
 
     def to_increments(self, tensors: Mapping[str, torch.Tensor], base_version: int) -> bool:
         """Turn the integer tensors of a full-weights result into increments over ``base_version``,
         in place; False (and nothing changed) when that version's counters are no longer held."""
         if not self._names:
             return True
-        base = self._by_version.get(base_version)
+        base = self._bases.get(base_version)
         if base is None:
             return False
         for name in self._names:

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from ..tensors import ModelState
+from ._by_version import ByVersion
 
 __all__ = ["LEFT_OUT", "STATISTICS_KEY", "VALUES", "Statistics", "restored_pending"]
 
@@ -56,8 +57,8 @@ class Statistics:
 
     def __init__(self, names: Iterable[str], model: ModelState,
                  pending: Iterable[Mapping[str, torch.Tensor]] = ()) -> None:
-        self._names = [n for n in model if n in frozenset(names)]     # the model's order
-        self._by_version: dict[int, Tensors] = {}
+        self._bases = ByVersion(names, model)
+        self._names = self._bases.names
         self._legacy = False         # a journal entry from before the rule since the last version
         self._pending: list[Tensors] = [self._own(p) for p in pending if self._fits(p, model)]
         self.record(model)
@@ -78,30 +79,24 @@ class Statistics:
         return not self._names
 
     @property
-    def names(self) -> list[str]:
-        return list(self._names)
-
-    @property
     def pending(self) -> int:
         """Results merged since the last version whose statistics wait to be applied."""
         return len(self._pending)
 
     # -- versions ----------------------------------------------------------------------------------
     def record(self, model: ModelState) -> None:
-        """Keep the statistics of a newly published version."""
+        """Keep the statistics of a newly published version (shared when unchanged)."""
         if self._names:
-            self._by_version[model.version] = self._own(model)
+            self._bases.record(model)
 
     def adopt(self, model: ModelState) -> None:
         """Keep the statistics of an older version read back at a restart."""
-        if self._names and model.version not in self._by_version:
-            self._by_version[model.version] = self._own(model)
+        if self._names:
+            self._bases.adopt(model)
 
     def retain(self, floor: int) -> None:
         """Forget versions below ``floor`` (the newest is always kept)."""
-        newest = max(self._by_version, default=None)
-        for number in [n for n in self._by_version if n < floor and n != newest]:
-            del self._by_version[number]
+        self._bases.retain(floor)
 
     # -- a result ----------------------------------------------------------------------------------
     def to_values(self, tensors: Mapping[str, torch.Tensor], kind: str, base_version: int) -> bool:
@@ -112,7 +107,7 @@ class Statistics:
             return False
         if kind == "weights":
             return True
-        base = self._by_version.get(base_version)
+        base = self._bases.get(base_version)
         if base is None:
             return False
         sums = {n: tensors[n] + base[n] for n in self._names}
@@ -158,7 +153,7 @@ class Statistics:
             return
         if not self._pending:
             if not legacy:
-                previous = self._by_version[max(self._by_version)]
+                previous = self._bases.newest()
                 for name in self._names:
                     working[name].copy_(previous[name])
             return
