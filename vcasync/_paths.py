@@ -2,18 +2,23 @@
 ``--port-file``, ``--plot``, ``demo --run-dir``): a file that could not be written was found only
 when it was, after the whole run, as a traceback or a failed command; a run directory that could
 not be made was a ``FileNotFoundError`` or ``NotADirectoryError`` traceback. Also the one file a
-command reads by flag before it connects: ``--ca-file`` (:func:`check_ca_file`).
+command reads by flag before it connects: ``--ca-file`` (:func:`check_ca_file`). And the mode of a
+local file holding a secret (:func:`readable_by_others`, :func:`chmod_command`): a worker's state
+dir and a ``file://`` store's run record, which builds before 2026-12-07 wrote for every user to read.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
+import stat
 import tempfile
 from pathlib import Path
 
 from .errors import ConfigError
 
-__all__ = ["check_ca_file", "check_output_dir", "check_output_file", "make_output_dir"]
+__all__ = ["check_ca_file", "check_output_dir", "check_output_file", "chmod_command", "make_output_dir",
+           "readable_by_others"]
 
 
 def check_output_file(path: Path | str, what: str, *, purpose: str = "", kind: str = "file",
@@ -103,3 +108,18 @@ def check_ca_file(ca_file: Path | None, url: str) -> str | None:
         return (f"--ca-file {str(ca_file)!r} has no effect: the coordinator URL is plain HTTP, "
                 "nothing is verified (use https:// for a coordinator serving TLS)")
     return None
+
+
+def readable_by_others(path: Path) -> int | None:
+    """``path``'s mode when its group or other users have any access to it; None when it is its
+    owner's only, or cannot be looked at (absent)."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return None
+    return mode if mode & 0o077 else None
+
+
+def chmod_command(path: Path, mode: int) -> str:
+    """The shell command that gives ``path`` ``mode`` (its name quoted for the shell)."""
+    return f"chmod {mode:o} {shlex.quote(str(path))}"

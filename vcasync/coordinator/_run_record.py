@@ -20,15 +20,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import secrets
-import shlex
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from .._paths import chmod_command, readable_by_others
 from ..errors import ConfigError, CorruptObjectError, ObjectNotFoundError, PreconditionFailedError
 from ..storage import Storage, probe_storage
 from ._identity import RunIdentity
@@ -134,13 +132,10 @@ def exposed_record(storage: Storage, prefix: str) -> tuple[str, str] | None:
     if not url.startswith("file://"):
         return None
     path = Path(unquote(urlsplit(url).path)).joinpath(*f"{prefix}/run".split("/"))
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
+    mode = readable_by_others(path)
+    if mode is None:
         return None
-    if not mode & 0o077:
-        return None
-    return f"{path} (mode {mode:04o})", f"chmod 600 {shlex.quote(str(path))}"
+    return f"{path} (mode {mode:04o})", chmod_command(path, 0o600)
 
 
 async def check_store(storage: Storage, prefix: str, allow_unsafe: bool) -> None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._paths import chmod_command, readable_by_others
 from ..errors import ConfigError, FrameError, StateInUseError
 from ..ledger._units import LeaseGrant, Receipt
 from ..protocol import _messages as P
@@ -112,12 +113,10 @@ def exposed(root: Path) -> list[str]:
     its owner's only: none when it is (or holds no token). A dir made before 2026-12-07 was 0755,
     and an identity copied in may be 0644."""
     ident = root / "identity.json"
-    try:
-        loose = [(path, want) for path, want in ((root, DIR_MODE), (ident, 0o600))
-                 if path.stat().st_mode & 0o077]
-    except OSError:
+    if not ident.exists():
         return []       # no identity (yet): nothing secret here
-    return [f"chmod {oct(want)[2:]} {path}" for path, want in loose]
+    return [chmod_command(path, want) for path, want in ((root, DIR_MODE), (ident, 0o600))
+            if readable_by_others(path) is not None]
 
 
 class StateDir:
