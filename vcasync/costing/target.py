@@ -121,11 +121,15 @@ def learned(values: Sequence[float], metric: Metric) -> bool:
 def held(values: Sequence[float], metric: Metric) -> bool:
     """Whether a curve kept what it learned: its last evaluation within 5 points of accuracy (or 5 %
     of loss) of its best one. One that rose and fell back ends at a point in its collapse."""
-    last = values[-1]
+    best = max(values) if metric == "accuracy" else min(values)
+    return (metric == "accuracy" or math.isfinite(best)) and _near(values[-1], best, metric)
+
+
+def _near(value: float, reference: float, metric: Metric) -> bool:
+    """Whether ``value`` is no more than 5 points of accuracy (5 % of loss) worse than ``reference``."""
     if metric == "accuracy":
-        return last >= max(values) - BASELINE_ACCURACY_POINTS / 100.0
-    best = min(values)
-    return math.isfinite(best) and last <= best * (1.0 + BASELINE_LOSS_FRACTION)
+        return value >= reference - BASELINE_ACCURACY_POINTS / 100.0
+    return value <= reference * (1.0 + BASELINE_LOSS_FRACTION)
 
 
 def baseline_problem(values: Sequence[float], metric: Metric, *,
@@ -165,11 +169,7 @@ def fleet_problem(values: Sequence[float], target: float, metric: Metric, *,
     if not any(reached(v) for v in values):
         return None
     last = values[-1]
-    if metric == "accuracy":
-        ok = last >= target - BASELINE_ACCURACY_POINTS / 100.0
-    else:
-        ok = last <= target * (1.0 + BASELINE_LOSS_FRACTION)
-    if math.isfinite(last) and ok:
+    if math.isfinite(last) and _near(last, target, metric):
         return None
     return (f"the fleet reached the target {metric} {target:.4g} but did not hold it: it ended at "
             f"{last:.4g}, more than {_margin(metric)} worse, so it crossed the target by chance and "
