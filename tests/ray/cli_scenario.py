@@ -34,6 +34,10 @@ def cli(*args: str) -> dict[str, Any]:
 
 def main(work: Path) -> dict[str, Any]:
     os.environ["VCASYNC_JOIN_SECRET"] = "abcdefghijklmnopqrstuvwxyz0123456789"
+    # a home of its own: Ray keeps an auth token in ~/.ray, and one an earlier `ray` command left
+    # there (another cluster's) made every client of this head fail ("InvalidAuthToken")
+    os.environ["HOME"] = str(work / "home")
+    (work / "home").mkdir(exist_ok=True)
     up = ["up", "--workers", "1", "--coordinator", "http://127.0.0.1:9", "--state-root",
           (work / "state").as_uri()]
     subprocess.run([RAY, "start", "--head", "--num-cpus", "2", "--node-ip-address", "127.0.0.1",
