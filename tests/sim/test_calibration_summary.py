@@ -3,6 +3,8 @@ the seeds where only the run or only its replay reached the target counted, not 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from bench.convergence import calibration_summary
@@ -104,3 +106,43 @@ def test_a_seed_whose_fleet_and_ddp_replays_both_disagree_is_one_seed_not_two() 
            {**_cal("digits", (9.0, 9.5), (None, 5.0)), "seed": 1},
            {**_cal("mnist5000", (20.0, None), (15.0, 15.5)), "seed": 0}]
     assert calibration_figures(two)["sim_vs_real_disagree"] == 3
+
+
+def _report(fleet_s: float | None, ddp_s: float | None, saving: float | None = 0.7,
+            sigterm: int = 5, sigkill: int = 1) -> dict[str, Any]:
+    return {"time_to_target_s": fleet_s, "ddp_time_to_target_s": ddp_s, "saving": saving,
+            "recovery": {"sigterm": sigterm, "sigkill": sigkill}}
+
+
+def test_a_seeds_repeat_is_measured_against_its_first_run_by_the_per_seed_rule() -> None:
+    # --real-repeats: the floor under sim_vs_real_error is the same rule with the seed's own second
+    # run in the replay's place; a repeat that missed what its first run reached leaves it unbounded
+    from bench.convergence import repeat_figures
+
+    pairs = [{"workload": "digits", "seed": 0, "repeat": 1,
+              "first": _report(10.0, 8.0), "again": _report(13.0, 8.4, saving=0.6, sigterm=4)},
+             {"workload": "digits", "seed": 1, "repeat": 1,
+              "first": _report(20.0, 9.0), "again": _report(15.0, 9.0)}]
+    f = repeat_figures(pairs)
+    assert f["real_vs_real_error"] == pytest.approx(0.3)        # seed 0's fleet: 13 against 10
+    assert f["real_vs_real_error_fleet"] == pytest.approx(0.3)
+    assert f["real_vs_real_disagree"] == 0
+    assert f["why"] is None
+    row = f["real_repeats"][0]
+    assert row["fleet_s"] == [10.0, 13.0]
+    assert row["ddp_s"] == [8.0, 8.4]
+    assert row["error_ddp"] == pytest.approx(0.05)
+    assert row["saving"] == [0.7, 0.6]
+    assert row["preemptions"] == [6, 5]
+    assert f["real_repeats"][1]["error_fleet"] == pytest.approx(0.25)
+
+    missed = repeat_figures([*pairs, {"workload": "digits", "seed": 2, "repeat": 1,
+                                      "first": _report(11.0, 8.0), "again": _report(None, 8.1, saving=None)}])
+    assert missed["real_vs_real_error"] is None
+    assert missed["real_vs_real_error_both_reached"] == pytest.approx(0.3)
+    assert missed["real_vs_real_disagree"] == 1
+    assert missed["why"] == ("unbounded: in 1 seed(s) only one of the run and its repeat reached the "
+                             "target; the largest error over the seeds where both did: 0.300")
+    assert repeat_figures([]) == {"real_vs_real_error": None, "real_vs_real_error_both_reached": None,
+                                  "real_vs_real_error_fleet": None, "real_vs_real_disagree": 0,
+                                  "real_repeats": [], "why": None}
