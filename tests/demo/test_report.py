@@ -89,8 +89,8 @@ def test_a_slot_that_never_came_back_before_an_unfinished_end_is_not_a_recovery(
     assert rep["recovery"]["all_recovered"]  # nothing was in progress and the run completed
 
 
-def _ddp(workers: int, points: list[tuple[float, int, float, float]]) -> DdpResult:
-    cfg = DdpConfig(workers=workers, workload="digits", batch_size=32, samples=2000, lr=0.1)
+def _ddp(workers: int, points: list[tuple[float, int, float, float]], samples: int = 2000) -> DdpResult:
+    cfg = DdpConfig(workers=workers, workload="digits", batch_size=32, samples=samples, lr=0.1)
     return DdpResult(cfg, points, first_step_s=4.0, wall_s=points[-1][0] + 1, digests=["a"] * workers)
 
 
@@ -518,6 +518,25 @@ def test_a_ddp_run_that_rose_and_fell_back_sets_no_target_and_prices_no_saving(
     assert "did not learn" in build_report(run, never, T0_WALL)["cost"]["target_withheld"]
     held = _ddp(2, [(5.0, 0, 0.1, 2.3), (50.0, 1000, 0.96, 0.2), (100.0, 2000, 0.95, 0.2)])
     assert build_report(run, held, T0_WALL)["cost"]["target"]["value"] == pytest.approx(0.945)
+
+
+def test_a_ddp_run_of_fewer_than_ten_steps_sets_no_target(tmp_path: Path) -> None:
+    # the simulator has refused such a baseline since 2026-12-07 (MIN_BASELINE_STEPS); the demo
+    # priced the fleet against one: `vcasync demo --workers 8 --epochs 1` gives DDP 5 steps of 256
+    # digits, whose end is a point in its first climb, not a quality anyone trains to
+    slots = [_slot(0, [(0.0, 200.0)], [1], tmp_path), _slot(1, [(0.0, 200.0)], [2], tmp_path)]
+    run = _run(tmp_path, [], slots)
+    run.accuracy = [(60.0, 3, 2, 0.5, 1.0), (150.0, 9, 4, 0.95, 0.2)]
+    points = [(5.0, 0, 0.1, 2.3), (50.0, 160, 0.6, 1.0), (100.0, 320, 0.8, 0.6)]
+    rep = build_report(run, _ddp(2, points, samples=320), T0_WALL)     # 5 steps of 2 x 32
+    c = rep["cost"]
+    assert c["target"] is None
+    assert rep["saving"] is None
+    why = c["target_withheld"]
+    assert "took only 5 optimiser step(s) and ended at accuracy 0.8, fewer than the 10" in why
+    assert "--epochs" in c["target_withheld"]
+    ten = build_report(run, _ddp(2, points, samples=640), T0_WALL)     # 10 steps: judged as before
+    assert ten["cost"]["target"]["value"] == pytest.approx(0.795)
 
 
 def test_a_preemption_cuts_a_unit_only_when_it_stopped_or_killed_it_part_way(

@@ -121,10 +121,12 @@ def headline(run: DemoRun, ddp: DdpResult | None, *, lost: Sequence[LostSpan] = 
         target = Target.from_baseline("loss", ddp.final_loss, loss_fraction=LOSS_TOLERANCE)
         fleet_curve = [(p[0], p[2] or 0, p[4]) for p in run.curve()]
         ddp_curve = [(p[0], p[1], p[3]) for p in ddp.points]
-    # a DDP run that did not learn or fell back from its best sets no target: its final quality is
-    # the initial model's or a point in a collapse, and a saving against it says nothing
+    # a DDP run that did not learn, fell back from its best or took too few steps sets no target:
+    # its final quality is the initial model's, a point in a collapse or in its first climb, and a
+    # saving against it says nothing
     why = baseline_problem([v for _, _, v in sorted(ddp_curve, key=lambda p: p[0])], metric,
-                           rate="--sync-lr")
+                           rate="--sync-lr", steps=ddp.config.steps,
+                           fewer_steps="more --epochs, a smaller --batch-size or fewer --workers")
     if why is not None:
         return out | {"saving": None, "target": None, "target_withheld": why}
     t_async = time_to_target(((t, v) for t, _, v in fleet_curve), target)
