@@ -263,11 +263,21 @@ class ModelState(Mapping[str, torch.Tensor]):
     # -- construction -------------------------------------------------------------------------
     @classmethod
     def from_module(cls, module: torch.nn.Module, version: int = 0) -> ModelState:
-        """Detached CPU copies of every parameter and buffer in ``module.state_dict()``."""
+        """Detached CPU copies of every parameter and buffer in ``module.state_dict()``; a sparse or
+        meta tensor among them (no dense values to copy) is a :class:`ConfigError` naming it."""
         if not isinstance(module, torch.nn.Module):
             raise ConfigError(f"from_module takes a torch.nn.Module, got {type(module).__name__}; "
                               "a mapping of tensors goes to ModelState(tensors) itself")
         sd = module.state_dict()
+        for k, v in sd.items():
+            # named here: copying one raised torch's own words (a sparse tensor: "unsupported
+            # memory format option Contiguous"; a meta one: "Cannot copy out of meta tensor")
+            if v.layout != torch.strided:
+                raise ConfigError(f"from_module: tensor {k!r} is {v.layout} (not dense): a model's "
+                                  "state dict holds dense tensors (.to_dense())")
+            if v.is_meta:
+                raise ConfigError(f"from_module: tensor {k!r} is on the meta device, which holds no "
+                                  "values: build the module on the CPU (or load its weights first)")
         return cls({k: v.detach().to("cpu", copy=True).contiguous() for k, v in sd.items()},
                    version, statistics=_float_buffers(module, sd))
 

@@ -3,6 +3,7 @@ bare ``AttributeError`` on first use, and never a bad storage root found at the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,24 @@ def test_a_model_state_built_wrong_says_how_to_fix_it(tensors: object, version: 
 def test_from_module_wants_a_module() -> None:
     with pytest.raises(ConfigError, match="ModelState\\(tensors\\)"):
         ModelState.from_module({"w": torch.zeros(1)})  # type: ignore[arg-type]
+
+
+def _sparse_buffer() -> nn.Module:
+    m = nn.Linear(2, 2)
+    m.register_buffer("adj", torch.eye(3).to_sparse())
+    return m
+
+
+@pytest.mark.parametrize(("build", "fix"), [
+    (_sparse_buffer, "tensor 'adj' is torch.sparse_coo (not dense)"),
+    (lambda: nn.Linear(3, 3, device="meta"), "tensor 'weight' is on the meta device"),
+], ids=["sparse", "meta"])
+def test_from_module_names_a_tensor_it_cannot_copy(build: Callable[[], nn.Module], fix: str) -> None:
+    # found by a new-user probe: torch's own "unsupported memory format option Contiguous" (a
+    # sparse buffer) or "Cannot copy out of meta tensor" (a meta module), naming no tensor
+    with pytest.raises(ConfigError) as info:
+        ModelState.from_module(build())
+    assert fix in str(info.value)
 
 
 @pytest.mark.parametrize("url", [None, 3, b"file:///tmp/x", ""])

@@ -111,6 +111,27 @@ def test_a_complex_model_names_its_factory_and_tensor(
     assert err.count("\n") == 1
 
 
+@pytest.mark.parametrize(("module", "build", "named"), [
+    ("vca_sparse_factory", "m.register_buffer('adj', torch.eye(2).to_sparse())",
+     "tensor 'adj' is torch.sparse_coo (not dense): pass dense tensors (.to_dense())"),
+    ("vca_meta_factory", "m = m.to('meta')", "tensor 'weight' is on the meta device"),
+])
+def test_a_sparse_or_meta_model_names_its_factory_and_tensor(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        module: str, build: str, named: str) -> None:
+    # found by a new-user probe: copying the factory's tensors crashed first (exit 1, a traceback
+    # ending in torch's "unsupported memory format option Contiguous" or "Cannot copy out of meta
+    # tensor"), where the docs say such a model is refused, naming it
+    err = _refused_factory(monkeypatch, tmp_path, capsys, module, (
+        "import torch\n"
+        "def model():\n"
+        "    m = torch.nn.Linear(2, 2)\n"
+        f"    {build}\n"
+        "    return m\n"))
+    assert f"model factory '{module}:model' built a model whose {named}" in err
+    assert err.count("\n") == 1
+
+
 def test_a_model_factory_that_raises_is_a_configuration_error(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # found by a new-user probe: the trainer given as the factory (it needs an argument) ended in

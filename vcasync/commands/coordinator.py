@@ -412,11 +412,14 @@ async def serve(cfg: RunConfig, secret: str | None, tokens: dict[str, str], *,
     coord_cfg = dataclass_from_table(CoordinatorConfig, cfg.coordinator, "coordinator")
     # the factory's module is a temporary: copied into the state, it is not kept beside the
     # coordinator's own copies
-    model = ModelState.from_module(build_module(cfg.model, cfg.seed, app_dir=app_dir))
-    why = unmergeable(model.tensors)
+    module = build_module(cfg.model, cfg.seed, app_dir=app_dir)
+    # checked on the module's own tensors, before they are copied: a sparse or meta one cannot be
+    why = unmergeable(module.state_dict())
     if why is not None:
         raise ConfigError(f"model factory {cfg.model!r} built a model whose {why} (nothing was "
                           "started)")
+    model = ModelState.from_module(module)
+    del module
     bad = first_non_finite(model.tensors)
     if bad is not None:     # named here: the Coordinator's own check knows no factory
         raise ConfigError(f"model factory {cfg.model!r} (seed {cfg.seed}) built an initial model whose "
