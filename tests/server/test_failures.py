@@ -10,11 +10,14 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+import torch
+
 from vcasync.errors import TrainerError, WorkerQuarantinedError
 from vcasync.ledger._units import make_units
 from vcasync.trainer import TrainContext, TrainResult
 
-from .conftest import running
+from .conftest import running, tiny_model
 from .test_worker import make_trainer, worker
 
 
@@ -104,3 +107,25 @@ async def test_a_worker_whose_trainer_failed_every_unit_does_not_end_as_finished
         # a worker that delivered what it got ends as finished, as before
         healthy = await asyncio.wait_for(worker(server.url, tmp_path / "ok", make_trainer()).run(), 30)
         assert healthy.reason == "finished"
+
+
+async def test_a_worker_whose_only_result_was_refused_as_non_finite_did_not_deliver(tmp_path: Path) -> None:
+    # Found by a probe: `vcasync worker --max-units 1` whose trainer returned NaN weights logged
+    # "done (max_units): 0 accepted, 1 refused" and exited 0, though the help says exit 1 when the
+    # trainer failed every unit and docs/trainer.md counts such a refusal as the trainer's failure
+    def nan(ctx: TrainContext) -> TrainResult:
+        net = tiny_model()
+        ctx.model.load_into(net)
+        with torch.no_grad():
+            next(iter(net.parameters())).fill_(float("nan"))
+        return ctx.result(net, steps=ctx.unit.steps)
+
+    async with running(tmp_path, units=make_units(2, steps=2)) as (coord, server):
+        with pytest.raises(TrainerError, match=r"delivered no result: its trainer failed all 1 unit"):
+            await asyncio.wait_for(worker(server.url, tmp_path / "nan", nan, max_units=1).run(), 30)
+        assert coord.status()["metrics"]["merges"] == 0
+        # a result refused for what is not the trainer's doing (a late one, as above) still counts
+        # as delivered; and a worker whose result was merged ends as before
+        healthy = await asyncio.wait_for(worker(server.url, tmp_path / "ok", make_trainer(),
+                                                max_units=1).run(), 30)
+        assert healthy.results_accepted == 1

@@ -260,6 +260,7 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._accepted = self._refused = self._abandoned = self._taken = 0
         self._trainer_failures = 0      # units this worker's trainer failed (raised, or a bad result)
+        self._blamed = 0                # of the refused results, those refused for the trainer's doing
         self._warned_unreported = False  # the trainer's "no report_progress" warning is given once
         self._warned_short = False      # and its "returned short, not asked to stop" warning
         #: The coordinator said the run is finished (``410 run_finished``): once it is gone, it is
@@ -324,7 +325,7 @@ class Worker:
         # per run, not per object: a second run() of a finished run said "finished 2" for nothing
         # delivered, and one after max_units returned at once, having taken nothing
         self._accepted = self._refused = self._abandoned = self._taken = 0
-        self._trainer_failures = 0
+        self._trainer_failures = self._blamed = 0
         self._run_moved = None
         if self._stop.is_set():
             # stopped before it started (a SIGTERM while ``vcasync worker`` imported torch): it
@@ -445,8 +446,10 @@ class Worker:
         """The worker is done (``why``: the run is finished, or it took its ``max_units``): one whose
         trainer failed every unit it got, so that it delivered nothing, did not do its job (the run
         may have ended with those units parked after failing here): a :class:`TrainerError` (exit
-        1), not a plain "finished"."""
-        if self._trainer_failures and not (self._accepted or self._refused):
+        1), not a plain "finished". A result refused for what the trainer made of it (a NaN, a
+        counter that went down) is no delivery: until 2026-12-07 it counted as one, and ``--max-units
+        1`` whose one result was refused as non-finite exited 0."""
+        if self._trainer_failures and not (self._accepted or self._refused - self._blamed):
             raise TrainerError(f"{why} and this worker delivered no result: its trainer failed all "
                                f"{self._trainer_failures} unit(s) it was given; its errors are in the "
                                "log above")
@@ -1011,6 +1014,7 @@ class Worker:
                 # the coordinator quarantined this worker (5 in a row), max_trainer_failures unmet
                 log.error("result for lease %s refused: %s (the trainer's result; see "
                           "docs/trainer.md)", lease_id, self._scrub(str(exc)))
+                self._blamed += 1
                 ok = False
             else:
                 log.warning("result for lease %s refused: %s", lease_id, exc)
@@ -1023,6 +1027,7 @@ class Worker:
                           "counter; see docs/policies.md, 'Integer and bool tensors')", lease_id,
                           receipt.reason)
                 self._refused += 1
+                self._blamed += 1
                 ok = False
             elif receipt.status == "rejected":
                 log.warning("result for lease %s rejected: %s", lease_id, receipt.reason)
