@@ -1,5 +1,5 @@
 """``vcasync ray`` against a Ray head that cannot run the workers it is given; run by test_ray_fleet.py
-inside a network namespace that has only loopback (``unshare --net``).
+inside a network namespace that has only loopback and a PID namespace of its own (conftest.scenario).
 
 A head with 2 CPUs and no ``spot`` resource. A fleet whose trainer does not import (its actor dies in
 its constructor) must end ``up --wait`` with ERROR, not hang, and ``up`` without ``--wait`` too, once
@@ -34,10 +34,6 @@ def cli(*args: str) -> dict[str, Any]:
 
 def main(work: Path) -> dict[str, Any]:
     os.environ["VCASYNC_JOIN_SECRET"] = "abcdefghijklmnopqrstuvwxyz0123456789"
-    # a home of its own: Ray keeps an auth token in ~/.ray, and one an earlier `ray` command left
-    # there (another cluster's) made every client of this head fail ("InvalidAuthToken")
-    os.environ["HOME"] = str(work / "home")
-    (work / "home").mkdir(exist_ok=True)
     up = ["up", "--workers", "1", "--coordinator", "http://127.0.0.1:9", "--state-root",
           (work / "state").as_uri()]
     subprocess.run([RAY, "start", "--head", "--num-cpus", "2", "--node-ip-address", "127.0.0.1",
@@ -62,6 +58,8 @@ def main(work: Path) -> dict[str, Any]:
             "after_down": cli("--namespace", "pend", "status"),
         }
     finally:
+        # stops every Ray process it sees: in the scenario's own PID namespace (conftest.scenario), this
+        # head's only; HOME and RAY_TMPDIR are the scenario's own too (its auth token, its session)
         subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
 
 

@@ -1,5 +1,6 @@
 """A spot preemption on a multi-node Ray cluster, end to end; run by test_ray_fleet.py inside a network
-namespace that has only loopback (``unshare --net``), so nothing here can reach any other address.
+namespace that has only loopback, so nothing here can reach any other address, and a PID namespace of
+its own (conftest.scenario).
 
 A coordinator process; a Ray cluster of a head (no spot resource) and three worker nodes (``spot``),
 each a separate raylet, with a ``spot`` resource and a spot label; three worker actors asking for both

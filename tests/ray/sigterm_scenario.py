@@ -1,5 +1,6 @@
 """A SIGTERM to a worker actor's process mid-unit (a drain, ``ray stop``, a ``kill``); run by
-test_ray_fleet.py inside a network namespace that has only loopback (``unshare --net``).
+test_ray_fleet.py inside a network namespace that has only loopback and a PID namespace of its own
+(conftest.scenario).
 
 A one-node Ray (``ray.init``) with a ``spot`` resource, a coordinator process, one worker actor. Once the
 worker holds a checkpoint of its lease its process gets SIGTERM; Ray restarts the actor, and the run goes

@@ -10,8 +10,7 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,21 +19,7 @@ import yaml
 
 from .cluster_scenario import UNITS
 
-HERE = Path(__file__).resolve().parent
 CONFIGS = Path(__file__).resolve().parents[2] / "deploy" / "ray"
-
-
-def scenario(name: str, work: Path) -> dict[str, Any]:
-    """Run ``name`` (a script beside this file) inside a network namespace with only loopback;
-    its account of what happened, which it writes as JSON."""
-    result_file = work / "result.json"
-    script = f"ip link set lo up && exec {sys.executable} {HERE / name} {work} {result_file}"
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run(["unshare", "--net", "--", "bash", "-c", script], cwd=root,
-                          capture_output=True, timeout=540)
-    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
-    result: dict[str, Any] = json.loads(result_file.read_text())
-    return result
 
 
 @pytest.mark.parametrize("cloud", ["aws", "gcp"])
@@ -77,8 +62,9 @@ def test_the_clusters_run_toml_loads() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                     reason="a loopback-only network namespace needs root and unshare (CI has both)")
-def test_a_preempted_nodes_worker_resumes_on_a_new_node(tmp_path: Path) -> None:
-    r = scenario("cluster_scenario.py", tmp_path)
+def test_a_preempted_nodes_worker_resumes_on_a_new_node(
+        tmp_path: Path, run_scenario: Callable[[str, Path], dict[str, Any]]) -> None:
+    r = run_scenario("cluster_scenario.py", tmp_path)
     assert r["node_addresses"] == ["127.0.0.1"]                  # nothing but loopback
     assert r["scaled_up"] == [0, 1, 2]
     assert len(set(r["first_nodes"].values())) == 3              # one worker per spot node
@@ -161,10 +147,11 @@ def test_state_urls_keep_the_query_and_relative_paths_are_refused() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                     reason="a loopback-only network namespace needs root and unshare (CI has both)")
-def test_the_command_ends_and_explains_when_workers_die_or_cannot_be_placed(tmp_path: Path) -> None:
+def test_the_command_ends_and_explains_when_workers_die_or_cannot_be_placed(
+        tmp_path: Path, run_scenario: Callable[[str, Path], dict[str, Any]]) -> None:
     # found by a tester: `up --wait` hung on a dead fleet; status and down hung on a pending actor; a
     # second `up` with another spec silently mixed two fleets
-    r = scenario("cli_scenario.py", tmp_path)
+    r = run_scenario("cli_scenario.py", tmp_path)
     bad = r["bad"]
     assert bad["rc"] == 1, bad
     assert bad["lines"][-1]["state"] == "dead", bad
@@ -206,9 +193,10 @@ _NEEDS_NETNS = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def sigterm_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def sigterm_run(tmp_path_factory: pytest.TempPathFactory,
+                run_scenario: Callable[[str, Path], dict[str, Any]]) -> dict[str, Any]:
     """sigterm_scenario.py's account of a worker actor SIGTERMed mid-unit (run once for the file)."""
-    return scenario("sigterm_scenario.py", tmp_path_factory.mktemp("sigterm"))
+    return run_scenario("sigterm_scenario.py", tmp_path_factory.mktemp("sigterm"))
 
 
 @pytest.mark.slow
