@@ -22,6 +22,7 @@ import pytest
 from vcasync.cli import available_commands, build_parser
 from vcasync.coordinator import CoordinatorConfig
 from vcasync.coordinator._merger import POLICY_FAILURE_LIMIT
+from vcasync.costing.params import MAX_INPUT_FILE_BYTES, MAX_INPUT_FILE_ROWS
 from vcasync.costing.prices import PriceTable
 from vcasync.demo.cli import DEFAULT_WALK_STEP_S as DEMO_WALK_STEP_S
 from vcasync.demo.limits import MAX_WORKERS
@@ -77,6 +78,10 @@ CLAIMS: list[tuple[str, str, Any]] = [
     ("quickstart.md", "at most {} workers", MAX_WORKERS),
     ("quickstart.md", "the paper's {} rates beside", _AS_OF[0][1]),
     ("quickstart.md", "beside approximate {} ones", _AS_OF[-1][1]),
+    ("limits.md", "MAX_INPUT_FILE_BYTES`, 8 MiB ({} bytes)", f"{MAX_INPUT_FILE_BYTES:,}"),
+    ("limits.md", "MAX_INPUT_FILE_ROWS`, {} (a price every", f"{MAX_INPUT_FILE_ROWS:,}"),
+    ("headline.md", "at most 8 MiB and {} rows, as every file", f"{MAX_INPUT_FILE_ROWS:,}"),
+    ("quickstart.md", "at most 8 MiB and {} rows;", f"{MAX_INPUT_FILE_ROWS:,}"),
 ]
 
 

@@ -186,3 +186,62 @@ def test_a_trace_file_that_is_not_utf8_is_a_config_error(tmp_path: Path, read: A
         read(path)
     with pytest.raises(ConfigError, match=rf"^cannot read {what} '.*gone\.csv': No such file"):
         read(tmp_path / "gone.csv")
+
+
+#: The limits docs/limits.md gives (vcasync.costing.params.MAX_INPUT_FILE_BYTES and _ROWS).
+_MAX_BYTES, _MAX_ROWS = 8 * 1024 * 1024, 120_000
+
+
+def _over_the_byte_limit(path: Path) -> Path:
+    """A file one byte over the limit, sparse: nothing of it is written (nor read, now)."""
+    with path.open("wb") as f:
+        f.truncate(_MAX_BYTES + 1)
+    return path
+
+
+@pytest.mark.parametrize("flag", ["--spot-trace", "--trace", "--prices"])
+def test_a_file_over_the_byte_limit_is_refused_by_size_naming_the_file_and_limit(
+        flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # found by a review: a 38 MB --spot-trace (or --trace, --prices) file was read whole and parsed
+    # into lists several times its size (simulate: 58 s and 720 MB where 13 s and 300 MB without it)
+    from vcasync.sim.cli import configure, run
+
+    big = _over_the_byte_limit(tmp_path / "big.csv")
+    parser = argparse.ArgumentParser(prog="vcasync simulate")
+    configure(parser)
+    assert run(parser.parse_args([flag, str(big), "--workers", "2", "--epochs", "1"])) == 2
+    err = capsys.readouterr().err
+    assert (f"{str(big)!r}: it is 8,388,609 bytes, over the limit of 8,388,608 bytes "
+            "(MAX_INPUT_FILE_BYTES)") in err, err
+
+
+def test_the_demo_refuses_a_spot_trace_or_price_file_over_the_byte_limit(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("sklearn", reason="the demo needs scikit-learn (vcasync[demo])")
+    from vcasync.cli import main
+
+    big = _over_the_byte_limit(tmp_path / "big.csv")
+    for flag in ("--spot-trace", "--prices"):
+        # refused while its options are read: no process started, no run directory made
+        assert main(["demo", "--quick", "--no-progress", "--run-dir", str(tmp_path / "run"), flag,
+                     str(big)]) == 2
+        err = capsys.readouterr().err
+        assert "it is 8,388,609 bytes, over the limit of 8,388,608 bytes" in err, err
+        assert not (tmp_path / "run").exists()
+
+
+def test_a_file_over_the_row_limit_is_refused_at_the_row_past_it(tmp_path: Path) -> None:
+    n = _MAX_ROWS + 1
+    spot = tmp_path / "spot.csv"
+    spot.write_text("t_s,spot_per_h\n" + "".join(f"{i},1\n" for i in range(n)))
+    said = rf"more than {_MAX_ROWS:,} rows, over the limit of {_MAX_ROWS:,}"
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(spot))}:{n + 1}: {said}"):
+        SpotTrace.from_csv(spot)
+    outages = tmp_path / "outages.csv"
+    outages.write_text("worker,down_s,up_s\n" + "".join(f"{i},10,20\n" for i in range(n)))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(outages))}:{n + 1}: {said}"):
+        TracePreemption.from_csv(outages)
+    rows = tmp_path / "prices.json"
+    rows.write_text("[" + ",".join(["{}"] * n) + "]")      # each row refused one by one, before
+    with pytest.raises(ConfigError, match=rf"^price file '.*prices\.json': {n:,} price rows: {said}"):
+        PriceTable.from_file(rows)

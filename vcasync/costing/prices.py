@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ..coerce import is_finite_number
 from ..errors import ConfigError, PriceRowError
-from .params import csv_records, read_text_file
+from .params import MAX_INPUT_FILE_ROWS, csv_records, read_text_file, too_many_rows
 
 log = logging.getLogger("vcasync.costing")
 
@@ -281,6 +281,8 @@ class PriceTable(Mapping[str, InstancePrice]):
             raise ConfigError(f"price file {str(p)!r} must hold a non-empty list of price rows "
                               '(JSON: [{...}] or {"prices": [...]}; TOML: [[prices]] tables; CSV: a '
                               "header row and a row per instance)")
+        if len(rows) > MAX_INPUT_FILE_ROWS:     # (a CSV file's were counted as they were read)
+            raise too_many_rows(f"price file {str(p)!r}: {len(rows):,} price rows")
         try:
             return cls.from_rows(rows, labels=labels)
         except ConfigError as exc:
