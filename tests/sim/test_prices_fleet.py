@@ -245,3 +245,20 @@ def test_a_file_over_the_row_limit_is_refused_at_the_row_past_it(tmp_path: Path)
     rows.write_text("[" + ",".join(["{}"] * n) + "]")      # each row refused one by one, before
     with pytest.raises(ConfigError, match=rf"^price file '.*prices\.json': {n:,} price rows: {said}"):
         PriceTable.from_file(rows)
+
+
+@pytest.mark.parametrize("flag", ["--spot-trace", "--trace", "--prices"])
+def test_a_csv_cell_past_pythons_field_limit_is_a_config_error_naming_the_line(
+        flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # found while capping these files: a cell over the csv module's 131,072 characters ended
+    # simulate --spot-trace and --trace on a "_csv.Error: field larger than field limit" traceback
+    from vcasync.sim.cli import configure, run
+
+    bad = tmp_path / "long.csv"
+    bad.write_text("t_s,spot_per_h,worker,down_s,up_s\n0,1,0,10,20\n0," + "9" * 200_000 + ",0,10,20\n")
+    parser = argparse.ArgumentParser(prog="vcasync simulate")
+    configure(parser)
+    assert run(parser.parse_args([flag, str(bad), "--workers", "2", "--epochs", "1"])) == 2
+    err = capsys.readouterr().err
+    assert "3: not valid CSV: field larger than field limit (131072)" in err, err
+    assert str(bad) in err, err

@@ -61,10 +61,15 @@ def csv_records(text: str, at: str, *, strict: bool = False
     stripped ("provider, instance", as people type a header, named ' instance'), a name given
     twice refused (its last cell was kept without a word: the second of two prices), and a row
     with more cells than the header refused (its extra cell was dropped), and so is the record past
-    :data:`MAX_INPUT_FILE_ROWS`. ``at`` starts each error's place ("line " or "FILE:"), followed by
+    :data:`MAX_INPUT_FILE_ROWS`, and what the csv module cannot read (a cell past its field limit)
+    is a :class:`ConfigError` too. ``at`` starts each error's place ("line " or "FILE:"), followed by
     the line number."""
     reader = csv.DictReader(io.StringIO(text), strict=strict)
-    names = [name.strip() for name in reader.fieldnames or ()]
+    try:
+        header = reader.fieldnames
+    except csv.Error as exc:
+        raise _not_csv(at, reader, exc) from None
+    names = [name.strip() for name in header or ()]
     reader.fieldnames = names
     twice = sorted({n for n in names if n and names.count(n) > 1})
     if twice:
@@ -72,13 +77,27 @@ def csv_records(text: str, at: str, *, strict: bool = False
                           f"price?")
 
     def records() -> Iterator[tuple[int, dict[str, str]]]:
-        for n, rec in enumerate(reader, 1):
+        n = 0
+        while True:
+            try:
+                rec = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                raise _not_csv(at, reader, exc) from None
+            n += 1
             if n > MAX_INPUT_FILE_ROWS:
                 raise too_many_rows(f"{at}{reader.line_num}")
             if None in rec:
                 raise ConfigError(f"{at}{reader.line_num}: the row has more cells than the header")
             yield reader.line_num, rec
     return names, records()
+
+
+def _not_csv(at: str, reader: csv.DictReader[str], exc: csv.Error) -> ConfigError:
+    # the csv module's own errors (a cell past its 131,072 characters, a stray quote in strict
+    # mode) ended simulate --spot-trace and --trace on a traceback
+    return ConfigError(f"{at}{reader.reader.line_num}: not valid CSV: {exc}")   # the line it failed on
 
 
 def parse_params(items: list[str] | None) -> dict[str, Any]:
