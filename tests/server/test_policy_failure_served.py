@@ -129,3 +129,27 @@ async def test_one_refused_worker_alone_never_stops_the_run(tmp_path: Path) -> N
         assert coord.metrics.results["rejected"] >= 2 * 6
         assert coord.status()["phase"] == "running"
         assert coord.version == 0
+
+
+async def test_one_worker_the_policy_refuses_is_backed_off_once_its_unit_cannot_park(tmp_path: Path) -> None:
+    # found by a probe: one worker, fewer than park_after_workers (3), a policy refusing every result:
+    # the unit could not park and the refusal did not back the worker off, so it was leased again
+    # at once, ~20 refusals a second, for ever. After max_attempts refusals of the unit the worker
+    # now backs off as a failing one does (doubling, up to worker_backoff_max_s), not quarantined.
+    config = {"max_attempts": 3, "worker_backoff_s": 0.05, "worker_backoff_max_s": 0.1}
+    async with running(tmp_path, units=make_units(1, steps=2), policy=locks_out(0),
+                       coordinator=config) as (coord, server):
+        w = asyncio.ensure_future(worker(server.url, tmp_path / "w", make_trainer()).run())
+        try:
+            await eventually(lambda: coord.metrics.results["rejected"] >= 5 or w.done())
+        finally:
+            w.cancel()
+            with contextlib.suppress(BaseException):
+                await w
+        assert coord.metrics.results["rejected"] >= 5
+        ledger = coord.status()
+        assert ledger["phase"] == "running"
+        assert ledger["units"]["parked"] == 0                      # one worker cannot park it
+        assert coord._ledger.stats["backoffs"] >= 2, coord._ledger.stats   # refusals 3, 4, ...
+        (me,) = coord._ledger._workers.values()
+        assert me.quarantined is None

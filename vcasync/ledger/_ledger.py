@@ -522,6 +522,19 @@ class Ledger:
         elif u.state is not UnitState.PARKED:
             self._set(u, UnitState.QUEUED)
             self._queue.appendleft(u.unit.unit_id)
+            if on_worker and not blame and u.attempts >= self.config.max_attempts:
+                # refused by the policy past max_attempts, and too few workers failed it to park:
+                # nothing else slows its worker, which was leased it again at once, for ever
+                self._hold_off(lease.worker_id, u.attempts - self.config.max_attempts + 1)
+
+    def _hold_off(self, worker_id: str, times: int) -> None:
+        """Back ``worker_id`` off as a failing worker is after ``times`` failures in a row, without
+        counting a failure of its own (no quarantine): the policy refused what it trained."""
+        w = self._workers.get(worker_id)
+        if w is None:
+            return
+        w.backoff_until = max(w.backoff_until, self._clock() + self.config.backoff_s(times))
+        self.stats["backoffs"] += 1
 
     # -- results ----------------------------------------------------------------------------------
     def check_result(self, worker_id: str, lease_id: str) -> ResultCheck:
