@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from vcasync.ledger._units import Receipt
 from vcasync.worker._state_dir import Identity, StateDir
 
 
@@ -29,6 +30,25 @@ def test_finishing_a_lease_removes_what_a_write_cut_off_by_a_kill_left(tmp_path:
     state.finish_lease(lease)
     assert [p for p in left if p.exists()] == []
     assert other.with_name(f".{other.name}.tmp").exists()      # only that lease's
+
+
+def test_the_receipts_trail_stays_bounded_however_many_results(tmp_path: Path) -> None:
+    # found by a probe: receipts.jsonl took a line (~130 bytes) for every result the worker ever
+    # delivered and was never cut: 1 MB after 7,500 results of a run of one-step units, growing
+    # for as long as the run went on
+    state = StateDir(tmp_path / "w")
+    state.receipts_max_bytes = 2_000
+    sent = [Receipt(f"{n:x}.{n:x}.abc.def", f"e{n}-s0", "accepted", n + 1) for n in range(300)]
+    for receipt in sent:
+        state.record_receipt(receipt)
+    trail = [tmp_path / "w" / "receipts.jsonl", tmp_path / "w" / "receipts.1.jsonl"]
+    line = len((tmp_path / "w" / "receipts.jsonl").read_bytes().splitlines()[-1]) + 1
+    assert sum(p.stat().st_size for p in trail) <= 2 * 2_000 + line       # 300 lines: ~35 KB
+    kept = state.receipts()
+    assert 2_000 // line <= len(kept) < len(sent)
+    assert kept == sent[-len(kept):]                   # the newest, in order, none torn or lost
+    reopened = StateDir(tmp_path / "w")                # a restarted worker reads the same trail
+    assert reopened.receipts() == kept
 
 
 @pytest.fixture

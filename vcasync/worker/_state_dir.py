@@ -9,8 +9,10 @@ Layout (every write is write-to-temp then rename, so a SIGKILL never leaves half
     lease.json             the lease being worked on (resumed after a restart if still valid)
     checkpoints/<lease>.pt the trainer's checkpoints for that lease (torch.save / weights_only load)
     results/<lease>.vca    a result payload written before upload, re-sent after a restart
-    receipts.jsonl         every receipt the coordinator answered with, one JSON line each, in order
-                           (the worker's own audit trail: what it was told was accepted)
+    receipts.jsonl         the receipts the coordinator answered with, one JSON line each, in order
+                           (the worker's own audit trail: what it was told was accepted); once it
+                           holds RECEIPTS_MAX_BYTES it becomes receipts.1.jsonl (replacing the one
+                           before) and a new one begins, so the two hold at most twice that
     models/v<N>.vca        downloaded model payloads (and their ETags), the newest few kept
     lock                   held (``flock``) by the live worker using the dir; it names that worker's
                            pid and host. The kernel lets go when the process dies, SIGKILL included
@@ -54,6 +56,10 @@ log = logging.getLogger("vcasync.worker")
 
 #: How often a worker waiting for a state dir's lock tries it again.
 _LOCK_POLL_S = 0.1
+#: receipts.jsonl is rotated (to receipts.1.jsonl) once it holds this many bytes: about 30,000
+#: receipts, so the audit trail of a long run of small units keeps the last 30,000 to 60,000 and no
+#: more (until 2026-12-07 it kept every receipt: about 130 bytes a result, for good).
+RECEIPTS_MAX_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,11 +129,14 @@ class StateDir:
     """Typed access to the files above; methods are blocking (call them via ``asyncio.to_thread``
     when they may touch large files)."""
 
-    def __init__(self, root: Path, *, lock_wait_s: float = 30.0) -> None:
+    def __init__(self, root: Path, *, lock_wait_s: float = 30.0,
+                 receipts_max_bytes: int = RECEIPTS_MAX_BYTES) -> None:
         self.root = Path(root)
         #: How long :meth:`session` waits for a worker already using the dir to exit (a supervisor
         #: restart during the old one's grace period) before refusing with StateInUseError.
         self.lock_wait_s = lock_wait_s
+        #: receipts.jsonl is rotated to receipts.1.jsonl once it holds this many bytes.
+        self.receipts_max_bytes = receipts_max_bytes
         self._make_dirs()
 
     @property
@@ -246,21 +255,31 @@ class StateDir:
 
     # -- receipts ----------------------------------------------------------------------------------
     def record_receipt(self, receipt: Receipt) -> None:
-        """Append ``receipt`` to ``receipts.jsonl`` and fsync it: a crash never loses a recorded line."""
+        """Append ``receipt`` to ``receipts.jsonl`` and fsync it: a crash never loses a recorded line.
+        A file that already holds ``receipts_max_bytes`` is first renamed to ``receipts.1.jsonl``
+        (replacing the one before), so the trail stays within twice that however long the run."""
         line = json.dumps(P.receipt_to_body(receipt), separators=(",", ":")).encode() + b"\n"
-        fd = os.open(self.root / "receipts.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        path = self.root / "receipts.jsonl"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
+            if os.fstat(fd).st_size >= self.receipts_max_bytes:
+                os.close(fd)
+                fd = -1
+                os.replace(path, self.root / "receipts.1.jsonl")
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.write(fd, line)
             os.fsync(fd)
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
 
     def receipts(self) -> list[Receipt]:
-        """Every receipt recorded so far (a torn last line, cut by a crash mid-write, is skipped)."""
-        try:
-            lines = (self.root / "receipts.jsonl").read_bytes().splitlines()
-        except FileNotFoundError:
-            return []
+        """The receipts recorded and still kept, oldest first: those of ``receipts.1.jsonl``, then
+        of ``receipts.jsonl`` (a torn last line, cut by a crash mid-write, is skipped)."""
+        lines: list[bytes] = []
+        for name in ("receipts.1.jsonl", "receipts.jsonl"):
+            with contextlib.suppress(FileNotFoundError):
+                lines += (self.root / name).read_bytes().splitlines()
         out: list[Receipt] = []
         for line in lines:
             try:
