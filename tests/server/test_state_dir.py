@@ -51,6 +51,19 @@ def test_the_receipts_trail_stays_bounded_however_many_results(tmp_path: Path) -
     assert reopened.receipts() == kept
 
 
+def test_a_receipt_after_a_torn_line_is_kept(tmp_path: Path) -> None:
+    # a crash mid-write leaves a line without its newline; the next receipt was appended onto it,
+    # so the two made one line that parsed as neither, and the new receipt was lost with the torn one
+    state = StateDir(tmp_path / "w")
+    first = Receipt("1.1.abc.def", "e0-s0", "accepted", 1)
+    state.record_receipt(first)
+    with (tmp_path / "w" / "receipts.jsonl").open("ab") as f:
+        f.write(b'{"lease_id":"2.2.abc.def","unit_id":"e1-s0","sta')      # torn by a SIGKILL
+    after = Receipt("3.3.abc.def", "e2-s0", "accepted", 2)
+    state.record_receipt(after)
+    assert state.receipts() == [first, after]
+
+
 @pytest.fixture
 def umask_022() -> Iterator[None]:
     """The usual umask, whatever the test runner's: it takes nothing away from 0644 or 0755."""

@@ -62,6 +62,12 @@ _LOCK_POLL_S = 0.1
 RECEIPTS_MAX_BYTES = 4 * 1024 * 1024
 
 
+def _ends_with_newline(path: Path) -> bool:
+    with path.open("rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
 @dataclass(frozen=True, slots=True)
 class Identity:
     """Who the worker is in one run. ``run_id`` is the run the token belongs to (None: saved
@@ -255,18 +261,22 @@ class StateDir:
 
     # -- receipts ----------------------------------------------------------------------------------
     def record_receipt(self, receipt: Receipt) -> None:
-        """Append ``receipt`` to ``receipts.jsonl`` and fsync it: a crash never loses a recorded line.
+        """Append ``receipt`` to ``receipts.jsonl`` and fsync it: a crash never loses a recorded line
+        (one torn by a crash mid-write is ended first, so that it alone is skipped when read).
         A file that already holds ``receipts_max_bytes`` is first renamed to ``receipts.1.jsonl``
         (replacing the one before), so the trail stays within twice that however long the run."""
         line = json.dumps(P.receipt_to_body(receipt), separators=(",", ":")).encode() + b"\n"
         path = self.root / "receipts.jsonl"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            if os.fstat(fd).st_size >= self.receipts_max_bytes:
+            size = os.fstat(fd).st_size
+            if size >= self.receipts_max_bytes:
                 os.close(fd)
                 fd = -1
                 os.replace(path, self.root / "receipts.1.jsonl")
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            elif size and not _ends_with_newline(path):
+                line = b"\n" + line    # a line torn by a crash: end it, or this one is lost with it
             os.write(fd, line)
             os.fsync(fd)
         finally:
