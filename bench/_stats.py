@@ -103,9 +103,9 @@ def positive_float(text: str) -> float:
 
 
 def positive_ints(text: str) -> str:
-    """An argparse type: comma-separated whole numbers >= 1, kept as the text."""
-    for part in text.split(","):
-        positive_int(part)
+    """An argparse type: comma-separated whole numbers >= 1, each once (:func:`repeated`), kept as
+    the text."""
+    _refuse_repeats([positive_int(part) for part in text.split(",")])
     return text
 
 
@@ -130,10 +130,42 @@ def distinct_seeds(parser: argparse.ArgumentParser, seeds: Sequence[int]) -> Non
     """Refuse a seed given twice: the repeat is the same simulated cells (and the same preemption
     schedule and data order in a real run) counted again, so "5 of 5 seeds" of ``--seeds 0 0 0 0 0``
     had an interval of width 0."""
-    twice = sorted({s for s in seeds if list(seeds).count(s) > 1})
+    twice = sorted(repeated(seeds))
     if twice:
         parser.error(f"argument --seeds: seed {', '.join(map(str, twice))} given twice: each seed is "
                      "one run in the mean and its interval, so name each once")
+
+
+#: Why a list flag takes each value once: the figures are named by the value, so a repeat ran the
+#: same measurement again and its figures replaced the first's (``bench.e2e --durability
+#: journal,journal`` dropped the first run's failures and counted the second's twice).
+ONCE = "each is measured once and names its figures, so a repeat would replace the first's"
+
+
+def repeated(values: Iterable[Any]) -> list[Any]:
+    """The values that occur more than once in ``values``, in the order they first repeat."""
+    seen: list[Any] = []
+    twice: list[Any] = []
+    for v in values:
+        if v in seen and v not in twice:
+            twice.append(v)
+        seen.append(v)
+    return twice
+
+
+def _refuse_repeats(values: Sequence[Any]) -> None:
+    twice = repeated(values)
+    if twice:
+        raise argparse.ArgumentTypeError(f"{', '.join(map(repr, twice))} given twice: {ONCE}")
+
+
+def distinct(parser: argparse.ArgumentParser, flag: str, values: Sequence[Any] | None,
+             why: str = ONCE) -> None:
+    """Refuse a value given twice to the list flag ``flag`` (nargs lists; the comma-list types
+    check themselves): an argparse error naming it and ``why``, before anything runs."""
+    twice = repeated(values or [])
+    if twice:
+        parser.error(f"argument {flag}: {', '.join(map(repr, twice))} given twice: {why}")
 
 
 def non_negative_float(text: str) -> float:
@@ -150,8 +182,8 @@ def vcasgd_alpha(text: str) -> float:
 
 
 def one_of(allowed: Sequence[str]) -> Callable[[str], str]:
-    """An argparse type: comma-separated names, each one of ``allowed``; kept as the text. An
-    unknown name is named with the allowed ones (a size missing from a table ended in a
+    """An argparse type: comma-separated names, each one of ``allowed`` and each once; kept as the
+    text. An unknown name is named with the allowed ones (a size missing from a table ended in a
     ``KeyError`` traceback)."""
     def check(text: str) -> str:
         parts = [p.strip() for p in text.split(",")]
@@ -159,6 +191,7 @@ def one_of(allowed: Sequence[str]) -> Callable[[str], str]:
         if bad or not parts:
             raise argparse.ArgumentTypeError(
                 f"unknown {', '.join(map(repr, bad)) or 'empty list'}; choose from {', '.join(allowed)}")
+        _refuse_repeats(parts)
         return text
     return check
 

@@ -105,6 +105,7 @@ from ._signals import restores_sigterm, run_async, stop_on_sigterm
 from ._simpool import SimPool
 from ._stats import (
     add_quick,
+    distinct,
     distinct_seeds,
     non_negative_float,
     parse_args,
@@ -1020,6 +1021,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         "and report the calibration (sim_vs_real_error) alone")
     a = parse_args(p, argv)
     distinct_seeds(p, a.seeds)
+    for flag in ("--workloads", "--real-rates", "--step-s", "--alpha"):
+        distinct(p, flag, getattr(a, flag[2:].replace("-", "_")))
+    distinct(p, "--replay-records", [str(f.resolve()) for f in a.replay_records or []])
     if a.sweeps_only and not (a.real_rates or a.step_s or a.alpha):
         p.error("--sweeps-only needs --real-rates, --step-s or --alpha")
     if a.plot is not None:

@@ -67,7 +67,7 @@ from vcasync.worker._client import UPLOAD_BLOCK, CoordinatorClient
 from ._peers import ARCHS, RESNET50_PARAMS, SECRET, bench_delta, bench_model
 from ._proc import peer
 from ._signals import restores_sigterm, stop_on_sigterm
-from ._stats import add_quick, finite, non_negative_int, parse_args, positive_int, show
+from ._stats import add_quick, distinct, finite, non_negative_int, parse_args, positive_int, show
 from ._stats import spread as _stats_spread
 
 
@@ -244,6 +244,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         p.error(f"--durability: unknown mode(s) {bad}; use {', '.join(MODES)}")
+    distinct(p, "--durability", modes)
     return a
 
 

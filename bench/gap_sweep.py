@@ -38,7 +38,7 @@ from vcasync.examples.workloads import get_workload
 from vcasync.policy import available_policies, build_policy
 from vcasync.sim import Simulation
 
-from ._stats import add_quick, distinct_seeds, parse_args, positive_int, seed_arg, vcasgd_alpha
+from ._stats import add_quick, distinct, distinct_seeds, parse_args, positive_int, seed_arg, vcasgd_alpha
 from .convergence import REAL_SHAPE, Rates, preempted_fleet, search_lr
 
 #: Epochs and alphas per workload: the default budget (3 and 2 were the real runs' epochs when the
@@ -199,6 +199,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true")
     a = parse_args(p, argv)
     distinct_seeds(p, a.seeds)
+    for flag in ("--workloads", "--epochs", "--alpha"):
+        distinct(p, flag, getattr(a, flag[2:]))
+    # a flag the sweep would not use is refused, never ignored: --policy diloco --alpha 0.5 ran
+    # diloco's defaults, and --param alpha=0.3 was replaced by the alpha grid in every cell
+    distinct(p, "--param", [k for k, _ in a.param], "the last would replace the others")
+    if a.alpha and a.policy != "vcasgd":
+        p.error(f"--alpha is VC-ASGD's alpha grid: --policy {a.policy} has no alpha axis and would "
+                "ignore it (give its own parameters with --param)")
+    if a.policy == "vcasgd" and any(k == "alpha" for k, _ in a.param):
+        p.error("--param alpha: VC-ASGD's alpha is the sweep's axis, which would replace it in every "
+                "cell; give the alphas with --alpha")
     # the policy's own checks, before any training: an unknown or out-of-range parameter ended
     # in a traceback from the first simulated cell
     for alpha in (a.alpha or [None]) if a.policy == "vcasgd" else [None]:

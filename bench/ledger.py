@@ -48,7 +48,7 @@ from vcasync.ledger import Ledger, WorkUnit
 from vcasync.ledger._columns import LEASE_FIELDS, WORKER_FIELDS
 from vcasync.wire import Limits, pack_tree, unpack_tree
 
-from ._stats import add_quick, finite, parse_args, positive_int, show, spread
+from ._stats import add_quick, distinct, finite, parse_args, positive_int, show, spread
 
 WORKERS = 1000
 
@@ -157,6 +157,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add_quick(p, QUICK, "10,000 and 50,000 units, 3 reps")
     p.add_argument("--json", action="store_true")
     a = parse_args(p, argv)
+    distinct(p, "--sizes", a.sizes)
     if any(n <= WORKERS for n in a.sizes):
         p.error(f"--sizes: every size must exceed the {WORKERS} workers, got {a.sizes}")
     return a
