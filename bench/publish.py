@@ -31,7 +31,8 @@ with the bench's reason when it gave one (infinite: "infinite"), never as ``nan`
 
 A missing ``--results`` directory, or a results file that is not a JSON object with a
 ``figures`` object, is refused (exit 2, the file and the problem named) and the page is left as
-it was; ``--only`` is for ``--run``.
+it was; ``--only`` is for ``--run`` and names each bench once. A ``--page`` that cannot be
+written (a missing or read-only directory, a directory) is refused before anything runs.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from vcasync._paths import check_output_file
+from vcasync.errors import ConfigError
+
+from ._stats import distinct
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -617,7 +623,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         if unknown or not names:
             p.error(f"--only: unknown bench(es) {', '.join(unknown) or '(none named)'}; "
                     f"known: {', '.join(BENCHES)}")
+        # a bench named twice ran twice (e2e,e2e: twice the minutes), the second result replacing
+        # the first
+        distinct(p, "--only", names, "each bench runs once and saves one result")
         a.only = names
+    if not a.check:
+        # checked before anything runs: a --page in a missing directory was a FileNotFoundError
+        # traceback once the page was rendered, after --run had run (and saved) every bench
+        try:
+            check_output_file(a.page, "--page", purpose="the page is written after the render"
+                              + (" and after every bench has run" if a.run else ""))
+        except ConfigError as exc:
+            p.error(str(exc))
     return a
 
 

@@ -285,6 +285,36 @@ def test_an_empty_only_with_run_is_refused_not_read_as_every_bench(
         assert "--only" in capsys.readouterr().err
 
 
+def test_a_page_that_cannot_be_written_is_refused_before_anything_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # found by a review: `--page missing/dir/benchmarks.md` rendered the page and then ended in a
+    # FileNotFoundError traceback; with --run, after every bench had run (hours) and saved its result
+    from bench.publish import parse
+
+    for argv, said in ((["--page", str(tmp_path / "missing" / "benchmarks.md")], "does not exist"),
+                       (["--run", "--only", "codec", "--page", str(tmp_path / "missing" / "b.md")],
+                        "after every bench has run"),
+                       (["--page", str(tmp_path)], "is a directory")):
+        with pytest.raises(SystemExit) as exc:
+            parse(argv)                  # the parser alone: nothing is run, nothing written
+        assert exc.value.code == 2
+        assert said in capsys.readouterr().err
+    assert sorted(tmp_path.iterdir()) == []
+    # --check writes nothing, so a page that does not exist yet is only stale
+    assert parse(["--check", "--page", str(tmp_path / "missing" / "benchmarks.md")]).check
+
+
+def test_a_bench_named_twice_in_only_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # found by a review: `--run --only e2e,e2e` ran bench.e2e twice, the second result replacing
+    # the first
+    from bench.publish import parse
+
+    with pytest.raises(SystemExit) as exc:
+        parse(["--run", "--only", "e2e,codec,e2e"])
+    assert exc.value.code == 2
+    assert "--only: 'e2e' given twice" in capsys.readouterr().err
+
+
 def test_check_says_whether_the_page_is_stale_and_writes_nothing(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     results = tmp_path / "results"
