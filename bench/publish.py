@@ -31,8 +31,10 @@ with the bench's reason when it gave one (infinite: "infinite"), never as ``nan`
 
 A missing ``--results`` directory, or a results file that is not a JSON object with a
 ``figures`` object, is refused (exit 2, the file and the problem named) and the page is left as
-it was; ``--only`` is for ``--run`` and names each bench once. A ``--page`` that cannot be
-written (a missing or read-only directory, a directory) is refused before anything runs.
+it was; ``--only`` is for ``--run`` and names each bench once. Ctrl-C, or a SIGTERM to this
+process alone, stops ``--run``'s bench through its own clean-ups (:func:`run_child`) and saves
+nothing of it. A ``--page`` that cannot be written (a missing or read-only directory, a
+directory) is refused before anything runs.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import json
 import math
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -53,6 +56,8 @@ from typing import Any
 from vcasync._paths import check_output_file
 from vcasync.errors import ConfigError
 
+from . import _signals
+from ._signals import restores_sigterm, start_process, stop_on_sigterm
 from ._stats import distinct
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,6 +237,32 @@ def provenance(root: Path = ROOT) -> dict[str, Any]:
             "load_average_at_start": None if load is None else round(load, 2)}
 
 
+#: How long an interrupted ``--run`` waits for its bench to stop through its clean-ups (a
+#: modelsize coordinator's final snapshot at 4 GB takes up to 280 s) before killing it.
+STOP_WAIT_S = 300.0
+
+
+def run_child(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    """``cmd`` run in the repository, its output captured. Interrupted (Ctrl-C, or a SIGTERM to
+    this process alone, which :func:`main` turns into one), the bench is stopped through its own
+    clean-ups (SIGTERM, as a CI time-out sends it; a Ctrl-C reached its process group already)
+    and waited for, killed after :data:`STOP_WAIT_S`, before the interrupt goes on. Before, a
+    SIGTERM ended this process at once and left the bench running, with its coordinators."""
+    proc = start_process(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate()
+    except BaseException:
+        if _signals.RECEIVED and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
 def run_bench(name: str, quick: bool) -> dict[str, Any]:
     """Run one bench with ``--json``; its last output line, with how, when and where it was run."""
     bench = BENCHES[name]
@@ -240,7 +271,7 @@ def run_bench(name: str, quick: bool) -> dict[str, Any]:
     measured = provenance()
     where = machine()
     t0 = time.monotonic()
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    out = run_child(cmd)
     if out.returncode != 0:
         raise SystemExit(f"{module} failed ({out.returncode}):\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
     figures = json.loads(out.stdout.strip().splitlines()[-1])
@@ -638,9 +669,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
+@restores_sigterm
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     if a.run:
+        stop_on_sigterm()   # a SIGTERM stops the running bench as Ctrl-C does, then this process
         names = a.only
         a.results.mkdir(parents=True, exist_ok=True)
         for name in names:

@@ -202,3 +202,47 @@ def test_a_sigterm_while_a_finaliser_runs_still_stops_an_event_loop(sigint: str)
         proc.communicate()
         raise AssertionError("the loop ran on after its SIGTERM") from None
     assert (proc.returncode, out.strip()) == (3, "stopped"), err[-2000:]
+
+
+@pytest.mark.slow
+def test_sigterm_to_publish_run_stops_the_bench_it_runs(tmp_path: Path) -> None:
+    """``python -m bench.publish --run`` runs each bench as a child process: a SIGTERM to it alone
+    (a CI job's time-out) ended it at once and left the bench running, with whatever it had
+    started, for the rest of its minutes. It now stops the bench through the bench's own
+    clean-ups, waits for it, saves nothing and exits non-zero."""
+    tmp = tmp_path / "t"
+    tmp.mkdir()
+    results = tmp_path / "results"
+    page = tmp_path / "benchmarks.md"
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    # codec at its default sizes: minutes of work, so the bench is still running when told to stop
+    publish = subprocess.Popen([sys.executable, "-m", "bench.publish", "--run", "--only", "codec",
+                                "--results", str(results), "--page", str(page)], cwd=ROOT, env=env,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    seen: list[int] = []
+    try:
+        def started() -> bool:
+            assert publish.poll() is None, "bench.publish ended before its bench was up"
+            seen[:] = descendants(publish.pid)
+            return any("bench.codec" in cmdline(p) for p in seen)
+        wait_until("bench.publish's bench.codec", started, 60, every=0.05)
+        time.sleep(1.0)                          # at work
+        seen[:] = descendants(publish.pid)
+        os.kill(publish.pid, signal.SIGTERM)     # publish's process alone
+        try:
+            publish.wait(120)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("bench.publish did not stop after its SIGTERM") from None
+        left = [(p, cmdline(p)) for p in seen if alive(p)]   # the moment it ended
+        assert left == [], "the bench outlived bench.publish"
+        assert publish.returncode != 0, "stopped, not finished"
+        assert not (results / "codec.json").exists(), "saved no result"
+        assert not page.exists(), "wrote no page"
+    finally:     # never leave a process behind, whatever failed
+        if publish.poll() is None:
+            publish.kill()
+            publish.wait()
+        for pid in seen:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -160,11 +160,11 @@ def test_a_named_run_of_another_bench_runs_that_module_and_is_published_under_it
 
     ran: list[list[str]] = []
 
-    def fake_run(cmd: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+    def fake_run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
         ran.append(cmd)
         return subprocess.CompletedProcess(cmd, 0, stdout='{"gap_mnist_30": 0.25}\n', stderr="")
 
-    monkeypatch.setattr(publish.subprocess, "run", fake_run)
+    monkeypatch.setattr(publish, "run_child", fake_run)
     monkeypatch.setattr(publish, "provenance", lambda: {"date": "d", "commit": None, "dirty": None})
     result = publish.run_bench("convergence_mnist", quick=False)
     assert ran[-1][1:] == ["-m", "bench.convergence", "--workloads", "mnist5000", "--real-only", "--json"]
