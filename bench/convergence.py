@@ -703,12 +703,22 @@ def repeat_figures(pairs: list[dict[str, Any]]) -> dict[str, Any]:
     fleet = [r["error_fleet"] for r in rows if r["error_fleet"] is not None]
     disagree = sum(r["disagree_fleet"] or r["disagree_ddp"] for r in rows)
     value, why = per_seed_error(errors, disagree, pair="the run and its repeat")
+    # the first runs' mean against the repeats' mean, per workload and side: what
+    # sim_vs_real_error_mean is to the replays (a second set of real runs of the same seeds)
+    summary = calibration_summary(
+        [{"workload": r["workload"], **{f"{which}_{side}_s": r[f"{side}_s"][i] for side in ("fleet", "ddp")
+                                        for i, which in enumerate(("first", "repeat"))}} for r in rows],
+        names=("first", "repeat"))
+    means = [s["error"] for per in summary.values() for s in per.values() if s["error"] is not None]
     return {"real_vs_real_error": value, "real_vs_real_error_both_reached": max(errors) if errors else None,
             "real_vs_real_error_fleet": max(fleet) if fleet else None,
-            "real_vs_real_disagree": disagree, "real_repeats": rows, "why": why}
+            "real_vs_real_error_mean": max(means) if means else None,
+            "real_vs_real_disagree": disagree, "real_vs_real_summary": summary, "real_repeats": rows,
+            "why": why}
 
 
-def calibration_summary(cal: list[dict[str, Any]]) -> dict[str, Any]:
+def calibration_summary(cal: list[dict[str, Any]], *, names: tuple[str, str] = ("real", "sim")
+                        ) -> dict[str, Any]:
     """Per workload and side, the simulator's mean time to target against the real runs' mean.
 
     A replay cannot repeat the real run's order of merges, and near the target the fleet's curve is
@@ -716,21 +726,23 @@ def calibration_summary(cal: list[dict[str, Any]]) -> dict[str, Any]:
     error (``sim_vs_real_error``) measures that noise as much as the model. What the simulator is
     used for, the expected time and cost of a configuration, is judged here on the mean over the
     seeds where both the run and its replay reached the target; a seed where only one of them did
-    is counted in ``disagree``, never dropped silently.
+    is counted in ``disagree``, never dropped silently. ``names``: the two columns compared, each
+    row's ``<name>_<side>_s`` (:func:`repeat_figures`: a seed's first run against its repeat).
     """
+    a, b = names
     out: dict[str, Any] = {}
     for w in dict.fromkeys(c["workload"] for c in cal):
         rows = [c for c in cal if c["workload"] == w]
         per: dict[str, Any] = {}
         for side in ("fleet", "ddp"):
-            pairs = [(c[f"real_{side}_s"], c[f"sim_{side}_s"]) for c in rows if f"real_{side}_s" in c]
+            pairs = [(c[f"{a}_{side}_s"], c[f"{b}_{side}_s"]) for c in rows if f"{a}_{side}_s" in c]
             both = [(r, x) for r, x in pairs if r is not None and x is not None]
-            real_mean = statistics.fmean(r for r, _ in both) if both else None
-            sim_mean = statistics.fmean(x for _, x in both) if both else None
+            a_mean = statistics.fmean(r for r, _ in both) if both else None
+            b_mean = statistics.fmean(x for _, x in both) if both else None
             per[side] = {"pairs": len(both), "disagree": sum((r is None) != (x is None) for r, x in pairs),
-                         "real_mean_s": real_mean, "sim_mean_s": sim_mean,
-                         "error": (abs(sim_mean - real_mean) / real_mean
-                                   if real_mean and sim_mean is not None else None)}
+                         f"{a}_mean_s": a_mean, f"{b}_mean_s": b_mean,
+                         "error": (abs(b_mean - a_mean) / a_mean
+                                   if a_mean and b_mean is not None else None)}
         out[w] = per
     return out
 
@@ -1550,7 +1562,8 @@ def _print_table(f: dict[str, Any]) -> None:
         own = (_fmt(f["real_vs_real_error"], True) if not f["real_vs_real_disagree"] else
                f"unbounded ({_fmt(f['real_vs_real_error_both_reached'], True)} where both reached)")
         print(f"real vs real (a seed run again), time-to-target difference: largest per seed {own}, "
-              f"the fleet's {_fmt(f['real_vs_real_error_fleet'], True)} "
+              f"the fleet's {_fmt(f['real_vs_real_error_fleet'], True)}, "
+              f"of the seeds' mean {_fmt(f['real_vs_real_error_mean'], True)} "
               f"({f['real_vs_real_disagree']} seeds where only one run reached the target)")
     unusable = {k: v for k, v in (f.get("sim_baseline_unusable") or {}).items() if v}
     if unusable:   # "0 of 1" reached beside "targets missed 0" said nothing of why

@@ -151,8 +151,15 @@ BENCHES: dict[str, Bench] = {
                                  "digits' real runs with each seed run twice in a row, the same code, "
                                  "rates and preemption plan: how far a seed's own runs differ in time "
                                  "to target (real_vs_real_error), the floor under sim_vs_real_error "
-                                 "(about 25 minutes for 5 seeds on 2 cores)",
+                                 "(about 10 minutes for 5 seeds on a quiet 2-core machine)",
                                  module="convergence"),
+    "convergence_mnist_repeats": Bench(["--workloads", "mnist5000", "--real-only", "--real-repeats", "2"],
+                                       ["--workloads", "mnist5000", "--real-only", "--real-repeats", "2",
+                                        "--quick"],
+                                       "the same on mnist5000: each seed's real run twice in a row, how "
+                                       "far they differ in time to target against how far the replays "
+                                       "are (about 20 minutes for 5 seeds on 2 cores)",
+                                       module="convergence"),
     "gap_sweep": Bench([], ["--quick"],
                        "the fleet's gap to DDP against epochs and VC-ASGD's alpha, simulated in the "
                        "real runs' shape (mnist5000)"),
@@ -180,8 +187,12 @@ ISSUE_18: dict[str, list[str]] = {
     "convergence_mnist": ["gap_mnist_30", "gap_mnist_30_ci_high", "sim_vs_real_error", "targets_missed"],
     "convergence_tinylm": ["lm_loss_gap_30", "lm_loss_gap_30_ci_high", "sim_vs_real_error", "targets_missed"],
     "convergence_adaptive": ["adaptive_gap_mnist_50", "adaptive_gap_mnist_50_ci_high", "targets_missed"],
-    "convergence_repeats": ["real_vs_real_error", "real_vs_real_error_fleet", "real_vs_real_disagree",
-                            "sim_vs_real_error", "sim_vs_real_error_mean", "targets_missed"],
+    "convergence_repeats": ["real_vs_real_error", "real_vs_real_error_fleet", "real_vs_real_error_mean",
+                            "real_vs_real_disagree", "sim_vs_real_error", "sim_vs_real_error_mean",
+                            "targets_missed"],
+    "convergence_mnist_repeats": ["real_vs_real_error", "real_vs_real_error_fleet", "real_vs_real_error_mean",
+                                  "real_vs_real_disagree", "sim_vs_real_error", "sim_vs_real_error_mean",
+                                  "targets_missed"],
     "convergence_fleet_batch": ["saving_sim_64", "saving_sim_64_ci_low", "saving_same_machines",
                                 "saving_same_machines_ci_low", "targets_missed"],
     "chaos": ["worker_kills", "coordinator_kills", "results_lost", "double_merges", "hostile_inputs",

@@ -143,6 +143,16 @@ def test_a_seeds_repeat_is_measured_against_its_first_run_by_the_per_seed_rule()
     assert missed["real_vs_real_disagree"] == 1
     assert missed["why"] == ("unbounded: in 1 seed(s) only one of the run and its repeat reached the "
                              "target; the largest error over the seeds where both did: 0.300")
+    # the seeds' means: fleet 15 against 14 (1/15), DDP 8.5 against 8.7 (0.2/8.5)
+    assert f["real_vs_real_error_mean"] == pytest.approx(1 / 15)
+    fleet = f["real_vs_real_summary"]["digits"]["fleet"]
+    assert fleet == {"pairs": 2, "disagree": 0, "first_mean_s": 15.0, "repeat_mean_s": 14.0,
+                     "error": pytest.approx(1 / 15)}
+    assert f["real_vs_real_summary"]["digits"]["ddp"]["error"] == pytest.approx(0.2 / 8.5)
+    # a seed only one run reached is counted in the means' disagree, never in their pairs
+    assert missed["real_vs_real_summary"]["digits"]["fleet"]["pairs"] == 2
+    assert missed["real_vs_real_summary"]["digits"]["fleet"]["disagree"] == 1
     assert repeat_figures([]) == {"real_vs_real_error": None, "real_vs_real_error_both_reached": None,
-                                  "real_vs_real_error_fleet": None, "real_vs_real_disagree": 0,
+                                  "real_vs_real_error_fleet": None, "real_vs_real_error_mean": None,
+                                  "real_vs_real_disagree": 0, "real_vs_real_summary": {},
                                   "real_repeats": [], "why": None}
