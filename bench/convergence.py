@@ -681,7 +681,8 @@ def repeat_figures(pairs: list[dict[str, Any]]) -> dict[str, Any]:
     code, machine, learning rates and preemption plan, the repeat right after the first, so what
     differs is what no replay can know either (the order results arrive and merge in, the
     scheduler, where a restart falls against the target's crossing). So ``real_vs_real_error`` is
-    the floor under ``sim_vs_real_error``, measured by the same rule: the largest relative error
+    the real side's own spread, against which ``sim_vs_real_error`` is read (a replay may be nearer
+    a run than its repeat is: mnist5000, 2026-12-07), measured by the same rule: the largest relative error
     ``|repeat - first| / first`` over seeds and sides (fleet, DDP), null with why when in a seed
     only one of the two runs reached the target (:func:`per_seed_error`); ``_fleet`` the fleet's
     side alone. ``pairs``: ``{"workload", "seed", "repeat", "first", "again"}``, the last two the
@@ -1019,8 +1020,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--real-repeats", type=positive_int, default=1, metavar="N",
                    help="run each real seed N times in a row (default 1): the first run's figures "
                         "are the headline's; the others measure how far two real runs of one seed "
-                        "differ in time to target (real_vs_real_error, the floor under "
-                        "sim_vs_real_error)")
+                        "differ in time to target (real_vs_real_error, the real side's own "
+                        "spread, against which sim_vs_real_error is read)")
     p.add_argument("--wall-replay", action="store_true",
                    help="also replay digits' runs without the CPU model (the earlier calibration)")
     p.add_argument("--plot", type=Path, help="write saving vs preemption rate and spot discount here")
@@ -1291,7 +1292,7 @@ def main(argv: list[str] | None = None) -> int:
         "sim_vs_real_error_without_cpu_model": max(errors_wall) if errors_wall else None,
         "sim_vs_real_duration_error": max((c["error_duration"] for c in cal
                                            if c.get("error_duration") is not None), default=None),
-        # --real-repeats: how far a seed's own real runs differ, the floor under sim_vs_real_error
+        # --real-repeats: how far a seed's own real runs differ, read beside sim_vs_real_error
         **{k: v for k, v in again.items() if k != "why"},
         "seeds": seeds, "targets_missed": missed,
         # simulated cells whose synchronous baseline set no target (did not learn, or fell back)

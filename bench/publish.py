@@ -150,7 +150,7 @@ BENCHES: dict[str, Bench] = {
                                  ["--real-only", "--real-repeats", "2", "--quick"],
                                  "digits' real runs with each seed run twice in a row, the same code, "
                                  "rates and preemption plan: how far a seed's own runs differ in time "
-                                 "to target (real_vs_real_error), the floor under sim_vs_real_error "
+                                 "to target (real_vs_real_error), read beside sim_vs_real_error "
                                  "(about 10 minutes for 5 seeds on a quiet 2-core machine)",
                                  module="convergence"),
     "convergence_mnist_repeats": Bench(["--workloads", "mnist5000", "--real-only", "--real-repeats", "2"],
