@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._procs import wait_until
+from tests._procs import alive, reap, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,14 +29,6 @@ def descendants(pid: int) -> list[int]:
     except FileNotFoundError:
         return []
     return kids + [d for k in kids for d in descendants(k)]
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
 
 
 def cmdline(pid: int) -> str:
@@ -94,12 +86,7 @@ def test_sigterm_to_the_benchmark_alone_stops_its_processes_and_removes_its_file
         assert list(tmp.iterdir()) == [], "files it left in TMPDIR"
         assert time.monotonic() - t0 < 30
     finally:     # never leave a process behind, whatever failed
-        if bench.poll() is None:
-            bench.kill()
-            bench.wait()
-        for pid in seen:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        reap(bench, seen)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -240,9 +227,4 @@ def test_sigterm_to_publish_run_stops_the_bench_it_runs(tmp_path: Path) -> None:
         assert not (results / "codec.json").exists(), "saved no result"
         assert not page.exists(), "wrote no page"
     finally:     # never leave a process behind, whatever failed
-        if publish.poll() is None:
-            publish.kill()
-            publish.wait()
-        for pid in seen:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        reap(publish, seen)

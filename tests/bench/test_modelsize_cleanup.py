@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 import bench.modelsize as modelsize
+from tests._procs import alive, reap
 
 SIZE = 2_000_000          # 500k parameters in ResNet-50's layout
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,14 +40,6 @@ def spawned() -> Callable[[], list[int]]:
     and GCS emulators, when pytest-xdist hands this file to a process that ran them)."""
     earlier = set(children(os.getpid()))
     return lambda: [pid for pid in children(os.getpid()) if pid not in earlier]
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 @pytest.fixture
@@ -130,12 +123,7 @@ def test_sigterm_to_the_bench_stops_its_coordinator_and_removes_everything(
         bench.wait(timeout=120)
         stopped = [pid for pid in coordinator if not alive(pid)]
     finally:     # never leave a process behind, whatever failed
-        if bench.poll() is None:
-            bench.kill()
-            bench.wait()
-        for pid in coordinator:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        reap(bench, coordinator)
     assert len(coordinator) == 1
     assert stopped == coordinator                      # stopped by the bench, not orphaned
     assert bench.returncode != 0

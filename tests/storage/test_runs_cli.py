@@ -126,13 +126,14 @@ async def _status_with(url: str, token: str) -> int:
         return resp.status
 
 
-def start_worker(tmp_path: Path, url: str) -> subprocess.Popen[bytes]:
-    """A real digits worker on ``url``, its log in ``tmp_path/worker.log``, its state in ``w``."""
+def start_worker(tmp_path: Path, url: str, *args: str) -> subprocess.Popen[bytes]:
+    """A real digits worker on ``url`` (more ``vcasync worker`` flags in ``args``), its log in
+    ``tmp_path/worker.log``, its state in ``w``."""
     env = {**os.environ, "VCASYNC_JOIN_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
     with (tmp_path / "worker.log").open("ab") as log:
         return subprocess.Popen([sys.executable, "-m", "vcasync", "worker", "--coordinator", url,
                                  "--trainer", "vcasync.examples.digits:train", "--state-dir",
-                                 str(tmp_path / "w")], stdout=log, stderr=subprocess.STDOUT,
+                                 str(tmp_path / "w"), *args], stdout=log, stderr=subprocess.STDOUT,
                                 env=env, cwd=tmp_path)
 
 
@@ -180,12 +181,16 @@ async def _journal(url: str) -> list[str]:
         return [k async for k in st.list("vcasync/journal/")]
 
 
-def _run_until_journaled(tmp: Path, url: str, entries: int, coords: list[Coord]) -> list[str]:
+def _run_until_journaled(tmp: Path, url: str, entries: int, coords: list[Coord],
+                         max_units: int) -> list[str]:
     """A coordinator and a worker on ``url`` until its journal holds ``entries``; then both are
-    SIGKILLed, so the entries stay (a clean stop would fold them into its final snapshot)."""
+    SIGKILLed, so the entries stay (a clean stop would fold them into its final snapshot). The
+    worker takes at most ``max_units`` of the run's 20, so the run never ends and folds its
+    journal before it is seen (it did: 20 units of 60 ms ended between two looks at the journal,
+    and the loop waited 240 s for entries that were in the final snapshot)."""
     tmp.mkdir()
     c = start(coords, tmp, url, "--units", "20", "--steps", "20")
-    worker = start_worker(tmp, c.ready())
+    worker = start_worker(tmp, c.ready(), "--max-units", str(max_units))
     try:
         deadline = time.monotonic() + 240
         while len(keys := asyncio.run(_journal(url))) < entries:
@@ -206,8 +211,8 @@ def test_a_journal_entry_of_another_run_is_not_replayed(request: pytest.FixtureR
     # model, was merged on replay without a word; its lease was never signed by this run.
     mine = _url("s3", request, f"{unique_prefix}-mine")
     other = _url("s3", request, f"{unique_prefix}-other")
-    kept = _run_until_journaled(tmp_path / "mine", mine, 1, coords)
-    theirs = _run_until_journaled(tmp_path / "other", other, len(kept) + 1, coords)
+    kept = _run_until_journaled(tmp_path / "mine", mine, 1, coords, max_units=5)       # 1 to 5
+    theirs = _run_until_journaled(tmp_path / "other", other, len(kept) + 1, coords, max_units=15)
     foreign = theirs[len(kept)]                  # the seq that comes next in this run's journal
 
     async def copy() -> None:
