@@ -24,6 +24,17 @@ __all__ = ["ModelSpec", "ModelState", "TensorSpec", "Update", "UpdateKind", "all
 
 UpdateKind = Literal["delta", "weights"]
 
+def _not_dense(name: str, t: torch.Tensor) -> str | None:
+    """Why ``t`` holds no dense values to copy (sparse, or on the meta device), or None; the
+    model's checks say it in these words (:meth:`ModelState.from_module`, the coordinator's
+    ``unmergeable``)."""
+    if t.layout != torch.strided:
+        return f"tensor {name!r} is {t.layout} (not dense): pass dense tensors (.to_dense())"
+    if t.device.type == "meta":
+        return f"tensor {name!r} is on the meta device: it holds no values to train from"
+    return None
+
+
 #: Elements per slice when a dtype has no min/max kernel (the float8 family) and is checked upcast.
 _FINITE_SLICE = 1 << 20
 
@@ -272,12 +283,9 @@ class ModelState(Mapping[str, torch.Tensor]):
         for k, v in sd.items():
             # named here: copying one raised torch's own words (a sparse tensor: "unsupported
             # memory format option Contiguous"; a meta one: "Cannot copy out of meta tensor")
-            if v.layout != torch.strided:
-                raise ConfigError(f"from_module: tensor {k!r} is {v.layout} (not dense): a model's "
-                                  "state dict holds dense tensors (.to_dense())")
-            if v.is_meta:
-                raise ConfigError(f"from_module: tensor {k!r} is on the meta device, which holds no "
-                                  "values: build the module on the CPU (or load its weights first)")
+            why = _not_dense(k, v)
+            if why is not None:
+                raise ConfigError(f"from_module: {why}")
         return cls({k: v.detach().to("cpu", copy=True).contiguous() for k, v in sd.items()},
                    version, statistics=_float_buffers(module, sd))
 

@@ -13,7 +13,7 @@ from ..errors import ConfigError, VCAsyncError
 from ..ledger._units import WorkUnit, check_user_params
 from ..policy import MergePolicy
 from ..storage import Storage, _missing_storage_members
-from ..tensors import ModelState
+from ..tensors import ModelState, _not_dense
 from ..wire import pack_tree
 from ._config import CoordinatorConfig
 from ._model_owner import first_non_finite
@@ -49,10 +49,9 @@ def unmergeable(tensors: Mapping[str, torch.Tensor]) -> str | None:
     fail the worker's ``make_delta`` or the policy, which would be blamed for it)."""
     seen: dict[torch.dtype, bool] = {}
     for name, t in tensors.items():
-        if t.layout != torch.strided:
-            return f"tensor {name!r} is {t.layout} (not dense): pass dense tensors (.to_dense())"
-        if t.device.type == "meta":
-            return f"tensor {name!r} is on the meta device: it holds no values to train from"
+        dense = _not_dense(name, t)
+        if dense is not None:
+            return dense
         if t.is_complex():
             return (f"tensor {name!r} has dtype {t.dtype}: a merge treats every tensor as a real "
                     "value to average, an integer counter or a bool mask, and complex is none of "
