@@ -62,12 +62,6 @@ _LOCK_POLL_S = 0.1
 RECEIPTS_MAX_BYTES = 4 * 1024 * 1024
 
 
-def _ends_with_newline(path: Path) -> bool:
-    with path.open("rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
-
-
 @dataclass(frozen=True, slots=True)
 class Identity:
     """Who the worker is in one run. ``run_id`` is the run the token belongs to (None: saved
@@ -267,15 +261,16 @@ class StateDir:
         (replacing the one before), so the trail stays within twice that however long the run."""
         line = json.dumps(P.receipt_to_body(receipt), separators=(",", ":")).encode() + b"\n"
         path = self.root / "receipts.jsonl"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND
+        fd = os.open(path, flags, 0o644)
         try:
             size = os.fstat(fd).st_size
             if size >= self.receipts_max_bytes:
                 os.close(fd)
                 fd = -1
                 os.replace(path, self.root / "receipts.1.jsonl")
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            elif size and not _ends_with_newline(path):
+                fd = os.open(path, flags, 0o644)
+            elif size and os.pread(fd, 1, size - 1) != b"\n":
                 line = b"\n" + line    # a line torn by a crash: end it, or this one is lost with it
             os.write(fd, line)
             os.fsync(fd)
