@@ -25,6 +25,7 @@ import asyncio
 import functools
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Coroutine
 from types import FrameType
@@ -103,6 +104,22 @@ def run_async(main: Coroutine[Any, Any, _R]) -> _R:
         return asyncio.run(guarded())
     finally:
         signal.signal(signal.SIGTERM, _stop)
+
+
+def exit_with(main: Callable[[], int | None], name: str) -> None:
+    """A benchmark's ``if __name__ == "__main__"``: ``sys.exit(main())``, and a stop by a signal
+    (SIGTERM through :func:`stop_on_sigterm`, or Ctrl-C) ends with one line on stderr and the
+    shell's status for that signal (143 for SIGTERM, 130 for SIGINT) once its clean-ups ran. Until
+    2026-12-08 the KeyboardInterrupt reached the interpreter, which printed its traceback (the
+    clean-ups had run: the stop was right, the traceback said a crash) and exited 1."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        signum = RECEIVED[0] if RECEIVED else signal.SIGINT
+        print(f"python -m {name}: stopped by {signal.Signals(signum).name}; its processes and "
+              "temporary files were cleaned up", file=sys.stderr, flush=True)
+        sys.exit(128 + signum)
+    sys.exit(code)
 
 
 def raise_if_stopped() -> None:

@@ -101,7 +101,7 @@ from vcasync.sim.fleet import Outage
 
 from ._exit_cpu import ChildCpuSampler, PeriodicSampler, exit_cpu
 from ._real_records import load_record, save_record
-from ._signals import restores_sigterm, run_async, stop_on_sigterm
+from ._signals import exit_with, restores_sigterm, run_async, stop_on_sigterm
 from ._simpool import SimPool
 from ._stats import (
     add_quick,
@@ -1631,4 +1631,4 @@ def _plot(rate: dict[str, Any], discount: dict[str, Any], path: Path,
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_with(main, "bench.convergence")

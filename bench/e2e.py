@@ -66,7 +66,7 @@ from vcasync.worker._client import UPLOAD_BLOCK, CoordinatorClient
 
 from ._peers import ARCHS, RESNET50_PARAMS, SECRET, bench_delta, bench_model
 from ._proc import peer
-from ._signals import restores_sigterm, stop_on_sigterm
+from ._signals import exit_with, restores_sigterm, stop_on_sigterm
 from ._stats import add_quick, distinct, finite, non_negative_int, parse_args, positive_int, show
 from ._stats import spread as _stats_spread
 
@@ -329,4 +329,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main, "bench.e2e")

@@ -37,7 +37,6 @@ import contextlib
 import gc
 import json
 import random
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable
@@ -54,7 +53,7 @@ from . import scale
 from ._http import LeanPool
 from ._peers import SECRET
 from ._proc import peer
-from ._signals import restores_sigterm, stop_on_sigterm
+from ._signals import exit_with, restores_sigterm, stop_on_sigterm
 from ._stats import add_quick, finite, over_reps, parse_args, positive_float, positive_int, show
 
 
@@ -264,4 +263,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main, "bench.load")

@@ -70,7 +70,7 @@ from vcasync.worker._io import spool_result
 
 from ._peers import SECRET, bench_delta, bench_model
 from ._proc import PeerExit, peer
-from ._signals import raise_if_stopped, restores_sigterm, stop_on_sigterm
+from ._signals import exit_with, raise_if_stopped, restores_sigterm, stop_on_sigterm
 from ._stats import add_quick, finite, non_negative_int, parse_args, positive_int, spread
 
 STALENESS = 8
@@ -373,4 +373,4 @@ def _three(values: list[float]) -> str:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    sys.exit(main())
+    exit_with(main, "bench.modelsize")

@@ -57,7 +57,7 @@ from vcasync._paths import check_output_file
 from vcasync.errors import ConfigError
 
 from . import _signals
-from ._signals import restores_sigterm, start_process, stop_on_sigterm
+from ._signals import exit_with, restores_sigterm, start_process, stop_on_sigterm
 from ._stats import distinct
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -703,4 +703,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main, "bench.publish")

@@ -93,7 +93,7 @@ from vcasync.worker._client import CoordinatorClient
 from ._http import LeanPool, OneConn
 from ._peers import SECRET, bench_model
 from ._proc import peer
-from ._signals import restores_sigterm, start_process, stop_on_sigterm
+from ._signals import exit_with, restores_sigterm, start_process, stop_on_sigterm
 from ._stats import (
     add_quick,
     finite,
@@ -571,4 +571,4 @@ def _rounded(obj: Any) -> Any:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main, "bench.scale")

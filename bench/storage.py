@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._signals import restores_sigterm, run_async, stop_on_sigterm
+from ._signals import exit_with, restores_sigterm, run_async, stop_on_sigterm
 from ._stats import (
     add_quick,
     finite,
@@ -157,9 +157,9 @@ async def run_pair(pair: Pair, reps: int, warmup: int, size: int, data: bytes,
                 if rep >= warmup:
                     pair.times[what].append(elapsed)
             await _timed(getattr(pair, f"{side}clean"), pair.failures, f"{side}clean", limit_s)
-        print(f"  {pair.name} rep {rep + 1}/{warmup + reps}: " + ", ".join(
-            f"{w} {size / MiB / pair.times[w][-1]:.0f} MB/s" for w in ("put", "ref_put", "get", "ref_get")
-            if rep >= warmup), file=sys.stderr, flush=True)
+        figures = "warm-up, untimed" if rep < warmup else ", ".join(
+            f"{w} {size / MiB / pair.times[w][-1]:.0f} MB/s" for w in ("put", "ref_put", "get", "ref_get"))
+        print(f"  {pair.name} rep {rep + 1}/{warmup + reps}: {figures}", file=sys.stderr, flush=True)
 
 
 # --- cases --------------------------------------------------------------------------------------
@@ -399,4 +399,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_with(main, "bench.storage")

@@ -60,10 +60,12 @@ def test_sigterm_to_the_benchmark_alone_stops_its_processes_and_removes_its_file
     tmp = tmp_path / "t"
     tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    bench = subprocess.Popen([sys.executable, "-m", f"bench.{name}", "--quick", "--json"], cwd=ROOT,
-                             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True,
-                             preexec_fn=ignore_sigint if sigint_ignored else None)
+    err_file = tmp_path / "stderr.txt"
+    with err_file.open("wb") as err:
+        bench = subprocess.Popen([sys.executable, "-m", f"bench.{name}", "--quick", "--json"],
+                                 cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                 preexec_fn=ignore_sigint if sigint_ignored else None)
     seen: list[int] = []
     try:
         def started() -> bool:
@@ -83,6 +85,13 @@ def test_sigterm_to_the_benchmark_alone_stops_its_processes_and_removes_its_file
         left = [(p, cmdline(p)) for p in seen if alive(p)]   # the moment it ended
         assert bench.returncode != 0, "stopped, not finished"
         assert left == [], "processes that outlived the benchmark"
+        # the shell's status for SIGTERM and one line that says so: until 2026-12-08 the
+        # KeyboardInterrupt reached the interpreter, which printed its traceback and exited 1
+        said = err_file.read_text(errors="replace")
+        assert bench.returncode == 128 + signal.SIGTERM, said[-2000:]
+        assert said.rstrip().endswith(f"python -m bench.{name}: stopped by SIGTERM; its processes "
+                                      "and temporary files were cleaned up"), said[-2000:]
+        assert "Traceback" not in said, said[-2000:]
         assert list(tmp.iterdir()) == [], "files it left in TMPDIR"
         assert time.monotonic() - t0 < 30
     finally:     # never leave a process behind, whatever failed
