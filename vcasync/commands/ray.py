@@ -178,6 +178,11 @@ def _run(a: argparse.Namespace) -> int:
                 # said here, not left to a 'status' run later.
                 started = fleet.wait_started(timeout_s=STARTUP_WAIT_S)
                 dead = {i: s for i, s in started.items() if s.get("state") == "dead"}
+                silent = sorted(i for i, s in started.items() if s.get("state") == "unavailable")
+                if silent:
+                    print(f"vcasync ray up: warning: worker(s) {silent} did not answer within "
+                          f"{STARTUP_WAIT_S:g}s of their start; 'vcasync ray status' shows them",
+                          file=sys.stderr, flush=True)
                 if not dead:
                     return ExitCode.OK
                 for st in dead.values():

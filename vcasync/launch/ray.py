@@ -475,12 +475,16 @@ class RayFleet:
         """Each worker's status once none is still being placed and constructed (within
         ``timeout_s``): then a trainer that does not import on the nodes shows as ``dead``, with the
         constructor's exception as ``error``. One Ray cannot place (``pending`` with the reason) is
-        not waited for; neither is a running worker's training."""
+        not waited for; neither is a running worker's training. An ``unavailable`` one is waited
+        for: an actor dying in its constructor can answer its status call with an error, or not
+        in time, before Ray's table says it is dead (until 2026-12-08 that ended the wait, and
+        ``vcasync ray up`` said the fleet was running while the actor had died)."""
         deadline = time.monotonic() + timeout_s
         while True:
             st = self.status(timeout_s=max(1.0, min(10.0, deadline - time.monotonic())))
-            starting = [i for i, s in st.items() if (s.get("state"), s.get("error")) in (
-                ("pending", _STARTING), ("dead", _GONE))]   # gone: maybe not listed yet, or died
+            starting = [i for i, s in st.items() if s.get("state") == "unavailable" or (
+                s.get("state"), s.get("error")) in (("pending", _STARTING), ("dead", _GONE))]
+            # gone: maybe not listed yet, or died
             if not starting or time.monotonic() >= deadline:
                 return st
             time.sleep(poll_s)
