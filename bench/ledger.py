@@ -22,7 +22,10 @@ Figures (``--json``, last line), per size ``<n>`` (units, e.g. ``100k``), each a
 itself, for scale), ``capture_vs_msgpack_<n>`` (capture / msgpack's packing of the result: below
 1 the loop spends less than one C serialisation of it), ``pack_vs_msgpack_<n>``,
 ``pack_vs_rows_<n>`` and ``read_vs_rows_<n>`` (time against the row format: below 1 is faster),
-``bytes_per_unit_<n>`` and ``bytes_vs_rows_<n>``.
+``bytes_per_unit_<n>`` and ``bytes_vs_rows_<n>``, and ``memory_per_unit_<n>``: the Python memory
+the ledger holds (``tracemalloc``, after a full collection) per unit, with its lease and receipt
+and its share of the workers' records, what a coordinator's memory grows by per unit of a run (a
+byte count, the same every repetition: no spread).
 
 Failures: an iteration that raised (capture, pack or read) is counted in ``failed`` (``failed_<n>``
 per size, ``failures_<n>`` its first error) and enters every figure of that iteration as an
@@ -38,6 +41,7 @@ import math
 import statistics
 import sys
 import time
+import tracemalloc
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -117,10 +121,26 @@ def one_rep(led: Ledger, out: dict[str, list[float]]) -> None:
     out["rows_bytes"].append(len(rows_data))
 
 
+def build_measured(n: int) -> tuple[Ledger, int]:
+    """:func:`build`, and the bytes of Python memory the ledger holds once built (``tracemalloc``:
+    what is still allocated after the build, less what was before it, after a full collection)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        led = build(n)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    return led, held
+
+
 def measure(n: int, reps: int, failures: list[str] | None = None) -> dict[str, list[float]]:
     """``reps`` iterations on a ledger of ``n`` units; one that raised is appended to ``failures``
-    and enters as infinite everywhere (counted, never dropped)."""
-    led = build(n)
+    and enters as infinite everywhere (counted, never dropped). ``memory``: one value, the bytes
+    the ledger holds (:func:`build_measured`)."""
+    led, held = build_measured(n)
     keys = ("capture", "msgpack", "pack", "read", "rows_pack", "rows_read", "bytes", "rows_bytes")
     out: dict[str, list[float]] = {k: [] for k in keys}
     for _ in range(reps):
@@ -134,6 +154,7 @@ def measure(n: int, reps: int, failures: list[str] | None = None) -> dict[str, l
             one = {k: [math.inf] for k in keys}
         for k in keys:
             out[k] += one[k]
+    out["memory"] = [float(held)]
     return out
 
 
@@ -170,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ledger snapshots: {WORKERS} workers, every unit but one a worker done, {reps} reps "
           "(median, min-max)")
     heads = ("capture ms", "vs msgpack", "pack vs msgpack", "pack vs rows", "read vs rows",
-             "bytes/unit", "vs rows")
+             "bytes/unit", "vs rows", "memory B/unit")
     print(f"{'units':>8}" + "".join(f"{h:>20}" for h in heads))
     for n in sizes:
         failures: list[str] = []
@@ -194,10 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         for name, values in cols.items():
             figures[name] = round(statistics.median(values), 3)
             figures[f"{name}_spread"] = spread(values)
+        figures[f"memory_per_unit_{k}"] = round(m["memory"][0] / n)
         # every column median (min-max): the ratios' spreads too, not the capture's alone
         digits = (1, 2, 2, 3, 3, 0, 2)
         print(f"{n:>8}" + "".join(f"{show(values, d):>20}" for values, d in zip(cols.values(), digits,
-                                                                                strict=True)), flush=True)
+                                                                                strict=True))
+              + f"{figures[f'memory_per_unit_{k}']:>20}", flush=True)
     if a.json:
         print(json.dumps(finite(figures)))
     return 0

@@ -86,6 +86,8 @@ def test_bench_ledger_prints_its_figures() -> None:
         assert figures[f"{name}_3k"] > 0
         assert len(figures[f"{name}_3k_spread"]) == 3
     assert figures["bytes_vs_rows_3k"] < 1.0        # columns are smaller than rows (bytes: exact)
+    # the ledger's own memory a unit: a unit record, a lease and its receipt at the least
+    assert 200 < figures["memory_per_unit_3k"] < 100_000
 
 
 @pytest.mark.parametrize(("bench", "argv", "said"), [
