@@ -242,6 +242,49 @@ def _float_buffers(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -
                      if name in state and name not in params and b.is_floating_point())
 
 
+def _checked_ties(ties: object, tensors: Mapping[str, torch.Tensor]) -> tuple[tuple[str, ...], ...]:
+    """``ties`` as groups of two or more names of ``tensors`` with one dtype and shape each, no name
+    in two groups, or a ConfigError."""
+    if isinstance(ties, str) or not isinstance(ties, Iterable):
+        raise ConfigError(f"ModelState ties must be a collection of groups of tensor names, got "
+                          f"{ties!r:.80}")
+    out: list[tuple[str, ...]] = []
+    seen: set[str] = set()
+    for group in ties:
+        if isinstance(group, str) or not isinstance(group, Iterable):
+            raise ConfigError(f"ModelState tie {group!r:.80} is not a group of tensor names")
+        names = tuple(group)
+        if len(names) < 2 or len(set(names)) != len(names):
+            raise ConfigError(f"ModelState tie {names!r:.80} needs two or more distinct names")
+        for name in names:
+            t = tensors.get(name) if isinstance(name, str) else None
+            if t is None:
+                raise ConfigError(f"ModelState tie names {name!r:.80}, which is not one of its tensors")
+            if name in seen:
+                raise ConfigError(f"ModelState tensor {name!r} is in two ties: one group per tensor")
+            seen.add(name)
+            first = tensors[names[0]]
+            if t.dtype != first.dtype or t.shape != first.shape:
+                raise ConfigError(f"ModelState tie {names[0]!r} = {name!r}: tied tensors have one "
+                                  "dtype and shape")
+        out.append(names)
+    return tuple(out)
+
+
+def _tied_names(state: Mapping[str, torch.Tensor]) -> tuple[tuple[str, ...], ...]:
+    """The groups of names in ``state`` (a ``state_dict()``) that are one tensor: the same storage,
+    offset, shape, stride and dtype (a language model's head tied to its embedding). Empty tensors
+    tie nothing (they share no values, and may share a null pointer)."""
+    groups: dict[tuple[object, ...], list[str]] = {}
+    for name, t in state.items():
+        if t.numel() == 0:
+            continue
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+               t.stride(), t.dtype)
+        groups.setdefault(key, []).append(name)
+    return tuple(tuple(names) for names in groups.values() if len(names) > 1)
+
+
 def _checked_version(version: object) -> int:
     if isinstance(version, bool) or not hasattr(version, "__index__"):
         raise ConfigError(f"ModelState version must be an int, got {version!r}")
@@ -258,24 +301,31 @@ class ModelState(Mapping[str, torch.Tensor]):
     so ``clone()`` before handing out a copy that must not change.
     """
 
-    __slots__ = ("_tensors", "statistics", "version")
+    __slots__ = ("_tensors", "statistics", "ties", "version")
 
     def __init__(self, tensors: Mapping[str, torch.Tensor], version: int = 0, *,
-                 statistics: Iterable[str] = ()) -> None:
+                 statistics: Iterable[str] = (), ties: Iterable[Iterable[str]] = ()) -> None:
         """``statistics``: the names of floating-point tensors that are running statistics, not
         trained weights (BatchNorm's ``running_mean`` and ``running_var``: a module's float
         buffers, which :meth:`from_module` names). A coordinator gives them a rule of their own:
         the median of the values the merged results carry, never a policy's step (which can push a
-        variance below zero); see "Running statistics" in docs/policies.md."""
+        variance below zero); see "Running statistics" in docs/policies.md.
+
+        ``ties``: groups of names that are one tensor in the module (a head tied to an embedding:
+        ``state_dict()`` names it twice), which :meth:`from_module` finds. Each name holds its own
+        copy here (a merge updates each name on its own); a coordinator refuses a result whose
+        tied names differ (see "Refused results" in docs/trainer.md)."""
         self._tensors: dict[str, torch.Tensor] = _checked_tensors(tensors)
         self.version = _checked_version(version)
         self.statistics: frozenset[str] = _checked_statistics(statistics, self._tensors)
+        self.ties: tuple[tuple[str, ...], ...] = _checked_ties(ties, self._tensors)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
     def from_module(cls, module: torch.nn.Module, version: int = 0) -> ModelState:
         """Detached CPU copies of every parameter and buffer in ``module.state_dict()``; a sparse or
-        meta tensor among them (no dense values to copy) is a :class:`ConfigError` naming it."""
+        meta tensor among them (no dense values to copy) is a :class:`ConfigError` naming it.
+        Names that share one tensor (tied weights) are recorded as :attr:`ties`."""
         if not isinstance(module, torch.nn.Module):
             raise ConfigError(f"from_module takes a torch.nn.Module, got {type(module).__name__}; "
                               "a mapping of tensors goes to ModelState(tensors) itself")
@@ -287,7 +337,7 @@ class ModelState(Mapping[str, torch.Tensor]):
             if why is not None:
                 raise ConfigError(f"from_module: {why}")
         return cls({k: v.detach().to("cpu", copy=True).contiguous() for k, v in sd.items()},
-                   version, statistics=_float_buffers(module, sd))
+                   version, statistics=_float_buffers(module, sd), ties=_tied_names(sd))
 
     def load_into(self, module: torch.nn.Module, *, strict: bool = True) -> None:
         """Copy these tensors into ``module`` (parameters and buffers)."""
@@ -295,7 +345,8 @@ class ModelState(Mapping[str, torch.Tensor]):
 
     def clone(self, version: int | None = None) -> ModelState:
         return ModelState({k: v.clone() for k, v in self._tensors.items()},
-                          self.version if version is None else version, statistics=self.statistics)
+                          self.version if version is None else version, statistics=self.statistics,
+                          ties=self.ties)
 
     # -- mapping ------------------------------------------------------------------------------
     def __getitem__(self, name: str) -> torch.Tensor:

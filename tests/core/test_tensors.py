@@ -100,3 +100,66 @@ def test_all_finite_of_other_shapes_and_dtypes() -> None:
     assert all_finite(torch.tensor([1, 2], dtype=torch.int64))
     assert all_finite(torch.tensor([True]))
     assert not all_finite(torch.tensor([complex(0.0, float("inf"))]))
+
+
+class _Tied(nn.Module):
+    """A language model's shape: the head's weight IS the embedding's (two state-dict names)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(5, 3)
+        self.mid = nn.Linear(3, 3)
+        self.head = nn.Linear(3, 5, bias=False)
+        self.head.weight = self.emb.weight
+
+
+def test_from_module_records_tied_names_and_keeps_them_through_clone() -> None:
+    state = ModelState.from_module(_Tied())
+    assert state.ties == (("emb.weight", "head.weight"),)
+    assert state.clone().ties == state.ties
+    # each name holds its own copy: a merge that updates names one by one updates each once
+    assert state["emb.weight"].data_ptr() != state["head.weight"].data_ptr()
+    assert ModelState.from_module(_net()).ties == ()
+
+
+def test_views_of_one_storage_at_other_offsets_are_not_ties() -> None:
+    net = nn.Module()
+    base = torch.zeros(2, 3)
+    net.register_buffer("a", base[0])
+    net.register_buffer("b", base[1])
+    net.register_buffer("e1", torch.zeros(0))
+    net.register_buffer("e2", torch.zeros(0))
+    assert ModelState.from_module(net).ties == ()
+
+
+@pytest.mark.parametrize(("ties", "words"), [
+    ("ab", "collection of groups"),
+    ([["a"]], "two or more distinct names"),
+    ([["a", "a"]], "two or more distinct names"),
+    ([["a", "zz"]], "not one of its tensors"),
+    ([["a", "c"]], "one dtype and shape"),
+    ([["a", "b"], ["b", "d"]], "in two ties"),
+])
+def test_bad_ties_are_a_config_error(ties: object, words: str) -> None:
+    from vcasync.errors import ConfigError
+    tensors = {"a": torch.zeros(2), "b": torch.zeros(2), "c": torch.zeros(3), "d": torch.zeros(2)}
+    with pytest.raises(ConfigError, match=words):
+        ModelState(tensors, ties=ties)  # type: ignore[arg-type]
+
+
+def test_check_tensors_refuses_split_ties_bit_for_bit() -> None:
+    from vcasync.coordinator._result_checks import check_tensors
+    state = ModelState.from_module(_Tied())
+    good = {k: v.clone() for k, v in state.items()}
+    check_tensors(good, state.spec, require_finite=False, max_norm=None, ties=state.ties)
+    nan = {k: v.clone() for k, v in state.items()}
+    nan["emb.weight"][0, 0] = nan["head.weight"][0, 0] = float("nan")   # same bits: one value
+    check_tensors(nan, state.spec, require_finite=False, max_norm=None, ties=state.ties)
+    signed = {k: v.clone() for k, v in state.items()}
+    signed["emb.weight"][4, 2], signed["head.weight"][4, 2] = 0.0, -0.0   # equal, not one value
+    bad = {k: v.clone() for k, v in state.items()}
+    bad["head.weight"][1, 1] += 1e-3
+    for split in (signed, bad):
+        with pytest.raises(ValidationError, match=r"'emb\.weight' and 'head\.weight' are one tens") as e:
+            check_tensors(split, state.spec, require_finite=False, max_norm=None, ties=state.ties)
+        assert e.value.reason == "tie_mismatch"

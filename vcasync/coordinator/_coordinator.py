@@ -85,7 +85,7 @@ from ._ingest import tee
 from ._journal import Journal, Recovered
 from ._merger import METRICS_KEY, Job, Merger, retrieve
 from ._model_owner import ModelOwner
-from ._result_checks import ResultMeta, read_result, reject_reason
+from ._result_checks import ResultMeta, read_result, reject_reason, split_ties
 from ._run_record import OWNER, StartOptions, check_store, exposed_record
 from ._statistics import restored_pending
 from ._storage_health import StorageHealth
@@ -148,12 +148,18 @@ class Coordinator:
             raise ConfigError(f"durability {self.config.durability!r} needs a storage")
         if model.version < 0 or not len(model):
             raise ConfigError("the model needs at least one tensor and a version >= 0")
+        for first, other in split_ties(model.tensors, model.ties)[:1]:
+            raise ConfigError(f"the model's tied tensors {first!r} and {other!r} hold different "
+                              "values: give them one (ModelState.from_module does)")
         #: The caller's model until recovery has copied it (into the working model and the first
         #: version, or not at all when a stored run is resumed); then let go of, so the process
         #: does not keep one more model-sized copy for the whole run when the caller drops its own.
         self._model_in: ModelState | None = model
         #: The names of the model's running statistics (a rule of their own: _statistics)
         self._statistics = model.statistics
+        #: The model's tied names (ModelState.ties), from the model this start was given (the
+        #: factory's, at every start): a result must hold one value under each group's names
+        self._ties = model.ties
         self._adopt_model = adopt_model
         self._units_in = units_in
         self._policy = policy
@@ -239,6 +245,15 @@ class Coordinator:
         self._phase = "running"
         self._check_finished()
         return self
+
+    def _join_ties(self, tensors: Mapping[str, Tensor]) -> None:
+        """A snapshot written before ties were checked may hold a tie split (a result that sent
+        two values for one tensor): each tied name gets the value of the group's last name, the
+        one ``load_state_dict`` left in every module that loaded it (a worker's, the user's)."""
+        for last, name in split_ties(tensors, tuple(group[::-1] for group in self._ties)):
+            tensors[name].copy_(tensors[last])
+            log.warning("the snapshot holds different values for the tied tensors %r and %r: "
+                        "%r takes %r's (what a module loading it got)", name, last, name, last)
 
     def _let_go_of_model_in(self) -> None:
         self._model_in = None
@@ -565,19 +580,21 @@ class Coordinator:
             self._owner = ModelOwner(self._policy, self._model_in,
                                      max_retained_bytes=self.config.max_retained_bytes,
                                      pool=self._update_buffers, adopt=self._adopt_model,
-                                     statistics=self._statistics)
+                                     statistics=self._statistics, ties=self._ties)
             self._ledger = Ledger(self._units_in, config=cfg, clock=self._clock, secret=run.secret)
         else:
             # The stored state belongs to the run's policy: replay with it, switch afterwards.
             replaying = self._recorded_policy(run.recorded) if reset else self._policy
             # the snapshot's tensors, decoded for this and held nowhere else, become the working
             # model: copying them held a third model-sized set at resume
+            self._join_ties(rec.tensors)
             self._owner = ModelOwner(replaying, ModelState(rec.tensors, rec.version),
                                      max_retained_bytes=self.config.max_retained_bytes,
                                      policy_state=rec.policy_state, pool=self._update_buffers,
                                      adopt=True, held=rec.held, renumbered=rec.renumbered,
                                      statistics=self._statistics,
-                                     pending_statistics=restored_pending(rec.ledger))
+                                     pending_statistics=restored_pending(rec.ledger),
+                                     ties=self._ties)
             rec.tensors = {}
             down_s = down_since_capture(rec.ledger)
             self._ledger = Ledger.restore(rec.ledger, config=cfg, clock=self._clock,
@@ -973,7 +990,8 @@ class Coordinator:
                                max_norm=self.config.max_update_norm, current_version=self.version,
                                hold=lambda n: self._owner.hold(self._owner.renumbered(n)),
                                release=self._owner.release,
-                               out=self._update_buffers.take(), recycle=self._update_buffers.give)
+                               out=self._update_buffers.take(), recycle=self._update_buffers.give,
+                               ties=self._ties)
         written: asyncio.Future[None] | None = None     # the bytes' write, maybe still finishing
         try:
             async with self._decode_slots:

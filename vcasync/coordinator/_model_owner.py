@@ -87,13 +87,15 @@ class ModelOwner:
                  adopt: bool = False, held: int = 0,
                  renumbered: Mapping[int, int] | None = None,
                  statistics: Iterable[str] = (),
-                 pending_statistics: Iterable[Mapping[str, torch.Tensor]] = ()) -> None:
+                 pending_statistics: Iterable[Mapping[str, torch.Tensor]] = (),
+                 ties: Iterable[Iterable[str]] = ()) -> None:
         """``adopt``: ``model``'s tensors (CPU, contiguous, no grad) become the working model
         instead of being copied: the caller hands them over and keeps no reference it uses again
         (a snapshot decoded at resume, nobody else's; one model-sized copy less at start-up).
         ``statistics``: the names of the model's running statistics (``ModelState.statistics``),
         with ``pending_statistics`` the values of held results a snapshot kept
-        (:mod:`vcasync.coordinator._statistics`)."""
+        (:mod:`vcasync.coordinator._statistics`). ``ties``: the model's tied names
+        (``ModelState.ties``), which every version it publishes carries."""
         self.policy = policy
         self.needs_base = bool(getattr(policy, "needs_base", False))
         self.spec: ModelSpec = model.spec
@@ -112,7 +114,7 @@ class ModelOwner:
         self._failures_unlogged = 0
         self._working = ModelState(dict(model.tensors) if adopt and _adoptable(model)
                                    else copy_tensors(model.tensors, None), model.version,
-                                   statistics=statistics)
+                                   statistics=statistics, ties=ties)
         self.state: PolicyState = (policy.init_state(self._working) if policy_state is None
                                    else policy_state)
         self.versions = VersionStore(self._working, max_bytes=max_retained_bytes, pool=pool)
@@ -246,7 +248,7 @@ class ModelOwner:
 
     def _copy_out(self, buffer: dict[str, torch.Tensor] | None, version: int) -> ModelState:
         return ModelState(copy_tensors(self._working.tensors, buffer), version,
-                          statistics=self._working.statistics)
+                          statistics=self._working.statistics, ties=self._working.ties)
 
     def _merge_sync(self, update: Update, current: int) -> bool:
         """The policy's merge into the working model, checked; False when it changed nothing."""
@@ -368,7 +370,7 @@ class ModelOwner:
         old = self.version
         self._working.version = version
         published = ModelState(copy_tensors(self._working.tensors, None), version,
-                               statistics=self._working.statistics)
+                               statistics=self._working.statistics, ties=self._working.ties)
         self.versions.publish(published)
         self.counters.record(published)
         self.statistics.record(published)

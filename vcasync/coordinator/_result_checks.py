@@ -28,8 +28,11 @@ from ..wire import Limits, decode_payload
 if TYPE_CHECKING:
     from ._versions import Version
 
-__all__ = ["ResultMeta", "check_tensors", "let_go", "parse_result_meta", "read_result",
-           "reject_reason", "update_norm"]
+__all__ = ["ResultMeta", "check_ties", "check_tensors", "let_go", "parse_result_meta", "read_result",
+           "reject_reason", "split_ties", "update_norm"]
+
+#: Groups of state-dict names that are one tensor in the model (``ModelState.ties``).
+Ties = tuple[tuple[str, ...], ...]
 
 
 
@@ -96,14 +99,41 @@ def update_norm(tensors: Mapping[str, torch.Tensor],
     return math.sqrt(total)
 
 
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit equality of two tensors of one dtype and shape (NaN payloads and -0.0 too)."""
+    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8),
+                       b.contiguous().reshape(-1).view(torch.uint8))
+
+
+def split_ties(tensors: Mapping[str, torch.Tensor], ties: Ties) -> list[tuple[str, str]]:
+    """``(first, other)`` for each tied name whose tensor differs from its group's first name's."""
+    return [(group[0], name) for group in ties for name in group[1:]
+            if not _same_bits(tensors[group[0]], tensors[name])]
+
+
+def check_ties(tensors: Mapping[str, torch.Tensor], ties: Ties) -> None:
+    """A :class:`ValidationError` (``tie_mismatch``) when names the model ties hold different
+    values: loaded into the module, one would silently win over the other."""
+    split = split_ties(tensors, ties)
+    if split:
+        first, other = split[0]
+        raise ValidationError(
+            f"tensors {first!r} and {other!r} are one tensor in the model (tied weights), but the "
+            f"result holds different values for them ({len(split)} tied name(s) differ): return "
+            "ctx.result(net), or the same values under every tied name",
+            reason="tie_mismatch", name=other)
+
+
 def check_tensors(tensors: Mapping[str, torch.Tensor], spec: ModelSpec, *, require_finite: bool,
                   max_norm: float | None,
-                  reference: Mapping[str, torch.Tensor] | None = None) -> float | None:
-    """Names, shapes, dtypes, finiteness and the optional norm bound; returns the norm if computed.
+                  reference: Mapping[str, torch.Tensor] | None = None, ties: Ties = ()) -> float | None:
+    """Names, shapes, dtypes, finiteness, tied names bit-identical (``ties``) and the optional
+    norm bound; returns the norm if computed.
 
     ``reference`` is what a ``weights`` result is measured against (its base, or the current model).
     """
     spec.check(tensors, require_finite=require_finite)
+    check_ties(tensors, ties)
     if max_norm is None:
         return None
     norm = update_norm(tensors, reference)
@@ -130,11 +160,14 @@ async def read_result(body: AsyncIterable[bytes], *, lease_id: str, unit: WorkUn
                       release: Callable[[Version], None],
                       out: dict[str, torch.Tensor] | None = None,
                       recycle: Callable[[dict[str, torch.Tensor]], object] | None = None,
+                      ties: Ties = (),
                       ) -> tuple[ResultMeta, dict[str, torch.Tensor]]:
     """Decode a result payload (limits and spec checked before allocating) and validate it all.
 
     The CPU work runs in worker threads. ``out``: buffers of the model's spec to decode into
-    (recycled ones: no fresh pages to fault in). A full-weights result's norm is measured against
+    (recycled ones: no fresh pages to fault in). ``ties``: the model's tied names
+    (``ModelState.ties``), which must hold bit-identical tensors, a delta's or full weights'.
+    A full-weights result's norm is measured against
     its base version when it is still held (``hold``), else against the current model.
 
     When the result is refused (or the body fails), its set goes to ``recycle`` and the error
@@ -153,7 +186,8 @@ async def read_result(body: AsyncIterable[bytes], *, lease_id: str, unit: WorkUn
         try:
             await to_thread_released(check_tensors, payload.tensors, spec,
                                     require_finite=require_finite, max_norm=max_norm,
-                                    reference=None if ref is None else ref.model.tensors)
+                                    reference=None if ref is None else ref.model.tensors,
+                                    ties=ties)
         finally:
             if ref is not None:
                 release(ref)

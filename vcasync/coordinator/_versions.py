@@ -64,7 +64,7 @@ class VersionStore:
         """``pool``: where dropped versions' buffers go and new versions' come from (the
         coordinator shares one with the uploads' decode buffers); else one of ``spare_buffers``."""
         first = Version(ModelState(copy_tensors(model.tensors, None), model.version,
-                                   statistics=model.statistics))
+                                   statistics=model.statistics, ties=model.ties))
         self._versions: dict[int, Version] = {first.number: first}
         self._current = first
         self._nbytes = max(model.nbytes, 1)
@@ -108,7 +108,8 @@ class VersionStore:
         if model.version in self._versions or model.version >= self._current.number:
             return
         self._versions[model.version] = Version(ModelState(copy_tensors(model.tensors, None),
-                                                           model.version, statistics=model.statistics))
+                                                           model.version, statistics=model.statistics,
+                                                           ties=model.ties))
 
     def retain(self, keep: Callable[[int], bool]) -> list[int]:
         """Drop every version but the current one that ``keep`` refuses, then the oldest over budget."""
