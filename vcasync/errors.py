@@ -44,7 +44,9 @@ everything with one clause, or exactly one failure with a leaf class::
     │   ├── UnitClosedError           the unit already has a merged result: never merged twice
     │   ├── NotLeaseHolderError       the lease belongs to another worker
     │   ├── NoWorkAvailableError      nothing to lease right now (or the run is finished)
-    │   │   └── WorkerBackoffError    this worker failed recently: no lease for ``retry_after`` s
+    │   │   ├── WorkerBackoffError    this worker failed recently: no lease for ``retry_after`` s
+    │   │   │   └── LeaseLimitError   this worker holds ``max_leases_per_worker`` active leases already
+    │   │   └── WorkersFullError      ``max_workers`` worker records are held: no join for now
     │   ├── WorkerQuarantinedError    this worker failed too often in a row: no leases for a long while
     │   └── VersionNotFoundError      that model version is not held (any more): fetch the latest
     ├── TrainerError                  the user's trainer kept failing (not a configuration problem)
@@ -70,6 +72,7 @@ __all__ = [
     "FrameError",
     "InvalidKeyError",
     "LeaseExpiredError",
+    "LeaseLimitError",
     "LeaseNotFoundError",
     "LedgerError",
     "LimitExceededError",
@@ -105,6 +108,7 @@ __all__ = [
     "WireError",
     "WorkerBackoffError",
     "WorkerQuarantinedError",
+    "WorkersFullError",
 ]
 
 
@@ -385,6 +389,31 @@ class NoWorkAvailableError(LedgerError):
 class WorkerBackoffError(NoWorkAvailableError):
     """This worker's last units failed: it gets no lease for ``retry_after`` seconds, so the unit
     it failed goes to another worker first. Wait, then lease again."""
+
+
+class LeaseLimitError(WorkerBackoffError):
+    """This worker holds ``held`` active leases, the coordinator's ``max_leases_per_worker``
+    (``limit``): it gets no other until one of them ends (a result, a release, an expiry), about
+    ``retry_after`` seconds from now. One worker must not hold the units the rest of the fleet is
+    waiting for. Finish (or release) what you hold, then lease again."""
+
+    def __init__(self, message: str, *, retry_after: float = 1.0, limit: int | None = None,
+                 held: int | None = None) -> None:
+        super().__init__(message, retry_after=retry_after)
+        self.limit = limit
+        self.held = held
+
+
+class WorkersFullError(NoWorkAvailableError):
+    """The coordinator holds ``held`` worker records, its ``max_workers`` (``limit``), and none of
+    them could be forgotten: a new worker is not registered now. Workers that already joined are
+    unaffected. Join again in ``retry_after`` seconds."""
+
+    def __init__(self, message: str, *, retry_after: float = 30.0, limit: int | None = None,
+                 held: int | None = None) -> None:
+        super().__init__(message, retry_after=retry_after)
+        self.limit = limit
+        self.held = held
 
 
 class WorkerQuarantinedError(LedgerError):

@@ -55,6 +55,11 @@ class CoordinatorConfig:
     quarantine_s: float | None = 3600.0   # ... for this long (None or inf: the rest of the run)
     forget_workers_s: float | None = 3600.0   # drop records of workers silent this long (no lease,
                                           # back-off or quarantine); None or inf: keep them all
+    max_leases_per_worker: int | float | None = 4   # active leases one worker may hold (429
+                                          # lease_limit past it); None or inf: no cap
+    max_workers: int | float | None = 100_000   # worker records kept: a join when full forgets
+                                          # silent ones, or is refused (503 workers_full); None
+                                          # or inf: no cap
     #: The merge policy refusing this many results in a row (``UpdateRejectedError``, e.g. gate's
     #: ``norm_outlier``), from at least two workers and none accepted in between, stops the
     #: coordinator with PolicyFailedError (``vcasync coordinator`` exits 2): the fleet is locked
@@ -175,4 +180,6 @@ class CoordinatorConfig:
                             worker_backoff_max_s=self.worker_backoff_max_s,
                             quarantine_after=self.quarantine_after,
                             quarantine_s=self.quarantine_s,
-                            forget_workers_s=self.forget_workers_s)
+                            forget_workers_s=self.forget_workers_s,
+                            max_leases_per_worker=self.max_leases_per_worker,
+                            max_workers=self.max_workers)

@@ -49,6 +49,7 @@ from ..errors import (
     ConfigError,
     FrameError,
     LeaseExpiredError,
+    LeaseLimitError,
     LeaseNotFoundError,
     LedgerError,
     NotLeaseHolderError,
@@ -57,6 +58,7 @@ from ..errors import (
     ValidationError,
     WorkerBackoffError,
     WorkerQuarantinedError,
+    WorkersFullError,
 )
 from ._columns import (
     LeaseArchive,
@@ -117,6 +119,12 @@ RECALL_SLACK_S = 5.0
 _PICK_WINDOW = 256
 #: "The rest of the run" as a finite number of seconds (snapshots and JSON hold it).
 _FOREVER = 1e12
+#: A join when ``max_workers`` records are held looks for records to forget (one pass over them
+#: all) at most this often: a join flood must not cost a pass per refused join.
+_FULL_SWEEP_S = 1.0
+#: How long a join refused for ``max_workers`` is told to wait (the coordinator forgets silent
+#: workers once a minute).
+FULL_RETRY_S = 30.0
 
 
 def _printable(text: str, limit: int = 200) -> str:
@@ -158,6 +166,10 @@ class Ledger:
         self._states = UnitStates()                   # kept as columns: touch a unit you change
         self._parked: dict[int, UnitRecord] = {}      # by unit index (status reads them often)
         self._workers: dict[str, WorkerRecord] = {}
+        # worker id -> ids of the leases it was given or resumed that may still be active (pruned
+        # when read: see _active_leases), for max_leases_per_worker without a pass over every lease
+        self._held: dict[str, set[str]] = {}
+        self._swept_at = -math.inf     # when a full join last looked for records to forget
         self._heap: list[tuple[float, str]] = []   # (deadline, lease id); stale entries are skipped
         # (lease id, worker id, unit id) of the leases expired since take_expired(), wherever found:
         # a lease request or a heartbeat expires leases too, and the coordinator's status events
@@ -174,11 +186,30 @@ class Ledger:
 
     # -- workers ----------------------------------------------------------------------------------
     def join(self, name: str = "", info: Mapping[str, Any] | None = None) -> str:
-        """Register a worker and return its new id."""
+        """Register a worker and return its new id; :class:`WorkersFullError` when ``max_workers``
+        records are held and none can be forgotten (nothing changes then)."""
+        self._make_room()
         record = WorkerRecord("w-" + secrets.token_hex(8), worker_name(name),
                               worker_info(dict(info or {})), self._clock())
         self._workers[record.worker_id] = record
         return record.worker_id
+
+    def _make_room(self) -> None:
+        """Below ``max_workers`` records, forgetting those :meth:`forget_workers` would (at most
+        once a :data:`_FULL_SWEEP_S`), or :class:`WorkersFullError`."""
+        cap = self.config.max_workers
+        if cap is None or len(self._workers) < cap:
+            return
+        now = self._clock()
+        if self.config.forget_workers_s is not None and now - self._swept_at >= _FULL_SWEEP_S:
+            self._swept_at = now
+            if self.forget_workers() and len(self._workers) < cap:
+                return
+        raise WorkersFullError(
+            f"the coordinator holds {len(self._workers)} worker records, its max_workers ({cap}), "
+            "and none can be forgotten yet: no new worker is registered now; join again later "
+            "(workers that joined are not affected)",
+            retry_after=FULL_RETRY_S, limit=int(cap), held=len(self._workers))
 
     def _touch(self, worker_id: str, *, heard: bool = True) -> WorkerRecord:
         # Workers that joined after the last snapshot are unknown after a restart; the server has
@@ -231,6 +262,7 @@ class Ledger:
         if not self._queue:
             raise self._no_work()
         self._admit(w)
+        self._within_cap(w)
         u = self._units[self._pick(worker_id)]
         lease_id = self._signer.make(u.index, u.unit.unit_id, base_version)
         now = self._clock()
@@ -263,6 +295,42 @@ class Ledger:
             raise WorkerBackoffError(
                 f"worker {w.worker_id} failed its last {w.streak} unit(s) (last: {w.last_failure}); "
                 f"backing off: no lease for {wait:.3g}s more", retry_after=round(wait, 3))
+
+    def _within_cap(self, w: WorkerRecord) -> None:
+        """Refuse a lease to a worker holding ``max_leases_per_worker`` active leases already
+        (:class:`LeaseLimitError`), told to ask again when the first of them is due to expire."""
+        cap = self.config.max_leases_per_worker
+        if cap is None:
+            return
+        held = self._active_leases(w.worker_id)
+        if len(held) < cap:
+            return
+        first = min(lse.deadline for lse in held)
+        wait = min(max(first - self._clock(), 0.1), self.config.heartbeat_s)
+        raise LeaseLimitError(
+            f"worker {w.worker_id} holds {len(held)} active leases, the coordinator's "
+            f"max_leases_per_worker ({cap}): no other until one of them ends (a result, a release "
+            "or its expiry)", retry_after=round(wait, 3), limit=int(cap), held=len(held))
+
+    def _active_leases(self, worker_id: str) -> list[LeaseRecord]:
+        """The active leases ``worker_id`` holds; drops the ids that are not any more."""
+        ids = self._held.get(worker_id)
+        if not ids:
+            return []
+        live = [lse for lid in ids if (lse := self._open.get(lid)) is not None
+                and lse.state is LeaseState.ACTIVE and lse.worker_id == worker_id]
+        if live:
+            self._held[worker_id] = {lse.lease_id for lse in live}
+        else:
+            del self._held[worker_id]
+        return live
+
+    def _note_held(self, lease: LeaseRecord) -> None:
+        """``lease`` is active for its worker now (granted, revived, resumed or restored)."""
+        ids = self._held.setdefault(lease.worker_id, set())
+        ids.add(lease.lease_id)
+        if len(ids) > 16:     # a worker that only resumes and heartbeats: keep its set small
+            self._active_leases(lease.worker_id)
 
     def _pick(self, worker_id: str) -> str:
         """The first queued unit this worker has not failed (near the front), else the first."""
@@ -300,6 +368,7 @@ class Ledger:
         u.lease_id = lease.lease_id
         lease.state = LeaseState.ACTIVE
         heapq.heappush(self._heap, (lease.deadline, lease.lease_id))
+        self._note_held(lease)
 
     def _grant(self, lease: LeaseRecord, *, resumed: bool) -> LeaseGrant:
         return LeaseGrant(lease.lease_id, self._units[lease.unit_id].unit, lease.base_version,
@@ -384,6 +453,7 @@ class Ledger:
         lease.worker_id = worker_id
         lease.deadline = max(lease.deadline, self._clock() + self._window(w))
         heapq.heappush(self._heap, (lease.deadline, lease.lease_id))
+        self._note_held(lease)
         return self._grant(lease, resumed=True)
 
     def heartbeat(self, worker_id: str, lease_id: str, steps_done: int, *,
@@ -806,6 +876,7 @@ class Ledger:
                 if w.last_seen < cutoff and w.backoff_until <= now and wid not in holding]
         for wid in gone:
             del self._workers[wid]
+            self._held.pop(wid, None)
         return len(gone)
 
     def workers_alive(self) -> int:
@@ -889,6 +960,8 @@ class Ledger:
                 lease.deadline = now + max(remaining, self.config.grace_s)
                 heapq.heappush(self._heap, (lease.deadline, lease.lease_id))
             self._keep(lease)
+            if lease.state is LeaseState.ACTIVE:
+                self._note_held(lease)
         rows = list(worker_table_rows(data["workers"]) if fmt == SNAPSHOT_FORMAT else data["workers"])
 
         def flag(name: str) -> list[bool]:

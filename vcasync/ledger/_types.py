@@ -64,6 +64,19 @@ class LedgerConfig:
     #: a long run's records would otherwise grow with every restart; a forgotten worker that does
     #: come back is registered again on its next request (its token still holds), without its name.
     forget_workers_s: float | None = 3600.0
+    #: Active leases one worker may hold at once (None, or inf, which becomes None: no cap). The
+    #: worker client holds one; a grant whose answer was lost on the way (the client asked again)
+    #: or a crash before the worker saved its lease leaves another active until it expires. Past
+    #: the cap a lease request is refused (:class:`LeaseLimitError`, ``429 lease_limit``) until one
+    #: ends: one worker must not hold the units the fleet waits for. Resuming a lease is not capped.
+    max_leases_per_worker: int | float | None = 4
+    #: Worker records kept at most (None, or inf: no cap). A join when full first drops the records
+    #: :meth:`Ledger.forget_workers` would drop; if none can go it is refused
+    #: (:class:`WorkersFullError`, ``503 workers_full``). Workers that joined are never refused: a
+    #: restart's re-registrations and recalls are not capped. A record with the server's token
+    #: record is about 0.9 KB (a worker client's info), up to 66 KB for an info of 4 KiB of tiny
+    #: nested lists: at the default cap, 90 MB, or 6.6 GB at worst (docs/limits.md).
+    max_workers: int | float | None = 100_000
 
     def __post_init__(self) -> None:
         # NaN fails every '> 0'; inf passed them: worker_backoff_s = inf backed every failing worker
@@ -72,9 +85,13 @@ class LedgerConfig:
             v = getattr(self, name)
             if not (v > 0 and math.isfinite(v)):
                 raise ConfigError(f"{name} must be a finite number > 0, got {v!r}")
-        for name in ("quarantine_s", "forget_workers_s"):
+        for name in ("quarantine_s", "forget_workers_s", "max_leases_per_worker", "max_workers"):
             if getattr(self, name) == math.inf:   # "never", as TOML (which has no None) can say it
                 object.__setattr__(self, name, None)
+        for name in ("max_leases_per_worker", "max_workers"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ConfigError(f"{name} must be an int >= 1, or None or inf (no cap), got {v!r}")
         for name in ("heartbeat_interval_s", "restore_grace_s", "alive_window_s", "quarantine_s",
                      "forget_workers_s"):
             v = getattr(self, name)

@@ -15,8 +15,10 @@ Choices worth knowing:
   :class:`~vcasync.errors.StorageUnavailableError`.
 * ``AuthError`` is ``401`` (with ``WWW-Authenticate: Bearer``); ``NotLeaseHolderError`` is ``403``:
   the caller is known but the lease is someone else's. ``WorkerBackoffError`` is ``429`` with
-  ``retry_after``; ``WorkerQuarantinedError``, ``OperatorDisabledError`` and
-  ``StatusDisabledError`` are ``403``.
+  ``retry_after``, and so is ``LeaseLimitError`` (``429 lease_limit``: the worker holds
+  ``max_leases_per_worker`` leases, body fields ``limit`` and ``held``); ``WorkersFullError`` is
+  ``503 workers_full`` with ``Retry-After`` (a join while ``max_workers`` records are held);
+  ``WorkerQuarantinedError``, ``OperatorDisabledError`` and ``StatusDisabledError`` are ``403``.
 * ``LimitExceededError`` is ``413``; a payload that is well formed but does not fit the model
   (``ValidationError``, ``SpecMismatchError``, a dtype outside the allow-list, a policy refusal) is
   ``422``; any other ``WireError`` is ``400``.
@@ -84,6 +86,8 @@ HTTP_ERRORS: Final[Mapping[type[BaseException], ErrorSpec]] = {
     E.VersionNotFoundError: ErrorSpec(404, "version_not_found"),
     E.NoWorkAvailableError: ErrorSpec(503, "no_work", refine=_no_work),
     E.WorkerBackoffError: ErrorSpec(429, "worker_backoff"),
+    E.LeaseLimitError: ErrorSpec(429, "lease_limit"),
+    E.WorkersFullError: ErrorSpec(503, "workers_full"),
     E.WorkerQuarantinedError: ErrorSpec(403, "worker_quarantined"),
     E.TrainerError: ErrorSpec(500, "trainer_error"),
     E.AuthError: ErrorSpec(401, "unauthorized"),
@@ -93,7 +97,7 @@ HTTP_ERRORS: Final[Mapping[type[BaseException], ErrorSpec]] = {
 
 #: Attributes copied from an exception into the JSON body (when present and not None).
 CONTEXT_FIELDS: Final = ("field", "limit", "value", "reason", "name", "key", "unit_id", "lease_id",
-                         "retry_after", "finished", "plugin", "version")
+                         "retry_after", "finished", "plugin", "version", "held")
 
 _BY_CODE: Final[dict[str, type[BaseException]]] = {
     **{spec.code: cls for cls, spec in HTTP_ERRORS.items()},
