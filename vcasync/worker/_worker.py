@@ -89,6 +89,7 @@ from ..errors import (
     ValidationError,
     VCAsyncError,
     WorkerBackoffError,
+    WorkersFullError,
 )
 from ..ledger._plain import text_problem
 from ..ledger._units import BLAMED_REASONS, LeaseGrant, Receipt
@@ -633,7 +634,16 @@ class Worker:
             raise ConfigError("no join credential: set VCASYNC_JOIN_SECRET (or VCASYNC_JOIN_TOKEN)")
         info = {"host": socket.gethostname(), "pid": os.getpid(),
                 "previous": self._ident.worker_id if self._ident else ""}
-        worker_id, token = await self._cli().join(self._credential, self.config.name, info)
+        while True:
+            try:
+                worker_id, token = await self._cli().join(self._credential, self.config.name, info)
+                break
+            except WorkersFullError as exc:
+                # the coordinator holds its max_workers records (503 workers_full): it registers
+                # us once some are forgotten: wait, rather than end the worker on a refusal for now
+                log.warning("join refused for now, waiting %.0f s: %s", exc.retry_after,
+                            self._scrub(str(exc)))
+                await self._sleep(max(0.05, exc.retry_after) * self._rng.uniform(1.0, 1.1))
         self._ident = Identity(self.url, worker_id, token, self._cli().run_id or None)
         await asyncio.to_thread(self.state.save_identity, self._ident)
         log.info("joined as worker %s", worker_id)
