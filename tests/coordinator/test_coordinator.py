@@ -492,7 +492,8 @@ async def test_with_many_leases_the_bases_are_scanned_by_the_expiry_loop(kit, cl
     # 1,000 open leases: the merges no longer scan them for bases (10 ms at 10,000) and keep every
     # version since the last scan, so nothing a new lease is based on can go; the expiry loop's
     # scan (once a second) drops what no lease is based on.
-    async with coordinator(kit, clock, policy, units=1003, max_staleness=8) as coord:
+    async with coordinator(kit, clock, policy, units=1003, max_staleness=8,
+                           max_leases_per_worker=None) as coord:    # one id for 1,000 workers
         w = await coord.join()
         for _ in range(1000):
             await coord.lease(w)                      # all on version 0, left open

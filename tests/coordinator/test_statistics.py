@@ -36,7 +36,9 @@ def make(storage: Any, clock: Any, policy: str, params: dict[str, Any] | None = 
          **cfg: Any) -> Coordinator:
     config = CoordinatorConfig(**{"durability": "journal", "lease_timeout_s": 60.0,
                                   "restart_grace_s": 0.0, "snapshot_interval_s": 3600.0,
-                                  "snapshot_every": 100, "max_staleness": 50, **cfg})
+                                  "snapshot_every": 100, "max_staleness": 50,
+                                  # one worker id stands for the workers holding the leases
+                                  "max_leases_per_worker": None, **cfg})
     return Coordinator(bn_model(), make_units(40, steps=4), policy=build_policy(policy, params),
                        storage=storage, config=config, clock=clock)
 
