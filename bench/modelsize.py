@@ -11,7 +11,8 @@ a real coordinator process (the default ``journal`` durability on a ``file://`` 
 to the size, int64 counters included). This process uploads fp32 delta results (``raw`` codec)
 until the staleness window is full (8 + 2 warm-up uploads, so retained versions and recycled buffers
 are at their steady state) while ``--held`` (default 8) more leases stay open, one taken on each of
-the last versions, as slow workers still training would hold them: the coordinator keeps a version
+the last versions by a worker of its own, as slow workers still training would hold them (a
+worker holds at most 4 leases by default): the coordinator keeps a version
 only while a result may still be based on it, so this is the window full, the memory an operator
 plans for (``--held 0``: one worker, only the current version kept). Then ``--reps`` measured
 ones, then ``--reps`` bf16 delta uploads (codec ``bf16``: bf16 + shuffle + zstd-1). One upload's
@@ -51,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import statistics
@@ -114,10 +116,7 @@ class Uploader:
         self.delta = bench_delta(bench_model(params, arch="resnet50"))
         self.model_bytes = sum(t.numel() * t.element_size() for t in self.delta.values())
 
-    async def once(self, client: CoordinatorClient, http: aiohttp.ClientSession, codec: str,
-                   hold: bool = False) -> float:
-        if hold:     # a slow worker's lease on the current version, left open
-            await client.lease()
+    async def once(self, client: CoordinatorClient, http: aiohttp.ClientSession, codec: str) -> float:
         grant = await client.lease()
         meta = {"lease_id": grant.lease_id, "base_version": grant.base_version, "kind": "delta",
                 "samples": 1, "steps": 1, "partial": False, "metrics": {}}
@@ -150,12 +149,18 @@ async def _timed(op: Any) -> float:
 async def measure(url: str, params: int, reps: int, warmup: int, held: int,
                   spool: Path | None = None) -> dict[str, Any]:
     up = Uploader(url, params, spool)
-    async with CoordinatorClient(url, timeout_s=OP_TIMEOUT_S) as client, \
+    async with contextlib.AsyncExitStack() as slow, \
+            CoordinatorClient(url, timeout_s=OP_TIMEOUT_S) as client, \
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=OP_TIMEOUT_S)) as http:
         await client.join(SECRET, "bench")
         for i in range(warmup):
             raise_if_stopped()
-            await up.once(client, http, "raw", hold=i >= warmup - held)
+            if i >= warmup - held:   # a slow worker of its own leases the current version and trains on
+                # (one worker each: a worker holds at most max_leases_per_worker, 4 by default)
+                worker = await slow.enter_async_context(CoordinatorClient(url, timeout_s=OP_TIMEOUT_S))
+                await worker.join(SECRET, f"slow-{i}")
+                await worker.lease()
+            await up.once(client, http, "raw")
         raw: list[float] = []
         bf16: list[float] = []
         # the peak of each measured fp32 upload: the coordinator's peak is reset before it and
