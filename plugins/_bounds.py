@@ -15,7 +15,8 @@ from typing import Final
 
 from vcasync.errors import ConfigError
 
-__all__ = ["MAX_BUFFER", "MAX_COPIES", "MAX_VERSIONS", "MAX_WARMUP", "at_most", "shown"]
+__all__ = ["MAX_BUFFER", "MAX_COPIES", "MAX_GATE_WINDOW", "MAX_VERSIONS", "MAX_WARMUP", "at_most",
+           "shown"]
 
 #: ``buffer_size`` of a policy whose buffer is one running sum (``fedbuff``, ``diloco``, ``sync``).
 MAX_BUFFER: Final = 1_000_000
@@ -24,6 +25,8 @@ MAX_BUFFER: Final = 1_000_000
 MAX_COPIES: Final = 1_000
 #: ``gate``'s ``warmup`` (accepted results before its statistical checks).
 MAX_WARMUP: Final = 1_000_000
+#: ``gate``'s ``window`` (base versions whose statistics its state keeps, six numbers each).
+MAX_GATE_WINDOW: Final = 100_000
 #: A count of versions (``vcasgd``'s ``horizon``, the staleness cut-off ``b``): 2**40, the bound
 #: the policy laws draw versions and staleness up to.
 MAX_VERSIONS: Final = 2**40

@@ -11,20 +11,29 @@ when the base is known, else ``w_c - w``) over the floating-point tensors and me
 accepted deltas). It refuses, with :class:`~vcasync.errors.UpdateRejectedError`:
 
 - ``reason="non_finite"``: ``d`` holds NaN or Inf (always, warm-up or not);
-- ``reason="norm_outlier"``: ``|d|`` overflows or exceeds ``max_norm`` (always), or, after ``warmup``
-  accepted results, lies above the running mean by more than ``z`` running standard deviations
-  (the spread is floored at 5 % of the mean, so a run of equal norms does not make every slightly
-  larger one an outlier);
-- ``reason="direction_outlier"``: ``cos < min_cosine`` (always), or, once ``warmup`` accepted
-  results had a cosine (the first has none: the reference is still zero), below the running mean
-  cosine by more than ``z`` running standard deviations (the spread floored at 0.1).
+- ``reason="norm_outlier"``: ``|d|`` overflows or exceeds ``max_norm`` (always); or, judged
+  against its **peers** (the accepted results on the same base version, once there are ``warmup``
+  of them), lies above their mean by more than ``z`` of their standard deviations (the spread is
+  floored at 5 % of the mean, so a run of equal norms does not make every slightly larger one an
+  outlier); or, with fewer peers, judged against the **nearby** results (its version's and the
+  nearest versions' in the window, pooled until there are ``warmup``), exceeds ``max_ratio`` times
+  their mean;
+- ``reason="direction_outlier"``: ``cos < min_cosine`` (always); or below its peers' mean cosine by
+  more than ``z`` of their standard deviations (the spread floored at 0.1); or, with fewer peers,
+  negative and that far below the nearby results' mean (a result has no cosine while ``r`` is zero).
 
-Only accepted results update the running statistics (exponential, ``decay``), so an attacker cannot
-drag them. Everything the gate keeps is in its state (scalars, ``r`` and ``r.r``, carried forward from
-the sums each merge measures, so that measuring a result reads ``r`` once) next to the wrapped policy's; norms
-and dot products are summed over fixed 16 Ki rows, the rows exactly, so the decisions do not
-depend on the thread count. ``needs_base`` and the claims come from the wrapped policy, and
-``flush`` (the end of the run) is the wrapped policy's.
+The statistics are kept per base version, for the ``window`` newest base versions accepted
+(older ones are dropped): a result is compared with results trained from the same model, so the
+bounds follow training as the model changes. A gate that pooled every accepted result (until
+2026-12-08) locked honest fleets out: on ``fedbuff`` the results on version 1 had norms 2.5 times
+those on version 0, and every one was refused. Only accepted results update the statistics, so an
+attacker cannot drag them. Everything the gate keeps is in its state (counts and sums per version,
+``r`` and ``r.r``, carried forward from the sums each merge measures, so that measuring a result
+reads ``r`` once) next to the wrapped policy's; norms and dot products are summed over fixed 16 Ki
+rows, the rows exactly, so the decisions do not depend on the thread count. A state saved before
+the statistics were kept per version (its pooled ``norm_mean``, ...) loads: its reference is kept,
+and its statistics start again from the next accepted result. ``needs_base`` and the claims come
+from the wrapped policy, and ``flush`` (the end of the run) is the wrapped policy's.
 """
 
 from __future__ import annotations
@@ -39,13 +48,15 @@ from vcasync.errors import ConfigError, UnknownPolicyError, UpdateRejectedError
 from vcasync.policy import MergePolicy, PolicyState, build_policy
 from vcasync.tensors import ModelState, Update, all_finite
 
-from ._bounds import MAX_WARMUP, at_most
+from ._bounds import MAX_GATE_WINDOW, MAX_WARMUP, at_most
 from ._kernels import Workspace, check_update, delta_of, dot2, mixable, sumsq
 
 __all__ = ["Gate"]
 
 _MIN_SPREAD = 0.05  # of the mean norm
 _MIN_COS_SPREAD = 0.1
+#: The pooled statistics of a state saved before they were kept per base version.
+_LEGACY_KEYS = ("norm_mean", "norm_var", "cos_mean", "cos_var")
 
 
 class Gate:
@@ -55,7 +66,7 @@ class Gate:
 
     def __init__(self, inner: str = "vcasgd", inner_params: dict[str, Any] | None = None,
                  z: float = 3.0, warmup: int = 5, decay: float = 0.9, max_norm: float | None = None,
-                 min_cosine: float | None = None) -> None:
+                 min_cosine: float | None = None, window: int = 16, max_ratio: float = 10.0) -> None:
         if inner == "gate":
             raise ConfigError("gate: a gate cannot wrap another gate")
         if not 0.0 < z < float("inf"):
@@ -64,6 +75,12 @@ class Gate:
             raise ConfigError(f"gate: warmup must be >= 0, got {warmup}")
         at_most("gate", "warmup", warmup, MAX_WARMUP,
                 "a warm-up no run ends switches the statistical checks off")
+        if window < 1:
+            raise ConfigError(f"gate: window must be >= 1, got {window}")
+        at_most("gate", "window", window, MAX_GATE_WINDOW,
+                "the state keeps the statistics of every base version in the window")
+        if not 1.0 < max_ratio < float("inf"):
+            raise ConfigError(f"gate: max_ratio must be above 1 and finite, got {max_ratio}")
         if not 0.0 < decay < 1.0:
             raise ConfigError(f"gate: decay must be in (0, 1), got {decay}")
         if max_norm is not None and not max_norm > 0.0:
@@ -73,6 +90,7 @@ class Gate:
         self.inner: MergePolicy = _build_inner(inner, inner_params)
         self.z, self.warmup, self.decay = z, warmup, decay
         self.max_norm, self.min_cosine = max_norm, min_cosine
+        self.window, self.max_ratio = window, max_ratio
         self._ws = Workspace()
 
     @property
@@ -88,13 +106,13 @@ class Gate:
 
     def __repr__(self) -> str:
         return (f"Gate({self.inner!r}, z={self.z}, warmup={self.warmup}, decay={self.decay}, "
-                f"max_norm={self.max_norm}, min_cosine={self.min_cosine})")
+                f"max_norm={self.max_norm}, min_cosine={self.min_cosine}, window={self.window}, "
+                f"max_ratio={self.max_ratio})")
 
     def init_state(self, model: ModelState) -> PolicyState:
         return {
             "inner": self.inner.init_state(model),
-            "accepted": 0, "cos_seen": 0,
-            "norm_mean": 0.0, "norm_var": 0.0, "cos_mean": 0.0, "cos_var": 0.0,
+            "accepted": 0, "cos_seen": 0, "versions": {},
             "ref": {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in model.items() if mixable(t)},
             "ref_sq": 0.0,
         }
@@ -136,7 +154,7 @@ class Gate:
             return None
         return update.base[name] if update.base is not None else model[name]
 
-    def _decide(self, state: PolicyState, norm: float, cos: float | None) -> None:
+    def _decide(self, state: PolicyState, version: int, norm: float, cos: float | None) -> None:
         if math.isnan(norm):
             raise UpdateRejectedError("the result holds NaN or Inf", reason="non_finite")
         if math.isinf(norm):
@@ -148,21 +166,53 @@ class Gate:
         if cos is not None and self.min_cosine is not None and cos < self.min_cosine:
             raise UpdateRejectedError(f"cosine {cos:.3f} to the running reference is below "
                                       f"min_cosine {self.min_cosine}", reason="direction_outlier")
-        if int(state["accepted"]) < self.warmup:
+        versions: dict[str, dict[str, Any]] = state.get("versions", {})
+        need = max(self.warmup, 1)
+        own = versions.get(str(version))
+        if own is not None and int(own["n"]) >= need:
+            self._against_peers(version, own, norm, cos)
             return
-        mean, spread = float(state["norm_mean"]), math.sqrt(float(state["norm_var"]))
+        nearby = _pool(versions, version, need)
+        if int(nearby["n"]) >= need:
+            self._against_nearby(version, nearby, norm, cos)
+
+    def _against_peers(self, version: int, peers: Mapping[str, Any], norm: float,
+                       cos: float | None) -> None:
+        """The z-spread checks against the accepted results on the same base version."""
+        mean, spread = float(peers["norm_mean"]), _spread(peers, "norm")
         spread = max(spread, _MIN_SPREAD * mean)
         if norm > mean + self.z * spread:
             raise UpdateRejectedError(
-                f"delta norm {norm:.4g} is more than {self.z} spreads above the running mean "
-                f"{mean:.4g} (spread {spread:.4g})", reason="norm_outlier")
-        if cos is not None and int(state["cos_seen"]) >= self.warmup:
-            cmean, cspread = float(state["cos_mean"]), math.sqrt(float(state["cos_var"]))
-            cspread = max(cspread, _MIN_COS_SPREAD)
+                f"delta norm {norm:.4g} is more than {self.z} spreads above the mean {mean:.4g} "
+                f"(spread {spread:.4g}) of the {int(peers['n'])} accepted results on its base "
+                f"version {version}", reason="norm_outlier")
+        if cos is not None and int(peers["cos_n"]) >= max(self.warmup, 1):
+            cmean = float(peers["cos_mean"])
+            cspread = max(_spread(peers, "cos"), _MIN_COS_SPREAD)
             if cos < cmean - self.z * cspread:
                 raise UpdateRejectedError(
                     f"cosine {cos:.3f} to the running reference is more than {self.z} spreads "
-                    f"below its running mean {cmean:.3f}", reason="direction_outlier")
+                    f"below the mean {cmean:.3f} of the accepted results on its base version "
+                    f"{version}", reason="direction_outlier")
+
+    def _against_nearby(self, version: int, nearby: Mapping[str, Any], norm: float,
+                        cos: float | None) -> None:
+        """The coarse checks against the accepted results on the nearest base versions (pooled):
+        the model may have moved since, so only a result far outside them is refused."""
+        mean = float(nearby["norm_mean"])
+        if norm > self.max_ratio * mean:
+            raise UpdateRejectedError(
+                f"delta norm {norm:.4g} is more than {self.max_ratio:g} times the mean {mean:.4g} "
+                f"of the {int(nearby['n'])} accepted results on the base versions nearest "
+                f"{version}", reason="norm_outlier")
+        if cos is not None and int(nearby["cos_n"]) >= max(self.warmup, 1):
+            cmean = float(nearby["cos_mean"])
+            bound = min(0.0, cmean - self.z * max(_spread(nearby, "cos"), _MIN_COS_SPREAD))
+            if cos < bound:
+                raise UpdateRejectedError(
+                    f"cosine {cos:.3f} to the running reference is negative and more than {self.z} "
+                    f"spreads below the mean {cmean:.3f} of the accepted results on the base "
+                    f"versions nearest {version}", reason="direction_outlier")
 
     def merge(self, model: ModelState, update: Update, state: PolicyState) -> ModelState | None:
         check_update(model, update, needs_base=self.needs_base)
@@ -170,7 +220,7 @@ class Gate:
         # ``ref_sq`` is absent from the state of a checkpoint written before it was kept.
         dd, dr, rr = self._dots(model, update, ref, state.get("ref_sq"))
         norm, cos = self._norm_cos(update, ref, dd, dr, rr)
-        self._decide(state, norm, cos)
+        self._decide(state, update.base_version, norm, cos)
         # Accepted: fold d into the reference before the wrapped policy changes the model (a full
         # weights result without a base is measured against the model as it is now).
         rate = 1.0 - self.decay
@@ -183,12 +233,24 @@ class Gate:
         # instead of adding up.
         state["ref_sq"] = max(0.0, (1.0 - rate) ** 2 * rr + 2.0 * rate * (1.0 - rate) * dr
                               + rate * rate * dd)
-        _ew_update(state, "norm", norm, self.decay, first=int(state["accepted"]) == 0)
+        self._count(state, update.base_version, norm, cos)
+        return self.inner.merge(model, update, state["inner"])
+
+    def _count(self, state: PolicyState, version: int, norm: float, cos: float | None) -> None:
+        """Add an accepted result to its base version's statistics; keep the ``window`` newest."""
+        for key in _LEGACY_KEYS:
+            state.pop(key, None)
+        versions: dict[str, dict[str, Any]] = state.setdefault("versions", {})
+        stats = versions.setdefault(str(version), {"n": 0, "norm_mean": 0.0, "norm_m2": 0.0,
+                                                   "cos_n": 0, "cos_mean": 0.0, "cos_m2": 0.0})
+        _welford(stats, "n", "norm", norm)
         state["accepted"] = int(state["accepted"]) + 1
         if cos is not None:
-            _ew_update(state, "cos", cos, self.decay, first=int(state["cos_seen"]) == 0)
+            _welford(stats, "cos_n", "cos", cos)
             state["cos_seen"] = int(state["cos_seen"]) + 1
-        return self.inner.merge(model, update, state["inner"])
+        newest = max(int(v) for v in versions)
+        for key in [v for v in versions if int(v) <= newest - self.window]:
+            del versions[key]
 
     def flush(self, model: ModelState, state: PolicyState) -> ModelState | None:
         """The wrapped policy's ``flush`` (the end of the run), or None when it has none."""
@@ -210,13 +272,43 @@ def _build_inner(inner: str, inner_params: dict[str, Any] | None) -> MergePolicy
         raise ConfigError(f"gate: parameter 'inner_params' (of policy {inner!r}): {exc}") from exc
 
 
-def _ew_update(state: PolicyState, key: str, value: float, decay: float, *, first: bool) -> None:
-    """Exponentially weighted mean and variance, incremental form (Finch 2009, eq. 143)."""
-    if first:
-        state[f"{key}_mean"], state[f"{key}_var"] = value, 0.0
-        return
-    mean, var = float(state[f"{key}_mean"]), float(state[f"{key}_var"])
+def _welford(stats: dict[str, Any], count: str, key: str, value: float) -> None:
+    """Add ``value`` to a running mean and sum of squared deviations (Welford 1962)."""
+    n = int(stats[count]) + 1
+    mean = float(stats[f"{key}_mean"])
     diff = value - mean
-    incr = (1.0 - decay) * diff
-    state[f"{key}_mean"] = mean + incr
-    state[f"{key}_var"] = decay * (var + diff * incr)
+    mean += diff / n
+    stats[count], stats[f"{key}_mean"] = n, mean
+    stats[f"{key}_m2"] = float(stats[f"{key}_m2"]) + diff * (value - mean)
+
+
+def _spread(stats: Mapping[str, Any], key: str) -> float:
+    """The standard deviation of the values counted under ``key`` (0 for fewer than two)."""
+    n = int(stats["n" if key == "norm" else "cos_n"])
+    return math.sqrt(max(0.0, float(stats[f"{key}_m2"])) / n) if n > 1 else 0.0
+
+
+def _pool(versions: Mapping[str, Mapping[str, Any]], version: int, need: int) -> dict[str, Any]:
+    """The statistics of the base versions nearest ``version`` (the older first on a tie), pooled
+    (Chan, Golub, LeVeque 1979) until they count ``need`` results."""
+    pooled: dict[str, Any] = {"n": 0, "norm_mean": 0.0, "norm_m2": 0.0,
+                              "cos_n": 0, "cos_mean": 0.0, "cos_m2": 0.0}
+    for key in sorted(versions, key=lambda v: (abs(int(v) - version), int(v))):
+        stats = versions[key]
+        _combine(pooled, stats, "n", "norm")
+        _combine(pooled, stats, "cos_n", "cos")
+        if int(pooled["n"]) >= need:
+            break
+    return pooled
+
+
+def _combine(into: dict[str, Any], other: Mapping[str, Any], count: str, key: str) -> None:
+    na, nb = int(into[count]), int(other[count])
+    if nb == 0:
+        return
+    ma, mb = float(into[f"{key}_mean"]), float(other[f"{key}_mean"])
+    n = na + nb
+    diff = mb - ma
+    into[count], into[f"{key}_mean"] = n, ma + diff * nb / n
+    into[f"{key}_m2"] = (float(into[f"{key}_m2"]) + float(other[f"{key}_m2"])
+                         + diff * diff * na * nb / n)

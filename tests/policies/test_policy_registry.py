@@ -123,7 +123,7 @@ def _builtin_int_params() -> list[tuple[str, str]]:
 def test_every_builtin_integer_parameter_is_covered_below() -> None:
     assert set(_builtin_int_params()) == {
         ("diloco", "buffer_size"), ("fedasync", "b"), ("fedbuff", "b"), ("fedbuff", "buffer_size"),
-        ("gate", "warmup"), ("median", "buffer_size"), ("sync", "buffer_size"),
+        ("gate", "warmup"), ("gate", "window"), ("median", "buffer_size"), ("sync", "buffer_size"),
         ("trimmed_mean", "buffer_size"), ("vcasgd", "b"), ("vcasgd", "horizon")}
 
 
