@@ -9,9 +9,16 @@ momentum::
     m <- mu m + g
     w <- w - lr (g + mu m)          (plain momentum: w <- w - lr m)
 
-with the published defaults ``lr = 0.7``, ``mu = 0.9`` (inner steps H = 500 AdamW are the worker's
-business). The state keeps the momentum of the deltas, ``v = -m`` (key ``velocity``), so that
-one pass updates it: ``v <- mu v + d``, ``w <- w + lr (d + mu v)`` (plain: ``w <- w + lr v``). A
+with the published ``lr = 0.7``, ``mu = 0.9`` (inner steps H = 500 AdamW are the worker's business)
+for an outer step on a buffer of results. Per result (``buffer_size`` 1, the default) an outer step
+meant for the mean of a round, taken by each asynchronous result, made every result count about
+``lr / (1 - mu) = 7`` times, and the default run diverged (10 % on digits, since 2026-12-08 no
+longer): there ``momentum`` left unset is 0 and, with it unset, ``staleness`` left unset is
+``"polynomial"``, a rate of ``lr / (1 + tau)`` for a result ``tau`` versions stale (about ``lr``
+over the fleet's round); with a buffer they are 0.9 and ``"constant"`` (the paper's step), and a
+momentum given keeps the constant rate, as before. ``staleness`` weighs only per-result steps.
+The state keeps the momentum of the deltas, ``v = -m`` (key ``velocity``), so that one pass
+updates it: ``v <- mu v + d``, ``w <- w + lr (d + mu v)`` (plain: ``w <- w + lr v``). A
 state written before (key ``momentum``) is converted on its first merge. Full weights become a
 delta against the current model, computed span by span into one reused scratch (``x - w`` first,
 so small deltas of large weights stay exact). Integer tensors add their increments (summed over
@@ -23,7 +30,7 @@ buffer short of K results takes its outer step on the mean of those it holds.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 
@@ -47,20 +54,33 @@ from ._kernels import (
 
 __all__ = ["DiLoCo"]
 
+PerResult = Literal["constant", "polynomial"]
+
 
 class DiLoCo:
-    """DiLoCo outer step: Nesterov SGD (lr 0.7, momentum 0.9) on -delta, per result or per K results.
+    """DiLoCo outer step: Nesterov SGD (lr 0.7) on -delta, per result or per K results.
 
-    Parameters: ``lr``, ``momentum``, ``nesterov``, ``buffer_size`` (1: every result is an outer
-    step; K: the mean delta of K results is).
+    Parameters: ``lr``, ``momentum`` (unset: 0.9 with a buffer, 0 per result), ``nesterov``,
+    ``buffer_size`` (1: every result is an outer step; K: the mean delta of K results is),
+    ``staleness`` (per result: ``"polynomial"``, the rate ``lr / (1 + tau)``, or ``"constant"``;
+    unset: polynomial when ``buffer_size`` is 1 and ``momentum`` unset, else constant).
     """
 
     name: ClassVar[str] = "diloco"
     needs_base: ClassVar[bool] = False
     claims: ClassVar[frozenset[str]] = frozenset({"identity"})
 
-    def __init__(self, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True,
-                 buffer_size: int = 1) -> None:
+    def __init__(self, lr: float = 0.7, momentum: float | None = None, nesterov: bool = True,
+                 buffer_size: int = 1, staleness: PerResult | None = None) -> None:
+        if staleness is None:  # damped only where every default is taken: given ones act as before
+            staleness = "polynomial" if buffer_size == 1 and momentum is None else "constant"
+        if momentum is None:
+            momentum = _default_momentum(buffer_size)
+        if staleness not in ("constant", "polynomial"):
+            raise ConfigError(f"diloco: staleness must be 'constant' or 'polynomial', got {staleness!r}")
+        if staleness != "constant" and buffer_size > 1:
+            raise ConfigError("diloco: staleness 'polynomial' weighs per-result steps: it needs "
+                              f"buffer_size 1, got {buffer_size}")
         if not 0.0 < lr < float("inf"):
             raise ConfigError(f"diloco: lr must be positive and finite, got {lr}")
         if not 0.0 <= momentum < 1.0:
@@ -73,11 +93,12 @@ class DiLoCo:
         self.momentum = momentum
         self.nesterov = nesterov
         self.buffer_size = buffer_size
+        self.staleness = staleness
         self._ws = Workspace()
 
     def __repr__(self) -> str:
         return (f"DiLoCo(lr={self.lr}, momentum={self.momentum}, nesterov={self.nesterov}, "
-                f"buffer_size={self.buffer_size})")
+                f"buffer_size={self.buffer_size}, staleness={self.staleness!r})")
 
     def init_state(self, model: ModelState) -> PolicyState:
         floats = [(n, t) for n, t in model.items() if mixable(t)]
@@ -110,10 +131,13 @@ class DiLoCo:
                 return None
             self._apply_buffer(model, state)
         else:
+            lr = self.lr
+            if self.staleness == "polynomial":
+                lr /= 1.0 + max(0, int(update.staleness))
             for name, w in model.items():
                 x = update.tensors[name]
                 if mixable(w):
-                    self._outer_step(w, state["velocity"][name], x, weights)
+                    self._outer_step(w, state["velocity"][name], x, weights, lr)
                 else:
                     take_discrete(w, x)
         state["count"] = 0
@@ -132,17 +156,18 @@ class DiLoCo:
     def _apply_buffer(self, model: ModelState, state: PolicyState) -> None:
         for name, w in model.items():
             if mixable(w):
-                self._outer_step(w, state["velocity"][name], state["buffer"][name], False)
+                self._outer_step(w, state["velocity"][name], state["buffer"][name], False, self.lr)
                 state["buffer"][name].zero_()
             else:
                 take_discrete(w, state["ints"][name])
 
-    def _outer_step(self, w: torch.Tensor, v: torch.Tensor, x: torch.Tensor, weights: bool) -> None:
+    def _outer_step(self, w: torch.Tensor, v: torch.Tensor, x: torch.Tensor, weights: bool,
+                    lr: float) -> None:
         """``d = x - w`` (full weights) or ``x``; ``v <- mu v + d``; ``w <- w + lr (d + mu v)``.
 
         Span by span (``fused``): the passes read w, v and x from memory once.
         """
-        mu, lr, ws = self.momentum, self.lr, self._ws
+        mu, ws = self.momentum, self._ws
         for ws_, vs, xs in fused(w, v, x):
             d = delta_of(xs, ws_, ws) if weights else xs  # scratch, before w changes
             decay_add(vs, d, mu)
@@ -151,6 +176,11 @@ class DiLoCo:
                 axpy(ws_, vs, lr * mu, ws)
             else:
                 axpy(ws_, vs, lr, ws)
+
+
+def _default_momentum(buffer_size: int) -> float:
+    """0.9 (the paper's) for an outer step on a buffer's mean; 0 when every result is one."""
+    return 0.9 if buffer_size > 1 else 0.0
 
 
 def _upgrade(state: PolicyState) -> None:

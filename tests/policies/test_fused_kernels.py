@@ -66,7 +66,7 @@ def test_diloco_step_is_bit_identical_to_the_whole_tensor_formula(dtype: torch.d
     decay_add(v, d, 0.9)
     axpy(w, d, 0.7, ws)
     axpy(w, v, 0.7 * 0.9, ws)
-    policy = build_policy("diloco", {})
+    policy = build_policy("diloco", {"momentum": 0.9})  # the Nesterov step (default per result: 0)
     state = policy.init_state(model)
     state["velocity"]["w"].fill_(0.5)
     policy.merge(model, Update(x, kind=kind), state)  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from vcasync.errors import SpecMismatchError, UpdateRejectedError, ValidationError
+from vcasync.errors import ConfigError, SpecMismatchError, UpdateRejectedError, ValidationError
 from vcasync.policy import MergePolicy, build_policy
 from vcasync.tensors import ModelState, Update
 from vcasync.wire import pack_tree
@@ -156,7 +156,7 @@ def test_diloco_converts_a_state_that_kept_the_momentum() -> None:
 
 
 def test_diloco_defaults_plain_momentum_and_buffering() -> None:
-    p = build_policy("diloco")
+    p = build_policy("diloco", {"buffer_size": 2})
     assert (p.lr, p.momentum, p.nesterov) == (0.7, 0.9, True)  # type: ignore[attr-defined]
     m = model(1.0)
     run(build_policy("diloco", {"lr": 0.5, "momentum": 0.5, "nesterov": False}), m, delta(2.0))
@@ -166,6 +166,25 @@ def test_diloco_defaults_plain_momentum_and_buffering() -> None:
                delta(1.0), delta(3.0))
     assert outs[0] is None
     assert w(m) == [2.5]
+
+
+def test_diloco_defaults_per_result_damp_the_rate_by_staleness_without_momentum() -> None:
+    # Until 2026-12-08 the defaults took Nesterov (0.7, 0.9) per result and diverged; now per
+    # result the rate is lr / (1 + staleness) and the momentum 0; given parameters act as before.
+    p = build_policy("diloco")
+    assert (p.lr, p.momentum, p.staleness) == (0.7, 0.0, "polynomial")  # type: ignore[attr-defined]
+    m = model(1.0)
+    run(p, m, delta(2.0), delta(2.0, staleness=3))
+    assert w(m) == pytest.approx([1.0 + 0.7 * 2.0 + 0.7 / 4 * 2.0])
+    buffered = build_policy("diloco", {"buffer_size": 3})
+    assert (buffered.momentum, buffered.staleness) == (0.9, "constant")  # type: ignore[attr-defined]
+    given = build_policy("diloco", {"momentum": 0.5})
+    assert given.staleness == "constant"  # type: ignore[attr-defined]
+    m = model(1.0)
+    run(given, m, delta(2.0, staleness=3))
+    assert w(m) == pytest.approx([1.0 + 0.7 * (2.0 + 0.5 * 2.0)])
+    with pytest.raises(ConfigError, match="buffer_size 1"):
+        build_policy("diloco", {"buffer_size": 2, "staleness": "polynomial"})
 
 
 # --- robust ---------------------------------------------------------------------------------
