@@ -419,3 +419,24 @@ async def test_a_run_record_other_local_users_can_read_is_named_with_the_chmod_t
             pass
         assert warnings() == []
         assert stat.S_IMODE(root.stat().st_mode) == 0o755
+
+
+async def test_a_policy_parameter_the_record_lacks_is_not_a_difference(kit, clock, storage) -> None:
+    """A policy that gained a parameter (diloco's ``staleness``, 2026-12-08) refused every run
+    recorded before, even one whose recorded values all matched: a parameter one side lacks is
+    unknown there now, the start records it, and a value both know still has to match."""
+    given = {"momentum": 0.9}
+    async with make(kit, storage, clock, "diloco", given) as a:
+        await feed(kit, a, 2)
+        run_id = a.status()["run_id"]
+    record = json.loads(await storage.get("vcasync/run"))
+    del record["identity"]["policy"]["params"]["staleness"]     # as the build before wrote it
+    await storage.put("vcasync/run", json.dumps(record).encode())
+    async with make(kit, storage, clock, "diloco", given) as b:
+        assert b.status()["run_id"] == run_id
+    params = json.loads(await storage.get("vcasync/run"))["identity"]["policy"]["params"]
+    assert "staleness" in params
+    assert params["momentum"] == 0.9
+    # the old defaults recorded momentum 0.9; today's unset one is another policy, said so
+    with pytest.raises(ConfigError, match=r"policy: the run uses diloco .*momentum"):
+        await make(kit, storage, clock, "diloco").__aenter__()

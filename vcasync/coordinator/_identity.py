@@ -132,11 +132,23 @@ class RunIdentity:
                    statistics=None if stats is None else sorted(str(n) for n in stats))
 
     def same_policy(self, other: RunIdentity) -> bool:
-        """Same name, and the same parameters where both sides know them."""
+        """Same name, and the same parameters where both sides know them: a parameter one side
+        lacks is unknown there, not different (a policy given a new parameter since the run was
+        recorded, whose default keeps what it did: `diloco`'s ``staleness``, `gate`'s ``window``;
+        until 2026-12-08 every run of such a policy was refused at its next start)."""
         if self.policy != other.policy:
             return False
-        return (self.policy_params is None or other.policy_params is None
-                or self.policy_params == other.policy_params)
+        mine, theirs = self.policy_params, other.policy_params
+        return mine is None or theirs is None or all(
+            mine[key] == theirs[key] for key in mine.keys() & theirs.keys())
+
+    def with_params_of(self, wanted: RunIdentity) -> RunIdentity:
+        """This (recorded) identity with the parameters ``wanted`` knows and it does not, when the
+        policy is the same: what a matching start records, so the next start compares them too."""
+        if wanted.policy_params is None or not self.same_policy(wanted):
+            return self
+        merged = {**wanted.policy_params, **(self.policy_params or {})}
+        return self if merged == self.policy_params else dataclasses.replace(self, policy_params=merged)
 
     def with_origin_of(self, wanted: RunIdentity) -> RunIdentity:
         """This (recorded) identity, with what ``wanted`` knows of the origin and it does not: what

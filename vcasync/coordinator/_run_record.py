@@ -221,6 +221,11 @@ async def open_run(storage: Storage, prefix: str, wanted: RunIdentity | None,
         log.info("run %s has no recorded running statistics; recording this start's (%s)", run_id,
                  ", ".join(wanted.statistics))
     known = known.with_statistics_of(wanted)
+    if known.with_params_of(wanted) != known:       # a parameter added to the policy since
+        log.info("run %s has no recorded value for policy parameter(s) %s; recording this start's",
+                 run_id, ", ".join(sorted((wanted.policy_params or {}).keys()
+                                          - (recorded.policy_params or {}).keys())))
+    known = known.with_params_of(wanted)
     if recorded.policy_ref is not None and wanted.policy_ref is not None \
             and recorded.policy_ref != wanted.policy_ref and recorded.same_policy(wanted):
         # the class may have been edited or moved between restarts: not refused, but never silent
