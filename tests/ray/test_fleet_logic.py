@@ -323,8 +323,6 @@ def test_up_hands_the_secret_it_read_from_the_file_to_the_actors(
     # Ray faked at the fleet: what the command would give the actors (their runtime_env), and that
     # it gets past the credential check to the cluster with the file alone
     from vcasync.cli import main
-    from vcasync.commands import ray as command
-    from vcasync.launch import ray as launch
 
     monkeypatch.setenv("VCASYNC_JOIN_SECRET", "an-older-secret-from-the-env")     # the file wins
     monkeypatch.delenv("VCASYNC_JOIN_TOKEN", raising=False)
@@ -332,6 +330,35 @@ def test_up_hands_the_secret_it_read_from_the_file_to_the_actors(
     path = tmp_path / "join-secret"
     path.write_text(secret + "\na note below the secret\n")
     given: dict[str, Any] = {}
+
+    _fake_ray(monkeypatch, given, {0: {"state": "running"}})
+    assert main(["ray", *UP, "--join-secret-file", str(path)]) == 0
+    assert given["options"]["runtime_env"] == {"env_vars": {"VCASYNC_JOIN_SECRET": secret}}
+    out, err = capsys.readouterr()
+    assert secret not in out + err
+
+
+def test_up_warns_of_a_worker_that_did_not_answer_within_its_wait(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # a worker still silent when `up` stops waiting is not said to be running without a word
+    from vcasync.cli import main
+    from vcasync.commands import ray as command
+
+    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "abcdefghijklmnopqrstuvwxyz-a-secret")
+    monkeypatch.delenv("VCASYNC_JOIN_TOKEN", raising=False)
+
+    _fake_ray(monkeypatch, {}, {0: {"index": 0, "state": "unavailable", "error": "no answer within 10s"}})
+    assert main(["ray", *UP]) == 0
+    err = capsys.readouterr().err
+    assert f"vcasync ray up: warning: worker(s) [0] did not answer within {command.STARTUP_WAIT_S:g}s" in err
+
+
+def _fake_ray(monkeypatch: pytest.MonkeyPatch, given: dict[str, Any],
+              started: dict[int, dict[str, Any]]) -> None:
+    """Ray faked at the fleet for `vcasync ray up`: no cluster, the options each actor would get
+    put in ``given["options"]``, and ``started`` what the fleet's start-up wait answers."""
+    from vcasync.commands import ray as command
+    from vcasync.launch import ray as launch
 
     class Fleet:
         def __init__(self, spec: RayWorkerSpec, *, credentials: Any = None) -> None:
@@ -344,7 +371,7 @@ def test_up_hands_the_secret_it_read_from_the_file_to_the_actors(
             return None
 
         def wait_started(self, timeout_s: float) -> dict[int, dict[str, Any]]:
-            return {0: {"state": "running"}}
+            return started
 
     class Ray:
         def is_initialized(self) -> bool:
@@ -353,42 +380,3 @@ def test_up_hands_the_secret_it_read_from_the_file_to_the_actors(
     monkeypatch.setattr(command, "_connect", lambda *args, **kwargs: None)
     monkeypatch.setattr(launch, "RayFleet", Fleet)
     monkeypatch.setattr(launch, "_ray", Ray)
-    assert main(["ray", *UP, "--join-secret-file", str(path)]) == 0
-    assert given["options"]["runtime_env"] == {"env_vars": {"VCASYNC_JOIN_SECRET": secret}}
-    out, err = capsys.readouterr()
-    assert secret not in out + err
-
-
-def test_up_warns_of_a_worker_that_did_not_answer_within_its_wait(
-        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    # a worker still silent when `up` stops waiting is not said to be running without a word
-    from vcasync.cli import main
-    from vcasync.commands import ray as command
-    from vcasync.launch import ray as launch
-
-    monkeypatch.setenv("VCASYNC_JOIN_SECRET", "abcdefghijklmnopqrstuvwxyz-a-secret")
-    monkeypatch.delenv("VCASYNC_JOIN_TOKEN", raising=False)
-
-    class Fleet:
-        def __init__(self, spec: RayWorkerSpec, *, credentials: Any = None) -> None:
-            pass
-
-        def scale(self, count: int) -> list[int]:
-            return list(range(count))
-
-        def placement_problem(self) -> None:
-            return None
-
-        def wait_started(self, timeout_s: float) -> dict[int, dict[str, Any]]:
-            return {0: {"index": 0, "state": "unavailable", "error": "no answer within 10s"}}
-
-    class Ray:
-        def is_initialized(self) -> bool:
-            return False
-
-    monkeypatch.setattr(command, "_connect", lambda *args, **kwargs: None)
-    monkeypatch.setattr(launch, "RayFleet", Fleet)
-    monkeypatch.setattr(launch, "_ray", Ray)
-    assert main(["ray", *UP]) == 0
-    err = capsys.readouterr().err
-    assert f"vcasync ray up: warning: worker(s) [0] did not answer within {command.STARTUP_WAIT_S:g}s" in err
