@@ -15,25 +15,32 @@ accepted deltas). It refuses, with :class:`~vcasync.errors.UpdateRejectedError`:
   against its **peers** (the accepted results on the same base version, once there are ``warmup``
   of them), lies above their mean by more than ``z`` of their standard deviations (the spread is
   floored at 5 % of the mean, so a run of equal norms does not make every slightly larger one an
-  outlier); or, with fewer peers, judged against the **nearby** results (its version's and the
-  nearest versions' in the window, pooled until there are ``warmup``), exceeds ``max_ratio`` times
-  their mean;
-- ``reason="direction_outlier"``: ``cos < min_cosine`` (always); or below its peers' mean cosine by
-  more than ``z`` of their standard deviations (the spread floored at 0.1); or, with fewer peers,
-  negative and that far below the nearby results' mean (a result has no cosine while ``r`` is zero).
+  outlier); or, with fewer peers, against the **running** statistics of every accepted result
+  (exponentially weighted, ``decay``) the same way, once ``warmup`` were accepted; except that
+  behind a policy that holds results back (a ``buffer_size`` above 1) a result with fewer peers
+  is judged against the **nearby** results instead (its version's and the nearest versions' in
+  the window, pooled until there are ``warmup``) and refused only above ``max_ratio`` times their
+  mean;
+- ``reason="direction_outlier"``: ``cos < min_cosine`` (always); or below its peers' (or the
+  running) mean cosine by more than ``z`` of their standard deviations (the spread floored at
+  0.1); behind a buffering policy with fewer peers, negative and that far below the nearby
+  results' mean (a result has no cosine while ``r`` is zero).
 
-The statistics are kept per base version, for the ``window`` newest base versions accepted
-(older ones are dropped): a result is compared with results trained from the same model, so the
-bounds follow training as the model changes. A gate that pooled every accepted result (until
-2026-12-08) locked honest fleets out: on ``fedbuff`` the results on version 1 had norms 2.5 times
-those on version 0, and every one was refused. Only accepted results update the statistics, so an
-attacker cannot drag them. Everything the gate keeps is in its state (counts and sums per version,
-``r`` and ``r.r``, carried forward from the sums each merge measures, so that measuring a result
-reads ``r`` once) next to the wrapped policy's; norms and dot products are summed over fixed 16 Ki
-rows, the rows exactly, so the decisions do not depend on the thread count. A state saved before
-the statistics were kept per version (its pooled ``norm_mean``, ...) loads: its reference is kept,
-and its statistics start again from the next accepted result. ``needs_base`` and the claims come
-from the wrapped policy, and ``flush`` (the end of the run) is the wrapped policy's.
+The statistics are kept per base version too, for the ``window`` newest base versions accepted
+(older ones are dropped), so a result is compared with results trained from the same model where
+there are enough of them. A gate that judged every result by the running statistics (until
+2026-12-08) locked honest fleets out behind a buffering policy: on ``fedbuff`` the results on
+version 1 had norms 2.5 times those on version 0, and every one was refused. Behind a policy that
+publishes a version per result (``vcasgd``, ``fedasync``) the running statistics follow the model
+closely and are kept: the coarse nearby checks let a result 10 times an honest norm through.
+Only accepted results update the statistics, so an attacker cannot drag them. Everything the gate
+keeps is in its state (the running statistics, counts and sums per version, ``r`` and ``r.r``,
+carried forward from the sums each merge measures, so that measuring a result reads ``r`` once)
+next to the wrapped policy's; norms and dot products are summed over fixed 16 Ki rows, the rows
+exactly, so the decisions do not depend on the thread count. A state saved before the statistics
+were kept per version loads: it has no per-version statistics yet, and its running ones go on.
+``needs_base`` and the claims come from the wrapped policy, and ``flush`` (the end of the run) is
+the wrapped policy's.
 """
 
 from __future__ import annotations
@@ -55,8 +62,6 @@ __all__ = ["Gate"]
 
 _MIN_SPREAD = 0.05  # of the mean norm
 _MIN_COS_SPREAD = 0.1
-#: The pooled statistics of a state saved before they were kept per base version.
-_LEGACY_KEYS = ("norm_mean", "norm_var", "cos_mean", "cos_var")
 
 
 class Gate:
@@ -91,6 +96,10 @@ class Gate:
         self.z, self.warmup, self.decay = z, warmup, decay
         self.max_norm, self.min_cosine = max_norm, min_cosine
         self.window, self.max_ratio = window, max_ratio
+        #: The wrapped policy holds results back (a ``buffer_size`` above 1: ``fedbuff``, ``sync``,
+        #: ``median``, ``trimmed_mean``, a buffered ``diloco``), so a version is many results away
+        #: from the one before it.
+        self.buffering = int(getattr(self.inner, "buffer_size", 1) or 1) > 1
         self._ws = Workspace()
 
     @property
@@ -113,6 +122,7 @@ class Gate:
         return {
             "inner": self.inner.init_state(model),
             "accepted": 0, "cos_seen": 0, "versions": {},
+            "norm_mean": 0.0, "norm_var": 0.0, "cos_mean": 0.0, "cos_var": 0.0,
             "ref": {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in model.items() if mixable(t)},
             "ref_sq": 0.0,
         }
@@ -172,9 +182,35 @@ class Gate:
         if own is not None and int(own["n"]) >= need:
             self._against_peers(version, own, norm, cos)
             return
+        if not self.buffering:
+            # a version per result: the running statistics follow the model closely (a scaled,
+            # flipped or random result stays refused, as tests/security shows)
+            self._against_running(state, norm, cos)
+            return
+        # behind a policy that holds results back a new version may be far from the last one
+        # (fedbuff's version 1: norms 2.5x version 0's): only the coarse checks
         nearby = _pool(versions, version, need)
         if int(nearby["n"]) >= need:
             self._against_nearby(version, nearby, norm, cos)
+
+    def _against_running(self, state: PolicyState, norm: float, cos: float | None) -> None:
+        """The z-spread checks against the exponentially weighted statistics of every accepted
+        result (``decay``), once ``warmup`` were accepted."""
+        if int(state["accepted"]) < self.warmup or "norm_mean" not in state:
+            return
+        mean, spread = float(state["norm_mean"]), math.sqrt(float(state["norm_var"]))
+        spread = max(spread, _MIN_SPREAD * mean)
+        if norm > mean + self.z * spread:
+            raise UpdateRejectedError(
+                f"delta norm {norm:.4g} is more than {self.z} spreads above the running mean "
+                f"{mean:.4g} (spread {spread:.4g})", reason="norm_outlier")
+        if cos is not None and int(state["cos_seen"]) >= self.warmup:
+            cmean, cspread = float(state["cos_mean"]), math.sqrt(float(state["cos_var"]))
+            cspread = max(cspread, _MIN_COS_SPREAD)
+            if cos < cmean - self.z * cspread:
+                raise UpdateRejectedError(
+                    f"cosine {cos:.3f} to the running reference is more than {self.z} spreads "
+                    f"below its running mean {cmean:.3f}", reason="direction_outlier")
 
     def _against_peers(self, version: int, peers: Mapping[str, Any], norm: float,
                        cos: float | None) -> None:
@@ -237,9 +273,13 @@ class Gate:
         return self.inner.merge(model, update, state["inner"])
 
     def _count(self, state: PolicyState, version: int, norm: float, cos: float | None) -> None:
-        """Add an accepted result to its base version's statistics; keep the ``window`` newest."""
-        for key in _LEGACY_KEYS:
-            state.pop(key, None)
+        """Add an accepted result to the running statistics and to its base version's; keep the
+        ``window`` newest base versions."""
+        first = int(state["accepted"]) == 0 or "norm_mean" not in state
+        _ew_update(state, "norm", norm, self.decay, first=first)
+        if cos is not None:
+            _ew_update(state, "cos", cos, self.decay,
+                       first=int(state["cos_seen"]) == 0 or "cos_mean" not in state)
         versions: dict[str, dict[str, Any]] = state.setdefault("versions", {})
         stats = versions.setdefault(str(version), {"n": 0, "norm_mean": 0.0, "norm_m2": 0.0,
                                                    "cos_n": 0, "cos_mean": 0.0, "cos_m2": 0.0})
@@ -270,6 +310,18 @@ def _build_inner(inner: str, inner_params: dict[str, Any] | None) -> MergePolicy
         raise UnknownPolicyError(f"gate: parameter 'inner': {exc}") from exc
     except ConfigError as exc:
         raise ConfigError(f"gate: parameter 'inner_params' (of policy {inner!r}): {exc}") from exc
+
+
+def _ew_update(state: PolicyState, key: str, value: float, decay: float, *, first: bool) -> None:
+    """Exponentially weighted mean and variance, incremental form (Finch 2009, eq. 143)."""
+    if first:
+        state[f"{key}_mean"], state[f"{key}_var"] = value, 0.0
+        return
+    mean, var = float(state[f"{key}_mean"]), float(state[f"{key}_var"])
+    diff = value - mean
+    incr = (1.0 - decay) * diff
+    state[f"{key}_mean"] = mean + incr
+    state[f"{key}_var"] = decay * (var + diff * incr)
 
 
 def _welford(stats: dict[str, Any], count: str, key: str, value: float) -> None:

@@ -63,12 +63,13 @@ def _refused(policy: MergePolicy, model: ModelState, state: PolicyState, version
 
 
 def _outliers_are_refused(policy: MergePolicy, model: ModelState, state: PolicyState,
-                          version: int) -> None:
+                          version: int, *, flipped_too: bool = True) -> None:
     honest = _train(model, 7)
     huge = {k: v * 100 if v.is_floating_point() else v for k, v in honest.items()}
     flipped = {k: -v if v.is_floating_point() else v for k, v in honest.items()}
     assert _refused(policy, model, state, version, huge) == "norm_outlier"
-    assert _refused(policy, model, state, version, flipped) == "direction_outlier"
+    if flipped_too:
+        assert _refused(policy, model, state, version, flipped) == "direction_outlier"
 
 
 def test_gate_on_fedbuff_follows_the_drift_and_still_refuses_outliers() -> None:
@@ -87,20 +88,34 @@ def test_gate_on_fedasync_follows_the_drift_and_still_refuses_outliers() -> None
     outcomes, model, state, version = _feed(gate, 25)
     assert sum(o == "merged" for _, o in outcomes) >= 23, outcomes
     assert len(state["versions"]) == 16 < version          # older versions are dropped
-    _outliers_are_refused(gate, model, state, version)
+    # a version per result is judged by the running statistics, as before 2026-12-08: one
+    # worker's successive results here vary in direction (their running cosine spread is wide),
+    # so a sign-flipped one of honest size passes them; where honest results agree in direction
+    # it is refused (tests/security/test_defence.py), and min_cosine refuses it always
+    _outliers_are_refused(gate, model, state, version, flipped_too=False)
 
 
 def test_a_state_saved_before_the_per_version_statistics_loads_and_keeps_its_reference() -> None:
-    gate = build_policy("gate", {"inner": "vcasgd", "warmup": 1})
-    model = ModelState({"w": torch.zeros(3)})
-    state = gate.init_state(model)
-    del state["versions"]
     ref = torch.tensor([1.0, 0.0, 0.0])
-    state.update({"accepted": 9, "cos_seen": 8, "norm_mean": 1.0, "norm_var": 0.0,
-                  "cos_mean": 0.9, "cos_var": 0.0, "ref": {"w": ref}, "ref_sq": 1.0})
-    # the pooled bounds (mean 1, no spread) would refuse this norm; the gate starts them again
+
+    def old_state(gate: MergePolicy, model: ModelState) -> PolicyState:
+        state = gate.init_state(model)
+        del state["versions"]
+        state.update({"accepted": 9, "cos_seen": 8, "norm_mean": 1.0, "norm_var": 0.0,
+                      "cos_mean": 0.9, "cos_var": 0.0, "ref": {"w": ref}, "ref_sq": 1.0})
+        return state
+
+    # behind a buffering policy the running bounds (mean 1, no spread) no longer judge a result
+    gate = build_policy("gate", {"inner": "fedbuff", "warmup": 1})
+    model = ModelState({"w": torch.zeros(3)})
+    state = old_state(gate, model)
     gate.merge(model, Update({"w": torch.tensor([3.0, 0.0, 0.0])}, base=model.clone()), state)
     assert state["accepted"] == 10
     assert state["ref"]["w"] is ref
-    assert "norm_mean" not in state
+    assert state["versions"]["0"]["n"] == 1
+    # behind a version per result they still do, as they did before
+    gate = build_policy("gate", {"inner": "vcasgd", "warmup": 1})
+    state = old_state(gate, model)
+    assert _refused(gate, model, state, 0, {"w": torch.tensor([3.0, 0.0, 0.0])}) == "norm_outlier"
+    gate.merge(model, Update({"w": torch.tensor([1.0, 0.0, 0.0])}, base=model.clone()), state)
     assert state["versions"]["0"]["n"] == 1
