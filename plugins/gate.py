@@ -198,38 +198,36 @@ class Gate:
         result (``decay``), once ``warmup`` were accepted."""
         if int(state["accepted"]) < self.warmup or "norm_mean" not in state:
             return
-        mean, spread = float(state["norm_mean"]), math.sqrt(float(state["norm_var"]))
-        spread = max(spread, _MIN_SPREAD * mean)
-        if norm > mean + self.z * spread:
-            raise UpdateRejectedError(
-                f"delta norm {norm:.4g} is more than {self.z} spreads above the running mean "
-                f"{mean:.4g} (spread {spread:.4g})", reason="norm_outlier")
-        if cos is not None and int(state["cos_seen"]) >= self.warmup:
-            cmean, cspread = float(state["cos_mean"]), math.sqrt(float(state["cos_var"]))
-            cspread = max(cspread, _MIN_COS_SPREAD)
-            if cos < cmean - self.z * cspread:
-                raise UpdateRejectedError(
-                    f"cosine {cos:.3f} to the running reference is more than {self.z} spreads "
-                    f"below its running mean {cmean:.3f}", reason="direction_outlier")
+        cos_ready = int(state["cos_seen"]) >= self.warmup
+        self._z_checks(norm, cos, float(state["norm_mean"]), math.sqrt(float(state["norm_var"])),
+                       float(state["cos_mean"]) if cos_ready else None,
+                       math.sqrt(float(state["cos_var"])) if cos_ready else 0.0, "its running mean", "")
 
     def _against_peers(self, version: int, peers: Mapping[str, Any], norm: float,
                        cos: float | None) -> None:
         """The z-spread checks against the accepted results on the same base version."""
-        mean, spread = float(peers["norm_mean"]), _spread(peers, "norm")
+        cos_ready = int(peers["cos_n"]) >= max(self.warmup, 1)
+        self._z_checks(norm, cos, float(peers["norm_mean"]), _spread(peers, "norm"),
+                       float(peers["cos_mean"]) if cos_ready else None, _spread(peers, "cos"),
+                       "the mean", f" of the {int(peers['n'])} accepted results on its base version "
+                       f"{version}")
+
+    def _z_checks(self, norm: float, cos: float | None, mean: float, spread: float,
+                  cmean: float | None, cspread: float, what: str, of: str) -> None:
+        """A norm more than ``z`` spreads above ``mean`` (the spread floored at 5 % of it), or a
+        cosine more than ``z`` spreads below ``cmean`` (floored at 0.1; None: no cosine check);
+        the refusal says "above {what} {mean}{of}"."""
         spread = max(spread, _MIN_SPREAD * mean)
         if norm > mean + self.z * spread:
             raise UpdateRejectedError(
-                f"delta norm {norm:.4g} is more than {self.z} spreads above the mean {mean:.4g} "
-                f"(spread {spread:.4g}) of the {int(peers['n'])} accepted results on its base "
-                f"version {version}", reason="norm_outlier")
-        if cos is not None and int(peers["cos_n"]) >= max(self.warmup, 1):
-            cmean = float(peers["cos_mean"])
-            cspread = max(_spread(peers, "cos"), _MIN_COS_SPREAD)
+                f"delta norm {norm:.4g} is more than {self.z} spreads above {what} {mean:.4g}{of} "
+                f"(spread {spread:.4g})", reason="norm_outlier")
+        if cos is not None and cmean is not None:
+            cspread = max(cspread, _MIN_COS_SPREAD)
             if cos < cmean - self.z * cspread:
                 raise UpdateRejectedError(
                     f"cosine {cos:.3f} to the running reference is more than {self.z} spreads "
-                    f"below the mean {cmean:.3f} of the accepted results on its base version "
-                    f"{version}", reason="direction_outlier")
+                    f"below {what} {cmean:.3f}{of}", reason="direction_outlier")
 
     def _against_nearby(self, version: int, nearby: Mapping[str, Any], norm: float,
                         cos: float | None) -> None:
